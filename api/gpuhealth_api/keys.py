@@ -1,0 +1,32 @@
+"""Label, annotation, taint and condition keys that gpu-health puts on Nodes."""
+
+from typing import Final
+
+PREFIX: Final = "gpuhealth.io"
+
+HEALTH_LABEL: Final = f"{PREFIX}/health"
+"""healthy / degraded / unhealthy on every node a policy selects."""
+
+STRAGGLER_LABEL: Final = f"{PREFIX}/straggler"
+""""true" while the node is a straggler."""
+
+THERMAL_LABEL: Final = f"{PREFIX}/thermal-throttled"
+""""true" while the node is thermally throttled."""
+
+UNHEALTHY_TAINT: Final = f"{PREFIX}/unhealthy"
+"""NoSchedule taint for action Taint; its value is the condition."""
+
+CORDONED_BY_ANNOTATION: Final = f"{PREFIX}/cordoned-by"
+"""The policy that cordoned the node; only such nodes are ever uncordoned."""
+
+EXCLUDE_LABEL: Final = f"{PREFIX}/exclude"
+""""true" opts a node out of every policy (maintenance, debugging)."""
+
+NODE_CONDITION_TYPE: Final = "GPUHealthy"
+"""Node condition with the operator's verdict, for NHC, autoscalers and humans."""
+
+# Labels a real GPU node carries (NVIDIA GPU feature discovery / device plugin).
+GPU_PRESENT_LABEL: Final = "nvidia.com/gpu.present"
+GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
+GPU_COUNT_LABEL: Final = "nvidia.com/gpu.count"
+GPU_RESOURCE: Final = "nvidia.com/gpu"

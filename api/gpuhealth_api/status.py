@@ -1,0 +1,126 @@
+"""Shapes of GPUNode status as stored in the cluster (camelCase, as in the CRD).
+
+The agent writes `agent`, `summary` and `gpus`; the operator writes
+`health`, `issues`, `action`, `conditions` and `straggler`. Every GPU field
+is optional: an NVML query a GPU does not support leaves its field absent,
+and absent never means zero.
+"""
+
+from typing import TypedDict
+
+
+class EccCounts(TypedDict, total=False):
+    correctedVolatile: int
+    uncorrectedVolatile: int
+    correctedAggregate: int
+    uncorrectedAggregate: int
+
+
+class RetiredPages(TypedDict, total=False):
+    doubleBit: int
+    pending: bool
+
+
+class RemappedRows(TypedDict, total=False):
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failure: bool
+
+
+class XidRecord(TypedDict):
+    code: int
+    count: int
+    lastSeen: str  # RFC 3339
+
+
+class Pcie(TypedDict, total=False):
+    generation: int
+    maxGeneration: int
+    width: int
+    maxWidth: int
+    replayCounter: int
+
+
+class GPUStatus(TypedDict, total=False):
+    index: int
+    uuid: str
+    model: str
+    pciBusId: str
+    serial: str
+    temperatureCelsius: int
+    slowdownTemperatureCelsius: int
+    powerWatts: float
+    powerLimitWatts: float
+    smClockMHz: int
+    maxSmClockMHz: int
+    utilizationPercent: int
+    memoryUsedMiB: int
+    memoryTotalMiB: int
+    ecc: EccCounts
+    retiredPages: RetiredPages
+    remappedRows: RemappedRows
+    xids: list[XidRecord]
+    clockEventReasons: list[str]
+    throttledSince: str  # RFC 3339: when any clock-event reason other than idle began
+    recoveryAction: str  # vocabulary.RecoveryAction
+    pcie: Pcie
+    lost: bool
+    observedTime: str  # RFC 3339: when the agent last read a fact of this GPU that changed
+
+
+class AgentInfo(TypedDict, total=False):
+    version: str
+    backend: str  # nvml | sim
+    driverVersion: str
+    lastHeartbeatTime: str  # RFC 3339
+    heartbeatSeconds: int
+    expectedGpuCount: int  # GPUs the node advertises (nvidia.com/gpu capacity), if known
+
+
+class Summary(TypedDict, total=False):
+    gpuCount: int
+    model: str
+    maxTemperatureCelsius: int
+
+
+class ConditionStatus(TypedDict, total=False):
+    type: str
+    status: str  # True | False | Unknown
+    reason: str
+    message: str
+    lastTransitionTime: str
+    observedGeneration: int
+
+
+class StragglerStatus(TypedDict, total=False):
+    score: float
+    zScore: float
+    peers: int
+
+
+class GPUNodeStatus(TypedDict, total=False):
+    agent: AgentInfo
+    summary: Summary
+    gpus: list[GPUStatus]
+    health: str
+    issues: str
+    action: str
+    conditions: list[ConditionStatus]
+    straggler: StragglerStatus
+
+
+# Clock-event reason names as the agent reports them (NVML nvmlClocksEventReason*).
+CLOCK_EVENT_REASONS: dict[int, str] = {
+    0x0000000000000001: "GpuIdle",
+    0x0000000000000002: "ApplicationsClocksSetting",
+    0x0000000000000004: "SwPowerCap",
+    0x0000000000000008: "HwSlowdown",
+    0x0000000000000010: "SyncBoost",
+    0x0000000000000020: "SwThermalSlowdown",
+    0x0000000000000040: "HwThermalSlowdown",
+    0x0000000000000080: "HwPowerBrakeSlowdown",
+    0x0000000000000100: "DisplayClockSetting",
+}
+THERMAL_REASONS: frozenset[str] = frozenset({"SwThermalSlowdown", "HwThermalSlowdown"})
+POWER_REASONS: frozenset[str] = frozenset({"HwPowerBrakeSlowdown", "HwSlowdown"})

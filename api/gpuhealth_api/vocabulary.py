@@ -1,0 +1,82 @@
+"""The closed sets of names in the contract: conditions, actions, health, reasons.
+
+They are `str` enums so that values compare equal to the strings stored in
+the cluster and serialise without ceremony.
+"""
+
+import enum
+
+
+class Condition(enum.StrEnum):
+    """A fact-derived condition a policy rule can match (DESIGN.md table)."""
+
+    ECC_UNCORRECTABLE = "EccUncorrectable"
+    ROW_REMAP_FAILURE = "RowRemapFailure"
+    XID_CRITICAL = "XidCritical"
+    GPU_LOST = "GPULost"
+    RECOVERY_REQUIRED = "RecoveryRequired"
+    THERMAL_THROTTLED = "ThermalThrottled"
+    POWER_THROTTLED = "PowerThrottled"
+    PCIE_DEGRADED = "PcieDegraded"
+    STRAGGLER = "Straggler"
+    AGENT_STALE = "AgentStale"
+
+
+class Action(enum.StrEnum):
+    """What a rule asks for, least to most disruptive."""
+
+    EVENT = "Event"
+    LABEL = "Label"
+    TAINT = "Taint"
+    CORDON = "Cordon"
+    DRAIN = "Drain"
+
+
+ACTION_ORDER: dict[Action, int] = {a: i for i, a in enumerate(Action)}
+"""Rank of each action by disruption; the strongest wanted action wins."""
+
+DISRUPTIVE_ACTIONS: frozenset[Action] = frozenset({Action.CORDON, Action.DRAIN})
+"""Actions that take capacity away and so count against maxUnavailable."""
+
+
+class Health(enum.StrEnum):
+    HEALTHY = "Healthy"
+    DEGRADED = "Degraded"
+    UNHEALTHY = "Unhealthy"
+    UNKNOWN = "Unknown"
+
+
+class NodeAction(enum.StrEnum):
+    """`status.action` on a GPUNode: what the operator has done to the node."""
+
+    NONE = "None"
+    EVENT = "Event"
+    LABELED = "Labeled"
+    TAINTED = "Tainted"
+    CORDONED = "Cordoned"
+    DRAINING = "Draining"
+    DRAINED = "Drained"
+    PENDING = "Pending"
+    DRY_RUN = "DryRun"
+
+
+class EventReason(enum.StrEnum):
+    """Event reasons beyond the condition names (which are reasons too)."""
+
+    NODE_CORDONED = "NodeCordoned"
+    NODE_DRAINED = "NodeDrained"
+    DRAIN_FAILED = "DrainFailed"
+    NODE_UNCORDONED = "NodeUncordoned"
+    BUDGET_EXCEEDED = "DisruptionBudgetExceeded"
+    AGENT_STALE = "AgentStale"
+    DRY_RUN = "DryRun"
+
+
+class RecoveryAction(enum.StrEnum):
+    """NVML's GPU recovery-action names (nvmlDeviceGetFieldValues, FI_DEV_GET_GPU_RECOVERY_ACTION)."""
+
+    NONE = "None"
+    GPU_RESET = "GpuReset"
+    NODE_REBOOT = "NodeReboot"
+    DRAIN_P2P = "DrainP2P"
+    DRAIN_AND_RESET = "DrainAndReset"

@@ -1,0 +1,131 @@
+"""Plain data the decision core consumes and produces.
+
+The I/O layers translate cluster objects into these and back; the decision
+modules never see a raw Kubernetes body.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Mapping
+
+from gpuhealth_api import status, vocabulary
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    name: str
+    condition: vocabulary.Condition
+    action: vocabulary.Action
+    for_seconds: float = 0.0
+    """How long the condition must hold before the rule fires (hysteresis on the way in)."""
+    threshold: float | None = None
+    """Straggler only: robust z-score below the cohort median that flags a node."""
+    xids: frozenset[int] = frozenset()
+    """XidCritical only: the XID codes this rule treats as critical."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelSelectorRequirement:
+    key: str
+    operator: str  # In | NotIn | Exists | DoesNotExist
+    values: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    name: str
+    generation: int = 0
+    match_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    match_expressions: tuple[LabelSelectorRequirement, ...] = ()
+    dry_run: bool = False
+    max_unavailable: int | str = "10%"
+    """An int, or a percent string of the nodes the policy selects; at least 1 either way."""
+    rules: tuple[Rule, ...] = ()
+    drain_timeout_seconds: float = 900.0
+    drain_grace_period_seconds: int | None = None
+    drain_delete_empty_dir_data: bool = True
+    recovery_uncordon: bool = True
+    recovery_healthy_for_seconds: float = 600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeView:
+    """What the decision core needs to know of a Node."""
+
+    name: str
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    unschedulable: bool = False
+    taint_keys: frozenset[str] = frozenset()
+    gpu_capacity: int | None = None
+    """`nvidia.com/gpu` capacity the node advertises, if any."""
+
+    @property
+    def cordoned_by(self) -> str | None:
+        from gpuhealth_api import keys
+
+        return self.annotations.get(keys.CORDONED_BY_ANNOTATION)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConditionState:
+    """One condition of one node, as kept in GPUNode `status.conditions[]`.
+
+    `observed_since` and `recovering_since` make hysteresis survive restarts:
+    the raw signal's first sighting in this episode, and the first sighting
+    of its absence while the condition is still held True.
+    """
+
+    type: vocabulary.Condition
+    status: str  # "True" | "False" | "Unknown"
+    reason: str
+    message: str
+    last_transition_time: datetime.datetime
+    observed_since: datetime.datetime | None = None
+    recovering_since: datetime.datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StragglerScore:
+    score: float
+    z_score: float
+    peers: int
+    flagged: bool
+    """Below -threshold against a cohort of at least 4 peers (before forSeconds)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeVerdict:
+    """The judgement of one node under one policy at one instant."""
+
+    node: str
+    conditions: Mapping[vocabulary.Condition, ConditionState]
+    health: vocabulary.Health
+    issues: tuple[vocabulary.Condition, ...]
+    """True conditions, most severe first."""
+    fired_rules: tuple[Rule, ...]
+    """Rules whose condition holds (after forSeconds), strongest action first."""
+    wanted_action: vocabulary.Action | None
+    """The strongest action of the fired rules; None when nothing fired."""
+    wanted_labels: Mapping[str, str | None]
+    """Node labels to set (value) or remove (None)."""
+    wanted_taint: str | None
+    """Value of the gpuhealth.io/unhealthy taint to hold, or None to remove ours."""
+    recovered: bool
+    """Healthy for recovery.healthyForSeconds: our cordon/taint may be lifted."""
+    detected_at: datetime.datetime | None
+    """Earliest observation time of the facts behind the fired disruptive rule."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetPlan:
+    admitted: frozenset[str]
+    """Nodes that may be cordoned/drained now."""
+    pending: tuple[str, ...]
+    """Nodes that want disruption but wait, in the order they will be admitted."""
+    limit: int
+
+
+StatusFacts = status.GPUNodeStatus
