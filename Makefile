@@ -1,0 +1,90 @@
+# gpu-health — `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+PYTEST_FLAGS ?=
+# Control-plane binaries: $KUBEBUILDER_ASSETS if set, else built once by hack/testbin.sh.
+TESTBIN = $(shell hack/testbin.sh)
+
+##@ Quick start
+
+.PHONY: demo
+demo: venv testbin ## Run the demo: local control plane, simulated GPU fleet with faults, the operator reacting
+	$(BIN)/gpu-health-sim demo
+
+.PHONY: demo-up
+demo-up: venv testbin ## Like demo, but keep the cluster running and print its KUBECONFIG
+	$(BIN)/gpu-health-sim demo --keep
+
+.PHONY: test
+test: venv testbin ## Run every test CI runs: unit, integration, e2e
+	KUBEBUILDER_ASSETS="$(TESTBIN)" $(BIN)/pytest $(PYTEST_FLAGS) tests
+
+##@ Development
+
+.PHONY: venv
+venv: $(VENV)/.installed ## Create the virtualenv with runtime and dev dependencies
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+.PHONY: testbin
+testbin: ## Build (once) etcd, kube-apiserver, controller-manager, scheduler, kubectl, kwok and helm from Go modules
+	@hack/testbin.sh >/dev/null
+
+.PHONY: unit
+unit: venv ## Run unit tests only (no cluster)
+	$(BIN)/pytest $(PYTEST_FLAGS) tests/unit tests/test_layout.py
+
+.PHONY: integration
+integration: venv testbin ## Run integration tests (real kube-apiserver + etcd + kwok)
+	KUBEBUILDER_ASSETS="$(TESTBIN)" $(BIN)/pytest $(PYTEST_FLAGS) tests/integration
+
+.PHONY: e2e
+e2e: venv testbin ## Run end-to-end tests (helm chart, real processes)
+	KUBEBUILDER_ASSETS="$(TESTBIN)" $(BIN)/pytest $(PYTEST_FLAGS) tests/e2e
+
+.PHONY: lint
+lint: venv ## ruff, mypy, import-linter, helm lint
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check api agent operator sim
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+	@if [ -d charts/gpu-health ]; then "$(TESTBIN)/helm" lint charts/gpu-health; fi
+
+.PHONY: fmt
+fmt: venv ## Format the code
+	$(BIN)/ruff format api agent operator sim tests bench
+	$(BIN)/ruff check --fix .
+
+.PHONY: bench
+bench: venv testbin ## Run the benchmarks and print their results (see bench/RESULTS.md)
+	KUBEBUILDER_ASSETS="$(TESTBIN)" $(PY) bench/agent_overhead.py
+	KUBEBUILDER_ASSETS="$(TESTBIN)" $(PY) bench/operator_latency.py
+
+##@ Packaging
+
+.PHONY: chart-crds
+chart-crds: ## Copy crds/ into the chart (the chart ships an identical copy)
+	hack/sync-chart-crds.sh
+
+.PHONY: image
+image: ## Build the container image (needs a Docker engine)
+	docker build -t gpu-health:$$($(PY) -c 'import gpuhealth_api; print(gpuhealth_api.__version__)') .
+
+.PHONY: clean
+clean: ## Remove the virtualenv and caches (not the testbin cache)
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build dist *.egg-info
+
+##@ Help
+
+.PHONY: help
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} /^[a-zA-Z_-]+:.*?##/ { printf "  %-14s %s\n", $$1, $$2 } /^##@/ { printf "\n%s\n", substr($$0, 5) }' $(MAKEFILE_LIST)
