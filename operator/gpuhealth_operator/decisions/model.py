@@ -10,7 +10,7 @@ import dataclasses
 import datetime
 from collections.abc import Mapping
 
-from gpuhealth_api import status, vocabulary
+from gpuhealth_api import keys, status, vocabulary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,9 +64,29 @@ class NodeView:
 
     @property
     def cordoned_by(self) -> str | None:
-        from gpuhealth_api import keys
-
         return self.annotations.get(keys.CORDONED_BY_ANNOTATION)
+
+
+@dataclasses.dataclass(frozen=True)
+class Signal:
+    """A condition's raw evidence at one instant, before hysteresis.
+
+    `present` is None when the facts cannot tell (stale agent, GPUs not yet
+    reported): unknown is neither fault nor health, and keeps the previous state.
+    """
+
+    condition: vocabulary.Condition
+    present: bool | None
+    message: str
+    observed_at: datetime.datetime | None = None
+    """When the agent observed the evidence (GPU observedTime, XID lastSeen), if known."""
+
+
+class ConditionRecord(status.ConditionStatus, total=False):
+    """A `status.conditions[]` item with our hysteresis timestamps (RFC 3339)."""
+
+    observedSince: str
+    recoveringSince: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +105,9 @@ class ConditionState:
     last_transition_time: datetime.datetime
     observed_since: datetime.datetime | None = None
     recovering_since: datetime.datetime | None = None
+    """On a True condition: evidence absent since (clearing after clear_seconds).
+    On a False condition: evidence absent since (the recovery clock); None means
+    since `last_transition_time`."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,249 @@
+"""GPUHealthPolicy: parsing a spec, selecting nodes, resolving the disruption budget.
+
+The CRD's schema and CEL rules reject bad policies at the API server, so
+`parse_policy` is a second line of defence: anything the CRD would not have
+admitted raises ValueError naming the field (`spec.rules[2].action`), and the
+handler reports it on the policy instead of acting on half a policy. Optional
+fields take the defaults DESIGN.md documents.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, TypeVar
+
+from gpuhealth_api import keys, vocabulary
+from gpuhealth_operator.decisions import model
+
+Condition = vocabulary.Condition
+
+DEFAULT_MAX_UNAVAILABLE: Final = "10%"
+DEFAULT_STRAGGLER_THRESHOLD: Final = 3.5
+DEFAULT_CRITICAL_XIDS: Final[frozenset[int]] = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120})
+"""XIDs that mean a GPU needs a reset or worse (DBE, row-remap events, NVLink, fallen off the bus, GSP)."""
+
+_PERCENT = re.compile(r"^(\d{1,3})%$")
+_SELECTOR_OPERATORS: Final = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
+_STALE_ACTIONS: Final = frozenset({vocabulary.Action.EVENT, vocabulary.Action.LABEL})
+"""Missing data is never a reason to disrupt a node (the CRD enforces the same)."""
+_E = TypeVar("_E", vocabulary.Condition, vocabulary.Action)
+
+
+def parse_policy(name: str, generation: int, spec: Mapping[str, Any]) -> model.Policy:
+    """A Policy from a GPUHealthPolicy's `spec`; ValueError naming the field if it is invalid."""
+    if not isinstance(spec, Mapping):
+        raise ValueError("spec: must be an object")
+    selector = _mapping(spec.get("nodeSelector"), "spec.nodeSelector")
+    drain = _mapping(spec.get("drain"), "spec.drain")
+    recovery = _mapping(spec.get("recovery"), "spec.recovery")
+    grace = drain.get("gracePeriodSeconds")
+    if grace is not None:
+        grace = int(_number(grace, "spec.drain.gracePeriodSeconds", minimum=0, integer=True))
+    return model.Policy(
+        name=name,
+        generation=generation,
+        match_labels=_match_labels(selector.get("matchLabels")),
+        match_expressions=_match_expressions(selector.get("matchExpressions")),
+        dry_run=_boolean(spec.get("dryRun", False), "spec.dryRun"),
+        max_unavailable=_max_unavailable(spec.get("maxUnavailable", DEFAULT_MAX_UNAVAILABLE)),
+        rules=_rules(spec.get("rules")),
+        drain_timeout_seconds=_number(
+            drain.get("timeoutSeconds", 900), "spec.drain.timeoutSeconds", minimum=1
+        ),
+        drain_grace_period_seconds=grace,
+        drain_delete_empty_dir_data=_boolean(
+            drain.get("deleteEmptyDirData", True), "spec.drain.deleteEmptyDirData"
+        ),
+        recovery_uncordon=_boolean(recovery.get("uncordon", True), "spec.recovery.uncordon"),
+        recovery_healthy_for_seconds=_number(
+            recovery.get("healthyForSeconds", 600), "spec.recovery.healthyForSeconds", minimum=0
+        ),
+    )
+
+
+def selects(policy: model.Policy, node: model.NodeView) -> bool:
+    """Kubernetes LabelSelector semantics; a node labelled gpuhealth.io/exclude=true is never selected."""
+    labels = node.labels
+    if labels.get(keys.EXCLUDE_LABEL) == "true":
+        return False
+    if any(labels.get(key) != value for key, value in policy.match_labels.items()):
+        return False
+    return all(_requirement_matches(r, labels) for r in policy.match_expressions)
+
+
+def resolve_max_unavailable(policy: model.Policy, selected_count: int) -> int:
+    """How many selected nodes the policy may hold cordoned at once.
+
+    A percent rounds DOWN (as a Deployment's maxUnavailable does): this budget
+    is capacity the operator takes away on its own authority, and the safe
+    side of a rounding error is one node fewer out of service. Either way the
+    result is at least 1, or a small fleet could never remediate anything.
+    """
+    value = policy.max_unavailable
+    if isinstance(value, int):
+        return max(1, value)
+    match = _PERCENT.match(value)
+    if match is None:  # parse_policy only lets ints, digit strings and percents through
+        return max(1, int(value)) if value.isdigit() else 1
+    return max(1, math.floor(max(0, selected_count) * int(match.group(1)) / 100))
+
+
+def rule_xids(policy: model.Policy) -> frozenset[int]:
+    """XIDs the policy's XidCritical rules treat as critical; the default set if it has none."""
+    xid_rules = [r for r in policy.rules if r.condition is Condition.XID_CRITICAL]
+    if not xid_rules:
+        return DEFAULT_CRITICAL_XIDS
+    return frozenset().union(*(r.xids for r in xid_rules))
+
+
+def _requirement_matches(requirement: model.LabelSelectorRequirement, labels: Mapping[str, str]) -> bool:
+    present = requirement.key in labels
+    match requirement.operator:
+        case "In":
+            return present and labels[requirement.key] in requirement.values
+        case "NotIn":
+            return not present or labels[requirement.key] not in requirement.values
+        case "Exists":
+            return present
+        case "DoesNotExist":
+            return not present
+    return False  # unknown operator: select nothing rather than everything
+
+
+def _rules(value: object) -> tuple[model.Rule, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        raise ValueError("spec.rules: must be a list")
+    rules: list[model.Rule] = []
+    seen: set[str] = set()
+    for i, item in enumerate(value):
+        where = f"spec.rules[{i}]"
+        raw = _mapping(item, where)
+        rule_name = raw.get("name")
+        if not isinstance(rule_name, str) or not rule_name:
+            raise ValueError(f"{where}.name: required, a non-empty string")
+        if rule_name in seen:
+            raise ValueError(f"{where}.name: duplicate rule name {rule_name!r}")
+        seen.add(rule_name)
+        condition = _enum(vocabulary.Condition, raw.get("condition"), f"{where}.condition")
+        action = _enum(vocabulary.Action, raw.get("action"), f"{where}.action")
+        if condition is Condition.AGENT_STALE and action not in _STALE_ACTIONS:
+            raise ValueError(f"{where}.action: must be Event or Label when condition is AgentStale")
+        for_seconds = _number(raw.get("forSeconds", 0), f"{where}.forSeconds", minimum=0)
+        threshold = None
+        if condition is Condition.STRAGGLER:
+            threshold = _number(raw.get("threshold", DEFAULT_STRAGGLER_THRESHOLD), f"{where}.threshold")
+            if threshold <= 0:
+                raise ValueError(f"{where}.threshold: must be greater than 0")
+        xids: frozenset[int] = frozenset()
+        if condition is Condition.XID_CRITICAL:
+            xids = _xids(raw.get("xids"), f"{where}.xids")
+        rules.append(
+            model.Rule(
+                name=rule_name,
+                condition=condition,
+                action=action,
+                for_seconds=for_seconds,
+                threshold=threshold,
+                xids=xids,
+            )
+        )
+    return tuple(rules)
+
+
+def _xids(value: object, where: str) -> frozenset[int]:
+    if value is None:
+        return DEFAULT_CRITICAL_XIDS
+    if not isinstance(value, Sequence) or isinstance(value, str) or not value:
+        raise ValueError(f"{where}: must be a non-empty list of XID codes")
+    return frozenset(int(_number(x, f"{where}[{i}]", minimum=1, integer=True)) for i, x in enumerate(value))
+
+
+def _match_labels(value: object) -> dict[str, str]:
+    labels = _mapping(value, "spec.nodeSelector.matchLabels")
+    for key, label in labels.items():
+        if not isinstance(key, str) or not isinstance(label, str):
+            raise ValueError(f"spec.nodeSelector.matchLabels[{key!r}]: keys and values must be strings")
+    return dict(labels)
+
+
+def _match_expressions(value: object) -> tuple[model.LabelSelectorRequirement, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        raise ValueError("spec.nodeSelector.matchExpressions: must be a list")
+    requirements = []
+    for i, item in enumerate(value):
+        where = f"spec.nodeSelector.matchExpressions[{i}]"
+        raw = _mapping(item, where)
+        key, operator, values = raw.get("key"), raw.get("operator"), raw.get("values") or []
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"{where}.key: required, a non-empty string")
+        if operator not in _SELECTOR_OPERATORS:
+            raise ValueError(f"{where}.operator: must be one of In, NotIn, Exists, DoesNotExist")
+        if (
+            not isinstance(values, Sequence)
+            or isinstance(values, str)
+            or not all(isinstance(v, str) for v in values)
+        ):
+            raise ValueError(f"{where}.values: must be a list of strings")
+        if operator in ("In", "NotIn") and not values:
+            raise ValueError(f"{where}.values: must be non-empty for operator {operator}")
+        if operator in ("Exists", "DoesNotExist") and values:
+            raise ValueError(f"{where}.values: must be empty for operator {operator}")
+        requirements.append(
+            model.LabelSelectorRequirement(key=key, operator=str(operator), values=tuple(values))
+        )
+    return tuple(requirements)
+
+
+def _max_unavailable(value: object) -> int | str:
+    where = "spec.maxUnavailable"
+    if isinstance(value, bool):
+        raise ValueError(f"{where}: must be an integer or a percent like '10%'")
+    if isinstance(value, int):
+        if value < 1:
+            raise ValueError(f"{where}: must be at least 1")
+        return value
+    if isinstance(value, str):
+        if value.isdigit() and int(value) >= 1:
+            return int(value)
+        match = _PERCENT.match(value)
+        if match is not None and 1 <= int(match.group(1)) <= 100:
+            return value
+    raise ValueError(f"{where}: must be an integer >= 1 or a percent from 1% to 100%, got {value!r}")
+
+
+def _mapping(value: object, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where}: must be an object")
+    return value
+
+
+def _boolean(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}: must be true or false")
+    return value
+
+
+def _number(value: object, where: str, *, minimum: float | None = None, integer: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{where}: must be a number")
+    if integer and value != int(value):
+        raise ValueError(f"{where}: must be an integer")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{where}: must be at least {minimum:g}")
+    return float(value)
+
+
+def _enum(kind: type[_E], value: object, where: str) -> _E:
+    try:
+        return kind(str(value)) if isinstance(value, str) else kind("")
+    except ValueError:
+        allowed = ", ".join(member.value for member in kind)
+        raise ValueError(f"{where}: must be one of {allowed}, got {value!r}") from None

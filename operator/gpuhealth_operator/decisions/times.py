@@ -1,0 +1,37 @@
+"""RFC 3339 timestamps as the cluster stores them, parsed defensively.
+
+Status fields are written by other processes (and by humans with kubectl), so
+a timestamp that does not parse is treated as absent rather than as an error:
+missing data is never a fault, and never a crash.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+
+def parse(value: object) -> datetime.datetime | None:
+    """An aware UTC datetime from an RFC 3339 string; None for absent or garbage.
+
+    A timestamp without an offset is taken as UTC (that is what Kubernetes writes).
+    """
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=datetime.UTC)
+    return parsed.astimezone(datetime.UTC)
+
+
+def render(value: datetime.datetime) -> str:
+    """RFC 3339 in UTC with a `Z`; microseconds kept only when present, so round trips are exact."""
+    utc = value.astimezone(datetime.UTC) if value.tzinfo else value.replace(tzinfo=datetime.UTC)
+    timespec = "microseconds" if utc.microsecond else "seconds"
+    return utc.replace(tzinfo=None).isoformat(timespec=timespec) + "Z"
+
+
+def seconds_between(earlier: datetime.datetime, later: datetime.datetime) -> float:
+    return (later - earlier).total_seconds()

@@ -1,0 +1,206 @@
+"""Raw signals: what one instant of GPUNode facts says about each condition."""
+
+import datetime
+from typing import Any
+
+import pytest
+
+from gpuhealth_api import vocabulary
+from gpuhealth_operator.decisions import model, policies, signals
+
+Condition = vocabulary.Condition
+NOW = datetime.datetime(2026, 11, 22, 1, 0, 0, tzinfo=datetime.UTC)
+OBSERVED = "2026-11-22T00:59:58Z"
+XIDS = policies.DEFAULT_CRITICAL_XIDS
+
+
+def _agent(**overrides: Any) -> dict[str, Any]:
+    return {"lastHeartbeatTime": "2026-11-22T00:59:30Z", "heartbeatSeconds": 60, **overrides}
+
+
+def _gpu(index: int = 0, **fields: Any) -> dict[str, Any]:
+    return {"index": index, "uuid": f"GPU-0000000{index}-aaaa-bbbb", "observedTime": OBSERVED, **fields}
+
+
+def _facts(*gpus: dict[str, Any], **agent: Any) -> Any:
+    return {"agent": _agent(**agent), "gpus": list(gpus)}
+
+
+def _signal(facts: Any, condition: Condition, node: model.NodeView | None = None) -> model.Signal:
+    return signals.raw_signals(facts, node or model.NodeView(name="n"), XIDS, NOW)[condition]
+
+
+@pytest.mark.parametrize(
+    ("condition", "gpu_fields", "present"),
+    [
+        (Condition.ECC_UNCORRECTABLE, {"ecc": {"uncorrectedVolatile": 1}}, True),
+        (Condition.ECC_UNCORRECTABLE, {"ecc": {"uncorrectedVolatile": 0, "uncorrectedAggregate": 5}}, False),
+        (Condition.ECC_UNCORRECTABLE, {"ecc": {"correctedVolatile": 100}}, False),
+        (Condition.ECC_UNCORRECTABLE, {}, False),
+        (Condition.ROW_REMAP_FAILURE, {"remappedRows": {"failure": True}}, True),
+        (Condition.ROW_REMAP_FAILURE, {"remappedRows": {"pending": True}}, True),
+        (Condition.ROW_REMAP_FAILURE, {"remappedRows": {"correctable": 3, "uncorrectable": 1}}, False),
+        (Condition.ROW_REMAP_FAILURE, {}, False),
+        (Condition.XID_CRITICAL, {"xids": [{"code": 79, "count": 1, "lastSeen": OBSERVED}]}, True),
+        (Condition.XID_CRITICAL, {"xids": [{"code": 13, "count": 4, "lastSeen": OBSERVED}]}, False),
+        (Condition.XID_CRITICAL, {"xids": [{"code": 79, "count": 0, "lastSeen": OBSERVED}]}, False),
+        (Condition.XID_CRITICAL, {"xids": []}, False),
+        (Condition.XID_CRITICAL, {}, False),
+        (Condition.GPU_LOST, {"lost": True}, True),
+        (Condition.GPU_LOST, {"lost": False}, False),
+        (Condition.GPU_LOST, {}, False),
+        (Condition.RECOVERY_REQUIRED, {"recoveryAction": "GpuReset"}, True),
+        (Condition.RECOVERY_REQUIRED, {"recoveryAction": "NodeReboot"}, True),
+        (Condition.RECOVERY_REQUIRED, {"recoveryAction": "None"}, False),
+        (Condition.RECOVERY_REQUIRED, {}, False),
+        (Condition.THERMAL_THROTTLED, {"clockEventReasons": ["HwThermalSlowdown"]}, True),
+        (Condition.THERMAL_THROTTLED, {"clockEventReasons": ["SwThermalSlowdown"]}, True),
+        (Condition.THERMAL_THROTTLED, {"temperatureCelsius": 90, "slowdownTemperatureCelsius": 90}, True),
+        (Condition.THERMAL_THROTTLED, {"temperatureCelsius": 89, "slowdownTemperatureCelsius": 90}, False),
+        (Condition.THERMAL_THROTTLED, {"temperatureCelsius": 120}, False),  # no threshold known
+        (Condition.THERMAL_THROTTLED, {"clockEventReasons": ["GpuIdle", "SwPowerCap"]}, False),
+        (Condition.THERMAL_THROTTLED, {}, False),
+        (Condition.POWER_THROTTLED, {"clockEventReasons": ["HwPowerBrakeSlowdown"]}, True),
+        (Condition.POWER_THROTTLED, {"clockEventReasons": ["HwSlowdown"]}, True),
+        (Condition.POWER_THROTTLED, {"clockEventReasons": ["SwPowerCap"]}, False),
+        (Condition.POWER_THROTTLED, {}, False),
+        (
+            Condition.PCIE_DEGRADED,
+            {
+                "utilizationPercent": 90,
+                "pcie": {"generation": 4, "maxGeneration": 5, "width": 16, "maxWidth": 16},
+            },
+            True,
+        ),
+        (
+            Condition.PCIE_DEGRADED,
+            {
+                "utilizationPercent": 90,
+                "pcie": {"generation": 5, "maxGeneration": 5, "width": 8, "maxWidth": 16},
+            },
+            True,
+        ),
+        (
+            Condition.PCIE_DEGRADED,
+            {
+                "utilizationPercent": 0,
+                "pcie": {"generation": 1, "maxGeneration": 5, "width": 16, "maxWidth": 16},
+            },
+            False,
+        ),
+        (Condition.PCIE_DEGRADED, {"pcie": {"generation": 1, "maxGeneration": 5}}, False),  # idle unknown
+        (Condition.PCIE_DEGRADED, {"utilizationPercent": 90, "pcie": {"generation": 4}}, False),
+        (Condition.PCIE_DEGRADED, {"utilizationPercent": 90}, False),
+    ],
+)
+def test_condition_signal(condition: Condition, gpu_fields: dict[str, Any], present: bool) -> None:
+    facts = _facts(_gpu(0), _gpu(3, **gpu_fields))
+    signal = _signal(facts, condition)
+    assert signal.present is present
+    assert signal.condition is condition
+    if present:
+        assert signal.message.startswith("GPU 3 (GPU-00000003…): "), signal.message
+        assert signal.observed_at == datetime.datetime(2026, 11, 22, 0, 59, 58, tzinfo=datetime.UTC)
+
+
+def test_ecc_message_names_gpu_and_count() -> None:
+    facts = _facts(_gpu(3, uuid="GPU-abc", ecc={"uncorrectedVolatile": 2}))
+    assert _signal(facts, Condition.ECC_UNCORRECTABLE).message == (
+        "GPU 3 (GPU-abc): 2 uncorrectable volatile ECC errors"
+    )
+
+
+def test_xid_observed_at_is_its_last_seen() -> None:
+    facts = _facts(_gpu(1, xids=[{"code": 79, "count": 2, "lastSeen": "2026-11-22T00:50:00Z"}]))
+    signal = _signal(facts, Condition.XID_CRITICAL)
+    assert signal.observed_at == datetime.datetime(2026, 11, 22, 0, 50, tzinfo=datetime.UTC)
+    assert "XID 79 seen 2 times" in signal.message
+
+
+def test_xid_uses_the_rule_codes() -> None:
+    facts = _facts(_gpu(1, xids=[{"code": 13, "count": 1, "lastSeen": OBSERVED}]))
+    got = signals.raw_signals(facts, model.NodeView(name="n"), frozenset({13}), NOW)
+    assert got[Condition.XID_CRITICAL].present is True
+
+
+@pytest.mark.parametrize(
+    ("gpu_count", "expected_by_agent", "capacity", "present"),
+    [
+        (8, 8, 8, False),
+        (7, 8, None, True),
+        (7, None, 8, True),
+        (7, 7, 8, True),  # fewer than either count is a loss
+        (8, None, None, False),
+        (0, 8, None, True),
+        (0, None, None, False),
+    ],
+)
+def test_gpu_lost_by_count(
+    gpu_count: int, expected_by_agent: int | None, capacity: int | None, present: bool
+) -> None:
+    agent = {} if expected_by_agent is None else {"expectedGpuCount": expected_by_agent}
+    facts = _facts(*(_gpu(i) for i in range(gpu_count)), **agent)
+    signal = _signal(facts, Condition.GPU_LOST, model.NodeView(name="n", gpu_capacity=capacity))
+    assert signal.present is present
+    if present:
+        assert f"{gpu_count} of" in signal.message
+
+
+@pytest.mark.parametrize(
+    ("agent", "stale"),
+    [
+        (
+            {"lastHeartbeatTime": "2026-11-22T00:57:00Z", "heartbeatSeconds": 60},
+            False,
+        ),  # exactly 3 heartbeats
+        ({"lastHeartbeatTime": "2026-11-22T00:56:59Z", "heartbeatSeconds": 60}, True),
+        ({"lastHeartbeatTime": "2026-11-22T00:59:20Z", "heartbeatSeconds": 10}, True),
+        ({"lastHeartbeatTime": "2026-11-22T00:57:30Z"}, False),  # default 60 s heartbeat
+        ({"lastHeartbeatTime": "2026-11-22T01:05:00Z"}, False),  # clock skew: future is fresh
+        ({"lastHeartbeatTime": "yesterday"}, True),
+        ({"heartbeatSeconds": 60}, True),
+        (None, True),
+    ],
+)
+def test_agent_stale(agent: dict[str, Any] | None, stale: bool) -> None:
+    facts: Any = {"gpus": [_gpu(0)]} if agent is None else {"agent": agent, "gpus": [_gpu(0)]}
+    assert _signal(facts, Condition.AGENT_STALE).present is stale
+
+
+def test_stale_agent_makes_every_fact_unknown() -> None:
+    facts: Any = {
+        "agent": {"lastHeartbeatTime": "2026-11-22T00:00:00Z", "heartbeatSeconds": 60},
+        "gpus": [_gpu(0, ecc={"uncorrectedVolatile": 3}, lost=True)],
+    }
+    got = signals.raw_signals(facts, model.NodeView(name="n"), XIDS, NOW)
+    assert got[Condition.AGENT_STALE].present is True
+    assert {c: s.present for c, s in got.items() if c is not Condition.AGENT_STALE} == dict.fromkeys(
+        signals.FACT_CONDITIONS, None
+    )
+
+
+def test_gpus_not_reported_yet_is_unknown_not_lost() -> None:
+    facts: Any = {"agent": _agent(expectedGpuCount=8)}
+    got = signals.raw_signals(facts, model.NodeView(name="n", gpu_capacity=8), XIDS, NOW)
+    assert got[Condition.GPU_LOST].present is None
+    assert got[Condition.ECC_UNCORRECTABLE].present is None
+    assert got[Condition.AGENT_STALE].present is False
+
+
+def test_garbage_fields_are_no_fault() -> None:
+    gpu = _gpu(
+        0,
+        ecc="broken",
+        remappedRows={"failure": "yes"},
+        xids=[{"code": "79"}, "junk"],
+        lost="true",
+        recoveryAction=7,
+        clockEventReasons="HwSlowdown",
+        temperatureCelsius="hot",
+        pcie=None,
+    )
+    facts: Any = {"agent": _agent(), "gpus": [gpu, "not a gpu"]}
+    got = signals.raw_signals(facts, model.NodeView(name="n"), XIDS, NOW)
+    assert {c: s.present for c, s in got.items()} == dict.fromkeys(
+        (*signals.FACT_CONDITIONS, Condition.AGENT_STALE), False
+    )
