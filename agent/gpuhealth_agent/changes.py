@@ -1,0 +1,115 @@
+"""Which facts matter: the pure rules that decide when a GPU "changed" and when to write.
+
+The agent must be polite to the API server: a temperature that wiggles by a
+degree, power draw and utilisation change every sample and would turn every
+sample into a write. So the agent writes at once only when a *significant*
+fact changes (counters, lost, XIDs, throttle state, crossing the slowdown
+threshold, recovery action, PCIe link, GPU identity) and otherwise refreshes
+everything on the heartbeat. The same view stamps `observedTime`, so it marks
+the moment a fault was first read, not the last wiggle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Sequence
+from typing import Any, Final
+
+from gpuhealth_api import status
+
+BENIGN_CLOCK_EVENT_REASONS: Final[frozenset[str]] = frozenset(
+    {"GpuIdle", "ApplicationsClocksSetting", "SyncBoost", "DisplayClockSetting"}
+)
+"""Clock-event reasons that are not throttling: an idle GPU or a deliberate clock setting."""
+
+
+def throttle_reasons(gpu: status.GPUStatus) -> list[str]:
+    """The active clock-event reasons that do slow the GPU down, sorted."""
+    return sorted(set(gpu.get("clockEventReasons", [])) - BENIGN_CLOCK_EVENT_REASONS)
+
+
+def is_hot(gpu: status.GPUStatus) -> bool | None:
+    temperature = gpu.get("temperatureCelsius")
+    threshold = gpu.get("slowdownTemperatureCelsius")
+    if temperature is None or threshold is None:
+        return None
+    return temperature >= threshold
+
+
+def gpu_view(gpu: status.GPUStatus) -> dict[str, Any]:
+    """The facts of one GPU whose change is worth a write (and a new observedTime)."""
+    return {
+        "index": gpu.get("index"),
+        "uuid": gpu.get("uuid"),
+        "model": gpu.get("model"),
+        "pciBusId": gpu.get("pciBusId"),
+        "lost": gpu.get("lost", False),
+        "ecc": gpu.get("ecc"),
+        "retiredPages": gpu.get("retiredPages"),
+        "remappedRows": gpu.get("remappedRows"),
+        "xids": [(x["code"], x["count"]) for x in gpu.get("xids", [])],
+        "throttle": throttle_reasons(gpu),
+        "hot": is_hot(gpu),
+        "recoveryAction": gpu.get("recoveryAction"),
+        "pcie": gpu.get("pcie"),
+    }
+
+
+def fingerprint(node: status.GPUNodeStatus) -> str:
+    """A stable string of everything significant in the agent's part of the status."""
+    agent = node.get("agent", {})
+    summary = node.get("summary", {})
+    view = {
+        "driverVersion": agent.get("driverVersion"),
+        "expectedGpuCount": agent.get("expectedGpuCount"),
+        "heartbeatSeconds": agent.get("heartbeatSeconds"),
+        "gpuCount": summary.get("gpuCount"),
+        "model": summary.get("model"),
+        "gpus": [gpu_view(g) for g in node.get("gpus", [])],
+    }
+    return json.dumps(view, sort_keys=True, default=str)
+
+
+class WriteReason(enum.StrEnum):
+    FIRST = "first"
+    CHANGE = "change"
+    HEARTBEAT = "heartbeat"
+    RETRY = "retry"
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteState:
+    """What was last written successfully (fingerprint, time) and whether a write is owed."""
+
+    fingerprint: str | None = None
+    written_at: float | None = None
+    pending: bool = False
+    """A write was due but failed or was deferred by backoff: retry with the latest state."""
+
+
+def write_reason(state: WriteState, current: str, now: float, heartbeat_seconds: float) -> WriteReason | None:
+    """Why the agent should write now, or None to stay quiet."""
+    if state.written_at is None or state.fingerprint is None:
+        return WriteReason.RETRY if state.pending else WriteReason.FIRST
+    if current != state.fingerprint:
+        return WriteReason.CHANGE
+    if state.pending:
+        return WriteReason.RETRY
+    if now - state.written_at >= heartbeat_seconds:
+        return WriteReason.HEARTBEAT
+    return None
+
+
+def summarize(gpus: Sequence[status.GPUStatus]) -> status.Summary:
+    """Node-level facts: GPUs that answer, the most common model, the hottest temperature."""
+    answering = [g for g in gpus if not g.get("lost", False)]
+    summary = status.Summary(gpuCount=len(answering))
+    models = [g["model"] for g in gpus if "model" in g]
+    if models:
+        summary["model"] = max(sorted(set(models)), key=models.count)
+    temperatures = [g["temperatureCelsius"] for g in answering if "temperatureCelsius" in g]
+    if temperatures:
+        summary["maxTemperatureCelsius"] = max(temperatures)
+    return summary

@@ -1,0 +1,196 @@
+"""The pynvml surface the agent uses, and the only module that imports pynvml.
+
+The collector talks to a `Library`: a Protocol listing exactly the pynvml
+functions it calls, with pynvml's names and signatures. The real backend is
+the pynvml module itself (behind a thin shim for functions older bindings
+lack); the simulated backend (`simulated.py`) implements the same functions
+and raises pynvml's own error classes, obtained here. So one collector code
+path serves a real H100 and a scripted scenario.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final, Protocol
+
+import pynvml
+
+# --- errors (pynvml's own classes, re-exported) -----------------------------------------------------------
+
+NVMLError: Final[type[Exception]] = pynvml.NVMLError
+NotSupported: Final[type[Exception]] = pynvml.NVMLError_NotSupported
+FunctionNotFound: Final[type[Exception]] = pynvml.NVMLError_FunctionNotFound
+NoPermission: Final[type[Exception]] = pynvml.NVMLError_NoPermission
+GpuIsLost: Final[type[Exception]] = pynvml.NVMLError_GpuIsLost
+Timeout: Final[type[Exception]] = pynvml.NVMLError_Timeout
+Unknown: Final[type[Exception]] = pynvml.NVMLError_Unknown
+
+UNSUPPORTED: Final[tuple[type[Exception], ...]] = (NotSupported, FunctionNotFound, NoPermission)
+"""Errors meaning "this GPU or driver cannot answer that": the field is absent, the sample goes on."""
+
+_ERROR_PREFIX: Final = "NVMLError_"
+ERROR_NAMES: Final[frozenset[str]] = frozenset(
+    name.removeprefix(_ERROR_PREFIX) for name in dir(pynvml) if name.startswith(_ERROR_PREFIX)
+)
+"""Short names of pynvml's error classes (`Unknown`, `GpuIsLost`, ...), as scenario files spell them."""
+
+
+def error(name: str) -> Exception:
+    """A pynvml error instance by short name (`"GpuIsLost"` → NVMLError_GpuIsLost())."""
+    cls: type[Exception] = getattr(pynvml, _ERROR_PREFIX + name)
+    return cls()
+
+
+def error_name(exc: BaseException) -> str:
+    """Short name of a pynvml error, for metrics labels and logs."""
+    return type(exc).__name__.removeprefix(_ERROR_PREFIX)
+
+
+# --- constants -------------------------------------------------------------------------------------------
+
+TEMPERATURE_GPU: Final[int] = pynvml.NVML_TEMPERATURE_GPU
+TEMPERATURE_THRESHOLD_SLOWDOWN: Final[int] = pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+CLOCK_SM: Final[int] = pynvml.NVML_CLOCK_SM
+MEMORY_ERROR_TYPE_CORRECTED: Final[int] = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
+MEMORY_ERROR_TYPE_UNCORRECTED: Final[int] = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+VOLATILE_ECC: Final[int] = pynvml.NVML_VOLATILE_ECC
+AGGREGATE_ECC: Final[int] = pynvml.NVML_AGGREGATE_ECC
+PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR: Final[int] = (
+    pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+)
+EVENT_TYPE_XID_CRITICAL_ERROR: Final[int] = pynvml.nvmlEventTypeXidCriticalError
+EVENT_TYPE_DOUBLE_BIT_ECC_ERROR: Final[int] = pynvml.nvmlEventTypeDoubleBitEccError
+SUCCESS: Final[int] = pynvml.NVML_SUCCESS
+ERROR_NOT_SUPPORTED: Final[int] = pynvml.NVML_ERROR_NOT_SUPPORTED
+
+FI_DEV_GET_GPU_RECOVERY_ACTION: Final[int | None] = getattr(
+    pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None
+)
+"""Field id of the driver's recommended recovery action; None with bindings that predate it."""
+
+RECOVERY_ACTIONS: Final[dict[int, str]] = {
+    0: "None",
+    1: "GpuReset",
+    2: "NodeReboot",
+    3: "DrainP2P",
+    4: "DrainAndReset",
+    5: "RecoverImexDomain",
+    6: "BusReset",
+    7: "SystemReboot",
+}
+"""NVML_GPU_RECOVERY_ACTION_* values by name (the first five are gpuhealth_api.vocabulary.RecoveryAction)."""
+
+
+# --- the surface the collector calls ---------------------------------------------------------------------
+
+
+class PciInfo(Protocol):
+    @property
+    def busId(self) -> bytes | str: ...
+
+
+class Utilization(Protocol):
+    @property
+    def gpu(self) -> int: ...
+
+
+class Memory(Protocol):
+    @property
+    def total(self) -> int: ...
+
+    @property
+    def used(self) -> int: ...
+
+
+class Value(Protocol):
+    @property
+    def ullVal(self) -> int: ...
+
+
+class FieldValue(Protocol):
+    @property
+    def nvmlReturn(self) -> int: ...
+
+    @property
+    def value(self) -> Value: ...
+
+
+class EventData(Protocol):
+    @property
+    def device(self) -> Any: ...
+
+    @property
+    def eventType(self) -> int: ...
+
+    @property
+    def eventData(self) -> int: ...
+
+
+class Library(Protocol):
+    """The pynvml functions the agent calls (same names and signatures as pynvml)."""
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlSystemGetDriverVersion(self) -> str: ...
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
+    def nvmlDeviceGetIndex(self, handle: Any) -> int: ...
+    def nvmlDeviceGetName(self, handle: Any) -> str: ...
+    def nvmlDeviceGetUUID(self, handle: Any) -> str: ...
+    def nvmlDeviceGetSerial(self, handle: Any) -> str: ...
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> PciInfo: ...
+    def nvmlDeviceGetTemperatureV(self, handle: Any, sensor: int) -> int: ...
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int: ...
+    def nvmlDeviceGetTemperatureThreshold(self, handle: Any, threshold: int) -> int: ...
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int: ...
+    def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int: ...
+    def nvmlDeviceGetMaxClockInfo(self, handle: Any, type: int) -> int: ...
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Utilization: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Memory: ...
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> int: ...
+    def nvmlDeviceGetRetiredPages(self, device: Any, sourceFilter: int) -> list[int]: ...
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, device: Any) -> int: ...
+    def nvmlDeviceGetRemappedRows(self, device: Any) -> tuple[int, int, int, int]: ...
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int: ...
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int: ...
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[int]) -> Sequence[FieldValue]: ...
+    def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int: ...
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any) -> int: ...
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any) -> int: ...
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any) -> int: ...
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any) -> int: ...
+    def nvmlEventSetCreate(self) -> Any: ...
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None: ...
+    def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> EventData: ...
+    def nvmlEventSetFree(self, eventSet: Any) -> None: ...
+
+
+class _Real:
+    """pynvml itself, with stand-ins for functions that older bindings do not define.
+
+    A driver too old for a function raises FunctionNotFound at call time, which
+    the collector already treats as "not supported"; a *binding* too old for it
+    has no attribute at all, so we raise the same error here.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return getattr(pynvml, name)
+        except AttributeError:
+
+            def missing(*_: Any) -> Any:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+            return missing
+
+
+def real() -> Library:
+    """The real NVML library (call `nvmlInit()` on it before use)."""
+    lib: Library = _Real()
+    return lib
+
+
+def text(value: bytes | str) -> str:
+    """pynvml returns char arrays as bytes in some structs and str elsewhere."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else value

@@ -1,0 +1,450 @@
+"""Scenario files for the simulated backend: loading and validation.
+
+A scenario scripts what a node's GPUs report over time (format: DESIGN.md and
+docs/scenarios.md). Validation happens once, on load, and is strict: a typo
+in a fault scenario would otherwise make a test or a demo silently check
+nothing. Every error names the file, the timeline entry (index and line),
+the field and what was expected. The result is an immutable, time-sorted
+`Scenario` that `simulated.py` replays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from gpuhealth_agent import nvml
+
+DEFAULT_MODEL: Final = "NVIDIA H100 80GB HBM3"
+DEFAULT_DRIVER_VERSION: Final = "570.124.06"
+MAX_GPUS: Final = 64
+
+INT_FIELDS: Final[frozenset[str]] = frozenset(
+    {
+        "temperatureCelsius",
+        "slowdownTemperatureCelsius",
+        "smClockMHz",
+        "maxSmClockMHz",
+        "utilizationPercent",
+        "memoryUsedMiB",
+        "memoryTotalMiB",
+        "pcieGeneration",
+        "pcieMaxGeneration",
+        "pcieWidth",
+        "pcieMaxWidth",
+    }
+)
+FLOAT_FIELDS: Final[frozenset[str]] = frozenset({"powerWatts", "powerLimitWatts"})
+COUNTER_FIELDS: Final[frozenset[str]] = frozenset(
+    {
+        "eccCorrectedVolatile",
+        "eccUncorrectedVolatile",
+        "eccCorrectedAggregate",
+        "eccUncorrectedAggregate",
+        "retiredPagesDoubleBit",
+        "remappedRowsCorrectable",
+        "remappedRowsUncorrectable",
+        "pcieReplayCounter",
+    }
+)
+"""Counters only grow; a `set` that lowers one is rejected (volatile ECC counts excepted after a reset)."""
+VOLATILE_COUNTERS: Final[frozenset[str]] = frozenset({"eccCorrectedVolatile", "eccUncorrectedVolatile"})
+BOOL_FIELDS: Final[frozenset[str]] = frozenset(
+    {"retiredPagesPending", "remappedRowsPending", "remappedRowsFailure"}
+)
+STR_FIELDS: Final[frozenset[str]] = frozenset({"serial"})
+SPECIAL_FIELDS: Final[frozenset[str]] = frozenset({"clockEventReasons", "recoveryAction"})
+SETTABLE_FIELDS: Final[frozenset[str]] = (
+    INT_FIELDS | FLOAT_FIELDS | COUNTER_FIELDS | BOOL_FIELDS | STR_FIELDS | SPECIAL_FIELDS
+)
+
+OPTIONAL_FIELDS: Final[frozenset[str]] = frozenset(
+    {
+        "serial",
+        "temperatureCelsius",
+        "slowdownTemperatureCelsius",
+        "powerWatts",
+        "powerLimitWatts",
+        "smClockMHz",
+        "maxSmClockMHz",
+        "utilizationPercent",
+        "memory",
+        "ecc",
+        "retiredPages",
+        "remappedRows",
+        "clockEventReasons",
+        "recoveryAction",
+        "pcieReplayCounter",
+        "pcieLink",
+    }
+)
+"""Names usable in `notSupported`: each maps to the NVML queries that then raise NOT_SUPPORTED."""
+
+CLOCK_EVENT_REASON_NAMES: Final[frozenset[str]] = frozenset(
+    {
+        "GpuIdle",
+        "ApplicationsClocksSetting",
+        "SwPowerCap",
+        "HwSlowdown",
+        "SyncBoost",
+        "SwThermalSlowdown",
+        "HwThermalSlowdown",
+        "HwPowerBrakeSlowdown",
+        "DisplayClockSetting",
+    }
+)
+RECOVERY_ACTION_NAMES: Final[frozenset[str]] = frozenset(nvml.RECOVERY_ACTIONS.values())
+
+DEFAULT_FACTS: Final[Mapping[str, Any]] = {
+    "temperatureCelsius": 40,
+    "slowdownTemperatureCelsius": 87,
+    "powerWatts": 300.0,
+    "powerLimitWatts": 700.0,
+    "smClockMHz": 1980,
+    "maxSmClockMHz": 1980,
+    "utilizationPercent": 0,
+    "memoryUsedMiB": 0,
+    "memoryTotalMiB": 81559,
+    "eccCorrectedVolatile": 0,
+    "eccUncorrectedVolatile": 0,
+    "eccCorrectedAggregate": 0,
+    "eccUncorrectedAggregate": 0,
+    "retiredPagesDoubleBit": 0,
+    "retiredPagesPending": False,
+    "remappedRowsCorrectable": 0,
+    "remappedRowsUncorrectable": 0,
+    "remappedRowsPending": False,
+    "remappedRowsFailure": False,
+    "clockEventReasons": [],
+    "recoveryAction": "None",
+    "pcieGeneration": 5,
+    "pcieMaxGeneration": 5,
+    "pcieWidth": 16,
+    "pcieMaxWidth": 16,
+    "pcieReplayCounter": 0,
+}
+"""What a healthy, idle GPU reports when the scenario says nothing (an H100 SXM)."""
+
+TOP_LEVEL_KEYS: Final[frozenset[str]] = frozenset(
+    {"gpus", "expectedGpus", "model", "driverVersion", "defaults", "timeline", "description"}
+)
+ENTRY_KEYS: Final[frozenset[str]] = frozenset({"after", "gpu", "set", "xid", "reset", "notSupported", "fail"})
+ENTRY_ACTIONS: Final[frozenset[str]] = ENTRY_KEYS - {"after", "gpu"}
+FAIL_KEYS: Final[frozenset[str]] = frozenset({"function", "error", "for"})
+
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?(?:(\d+)ms)?$")
+
+
+class ScenarioError(ValueError):
+    """A scenario file is not valid; the message says where and what was expected."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """Make one NVML function raise an error for a while."""
+
+    function: str
+    error: str
+    """Short pynvml error name, e.g. "Unknown" for NVMLError_Unknown."""
+    for_seconds: float | None
+    """How long the function keeps failing; None = until the end of the run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One timeline entry: at `after_seconds`, do these things to GPU `gpu`."""
+
+    after_seconds: float
+    gpu: int
+    set: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    xid: int | None = None
+    reset: bool = False
+    not_supported: frozenset[str] = frozenset()
+    fail: Failure | None = None
+    line: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    path: str
+    gpus: int
+    expected_gpus: int
+    model: str
+    driver_version: str
+    defaults: Mapping[str, Any]
+    """Facts every GPU starts with (DEFAULT_FACTS overlaid with the file's `defaults`)."""
+    not_supported: frozenset[str]
+    """Queries no GPU supports (from `defaults.notSupported`)."""
+    timeline: tuple[Entry, ...]
+    """Sorted by time; entries at the same time keep file order."""
+
+    @property
+    def end_seconds(self) -> float:
+        return self.timeline[-1].after_seconds if self.timeline else 0.0
+
+
+def parse_duration(value: object) -> float:
+    """`5s`, `1m30s`, `250ms`, `2h`, or a plain non-negative number of seconds."""
+    if isinstance(value, bool):
+        raise ValueError("a duration like 5s, 1m30s, 250ms or a number of seconds")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError("a non-negative duration")
+        return float(value)
+    if isinstance(value, str):
+        match = _DURATION.match(value.strip())
+        if match and any(match.groups()):
+            hours, minutes, seconds, millis = (float(g) if g else 0.0 for g in match.groups())
+            return hours * 3600 + minutes * 60 + seconds + millis / 1000
+    raise ValueError("a duration like 5s, 1m30s, 250ms or a number of seconds")
+
+
+def load(path: str | Path) -> Scenario:
+    """Read and validate a scenario file; raise ScenarioError on any problem."""
+    where = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ScenarioError(f"{where}: cannot read scenario file: {exc.strerror}") from exc
+    return parse(text, where)
+
+
+def parse(text: str, where: str = "<scenario>") -> Scenario:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ScenarioError(f"{where}:{at}: not valid YAML: {problem}") from exc
+    return _Validator(where, _entry_lines(root)).scenario(data)
+
+
+def _entry_lines(root: yaml.Node | None) -> list[int]:
+    """1-based line of each timeline entry, so errors can point into the file."""
+    if not isinstance(root, yaml.MappingNode):
+        return []
+    for key, value in root.value:
+        if (
+            isinstance(key, yaml.ScalarNode)
+            and key.value == "timeline"
+            and isinstance(value, yaml.SequenceNode)
+        ):
+            return [item.start_mark.line + 1 for item in value.value]
+    return []
+
+
+class _Validator:
+    def __init__(self, where: str, lines: list[int]) -> None:
+        self.where = where
+        self.lines = lines
+
+    def fail(self, at: str, expected: str, got: object = dataclasses.MISSING) -> ScenarioError:
+        tail = "" if got is dataclasses.MISSING else f", got {got!r}"
+        return ScenarioError(f"{self.where}: {at}: expected {expected}{tail}")
+
+    def scenario(self, data: object) -> Scenario:
+        if not isinstance(data, dict):
+            raise self.fail(
+                "top level", "a mapping with keys gpus, model, driverVersion, defaults, timeline", data
+            )
+        self.unknown_keys(data, TOP_LEVEL_KEYS, "top level")
+        if "gpus" not in data:
+            raise self.fail("gpus", f"the number of GPUs on the node (1..{MAX_GPUS}); the key is missing")
+        gpus = self.integer(data["gpus"], "gpus", minimum=1, maximum=MAX_GPUS)
+        expected = self.integer(
+            data.get("expectedGpus", gpus), "expectedGpus", minimum=gpus, maximum=MAX_GPUS
+        )
+        model = self.string(data.get("model", DEFAULT_MODEL), "model")
+        driver = self.string(data.get("driverVersion", DEFAULT_DRIVER_VERSION), "driverVersion")
+        raw_defaults = data.get("defaults") or {}
+        if not isinstance(raw_defaults, dict):
+            raise self.fail("defaults", "a mapping of field: value", raw_defaults)
+        defaults = dict(DEFAULT_FACTS)
+        not_supported: frozenset[str] = frozenset()
+        for key, value in raw_defaults.items():
+            if key == "notSupported":
+                not_supported = self.not_supported(value, "defaults.notSupported")
+            else:
+                defaults[key] = self.fact(key, value, "defaults")
+        raw_timeline = data.get("timeline") or []
+        if not isinstance(raw_timeline, list):
+            raise self.fail(
+                "timeline", "a list of entries like {after: 5s, gpu: 0, set: {...}}", raw_timeline
+            )
+        entries = [self.entry(i, raw, gpus) for i, raw in enumerate(raw_timeline)]
+        timeline = tuple(sorted(entries, key=lambda e: e.after_seconds))
+        self.counters_only_grow(defaults, timeline, gpus)
+        return Scenario(self.where, gpus, expected, model, driver, defaults, not_supported, timeline)
+
+    def entry(self, index: int, raw: object, gpus: int) -> Entry:
+        line = self.lines[index] if index < len(self.lines) else None
+        at = f"timeline[{index}]" + (f" (line {line})" if line else "")
+        if not isinstance(raw, dict):
+            raise self.fail(at, "a mapping like {after: 5s, gpu: 0, set: {...}}", raw)
+        self.unknown_keys(raw, ENTRY_KEYS, at)
+        if "after" not in raw:
+            raise self.fail(f"{at}.after", "a time since start like 5s; the key is missing")
+        try:
+            after = parse_duration(raw["after"])
+        except ValueError as exc:
+            raise self.fail(f"{at}.after", str(exc), raw["after"]) from None
+        if "gpu" not in raw:
+            raise self.fail(f"{at}.gpu", f"a GPU index 0..{gpus - 1}; the key is missing")
+        gpu = self.integer(raw["gpu"], f"{at}.gpu", minimum=0, maximum=gpus - 1)
+        if not ENTRY_ACTIONS & raw.keys():
+            raise self.fail(at, f"at least one of {', '.join(sorted(ENTRY_ACTIONS))}")
+        facts: dict[str, Any] = {}
+        raw_set = raw.get("set", {})
+        if not isinstance(raw_set, dict):
+            raise self.fail(f"{at}.set", "a mapping of field: value", raw_set)
+        for key, value in raw_set.items():
+            facts[key] = self.fact(key, value, f"{at}.set")
+        xid = None
+        if "xid" in raw:
+            xid = self.integer(
+                raw["xid"], f"{at}.xid", minimum=1, maximum=65535, what="an XID code (integer 1..65535)"
+            )
+        reset = self.boolean(raw.get("reset", False), f"{at}.reset")
+        not_supported = self.not_supported(raw.get("notSupported", []), f"{at}.notSupported")
+        fail = self.failure(raw["fail"], f"{at}.fail") if "fail" in raw else None
+        return Entry(after, gpu, facts, xid, reset, not_supported, fail, line)
+
+    def fact(self, key: object, value: object, at: str) -> Any:
+        if key not in SETTABLE_FIELDS:
+            raise self.fail(f"{at}.{key}", f"a known field ({', '.join(sorted(SETTABLE_FIELDS))})")
+        field = f"{at}.{key}"
+        if key in INT_FIELDS or key in COUNTER_FIELDS:
+            return self.integer(value, field, minimum=0)
+        if key in FLOAT_FIELDS:
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise self.fail(field, "a non-negative number", value)
+            return float(value)
+        if key in BOOL_FIELDS:
+            return self.boolean(value, field)
+        if key in STR_FIELDS:
+            return self.string(value, field)
+        if key == "clockEventReasons":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise self.fail(field, "a list of clock-event reason names", value)
+            unknown = [v for v in value if v not in CLOCK_EVENT_REASON_NAMES]
+            if unknown:
+                raise self.fail(
+                    field, f"reasons from {', '.join(sorted(CLOCK_EVENT_REASON_NAMES))}", unknown[0]
+                )
+            return list(value)
+        # recoveryAction
+        if value not in RECOVERY_ACTION_NAMES:
+            raise self.fail(field, f"one of {', '.join(nvml.RECOVERY_ACTIONS.values())}", value)
+        return value
+
+    def failure(self, raw: object, at: str) -> Failure:
+        if not isinstance(raw, dict):
+            raise self.fail(at, "a mapping like {function: nvmlDeviceGetPowerUsage, error: Unknown}", raw)
+        self.unknown_keys(raw, FAIL_KEYS, at)
+        function = raw.get("function")
+        if function not in SIMULATED_FUNCTIONS:
+            raise self.fail(f"{at}.function", "the name of an NVML device function the agent calls", function)
+        error = raw.get("error", "Unknown")
+        if error not in nvml.ERROR_NAMES:
+            raise self.fail(f"{at}.error", "a pynvml error name like Unknown, GpuIsLost, NotSupported", error)
+        for_seconds = None
+        if "for" in raw:
+            try:
+                for_seconds = parse_duration(raw["for"])
+            except ValueError as exc:
+                raise self.fail(f"{at}.for", str(exc), raw["for"]) from None
+        return Failure(function, error, for_seconds)
+
+    def not_supported(self, value: object, at: str) -> frozenset[str]:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.fail(at, "a list of query names", value)
+        unknown = [v for v in value if v not in OPTIONAL_FIELDS]
+        if unknown:
+            raise self.fail(at, f"names from {', '.join(sorted(OPTIONAL_FIELDS))}", unknown[0])
+        return frozenset(value)
+
+    def counters_only_grow(self, defaults: Mapping[str, Any], timeline: tuple[Entry, ...], gpus: int) -> None:
+        current = [{k: defaults[k] for k in COUNTER_FIELDS} for _ in range(gpus)]
+        for entry in timeline:
+            counters = current[entry.gpu]
+            if entry.reset:
+                for key in VOLATILE_COUNTERS:
+                    counters[key] = 0
+            for key, value in entry.set.items():
+                if key in COUNTER_FIELDS:
+                    if value < counters[key]:
+                        at = f"timeline entry at line {entry.line}" if entry.line else "timeline"
+                        raise self.fail(
+                            f"{at}.set.{key}",
+                            f"a value >= {counters[key]} on gpu {entry.gpu} (counters only grow; "
+                            "volatile ECC counts drop only with `reset: true`)",
+                            value,
+                        )
+                    counters[key] = value
+
+    def unknown_keys(self, raw: Mapping[Any, Any], allowed: frozenset[str], at: str) -> None:
+        for key in raw:
+            if key not in allowed:
+                raise self.fail(f"{at}.{key}", f"one of the keys {', '.join(sorted(allowed))}")
+
+    def integer(
+        self, value: object, at: str, minimum: int | None = None, maximum: int | None = None, what: str = ""
+    ) -> int:
+        if not what:
+            lo = "" if minimum is None else f" >= {minimum}"
+            hi = "" if maximum is None else f" and <= {maximum}"
+            what = f"an integer{lo}{hi}"
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(at, what, value)
+        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+            raise self.fail(at, what, value)
+        return value
+
+    def boolean(self, value: object, at: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(at, "true or false", value)
+        return value
+
+    def string(self, value: object, at: str) -> str:
+        if not isinstance(value, str) or not value:
+            raise self.fail(at, "a non-empty string", value)
+        return value
+
+
+SIMULATED_FUNCTIONS: Final[frozenset[str]] = frozenset(
+    {
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetSerial",
+        "nvmlDeviceGetPciInfo",
+        "nvmlDeviceGetTemperatureV",
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetTemperatureThreshold",
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetClockInfo",
+        "nvmlDeviceGetMaxClockInfo",
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetTotalEccErrors",
+        "nvmlDeviceGetRetiredPages",
+        "nvmlDeviceGetRetiredPagesPendingStatus",
+        "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+        "nvmlDeviceGetFieldValues",
+        "nvmlDeviceGetPcieReplayCounter",
+        "nvmlDeviceGetCurrPcieLinkGeneration",
+        "nvmlDeviceGetMaxPcieLinkGeneration",
+        "nvmlDeviceGetCurrPcieLinkWidth",
+        "nvmlDeviceGetMaxPcieLinkWidth",
+    }
+)
+"""Per-device functions a scenario's `fail` may target."""

@@ -1,0 +1,442 @@
+"""Simulated NVML: the pynvml functions the agent calls, replaying a scenario.
+
+`SimulatedNvml` satisfies `nvml.Library`: same function names, arguments,
+return shapes and pynvml error classes as the real library, so the
+collector cannot tell the difference. Scenario time is `clock() - start`,
+with the clock injected, and the simulation owns no thread and does work
+only when called (the fleet simulator runs a thousand of these in one
+process). State advances lazily: each call applies the timeline entries
+whose time has come, in order, then answers from the current facts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from gpuhealth_agent import nvml, scenario
+
+_BUS_IDS: Final = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
+_MIB: Final = 1024 * 1024
+_REASON_BITS: Final[dict[str, int]] = {
+    "GpuIdle": 0x1,
+    "ApplicationsClocksSetting": 0x2,
+    "SwPowerCap": 0x4,
+    "HwSlowdown": 0x8,
+    "SyncBoost": 0x10,
+    "SwThermalSlowdown": 0x20,
+    "HwThermalSlowdown": 0x40,
+    "HwPowerBrakeSlowdown": 0x80,
+    "DisplayClockSetting": 0x100,
+}
+_RECOVERY_CODES: Final[dict[str, int]] = {name: code for code, name in nvml.RECOVERY_ACTIONS.items()}
+_XID_GPU_LOST: Final = 79
+
+# Which `notSupported` name silences which NVML function.
+_OPTIONAL_BY_FUNCTION: Final[dict[str, str]] = {
+    "nvmlDeviceGetSerial": "serial",
+    "nvmlDeviceGetTemperatureV": "temperatureCelsius",
+    "nvmlDeviceGetTemperature": "temperatureCelsius",
+    "nvmlDeviceGetTemperatureThreshold": "slowdownTemperatureCelsius",
+    "nvmlDeviceGetPowerUsage": "powerWatts",
+    "nvmlDeviceGetEnforcedPowerLimit": "powerLimitWatts",
+    "nvmlDeviceGetClockInfo": "smClockMHz",
+    "nvmlDeviceGetMaxClockInfo": "maxSmClockMHz",
+    "nvmlDeviceGetUtilizationRates": "utilizationPercent",
+    "nvmlDeviceGetMemoryInfo": "memory",
+    "nvmlDeviceGetTotalEccErrors": "ecc",
+    "nvmlDeviceGetRetiredPages": "retiredPages",
+    "nvmlDeviceGetRetiredPagesPendingStatus": "retiredPages",
+    "nvmlDeviceGetRemappedRows": "remappedRows",
+    "nvmlDeviceGetCurrentClocksEventReasons": "clockEventReasons",
+    "nvmlDeviceGetCurrentClocksThrottleReasons": "clockEventReasons",
+    "nvmlDeviceGetPcieReplayCounter": "pcieReplayCounter",
+    "nvmlDeviceGetCurrPcieLinkGeneration": "pcieLink",
+    "nvmlDeviceGetMaxPcieLinkGeneration": "pcieLink",
+    "nvmlDeviceGetCurrPcieLinkWidth": "pcieLink",
+    "nvmlDeviceGetMaxPcieLinkWidth": "pcieLink",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Handle:
+    """A device handle; `gpu` is the GPU's index in the scenario (stable even when others vanish)."""
+
+    gpu: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PciInfo:
+    busId: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Utilization:
+    gpu: int
+    memory: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    total: int
+    used: int
+    free: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Value:
+    ullVal: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldValue:
+    fieldId: int
+    nvmlReturn: int
+    value: Value
+
+
+@dataclasses.dataclass(frozen=True)
+class EventData:
+    device: Handle
+    eventType: int
+    eventData: int
+    timeSeconds: float  # scenario time, for tests; pynvml's struct has no such field
+
+
+@dataclasses.dataclass
+class EventSet:
+    registered: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Event-type mask by GPU."""
+    cursor: int = 0
+    """Index of the next event of the simulation this set has not looked at."""
+    freed: bool = False
+
+
+@dataclasses.dataclass
+class _Gpu:
+    facts: dict[str, Any]
+    not_supported: set[str]
+    failures: dict[str, tuple[str, float | None]] = dataclasses.field(default_factory=dict)
+    lost: bool = False
+    removed: bool = False
+
+
+class SimulatedNvml:
+    """A scripted node's GPUs behind the pynvml function names (see module docstring)."""
+
+    def __init__(
+        self,
+        plan: scenario.Scenario,
+        *,
+        clock: Callable[[], float] = time.time,
+        start: float | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        identity_seed: str = "gpu-health-sim",
+    ) -> None:
+        self.plan = plan
+        self.clock = clock
+        self.start = clock() if start is None else start
+        self.sleep = sleep
+        self.identity_seed = identity_seed
+        self.calls = 0
+        """NVML function calls served, for the overhead benchmark."""
+        self.initialized = False
+        self._events: list[EventData] = []
+        self._reset()
+
+    # --- timeline replay -----------------------------------------------------------------------------
+
+    def _reset(self) -> None:
+        self._gpus = [
+            _Gpu(facts=dict(self.plan.defaults), not_supported=set(self.plan.not_supported))
+            for _ in range(self.plan.gpus)
+        ]
+        self._next_entry = 0
+        self._applied_until = float("-inf")
+        self._events.clear()
+
+    def now_seconds(self) -> float:
+        """Scenario time: seconds since start by the injected clock."""
+        return self.clock() - self.start
+
+    def _advance(self) -> float:
+        now = self.now_seconds()
+        if now < self._applied_until:  # the clock went backwards (a test rewound it): replay from scratch
+            self._reset()
+        timeline = self.plan.timeline
+        while self._next_entry < len(timeline) and timeline[self._next_entry].after_seconds <= now:
+            self._apply(timeline[self._next_entry])
+            self._next_entry += 1
+        self._applied_until = now
+        return now
+
+    def _apply(self, entry: scenario.Entry) -> None:
+        gpu = self._gpus[entry.gpu]
+        if entry.reset:
+            for key in scenario.VOLATILE_COUNTERS:
+                gpu.facts[key] = 0
+            gpu.facts["retiredPagesPending"] = False
+            gpu.facts["remappedRowsPending"] = False
+            gpu.facts["recoveryAction"] = "None"
+            gpu.lost = False
+        before = gpu.facts.get("eccUncorrectedVolatile", 0)
+        gpu.facts.update(entry.set)
+        if gpu.facts.get("eccUncorrectedVolatile", 0) > before:
+            self._event(entry, nvml.EVENT_TYPE_DOUBLE_BIT_ECC_ERROR, 0)
+        if entry.xid is not None:
+            self._event(entry, nvml.EVENT_TYPE_XID_CRITICAL_ERROR, entry.xid)
+            if entry.xid == _XID_GPU_LOST:
+                gpu.lost = True
+        gpu.not_supported |= entry.not_supported
+        if entry.fail is not None:
+            until = None if entry.fail.for_seconds is None else entry.after_seconds + entry.fail.for_seconds
+            gpu.failures[entry.fail.function] = (entry.fail.error, until)
+
+    def _event(self, entry: scenario.Entry, event_type: int, data: int) -> None:
+        self._events.append(EventData(Handle(entry.gpu), event_type, data, entry.after_seconds))
+
+    def _device(self, handle: Handle, function: str) -> dict[str, Any]:
+        """The facts of a GPU, or the error this call must raise."""
+        self.calls += 1
+        now = self._advance()
+        gpu = self._gpus[handle.gpu]
+        if gpu.removed or gpu.lost:
+            raise nvml.error("GpuIsLost")
+        failure = gpu.failures.get(function)
+        if failure is not None:
+            error, until = failure
+            if until is None or now < until:
+                raise nvml.error(error)
+        optional = _OPTIONAL_BY_FUNCTION.get(function)
+        if optional is not None and optional in gpu.not_supported:
+            raise nvml.error("NotSupported")
+        return gpu.facts
+
+    def _visible(self) -> list[int]:
+        return [i for i, gpu in enumerate(self._gpus) if not gpu.removed]
+
+    # --- system --------------------------------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self.calls += 1
+        self.initialized = True
+
+    def nvmlShutdown(self) -> None:
+        self.calls += 1
+        self.initialized = False
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self.calls += 1
+        return self.plan.driver_version
+
+    def nvmlDeviceGetCount(self) -> int:
+        self.calls += 1
+        self._advance()
+        return len(self._visible())
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Handle:
+        self.calls += 1
+        self._advance()
+        visible = self._visible()
+        if not 0 <= index < len(visible):
+            raise nvml.error("InvalidArgument")
+        return Handle(visible[index])
+
+    def nvmlDeviceGetIndex(self, handle: Handle) -> int:
+        self.calls += 1
+        self._advance()
+        visible = self._visible()
+        if handle.gpu not in visible:
+            raise nvml.error("GpuIsLost")
+        return visible.index(handle.gpu)
+
+    # --- identity --------------------------------------------------------------------------------------
+
+    def nvmlDeviceGetName(self, handle: Handle) -> str:
+        self._device(handle, "nvmlDeviceGetName")
+        return self.plan.model
+
+    def nvmlDeviceGetUUID(self, handle: Handle) -> str:
+        self._device(handle, "nvmlDeviceGetUUID")
+        return self.uuid(handle.gpu)
+
+    def uuid(self, gpu: int) -> str:
+        """The UUID of scenario GPU `gpu`: stable per identity seed (node), distinct across nodes."""
+        return f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'{self.identity_seed}/{gpu}')}"
+
+    def nvmlDeviceGetSerial(self, handle: Handle) -> str:
+        facts = self._device(handle, "nvmlDeviceGetSerial")
+        return str(
+            facts.get(
+                "serial",
+                f"165{uuid.uuid5(uuid.NAMESPACE_URL, self.identity_seed).int % 10**9:09d}{handle.gpu}",
+            )
+        )
+
+    def nvmlDeviceGetPciInfo(self, handle: Handle) -> PciInfo:
+        self._device(handle, "nvmlDeviceGetPciInfo")
+        bus = _BUS_IDS[handle.gpu % len(_BUS_IDS)]
+        domain = handle.gpu // len(_BUS_IDS)
+        return PciInfo(busId=f"{domain:08X}:{bus}:00.0")
+
+    # --- sensors ---------------------------------------------------------------------------------------
+
+    def nvmlDeviceGetTemperatureV(self, handle: Handle, sensor: int) -> int:
+        return int(self._device(handle, "nvmlDeviceGetTemperatureV")["temperatureCelsius"])
+
+    def nvmlDeviceGetTemperature(self, handle: Handle, sensor: int) -> int:
+        return int(self._device(handle, "nvmlDeviceGetTemperature")["temperatureCelsius"])
+
+    def nvmlDeviceGetTemperatureThreshold(self, handle: Handle, threshold: int) -> int:
+        return int(self._device(handle, "nvmlDeviceGetTemperatureThreshold")["slowdownTemperatureCelsius"])
+
+    def nvmlDeviceGetPowerUsage(self, handle: Handle) -> int:
+        return round(
+            float(self._device(handle, "nvmlDeviceGetPowerUsage")["powerWatts"]) * 1000
+        )  # milliwatts
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Handle) -> int:
+        return round(float(self._device(handle, "nvmlDeviceGetEnforcedPowerLimit")["powerLimitWatts"]) * 1000)
+
+    def nvmlDeviceGetClockInfo(self, handle: Handle, type: int) -> int:
+        return int(self._device(handle, "nvmlDeviceGetClockInfo")["smClockMHz"])
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: Handle, type: int) -> int:
+        return int(self._device(handle, "nvmlDeviceGetMaxClockInfo")["maxSmClockMHz"])
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Handle) -> Utilization:
+        facts = self._device(handle, "nvmlDeviceGetUtilizationRates")
+        return Utilization(gpu=int(facts["utilizationPercent"]), memory=0)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Handle) -> Memory:
+        facts = self._device(handle, "nvmlDeviceGetMemoryInfo")
+        total, used = facts["memoryTotalMiB"] * _MIB, facts["memoryUsedMiB"] * _MIB
+        return Memory(total=total, used=used, free=max(total - used, 0))
+
+    # --- memory errors -------------------------------------------------------------------------------
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: Handle, errorType: int, counterType: int) -> int:
+        facts = self._device(handle, "nvmlDeviceGetTotalEccErrors")
+        kind = "Corrected" if errorType == nvml.MEMORY_ERROR_TYPE_CORRECTED else "Uncorrected"
+        scope = "Volatile" if counterType == nvml.VOLATILE_ECC else "Aggregate"
+        return int(facts[f"ecc{kind}{scope}"])
+
+    def nvmlDeviceGetRetiredPages(self, device: Handle, sourceFilter: int) -> list[int]:
+        facts = self._device(device, "nvmlDeviceGetRetiredPages")
+        count = (
+            int(facts["retiredPagesDoubleBit"])
+            if sourceFilter == nvml.PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+            else 0
+        )
+        return [0x1000 * (i + 1) for i in range(count)]  # page addresses; the agent only counts them
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, device: Handle) -> int:
+        return int(
+            bool(self._device(device, "nvmlDeviceGetRetiredPagesPendingStatus")["retiredPagesPending"])
+        )
+
+    def nvmlDeviceGetRemappedRows(self, device: Handle) -> tuple[int, int, int, int]:
+        f = self._device(device, "nvmlDeviceGetRemappedRows")
+        return (
+            int(f["remappedRowsCorrectable"]),
+            int(f["remappedRowsUncorrectable"]),
+            int(bool(f["remappedRowsPending"])),
+            int(bool(f["remappedRowsFailure"])),
+        )
+
+    # --- clocks, recovery, PCIe ----------------------------------------------------------------------
+
+    def _reasons(self, function: str, handle: Handle) -> int:
+        mask = 0
+        for name in self._device(handle, function)["clockEventReasons"]:
+            mask |= _REASON_BITS[name]
+        return mask
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Handle) -> int:
+        return self._reasons("nvmlDeviceGetCurrentClocksEventReasons", handle)
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Handle) -> int:
+        return self._reasons("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+
+    def nvmlDeviceGetFieldValues(self, handle: Handle, fieldIds: list[int]) -> Sequence[FieldValue]:
+        facts = self._device(handle, "nvmlDeviceGetFieldValues")
+        unsupported = "recoveryAction" in self._gpus[handle.gpu].not_supported
+        values = []
+        for field_id in fieldIds:
+            if field_id == nvml.FI_DEV_GET_GPU_RECOVERY_ACTION and not unsupported:
+                values.append(
+                    FieldValue(field_id, nvml.SUCCESS, Value(_RECOVERY_CODES[facts["recoveryAction"]]))
+                )
+            else:
+                values.append(FieldValue(field_id, nvml.ERROR_NOT_SUPPORTED, Value(0)))
+        return values
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: Handle) -> int:
+        return int(self._device(handle, "nvmlDeviceGetPcieReplayCounter")["pcieReplayCounter"])
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Handle) -> int:
+        return int(self._device(handle, "nvmlDeviceGetCurrPcieLinkGeneration")["pcieGeneration"])
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Handle) -> int:
+        return int(self._device(handle, "nvmlDeviceGetMaxPcieLinkGeneration")["pcieMaxGeneration"])
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Handle) -> int:
+        return int(self._device(handle, "nvmlDeviceGetCurrPcieLinkWidth")["pcieWidth"])
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Handle) -> int:
+        return int(self._device(handle, "nvmlDeviceGetMaxPcieLinkWidth")["pcieMaxWidth"])
+
+    # --- events --------------------------------------------------------------------------------------
+
+    def nvmlEventSetCreate(self) -> EventSet:
+        self.calls += 1
+        self._advance()
+        # Like the driver, a new set sees only events that happen after it exists.
+        return EventSet(cursor=len(self._events))
+
+    def nvmlDeviceRegisterEvents(self, handle: Handle, eventTypes: int, eventSet: EventSet) -> None:
+        self._device(handle, "nvmlDeviceRegisterEvents")
+        eventSet.registered[handle.gpu] = eventSet.registered.get(handle.gpu, 0) | eventTypes
+
+    def nvmlEventSetWait_v2(self, eventSet: EventSet, timeoutms: int) -> EventData:
+        """Next registered event, waiting up to `timeoutms` by the injected sleep; else NVMLError_Timeout."""
+        self.calls += 1
+        deadline = self._advance() + max(timeoutms, 0) / 1000
+        while True:
+            if eventSet.freed:
+                raise nvml.error("Uninitialized")
+            found = self._next_event(eventSet)
+            if found is not None:
+                return found
+            now = self.now_seconds()
+            if now >= deadline:
+                raise nvml.error("Timeout")
+            self.sleep(min(deadline, self._next_event_time(now)) - now)
+            self._advance()
+
+    def _next_event(self, eventSet: EventSet) -> EventData | None:
+        while eventSet.cursor < len(self._events):
+            event = self._events[eventSet.cursor]
+            eventSet.cursor += 1
+            if eventSet.registered.get(event.device.gpu, 0) & event.eventType:
+                return event
+        return None
+
+    def _next_event_time(self, now: float) -> float:
+        for entry in self.plan.timeline[self._next_entry :]:
+            if entry.after_seconds > now and (entry.xid is not None or "eccUncorrectedVolatile" in entry.set):
+                return entry.after_seconds
+        return float("inf")
+
+    def nvmlEventSetFree(self, eventSet: EventSet) -> None:
+        self.calls += 1
+        eventSet.freed = True
+
+
+def library(plan: scenario.Scenario, **kwargs: Any) -> nvml.Library:
+    """A SimulatedNvml typed as the Library protocol the collector expects."""
+    sim: nvml.Library = SimulatedNvml(plan, **kwargs)
+    return sim
