@@ -93,15 +93,15 @@ def agent_stale(facts: status.GPUNodeStatus, now: datetime.datetime) -> model.Si
     if isinstance(period, bool) or not isinstance(period, int | float) or period <= 0:
         period = DEFAULT_HEARTBEAT_SECONDS
     deadline = heartbeat + datetime.timedelta(seconds=STALE_HEARTBEATS * period)
-    silent = times.seconds_between(heartbeat, now)
+    # Timestamps, not elapsed seconds, so the message changes only when the facts do.
     if now > deadline:
         return model.Signal(
             condition,
             True,
-            f"no agent heartbeat for {silent:.0f}s (heartbeat every {period:g}s)",
+            f"no agent heartbeat since {times.render(heartbeat)} (heartbeat every {period:g}s)",
             observed_at=deadline,
         )
-    return model.Signal(condition, False, f"last agent heartbeat {max(0.0, silent):.0f}s ago")
+    return model.Signal(condition, False, f"last agent heartbeat at {times.render(heartbeat)}")
 
 
 def gpu_name(gpu: status.GPUStatus) -> str:

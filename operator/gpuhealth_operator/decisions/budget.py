@@ -1,0 +1,68 @@
+"""The disruption budget: which nodes a policy may cordon now, and who waits.
+
+A policy may hold at most `maxUnavailable` of its selected nodes
+unschedulable (`policies.resolve_max_unavailable`). Every selected node that
+is already unschedulable counts, whoever cordoned it: the budget protects
+capacity, and a node a human cordoned is capacity gone all the same. So do
+nodes this policy has annotated as cordoned by it, and nodes the I/O layer has
+just cordoned but whose watch event has not arrived (`in_flight`).
+
+Admission never raises that count above the limit. Nodes the policy already
+holds are always admitted (they hold budget already, and a drain in progress
+must be allowed to finish or resume after a restart); so are wanting nodes
+that are unschedulable for another reason, since acting on them takes nothing
+more away. The rest queue by severity, then detection time, then name, so the
+worst and oldest faults go first and the order is deterministic.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+
+from gpuhealth_operator.decisions import model, policies
+
+_NEVER: datetime.datetime = datetime.datetime.max.replace(tzinfo=datetime.UTC)
+
+
+def plan(
+    policy: model.Policy,
+    selected: Sequence[model.NodeView],
+    wanting: Sequence[tuple[str, int, datetime.datetime | None]],
+    in_flight: frozenset[str] = frozenset(),
+) -> model.BudgetPlan:
+    """Admit and queue the nodes in `wanting` (node, severity rank, detected_at) that want Cordon/Drain.
+
+    `detected_at` is an aware datetime (or None: queued after every known time).
+    Nodes in `wanting` that the policy does not select are neither admitted nor queued.
+    """
+    limit = policies.resolve_max_unavailable(policy, len(selected))
+    names = {n.name for n in selected}
+    unavailable = counted(policy, selected, in_flight)
+    best: dict[str, tuple[int, datetime.datetime]] = {}
+    for name, rank, detected_at in wanting:
+        if name not in names:
+            continue
+        key = (rank, detected_at or _NEVER)
+        best[name] = min(best.get(name, key), key)
+    admitted = {name for name in best if name in unavailable}
+    queue = sorted((key, name) for name, key in best.items() if name not in unavailable)
+    free = max(0, limit - len(unavailable))
+    admitted.update(name for _, name in queue[:free])
+    return model.BudgetPlan(
+        admitted=frozenset(admitted), pending=tuple(name for _, name in queue[free:]), limit=limit
+    )
+
+
+def counted(
+    policy: model.Policy, selected: Sequence[model.NodeView], in_flight: frozenset[str] = frozenset()
+) -> frozenset[str]:
+    """Selected nodes that count against the policy's budget right now."""
+    return _ours(policy, selected, in_flight) | {n.name for n in selected if n.unschedulable}
+
+
+def _ours(
+    policy: model.Policy, selected: Sequence[model.NodeView], in_flight: frozenset[str]
+) -> frozenset[str]:
+    names = {n.name for n in selected}
+    return frozenset({n.name for n in selected if n.cordoned_by == policy.name} | (in_flight & names))

@@ -1,0 +1,183 @@
+"""Hysteresis: turning a run of raw signals into a condition that does not flap.
+
+A condition sets only after its signal held continuously for `for_seconds`
+(`observed_since` remembers the first sighting in the episode) and clears
+only after the signal was absent continuously for `clear_seconds`
+(`recovering_since` remembers the first absence). A single sample the other
+way restarts the respective clock, so a temperature oscillating around the
+threshold neither sets nor clears the condition. An unknown signal (stale
+agent, missing facts) changes nothing: missing data is neither fault nor cure.
+
+Both timestamps are stored in GPUNode `status.conditions[]` (observedSince,
+recoveringSince) through `to_status`/`from_status`, so an operator restart
+resumes every clock where it stood.
+
+On a False condition `recovering_since` keeps meaning "evidence absent since"
+when a pending episode (signal seen, not yet for `for_seconds`) ended; the
+verdict's recovery clock reads it (see `healthy_since`).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from gpuhealth_api import vocabulary
+from gpuhealth_operator.decisions import model, times
+
+TRUE: Final = "True"
+FALSE: Final = "False"
+UNKNOWN: Final = "Unknown"
+_STATUSES: Final = frozenset({TRUE, FALSE, UNKNOWN})
+
+# Condition reasons (CamelCase, as Kubernetes conditions expect).
+DETECTED: Final = "Detected"
+"""True: the evidence held for forSeconds."""
+RECOVERING: Final = "Recovering"
+"""True still: the evidence is gone, waiting for clear_seconds."""
+PENDING: Final = "Pending"
+"""Not True yet: the evidence is present, waiting for forSeconds."""
+NOT_DETECTED: Final = "NotDetected"
+"""False: no evidence."""
+NO_DATA: Final = "NoData"
+"""Unknown: the facts cannot tell (stale agent, GPUs not reported)."""
+
+
+def advance(
+    previous: model.ConditionState | None,
+    signal: model.Signal,
+    for_seconds: float,
+    clear_seconds: float,
+    now: datetime.datetime,
+) -> model.ConditionState:
+    """The condition's state after seeing `signal` at `now`."""
+    if signal.present is None:
+        if previous is not None:
+            return previous
+        return model.ConditionState(signal.condition, UNKNOWN, NO_DATA, signal.message, now)
+    if signal.present:
+        return _present(previous, signal, for_seconds, now)
+    return _absent(previous, signal, clear_seconds, now)
+
+
+def _present(
+    previous: model.ConditionState | None, signal: model.Signal, for_seconds: float, now: datetime.datetime
+) -> model.ConditionState:
+    if previous is not None and previous.status == TRUE:
+        return model.ConditionState(
+            signal.condition,
+            TRUE,
+            DETECTED,
+            signal.message,
+            previous.last_transition_time,
+            observed_since=previous.observed_since,
+        )
+    since = previous.observed_since if previous is not None else None
+    if since is None:
+        # Count from when the agent saw it, not from when we did; a future timestamp is clock skew.
+        since = min(signal.observed_at or now, now)
+    if times.seconds_between(since, now) >= for_seconds:
+        return model.ConditionState(
+            signal.condition, TRUE, DETECTED, signal.message, now, observed_since=since
+        )
+    return model.ConditionState(
+        signal.condition,
+        previous.status if previous is not None else FALSE,
+        PENDING,
+        f"{signal.message} (since {times.render(since)}, needs {for_seconds:g}s)",
+        previous.last_transition_time if previous is not None else now,
+        observed_since=since,
+    )
+
+
+def _absent(
+    previous: model.ConditionState | None, signal: model.Signal, clear_seconds: float, now: datetime.datetime
+) -> model.ConditionState:
+    if previous is None:
+        return model.ConditionState(signal.condition, FALSE, NOT_DETECTED, signal.message, now)
+    if previous.status == TRUE:
+        gone_since = previous.recovering_since or now
+        if times.seconds_between(gone_since, now) >= clear_seconds:
+            return model.ConditionState(
+                signal.condition, FALSE, NOT_DETECTED, signal.message, now, recovering_since=gone_since
+            )
+        return model.ConditionState(
+            signal.condition,
+            TRUE,
+            RECOVERING,
+            f"{signal.message} since {times.render(gone_since)}, clears after {clear_seconds:g}s",
+            previous.last_transition_time,
+            observed_since=previous.observed_since,
+            recovering_since=gone_since,
+        )
+    # A pending episode that ended restarts the recovery clock: the node was not healthy throughout.
+    recovering_since = now if previous.observed_since is not None else previous.recovering_since
+    transition = previous.last_transition_time if previous.status == FALSE else now
+    return model.ConditionState(
+        signal.condition, FALSE, NOT_DETECTED, signal.message, transition, recovering_since=recovering_since
+    )
+
+
+def healthy_since(state: model.ConditionState) -> datetime.datetime | None:
+    """Since when this condition has shown no evidence; None while it is True or pending."""
+    if state.status == TRUE or state.observed_since is not None:
+        return None
+    return state.recovering_since or state.last_transition_time
+
+
+def to_status(states: Iterable[model.ConditionState], generation: int) -> list[model.ConditionRecord]:
+    """`status.conditions[]` items, sorted by type so an unchanged state renders byte-identical."""
+    records = []
+    for state in sorted(states, key=lambda s: s.type.value):
+        record = model.ConditionRecord(
+            type=state.type.value,
+            status=state.status,
+            reason=state.reason,
+            message=state.message,
+            lastTransitionTime=times.render(state.last_transition_time),
+            observedGeneration=generation,
+        )
+        if state.observed_since is not None:
+            record["observedSince"] = times.render(state.observed_since)
+        if state.recovering_since is not None:
+            record["recoveringSince"] = times.render(state.recovering_since)
+        records.append(record)
+    return records
+
+
+def from_status(items: object) -> dict[vocabulary.Condition, model.ConditionState]:
+    """Condition states from `status.conditions[]`; items that do not parse are dropped.
+
+    A dropped item simply restarts that condition's hysteresis from the next
+    signal, which is safe: fatal conditions re-detect at once, sustained ones
+    wait their forSeconds again.
+    """
+    states: dict[vocabulary.Condition, model.ConditionState] = {}
+    if not isinstance(items, list | tuple):
+        return states
+    for item in items:
+        state = _state(item) if isinstance(item, Mapping) else None
+        if state is not None:
+            states[state.type] = state
+    return states
+
+
+def _state(item: Mapping[str, Any]) -> model.ConditionState | None:
+    kind = item.get("type")
+    if not isinstance(kind, str) or kind not in set(vocabulary.Condition):
+        return None
+    condition = vocabulary.Condition(kind)
+    status, transition = item.get("status"), times.parse(item.get("lastTransitionTime"))
+    if status not in _STATUSES or transition is None:
+        return None
+    reason, message = item.get("reason"), item.get("message")
+    return model.ConditionState(
+        condition,
+        str(status),
+        reason if isinstance(reason, str) else "",
+        message if isinstance(message, str) else "",
+        transition,
+        observed_since=times.parse(item.get("observedSince")),
+        recovering_since=times.parse(item.get("recoveringSince")),
+    )

@@ -1,0 +1,156 @@
+"""Stragglers: nodes that run markedly slower than identical peers under load.
+
+Cohorts. Nodes are only compared with nodes of the same GPU model and driver
+version (`status.summary.model`, `status.agent.driverVersion`): different
+boards or drivers boost differently, and a mixed cohort would flag the slower
+model, not the sick node.
+
+Score. For each busy GPU (utilization above signals.BUSY_UTILIZATION_PERCENT)
+with both clocks reported, the SM clock relative to its max clock, capped at 1.
+The node's score is
+
+    score = min over busy GPUs (smClockMHz / maxSmClockMHz)
+            * (1 - share of busy GPUs with a thermal or power slowdown reason)
+
+The worst GPU, not the mean, because a synchronous job (data-parallel
+training, collectives) runs at the pace of its slowest GPU. The throttle share
+is there because clocks are a point sample while HW slowdowns come in bursts:
+a GPU that is being throttled costs throughput even when the sample catches it
+at full clock. Software power capping (SwPowerCap) is the normal state of a
+fully loaded GPU and does not count. A node with no busy GPU has no score: an
+idle node is not slow, it is idle.
+
+Robust z-score. Within a cohort, z = 0.6745 * (score - median) / MAD, the
+robust analogue of a z-score that one or two sick nodes cannot drag. MAD has
+a floor of MAD_FLOOR_FRACTION of the median: a healthy cohort of identical
+nodes is nearly uniform, its MAD near 0, and without a floor a 0.1 % wobble
+would be dozens of "standard deviations". With the 2 % floor and the default
+threshold 3.5, a node must be about 10 % below the median to be flagged.
+
+Flagged when z < -threshold and the cohort has at least MIN_PEERS other
+scored nodes; with fewer, a median says little. Stale agents and nodes with a
+lost GPU are left out of the statistics (their numbers are old or
+meaningless) and get no score. The condition still needs `forSeconds`
+(hysteresis) before a rule fires.
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Final
+
+from gpuhealth_api import status
+from gpuhealth_operator.decisions import model, signals
+
+MIN_PEERS: Final = 4
+MAD_TO_SIGMA: Final = 0.6745
+"""Φ⁻¹(0.75): makes MAD comparable to a standard deviation for normal data."""
+MAD_FLOOR_FRACTION: Final = 0.02
+MAD_FLOOR_ABSOLUTE: Final = 1e-3
+"""Floor when the median itself is ~0 (a cohort of stalled nodes)."""
+_SLOWDOWN_REASONS: Final = status.THERMAL_REASONS | status.POWER_REASONS
+
+Cohort = tuple[str, str]
+"""(GPU model, driver version)."""
+
+
+def score_cohorts(
+    members: Mapping[str, status.GPUNodeStatus], threshold: float, now: datetime.datetime
+) -> dict[str, model.StragglerScore]:
+    """A StragglerScore for every node that has a score, keyed by node name."""
+    cohorts: dict[Cohort, dict[str, float]] = defaultdict(dict)
+    for name, facts in members.items():
+        if _excluded(facts, now):
+            continue
+        key, score = cohort_of(facts), node_score(facts)
+        if key is not None and score is not None:
+            cohorts[key][name] = score
+    result: dict[str, model.StragglerScore] = {}
+    for scores in cohorts.values():
+        result.update(_judge_cohort(scores, threshold))
+    return result
+
+
+def cohort_of(facts: status.GPUNodeStatus) -> Cohort | None:
+    """The node's (model, driver) cohort; None when the agent has not said which GPU it is."""
+    summary, agent = facts.get("summary"), facts.get("agent")
+    gpu_model = summary.get("model") if isinstance(summary, dict) else None
+    if not gpu_model:
+        gpus = facts.get("gpus")
+        first = gpus[0] if isinstance(gpus, list) and gpus and isinstance(gpus[0], dict) else None
+        gpu_model = first.get("model") if first is not None else None
+    if not isinstance(gpu_model, str) or not gpu_model:
+        return None
+    driver = agent.get("driverVersion") if isinstance(agent, dict) else None
+    return gpu_model, driver if isinstance(driver, str) else ""
+
+
+def node_score(facts: status.GPUNodeStatus) -> float | None:
+    """The node's performance score in [0, 1] (module docstring); None when no GPU is busy."""
+    gpus = facts.get("gpus")
+    if not isinstance(gpus, list):
+        return None
+    ratios: list[float] = []
+    throttled = 0
+    for gpu in gpus:
+        ratio = _clock_ratio(gpu) if isinstance(gpu, dict) else None
+        if ratio is None:
+            continue
+        ratios.append(ratio)
+        reasons = gpu.get("clockEventReasons")
+        if isinstance(reasons, list) and _SLOWDOWN_REASONS.intersection(
+            r for r in reasons if isinstance(r, str)
+        ):
+            throttled += 1
+    if not ratios:
+        return None
+    return min(ratios) * (1 - throttled / len(ratios))
+
+
+def _clock_ratio(gpu: status.GPUStatus) -> float | None:
+    utilization = _number(gpu.get("utilizationPercent"))
+    clock, max_clock = _number(gpu.get("smClockMHz")), _number(gpu.get("maxSmClockMHz"))
+    if gpu.get("lost") is True or utilization is None or clock is None or max_clock is None:
+        return None
+    if utilization <= signals.BUSY_UTILIZATION_PERCENT or max_clock <= 0 or clock < 0:
+        return None
+    return min(1.0, clock / max_clock)
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _excluded(facts: status.GPUNodeStatus, now: datetime.datetime) -> bool:
+    if signals.agent_stale(facts, now).present:
+        return True
+    gpus = facts.get("gpus")
+    if not isinstance(gpus, list):
+        return True
+    if any(isinstance(g, dict) and g.get("lost") is True for g in gpus):
+        return True
+    agent = facts.get("agent")
+    expected = agent.get("expectedGpuCount") if isinstance(agent, dict) else None
+    return isinstance(expected, int) and len(gpus) < expected
+
+
+def _judge_cohort(scores: Mapping[str, float], threshold: float) -> dict[str, model.StragglerScore]:
+    values = list(scores.values())
+    median = statistics.median(values)
+    mad = statistics.median(abs(v - median) for v in values)
+    scale = max(mad, MAD_FLOOR_FRACTION * abs(median), MAD_FLOOR_ABSOLUTE)
+    peers = len(values) - 1
+    result = {}
+    for name, score in scores.items():
+        z = MAD_TO_SIGMA * (score - median) / scale
+        result[name] = model.StragglerScore(
+            # Rounded so that sensor noise does not rewrite every cohort member's status.
+            score=round(score, 3),
+            z_score=round(z, 1),
+            peers=peers,
+            flagged=peers >= MIN_PEERS and z < -threshold,
+        )
+    return result

@@ -1,0 +1,169 @@
+"""Verdicts: one node judged under one policy at one instant.
+
+`judge` runs the whole pure pipeline for a node: raw signals from the facts,
+hysteresis against the states kept in GPUNode status, health, the rules that
+fire and what they want done to the Node. The I/O layer applies the verdict
+(through the budget for Cordon and Drain) and stores `verdict.conditions`
+back with `hysteresis.to_status`.
+
+Health is judged on every fatal condition and AgentStale whatever the rules
+say, plus every condition a rule uses. A stale agent makes the node Unknown:
+conditions hold their last state, no Cordon or Drain is wanted, the health
+label is left as it is, and the node does not count as recovered. So losing
+an agent (or a DaemonSet rollout) neither disrupts nor releases a node.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from typing import Final
+
+from gpuhealth_api import keys, status, vocabulary
+from gpuhealth_operator.decisions import hysteresis, model, policies, severity, signals
+
+Condition = vocabulary.Condition
+Action = vocabulary.Action
+Health = vocabulary.Health
+
+_CONDITION_LABELS: Final[Mapping[Condition, str]] = {
+    Condition.STRAGGLER: keys.STRAGGLER_LABEL,
+    Condition.THERMAL_THROTTLED: keys.THERMAL_LABEL,
+}
+"""Conditions with their own Node label, set by a fired Label-or-stronger rule."""
+
+
+def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler has them
+    policy: model.Policy,
+    node: model.NodeView,
+    facts: status.GPUNodeStatus,
+    previous: Mapping[Condition, model.ConditionState],
+    straggler: model.StragglerScore | None,
+    now: datetime.datetime,
+) -> model.NodeVerdict:
+    raw = signals.raw_signals(facts, node, policies.rule_xids(policy), now)
+    stale = raw[Condition.AGENT_STALE].present is True
+    raw[Condition.STRAGGLER] = straggler_signal(straggler, stale=stale)
+    judged = severity.FATAL | {Condition.AGENT_STALE} | {r.condition for r in policy.rules}
+    states = {
+        condition: hysteresis.advance(
+            previous.get(condition),
+            raw[condition],
+            for_seconds=min((r.for_seconds for r in policy.rules if r.condition is condition), default=0.0),
+            clear_seconds=policy.recovery_healthy_for_seconds if condition in severity.SUSTAINED else 0.0,
+            now=now,
+        )
+        for condition in severity.most_severe_first(judged)
+    }
+    issues = severity.most_severe_first(c for c, s in states.items() if s.status == hysteresis.TRUE)
+    health = _health(issues)
+    fired = [r for r in policy.rules if _fires(r, states[r.condition], now)]
+    if health is Health.UNKNOWN:
+        fired = [r for r in fired if r.action not in vocabulary.DISRUPTIVE_ACTIONS]
+    fired.sort(key=lambda r: (-vocabulary.ACTION_ORDER[r.action], severity.rank(r.condition), r.name))
+    wanted_action = fired[0].action if fired else None
+    return model.NodeVerdict(
+        node=node.name,
+        conditions=states,
+        health=health,
+        issues=issues,
+        fired_rules=tuple(fired),
+        wanted_action=wanted_action,
+        wanted_labels=_labels(health, fired),
+        wanted_taint=_taint(fired),
+        recovered=_recovered(health, states, policy.recovery_healthy_for_seconds, now),
+        detected_at=min(
+            (_held_since(states[r.condition]) for r in fired if r.action is wanted_action), default=None
+        ),
+    )
+
+
+def may_uncordon(policy: model.Policy, node: model.NodeView, verdict: model.NodeVerdict) -> bool:
+    """Whether `policy` may uncordon `node`: only a node it cordoned, still selects, and that recovered.
+
+    A node cordoned by a human (no annotation) or by another policy is never ours to release.
+    """
+    return (
+        policy.recovery_uncordon
+        and node.cordoned_by == policy.name
+        and verdict.node == node.name
+        and verdict.recovered
+        and policies.selects(policy, node)
+    )
+
+
+def budget_rank(verdict: model.NodeVerdict) -> int:
+    """Severity rank of the worst condition behind a wanted Cordon/Drain (budget ordering)."""
+    return severity.worst_rank(
+        r.condition for r in verdict.fired_rules if r.action in vocabulary.DISRUPTIVE_ACTIONS
+    )
+
+
+def straggler_signal(score: model.StragglerScore | None, *, stale: bool = False) -> model.Signal:
+    condition = Condition.STRAGGLER
+    if stale:
+        return model.Signal(condition, None, "unknown: the agent is stale")
+    if score is None:
+        return model.Signal(condition, None, "no score: no busy GPU, no model reported, or excluded")
+    if score.flagged:
+        return model.Signal(
+            condition,
+            True,
+            f"performance score {score.score:.3f} is {-score.z_score:.1f} robust z-scores below "
+            f"the median of {score.peers} peers",
+        )
+    return model.Signal(condition, False, "performance in line with peers of the same GPU model")
+
+
+def _health(issues: tuple[Condition, ...]) -> Health:
+    if Condition.AGENT_STALE in issues:
+        return Health.UNKNOWN
+    if any(c in severity.FATAL for c in issues):
+        return Health.UNHEALTHY
+    if any(c in severity.SUSTAINED for c in issues):
+        return Health.DEGRADED
+    return Health.HEALTHY
+
+
+def _held_since(state: model.ConditionState) -> datetime.datetime:
+    return state.observed_since or state.last_transition_time
+
+
+def _fires(rule: model.Rule, state: model.ConditionState, now: datetime.datetime) -> bool:
+    return state.status == hysteresis.TRUE and (now - _held_since(state)).total_seconds() >= rule.for_seconds
+
+
+def _labels(health: Health, fired: list[model.Rule]) -> dict[str, str | None]:
+    labels: dict[str, str | None] = {}
+    if health is not Health.UNKNOWN:  # unknown: leave the label; missing data must not move workloads
+        labels[keys.HEALTH_LABEL] = health.value.lower()
+    for condition, label in _CONDITION_LABELS.items():
+        labelled = any(
+            r.condition is condition
+            and vocabulary.ACTION_ORDER[r.action] >= vocabulary.ACTION_ORDER[Action.LABEL]
+            for r in fired
+        )
+        labels[label] = "true" if labelled else None
+    return labels
+
+
+def _taint(fired: list[model.Rule]) -> str | None:
+    """The most severe condition of a fired Taint rule (Cordon and Drain do not taint)."""
+    tainting = severity.most_severe_first(r.condition for r in fired if r.action is Action.TAINT)
+    return tainting[0].value if tainting else None
+
+
+def _recovered(
+    health: Health,
+    states: Mapping[Condition, model.ConditionState],
+    healthy_for_seconds: float,
+    now: datetime.datetime,
+) -> bool:
+    """Every condition False, and free of evidence for healthy_for_seconds (from stored timestamps)."""
+    if health is not Health.HEALTHY or any(s.status != hysteresis.FALSE for s in states.values()):
+        return False
+    since = [hysteresis.healthy_since(s) for s in states.values()]
+    if any(s is None for s in since):
+        return False
+    latest = max((s for s in since if s is not None), default=None)
+    return latest is None or (now - latest).total_seconds() >= healthy_for_seconds
