@@ -1,0 +1,83 @@
+"""Healthy baselines with a realistic spread, so a simulated fleet does not look cloned.
+
+Real GPUs of one model differ a little: a node near the CRAC runs cooler,
+one board draws a few watts more, boost clocks settle a few MHz apart. The
+operator's straggler detection compares nodes with robust z-scores, so a
+fleet of identical numbers would be unrealistic (a MAD of zero) and a spread
+with long tails would make healthy nodes look like stragglers. Offsets are
+therefore drawn from a normal distribution truncated at two standard
+deviations, per node and (smaller) per GPU, seeded by the fleet seed and the
+node name so that a node gets the same baseline whatever the fleet's order.
+
+The spread is applied to the scenario's `defaults` (node offset) and as
+`after: 0s` timeline entries per GPU, ahead of the scenario's own timeline,
+so faults the scenario scripts later still win.
+"""
+
+import copy
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from gpuhealth_agent import scenario as agent_scenario
+from gpuhealth_sim import fleetfile
+
+TRUNCATE_AT_SIGMAS = 2.0
+"""No healthy node strays further than this from its cohort (straggler thresholds are ~3.5)."""
+PER_GPU_FRACTION = 1 / 3
+"""GPUs of one node differ less than nodes do: same chassis, same airflow, same job."""
+
+
+def _offset(rng: random.Random, sigma: float) -> float:
+    if sigma <= 0:
+        return 0.0
+    limit = TRUNCATE_AT_SIGMAS * sigma
+    return max(-limit, min(limit, rng.gauss(0.0, sigma)))
+
+
+def node_rng(seed: int, node_name: str) -> random.Random:
+    """A generator that depends only on the seed and the node's name."""
+    return random.Random(f"{seed}:{node_name}")
+
+
+def apply(scenario: Mapping[str, Any], spread: fleetfile.Spread, rng: random.Random) -> dict[str, Any]:
+    """A copy of `scenario` with this node's baseline spread folded into its healthy values."""
+    result = copy.deepcopy(dict(scenario))
+    defaults = dict(result.get("defaults") or {})
+    gpus = int(result.get("gpus") or 0)
+    # Fields the scenario leaves out start from the agent's healthy defaults.
+    fallback = agent_scenario.DEFAULT_FACTS
+    temperature = defaults.get("temperatureCelsius", fallback["temperatureCelsius"])
+    power = defaults.get("powerWatts", fallback["powerWatts"])
+    clock = defaults.get("smClockMHz", fallback["smClockMHz"])
+    max_clock = defaults.get("maxSmClockMHz", fallback["maxSmClockMHz"])
+
+    node_temperature = _offset(rng, spread.temperature_celsius)
+    node_power = _offset(rng, spread.power_watts)
+    if isinstance(clock, int | float) and spread.sm_clock_mhz > 0:
+        # Under load clocks sit just below the boost limit; centre the spread
+        # there so it stays symmetric instead of piling up at the maximum.
+        ceiling = max_clock if isinstance(max_clock, int | float) else clock
+        centre = min(clock, ceiling - TRUNCATE_AT_SIGMAS * spread.sm_clock_mhz)
+        defaults["smClockMHz"] = round(min(ceiling, centre + _offset(rng, spread.sm_clock_mhz)))
+
+    per_gpu: list[dict[str, Any]] = []
+    for index in range(gpus):
+        values: dict[str, Any] = {}
+        if isinstance(temperature, int | float) and spread.temperature_celsius > 0:
+            gpu_offset = _offset(rng, spread.temperature_celsius * PER_GPU_FRACTION)
+            values["temperatureCelsius"] = round(temperature + node_temperature + gpu_offset)
+        if isinstance(power, int | float) and spread.power_watts > 0:
+            gpu_offset = _offset(rng, spread.power_watts * PER_GPU_FRACTION)
+            values["powerWatts"] = round(max(0.0, power + node_power + gpu_offset), 1)
+        if values:
+            per_gpu.append({"after": "0s", "gpu": index, "set": values})
+    result["defaults"] = defaults
+    if per_gpu:
+        result["timeline"] = per_gpu + list(result.get("timeline") or [])
+    return result
+
+
+def for_node(fleet: fleetfile.Fleet, plan: fleetfile.NodePlan) -> dict[str, Any]:
+    """The scenario a node runs: its plan's scenario with its own seeded baseline."""
+    return apply(plan.scenario, plan.spread, node_rng(fleet.seed, plan.name))
