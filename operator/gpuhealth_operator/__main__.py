@@ -1,0 +1,5 @@
+"""`python -m gpuhealth_operator` runs the operator (same as `gpu-health-operator`)."""
+
+from gpuhealth_operator import cli
+
+cli.main()

@@ -1,0 +1,120 @@
+"""Kubernetes Events on Nodes, deduplicated: one object per (node, reason, message).
+
+The Event's name is derived from what it says, so a repeat (even after an
+operator restart) finds the existing object and bumps its `count` and
+`lastTimestamp` instead of creating a new one. The reconciler emits only on
+transitions; this module makes the rare repeat (kopf's at-least-once
+delivery, a restart mid-transition) cheap and visible rather than spammy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import logging
+
+from gpuhealth_api import resources
+from gpuhealth_operator import kube
+
+COMPONENT = "gpu-health-operator"
+NAMESPACE = "default"
+"""Where Node Events live (cluster-scoped objects' Events go to `default`, as the kubelet's do)."""
+
+NORMAL = "Normal"
+WARNING = "Warning"
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Subject:
+    """The Node an Event is about, and the GPUNode it relates to."""
+
+    node: str
+    node_uid: str | None = None
+    gpunode_uid: str | None = None
+
+
+def event_name(node: str, reason: str, message: str) -> str:
+    digest = hashlib.sha256(f"{reason}\x00{message}".encode()).hexdigest()[:16]
+    return f"{node}.gpuhealth.{digest}"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclasses.dataclass
+class Recorder:
+    """Posts Events for one operator instance; remembers counts of what it posted."""
+
+    client: kube.Kube
+    instance: str
+    """reportingInstance: this replica's identity."""
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    async def emit(self, subject: Subject, reason: str, message: str, type_: str = NORMAL) -> None:
+        """Post the Event, or bump the count of the identical one already posted. Never raises."""
+        name = event_name(subject.node, reason, message)
+        try:
+            if name in self.counts:
+                await self._bump(name, self.counts[name] + 1)
+                return
+            try:
+                await self.client.create(
+                    f"/api/v1/namespaces/{NAMESPACE}/events",
+                    self._body(subject, name, reason, message, type_),
+                )
+                self.counts[name] = 1
+            except kube.ApiError as error:
+                if not error.conflict:
+                    raise
+                existing = await self.client.get(f"/api/v1/namespaces/{NAMESPACE}/events/{name}")
+                await self._bump(name, int(existing.get("count") or 1) + 1)
+        except kube.ApiError as error:
+            # An Event is a report, not a decision: losing one must not stop the action it reports.
+            self.counts.pop(name, None)
+            logger.warning("could not post Event %s on node %s: %s", reason, subject.node, error)
+
+    async def _bump(self, name: str, count: int) -> None:
+        try:
+            await self.client.patch(
+                f"/api/v1/namespaces/{NAMESPACE}/events/{name}",
+                {"count": count, "lastTimestamp": _now()},
+            )
+            self.counts[name] = count
+        except kube.ApiError as error:
+            if not error.not_found:
+                raise
+            # The Event expired (the API server's TTL): forget it, the next emit recreates it.
+            self.counts.pop(name, None)
+
+    def _body(self, subject: Subject, name: str, reason: str, message: str, type_: str) -> kube.JsonObject:
+        now = _now()
+        involved: kube.JsonObject = {"apiVersion": "v1", "kind": "Node", "name": subject.node}
+        if subject.node_uid:
+            involved["uid"] = subject.node_uid
+        related: kube.JsonObject = {
+            "apiVersion": resources.API_VERSION,
+            "kind": resources.GPUNODE_KIND,
+            "name": subject.node,
+        }
+        if subject.gpunode_uid:
+            related["uid"] = subject.gpunode_uid
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "involvedObject": involved,
+            "related": related,
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "count": 1,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.instance[:128],
+        }

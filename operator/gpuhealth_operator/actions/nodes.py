@@ -1,0 +1,118 @@
+"""Patches of Node objects: labels, our taint, cordon/uncordon, the GPUHealthy condition.
+
+Every patch is minimal (it names only the keys we own) and idempotent. Where a
+patch must not race a human (cordon, taints, uncordon), it carries a
+precondition: the resourceVersion it was computed from, or a JSON-patch `test`
+of our ownership annotation, so a concurrent change makes it fail instead of
+overwrite. Each function returns the Node as the API server stored it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpuhealth_api import keys
+from gpuhealth_operator import kube
+
+DRAIN_STARTED_ANNOTATION = f"{keys.PREFIX}/drain-started"
+"""RFC 3339 time our drain of the node began; the drain timeout survives operator restarts."""
+
+JSON_PATCH = "application/json-patch+json"
+
+TAINT_EFFECT = "NoSchedule"
+
+
+def node_path(name: str) -> str:
+    return f"/api/v1/nodes/{name}"
+
+
+def _pointer(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+async def patch_metadata(
+    client: kube.Kube,
+    name: str,
+    *,
+    labels: Mapping[str, str | None] | None = None,
+    annotations: Mapping[str, str | None] | None = None,
+) -> kube.JsonObject:
+    """Set (value) or remove (None) the given labels and annotations; other keys are untouched."""
+    metadata: dict[str, Any] = {}
+    if labels:
+        metadata["labels"] = dict(labels)
+    if annotations:
+        metadata["annotations"] = dict(annotations)
+    return await client.patch(node_path(name), {"metadata": metadata})
+
+
+async def cordon(
+    client: kube.Kube, name: str, *, policy: str, resource_version: str, drain_started: str | None = None
+) -> kube.JsonObject:
+    """Mark the node unschedulable and record that `policy` did it.
+
+    Fails with 409 if the node changed since `resource_version` (a human may
+    have cordoned it meanwhile, and then it is not ours to claim).
+    """
+    annotations = {keys.CORDONED_BY_ANNOTATION: policy}
+    if drain_started is not None:
+        annotations[DRAIN_STARTED_ANNOTATION] = drain_started
+    body = {
+        "metadata": {"resourceVersion": resource_version, "annotations": annotations},
+        "spec": {"unschedulable": True},
+    }
+    return await client.patch(node_path(name), body)
+
+
+async def uncordon(client: kube.Kube, name: str, *, policy: str) -> kube.JsonObject:
+    """Make the node schedulable again, only if `policy` is the one that cordoned it.
+
+    The JSON-patch `test` makes the API server refuse (422) when the annotation
+    names anyone else or is gone, so a human's cordon is never lifted.
+    """
+    ours = f"/metadata/annotations/{_pointer(keys.CORDONED_BY_ANNOTATION)}"
+    ops: list[dict[str, Any]] = [
+        {"op": "test", "path": ours, "value": policy},
+        {"op": "replace", "path": "/spec/unschedulable", "value": False},
+        {"op": "remove", "path": ours},
+    ]
+    return await client.patch(node_path(name), ops, content_type=JSON_PATCH)
+
+
+async def set_drain_started(client: kube.Kube, name: str, value: str | None) -> kube.JsonObject:
+    return await patch_metadata(client, name, annotations={DRAIN_STARTED_ANNOTATION: value})
+
+
+async def set_taint(
+    client: kube.Kube, name: str, *, taints: list[dict[str, Any]], value: str | None, resource_version: str
+) -> kube.JsonObject:
+    """Hold our NoSchedule taint with `value` (None removes it); other taints are kept.
+
+    `spec.taints` is replaced as a whole by any patch, so the new list is
+    computed from the node at `resource_version` and the patch fails on change.
+    """
+    kept = [t for t in taints if t.get("key") != keys.UNHEALTHY_TAINT]
+    if value is not None:
+        kept.append({"key": keys.UNHEALTHY_TAINT, "value": value, "effect": TAINT_EFFECT})
+    body = {"metadata": {"resourceVersion": resource_version}, "spec": {"taints": kept or None}}
+    return await client.patch(node_path(name), body)
+
+
+async def set_condition(
+    client: kube.Kube, name: str, *, status: str, reason: str, message: str, transition_time: str, now: str
+) -> kube.JsonObject:
+    """Upsert the GPUHealthy Node condition (strategic merge keys conditions by type)."""
+    condition = {
+        "type": keys.NODE_CONDITION_TYPE,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": transition_time,
+        "lastHeartbeatTime": now,
+    }
+    return await client.patch(
+        f"{node_path(name)}/status",
+        {"status": {"conditions": [condition]}},
+        content_type=kube.STRATEGIC_MERGE_PATCH,
+    )

@@ -1,0 +1,126 @@
+"""The operator's view of the cluster, fed by kopf's watch streams.
+
+Reconciling reads only this cache, never the API server, so a pass over the
+whole fleet costs no requests; only changes are written. Writes refresh the
+cache from the API server's answer at once, so the next decision never works
+on a view older than our own last write.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from gpuhealth_api import keys, status
+from gpuhealth_operator.decisions import model
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeCondition:
+    status: str
+    reason: str
+    message: str
+    last_transition_time: str
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeRecord:
+    """A Node as far as the operator cares."""
+
+    view: model.NodeView
+    uid: str
+    resource_version: str
+    taints: tuple[Mapping[str, Any], ...]
+    condition: NodeCondition | None
+    """Our GPUHealthy condition as the Node holds it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GPUNodeRecord:
+    name: str
+    uid: str
+    resource_version: str
+    status: status.GPUNodeStatus
+
+
+def _int_or_none(value: object) -> int | None:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def node_record(body: Mapping[str, Any]) -> NodeRecord:
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    taints = tuple(dict(t) for t in spec.get("taints") or [])
+    capacity = (body.get("status") or {}).get("capacity") or {}
+    condition = None
+    for c in (body.get("status") or {}).get("conditions") or []:
+        if c.get("type") == keys.NODE_CONDITION_TYPE:
+            condition = NodeCondition(
+                status=str(c.get("status", "")),
+                reason=str(c.get("reason", "")),
+                message=str(c.get("message", "")),
+                last_transition_time=str(c.get("lastTransitionTime", "")),
+            )
+    view = model.NodeView(
+        name=str(meta.get("name", "")),
+        labels=dict(meta.get("labels") or {}),
+        annotations={k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(keys.PREFIX)},
+        unschedulable=bool(spec.get("unschedulable", False)),
+        taint_keys=frozenset(str(t.get("key", "")) for t in taints),
+        gpu_capacity=_int_or_none(capacity.get(keys.GPU_RESOURCE)),
+    )
+    return NodeRecord(
+        view=view,
+        uid=str(meta.get("uid", "")),
+        resource_version=str(meta.get("resourceVersion", "")),
+        taints=taints,
+        condition=condition,
+    )
+
+
+def gpunode_record(body: Mapping[str, Any]) -> GPUNodeRecord:
+    meta = body.get("metadata") or {}
+    raw_status: status.GPUNodeStatus = dict(body.get("status") or {})  # type: ignore[assignment]
+    return GPUNodeRecord(
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        resource_version=str(meta.get("resourceVersion", "")),
+        status=raw_status,
+    )
+
+
+def _newer(old: str, new: str) -> bool:
+    """resourceVersions are opaque but, on etcd, monotonically increasing integers."""
+    try:
+        return int(new) >= int(old)
+    except ValueError:
+        return True
+
+
+@dataclasses.dataclass
+class ClusterCache:
+    nodes: dict[str, NodeRecord] = dataclasses.field(default_factory=dict)
+    gpunodes: dict[str, GPUNodeRecord] = dataclasses.field(default_factory=dict)
+    policies: dict[str, model.Policy] = dataclasses.field(default_factory=dict)
+    policy_errors: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
+    """Policies whose spec did not parse: name → (generation, the message naming the field)."""
+
+    def put_node(self, body: Mapping[str, Any]) -> NodeRecord:
+        record = node_record(body)
+        old = self.nodes.get(record.view.name)
+        if old is None or _newer(old.resource_version, record.resource_version):
+            self.nodes[record.view.name] = record
+            return record
+        return old
+
+    def put_gpunode(self, body: Mapping[str, Any]) -> GPUNodeRecord:
+        record = gpunode_record(body)
+        old = self.gpunodes.get(record.name)
+        if old is None or _newer(old.resource_version, record.resource_version):
+            self.gpunodes[record.name] = record
+            return record
+        return old

@@ -1,0 +1,111 @@
+"""kopf handlers: thin adapters from watch events to the cache and the reconciler.
+
+Only `kopf.on.event` is used, for all three kinds: it keeps no state on the
+objects (no finalizers, no progress or last-handled annotations), which is
+what a Node we do not own deserves, and our own state lives in GPUNode
+status and our Node annotations anyway. kopf's persistence settings are
+nevertheless pointed at our CRDs (see `configure`) so nothing ever lands on
+a Node by accident.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from gpuhealth_api import resources
+from gpuhealth_operator import context, reconciler
+from gpuhealth_operator.decisions import policies
+
+logger = logging.getLogger(__name__)
+
+DELETED = "DELETED"
+
+
+async def on_node(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None:
+    body = event["object"]
+    name = body.get("metadata", {}).get("name", "")
+    if event["type"] == DELETED:
+        memo.cache.nodes.pop(name, None)
+        reconciler.forget_node(memo, name)
+        return
+    before = memo.cache.nodes.get(name)
+    after = memo.cache.put_node(body)
+    # Kubelet (or kwok) heartbeats change the Node every few seconds; only what we judge matters.
+    if before is None or before.view != after.view:
+        await reconciler.reconcile_node(memo, name, "node")
+
+
+async def on_gpunode(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None:
+    body = event["object"]
+    name = body.get("metadata", {}).get("name", "")
+    if event["type"] == DELETED:
+        memo.cache.gpunodes.pop(name, None)
+        reconciler.forget_node(memo, name)
+        return
+    before = memo.cache.gpunodes.get(name)
+    after = memo.cache.put_gpunode(body)
+    if before is None or before.resource_version != after.resource_version:
+        await reconciler.reconcile_node(memo, name, "gpunode")
+
+
+async def on_policy(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None:
+    body = event["object"]
+    meta = body.get("metadata", {})
+    name = meta.get("name", "")
+    if event["type"] == DELETED:
+        memo.cache.policies.pop(name, None)
+        memo.cache.policy_errors.pop(name, None)
+        memo.policy_status_written.pop(name, None)
+        return
+    generation = int(str(meta.get("generation") or 0))
+    try:
+        policy = policies.parse_policy(name, generation, body.get("spec") or {})
+    except ValueError as error:
+        logger.warning("policy %s is invalid and is not applied: %s", name, error)
+        memo.cache.policies.pop(name, None)
+        memo.cache.policy_errors[name] = (generation, str(error))
+        return
+    memo.cache.policy_errors.pop(name, None)
+    if memo.cache.policies.get(name) == policy:
+        return
+    memo.cache.policies[name] = policy
+    for node in [r.view.name for r in memo.cache.nodes.values() if policies.selects(policy, r.view)]:
+        await reconciler.reconcile_node(memo, node, "policy")
+
+
+async def login(memo: context.Context, **_: Any) -> kopf.ConnectionInfo:
+    """kopf's watches use the same credentials as our own client."""
+    credentials = memo.client.credentials
+    return kopf.ConnectionInfo(
+        server=credentials.server,
+        ca_path=credentials.ca_path,
+        insecure=credentials.insecure,
+        certificate_path=credentials.certificate_path,
+        private_key_path=credentials.private_key_path,
+        token=credentials.token,
+        scheme="Bearer" if credentials.token else None,
+    )
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    kopf.on.login(registry=registry)(login)
+    kopf.on.event("", "v1", "nodes", registry=registry)(on_node)
+    kopf.on.event(resources.GROUP, resources.VERSION, resources.GPUNODE_PLURAL, registry=registry)(on_gpunode)
+    kopf.on.event(resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, registry=registry)(on_policy)
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """kopf settings for an operator that leaves no trace on objects it does not own."""
+    # Leader election is ours (a Lease); kopf's peering would need its own CRDs and RBAC.
+    settings.peering.standalone = True
+    # Event handlers persist nothing; should a stateful handler ever be added, its progress goes to the
+    # status of our own CRDs, never into annotations (Nodes are watched, and they are not ours).
+    settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf.progress")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="kopf.gpuhealth.io")
+    # Our Events are deliberate and deduplicated; kopf's per-handler log Events would be noise.
+    settings.posting.enabled = False
+    settings.watching.server_timeout = 300
+    settings.scanning.disabled = True

@@ -1,0 +1,191 @@
+"""A thin asyncio client for the Kubernetes API: JSON in, JSON out.
+
+The operator talks to a handful of endpoints with plain dict bodies
+(merge/strategic patches, server-side apply, evictions, Events, Leases), so a
+typed model layer would only cost CPU and memory per node. Credentials come
+from the official client's config loaders (kubeconfig or in-cluster), which
+know every auth flavour; the requests go through one aiohttp session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import pathlib
+import ssl
+import urllib.parse
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import aiohttp
+from kubernetes.aio import config as kconfig
+from kubernetes.aio.client import configuration as kconfiguration
+
+JsonObject = dict[str, Any]
+
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+
+
+class ApiError(Exception):
+    """A non-2xx answer of the API server."""
+
+    def __init__(self, status: int, reason: str, body: str) -> None:
+        super().__init__(f"{status} {reason}: {body[:500]}")
+        self.status = status
+        self.reason = reason
+        self.body = body
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+
+@dataclasses.dataclass(frozen=True)
+class Credentials:
+    """Where the API server is and how to authenticate to it."""
+
+    server: str
+    ca_path: str | None
+    insecure: bool
+    certificate_path: str | None
+    private_key_path: str | None
+    token: str | None
+
+
+async def load_credentials(kubeconfig: pathlib.Path | None) -> Credentials:
+    """Read credentials: the given kubeconfig, else in-cluster, else $KUBECONFIG/~/.kube/config."""
+    cfg = kconfiguration.Configuration()
+    if kubeconfig is not None:
+        await kconfig.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)  # type: ignore[no-untyped-call]
+    else:
+        try:
+            kconfig.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        except kconfig.ConfigException:
+            await kconfig.load_kube_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    header = await cfg.get_api_key_with_prefix("BearerToken") or await cfg.get_api_key_with_prefix(
+        "authorization"
+    )
+    token = header.split(" ", 1)[-1] if header else None
+    return Credentials(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+        token=token,
+    )
+
+
+class Kube:
+    """One connection pool to the API server; counts requests for the metrics."""
+
+    def __init__(
+        self,
+        credentials: Credentials,
+        *,
+        timeout_seconds: float = 30.0,
+        pool_size: int = 64,
+        on_request: Callable[[str], None] | None = None,
+    ) -> None:
+        self.credentials = credentials
+        self._on_request = on_request
+        self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        self._pool_size = pool_size
+        self._session: aiohttp.ClientSession | None = None
+        self.requests_total = 0
+        """Requests sent so far (every verb), for the request-rate metric and the bench."""
+
+    def _ssl_context(self) -> ssl.SSLContext | bool:
+        if self.credentials.insecure:
+            return False
+        context = ssl.create_default_context(cafile=self.credentials.ca_path)
+        if self.credentials.certificate_path:
+            context.load_cert_chain(self.credentials.certificate_path, self.credentials.private_key_path)
+        return context
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            headers = {"Accept": "application/json", "User-Agent": "gpu-health-operator"}
+            if self.credentials.token:
+                headers["Authorization"] = f"Bearer {self.credentials.token}"
+            connector = aiohttp.TCPConnector(ssl=self._ssl_context(), limit=self._pool_size)
+            self._session = aiohttp.ClientSession(
+                base_url=self.credentials.server.rstrip("/") + "/",
+                headers=headers,
+                connector=connector,
+                timeout=self._timeout,
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: object = None,
+        content_type: str = "application/json",
+    ) -> JsonObject:
+        """Send one request; return the decoded JSON body; raise ApiError on a non-2xx status."""
+        self.requests_total += 1
+        if self._on_request is not None:
+            self._on_request(method)
+        data = None if body is None else json.dumps(body)
+        headers = {"Content-Type": content_type} if data is not None else {}
+        url = path.lstrip("/")
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        async with self._get_session().request(method, url, data=data, headers=headers) as response:
+            text = await response.text()
+            if response.status >= 400:
+                raise ApiError(response.status, response.reason or "", text)
+            result: JsonObject = json.loads(text) if text else {}
+            return result
+
+    async def get(self, path: str, query: Mapping[str, str] | None = None) -> JsonObject:
+        return await self.request("GET", path, query=query)
+
+    async def create(self, path: str, body: object) -> JsonObject:
+        return await self.request("POST", path, body=body)
+
+    async def patch(self, path: str, body: object, content_type: str = MERGE_PATCH) -> JsonObject:
+        return await self.request("PATCH", path, body=body, content_type=content_type)
+
+    async def apply(self, path: str, body: object, field_manager: str) -> JsonObject:
+        """Server-side apply, forcing ownership of the fields we set (we are their only writer)."""
+        return await self.request(
+            "PATCH",
+            path,
+            query={"fieldManager": field_manager, "force": "true"},
+            body=body,
+            content_type=APPLY_PATCH,
+        )
+
+    async def delete(self, path: str) -> JsonObject:
+        return await self.request("DELETE", path)
+
+    async def list_all(self, path: str, query: Mapping[str, str] | None = None) -> list[JsonObject]:
+        """All items of a collection, following continue tokens."""
+        items: list[JsonObject] = []
+        params = dict(query or {})
+        params.setdefault("limit", "500")
+        while True:
+            page = await self.get(path, params)
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+            params["continue"] = token
+            await asyncio.sleep(0)

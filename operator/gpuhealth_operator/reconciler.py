@@ -1,0 +1,226 @@
+"""Reconciling: judge a node under every policy that selects it, act, and report.
+
+One pass over one node reads only the cache (no requests), asks the decision
+core for a verdict per selecting policy, lets `remediation` make the Node
+match each verdict, then writes what changed: condition Events on
+transitions, the GPUNode status (server-side apply, only when it differs)
+and the Node's GPUHealthy condition. Watch events run a pass for the node at
+once; the timer (`tick`) runs one for every node for the time-based
+transitions.
+
+Overlapping policies: each selecting policy judges and acts on the node
+independently, within its own budget and with its own dry-run flag. The
+GPUNode status and the GPUHealthy condition report the verdict of the first
+selecting policy by name (the "reporting" policy), and `cordoned-by` names
+the policy that cordoned first; only that policy ever uncordons the node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+from typing import Any
+
+import aiohttp
+
+from gpuhealth_api import vocabulary
+from gpuhealth_operator import cache, context, kube, remediation
+from gpuhealth_operator.actions import events, nodes, status
+from gpuhealth_operator.decisions import hysteresis, model, policies, stragglers, times, verdicts
+
+logger = logging.getLogger(__name__)
+
+Health = vocabulary.Health
+Condition = vocabulary.Condition
+
+TRANSIENT_ERRORS = (kube.ApiError, aiohttp.ClientError, OSError, asyncio.TimeoutError)
+
+NODE_CONDITION: dict[Health, str] = {
+    Health.HEALTHY: "True",
+    Health.DEGRADED: "True",
+    Health.UNHEALTHY: "False",
+    Health.UNKNOWN: "Unknown",
+}
+"""GPUHealthy status per health: Degraded GPUs still work, so other tools should not remediate them."""
+
+
+def utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def selecting_policies(ctx: context.Context, record: cache.NodeRecord) -> list[model.Policy]:
+    return [p for _, p in sorted(ctx.cache.policies.items()) if policies.selects(p, record.view)]
+
+
+def judge(
+    ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime
+) -> model.NodeVerdict | None:
+    record = ctx.cache.nodes.get(name)
+    gpunode = ctx.cache.gpunodes.get(name)
+    if record is None or gpunode is None:
+        return None
+    previous = hysteresis.from_status(gpunode.status.get("conditions") or [])
+    verdict = verdicts.judge(
+        policy, record.view, gpunode.status, previous, ctx.stragglers.get((policy.name, name)), now
+    )
+    ctx.verdicts[(policy.name, name)] = verdict
+    return verdict
+
+
+async def reconcile_node(ctx: context.Context, name: str, handler: str = "event") -> None:
+    """One pass for one node; errors are counted and logged, the next event or tick retries."""
+    async with ctx.node_locks[name]:
+        try:
+            await _reconcile(ctx, name, utcnow())
+        except TRANSIENT_ERRORS as error:
+            ctx.meters.reconcile_errors.labels(handler).inc()
+            logger.warning("reconcile of node %s failed (will retry): %s", name, error)
+
+
+def forget_node(ctx: context.Context, name: str) -> None:
+    for key in [k for k in ctx.verdicts if k[1] == name]:
+        del ctx.verdicts[key]
+    ctx.budget_notified = {k for k in ctx.budget_notified if k[1] != name}
+
+
+async def _reconcile(ctx: context.Context, name: str, now: datetime.datetime) -> None:
+    record = ctx.cache.nodes.get(name)
+    gpunode = ctx.cache.gpunodes.get(name)
+    if record is None or gpunode is None:
+        return
+    selecting = selecting_policies(ctx, record)
+    if not selecting:
+        forget_node(ctx, name)
+        return
+    previous = hysteresis.from_status(gpunode.status.get("conditions") or [])
+    reported: tuple[model.Policy, model.NodeVerdict, vocabulary.NodeAction] | None = None
+    for policy in selecting:
+        verdict = judge(ctx, policy, name, now)
+        if verdict is None:
+            return
+        action = await remediation.remediate(ctx, policy, name, verdict, now)
+        if reported is None:
+            reported = (policy, verdict, action)
+    assert reported is not None
+    policy, verdict, action = reported
+    await _condition_events(ctx, name, previous, verdict)
+    await _write_status(ctx, policy, name, verdict, action)
+    if not policy.dry_run:
+        await _node_condition(ctx, name, verdict, now)
+
+
+async def _condition_events(
+    ctx: context.Context,
+    name: str,
+    previous: dict[Condition, model.ConditionState],
+    verdict: model.NodeVerdict,
+) -> None:
+    """One Event per condition that turned True in this pass."""
+    for condition, state in verdict.conditions.items():
+        before = previous.get(condition)
+        if state.status == "True" and (before is None or before.status != "True"):
+            await ctx.recorder.emit(
+                remediation._subject(ctx, name),
+                condition.value,
+                state.message or condition.value,
+                events.WARNING,
+            )
+
+
+def straggler_status(score: model.StragglerScore | None) -> dict[str, Any] | None:
+    if score is None:
+        return None
+    return {"score": round(score.score, 3), "zScore": round(score.z_score, 2), "peers": score.peers}
+
+
+def desired_status(
+    ctx: context.Context,
+    policy: model.Policy,
+    name: str,
+    verdict: model.NodeVerdict,
+    action: vocabulary.NodeAction,
+) -> dict[str, Any]:
+    desired: dict[str, Any] = {
+        "health": verdict.health.value,
+        "issues": ",".join(verdict.issues),
+        "action": action.value,
+        "conditions": [dict(c) for c in hysteresis.to_status(verdict.conditions.values(), policy.generation)],
+    }
+    straggler = straggler_status(ctx.stragglers.get((policy.name, name)))
+    if straggler is not None:
+        desired["straggler"] = straggler
+    return desired
+
+
+def _differs(current: dict[str, Any], desired: dict[str, Any]) -> bool:
+    if any(current.get(k) != v for k, v in desired.items() if k != "conditions"):
+        return True
+    if "straggler" not in desired and current.get("straggler"):
+        return True
+    have = {c.get("type"): c for c in current.get("conditions") or []}
+    want = {c.get("type"): c for c in desired["conditions"]}
+    return have != want
+
+
+async def _write_status(
+    ctx: context.Context,
+    policy: model.Policy,
+    name: str,
+    verdict: model.NodeVerdict,
+    action: vocabulary.NodeAction,
+) -> None:
+    gpunode = ctx.cache.gpunodes[name]
+    desired = desired_status(ctx, policy, name, verdict, action)
+    if not _differs(dict(gpunode.status), desired):
+        return
+    ctx.cache.put_gpunode(await status.apply_gpunode(ctx.client, name, desired))
+
+
+async def _node_condition(
+    ctx: context.Context, name: str, verdict: model.NodeVerdict, now: datetime.datetime
+) -> None:
+    record = ctx.cache.nodes[name]
+    state = NODE_CONDITION[verdict.health]
+    reason = verdict.issues[0].value if verdict.issues else "GPUsHealthy"
+    if verdict.health is Health.UNKNOWN:
+        reason = Condition.AGENT_STALE.value
+    messages = [verdict.conditions[c].message for c in verdict.issues if c in verdict.conditions]
+    message = "; ".join(m for m in messages if m) or (
+        "All GPUs healthy." if verdict.health is Health.HEALTHY else verdict.health.value
+    )
+    message = message[:1024]
+    current = record.condition
+    if current is not None and (current.status, current.reason, current.message) == (state, reason, message):
+        return
+    transition = (
+        current.last_transition_time if current is not None and current.status == state else times.render(now)
+    )
+    ctx.cache.put_node(
+        await nodes.set_condition(
+            ctx.client,
+            name,
+            status=state,
+            reason=reason,
+            message=message,
+            transition_time=transition,
+            now=times.render(now),
+        )
+    )
+
+
+def score_stragglers(ctx: context.Context, now: datetime.datetime) -> None:
+    """Straggler scores per policy cohort (only policies with a Straggler rule)."""
+    ctx.stragglers.clear()
+    for policy in ctx.cache.policies.values():
+        rules = [r for r in policy.rules if r.condition is Condition.STRAGGLER]
+        if not rules:
+            continue
+        threshold = rules[0].threshold or 3.5
+        members = {
+            name: ctx.cache.gpunodes[name].status
+            for name, record in ctx.cache.nodes.items()
+            if name in ctx.cache.gpunodes and policies.selects(policy, record.view)
+        }
+        for name, score in stragglers.score_cohorts(members, threshold, now).items():
+            ctx.stragglers[(policy.name, name)] = score

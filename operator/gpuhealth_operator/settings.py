@@ -1,0 +1,61 @@
+"""Runtime settings of the operator: one dataclass, filled from the command line.
+
+Durations carry their unit in the name. Defaults suit a production cluster;
+tests shorten the leader-election durations and the reconcile period.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    kubeconfig: pathlib.Path | None = None
+    """Kubeconfig file; None means in-cluster config, then $KUBECONFIG, then ~/.kube/config."""
+
+    metrics_port: int = 8080
+    """Port of the Prometheus /metrics endpoint (0 disables it)."""
+
+    health_port: int = 8081
+    """Port of the /healthz liveness endpoint (0 disables it)."""
+
+    leader_elect: bool = True
+    """Hold a coordination.k8s.io/v1 Lease before acting, so that only one replica acts."""
+
+    lease_namespace: str = "gpu-health"
+    """Namespace of the leader-election Lease."""
+
+    lease_name: str = "gpu-health-operator"
+    """Name of the leader-election Lease."""
+
+    identity: str = ""
+    """This replica's holder identity in the Lease (default: hostname and pid)."""
+
+    lease_duration_seconds: float = 15.0
+    """How long a Lease stays valid without renewal; a dead leader is replaced after this."""
+
+    lease_renew_seconds: float = 5.0
+    """How often the leader renews its Lease."""
+
+    lease_retry_seconds: float = 2.0
+    """How often a standby replica tries to acquire the Lease."""
+
+    tick_seconds: float = 1.0
+    """Period of the time-based pass: forSeconds, staleness, budget queue, recovery, stragglers."""
+
+    eviction_concurrency: int = 16
+    """Evictions in flight at once, across all drains."""
+
+    eviction_backoff_initial_seconds: float = 1.0
+    """First wait after an eviction refused by a PodDisruptionBudget (429)."""
+
+    eviction_backoff_max_seconds: float = 30.0
+    """Cap of the exponential backoff between refused evictions."""
+
+    request_timeout_seconds: float = 30.0
+    """Timeout of one request to the API server (watches excluded)."""
+
+    log_level: str = "INFO"
+    """Python logging level name."""

@@ -1,0 +1,122 @@
+"""The periodic pass for time-based transitions, and the policies' status.
+
+Watch events cover everything a change in the cluster causes; what time
+alone causes (a condition held for `forSeconds`, an agent going stale, the
+budget freeing up, `healthyForSeconds` of recovery, straggler cohorts
+shifting) needs a clock. Every `tick_seconds` this judges every known node,
+acts where a verdict changed, and refreshes each policy's status counts.
+A pass that finds nothing to change sends no request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import datetime
+import logging
+from typing import Any
+
+from gpuhealth_api import vocabulary
+from gpuhealth_operator import context, reconciler
+from gpuhealth_operator.actions import status
+from gpuhealth_operator.decisions import policies, times
+
+logger = logging.getLogger(__name__)
+
+
+async def tick(ctx: context.Context) -> None:
+    now = reconciler.utcnow()
+    reconciler.score_stragglers(ctx, now)
+    names = [n for n in ctx.cache.gpunodes if n in ctx.cache.nodes]
+    # Judge every node before acting on any, so the budget ranks all waiting nodes, not the first few seen.
+    for name in names:
+        record = ctx.cache.nodes[name]
+        for policy in reconciler.selecting_policies(ctx, record):
+            reconciler.judge(ctx, policy, name, now)
+    await asyncio.gather(*(reconciler.reconcile_node(ctx, name, "timer") for name in names))
+    await write_policy_statuses(ctx, now)
+
+
+async def run(ctx: context.Context) -> None:
+    """Tick forever; a failed tick is logged and the next one retries."""
+    while True:
+        started = asyncio.get_running_loop().time()
+        try:
+            await tick(ctx)
+        except reconciler.TRANSIENT_ERRORS as error:
+            ctx.meters.reconcile_errors.labels("timer").inc()
+            logger.warning("timer pass failed (will retry): %s", error)
+        elapsed = asyncio.get_running_loop().time() - started
+        await asyncio.sleep(max(0.05, ctx.config.tick_seconds - elapsed))
+
+
+def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> dict[str, Any]:
+    previous = ctx.policy_status_written.get(name) or {}
+    error = ctx.cache.policy_errors.get(name)
+    policy = ctx.cache.policies.get(name)
+    counts = {"selectedNodes": 0, "unhealthyNodes": 0, "cordonedNodes": 0, "pendingNodes": 0}
+    health_counts: collections.Counter[str] = collections.Counter()
+    generation = 0
+    if policy is not None:
+        generation = policy.generation
+        for record in ctx.cache.nodes.values():
+            if not policies.selects(policy, record.view):
+                continue
+            counts["selectedNodes"] += 1
+            verdict = ctx.verdicts.get((name, record.view.name))
+            if verdict is not None:
+                health_counts[verdict.health.value] += 1
+                if verdict.health is vocabulary.Health.UNHEALTHY:
+                    counts["unhealthyNodes"] += 1
+            if record.view.unschedulable and record.view.cordoned_by == name:
+                counts["cordonedNodes"] += 1
+            if (name, record.view.name) in ctx.budget_notified:
+                counts["pendingNodes"] += 1
+        for health in vocabulary.Health:
+            ctx.meters.nodes.labels(name, health.value).set(health_counts[health.value])
+        ctx.meters.budget_pending.labels(name).set(counts["pendingNodes"])
+    if error is not None:
+        generation = error[0]
+        ready: dict[str, Any] = {
+            "type": "Ready",
+            "status": "False",
+            "reason": "InvalidSpec",
+            "message": error[1],
+        }
+    else:
+        mode = (
+            "dry run: decisions are recorded, no Node is changed" if policy and policy.dry_run else "acting"
+        )
+        ready = {
+            "type": "Ready",
+            "status": "True",
+            "reason": "Accepted",
+            "message": f"Policy accepted ({mode}).",
+        }
+    written: list[dict[str, Any]] = previous.get("conditions") or []  # type: ignore[assignment]
+    before: dict[str, Any] = written[0] if written else {}
+    same = before.get("status") == ready["status"] and before.get("lastTransitionTime")
+    ready["lastTransitionTime"] = before["lastTransitionTime"] if same else times.render(now)
+    ready["observedGeneration"] = generation
+    return {"observedGeneration": generation, **counts, "conditions": [ready]}
+
+
+def _without_times(status_: dict[str, Any]) -> dict[str, Any]:
+    conditions = [
+        {k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status_.get("conditions", [])
+    ]
+    return {**status_, "conditions": conditions}
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return _without_times(a) == _without_times(b)
+
+
+async def write_policy_statuses(ctx: context.Context, now: datetime.datetime) -> None:
+    for name in sorted(set(ctx.cache.policies) | set(ctx.cache.policy_errors)):
+        desired = policy_status(ctx, name, now)
+        previous = ctx.policy_status_written.get(name)
+        if previous is not None and _same(previous, desired):
+            continue
+        await status.apply_policy(ctx.client, name, desired)
+        ctx.policy_status_written[name] = desired
