@@ -1,0 +1,514 @@
+"""The operator against a real API server: GPU faults in GPUNode status become Node actions.
+
+One operator process serves the whole module (started once, as in
+production: `python -m gpuhealth_operator --kubeconfig ...`). Each test makes
+its own kwok Nodes with a label unique to the test and a policy selecting
+only them, writes GPUNode status as the agent would (server-side apply under
+the agent's field manager), and watches what a cluster user would see: Node
+labels, taints, cordon, pods, Events, GPUNode and policy status.
+"""
+
+import contextlib
+import datetime
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpuhealth_api import keys, resources
+from gpuhealth_operator import testing
+from gpuhealth_sim import controlplane
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 20.0
+ECC = {"ecc": {"uncorrectedVolatile": 1}}
+HOT = {"temperatureCelsius": 93, "clockEventReasons": ["HwThermalSlowdown"], "smClockMHz": 1400}
+COOL = {"temperatureCelsius": 80, "clockEventReasons": [], "smClockMHz": 1980}
+
+
+@pytest.fixture(scope="module")
+def operator(
+    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[testing.OperatorProcess]:
+    testing.ensure_namespace(k8s, "gpu-health")
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    process = testing.OperatorProcess(
+        kubeconfig=Path(crds.kubeconfig),
+        log_path=log,
+        lease_name="gpu-health-operator-it",
+        identity="it-operator",
+        extra_args=["--tick-seconds=0.5", "--lease-duration-seconds=5", "--lease-renew-seconds=1"],
+    ).start()
+    try:
+        testing.wait_for(process.is_leading, 30, "operator leads")
+        yield process
+    finally:
+        process.stop()
+        print(process.log()[-20000:])
+
+
+@pytest.fixture
+def fleet(
+    request: pytest.FixtureRequest, k8s: client.ApiClient, operator: testing.OperatorProcess
+) -> Iterator[testing.Fleet]:
+    label = f"op-{request.node.name[5:25].lower().replace('_', '-').strip('-')}-{secrets.token_hex(2)}"
+    nodes = testing.Fleet(k8s, label=label)
+    try:
+        yield nodes
+    finally:
+        if not operator.alive():
+            print(operator.log()[-20000:])
+        nodes.cleanup()
+
+
+def policy_spec(*rules: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {
+        "maxUnavailable": spec.pop("maxUnavailable", 2),
+        "rules": list(rules),
+        "drain": spec.pop("drain", {"timeoutSeconds": 30}),
+        "recovery": spec.pop("recovery", {"uncordon": True, "healthyForSeconds": 1}),
+        **spec,
+    }
+
+
+def node_name(fleet: testing.Fleet, suffix: str) -> str:
+    return f"{fleet.label}-{suffix}"[:63]
+
+
+def cordoned(fleet: testing.Fleet, name: str) -> bool:
+    return bool(fleet.node(name)["spec"].get("unschedulable"))
+
+
+def labels(fleet: testing.Fleet, name: str) -> dict[str, str]:
+    return fleet.node(name)["metadata"].get("labels") or {}
+
+
+def node_condition(fleet: testing.Fleet, name: str) -> dict[str, Any] | None:
+    for condition in fleet.node(name).get("status", {}).get("conditions") or []:
+        if condition["type"] == keys.NODE_CONDITION_TYPE:
+            return condition
+    return None
+
+
+def gpunode_status(fleet: testing.Fleet, name: str) -> dict[str, Any]:
+    return fleet.gpunode(name).get("status") or {}
+
+
+def reasons(fleet: testing.Fleet, name: str) -> set[str]:
+    return {e["reason"] for e in fleet.events(name)}
+
+
+def make_pod(
+    k8s: client.ApiClient, namespace: str, name: str, node: str, labels_: dict[str, str] | None = None
+) -> None:
+    body = client.V1Pod.from_dict(
+        {
+            "metadata": {"name": name, "namespace": namespace, "labels": labels_ or {"app": name}},
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+                "terminationGracePeriodSeconds": 0,
+            },
+        }
+    )
+    assert body is not None
+    client.CoreV1Api(k8s).create_namespaced_pod(namespace, body)
+
+
+def pod_phase(k8s: client.ApiClient, namespace: str, name: str) -> str | None:
+    try:
+        pod = client.CoreV1Api(k8s).read_namespaced_pod(name, namespace)
+    except client.ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    if pod.metadata and pod.metadata.deletion_timestamp:
+        return "Terminating"
+    return pod.status.phase if pod.status else None
+
+
+def pods_on(k8s: client.ApiClient, node: str) -> list[str]:
+    pods = client.CoreV1Api(k8s).list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")
+    return sorted(p.metadata.name for p in pods.items if p.metadata and p.metadata.name)
+
+
+def test_ecc_uncorrectable_drains_node_but_keeps_daemonset_pods(
+    fleet: testing.Fleet, k8s: client.ApiClient, namespace: str
+) -> None:
+    name = node_name(fleet, "ecc")
+    fleet.add_node(name)
+    fleet.policy(
+        fleet.label, policy_spec({"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"})
+    )
+    make_pod(k8s, namespace, "workload", name)
+    daemonset = client.V1DaemonSet.from_dict(
+        {
+            "metadata": {"name": "node-agent", "namespace": namespace},
+            "spec": {
+                "selector": {"matchLabels": {"app": "node-agent"}},
+                "template": {
+                    "metadata": {"labels": {"app": "node-agent"}},
+                    "spec": {
+                        "nodeSelector": {testing.Fleet.LABEL_KEY: fleet.label},
+                        "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}],
+                    },
+                },
+            },
+        }
+    )
+    assert daemonset is not None
+    client.AppsV1Api(k8s).create_namespaced_daemon_set(namespace, daemonset)
+    testing.wait_for(lambda: pod_phase(k8s, namespace, "workload") == "Running", TIMEOUT, "workload runs")
+    testing.wait_for(
+        lambda: any(p.startswith("node-agent") for p in pods_on(k8s, name)),
+        TIMEOUT,
+        "daemonset pod on the node",
+    )
+    testing.wait_for(
+        lambda: labels(fleet, name).get(keys.HEALTH_LABEL) == "healthy",
+        TIMEOUT,
+        "healthy label on a healthy node",
+    )
+    assert not cordoned(fleet, name)
+
+    fleet.report(name, testing.agent_status(overrides={3: ECC}))
+
+    testing.wait_for(lambda: cordoned(fleet, name), TIMEOUT, "node cordoned")
+    node = fleet.node(name)
+    assert node["metadata"]["annotations"][keys.CORDONED_BY_ANNOTATION] == fleet.label
+    assert node["metadata"]["labels"][keys.HEALTH_LABEL] == "unhealthy"
+    testing.wait_for(lambda: pod_phase(k8s, namespace, "workload") is None, TIMEOUT, "workload evicted")
+    status = testing.wait_for(
+        lambda: (s := gpunode_status(fleet, name)).get("action") == "Drained" and s, TIMEOUT, "action Drained"
+    )
+    assert status["health"] == "Unhealthy"
+    assert status["issues"] == "EccUncorrectable"
+    ecc = next(c for c in status["conditions"] if c["type"] == "EccUncorrectable")
+    assert ecc["status"] == "True"
+    assert any(p.startswith("node-agent") for p in pods_on(k8s, name)), "DaemonSet pod must not be evicted"
+    condition = node_condition(fleet, name)
+    assert condition is not None
+    assert (condition["status"], condition["reason"]) == ("False", "EccUncorrectable")
+    testing.wait_for(
+        lambda: {"EccUncorrectable", "NodeCordoned", "NodeDrained"} <= reasons(fleet, name),
+        TIMEOUT,
+        "condition, cordon and drain Events",
+    )
+    event = fleet.events(name, "NodeCordoned")[0]
+    assert event["related"]["kind"] == resources.GPUNODE_KIND
+    assert event["reportingComponent"] == "gpu-health-operator"
+
+
+@pytest.mark.parametrize(
+    ("condition", "gpu", "rule", "expect"),
+    [
+        (
+            "XidCritical",
+            {"xids": [{"code": 79, "count": 1, "lastSeen": "NOW"}]},
+            {"action": "Cordon"},
+            "cordon",
+        ),
+        ("RowRemapFailure", {"remappedRows": {"failure": True}}, {"action": "Taint"}, "taint"),
+        ("GPULost", {"lost": True}, {"action": "Cordon"}, "cordon"),
+        ("RecoveryRequired", {"recoveryAction": "NodeReboot"}, {"action": "Taint"}, "taint"),
+        ("ThermalThrottled", HOT, {"action": "Label", "forSeconds": 1}, "thermal-label"),
+        (
+            "PowerThrottled",
+            {"clockEventReasons": ["HwPowerBrakeSlowdown"], "smClockMHz": 1200},
+            {"action": "Event", "forSeconds": 1},
+            "event",
+        ),
+        ("PcieDegraded", {"pcie": {"width": 4}}, {"action": "Event", "forSeconds": 1}, "event"),
+    ],
+)
+def test_condition_triggers_its_rule_action(
+    fleet: testing.Fleet, condition: str, gpu: dict[str, Any], rule: dict[str, Any], expect: str
+) -> None:
+    name = node_name(fleet, "n")
+    fleet.add_node(name)
+    fleet.policy(fleet.label, policy_spec({"name": "rule", "condition": condition, **rule}))
+    testing.wait_for(
+        lambda: labels(fleet, name).get(keys.HEALTH_LABEL) == "healthy", TIMEOUT, "judged healthy"
+    )
+    if "xids" in gpu:
+        gpu = {"xids": [{**gpu["xids"][0], "lastSeen": testing.rfc3339()}]}
+    fleet.report(name, testing.agent_status(overrides={1: gpu}))
+
+    testing.wait_for(lambda: condition in reasons(fleet, name), TIMEOUT, f"{condition} Event")
+    status = testing.wait_for(
+        lambda: (s := gpunode_status(fleet, name)).get("issues") and s, TIMEOUT, "issues in status"
+    )
+    assert condition in status["issues"].split(",")
+    node = fleet.node(name)
+    taints = {t["key"]: t.get("value") for t in node["spec"].get("taints") or []}
+    if expect == "cordon":
+        testing.wait_for(lambda: cordoned(fleet, name), TIMEOUT, "cordoned")
+        testing.wait_for(
+            lambda: gpunode_status(fleet, name).get("action") == "Cordoned", TIMEOUT, "action Cordoned"
+        )
+    elif expect == "taint":
+        node = testing.wait_for(
+            lambda: (n := fleet.node(name))["spec"].get("taints") and n, TIMEOUT, "tainted"
+        )
+        taints = {t["key"]: (t.get("value"), t["effect"]) for t in node["spec"]["taints"]}
+        assert taints[keys.UNHEALTHY_TAINT] == (condition, "NoSchedule")
+        assert not node["spec"].get("unschedulable")
+        assert gpunode_status(fleet, name)["action"] == "Tainted"
+    elif expect == "thermal-label":
+        testing.wait_for(
+            lambda: labels(fleet, name).get(keys.THERMAL_LABEL) == "true", TIMEOUT, "thermal label"
+        )
+        assert labels(fleet, name)[keys.HEALTH_LABEL] == "degraded"
+        assert not cordoned(fleet, name)
+        assert gpunode_status(fleet, name)["action"] == "Labeled"
+    else:
+        assert not cordoned(fleet, name)
+        assert keys.UNHEALTHY_TAINT not in taints
+        assert gpunode_status(fleet, name)["action"] == "Event"
+
+
+def test_budget_holds_at_most_max_unavailable_and_admits_waiting_nodes_as_it_frees(
+    fleet: testing.Fleet,
+) -> None:
+    names = [node_name(fleet, f"b{i}") for i in range(4)]
+    for name in names:
+        fleet.add_node(name)
+    fleet.policy(
+        fleet.label,
+        policy_spec({"name": "ecc", "condition": "EccUncorrectable", "action": "Cordon"}, maxUnavailable=2),
+    )
+    for name in names:
+        testing.wait_for(lambda n=name: labels(fleet, n).get(keys.HEALTH_LABEL), TIMEOUT, "judged")
+
+    for name in names:
+        fleet.report(name, testing.agent_status(overrides={0: ECC}))
+
+    def held() -> list[str]:
+        return [n for n in names if cordoned(fleet, n)]
+
+    testing.wait_for(lambda: len(held()) == 2, TIMEOUT, "two nodes cordoned")
+    waiting = [n for n in names if n not in held()]
+    for name in waiting:
+        testing.wait_for(
+            lambda n=name: gpunode_status(fleet, n).get("action") == "Pending", TIMEOUT, "Pending"
+        )
+        testing.wait_for(
+            lambda n=name: "DisruptionBudgetExceeded" in reasons(fleet, n),
+            TIMEOUT,
+            "DisruptionBudgetExceeded",
+        )
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        assert len(held()) <= 2
+        time.sleep(0.1)
+    policy = fleet.custom.get_cluster_custom_object(
+        resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, fleet.label
+    )
+    assert policy["status"]["cordonedNodes"] == 2
+    assert policy["status"]["pendingNodes"] == 2
+    assert policy["status"]["selectedNodes"] == 4
+
+    # A cordoned node recovers (GPU reset: volatile count back to 0): uncordoned, a waiting one moves up.
+    first = held()[0]
+    fleet.report(first, testing.agent_status())
+    testing.wait_for(lambda: not cordoned(fleet, first), TIMEOUT, "recovered node uncordoned")
+    assert "NodeUncordoned" in reasons(fleet, first)
+    assert keys.CORDONED_BY_ANNOTATION not in (fleet.node(first)["metadata"].get("annotations") or {})
+    testing.wait_for(lambda: len(held()) == 2 and first not in held(), TIMEOUT, "a waiting node admitted")
+    assert len(fleet.events(held()[-1], "DisruptionBudgetExceeded")) == 1
+    deadline = time.monotonic() + 1
+    while time.monotonic() < deadline:
+        assert len(held()) <= 2
+        time.sleep(0.1)
+
+
+def test_dry_run_records_decisions_and_changes_no_node(fleet: testing.Fleet) -> None:
+    name = node_name(fleet, "dry")
+    fleet.add_node(name)
+    fleet.policy(
+        fleet.label,
+        policy_spec(
+            {"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"},
+            {"name": "thermal", "condition": "ThermalThrottled", "action": "Label", "forSeconds": 0},
+            dryRun=True,
+        ),
+    )
+    testing.wait_for(
+        lambda: gpunode_status(fleet, name).get("health") == "Healthy", TIMEOUT, "judged healthy"
+    )
+    before = fleet.node(name)
+
+    fleet.report(name, testing.agent_status(overrides={2: {**ECC, **HOT}}))
+
+    status = testing.wait_for(
+        lambda: (s := gpunode_status(fleet, name)).get("action") == "DryRun" and s, TIMEOUT, "action DryRun"
+    )
+    assert status["health"] == "Unhealthy"
+    dry = testing.wait_for(lambda: fleet.events(name, "DryRun"), TIMEOUT, "DryRun Event")
+    assert "would" in dry[0]["message"]
+    assert "cordon and drain" in dry[0]["message"]
+    after = fleet.node(name)
+    assert after["metadata"].get("labels") == before["metadata"].get("labels")
+    assert after["metadata"].get("annotations") == before["metadata"].get("annotations")
+    assert after["spec"] == before["spec"]
+    assert node_condition(fleet, name) is None
+    assert "NodeCordoned" not in reasons(fleet, name)
+
+
+def test_pdb_blocked_drain_fails_after_timeout_and_node_stays_cordoned(
+    fleet: testing.Fleet, k8s: client.ApiClient, namespace: str
+) -> None:
+    name = node_name(fleet, "pdb")
+    fleet.add_node(name)
+    make_pod(k8s, namespace, "guarded", name, {"app": "guarded"})
+    pdb = client.V1PodDisruptionBudget.from_dict(
+        {
+            "metadata": {"name": "guarded", "namespace": namespace},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}},
+        }
+    )
+    assert pdb is not None
+    client.PolicyV1Api(k8s).create_namespaced_pod_disruption_budget(namespace, pdb)
+    testing.wait_for(lambda: pod_phase(k8s, namespace, "guarded") == "Running", TIMEOUT, "pod runs")
+    testing.wait_for(
+        lambda: (
+            (s := client.PolicyV1Api(k8s).read_namespaced_pod_disruption_budget("guarded", namespace).status)
+            and s.current_healthy == 1
+        ),
+        TIMEOUT,
+        "PDB sees the pod",
+    )
+    fleet.policy(
+        fleet.label,
+        policy_spec(
+            {"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}, drain={"timeoutSeconds": 3}
+        ),
+    )
+    fleet.report(name, testing.agent_status(overrides={0: ECC}))
+
+    testing.wait_for(lambda: cordoned(fleet, name), TIMEOUT, "cordoned")
+    failed = testing.wait_for(lambda: fleet.events(name, "DrainFailed"), TIMEOUT, "DrainFailed Event")
+    assert f"{namespace}/guarded" in failed[0]["message"]
+    assert pod_phase(k8s, namespace, "guarded") == "Running"
+    assert cordoned(fleet, name)
+    testing.wait_for(
+        lambda: gpunode_status(fleet, name).get("action") == "Cordoned", TIMEOUT, "action Cordoned"
+    )
+    assert "NodeDrained" not in reasons(fleet, name)
+
+
+def test_human_cordoned_node_is_not_uncordoned_on_recovery(fleet: testing.Fleet) -> None:
+    name = node_name(fleet, "human")
+    fleet.add_node(name)
+    fleet.core.patch_node(name, {"spec": {"unschedulable": True}})
+    fleet.policy(
+        fleet.label, policy_spec({"name": "ecc", "condition": "EccUncorrectable", "action": "Cordon"})
+    )
+    fleet.report(name, testing.agent_status(overrides={0: ECC}))
+    testing.wait_for(lambda: labels(fleet, name).get(keys.HEALTH_LABEL) == "unhealthy", TIMEOUT, "unhealthy")
+
+    fleet.report(name, testing.agent_status())
+    testing.wait_for(
+        lambda: labels(fleet, name).get(keys.HEALTH_LABEL) == "healthy", TIMEOUT, "healthy again"
+    )
+    # Well past healthyForSeconds (1 s) and several timer passes:
+    time_limit = time.monotonic() + 3
+    while time.monotonic() < time_limit:
+        assert cordoned(fleet, name), "a node a human cordoned must stay cordoned"
+        time.sleep(0.2)
+    assert keys.CORDONED_BY_ANNOTATION not in (fleet.node(name)["metadata"].get("annotations") or {})
+    assert "NodeUncordoned" not in reasons(fleet, name)
+
+
+def test_stale_agent_makes_node_unknown_and_never_cordons(fleet: testing.Fleet) -> None:
+    name = node_name(fleet, "stale")
+    fleet.add_node(name)
+    fleet.policy(
+        fleet.label, policy_spec({"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"})
+    )
+    long_ago = testing.rfc3339(datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=10))
+    fleet.report(name, testing.agent_status(overrides={0: ECC}, heartbeat=long_ago, observed=long_ago))
+
+    testing.wait_for(
+        lambda: gpunode_status(fleet, name).get("health") == "Unknown", TIMEOUT, "health Unknown"
+    )
+    condition = testing.wait_for(lambda: node_condition(fleet, name), TIMEOUT, "GPUHealthy condition")
+    assert condition["status"] == "Unknown"
+    testing.wait_for(lambda: "AgentStale" in reasons(fleet, name), TIMEOUT, "AgentStale Event")
+    time_limit = time.monotonic() + 2
+    while time.monotonic() < time_limit:
+        assert not cordoned(fleet, name)
+        time.sleep(0.2)
+    assert "NodeCordoned" not in reasons(fleet, name)
+
+
+def test_straggler_among_eight_nodes_is_labelled_and_idle_node_is_not(fleet: testing.Fleet) -> None:
+    clocks = [1980, 1975, 1970, 1985, 1965, 1978]
+    names = [node_name(fleet, f"s{i}") for i in range(8)]
+    fleet.policy(
+        fleet.label,
+        policy_spec({"name": "straggler", "condition": "Straggler", "action": "Label", "forSeconds": 1}),
+    )
+    for name in names:
+        fleet.add_node(name, report=False)
+    for name, clock in zip(names, clocks, strict=False):
+        fleet.report(name, testing.agent_status(overrides={i: {"smClockMHz": clock} for i in range(8)}))
+    slow, idle = names[6], names[7]
+    fleet.report(slow, testing.agent_status(overrides={5: {"smClockMHz": 1500}}))
+    fleet.report(
+        idle,
+        testing.agent_status(overrides={i: {"utilizationPercent": 0, "smClockMHz": 345} for i in range(8)}),
+    )
+
+    testing.wait_for(
+        lambda: labels(fleet, slow).get(keys.STRAGGLER_LABEL) == "true", TIMEOUT, "straggler label"
+    )
+    assert "Straggler" in gpunode_status(fleet, slow)["issues"]
+    straggler = gpunode_status(fleet, slow)["straggler"]
+    assert straggler["zScore"] < -3.5
+    assert straggler["peers"] >= 4
+    for name in [*names[:6], idle]:
+        assert keys.STRAGGLER_LABEL not in labels(fleet, name), name
+        assert "Straggler" not in (gpunode_status(fleet, name).get("issues") or "")
+    assert "straggler" not in gpunode_status(fleet, idle)
+
+
+def test_flapping_temperature_does_not_flap_the_label(fleet: testing.Fleet) -> None:
+    name = node_name(fleet, "flap")
+    fleet.add_node(name)
+    fleet.policy(
+        fleet.label,
+        policy_spec(
+            {"name": "thermal", "condition": "ThermalThrottled", "action": "Label", "forSeconds": 2},
+            recovery={"uncordon": True, "healthyForSeconds": 3},
+        ),
+    )
+    testing.wait_for(lambda: labels(fleet, name).get(keys.HEALTH_LABEL) == "healthy", TIMEOUT, "judged")
+
+    def flap(seconds: float) -> list[str | None]:
+        seen: list[str | None] = []
+        hot = False
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            hot = not hot
+            fleet.report(name, testing.agent_status(overrides={4: HOT if hot else COOL}))
+            for _ in range(4):
+                seen.append(labels(fleet, name).get(keys.THERMAL_LABEL))
+                time.sleep(0.1)
+        return seen
+
+    seen = flap(5)
+    assert set(seen) == {None}, "a temperature crossing the threshold every 0.5 s never holds for forSeconds"
+
+    fleet.report(name, testing.agent_status(overrides={4: HOT}))
+    testing.wait_for(lambda: labels(fleet, name).get(keys.THERMAL_LABEL) == "true", TIMEOUT, "sustained heat")
+    seen = flap(4)
+    assert set(seen) == {"true"}, "a hot node cooling for less than healthyForSeconds keeps its label"
+    assert len(fleet.events(name, "ThermalThrottled")) == 1
+    with contextlib.suppress(Exception):
+        fleet.report(name, testing.agent_status())

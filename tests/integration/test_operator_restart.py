@@ -1,0 +1,132 @@
+"""Restart safety: kill -9 of the operator mid-drain, start it again, and the drain completes once."""
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpuhealth_api import keys
+from gpuhealth_operator import testing
+from gpuhealth_sim import controlplane
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 20.0
+ARGS = [
+    "--lease-duration-seconds=2",
+    "--lease-renew-seconds=0.5",
+    "--lease-retry-seconds=0.5",
+    "--tick-seconds=0.5",
+]
+
+
+@pytest.fixture
+def fleet(k8s: client.ApiClient) -> Iterator[testing.Fleet]:
+    nodes = testing.Fleet(k8s, label=f"restart-{secrets.token_hex(3)}")
+    try:
+        yield nodes
+    finally:
+        nodes.cleanup()
+
+
+def operator(crds: controlplane.ControlPlane, log: Path, lease: str) -> testing.OperatorProcess:
+    return testing.OperatorProcess(
+        kubeconfig=Path(crds.kubeconfig), log_path=log, lease_name=lease, identity="restart", extra_args=ARGS
+    ).start()
+
+
+def pod_exists(k8s: client.ApiClient, namespace: str, name: str) -> bool:
+    try:
+        client.CoreV1Api(k8s).read_namespaced_pod(name, namespace)
+    except client.ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return True
+
+
+def status(fleet: testing.Fleet, name: str) -> dict[str, Any]:
+    return fleet.gpunode(name).get("status") or {}
+
+
+def test_kill_during_blocked_drain_then_restart_completes_the_drain_once(
+    crds: controlplane.ControlPlane,
+    k8s: client.ApiClient,
+    fleet: testing.Fleet,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    testing.ensure_namespace(k8s, "gpu-health")
+    lease = f"gpu-health-operator-restart-{secrets.token_hex(2)}"
+    name = f"{fleet.label}-n"
+    fleet.add_node(name)
+    pod = client.V1Pod.from_dict(
+        {
+            "metadata": {"name": "guarded", "namespace": namespace, "labels": {"app": "guarded"}},
+            "spec": {
+                "nodeName": name,
+                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+                "terminationGracePeriodSeconds": 0,
+            },
+        }
+    )
+    assert pod is not None
+    client.CoreV1Api(k8s).create_namespaced_pod(namespace, pod)
+    pdb = client.V1PodDisruptionBudget.from_dict(
+        {
+            "metadata": {"name": "guarded", "namespace": namespace},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}},
+        }
+    )
+    assert pdb is not None
+    policy_api = client.PolicyV1Api(k8s)
+    policy_api.create_namespaced_pod_disruption_budget(namespace, pdb)
+    testing.wait_for(
+        lambda: (
+            (s := policy_api.read_namespaced_pod_disruption_budget("guarded", namespace).status)
+            and s.current_healthy == 1
+        ),
+        TIMEOUT,
+        "PDB guards the running pod",
+    )
+    fleet.policy(
+        fleet.label,
+        {
+            "maxUnavailable": 1,
+            "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}],
+            "drain": {"timeoutSeconds": 300},
+        },
+    )
+
+    first = operator(crds, tmp_path / "first.log", lease)
+    try:
+        fleet.report(name, testing.agent_status(overrides={0: {"ecc": {"uncorrectedVolatile": 1}}}))
+        testing.wait_for(lambda: status(fleet, name).get("action") == "Draining", TIMEOUT, "draining")
+        node = fleet.node(name)
+        assert node["spec"]["unschedulable"]
+        started = node["metadata"]["annotations"]["gpuhealth.io/drain-started"]
+        assert pod_exists(k8s, namespace, "guarded"), "the PDB blocks the eviction"
+    finally:
+        first.kill()
+        print(f"--- first\n{first.log()[-10000:]}")
+
+    policy_api.delete_namespaced_pod_disruption_budget("guarded", namespace)
+    second = operator(crds, tmp_path / "second.log", lease)
+    try:
+        testing.wait_for(lambda: not pod_exists(k8s, namespace, "guarded"), 30, "evicted after the restart")
+        testing.wait_for(lambda: status(fleet, name).get("action") == "Drained", TIMEOUT, "action Drained")
+        node = fleet.node(name)
+        assert node["spec"]["unschedulable"]
+        assert node["metadata"]["annotations"][keys.CORDONED_BY_ANNOTATION] == fleet.label
+        assert node["metadata"]["annotations"]["gpuhealth.io/drain-started"] == started, "same drain, resumed"
+        testing.wait_for(lambda: fleet.events(name, "NodeDrained"), TIMEOUT, "NodeDrained")
+        for reason in ("NodeCordoned", "NodeDrained", "EccUncorrectable"):
+            events = fleet.events(name, reason)
+            assert len(events) == 1, reason
+            assert events[0]["count"] == 1, reason
+    finally:
+        second.stop()
+        print(f"--- second\n{second.log()[-10000:]}")
