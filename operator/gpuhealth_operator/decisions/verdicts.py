@@ -104,7 +104,8 @@ def straggler_signal(score: model.StragglerScore | None, *, stale: bool = False)
     if stale:
         return model.Signal(condition, None, "unknown: the agent is stale")
     if score is None:
-        return model.Signal(condition, None, "no score: no busy GPU, no model reported, or excluded")
+        # Idle (or unscored) is not slow: absence of evidence, so a drained straggler can recover.
+        return model.Signal(condition, False, "no performance score: no busy GPU with clocks reported")
     if score.flagged:
         return model.Signal(
             condition,
@@ -159,8 +160,12 @@ def _recovered(
     healthy_for_seconds: float,
     now: datetime.datetime,
 ) -> bool:
-    """Every condition False, and free of evidence for healthy_for_seconds (from stored timestamps)."""
-    if health is not Health.HEALTHY or any(s.status != hysteresis.FALSE for s in states.values()):
+    """No condition True or pending, and free of evidence for healthy_for_seconds (from stored timestamps).
+
+    An Unknown condition (no data ever seen for it) does not hold recovery back;
+    a stale agent does, through health Unknown and AgentStale's own clock.
+    """
+    if health is not Health.HEALTHY or any(s.status == hysteresis.TRUE for s in states.values()):
         return False
     since = [hysteresis.healthy_since(s) for s in states.values()]
     if any(s is None for s in since):

@@ -1,0 +1,152 @@
+"""Stragglers: robust z-scores within (model, driver) cohorts; idle, stale and lost nodes are not judged."""
+
+import datetime
+from typing import Any
+
+import pytest
+
+from gpuhealth_operator.decisions import stragglers
+
+NOW = datetime.datetime(2026, 11, 22, 1, 0, 0, tzinfo=datetime.UTC)
+H100 = "NVIDIA H100 80GB HBM3"
+A100 = "NVIDIA A100-SXM4-80GB"
+
+
+def node(
+    clock: float = 1980,
+    *,
+    gpus: int = 8,
+    slow_gpu_clock: float | None = None,
+    utilization: int = 95,
+    model: str = H100,
+    driver: str = "570.124.06",
+    heartbeat: str = "2026-11-22T00:59:30Z",
+    reasons: list[str] | None = None,
+    lost: bool = False,
+    expected: int | None = None,
+) -> Any:
+    gpu_list = []
+    for i in range(gpus):
+        gpu: dict[str, Any] = {
+            "index": i,
+            "model": model,
+            "smClockMHz": slow_gpu_clock if (i == 0 and slow_gpu_clock is not None) else clock,
+            "maxSmClockMHz": 1980,
+            "utilizationPercent": utilization,
+        }
+        if i == 0 and reasons is not None:
+            gpu["clockEventReasons"] = reasons
+        if i == 0 and lost:
+            gpu["lost"] = True
+        gpu_list.append(gpu)
+    agent: dict[str, Any] = {"lastHeartbeatTime": heartbeat, "heartbeatSeconds": 60, "driverVersion": driver}
+    if expected is not None:
+        agent["expectedGpuCount"] = expected
+    return {"agent": agent, "summary": {"model": model, "gpuCount": gpus}, "gpus": gpu_list}
+
+
+def flagged(scores: dict[str, Any]) -> set[str]:
+    return {name for name, s in scores.items() if s.flagged}
+
+
+def test_one_slow_node_among_eight_is_flagged_and_only_it() -> None:
+    members = {f"n{i}": node(1980 - 5 * i) for i in range(7)}
+    members["slow"] = node(slow_gpu_clock=1400)
+    scores = stragglers.score_cohorts(members, 3.5, NOW)
+    assert flagged(scores) == {"slow"}
+    assert set(scores) == set(members)
+    assert scores["slow"].peers == 7
+    assert scores["slow"].z_score < -3.5
+    assert scores["slow"].score == pytest.approx(1400 / 1980, abs=1e-3)
+
+
+def test_throttle_share_lowers_the_score_even_at_full_clock() -> None:
+    members = {f"n{i}": node() for i in range(7)}
+    members["throttled"] = node(reasons=["HwThermalSlowdown"])
+    members["capped"] = node(reasons=["SwPowerCap"])  # normal under full load
+    scores = stragglers.score_cohorts(members, 3.5, NOW)
+    assert scores["throttled"].score == pytest.approx(7 / 8)
+    assert scores["capped"].score == 1.0
+    assert flagged(scores) == {"throttled"}
+
+
+def test_idle_node_gets_no_score_and_is_never_a_straggler() -> None:
+    members = {f"n{i}": node() for i in range(7)}
+    members["idle"] = node(clock=210, utilization=0)
+    scores = stragglers.score_cohorts(members, 3.5, NOW)
+    assert "idle" not in scores
+    assert flagged(scores) == set()
+    assert scores["n0"].peers == 6
+
+
+@pytest.mark.parametrize("peers", [0, 1, 2, 3])
+def test_fewer_than_four_peers_never_flags(peers: int) -> None:
+    members = {f"n{i}": node() for i in range(peers)}
+    members["slow"] = node(clock=500)
+    scores = stragglers.score_cohorts(members, 3.5, NOW)
+    assert scores["slow"].peers == peers
+    assert not scores["slow"].flagged
+
+
+def test_four_peers_are_enough() -> None:
+    members = {f"n{i}": node() for i in range(4)}
+    members["slow"] = node(clock=1500)
+    assert flagged(stragglers.score_cohorts(members, 3.5, NOW)) == {"slow"}
+
+
+def test_uniform_cohort_with_tiny_noise_flags_nobody() -> None:
+    noise = [0, -3, 4, -8, 2, 9, -5, 1, -10, 6, -2, 3]  # within ±0.5 % of 1980 MHz
+    members = {f"n{i}": node(1970 + n) for i, n in enumerate(noise)}
+    scores = stragglers.score_cohorts(members, 3.5, NOW)
+    assert flagged(scores) == set()
+    assert max(abs(s.z_score) for s in scores.values()) < 1
+
+
+def test_perfectly_uniform_cohort_has_zero_z() -> None:
+    scores = stragglers.score_cohorts({f"n{i}": node() for i in range(6)}, 3.5, NOW)
+    assert {s.z_score for s in scores.values()} == {0.0}
+
+
+def test_mixed_models_and_drivers_are_separate_cohorts() -> None:
+    members = {f"h{i}": node(1980, model=H100) for i in range(5)}
+    # A100s run at their own (lower) ratio; compared with H100s they would all look slow.
+    members |= {f"a{i}": node(1400, model=A100) for i in range(5)}
+    members |= {f"d{i}": node(1500, driver="535.0") for i in range(3)}
+    scores = stragglers.score_cohorts(members, 3.5, NOW)
+    assert flagged(scores) == set()
+    assert scores["h0"].peers == 4
+    assert scores["a0"].peers == 4
+    assert scores["d0"].peers == 2
+
+
+@pytest.mark.parametrize(
+    "excluded",
+    [
+        node(clock=500, heartbeat="2026-11-22T00:40:00Z"),  # stale agent
+        node(clock=500, lost=True),
+        node(clock=500, gpus=7, expected=8),
+        {"agent": {"lastHeartbeatTime": "2026-11-22T00:59:30Z"}},  # no GPUs reported
+        node(clock=500, model=""),
+    ],
+)
+def test_stale_lost_and_unreported_nodes_are_left_out(excluded: Any) -> None:
+    members = {f"n{i}": node() for i in range(5)}
+    members["x"] = excluded
+    scores = stragglers.score_cohorts(members, 3.5, NOW)
+    assert "x" not in scores
+    assert scores["n0"].peers == 4
+
+
+def test_garbage_gpu_fields_do_not_score() -> None:
+    facts = node()
+    for gpu in facts["gpus"]:
+        gpu["smClockMHz"] = "fast"
+    facts["gpus"].append("junk")
+    assert stragglers.node_score(facts) is None
+
+
+def test_node_score_uses_worst_busy_gpu() -> None:
+    facts = node(slow_gpu_clock=990)
+    facts["gpus"][1]["utilizationPercent"] = 0  # an idle GPU is not judged
+    facts["gpus"][1]["smClockMHz"] = 100
+    assert stragglers.node_score(facts) == pytest.approx(0.5)
