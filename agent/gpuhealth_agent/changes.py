@@ -103,12 +103,12 @@ def write_reason(state: WriteState, current: str, now: float, heartbeat_seconds:
 
 
 def summarize(gpus: Sequence[status.GPUStatus]) -> status.Summary:
-    """Node-level facts: GPUs that answer, the most common model, the hottest temperature."""
+    """Node-level facts: GPUs that answer, the first GPU's model, the hottest temperature."""
     answering = [g for g in gpus if not g.get("lost", False)]
     summary = status.Summary(gpuCount=len(answering))
     models = [g["model"] for g in gpus if "model" in g]
     if models:
-        summary["model"] = max(sorted(set(models)), key=models.count)
+        summary["model"] = models[0]
     temperatures = [g["temperatureCelsius"] for g in answering if "temperatureCelsius" in g]
     if temperatures:
         summary["maxTemperatureCelsius"] = max(temperatures)

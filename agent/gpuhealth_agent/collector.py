@@ -261,12 +261,16 @@ class Collector:
         slow_period_seconds: float = 10.0,
         xid_log: xids.XidLog | None = None,
         perf_counter: Callable[[], float] = time.perf_counter,
+        enrich: Callable[[list[status.GPUStatus], float], None] | None = None,
     ) -> None:
         self.lib = lib
         self.expected_gpus = expected_gpus
         self.slow_period_seconds = slow_period_seconds
         self.xid_log = xid_log or xids.XidLog()
         self.perf_counter = perf_counter
+        self.enrich = enrich
+        """Called with the raw facts of each sample before they are stamped (DCGM folds in here)."""
+        self._missing_since: dict[int, str] = {}
         self._identities: list[_Identity] | None = None
         self._tracks: dict[str, _Track] = {}
         self._last_slow: float | None = None
@@ -291,7 +295,18 @@ class Collector:
         try:
             return int(self.lib.nvmlDeviceGetIndex(handle))
         except nvml.NVMLError:
+            for track in self._tracks.values():
+                if track.identity.handle == handle:
+                    return track.identity.index
             return None
+
+    def handles(self) -> list[Any]:
+        """Device handles of the GPUs read so far (for event registration)."""
+        return [identity.handle for identity in self._identities or []]
+
+    def uuid_of(self, index: int | None) -> str | None:
+        identity = self._identity_at(index)
+        return identity.uuid if identity is not None else None
 
     def _identity_at(self, index: int | None) -> _Identity | None:
         for identity in self._identities or []:
@@ -317,20 +332,26 @@ class Collector:
             self._last_slow = now
             self._slow_requested = False
         seen: set[str] = set()
-        gpus: list[status.GPUStatus] = []
+        pending: list[tuple[_Track, status.GPUStatus]] = []
         for identity in identities:
             seen.add(identity.uuid)
-            gpus.append(self._sample_gpu(identity, now, slow, errors))
-        taken = {g["index"] for g in gpus}
+            pending.append(self._sample_gpu(identity, slow, errors))
+        taken = {gpu["index"] for _, gpu in pending}
         for track in self._tracks.values():
             if track.identity.uuid not in seen and track.identity.index not in taken:
                 # Was here, is gone (the driver re-enumerated without it): it fell off the bus.
-                gpus.append(self._lost_status(track, now))
+                pending.append(self._lost_status(track))
                 taken.add(track.identity.index)
+        if self.enrich is not None:
+            self.enrich([gpu for _, gpu in pending], now)
+        gpus = [self._finish(track, gpu, now) for track, gpu in pending]
         expected = max(self.expected_gpus or 0, len(identities))
         for index in range(expected):
             if index not in taken:
-                gpus.append(status.GPUStatus(index=index, lost=True, observedTime=timefmt.rfc3339(now)))
+                since = self._missing_since.setdefault(index, timefmt.rfc3339(now))
+                gpus.append(status.GPUStatus(index=index, lost=True, observedTime=since))
+            else:
+                self._missing_since.pop(index, None)
         gpus.sort(key=lambda g: g["index"])
         return Sample(
             time=now,
@@ -390,8 +411,8 @@ class Collector:
         return identities
 
     def _sample_gpu(
-        self, identity: _Identity, now: float, slow: bool, errors: collections.Counter[tuple[str, str]]
-    ) -> status.GPUStatus:
+        self, identity: _Identity, slow: bool, errors: collections.Counter[tuple[str, str]]
+    ) -> tuple[_Track, status.GPUStatus]:
         track = self._tracks.get(identity.uuid)
         fresh = track is None or track.lost or track.identity.handle is not identity.handle
         if track is None:
@@ -422,7 +443,7 @@ class Collector:
         if lost:
             # Forget the handle set: the driver may re-enumerate when the GPU comes back.
             self._identities = None
-            return self._lost_status(track, now)
+            return self._lost_status(track)
         gpu: dict[str, Any] = {"index": identity.index, "uuid": identity.uuid}
         if identity.model:
             gpu["model"] = identity.model
@@ -433,7 +454,7 @@ class Collector:
         result: status.GPUStatus = gpu  # type: ignore[assignment]
         self._note_reset(track, result)
         track.lost = False
-        return self._finish(track, result, now)
+        return track, result
 
     def _note_reset(self, track: _Track, gpu: status.GPUStatus) -> None:
         """Clear the GPU's XIDs when it shows signs of a reset (XID counts are "since the last reset")."""
@@ -451,7 +472,7 @@ class Collector:
         if came_back or counters_cleared or action_cleared:
             self.xid_log.clear(track.identity.uuid)
 
-    def _lost_status(self, track: _Track, now: float) -> status.GPUStatus:
+    def _lost_status(self, track: _Track) -> tuple[_Track, status.GPUStatus]:
         identity = track.identity
         gpu = status.GPUStatus(index=identity.index, uuid=identity.uuid, lost=True)
         if identity.model:
@@ -460,7 +481,7 @@ class Collector:
             gpu["pciBusId"] = identity.pci_bus_id
         track.lost = True
         track.partials.clear()
-        return self._finish(track, gpu, now)
+        return track, gpu
 
     def _finish(self, track: _Track, gpu: status.GPUStatus, now: float) -> status.GPUStatus:
         stamp = timefmt.rfc3339(now)

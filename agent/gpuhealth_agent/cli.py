@@ -1,0 +1,228 @@
+"""`gpu-health-agent` command line: `run` (the default) and `check`.
+
+This module wires settings to parts (NVML or a scenario, the Kubernetes
+client, metrics, the health endpoint) and is the only place that turns
+errors into exit codes: 2 for a bad command line or scenario file, 1 when
+NVML cannot start (run) or a GPU has a fatal fault (check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Final
+
+import prometheus_client
+
+from gpuhealth_agent import check, dcgm, health, metrics, nvml, reporter, runner, scenario, simulated, xids
+from gpuhealth_api import __version__
+
+if TYPE_CHECKING:
+    from kubernetes import client as k8s
+
+log = logging.getLogger("gpuhealth_agent")
+
+USAGE_ERROR: Final = 2
+STARTUP_ERROR: Final = 1
+SUBCOMMANDS: Final = ("run", "check")
+
+
+def _common(parser: argparse.ArgumentParser, log_level: str) -> None:
+    parser.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME", ""),
+        help="the Node this agent runs on (default: $NODE_NAME)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=[runner.BACKEND_NVML, runner.BACKEND_SIM],
+        default=runner.BACKEND_NVML,
+        help="read real GPUs through NVML, or simulated ones from --sim-scenario (default: nvml)",
+    )
+    parser.add_argument("--sim-scenario", metavar="FILE", help="scenario file for --backend sim")
+    parser.add_argument(
+        "--dcgm-exporter-url", metavar="URL", help="also fold in facts from this dcgm-exporter"
+    )
+    parser.add_argument("--log-level", default=log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="gpu-health-agent", description="Report this node's GPU health facts to its GPUNode."
+    )
+    top.add_argument("--version", action="version", version=f"gpu-health-agent {__version__}")
+    sub = top.add_subparsers(dest="command")
+    run = sub.add_parser("run", help="run the agent (default)")
+    _common(run, "INFO")
+    run.add_argument(
+        "--interval", type=float, default=5.0, metavar="SECONDS", help="collect period (default 5)"
+    )
+    run.add_argument(
+        "--heartbeat",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="status write period when idle (default 60)",
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9101,
+        help="port for /metrics and /healthz (default 9101; 0 = any free)",
+    )
+    run.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    chk = sub.add_parser("check", help="read the GPUs once and print their health")
+    _common(chk, "ERROR")  # the table says it all; logs would only interleave with it
+    chk.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    chk.add_argument(
+        "--at",
+        type=float,
+        metavar="SECONDS",
+        help="with --backend sim: scenario time to evaluate (default: the last timeline entry)",
+    )
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if not args_list or (
+        args_list[0] not in SUBCOMMANDS and args_list[0] not in {"-h", "--help", "--version"}
+    ):
+        args_list.insert(0, "run")
+    args = parser().parse_args(args_list)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    plan = None
+    if args.backend == runner.BACKEND_SIM:
+        if not args.sim_scenario:
+            print("gpu-health-agent: --backend sim needs --sim-scenario FILE", file=sys.stderr)
+            return USAGE_ERROR
+        try:
+            plan = scenario.load(args.sim_scenario)
+        except scenario.ScenarioError as exc:
+            print(f"gpu-health-agent: bad scenario: {exc}", file=sys.stderr)
+            return USAGE_ERROR
+    if args.command == "check":
+        return _check(args, plan)
+    return _run(args, plan)
+
+
+def _check(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
+    node = args.node_name or "localhost"
+    base = time.time()
+    if plan is not None:
+        at = plan.end_seconds if args.at is None else args.at
+        moment = [0.0]
+        lib = simulated.library(
+            plan, clock=lambda: moment[0], start=0.0, sleep=lambda _: None, identity_seed=node
+        )
+        settings = runner.Settings(
+            node, runner.BACKEND_SIM, expected_gpus=plan.expected_gpus, event_thread=False
+        )
+        agent = runner.Agent(settings, lib, clock=lambda: base + moment[0])
+        agent.start(base)
+        moment[0] = at
+    else:
+        settings = runner.Settings(node, runner.BACKEND_NVML, event_thread=False)
+        agent = runner.Agent(settings, nvml.real(), dcgm_source=_dcgm(args))
+        try:
+            agent.start(base)
+        except nvml.NVMLError as exc:
+            print(f"gpu-health-agent: cannot use NVML: {exc}", file=sys.stderr)
+            return STARTUP_ERROR
+    try:
+        turn = agent.run_once()
+    finally:
+        agent.close()
+    code, text = check.render(turn.status, xids.Catalogue.packaged(), args.output)
+    sys.stdout.write(text)
+    return code
+
+
+def _dcgm(args: argparse.Namespace) -> dcgm.DcgmSource | None:
+    return dcgm.DcgmSource(args.dcgm_exporter_url) if args.dcgm_exporter_url else None
+
+
+def _api_client(kubeconfig: str | None) -> k8s.ApiClient:
+    from kubernetes import client as k8s  # noqa: PLC0415 - only `run` needs the Kubernetes client
+    from kubernetes import config as k8s_config  # noqa: PLC0415
+
+    configuration = k8s.Configuration()
+    if kubeconfig:
+        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        try:
+            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except k8s_config.ConfigException:
+            k8s_config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    return k8s.ApiClient(configuration)
+
+
+def _run(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
+    if not args.node_name:
+        print("gpu-health-agent: --node-name (or $NODE_NAME) is required", file=sys.stderr)
+        return USAGE_ERROR
+    if args.interval <= 0 or args.heartbeat <= 0:
+        print("gpu-health-agent: --interval and --heartbeat must be positive", file=sys.stderr)
+        return USAGE_ERROR
+    if plan is not None:
+        lib = simulated.library(plan, identity_seed=args.node_name)
+        expected = plan.expected_gpus
+    else:
+        lib, expected = nvml.real(), None
+    settings = runner.Settings(
+        node_name=args.node_name,
+        backend=args.backend,
+        interval_seconds=args.interval,
+        heartbeat_seconds=args.heartbeat,
+        expected_gpus=expected,
+        # The simulation is single-threaded by design; poll its events each turn instead.
+        event_thread=plan is None,
+    )
+    registry = prometheus_client.CollectorRegistry()
+    api_client = _api_client(args.kubeconfig)
+    cluster = reporter.GPUNodeClient(api_client, args.node_name)
+    agent = runner.Agent(
+        settings,
+        lib,
+        report=reporter.Reporter(cluster, heartbeat_seconds=args.heartbeat),
+        agent_metrics=metrics.AgentMetrics(registry),
+        dcgm_source=_dcgm(args),
+    )
+    server = health.HealthServer(args.metrics_port, agent.liveness, registry).start()
+    log.info(
+        "gpu-health-agent %s on node %s: backend %s, interval %.1fs, heartbeat %.0fs, metrics/healthz on :%d",
+        __version__,
+        args.node_name,
+        args.backend,
+        args.interval,
+        args.heartbeat,
+        server.port,
+    )
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("received signal %d; stopping", signum)
+        agent.stop.set()
+        agent.wake.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        agent.run_forever()
+    except nvml.NVMLError as exc:
+        log.error("cannot use NVML: %s", exc)
+        return STARTUP_ERROR
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""Writes the node's GPU facts to its GPUNode: on change at once, otherwise on the heartbeat.
+
+`GPUNodeClient` is the only Kubernetes I/O: read the Node (uid, GPU
+capacity), create the GPUNode owned by it, and server-side apply the
+agent's status fields (field manager `gpu-health-agent`, forced, status
+subresource). `Reporter` decides when to write (`changes.write_reason`) and
+survives API outages: a failed write is retried with capped, jittered
+exponential backoff while collection goes on, and the retry always sends
+the latest state, never a queue of stale ones. Nothing here ever raises to
+the loop: an API server that is down is a normal day.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Final, Protocol
+
+from kubernetes import client as k8s
+from kubernetes.client import exceptions as k8s_exceptions
+
+from gpuhealth_agent import backoff, changes, timefmt
+from gpuhealth_api import keys, resources, status
+
+log = logging.getLogger(__name__)
+
+APPLY_PATCH: Final = "application/apply-patch+yaml"
+NOT_FOUND: Final = 404
+CONFLICT: Final = 409
+
+
+class NodeMissingError(RuntimeError):
+    """The Node this agent reports for does not exist (yet): nothing can own the GPUNode."""
+
+
+class Client(Protocol):
+    """What the Reporter needs from the cluster (GPUNodeClient, or a fake in unit tests)."""
+
+    def read_node(self) -> tuple[str, int | None]: ...
+    def ensure_gpunode(self, node_uid: str) -> None: ...
+    def apply_status(self, node_status: status.GPUNodeStatus) -> None: ...
+
+
+class GPUNodeClient:
+    """Kubernetes calls for one node's GPUNode, over a (possibly shared) ApiClient."""
+
+    def __init__(
+        self, api_client: k8s.ApiClient, node_name: str, request_timeout_seconds: float = 10.0
+    ) -> None:
+        self.node_name = node_name
+        self.timeout = request_timeout_seconds
+        self.core = k8s.CoreV1Api(api_client)
+        self.custom = k8s.CustomObjectsApi(api_client)
+
+    def read_node(self) -> tuple[str, int | None]:
+        """The Node's uid and its advertised GPU count (nvidia.com/gpu capacity, if any)."""
+        try:
+            node = self.core.read_node(self.node_name, _request_timeout=self.timeout)
+        except k8s_exceptions.ApiException as exc:
+            if exc.status == NOT_FOUND:
+                raise NodeMissingError(f"Node {self.node_name} not found") from exc
+            raise
+        capacity = (node.status.capacity if node.status else None) or {}
+        advertised = capacity.get(keys.GPU_RESOURCE)
+        try:
+            expected = int(str(advertised)) if advertised is not None else None
+        except ValueError:
+            expected = None
+        uid = node.metadata.uid if node.metadata else None
+        if not uid:
+            raise NodeMissingError(f"Node {self.node_name} has no uid")
+        return str(uid), expected
+
+    def ensure_gpunode(self, node_uid: str) -> None:
+        body: dict[str, Any] = {
+            "apiVersion": resources.API_VERSION,
+            "kind": resources.GPUNODE_KIND,
+            "metadata": {
+                "name": self.node_name,
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": node_uid}
+                ],
+            },
+        }
+        try:
+            self.custom.create_cluster_custom_object(
+                resources.GROUP,
+                resources.VERSION,
+                resources.GPUNODE_PLURAL,
+                body,
+                field_manager=resources.AGENT_FIELD_MANAGER,
+                _request_timeout=self.timeout,
+            )
+            log.info("created GPUNode %s owned by Node uid %s", self.node_name, node_uid)
+        except k8s_exceptions.ApiException as exc:
+            if exc.status != CONFLICT:  # already there: fine
+                raise
+
+    def apply_status(self, node_status: status.GPUNodeStatus) -> None:
+        body = {
+            "apiVersion": resources.API_VERSION,
+            "kind": resources.GPUNODE_KIND,
+            "metadata": {"name": self.node_name},
+            "status": node_status,
+        }
+        self.custom.patch_cluster_custom_object_status(
+            resources.GROUP,
+            resources.VERSION,
+            resources.GPUNODE_PLURAL,
+            self.node_name,
+            body,
+            field_manager=resources.AGENT_FIELD_MANAGER,
+            force=True,
+            _content_type=APPLY_PATCH,
+            _request_timeout=self.timeout,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What one `Reporter.report` call did."""
+
+    reason: changes.WriteReason | None
+    """Why a write was wanted (None: nothing to write)."""
+    written: bool = False
+    error: str | None = None
+    retry_in_seconds: float | None = None
+
+
+class Reporter:
+    """Decides when to write and keeps writing through API outages (see module docstring)."""
+
+    def __init__(
+        self,
+        cluster: Client,
+        *,
+        heartbeat_seconds: float,
+        retry: backoff.Backoff | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.heartbeat_seconds = heartbeat_seconds
+        self.retry = retry or backoff.Backoff()
+        self.state = changes.WriteState()
+        self.ensured = False
+        self.expected_gpus: int | None = None
+        """GPUs the Node advertises (nvidia.com/gpu capacity), once the Node was read."""
+
+    def prepare(self) -> None:
+        """Read the Node and create the GPUNode if needed (raises on failure)."""
+        uid, self.expected_gpus = self.cluster.read_node()
+        self.cluster.ensure_gpunode(uid)
+        self.ensured = True
+
+    def report(self, now: float, node_status: status.GPUNodeStatus) -> Outcome:
+        current = changes.fingerprint(node_status)
+        reason = changes.write_reason(self.state, current, now, self.heartbeat_seconds)
+        if reason is None:
+            return Outcome(None)
+        if not self.retry.ready(now):
+            self.state = dataclasses.replace(self.state, pending=True)
+            return Outcome(reason, retry_in_seconds=self.retry.next_attempt_at - now)
+        node_status.setdefault("agent", {})["lastHeartbeatTime"] = timefmt.rfc3339(now)
+        try:
+            if not self.ensured:
+                self.prepare()
+            self.cluster.apply_status(node_status)
+        except Exception as exc:
+            if isinstance(exc, k8s_exceptions.ApiException) and exc.status == NOT_FOUND:
+                self.ensured = False  # someone deleted the GPUNode: recreate it on the next attempt
+            delay = self.retry.failed(now)
+            self.state = dataclasses.replace(self.state, pending=True)
+            summary = _describe(exc)
+            log.warning(
+                "writing GPUNode status failed (%s); retrying in %.1fs with the latest state", summary, delay
+            )
+            return Outcome(reason, error=summary, retry_in_seconds=delay)
+        if self.retry.failures:
+            log.info("GPUNode status written again after %d failed attempts", self.retry.failures)
+        self.retry.succeeded()
+        self.state = changes.WriteState(fingerprint=current, written_at=now, pending=False)
+        return Outcome(reason, written=True)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, k8s_exceptions.ApiException):
+        return f"HTTP {exc.status} {exc.reason}"
+    return f"{type(exc).__name__}: {exc}"[:300]

@@ -1,0 +1,201 @@
+"""The agent loop: collect, update metrics, report when it matters.
+
+`Agent.run_once(now)` is one turn and owns no thread, so the fleet simulator
+can drive a thousand agents from a small pool (sharing one Kubernetes
+ApiClient, metrics disabled). `Agent.run_forever()` is production: a turn
+every interval, an early turn when the NVML event thread reports an XID or
+double-bit ECC error, and a clean exit on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Final
+
+from gpuhealth_agent import changes, collector, dcgm, events, health, metrics, nvml, reporter, timefmt, xids
+from gpuhealth_api import __version__, status
+
+log = logging.getLogger(__name__)
+
+BACKEND_NVML: Final = "nvml"
+BACKEND_SIM: Final = "sim"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    node_name: str
+    """The Node this agent runs on; also its GPUNode's name."""
+    backend: str = BACKEND_NVML
+    """nvml (the real driver) or sim (a scenario)."""
+    interval_seconds: float = 5.0
+    """Collect period."""
+    heartbeat_seconds: float = 60.0
+    """Longest time without a status write when nothing significant changed."""
+    slow_period_seconds: float = 10.0
+    """Slow counters (aggregate ECC, retired pages, remapped rows, PCIe) are read at most this often."""
+    expected_gpus: int | None = None
+    """GPUs the node should have, if known up front (sim: from the scenario); else the Node's capacity."""
+    event_thread: bool = True
+    """Wait for NVML events on a thread (production); False: poll for them each turn (fleet simulator)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnResult:
+    sample: collector.Sample
+    status: status.GPUNodeStatus
+    outcome: reporter.Outcome | None
+    events: int
+
+
+class Agent:
+    def __init__(
+        self,
+        settings: Settings,
+        lib: nvml.Library,
+        *,
+        report: reporter.Reporter | None = None,
+        agent_metrics: metrics.AgentMetrics | None = None,
+        dcgm_source: dcgm.DcgmSource | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.lib = lib
+        self.reporter = report
+        self.metrics = agent_metrics
+        self.dcgm = dcgm_source
+        self.clock = clock
+        self.catalogue = xids.Catalogue.packaged()
+        self.collector = collector.Collector(
+            lib,
+            expected_gpus=settings.expected_gpus,
+            slow_period_seconds=settings.slow_period_seconds,
+            enrich=self._enrich if dcgm_source is not None else None,
+        )
+        self.wake = threading.Event()
+        self.stop = threading.Event()
+        self.watcher = events.EventWatcher(lib, wake=self.wake.set)
+        self.liveness = health.Liveness(settings.interval_seconds, clock=clock, started_at=clock())
+        self._started = False
+        self._threads: list[threading.Thread] = []
+
+    # --- lifecycle ---------------------------------------------------------------------------------------
+
+    def start(self, now: float | None = None) -> None:
+        """Initialise NVML, read the GPUs once and subscribe to their events."""
+        if self._started:
+            return
+        self.lib.nvmlInit()
+        self._started = True
+        now = self.clock() if now is None else now
+        self.collector.sample(now)  # learn the GPUs (handles) before registering for their events
+        registered = self.watcher.open(self.collector.handles())
+        log.info("watching %d GPUs for XID and double-bit ECC events", registered)
+        if self.settings.event_thread:
+            self._threads.append(self.watcher.start_thread(self.stop))
+
+    def close(self) -> None:
+        self.stop.set()
+        self.wake.set()
+        for thread in self._threads:
+            thread.join(timeout=2 * events.WAIT_MILLISECONDS / 1000)
+        self.watcher.close()
+        if self._started:
+            try:
+                self.lib.nvmlShutdown()
+            except nvml.NVMLError as exc:
+                log.debug("nvmlShutdown failed: %s", exc)
+            self._started = False
+
+    # --- one turn --------------------------------------------------------------------------------------
+
+    def run_once(self, now: float | None = None) -> TurnResult:
+        now = self.clock() if now is None else now
+        if not self._started:
+            self.start(now)
+        if not self.settings.event_thread:
+            self.watcher.poll()
+        received = self._take_events(now)
+        sample = self.collector.sample(now)
+        if self.metrics is not None:
+            self.metrics.observe(sample)
+        node_status = self.build_status(sample)
+        outcome = None
+        if self.reporter is not None:
+            outcome = self.reporter.report(now, node_status)
+            if self.reporter.expected_gpus is not None and self.collector.expected_gpus is None:
+                self.collector.expected_gpus = self.reporter.expected_gpus
+            if self.metrics is not None and outcome.reason is not None:
+                if outcome.written:
+                    self.metrics.report_writes.labels(str(outcome.reason)).inc()
+                    self.metrics.last_report.set(now)
+                elif outcome.error is not None:
+                    self.metrics.report_failures.inc()
+        self.liveness.completed(self.clock())
+        return TurnResult(sample, node_status, outcome, received)
+
+    def _take_events(self, now: float) -> int:
+        taken = self.watcher.drain()
+        for event in taken:
+            index = self.collector.gpu_index_of(event.handle)
+            if event.kind is events.Kind.XID:
+                info = self.catalogue.lookup(event.code)
+                log.warning(
+                    "XID %d on GPU %s: %s (%s, action %s)",
+                    event.code,
+                    index,
+                    info.description,
+                    info.severity,
+                    info.action,
+                )
+                self.collector.record_xid(index, event.code, now)
+                if self.metrics is not None:
+                    self.metrics.xid(index, self.collector.uuid_of(index), event.code)
+            else:
+                log.warning("double-bit ECC error on GPU %s", index)
+                self.collector.request_full_sample()
+            if self.metrics is not None:
+                self.metrics.events.labels(str(event.kind)).inc()
+        return len(taken)
+
+    def _enrich(self, gpus: list[status.GPUStatus], now: float) -> None:
+        assert self.dcgm is not None
+        ok = self.dcgm.apply(gpus, lambda index, code: self.collector.record_xid(index, code, now))
+        if not ok and self.metrics is not None:
+            self.metrics.dcgm_scrape_failures.inc()
+
+    def build_status(self, sample: collector.Sample) -> status.GPUNodeStatus:
+        agent = status.AgentInfo(
+            version=__version__,
+            backend=self.settings.backend,
+            heartbeatSeconds=max(1, round(self.settings.heartbeat_seconds)),
+        )
+        if sample.driver_version:
+            agent["driverVersion"] = sample.driver_version
+        if sample.expected_gpus:
+            agent["expectedGpuCount"] = sample.expected_gpus
+        return status.GPUNodeStatus(agent=agent, summary=changes.summarize(sample.gpus), gpus=sample.gpus)
+
+    # --- production loop -------------------------------------------------------------------------------
+
+    def run_forever(self) -> None:
+        """Turn every interval (earlier on an NVML event) until `stop` is set (SIGTERM)."""
+        self.start()
+        next_turn = self.clock()
+        while not self.stop.is_set():
+            try:
+                self.run_once()
+            except Exception:
+                # A bug in one turn must not end the agent; /healthz notices if turns keep failing.
+                log.exception("agent turn failed")
+            next_turn += self.settings.interval_seconds
+            now = self.clock()
+            if next_turn < now:  # we fell behind (slow NVML, suspended process): don't burst to catch up
+                next_turn = now + self.settings.interval_seconds
+            self.wake.wait(timeout=next_turn - now)
+            self.wake.clear()
+        log.info("stopping at %s", timefmt.rfc3339(self.clock()))
+        self.close()
