@@ -61,6 +61,7 @@ class Agent:
         agent_metrics: metrics.AgentMetrics | None = None,
         dcgm_source: dcgm.DcgmSource | None = None,
         clock: Callable[[], float] = time.time,
+        catalogue: xids.Catalogue | None = None,
     ) -> None:
         self.settings = settings
         self.lib = lib
@@ -68,7 +69,8 @@ class Agent:
         self.metrics = agent_metrics
         self.dcgm = dcgm_source
         self.clock = clock
-        self.catalogue = xids.Catalogue.packaged()
+        self.catalogue = catalogue if catalogue is not None else xids.Catalogue.packaged()
+        """XID meanings; a fleet of agents can share one copy."""
         self.collector = collector.Collector(
             lib,
             expected_gpus=settings.expected_gpus,
