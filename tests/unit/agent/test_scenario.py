@@ -10,10 +10,12 @@ GOOD = """\
 gpus: 8
 model: NVIDIA H100 80GB HBM3
 driverVersion: 570.124.06
-defaults: {temperatureCelsius: 42, smClockMHz: 1980, maxSmClockMHz: 1980, powerWatts: 300, utilizationPercent: 95}
+defaults: {temperatureCelsius: 42, smClockMHz: 1980, maxSmClockMHz: 1980, powerWatts: 300,
+           utilizationPercent: 95}
 timeline:
 - {after: 5s,  gpu: 3, set: {eccUncorrectedVolatile: 1}}
-- {after: 5s,  gpu: 1, set: {temperatureCelsius: 92, clockEventReasons: [HwThermalSlowdown], smClockMHz: 1400}}
+- {after: 5s,  gpu: 1, set: {temperatureCelsius: 92, clockEventReasons: [HwThermalSlowdown],
+                             smClockMHz: 1400}}
 - {after: 10s, gpu: 0, xid: 79}          # an XID event; 79 also marks the GPU lost
 - {after: 60s, gpu: 1, set: {temperatureCelsius: 55, clockEventReasons: [], smClockMHz: 1980}}
 """
@@ -29,7 +31,7 @@ def test_the_design_example_loads() -> None:
     assert plan.defaults["powerWatts"] == 300.0
     assert [e.after_seconds for e in plan.timeline] == [5, 5, 10, 60]
     assert plan.timeline[2].xid == 79
-    assert plan.timeline[0].line == 6
+    assert plan.timeline[0].line == 7
     assert plan.end_seconds == 60
 
 
@@ -82,13 +84,28 @@ def test_fail_and_not_supported_entries() -> None:
 
 BAD = {
     "unknown top-level field": ("gpus: 1\ncolour: red\n", ["colour", "one of the keys"]),
-    "unknown fact": ("gpus: 1\ntimeline:\n- {after: 1s, gpu: 0, set: {temprature: 3}}\n", ["temprature", "known field"]),
+    "unknown fact": (
+        "gpus: 1\ntimeline:\n- {after: 1s, gpu: 0, set: {temprature: 3}}\n",
+        ["temprature", "known field"],
+    ),
     "unknown entry key": ("gpus: 1\ntimeline:\n- {after: 1s, gpu: 0, sett: {}}\n", ["timeline[0]", "sett"]),
-    "bad type": ("gpus: 1\ntimeline:\n- {after: 1s, gpu: 0, set: {temperatureCelsius: hot}}\n", ["an integer", "'hot'"]),
+    "bad type": (
+        "gpus: 1\ntimeline:\n- {after: 1s, gpu: 0, set: {temperatureCelsius: hot}}\n",
+        ["an integer", "'hot'"],
+    ),
     "bool for int": ("gpus: 1\ndefaults: {smClockMHz: true}\n", ["defaults.smClockMHz", "an integer"]),
-    "negative value": ("gpus: 1\ntimeline:\n- {after: 1s, gpu: 0, set: {powerWatts: -5}}\n", ["powerWatts", "non-negative"]),
-    "negative counter": ("gpus: 1\ndefaults: {eccCorrectedAggregate: -1}\n", ["eccCorrectedAggregate", ">= 0"]),
-    "gpu index out of range": ("gpus: 2\ntimeline:\n- {after: 1s, gpu: 2, xid: 48}\n", ["timeline[0]", ".gpu", "<= 1"]),
+    "negative value": (
+        "gpus: 1\ntimeline:\n- {after: 1s, gpu: 0, set: {powerWatts: -5}}\n",
+        ["powerWatts", "non-negative"],
+    ),
+    "negative counter": (
+        "gpus: 1\ndefaults: {eccCorrectedAggregate: -1}\n",
+        ["eccCorrectedAggregate", ">= 0"],
+    ),
+    "gpu index out of range": (
+        "gpus: 2\ntimeline:\n- {after: 1s, gpu: 2, xid: 48}\n",
+        ["timeline[0]", ".gpu", "<= 1"],
+    ),
     "unknown clock reason": (
         "gpus: 1\ntimeline:\n- {after: 1s, gpu: 0, set: {clockEventReasons: [TooHot]}}\n",
         ["clockEventReasons", "TooHot", "HwThermalSlowdown"],
@@ -97,7 +114,10 @@ BAD = {
         "gpus: 1\ntimeline:\n- {after: 1s, gpu: 0, set: {recoveryAction: Reboot}}\n",
         ["recoveryAction", "GpuReset", "'Reboot'"],
     ),
-    "bad duration string": ("gpus: 1\ntimeline:\n- {after: 5 minutes, gpu: 0, xid: 13}\n", ["after", "duration"]),
+    "bad duration string": (
+        "gpus: 1\ntimeline:\n- {after: 5 minutes, gpu: 0, xid: 13}\n",
+        ["after", "duration"],
+    ),
     "negative duration": ("gpus: 1\ntimeline:\n- {after: -3, gpu: 0, xid: 13}\n", ["after", "non-negative"]),
     "counter decreasing": (
         "gpus: 1\ntimeline:\n- {after: 1s, gpu: 0, set: {eccCorrectedAggregate: 5}}\n"
@@ -114,15 +134,33 @@ BAD = {
     "YAML syntax error": ("gpus: 1\ntimeline: [\n- {after: 1s\n", ["not valid YAML", "line"]),
     "not a mapping": ("- gpus: 1\n", ["top level", "a mapping"]),
     "empty file": ("", ["top level", "a mapping"]),
-    "unknown XID format (string)": ("gpus: 1\ntimeline:\n- {after: 1s, gpu: 0, xid: seventy-nine}\n", ["xid", "XID code"]),
-    "unknown XID format (list)": ("gpus: 1\ntimeline:\n- {after: 1s, gpu: 0, xid: [79]}\n", ["xid", "XID code"]),
+    "unknown XID format (string)": (
+        "gpus: 1\ntimeline:\n- {after: 1s, gpu: 0, xid: seventy-nine}\n",
+        ["xid", "XID code"],
+    ),
+    "unknown XID format (list)": (
+        "gpus: 1\ntimeline:\n- {after: 1s, gpu: 0, xid: [79]}\n",
+        ["xid", "XID code"],
+    ),
     "XID zero": ("gpus: 1\ntimeline:\n- {after: 1s, gpu: 0, xid: 0}\n", ["xid", "1..65535"]),
-    "entry without action": ("gpus: 1\ntimeline:\n- {after: 1s, gpu: 0}\n", ["timeline[0]", "at least one of"]),
-    "entry missing after": ("gpus: 1\ntimeline:\n- {gpu: 0, xid: 13}\n", ["timeline[0] (line 3).after", "missing"]),
-    "entry missing gpu": ("gpus: 1\ntimeline:\n- {after: 1s, xid: 13}\n", ["timeline[0] (line 3).gpu", "missing"]),
+    "entry without action": (
+        "gpus: 1\ntimeline:\n- {after: 1s, gpu: 0}\n",
+        ["timeline[0]", "at least one of"],
+    ),
+    "entry missing after": (
+        "gpus: 1\ntimeline:\n- {gpu: 0, xid: 13}\n",
+        ["timeline[0] (line 3).after", "missing"],
+    ),
+    "entry missing gpu": (
+        "gpus: 1\ntimeline:\n- {after: 1s, xid: 13}\n",
+        ["timeline[0] (line 3).gpu", "missing"],
+    ),
     "timeline not a list": ("gpus: 1\ntimeline: {after: 1s}\n", ["timeline", "a list"]),
     "entry not a mapping": ("gpus: 1\ntimeline:\n- 5s gpu 0 xid 79\n", ["timeline[0] (line 3)", "a mapping"]),
-    "unknown notSupported name": ("gpus: 1\ndefaults: {notSupported: [warpDrive]}\n", ["notSupported", "warpDrive"]),
+    "unknown notSupported name": (
+        "gpus: 1\ndefaults: {notSupported: [warpDrive]}\n",
+        ["notSupported", "warpDrive"],
+    ),
     "unknown fail function": (
         "gpus: 1\ntimeline:\n- {after: 1s, gpu: 0, fail: {function: nvmlDeviceExplode, error: Unknown}}\n",
         ["fail.function", "nvmlDeviceExplode"],
@@ -132,7 +170,10 @@ BAD = {
         ["fail.error", "GpuIsLost", "'Oops'"],
     ),
     "expectedGpus below gpus": ("gpus: 4\nexpectedGpus: 2\n", ["expectedGpus", ">= 4"]),
-    "reset not a boolean": ("gpus: 1\ntimeline:\n- {after: 1s, gpu: 0, reset: yes please}\n", ["reset", "true or false"]),
+    "reset not a boolean": (
+        "gpus: 1\ntimeline:\n- {after: 1s, gpu: 0, reset: yes please}\n",
+        ["reset", "true or false"],
+    ),
 }
 
 
@@ -155,8 +196,12 @@ def test_there_are_at_least_fifteen_kinds_of_bad_file() -> None:
 
 def test_timeline_errors_name_index_and_line(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
-    path.write_text("gpus: 2\ntimeline:\n- {after: 1s, gpu: 0, xid: 13}\n\n- {after: 2s, gpu: 0, set: {lost: 1}}\n")
-    with pytest.raises(scenario.ScenarioError, match=r"timeline\[1\] \(line 5\)\.set\.lost: expected a known field"):
+    path.write_text(
+        "gpus: 2\ntimeline:\n- {after: 1s, gpu: 0, xid: 13}\n\n- {after: 2s, gpu: 0, set: {lost: 1}}\n"
+    )
+    with pytest.raises(
+        scenario.ScenarioError, match=r"timeline\[1\] \(line 5\)\.set\.lost: expected a known field"
+    ):
         scenario.load(path)
 
 
