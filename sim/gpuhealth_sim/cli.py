@@ -1,0 +1,158 @@
+"""`gpu-health-sim`: run a simulated GPU fleet against a cluster, or the self-contained demo.
+
+gpu-health-sim run --kubeconfig K --fleet FILE [--workers N] [--delete-nodes]
+gpu-health-sim demo [--keep] [--duration SECONDS]
+gpu-health-sim validate FILE
+"""
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from kubernetes import client, config
+
+from gpuhealth_sim import demo, fleet, fleetfile
+
+USAGE_ERROR = 2
+INVALID_FLEET = 3
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="gpu-health-sim",
+        description="Simulated GPU nodes running the real gpu-health agent (no GPU needed).",
+    )
+    commands = top.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser(
+        "run",
+        help="create a fleet's kwok Nodes and run one agent per node until Ctrl-C",
+        description="Create the fleet's Nodes (annotated for kwok) on the cluster and run one simulated "
+        "agent per node until interrupted. The cluster needs the gpu-health CRDs and kwok.",
+    )
+    run.add_argument("--fleet", type=Path, required=True, help="fleet file (docs/fleet.md)")
+    run.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
+    run.add_argument("--context", help="kubeconfig context (default: the current one)")
+    run.add_argument("--workers", type=int, help="threads driving the agents (default: the fleet's, else 8)")
+    run.add_argument(
+        "--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C/SIGTERM)"
+    )
+    run.add_argument("--delete-nodes", action="store_true", help="delete the fleet's Nodes when stopping")
+    run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+    show = commands.add_parser(
+        "demo",
+        help="local control plane + 12 simulated GPU nodes with faults + the operator, shown live",
+        description="Start a local control plane, the operator and a simulated fleet with scripted faults; "
+        "show the fleet live and summarise what gpu-health detected and did.",
+    )
+    show.add_argument(
+        "--duration",
+        type=float,
+        default=demo.DEFAULT_DURATION_SECONDS,
+        help=f"seconds the fleet runs before the summary (default: {demo.DEFAULT_DURATION_SECONDS:g})",
+    )
+    show.add_argument("--keep", action="store_true", help="keep the cluster running after the summary")
+    show.add_argument(
+        "--fleet", type=Path, default=demo.DEFAULT_FLEET, help="fleet file (default: the demo's)"
+    )
+    show.add_argument("--policy", type=Path, default=demo.DEFAULT_POLICY, help="policy to apply")
+    show.add_argument("--summary-json", type=Path, help="also write the summary as JSON to this file")
+    show.add_argument("--workdir", type=Path, help="keep logs and cluster state here (default: a temp dir)")
+    show.add_argument(
+        "--plain",
+        action="store_true",
+        help="print lines instead of redrawing (automatic when not a terminal)",
+    )
+
+    check = commands.add_parser("validate", help="check a fleet file and list its nodes")
+    check.add_argument("fleet", type=Path)
+    return top
+
+
+def _api_client(kubeconfig: str | None, context: str | None, workers: int) -> client.ApiClient:
+    configuration = client.Configuration()
+    config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=kubeconfig, context=context, client_configuration=configuration
+    )
+    # One connection per worker plus a few for the demo's watches; urllib3 blocks beyond the pool.
+    configuration.connection_pool_maxsize = workers + 4
+    return client.ApiClient(configuration)
+
+
+def _run(args: argparse.Namespace, spec: fleetfile.Fleet) -> int:
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("gpu-health-sim")
+    workers = args.workers or spec.workers or fleet.DEFAULT_WORKERS
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %d: stopping the fleet", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    if args.duration is not None:
+        threading.Timer(args.duration, stop.set).start()
+    api = _api_client(args.kubeconfig, args.context, workers)
+    began = time.monotonic()
+    try:
+        sim = fleet.run(spec, api, stop, workers=workers, delete_nodes=args.delete_nodes)
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+    stats = sim.stats
+    log.info(
+        "stopped after %.0fs: %d turns (%d failed), %d status writes (%d failed), max lateness %.2fs",
+        time.monotonic() - began,
+        stats.turns,
+        stats.failed_turns,
+        stats.writes,
+        stats.write_failures,
+        stats.max_lateness_seconds,
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "demo":
+        options = demo.Options(
+            duration_seconds=args.duration,
+            keep=args.keep,
+            fleet_path=args.fleet,
+            policy_path=args.policy,
+            summary_json=args.summary_json,
+            workdir=args.workdir,
+            tty=False if args.plain else None,
+        )
+        try:
+            return demo.run(options)
+        except fleetfile.FleetError as error:
+            print(f"gpu-health-sim: {error}", file=sys.stderr)
+            return INVALID_FLEET
+    try:
+        spec = fleetfile.load(args.fleet)
+    except fleetfile.FleetError as error:
+        print(f"gpu-health-sim: {error}", file=sys.stderr)
+        return INVALID_FLEET
+    if args.command == "validate":
+        pools: dict[str, int] = {}
+        for plan in spec.nodes:
+            pools[plan.pool] = pools.get(plan.pool, 0) + 1
+        print(f"{args.fleet}: {len(spec.nodes)} nodes in {len(pools)} pool(s): ", end="")
+        print(", ".join(f"{name} ({count})" for name, count in pools.items()))
+        return 0
+    if args.workers is not None and args.workers < 1:
+        print("gpu-health-sim: --workers must be at least 1", file=sys.stderr)
+        return USAGE_ERROR
+    return _run(args, spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

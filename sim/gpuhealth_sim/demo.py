@@ -1,0 +1,315 @@
+"""`gpu-health-sim demo`: the product's main job, end to end, on this machine, in about two minutes.
+
+It starts a local control plane (etcd, kube-apiserver, controller manager,
+scheduler, kwok), installs the CRDs and a demo policy with short timers,
+creates 12 simulated H100 nodes running a training Deployment guarded by a
+PodDisruptionBudget, has "a human" cordon one node, then starts the real
+operator as a subprocess and the simulated fleet (real agent code) with
+scripted faults. While the story plays out it shows the fleet live; at the
+end it prints what was detected and done, with detection-to-action times
+taken from the cluster, and tears everything down (or, with --keep, leaves
+it running for kubectl until Ctrl-C).
+
+The steps are plain functions over a `ControlPlane`, so a failure says
+which step broke and where the logs are.
+"""
+
+import contextlib
+import dataclasses
+import json
+import logging
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+import yaml
+from kubernetes import client
+
+from gpuhealth_api import resources
+from gpuhealth_sim import (
+    binaries,
+    controlplane,
+    fleet,
+    fleetfile,
+    live,
+    processes,
+    record,
+    summary,
+    waiting,
+    watches,
+    workload,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_FLEET = REPO_ROOT / "examples" / "fleets" / "demo.yaml"
+DEFAULT_POLICY = REPO_ROOT / "examples" / "fleets" / "demo-policy.yaml"
+DEFAULT_DURATION_SECONDS = 80.0
+"""The last scripted change (cool-down at 45 s) plus the policy's healthyForSeconds, with room to spare."""
+REFRESH_SECONDS = 1.0
+OPERATOR = "gpu-health-operator"
+FIELD_MANAGER = "gpu-health-demo"
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    duration_seconds: float = DEFAULT_DURATION_SECONDS
+    """How long the fleet runs before the summary (scenario times count from the fleet's start)."""
+    keep: bool = False
+    """After the summary, keep everything running until Ctrl-C and print how to reach it."""
+    fleet_path: Path = DEFAULT_FLEET
+    policy_path: Path = DEFAULT_POLICY
+    summary_json: Path | None = None
+    """Also write the summary as JSON here (for tests and scripts)."""
+    workdir: Path | None = None
+    """Where logs and the cluster's state go; default: a fresh temporary directory."""
+    tty: bool | None = None
+    """Redraw the screen (True) or print lines (False); default: whether stdout is a terminal."""
+    width: int | None = None
+
+
+class Stopped(Exception):
+    """SIGTERM arrived: unwind and tear down like Ctrl-C."""
+
+
+def operator_command(kubeconfig: Path) -> list[str]:
+    """The installed console script next to this Python, else the module (same code)."""
+    script = Path(sys.executable).parent / OPERATOR
+    base = [str(script)] if script.exists() else [sys.executable, "-m", "gpuhealth_operator"]
+    return [
+        *base,
+        "--kubeconfig",
+        str(kubeconfig),
+        "--no-leader-elect",
+        "--metrics-port",
+        "0",
+        "--health-port",
+        "0",
+        "--log-level",
+        "INFO",
+    ]
+
+
+def human_cordoned_node(spec: fleetfile.Fleet) -> str:
+    """The node "a human" cordons before the operator starts: the fleet's last node."""
+    return spec.nodes[-1].name
+
+
+class _Say:
+    """Progress lines before and after the live view (the view owns the screen in between)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.began = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        self.out.write(f"[{time.monotonic() - self.began:5.1f}s] {message}\n")
+        self.out.flush()
+
+
+def _apply(plane: controlplane.ControlPlane, *documents: dict[str, Any]) -> None:
+    plane.kubectl(
+        "apply",
+        "--server-side",
+        f"--field-manager={FIELD_MANAGER}",
+        "-f",
+        "-",
+        input=yaml.safe_dump_all(documents),
+    )
+
+
+def install(plane: controlplane.ControlPlane, options: Options) -> None:
+    """CRDs, then the demo policy (the CRDs must be Established before a policy is accepted)."""
+    crds = sorted((REPO_ROOT / "crds").glob("*.yaml"))
+    args = [arg for path in crds for arg in ("-f", str(path))]
+    plane.kubectl("apply", "--server-side", f"--field-manager={FIELD_MANAGER}", *args)
+    plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", *args)
+    plane.kubectl(
+        "apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-f", str(options.policy_path)
+    )
+
+
+def start_training(plane: controlplane.ControlPlane, api: client.ApiClient, spec: fleetfile.Fleet) -> int:
+    """The Deployment (one whole-node pod per GPU node) and its PDB; returns the replica count."""
+    gpus = min(plan.gpu_count for plan in spec.nodes)
+    selector = dict(spec.nodes[0].labels)
+    replicas = len(spec.nodes)
+    _apply(plane, *workload.manifests(replicas, gpus, selector))
+    core = client.CoreV1Api(api)
+
+    def running() -> bool:
+        pods = core.list_namespaced_pod(workload.NAMESPACE, label_selector=f"app={workload.NAME}").items
+        return sum(1 for p in pods if p.status and p.status.phase == "Running") >= replicas
+
+    waiting.wait_until(running, timeout_seconds=90, interval_seconds=0.5, message="training pods Running")
+    return replicas
+
+
+@contextlib.contextmanager
+def _following(api: client.ApiClient, seen: record.Record) -> Iterator[None]:
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+
+    def gpunodes(**kwargs: Any) -> Any:
+        return custom.list_cluster_custom_object(
+            resources.GROUP, resources.VERSION, resources.GPUNODE_PLURAL, **kwargs
+        )
+
+    followers = [
+        watches.Follower("gpunodes", gpunodes, seen.on_gpunode),
+        watches.Follower("nodes", core.list_node, seen.on_node),
+        watches.Follower("events", core.list_event_for_all_namespaces, seen.on_event),
+    ]
+    for follower in followers:
+        follower.start()
+    for follower in followers:
+        follower.wait_synced(30)
+    try:
+        yield
+    finally:
+        for follower in followers:
+            follower.stop()
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise Stopped()
+
+
+def _log_to(path: Path) -> None:
+    """Our own and the in-process agents' logs go to a file: the screen belongs to the view."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
+def run(options: Options, out: TextIO = sys.stdout) -> int:
+    """Run the demo; returns the process exit code."""
+    say = _Say(out)
+    tty = out.isatty() if options.tty is None else options.tty
+    spec = fleetfile.load(options.fleet_path)
+    workdir = options.workdir or Path(tempfile.mkdtemp(prefix="gpu-health-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    _log_to(workdir / "demo.log")
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    succeeded = False
+    try:
+        say("locating the control-plane binaries (make testbin builds them once)")
+        directory = binaries.locate(cwd=REPO_ROOT)
+        say(f"starting etcd, kube-apiserver, controller manager, scheduler and kwok (logs: {workdir})")
+        with controlplane.ControlPlane(directory, workdir / "cluster") as plane:
+            succeeded = _story(plane, _Context(options, spec, workdir, say, out, tty))
+    except KeyboardInterrupt:
+        say("interrupted: tearing down")
+        return 130
+    except Stopped:
+        say("terminated: tearing down")
+        return 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        logging.shutdown()
+    say("stopped everything")
+    if succeeded and not options.keep and options.workdir is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+    elif not succeeded:
+        say(f"logs kept in {workdir}")
+    return 0 if succeeded else 1
+
+
+@dataclasses.dataclass(frozen=True)
+class _Context:
+    options: Options
+    spec: fleetfile.Fleet
+    workdir: Path
+    say: _Say
+    out: TextIO
+    tty: bool
+
+
+def _story(plane: controlplane.ControlPlane, ctx: _Context) -> bool:
+    options, spec, workdir, say, out, tty = ctx.options, ctx.spec, ctx.workdir, ctx.say, ctx.out, ctx.tty
+    say(f"control plane up in {plane.startup_seconds or 0:.1f}s at {plane.server}")
+    install(plane, options)
+    say(f"installed the CRDs and policy {options.policy_path.name}")
+    api = plane.api_client()
+    sim = fleet.Fleet(spec, api)
+    human = human_cordoned_node(spec)
+    operator = processes.ManagedProcess(
+        OPERATOR, operator_command(plane.kubeconfig), workdir / "operator.log", env=plane.env()
+    )
+    try:
+        sim.create_nodes()
+        say(
+            f"created {len(spec.nodes)} kwok GPU nodes ({spec.nodes[0].gpu_count}x {spec.nodes[0].gpu_model})"
+        )
+        replicas = start_training(plane, api, spec)
+        say(f"Deployment {workload.NAMESPACE}/{workload.NAME}: {replicas} pods Running, PDB maxUnavailable 2")
+        plane.kubectl("cordon", human)
+        say(f"a human cordoned {human} (kubectl cordon: no gpu-health annotation)")
+        operator.start()
+        say(f"started {OPERATOR} (log: {operator.log_path})")
+        seen = record.Record(started_at=time.time())
+        with _following(api, seen):
+            sim.start()
+            assert sim.started_at is not None
+            seen.started_at = sim.started_at
+            say(f"started the simulated fleet: faults are scripted in {options.fleet_path.name}")
+            view = live.Live(seen, out, tty=tty, width=options.width)
+            _watch(view, sim, operator, options.duration_seconds, tty)
+            result = summary.build(seen, time.time(), human_cordoned={human})
+            if not tty:
+                view.table()
+            out.write("\n" + "\n".join(summary.render(result)) + "\n\n")
+            if options.summary_json is not None:
+                options.summary_json.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+            if not operator.running():
+                say(f"the operator exited early; last lines of its log:\n{operator.log_tail(20)}")
+                return False
+            if options.keep:
+                _keep(plane, view, out, tty)
+        return True
+    finally:
+        sim.stop()
+        operator.stop(grace_seconds=5)
+        api.close()  # type: ignore[no-untyped-call]
+
+
+def _watch(
+    view: live.Live, sim: fleet.Fleet, operator: processes.ManagedProcess, duration: float, tty: bool
+) -> None:
+    assert sim.started_at is not None
+    title = "gpu-health demo: 12 simulated H100 nodes, scripted faults, the real operator"
+    while (elapsed := time.time() - sim.started_at) < duration:
+        state = "running" if operator.running() else f"EXITED ({operator.returncode()})"
+        status = f"t={elapsed:5.1f}s of {duration:.0f}s  operator: {state}  fleet turns: {sim.stats.turns}"
+        view.refresh(title, status)
+        time.sleep(REFRESH_SECONDS)
+    view.refresh(title, "done")
+
+
+def _keep(plane: controlplane.ControlPlane, view: live.Live, out: TextIO, tty: bool) -> None:
+    kubectl = plane.binaries / "kubectl"
+    out.write(
+        "The demo cluster keeps running (Ctrl-C stops it). In another terminal:\n\n"
+        f"  export KUBECONFIG={plane.kubeconfig}\n"
+        f"  alias kubectl={kubectl}\n"
+        "  kubectl get gpunodes\n"
+        "  kubectl get nodes -L gpuhealth.io/health,gpuhealth.io/thermal-throttled,gpuhealth.io/straggler\n"
+        "  kubectl get events -A --sort-by=.lastTimestamp\n"
+        "  kubectl describe gpunode gpu-node-3\n"
+        "  kubectl get ghp demo -o yaml\n"
+        f"  kubectl -n {workload.NAMESPACE} get pods -o wide\n\n"
+    )
+    out.flush()
+    while True:
+        if not tty:
+            view.refresh("", "")
+        time.sleep(REFRESH_SECONDS)

@@ -1,0 +1,223 @@
+"""A simulated GPU fleet in one process: kwok Nodes plus one real agent per node.
+
+A thread per agent would not fit a thousand nodes on a small machine, and
+an agent turn is short (a simulated NVML read, a write only on change or
+heartbeat), so a small pool of worker threads shares one schedule: a heap
+of (due time, node). A worker takes the earliest due node, runs its turn,
+and puts it back one interval later; a node is never in two turns at once.
+Turns start staggered across the first interval so the API server sees a
+steady trickle, not a thundering herd. When the pool falls behind, a late
+node is rescheduled from now rather than bursting to catch up, and the
+lateness is counted (`Stats`) so a benchmark can tell whether the fleet
+keeps up.
+
+All agents share one Kubernetes ApiClient (its connection pool sized for
+the workers). `stop()` lets running turns finish and returns; Nodes are
+left in place unless `delete_nodes()` is called.
+"""
+
+import concurrent.futures
+import dataclasses
+import heapq
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from kubernetes import client
+
+from gpuhealth_agent import runner, xids
+from gpuhealth_sim import agents, fleetfile, nodes
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WORKERS = 8
+"""Enough to overlap API round trips; agent turns are CPU-bound Python, so more threads buy little."""
+STOP_TIMEOUT_SECONDS = 30.0
+
+
+@dataclasses.dataclass
+class Stats:
+    """How the fleet is keeping up (cumulative since start)."""
+
+    turns: int = 0
+    failed_turns: int = 0
+    writes: int = 0
+    write_failures: int = 0
+    late_turns: int = 0
+    """Turns that started more than one interval after they were due."""
+    max_lateness_seconds: float = 0.0
+    busy_seconds: float = 0.0
+    """Sum of turn durations across workers."""
+
+
+class Schedule:
+    """Due times of nodes (indices), earliest first; not thread-safe (the fleet holds its lock)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int]] = []
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, index: int, due: float) -> None:
+        heapq.heappush(self._heap, (due, index))
+
+    def next_due(self) -> float | None:
+        return self._heap[0][0] if self._heap else None
+
+    def pop(self) -> tuple[float, int]:
+        return heapq.heappop(self._heap)
+
+
+def next_due(due: float, finished: float, interval: float) -> float:
+    """When a node runs next: an interval after it was due, or after now if it fell an interval behind."""
+    following = due + interval
+    return following if following > finished else finished + interval
+
+
+class Fleet:
+    """Creates a fleet's Nodes and drives one agent per node (see module docstring)."""
+
+    def __init__(
+        self,
+        spec: fleetfile.Fleet,
+        api_client: client.ApiClient,
+        *,
+        workers: int | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.spec = spec
+        self.api_client = api_client
+        self.workers = workers or spec.workers or DEFAULT_WORKERS
+        self.clock = clock
+        self.started_at: float | None = None
+        """Scenario time 0 (epoch seconds): when start() was called."""
+        self.agents: list[runner.Agent] = []
+        self.stats = Stats()
+        self._schedule = Schedule()
+        self._lock = threading.Condition()
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # -- Nodes -----------------------------------------------------------------------------------
+
+    def create_nodes(self) -> None:
+        """Create (or adopt) every Node of the fleet with its GPU labels and capacity."""
+        core = client.CoreV1Api(self.api_client)
+        with concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix="fleet-nodes") as pool:
+            for future in [pool.submit(nodes.ensure, core, plan) for plan in self.spec.nodes]:
+                future.result()
+
+    def delete_nodes(self) -> None:
+        """Delete the fleet's Nodes; their GPUNodes go with them (owner references)."""
+        core = client.CoreV1Api(self.api_client)
+        names = [plan.name for plan in self.spec.nodes]
+        batches = [names[i :: self.workers] for i in range(self.workers)]
+        with concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix="fleet-nodes") as pool:
+            for future in [pool.submit(nodes.delete, core, batch) for batch in batches]:
+                future.result()
+
+    # -- agents ----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Build the agents and start the workers; scenario time starts now."""
+        if self._threads:
+            raise RuntimeError("the fleet is already running")
+        self.started_at = self.clock()
+        catalogue = xids.Catalogue.packaged()
+        self.agents = [
+            agents.build(self.spec, plan, self.api_client, started_at=self.started_at, catalogue=catalogue)
+            for plan in self.spec.nodes
+        ]
+        interval = self.spec.interval_seconds
+        count = len(self.agents)
+        with self._lock:
+            for index in range(count):
+                self._schedule.push(index, self.started_at + interval * index / max(1, count))
+        self._stopping.clear()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"fleet-worker-{i}", daemon=True)
+            for i in range(self.workers)
+        ]
+        for thread in self._threads:
+            thread.start()
+        log.info("fleet started: %d nodes, %d workers, interval %.1fs", count, self.workers, interval)
+
+    def stop(self, timeout_seconds: float = STOP_TIMEOUT_SECONDS) -> None:
+        """Let running turns finish, stop the workers, close the agents; idempotent."""
+        self._stopping.set()
+        with self._lock:
+            self._lock.notify_all()
+        deadline = time.monotonic() + timeout_seconds
+        for thread in self._threads:
+            thread.join(timeout=max(0.1, deadline - time.monotonic()))
+        self._threads = []
+        for agent in self.agents:
+            try:
+                agent.close()
+            except Exception as error:  # closing a simulated NVML cannot matter enough to stop the others
+                log.debug("closing agent %s: %s", agent.settings.node_name, error)
+
+    def running(self) -> bool:
+        return any(thread.is_alive() for thread in self._threads)
+
+    def _take(self) -> tuple[float, int] | None:
+        with self._lock:
+            while not self._stopping.is_set():
+                due = self._schedule.next_due()
+                now = self.clock()
+                if due is not None and due <= now:
+                    return self._schedule.pop()
+                self._lock.wait(timeout=None if due is None else min(1.0, due - now))
+            return None
+
+    def _work(self) -> None:
+        interval = self.spec.interval_seconds
+        while (taken := self._take()) is not None:
+            due, index = taken
+            agent = self.agents[index]
+            began = self.clock()
+            failed = written = write_failed = False
+            try:
+                result = agent.run_once(began)
+                if result.outcome is not None:
+                    written = result.outcome.written
+                    write_failed = result.outcome.error is not None
+            except Exception:
+                failed = True
+                log.exception("agent turn of %s failed", agent.settings.node_name)
+            finished = self.clock()
+            with self._lock:
+                stats = self.stats
+                stats.turns += 1
+                stats.failed_turns += failed
+                stats.writes += written
+                stats.write_failures += write_failed
+                lateness = began - due
+                stats.max_lateness_seconds = max(stats.max_lateness_seconds, lateness)
+                stats.late_turns += lateness > interval
+                stats.busy_seconds += finished - began
+                self._schedule.push(index, next_due(due, finished, interval))
+                self._lock.notify()
+
+
+def run(
+    spec: fleetfile.Fleet,
+    api_client: client.ApiClient,
+    stop: threading.Event,
+    *,
+    workers: int | None = None,
+    delete_nodes: bool = False,
+) -> Fleet:
+    """Create the Nodes, run the agents until `stop` is set, then stop (and optionally delete the Nodes)."""
+    fleet = Fleet(spec, api_client, workers=workers)
+    fleet.create_nodes()
+    fleet.start()
+    try:
+        stop.wait()
+    finally:
+        fleet.stop()
+        if delete_nodes:
+            fleet.delete_nodes()
+    return fleet

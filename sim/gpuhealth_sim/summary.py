@@ -1,0 +1,177 @@
+"""The demo's closing summary: per node, what gpu-health detected, what it did, and how fast.
+
+Detection-to-action time is measured as the operator's metric defines it:
+from the moment the agent read the fact (the newest `observedTime` of the
+node's GPUs before the action) to the moment the demo saw the Node change
+(cordon, label) or the drain finish. For sustained conditions it includes
+the policy's `forSeconds` (or `healthyForSeconds` for a removal): the
+operator waits that long on purpose. Pure: reads a `record.Record`.
+"""
+
+import dataclasses
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from gpuhealth_api import keys, vocabulary
+from gpuhealth_sim import record, view
+
+CONDITIONS: frozenset[str] = frozenset(vocabulary.Condition)
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+    what: str
+    at_seconds: float
+    """Since the demo started."""
+    detection_to_action_seconds: float | None
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSummary:
+    name: str
+    detected: tuple[str, ...]
+    actions: tuple[Action, ...]
+    health: str
+    issues: str
+    action: str
+    unschedulable: bool
+    cordoned_by: str | None
+    labels: Mapping[str, str]
+    """gpu-health's labels on the Node at the end."""
+    human_cordoned: bool
+    our_events: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    duration_seconds: float
+    nodes: tuple[NodeSummary, ...]
+
+    def node(self, name: str) -> NodeSummary:
+        for item in self.nodes:
+            if item.name == name:
+                return item
+        raise KeyError(name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "durationSeconds": round(self.duration_seconds, 1),
+            "nodes": {
+                n.name: {
+                    "detected": list(n.detected),
+                    "actions": [
+                        {
+                            "what": a.what,
+                            "atSeconds": round(a.at_seconds, 2),
+                            "detectionToActionSeconds": None
+                            if a.detection_to_action_seconds is None
+                            else round(a.detection_to_action_seconds, 3),
+                            "detail": a.detail,
+                        }
+                        for a in n.actions
+                    ],
+                    "health": n.health,
+                    "issues": n.issues,
+                    "action": n.action,
+                    "unschedulable": n.unschedulable,
+                    "cordonedBy": n.cordoned_by,
+                    "labels": dict(n.labels),
+                    "humanCordoned": n.human_cordoned,
+                    "gpuHealthEvents": n.our_events,
+                }
+                for n in self.nodes
+            },
+        }
+
+
+OUR_LABELS = (keys.THERMAL_LABEL, keys.STRAGGLER_LABEL, keys.HEALTH_LABEL)
+
+
+def build(seen: record.Record, ended_at: float, human_cordoned: Collection[str] = ()) -> Summary:
+    """Summarise every node that had an issue, an action, an Event, or a human's cordon."""
+    rows = {row.name: row for row in seen.rows()}
+    nodes = seen.nodes()
+    events = seen.events()
+    happenings = sorted(seen.happenings(), key=lambda h: h.at)
+    detected: dict[str, list[str]] = {}
+    for _, row in seen.row_changes():
+        for issue in filter(None, (i.strip() for i in row.issues.split(","))):
+            if issue not in detected.setdefault(row.name, []):
+                detected[row.name].append(issue)
+    for event in events:
+        if event.reason in CONDITIONS and event.reason not in detected.setdefault(event.node, []):
+            detected[event.node].append(event.reason)
+    names = set(detected) | {h.node for h in happenings} | {e.node for e in events} | set(human_cordoned)
+    result = []
+    for name in sorted(names, key=record.natural_order):
+        actions = []
+        for h in (h for h in happenings if h.node == name):
+            observed = seen.detected_before(name, h.at)
+            latency = None if observed is None or name in human_cordoned else max(0.0, h.at - observed)
+            actions.append(Action(h.what, h.at - seen.started_at, latency, h.detail))
+        current = rows.get(name)
+        state = nodes.get(name)
+        result.append(
+            NodeSummary(
+                name=name,
+                detected=tuple(i for i in detected.get(name, []) if i),
+                actions=tuple(actions),
+                health=current.health if current else "",
+                issues=current.issues if current else "",
+                action=current.action if current else "",
+                unschedulable=bool(state and state.unschedulable),
+                cordoned_by=state.annotations.get(keys.CORDONED_BY_ANNOTATION) if state else None,
+                labels={k: v for k, v in (state.labels if state else {}).items() if k in OUR_LABELS},
+                human_cordoned=name in human_cordoned,
+                our_events=sum(1 for e in events if e.node == name),
+            )
+        )
+    return Summary(duration_seconds=ended_at - seen.started_at, nodes=tuple(result))
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"
+
+
+def render(result: Summary, width: int = 80) -> list[str]:
+    lines = [
+        f"Summary after {result.duration_seconds:.0f} s: what gpu-health detected and did",
+        "(time since start; detection→action = agent read the fact → Node changed;",
+        " label set/removed includes the policy's forSeconds / healthyForSeconds)",
+        "",
+    ]
+    for node in result.nodes:
+        if node.human_cordoned:
+            verdict = "still cordoned" if node.unschedulable else "NOT cordoned any more"
+            owner = (
+                f"annotated {keys.CORDONED_BY_ANNOTATION}={node.cordoned_by}"
+                if node.cordoned_by
+                else "no gpu-health annotation"
+            )
+            lines.append(view.shorten(f"{node.name}: cordoned by a human: {verdict}, {owner}", width))
+            touched = [a for a in node.actions if a.what != "cordoned"]
+            lines.append(
+                view.shorten(
+                    f"  gpu-health actions: {len(touched)}, Events: {node.our_events} (left alone)", width
+                )
+            )
+            continue
+        issues = ", ".join(node.detected) or "no issue"
+        lines.append(
+            view.shorten(f"{node.name}: {issues}  →  now {node.health or '?'}, {node.action or '-'}", width)
+        )
+        for action in node.actions:
+            detail = f" ({action.detail})" if action.detail else ""
+            lines.append(
+                view.shorten(
+                    f"  +{action.at_seconds:5.1f}s {action.what:<24} detection→action "
+                    f"{_seconds(action.detection_to_action_seconds)}{detail}",
+                    width,
+                )
+            )
+        if not node.actions:
+            lines.append("  no action on the Node")
+    if not result.nodes:
+        lines.append("Nothing was detected.")
+    return lines
