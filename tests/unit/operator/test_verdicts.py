@@ -1,5 +1,6 @@
 """Verdicts: health, fired rules, wanted action/labels/taint, recovery and who may uncordon."""
 
+import dataclasses
 import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -374,3 +375,21 @@ def test_never_uncordon_what_we_did_not_cordon(
         assert verdict.health is Health.HEALTHY
         assert verdict.issues == ()
         assert verdict.wanted_action is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    node=NODES,
+    recovered=st.booleans(),
+    uncordon=st.booleans(),
+    policy_name=st.sampled_from(["default", "x", "other"]),
+)
+def test_may_uncordon_requires_our_annotation(
+    node: model.NodeView, recovered: bool, uncordon: bool, policy_name: str
+) -> None:
+    pol = dataclasses.replace(DEFAULT, name=policy_name, recovery_uncordon=uncordon)
+    verdict = dataclasses.replace(judge_run(DEFAULT, [(0, {})]), recovered=recovered)
+    allowed = verdicts.may_uncordon(pol, node, verdict)
+    assert allowed == (
+        node.cordoned_by == policy_name and recovered and uncordon and policies.selects(pol, node)
+    )
