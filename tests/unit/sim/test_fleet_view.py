@@ -1,0 +1,143 @@
+"""The demo's view and summary: 80 columns, kubectl's columns, and times taken from the cluster."""
+
+import datetime
+import io
+
+from gpuhealth_api import keys
+from gpuhealth_sim import live, record, summary, view
+
+T0 = 1_800_000_000.0
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def stamp(at: float) -> str:
+    return (
+        datetime.datetime.fromtimestamp(at, datetime.UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+def gpunode(name: str, *, observed: float, health: str = "", issues: str = "", action: str = "") -> dict:
+    status = {
+        "summary": {"gpuCount": 8, "model": H100, "maxTemperatureCelsius": 47},
+        "gpus": [
+            {"index": 0, "observedTime": stamp(observed - 5)},
+            {"index": 1, "observedTime": stamp(observed)},
+        ],
+    }
+    status.update({k: v for k, v in {"health": health, "issues": issues, "action": action}.items() if v})
+    return {"metadata": {"name": name, "creationTimestamp": stamp(T0 - 30)}, "status": status}
+
+
+def node(
+    name: str, *, cordoned: bool = False, labels: dict | None = None, annotations: dict | None = None
+) -> dict:
+    return {
+        "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
+        "spec": {"unschedulable": True} if cordoned else {},
+    }
+
+
+def event(uid: str, reason: str, name: str, message: str, kind: str = "Node") -> dict:
+    return {
+        "metadata": {"uid": uid},
+        "reason": reason,
+        "message": message,
+        "type": "Warning",
+        "involvedObject": {"kind": kind, "name": name},
+    }
+
+
+def test_the_table_fits_80_columns_with_kubectls_headers() -> None:
+    rows = [
+        record.Row(f"gpu-node-{i}", "8", H100, "Unhealthy", "XidCritical,GPULost", "Draining", "91", T0)
+        for i in range(12)
+    ]
+    lines = view.table(rows, T0 + 75, width=80)
+    assert lines[0].split() == list(view.HEADERS)
+    assert all(len(line) <= 80 for line in lines)
+    assert lines[1].startswith("gpu-node-0 ") and "Draining" in lines[1] and "75s" in lines[1]
+    wide = view.table(rows, T0 + 75, width=200)
+    assert H100 in wide[1] and "XidCritical,GPULost" in wide[1]
+
+
+def test_kubectl_style_ages() -> None:
+    assert [view.age(T0, T0 + s) for s in (5, 200, 3000, 20_000, 400_000)] == [
+        "5s",
+        "3m20s",
+        "50m",
+        "5h",
+        "4d",
+    ]
+
+
+def test_event_lines_are_shortened_to_the_width() -> None:
+    line = record.EventLine(T0 + 17.25, "NodeCordoned", "gpu-node-3", "x" * 200, True)
+    text = view.event_line(line, T0, width=80)
+    assert text.startswith("+ 17.2s NodeCordoned") and len(text) == 80 and text.endswith(view.ELLIPSIS)
+
+
+def test_record_and_summary_tell_what_was_detected_and_done_and_how_fast() -> None:
+    seen = record.Record(started_at=T0)
+    for i in (3, 5, 11):
+        seen.on_node("ADDED", node(f"gpu-node-{i}", cordoned=i == 11), T0)
+        seen.on_gpunode("ADDED", gpunode(f"gpu-node-{i}", observed=T0 + 1, health="Healthy"), T0 + 1.2)
+    # ECC on gpu-node-3 read by the agent at +15.0, cordoned at +15.4, drained at +17.
+    seen.on_gpunode("MODIFIED", gpunode("gpu-node-3", observed=T0 + 15, health="Healthy"), T0 + 15.1)
+    seen.on_gpunode(
+        "MODIFIED",
+        gpunode(
+            "gpu-node-3", observed=T0 + 15, health="Unhealthy", issues="EccUncorrectable", action="Draining"
+        ),
+        T0 + 15.3,
+    )
+    annotations = {keys.CORDONED_BY_ANNOTATION: "demo"}
+    seen.on_node("MODIFIED", node("gpu-node-3", cordoned=True, annotations=annotations), T0 + 15.4)
+    assert seen.on_event("ADDED", event("e1", "EccUncorrectable", "gpu-node-3", "GPU 3: DBE"), T0 + 15.4)
+    assert seen.on_event("MODIFIED", event("e1", "EccUncorrectable", "gpu-node-3", "again"), T0 + 16) is None
+    seen.on_event("ADDED", event("e2", "NodeDrained", "gpu-node-3", "evicted 1 pod"), T0 + 17)
+    seen.on_event("ADDED", event("e3", "Scheduled", "gpu-node-3", "not ours"), T0 + 17)
+    # Thermal on gpu-node-5: label set, then removed after cooling.
+    seen.on_gpunode("MODIFIED", gpunode("gpu-node-5", observed=T0 + 10, health="Degraded"), T0 + 10.2)
+    seen.on_node("MODIFIED", node("gpu-node-5", labels={keys.THERMAL_LABEL: "true"}), T0 + 15.5)
+    seen.on_gpunode("MODIFIED", gpunode("gpu-node-5", observed=T0 + 45, health="Healthy"), T0 + 45.1)
+    seen.on_node("MODIFIED", node("gpu-node-5"), T0 + 61)
+
+    result = summary.build(seen, T0 + 80, human_cordoned={"gpu-node-11"})
+    ecc = result.node("gpu-node-3")
+    assert ecc.detected == ("EccUncorrectable",)
+    assert [a.what for a in ecc.actions] == ["cordoned", "drained"]
+    assert abs(ecc.actions[0].detection_to_action_seconds - 0.4) < 1e-6
+    assert ecc.actions[0].detail == "by policy demo"
+    assert ecc.unschedulable and ecc.cordoned_by == "demo"
+    thermal = result.node("gpu-node-5")
+    assert [(a.what, round(a.detection_to_action_seconds, 1)) for a in thermal.actions] == [
+        ("thermal-throttled set", 5.5),
+        ("thermal-throttled removed", 16.0),
+    ]
+    human = result.node("gpu-node-11")
+    assert human.human_cordoned and human.unschedulable and human.cordoned_by is None and not human.actions
+    lines = summary.render(result)
+    assert all(len(line) <= 80 for line in lines)
+    text = "\n".join(lines)
+    assert "gpu-node-11: cordoned by a human: still cordoned, no gpu-health annotation" in text
+    assert "cordoned" in text and "0.40s" in text
+    as_json = result.to_json()
+    assert as_json["nodes"]["gpu-node-3"]["actions"][1]["what"] == "drained"
+
+
+def test_plain_progress_prints_each_new_thing_once() -> None:
+    seen = record.Record(started_at=T0)
+    out = io.StringIO()
+    shown = live.Live(seen, out, tty=False, width=80)
+    seen.on_node("ADDED", node("gpu-node-1"), T0)
+    seen.on_node("MODIFIED", node("gpu-node-1", labels={keys.STRAGGLER_LABEL: "true"}), T0 + 20)
+    seen.on_event("ADDED", event("e1", "Straggler", "gpu-node-1", "score far below peers"), T0 + 20.1)
+    shown.refresh("", "")
+    shown.refresh("", "")
+    lines = out.getvalue().splitlines()
+    assert lines == [
+        "+ 20.0s gpu-node-1: straggler set",
+        "+ 20.1s Straggler          gpu-node-1   score far below peers",
+    ]
