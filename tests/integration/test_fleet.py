@@ -1,0 +1,159 @@
+"""The simulated fleet on a real API server: GPU Nodes as a real cluster has them, GPUNodes with facts.
+
+And the demo, end to end: its summary must show the product doing its job.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpuhealth_api import keys, resources
+from gpuhealth_sim import controlplane, fleet, fleetfile, waiting
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+H100 = "NVIDIA H100 80GB HBM3"
+PREFIX = "itfleet"
+FLEET = {
+    "seed": 3,
+    "agent": {"intervalSeconds": 0.5, "heartbeatSeconds": 5},
+    "labels": {"gpuhealth.io/test": PREFIX},
+    "pools": [
+        {
+            "name": PREFIX,
+            "nodes": f"{PREFIX}-{{0..2}}",
+            "gpu": {"model": H100, "count": 8},
+            "resources": {"cpu": "96", "memory": "1Ti"},
+            "scenario": {"defaults": {"temperatureCelsius": 45, "utilizationPercent": 95}},
+        }
+    ],
+    "overrides": [
+        {
+            "nodes": f"{PREFIX}-2",
+            "scenario": {
+                "defaults": {"utilizationPercent": 95},
+                "timeline": [{"after": "2s", "gpu": 3, "set": {"eccUncorrectedVolatile": 1}}],
+            },
+        }
+    ],
+}
+
+
+@pytest.fixture
+def running_fleet(crds: controlplane.ControlPlane, k8s: client.ApiClient) -> Iterator[fleet.Fleet]:
+    spec = fleetfile.parse(FLEET, source="test fleet")
+    sim = fleet.Fleet(spec, k8s, workers=2)
+    sim.create_nodes()
+    sim.start()
+    try:
+        yield sim
+    finally:
+        sim.stop()
+        sim.delete_nodes()
+
+
+def gpunode(k8s: client.ApiClient, name: str) -> dict[str, Any]:
+    custom = client.CustomObjectsApi(k8s)
+    obj = custom.get_cluster_custom_object(resources.GROUP, resources.VERSION, resources.GPUNODE_PLURAL, name)
+    assert isinstance(obj, dict)
+    return obj
+
+
+def test_nodes_look_like_real_gpu_nodes_and_agents_report_facts(
+    running_fleet: fleet.Fleet, k8s: client.ApiClient
+) -> None:
+    core = client.CoreV1Api(k8s)
+    for i in range(3):
+        name = f"{PREFIX}-{i}"
+        node = core.read_node(name)
+        labels = node.metadata.labels
+        assert labels[keys.GPU_PRESENT_LABEL] == "true"
+        assert labels[keys.GPU_PRODUCT_LABEL] == "NVIDIA-H100-80GB-HBM3"
+        assert labels[keys.GPU_COUNT_LABEL] == "8"
+        assert labels["gpuhealth.io/test"] == PREFIX
+        assert node.metadata.annotations["kwok.x-k8s.io/node"] == "fake"
+        assert node.status.capacity[keys.GPU_RESOURCE] == "8"
+        assert node.status.allocatable[keys.GPU_RESOURCE] == "8"
+        assert node.status.capacity["cpu"] == "96"
+
+        def reported(name: str = name) -> dict[str, Any] | None:
+            status = gpunode(k8s, name).get("status") or {}
+            return status if len(status.get("gpus") or []) == 8 else None
+
+        status = waiting.wait_until(reported, timeout_seconds=30, message=f"GPUNode {name} with 8 GPUs")
+        assert status["summary"]["model"] == H100
+        assert status["agent"]["backend"] == "sim"
+        assert all(gpu["observedTime"] for gpu in status["gpus"])
+        owner = gpunode(k8s, name)["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["name"], owner["uid"]) == ("Node", name, node.metadata.uid)
+    # Baselines differ from node to node, while every value stays healthy.
+    temperatures = {
+        i: [g["temperatureCelsius"] for g in gpunode(k8s, f"{PREFIX}-{i}")["status"]["gpus"]]
+        for i in range(3)
+    }
+    assert len({tuple(t) for t in temperatures.values()}) == 3
+    assert all(35 <= t <= 55 for ts in temperatures.values() for t in ts)
+
+
+def test_a_scripted_fault_reaches_the_gpunode(running_fleet: fleet.Fleet, k8s: client.ApiClient) -> None:
+    def ecc() -> int:
+        gpus = (gpunode(k8s, f"{PREFIX}-2").get("status") or {}).get("gpus") or []
+        return int(gpus[3]["ecc"]["uncorrectedVolatile"]) if len(gpus) == 8 else 0
+
+    waiting.wait_until(ecc, timeout_seconds=30, message="uncorrectable ECC error on GPU 3 of itfleet-2")
+    assert running_fleet.stats.failed_turns == 0
+
+
+def test_the_demo_shows_the_main_job_done(tmp_path: Path) -> None:
+    """`gpu-health-sim demo`, as `make demo` runs it: its summary is the product's acceptance test."""
+    script = Path(sys.executable).parent / "gpu-health-sim"
+    summary_path = tmp_path / "summary.json"
+    command = [str(script), "demo", "--duration", "85", "--plain", "--summary-json", str(summary_path)]
+    output: list[str] = []
+    with subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ)
+    ) as process:
+        assert process.stdout is not None
+        reader = threading.Thread(target=lambda: output.extend(process.stdout or []), daemon=True)
+        reader.start()
+        try:
+            code = process.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            process.terminate()
+            process.wait(timeout=30)
+            raise
+        reader.join(timeout=10)
+    text = "".join(output)
+    assert code == 0, text
+    result = json.loads(summary_path.read_text())["nodes"]
+
+    def did(node: str) -> list[str]:
+        return [a["what"] for a in result[node]["actions"]]
+
+    ecc, thermal, xid, straggler, human = (f"gpu-node-{i}" for i in (3, 5, 7, 9, 11))
+    assert "EccUncorrectable" in result[ecc]["detected"], text
+    assert {"cordoned", "drained"} <= set(did(ecc)), text
+    assert result[ecc]["unschedulable"] and result[ecc]["cordonedBy"] == "demo", text
+    assert "XidCritical" in result[xid]["detected"], text
+    assert {"cordoned", "drained"} <= set(did(xid)), text
+    thermal_actions = did(thermal)
+    assert "thermal-throttled set" in thermal_actions, text
+    assert "thermal-throttled removed" in thermal_actions, text
+    assert thermal_actions.index("thermal-throttled set") < thermal_actions.index("thermal-throttled removed")
+    assert keys.THERMAL_LABEL not in result[thermal]["labels"], text
+    assert "straggler set" in did(straggler), text
+    assert result[straggler]["labels"].get(keys.STRAGGLER_LABEL) == "true", text
+    assert result[human]["unschedulable"] and result[human]["cordonedBy"] is None, text
+    assert result[human]["humanCordoned"] and did(human) == [] and result[human]["gpuHealthEvents"] == 0, text
+    healthy = [f"gpu-node-{i}" for i in (0, 1, 2, 4, 6, 8, 10)]
+    assert not [n for n in healthy if n in result and did(n)], text
+    assert "Summary after" in text and "cordoned by a human: still cordoned" in text
