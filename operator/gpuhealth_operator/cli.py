@@ -28,6 +28,7 @@ from gpuhealth_operator import context, handlers, health, kube, leader, metrics,
 logger = logging.getLogger("gpuhealth_operator")
 
 EXIT_LEASE_LOST = 1
+"""Exit status when this replica stopped acting for any reason but a requested stop."""
 
 
 def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
@@ -94,7 +95,7 @@ async def prime(ctx: context.Context) -> None:
     for body in await ctx.client.list_all(f"{base}/{resources.GPUNODE_PLURAL}"):
         ctx.cache.put_gpunode(body)
     for body in await ctx.client.list_all(f"{base}/{resources.POLICY_PLURAL}"):
-        await handlers.on_policy({"type": "ADDED", "object": body}, memo=ctx)  # type: ignore[typeddict-item]
+        handlers.store_policy(ctx, body)
 
 
 async def run(config: settings.Settings) -> int:
@@ -174,12 +175,16 @@ async def _lead(
     done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     exit_code = 0
     for task in done:
-        if task.get_name() == "lease" and isinstance(task.exception(), leader.LeaseLost):
-            logger.error("stopping: %s", task.exception())
+        error = task.exception()
+        if isinstance(error, leader.LeaseLost):
+            logger.error("stopping: %s", error)
             exit_code = EXIT_LEASE_LOST
-        elif task.get_name() != "signal":
-            logger.error("stopping: %s ended unexpectedly: %r", task.get_name(), task.exception())
+        elif error is not None:
+            logger.error("stopping: %s failed: %r", task.get_name(), error)
             exit_code = EXIT_LEASE_LOST
+        else:
+            # kopf installs its own SIGTERM/SIGINT handlers and returns once it has stopped on one.
+            logger.info("stopping: %s ended", task.get_name())
     kopf_stop.set()
     for drain_task in ctx.drains.values():
         drain_task.cancel()
@@ -199,7 +204,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         level=config.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    logging.getLogger("kopf").setLevel(max(logging.INFO, logging.getLevelName(config.log_level)))
+    if config.log_level != "DEBUG":
+        # kopf logs every handler call at INFO; at fleet scale that is one line per watch event.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     sys.exit(asyncio.run(run(config)))
 
 

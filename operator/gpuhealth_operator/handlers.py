@@ -11,13 +11,14 @@ a Node by accident.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
 from gpuhealth_api import resources
 from gpuhealth_operator import context, reconciler
-from gpuhealth_operator.decisions import policies
+from gpuhealth_operator.decisions import model, policies
 
 logger = logging.getLogger(__name__)
 
@@ -51,15 +52,10 @@ async def on_gpunode(event: kopf.RawEvent, memo: context.Context, **_: Any) -> N
         await reconciler.reconcile_node(memo, name, "gpunode")
 
 
-async def on_policy(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None:
-    body = event["object"]
+def store_policy(memo: context.Context, body: Mapping[str, Any]) -> model.Policy | None:
+    """Parse and cache a policy; the policy if it is new or changed, else None."""
     meta = body.get("metadata", {})
     name = meta.get("name", "")
-    if event["type"] == DELETED:
-        memo.cache.policies.pop(name, None)
-        memo.cache.policy_errors.pop(name, None)
-        memo.policy_status_written.pop(name, None)
-        return
     generation = int(str(meta.get("generation") or 0))
     try:
         policy = policies.parse_policy(name, generation, body.get("spec") or {})
@@ -67,11 +63,25 @@ async def on_policy(event: kopf.RawEvent, memo: context.Context, **_: Any) -> No
         logger.warning("policy %s is invalid and is not applied: %s", name, error)
         memo.cache.policies.pop(name, None)
         memo.cache.policy_errors[name] = (generation, str(error))
-        return
+        return None
     memo.cache.policy_errors.pop(name, None)
     if memo.cache.policies.get(name) == policy:
-        return
+        return None
     memo.cache.policies[name] = policy
+    return policy
+
+
+async def on_policy(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None:
+    body = event["object"]
+    name = body.get("metadata", {}).get("name", "")
+    if event["type"] == DELETED:
+        memo.cache.policies.pop(name, None)
+        memo.cache.policy_errors.pop(name, None)
+        memo.policy_status_written.pop(name, None)
+        return
+    policy = store_policy(memo, body)
+    if policy is None:
+        return
     for node in [r.view.name for r in memo.cache.nodes.values() if policies.selects(policy, r.view)]:
         await reconciler.reconcile_node(memo, node, "policy")
 

@@ -81,7 +81,8 @@ async def reconcile_node(ctx: context.Context, name: str, handler: str = "event"
 def forget_node(ctx: context.Context, name: str) -> None:
     for key in [k for k in ctx.verdicts if k[1] == name]:
         del ctx.verdicts[key]
-    ctx.budget_notified = {k for k in ctx.budget_notified if k[1] != name}
+    # In place: kopf hands each handler a shallow copy of the memo, so the set itself is what is shared.
+    ctx.budget_notified.difference_update({k for k in ctx.budget_notified if k[1] == name})
 
 
 async def _reconcile(ctx: context.Context, name: str, now: datetime.datetime) -> None:
@@ -117,8 +118,11 @@ async def _condition_events(
     verdict: model.NodeVerdict,
 ) -> None:
     """One Event per condition that turned True in this pass."""
+    reported = bool(ctx.cache.gpunodes[name].status.get("agent"))
     for condition, state in verdict.conditions.items():
         before = previous.get(condition)
+        if condition is Condition.AGENT_STALE and not reported:
+            continue  # a GPUNode whose agent has not reported yet is new, not stale: no Event
         if state.status == "True" and (before is None or before.status != "True"):
             await ctx.recorder.emit(
                 remediation._subject(ctx, name),

@@ -99,6 +99,10 @@ def gpunode_status(fleet: testing.Fleet, name: str) -> dict[str, Any]:
     return fleet.gpunode(name).get("status") or {}
 
 
+def wait_action(fleet: testing.Fleet, name: str, action: str) -> None:
+    testing.wait_for(lambda: gpunode_status(fleet, name).get("action") == action, TIMEOUT, f"action {action}")
+
+
 def reasons(fleet: testing.Fleet, name: str) -> set[str]:
     return {e["reason"] for e in fleet.events(name)}
 
@@ -258,18 +262,18 @@ def test_condition_triggers_its_rule_action(
         taints = {t["key"]: (t.get("value"), t["effect"]) for t in node["spec"]["taints"]}
         assert taints[keys.UNHEALTHY_TAINT] == (condition, "NoSchedule")
         assert not node["spec"].get("unschedulable")
-        assert gpunode_status(fleet, name)["action"] == "Tainted"
+        wait_action(fleet, name, "Tainted")
     elif expect == "thermal-label":
         testing.wait_for(
             lambda: labels(fleet, name).get(keys.THERMAL_LABEL) == "true", TIMEOUT, "thermal label"
         )
         assert labels(fleet, name)[keys.HEALTH_LABEL] == "degraded"
         assert not cordoned(fleet, name)
-        assert gpunode_status(fleet, name)["action"] == "Labeled"
+        wait_action(fleet, name, "Labeled")
     else:
         assert not cordoned(fleet, name)
         assert keys.UNHEALTHY_TAINT not in taints
-        assert gpunode_status(fleet, name)["action"] == "Event"
+        wait_action(fleet, name, "Event")
 
 
 def test_budget_holds_at_most_max_unavailable_and_admits_waiting_nodes_as_it_frees(

@@ -1,0 +1,226 @@
+"""Operator latency and footprint on 200 simulated GPU nodes.
+
+Starts a local control plane (etcd, kube-apiserver, controller manager,
+scheduler, kwok), creates N kwok GPU Nodes with GPUNodes reporting healthy
+GPUs, runs the operator as a subprocess, and measures:
+
+- single fault: an uncorrectable ECC error on one node at a time (20 trials);
+  latency = the Node seen unschedulable by a watch minus the fact's
+  `observedTime` in GPUNode status (what the agent would stamp);
+- burst: the same fault on all N nodes at once; per-node latency as above,
+  and the time from the first fault written to the last node cordoned;
+- operator RSS before and after the fleet exists (per node = delta / N);
+- API requests per second sent by the operator's reconciler (its metric),
+  at rest and during the burst.
+
+Usage: .venv/bin/python bench/operator_latency.py [--nodes 200] [--trials 20]
+Goals: single-fault p99 <= 1 s; burst all cordoned <= 5 s; <= 40 KB RSS per node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import platform
+import re
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, watch
+
+from gpuhealth_operator import testing
+from gpuhealth_sim import binaries, controlplane
+
+ROOT = Path(__file__).resolve().parent.parent
+ECC = {0: {"ecc": {"uncorrectedVolatile": 1}}}
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def api_requests(process: testing.OperatorProcess) -> float:
+    total = 0.0
+    for line in process.metrics().splitlines():
+        if line.startswith("gpuhealth_operator_api_requests_total{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+class CordonWatch:
+    """Records when each node of the fleet is first seen unschedulable (and schedulable again)."""
+
+    def __init__(self, api: client.ApiClient, label: str) -> None:
+        self.api = api
+        self.selector = f"{testing.Fleet.LABEL_KEY}={label}"
+        self.cordoned: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> CordonWatch:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        core = client.CoreV1Api(self.api)
+        while not self.stop.is_set():
+            stream = watch.Watch()
+            for event in stream.stream(core.list_node, label_selector=self.selector, timeout_seconds=30):
+                node = event["object"]
+                now = time.time()
+                name = node.metadata.name
+                with self.lock:
+                    if node.spec.unschedulable:
+                        self.cordoned.setdefault(name, now)
+                    else:
+                        self.cordoned.pop(name, None)
+                if self.stop.is_set():
+                    stream.stop()
+                    break
+
+    def seen(self, name: str) -> float | None:
+        with self.lock:
+            return self.cordoned.get(name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=200)
+    parser.add_argument("--trials", type=int, default=20)
+    args = parser.parse_args()
+
+    results: dict[str, Any] = {"nodes": args.nodes}
+    with tempfile.TemporaryDirectory(prefix="gpuhealth-bench-") as tmp:
+        workdir = Path(tmp)
+        plane = controlplane.ControlPlane(binaries.locate(cwd=ROOT), workdir / "cp")
+        plane.start()
+        try:
+            crd_args = [a for p in sorted((ROOT / "crds").glob("*.yaml")) for a in ("-f", str(p))]
+            plane.kubectl("apply", "--server-side", *crd_args)
+            plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", *crd_args)
+            api = plane.api_client()
+            testing.ensure_namespace(api, "gpu-health")
+            fleet = testing.Fleet(api, label="bench")
+            fleet.policy(
+                "bench",
+                {
+                    "maxUnavailable": "100%",
+                    "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Cordon"}],
+                    "recovery": {"uncordon": True, "healthyForSeconds": 0},
+                },
+            )
+            operator = testing.OperatorProcess(
+                kubeconfig=Path(plane.kubeconfig), log_path=workdir / "operator.log", identity="bench"
+            ).start()
+            testing.wait_for(operator.is_leading, 60, "operator leads")
+            assert operator.process is not None
+            time.sleep(2)
+            rss_empty = rss_kib(operator.process.pid)
+
+            names = [f"bench-gpu-{i:03d}" for i in range(args.nodes)]
+            started = time.monotonic()
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                list(pool.map(fleet.add_node, names))
+            results["fleet_create_seconds"] = round(time.monotonic() - started, 1)
+
+            def judged() -> bool:
+                listed = client.CoreV1Api(api).list_node(label_selector=f"{testing.Fleet.LABEL_KEY}=bench")
+                return sum(
+                    1 for n in listed.items if (n.metadata.labels or {}).get("gpuhealth.io/health")
+                ) == len(names)
+
+            testing.wait_for(judged, 120, "every node judged", interval_seconds=0.5)
+            time.sleep(5)
+            rss_full = rss_kib(operator.process.pid)
+            results["rss_empty_mib"] = round(rss_empty / 1024, 1)
+            results["rss_full_mib"] = round(rss_full / 1024, 1)
+            results["rss_per_node_kib"] = round((rss_full - rss_empty) / args.nodes, 1)
+            before, t_before = api_requests(operator), time.monotonic()
+            time.sleep(10)
+            results["idle_requests_per_second"] = round(
+                (api_requests(operator) - before) / (time.monotonic() - t_before), 2
+            )
+
+            watcher = CordonWatch(api, "bench").start()
+            time.sleep(1)
+
+            # Single faults, one node at a time.
+            single: list[float] = []
+            for name in names[: args.trials]:
+                observed = datetime.datetime.now(datetime.UTC)
+                fleet.report(name, testing.agent_status(overrides=ECC, observed=testing.rfc3339(observed)))
+                seen = testing.wait_for(lambda n=name: watcher.seen(n), 30, f"{name} cordoned", 0.005)
+                single.append(seen - observed.timestamp())
+                fleet.report(name, testing.agent_status())
+                testing.wait_for(lambda n=name: watcher.seen(n) is None, 30, f"{name} uncordoned", 0.02)
+            results["single_p50_seconds"] = round(percentile(single, 50), 3)
+            results["single_p99_seconds"] = round(percentile(single, 99), 3)
+            results["single_max_seconds"] = round(max(single), 3)
+
+            # Burst: every node at once.
+            time.sleep(2)
+            before, t_before = api_requests(operator), time.monotonic()
+            observed_at: dict[str, float] = {}
+
+            def fault(name: str) -> None:
+                observed = datetime.datetime.now(datetime.UTC)
+                observed_at[name] = observed.timestamp()
+                fleet.report(name, testing.agent_status(overrides=ECC, observed=testing.rfc3339(observed)))
+
+            burst_start = time.time()
+            with concurrent.futures.ThreadPoolExecutor(16) as pool:
+                list(pool.map(fault, names))
+            results["burst_write_seconds"] = round(time.time() - burst_start, 2)
+            testing.wait_for(lambda: all(watcher.seen(n) for n in names), 120, "all cordoned", 0.02)
+            seen_at = {n: watcher.seen(n) or 0.0 for n in names}
+            burst = [seen_at[n] - observed_at[n] for n in names]
+            results["burst_all_cordoned_seconds"] = round(max(seen_at.values()) - burst_start, 3)
+            results["burst_p50_seconds"] = round(percentile(burst, 50), 3)
+            results["burst_p99_seconds"] = round(percentile(burst, 99), 3)
+            results["burst_requests_per_second"] = round(
+                (api_requests(operator) - before) / (time.monotonic() - t_before), 1
+            )
+            results["rss_after_burst_mib"] = round(rss_kib(operator.process.pid) / 1024, 1)
+            watcher.stop.set()
+            operator.stop()
+            errors = re.findall(r"reconcile of node .* failed", operator.log())
+            results["reconcile_errors_logged"] = len(errors)
+        finally:
+            plane.stop()
+
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if "model name" in line
+        ),
+        platform.processor(),
+    )
+    print(
+        f"machine: {cpu}, {len(re.findall('^processor', Path('/proc/cpuinfo').read_text(), re.M))} cores, "
+        f"Python {platform.python_version()}"
+    )
+    for key, value in results.items():
+        print(f"{key}: {value}")
+    print(f"single fault p50 {statistics.median(single):.3f}s" if single else "")
+
+
+if __name__ == "__main__":
+    main()
