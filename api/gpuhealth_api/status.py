@@ -91,6 +91,8 @@ class ConditionStatus(TypedDict, total=False):
     message: str
     lastTransitionTime: str
     observedGeneration: int
+    observedSince: str  # RFC 3339: the raw signal's first sighting in this episode
+    recoveringSince: str  # RFC 3339: first sighting of its absence while still True
 
 
 class StragglerStatus(TypedDict, total=False):
