@@ -128,19 +128,26 @@ def _check(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
         )
         agent = runner.Agent(settings, lib, clock=lambda: base + moment[0])
         agent.start(base)
-        moment[0] = at
+        # Step through the timeline as a running agent would, so resets, recoveries and
+        # throttledSince come out as they would have been observed live.
+        steps = sorted({e.after_seconds for e in plan.timeline if 0 < e.after_seconds < at} | {at})
+        try:
+            for step in steps:
+                moment[0] = step
+                turn = agent.run_once()
+        finally:
+            agent.close()
     else:
         settings = runner.Settings(node, runner.BACKEND_NVML, event_thread=False)
         agent = runner.Agent(settings, nvml.real(), dcgm_source=_dcgm(args))
         try:
             agent.start(base)
+            turn = agent.run_once()
         except nvml.NVMLError as exc:
             print(f"gpu-health-agent: cannot use NVML: {exc}", file=sys.stderr)
             return STARTUP_ERROR
-    try:
-        turn = agent.run_once()
-    finally:
-        agent.close()
+        finally:
+            agent.close()
     code, text = check.render(turn.status, xids.Catalogue.packaged(), args.output)
     sys.stdout.write(text)
     return code

@@ -51,7 +51,9 @@ def parse_text(text: str) -> dict[int, GpuFacts]:
     facts: dict[int, GpuFacts] = {}
     for family in parser.text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name not in FIELDS or "gpu" not in sample.labels:
+            # The parser names counter samples <family>_total; dcgm-exporter's names have no suffix.
+            name = sample.name if sample.name in FIELDS else sample.name.removesuffix("_total")
+            if name not in FIELDS or "gpu" not in sample.labels:
                 continue
             try:
                 index = int(sample.labels["gpu"])
@@ -60,15 +62,15 @@ def parse_text(text: str) -> dict[int, GpuFacts]:
             gpu = facts.setdefault(index, GpuFacts())
             gpu.uuid = sample.labels.get("UUID", gpu.uuid)
             value = sample.value
-            if sample.name == XID:
+            if name == XID:
                 gpu.last_xid = int(value)
-            elif sample.name == DBE_VOLATILE:
+            elif name == DBE_VOLATILE:
                 gpu.dbe_volatile = int(value)
-            elif sample.name == ROW_REMAP_FAILURE:
+            elif name == ROW_REMAP_FAILURE:
                 gpu.remap_failure = value > 0
-            elif sample.name == THERMAL_VIOLATION:
+            elif name == THERMAL_VIOLATION:
                 gpu.thermal_violation = value
-            elif sample.name == POWER_VIOLATION:
+            elif name == POWER_VIOLATION:
                 gpu.power_violation = value
     return facts
 

@@ -1,0 +1,132 @@
+"""`gpu-health-agent check` and the command line: output a human reads, exit codes a script reads."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from gpuhealth_agent import check, cli, xids
+from gpuhealth_api import status
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLES = ROOT / "examples" / "scenarios"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_healthy_node_prints_ok_rows_and_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "check", "--backend", "sim", "--sim-scenario", str(EXAMPLES / "healthy.yaml"))
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("8 GPU(s) answering of 8 expected, model NVIDIA H100 80GB HBM3")
+    assert lines[1].split() == ["GPU", "UUID", "TEMP", "POWER", "SM", "CLOCK", "STATUS"]
+    assert len(lines) == 10
+    assert all(line.endswith("ok") for line in lines[2:])
+
+
+@pytest.mark.parametrize(
+    ("example", "gpu", "words"),
+    [
+        ("ecc-uncorrectable.yaml", 3, "FATAL: 1 uncorrectable ECC error(s) since the last reset"),
+        ("xid79-gpu-lost.yaml", 0, "FATAL: GPU lost"),
+        ("remap-failure.yaml", 5, "FATAL: row remapping failed"),
+        ("recovery-action.yaml", 2, None),  # reset at the end of the timeline: healthy again
+        ("missing-gpu.yaml", 7, "FATAL: GPU lost"),
+    ],
+)
+def test_fatal_faults_exit_one_with_plain_words(
+    capsys: pytest.CaptureFixture[str], example: str, gpu: int, words: str | None
+) -> None:
+    code, out, _ = run(capsys, "check", "--backend", "sim", "--sim-scenario", str(EXAMPLES / example))
+    row = out.splitlines()[2 + gpu]
+    if words is None:
+        assert code == 0 and row.endswith("ok")
+    else:
+        assert code == 1
+        assert words in row
+
+
+def test_at_picks_the_scenario_time(capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = str(EXAMPLES / "recovery-action.yaml")
+    code, out, _ = run(capsys, "check", "--backend", "sim", "--sim-scenario", scenario, "--at", "30")
+    assert code == 1
+    row = out.splitlines()[4]
+    assert "FATAL: the driver asks for recovery: GpuReset" in row
+    assert "XID 154" in row
+    code, out, _ = run(capsys, "check", "--backend", "sim", "--sim-scenario", scenario, "--at", "10")
+    assert code == 0
+
+
+def test_warnings_do_not_fail_the_check(capsys: pytest.CaptureFixture[str]) -> None:
+    for example, gpu, words in [
+        ("thermal-throttle.yaml", 1, "thermal slowdown"),
+        ("pcie-degraded.yaml", 6, "PCIe link degraded: Gen3 x8 (max Gen5 x16)"),
+    ]:
+        code, out, _ = run(
+            capsys, "check", "--backend", "sim", "--sim-scenario", str(EXAMPLES / example), "--at", "60"
+        )
+        assert code == 0, out
+        assert words in out.splitlines()[2 + gpu]
+
+
+def test_json_output_is_the_status_the_agent_would_report(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys,
+        "check",
+        "--backend",
+        "sim",
+        "--sim-scenario",
+        str(EXAMPLES / "ecc-uncorrectable.yaml"),
+        "-o",
+        "json",
+    )
+    assert code == 1
+    node = json.loads(out)
+    assert set(node) == {"agent", "summary", "gpus"}
+    assert node["agent"]["backend"] == "sim"
+    assert node["gpus"][3]["ecc"]["uncorrectedVolatile"] == 1
+    assert node["gpus"][3]["xids"][0]["code"] == 48
+
+
+def test_a_bad_scenario_stops_the_agent_with_exit_two(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gpus: 2\ntimeline:\n- {after: 1s, gpu: 9, xid: 79}\n")
+    for argv in (["run", "--node-name", "n1"], ["check"]):
+        code, out, err = run(capsys, *argv, "--backend", "sim", "--sim-scenario", str(bad))
+        assert code == 2
+        assert out == ""
+        assert str(bad) in err and "timeline[0] (line 3).gpu" in err
+
+
+def test_run_needs_a_node_name(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    code, _, err = run(capsys, "--backend", "sim", "--sim-scenario", str(EXAMPLES / "healthy.yaml"))
+    assert code == 2
+    assert "--node-name" in err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--version"])
+    assert exited.value.code == 0
+    assert re.fullmatch(r"gpu-health-agent \d+\.\d+\.\d+\n", capsys.readouterr().out)
+
+
+def test_problems_are_sorted_worst_first() -> None:
+    gpu = status.GPUStatus(
+        index=0,
+        temperatureCelsius=90,
+        slowdownTemperatureCelsius=87,
+        clockEventReasons=["HwThermalSlowdown"],
+        ecc={"uncorrectedVolatile": 1},
+        retiredPages={"pending": True},
+    )
+    found = check.problems(gpu, xids.Catalogue.packaged())
+    assert [p.severity for p in found] == [xids.Severity.FATAL, xids.Severity.CRITICAL, xids.Severity.WARNING]

@@ -1,0 +1,258 @@
+"""The agent loop with the simulated backend: events, metrics, reports, liveness."""
+
+import copy
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import prometheus_client
+import pytest
+
+from gpuhealth_agent import health, metrics, reporter, runner, scenario, simulated, xids
+from gpuhealth_api import status
+
+START = 1_800_000_000.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def scenario(self) -> float:
+        return self.seconds
+
+    def epoch(self) -> float:
+        return START + self.seconds
+
+
+class FakeCluster:
+    def __init__(self) -> None:
+        self.writes: list[status.GPUNodeStatus] = []
+
+    def read_node(self) -> tuple[str, int | None]:
+        return "uid", None
+
+    def ensure_gpunode(self, node_uid: str) -> None:
+        pass
+
+    def apply_status(self, node_status: status.GPUNodeStatus) -> None:
+        self.writes.append(copy.deepcopy(node_status))
+
+
+def make(
+    text: str, *, heartbeat: float = 60, with_metrics: bool = True
+) -> tuple[runner.Agent, Clock, FakeCluster, Any]:
+    clock = Clock()
+    plan = scenario.parse(text)
+    lib = simulated.library(plan, clock=clock.scenario, start=0.0, identity_seed="node-r")
+    registry = prometheus_client.CollectorRegistry()
+    cluster = FakeCluster()
+    settings = runner.Settings(
+        "node-r",
+        runner.BACKEND_SIM,
+        interval_seconds=1,
+        heartbeat_seconds=heartbeat,
+        expected_gpus=plan.expected_gpus,
+        event_thread=False,
+    )
+    agent = runner.Agent(
+        settings,
+        lib,
+        report=reporter.Reporter(cluster, heartbeat_seconds=heartbeat),
+        agent_metrics=metrics.AgentMetrics(registry) if with_metrics else None,
+        clock=clock.epoch,
+    )
+    return agent, clock, cluster, registry
+
+
+def turn(agent: runner.Agent, clock: Clock, seconds: float) -> runner.TurnResult:
+    clock.seconds = seconds
+    return agent.run_once()
+
+
+def test_an_xid_event_reaches_the_status_with_its_count() -> None:
+    agent, clock, cluster, _ = make(
+        "gpus: 2\ntimeline:\n- {after: 3s, gpu: 1, xid: 13}\n- {after: 4s, gpu: 1, xid: 13}\n"
+    )
+    turn(agent, clock, 0)
+    result = turn(agent, clock, 4)
+    assert result.events == 2
+    assert result.status["gpus"][1]["xids"] == [
+        {"code": 13, "count": 2, "lastSeen": "2027-01-15T08:00:04.000Z"}
+    ]
+    assert result.outcome is not None and result.outcome.written
+    assert cluster.writes[-1]["gpus"][1]["xids"][0]["count"] == 2
+
+
+def test_xid_79_reports_the_gpu_lost_with_the_xid() -> None:
+    agent, clock, cluster, _ = make("gpus: 8\ntimeline:\n- {after: 10s, gpu: 0, xid: 79}\n")
+    turn(agent, clock, 0)
+    gpu = turn(agent, clock, 10).status["gpus"][0]
+    assert gpu["lost"] is True
+    assert gpu["xids"] == [{"code": 79, "count": 1, "lastSeen": "2027-01-15T08:00:10.000Z"}]
+    assert cluster.writes[-1]["summary"]["gpuCount"] == 7
+    assert cluster.writes[-1]["agent"]["expectedGpuCount"] == 8
+
+
+def test_a_dbe_event_forces_the_slow_counters_to_be_read() -> None:
+    agent, clock, _, _ = make(
+        "gpus: 1\ntimeline:\n"
+        "- {after: 2s, gpu: 0, set: {eccUncorrectedVolatile: 1, retiredPagesPending: true}}\n"
+    )
+    turn(agent, clock, 0)
+    gpu = turn(agent, clock, 2).status["gpus"][0]
+    assert gpu["retiredPages"]["pending"] is True  # slow tier, read at once because of the DBE event
+
+
+def test_steady_state_writes_once_per_heartbeat() -> None:
+    agent, clock, cluster, _ = make("gpus: 8\n", heartbeat=60)
+    for second in range(0, 300):
+        turn(agent, clock, second)
+    assert len(cluster.writes) == 5  # 0, 60, 120, 180, 240
+
+
+def test_status_carries_agent_facts() -> None:
+    agent, clock, _, _ = make("gpus: 2\ndriverVersion: 575.1.2\n", heartbeat=30)
+    node = turn(agent, clock, 0).status
+    assert node["agent"]["backend"] == "sim"
+    assert node["agent"]["driverVersion"] == "575.1.2"
+    assert node["agent"]["heartbeatSeconds"] == 30
+    assert node["agent"]["expectedGpuCount"] == 2
+    assert node["summary"] == {"gpuCount": 2, "model": scenario.DEFAULT_MODEL, "maxTemperatureCelsius": 40}
+
+
+def test_metrics_show_gpu_facts_and_agent_health() -> None:
+    agent, clock, _, registry = make(
+        "gpus: 2\ntimeline:\n- {after: 1s, gpu: 1, xid: 48}\n"
+        "- {after: 1s, gpu: 1, set: {eccUncorrectedVolatile: 1, clockEventReasons: [HwThermalSlowdown],"
+        " recoveryAction: GpuReset, pcieWidth: 8}}\n"
+        "- {after: 1s, gpu: 0, fail: {function: nvmlDeviceGetPowerUsage, error: Unknown}}\n"
+    )
+    turn(agent, clock, 0)
+    turn(agent, clock, 1)
+    value = registry.get_sample_value
+    uuid = agent.collector.uuid_of(1)
+    gpu1 = {"gpu": "1", "uuid": uuid}
+    assert value("gpuhealth_agent_gpu_temperature_celsius", gpu1) == 40
+    assert value("gpuhealth_agent_gpu_ecc_errors", {**gpu1, "kind": "uncorrected", "scope": "volatile"}) == 1
+    assert value("gpuhealth_agent_gpu_xid_errors_total", {**gpu1, "code": "48"}) == 1
+    assert (
+        value("gpuhealth_agent_gpu_clock_event_reason_active", {**gpu1, "reason": "HwThermalSlowdown"}) == 1
+    )
+    assert value("gpuhealth_agent_gpu_clock_event_reason_active", {**gpu1, "reason": "GpuIdle"}) == 0
+    assert value("gpuhealth_agent_gpu_recovery_action", gpu1) == 1
+    assert value("gpuhealth_agent_gpu_pcie_link_width", {**gpu1, "kind": "current"}) == 8
+    assert value("gpuhealth_agent_gpu_pcie_link_width", {**gpu1, "kind": "max"}) == 16
+    assert value("gpuhealth_agent_gpu_lost", gpu1) == 0
+    assert (
+        value(
+            "gpuhealth_agent_nvml_errors_total", {"function": "nvmlDeviceGetPowerUsage", "error": "Unknown"}
+        )
+        == 1
+    )
+    assert value("gpuhealth_agent_collection_duration_seconds_count") == 2
+    assert value("gpuhealth_agent_report_writes_total", {"reason": "first"}) == 1
+    assert value("gpuhealth_agent_report_writes_total", {"reason": "change"}) == 1
+    assert value("gpuhealth_agent_last_successful_report_timestamp_seconds") == START + 1
+    assert value("gpuhealth_agent_gpus") == 2
+    assert value("gpuhealth_agent_nvml_events_total", {"kind": "xid"}) == 1
+    assert value("gpuhealth_agent_nvml_events_total", {"kind": "dbe"}) == 1
+
+
+def test_agents_without_metrics_share_nothing() -> None:
+    a, clock_a, _, _ = make("gpus: 1\n", with_metrics=False)
+    b, clock_b, _, _ = make("gpus: 1\n", with_metrics=False)
+    assert turn(a, clock_a, 0).status["gpus"][0]["uuid"] == turn(b, clock_b, 0).status["gpus"][0]["uuid"]
+
+
+def test_two_agents_with_metrics_coexist_in_one_process() -> None:
+    make("gpus: 1\n")
+    make("gpus: 1\n")  # a second registry: no "Duplicated timeseries" error
+
+
+def test_liveness_fails_after_three_missed_intervals() -> None:
+    now = [100.0]
+    live = health.Liveness(interval_seconds=5, clock=lambda: now[0], started_at=100.0)
+    assert live.check()[0]
+    now[0] = 116
+    ok, message = live.check()
+    assert not ok and "since start" in message
+    live.completed(116)
+    assert live.check()[0]
+    now[0] = 131.1
+    assert not live.check()[0]
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_health_server_serves_metrics_and_healthz() -> None:
+    agent, clock, _, registry = make("gpus: 1\n")
+    wall = [START]
+    agent.liveness.clock = lambda: wall[0]
+    turn(agent, clock, 0)
+    agent.liveness.completed(START)
+    server = health.HealthServer(0, agent.liveness, registry, host="127.0.0.1").start()
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        assert _get(base + "/healthz") == (200, "ok\n")
+        code, text = _get(base + "/metrics")
+        assert code == 200
+        assert "gpuhealth_agent_gpu_temperature_celsius{" in text
+        wall[0] = START + 3.5  # 3 intervals of 1 s without a completed collection: a hung NVML call
+        code, text = _get(base + "/healthz")
+        assert code == 503
+        assert "no completed GPU collection" in text
+        assert _get(base + "/nope")[0] == 404
+    finally:
+        server.stop()
+
+
+def test_run_forever_stops_on_request() -> None:
+    agent, _, cluster, _ = make("gpus: 1\n")
+    agent.clock = time.time
+    thread = threading.Thread(target=agent.run_forever)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not cluster.writes and time.monotonic() < deadline:
+            agent.wake.wait(0.05)
+        assert cluster.writes, "the loop never reported"
+    finally:
+        agent.stop.set()
+        agent.wake.set()
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
+def test_the_catalogue_can_be_shared() -> None:
+    shared = xids.Catalogue.packaged()
+    clock = Clock()
+    lib = simulated.library(scenario.parse("gpus: 1\n"), clock=clock.scenario, start=0.0)
+    agent = runner.Agent(runner.Settings("n", event_thread=False), lib, catalogue=shared)
+    assert agent.catalogue is shared
+
+
+@pytest.mark.parametrize("code", [48, 63, 64, 74, 79, 92, 94, 95, 119, 120])
+def test_policy_xids_are_in_the_catalogue(code: int) -> None:
+    info = xids.Catalogue.packaged().lookup(code)
+    assert not info.name.startswith("XID_")
+    assert info.action
+
+
+def test_catalogue_severities() -> None:
+    catalogue = xids.Catalogue.packaged()
+    assert catalogue.lookup(79).severity is xids.Severity.FATAL
+    assert catalogue.lookup(48).severity is xids.Severity.FATAL
+    assert catalogue.lookup(13).severity is xids.Severity.WARNING
+    unknown = catalogue.lookup(9999)
+    assert unknown.severity is xids.Severity.WARNING
+    assert unknown.action == "CONTACT_SUPPORT"
+    assert len(catalogue) >= 25
