@@ -24,8 +24,12 @@ import yaml
 from kubernetes import client
 
 from gpuhealth_api import resources, vocabulary
+from gpuhealth_sim import controlplane
 
 pytestmark = pytest.mark.integration
+
+C = vocabulary.Condition
+A = vocabulary.Action
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_POLICY = ROOT / "examples" / "default-policy.yaml"
@@ -49,22 +53,24 @@ def policy(name: str, **spec: Any) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {
             "nodeSelector": {"matchLabels": {SELECTOR_LABEL: name}},
-            "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}],
+            "rules": [{"name": "ecc", "condition": C.ECC_UNCORRECTABLE, "action": A.DRAIN}],
         },
     }
     body["spec"].update(spec)
     return body
 
 
-def apply(cp: Any, body: dict[str, Any], *flags: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def apply(
+    cp: controlplane.ControlPlane, body: dict[str, Any], *flags: str, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     return cp.kubectl("apply", "--server-side", "-f", "-", *flags, input=json.dumps(body), check=check)
 
 
-def delete(cp: Any, plural: str, name: str) -> None:
+def delete(cp: controlplane.ControlPlane, plural: str, name: str) -> None:
     cp.kubectl("delete", plural, name, "--ignore-not-found", "--wait=false")
 
 
-def get(cp: Any, plural: str, name: str) -> dict[str, Any]:
+def get(cp: controlplane.ControlPlane, plural: str, name: str) -> dict[str, Any]:
     document = json.loads(cp.kubectl("get", plural, name, "-o", "json", "--show-managed-fields").stdout)
     assert isinstance(document, dict)
     return document
@@ -120,7 +126,7 @@ def expression(**requirement: Any) -> Mutation:
     return setting("nodeSelector", {"matchExpressions": [requirement]})
 
 
-ECC = {"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}
+ECC = {"name": "ecc", "condition": C.ECC_UNCORRECTABLE, "action": A.DRAIN}
 
 # (id, change to a valid spec, the field the error must name)
 MALFORMED: list[tuple[str, Mutation, str]] = [
@@ -131,52 +137,52 @@ MALFORMED: list[tuple[str, Mutation, str]] = [
     ("max-unavailable-word", setting("maxUnavailable", "abc"), "spec.maxUnavailable"),
     (
         "unknown-condition",
-        rule(name="r", condition="EccCorrectable", action="Drain"),
+        rule(name="r", condition="EccCorrectable", action=A.DRAIN),
         "spec.rules[0].condition",
     ),
-    ("unknown-action", rule(name="r", condition="GPULost", action="Reboot"), "spec.rules[0].action"),
-    ("missing-action", rule(name="r", condition="GPULost"), "spec.rules[0].action"),
-    ("bad-rule-name", rule(name="Bad_Name", condition="GPULost", action="Drain"), "spec.rules[0].name"),
-    ("duplicate-rule-names", setting("rules", [ECC, {**ECC, "action": "Cordon"}]), "spec.rules[1]"),
+    ("unknown-action", rule(name="r", condition=C.GPU_LOST, action="Reboot"), "spec.rules[0].action"),
+    ("missing-action", rule(name="r", condition=C.GPU_LOST), "spec.rules[0].action"),
+    ("bad-rule-name", rule(name="Bad_Name", condition=C.GPU_LOST, action=A.DRAIN), "spec.rules[0].name"),
+    ("duplicate-rule-names", setting("rules", [ECC, {**ECC, "action": A.CORDON}]), "spec.rules[1]"),
     (
         "negative-for-seconds",
-        rule(name="t", condition="ThermalThrottled", action="Label", forSeconds=-1),
+        rule(name="t", condition=C.THERMAL_THROTTLED, action=A.LABEL, forSeconds=-1),
         "spec.rules[0].forSeconds",
     ),
     (
         "threshold-on-thermal",
-        rule(name="t", condition="ThermalThrottled", action="Label", threshold=3.5),
+        rule(name="t", condition=C.THERMAL_THROTTLED, action=A.LABEL, threshold=3.5),
         "spec.rules[0].threshold",
     ),
     (
         "straggler-zero-threshold",
-        rule(name="s", condition="Straggler", action="Label", threshold=0),
+        rule(name="s", condition=C.STRAGGLER, action=A.LABEL, threshold=0),
         "spec.rules[0].threshold",
     ),
     (
         "xids-on-ecc",
-        rule(name="e", condition="EccUncorrectable", action="Drain", xids=[79]),
+        rule(name="e", condition=C.ECC_UNCORRECTABLE, action=A.DRAIN, xids=[79]),
         "spec.rules[0].xids",
     ),
     (
         "xid-rule-empty-xids",
-        rule(name="x", condition="XidCritical", action="Drain", xids=[]),
+        rule(name="x", condition=C.XID_CRITICAL, action=A.DRAIN, xids=[]),
         "spec.rules[0].xids",
     ),
     (
         "xid-out-of-range",
-        rule(name="x", condition="XidCritical", action="Drain", xids=[79, 2048]),
+        rule(name="x", condition=C.XID_CRITICAL, action=A.DRAIN, xids=[79, 2048]),
         "spec.rules[0].xids[1]",
     ),
     (
         "duplicate-xids",
-        rule(name="x", condition="XidCritical", action="Drain", xids=[79, 79]),
+        rule(name="x", condition=C.XID_CRITICAL, action=A.DRAIN, xids=[79, 79]),
         "spec.rules[0].xids[1]",
     ),
     ("empty-rules", setting("rules", []), "spec.rules"),
     ("missing-rules", without("rules"), "spec.rules"),
-    ("agent-stale-drain", rule(name="a", condition="AgentStale", action="Drain"), "spec.rules[0].action"),
-    ("agent-stale-cordon", rule(name="a", condition="AgentStale", action="Cordon"), "spec.rules[0].action"),
+    ("agent-stale-drain", rule(name="a", condition=C.AGENT_STALE, action=A.DRAIN), "spec.rules[0].action"),
+    ("agent-stale-cordon", rule(name="a", condition=C.AGENT_STALE, action=A.CORDON), "spec.rules[0].action"),
     (
         "bad-selector-operator",
         expression(key="nvidia.com/gpu.present", operator="Equals", values=["true"]),
@@ -209,7 +215,7 @@ def unique_name(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def policy_name(request: pytest.FixtureRequest, crds: Any) -> Iterator[str]:
+def policy_name(request: pytest.FixtureRequest, crds: controlplane.ControlPlane) -> Iterator[str]:
     """A unique policy name for this test, deleted afterwards whatever happened."""
     name = unique_name(request)
     yield name
@@ -217,7 +223,7 @@ def policy_name(request: pytest.FixtureRequest, crds: Any) -> Iterator[str]:
 
 
 @pytest.fixture
-def gpunode_name(request: pytest.FixtureRequest, crds: Any) -> Iterator[str]:
+def gpunode_name(request: pytest.FixtureRequest, crds: controlplane.ControlPlane) -> Iterator[str]:
     """A unique GPUNode name for this test (no Node of that name exists), deleted afterwards."""
     name = unique_name(request)
     yield name
@@ -225,7 +231,7 @@ def gpunode_name(request: pytest.FixtureRequest, crds: Any) -> Iterator[str]:
 
 
 @pytest.mark.parametrize("plural", [resources.POLICY_PLURAL, resources.GPUNODE_PLURAL])
-def test_crd_is_established_with_its_short_name(crds: Any, plural: str) -> None:
+def test_crd_is_established_with_its_short_name(crds: controlplane.ControlPlane, plural: str) -> None:
     crd = get(crds, "crd", f"{plural}.{resources.GROUP}")
     conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
     assert conditions["Established"] == "True"
@@ -237,7 +243,7 @@ def test_crd_is_established_with_its_short_name(crds: Any, plural: str) -> None:
     assert row["SHORTNAMES"] in (resources.POLICY_SHORT, resources.GPUNODE_SHORT)
 
 
-def test_default_policy_example_is_accepted_as_written(crds: Any) -> None:
+def test_default_policy_example_is_accepted_as_written(crds: controlplane.ControlPlane) -> None:
     # Server-side dry run: full validation and defaulting, nothing stored, so the
     # example's real GPU selector cannot reach other tests' Nodes.
     written = yaml.safe_load(DEFAULT_POLICY.read_text())
@@ -257,7 +263,7 @@ def test_default_policy_example_is_accepted_as_written(crds: Any) -> None:
     assert spec["rules"] == expected_rules
 
 
-def test_defaults_fill_an_minimal_policy(crds: Any, policy_name: str) -> None:
+def test_defaults_fill_an_minimal_policy(crds: controlplane.ControlPlane, policy_name: str) -> None:
     apply(crds, policy(policy_name))
     spec = get(crds, resources.POLICY_PLURAL, policy_name)["spec"]
     assert spec["dryRun"] is False
@@ -268,31 +274,33 @@ def test_defaults_fill_an_minimal_policy(crds: Any, policy_name: str) -> None:
 
 
 @pytest.mark.parametrize("value", [1, 7, "1%", "10%", "100%"])
-def test_max_unavailable_accepts_counts_and_percentages(crds: Any, value: int | str) -> None:
+def test_max_unavailable_accepts_counts_and_percentages(
+    crds: controlplane.ControlPlane, value: int | str
+) -> None:
     body = policy("crds-max-unavailable", maxUnavailable=value)
     stored = json.loads(apply(crds, body, "--dry-run=server", "-o", "json").stdout)
     assert stored["spec"]["maxUnavailable"] == value
 
 
-def test_threshold_and_xids_may_be_left_to_their_defaults(crds: Any) -> None:
+def test_threshold_and_xids_may_be_left_to_their_defaults(crds: controlplane.ControlPlane) -> None:
     # The operator then uses threshold 3.5 and the default critical XIDs (CRD descriptions).
     body = policy(
         "crds-rule-defaults",
         rules=[
-            {"name": "xid", "condition": "XidCritical", "action": "Drain"},
-            {"name": "straggler", "condition": "Straggler", "action": "Label"},
+            {"name": "xid", "condition": C.XID_CRITICAL, "action": A.DRAIN},
+            {"name": "straggler", "condition": C.STRAGGLER, "action": A.LABEL},
         ],
     )
     stored = json.loads(apply(crds, body, "--dry-run=server", "-o", "json").stdout)
     assert [set(r) for r in stored["spec"]["rules"]] == [{"name", "condition", "action", "forSeconds"}] * 2
 
 
-def test_agent_stale_may_record_and_label(crds: Any) -> None:
+def test_agent_stale_may_record_and_label(crds: controlplane.ControlPlane) -> None:
     body = policy(
         "crds-agent-stale",
         rules=[
-            {"name": "stale-event", "condition": "AgentStale", "action": "Event"},
-            {"name": "stale-label", "condition": "AgentStale", "action": "Label", "forSeconds": 30},
+            {"name": "stale-event", "condition": C.AGENT_STALE, "action": A.EVENT},
+            {"name": "stale-label", "condition": C.AGENT_STALE, "action": A.LABEL, "forSeconds": 30},
         ],
     )
     apply(crds, body, "--dry-run=server")
@@ -310,7 +318,12 @@ SERVER_SIDE_FIELD = {
 @pytest.mark.parametrize("server_side", [True, False], ids=["server-side", "client-side"])
 @pytest.mark.parametrize(("case", "mutate", "field"), MALFORMED, ids=[case for case, _, _ in MALFORMED])
 def test_malformed_policy_is_rejected_naming_the_field(
-    crds: Any, policy_name: str, server_side: bool, case: str, mutate: Mutation, field: str
+    crds: controlplane.ControlPlane,
+    policy_name: str,
+    server_side: bool,
+    case: str,
+    mutate: Mutation,
+    field: str,
 ) -> None:
     body = policy(policy_name)
     mutate(body["spec"])
@@ -323,12 +336,14 @@ def test_malformed_policy_is_rejected_naming_the_field(
     assert "NotFound" in missing.stderr, "a rejected policy must not be stored"
 
 
-def test_rejected_update_leaves_the_stored_policy_whole(crds: Any, policy_name: str) -> None:
+def test_rejected_update_leaves_the_stored_policy_whole(
+    crds: controlplane.ControlPlane, policy_name: str
+) -> None:
     apply(crds, policy(policy_name, maxUnavailable=2))
     bad = policy(
         policy_name,
         maxUnavailable=5,
-        rules=[ECC, {"name": "stale", "condition": "AgentStale", "action": "Drain"}],
+        rules=[ECC, {"name": "stale", "condition": C.AGENT_STALE, "action": A.DRAIN}],
     )
     result = apply(crds, bad, check=False)
     assert result.returncode != 0
@@ -338,16 +353,16 @@ def test_rejected_update_leaves_the_stored_policy_whole(crds: Any, policy_name: 
     assert [r["name"] for r in spec["rules"]] == ["ecc"]
 
 
-def test_every_condition_and_action_of_the_vocabulary_is_accepted(crds: Any) -> None:
+def test_every_condition_and_action_of_the_vocabulary_is_accepted(crds: controlplane.ControlPlane) -> None:
     rules = []
     for condition in vocabulary.Condition:
         for action in vocabulary.Action:
-            if condition == vocabulary.Condition.AGENT_STALE and action not in ("Event", "Label"):
+            if condition == C.AGENT_STALE and action not in (A.EVENT, A.LABEL):
                 continue
             extra: dict[str, Any] = {}
-            if condition == vocabulary.Condition.STRAGGLER:
+            if condition == C.STRAGGLER:
                 extra["threshold"] = 3.5
-            if condition == vocabulary.Condition.XID_CRITICAL:
+            if condition == C.XID_CRITICAL:
                 extra["xids"] = [79]
             name = f"{condition.lower()}-{action.lower()}"
             rules.append({"name": name, "condition": condition.value, "action": action.value, **extra})
@@ -384,7 +399,7 @@ def agent_status(temperature: int, heartbeat: str) -> dict[str, Any]:
             "remappedRows": {"correctable": 0, "uncorrectable": index, "pending": False, "failure": False},
             "xids": [{"code": 48, "count": 1, "lastSeen": heartbeat}] if index else [],
             "clockEventReasons": [],
-            "recoveryAction": "None",
+            "recoveryAction": vocabulary.RecoveryAction.NONE,
             "pcie": {"generation": 5, "maxGeneration": 5, "width": 16, "maxWidth": 16, "replayCounter": 0},
             "lost": False,
             "observedTime": heartbeat,
@@ -407,12 +422,12 @@ def agent_status(temperature: int, heartbeat: str) -> dict[str, Any]:
 
 def operator_status(since: str) -> dict[str, Any]:
     return {
-        "health": "Unhealthy",
-        "issues": "EccUncorrectable,XidCritical",
-        "action": "Drained",
+        "health": vocabulary.Health.UNHEALTHY,
+        "issues": f"{C.ECC_UNCORRECTABLE},{C.XID_CRITICAL}",
+        "action": vocabulary.NodeAction.DRAINED,
         "conditions": [
             {
-                "type": "EccUncorrectable",
+                "type": C.ECC_UNCORRECTABLE,
                 "status": "True",
                 "reason": "UncorrectedVolatileEcc",
                 "message": "GPU 1: 1 uncorrected volatile ECC error",
@@ -421,7 +436,7 @@ def operator_status(since: str) -> dict[str, Any]:
                 "observedSince": since,
             },
             {
-                "type": "XidCritical",
+                "type": C.XID_CRITICAL,
                 "status": "True",
                 "reason": "Xid48",
                 "message": "GPU 1: XID 48",
@@ -430,7 +445,7 @@ def operator_status(since: str) -> dict[str, Any]:
                 "observedSince": since,
             },
             {
-                "type": "ThermalThrottled",
+                "type": C.THERMAL_THROTTLED,
                 "status": "False",
                 "reason": "NotThrottled",
                 "message": "",
@@ -468,13 +483,13 @@ def owned_status_fields(gpunode: dict[str, Any], manager: str) -> set[str]:
     return owned
 
 
-def create_gpunode(cp: Any, name: str) -> None:
+def create_gpunode(cp: controlplane.ControlPlane, name: str) -> None:
     body = {"apiVersion": resources.API_VERSION, "kind": resources.GPUNODE_KIND, "metadata": {"name": name}}
     apply(cp, body, f"--field-manager={resources.AGENT_FIELD_MANAGER}")
 
 
 def test_agent_and_operator_status_merge_and_print(
-    crds: Any, k8s: client.ApiClient, gpunode_name: str
+    crds: controlplane.ControlPlane, k8s: client.ApiClient, gpunode_name: str
 ) -> None:
     create_gpunode(crds, gpunode_name)
     since = now()
@@ -517,14 +532,14 @@ def test_agent_and_operator_status_merge_and_print(
 
 
 def test_operator_update_keeps_agent_facts_and_drops_its_own_stale_conditions(
-    crds: Any, k8s: client.ApiClient, gpunode_name: str
+    crds: controlplane.ControlPlane, k8s: client.ApiClient, gpunode_name: str
 ) -> None:
     create_gpunode(crds, gpunode_name)
     since = now()
     apply_status(k8s, gpunode_name, resources.AGENT_FIELD_MANAGER, agent_status(60, since))
     apply_status(k8s, gpunode_name, resources.OPERATOR_FIELD_MANAGER, operator_status(since))
     recovered = copy.deepcopy(operator_status(since))
-    recovered.update(health="Healthy", issues="", action="None")
+    recovered.update(health=vocabulary.Health.HEALTHY, issues="", action=vocabulary.NodeAction.NONE)
     recovered["conditions"] = recovered["conditions"][2:]
     apply_status(k8s, gpunode_name, resources.OPERATOR_FIELD_MANAGER, recovered)
 
@@ -545,7 +560,11 @@ def test_operator_update_keeps_agent_facts_and_drops_its_own_stale_conditions(
     ids=["health", "action", "condition-status", "xid-without-count"],
 )
 def test_malformed_gpunode_status_is_rejected_naming_the_field(
-    crds: Any, k8s: client.ApiClient, gpunode_name: str, status: dict[str, Any], field: str
+    crds: controlplane.ControlPlane,
+    k8s: client.ApiClient,
+    gpunode_name: str,
+    status: dict[str, Any],
+    field: str,
 ) -> None:
     create_gpunode(crds, gpunode_name)
     with pytest.raises(client.ApiException) as rejected:
@@ -554,7 +573,7 @@ def test_malformed_gpunode_status_is_rejected_naming_the_field(
     assert names_field(str(rejected.value.body), field), rejected.value.body
 
 
-def test_policy_columns(crds: Any, k8s: client.ApiClient, policy_name: str) -> None:
+def test_policy_columns(crds: controlplane.ControlPlane, k8s: client.ApiClient, policy_name: str) -> None:
     apply(crds, policy(policy_name, dryRun=True))
     client.CustomObjectsApi(k8s).patch_cluster_custom_object_status(
         resources.GROUP,
@@ -600,7 +619,9 @@ def test_policy_columns(crds: Any, k8s: client.ApiClient, policy_name: str) -> N
     }
 
 
-def test_category_lists_both_kinds(crds: Any, policy_name: str, gpunode_name: str) -> None:
+def test_category_lists_both_kinds(
+    crds: controlplane.ControlPlane, policy_name: str, gpunode_name: str
+) -> None:
     apply(crds, policy(policy_name))
     create_gpunode(crds, gpunode_name)
     listing = crds.kubectl("get", "gpuhealth", "-o", "name").stdout.split()
