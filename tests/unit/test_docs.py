@@ -1,0 +1,102 @@
+"""The docs say what the code does: generated tables are current, links resolve."""
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from gpuhealth_agent import xids
+from gpuhealth_api import vocabulary
+from gpuhealth_operator.decisions import policies
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+OWN_PAGES = [
+    "architecture.md",
+    "policy.md",
+    "conditions.md",
+    "operations.md",
+    "troubleshooting.md",
+]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gen_xid_table", ROOT / "hack" / "gen-xid-table.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_xid_table_in_conditions_md_matches_the_catalogue() -> None:
+    generator = _generator()
+    table = generator.render(generator.entries(), policies.DEFAULT_CRITICAL_XIDS)
+    document = (DOCS / "conditions.md").read_text()
+    assert generator.splice(document, table) == document, (
+        "docs/conditions.md's XID table differs from agent/gpuhealth_agent/xid_catalogue.yaml: "
+        "run .venv/bin/python hack/gen-xid-table.py"
+    )
+
+
+def test_xid_table_has_a_row_per_catalogue_entry() -> None:
+    generator = _generator()
+    rows = generator.render(generator.entries(), policies.DEFAULT_CRITICAL_XIDS).splitlines()[2:]
+    assert len(rows) == len(xids.Catalogue.packaged())
+    assert any(row.startswith("| 79 |") and row.endswith("| yes |") for row in rows)
+
+
+def test_every_default_critical_xid_is_in_the_catalogue() -> None:
+    catalogue = xids.Catalogue.packaged()
+    unknown = sorted(c for c in policies.DEFAULT_CRITICAL_XIDS if catalogue.lookup(c).name == f"XID_{c}")
+    assert unknown == [], f"default critical XIDs missing from xid_catalogue.yaml: {unknown}"
+
+
+def test_condition_catalogue_names_every_condition() -> None:
+    text = (DOCS / "conditions.md").read_text()
+    for condition in vocabulary.Condition:
+        assert f"| `{condition.value}` |" in text, f"docs/conditions.md has no row for {condition.value}"
+
+
+def test_operations_md_explains_every_event_reason_and_node_action() -> None:
+    text = (DOCS / "operations.md").read_text()
+    for reason in [*vocabulary.EventReason, *vocabulary.Condition]:
+        assert f"`{reason.value}`" in text, f"docs/operations.md does not explain Event reason {reason.value}"
+    for action in vocabulary.NodeAction:
+        assert f"| `{action.value}` |" in text, (
+            f"docs/operations.md does not explain status.action {action.value}"
+        )
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*]", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    return {_slug(m.group(1)) for m in re.finditer(r"^#+ (.+)$", text, flags=re.M)}
+
+
+@pytest.mark.parametrize("page", OWN_PAGES)
+def test_links_resolve(page: str) -> None:
+    path = DOCS / page
+    if not path.exists():
+        pytest.fail(f"docs/{page} is missing")
+    broken = []
+    prose = re.sub(r"`[^`\n]*`", "", re.sub(r"```.*?```", "", path.read_text(), flags=re.S))
+    for target in LINK.findall(prose):
+        if re.match(r"^[a-z]+:", target):
+            continue  # external
+        file_part, _, anchor = target.partition("#")
+        linked = (path.parent / file_part).resolve() if file_part else path
+        missing_anchor = bool(anchor) and linked.suffix == ".md" and anchor not in _anchors(linked)
+        if not linked.exists() or missing_anchor:
+            broken.append(target)
+    assert broken == [], f"docs/{page}: broken links {broken}"
