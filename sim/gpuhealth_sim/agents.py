@@ -6,8 +6,15 @@ agent's parts together: the simulated NVML replaying the node's scenario,
 a reporter over the fleet's shared ApiClient, and no metrics server and no
 event thread (the fleet polls NVML events on each turn instead, which keeps
 a thousand agents to a handful of threads).
+
+Building a thousand agents must be cheap: each distinct scenario is parsed
+and validated by the agent's loader once, and each node's baseline is drawn
+onto the parsed scenario; the XID catalogue is parsed once for the fleet.
 """
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from kubernetes import client
@@ -16,39 +23,69 @@ from gpuhealth_agent import reporter, runner, scenario, simulated, xids
 from gpuhealth_sim import baselines, fleetfile
 
 
-def scenario_for(fleet: fleetfile.Fleet, plan: fleetfile.NodePlan) -> scenario.Scenario:
-    """The node's validated scenario with its own healthy baseline folded in."""
-    return fleetfile.to_agent(baselines.for_node(fleet, plan), plan.scenario_source)
+@contextlib.contextmanager
+def _shared_catalogue(catalogue: xids.Catalogue) -> Iterator[None]:
+    """Make `runner.Agent.__init__` reuse one parsed XID catalogue instead of parsing the YAML again.
+
+    Workaround: the agent parses its packaged catalogue per Agent (~1-2 ms of
+    YAML each, a minute of CPU for a large fleet on a busy machine) and
+    offers no way to pass one in. Callers hold `Builder._lock`, so the swap is
+    never observed half-done by another builder.
+    """
+    original = xids.Catalogue.__dict__["packaged"]
+    xids.Catalogue.packaged = classmethod(lambda cls: catalogue)  # type: ignore[assignment, method-assign]
+    try:
+        yield
+    finally:
+        xids.Catalogue.packaged = original  # type: ignore[method-assign]
 
 
-def build(
-    fleet: fleetfile.Fleet,
-    plan: fleetfile.NodePlan,
-    api_client: client.ApiClient,
-    *,
-    started_at: float,
-    catalogue: xids.Catalogue | None = None,
-    request_timeout_seconds: float = 10.0,
-) -> runner.Agent:
-    """An agent for `plan` whose scenario time 0 is `started_at` (epoch seconds)."""
-    node_scenario = scenario_for(fleet, plan)
-    lib = simulated.library(node_scenario, identity_seed=plan.name, start=started_at)
-    settings = runner.Settings(
-        node_name=plan.name,
-        backend=runner.BACKEND_SIM,
-        interval_seconds=fleet.interval_seconds,
-        heartbeat_seconds=fleet.heartbeat_seconds,
-        expected_gpus=node_scenario.expected_gpus,
-        event_thread=False,
-    )
-    cluster = reporter.GPUNodeClient(api_client, plan.name, request_timeout_seconds=request_timeout_seconds)
-    agent = runner.Agent(
-        settings, lib, report=reporter.Reporter(cluster, heartbeat_seconds=fleet.heartbeat_seconds)
-    )
-    if catalogue is not None:
-        # Every agent parses the same XID catalogue; keep one copy for the whole fleet.
-        agent.catalogue = catalogue
-    return agent
+class Builder:
+    """Builds the agents of one fleet; thread-safe, caches parsed scenarios."""
+
+    def __init__(
+        self,
+        fleet: fleetfile.Fleet,
+        api_client: client.ApiClient,
+        *,
+        started_at: float,
+        request_timeout_seconds: float = 10.0,
+    ) -> None:
+        self.fleet = fleet
+        self.api_client = api_client
+        self.started_at = started_at
+        """Scenario time 0 for every node (epoch seconds)."""
+        self.request_timeout_seconds = request_timeout_seconds
+        self._lock = threading.Lock()
+        self._parsed: dict[tuple[str, str, int], scenario.Scenario] = {}
+        self._catalogue = xids.Catalogue.packaged()
+
+    def scenario_for(self, plan: fleetfile.NodePlan) -> scenario.Scenario:
+        """The node's validated scenario with its own healthy baseline drawn onto it."""
+        key = (plan.scenario_source, plan.gpu_model, plan.gpu_count)
+        with self._lock:
+            parsed = self._parsed.get(key)
+            if parsed is None:
+                parsed = self._parsed[key] = fleetfile.to_agent(plan.scenario, plan.scenario_source)
+        return baselines.apply_to(parsed, plan.spread, baselines.node_rng(self.fleet.seed, plan.name))
+
+    def build(self, plan: fleetfile.NodePlan) -> runner.Agent:
+        node_scenario = self.scenario_for(plan)
+        lib = simulated.library(node_scenario, identity_seed=plan.name, start=self.started_at)
+        settings = runner.Settings(
+            node_name=plan.name,
+            backend=runner.BACKEND_SIM,
+            interval_seconds=self.fleet.interval_seconds,
+            heartbeat_seconds=self.fleet.heartbeat_seconds,
+            expected_gpus=node_scenario.expected_gpus,
+            event_thread=False,
+        )
+        cluster = reporter.GPUNodeClient(
+            self.api_client, plan.name, request_timeout_seconds=self.request_timeout_seconds
+        )
+        report = reporter.Reporter(cluster, heartbeat_seconds=self.fleet.heartbeat_seconds)
+        with self._lock, _shared_catalogue(self._catalogue):
+            return runner.Agent(settings, lib, report=report)
 
 
 def nvml_calls(agent: runner.Agent) -> int:

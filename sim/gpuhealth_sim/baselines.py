@@ -15,6 +15,7 @@ so faults the scenario scripts later still win.
 """
 
 import copy
+import dataclasses
 import random
 from collections.abc import Mapping
 from typing import Any
@@ -40,12 +41,16 @@ def node_rng(seed: int, node_name: str) -> random.Random:
     return random.Random(f"{seed}:{node_name}")
 
 
-def apply(scenario: Mapping[str, Any], spread: fleetfile.Spread, rng: random.Random) -> dict[str, Any]:
-    """A copy of `scenario` with this node's baseline spread folded into its healthy values."""
-    result = copy.deepcopy(dict(scenario))
-    defaults = dict(result.get("defaults") or {})
-    gpus = int(result.get("gpus") or 0)
-    # Fields the scenario leaves out start from the agent's healthy defaults.
+@dataclasses.dataclass(frozen=True)
+class Baseline:
+    """One node's healthy values: changes to the scenario's defaults, and per-GPU values at 0 s."""
+
+    defaults: Mapping[str, Any]
+    per_gpu: tuple[Mapping[str, Any], ...]
+
+
+def draw(defaults: Mapping[str, Any], gpus: int, spread: fleetfile.Spread, rng: random.Random) -> Baseline:
+    """This node's baseline around a scenario's `defaults` (absent fields: the agent's healthy defaults)."""
     fallback = agent_scenario.DEFAULT_FACTS
     temperature = defaults.get("temperatureCelsius", fallback["temperatureCelsius"])
     power = defaults.get("powerWatts", fallback["powerWatts"])
@@ -54,15 +59,16 @@ def apply(scenario: Mapping[str, Any], spread: fleetfile.Spread, rng: random.Ran
 
     node_temperature = _offset(rng, spread.temperature_celsius)
     node_power = _offset(rng, spread.power_watts)
+    changed: dict[str, Any] = {}
     if isinstance(clock, int | float) and spread.sm_clock_mhz > 0:
         # Under load clocks sit just below the boost limit; centre the spread
         # there so it stays symmetric instead of piling up at the maximum.
         ceiling = max_clock if isinstance(max_clock, int | float) else clock
         centre = min(clock, ceiling - TRUNCATE_AT_SIGMAS * spread.sm_clock_mhz)
-        defaults["smClockMHz"] = round(min(ceiling, centre + _offset(rng, spread.sm_clock_mhz)))
+        changed["smClockMHz"] = round(min(ceiling, centre + _offset(rng, spread.sm_clock_mhz)))
 
     per_gpu: list[dict[str, Any]] = []
-    for index in range(gpus):
+    for _ in range(gpus):
         values: dict[str, Any] = {}
         if isinstance(temperature, int | float) and spread.temperature_celsius > 0:
             gpu_offset = _offset(rng, spread.temperature_celsius * PER_GPU_FRACTION)
@@ -70,14 +76,42 @@ def apply(scenario: Mapping[str, Any], spread: fleetfile.Spread, rng: random.Ran
         if isinstance(power, int | float) and spread.power_watts > 0:
             gpu_offset = _offset(rng, spread.power_watts * PER_GPU_FRACTION)
             values["powerWatts"] = round(max(0.0, power + node_power + gpu_offset), 1)
-        if values:
-            per_gpu.append({"after": "0s", "gpu": index, "set": values})
-    result["defaults"] = defaults
-    if per_gpu:
-        result["timeline"] = per_gpu + list(result.get("timeline") or [])
+        per_gpu.append(values)
+    return Baseline(defaults=changed, per_gpu=tuple(per_gpu))
+
+
+def apply(scenario: Mapping[str, Any], spread: fleetfile.Spread, rng: random.Random) -> dict[str, Any]:
+    """A copy of a scenario mapping with this node's baseline folded into its healthy values."""
+    result = copy.deepcopy(dict(scenario))
+    baseline = draw(result.get("defaults") or {}, int(result.get("gpus") or 0), spread, rng)
+    result["defaults"] = {**(result.get("defaults") or {}), **baseline.defaults}
+    entries = [{"after": "0s", "gpu": i, "set": dict(v)} for i, v in enumerate(baseline.per_gpu) if v]
+    if entries:
+        result["timeline"] = entries + list(result.get("timeline") or [])
     return result
 
 
+def apply_to(
+    scenario: agent_scenario.Scenario, spread: fleetfile.Spread, rng: random.Random
+) -> agent_scenario.Scenario:
+    """The same as `apply`, on a scenario the agent has already parsed and validated.
+
+    A thousand nodes share a handful of scenario files: validating each file
+    once and drawing each node's numbers here keeps fleet start-up cheap.
+    """
+    baseline = draw(scenario.defaults, scenario.gpus, spread, rng)
+    entries = tuple(
+        agent_scenario.Entry(after_seconds=0.0, gpu=i, set=dict(v))
+        for i, v in enumerate(baseline.per_gpu)
+        if v
+    )
+    return dataclasses.replace(
+        scenario,
+        defaults={**scenario.defaults, **baseline.defaults},
+        timeline=entries + scenario.timeline,
+    )
+
+
 def for_node(fleet: fleetfile.Fleet, plan: fleetfile.NodePlan) -> dict[str, Any]:
-    """The scenario a node runs: its plan's scenario with its own seeded baseline."""
+    """The scenario mapping a node runs: its plan's scenario with its own seeded baseline."""
     return apply(plan.scenario, plan.spread, node_rng(fleet.seed, plan.name))

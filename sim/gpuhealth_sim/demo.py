@@ -173,6 +173,8 @@ def _following(api: client.ApiClient, seen: record.Record) -> Iterator[None]:
         yield
     finally:
         for follower in followers:
+            follower.request_stop()
+        for follower in followers:
             follower.stop()
 
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from kubernetes import client
 
-from gpuhealth_agent import runner, xids
+from gpuhealth_agent import runner
 from gpuhealth_sim import agents, fleetfile, nodes
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,9 @@ class Fleet:
         self.clock = clock
         self.started_at: float | None = None
         """Scenario time 0 (epoch seconds): when start() was called."""
-        self.agents: list[runner.Agent] = []
+        self.agents: list[runner.Agent | None] = []
+        """One per node, built by a worker on the node's first turn (so the first nodes report at once)."""
+        self._builder: agents.Builder | None = None
         self.stats = Stats()
         self._schedule = Schedule()
         self._lock = threading.Condition()
@@ -125,13 +127,10 @@ class Fleet:
         if self._threads:
             raise RuntimeError("the fleet is already running")
         self.started_at = self.clock()
-        catalogue = xids.Catalogue.packaged()
-        self.agents = [
-            agents.build(self.spec, plan, self.api_client, started_at=self.started_at, catalogue=catalogue)
-            for plan in self.spec.nodes
-        ]
+        self._builder = agents.Builder(self.spec, self.api_client, started_at=self.started_at)
+        count = len(self.spec.nodes)
+        self.agents = [None] * count
         interval = self.spec.interval_seconds
-        count = len(self.agents)
         with self._lock:
             for index in range(count):
                 self._schedule.push(index, self.started_at + interval * index / max(1, count))
@@ -154,10 +153,19 @@ class Fleet:
             thread.join(timeout=max(0.1, deadline - time.monotonic()))
         self._threads = []
         for agent in self.agents:
+            if agent is None:
+                continue
             try:
                 agent.close()
             except Exception as error:  # closing a simulated NVML cannot matter enough to stop the others
                 log.debug("closing agent %s: %s", agent.settings.node_name, error)
+
+    def last_writes(self) -> list[float | None]:
+        """Per node, when its agent last wrote its GPUNode successfully (epoch seconds; None: not yet)."""
+        return [
+            agent.reporter.state.written_at if agent is not None and agent.reporter is not None else None
+            for agent in list(self.agents)
+        ]
 
     def running(self) -> bool:
         return any(thread.is_alive() for thread in self._threads)
@@ -176,17 +184,20 @@ class Fleet:
         interval = self.spec.interval_seconds
         while (taken := self._take()) is not None:
             due, index = taken
-            agent = self.agents[index]
             began = self.clock()
             failed = written = write_failed = False
             try:
+                agent = self.agents[index]
+                if agent is None:
+                    assert self._builder is not None
+                    agent = self.agents[index] = self._builder.build(self.spec.nodes[index])
                 result = agent.run_once(began)
                 if result.outcome is not None:
                     written = result.outcome.written
                     write_failed = result.outcome.error is not None
             except Exception:
                 failed = True
-                log.exception("agent turn of %s failed", agent.settings.node_name)
+                log.exception("agent turn of %s failed", self.spec.nodes[index].name)
             finished = self.clock()
             with self._lock:
                 stats = self.stats

@@ -87,23 +87,23 @@ def status(plan: fleetfile.NodePlan) -> dict[str, Any]:
 
 
 def ensure(core: client.CoreV1Api, plan: fleetfile.NodePlan) -> None:
-    """Create the Node, or adopt an existing one of that name; then set its capacity."""
+    """Create the Node with its status, or adopt an existing one of that name and set its capacity."""
     body = manifest(plan)
     node = client.V1Node.from_dict(body)
     assert node is not None, "from_dict returns None only for None"
     try:
+        # A Node's status is kept on create (kubelets register this way): one request per node.
         core.create_node(body=node, field_manager=FIELD_MANAGER, _preload_content=False)
+        return
     except client.ApiException as error:
         if error.status != 409:
             raise
-        core.patch_node(
-            plan.name,
-            body={"metadata": {key: body["metadata"][key] for key in ("labels", "annotations")}},
-            field_manager=FIELD_MANAGER,
-            _preload_content=False,
-        )
-    # The create body's status may be reset by the API server's node strategy on
-    # some versions; the status subresource is authoritative.
+    core.patch_node(
+        plan.name,
+        body={"metadata": {key: body["metadata"][key] for key in ("labels", "annotations")}},
+        field_manager=FIELD_MANAGER,
+        _preload_content=False,
+    )
     core.patch_node_status(
         plan.name, body={"status": status(plan)}, field_manager=FIELD_MANAGER, _preload_content=False
     )

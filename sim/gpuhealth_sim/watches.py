@@ -43,8 +43,12 @@ class Follower:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def request_stop(self) -> None:
+        """Ask the thread to stop after its current watch (at most WATCH_TIMEOUT_SECONDS)."""
         self._stopped.set()
+
+    def stop(self) -> None:
+        self.request_stop()
         self._thread.join(timeout=WATCH_TIMEOUT_SECONDS + 5)
 
     def wait_synced(self, timeout_seconds: float) -> bool:
