@@ -49,8 +49,8 @@ from gpuhealth_sim import (
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_FLEET = REPO_ROOT / "examples" / "fleets" / "demo.yaml"
 DEFAULT_POLICY = REPO_ROOT / "examples" / "fleets" / "demo-policy.yaml"
-DEFAULT_DURATION_SECONDS = 80.0
-"""The last scripted change (cool-down at 45 s) plus the policy's healthyForSeconds, with room to spare."""
+DEFAULT_DURATION_SECONDS = 75.0
+"""The last scripted change (cool-down at 25 s), the policy's healthyForSeconds (15 s), and time to look."""
 REFRESH_SECONDS = 1.0
 OPERATOR = "gpu-health-operator"
 FIELD_MANAGER = "gpu-health-demo"

@@ -26,6 +26,7 @@ class Live:
         self._printed_events = 0
         self._printed_happenings = 0
         self._printed_changes = 0
+        self._verdicts: dict[str, tuple[str, str, str]] = {}
 
     def size(self) -> tuple[int, int]:
         columns, lines = shutil.get_terminal_size((80, 24))
@@ -55,13 +56,21 @@ class Live:
         ]
         self._printed_happenings = len(happenings)
         changes = self.seen.row_changes()
-        timed += [
-            (at, view.row_change_line(at, row, started, width))
-            for at, row in changes[self._printed_changes :]
-            if row.health  # skip the agent's first report, before the operator has judged it
-        ]
+        for at, row in changes[self._printed_changes :]:
+            if self._worth_a_line(row):
+                timed.append((at, view.row_change_line(at, row, started, width)))
         self._printed_changes = len(changes)
         return [line for _, line in sorted(timed, key=lambda item: item[0])]
+
+    def _worth_a_line(self, row: record.Row) -> bool:
+        """A GPUNode verdict that changed, except a node's first, unremarkable Healthy."""
+        verdict = (row.health, row.issues, row.action)
+        before = self._verdicts.get(row.name)
+        if not row.health or verdict == before:
+            return False  # not judged by the operator yet, or nothing new
+        self._verdicts[row.name] = verdict
+        quiet = row.health == "Healthy" and not row.issues and row.action in ("", "None")
+        return not (quiet and before is None)
 
     def table(self) -> None:
         """Print the gpunodes table once, as plain lines (start and end of a non-terminal run)."""

@@ -165,7 +165,7 @@ def render(result: Summary, width: int = 80) -> list[str]:
             detail = f" ({action.detail})" if action.detail else ""
             lines.append(
                 view.shorten(
-                    f"  +{action.at_seconds:5.1f}s {action.what:<24} detection→action "
+                    f"  +{action.at_seconds:5.1f}s {action.what:<26} detection→action "
                     f"{_seconds(action.detection_to_action_seconds)}{detail}",
                     width,
                 )

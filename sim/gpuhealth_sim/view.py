@@ -42,6 +42,19 @@ def shorten(text: str, width: int) -> str:
     return text[: max(0, width - 1)] + ELLIPSIS if width > 0 else ""
 
 
+def shorten_words(text: str, width: int) -> str:
+    """Keep the whole words that fit ("H100 80GB HBM3" → "H100 80GB"); a lone long word gets "…"."""
+    if len(text) <= width:
+        return text
+    kept = ""
+    for word in text.split():
+        candidate = f"{kept} {word}" if kept else word
+        if len(candidate) > width:
+            break
+        kept = candidate
+    return kept or shorten(text, width)
+
+
 def _cells(row: record.Row, now: float) -> list[str]:
     return [
         row.name,
@@ -75,6 +88,7 @@ def table(rows: Sequence[record.Row], now: float, width: int = 80) -> list[str]:
             widths[index] = max(MIN_WIDTHS[name], widths[index] - excess)
     lines = []
     for values in [list(HEADERS), *cells]:
+        values[model] = shorten_words(values[model], widths[model])
         padded = [shorten(v, widths[i]).ljust(widths[i]) for i, v in enumerate(values)]
         lines.append(GAP.join(padded).rstrip()[:width])
     return lines
