@@ -14,7 +14,10 @@ from typing import TextIO
 
 from gpuhealth_sim import record, view
 
-CLEAR = "\x1b[H\x1b[2J"
+HOME = "\x1b[H"
+CLEAR_LINE = "\x1b[K"
+CLEAR_BELOW = "\x1b[J"
+CLEAR_SCREEN = "\x1b[2J"
 
 
 class Live:
@@ -27,6 +30,7 @@ class Live:
         self._printed_happenings = 0
         self._printed_changes = 0
         self._verdicts: dict[str, tuple[str, str, str]] = {}
+        self._drawn = False
 
     def size(self) -> tuple[int, int]:
         columns, lines = shutil.get_terminal_size((80, 24))
@@ -38,7 +42,10 @@ class Live:
         now = time.time()
         if self.tty:
             lines = view.screen(self.seen, view.Frame(title, status), now, width, height)
-            self.out.write(CLEAR + "\n".join(lines) + "\n")
+            # Overwrite in place (home, each line then clear its rest, clear below): no flicker.
+            first = "" if self._drawn else CLEAR_SCREEN
+            self._drawn = True
+            self.out.write(first + HOME + "".join(line + CLEAR_LINE + "\n" for line in lines) + CLEAR_BELOW)
         else:
             for line in self._new_lines(width):
                 self.out.write(line + "\n")
