@@ -1,0 +1,114 @@
+{{/*
+Names and labels shared by every template. Standard helper names
+(name, fullname, chart, labels, selectorLabels, serviceAccountName) so that
+readers of other charts find their way; helm.sh/chart and version labels are
+never part of a selector, because selectors are immutable across upgrades.
+*/}}
+
+{{- define "gpu-health.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpu-health.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "gpu-health.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object. */}}
+{{- define "gpu-health.labels" -}}
+helm.sh/chart: {{ include "gpu-health.chart" . }}
+app.kubernetes.io/name: {{ include "gpu-health.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpu-health
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Stable labels that select the pods of the release (no version, no chart). */}}
+{{- define "gpu-health.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpu-health.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Per-component names, labels and selectors. */}}
+{{- define "gpu-health.operator.fullname" -}}
+{{- printf "%s-operator" (include "gpu-health.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpu-health.agent.fullname" -}}
+{{- printf "%s-agent" (include "gpu-health.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpu-health.operator.labels" -}}
+{{ include "gpu-health.labels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "gpu-health.agent.labels" -}}
+{{ include "gpu-health.labels" . }}
+app.kubernetes.io/component: agent
+{{- end }}
+
+{{- define "gpu-health.operator.selectorLabels" -}}
+{{ include "gpu-health.selectorLabels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "gpu-health.agent.selectorLabels" -}}
+{{ include "gpu-health.selectorLabels" . }}
+app.kubernetes.io/component: agent
+{{- end }}
+
+{{- define "gpu-health.operator.serviceAccountName" -}}
+{{- if .Values.operator.serviceAccount.create }}
+{{- default (include "gpu-health.operator.fullname" .) .Values.operator.serviceAccount.name }}
+{{- else }}
+{{- required "operator.serviceAccount.name is required when operator.serviceAccount.create is false" .Values.operator.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "gpu-health.agent.serviceAccountName" -}}
+{{- if .Values.agent.serviceAccount.create }}
+{{- default (include "gpu-health.agent.fullname" .) .Values.agent.serviceAccount.name }}
+{{- else }}
+{{- required "agent.serviceAccount.name is required when agent.serviceAccount.create is false" .Values.agent.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "gpu-health.operator.leaseName" -}}
+{{- default (include "gpu-health.operator.fullname" .) .Values.operator.leaderElection.leaseName }}
+{{- end }}
+
+{{- define "gpu-health.agent.scenarioConfigMap" -}}
+{{- default (printf "%s-scenario" (include "gpu-health.agent.fullname" .)) .Values.agent.sim.existingConfigMap }}
+{{- end }}
+
+{{- define "gpu-health.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* The Prometheus job label of the agent scrape, as the chart's monitors produce it. */}}
+{{- define "gpu-health.agent.scrapeJob" -}}
+{{- if .Values.metrics.prometheusRule.agentJob }}
+{{- .Values.metrics.prometheusRule.agentJob }}
+{{- else if .Values.metrics.serviceMonitor.enabled }}
+{{- printf "%s-metrics" (include "gpu-health.agent.fullname" .) }}
+{{- else if .Values.metrics.podMonitor.enabled }}
+{{- printf "%s/%s" .Release.Namespace (include "gpu-health.agent.fullname" .) }}
+{{- end }}
+{{- end }}
