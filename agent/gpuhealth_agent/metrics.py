@@ -142,6 +142,7 @@ class AgentMetrics:
             (FUNCTION, ERROR),
             registry=r,
         )
+        self.nvml_calls = c(f"{PREFIX}_nvml_calls", "Calls into NVML (all functions).", registry=r)
         self.report_writes = c(
             f"{PREFIX}_report_writes",
             "GPUNode status writes that succeeded, by reason.",

@@ -191,6 +191,33 @@ def real() -> Library:
     return lib
 
 
+class Counting:
+    """Wraps a Library and counts the calls made into it (the agent's NVML traffic, for metrics)."""
+
+    def __init__(self, lib: Library) -> None:
+        self.wrapped = lib
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self.wrapped, name)
+        if not callable(target):
+            return target
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return target(*args, **kwargs)
+
+        self.__dict__[name] = counted  # later lookups skip __getattr__
+        return counted
+
+
+def counting(lib: Library) -> tuple[Library, Counting]:
+    """The same library, counting calls: use the first as the Library, read `.calls` on the second."""
+    counter = Counting(lib)
+    typed: Library = counter
+    return typed, counter
+
+
 def text(value: bytes | str) -> str:
     """pynvml returns char arrays as bytes in some structs and str elsewhere."""
     return value.decode(errors="replace") if isinstance(value, bytes) else value

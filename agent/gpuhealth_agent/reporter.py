@@ -49,27 +49,46 @@ class GPUNodeClient:
     ) -> None:
         self.node_name = node_name
         self.timeout = request_timeout_seconds
-        self.core = k8s.CoreV1Api(api_client)
+        self.api_client = api_client
         self.custom = k8s.CustomObjectsApi(api_client)
 
     def read_node(self) -> tuple[str, int | None]:
         """The Node's uid and its advertised GPU count (nvidia.com/gpu capacity, if any)."""
         try:
-            node = self.core.read_node(self.node_name, _request_timeout=self.timeout)
+            node = self._get_json("/api/v1/nodes/{name}", {"name": self.node_name})
         except k8s_exceptions.ApiException as exc:
             if exc.status == NOT_FOUND:
                 raise NodeMissingError(f"Node {self.node_name} not found") from exc
             raise
-        capacity = (node.status.capacity if node.status else None) or {}
-        advertised = capacity.get(keys.GPU_RESOURCE)
+        advertised = node.get("status", {}).get("capacity", {}).get(keys.GPU_RESOURCE)
         try:
             expected = int(str(advertised)) if advertised is not None else None
         except ValueError:
             expected = None
-        uid = node.metadata.uid if node.metadata else None
+        uid = node.get("metadata", {}).get("uid")
         if not uid:
             raise NodeMissingError(f"Node {self.node_name} has no uid")
         return str(uid), expected
+
+    def _get_json(self, path: str, path_params: dict[str, str]) -> dict[str, Any]:
+        """GET a core API object as plain JSON.
+
+        Why not CoreV1Api: importing it loads ~250 generated model modules
+        (+20 MiB RSS) for one call; the agent's budget is 64 MiB.
+        """
+        request = self.api_client.param_serialize(
+            method="GET",
+            resource_path=path,
+            path_params=path_params,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response = self.api_client.call_api(*request, _request_timeout=self.timeout)
+        response.read()  # type: ignore[no-untyped-call]
+        data: Any = self.api_client.response_deserialize(response, {"200": "object"}).data
+        if not isinstance(data, dict):
+            raise k8s_exceptions.ApiException(status=0, reason=f"unexpected response for {path}")
+        return data
 
     def ensure_gpunode(self, node_uid: str) -> None:
         body: dict[str, Any] = {

@@ -64,7 +64,8 @@ class Agent:
         catalogue: xids.Catalogue | None = None,
     ) -> None:
         self.settings = settings
-        self.lib = lib
+        self.lib, self.nvml_counter = nvml.counting(lib)
+        self._calls_reported = 0
         self.reporter = report
         self.metrics = agent_metrics
         self.dcgm = dcgm_source
@@ -72,14 +73,14 @@ class Agent:
         self.catalogue = catalogue if catalogue is not None else xids.Catalogue.packaged()
         """XID meanings; a fleet of agents can share one copy."""
         self.collector = collector.Collector(
-            lib,
+            self.lib,
             expected_gpus=settings.expected_gpus,
             slow_period_seconds=settings.slow_period_seconds,
             enrich=self._enrich if dcgm_source is not None else None,
         )
         self.wake = threading.Event()
         self.stop = threading.Event()
-        self.watcher = events.EventWatcher(lib, wake=self.wake.set)
+        self.watcher = events.EventWatcher(self.lib, wake=self.wake.set)
         self.liveness = health.Liveness(settings.interval_seconds, clock=clock, started_at=clock())
         self._started = False
         self._threads: list[threading.Thread] = []
@@ -124,6 +125,9 @@ class Agent:
         sample = self.collector.sample(now)
         if self.metrics is not None:
             self.metrics.observe(sample)
+            calls = self.nvml_counter.calls
+            self.metrics.nvml_calls.inc(calls - self._calls_reported)
+            self._calls_reported = calls
         node_status = self.build_status(sample)
         outcome = None
         if self.reporter is not None:
