@@ -1,0 +1,528 @@
+"""A real Kubernetes control plane on loopback ports, for tests, development and the demo.
+
+etcd, kube-apiserver (RBAC, service-account token signing), kube-controller-
+manager, kube-scheduler and kwok run as child processes of the caller. kwok
+stands in for kubelets: Nodes annotated `kwok.x-k8s.io/node: fake` are kept
+Ready, their Pods run and their deletions complete, so drains and evictions
+behave as on a real cluster without containers.
+
+Deliberate differences from a production cluster, each so simulated nodes
+behave predictably:
+- no node-lifecycle or taint-eviction controller and no TaintNodesByCondition
+  admission: nothing marks Nodes unreachable or evicts their Pods behind a
+  test's back, and new Nodes are schedulable at once;
+- no leader election in the controller manager and scheduler, so they ride
+  out `stop_apiserver()` outages instead of exiting.
+
+Everything runs as the process that started it; `stop()` (also run by the
+context manager and at interpreter exit) tears it all down.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import http.client
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.parse
+from collections.abc import Callable, Sequence
+from importlib import resources
+from pathlib import Path
+from types import TracebackType
+from typing import Final, Self
+
+from kubernetes import client as kube_client
+
+from gpuhealth_sim import binaries, kubeconfigs, pki, ports, processes, waiting
+
+KWOK_NODE_ANNOTATION: Final = "kwok.x-k8s.io/node"
+KWOK_NODE_ANNOTATION_VALUE: Final = "fake"
+KWOK_STATUS_ANNOTATION: Final = "kwok.x-k8s.io/status"
+"""Nodes and Pods with this annotation (any value) keep the status their creator writes (kwok-stages.yaml)."""
+KWOK_STAGES: Final = "kwok-stages.yaml"
+KWOK_NODE_LEASE_SECONDS: Final = 40
+ADMIN_USER: Final = "gpu-health-admin"
+SERVICE_CIDR: Final = "10.96.0.0/16"
+SERVICE_IP: Final = "10.96.0.1"
+POD_CIDR: Final = "10.244.0.0/16"
+SERVICE_ACCOUNT_ISSUER: Final = "https://kubernetes.default.svc.cluster.local"
+DISABLED_CONTROLLERS: Final = (
+    "node-lifecycle-controller",
+    "taint-eviction-controller",
+    "node-ipam-controller",
+    "cloud-node-lifecycle-controller",
+    "node-route-controller",
+    "service-lb-controller",
+)
+# kube-apiserver 1.36 stops listening at once on SIGTERM but then often waits on in-flight
+# requests for far longer; its state is in etcd, so a short grace then SIGKILL loses nothing.
+STOP_GRACE_SECONDS: Final = 2.0
+
+ETCD: Final = "etcd"
+APISERVER: Final = "kube-apiserver"
+CONTROLLER_MANAGER: Final = "kube-controller-manager"
+SCHEDULER: Final = "kube-scheduler"
+KWOK: Final = "kwok"
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane could not start or is not running; the message says why."""
+
+
+class CommandError(subprocess.CalledProcessError):
+    """A kubectl or helm command failed; unlike its base class, str() includes stderr."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\nstderr:\n{self.stderr}\nstdout:\n{self.stdout}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ports:
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+    kwok: int
+
+
+@dataclasses.dataclass
+class _Running:
+    """What exists while the control plane is up."""
+
+    workdir: Path
+    owns_workdir: bool
+    ports: _Ports
+    keys: pki.Pki
+    admin: pki.CertKey
+    kubeconfig: Path
+    processes: dict[str, processes.ManagedProcess]
+
+    @property
+    def server(self) -> str:
+        return f"https://{ports.LOOPBACK}:{self.ports.apiserver}"
+
+
+class ControlPlane:
+    """etcd + kube-apiserver (+ controller manager, scheduler, kwok) on free loopback ports.
+
+    Use as a context manager, or call start() and stop(). `workdir` receives
+    the logs, certificates, kubeconfigs and etcd data; when not given a
+    temporary directory is used and removed by stop(), otherwise it is kept.
+    """
+
+    def __init__(
+        self,
+        binaries_dir: Path,
+        workdir: Path | None = None,
+        *,
+        with_kwok: bool = True,
+        with_scheduler: bool = True,
+        with_controller_manager: bool = True,
+    ) -> None:
+        self.binaries = Path(binaries_dir)
+        self._workdir = workdir
+        self._with = {CONTROLLER_MANAGER: with_controller_manager, SCHEDULER: with_scheduler, KWOK: with_kwok}
+        self._running: _Running | None = None
+        self.startup_seconds: float | None = None
+        """How long the last start() took, for reports."""
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self, timeout_seconds: float = 120) -> None:
+        """Start every component and wait until the cluster is usable (default service account exists)."""
+        if self._running is not None:
+            raise ControlPlaneError("the control plane is already running")
+        needed = [ETCD, APISERVER, "kubectl", *(name for name, on in self._with.items() if on)]
+        absent = binaries.missing(self.binaries, needed)
+        if absent:
+            raise ControlPlaneError(
+                f"{self.binaries} lacks {', '.join(absent)}; run 'make testbin' "
+                f"or point ${binaries.ASSETS_ENV} at a directory that has them"
+            )
+        began = time.monotonic()
+        deadline = began + timeout_seconds
+        if self._workdir is None:
+            workdir, owned = Path(tempfile.mkdtemp(prefix="gpuhealth-cp-")), True
+        else:
+            workdir, owned = self._workdir.resolve(), False
+            workdir.mkdir(parents=True, exist_ok=True)
+        atexit.register(self.stop)
+        try:
+            self._running = self._prepare(workdir, owned)
+            self._boot(self._running, deadline)
+        except BaseException:
+            self.stop()
+            if owned:
+                shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        self.startup_seconds = time.monotonic() - began
+
+    def stop(self) -> None:
+        """Stop every component (SIGTERM, then SIGKILL after a grace period); idempotent."""
+        running, self._running = self._running, None
+        atexit.unregister(self.stop)
+        if running is None:
+            return
+        # Dependents first so they do not log a storm of connection errors, but signal all
+        # at once and share one grace period: a test cluster has no state worth a slow exit.
+        children = list(reversed(running.processes.values()))
+        for child in children:
+            child.signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for child in children:
+            child.wait_stopped(grace_seconds=max(0.1, deadline - time.monotonic()))
+        if running.owns_workdir:
+            shutil.rmtree(running.workdir, ignore_errors=True)
+        else:
+            # Keep the logs for whoever asked for this workdir, not etcd's preallocated files.
+            shutil.rmtree(running.workdir / "etcd", ignore_errors=True)
+
+    def stop_apiserver(self) -> None:
+        """Stop only kube-apiserver (an outage); etcd and the other components keep running."""
+        self._process(APISERVER).stop(grace_seconds=STOP_GRACE_SECONDS)
+
+    def start_apiserver(self, timeout_seconds: float = 60) -> None:
+        """Start kube-apiserver again on the same port with the same keys, and wait until it is ready."""
+        running = self._require()
+        apiserver = self._process(APISERVER)
+        apiserver.start()
+        self._wait(
+            "kube-apiserver /readyz after restart",
+            lambda: _get_ok(f"{running.server}/readyz", self._admin_tls()),
+            time.monotonic() + timeout_seconds,
+            [running.processes[ETCD], apiserver],
+        )
+
+    # -- access ----------------------------------------------------------------------------------
+
+    @property
+    def workdir(self) -> Path:
+        """Logs (`<component>.log`), certificates (`pki/`), kubeconfigs and etcd data."""
+        return self._require().workdir
+
+    @property
+    def kubeconfig(self) -> Path:
+        """A kubeconfig for an administrator (group system:masters) that verifies the server's TLS."""
+        return self._require().kubeconfig
+
+    @property
+    def server(self) -> str:
+        """The API server's URL, https://127.0.0.1:<port>."""
+        return self._require().server
+
+    @property
+    def ca_cert(self) -> Path:
+        """The CA that signed the API server's certificate (for kubeconfigs of other identities)."""
+        return self._require().keys.ca.cert
+
+    def log_path(self, component: str) -> Path:
+        """The log file of `component` (e.g. "kube-apiserver", "kwok")."""
+        return self._process(component).log_path
+
+    def env(self) -> dict[str, str]:
+        """os.environ plus KUBECONFIG, the binaries first on PATH, and helm state kept in the workdir."""
+        running = self._require()
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(running.kubeconfig)
+        env["PATH"] = f"{self.binaries}{os.pathsep}{env.get('PATH', '')}"
+        for kind in ("CACHE", "CONFIG", "DATA"):
+            env[f"HELM_{kind}_HOME"] = str(running.workdir / "helm" / kind.lower())
+        return env
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the testbin kubectl as the administrator; raises CommandError (with stderr) if `check`."""
+        return self._run(
+            [str(self.binaries / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
+            input=input,
+            check=check,
+            timeout=timeout,
+        )
+
+    def helm(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the testbin helm on this cluster (KUBECONFIG from env()); raises CommandError if `check`."""
+        return self._run([str(self.binaries / "helm"), *args], input=input, check=check, timeout=timeout)
+
+    def api_client(self) -> kube_client.ApiClient:
+        """A new Kubernetes Python client authenticated as the administrator; close it when done."""
+        running = self._require()
+        configuration = kube_client.Configuration(host=running.server)
+        configuration.ssl_ca_cert = str(running.keys.ca.cert)
+        configuration.cert_file = str(running.admin.cert)
+        configuration.key_file = str(running.admin.key)
+        return kube_client.ApiClient(configuration)
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _prepare(self, workdir: Path, owned: bool) -> _Running:
+        free = _Ports(*ports.free_ports(6))
+        keys = pki.create(workdir / "pki", service_ip=SERVICE_IP)
+        admin = pki.client_cert(keys, "admin", user=ADMIN_USER, groups=("system:masters",))
+        server = f"https://{ports.LOOPBACK}:{free.apiserver}"
+        kubeconfig = kubeconfigs.write(
+            workdir / "kubeconfig", server=server, ca_cert=keys.ca.cert, user=ADMIN_USER, client=admin
+        )
+        children = {
+            ETCD: self._child(ETCD, workdir, _etcd_args(workdir, free)),
+            APISERVER: self._child(APISERVER, workdir, _apiserver_args(workdir, free, keys)),
+        }
+        if self._with[CONTROLLER_MANAGER]:
+            identity = pki.client_cert(keys, CONTROLLER_MANAGER, user="system:kube-controller-manager")
+            config = kubeconfigs.write(
+                workdir / f"{CONTROLLER_MANAGER}.kubeconfig",
+                server=server,
+                ca_cert=keys.ca.cert,
+                user="system:kube-controller-manager",
+                client=identity,
+            )
+            args = _controller_manager_args(config, free, keys)
+            children[CONTROLLER_MANAGER] = self._child(CONTROLLER_MANAGER, workdir, args)
+        if self._with[SCHEDULER]:
+            identity = pki.client_cert(keys, SCHEDULER, user="system:kube-scheduler")
+            config = kubeconfigs.write(
+                workdir / f"{SCHEDULER}.kubeconfig",
+                server=server,
+                ca_cert=keys.ca.cert,
+                user="system:kube-scheduler",
+                client=identity,
+            )
+            children[SCHEDULER] = self._child(SCHEDULER, workdir, _scheduler_args(config, free))
+        if self._with[KWOK]:
+            children[KWOK] = self._child(KWOK, workdir, _kwok_args(workdir, kubeconfig, free))
+        return _Running(
+            workdir=workdir,
+            owns_workdir=owned,
+            ports=free,
+            keys=keys,
+            admin=admin,
+            kubeconfig=kubeconfig,
+            processes=children,
+        )
+
+    def _child(self, name: str, workdir: Path, args: list[str]) -> processes.ManagedProcess:
+        return processes.ManagedProcess(name, [str(self.binaries / name), *args], workdir / f"{name}.log")
+
+    def _boot(self, running: _Running, deadline: float) -> None:
+        etcd, apiserver = running.processes[ETCD], running.processes[APISERVER]
+        # The API server retries etcd until it answers, so both start together.
+        etcd.start()
+        apiserver.start()
+        tls = self._admin_tls()
+        self._wait(
+            "kube-apiserver /readyz",
+            lambda: _get_ok(f"{running.server}/readyz", tls),
+            deadline,
+            [etcd, apiserver],
+        )
+        # The others give up if the API server is not healthy soon, hence after /readyz.
+        others = [p for name, p in running.processes.items() if name not in (ETCD, APISERVER)]
+        for child in others:
+            child.start()
+        everyone = list(running.processes.values())
+        insecure = _insecure_tls()
+        if CONTROLLER_MANAGER in running.processes:
+            url = f"https://{ports.LOOPBACK}:{running.ports.controller_manager}/healthz"
+            self._wait("kube-controller-manager /healthz", lambda: _get_ok(url, insecure), deadline, everyone)
+            # The service-account controller creating this proves the controllers run.
+            sa = f"{running.server}/api/v1/namespaces/default/serviceaccounts/default"
+            self._wait("the default service account", lambda: _get_ok(sa, tls), deadline, everyone)
+        if SCHEDULER in running.processes:
+            url = f"https://{ports.LOOPBACK}:{running.ports.scheduler}/healthz"
+            self._wait("kube-scheduler /healthz", lambda: _get_ok(url, insecure), deadline, everyone)
+        if KWOK in running.processes:
+            url = f"http://{ports.LOOPBACK}:{running.ports.kwok}/healthz"
+            self._wait("kwok /healthz", lambda: _get_ok(url, None), deadline, everyone)
+        namespace = f"{running.server}/api/v1/namespaces/default"
+        self._wait("the default namespace", lambda: _get_ok(namespace, tls), deadline, everyone)
+
+    def _wait(
+        self,
+        what: str,
+        check: Callable[[], bool],
+        deadline: float,
+        watched: Sequence[processes.ManagedProcess],
+    ) -> None:
+        def probe() -> bool:
+            for child in watched:
+                if not child.running():
+                    raise child.failure(f"exited while waiting for {what}")
+            return check()
+
+        try:
+            waiting.wait_until(
+                probe,
+                timeout_seconds=max(0.0, deadline - time.monotonic()),
+                interval_seconds=0.1,
+                message=f"waiting for {what}",
+            )
+        except TimeoutError as error:
+            tails = "\n".join(
+                f"--- {child.name} ({child.log_path}), last lines:\n{child.log_tail(20)}" for child in watched
+            )
+            raise ControlPlaneError(f"{error}\n{tails}") from error
+
+    def _admin_tls(self) -> ssl.SSLContext:
+        running = self._require()
+        context = ssl.create_default_context(cafile=str(running.keys.ca.cert))
+        context.load_cert_chain(str(running.admin.cert), str(running.admin.key))
+        return context
+
+    def _run(
+        self, argv: list[str], *, input: str | None, check: bool, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            argv, input=input, capture_output=True, text=True, env=self.env(), timeout=timeout, check=False
+        )
+        if check and result.returncode != 0:
+            raise CommandError(result.returncode, argv, result.stdout, result.stderr)
+        return result
+
+    def _require(self) -> _Running:
+        if self._running is None:
+            raise ControlPlaneError(
+                "the control plane is not running: call start() or use it as a context manager"
+            )
+        return self._running
+
+    def _process(self, name: str) -> processes.ManagedProcess:
+        running = self._require()
+        if name not in running.processes:
+            raise ControlPlaneError(
+                f"{name} is not part of this control plane (started: {', '.join(running.processes)})"
+            )
+        return running.processes[name]
+
+
+def _etcd_args(workdir: Path, free: _Ports) -> list[str]:
+    client = f"http://{ports.LOOPBACK}:{free.etcd_client}"
+    peer = f"http://{ports.LOOPBACK}:{free.etcd_peer}"
+    return [
+        "--name=default",
+        f"--data-dir={workdir / 'etcd'}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=default={peer}",
+        # Test data is disposable; skipping fsync makes every write (and startup) much faster.
+        "--unsafe-no-fsync",
+        "--log-level=warn",
+    ]
+
+
+def _apiserver_args(workdir: Path, free: _Ports, keys: pki.Pki) -> list[str]:
+    return [
+        f"--etcd-servers=http://{ports.LOOPBACK}:{free.etcd_client}",
+        f"--bind-address={ports.LOOPBACK}",
+        f"--advertise-address={ports.LOOPBACK}",
+        f"--secure-port={free.apiserver}",
+        f"--cert-dir={workdir / 'apiserver-certs'}",
+        f"--tls-cert-file={keys.serving.cert}",
+        f"--tls-private-key-file={keys.serving.key}",
+        f"--client-ca-file={keys.ca.cert}",
+        "--authorization-mode=RBAC",
+        f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+        f"--service-account-key-file={keys.service_account_public_key}",
+        f"--service-account-signing-key-file={keys.service_account_key}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--allow-privileged=true",
+        # Without the node-lifecycle controller nothing would lift the not-ready taint.
+        "--disable-admission-plugins=TaintNodesByCondition",
+        "--profiling=false",
+    ]
+
+
+def _controller_manager_args(kubeconfig: Path, free: _Ports, keys: pki.Pki) -> list[str]:
+    return [
+        f"--kubeconfig={kubeconfig}",
+        f"--bind-address={ports.LOOPBACK}",
+        f"--secure-port={free.controller_manager}",
+        "--leader-elect=false",
+        "--controllers=*," + ",".join(f"-{name}" for name in DISABLED_CONTROLLERS),
+        "--use-service-account-credentials=true",
+        f"--service-account-private-key-file={keys.service_account_key}",
+        f"--root-ca-file={keys.ca.cert}",
+        f"--cluster-signing-cert-file={keys.ca.cert}",
+        f"--cluster-signing-key-file={keys.ca.key}",
+        f"--cluster-name={kubeconfigs.CLUSTER_NAME}",
+        "--profiling=false",
+    ]
+
+
+def _scheduler_args(kubeconfig: Path, free: _Ports) -> list[str]:
+    return [
+        f"--kubeconfig={kubeconfig}",
+        f"--bind-address={ports.LOOPBACK}",
+        f"--secure-port={free.scheduler}",
+        "--leader-elect=false",
+        "--profiling=false",
+    ]
+
+
+def _kwok_args(workdir: Path, kubeconfig: Path, free: _Ports) -> list[str]:
+    # Our own stages (kwok 0.8 has no built-in ones), and never a developer's ~/.kwok/kwok.yaml.
+    config = workdir / "kwok.yaml"
+    config.write_text(resources.files("gpuhealth_sim").joinpath(KWOK_STAGES).read_text(encoding="utf-8"))
+    return [
+        f"--config={config}",
+        f"--kubeconfig={kubeconfig}",
+        "--manage-all-nodes=false",
+        f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}={KWOK_NODE_ANNOTATION_VALUE}",
+        # Like a kubelet: the Lease is the liveness signal, renewed every quarter of its duration.
+        f"--node-lease-duration-seconds={KWOK_NODE_LEASE_SECONDS}",
+        f"--server-address={ports.LOOPBACK}:{free.kwok}",
+        f"--cidr={POD_CIDR}",
+        f"--node-ip={ports.LOOPBACK}",
+    ]
+
+
+def _get_ok(url: str, tls: ssl.SSLContext | None) -> bool:
+    """True if GET `url` answers 200; connection errors propagate (wait_until retries them).
+
+    http.client rather than urllib: no proxy settings apply, and the socket is closed
+    even when the request fails (urllib leaks it, a ResourceWarning under pytest).
+    """
+    parts = urllib.parse.urlsplit(url)
+    host, port = parts.hostname or ports.LOOPBACK, parts.port
+    connection = (
+        http.client.HTTPSConnection(host, port, timeout=2, context=tls)
+        if parts.scheme == "https"
+        else http.client.HTTPConnection(host, port, timeout=2)
+    )
+    try:
+        connection.request("GET", parts.path or "/")
+        response = connection.getresponse()
+        response.read()
+        return response.status == 200
+    finally:
+        connection.close()
+
+
+def _insecure_tls() -> ssl.SSLContext:
+    """For the controller manager's and scheduler's self-signed health endpoints on loopback."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
