@@ -296,7 +296,7 @@ class Collector:
             return int(self.lib.nvmlDeviceGetIndex(handle))
         except nvml.NVMLError:
             for track in self._tracks.values():
-                if track.identity.handle == handle:
+                if nvml.same_device(track.identity.handle, handle):
                     return track.identity.index
             return None
 

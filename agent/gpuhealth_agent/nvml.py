@@ -10,6 +10,7 @@ path serves a real H100 and a scripted scenario.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from typing import Any, Final, Protocol
 
@@ -216,6 +217,17 @@ def counting(lib: Library) -> tuple[Library, Counting]:
     counter = Counting(lib)
     typed: Library = counter
     return typed, counter
+
+
+def same_device(a: Any, b: Any) -> bool:
+    """Whether two device handles name the same GPU.
+
+    pynvml handles are ctypes pointers, which compare by object identity, not
+    by address; an event's handle is a new object for the same device.
+    """
+    if isinstance(a, ctypes._Pointer) and isinstance(b, ctypes._Pointer):
+        return ctypes.cast(a, ctypes.c_void_p).value == ctypes.cast(b, ctypes.c_void_p).value
+    return bool(a == b)
 
 
 def text(value: bytes | str) -> str:

@@ -121,7 +121,6 @@ class _Gpu:
     not_supported: set[str]
     failures: dict[str, tuple[str, float | None]] = dataclasses.field(default_factory=dict)
     lost: bool = False
-    removed: bool = False
 
 
 class SimulatedNvml:
@@ -203,7 +202,7 @@ class SimulatedNvml:
         self.calls += 1
         now = self._advance()
         gpu = self._gpus[handle.gpu]
-        if gpu.removed or gpu.lost:
+        if gpu.lost:
             raise nvml.error("GpuIsLost")
         failure = gpu.failures.get(function)
         if failure is not None:
@@ -216,7 +215,8 @@ class SimulatedNvml:
         return gpu.facts
 
     def _visible(self) -> list[int]:
-        return [i for i, gpu in enumerate(self._gpus) if not gpu.removed]
+        """GPU indexes the driver enumerates: all (a lost GPU stays enumerated, as with the driver)."""
+        return list(range(len(self._gpus)))
 
     # --- system --------------------------------------------------------------------------------------
 

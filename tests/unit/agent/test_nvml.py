@@ -1,0 +1,46 @@
+"""The NVML surface: pynvml's errors by name, a shim for old bindings, call counting, handle identity."""
+
+import ctypes
+
+import pynvml
+import pytest
+
+from gpuhealth_agent import nvml, scenario, simulated
+
+
+def test_errors_by_short_name_are_pynvmls_classes() -> None:
+    assert isinstance(nvml.error("GpuIsLost"), pynvml.NVMLError_GpuIsLost)
+    assert isinstance(nvml.error("NotSupported"), pynvml.NVMLError_NotSupported)
+    assert nvml.error_name(pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)) == "Timeout"
+    assert {"Unknown", "GpuIsLost", "NotSupported", "Timeout", "FunctionNotFound"} <= nvml.ERROR_NAMES
+
+
+def test_a_function_the_binding_lacks_raises_function_not_found() -> None:
+    lib = nvml.real()
+    with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+        lib.nvmlDeviceGetSomethingFromTheFuture()  # type: ignore[attr-defined]
+    assert lib.nvmlDeviceGetCount is pynvml.nvmlDeviceGetCount
+
+
+def test_recovery_action_names_match_the_contract() -> None:
+    assert nvml.RECOVERY_ACTIONS[pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET] == "GpuReset"
+    assert nvml.RECOVERY_ACTIONS[pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET] == "DrainAndReset"
+    assert nvml.FI_DEV_GET_GPU_RECOVERY_ACTION == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+
+
+def test_counting_counts_every_call_and_passes_through() -> None:
+    sim = simulated.SimulatedNvml(scenario.parse("gpus: 2\n"), clock=lambda: 0.0, start=0.0)
+    lib, counter = nvml.counting(sim)
+    assert lib.nvmlDeviceGetCount() == 2
+    handle = lib.nvmlDeviceGetHandleByIndex(1)
+    assert lib.nvmlDeviceGetUUID(handle) == sim.uuid(1)
+    assert counter.calls == 3
+
+
+def test_same_device_compares_pointers_by_address() -> None:
+    target = ctypes.c_int(5)
+    a = ctypes.pointer(target)
+    b = ctypes.pointer(target)
+    assert a is not b and nvml.same_device(a, b)
+    assert not nvml.same_device(a, ctypes.pointer(ctypes.c_int(5)))
+    assert nvml.same_device(simulated.Handle(1), simulated.Handle(1))
