@@ -169,7 +169,13 @@ class Agent:
 
     def _enrich(self, gpus: list[status.GPUStatus], now: float) -> None:
         assert self.dcgm is not None
-        ok = self.dcgm.apply(gpus, lambda index, code: self.collector.record_xid(index, code, now))
+
+        def record(index: int, code: int) -> None:
+            self.collector.record_xid(index, code, now)
+            if self.metrics is not None:
+                self.metrics.xid(index, self.collector.uuid_of(index), code)
+
+        ok = self.dcgm.apply(gpus, record)
         if not ok and self.metrics is not None:
             self.metrics.dcgm_scrape_failures.inc()
 

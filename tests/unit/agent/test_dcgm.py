@@ -4,9 +4,10 @@ import http.server
 import threading
 from collections.abc import Iterator
 
+import prometheus_client
 import pytest
 
-from gpuhealth_agent import dcgm
+from gpuhealth_agent import dcgm, metrics, runner, scenario, simulated
 from gpuhealth_api import status
 
 EXPORTER_TEXT = """\
@@ -124,3 +125,24 @@ def test_an_unreachable_exporter_is_counted_and_nvml_facts_stand() -> None:
     assert not source.apply(facts, lambda *_: None)
     assert source.failures == 1
     assert facts == gpus()
+
+
+def test_the_agent_folds_dcgm_facts_into_its_report(exporter: str) -> None:
+    lib = simulated.library(scenario.parse("gpus: 2\n"), clock=lambda: 0.0, start=0.0)
+    registry = prometheus_client.CollectorRegistry()
+    agent = runner.Agent(
+        runner.Settings("n", runner.BACKEND_SIM, event_thread=False),
+        lib,
+        agent_metrics=metrics.AgentMetrics(registry),
+        dcgm_source=dcgm.DcgmSource(exporter),
+        clock=lambda: 1_800_000_000.0,
+    )
+    gpus = agent.run_once().status["gpus"]
+    assert gpus[0]["ecc"]["uncorrectedVolatile"] == 2
+    assert gpus[1]["remappedRows"]["failure"] is True
+    assert gpus[1]["xids"] == [{"code": 74, "count": 1, "lastSeen": "2027-01-15T08:00:00.000Z"}]
+    labels = {"gpu": "1", "uuid": gpus[1]["uuid"], "code": "74"}
+    assert registry.get_sample_value("gpuhealth_agent_gpu_xid_errors_total", labels) == 1
+    agent.dcgm = dcgm.DcgmSource("http://127.0.0.1:9/metrics", timeout_seconds=1)  # nothing listens on port 9
+    assert agent.run_once().status["gpus"][0]["ecc"]["uncorrectedVolatile"] == 0  # NVML facts still reported
+    assert registry.get_sample_value("gpuhealth_agent_dcgm_scrape_failures_total") == 1
