@@ -1,0 +1,742 @@
+"""`helm install` of the chart into the local control plane, and RBAC proven with real tokens.
+
+One release serves the module. It runs in a namespace that enforces Pod
+Security "restricted", so its pods being admitted at all proves both
+workloads pass it. Three kwok nodes carry a label unique to this module: two
+are GPU nodes (`nvidia.com/gpu.present=true`), one is not; the agent's
+nodeSelector adds the unique label to the chart's default so the DaemonSet
+never lands on other tests' nodes.
+
+RBAC is proven by acting, not by reading rules: tokens are requested for the
+chart's service accounts (the agent's bound to its pod on a GPU node, so the
+token carries that node's name) and kubectl runs as those identities.
+No gpu-health process runs here (kwok runs pods without containers), so the
+tests act as the operator and the agent would, with their permissions.
+"""
+
+import base64
+import contextlib
+import dataclasses
+import datetime
+import json
+import secrets
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuhealth_api import keys, resources
+from gpuhealth_sim import controlplane, waiting
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "gpu-health"
+TIMEOUT_SECONDS = 60.0
+UNIQUE_LABEL = "e2e.gpuhealth.io/chart"
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+SCENARIO = "gpus: 4\nmodel: NVIDIA H100 80GB HBM3\ndriverVersion: 570.124.06\n"
+RESTRICTED_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": 65532,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Release:
+    name: str
+    namespace: str
+    suffix: str
+    gpu_nodes: tuple[str, str]
+    cpu_node: str
+    policy: str
+    fullname: str
+
+    @property
+    def operator_sa(self) -> str:
+        return f"{self.fullname}-operator"
+
+    @property
+    def agent_sa(self) -> str:
+        return f"{self.fullname}-agent"
+
+    @property
+    def lease(self) -> str:
+        return f"{self.fullname}-operator"
+
+
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    """A service account: kubectl through a kubeconfig holding only its token, or raw API requests."""
+
+    cp: controlplane.ControlPlane
+    kubeconfig: Path
+    token: str
+
+    def request(self, method: str, path: str, body: object, content_type: str = MERGE_PATCH) -> int:
+        """Send one API request as this identity, as the operator's client does; the HTTP status."""
+        request = urllib.request.Request(
+            self.cp.server + path,
+            data=json.dumps(body).encode(),
+            method=method,
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": content_type},
+        )
+        tls = ssl.create_default_context(cafile=str(self.cp.ca_cert))
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=tls)
+        )
+        try:
+            with opener.open(request, timeout=30) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as error:
+            with error:
+                return error.code
+
+    def kubectl(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.cp.binaries / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    def allowed(self, *args: str, input: str | None = None) -> str:
+        result = self.kubectl(*args, input=input)
+        assert result.returncode == 0, f"expected allowed: kubectl {' '.join(args)}\n{result.stderr}"
+        return result.stdout
+
+    def denied(self, *args: str, input: str | None = None) -> str:
+        result = self.kubectl(*args, input=input)
+        assert result.returncode != 0, (
+            f"expected denied, was allowed: kubectl {' '.join(args)}\n{result.stdout}"
+        )
+        assert "forbidden" in result.stderr.lower() or "denied" in result.stderr.lower(), result.stderr
+        return result.stderr
+
+
+def identity(cp: controlplane.ControlPlane, token: str, directory: Path, name: str) -> Identity:
+    path = directory / f"{name}.kubeconfig"
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "local", "cluster": {"server": cp.server, "certificate-authority": str(cp.ca_cert)}}
+        ],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": name, "context": {"cluster": "local", "user": name}}],
+        "current-context": name,
+    }
+    path.write_text(yaml.safe_dump(config))
+    return Identity(cp, path, token)
+
+
+def token_claims(token: str) -> dict[str, Any]:
+    payload = token.split(".")[1]
+    claims: dict[str, Any] = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    return claims
+
+
+def node_manifest(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels, "annotations": {"kwok.x-k8s.io/node": "fake"}},
+    }
+
+
+def pods_of(cp: controlplane.ControlPlane, namespace: str, component: str) -> list[dict[str, Any]]:
+    out = cp.kubectl(
+        "get", "pods", "-n", namespace, "-l", f"app.kubernetes.io/component={component}", "-o", "json"
+    ).stdout
+    items: list[dict[str, Any]] = json.loads(out)["items"]
+    return items
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def install_values(suffix: str, policy: str) -> dict[str, Any]:
+    return {
+        "operator": {"nodeSelector": {UNIQUE_LABEL: suffix}},
+        "agent": {
+            "nodeSelector": {keys.GPU_PRESENT_LABEL: "true", UNIQUE_LABEL: suffix},
+            "backend": "sim",
+            "sim": {"scenario": SCENARIO},
+        },
+        "defaultPolicy": {
+            "enabled": True,
+            "name": policy,
+            "nodeSelector": {"matchLabels": {UNIQUE_LABEL: suffix}},
+        },
+    }
+
+
+@contextlib.contextmanager
+def namespace_and_nodes(
+    cp: controlplane.ControlPlane, suffix: str
+) -> Iterator[tuple[str, tuple[str, str], str]]:
+    namespace = f"chart-e2e-{suffix}"
+    gpu_nodes = (f"chart-{suffix}-gpu-0", f"chart-{suffix}-gpu-1")
+    cpu_node = f"chart-{suffix}-cpu-0"
+    cp.kubectl("create", "namespace", namespace)
+    try:
+        # Proves both workloads pass Pod Security "restricted": their pods are admitted.
+        cp.kubectl(
+            "label",
+            "namespace",
+            namespace,
+            "pod-security.kubernetes.io/enforce=restricted",
+            "pod-security.kubernetes.io/enforce-version=latest",
+        )
+        manifests = [
+            node_manifest(name, {keys.GPU_PRESENT_LABEL: "true", UNIQUE_LABEL: suffix}) for name in gpu_nodes
+        ] + [node_manifest(cpu_node, {UNIQUE_LABEL: suffix})]
+        cp.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(manifests))
+        capacity = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+        for name in (*gpu_nodes, cpu_node):
+            cp.kubectl(
+                "patch",
+                "node",
+                name,
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                json.dumps({"status": {"capacity": capacity, "allocatable": capacity}}),
+            )
+        yield namespace, gpu_nodes, cpu_node
+    finally:
+        cp.kubectl("delete", "node", *gpu_nodes, cpu_node, "--ignore-not-found", "--wait=false")
+        cp.kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=false")
+
+
+@pytest.fixture(scope="module")
+def release(crds: controlplane.ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+    suffix = secrets.token_hex(3)
+    name = f"chart-{suffix}"
+    policy = f"chart-e2e-{suffix}"
+    values = tmp_path_factory.mktemp("chart") / "values.yaml"
+    values.write_text(yaml.safe_dump(install_values(suffix, policy)))
+    with namespace_and_nodes(crds, suffix) as (namespace, gpu_nodes, cpu_node):
+        crds.helm("install", name, str(CHART), "--namespace", namespace, "-f", str(values), timeout=180)
+        try:
+            yield Release(name, namespace, suffix, gpu_nodes, cpu_node, policy, f"{name}-gpu-health")
+        finally:
+            crds.helm("uninstall", name, "--namespace", namespace, check=False, timeout=180)
+            crds.kubectl("delete", resources.GPUNODE_PLURAL, *gpu_nodes, "--ignore-not-found", "--wait=false")
+
+
+@pytest.fixture(scope="module")
+def agent_pods(crds: controlplane.ControlPlane, release: Release) -> dict[str, str]:
+    """node name -> name of the agent pod running there, once every agent runs."""
+
+    def running() -> dict[str, str] | None:
+        pods = pods_of(crds, release.namespace, "agent")
+        placed = {
+            p["spec"].get("nodeName"): p["metadata"]["name"]
+            for p in pods
+            if p["status"].get("phase") == "Running"
+        }
+        return placed if len(placed) == len(release.gpu_nodes) else None
+
+    placed: dict[str, str] = waiting.wait_until(
+        running, timeout_seconds=TIMEOUT_SECONDS, message="an agent pod running on each GPU node"
+    )
+    return placed
+
+
+@pytest.fixture(scope="module")
+def operator_pod(crds: controlplane.ControlPlane, release: Release) -> str:
+    def running() -> str | None:
+        pods = [
+            p for p in pods_of(crds, release.namespace, "operator") if p["status"].get("phase") == "Running"
+        ]
+        return pods[0]["metadata"]["name"] if pods else None
+
+    pod: str = waiting.wait_until(running, timeout_seconds=TIMEOUT_SECONDS, message="a running operator pod")
+    return pod
+
+
+@pytest.fixture(scope="module")
+def as_operator(
+    crds: controlplane.ControlPlane,
+    release: Release,
+    operator_pod: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Identity:
+    token = crds.kubectl(
+        "create", "token", release.operator_sa, "-n", release.namespace,
+        "--bound-object-kind=Pod", f"--bound-object-name={operator_pod}", "--duration=30m",
+    ).stdout.strip()  # fmt: skip
+    return identity(crds, token, tmp_path_factory.mktemp("operator-identity"), "operator")
+
+
+@pytest.fixture(scope="module")
+def as_agent(
+    crds: controlplane.ControlPlane,
+    release: Release,
+    agent_pods: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Identity:
+    """The agent of the first GPU node, with a token bound to its pod there."""
+    token = crds.kubectl(
+        "create", "token", release.agent_sa, "-n", release.namespace,
+        "--bound-object-kind=Pod", f"--bound-object-name={agent_pods[release.gpu_nodes[0]]}",
+        "--duration=30m",
+    ).stdout.strip()  # fmt: skip
+    claims = token_claims(token)
+    assert claims["kubernetes.io"]["node"]["name"] == release.gpu_nodes[0], claims
+    return identity(crds, token, tmp_path_factory.mktemp("agent-identity"), "agent")
+
+
+@pytest.fixture(scope="module")
+def victim(crds: controlplane.ControlPlane, release: Release) -> Iterator[str]:
+    """A plain pod on the first GPU node, for eviction attempts."""
+    name = "victim"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": release.namespace},
+        "spec": {
+            "nodeName": release.gpu_nodes[0],
+            "securityContext": RESTRICTED_SECURITY,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.invalid/workload:1",
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                }
+            ],
+        },
+    }
+    crds.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    yield name
+    crds.kubectl("delete", "pod", name, "-n", release.namespace, "--ignore-not-found", "--wait=false")
+
+
+def apply_args(field_manager: str, *, status: bool = False) -> list[str]:
+    """kubectl arguments for a server-side apply from stdin, as the agent and operator write."""
+    return [
+        "apply",
+        "--server-side",
+        f"--field-manager={field_manager}",
+        *(["--subresource=status"] * status),
+        "-f",
+        "-",
+    ]
+
+
+def gpunode(name: str, node_uid: str | None = None) -> str:
+    meta: dict[str, Any] = {"name": name}
+    if node_uid:
+        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid}]
+    return json.dumps({"apiVersion": resources.API_VERSION, "kind": resources.GPUNODE_KIND, "metadata": meta})
+
+
+def gpunode_status(name: str, status: dict[str, Any]) -> str:
+    return json.dumps(
+        {
+            "apiVersion": resources.API_VERSION,
+            "kind": resources.GPUNODE_KIND,
+            "metadata": {"name": name},
+            "status": status,
+        }
+    )
+
+
+def agent_status() -> dict[str, Any]:
+    return {
+        "agent": {"version": "0.1.0", "backend": "sim", "lastHeartbeatTime": now(), "heartbeatSeconds": 60},
+        "summary": {"gpuCount": 4, "model": "NVIDIA H100 80GB HBM3", "maxTemperatureCelsius": 42},
+    }
+
+
+def node_uid(cp: controlplane.ControlPlane, name: str) -> str:
+    return cp.kubectl("get", "node", name, "-o", "jsonpath={.metadata.uid}").stdout
+
+
+# -- the install -------------------------------------------------------------------------------------
+
+
+def test_crds_are_established(crds: controlplane.ControlPlane, release: Release) -> None:
+    for plural in (resources.GPUNODE_PLURAL, resources.POLICY_PLURAL):
+        status = crds.kubectl(
+            "get",
+            "crd",
+            f"{plural}.{resources.GROUP}",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type=='Established')].status}",
+        ).stdout
+        assert status == "True"
+
+
+def test_install_creates_workloads_rbac_and_admission_policy(
+    crds: controlplane.ControlPlane, release: Release
+) -> None:
+    ns = ["-n", release.namespace]
+    names = {
+        ("deployment", release.fullname + "-operator", True),
+        ("daemonset", release.fullname + "-agent", True),
+        ("serviceaccount", release.operator_sa, True),
+        ("serviceaccount", release.agent_sa, True),
+        ("service", release.fullname + "-operator-metrics", True),
+        ("service", release.fullname + "-agent-metrics", True),
+        ("poddisruptionbudget", release.fullname + "-operator", True),
+        ("role", release.fullname + "-operator-leader-election", True),
+        ("rolebinding", release.fullname + "-operator-leader-election", True),
+        ("configmap", release.fullname + "-agent-scenario", True),
+        ("clusterrole", release.fullname + "-operator", False),
+        ("clusterrolebinding", release.fullname + "-operator", False),
+        ("clusterrole", release.fullname + "-agent", False),
+        ("clusterrolebinding", release.fullname + "-agent", False),
+        ("validatingadmissionpolicy", release.fullname + "-agent-own-node", False),
+        ("validatingadmissionpolicybinding", release.fullname + "-agent-own-node", False),
+    }
+    for kind, name, namespaced in sorted(names):
+        crds.kubectl("get", kind, name, *(ns if namespaced else []))
+    crds.kubectl("get", "role,rolebinding", release.fullname + "-operator-events", "-n", "default")
+
+
+def test_agents_run_on_gpu_nodes_only(
+    crds: controlplane.ControlPlane, release: Release, agent_pods: dict[str, str]
+) -> None:
+    assert set(agent_pods) == set(release.gpu_nodes)
+    placed = {p["spec"].get("nodeName") for p in pods_of(crds, release.namespace, "agent")}
+    assert release.cpu_node not in placed
+    daemonset = json.loads(
+        crds.kubectl(
+            "get", "daemonset", release.fullname + "-agent", "-n", release.namespace, "-o", "json"
+        ).stdout
+    )
+    assert daemonset["status"]["desiredNumberScheduled"] == len(release.gpu_nodes)
+
+
+def test_both_workloads_pass_pod_security_restricted(
+    crds: controlplane.ControlPlane, release: Release, agent_pods: dict[str, str], operator_pod: str
+) -> None:
+    # The pods above exist in a namespace enforcing "restricted"; a privileged pod does not get in.
+    privileged = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "privileged", "namespace": release.namespace},
+        "spec": {"containers": [{"name": "c", "image": "x", "securityContext": {"privileged": True}}]},
+    }
+    result = crds.kubectl("apply", "-f", "-", input=json.dumps(privileged), check=False)
+    assert result.returncode != 0
+    assert "violates PodSecurity" in result.stderr
+
+    def ready_operators() -> bool:
+        deployment = crds.kubectl(
+            "get", "deployment", release.fullname + "-operator", "-n", release.namespace, "-o", "json"
+        )
+        return json.loads(deployment.stdout)["status"].get("readyReplicas") == 2
+
+    waiting.wait_until(
+        ready_operators, timeout_seconds=TIMEOUT_SECONDS, message="both operator replicas ready"
+    )
+
+
+def test_default_policy_applies_cleanly(crds: controlplane.ControlPlane, release: Release) -> None:
+    policy = json.loads(crds.kubectl("get", resources.POLICY_PLURAL, release.policy, "-o", "json").stdout)
+    assert policy["spec"]["dryRun"] is True
+    # Helm merges maps: the chart's GPU label stays, this module's label narrows it to its nodes.
+    assert policy["spec"]["nodeSelector"] == {
+        "matchLabels": {keys.GPU_PRESENT_LABEL: "true", UNIQUE_LABEL: release.suffix}
+    }
+    assert {r["name"] for r in policy["spec"]["rules"]} >= {"ecc", "xid", "lost"}
+
+
+# -- the operator's permissions ---------------------------------------------------------------------
+
+
+def test_operator_can_watch_and_change_nodes(
+    crds: controlplane.ControlPlane, as_operator: Identity, release: Release
+) -> None:
+    node = release.gpu_nodes[1]
+    as_operator.allowed("get", "nodes", "-l", f"{UNIQUE_LABEL}={release.suffix}")
+    as_operator.allowed("get", "--raw", "/api/v1/nodes?watch=1&timeoutSeconds=1")
+    as_operator.allowed("label", "node", node, f"{keys.HEALTH_LABEL}=unhealthy", "--overwrite")
+    as_operator.allowed(
+        "annotate", "node", node, f"{keys.CORDONED_BY_ANNOTATION}={release.policy}", "--overwrite"
+    )
+    as_operator.allowed(
+        "taint", "node", node, f"{keys.UNHEALTHY_TAINT}=EccUncorrectable:NoSchedule", "--overwrite"
+    )
+    # Cordon and the Node condition as the operator sends them (kubectl cordon exits 0 even when
+    # forbidden, and kubectl patch --subresource reads the subresource first).
+    assert as_operator.request("PATCH", f"/api/v1/nodes/{node}", {"spec": {"unschedulable": True}}) == 200
+    assert crds.kubectl("get", "node", node, "-o", "jsonpath={.spec.unschedulable}").stdout == "true"
+    assert as_operator.request("PATCH", f"/api/v1/nodes/{node}", {"spec": {"unschedulable": None}}) == 200
+    as_operator.allowed("taint", "node", node, f"{keys.UNHEALTHY_TAINT}-")
+    condition = {
+        "type": keys.NODE_CONDITION_TYPE,
+        "status": "False",
+        "reason": "EccUncorrectable",
+        "message": "e2e",
+        "lastTransitionTime": now(),
+        "lastHeartbeatTime": now(),
+    }
+    status_path = f"/api/v1/nodes/{node}/status"
+    body = {"status": {"conditions": [condition]}}
+    assert as_operator.request("PATCH", status_path, body, STRATEGIC_MERGE_PATCH) == 200
+    conditions = crds.kubectl("get", "node", node, "-o", "jsonpath={.status.conditions[*].type}").stdout
+    assert keys.NODE_CONDITION_TYPE in conditions.split()
+
+
+def test_operator_can_drain_through_evictions_only(
+    crds: controlplane.ControlPlane, as_operator: Identity, release: Release, victim: str
+) -> None:
+    node = release.gpu_nodes[0]
+    waiting.wait_until(
+        lambda: (
+            "Running"
+            in crds.kubectl(
+                "get", "pod", victim, "-n", release.namespace, "-o", "jsonpath={.status.phase}"
+            ).stdout
+        ),
+        timeout_seconds=TIMEOUT_SECONDS,
+        message="the victim pod runs",
+    )
+    listed = as_operator.allowed(
+        "get", "pods", "-A", "--field-selector", f"spec.nodeName={node}", "-o", "name"
+    )
+    assert f"pod/{victim}" in listed
+    as_operator.denied("delete", "pod", victim, "-n", release.namespace)
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": victim, "namespace": release.namespace},
+    }
+    as_operator.allowed(
+        "create", "--raw", f"/api/v1/namespaces/{release.namespace}/pods/{victim}/eviction", "-f", "-",
+        input=json.dumps(eviction),
+    )  # fmt: skip
+    waiting.wait_until(
+        lambda: (
+            crds.kubectl(
+                "get", "pod", victim, "-n", release.namespace, "--ignore-not-found", "-o", "name"
+            ).stdout
+            == ""
+        ),
+        timeout_seconds=TIMEOUT_SECONDS,
+        message="the evicted pod is gone",
+    )
+
+
+def test_operator_can_post_and_bump_node_events(as_operator: Identity, release: Release) -> None:
+    name = f"{release.gpu_nodes[0]}.gpuhealth.e2e"
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": name, "namespace": "default"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": release.gpu_nodes[0]},
+        "reason": "EccUncorrectable",
+        "message": "e2e",
+        "type": "Warning",
+        "source": {"component": "gpu-health-operator"},
+        "firstTimestamp": now(),
+        "lastTimestamp": now(),
+        "count": 1,
+    }
+    try:
+        as_operator.allowed("create", "-f", "-", input=json.dumps(event))
+        as_operator.allowed("get", "event", name, "-n", "default")
+        as_operator.allowed("patch", "event", name, "-n", "default", "--type=merge", "-p", '{"count": 2}')
+        as_operator.denied(
+            "create",
+            "-f",
+            "-",
+            input=json.dumps({**event, "metadata": {"name": name, "namespace": release.namespace}}),
+        )
+    finally:
+        as_operator.cp.kubectl("delete", "event", name, "-n", "default", "--ignore-not-found")
+
+
+def test_operator_can_read_facts_and_write_verdicts(
+    crds: controlplane.ControlPlane, as_operator: Identity, release: Release
+) -> None:
+    name = release.gpu_nodes[1]
+    crds.kubectl(
+        "apply", "--server-side", "--field-manager=e2e", "-f", "-", input=gpunode(name, node_uid(crds, name))
+    )
+    as_operator.allowed("get", resources.GPUNODE_PLURAL)
+    as_operator.allowed(
+        "get", "--raw", f"/apis/{resources.API_VERSION}/{resources.GPUNODE_PLURAL}?watch=1&timeoutSeconds=1"
+    )
+    verdict = {"health": "Unhealthy", "issues": "EccUncorrectable", "action": "DryRun"}
+    as_operator.allowed(
+        *apply_args(resources.OPERATOR_FIELD_MANAGER, status=True), input=gpunode_status(name, verdict)
+    )
+    as_operator.allowed("get", resources.POLICY_PLURAL, release.policy)
+    policy_status = {
+        "apiVersion": resources.API_VERSION,
+        "kind": resources.POLICY_KIND,
+        "metadata": {"name": release.policy},
+        "status": {"selectedNodes": 2, "unhealthyNodes": 1, "cordonedNodes": 0, "pendingNodes": 0},
+    }
+    as_operator.allowed(
+        *apply_args(resources.OPERATOR_FIELD_MANAGER, status=True), input=json.dumps(policy_status)
+    )
+    # The facts are the agent's: the operator cannot rewrite or delete the objects.
+    as_operator.denied("delete", resources.GPUNODE_PLURAL, name)
+    as_operator.denied("delete", resources.POLICY_PLURAL, release.policy)
+
+
+def test_operator_holds_only_its_own_lease(
+    crds: controlplane.ControlPlane, as_operator: Identity, release: Release
+) -> None:
+    def lease(name: str, holder: str, version: str | None = None) -> str:
+        meta: dict[str, Any] = {"name": name, "namespace": release.namespace}
+        if version:
+            meta["resourceVersion"] = version
+        spec = {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": 15,
+            "renewTime": now().replace("Z", ".000000Z"),
+        }
+        return json.dumps(
+            {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
+        )
+
+    ns = ["-n", release.namespace]
+    as_operator.allowed("create", "-f", "-", input=lease(release.lease, "replica-a"))
+    version = as_operator.allowed(
+        "get", "lease", release.lease, *ns, "-o", "jsonpath={.metadata.resourceVersion}"
+    )
+    as_operator.allowed("replace", "-f", "-", input=lease(release.lease, "replica-b", version))
+    other = f"{release.name}-someone-else"
+    crds.kubectl("create", "-f", "-", input=lease(other, "someone"))
+    version = crds.kubectl("get", "lease", other, *ns, "-o", "jsonpath={.metadata.resourceVersion}").stdout
+    as_operator.denied("replace", "-f", "-", input=lease(other, "replica-a", version))
+    as_operator.denied("get", "lease", other, *ns)
+
+
+def test_operator_has_nothing_else(as_operator: Identity, release: Release) -> None:
+    as_operator.denied("get", "secrets", "-n", release.namespace)
+    as_operator.denied("create", "configmap", "x", "-n", release.namespace)
+    as_operator.denied("delete", "node", release.cpu_node)
+    as_operator.denied("get", "namespaces")
+
+
+# -- the agent's permissions ------------------------------------------------------------------------
+
+
+def test_agent_writes_its_own_gpunode(
+    crds: controlplane.ControlPlane, as_agent: Identity, release: Release
+) -> None:
+    own = release.gpu_nodes[0]
+    as_agent.allowed("get", "node", own)
+    as_agent.allowed(*apply_args(resources.AGENT_FIELD_MANAGER), input=gpunode(own, node_uid(crds, own)))
+    as_agent.allowed(
+        *apply_args(resources.AGENT_FIELD_MANAGER, status=True), input=gpunode_status(own, agent_status())
+    )
+    as_agent.allowed("get", resources.GPUNODE_PLURAL, own)
+    stored = json.loads(crds.kubectl("get", resources.GPUNODE_PLURAL, own, "-o", "json").stdout)
+    assert stored["status"]["summary"]["gpuCount"] == 4
+
+
+def test_agent_is_denied_another_nodes_gpunode(
+    crds: controlplane.ControlPlane, as_agent: Identity, release: Release
+) -> None:
+    other = release.gpu_nodes[1]
+    crds.kubectl(
+        "apply",
+        "--server-side",
+        "--field-manager=e2e",
+        "-f",
+        "-",
+        input=gpunode(other, node_uid(crds, other)),
+    )
+    message = as_agent.denied(
+        *apply_args(resources.AGENT_FIELD_MANAGER, status=True), input=gpunode_status(other, agent_status())
+    )
+    assert f"may write only GPUNode {release.gpu_nodes[0]}, not {other}" in message
+    as_agent.denied(
+        "patch", resources.GPUNODE_PLURAL, other, "--type=merge", "-p", '{"metadata":{"labels":{"x":"y"}}}'
+    )
+    crds.kubectl("delete", resources.GPUNODE_PLURAL, other)
+    message = as_agent.denied("create", "-f", "-", input=gpunode(other, node_uid(crds, other)))
+    assert "may write only GPUNode" in message
+    as_agent.denied("get", resources.GPUNODE_PLURAL)  # no list: an agent never sees other nodes
+
+
+def test_agent_cannot_touch_nodes_or_pods(as_agent: Identity, release: Release, victim: str) -> None:
+    own = release.gpu_nodes[0]
+    as_agent.denied("label", "node", own, "x=y")
+    assert as_agent.request("PATCH", f"/api/v1/nodes/{own}", {"spec": {"unschedulable": True}}) == 403
+    assert as_agent.request("PATCH", f"/api/v1/nodes/{own}/status", {"status": {"conditions": []}}) == 403
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": victim, "namespace": release.namespace},
+    }
+    as_agent.denied(
+        "create", "--raw", f"/api/v1/namespaces/{release.namespace}/pods/{victim}/eviction", "-f", "-",
+        input=json.dumps(eviction),
+    )  # fmt: skip
+    as_agent.denied("delete", resources.GPUNODE_PLURAL, own)
+    as_agent.denied("get", "pods", "-n", release.namespace)
+
+
+def test_agent_token_without_a_node_is_denied(
+    crds: controlplane.ControlPlane, release: Release, tmp_path: Path
+) -> None:
+    # A token not bound to a pod carries no node name: the admission policy fails closed.
+    token = crds.kubectl(
+        "create", "token", release.agent_sa, "-n", release.namespace, "--duration=10m"
+    ).stdout.strip()
+    unbound = identity(crds, token, tmp_path, "unbound-agent")
+    own = release.gpu_nodes[0]
+    message = unbound.denied(
+        *apply_args(resources.AGENT_FIELD_MANAGER, status=True), input=gpunode_status(own, agent_status())
+    )
+    assert "token bound to a pod" in message
+
+
+# -- uninstall ----------------------------------------------------------------------------------------
+
+CHART_KINDS = (
+    "deployments,daemonsets,services,serviceaccounts,configmaps,roles,rolebindings,poddisruptionbudgets,"
+    "resourcequotas"
+)
+CLUSTER_KINDS = (
+    "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings"
+)
+
+
+def test_uninstall_leaves_only_the_crds(crds: controlplane.ControlPlane, tmp_path: Path) -> None:
+    suffix = secrets.token_hex(3)
+    name, policy = f"chart-un-{suffix}", f"chart-un-{suffix}"
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(install_values(suffix, policy)))
+    with namespace_and_nodes(crds, suffix) as (namespace, _gpu_nodes, _cpu_node):
+        crds.helm("install", name, str(CHART), "--namespace", namespace, "-f", str(values), timeout=180)
+        selector = f"app.kubernetes.io/instance={name}"
+        assert crds.kubectl("get", CHART_KINDS, "-A", "-l", selector, "-o", "name").stdout.strip()
+        crds.helm("uninstall", name, "--namespace", namespace, "--wait", timeout=180)
+
+        def leftovers() -> str:
+            return "".join(
+                crds.kubectl("get", kinds, *scope, "-l", selector, "-o", "name").stdout
+                for kinds, scope in (
+                    (CHART_KINDS, ["-A"]),
+                    (CLUSTER_KINDS, []),
+                    (resources.POLICY_PLURAL, []),
+                )
+            ).strip()
+
+        assert waiting.wait_until(
+            lambda: leftovers() == "", timeout_seconds=TIMEOUT_SECONDS, message="no objects left"
+        )
+        for plural in (resources.GPUNODE_PLURAL, resources.POLICY_PLURAL):
+            crds.kubectl("get", "crd", f"{plural}.{resources.GROUP}")
