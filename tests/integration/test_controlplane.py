@@ -292,7 +292,11 @@ def test_service_account_token_authenticates_and_rbac_authorizes_it(
 
 
 def test_apiserver_outage_and_restart_keep_address_and_data(
-    control_plane: controlplane.ControlPlane, k8s: client.ApiClient, namespace: str, nodes: list[str]
+    control_plane: controlplane.ControlPlane,
+    k8s: client.ApiClient,
+    namespace: str,
+    nodes: list[str],
+    run_id: str,
 ) -> None:
     core = client.CoreV1Api(k8s)
     core.create_namespaced_config_map(namespace, {"metadata": {"name": "survivor"}, "data": {"k": "v"}})
@@ -308,8 +312,21 @@ def test_apiserver_outage_and_restart_keep_address_and_data(
 
     assert control_plane.server == server
     assert core.read_namespaced_config_map("survivor", namespace).data == {"k": "v"}
+    # kwok, the scheduler and the controller manager reconnect: a new pod is placed and runs.
+    core.create_namespaced_pod(namespace, pod("after-outage", nodeSelector={NODE_LABEL: run_id}))
     waiting.wait_until(
-        lambda: is_ready(core.read_node(nodes[0])),
-        timeout_seconds=30,
-        message="kwok Node Ready again after the outage",
+        lambda: phase(core, "after-outage", namespace) == "Running",
+        timeout_seconds=60,
+        message="a pod created after the outage is scheduled and Running",
     )
+
+
+def test_kubectl_and_helm_run_as_the_administrator(control_plane: controlplane.ControlPlane) -> None:
+    whoami = control_plane.kubectl("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}")
+    assert whoami.stdout == controlplane.ADMIN_USER
+
+    releases = control_plane.helm("list", "--all-namespaces", "--output", "json")
+    assert releases.stdout.strip().startswith("[")
+
+    with pytest.raises(controlplane.CommandError, match="NotFound"):
+        control_plane.kubectl("get", "namespace", "no-such-namespace")
