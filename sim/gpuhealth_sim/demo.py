@@ -210,10 +210,10 @@ def run(options: Options, out: TextIO = sys.stdout) -> int:
         with controlplane.ControlPlane(directory, workdir / "cluster") as plane:
             succeeded = _story(plane, _Context(options, spec, workdir, say, out, tty))
     except KeyboardInterrupt:
-        say("interrupted: tearing down")
+        say("interrupted; stopped everything")
         return 130
     except Stopped:
-        say("terminated: tearing down")
+        say("terminated; stopped everything")
         return 143
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -311,7 +311,11 @@ def _keep(plane: controlplane.ControlPlane, view: live.Live, out: TextIO, tty: b
         f"  kubectl -n {workload.NAMESPACE} get pods -o wide\n\n"
     )
     out.flush()
-    while True:
-        if not tty:
-            view.refresh("", "")
-        time.sleep(REFRESH_SECONDS)
+    try:
+        while True:
+            if not tty:
+                view.refresh("", "")
+            time.sleep(REFRESH_SECONDS)
+    except (KeyboardInterrupt, Stopped):
+        # The way a kept demo ends: tear down and exit 0.
+        out.write("\nstopping the demo cluster\n")
