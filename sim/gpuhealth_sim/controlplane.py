@@ -14,8 +14,10 @@ behave predictably:
 - no leader election in the controller manager and scheduler, so they ride
   out `stop_apiserver()` outages instead of exiting.
 
-Everything runs as the process that started it; `stop()` (also run by the
-context manager and at interpreter exit) tears it all down.
+Everything runs as children of the caller; `stop()` (also run by the context
+manager and at interpreter exit) tears it all down, and the children die with
+the thread that started them if it dies first (see `processes`), so call
+start() and start_apiserver() from the main thread or one as long-lived.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ DISABLED_CONTROLLERS: Final = (
 # kube-apiserver 1.36 stops listening at once on SIGTERM but then often waits on in-flight
 # requests for far longer; its state is in etcd, so a short grace then SIGKILL loses nothing.
 STOP_GRACE_SECONDS: Final = 2.0
+PORT_ATTEMPTS: Final = 3
 
 ETCD: Final = "etcd"
 APISERVER: Final = "kube-apiserver"
@@ -160,6 +163,18 @@ class ControlPlane:
             )
         began = time.monotonic()
         deadline = began + timeout_seconds
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                self._start_once(deadline)
+                break
+            except processes.ProcessError as error:
+                # Free ports are picked before the components bind them; if someone else
+                # took one meanwhile, start over on fresh ports.
+                if attempt == PORT_ATTEMPTS or "address already in use" not in str(error):
+                    raise
+        self.startup_seconds = time.monotonic() - began
+
+    def _start_once(self, deadline: float) -> None:
         if self._workdir is None:
             workdir, owned = Path(tempfile.mkdtemp(prefix="gpuhealth-cp-")), True
         else:
@@ -174,7 +189,6 @@ class ControlPlane:
             if owned:
                 shutil.rmtree(workdir, ignore_errors=True)
             raise
-        self.startup_seconds = time.monotonic() - began
 
     def stop(self) -> None:
         """Stop every component (SIGTERM, then SIGKILL after a grace period); idempotent."""

@@ -3,7 +3,10 @@
 Children run in their own session so a Ctrl-C at the terminal reaches only
 the test runner, which then tears them down in order. On Linux they also get
 SIGKILL if the process that started them dies without cleaning up, so a
-killed test run leaves no etcd or apiserver behind holding ports.
+killed test run leaves no etcd or apiserver behind holding ports. Linux ties
+that signal to the *thread* that started the child: start processes from a
+thread that lives as long as they should (the main thread, as pytest
+fixtures do), not from a short-lived worker thread.
 """
 
 from __future__ import annotations

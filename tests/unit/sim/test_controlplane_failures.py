@@ -77,3 +77,20 @@ def test_accessors_explain_that_the_control_plane_is_not_running(tmp_path: Path)
     with pytest.raises(controlplane.ControlPlaneError, match="not running"):
         _ = plane.kubeconfig
     plane.stop()  # idempotent, harmless before start
+
+
+def test_port_taken_meanwhile_is_retried_on_fresh_ports(tmp_path: Path) -> None:
+    bin_dir = fake_binaries(
+        tmp_path / "bin",
+        kube_apiserver='echo "failed to listen on 127.0.0.1:6443: bind: address already in use" >&2; exit 1',
+    )
+    workdir = tmp_path / "work"
+
+    with pytest.raises(processes.ProcessError, match="address already in use"):
+        controlplane.ControlPlane(bin_dir, workdir).start(timeout_seconds=60)
+
+    starts = [
+        line for line in (workdir / "kube-apiserver.log").read_text().splitlines() if "===== starting" in line
+    ]
+    assert len(starts) == controlplane.PORT_ATTEMPTS
+    assert len({line.split("--secure-port=")[1].split()[0] for line in starts}) == controlplane.PORT_ATTEMPTS
