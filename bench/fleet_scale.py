@@ -16,6 +16,7 @@ real agent per node (sim backend, 8 GPUs each) in this process. Reports:
 import argparse
 import datetime
 import json
+import logging
 import os
 import platform
 import resource
@@ -119,6 +120,7 @@ def main() -> int:
         "--no-kwok", action="store_true", help="skip kwok (Nodes stay NotReady; agents don't mind)"
     )
     args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)  # the agents' per-fault warnings are not the benchmark's output
 
     spec = fleet_spec(args.nodes, args.interval, args.heartbeat, args.workers)
     results: dict[str, object] = {

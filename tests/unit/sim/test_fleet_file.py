@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuhealth_sim import fleetfile, names
+from gpuhealth_sim import cli, fleetfile, names
 
 H100 = "NVIDIA H100 80GB HBM3"
 HEALTHY = {"gpus": 8, "model": H100, "defaults": {"temperatureCelsius": 45, "utilizationPercent": 95}}
@@ -222,3 +222,14 @@ def test_an_unreadable_or_non_yaml_file_names_the_path(tmp_path: Path) -> None:
     bad.write_text("pools: [\n")
     with pytest.raises(fleetfile.FleetError, match="not valid YAML"):
         fleetfile.load(bad)
+
+
+def test_the_cli_validates_fleet_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = write(
+        tmp_path, "good.yaml", {"pools": [{"name": "a", "count": 3, "gpu": {"model": H100, "count": 8}}]}
+    )
+    assert cli.main(["validate", str(good)]) == 0
+    assert "3 nodes in 1 pool(s): a (3)" in capsys.readouterr().out
+    bad = write(tmp_path, "bad.yaml", {"pools": [{"name": "a", "count": 0}]})
+    assert cli.main(["validate", str(bad)]) == cli.INVALID_FLEET
+    assert "pools[0].count: expected an integer >= 1" in capsys.readouterr().err
