@@ -5,7 +5,8 @@
 #      slim Python 3.11 base, both entry points);
 #   2. do what the Dockerfile's build stage does: `pip wheel .`, install the
 #      wheels offline into a clean virtualenv, and start both entry points
-#      (`--help`).
+#      (`--help`, and one `gpu-health-agent check` on simulated GPUs, which
+#      needs the package data to be in the wheel).
 # Where a Docker engine exists, `make image` builds the real thing.
 #
 # Environment: PYTHON (default python3.11), HADOLINT (a hadolint binary; default:
@@ -69,6 +70,15 @@ if "${tmp}/venv/bin/pip" install --quiet --disable-pip-version-check --no-index 
       sed 's/^/    /' "${tmp}/${entry}.out" >&2
     fi
   done
+  # Package data (the XID catalogue, scenario parsing) must be in the wheel: read simulated GPUs once.
+  printf 'gpus: 2\nmodel: NVIDIA H100 80GB HBM3\ndriverVersion: 570.124.06\n' >"${tmp}/scenario.yaml"
+  if (cd "${tmp}" && env -i PATH="${tmp}/venv/bin:/usr/bin:/bin" HOME="${tmp}" \
+        gpu-health-agent check --backend sim --sim-scenario "${tmp}/scenario.yaml" -o json >"${tmp}/check.out" 2>&1); then
+    echo "gpu-health-agent check --backend sim: ok"
+  else
+    fail "gpu-health-agent check --backend sim failed:"
+    sed 's/^/    /' "${tmp}/check.out" >&2
+  fi
 else
   fail "the wheels do not install offline into a clean venv"
 fi
