@@ -15,6 +15,8 @@ from gpuhealth_operator.decisions import policies
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 OWN_PAGES = [
+    "README.md",
+    "alerts.md",
     "architecture.md",
     "policy.md",
     "conditions.md",
