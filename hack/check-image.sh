@@ -54,7 +54,7 @@ mkdir -p "${tmp}/src"
 (cd "${root}" && tar --exclude='__pycache__' --exclude='*.pyc' --exclude='*.egg-info' \
    -cf - pyproject.toml README.md api agent operator sim) | tar -xf - -C "${tmp}/src"
 if (cd "${tmp}/src" && "${python}" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "${tmp}/wheels" .); then
-  ls "${tmp}/wheels" | sed 's/^/  wheel: /'
+  for wheel in "${tmp}"/wheels/*.whl; do echo "  wheel: ${wheel##*/}"; done
 else
   fail "pip wheel . failed"
 fi
