@@ -102,3 +102,9 @@ def test_links_resolve(page: str) -> None:
         if not linked.exists() or missing_anchor:
             broken.append(target)
     assert broken == [], f"docs/{page}: broken links {broken}"
+
+
+def test_index_lists_every_page() -> None:
+    index = (DOCS / "README.md").read_text()
+    missing = [p.name for p in sorted(DOCS.glob("*.md")) if p.name != "README.md" and f"]({p.name})" not in index]
+    assert missing == [], f"docs/README.md does not list {missing}"
