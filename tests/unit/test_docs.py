@@ -106,5 +106,7 @@ def test_links_resolve(page: str) -> None:
 
 def test_index_lists_every_page() -> None:
     index = (DOCS / "README.md").read_text()
-    missing = [p.name for p in sorted(DOCS.glob("*.md")) if p.name != "README.md" and f"]({p.name})" not in index]
+    missing = [
+        p.name for p in sorted(DOCS.glob("*.md")) if p.name != "README.md" and f"]({p.name})" not in index
+    ]
     assert missing == [], f"docs/README.md does not list {missing}"
