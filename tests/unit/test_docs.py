@@ -1,12 +1,15 @@
 """The docs say what the code does: generated tables are current, links resolve."""
 
 import importlib.util
+import json
 import re
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
+import yaml
 
 from gpuhealth_agent import xids
 from gpuhealth_api import vocabulary
@@ -110,3 +113,39 @@ def test_index_lists_every_page() -> None:
         p.name for p in sorted(DOCS.glob("*.md")) if p.name != "README.md" and f"]({p.name})" not in index
     ]
     assert missing == [], f"docs/README.md does not list {missing}"
+
+
+def _crd_spec_properties() -> dict[str, Any]:
+    crd = yaml.safe_load((ROOT / "crds" / "gpuhealth.io_gpuhealthpolicies.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    properties: dict[str, Any] = schema["properties"]["spec"]["properties"]
+    return properties
+
+
+def _documented_default(field: str) -> str:
+    """The `default` cell of the row for `field` in one of policy.md's field tables."""
+    for line in (DOCS / "policy.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[0] == f"`{field}`":
+            return cells[2]
+    raise AssertionError(f"docs/policy.md has no row for `{field}`")
+
+
+def test_policy_md_defaults_match_the_crd_and_the_operator() -> None:
+    spec = _crd_spec_properties()
+    rule = spec["rules"]["items"]["properties"]
+    crd_defaults = {
+        "dryRun": spec["dryRun"]["default"],
+        "maxUnavailable": spec["maxUnavailable"]["default"],
+        "forSeconds": rule["forSeconds"]["default"],
+        "timeoutSeconds": spec["drain"]["properties"]["timeoutSeconds"]["default"],
+        "deleteEmptyDirData": spec["drain"]["properties"]["deleteEmptyDirData"]["default"],
+        "uncordon": spec["recovery"]["properties"]["uncordon"]["default"],
+        "healthyForSeconds": spec["recovery"]["properties"]["healthyForSeconds"]["default"],
+    }
+    for field, default in crd_defaults.items():
+        shown = json.dumps(default).lower() if isinstance(default, bool) else json.dumps(default)
+        assert _documented_default(field) == f"`{shown}`", f"policy.md default of {field}"
+    assert _documented_default("threshold") == f"`{policies.DEFAULT_STRAGGLER_THRESHOLD:g}`"
+    xid_list = ", ".join(str(x) for x in sorted(policies.DEFAULT_CRITICAL_XIDS))
+    assert _documented_default("xids") == f"`[{xid_list}]`"
