@@ -81,9 +81,11 @@ async def remediate(
     """Make the Node match the verdict under `policy`; the resulting GPUNode `status.action`."""
     if policy.dry_run:
         return await _dry_run(ctx, policy, name, verdict)
+    # Capacity first: a cordon is the latency-critical write (it carries the label changes with it).
+    action = await _capacity(ctx, policy, name, verdict, now)
     await _labels(ctx, name, verdict, now)
     await _taint(ctx, name, verdict, now)
-    return await _capacity(ctx, policy, name, verdict, now)
+    return action
 
 
 async def _labels(
@@ -219,6 +221,7 @@ async def _cordon(
                     policy=policy.name,
                     resource_version=record.resource_version,
                     drain_started=started,
+                    labels=label_changes(record, verdict),
                 )
             except kube.ApiError as error:
                 if not error.conflict:

@@ -48,20 +48,27 @@ async def patch_metadata(
 
 
 async def cordon(
-    client: kube.Kube, name: str, *, policy: str, resource_version: str, drain_started: str | None = None
+    client: kube.Kube,
+    name: str,
+    *,
+    policy: str,
+    resource_version: str,
+    drain_started: str | None = None,
+    labels: Mapping[str, str | None] | None = None,
 ) -> kube.JsonObject:
     """Mark the node unschedulable and record that `policy` did it.
 
     Fails with 409 if the node changed since `resource_version` (a human may
-    have cordoned it meanwhile, and then it is not ours to claim).
+    have cordoned it meanwhile, and then it is not ours to claim). `labels`
+    rides along, so the verdict's labels land in the same write.
     """
     annotations = {keys.CORDONED_BY_ANNOTATION: policy}
     if drain_started is not None:
         annotations[DRAIN_STARTED_ANNOTATION] = drain_started
-    body = {
-        "metadata": {"resourceVersion": resource_version, "annotations": annotations},
-        "spec": {"unschedulable": True},
-    }
+    metadata: dict[str, Any] = {"resourceVersion": resource_version, "annotations": annotations}
+    if labels:
+        metadata["labels"] = dict(labels)
+    body = {"metadata": metadata, "spec": {"unschedulable": True}}
     return await client.patch(node_path(name), body)
 
 
