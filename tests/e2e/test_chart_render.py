@@ -15,12 +15,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import prometheus_client
 import pytest
 import yaml
 
 from gpuhealth_agent import cli as agent_cli
+from gpuhealth_agent import metrics as agent_metrics
 from gpuhealth_api import resources
 from gpuhealth_operator import cli as operator_cli
+from gpuhealth_operator import metrics as operator_metrics
 from gpuhealth_sim import controlplane
 
 pytestmark = pytest.mark.e2e
@@ -158,6 +161,21 @@ def test_default_policy_is_dry_run(control_plane: controlplane.ControlPlane) -> 
     assert yaml.safe_load(scenario["data"]["scenario.yaml"])["gpus"] == 8
 
 
+OUR_METRIC = re.compile(r"\bgpuhealth_(?:agent|operator)_[a-z0-9_]+")
+SERIES_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+
+
+def exported_metric_names() -> set[str]:
+    """Series names the agent's and the operator's metric modules expose."""
+    agent_registry = prometheus_client.CollectorRegistry()
+    agent_metrics.AgentMetrics(agent_registry)
+    names: set[str] = set()
+    for registry in (agent_registry, operator_metrics.Metrics.create().registry):
+        for family in registry.collect():
+            names.update(family.name + suffix for suffix in SERIES_SUFFIXES.get(family.type, ("",)))
+    return names
+
+
 def test_monitoring_objects(control_plane: controlplane.ControlPlane) -> None:
     objects = render(control_plane, "-f", str(CHART / "ci" / "monitoring-values.yaml"))
     monitors = by_kind(objects, "ServiceMonitor")
@@ -176,19 +194,25 @@ def test_monitoring_objects(control_plane: controlplane.ControlPlane) -> None:
     records = {r["record"] for r in rules if "record" in r}
     assert {
         "gpuhealth:gpus_healthy:ratio",
+        "gpuhealth:nodes_healthy:ratio",
+        "gpuhealth:gpus_cordoned:sum",
         "gpuhealth:gpu_hours_lost_to_cordon:24h",
         "gpuhealth:gpus_idle:count",
     } <= records
     scrape_down = next(r for r in rules if r.get("alert") == "GPUHealthAgentScrapeDown")
     assert f'job="{RELEASE}-gpu-health-agent-metrics"' in scrape_down["expr"]
-    # Every metric a rule reads is one of ours, a recording rule, or a standard one.
-    for r in rules:
-        for name in re.findall(r"\b([a-z_:]+)(?=\s*[{\[)]|\s*$|\s*[<>=!])", r["expr"]):
-            if name.startswith(("gpuhealth_", "gpuhealth:")):
-                assert name.startswith(("gpuhealth_operator_", "gpuhealth_agent_", "gpuhealth:")), name
+    # Every gpu-health metric a rule reads is one the agent or operator exports.
+    used = {name for r in rules for name in OUR_METRIC.findall(r["expr"])}
+    assert used, "the rules read no gpu-health metric"
+    assert used <= exported_metric_names(), used - exported_metric_names()
     (dashboard,) = [o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"].endswith("-dashboard")]
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
-    assert json.loads(dashboard["data"]["gpu-health.json"])["panels"]
+    panels = json.loads(dashboard["data"]["gpu-health.json"])["panels"]
+    exprs = [target["expr"] for panel in panels for target in panel["targets"]]
+    used = {name for expr in exprs for name in OUR_METRIC.findall(expr)}
+    assert used <= exported_metric_names(), used - exported_metric_names()
+    records_used = {name for expr in exprs for name in re.findall(r"gpuhealth:[a-z_:0-9]+", expr)}
+    assert records_used <= records, records_used - records
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
