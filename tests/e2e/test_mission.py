@@ -1,0 +1,368 @@
+"""The mission, end to end, as a user meets it: chart installed, operator and agents running for real.
+
+Each test gives its own kwok GPU nodes a scenario file (DESIGN.md "Simulated
+GPUs"), starts one `gpu-health-agent` process per node and a policy selecting
+only those nodes, and then watches what a cluster user would see: Node
+cordon, labels and annotations, pods evicted or left in place, Events,
+GPUNode status and `kubectl get gpunodes`. The operator is one
+`gpu-health-operator` process for the module; every process authenticates
+with a token of the chart's own service accounts (fixtures in conftest.py),
+so these tests also prove the chart's RBAC and admission policy suffice.
+
+Timings are shortened (`forSeconds`, `healthyForSeconds` of a few seconds,
+agents collecting every second) so the module runs in minutes; waits poll
+with deadlines, never sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import pytest
+import yaml
+
+from gpuhealth_api import keys, vocabulary
+
+pytestmark = pytest.mark.e2e
+
+MODEL: Final = "NVIDIA H100 80GB HBM3"
+DRIVER: Final = "570.124.06"
+BUSY: Final = {
+    "temperatureCelsius": 45,
+    "smClockMHz": 1980,
+    "maxSmClockMHz": 1980,
+    "powerWatts": 520,
+    "utilizationPercent": 96,
+}
+DBE: Final = {"eccUncorrectedVolatile": 1, "eccUncorrectedAggregate": 1, "retiredPagesPending": True}
+HOT: Final = {"temperatureCelsius": 91, "clockEventReasons": ["HwThermalSlowdown"], "smClockMHz": 1600}
+COOL: Final = {"temperatureCelsius": 50, "clockEventReasons": [], "smClockMHz": 1980}
+CRITICAL_XIDS: Final = [48, 63, 64, 74, 79, 92, 94, 95, 119, 120]
+
+ECC_RULE: Final = {"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}
+XID_RULE: Final = {"name": "xid", "condition": "XidCritical", "action": "Drain", "xids": CRITICAL_XIDS}
+LOST_RULE: Final = {"name": "lost", "condition": "GPULost", "action": "Drain"}
+THERMAL_RULE: Final = {"name": "thermal", "condition": "ThermalThrottled", "action": "Label", "forSeconds": 2}
+STRAGGLER_RULE: Final = {
+    "name": "straggler",
+    "condition": "Straggler",
+    "action": "Label",
+    "forSeconds": 2,
+    "threshold": 3.5,
+}
+DRAIN: Final = {"timeoutSeconds": 120}
+NO_RECOVERY: Final = {"uncordon": True, "healthyForSeconds": 600}
+QUICK_RECOVERY: Final = {"uncordon": True, "healthyForSeconds": 2}
+
+ACTION_TIMEOUT_SECONDS: Final = 45.0
+"""From starting the agents to the operator's action: agent start-up, first report, forSeconds, a drain."""
+COOL_AFTER: Final = "20s"
+"""When the thermal scenarios cool down: well after the label must have appeared."""
+
+
+def scenario(timeline: Sequence[Mapping[str, Any]] = (), *, defaults: Mapping[str, Any] | None = None) -> str:
+    """A scenario file for an 8-GPU H100 node under load, with `timeline` entries (`after` strings)."""
+    return yaml.safe_dump(
+        {
+            "gpus": 8,
+            "model": MODEL,
+            "driverVersion": DRIVER,
+            "defaults": {**BUSY, **(defaults or {})},
+            "timeline": list(timeline),
+        },
+        sort_keys=False,
+    )
+
+
+HEALTHY: Final = scenario()
+
+
+def policy_spec(*rules: Mapping[str, Any], **spec: Any) -> dict[str, Any]:
+    return {
+        "dryRun": spec.pop("dryRun", False),
+        "maxUnavailable": spec.pop("maxUnavailable", 1),
+        "rules": list(rules),
+        "drain": spec.pop("drain", DRAIN),
+        "recovery": spec.pop("recovery", NO_RECOVERY),
+        **spec,
+    }
+
+
+def is_daemonset_pod(pod: Mapping[str, Any]) -> bool:
+    return any(ref.get("kind") == "DaemonSet" for ref in pod["metadata"].get("ownerReferences") or [])
+
+
+# -- fatal faults: cordon and drain -------------------------------------------------------------------
+
+
+def test_double_bit_ecc_error_cordons_and_drains_the_node(mission: Any) -> None:
+    sick, spare = mission.add_nodes("sick", "spare")
+    workload = mission.place_workload(sick, spares=[spare])
+    policy = mission.policy(**policy_spec(ECC_RULE))
+    mission.start_agents({sick: scenario([{"after": "2s", "gpu": 3, "set": DBE}]), spare: HEALTHY})
+
+    status = mission.wait(
+        lambda: (s := mission.gpunode_status(sick)).get("action") == vocabulary.NodeAction.DRAINED and s,
+        "the sick node Drained",
+        ACTION_TIMEOUT_SECONDS,
+    )
+    assert status["health"] == vocabulary.Health.UNHEALTHY
+    assert status["issues"] == vocabulary.Condition.ECC_UNCORRECTABLE
+    node = mission.node(sick)
+    assert node["spec"].get("unschedulable") is True
+    assert node["metadata"]["annotations"][keys.CORDONED_BY_ANNOTATION] == policy
+    assert node["metadata"]["labels"][keys.HEALTH_LABEL] == "unhealthy"
+
+    # The workload moved to the spare node through its PDB; the chart's agent pod stayed.
+    pods = mission.wait(
+        lambda: (
+            (p := mission.workload_pods(workload))
+            and all(pod["node"] == spare and pod["phase"] == "Running" for pod in p)
+            and p
+        ),
+        "the workload running again, on the spare node only",
+    )
+    assert len(pods) == 1
+    left = mission.pods_on(sick)
+    assert left and all(is_daemonset_pod(pod) for pod in left), [p["metadata"]["name"] for p in left]
+    assert any(pod["metadata"]["namespace"] == "gpu-health-e2e-mission" for pod in left)
+
+    expected = {
+        vocabulary.EventReason.NODE_CORDONED,
+        vocabulary.EventReason.NODE_DRAINED,
+        vocabulary.Condition.ECC_UNCORRECTABLE,
+    }
+    mission.wait(lambda: expected <= mission.reasons(sick), f"Events {sorted(expected)} on the sick node")
+    assert not mission.cordoned(spare)
+    assert mission.gpunode_status(spare).get("health") == vocabulary.Health.HEALTHY
+
+
+def test_xid_79_gpu_fallen_off_the_bus_drains_the_node(mission: Any) -> None:
+    (lost,) = mission.add_nodes("lost")
+    victim = mission.bare_pod(lost)
+    mission.policy(**policy_spec(XID_RULE, LOST_RULE))
+    mission.start_agents({lost: scenario([{"after": "2s", "gpu": 6, "xid": 79}])})
+
+    status = mission.wait(
+        lambda: (s := mission.gpunode_status(lost)).get("action") == vocabulary.NodeAction.DRAINED and s,
+        "the node with a lost GPU Drained",
+        ACTION_TIMEOUT_SECONDS,
+    )
+    issues = set(status["issues"].split(","))
+    assert {vocabulary.Condition.XID_CRITICAL, vocabulary.Condition.GPU_LOST} <= issues, status["issues"]
+    assert status["health"] == vocabulary.Health.UNHEALTHY
+    gpu6 = next(g for g in status["gpus"] if g["index"] == 6)
+    assert gpu6["lost"] is True
+    assert 79 in {x["code"] for x in gpu6["xids"]}
+    assert mission.cordoned(lost)
+    mission.wait(lambda: not mission.pod_exists(victim), "the pod on the node evicted")
+    expected = {
+        vocabulary.Condition.XID_CRITICAL,
+        vocabulary.Condition.GPU_LOST,
+        vocabulary.EventReason.NODE_CORDONED,
+        vocabulary.EventReason.NODE_DRAINED,
+    }
+    mission.wait(lambda: expected <= mission.reasons(lost), f"Events {sorted(expected)}")
+
+
+# -- sustained conditions: labels -------------------------------------------------------------------
+
+
+def test_thermal_throttling_labels_the_node_until_it_cools_down(mission: Any) -> None:
+    hot, cool = mission.add_nodes("hot", "cool")
+    mission.policy(**policy_spec(THERMAL_RULE, recovery=QUICK_RECOVERY))
+    mission.start_agents(
+        {
+            hot: scenario(
+                [{"after": "1s", "gpu": 2, "set": HOT}, {"after": COOL_AFTER, "gpu": 2, "set": COOL}]
+            ),
+            cool: HEALTHY,
+        }
+    )
+
+    mission.wait(
+        lambda: mission.labels(hot).get(keys.THERMAL_LABEL) == "true",
+        "the thermal-throttled label on the hot node",
+        ACTION_TIMEOUT_SECONDS,
+    )
+    status = mission.gpunode_status(hot)
+    assert status["health"] == vocabulary.Health.DEGRADED
+    assert status["action"] == vocabulary.NodeAction.LABELED
+    assert vocabulary.Condition.THERMAL_THROTTLED in status["issues"].split(",")
+    assert not mission.cordoned(hot)
+    assert keys.THERMAL_LABEL not in mission.labels(cool)
+    assert vocabulary.Condition.THERMAL_THROTTLED in mission.reasons(hot)
+
+    # After the scenario cools GPU 2 down, the label goes (no one removes it by hand).
+    mission.wait(
+        lambda: keys.THERMAL_LABEL not in mission.labels(hot),
+        "the thermal-throttled label removed after cooling",
+        ACTION_TIMEOUT_SECONDS,
+    )
+    mission.wait(
+        lambda: mission.gpunode_status(hot).get("health") == vocabulary.Health.HEALTHY,
+        "the cooled node Healthy again",
+    )
+    assert not mission.cordoned(hot)
+
+
+def test_straggler_among_five_nodes_is_labelled(mission: Any) -> None:
+    slow, *peers = mission.add_nodes("slow", "peer-0", "peer-1", "peer-2", "peer-3")
+    mission.policy(**policy_spec(STRAGGLER_RULE))
+    # Healthy peers spread a little, as real boards do; the straggler is capped at 1410 MHz under load.
+    scenarios = {peer: scenario(defaults={"smClockMHz": 1980 - 15 * i}) for i, peer in enumerate(peers)}
+    scenarios[slow] = scenario(defaults={"smClockMHz": 1410, "clockEventReasons": ["SwPowerCap"]})
+    mission.start_agents(scenarios)
+
+    mission.wait(
+        lambda: mission.labels(slow).get(keys.STRAGGLER_LABEL) == "true",
+        "the straggler label on the slow node",
+        ACTION_TIMEOUT_SECONDS,
+    )
+    straggler = mission.gpunode_status(slow)["straggler"]
+    assert straggler["peers"] == 4
+    assert straggler["zScore"] < -3.5
+    for peer in peers:
+        assert keys.STRAGGLER_LABEL not in mission.labels(peer), peer
+        assert mission.gpunode_status(peer)["straggler"]["zScore"] > -3.5
+    assert not mission.cordoned(slow)
+    mission.wait(
+        lambda: vocabulary.Condition.STRAGGLER in mission.reasons(slow), "a Straggler Event on the slow node"
+    )
+
+
+# -- safety rails -------------------------------------------------------------------------------------
+
+
+def test_disruption_budget_holds_with_three_failing_nodes(mission: Any) -> None:
+    nodes = mission.add_nodes("a", "b", "c")
+    mission.policy(**policy_spec(ECC_RULE, maxUnavailable=1))
+    mission.start_agents({node: scenario([{"after": "1s", "gpu": 0, "set": DBE}]) for node in nodes})
+    seen_cordoned: set[int] = set()
+
+    def settled() -> tuple[list[str], list[str]] | None:
+        cordoned = [n for n in nodes if mission.cordoned(n)]
+        seen_cordoned.add(len(cordoned))
+        actions = {n: mission.gpunode_status(n).get("action") for n in nodes}
+        pending = [n for n, a in actions.items() if a == vocabulary.NodeAction.PENDING]
+        if len(cordoned) == 1 and actions[cordoned[0]] == vocabulary.NodeAction.DRAINED and len(pending) == 2:
+            return cordoned, pending
+        return None
+
+    cordoned, pending = mission.wait(settled, "one node drained and two Pending", ACTION_TIMEOUT_SECONDS)
+    assert max(seen_cordoned) <= 1, f"more than maxUnavailable=1 cordoned at some point: {seen_cordoned}"
+    for node in pending:
+        mission.wait(
+            lambda node=node: vocabulary.EventReason.BUDGET_EXCEEDED in mission.reasons(node),
+            f"a DisruptionBudgetExceeded Event on {node}",
+        )
+        assert not mission.cordoned(node)
+        assert mission.gpunode_status(node)["health"] == vocabulary.Health.UNHEALTHY
+    assert [n for n in nodes if mission.cordoned(n)] == cordoned
+
+
+def test_dry_run_changes_nothing_on_the_node(mission: Any) -> None:
+    (sick,) = mission.add_nodes("sick")
+    before = mission.node(sick)
+    mission.policy(**policy_spec(ECC_RULE, dryRun=True))
+    mission.start_agents({sick: scenario([{"after": "1s", "gpu": 1, "set": DBE}])})
+
+    status = mission.wait(
+        lambda: (s := mission.gpunode_status(sick)).get("action") == vocabulary.NodeAction.DRY_RUN and s,
+        "GPUNode action DryRun",
+        ACTION_TIMEOUT_SECONDS,
+    )
+    assert status["health"] == vocabulary.Health.UNHEALTHY
+    assert status["issues"] == vocabulary.Condition.ECC_UNCORRECTABLE
+    dry_run = mission.wait(
+        lambda: [e for e in mission.events(sick) if e["reason"] == vocabulary.EventReason.DRY_RUN],
+        "a DryRun Event on the node",
+    )
+    assert "cordon" in dry_run[0]["message"].lower(), dry_run[0]["message"]
+    after = mission.node(sick)
+    assert after["metadata"].get("labels") == before["metadata"].get("labels")
+    assert after["metadata"].get("annotations") == before["metadata"].get("annotations")
+    assert after["spec"] == before["spec"]
+    conditions = {c["type"] for c in after["status"].get("conditions") or []}
+    assert keys.NODE_CONDITION_TYPE not in conditions
+
+
+def test_recovery_uncordons_only_the_node_the_operator_cordoned(mission: Any) -> None:
+    ours, humans = mission.add_nodes("ours", "humans")
+    mission.cp.kubectl("cordon", humans)  # an administrator's maintenance, before gpu-health saw anything
+    policy = mission.policy(**policy_spec(ECC_RULE, maxUnavailable=2, recovery=QUICK_RECOVERY))
+    # Both get a DBE that a GPU reset clears; the human's node recovers first, so by the time ours
+    # is uncordoned it has been healthy for longer than healthyForSeconds.
+    mission.start_agents(
+        {
+            ours: scenario(
+                [{"after": "1s", "gpu": 4, "set": DBE}, {"after": "14s", "gpu": 4, "reset": True}]
+            ),
+            humans: scenario(
+                [{"after": "1s", "gpu": 4, "set": DBE}, {"after": "8s", "gpu": 4, "reset": True}]
+            ),
+        }
+    )
+
+    mission.wait(
+        lambda: (
+            mission.node(ours)["metadata"].get("annotations", {}).get(keys.CORDONED_BY_ANNOTATION) == policy
+            and mission.cordoned(ours)
+        ),
+        "our node cordoned by the policy",
+        ACTION_TIMEOUT_SECONDS,
+    )
+    mission.wait(
+        lambda: not mission.cordoned(ours), "our node uncordoned after the reset", ACTION_TIMEOUT_SECONDS
+    )
+    mission.wait(
+        lambda: vocabulary.EventReason.NODE_UNCORDONED in mission.reasons(ours),
+        "a NodeUncordoned Event on our node",
+    )
+    assert keys.CORDONED_BY_ANNOTATION not in (mission.node(ours)["metadata"].get("annotations") or {})
+    assert mission.gpunode_status(ours)["health"] == vocabulary.Health.HEALTHY
+    assert mission.gpunode_status(humans)["health"] == vocabulary.Health.HEALTHY
+    human_node = mission.node(humans)
+    assert human_node["spec"].get("unschedulable") is True, "a node a human cordoned must stay cordoned"
+    assert keys.CORDONED_BY_ANNOTATION not in (human_node["metadata"].get("annotations") or {})
+    assert vocabulary.EventReason.NODE_UNCORDONED not in mission.reasons(humans)
+
+
+# -- what `kubectl get gpunodes` shows ----------------------------------------------------------------
+
+COLUMNS: Final = ["NAME", "GPUS", "MODEL", "HEALTH", "ISSUES", "ACTION", "MAXTEMP", "AGE"]
+
+
+def table(text: str) -> list[list[str]]:
+    """kubectl's columns are separated by two or more spaces (a model name holds single spaces)."""
+    return [re.split(r" {2,}", line.strip()) for line in text.strip().splitlines()]
+
+
+def test_kubectl_get_gpunodes_shows_the_documented_columns(mission: Any) -> None:
+    sick, hot = mission.add_nodes("sick", "hot")
+    mission.policy(**policy_spec(ECC_RULE, {**THERMAL_RULE, "forSeconds": 1}))
+    mission.start_agents(
+        {
+            sick: scenario([{"after": "1s", "gpu": 3, "set": DBE}]),
+            hot: scenario([{"after": "1s", "gpu": 1, "set": HOT}]),
+        }
+    )
+
+    def rows() -> dict[str, list[str]] | None:
+        lines = table(mission.cp.kubectl("get", "gpunodes", sick, hot).stdout)
+        assert lines[0] == COLUMNS, lines[0]
+        by_name = {line[0]: line for line in lines[1:]}
+        done = by_name.get(sick, [""] * 6)[5] == "Drained" and by_name.get(hot, [""] * 6)[5] == "Labeled"
+        return by_name if done else None
+
+    by_name = mission.wait(rows, "kubectl get gpunodes shows Drained and Labeled", ACTION_TIMEOUT_SECONDS)
+    assert by_name[sick][:7] == [sick, "8", MODEL, "Unhealthy", "EccUncorrectable", "Drained", "45"]
+    assert by_name[hot][:7] == [hot, "8", MODEL, "Degraded", "ThermalThrottled", "Labeled", "91"]
+    for row in by_name.values():
+        assert re.fullmatch(r"\d+s", row[7]), row
+    # The short name works too, and -o json carries the same verdicts.
+    short = json.loads(mission.cp.kubectl("get", "gn", sick, "-o", "json").stdout)
+    assert short["status"]["action"] == "Drained"
