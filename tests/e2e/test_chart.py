@@ -22,6 +22,7 @@ import json
 import secrets
 import ssl
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -32,6 +33,7 @@ import pytest
 import yaml
 
 from gpuhealth_api import keys, resources
+from gpuhealth_operator import testing
 from gpuhealth_sim import controlplane, waiting
 
 pytestmark = pytest.mark.e2e
@@ -701,6 +703,100 @@ def test_agent_token_without_a_node_is_denied(
         *apply_args(resources.AGENT_FIELD_MANAGER, status=True), input=gpunode_status(own, agent_status())
     )
     assert "token bound to a pod" in message
+
+
+# -- the real processes with the chart's identities ---------------------------------------------------
+
+FAULTY_SCENARIO = (
+    "gpus: 4\nmodel: NVIDIA H100 80GB HBM3\ndriverVersion: 570.124.06\n"
+    "timeline:\n- {after: 0s, gpu: 1, set: {eccUncorrectedVolatile: 1}}\n"
+)
+
+
+def gpunode_status_of(cp: controlplane.ControlPlane, name: str) -> dict[str, Any]:
+    result = cp.kubectl("get", resources.GPUNODE_PLURAL, name, "--ignore-not-found", "-o", "json")
+    body: dict[str, Any] = json.loads(result.stdout) if result.stdout.strip() else {}
+    status: dict[str, Any] = body.get("status", {})
+    return status
+
+
+def test_real_agent_and_operator_work_with_the_chart_permissions(
+    crds: controlplane.ControlPlane,
+    release: Release,
+    as_agent: Identity,
+    as_operator: Identity,
+    tmp_path: Path,
+) -> None:
+    """`gpu-health-agent` and `gpu-health-operator` themselves, each with only its chart token.
+
+    The agent (simulated GPUs, one with an uncorrectable ECC error) recreates
+    its node's GPUNode and reports; the operator takes the Lease, judges the
+    node under the chart's dry-run policy and records its verdict. Any
+    permission the code needs and the chart lacks fails this test.
+    """
+    own = release.gpu_nodes[0]
+    crds.kubectl("delete", resources.GPUNODE_PLURAL, own, "--ignore-not-found")
+    crds.kubectl("delete", "lease", release.lease, "-n", release.namespace, "--ignore-not-found")
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(FAULTY_SCENARIO)
+    agent_log = (tmp_path / "agent.log").open("wb")
+    agent = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "gpu-health-agent"), "run", f"--node-name={own}",
+            "--backend=sim", f"--sim-scenario={scenario}", f"--kubeconfig={as_agent.kubeconfig}",
+            "--interval=0.5", "--heartbeat=30", "--metrics-port=0",
+        ],
+        stdout=agent_log,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    operator = testing.OperatorProcess(
+        kubeconfig=as_operator.kubeconfig,
+        log_path=tmp_path / "operator.log",
+        lease_namespace=release.namespace,
+        lease_name=release.lease,
+        identity="chart-e2e",
+        extra_args=["--tick-seconds=0.5"],
+    )
+    try:
+        reported = waiting.wait_until(
+            lambda: gpunode_status_of(crds, own).get("summary", {}).get("gpuCount") == 4,
+            timeout_seconds=TIMEOUT_SECONDS,
+            message=f"the real agent reports GPUNode {own}",
+        )
+        assert reported
+        operator.start()
+        waiting.wait_until(operator.is_leading, timeout_seconds=TIMEOUT_SECONDS, message="the operator leads")
+        judged = waiting.wait_until(
+            lambda: (s := gpunode_status_of(crds, own)).get("action") == "DryRun" and s,
+            timeout_seconds=TIMEOUT_SECONDS,
+            message=f"the operator's dry-run verdict on GPUNode {own}",
+        )
+        assert judged["health"] == "Unhealthy"
+        assert "EccUncorrectable" in judged["issues"]
+        holder = crds.kubectl(
+            "get", "lease", release.lease, "-n", release.namespace, "-o", "jsonpath={.spec.holderIdentity}"
+        ).stdout
+        assert holder == "chart-e2e"
+        # Dry-run: the node is judged, not touched.
+        assert crds.kubectl("get", "node", own, "-o", "jsonpath={.spec.unschedulable}").stdout == ""
+    finally:
+        operator.stop()
+        agent.terminate()
+        try:
+            agent.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait()
+        agent_log.close()
+        print("--- agent log ---\n" + (tmp_path / "agent.log").read_text()[-5000:])
+        print("--- operator log ---\n" + (tmp_path / "operator.log").read_text()[-5000:])
+    forbidden = [
+        line
+        for log in ("agent.log", "operator.log")
+        for line in (tmp_path / log).read_text().splitlines()
+        if "403" in line or "forbidden" in line.lower()
+    ]
+    assert forbidden == [], forbidden
 
 
 # -- uninstall ----------------------------------------------------------------------------------------
