@@ -330,3 +330,112 @@ def test_kubectl_and_helm_run_as_the_administrator(control_plane: controlplane.C
 
     with pytest.raises(controlplane.CommandError, match="NotFound"):
         control_plane.kubectl("get", "namespace", "no-such-namespace")
+
+
+def test_deployment_rolls_out_on_kwok_nodes(
+    k8s: client.ApiClient, nodes: list[str], namespace: str, run_id: str
+) -> None:
+    apps = client.AppsV1Api(k8s)
+    labels = {"app": "web"}
+    template = pod("unused", labels=labels, nodeSelector={NODE_LABEL: run_id})
+    del template["metadata"]["name"]
+    apps.create_namespaced_deployment(
+        namespace,
+        {
+            "metadata": {"name": "web"},
+            "spec": {"replicas": 3, "selector": {"matchLabels": labels}, "template": template},
+        },
+    )
+
+    def available() -> bool:
+        status = apps.read_namespaced_deployment("web", namespace).status
+        return status is not None and status.available_replicas == 3
+
+    waiting.wait_until(available, timeout_seconds=30, message="Deployment web has 3 available replicas")
+
+
+def test_deleting_a_namespace_removes_it_and_its_pods(
+    k8s: client.ApiClient, nodes: list[str], run_id: str
+) -> None:
+    core = client.CoreV1Api(k8s)
+    name = f"controlplane-{run_id}-doomed"
+    core.create_namespace({"metadata": {"name": name}})
+    waiting.wait_until(
+        lambda: core.read_namespaced_service_account("default", name),
+        timeout_seconds=30,
+        message="default service account in the new namespace",
+    )
+    core.create_namespaced_pod(name, pod("resident", nodeName=nodes[0]))
+    waiting.wait_until(
+        lambda: phase(core, "resident", name) == "Running", timeout_seconds=30, message="pod runs"
+    )
+
+    core.delete_namespace(name)
+
+    waiting.wait_until(
+        lambda: gone(core.read_namespace, name),
+        timeout_seconds=60,
+        message="namespace controller removes the namespace once its pod is gone",
+    )
+
+
+def test_validating_admission_policy_is_enforced(k8s: client.ApiClient, namespace: str, run_id: str) -> None:
+    admission = client.AdmissionregistrationV1Api(k8s)
+    core = client.CoreV1Api(k8s)
+    name = f"controlplane-{run_id}-no-forbidden-data"
+    admission.create_validating_admission_policy(
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": [""],
+                            "apiVersions": ["v1"],
+                            "operations": ["CREATE"],
+                            "resources": ["configmaps"],
+                        }
+                    ]
+                },
+                "validations": [
+                    {
+                        "expression": "!has(object.data) || !('forbidden' in object.data)",
+                        "message": "no forbidden key",
+                    }
+                ],
+            },
+        }
+    )
+    admission.create_validating_admission_policy_binding(
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+                },
+            },
+        }
+    )
+    try:
+
+        def rejected() -> bool:
+            try:
+                core.create_namespaced_config_map(
+                    namespace, {"metadata": {"generateName": "probe-"}, "data": {"forbidden": "x"}}
+                )
+            except client.ApiException as error:
+                if error.status == 422 and "no forbidden key" in str(error.body):
+                    return True
+                raise
+            return False
+
+        waiting.wait_until(
+            rejected, timeout_seconds=30, message="the ValidatingAdmissionPolicy rejects the ConfigMap"
+        )
+        core.create_namespaced_config_map(namespace, {"metadata": {"name": "allowed"}, "data": {"fine": "x"}})
+    finally:
+        admission.delete_validating_admission_policy_binding(name)
+        admission.delete_validating_admission_policy(name)
