@@ -810,13 +810,21 @@ CLUSTER_KINDS = (
 )
 
 
-def test_uninstall_leaves_only_the_crds(crds: controlplane.ControlPlane, tmp_path: Path) -> None:
+def test_upgrade_then_uninstall_leaves_only_the_crds(crds: controlplane.ControlPlane, tmp_path: Path) -> None:
     suffix = secrets.token_hex(3)
     name, policy = f"chart-un-{suffix}", f"chart-un-{suffix}"
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump(install_values(suffix, policy)))
     with namespace_and_nodes(crds, suffix) as (namespace, _gpu_nodes, _cpu_node):
         crds.helm("install", name, str(CHART), "--namespace", namespace, "-f", str(values), timeout=180)
+        # The step NOTES.txt suggests once the dry-run Events look right.
+        upgrade = crds.helm(
+            "upgrade", name, str(CHART), "--namespace", namespace, "--reuse-values",
+            "--set", "defaultPolicy.dryRun=false", timeout=180,
+        )  # fmt: skip
+        assert "STATUS: deployed" in upgrade.stdout
+        dry_run = crds.kubectl("get", resources.POLICY_PLURAL, policy, "-o", "jsonpath={.spec.dryRun}").stdout
+        assert dry_run == "false"
         selector = f"app.kubernetes.io/instance={name}"
         assert crds.kubectl("get", CHART_KINDS, "-A", "-l", selector, "-o", "name").stdout.strip()
         crds.helm("uninstall", name, "--namespace", namespace, "--wait", timeout=180)
