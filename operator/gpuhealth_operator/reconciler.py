@@ -213,8 +213,9 @@ async def _node_condition(
     )
 
 
-def score_stragglers(ctx: context.Context, now: datetime.datetime) -> None:
-    """Straggler scores per policy cohort (only policies with a Straggler rule)."""
+def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
+    """Straggler scores per policy cohort (policies with a Straggler rule); the nodes whose score changed."""
+    before = dict(ctx.stragglers)
     ctx.stragglers.clear()
     for policy in ctx.cache.policies.values():
         rules = [r for r in policy.rules if r.condition is Condition.STRAGGLER]
@@ -228,3 +229,5 @@ def score_stragglers(ctx: context.Context, now: datetime.datetime) -> None:
         }
         for name, score in stragglers.score_cohorts(members, threshold, now).items():
             ctx.stragglers[(policy.name, name)] = score
+    keys = before.keys() | ctx.stragglers.keys()
+    return {node for key in keys if before.get(key) != ctx.stragglers.get(key) for node in [key[1]]}

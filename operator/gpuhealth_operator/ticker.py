@@ -3,9 +3,10 @@
 Watch events cover everything a change in the cluster causes; what time
 alone causes (a condition held for `forSeconds`, an agent going stale, the
 budget freeing up, `healthyForSeconds` of recovery, straggler cohorts
-shifting) needs a clock. Every `tick_seconds` this judges every known node,
-acts where a verdict changed, and refreshes each policy's status counts.
-A pass that finds nothing to change sends no request.
+shifting) needs a clock. Every `tick_seconds` this judges the nodes where a
+clock runs (`is_due`; every node every FULL_PASS_SECONDS), acts where a
+verdict changed, and refreshes each policy's status counts. A pass that
+finds nothing to change sends no request.
 """
 
 from __future__ import annotations
@@ -16,19 +17,67 @@ import datetime
 import logging
 from typing import Any
 
-from gpuhealth_api import vocabulary
+from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import context, reconciler
 from gpuhealth_operator.actions import status
 from gpuhealth_operator.decisions import policies, times
 
 logger = logging.getLogger(__name__)
 
+STALE_HEARTBEATS = 3
+"""An agent that missed this many heartbeats is stale (DESIGN.md); the timer wakes just before."""
 
-async def tick(ctx: context.Context) -> None:
+
+FULL_PASS_SECONDS = 10.0
+"""Every so often the timer judges every node, due or not: a safety net under `is_due`."""
+
+
+def is_due(ctx: context.Context, name: str, now: datetime.datetime) -> bool:
+    """Whether time alone may change this node's verdict now (else only a watch event can).
+
+    A healthy node with a fresh heartbeat and nothing pending has no clock
+    running: skipping it keeps the timer's cost proportional to the nodes in
+    trouble, not to the fleet.
+    """
+    record = ctx.cache.nodes[name]
+    gpunode = ctx.cache.gpunodes[name]
+    facts = gpunode.status
+    if any(key[1] == name for key in ctx.budget_notified) or name in ctx.drains:
+        return True
+    if facts.get("health") not in (None, vocabulary.Health.HEALTHY.value) or facts.get("action") not in (
+        None,
+        vocabulary.NodeAction.NONE.value,
+    ):
+        return True
+    for condition in facts.get("conditions") or []:
+        if condition.get("status") != "False" or condition.get("observedSince"):
+            return True
+    view = record.view
+    if view.cordoned_by or keys.UNHEALTHY_TAINT in view.taint_keys:
+        return True
+    if view.labels.get(keys.HEALTH_LABEL) not in (None, "healthy") or any(
+        view.labels.get(label) for label in (keys.STRAGGLER_LABEL, keys.THERMAL_LABEL)
+    ):
+        return True
+    agent = facts.get("agent") or {}
+    heartbeat = times.parse(agent.get("lastHeartbeatTime"))
+    period = agent.get("heartbeatSeconds") or 60
+    stale_at_seconds = STALE_HEARTBEATS * float(period)
+    if (
+        heartbeat is None
+        or times.seconds_between(heartbeat, now) >= stale_at_seconds - 2 * ctx.config.tick_seconds
+    ):
+        return True
+    return not any((policy, name) in ctx.verdicts for policy in ctx.cache.policies)
+
+
+async def tick(ctx: context.Context, *, full: bool = False) -> None:
     now = reconciler.utcnow()
-    reconciler.score_stragglers(ctx, now)
-    names = [n for n in ctx.cache.gpunodes if n in ctx.cache.nodes]
-    # Judge every node before acting on any, so the budget ranks all waiting nodes, not the first few seen.
+    moved = reconciler.score_stragglers(ctx, now)
+    names = [
+        n for n in ctx.cache.gpunodes if n in ctx.cache.nodes and (full or n in moved or is_due(ctx, n, now))
+    ]
+    # Judge every due node before acting on any, so the budget ranks all waiting nodes, not the first seen.
     for name in names:
         record = ctx.cache.nodes[name]
         for policy in reconciler.selecting_policies(ctx, record):
@@ -39,10 +88,14 @@ async def tick(ctx: context.Context) -> None:
 
 async def run(ctx: context.Context) -> None:
     """Tick forever; a failed tick is logged and the next one retries."""
+    last_full = float("-inf")
     while True:
         started = asyncio.get_running_loop().time()
+        full = started - last_full >= FULL_PASS_SECONDS
+        if full:
+            last_full = started
         try:
-            await tick(ctx)
+            await tick(ctx, full=full)
         except reconciler.TRANSIENT_ERRORS as error:
             ctx.meters.reconcile_errors.labels("timer").inc()
             logger.warning("timer pass failed (will retry): %s", error)
