@@ -92,9 +92,19 @@ def fleet_spec(nodes: int, interval: float, heartbeat: float, workers: int) -> f
 
 
 def heartbeat_ages(custom: client.CustomObjectsApi, now: float) -> list[float]:
-    listing = custom.list_cluster_custom_object(resources.GROUP, resources.VERSION, resources.GPUNODE_PLURAL)
+    """Age of every GPUNode's lastHeartbeatTime, listed in pages (one 6 MB list can time out)."""
+    items: list[dict] = []
+    token = None
+    while True:
+        page = custom.list_cluster_custom_object(
+            resources.GROUP, resources.VERSION, resources.GPUNODE_PLURAL, limit=200, _continue=token
+        )
+        items += page.get("items", [])
+        token = page.get("metadata", {}).get("continue")
+        if not token:
+            break
     ages = []
-    for item in listing.get("items", []):
+    for item in items:
         stamp = ((item.get("status") or {}).get("agent") or {}).get("lastHeartbeatTime")
         if stamp:
             ages.append(now - datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp())
@@ -174,6 +184,12 @@ def main() -> int:
             writes = sim.last_writes()
             missing = max(missing, sum(1 for w in writes if w is None))
             oldest = max([oldest, *(now - w for w in writes if w is not None)])
+            if int(time.monotonic() - wall0) % 30 < 2:
+                print(
+                    f"  t={time.monotonic() - wall0:5.0f}s turns={sim.stats.turns} writes={sim.stats.writes} "
+                    f"oldest write {oldest:.0f}s ago",
+                    flush=True,
+                )
         wall = time.monotonic() - wall0
         cpu = cpu_seconds() - cpu0
         children1 = children_cpu_seconds()
@@ -182,7 +198,11 @@ def main() -> int:
         writes = sim.stats.writes - stats_before[1]
         busy = sim.stats.busy_seconds - stats_before[2]
         # Cross-check with the cluster once: every GPUNode's lastHeartbeatTime.
-        listed = heartbeat_ages(custom, time.time())
+        try:
+            listed = heartbeat_ages(custom, time.time())
+        except client.ApiException as error:
+            print(f"listing GPUNodes failed: {error.status} {error.reason}", flush=True)
+            listed = []
         results.update(
             {
                 "steadyWindowSeconds": round(wall),
