@@ -265,7 +265,7 @@ def _story(plane: controlplane.ControlPlane, ctx: _Context) -> bool:
             seen.started_at = sim.started_at
             say(f"started the simulated fleet: faults are scripted in {options.fleet_path.name}")
             view = live.Live(seen, out, tty=tty, width=options.width)
-            _watch(view, sim, operator, options.duration_seconds, tty)
+            _watch(view, sim, operator, options.duration_seconds)
             result = summary.build(seen, time.time(), human_cordoned={human})
             if not tty:
                 view.table()
@@ -284,11 +284,11 @@ def _story(plane: controlplane.ControlPlane, ctx: _Context) -> bool:
         api.close()  # type: ignore[no-untyped-call]
 
 
-def _watch(
-    view: live.Live, sim: fleet.Fleet, operator: processes.ManagedProcess, duration: float, tty: bool
-) -> None:
+def _watch(view: live.Live, sim: fleet.Fleet, operator: processes.ManagedProcess, duration: float) -> None:
     assert sim.started_at is not None
-    title = "gpu-health demo: 12 simulated H100 nodes, scripted faults, the real operator"
+    nodes = len(sim.spec.nodes)
+    model = sim.spec.nodes[0].gpu_model.removeprefix("NVIDIA ")
+    title = f"gpu-health demo: {nodes} simulated {model} nodes, scripted faults, the real operator"
     while (elapsed := time.time() - sim.started_at) < duration:
         state = "running" if operator.running() else f"EXITED ({operator.returncode()})"
         status = f"t={elapsed:5.1f}s of {duration:.0f}s  operator: {state}  fleet turns: {sim.stats.turns}"
