@@ -508,6 +508,32 @@ class Mission:
 
     # -- teardown --
 
+    def describe(self, node: str) -> str:
+        """One node as a user would inspect it: cordon, our keys, GPUNode verdict, Events."""
+        try:
+            body = self.node(node)
+            ours = {
+                k: v
+                for k, v in {
+                    **body["metadata"].get("labels", {}),
+                    **body["metadata"].get("annotations", {}),
+                }.items()
+                if k.startswith(keys.PREFIX)
+            }
+            status = self.gpunode_status(node)
+            verdict = {k: status.get(k) for k in ("health", "issues", "action", "straggler")}
+            events = [
+                f"{e['reason']} x{e.get('count', 1)}: {e.get('message', '')}" for e in self.events(node)
+            ]
+        except client.ApiException as error:
+            return f"{node}: cannot read ({error.status} {error.reason})"
+        lines = [
+            f"{node}: unschedulable={bool(body['spec'].get('unschedulable'))} {ours}",
+            f"  GPUNode {verdict}",
+            *(f"  Event {line}" for line in events),
+        ]
+        return "\n".join(lines)
+
     def report(self) -> str:
         """Log tails of the operator (its lines about this test, then its last lines) and the agents."""
         operator = self.operator.process
@@ -517,6 +543,8 @@ class Mission:
             text = ""
         ours = [line for line in text.splitlines() if self.label in line][-LOG_TAIL_LINES:]
         parts = [
+            f"----- what the cluster shows for {self.label} -----",
+            *(self.describe(node) for node in self.nodes),
             f"----- operator lines mentioning {self.label} -----",
             *ours,
             log_tail(operator),
