@@ -141,3 +141,18 @@ def test_plain_progress_prints_each_new_thing_once() -> None:
         "+ 20.0s gpu-node-1: straggler set",
         "+ 20.1s Straggler          gpu-node-1   score far below peers",
     ]
+
+
+def test_a_terminal_gets_the_screen_redrawn_in_place() -> None:
+    seen = record.Record(started_at=T0)
+    seen.on_gpunode("ADDED", gpunode("gpu-node-1", observed=T0 + 1, health="Healthy"), T0 + 1)
+    out = io.StringIO()
+    shown = live.Live(seen, out, tty=True, width=80)
+    shown.refresh("title", "t=1s")
+    shown.refresh("title", "t=2s")
+    first, second = out.getvalue().split(live.CLEAR_BELOW)[:2]
+    assert first.startswith(live.CLEAR_SCREEN + live.HOME) and second.startswith(live.HOME)
+    lines = [line.removesuffix(live.CLEAR_LINE) for line in second.removeprefix(live.HOME).splitlines()]
+    assert lines[:4] == ["title", "t=2s", "", "$ kubectl get gpunodes"]
+    assert lines[4].split() == list(view.HEADERS)
+    assert lines[5].startswith("gpu-node-1") and all(len(line) <= 80 for line in lines)
