@@ -1,7 +1,9 @@
 """The operator's view of the cluster, fed by kopf's watch streams.
 
 Reconciling reads only this cache, never the API server, so a pass over the
-whole fleet costs no requests; only changes are written. Writes refresh the
+whole fleet costs no requests; only changes are written. Of a GPUNode only
+the facts the decisions read are kept (see GPU_FIELDS), to keep the memory
+per node small. Writes refresh the
 cache from the API server's answer at once, so the next decision never works
 on a view older than our own last write.
 """
@@ -9,6 +11,7 @@ on a view older than our own last write.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -82,9 +85,54 @@ def node_record(body: Mapping[str, Any]) -> NodeRecord:
     )
 
 
+GPU_FIELDS: Mapping[str, frozenset[str] | None] = {
+    "index": None,
+    "uuid": None,
+    "model": None,
+    "temperatureCelsius": None,
+    "slowdownTemperatureCelsius": None,
+    "smClockMHz": None,
+    "maxSmClockMHz": None,
+    "utilizationPercent": None,
+    "ecc": frozenset({"uncorrectedVolatile"}),
+    "remappedRows": frozenset({"failure", "pending"}),
+    "xids": None,
+    "clockEventReasons": None,
+    "throttledSince": None,
+    "recoveryAction": None,
+    "pcie": frozenset({"generation", "maxGeneration", "width", "maxWidth"}),
+    "lost": None,
+    "observedTime": None,
+}
+"""Per-GPU facts the decision core reads (None: the whole value); the rest is not kept in memory."""
+
+
+def _intern(value: Any) -> Any:
+    return sys.intern(value) if isinstance(value, str) else value
+
+
+def compact_gpu(gpu: Mapping[str, Any]) -> dict[str, Any]:
+    """The GPU facts the decisions need, with interned keys and names (one copy across the fleet)."""
+    kept: dict[str, Any] = {}
+    for key, raw in gpu.items():
+        if key not in GPU_FIELDS:
+            continue
+        wanted = GPU_FIELDS[key]
+        value: Any = raw
+        if wanted is not None and isinstance(raw, Mapping):
+            value = {sys.intern(k): v for k, v in raw.items() if k in wanted}
+        elif isinstance(raw, list):
+            value = [_intern(v) for v in raw]
+        kept[sys.intern(key)] = _intern(value)
+    return kept
+
+
 def gpunode_record(body: Mapping[str, Any]) -> GPUNodeRecord:
     meta = body.get("metadata") or {}
     raw_status: status.GPUNodeStatus = dict(body.get("status") or {})  # type: ignore[assignment]
+    gpus = raw_status.get("gpus")
+    if isinstance(gpus, list):
+        raw_status["gpus"] = [compact_gpu(g) if isinstance(g, Mapping) else g for g in gpus]  # type: ignore[misc]
     return GPUNodeRecord(
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),
