@@ -1,0 +1,79 @@
+"""The timer wakes only nodes where a clock runs; a healthy node with a fresh heartbeat is left alone."""
+
+import datetime
+
+import pytest
+
+from gpuhealth_api import keys
+from gpuhealth_operator import context, kube, metrics, settings, testing, ticker
+from gpuhealth_operator.decisions import policies
+
+NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
+
+
+def make_context(
+    node_labels: dict[str, str], status: dict, annotations: dict[str, str] | None = None
+) -> context.Context:
+    client = kube.Kube(kube.Credentials("https://127.0.0.1:1", None, True, None, None, None))
+    ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+    ctx.cache.put_node(
+        {
+            "metadata": {
+                "name": "n",
+                "resourceVersion": "1",
+                "labels": node_labels,
+                "annotations": annotations or {},
+            },
+            "spec": {},
+        }
+    )
+    ctx.cache.put_gpunode({"metadata": {"name": "n", "resourceVersion": "1"}, "status": status})
+    policy = policies.parse_policy(
+        "p", 1, {"rules": [{"name": "e", "condition": "EccUncorrectable", "action": "Cordon"}]}
+    )
+    ctx.cache.policies["p"] = policy
+    return ctx
+
+
+def fresh(**extra: object) -> dict:
+    status = testing.agent_status(heartbeat=testing.rfc3339(NOW - datetime.timedelta(seconds=10)))
+    status.update({"health": "Healthy", "action": "None", "conditions": []})
+    status.update(extra)
+    return status
+
+
+def test_healthy_fresh_node_is_not_due_once_judged() -> None:
+    ctx = make_context({keys.HEALTH_LABEL: "healthy"}, fresh())
+    assert ticker.is_due(ctx, "n", NOW), "never judged: due"
+    ctx.verdicts[("p", "n")] = object()  # type: ignore[assignment]
+    assert not ticker.is_due(ctx, "n", NOW)
+
+
+@pytest.mark.parametrize(
+    ("labels", "annotations", "status"),
+    [
+        ({keys.HEALTH_LABEL: "unhealthy"}, {}, fresh()),
+        ({keys.HEALTH_LABEL: "healthy"}, {keys.CORDONED_BY_ANNOTATION: "p"}, fresh()),
+        ({keys.HEALTH_LABEL: "healthy", keys.THERMAL_LABEL: "true"}, {}, fresh()),
+        ({keys.HEALTH_LABEL: "healthy"}, {}, fresh(action="Pending")),
+        (
+            {keys.HEALTH_LABEL: "healthy"},
+            {},
+            fresh(
+                conditions=[
+                    {"type": "ThermalThrottled", "status": "False", "observedSince": "2026-01-01T11:59:59Z"}
+                ]
+            ),
+        ),
+        (
+            {keys.HEALTH_LABEL: "healthy"},
+            {},
+            fresh(agent={"lastHeartbeatTime": "2026-01-01T11:57:01Z", "heartbeatSeconds": 60}),
+        ),
+    ],
+    ids=["unhealthy", "cordoned-by-us", "labelled", "pending", "condition-pending", "heartbeat-nearly-stale"],
+)
+def test_nodes_with_a_running_clock_are_due(labels: dict, annotations: dict, status: dict) -> None:
+    ctx = make_context(labels, status, annotations)
+    ctx.verdicts[("p", "n")] = object()  # type: ignore[assignment]
+    assert ticker.is_due(ctx, "n", NOW)
