@@ -6,13 +6,9 @@ stands in for kubelets: Nodes annotated `kwok.x-k8s.io/node: fake` are kept
 Ready, their Pods run and their deletions complete, so drains and evictions
 behave as on a real cluster without containers.
 
-Deliberate differences from a production cluster, each so simulated nodes
-behave predictably:
-- no node-lifecycle or taint-eviction controller and no TaintNodesByCondition
-  admission: nothing marks Nodes unreachable or evicts their Pods behind a
-  test's back, and new Nodes are schedulable at once;
-- no leader election in the controller manager and scheduler, so they ride
-  out `stop_apiserver()` outages instead of exiting.
+How each component is configured, and where it deliberately differs from a
+production cluster, is in `components`; docs/local-control-plane.md has the
+user's view.
 
 Everything runs as children of the caller; `stop()` (also run by the context
 manager and at interpreter exit) tears it all down, and the children die with
@@ -24,44 +20,26 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import http.client
 import os
 import shutil
 import signal
-import ssl
 import subprocess
 import tempfile
 import time
-import urllib.parse
 from collections.abc import Callable, Sequence
-from importlib import resources
 from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
 from kubernetes import client as kube_client
 
-from gpuhealth_sim import binaries, kubeconfigs, pki, ports, processes, waiting
+from gpuhealth_sim import binaries, components, kubeconfigs, pki, ports, probes, processes, waiting
 
 KWOK_NODE_ANNOTATION: Final = "kwok.x-k8s.io/node"
 KWOK_NODE_ANNOTATION_VALUE: Final = "fake"
 KWOK_STATUS_ANNOTATION: Final = "kwok.x-k8s.io/status"
 """Nodes and Pods with this annotation (any value) keep the status their creator writes (kwok-stages.yaml)."""
-KWOK_STAGES: Final = "kwok-stages.yaml"
-KWOK_NODE_LEASE_SECONDS: Final = 40
 ADMIN_USER: Final = "gpu-health-admin"
-SERVICE_CIDR: Final = "10.96.0.0/16"
-SERVICE_IP: Final = "10.96.0.1"
-POD_CIDR: Final = "10.244.0.0/16"
-SERVICE_ACCOUNT_ISSUER: Final = "https://kubernetes.default.svc.cluster.local"
-DISABLED_CONTROLLERS: Final = (
-    "node-lifecycle-controller",
-    "taint-eviction-controller",
-    "node-ipam-controller",
-    "cloud-node-lifecycle-controller",
-    "node-route-controller",
-    "service-lb-controller",
-)
 # kube-apiserver 1.36 stops listening at once on SIGTERM but then often waits on in-flight
 # requests for far longer; its state is in etcd, so a short grace then SIGKILL loses nothing.
 STOP_GRACE_SECONDS: Final = 2.0
@@ -85,23 +63,13 @@ class CommandError(subprocess.CalledProcessError):
         return f"{super().__str__()}\nstderr:\n{self.stderr}\nstdout:\n{self.stdout}"
 
 
-@dataclasses.dataclass(frozen=True)
-class _Ports:
-    etcd_client: int
-    etcd_peer: int
-    apiserver: int
-    controller_manager: int
-    scheduler: int
-    kwok: int
-
-
 @dataclasses.dataclass
 class _Running:
     """What exists while the control plane is up."""
 
     workdir: Path
     owns_workdir: bool
-    ports: _Ports
+    ports: components.Ports
     keys: pki.Pki
     admin: pki.CertKey
     kubeconfig: Path
@@ -117,7 +85,8 @@ class ControlPlane:
 
     Use as a context manager, or call start() and stop(). `workdir` receives
     the logs, certificates, kubeconfigs and etcd data; when not given a
-    temporary directory is used and removed by stop(), otherwise it is kept.
+    temporary directory is used and removed by stop(), otherwise stop() keeps
+    it but for etcd's data.
     """
 
     def __init__(
@@ -221,7 +190,7 @@ class ControlPlane:
         apiserver.start()
         self._wait(
             "kube-apiserver /readyz after restart",
-            lambda: _get_ok(f"{running.server}/readyz", self._admin_tls()),
+            lambda: probes.get_ok(f"{running.server}/readyz", self._admin_tls()),
             time.monotonic() + timeout_seconds,
             [running.processes[ETCD], apiserver],
         )
@@ -291,16 +260,16 @@ class ControlPlane:
     # -- internals -------------------------------------------------------------------------------
 
     def _prepare(self, workdir: Path, owned: bool) -> _Running:
-        free = _Ports(*ports.free_ports(6))
-        keys = pki.create(workdir / "pki", service_ip=SERVICE_IP)
+        free = components.Ports(*ports.free_ports(6))
+        keys = pki.create(workdir / "pki", service_ip=components.SERVICE_IP)
         admin = pki.client_cert(keys, "admin", user=ADMIN_USER, groups=("system:masters",))
         server = f"https://{ports.LOOPBACK}:{free.apiserver}"
         kubeconfig = kubeconfigs.write(
             workdir / "kubeconfig", server=server, ca_cert=keys.ca.cert, user=ADMIN_USER, client=admin
         )
         children = {
-            ETCD: self._child(ETCD, workdir, _etcd_args(workdir, free)),
-            APISERVER: self._child(APISERVER, workdir, _apiserver_args(workdir, free, keys)),
+            ETCD: self._child(ETCD, workdir, components.etcd_args(workdir, free)),
+            APISERVER: self._child(APISERVER, workdir, components.apiserver_args(workdir, free, keys)),
         }
         if self._with[CONTROLLER_MANAGER]:
             identity = pki.client_cert(keys, CONTROLLER_MANAGER, user="system:kube-controller-manager")
@@ -311,7 +280,7 @@ class ControlPlane:
                 user="system:kube-controller-manager",
                 client=identity,
             )
-            args = _controller_manager_args(config, free, keys)
+            args = components.controller_manager_args(config, free, keys)
             children[CONTROLLER_MANAGER] = self._child(CONTROLLER_MANAGER, workdir, args)
         if self._with[SCHEDULER]:
             identity = pki.client_cert(keys, SCHEDULER, user="system:kube-scheduler")
@@ -322,9 +291,11 @@ class ControlPlane:
                 user="system:kube-scheduler",
                 client=identity,
             )
-            children[SCHEDULER] = self._child(SCHEDULER, workdir, _scheduler_args(config, free))
+            children[SCHEDULER] = self._child(SCHEDULER, workdir, components.scheduler_args(config, free))
         if self._with[KWOK]:
-            children[KWOK] = self._child(KWOK, workdir, _kwok_args(workdir, kubeconfig, free))
+            selector = f"{KWOK_NODE_ANNOTATION}={KWOK_NODE_ANNOTATION_VALUE}"
+            args = components.kwok_args(workdir, kubeconfig, free, node_selector=selector)
+            children[KWOK] = self._child(KWOK, workdir, args)
         return _Running(
             workdir=workdir,
             owns_workdir=owned,
@@ -346,7 +317,7 @@ class ControlPlane:
         tls = self._admin_tls()
         self._wait(
             "kube-apiserver /readyz",
-            lambda: _get_ok(f"{running.server}/readyz", tls),
+            lambda: probes.get_ok(f"{running.server}/readyz", tls),
             deadline,
             [etcd, apiserver],
         )
@@ -355,21 +326,23 @@ class ControlPlane:
         for child in others:
             child.start()
         everyone = list(running.processes.values())
-        insecure = _insecure_tls()
+        insecure = probes.insecure_tls()
         if CONTROLLER_MANAGER in running.processes:
             url = f"https://{ports.LOOPBACK}:{running.ports.controller_manager}/healthz"
-            self._wait("kube-controller-manager /healthz", lambda: _get_ok(url, insecure), deadline, everyone)
+            self._wait(
+                "kube-controller-manager /healthz", lambda: probes.get_ok(url, insecure), deadline, everyone
+            )
             # The service-account controller creating this proves the controllers run.
             sa = f"{running.server}/api/v1/namespaces/default/serviceaccounts/default"
-            self._wait("the default service account", lambda: _get_ok(sa, tls), deadline, everyone)
+            self._wait("the default service account", lambda: probes.get_ok(sa, tls), deadline, everyone)
         if SCHEDULER in running.processes:
             url = f"https://{ports.LOOPBACK}:{running.ports.scheduler}/healthz"
-            self._wait("kube-scheduler /healthz", lambda: _get_ok(url, insecure), deadline, everyone)
+            self._wait("kube-scheduler /healthz", lambda: probes.get_ok(url, insecure), deadline, everyone)
         if KWOK in running.processes:
             url = f"http://{ports.LOOPBACK}:{running.ports.kwok}/healthz"
-            self._wait("kwok /healthz", lambda: _get_ok(url, None), deadline, everyone)
+            self._wait("kwok /healthz", lambda: probes.get_ok(url, None), deadline, everyone)
         namespace = f"{running.server}/api/v1/namespaces/default"
-        self._wait("the default namespace", lambda: _get_ok(namespace, tls), deadline, everyone)
+        self._wait("the default namespace", lambda: probes.get_ok(namespace, tls), deadline, everyone)
 
     def _wait(
         self,
@@ -397,11 +370,9 @@ class ControlPlane:
             )
             raise ControlPlaneError(f"{error}\n{tails}") from error
 
-    def _admin_tls(self) -> ssl.SSLContext:
+    def _admin_tls(self) -> probes.TLS:
         running = self._require()
-        context = ssl.create_default_context(cafile=str(running.keys.ca.cert))
-        context.load_cert_chain(str(running.admin.cert), str(running.admin.key))
-        return context
+        return probes.client_tls(running.keys.ca.cert, running.admin)
 
     def _run(
         self, argv: list[str], *, input: str | None, check: bool, timeout: float
@@ -427,116 +398,3 @@ class ControlPlane:
                 f"{name} is not part of this control plane (started: {', '.join(running.processes)})"
             )
         return running.processes[name]
-
-
-def _etcd_args(workdir: Path, free: _Ports) -> list[str]:
-    client = f"http://{ports.LOOPBACK}:{free.etcd_client}"
-    peer = f"http://{ports.LOOPBACK}:{free.etcd_peer}"
-    return [
-        "--name=default",
-        f"--data-dir={workdir / 'etcd'}",
-        f"--listen-client-urls={client}",
-        f"--advertise-client-urls={client}",
-        f"--listen-peer-urls={peer}",
-        f"--initial-advertise-peer-urls={peer}",
-        f"--initial-cluster=default={peer}",
-        # Test data is disposable; skipping fsync makes every write (and startup) much faster.
-        "--unsafe-no-fsync",
-        "--log-level=warn",
-    ]
-
-
-def _apiserver_args(workdir: Path, free: _Ports, keys: pki.Pki) -> list[str]:
-    return [
-        f"--etcd-servers=http://{ports.LOOPBACK}:{free.etcd_client}",
-        f"--bind-address={ports.LOOPBACK}",
-        f"--advertise-address={ports.LOOPBACK}",
-        f"--secure-port={free.apiserver}",
-        f"--cert-dir={workdir / 'apiserver-certs'}",
-        f"--tls-cert-file={keys.serving.cert}",
-        f"--tls-private-key-file={keys.serving.key}",
-        f"--client-ca-file={keys.ca.cert}",
-        "--authorization-mode=RBAC",
-        f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
-        f"--service-account-key-file={keys.service_account_public_key}",
-        f"--service-account-signing-key-file={keys.service_account_key}",
-        f"--service-cluster-ip-range={SERVICE_CIDR}",
-        "--allow-privileged=true",
-        # Without the node-lifecycle controller nothing would lift the not-ready taint.
-        "--disable-admission-plugins=TaintNodesByCondition",
-        "--profiling=false",
-    ]
-
-
-def _controller_manager_args(kubeconfig: Path, free: _Ports, keys: pki.Pki) -> list[str]:
-    return [
-        f"--kubeconfig={kubeconfig}",
-        f"--bind-address={ports.LOOPBACK}",
-        f"--secure-port={free.controller_manager}",
-        "--leader-elect=false",
-        "--controllers=*," + ",".join(f"-{name}" for name in DISABLED_CONTROLLERS),
-        "--use-service-account-credentials=true",
-        f"--service-account-private-key-file={keys.service_account_key}",
-        f"--root-ca-file={keys.ca.cert}",
-        f"--cluster-signing-cert-file={keys.ca.cert}",
-        f"--cluster-signing-key-file={keys.ca.key}",
-        f"--cluster-name={kubeconfigs.CLUSTER_NAME}",
-        "--profiling=false",
-    ]
-
-
-def _scheduler_args(kubeconfig: Path, free: _Ports) -> list[str]:
-    return [
-        f"--kubeconfig={kubeconfig}",
-        f"--bind-address={ports.LOOPBACK}",
-        f"--secure-port={free.scheduler}",
-        "--leader-elect=false",
-        "--profiling=false",
-    ]
-
-
-def _kwok_args(workdir: Path, kubeconfig: Path, free: _Ports) -> list[str]:
-    # Our own stages (kwok 0.8 has no built-in ones), and never a developer's ~/.kwok/kwok.yaml.
-    config = workdir / "kwok.yaml"
-    config.write_text(resources.files("gpuhealth_sim").joinpath(KWOK_STAGES).read_text(encoding="utf-8"))
-    return [
-        f"--config={config}",
-        f"--kubeconfig={kubeconfig}",
-        "--manage-all-nodes=false",
-        f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}={KWOK_NODE_ANNOTATION_VALUE}",
-        # Like a kubelet: the Lease is the liveness signal, renewed every quarter of its duration.
-        f"--node-lease-duration-seconds={KWOK_NODE_LEASE_SECONDS}",
-        f"--server-address={ports.LOOPBACK}:{free.kwok}",
-        f"--cidr={POD_CIDR}",
-        f"--node-ip={ports.LOOPBACK}",
-    ]
-
-
-def _get_ok(url: str, tls: ssl.SSLContext | None) -> bool:
-    """True if GET `url` answers 200; connection errors propagate (wait_until retries them).
-
-    http.client rather than urllib: no proxy settings apply, and the socket is closed
-    even when the request fails (urllib leaks it, a ResourceWarning under pytest).
-    """
-    parts = urllib.parse.urlsplit(url)
-    host, port = parts.hostname or ports.LOOPBACK, parts.port
-    connection = (
-        http.client.HTTPSConnection(host, port, timeout=2, context=tls)
-        if parts.scheme == "https"
-        else http.client.HTTPConnection(host, port, timeout=2)
-    )
-    try:
-        connection.request("GET", parts.path or "/")
-        response = connection.getresponse()
-        response.read()
-        return response.status == 200
-    finally:
-        connection.close()
-
-
-def _insecure_tls() -> ssl.SSLContext:
-    """For the controller manager's and scheduler's self-signed health endpoints on loopback."""
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    return context

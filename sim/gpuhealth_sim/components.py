@@ -1,0 +1,133 @@
+"""Command lines of the local control-plane components, and why each flag is there.
+
+Where the cluster deliberately differs from production, it is so simulated
+nodes behave predictably:
+- no node-lifecycle or taint-eviction controller and no TaintNodesByCondition
+  admission: nothing marks Nodes unreachable or evicts their Pods behind a
+  test's back, and new Nodes are schedulable at once;
+- no leader election in the controller manager and scheduler, so they ride
+  out API-server outages instead of exiting;
+- etcd skips fsync: test data is disposable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from importlib import resources
+from pathlib import Path
+from typing import Final
+
+from gpuhealth_sim import kubeconfigs, pki, ports
+
+SERVICE_CIDR: Final = "10.96.0.0/16"
+SERVICE_IP: Final = "10.96.0.1"
+"""The `kubernetes` Service's ClusterIP, the first of SERVICE_CIDR; in the serving certificate."""
+POD_CIDR: Final = "10.244.0.0/16"
+SERVICE_ACCOUNT_ISSUER: Final = "https://kubernetes.default.svc.cluster.local"
+DISABLED_CONTROLLERS: Final = (
+    "node-lifecycle-controller",
+    "taint-eviction-controller",
+    "node-ipam-controller",
+    "cloud-node-lifecycle-controller",
+    "node-route-controller",
+    "service-lb-controller",
+)
+KWOK_STAGES: Final = "kwok-stages.yaml"
+"""Package data: how kwok plays kubelets (kwok 0.8 ships no built-in stages)."""
+KWOK_NODE_LEASE_SECONDS: Final = 40
+"""As a kubelet's: the Lease is renewed every quarter of it (10 s)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Ports:
+    """The loopback ports of one control plane."""
+
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+    kwok: int
+
+
+def etcd_args(workdir: Path, free: Ports) -> list[str]:
+    client = f"http://{ports.LOOPBACK}:{free.etcd_client}"
+    peer = f"http://{ports.LOOPBACK}:{free.etcd_peer}"
+    return [
+        "--name=default",
+        f"--data-dir={workdir / 'etcd'}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=default={peer}",
+        # Test data is disposable; skipping fsync makes every write (and startup) much faster.
+        "--unsafe-no-fsync",
+        "--log-level=warn",
+    ]
+
+
+def apiserver_args(workdir: Path, free: Ports, keys: pki.Pki) -> list[str]:
+    return [
+        f"--etcd-servers=http://{ports.LOOPBACK}:{free.etcd_client}",
+        f"--bind-address={ports.LOOPBACK}",
+        f"--advertise-address={ports.LOOPBACK}",
+        f"--secure-port={free.apiserver}",
+        f"--cert-dir={workdir / 'apiserver-certs'}",
+        f"--tls-cert-file={keys.serving.cert}",
+        f"--tls-private-key-file={keys.serving.key}",
+        f"--client-ca-file={keys.ca.cert}",
+        "--authorization-mode=RBAC",
+        f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+        f"--service-account-key-file={keys.service_account_public_key}",
+        f"--service-account-signing-key-file={keys.service_account_key}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--allow-privileged=true",
+        # Without the node-lifecycle controller nothing would lift the not-ready taint.
+        "--disable-admission-plugins=TaintNodesByCondition",
+        "--profiling=false",
+    ]
+
+
+def controller_manager_args(kubeconfig: Path, free: Ports, keys: pki.Pki) -> list[str]:
+    return [
+        f"--kubeconfig={kubeconfig}",
+        f"--bind-address={ports.LOOPBACK}",
+        f"--secure-port={free.controller_manager}",
+        "--leader-elect=false",
+        "--controllers=*," + ",".join(f"-{name}" for name in DISABLED_CONTROLLERS),
+        "--use-service-account-credentials=true",
+        f"--service-account-private-key-file={keys.service_account_key}",
+        f"--root-ca-file={keys.ca.cert}",
+        f"--cluster-signing-cert-file={keys.ca.cert}",
+        f"--cluster-signing-key-file={keys.ca.key}",
+        f"--cluster-name={kubeconfigs.CLUSTER_NAME}",
+        "--profiling=false",
+    ]
+
+
+def scheduler_args(kubeconfig: Path, free: Ports) -> list[str]:
+    return [
+        f"--kubeconfig={kubeconfig}",
+        f"--bind-address={ports.LOOPBACK}",
+        f"--secure-port={free.scheduler}",
+        "--leader-elect=false",
+        "--profiling=false",
+    ]
+
+
+def kwok_args(workdir: Path, kubeconfig: Path, free: Ports, *, node_selector: str) -> list[str]:
+    """kwok managing the Nodes whose annotations match `node_selector` (key=value)."""
+    # Our own stages (kwok 0.8 has no built-in ones), and never a developer's ~/.kwok/kwok.yaml.
+    config = workdir / "kwok.yaml"
+    config.write_text(resources.files("gpuhealth_sim").joinpath(KWOK_STAGES).read_text(encoding="utf-8"))
+    return [
+        f"--config={config}",
+        f"--kubeconfig={kubeconfig}",
+        "--manage-all-nodes=false",
+        f"--manage-nodes-with-annotation-selector={node_selector}",
+        f"--node-lease-duration-seconds={KWOK_NODE_LEASE_SECONDS}",
+        f"--server-address={ports.LOOPBACK}:{free.kwok}",
+        f"--cidr={POD_CIDR}",
+        f"--node-ip={ports.LOOPBACK}",
+    ]
