@@ -18,6 +18,7 @@ what the test made and prints the log tails (pytest shows them on failure).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import json
@@ -105,15 +106,25 @@ class Release:
                 return name
         return None
 
-    def kubeconfig(self, service_account: str, pod: str, path: Path) -> Path:
-        """A kubeconfig holding only a token of `service_account` bound to `pod` (and so its node)."""
+    def kubeconfig(self, service_account: str, pod: str, node: str, path: Path) -> Path:
+        """A kubeconfig holding only a token of `service_account` bound to `pod` on `node`."""
         token = self.cp.kubectl(
             "create", "token", service_account, "-n", NAMESPACE,
             "--bound-object-kind=Pod", f"--bound-object-name={pod}", f"--duration={TOKEN_DURATION}",
         ).stdout.strip()  # fmt: skip
+        # What the agents' admission policy reads: the token names the node its pod runs on.
+        assert token_node(token) == node, f"token bound to {pod} does not name node {node}"
         return kubeconfigs.write(
             path, server=self.cp.server, ca_cert=self.cp.ca_cert, user=service_account, token=token
         )
+
+
+def token_node(token: str) -> str | None:
+    """The node name in a pod-bound service-account token's claims."""
+    payload = token.split(".")[1]
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    name = claims.get("kubernetes.io", {}).get("node", {}).get("name")
+    return name if isinstance(name, str) else None
 
 
 def node_manifest(name: str, labels: Mapping[str, str], *, gpus: int | None) -> dict[str, Any]:
@@ -162,9 +173,10 @@ def install_values(suffix: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def mission_release(
-    crds: controlplane.ControlPlane, tmp_path_factory: pytest.TempPathFactory
+    control_plane: controlplane.ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Release]:
-    cp = crds
+    # Not the `crds` fixture: when this module runs first, the CRDs come from the chart too.
+    cp = control_plane
     suffix = secrets.token_hex(3)
     system_node = f"mission-{suffix}-system"
     values = tmp_path_factory.mktemp("mission-chart") / "values.yaml"
@@ -176,6 +188,9 @@ def mission_release(
             "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
             "-f", str(values), timeout=180,
         )  # fmt: skip
+        plurals = (resources.GPUNODE_PLURAL, resources.POLICY_PLURAL)
+        crds = [f"crd/{plural}.{resources.GROUP}" for plural in plurals]
+        cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", *crds)
         try:
             yield Release(cp, suffix, system_node)
         finally:
@@ -228,7 +243,9 @@ def mission_operator(
         timeout_seconds=SETUP_TIMEOUT_SECONDS,
         message="the chart's operator pod running on the system node",
     )
-    kubeconfig = release.kubeconfig(release.operator_sa, pod, workdir / "operator.kubeconfig")
+    kubeconfig = release.kubeconfig(
+        release.operator_sa, pod, release.system_node, workdir / "operator.kubeconfig"
+    )
     metrics_port, health_port = ports.free_ports(2)
     argv = [
         str(BIN / "gpu-health-operator"),
@@ -303,7 +320,9 @@ class Mission:
             timeout_seconds=SETUP_TIMEOUT_SECONDS,
             message=f"the chart's agent pod running on {node}",
         )
-        kubeconfig = self.release.kubeconfig(self.release.agent_sa, pod, self.workdir / f"{node}.kubeconfig")
+        kubeconfig = self.release.kubeconfig(
+            self.release.agent_sa, pod, node, self.workdir / f"{node}.kubeconfig"
+        )
         scenario_file = self.workdir / f"{node}.scenario.yaml"
         scenario_file.write_text(scenario)
         argv = [
