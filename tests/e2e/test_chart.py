@@ -10,8 +10,10 @@ never lands on other tests' nodes.
 RBAC is proven by acting, not by reading rules: tokens are requested for the
 chart's service accounts (the agent's bound to its pod on a GPU node, so the
 token carries that node's name) and kubectl runs as those identities.
-No gpu-health process runs here (kwok runs pods without containers), so the
-tests act as the operator and the agent would, with their permissions.
+kwok runs pods without containers, so the tests act as the operator and the
+agent would, with their tokens; then the real processes run locally with
+nothing but those tokens. The CRDs come from the chart (helm installs its
+crds/ when they are absent, e.g. when this module runs first).
 """
 
 import base64
@@ -223,27 +225,33 @@ def namespace_and_nodes(
 
 
 @pytest.fixture(scope="module")
-def release(crds: controlplane.ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+def release(
+    control_plane: controlplane.ControlPlane, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Release]:
     suffix = secrets.token_hex(3)
     name = f"chart-{suffix}"
     policy = f"chart-e2e-{suffix}"
     values = tmp_path_factory.mktemp("chart") / "values.yaml"
     values.write_text(yaml.safe_dump(install_values(suffix, policy)))
-    with namespace_and_nodes(crds, suffix) as (namespace, gpu_nodes, cpu_node):
-        crds.helm("install", name, str(CHART), "--namespace", namespace, "-f", str(values), timeout=180)
+    with namespace_and_nodes(control_plane, suffix) as (namespace, gpu_nodes, cpu_node):
+        control_plane.helm(
+            "install", name, str(CHART), "--namespace", namespace, "-f", str(values), timeout=180
+        )
         try:
             yield Release(name, namespace, suffix, gpu_nodes, cpu_node, policy, f"{name}-gpu-health")
         finally:
-            crds.helm("uninstall", name, "--namespace", namespace, check=False, timeout=180)
-            crds.kubectl("delete", resources.GPUNODE_PLURAL, *gpu_nodes, "--ignore-not-found", "--wait=false")
+            control_plane.helm("uninstall", name, "--namespace", namespace, check=False, timeout=180)
+            control_plane.kubectl(
+                "delete", resources.GPUNODE_PLURAL, *gpu_nodes, "--ignore-not-found", "--wait=false"
+            )
 
 
 @pytest.fixture(scope="module")
-def agent_pods(crds: controlplane.ControlPlane, release: Release) -> dict[str, str]:
+def agent_pods(control_plane: controlplane.ControlPlane, release: Release) -> dict[str, str]:
     """node name -> name of the agent pod running there, once every agent runs."""
 
     def running() -> dict[str, str] | None:
-        pods = pods_of(crds, release.namespace, "agent")
+        pods = pods_of(control_plane, release.namespace, "agent")
         placed = {
             p["spec"].get("nodeName"): p["metadata"]["name"]
             for p in pods
@@ -258,10 +266,12 @@ def agent_pods(crds: controlplane.ControlPlane, release: Release) -> dict[str, s
 
 
 @pytest.fixture(scope="module")
-def operator_pod(crds: controlplane.ControlPlane, release: Release) -> str:
+def operator_pod(control_plane: controlplane.ControlPlane, release: Release) -> str:
     def running() -> str | None:
         pods = [
-            p for p in pods_of(crds, release.namespace, "operator") if p["status"].get("phase") == "Running"
+            p
+            for p in pods_of(control_plane, release.namespace, "operator")
+            if p["status"].get("phase") == "Running"
         ]
         return pods[0]["metadata"]["name"] if pods else None
 
@@ -271,38 +281,38 @@ def operator_pod(crds: controlplane.ControlPlane, release: Release) -> str:
 
 @pytest.fixture(scope="module")
 def as_operator(
-    crds: controlplane.ControlPlane,
+    control_plane: controlplane.ControlPlane,
     release: Release,
     operator_pod: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Identity:
-    token = crds.kubectl(
+    token = control_plane.kubectl(
         "create", "token", release.operator_sa, "-n", release.namespace,
         "--bound-object-kind=Pod", f"--bound-object-name={operator_pod}", "--duration=30m",
     ).stdout.strip()  # fmt: skip
-    return identity(crds, token, tmp_path_factory.mktemp("operator-identity"), "operator")
+    return identity(control_plane, token, tmp_path_factory.mktemp("operator-identity"), "operator")
 
 
 @pytest.fixture(scope="module")
 def as_agent(
-    crds: controlplane.ControlPlane,
+    control_plane: controlplane.ControlPlane,
     release: Release,
     agent_pods: dict[str, str],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Identity:
     """The agent of the first GPU node, with a token bound to its pod there."""
-    token = crds.kubectl(
+    token = control_plane.kubectl(
         "create", "token", release.agent_sa, "-n", release.namespace,
         "--bound-object-kind=Pod", f"--bound-object-name={agent_pods[release.gpu_nodes[0]]}",
         "--duration=30m",
     ).stdout.strip()  # fmt: skip
     claims = token_claims(token)
     assert claims["kubernetes.io"]["node"]["name"] == release.gpu_nodes[0], claims
-    return identity(crds, token, tmp_path_factory.mktemp("agent-identity"), "agent")
+    return identity(control_plane, token, tmp_path_factory.mktemp("agent-identity"), "agent")
 
 
 @pytest.fixture(scope="module")
-def victim(crds: controlplane.ControlPlane, release: Release) -> Iterator[str]:
+def victim(control_plane: controlplane.ControlPlane, release: Release) -> Iterator[str]:
     """A plain pod on the first GPU node, for eviction attempts."""
     name = "victim"
     pod = {
@@ -321,9 +331,11 @@ def victim(crds: controlplane.ControlPlane, release: Release) -> Iterator[str]:
             ],
         },
     }
-    crds.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    control_plane.kubectl("apply", "-f", "-", input=json.dumps(pod))
     yield name
-    crds.kubectl("delete", "pod", name, "-n", release.namespace, "--ignore-not-found", "--wait=false")
+    control_plane.kubectl(
+        "delete", "pod", name, "-n", release.namespace, "--ignore-not-found", "--wait=false"
+    )
 
 
 def apply_args(field_manager: str, *, status: bool = False) -> list[str]:
@@ -370,9 +382,9 @@ def node_uid(cp: controlplane.ControlPlane, name: str) -> str:
 # -- the install -------------------------------------------------------------------------------------
 
 
-def test_crds_are_established(crds: controlplane.ControlPlane, release: Release) -> None:
+def test_crds_are_established(control_plane: controlplane.ControlPlane, release: Release) -> None:
     for plural in (resources.GPUNODE_PLURAL, resources.POLICY_PLURAL):
-        status = crds.kubectl(
+        status = control_plane.kubectl(
             "get",
             "crd",
             f"{plural}.{resources.GROUP}",
@@ -383,7 +395,7 @@ def test_crds_are_established(crds: controlplane.ControlPlane, release: Release)
 
 
 def test_install_creates_workloads_rbac_and_admission_policy(
-    crds: controlplane.ControlPlane, release: Release
+    control_plane: controlplane.ControlPlane, release: Release
 ) -> None:
     ns = ["-n", release.namespace]
     names = {
@@ -405,18 +417,18 @@ def test_install_creates_workloads_rbac_and_admission_policy(
         ("validatingadmissionpolicybinding", release.fullname + "-agent-own-node", False),
     }
     for kind, name, namespaced in sorted(names):
-        crds.kubectl("get", kind, name, *(ns if namespaced else []))
-    crds.kubectl("get", "role,rolebinding", release.fullname + "-operator-events", "-n", "default")
+        control_plane.kubectl("get", kind, name, *(ns if namespaced else []))
+    control_plane.kubectl("get", "role,rolebinding", release.fullname + "-operator-events", "-n", "default")
 
 
 def test_agents_run_on_gpu_nodes_only(
-    crds: controlplane.ControlPlane, release: Release, agent_pods: dict[str, str]
+    control_plane: controlplane.ControlPlane, release: Release, agent_pods: dict[str, str]
 ) -> None:
     assert set(agent_pods) == set(release.gpu_nodes)
-    placed = {p["spec"].get("nodeName") for p in pods_of(crds, release.namespace, "agent")}
+    placed = {p["spec"].get("nodeName") for p in pods_of(control_plane, release.namespace, "agent")}
     assert release.cpu_node not in placed
     daemonset = json.loads(
-        crds.kubectl(
+        control_plane.kubectl(
             "get", "daemonset", release.fullname + "-agent", "-n", release.namespace, "-o", "json"
         ).stdout
     )
@@ -424,7 +436,7 @@ def test_agents_run_on_gpu_nodes_only(
 
 
 def test_both_workloads_pass_pod_security_restricted(
-    crds: controlplane.ControlPlane, release: Release, agent_pods: dict[str, str], operator_pod: str
+    control_plane: controlplane.ControlPlane, release: Release, agent_pods: dict[str, str], operator_pod: str
 ) -> None:
     # The pods above exist in a namespace enforcing "restricted"; a privileged pod does not get in.
     privileged = {
@@ -433,12 +445,12 @@ def test_both_workloads_pass_pod_security_restricted(
         "metadata": {"name": "privileged", "namespace": release.namespace},
         "spec": {"containers": [{"name": "c", "image": "x", "securityContext": {"privileged": True}}]},
     }
-    result = crds.kubectl("apply", "-f", "-", input=json.dumps(privileged), check=False)
+    result = control_plane.kubectl("apply", "-f", "-", input=json.dumps(privileged), check=False)
     assert result.returncode != 0
     assert "violates PodSecurity" in result.stderr
 
     def ready_operators() -> bool:
-        deployment = crds.kubectl(
+        deployment = control_plane.kubectl(
             "get", "deployment", release.fullname + "-operator", "-n", release.namespace, "-o", "json"
         )
         return json.loads(deployment.stdout)["status"].get("readyReplicas") == 2
@@ -448,8 +460,10 @@ def test_both_workloads_pass_pod_security_restricted(
     )
 
 
-def test_default_policy_applies_cleanly(crds: controlplane.ControlPlane, release: Release) -> None:
-    policy = json.loads(crds.kubectl("get", resources.POLICY_PLURAL, release.policy, "-o", "json").stdout)
+def test_default_policy_applies_cleanly(control_plane: controlplane.ControlPlane, release: Release) -> None:
+    policy = json.loads(
+        control_plane.kubectl("get", resources.POLICY_PLURAL, release.policy, "-o", "json").stdout
+    )
     assert policy["spec"]["dryRun"] is True
     # Helm merges maps: the chart's GPU label stays, this module's label narrows it to its nodes.
     assert policy["spec"]["nodeSelector"] == {
@@ -462,7 +476,7 @@ def test_default_policy_applies_cleanly(crds: controlplane.ControlPlane, release
 
 
 def test_operator_can_watch_and_change_nodes(
-    crds: controlplane.ControlPlane, as_operator: Identity, release: Release
+    control_plane: controlplane.ControlPlane, as_operator: Identity, release: Release
 ) -> None:
     node = release.gpu_nodes[1]
     as_operator.allowed("get", "nodes", "-l", f"{UNIQUE_LABEL}={release.suffix}")
@@ -477,7 +491,7 @@ def test_operator_can_watch_and_change_nodes(
     # Cordon and the Node condition as the operator sends them (kubectl cordon exits 0 even when
     # forbidden, and kubectl patch --subresource reads the subresource first).
     assert as_operator.request("PATCH", f"/api/v1/nodes/{node}", {"spec": {"unschedulable": True}}) == 200
-    assert crds.kubectl("get", "node", node, "-o", "jsonpath={.spec.unschedulable}").stdout == "true"
+    assert control_plane.kubectl("get", "node", node, "-o", "jsonpath={.spec.unschedulable}").stdout == "true"
     assert as_operator.request("PATCH", f"/api/v1/nodes/{node}", {"spec": {"unschedulable": None}}) == 200
     as_operator.allowed("taint", "node", node, f"{keys.UNHEALTHY_TAINT}-")
     condition = {
@@ -491,18 +505,20 @@ def test_operator_can_watch_and_change_nodes(
     status_path = f"/api/v1/nodes/{node}/status"
     body = {"status": {"conditions": [condition]}}
     assert as_operator.request("PATCH", status_path, body, STRATEGIC_MERGE_PATCH) == 200
-    conditions = crds.kubectl("get", "node", node, "-o", "jsonpath={.status.conditions[*].type}").stdout
+    conditions = control_plane.kubectl(
+        "get", "node", node, "-o", "jsonpath={.status.conditions[*].type}"
+    ).stdout
     assert keys.NODE_CONDITION_TYPE in conditions.split()
 
 
 def test_operator_can_drain_through_evictions_only(
-    crds: controlplane.ControlPlane, as_operator: Identity, release: Release, victim: str
+    control_plane: controlplane.ControlPlane, as_operator: Identity, release: Release, victim: str
 ) -> None:
     node = release.gpu_nodes[0]
     waiting.wait_until(
         lambda: (
             "Running"
-            in crds.kubectl(
+            in control_plane.kubectl(
                 "get", "pod", victim, "-n", release.namespace, "-o", "jsonpath={.status.phase}"
             ).stdout
         ),
@@ -525,7 +541,7 @@ def test_operator_can_drain_through_evictions_only(
     )  # fmt: skip
     waiting.wait_until(
         lambda: (
-            crds.kubectl(
+            control_plane.kubectl(
                 "get", "pod", victim, "-n", release.namespace, "--ignore-not-found", "-o", "name"
             ).stdout
             == ""
@@ -570,11 +586,16 @@ def test_operator_can_post_and_bump_node_events(as_operator: Identity, release: 
 
 
 def test_operator_can_read_facts_and_write_verdicts(
-    crds: controlplane.ControlPlane, as_operator: Identity, release: Release
+    control_plane: controlplane.ControlPlane, as_operator: Identity, release: Release
 ) -> None:
     name = release.gpu_nodes[1]
-    crds.kubectl(
-        "apply", "--server-side", "--field-manager=e2e", "-f", "-", input=gpunode(name, node_uid(crds, name))
+    control_plane.kubectl(
+        "apply",
+        "--server-side",
+        "--field-manager=e2e",
+        "-f",
+        "-",
+        input=gpunode(name, node_uid(control_plane, name)),
     )
     as_operator.allowed("get", resources.GPUNODE_PLURAL)
     as_operator.allowed(
@@ -600,7 +621,7 @@ def test_operator_can_read_facts_and_write_verdicts(
 
 
 def test_operator_holds_only_its_own_lease(
-    crds: controlplane.ControlPlane, as_operator: Identity, release: Release
+    control_plane: controlplane.ControlPlane, as_operator: Identity, release: Release
 ) -> None:
     def lease(name: str, holder: str, version: str | None = None) -> str:
         meta: dict[str, Any] = {"name": name, "namespace": release.namespace}
@@ -622,8 +643,10 @@ def test_operator_holds_only_its_own_lease(
     )
     as_operator.allowed("replace", "-f", "-", input=lease(release.lease, "replica-b", version))
     other = f"{release.name}-someone-else"
-    crds.kubectl("create", "-f", "-", input=lease(other, "someone"))
-    version = crds.kubectl("get", "lease", other, *ns, "-o", "jsonpath={.metadata.resourceVersion}").stdout
+    control_plane.kubectl("create", "-f", "-", input=lease(other, "someone"))
+    version = control_plane.kubectl(
+        "get", "lease", other, *ns, "-o", "jsonpath={.metadata.resourceVersion}"
+    ).stdout
     as_operator.denied("replace", "-f", "-", input=lease(other, "replica-a", version))
     as_operator.denied("get", "lease", other, *ns)
 
@@ -639,30 +662,32 @@ def test_operator_has_nothing_else(as_operator: Identity, release: Release) -> N
 
 
 def test_agent_writes_its_own_gpunode(
-    crds: controlplane.ControlPlane, as_agent: Identity, release: Release
+    control_plane: controlplane.ControlPlane, as_agent: Identity, release: Release
 ) -> None:
     own = release.gpu_nodes[0]
     as_agent.allowed("get", "node", own)
-    as_agent.allowed(*apply_args(resources.AGENT_FIELD_MANAGER), input=gpunode(own, node_uid(crds, own)))
+    as_agent.allowed(
+        *apply_args(resources.AGENT_FIELD_MANAGER), input=gpunode(own, node_uid(control_plane, own))
+    )
     as_agent.allowed(
         *apply_args(resources.AGENT_FIELD_MANAGER, status=True), input=gpunode_status(own, agent_status())
     )
     as_agent.allowed("get", resources.GPUNODE_PLURAL, own)
-    stored = json.loads(crds.kubectl("get", resources.GPUNODE_PLURAL, own, "-o", "json").stdout)
+    stored = json.loads(control_plane.kubectl("get", resources.GPUNODE_PLURAL, own, "-o", "json").stdout)
     assert stored["status"]["summary"]["gpuCount"] == 4
 
 
 def test_agent_is_denied_another_nodes_gpunode(
-    crds: controlplane.ControlPlane, as_agent: Identity, release: Release
+    control_plane: controlplane.ControlPlane, as_agent: Identity, release: Release
 ) -> None:
     other = release.gpu_nodes[1]
-    crds.kubectl(
+    control_plane.kubectl(
         "apply",
         "--server-side",
         "--field-manager=e2e",
         "-f",
         "-",
-        input=gpunode(other, node_uid(crds, other)),
+        input=gpunode(other, node_uid(control_plane, other)),
     )
     message = as_agent.denied(
         *apply_args(resources.AGENT_FIELD_MANAGER, status=True), input=gpunode_status(other, agent_status())
@@ -671,8 +696,8 @@ def test_agent_is_denied_another_nodes_gpunode(
     as_agent.denied(
         "patch", resources.GPUNODE_PLURAL, other, "--type=merge", "-p", '{"metadata":{"labels":{"x":"y"}}}'
     )
-    crds.kubectl("delete", resources.GPUNODE_PLURAL, other)
-    message = as_agent.denied("create", "-f", "-", input=gpunode(other, node_uid(crds, other)))
+    control_plane.kubectl("delete", resources.GPUNODE_PLURAL, other)
+    message = as_agent.denied("create", "-f", "-", input=gpunode(other, node_uid(control_plane, other)))
     assert "may write only GPUNode" in message
     as_agent.denied("get", resources.GPUNODE_PLURAL)  # no list: an agent never sees other nodes
 
@@ -696,13 +721,13 @@ def test_agent_cannot_touch_nodes_or_pods(as_agent: Identity, release: Release, 
 
 
 def test_agent_token_without_a_node_is_denied(
-    crds: controlplane.ControlPlane, release: Release, tmp_path: Path
+    control_plane: controlplane.ControlPlane, release: Release, tmp_path: Path
 ) -> None:
     # A token not bound to a pod carries no node name: the admission policy fails closed.
-    token = crds.kubectl(
+    token = control_plane.kubectl(
         "create", "token", release.agent_sa, "-n", release.namespace, "--duration=10m"
     ).stdout.strip()
-    unbound = identity(crds, token, tmp_path, "unbound-agent")
+    unbound = identity(control_plane, token, tmp_path, "unbound-agent")
     own = release.gpu_nodes[0]
     message = unbound.denied(
         *apply_args(resources.AGENT_FIELD_MANAGER, status=True), input=gpunode_status(own, agent_status())
@@ -726,7 +751,7 @@ def gpunode_status_of(cp: controlplane.ControlPlane, name: str) -> dict[str, Any
 
 
 def test_real_agent_and_operator_work_with_the_chart_permissions(
-    crds: controlplane.ControlPlane,
+    control_plane: controlplane.ControlPlane,
     release: Release,
     as_agent: Identity,
     as_operator: Identity,
@@ -740,8 +765,8 @@ def test_real_agent_and_operator_work_with_the_chart_permissions(
     permission the code needs and the chart lacks fails this test.
     """
     own = release.gpu_nodes[0]
-    crds.kubectl("delete", resources.GPUNODE_PLURAL, own, "--ignore-not-found")
-    crds.kubectl("delete", "lease", release.lease, "-n", release.namespace, "--ignore-not-found")
+    control_plane.kubectl("delete", resources.GPUNODE_PLURAL, own, "--ignore-not-found")
+    control_plane.kubectl("delete", "lease", release.lease, "-n", release.namespace, "--ignore-not-found")
     scenario = tmp_path / "scenario.yaml"
     scenario.write_text(FAULTY_SCENARIO)
     agent_log = (tmp_path / "agent.log").open("wb")
@@ -764,7 +789,7 @@ def test_real_agent_and_operator_work_with_the_chart_permissions(
     )
     try:
         reported = waiting.wait_until(
-            lambda: gpunode_status_of(crds, own).get("summary", {}).get("gpuCount") == 4,
+            lambda: gpunode_status_of(control_plane, own).get("summary", {}).get("gpuCount") == 4,
             timeout_seconds=TIMEOUT_SECONDS,
             message=f"the real agent reports GPUNode {own}",
         )
@@ -772,18 +797,18 @@ def test_real_agent_and_operator_work_with_the_chart_permissions(
         operator.start()
         waiting.wait_until(operator.is_leading, timeout_seconds=TIMEOUT_SECONDS, message="the operator leads")
         judged = waiting.wait_until(
-            lambda: (s := gpunode_status_of(crds, own)).get("action") == "DryRun" and s,
+            lambda: (s := gpunode_status_of(control_plane, own)).get("action") == "DryRun" and s,
             timeout_seconds=TIMEOUT_SECONDS,
             message=f"the operator's dry-run verdict on GPUNode {own}",
         )
         assert judged["health"] == "Unhealthy"
         assert "EccUncorrectable" in judged["issues"]
-        holder = crds.kubectl(
+        holder = control_plane.kubectl(
             "get", "lease", release.lease, "-n", release.namespace, "-o", "jsonpath={.spec.holderIdentity}"
         ).stdout
         assert holder == "chart-e2e"
         # Dry-run: the node is judged, not touched.
-        assert crds.kubectl("get", "node", own, "-o", "jsonpath={.spec.unschedulable}").stdout == ""
+        assert control_plane.kubectl("get", "node", own, "-o", "jsonpath={.spec.unschedulable}").stdout == ""
     finally:
         operator.stop()
         agent.terminate()
@@ -815,28 +840,34 @@ CLUSTER_KINDS = (
 )
 
 
-def test_upgrade_then_uninstall_leaves_only_the_crds(crds: controlplane.ControlPlane, tmp_path: Path) -> None:
+def test_upgrade_then_uninstall_leaves_only_the_crds(
+    control_plane: controlplane.ControlPlane, tmp_path: Path
+) -> None:
     suffix = secrets.token_hex(3)
     name, policy = f"chart-un-{suffix}", f"chart-un-{suffix}"
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump(install_values(suffix, policy)))
-    with namespace_and_nodes(crds, suffix) as (namespace, _gpu_nodes, _cpu_node):
-        crds.helm("install", name, str(CHART), "--namespace", namespace, "-f", str(values), timeout=180)
+    with namespace_and_nodes(control_plane, suffix) as (namespace, _gpu_nodes, _cpu_node):
+        control_plane.helm(
+            "install", name, str(CHART), "--namespace", namespace, "-f", str(values), timeout=180
+        )
         # The step NOTES.txt suggests once the dry-run Events look right.
-        upgrade = crds.helm(
+        upgrade = control_plane.helm(
             "upgrade", name, str(CHART), "--namespace", namespace, "--reuse-values",
             "--set", "defaultPolicy.dryRun=false", timeout=180,
         )  # fmt: skip
         assert "STATUS: deployed" in upgrade.stdout
-        dry_run = crds.kubectl("get", resources.POLICY_PLURAL, policy, "-o", "jsonpath={.spec.dryRun}").stdout
+        dry_run = control_plane.kubectl(
+            "get", resources.POLICY_PLURAL, policy, "-o", "jsonpath={.spec.dryRun}"
+        ).stdout
         assert dry_run == "false"
         selector = f"app.kubernetes.io/instance={name}"
-        assert crds.kubectl("get", CHART_KINDS, "-A", "-l", selector, "-o", "name").stdout.strip()
-        crds.helm("uninstall", name, "--namespace", namespace, "--wait", timeout=180)
+        assert control_plane.kubectl("get", CHART_KINDS, "-A", "-l", selector, "-o", "name").stdout.strip()
+        control_plane.helm("uninstall", name, "--namespace", namespace, "--wait", timeout=180)
 
         def leftovers() -> str:
             return "".join(
-                crds.kubectl("get", kinds, *scope, "-l", selector, "-o", "name").stdout
+                control_plane.kubectl("get", kinds, *scope, "-l", selector, "-o", "name").stdout
                 for kinds, scope in (
                     (CHART_KINDS, ["-A"]),
                     (CLUSTER_KINDS, []),
@@ -848,4 +879,4 @@ def test_upgrade_then_uninstall_leaves_only_the_crds(crds: controlplane.ControlP
             lambda: leftovers() == "", timeout_seconds=TIMEOUT_SECONDS, message="no objects left"
         )
         for plural in (resources.GPUNODE_PLURAL, resources.POLICY_PLURAL):
-            crds.kubectl("get", "crd", f"{plural}.{resources.GROUP}")
+            control_plane.kubectl("get", "crd", f"{plural}.{resources.GROUP}")
