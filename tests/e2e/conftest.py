@@ -481,6 +481,15 @@ class Mission:
         status: dict[str, Any] = body.get("status") or {}
         return status
 
+    def policy_status(self, name: str) -> dict[str, Any]:
+        body = _json(
+            self.custom.get_cluster_custom_object(
+                resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, name, _preload_content=False
+            )
+        )
+        status: dict[str, Any] = body.get("status") or {}
+        return status
+
     def events(self, node: str) -> list[dict[str, Any]]:
         selector = f"involvedObject.kind=Node,involvedObject.name={node}"
         response = self.core.list_event_for_all_namespaces(field_selector=selector, _preload_content=False)

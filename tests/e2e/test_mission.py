@@ -91,6 +91,15 @@ def policy_spec(*rules: Mapping[str, Any], **spec: Any) -> dict[str, Any]:
     }
 
 
+def node_condition(node: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The operator's GPUHealthy condition on a Node, for other tools (NHC, autoscalers) to read."""
+    for condition in node.get("status", {}).get("conditions") or []:
+        if condition.get("type") == keys.NODE_CONDITION_TYPE:
+            found: dict[str, Any] = condition
+            return found
+    return None
+
+
 def is_daemonset_pod(pod: Mapping[str, Any]) -> bool:
     return any(ref.get("kind") == "DaemonSet" for ref in pod["metadata"].get("ownerReferences") or [])
 
@@ -136,8 +145,15 @@ def test_double_bit_ecc_error_cordons_and_drains_the_node(mission: Any) -> None:
         vocabulary.Condition.ECC_UNCORRECTABLE,
     }
     mission.wait(lambda: expected <= mission.reasons(sick), f"Events {sorted(expected)} on the sick node")
+    # One Event per transition: `kubectl describe node` is not flooded while the fault persists.
+    reasons = [e["reason"] for e in mission.events(sick)]
+    assert len(reasons) == len(set(reasons)), sorted(reasons)
+    condition = node_condition(mission.node(sick))
+    assert condition is not None, "no GPUHealthy condition on the drained Node"
+    assert (condition["status"], condition["reason"]) == ("False", vocabulary.Condition.ECC_UNCORRECTABLE)
     assert not mission.cordoned(spare)
     assert mission.gpunode_status(spare).get("health") == vocabulary.Health.HEALTHY
+    assert mission.labels(spare).get(keys.HEALTH_LABEL) == "healthy"
 
 
 def test_xid_79_gpu_fallen_off_the_bus_drains_the_node(mission: Any) -> None:
@@ -196,6 +212,7 @@ def test_thermal_throttling_labels_the_node_until_it_cools_down(mission: Any) ->
     assert status["health"] == vocabulary.Health.DEGRADED
     assert vocabulary.Condition.THERMAL_THROTTLED in status["issues"].split(",")
     assert not mission.cordoned(hot)
+    assert mission.labels(hot).get(keys.HEALTH_LABEL) == "degraded"
     assert keys.THERMAL_LABEL not in mission.labels(cool)
     assert vocabulary.Condition.THERMAL_THROTTLED in mission.reasons(hot)
 
@@ -208,6 +225,9 @@ def test_thermal_throttling_labels_the_node_until_it_cools_down(mission: Any) ->
     mission.wait(
         lambda: mission.gpunode_status(hot).get("health") == vocabulary.Health.HEALTHY,
         "the cooled node Healthy again",
+    )
+    mission.wait(
+        lambda: mission.labels(hot).get(keys.HEALTH_LABEL) == "healthy", "health label healthy again"
     )
     assert not mission.cordoned(hot)
 
@@ -242,7 +262,7 @@ def test_straggler_among_five_nodes_is_labelled(mission: Any) -> None:
 
 def test_disruption_budget_holds_with_three_failing_nodes(mission: Any) -> None:
     nodes = mission.add_nodes("a", "b", "c")
-    mission.policy(**policy_spec(ECC_RULE, maxUnavailable=1))
+    policy = mission.policy(**policy_spec(ECC_RULE, maxUnavailable=1))
     mission.start_agents({node: scenario([{"after": "1s", "gpu": 0, "set": DBE}]) for node in nodes})
     seen_cordoned: set[int] = set()
 
@@ -268,6 +288,11 @@ def test_disruption_budget_holds_with_three_failing_nodes(mission: Any) -> None:
     # Events record every cordon, also one too brief for the polling above to see.
     ever_cordoned = [n for n in nodes if vocabulary.EventReason.NODE_CORDONED in mission.reasons(n)]
     assert ever_cordoned == cordoned
+    counts = {"selectedNodes": 3, "unhealthyNodes": 3, "cordonedNodes": 1, "pendingNodes": 2}
+    mission.wait(
+        lambda: (s := mission.policy_status(policy)) and {k: s.get(k) for k in counts} == counts and s,
+        f"policy status counts {counts}",
+    )
 
 
 def test_dry_run_changes_nothing_on_the_node(mission: Any) -> None:
