@@ -247,7 +247,6 @@ class Sample:
     errors: collections.Counter[tuple[str, str]]
     """NVML errors of this sample by (function, error name); NOT_SUPPORTED excluded."""
     duration_seconds: float
-    calls: int = 0
 
 
 class Collector:
@@ -414,7 +413,7 @@ class Collector:
         self, identity: _Identity, slow: bool, errors: collections.Counter[tuple[str, str]]
     ) -> tuple[_Track, status.GPUStatus]:
         track = self._tracks.get(identity.uuid)
-        fresh = track is None or track.lost or track.identity.handle is not identity.handle
+        fresh = track is None or track.lost or not nvml.same_device(track.identity.handle, identity.handle)
         if track is None:
             track = self._tracks[identity.uuid] = _Track(identity)
         track.identity = identity

@@ -379,3 +379,13 @@ def test_enrich_hook_sees_raw_facts_before_they_are_stamped() -> None:
     col_sample = at(col, clock, 0)
     assert seen == [2]
     assert col_sample.gpus[0]["ecc"]["uncorrectedVolatile"] == 9
+
+
+def test_a_lost_gpu_does_not_make_the_others_reread_their_static_facts() -> None:
+    sim, col, clock = make("gpus: 8\ntimeline:\n- {after: 5s, gpu: 2, xid: 79}\n", slow_period_seconds=1000)
+    at(col, clock, 0)
+    at(col, clock, 5)
+    before = sim.calls
+    at(col, clock, 6)
+    # Fast tier (7 calls) for 7 GPUs, plus re-reading the identities (count, and up to 4 per GPU).
+    assert sim.calls - before <= 7 * 7 + 1 + 4 * 8
