@@ -47,6 +47,11 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / 100  # utime + stime, in clock ticks (USER_HZ = 100)
+
+
 def api_requests(process: testing.OperatorProcess) -> float:
     total = 0.0
     for line in process.metrics().splitlines():
@@ -106,7 +111,10 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=20)
     args = parser.parse_args()
 
-    results: dict[str, Any] = {"nodes": args.nodes}
+    results: dict[str, Any] = {
+        "nodes": args.nodes,
+        "load_average_at_start": Path("/proc/loadavg").read_text().split()[0],
+    }
     with tempfile.TemporaryDirectory(prefix="gpuhealth-bench-") as tmp:
         workdir = Path(tmp)
         plane = controlplane.ControlPlane(binaries.locate(cwd=ROOT), workdir / "cp")
@@ -184,6 +192,7 @@ def main() -> None:
                 observed_at[name] = observed.timestamp()
                 fleet.report(name, testing.agent_status(overrides=ECC, observed=testing.rfc3339(observed)))
 
+            cpu_before = cpu_seconds(operator.process.pid)
             burst_start = time.time()
             with concurrent.futures.ThreadPoolExecutor(16) as pool:
                 list(pool.map(fault, names))
@@ -197,11 +206,14 @@ def main() -> None:
             results["burst_requests_per_second"] = round(
                 (api_requests(operator) - before) / (time.monotonic() - t_before), 1
             )
+            results["burst_operator_cpu_seconds"] = round(cpu_seconds(operator.process.pid) - cpu_before, 1)
             results["rss_after_burst_mib"] = round(rss_kib(operator.process.pid) / 1024, 1)
             watcher.stop.set()
             operator.stop()
             errors = re.findall(r"reconcile of node .* failed", operator.log())
             results["reconcile_errors_logged"] = len(errors)
+            results["conflicts_logged"] = operator.log().count("409")
+            Path("/tmp/gpuhealth-bench-operator.log").write_text(operator.log())
         finally:
             plane.stop()
 

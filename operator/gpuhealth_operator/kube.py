@@ -101,6 +101,9 @@ class Kube:
         self._session: aiohttp.ClientSession | None = None
         self.requests_total = 0
         """Requests sent so far (every verb), for the request-rate metric and the bench."""
+        self._urgent_in_flight = 0
+        self._no_urgent = asyncio.Event()
+        self._no_urgent.set()
 
     def _ssl_context(self) -> ssl.SSLContext | bool:
         if self.credentials.insecure:
@@ -137,8 +140,32 @@ class Kube:
         query: Mapping[str, str] | None = None,
         body: object = None,
         content_type: str = "application/json",
+        urgent: bool = False,
+        exempt: bool = False,
     ) -> JsonObject:
-        """Send one request; return the decoded JSON body; raise ApiError on a non-2xx status."""
+        """Send one request; return the decoded JSON body; raise ApiError on a non-2xx status.
+
+        An `urgent` request (a cordon) goes out at once; the others wait while
+        any urgent one is in flight, so that in a burst of faults every node's
+        cordon reaches the API server before the Events and status writes that
+        report on it. An `exempt` request (the leader Lease) never waits.
+        """
+        if urgent:
+            self._urgent_in_flight += 1
+            self._no_urgent.clear()
+            try:
+                return await self._send(method, path, query, body, content_type)
+            finally:
+                self._urgent_in_flight -= 1
+                if not self._urgent_in_flight:
+                    self._no_urgent.set()
+        if not exempt:
+            await self._no_urgent.wait()
+        return await self._send(method, path, query, body, content_type)
+
+    async def _send(
+        self, method: str, path: str, query: Mapping[str, str] | None, body: object, content_type: str
+    ) -> JsonObject:
         self.requests_total += 1
         if self._on_request is not None:
             self._on_request(method)
@@ -160,8 +187,10 @@ class Kube:
     async def create(self, path: str, body: object) -> JsonObject:
         return await self.request("POST", path, body=body)
 
-    async def patch(self, path: str, body: object, content_type: str = MERGE_PATCH) -> JsonObject:
-        return await self.request("PATCH", path, body=body, content_type=content_type)
+    async def patch(
+        self, path: str, body: object, content_type: str = MERGE_PATCH, *, urgent: bool = False
+    ) -> JsonObject:
+        return await self.request("PATCH", path, body=body, content_type=content_type, urgent=urgent)
 
     async def apply(self, path: str, body: object, field_manager: str) -> JsonObject:
         """Server-side apply, forcing ownership of the fields we set (we are their only writer)."""

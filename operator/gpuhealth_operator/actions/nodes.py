@@ -69,7 +69,7 @@ async def cordon(
     if labels:
         metadata["labels"] = dict(labels)
     body = {"metadata": metadata, "spec": {"unschedulable": True}}
-    return await client.patch(node_path(name), body)
+    return await client.patch(node_path(name), body, urgent=True)
 
 
 async def uncordon(client: kube.Kube, name: str, *, policy: str) -> kube.JsonObject:
