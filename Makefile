@@ -57,7 +57,12 @@ lint: venv ## ruff, mypy, import-linter, helm lint
 	$(BIN)/ruff format --check api agent operator sim
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	@if [ -d charts/gpu-health ]; then "$(TESTBIN)/helm" lint charts/gpu-health; fi
+	$(MAKE) --no-print-directory lint-chart
+
+.PHONY: lint-chart
+lint-chart: testbin ## helm lint every chart values variant; check the chart's CRD copy has not drifted
+	hack/sync-chart-crds.sh --check
+	for f in charts/gpu-health/ci/*-values.yaml; do "$(TESTBIN)/helm" lint --strict charts/gpu-health -f "$$f" || exit 1; done
 
 .PHONY: fmt
 fmt: venv ## Format the code
@@ -74,6 +79,14 @@ bench: venv testbin ## Run the benchmarks and print their results (see bench/RES
 .PHONY: chart-crds
 chart-crds: ## Copy crds/ into the chart (the chart ships an identical copy)
 	hack/sync-chart-crds.sh
+
+.PHONY: chart-docs
+chart-docs: venv ## Regenerate the values table in docs/chart.md
+	$(PY) hack/chart_values_table.py --write
+
+.PHONY: image-check
+image-check: ## Without Docker: lint the Dockerfile, build the wheel, install it in a clean venv, start both entry points
+	hack/check-image.sh
 
 .PHONY: image
 image: ## Build the container image (needs a Docker engine)

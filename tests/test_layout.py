@@ -3,7 +3,12 @@
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE_ROOTS = {"api": "gpuhealth_api", "agent": "gpuhealth_agent", "operator": "gpuhealth_operator", "sim": "gpuhealth_sim"}
+SOURCE_ROOTS = {
+    "api": "gpuhealth_api",
+    "agent": "gpuhealth_agent",
+    "operator": "gpuhealth_operator",
+    "sim": "gpuhealth_sim",
+}
 
 
 def test_source_roots_are_plain_folders_with_one_package() -> None:
