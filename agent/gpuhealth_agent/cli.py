@@ -194,7 +194,11 @@ def _run(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
         event_thread=plan is None,
     )
     registry = prometheus_client.CollectorRegistry()
-    api_client = _api_client(args.kubeconfig)
+    try:
+        api_client = _api_client(args.kubeconfig)
+    except Exception as exc:  # missing file, bad YAML, no in-cluster token: all end the same way
+        print(f"gpu-health-agent: no usable Kubernetes configuration: {exc}", file=sys.stderr)
+        return USAGE_ERROR
     cluster = reporter.GPUNodeClient(api_client, args.node_name)
     agent = runner.Agent(
         settings,

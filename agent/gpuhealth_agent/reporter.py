@@ -183,7 +183,7 @@ class Reporter:
             if not self.ensured:
                 self.prepare()
             self.cluster.apply_status(node_status)
-        except Exception as exc:
+        except Exception as exc:  # any failure is retried with backoff: the agent must not die of it
             if isinstance(exc, k8s_exceptions.ApiException) and exc.status == NOT_FOUND:
                 self.ensured = False  # someone deleted the GPUNode: recreate it on the next attempt
             delay = self.retry.failed(now)

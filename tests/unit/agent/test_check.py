@@ -4,6 +4,7 @@ import json
 import re
 from pathlib import Path
 
+import pynvml
 import pytest
 
 from gpuhealth_agent import check, cli, xids
@@ -130,3 +131,35 @@ def test_problems_are_sorted_worst_first() -> None:
     )
     found = check.problems(gpu, xids.Catalogue.packaged())
     assert [p.severity for p in found] == [xids.Severity.FATAL, xids.Severity.CRITICAL, xids.Severity.WARNING]
+
+
+def test_run_without_a_usable_kubeconfig_exits_two(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _, err = run(
+        capsys,
+        "run",
+        "--node-name",
+        "n1",
+        "--backend",
+        "sim",
+        "--sim-scenario",
+        str(EXAMPLES / "healthy.yaml"),
+        "--kubeconfig",
+        str(tmp_path / "missing"),
+    )
+    assert code == 2
+    assert "no usable Kubernetes configuration" in err
+
+
+def test_check_without_nvml_says_so(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_library(*_: object) -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", no_library)
+    code, out, err = run(capsys, "check")
+    assert code == 1
+    assert out == ""
+    assert "cannot use NVML: NVML Shared Library Not Found" in err
