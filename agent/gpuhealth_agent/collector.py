@@ -205,6 +205,34 @@ QUERIES: Final[tuple[Query, ...]] = (
 )
 
 
+def looks_reset(before: status.GPUStatus, after: status.GPUStatus) -> bool:
+    """Whether a GPU was reset between two readings (NVML has no reset event, so infer it).
+
+    A reset brings a lost GPU back, zeroes the volatile ECC counts, activates
+    pending page retirements and row remaps, and clears the recovery action.
+    """
+    if after.get("lost", False):
+        return False
+    if before.get("lost", False):
+        return True
+    old_ecc, new_ecc = before.get("ecc", {}), after.get("ecc", {})
+    if new_ecc.get("correctedVolatile", 0) < old_ecc.get("correctedVolatile", 0) or (
+        new_ecc.get("uncorrectedVolatile", 0) < old_ecc.get("uncorrectedVolatile", 0)
+    ):
+        return True
+    if (
+        before.get("retiredPages", {}).get("pending")
+        and after.get("retiredPages", {}).get("pending") is False
+    ):
+        return True
+    if (
+        before.get("remappedRows", {}).get("pending")
+        and after.get("remappedRows", {}).get("pending") is False
+    ):
+        return True
+    return before.get("recoveryAction", "None") != "None" and after.get("recoveryAction") == "None"
+
+
 def merge(into: dict[str, Any], part: Partial) -> None:
     """Deep-merge a partial into a status dict (nested dicts merge, other values replace)."""
     for key, value in part.items():
@@ -457,19 +485,33 @@ class Collector:
 
     def _note_reset(self, track: _Track, gpu: status.GPUStatus) -> None:
         """Clear the GPU's XIDs when it shows signs of a reset (XID counts are "since the last reset")."""
-        before = track.last_status
-        if before is None:
-            return
-        came_back = before.get("lost", False)
-        old_ecc, new_ecc = before.get("ecc", {}), gpu.get("ecc", {})
-        counters_cleared = new_ecc.get("correctedVolatile", 0) < old_ecc.get("correctedVolatile", 0) or (
-            new_ecc.get("uncorrectedVolatile", 0) < old_ecc.get("uncorrectedVolatile", 0)
-        )
-        action_cleared = (
-            before.get("recoveryAction", "None") != "None" and gpu.get("recoveryAction") == "None"
-        )
-        if came_back or counters_cleared or action_cleared:
+        if track.last_status is not None and looks_reset(track.last_status, gpu):
             self.xid_log.clear(track.identity.uuid)
+
+    def restore(self, previous: list[status.GPUStatus]) -> int:
+        """Carry XIDs over from the status an earlier agent process reported (an agent restart).
+
+        NVML tells of an XID only once, so without this an agent upgrade would
+        erase a fatal XID from the GPUNode. A GPU that was reset meanwhile (a
+        node reboot brings a lost GPU back, a driver reload clears volatile ECC
+        counts, ...) starts again from zero. Returns how many GPUs got XIDs back.
+        """
+        restored = 0
+        for gpu in previous:
+            uuid, records = gpu.get("uuid"), gpu.get("xids")
+            if not uuid or not records:
+                continue
+            track = self._tracks.get(uuid)
+            if track is None and "index" in gpu:
+                # Not enumerated now (lost since before this process started): remember who it was,
+                # so it is reported lost under its UUID, with its XIDs, not as an anonymous gap.
+                identity = _Identity(gpu["index"], None, uuid, gpu.get("model"), gpu.get("pciBusId"))
+                track = self._tracks[uuid] = _Track(identity, lost=bool(gpu.get("lost")), last_status=gpu)
+            elif track is not None and track.last_status is not None and looks_reset(gpu, track.last_status):
+                continue
+            self.xid_log.restore(uuid, records)
+            restored += 1
+        return restored
 
     def _lost_status(self, track: _Track) -> tuple[_Track, status.GPUStatus]:
         identity = track.identity

@@ -37,6 +37,7 @@ class Client(Protocol):
     """What the Reporter needs from the cluster (GPUNodeClient, or a fake in unit tests)."""
 
     def read_node(self) -> tuple[str, int | None]: ...
+    def read_status(self) -> status.GPUNodeStatus | None: ...
     def ensure_gpunode(self, node_uid: str) -> None: ...
     def apply_status(self, node_status: status.GPUNodeStatus) -> None: ...
 
@@ -89,6 +90,23 @@ class GPUNodeClient:
         if not isinstance(data, dict):
             raise k8s_exceptions.ApiException(status=0, reason=f"unexpected response for {path}")
         return data
+
+    def read_status(self) -> status.GPUNodeStatus | None:
+        """The GPUNode's current status ({} if it has none), or None when there is no GPUNode."""
+        try:
+            found: Any = self.custom.get_cluster_custom_object(
+                resources.GROUP,
+                resources.VERSION,
+                resources.GPUNODE_PLURAL,
+                self.node_name,
+                _request_timeout=self.timeout,
+            )
+        except k8s_exceptions.ApiException as exc:
+            if exc.status == NOT_FOUND:
+                return None
+            raise
+        previous: status.GPUNodeStatus = (found.get("status") if isinstance(found, dict) else None) or {}
+        return previous
 
     def ensure_gpunode(self, node_uid: str) -> None:
         body: dict[str, Any] = {
@@ -163,12 +181,36 @@ class Reporter:
         self.ensured = False
         self.expected_gpus: int | None = None
         """GPUs the Node advertises (nvidia.com/gpu capacity), once the Node was read."""
+        self._previous: status.GPUNodeStatus | None = None
 
     def prepare(self) -> None:
-        """Read the Node and create the GPUNode if needed (raises on failure)."""
+        """Read the Node, and the GPUNode's earlier status, or create the GPUNode (raises on failure)."""
         uid, self.expected_gpus = self.cluster.read_node()
-        self.cluster.ensure_gpunode(uid)
+        existing = self.cluster.read_status()
+        if existing is None:
+            self.cluster.ensure_gpunode(uid)
+        else:
+            self._previous = existing
         self.ensured = True
+
+    def try_prepare(self, now: float) -> bool:
+        """prepare(), unless backing off; a failure is logged and backs off like a failed write."""
+        if self.ensured:
+            return True
+        if not self.retry.ready(now):
+            return False
+        try:
+            self.prepare()
+        except Exception as exc:  # the API may be down at start: the first report retries
+            delay = self.retry.failed(now)
+            log.warning("reading Node/GPUNode failed (%s); retrying in %.1fs", _describe(exc), delay)
+            return False
+        return True
+
+    def take_previous(self) -> status.GPUNodeStatus | None:
+        """The status an earlier agent left on the GPUNode, once (None if none or already taken)."""
+        previous, self._previous = self._previous, None
+        return previous
 
     def report(self, now: float, node_status: status.GPUNodeStatus) -> Outcome:
         current = changes.fingerprint(node_status)

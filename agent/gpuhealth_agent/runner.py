@@ -97,6 +97,8 @@ class Agent:
         self.collector.sample(now)  # learn the GPUs (handles) before registering for their events
         registered = self.watcher.open(self.collector.handles())
         log.info("watching %d GPUs for XID and double-bit ECC events", registered)
+        if self.reporter is not None and self.reporter.try_prepare(now):
+            self._restore()
         if self.settings.event_thread:
             self._threads.append(self.watcher.start_thread(self.stop))
 
@@ -132,6 +134,7 @@ class Agent:
         outcome = None
         if self.reporter is not None:
             outcome = self.reporter.report(now, node_status)
+            self._restore()  # when the API was down at start, the GPUNode is first read here
             if self.reporter.expected_gpus is not None and self.collector.expected_gpus is None:
                 self.collector.expected_gpus = self.reporter.expected_gpus
             if self.metrics is not None and outcome.reason is not None:
@@ -142,6 +145,14 @@ class Agent:
                     self.metrics.report_failures.inc()
         self.liveness.completed(self.clock())
         return TurnResult(sample, node_status, outcome, received)
+
+    def _restore(self) -> None:
+        assert self.reporter is not None
+        previous = self.reporter.take_previous()
+        if previous is not None:
+            restored = self.collector.restore(previous.get("gpus", []))
+            if restored:
+                log.info("carried over XIDs of %d GPU(s) from the GPUNode's earlier status", restored)
 
     def _take_events(self, now: float) -> int:
         taken = self.watcher.drain()

@@ -17,6 +17,7 @@ from typing import Final
 
 import yaml
 
+from gpuhealth_agent import timefmt
 from gpuhealth_api import status
 
 
@@ -94,6 +95,19 @@ class XidLog:
         else:
             seen.count += 1
             seen.last_seen = when
+
+    def restore(self, gpu_uuid: str, records: list[status.XidRecord]) -> None:
+        """Add counts reported earlier (by a previous agent process) to what this one has seen."""
+        seen = self._by_gpu.setdefault(gpu_uuid, {})
+        for record in records:
+            code, count, last = int(record["code"]), int(record["count"]), str(record["lastSeen"])
+            mine = seen.get(code)
+            if mine is None:
+                seen[code] = _Seen(count, last)
+            else:
+                mine.count += count
+                if timefmt.parse(last) > timefmt.parse(mine.last_seen):
+                    mine.last_seen = last
 
     def clear(self, gpu_uuid: str) -> None:
         """Forget a GPU's XIDs: it was reset, so "since the last reset" starts again."""

@@ -389,3 +389,23 @@ def test_a_lost_gpu_does_not_make_the_others_reread_their_static_facts() -> None
     at(col, clock, 6)
     # Fast tier (7 calls) for 7 GPUs, plus re-reading the identities (count, and up to 4 per GPU).
     assert sim.calls - before <= 7 * 7 + 1 + 4 * 8
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "reset"),
+    [
+        ({"lost": True}, {}, True),
+        ({}, {"lost": True}, False),
+        ({"ecc": {"uncorrectedVolatile": 2}}, {"ecc": {"uncorrectedVolatile": 0}}, True),
+        ({"ecc": {"correctedVolatile": 9}}, {"ecc": {"correctedVolatile": 0}}, True),
+        ({"ecc": {"correctedAggregate": 9}}, {"ecc": {"correctedAggregate": 9}}, False),
+        ({"retiredPages": {"pending": True}}, {"retiredPages": {"pending": False}}, True),
+        ({"remappedRows": {"pending": True}}, {"remappedRows": {"pending": False}}, True),
+        ({"remappedRows": {"pending": True}}, {}, False),  # unsupported/unknown now is not proof of a reset
+        ({"recoveryAction": "GpuReset"}, {"recoveryAction": "None"}, True),
+        ({"recoveryAction": "GpuReset"}, {}, False),
+        ({}, {}, False),
+    ],
+)
+def test_reset_inference(before: Any, after: Any, reset: bool) -> None:
+    assert collector.looks_reset(before, after) is reset

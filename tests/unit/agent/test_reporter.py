@@ -26,6 +26,11 @@ class FakeCluster:
         self.node_reads += 1
         return "uid-1", 8
 
+    def read_status(self) -> status.GPUNodeStatus | None:
+        if self.missing_gpunode or not self.writes:
+            return None
+        return copy.deepcopy(self.writes[-1])
+
     def ensure_gpunode(self, node_uid: str) -> None:
         self.ensured.append(node_uid)
         self.missing_gpunode = False

@@ -28,11 +28,15 @@ class Clock:
 
 
 class FakeCluster:
-    def __init__(self) -> None:
+    def __init__(self, previous: status.GPUNodeStatus | None = None) -> None:
         self.writes: list[status.GPUNodeStatus] = []
+        self.previous = previous
 
     def read_node(self) -> tuple[str, int | None]:
         return "uid", None
+
+    def read_status(self) -> status.GPUNodeStatus | None:
+        return copy.deepcopy(self.writes[-1]) if self.writes else self.previous
 
     def ensure_gpunode(self, node_uid: str) -> None:
         pass
@@ -256,3 +260,57 @@ def test_catalogue_severities() -> None:
     assert unknown.severity is xids.Severity.WARNING
     assert unknown.action == "CONTACT_SUPPORT"
     assert len(catalogue) >= 25
+
+
+def test_an_agent_restart_carries_xids_over_unless_the_gpu_was_reset() -> None:
+    seed_sim = simulated.SimulatedNvml(scenario.parse("gpus: 3\n"), clock=lambda: 0.0, identity_seed="node-r")
+    u0, u1, u2 = (seed_sim.uuid(i) for i in range(3))
+    earlier = "2027-01-15T07:00:00.000Z"
+    previous = status.GPUNodeStatus(
+        gpus=[
+            status.GPUStatus(
+                index=0, uuid=u0, lost=True, xids=[{"code": 79, "count": 1, "lastSeen": earlier}]
+            ),
+            status.GPUStatus(
+                index=1,
+                uuid=u1,
+                ecc={"uncorrectedVolatile": 0},
+                xids=[{"code": 13, "count": 4, "lastSeen": earlier}],
+            ),
+            status.GPUStatus(
+                index=2,
+                uuid=u2,
+                ecc={"uncorrectedVolatile": 1},
+                xids=[{"code": 48, "count": 1, "lastSeen": earlier}],
+            ),
+        ]
+    )
+    clock = Clock()
+    plan = scenario.parse(
+        "gpus: 3\ntimeline:\n- {after: 0s, gpu: 0, xid: 79}\n"
+    )  # GPU 0 is still off the bus
+    lib = simulated.library(plan, clock=clock.scenario, start=0.0, identity_seed="node-r")
+    cluster = FakeCluster(previous=previous)
+    agent = runner.Agent(
+        runner.Settings("node-r", runner.BACKEND_SIM, expected_gpus=3, event_thread=False),
+        lib,
+        report=reporter.Reporter(cluster, heartbeat_seconds=60),
+        clock=clock.epoch,
+    )
+    gpus = turn(agent, clock, 0).status["gpus"]
+    assert gpus[0]["lost"] is True
+    assert gpus[0]["xids"] == [{"code": 79, "count": 1, "lastSeen": earlier}]  # still lost: not reset
+    assert gpus[1]["xids"] == [{"code": 13, "count": 4, "lastSeen": earlier}]  # no sign of a reset
+    assert "xids" not in gpus[2]  # volatile ECC count went 1 → 0: the GPU was reset meanwhile
+    assert cluster.writes[0]["gpus"][0]["xids"][0]["code"] == 79  # the very first write already has them
+
+
+def test_xid_log_restore_adds_to_what_was_seen() -> None:
+    log = xids.XidLog()
+    log.record("GPU-1", 13, "2027-01-15T08:00:00.000Z")
+    log.restore("GPU-1", [{"code": 13, "count": 2, "lastSeen": "2027-01-15T07:00:00Z"}])
+    log.restore("GPU-1", [{"code": 48, "count": 1, "lastSeen": "2027-01-15T07:30:00Z"}])
+    assert log.records("GPU-1") == [
+        {"code": 13, "count": 3, "lastSeen": "2027-01-15T08:00:00.000Z"},
+        {"code": 48, "count": 1, "lastSeen": "2027-01-15T07:30:00Z"},
+    ]
