@@ -18,7 +18,7 @@ import logging
 from typing import Any
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import context, reconciler
+from gpuhealth_operator import context, heap, reconciler
 from gpuhealth_operator.actions import status
 from gpuhealth_operator.decisions import policies, times
 
@@ -96,6 +96,8 @@ async def run(ctx: context.Context) -> None:
             last_full = started
         try:
             await tick(ctx, full=full)
+            if full:
+                heap.trim()
         except reconciler.TRANSIENT_ERRORS as error:
             ctx.meters.reconcile_errors.labels("timer").inc()
             logger.warning("timer pass failed (will retry): %s", error)
