@@ -202,7 +202,9 @@ def main() -> None:
             seen_at = {n: watcher.seen(n) or 0.0 for n in names}
             burst = [seen_at[n] - observed_at[n] for n in names]
             results["burst_all_cordoned_seconds"] = round(max(seen_at.values()) - burst_start, 3)
-            results["burst_last_cordon_after_last_write_seconds"] = round(max(seen_at.values()) - last_write, 3)
+            results["burst_last_cordon_after_last_write_seconds"] = round(
+                max(seen_at.values()) - last_write, 3
+            )
             results["burst_p50_seconds"] = round(percentile(burst, 50), 3)
             results["burst_p99_seconds"] = round(percentile(burst, 99), 3)
             results["burst_requests_per_second"] = round(
