@@ -78,6 +78,9 @@ async def on_policy(event: kopf.RawEvent, memo: context.Context, **_: Any) -> No
         memo.cache.policies.pop(name, None)
         memo.cache.policy_errors.pop(name, None)
         memo.policy_status_written.pop(name, None)
+        for key in [k for k in memo.verdicts if k[0] == name]:
+            del memo.verdicts[key]
+        memo.budget_notified.difference_update({k for k in memo.budget_notified if k[0] == name})
         return
     policy = store_policy(memo, body)
     if policy is None:

@@ -83,6 +83,8 @@ def forget_node(ctx: context.Context, name: str) -> None:
         del ctx.verdicts[key]
     # In place: kopf hands each handler a shallow copy of the memo, so the set itself is what is shared.
     ctx.budget_notified.difference_update({k for k in ctx.budget_notified if k[1] == name})
+    for key in [k for k in ctx.dry_run_said if k[1] == name]:
+        del ctx.dry_run_said[key]
 
 
 async def _reconcile(ctx: context.Context, name: str, now: datetime.datetime) -> None:

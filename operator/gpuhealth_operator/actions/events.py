@@ -21,6 +21,9 @@ COMPONENT = "gpu-health-operator"
 NAMESPACE = "default"
 """Where Node Events live (cluster-scoped objects' Events go to `default`, as the kubelet's do)."""
 
+MAX_REMEMBERED = 10_000
+"""Events whose count this process remembers; beyond that it starts over (the API server keeps the truth)."""
+
 NORMAL = "Normal"
 WARNING = "Warning"
 
@@ -53,6 +56,7 @@ class Recorder:
     instance: str
     """reportingInstance: this replica's identity."""
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Event name → the count we last wrote; bounded (MAX_REMEMBERED), a forgotten one is re-read on 409."""
 
     async def emit(self, subject: Subject, reason: str, message: str, type_: str = NORMAL) -> None:
         """Post the Event, or bump the count of the identical one already posted. Never raises."""
@@ -66,6 +70,8 @@ class Recorder:
                     f"/api/v1/namespaces/{NAMESPACE}/events",
                     self._body(subject, name, reason, message, type_),
                 )
+                if len(self.counts) >= MAX_REMEMBERED:
+                    self.counts.clear()
                 self.counts[name] = 1
             except kube.ApiError as error:
                 if not error.conflict:
