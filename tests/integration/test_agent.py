@@ -275,3 +275,26 @@ def test_steady_state_writes_only_on_the_heartbeat(
                 writes += 1
     # 50 collections in the window; only the heartbeats (one per 3 s) may reach the API server.
     assert 2 <= writes <= int(window / heartbeat) + 1, f"{writes} writes in {window}s"
+
+
+def test_a_restarted_agent_keeps_the_xids_on_its_gpunode(
+    crds: controlplane.ControlPlane, k8s: client.ApiClient, node: str
+) -> None:
+    with InProcessAgent(
+        k8s, node, HEALTHY + "timeline:\n- {after: 1s, gpu: 4, xid: 94}\n", interval=0.2, heartbeat=60
+    ):
+        waiting.wait_until(
+            lambda: (g := gpunode(k8s, node)) and g.get("status", {}).get("gpus", [{}] * 5)[4].get("xids"),
+            timeout_seconds=30,
+            message="XID 94 on GPU 4",
+        )
+    # A new agent process (an upgrade): NVML will not repeat the XID, the GPUNode remembers it.
+    with InProcessAgent(k8s, node, HEALTHY, interval=0.2, heartbeat=60) as second:
+        waiting.wait_until(
+            lambda: second.agent.reporter is not None and second.agent.reporter.state.written_at is not None,
+            timeout_seconds=30,
+            message="the restarted agent's first write",
+        )
+        found = gpunode(k8s, node)
+    assert found is not None
+    assert [x["code"] for x in found["status"]["gpus"][4]["xids"]] == [94]
