@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import os
 import shutil
 import signal
@@ -183,17 +184,35 @@ class ControlPlane:
         """Stop only kube-apiserver (an outage); etcd and the other components keep running."""
         self._process(APISERVER).stop(grace_seconds=STOP_GRACE_SECONDS)
 
-    def start_apiserver(self, timeout_seconds: float = 60) -> None:
-        """Start kube-apiserver again on the same port with the same keys, and wait until it is ready."""
+    def start_apiserver(self, timeout_seconds: float = 60, *, restart_dependents: bool = True) -> None:
+        """Start kube-apiserver again on the same port with the same keys, and wait until it is ready.
+
+        Unless `restart_dependents` is false, the controller manager, scheduler and kwok
+        are then restarted too: after an outage their client-go watches retry with an
+        exponential backoff of up to about 30 s, which would leave the shared cluster
+        half-working (pods not scheduled, run or removed; PDBs stale) long after the
+        API server is back. The old kwok's node Leases are deleted first, or the new
+        kwok (another holder) would wait for them to expire before running pods.
+        """
         running = self._require()
+        deadline = time.monotonic() + timeout_seconds
         apiserver = self._process(APISERVER)
         apiserver.start()
         self._wait(
             "kube-apiserver /readyz after restart",
             lambda: probes.get_ok(f"{running.server}/readyz", self._admin_tls()),
-            time.monotonic() + timeout_seconds,
+            deadline,
             [running.processes[ETCD], apiserver],
         )
+        if restart_dependents:
+            dependents = [p for name, p in running.processes.items() if name not in (ETCD, APISERVER)]
+            for child in dependents:
+                child.stop(grace_seconds=STOP_GRACE_SECONDS)
+            if KWOK in running.processes:
+                self.kubectl("delete", "leases", "--namespace=kube-node-lease", "--all", "--wait=false")
+            for child in dependents:
+                child.start()
+            self._wait_dependents_healthy(running, deadline)
 
     # -- access ----------------------------------------------------------------------------------
 
@@ -325,24 +344,29 @@ class ControlPlane:
         others = [p for name, p in running.processes.items() if name not in (ETCD, APISERVER)]
         for child in others:
             child.start()
+        self._wait_dependents_healthy(running, deadline)
         everyone = list(running.processes.values())
-        insecure = probes.insecure_tls()
         if CONTROLLER_MANAGER in running.processes:
-            url = f"https://{ports.LOOPBACK}:{running.ports.controller_manager}/healthz"
-            self._wait(
-                "kube-controller-manager /healthz", lambda: probes.get_ok(url, insecure), deadline, everyone
-            )
             # The service-account controller creating this proves the controllers run.
             sa = f"{running.server}/api/v1/namespaces/default/serviceaccounts/default"
             self._wait("the default service account", lambda: probes.get_ok(sa, tls), deadline, everyone)
-        if SCHEDULER in running.processes:
-            url = f"https://{ports.LOOPBACK}:{running.ports.scheduler}/healthz"
-            self._wait("kube-scheduler /healthz", lambda: probes.get_ok(url, insecure), deadline, everyone)
-        if KWOK in running.processes:
-            url = f"http://{ports.LOOPBACK}:{running.ports.kwok}/healthz"
-            self._wait("kwok /healthz", lambda: probes.get_ok(url, None), deadline, everyone)
         namespace = f"{running.server}/api/v1/namespaces/default"
         self._wait("the default namespace", lambda: probes.get_ok(namespace, tls), deadline, everyone)
+
+    def _wait_dependents_healthy(self, running: _Running, deadline: float) -> None:
+        everyone = list(running.processes.values())
+        insecure = probes.insecure_tls()
+        health: dict[str, tuple[str, probes.TLS | None]] = {
+            CONTROLLER_MANAGER: (
+                f"https://{ports.LOOPBACK}:{running.ports.controller_manager}/healthz",
+                insecure,
+            ),
+            SCHEDULER: (f"https://{ports.LOOPBACK}:{running.ports.scheduler}/healthz", insecure),
+            KWOK: (f"http://{ports.LOOPBACK}:{running.ports.kwok}/healthz", None),
+        }
+        for name, (url, tls) in health.items():
+            if name in running.processes:
+                self._wait(f"{name} /healthz", functools.partial(probes.get_ok, url, tls), deadline, everyone)
 
     def _wait(
         self,

@@ -312,7 +312,12 @@ def test_apiserver_outage_and_restart_keep_address_and_data(
 
     assert control_plane.server == server
     assert core.read_namespaced_config_map("survivor", namespace).data == {"k": "v"}
-    # kwok, the scheduler and the controller manager reconnect: a new pod is placed and runs.
+    # kwok, the scheduler and the controller manager are back: Leases renewed, a new pod placed and run.
+    waiting.wait_until(
+        lambda: client.CoordinationV1Api(k8s).read_namespaced_lease(nodes[0], "kube-node-lease"),
+        timeout_seconds=30,
+        message="kwok holds the node Lease again after the outage",
+    )
     core.create_namespaced_pod(namespace, pod("after-outage", nodeSelector={NODE_LABEL: run_id}))
     waiting.wait_until(
         lambda: phase(core, "after-outage", namespace) == "Running",
