@@ -4,8 +4,10 @@
 control plane, so the CRDs, RBAC, the admission policy and the service
 accounts are the chart's own. Its pods land on kwok nodes and never really
 run; the product runs beside them as real processes from the installed
-console scripts, each with a kubeconfig holding only a TokenRequest token of
-the chart's service account, bound to the chart's pod on the right node. So
+console scripts, with the command line and environment the chart's pod
+specs declare (only ports, mounted files and the credentials substituted),
+each with a kubeconfig holding only a TokenRequest token of the chart's
+service account, bound to the chart's pod on the right node. So
 every request the operator and the agents make is checked against the
 chart's RBAC and, for agents, the ValidatingAdmissionPolicy reading the node
 name from the token: if the chart forgets a permission, a mission test fails.
@@ -98,12 +100,11 @@ class Release:
         items: list[dict[str, Any]] = json.loads(out)["items"]
         return items
 
-    def pod_on(self, component: str, node: str) -> str | None:
+    def pod_on(self, component: str, node: str) -> dict[str, Any] | None:
         """The chart's running `component` pod on `node`, if there is one yet."""
         for pod in self.pods(component):
             if pod["spec"].get("nodeName") == node and pod["status"].get("phase") == "Running":
-                name: str = pod["metadata"]["name"]
-                return name
+                return pod
         return None
 
     def kubeconfig(self, service_account: str, pod: str, node: str, path: Path) -> Path:
@@ -166,6 +167,9 @@ def install_values(suffix: str) -> dict[str, Any]:
         "agent": {
             "backend": "sim",
             "sim": {"scenario": HEALTHY_SCENARIO},
+            # Quicker than the defaults (5 s, 60 s) so the module runs in minutes.
+            "intervalSeconds": AGENT_INTERVAL_SECONDS,
+            "heartbeatSeconds": AGENT_HEARTBEAT_SECONDS,
             "nodeSelector": {keys.GPU_PRESENT_LABEL: "true", MISSION_LABEL: suffix},
         },
     }
@@ -206,11 +210,54 @@ def mission_release(
 # -- processes -----------------------------------------------------------------------------------------
 
 
-def product_env() -> dict[str, str]:
-    """The environment of a product process: no KUBECONFIG, so only its own --kubeconfig counts."""
-    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-    env["PYTHONUNBUFFERED"] = "1"
+def container_env(pod: Mapping[str, Any]) -> dict[str, str]:
+    """The environment the kubelet would give the pod's first container (values and downward API)."""
+    fields = {
+        "metadata.namespace": pod["metadata"]["namespace"],
+        "metadata.name": pod["metadata"]["name"],
+        "spec.nodeName": pod["spec"].get("nodeName", ""),
+        "status.hostIP": pod["status"].get("hostIP", "127.0.0.1"),
+    }
+    env: dict[str, str] = {}
+    for var in pod["spec"]["containers"][0].get("env") or []:
+        if "value" in var:
+            env[var["name"]] = str(var["value"])
+        else:
+            path = var["valueFrom"]["fieldRef"]["fieldPath"]
+            assert path in fields, f"the chart uses downward-API field {path} that these tests do not provide"
+            env[var["name"]] = fields[path]
     return env
+
+
+def container_process(
+    name: str, pod: Mapping[str, Any], overrides: Mapping[str, str], log_path: Path
+) -> processes.ManagedProcess:
+    """The pod's first container as a local process: the chart's command, args and environment.
+
+    `overrides` replace the value of `--flag=value` arguments (or are appended):
+    ports, because many "pods" share this host; files, because the chart's
+    mounts are not here; and `--kubeconfig`, which stands in for the in-cluster
+    credentials of the same service account.
+    """
+    container = pod["spec"]["containers"][0]
+    env = container_env(pod)
+    words = [
+        re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), str(word))
+        for word in [*container.get("command", []), *container.get("args", [])]
+    ]
+    program, args = BIN / words[0], words[1:]
+    assert program.is_file(), f"the chart runs {words[0]}, which is not installed in {BIN}"
+    pending = dict(overrides)
+    argv = [str(program)]
+    for arg in args:
+        flag, equals, _ = arg.partition("=")
+        argv.append(f"{flag}={pending.pop(flag)}" if equals and flag in pending else arg)
+    argv.extend(f"{flag}={value}" for flag, value in pending.items())
+    # No KUBECONFIG from the test run: only the process's own --kubeconfig counts.
+    process_env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    process_env.update(env)
+    process_env["PYTHONUNBUFFERED"] = "1"
+    return processes.ManagedProcess(name, argv, log_path, env=process_env)
 
 
 def log_tail(process: processes.ManagedProcess, lines: int = LOG_TAIL_LINES) -> str:
@@ -244,21 +291,15 @@ def mission_operator(
         message="the chart's operator pod running on the system node",
     )
     kubeconfig = release.kubeconfig(
-        release.operator_sa, pod, release.system_node, workdir / "operator.kubeconfig"
+        release.operator_sa, pod["metadata"]["name"], release.system_node, workdir / "operator.kubeconfig"
     )
     metrics_port, health_port = ports.free_ports(2)
-    argv = [
-        str(BIN / "gpu-health-operator"),
-        f"--kubeconfig={kubeconfig}",
-        f"--metrics-port={metrics_port}",
-        f"--health-port={health_port}",
-        f"--lease-namespace={NAMESPACE}",
-        f"--lease-name={release.lease}",
-        "--identity=e2e-mission",
-    ]
-    process = processes.ManagedProcess(
-        "gpu-health-operator", argv, workdir / "operator.log", env=product_env()
-    )
+    overrides = {
+        "--metrics-port": str(metrics_port),
+        "--health-port": str(health_port),
+        "--kubeconfig": str(kubeconfig),
+    }
+    process = container_process("gpu-health-operator", pod, overrides, workdir / "operator.log")
     process.start()
     operator = Operator(process, health_port)
     try:
@@ -321,24 +362,17 @@ class Mission:
             message=f"the chart's agent pod running on {node}",
         )
         kubeconfig = self.release.kubeconfig(
-            self.release.agent_sa, pod, node, self.workdir / f"{node}.kubeconfig"
+            self.release.agent_sa, pod["metadata"]["name"], node, self.workdir / f"{node}.kubeconfig"
         )
+        # This node's scenario stands in for the chart's (fleet-wide) scenario ConfigMap.
         scenario_file = self.workdir / f"{node}.scenario.yaml"
         scenario_file.write_text(scenario)
-        argv = [
-            str(BIN / "gpu-health-agent"),
-            "run",
-            f"--node-name={node}",
-            "--backend=sim",
-            f"--sim-scenario={scenario_file}",
-            f"--interval={AGENT_INTERVAL_SECONDS}",
-            f"--heartbeat={AGENT_HEARTBEAT_SECONDS}",
-            "--metrics-port=0",
-            f"--kubeconfig={kubeconfig}",
-        ]
-        agent = processes.ManagedProcess(
-            f"agent {node}", argv, self.workdir / f"{node}.agent.log", env=product_env()
-        )
+        overrides = {
+            "--sim-scenario": str(scenario_file),
+            "--metrics-port": "0",
+            "--kubeconfig": str(kubeconfig),
+        }
+        agent = container_process(f"agent {node}", pod, overrides, self.workdir / f"{node}.agent.log")
         self.agents[node] = agent
         agent.start()
 
