@@ -354,7 +354,12 @@ def test_recovery_uncordons_only_the_node_the_operator_cordoned(mission: Any) ->
         "a NodeUncordoned Event on our node",
     )
     assert keys.CORDONED_BY_ANNOTATION not in (mission.node(ours)["metadata"].get("annotations") or {})
-    assert mission.gpunode_status(ours)["health"] == vocabulary.Health.HEALTHY
+    status = mission.wait(
+        lambda: (s := mission.gpunode_status(ours)).get("action") == vocabulary.NodeAction.NONE and s,
+        "GPUNode action back to None",
+    )
+    assert status["health"] == vocabulary.Health.HEALTHY
+    assert mission.labels(ours).get(keys.HEALTH_LABEL) == "healthy"
     assert mission.gpunode_status(humans)["health"] == vocabulary.Health.HEALTHY
     human_node = mission.node(humans)
     assert human_node["spec"].get("unschedulable") is True, "a node a human cordoned must stay cordoned"
