@@ -124,6 +124,7 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=5.0)
     parser.add_argument("--heartbeat", type=float, default=60.0)
     parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--warmup", type=float, help="seconds between the last first report and the window")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--binaries", type=Path, help="control-plane binaries (default: as make testbin)")
     parser.add_argument(
@@ -140,6 +141,7 @@ def main() -> int:
         "intervalSeconds": args.interval,
         "heartbeatSeconds": args.heartbeat,
         "workers": args.workers,
+        "command": " ".join(["bench/fleet_scale.py", *sys.argv[1:]]),
     }
     directory = args.binaries or binaries.locate(cwd=ROOT)
     results["kwok"] = not args.no_kwok
@@ -170,8 +172,8 @@ def main() -> int:
         results["startupCpuSeconds"] = round(cpu_seconds() - cpu_before_start, 1)
         print(f"every GPUNode reported after {results['allFirstReportsSeconds']}s", flush=True)
 
-        # Steady state: let a full heartbeat (and a turn) pass, so writes owed since start-up are done.
-        time.sleep(args.heartbeat + args.interval)
+        # Steady state: let a heartbeat (and a turn) pass at least, so writes owed since start-up are done.
+        time.sleep(args.warmup if args.warmup is not None else args.heartbeat + args.interval)
         stats_before = (sim.stats.turns, sim.stats.writes, sim.stats.busy_seconds)
         late_before = sim.stats.late_turns
         sim.stats.max_lateness_seconds = 0.0
