@@ -67,6 +67,9 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
     )
     parser.add_argument("--eviction-concurrency", type=int, default=default.eviction_concurrency)
     parser.add_argument(
+        "--api-connections", type=int, default=default.api_connections, help="connections to the API server"
+    )
+    parser.add_argument(
         "--log-level", default=default.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
     args = parser.parse_args(argv)
@@ -83,6 +86,7 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         lease_retry_seconds=args.lease_retry_seconds,
         tick_seconds=args.tick_seconds,
         eviction_concurrency=args.eviction_concurrency,
+        api_connections=args.api_connections,
         log_level=args.log_level,
     )
 
@@ -107,6 +111,7 @@ async def run(config: settings.Settings) -> int:
     client = kube.Kube(
         credentials,
         timeout_seconds=config.request_timeout_seconds,
+        pool_size=config.api_connections,
         on_request=lambda verb: meters.api_requests.labels(verb).inc(),
     )
     elector = leader.Elector(

@@ -91,7 +91,7 @@ class Kube:
         credentials: Credentials,
         *,
         timeout_seconds: float = 30.0,
-        pool_size: int = 64,
+        pool_size: int = 8,
         on_request: Callable[[str], None] | None = None,
     ) -> None:
         self.credentials = credentials

@@ -54,6 +54,9 @@ class Settings:
     eviction_backoff_max_seconds: float = 30.0
     """Cap of the exponential backoff between refused evictions."""
 
+    api_connections: int = 8
+    """Connections to the API server for our requests (each TLS connection holds ~256 KiB of buffers)."""
+
     request_timeout_seconds: float = 30.0
     """Timeout of one request to the API server (watches excluded)."""
 
