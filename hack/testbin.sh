@@ -26,12 +26,12 @@ if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
   exit 0
 fi
 
-command -v go >/dev/null 2>&1 || die "Go is not installed. Install Go >= 1.25 (e.g. 'apt-get install golang' or https://go.dev/dl) or set KUBEBUILDER_ASSETS to a directory holding: ${BINARIES[*]}"
-
 CACHE_ROOT="${GPUHEALTH_TESTBIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-health/testbin}"
 OUT="$CACHE_ROOT/k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}"
 complete() { for b in "${BINARIES[@]}"; do [[ -x "$OUT/$b" ]] || return 1; done; }
 if complete; then echo "$OUT"; exit 0; fi
+
+command -v go >/dev/null 2>&1 || die "Go is not installed. Install Go >= 1.25 (e.g. 'apt-get install golang' or https://go.dev/dl) or set KUBEBUILDER_ASSETS to a directory holding: ${BINARIES[*]}"
 
 mkdir -p "$OUT"
 WORK="$(mktemp -d)"
