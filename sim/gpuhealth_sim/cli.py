@@ -39,7 +39,11 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--fleet", type=Path, required=True, help="fleet file (docs/fleet.md)")
     run.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
     run.add_argument("--context", help="kubeconfig context (default: the current one)")
-    run.add_argument("--workers", type=int, help="threads driving the agents (default: the fleet's, else 8)")
+    run.add_argument(
+        "--workers",
+        type=int,
+        help="threads driving the agents (default: the fleet's, else one per 16 nodes, 8 to 64)",
+    )
     run.add_argument(
         "--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C/SIGTERM)"
     )
@@ -89,7 +93,7 @@ def _api_client(kubeconfig: str | None, context: str | None, workers: int) -> cl
 def _run(args: argparse.Namespace, spec: fleetfile.Fleet) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("gpu-health-sim")
-    workers = args.workers or spec.workers or fleet.DEFAULT_WORKERS
+    workers = args.workers or spec.workers or fleet.default_workers(len(spec.nodes))
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

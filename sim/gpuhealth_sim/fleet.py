@@ -32,7 +32,21 @@ from gpuhealth_sim import agents, fleetfile, nodes
 log = logging.getLogger(__name__)
 
 DEFAULT_WORKERS = 8
-"""Enough to overlap API round trips; agent turns are CPU-bound Python, so more threads buy little."""
+MAX_DEFAULT_WORKERS = 64
+NODES_PER_WORKER = 16
+
+
+def default_workers(nodes: int) -> int:
+    """Threads for a fleet of `nodes`: 8 for small fleets, one per 16 nodes up to 64.
+
+    Turns are short CPU work, but a status write waits on the API server; on a
+    busy API server (a second per write) a thousand nodes keep ~17 writes in
+    flight, and with too few threads those waits starve every other node's
+    collection. Waiting threads cost no CPU, so err on the side of more.
+    """
+    return max(DEFAULT_WORKERS, min(MAX_DEFAULT_WORKERS, nodes // NODES_PER_WORKER))
+
+
 STOP_TIMEOUT_SECONDS = 30.0
 
 
@@ -89,7 +103,7 @@ class Fleet:
     ) -> None:
         self.spec = spec
         self.api_client = api_client
-        self.workers = workers or spec.workers or DEFAULT_WORKERS
+        self.workers = workers or spec.workers or default_workers(len(spec.nodes))
         self.clock = clock
         self.started_at: float | None = None
         """Scenario time 0 (epoch seconds): when start() was called."""

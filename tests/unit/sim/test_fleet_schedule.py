@@ -19,3 +19,9 @@ def test_a_node_on_time_keeps_its_rhythm() -> None:
 
 def test_a_node_an_interval_behind_restarts_from_now_instead_of_bursting() -> None:
     assert fleet.next_due(10.0, 17.0, 5.0) == 22.0
+
+
+def test_large_fleets_get_more_threads_so_slow_writes_do_not_starve_collection() -> None:
+    assert fleet.default_workers(12) == 8
+    assert fleet.default_workers(1000) == 62
+    assert fleet.default_workers(100_000) == 64
