@@ -123,7 +123,7 @@ def main() -> int:
     )
     parser.add_argument("--interval", type=float, default=5.0)
     parser.add_argument("--heartbeat", type=float, default=60.0)
-    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--workers", type=int, help="default: as gpu-health-sim (one per 16 nodes, 8..64)")
     parser.add_argument("--warmup", type=float, help="seconds between the last first report and the window")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--binaries", type=Path, help="control-plane binaries (default: as make testbin)")
@@ -133,6 +133,7 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)  # the agents' per-fault warnings are not the benchmark's output
 
+    args.workers = args.workers or fleet.default_workers(args.nodes)
     spec = fleet_spec(args.nodes, args.interval, args.heartbeat, args.workers)
     results: dict[str, object] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
