@@ -55,7 +55,7 @@ class Settings:
     """Cap of the exponential backoff between refused evictions."""
 
     api_connections: int = 32
-    """Most connections to the API server for our requests; idle ones close after 15 s (each holds ~256 KiB)."""
+    """Most connections to the API server at once; idle ones close after 15 s (each holds ~256 KiB)."""
 
     request_timeout_seconds: float = 30.0
     """Timeout of one request to the API server (watches excluded)."""
