@@ -14,8 +14,10 @@ name from the token: if the chart forgets a permission, a mission test fails.
 
 `mission_operator` is one operator process for the module. `mission` gives a
 test its own kwok GPU nodes (with a label only its policy selects), starts one
-agent per node with a scenario file, and on teardown stops the agents, deletes
-what the test made and prints the log tails (pytest shows them on failure).
+agent per node with a scenario file, and on teardown stops the agents and
+deletes what the test made. A failed test's report carries what the cluster
+shows for each of its nodes (cordon, our keys, GPUNode verdict, Events) and
+the operator's and agents' log tails.
 """
 
 from __future__ import annotations
