@@ -73,8 +73,8 @@ class Live:
         """A GPUNode verdict that changed, except a node's first, unremarkable Healthy."""
         verdict = (row.health, row.issues, row.action)
         before = self._verdicts.get(row.name)
-        if not row.health or verdict == before:
-            return False  # not judged by the operator yet, or nothing new
+        if not row.health or not row.reported or verdict == before:
+            return False  # not judged yet, judged before the agent's first report, or nothing new
         self._verdicts[row.name] = verdict
         quiet = row.health == "Healthy" and not row.issues and row.action in ("", "None")
         return not (quiet and before is None)

@@ -47,6 +47,8 @@ class Row:
     action: str
     max_temp: str
     created: float | None
+    reported: bool = True
+    """The agent has reported facts (before that the operator can only say Unknown)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +94,7 @@ def row_of(obj: Mapping[str, Any]) -> Row:
         action=text(status.get("action")),
         max_temp=text(summary.get("maxTemperatureCelsius")),
         created=parse_time(obj.get("metadata", {}).get("creationTimestamp")),
+        reported=bool(status.get("agent") or status.get("gpus")),
     )
 
 

@@ -96,6 +96,8 @@ def build(seen: record.Record, ended_at: float, human_cordoned: Collection[str] 
     happenings = sorted(seen.happenings(), key=lambda h: h.at)
     detected: dict[str, list[str]] = {}
     for _, row in seen.row_changes():
+        if not row.reported:
+            continue  # a verdict on a GPUNode whose agent has not reported yet says nothing of the GPUs
         for issue in filter(None, (i.strip() for i in row.issues.split(","))):
             if issue not in detected.setdefault(row.name, []):
                 detected[row.name].append(issue)

@@ -156,3 +156,14 @@ def test_a_terminal_gets_the_screen_redrawn_in_place() -> None:
     assert lines[:4] == ["title", "t=2s", "", "$ kubectl get gpunodes"]
     assert lines[4].split() == list(view.HEADERS)
     assert lines[5].startswith("gpu-node-1") and all(len(line) <= 80 for line in lines)
+
+
+def test_a_verdict_before_the_agents_first_report_is_not_a_detection() -> None:
+    seen = record.Record(started_at=T0)
+    empty = {"metadata": {"name": "gpu-node-1"}, "status": {"health": "Unknown", "issues": "AgentStale"}}
+    seen.on_gpunode("ADDED", empty, T0 + 0.5)
+    seen.on_gpunode("MODIFIED", gpunode("gpu-node-1", observed=T0 + 1, health="Healthy"), T0 + 1)
+    out = io.StringIO()
+    live.Live(seen, out, tty=False).refresh("", "")
+    assert out.getvalue() == ""
+    assert summary.build(seen, T0 + 10).nodes == ()
