@@ -14,6 +14,7 @@ import dataclasses
 import json
 import pathlib
 import ssl
+import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -27,6 +28,9 @@ JsonObject = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
+
+URGENT_QUIET_SECONDS = 0.25
+"""Requests that are not urgent wait this long after the last urgent one started."""
 
 
 class ApiError(Exception):
@@ -104,6 +108,7 @@ class Kube:
         self._urgent_in_flight = 0
         self._no_urgent = asyncio.Event()
         self._no_urgent.set()
+        self._last_urgent = float("-inf")
 
     def _ssl_context(self) -> ssl.SSLContext | bool:
         if self.credentials.insecure:
@@ -153,6 +158,7 @@ class Kube:
         if urgent:
             self._urgent_in_flight += 1
             self._no_urgent.clear()
+            self._last_urgent = time.monotonic()
             try:
                 return await self._send(method, path, query, body, content_type)
             finally:
@@ -160,8 +166,22 @@ class Kube:
                 if not self._urgent_in_flight:
                     self._no_urgent.set()
         if not exempt:
-            await self._no_urgent.wait()
+            await self._wait_for_quiet()
         return await self._send(method, path, query, body, content_type)
+
+    async def _wait_for_quiet(self) -> None:
+        """Until no urgent request is in flight and none started for URGENT_QUIET_SECONDS.
+
+        The quiet period matters in a burst: faults arrive one watch event at a
+        time, and without it the reports on the first nodes would queue at the
+        API server ahead of the cordons of the next ones.
+        """
+        while True:
+            await self._no_urgent.wait()
+            remaining = self._last_urgent + URGENT_QUIET_SECONDS - time.monotonic()
+            if remaining <= 0 and self._no_urgent.is_set():
+                return
+            await asyncio.sleep(max(remaining, 0.01))
 
     async def _send(
         self, method: str, path: str, query: Mapping[str, str] | None, body: object, content_type: str
