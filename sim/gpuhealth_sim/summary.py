@@ -136,6 +136,16 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}s"
 
 
+def _only_stale_blip(node: NodeSummary) -> bool:
+    """A node whose only verdict was a passing AgentStale (e.g. judged before its first report)."""
+    return (
+        set(node.detected) == {vocabulary.Condition.AGENT_STALE}
+        and not node.actions
+        and not node.human_cordoned
+        and node.health != vocabulary.Health.UNKNOWN
+    )
+
+
 def render(result: Summary, width: int = 80) -> list[str]:
     lines = [
         f"Summary after {result.duration_seconds:.0f} s: what gpu-health detected and did",
@@ -143,7 +153,13 @@ def render(result: Summary, width: int = 80) -> list[str]:
         " label set/removed includes the policy's forSeconds / healthyForSeconds)",
         "",
     ]
+    blips = [n for n in result.nodes if _only_stale_blip(n)]
+    if blips:
+        names = ", ".join(n.name for n in blips)
+        lines.append(view.shorten(f"briefly Unknown (AgentStale), no action: {names}", width))
     for node in result.nodes:
+        if node in blips:
+            continue
         if node.human_cordoned:
             verdict = "still cordoned" if node.unschedulable else "NOT cordoned any more"
             owner = (

@@ -167,3 +167,13 @@ def test_a_verdict_before_the_agents_first_report_is_not_a_detection() -> None:
     live.Live(seen, out, tty=False).refresh("", "")
     assert out.getvalue() == ""
     assert summary.build(seen, T0 + 10).nodes == ()
+
+
+def test_a_passing_agent_stale_verdict_is_one_line_in_the_summary() -> None:
+    seen = record.Record(started_at=T0)
+    for name in ("gpu-node-1", "gpu-node-2"):
+        seen.on_gpunode("ADDED", gpunode(name, observed=T0, health="Unknown", issues="AgentStale"), T0 + 0.5)
+        seen.on_gpunode("MODIFIED", gpunode(name, observed=T0, health="Healthy"), T0 + 1)
+    lines = summary.render(summary.build(seen, T0 + 10))
+    assert "briefly Unknown (AgentStale), no action: gpu-node-1, gpu-node-2" in lines
+    assert not any(line.startswith("gpu-node-1:") for line in lines)
