@@ -472,8 +472,12 @@ def test_straggler_among_eight_nodes_is_labelled_and_idle_node_is_not(fleet: tes
     testing.wait_for(
         lambda: labels(fleet, slow).get(keys.STRAGGLER_LABEL) == "true", TIMEOUT, "straggler label"
     )
-    assert "Straggler" in gpunode_status(fleet, slow)["issues"]
-    straggler = gpunode_status(fleet, slow)["straggler"]
+    status = testing.wait_for(
+        lambda: "Straggler" in ((s := gpunode_status(fleet, slow)).get("issues") or "") and s,
+        TIMEOUT,
+        "Straggler in issues",
+    )
+    straggler = status["straggler"]
     assert straggler["zScore"] < -3.5
     assert straggler["peers"] >= 4
     for name in [*names[:6], idle]:
