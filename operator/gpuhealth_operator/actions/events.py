@@ -61,6 +61,9 @@ class Recorder:
     async def emit(self, subject: Subject, reason: str, message: str, type_: str = NORMAL) -> None:
         """Post the Event, or bump the count of the identical one already posted. Never raises."""
         name = event_name(subject.node, reason, message)
+        # Every decision is an Event; logging it too lets an incident be rebuilt from the logs alone.
+        log = logger.warning if type_ != NORMAL else logger.info
+        log("node %s: %s: %s", subject.node, reason, message)
         try:
             if name in self.counts:
                 await self._bump(name, self.counts[name] + 1)
