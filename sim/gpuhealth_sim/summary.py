@@ -136,13 +136,17 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}s"
 
 
+STALE = vocabulary.Condition.AGENT_STALE
+
+
+def _stale_blip(node: NodeSummary) -> bool:
+    """AgentStale came and went (e.g. a verdict before the agent's first report) and caused nothing."""
+    return STALE in node.detected and STALE not in node.issues.split(",")
+
+
 def _only_stale_blip(node: NodeSummary) -> bool:
-    """A node whose only verdict was a passing AgentStale (e.g. judged before its first report)."""
     return (
-        set(node.detected) == {vocabulary.Condition.AGENT_STALE}
-        and not node.actions
-        and not node.human_cordoned
-        and node.health != vocabulary.Health.UNKNOWN
+        _stale_blip(node) and set(node.detected) == {STALE} and not node.actions and not node.human_cordoned
     )
 
 
@@ -154,8 +158,9 @@ def render(result: Summary, width: int = 80) -> list[str]:
         "",
     ]
     blips = [n for n in result.nodes if _only_stale_blip(n)]
-    if blips:
-        names = ", ".join(n.name for n in blips)
+    passing = [n.name for n in result.nodes if _stale_blip(n)]
+    if passing:
+        names = ", ".join(passing)
         lines.append(view.shorten(f"briefly Unknown (AgentStale), no action: {names}", width))
     for node in result.nodes:
         if node in blips:
@@ -175,7 +180,8 @@ def render(result: Summary, width: int = 80) -> list[str]:
                 )
             )
             continue
-        issues = ", ".join(node.detected) or "no issue"
+        shown = [i for i in node.detected if not (i == STALE and _stale_blip(node))]
+        issues = ", ".join(shown) or "no issue"
         lines.append(
             view.shorten(f"{node.name}: {issues}  →  now {node.health or '?'}, {node.action or '-'}", width)
         )

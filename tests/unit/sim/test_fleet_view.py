@@ -174,6 +174,9 @@ def test_a_passing_agent_stale_verdict_is_one_line_in_the_summary() -> None:
     for name in ("gpu-node-1", "gpu-node-2"):
         seen.on_gpunode("ADDED", gpunode(name, observed=T0, health="Unknown", issues="AgentStale"), T0 + 0.5)
         seen.on_gpunode("MODIFIED", gpunode(name, observed=T0, health="Healthy"), T0 + 1)
-    lines = summary.render(summary.build(seen, T0 + 10))
+    straggling = gpunode("gpu-node-2", observed=T0, health="Degraded", issues="Straggler", action="Labeled")
+    seen.on_gpunode("MODIFIED", straggling, T0 + 20)
+    lines = summary.render(summary.build(seen, T0 + 30))
     assert "briefly Unknown (AgentStale), no action: gpu-node-1, gpu-node-2" in lines
     assert not any(line.startswith("gpu-node-1:") for line in lines)
+    assert "gpu-node-2: Straggler  →  now Degraded, Labeled" in lines
