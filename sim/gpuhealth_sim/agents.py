@@ -12,32 +12,13 @@ and validated by the agent's loader once, and each node's baseline is drawn
 onto the parsed scenario; the XID catalogue is parsed once for the fleet.
 """
 
-import contextlib
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 from kubernetes import client
 
 from gpuhealth_agent import reporter, runner, scenario, simulated, xids
 from gpuhealth_sim import baselines, fleetfile
-
-
-@contextlib.contextmanager
-def _shared_catalogue(catalogue: xids.Catalogue) -> Iterator[None]:
-    """Make `runner.Agent.__init__` reuse one parsed XID catalogue instead of parsing the YAML again.
-
-    Workaround: the agent parses its packaged catalogue per Agent (~1-2 ms of
-    YAML each, a minute of CPU for a large fleet on a busy machine) and
-    offers no way to pass one in. Callers hold `Builder._lock`, so the swap is
-    never observed half-done by another builder.
-    """
-    original = xids.Catalogue.__dict__["packaged"]
-    xids.Catalogue.packaged = classmethod(lambda cls: catalogue)  # type: ignore[assignment, method-assign]
-    try:
-        yield
-    finally:
-        xids.Catalogue.packaged = original  # type: ignore[method-assign]
 
 
 class Builder:
@@ -84,8 +65,7 @@ class Builder:
             self.api_client, plan.name, request_timeout_seconds=self.request_timeout_seconds
         )
         report = reporter.Reporter(cluster, heartbeat_seconds=self.fleet.heartbeat_seconds)
-        with self._lock, _shared_catalogue(self._catalogue):
-            return runner.Agent(settings, lib, report=report)
+        return runner.Agent(settings, lib, report=report, catalogue=self._catalogue)
 
 
 def nvml_calls(agent: runner.Agent) -> int:
