@@ -73,6 +73,7 @@ fmt: venv ## Format the code
 bench: venv testbin ## Run the benchmarks and print their results (see bench/RESULTS.md)
 	KUBEBUILDER_ASSETS="$(TESTBIN)" $(PY) bench/agent_overhead.py
 	KUBEBUILDER_ASSETS="$(TESTBIN)" $(PY) bench/operator_latency.py
+	KUBEBUILDER_ASSETS="$(TESTBIN)" $(PY) bench/fleet_scale.py
 
 ##@ Packaging
 
