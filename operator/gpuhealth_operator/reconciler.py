@@ -9,10 +9,12 @@ once; the timer (`tick`) runs one for every node for the time-based
 transitions.
 
 Overlapping policies: each selecting policy judges and acts on the node
-independently, within its own budget and with its own dry-run flag. The
-GPUNode status and the GPUHealthy condition report the verdict of the first
-selecting policy by name (the "reporting" policy), and `cordoned-by` names
-the policy that cordoned first; only that policy ever uncordons the node.
+independently, within its own budget and with its own dry-run flag, except
+for the Node's labels and taint: acting policies patch one combined wish
+(`decisions.overlap`), so they never undo each other. The GPUNode status
+and the GPUHealthy condition report the verdict of the first selecting
+policy by name (the "reporting" policy), and `cordoned-by` names the policy
+that cordoned first; only that policy ever uncordons the node.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import aiohttp
 from gpuhealth_api import vocabulary
 from gpuhealth_operator import cache, context, kube, remediation
 from gpuhealth_operator.actions import events, nodes, status
-from gpuhealth_operator.decisions import hysteresis, model, policies, stragglers, times, verdicts
+from gpuhealth_operator.decisions import hysteresis, model, overlap, policies, stragglers, times, verdicts
 
 logger = logging.getLogger(__name__)
 
@@ -97,11 +99,19 @@ async def _reconcile(ctx: context.Context, name: str, now: datetime.datetime) ->
         forget_node(ctx, name)
         return
     previous = hysteresis.from_status(gpunode.status.get("conditions") or [])
-    reported: tuple[model.Policy, model.NodeVerdict, vocabulary.NodeAction] | None = None
+    judged: list[tuple[model.Policy, model.NodeVerdict]] = []
     for policy in selecting:
         verdict = judge(ctx, policy, name, now)
         if verdict is None:
             return
+        judged.append((policy, verdict))
+    acting = [(p, v) for p, v in judged if not p.dry_run]
+    if len(acting) > 1:  # one wish for the Node's labels and taint, or overlapping policies undo each other
+        merged = overlap.combine([v for _, v in acting])
+        combined = dict(zip((p.name for p, _ in acting), merged, strict=True))
+        judged = [(p, combined.get(p.name, v)) for p, v in judged]
+    reported: tuple[model.Policy, model.NodeVerdict, vocabulary.NodeAction] | None = None
+    for policy, verdict in judged:
         action = await remediation.remediate(ctx, policy, name, verdict, now)
         if reported is None:
             reported = (policy, verdict, action)

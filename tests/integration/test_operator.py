@@ -520,3 +520,25 @@ def test_flapping_temperature_does_not_flap_the_label(fleet: testing.Fleet) -> N
     assert len(fleet.events(name, "ThermalThrottled")) == 1
     with contextlib.suppress(Exception):
         fleet.report(name, testing.agent_status())
+
+
+def test_overlapping_acting_policies_do_not_undo_each_others_labels(fleet: testing.Fleet) -> None:
+    name = node_name(fleet, "overlap")
+    fleet.add_node(name)
+    fleet.policy(
+        fleet.label, policy_spec({"name": "thermal", "condition": "ThermalThrottled", "action": "Label"})
+    )
+    fleet.policy(
+        f"{fleet.label}-b", policy_spec({"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"})
+    )
+    fleet.report(name, testing.agent_status(overrides={4: HOT}))
+    testing.wait_for(lambda: labels(fleet, name).get(keys.THERMAL_LABEL) == "true", TIMEOUT, "thermal label")
+
+    # Observe, not synchronise: the label must hold on every look while both policies keep reconciling.
+    seen: set[tuple[str | None, str | None]] = set()
+    for _ in range(20):
+        current = labels(fleet, name)
+        seen.add((current.get(keys.THERMAL_LABEL), current.get(keys.HEALTH_LABEL)))
+        time.sleep(0.1)
+    assert seen == {("true", "degraded")}, "the policy without a thermal rule must not remove the label"
+    assert not cordoned(fleet, name)
