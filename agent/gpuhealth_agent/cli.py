@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Final
 
@@ -31,6 +32,7 @@ log = logging.getLogger("gpuhealth_agent")
 USAGE_ERROR: Final = 2
 STARTUP_ERROR: Final = 1
 SUBCOMMANDS: Final = ("run", "check")
+BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
 
 
 def _common(parser: argparse.ArgumentParser, log_level: str) -> None:
@@ -87,6 +89,14 @@ def parser() -> argparse.ArgumentParser:
         help="with --backend sim: scenario time to evaluate (default: the last timeline entry)",
     )
     return top
+
+
+def _boot_id(path: Path = BOOT_ID_PATH) -> str | None:
+    """The kernel's boot ID, or None where the file is not readable (then XIDs always carry over)."""
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -192,6 +202,7 @@ def _run(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
         expected_gpus=expected,
         # The simulation is single-threaded by design; poll its events each turn instead.
         event_thread=plan is None,
+        boot_id=_boot_id(),
     )
     registry = prometheus_client.CollectorRegistry()
     try:

@@ -41,6 +41,8 @@ class Settings:
     """GPUs the node should have, if known up front (sim: from the scenario); else the Node's capacity."""
     event_thread: bool = True
     """Wait for NVML events on a thread (production); False: poll for them each turn (fleet simulator)."""
+    boot_id: str | None = None
+    """The kernel's boot ID; a different one in the earlier status means the node rebooted since."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +151,12 @@ class Agent:
     def _restore(self) -> None:
         assert self.reporter is not None
         previous = self.reporter.take_previous()
+        earlier_boot = previous.get("agent", {}).get("bootId") if previous is not None else None
+        if earlier_boot and self.settings.boot_id and earlier_boot != self.settings.boot_id:
+            # A reboot resets every GPU, and some XIDs (NVLink 74, GSP 119/120) leave no other
+            # trace a reset would clear: without this they would outlive the repair for ever.
+            log.info("node rebooted since the GPUNode's earlier status: XIDs start from zero")
+            return
         if previous is not None:
             restored = self.collector.restore(previous.get("gpus", []))
             if restored:
@@ -200,6 +208,8 @@ class Agent:
             agent["driverVersion"] = sample.driver_version
         if sample.expected_gpus:
             agent["expectedGpuCount"] = sample.expected_gpus
+        if self.settings.boot_id:
+            agent["bootId"] = self.settings.boot_id
         return status.GPUNodeStatus(agent=agent, summary=changes.summarize(sample.gpus), gpus=sample.gpus)
 
     # --- production loop -------------------------------------------------------------------------------

@@ -76,6 +76,7 @@ class AgentInfo(TypedDict, total=False):
     lastHeartbeatTime: str  # RFC 3339
     heartbeatSeconds: int
     expectedGpuCount: int  # GPUs the node advertises (nvidia.com/gpu capacity), if known
+    bootId: str  # the kernel's boot ID: a change means the node rebooted (and its GPUs were reset)
 
 
 class Summary(TypedDict, total=False):

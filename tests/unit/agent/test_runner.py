@@ -314,3 +314,37 @@ def test_xid_log_restore_adds_to_what_was_seen() -> None:
         {"code": 13, "count": 3, "lastSeen": "2027-01-15T08:00:00.000Z"},
         {"code": 48, "count": 1, "lastSeen": "2027-01-15T07:30:00Z"},
     ]
+
+
+@pytest.mark.parametrize(
+    ("earlier_boot", "boot", "carried"),
+    [("boot-a", "boot-a", True), ("boot-a", "boot-b", False), (None, "boot-b", True), ("boot-a", None, True)],
+)
+def test_xids_that_leave_no_other_trace_are_not_carried_over_a_reboot(
+    earlier_boot: str | None, boot: str | None, carried: bool
+) -> None:
+    # XID 74 (NVLink) changes no counter, so only the boot ID can tell that a reboot reset the GPU.
+    seed_sim = simulated.SimulatedNvml(scenario.parse("gpus: 1\n"), clock=lambda: 0.0, identity_seed="node-b")
+    earlier = "2027-01-15T07:00:00.000Z"
+    previous = status.GPUNodeStatus(
+        gpus=[
+            status.GPUStatus(
+                index=0, uuid=seed_sim.uuid(0), xids=[{"code": 74, "count": 1, "lastSeen": earlier}]
+            )
+        ]
+    )
+    if earlier_boot:
+        previous["agent"] = {"bootId": earlier_boot}
+    clock = Clock()
+    lib = simulated.library(
+        scenario.parse("gpus: 1\n"), clock=clock.scenario, start=0.0, identity_seed="node-b"
+    )
+    agent = runner.Agent(
+        runner.Settings("node-b", runner.BACKEND_SIM, expected_gpus=1, event_thread=False, boot_id=boot),
+        lib,
+        report=reporter.Reporter(FakeCluster(previous=previous), heartbeat_seconds=60),
+        clock=clock.epoch,
+    )
+    node_status = turn(agent, clock, 0).status
+    assert ("xids" in node_status["gpus"][0]) is carried
+    assert node_status["agent"].get("bootId") == boot
