@@ -45,6 +45,8 @@ class GPUNodeRecord:
     uid: str
     resource_version: str
     status: status.GPUNodeStatus
+    created: str | None = None
+    """metadata.creationTimestamp (RFC 3339): a GPUNode with no report yet is new until 3 heartbeats old."""
 
 
 def _int_or_none(value: object) -> int | None:
@@ -138,6 +140,7 @@ def gpunode_record(body: Mapping[str, Any]) -> GPUNodeRecord:
         uid=str(meta.get("uid", "")),
         resource_version=str(meta.get("resourceVersion", "")),
         status=raw_status,
+        created=meta.get("creationTimestamp"),
     )
 
 

@@ -29,7 +29,16 @@ import aiohttp
 from gpuhealth_api import vocabulary
 from gpuhealth_operator import cache, context, kube, remediation
 from gpuhealth_operator.actions import events, nodes, status
-from gpuhealth_operator.decisions import hysteresis, model, overlap, policies, stragglers, times, verdicts
+from gpuhealth_operator.decisions import (
+    hysteresis,
+    model,
+    overlap,
+    policies,
+    signals,
+    stragglers,
+    times,
+    verdicts,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +62,15 @@ def utcnow() -> datetime.datetime:
 
 def selecting_policies(ctx: context.Context, record: cache.NodeRecord) -> list[model.Policy]:
     return [p for _, p in sorted(ctx.cache.policies.items()) if policies.selects(p, record.view)]
+
+
+def awaiting_first_report(gpunode: cache.GPUNodeRecord, now: datetime.datetime) -> bool:
+    """A GPUNode with no agent report yet, younger than the staleness limit of a default heartbeat."""
+    if gpunode.status.get("agent"):
+        return False
+    created = times.parse(gpunode.created)
+    limit = datetime.timedelta(seconds=signals.STALE_HEARTBEATS * signals.DEFAULT_HEARTBEAT_SECONDS)
+    return created is not None and now - created < limit
 
 
 def judge(
@@ -98,6 +116,8 @@ async def _reconcile(ctx: context.Context, name: str, now: datetime.datetime) ->
     if not selecting:
         forget_node(ctx, name)
         return
+    if awaiting_first_report(gpunode, now):
+        return  # the agent created its GPUNode and is about to report: nothing to judge, nothing stale
     previous = hysteresis.from_status(gpunode.status.get("conditions") or [])
     judged: list[tuple[model.Policy, model.NodeVerdict]] = []
     for policy in selecting:
