@@ -357,6 +357,18 @@ def gpunode(name: str, node_uid: str | None = None) -> str:
     return json.dumps({"apiVersion": resources.API_VERSION, "kind": resources.GPUNODE_KIND, "metadata": meta})
 
 
+def apply_gpunode_as_admin(control_plane: controlplane.ControlPlane, name: str) -> None:
+    """Make sure node `name` has a GPUNode owned by its Node (the admin applies it, as a fixture)."""
+    control_plane.kubectl(
+        "apply",
+        "--server-side",
+        "--field-manager=e2e",
+        "-f",
+        "-",
+        input=gpunode(name, node_uid(control_plane, name)),
+    )
+
+
 def gpunode_status(name: str, status: dict[str, Any]) -> str:
     return json.dumps(
         {
@@ -589,14 +601,7 @@ def test_operator_can_read_facts_and_write_verdicts(
     control_plane: controlplane.ControlPlane, as_operator: Identity, release: Release
 ) -> None:
     name = release.gpu_nodes[1]
-    control_plane.kubectl(
-        "apply",
-        "--server-side",
-        "--field-manager=e2e",
-        "-f",
-        "-",
-        input=gpunode(name, node_uid(control_plane, name)),
-    )
+    apply_gpunode_as_admin(control_plane, name)
     as_operator.allowed("get", resources.GPUNODE_PLURAL)
     as_operator.allowed(
         "get", "--raw", f"/apis/{resources.API_VERSION}/{resources.GPUNODE_PLURAL}?watch=1&timeoutSeconds=1"
@@ -681,14 +686,7 @@ def test_agent_is_denied_another_nodes_gpunode(
     control_plane: controlplane.ControlPlane, as_agent: Identity, release: Release
 ) -> None:
     other = release.gpu_nodes[1]
-    control_plane.kubectl(
-        "apply",
-        "--server-side",
-        "--field-manager=e2e",
-        "-f",
-        "-",
-        input=gpunode(other, node_uid(control_plane, other)),
-    )
+    apply_gpunode_as_admin(control_plane, other)
     message = as_agent.denied(
         *apply_args(resources.AGENT_FIELD_MANAGER, status=True), input=gpunode_status(other, agent_status())
     )
