@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import pathlib
 import ssl
 import time
@@ -29,8 +30,13 @@ MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 
+logger = logging.getLogger(__name__)
+
 URGENT_QUIET_SECONDS = 0.25
 """Requests that are not urgent wait this long after the last urgent one started."""
+IN_CLUSTER_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+TOKEN_REREAD_SECONDS = 60.0
+"""The kubelet refreshes a projected token at 80% of its life (at least an hour): a minute is ample."""
 
 
 class ApiError(Exception):
@@ -61,16 +67,20 @@ class Credentials:
     certificate_path: str | None
     private_key_path: str | None
     token: str | None
+    token_path: str | None = None
+    """In-cluster: the projected ServiceAccount token file, which the kubelet rotates; re-read often."""
 
 
 async def load_credentials(kubeconfig: pathlib.Path | None) -> Credentials:
     """Read credentials: the given kubeconfig, else in-cluster, else $KUBECONFIG/~/.kube/config."""
     cfg = kconfiguration.Configuration()
+    token_path: str | None = None
     if kubeconfig is not None:
         await kconfig.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)  # type: ignore[no-untyped-call]
     else:
         try:
             kconfig.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+            token_path = IN_CLUSTER_TOKEN_PATH
         except kconfig.ConfigException:
             await kconfig.load_kube_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     header = await cfg.get_api_key_with_prefix("BearerToken") or await cfg.get_api_key_with_prefix(
@@ -84,6 +94,7 @@ async def load_credentials(kubeconfig: pathlib.Path | None) -> Credentials:
         certificate_path=cfg.cert_file,
         private_key_path=cfg.key_file,
         token=token,
+        token_path=token_path,
     )
 
 
@@ -109,6 +120,7 @@ class Kube:
         self._no_urgent = asyncio.Event()
         self._no_urgent.set()
         self._last_urgent = float("-inf")
+        self._token_read_at = time.monotonic()
 
     def _ssl_context(self) -> ssl.SSLContext | bool:
         if self.credentials.insecure:
@@ -131,6 +143,20 @@ class Kube:
                 timeout=self._timeout,
             )
         return self._session
+
+    def _current_token(self) -> str | None:
+        """The bearer token; an in-cluster one is re-read every TOKEN_REREAD_SECONDS (bound tokens expire)."""
+        path = self.credentials.token_path
+        if path and time.monotonic() - self._token_read_at >= TOKEN_REREAD_SECONDS:
+            self._token_read_at = time.monotonic()
+            try:
+                fresh = pathlib.Path(path).read_text().strip()
+            except OSError as error:
+                logger.warning("could not re-read the ServiceAccount token %s: %s", path, error)
+            else:
+                if fresh:
+                    self.credentials = dataclasses.replace(self.credentials, token=fresh)
+        return self.credentials.token
 
     async def close(self) -> None:
         if self._session is not None:
@@ -191,6 +217,9 @@ class Kube:
             self._on_request(method)
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if data is not None else {}
+        token = self._current_token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         url = path.lstrip("/")
         if query:
             url += "?" + urllib.parse.urlencode(query)
