@@ -140,7 +140,7 @@ def test_agent_creates_its_gpunode_owned_by_the_node(
 def test_a_fault_reaches_the_gpunode_within_a_second_of_its_scenario_time(
     crds: controlplane.ControlPlane, k8s: client.ApiClient, node: str
 ) -> None:
-    fault_at = 6.0
+    fault_at = 10.0  # well after the GPUNode exists and the watch is open, even on a busy CI box
     text = HEALTHY + f"timeline:\n- {{after: {fault_at}s, gpu: 3, set: {{eccUncorrectedVolatile: 1}}}}\n"
     custom = client.CustomObjectsApi(k8s)
     with InProcessAgent(k8s, node, text, interval=0.2, heartbeat=60) as running:
