@@ -112,6 +112,8 @@ class EventSet:
     """Event-type mask by GPU."""
     cursor: int = 0
     """Index of the next event of the simulation this set has not looked at."""
+    backlog: list[EventData] = dataclasses.field(default_factory=list)
+    """Events at scenario time 0 that happened before this set existed, still to deliver (first set only)."""
     freed: bool = False
 
 
@@ -144,6 +146,7 @@ class SimulatedNvml:
         """NVML function calls served, for the overhead benchmark."""
         self.initialized = False
         self._events: list[EventData] = []
+        self._first_set_created = False
         self._reset()
 
     # --- timeline replay -----------------------------------------------------------------------------
@@ -394,8 +397,12 @@ class SimulatedNvml:
     def nvmlEventSetCreate(self) -> EventSet:
         self.calls += 1
         self._advance()
-        # Like the driver, a new set sees only events that happen after it exists.
-        return EventSet(cursor=len(self._events))
+        # Like the driver, a new set sees only events that happen after it exists. Entries `after: 0s`
+        # are the exception: they happen as the agent starts, so the agent's first set gets them;
+        # otherwise a scenario's XID at 0s could never be seen.
+        backlog = [] if self._first_set_created else [e for e in self._events if e.timeSeconds <= 0]
+        self._first_set_created = True
+        return EventSet(cursor=len(self._events), backlog=backlog)
 
     def nvmlDeviceRegisterEvents(self, handle: Handle, eventTypes: int, eventSet: EventSet) -> None:
         self._device(handle, "nvmlDeviceRegisterEvents")
@@ -418,6 +425,10 @@ class SimulatedNvml:
             self._advance()
 
     def _next_event(self, eventSet: EventSet) -> EventData | None:
+        while eventSet.backlog:
+            event = eventSet.backlog.pop(0)
+            if eventSet.registered.get(event.device.gpu, 0) & event.eventType:
+                return event
         while eventSet.cursor < len(self._events):
             event = self._events[eventSet.cursor]
             eventSet.cursor += 1

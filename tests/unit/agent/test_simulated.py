@@ -157,6 +157,22 @@ def test_events_only_for_registered_gpus_and_types_and_only_after_the_set_exists
         sim.nvmlEventSetWait_v2(late, 0)
 
 
+def test_events_at_time_zero_reach_the_agents_first_set_only() -> None:
+    sim, clock = make(
+        "gpus: 2\ntimeline:\n- {after: 0s, gpu: 1, xid: 48}\n"
+        "- {after: 0s, gpu: 0, set: {eccUncorrectedVolatile: 1}}\n- {after: 1s, gpu: 0, xid: 31}\n"
+    )
+    clock.seconds = 2  # the agent's start-up took a while: the 1 s XID predates its set, the 0 s ones do not
+    first = _event_set(sim, [0, 1], mask=pynvml.nvmlEventTypeXidCriticalError)
+    event = sim.nvmlEventSetWait_v2(first, 0)
+    assert (event.device.gpu, event.eventData) == (1, 48)  # the DBE at 0s is not registered for
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        sim.nvmlEventSetWait_v2(first, 0)
+    again = _event_set(sim, [0, 1], mask=pynvml.nvmlEventTypeXidCriticalError)  # a re-initialised agent
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        sim.nvmlEventSetWait_v2(again, 0)
+
+
 def test_waiting_sleeps_until_the_next_event_or_times_out() -> None:
     sim, clock = make("gpus: 1\ntimeline:\n- {after: 2.5s, gpu: 0, xid: 94}\n")
     event_set = _event_set(sim, [0])
