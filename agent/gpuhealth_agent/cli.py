@@ -144,6 +144,8 @@ def _check(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
         try:
             for step in steps:
                 moment[0] = step
+                if step == steps[-1]:
+                    agent.collector.request_full_sample()  # what the GPUs say at `at`, slow counters too
                 turn = agent.run_once()
         finally:
             agent.close()

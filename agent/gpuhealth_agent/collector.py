@@ -299,6 +299,8 @@ class Collector:
         """Called with the raw facts of each sample before they are stamped (DCGM folds in here)."""
         self._missing_since: dict[int, str] = {}
         self._identities: list[_Identity] | None = None
+        self._answering: list[_Identity] = []
+        """The GPUs that answered the last enumeration, even when some did not (_identities is then None)."""
         self._tracks: dict[str, _Track] = {}
         self._last_slow: float | None = None
         self._slow_requested = False
@@ -328,8 +330,12 @@ class Collector:
             return None
 
     def handles(self) -> list[Any]:
-        """Device handles of the GPUs read so far (for event registration)."""
-        return [identity.handle for identity in self._identities or []]
+        """Device handles of the GPUs that answered the last enumeration (for event registration).
+
+        Not only a complete enumeration: a node that boots with one GPU off the
+        bus must still get XID events from the others.
+        """
+        return [identity.handle for identity in self._answering]
 
     def uuid_of(self, index: int | None) -> str | None:
         identity = self._identity_at(index)
@@ -435,6 +441,7 @@ class Collector:
             identities.append(_Identity(index, handle, uuid, model, pci))
         # Identity reads that failed leave the list short; retry the full read on the next sample.
         self._identities = identities if len(identities) == count else None
+        self._answering = identities
         return identities
 
     def _sample_gpu(

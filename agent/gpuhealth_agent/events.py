@@ -48,20 +48,38 @@ class EventWatcher:
         self.wake = wake
         self.queue: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._set: Any = None
+        self._registered: list[Any] = []
+        self._refused: list[Any] = []
+        """Handles whose registration failed, so that the warning is logged once, not every turn."""
 
     def open(self, handles: Sequence[Any]) -> int:
         """Create the event set and register each GPU; returns how many GPUs are registered."""
         self._set = self.lib.nvmlEventSetCreate()
-        registered = 0
+        return self.register(handles)
+
+    def register(self, handles: Sequence[Any]) -> int:
+        """Register the GPUs not registered yet (one that answers only later); returns how many are."""
+        if self._set is None:
+            return 0
         for handle in handles:
+            if any(nvml.same_device(handle, known) for known in self._registered):
+                continue
             try:
                 self.lib.nvmlDeviceRegisterEvents(handle, EVENT_TYPES, self._set)
-                registered += 1
             except nvml.NVMLError as exc:
-                log.warning(
-                    "GPU cannot deliver XID/DBE events (%s); its faults are seen by polling only", exc
-                )
-        return registered
+                if not any(nvml.same_device(handle, known) for known in self._refused):
+                    self._refused.append(handle)
+                    log.warning(
+                        "GPU cannot deliver XID/DBE events (%s); its faults are seen by polling only", exc
+                    )
+                continue
+            self._registered.append(handle)
+        return len(self._registered)
+
+    @property
+    def registered(self) -> int:
+        """How many GPUs deliver events to this set."""
+        return len(self._registered)
 
     def _convert(self, data: nvml.EventData) -> Event:
         if data.eventType & nvml.EVENT_TYPE_XID_CRITICAL_ERROR:
@@ -118,3 +136,4 @@ class EventWatcher:
             except nvml.NVMLError as exc:
                 log.debug("nvmlEventSetFree failed: %s", exc)
             self._set = None
+            self._registered.clear()

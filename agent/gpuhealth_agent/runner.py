@@ -127,6 +127,7 @@ class Agent:
             self.watcher.poll()
         received = self._take_events(now)
         sample = self.collector.sample(now)
+        self._watch_new_gpus()
         if self.metrics is not None:
             self.metrics.observe(sample)
             calls = self.nvml_counter.calls
@@ -147,6 +148,14 @@ class Agent:
                     self.metrics.report_failures.inc()
         self.liveness.completed(self.clock())
         return TurnResult(sample, node_status, outcome, received)
+
+    def _watch_new_gpus(self) -> None:
+        """Register for events of GPUs that answer now but did not at start (one that came back)."""
+        handles = self.collector.handles()
+        if len(handles) > self.watcher.registered:
+            before = self.watcher.registered
+            if self.watcher.register(handles) > before:
+                log.info("watching %d GPUs for XID and double-bit ECC events", self.watcher.registered)
 
     def _restore(self) -> None:
         assert self.reporter is not None

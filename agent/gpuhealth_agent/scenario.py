@@ -254,6 +254,15 @@ class _Validator:
             raise self.fail(
                 "top level", "a mapping with keys gpus, model, driverVersion, defaults, timeline", data
             )
+        for key in data:  # a fact or an entry key at the top: say where it belongs
+            if key in SETTABLE_FIELDS or key == "notSupported":
+                raise self.fail(
+                    f"top level.{key}", f"`{key}` under `defaults:` (facts every GPU starts with)"
+                )
+            if key in ENTRY_KEYS:
+                raise self.fail(
+                    f"top level.{key}", f"`{key}` in a `timeline:` entry like {{after: 5s, gpu: 0, ...}}"
+                )
         self.unknown_keys(data, TOP_LEVEL_KEYS, "top level")
         if "gpus" not in data:
             raise self.fail("gpus", f"the number of GPUs on the node (1..{MAX_GPUS}); the key is missing")

@@ -63,6 +63,32 @@ def test_at_picks_the_scenario_time(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
 
 
+def test_slow_counters_are_read_at_the_checked_moment(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    plan = tmp_path / "pending.yaml"
+    plan.write_text("gpus: 2\ntimeline:\n- {after: 3s, gpu: 1, set: {remappedRowsPending: true}}\n")
+    code, out, _ = run(capsys, "check", "--backend", "sim", "--sim-scenario", str(plan))
+    assert code == 1
+    assert "FATAL: a row remap is pending" in out.splitlines()[3]
+
+
+def test_xids_on_other_gpus_are_seen_when_one_is_lost_from_the_start(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    plan = tmp_path / "lost.yaml"
+    plan.write_text(
+        "gpus: 4\ntimeline:\n- {after: 0s, gpu: 0, xid: 79}\n- {after: 0s, gpu: 2, xid: 48}\n"
+        "- {after: 2s, gpu: 3, xid: 94}\n"
+    )
+    code, out, _ = run(capsys, "check", "--backend", "sim", "--sim-scenario", str(plan))
+    assert code == 1
+    rows = out.splitlines()[2:]
+    assert "FATAL: GPU lost" in rows[0]
+    assert "XID 48" in rows[2]  # at 0s: the agent's first event set gets it
+    assert "XID 94" in rows[3]
+
+
 def test_warnings_do_not_fail_the_check(capsys: pytest.CaptureFixture[str]) -> None:
     for example, gpu, words in [
         ("thermal-throttle.yaml", 1, "thermal slowdown"),

@@ -84,6 +84,15 @@ def test_fail_and_not_supported_entries() -> None:
 
 BAD = {
     "unknown top-level field": ("gpus: 1\ncolour: red\n", ["colour", "one of the keys"]),
+    "fact at the top level": (
+        "gpus: 1\ntemperatureCelsius: 90\n",
+        ["temperatureCelsius", "under `defaults:`"],
+    ),
+    "notSupported at the top level": (
+        "gpus: 1\nnotSupported: [power]\n",
+        ["notSupported", "under `defaults:`"],
+    ),
+    "entry key at the top level": ("gpus: 1\nxid: 79\n", ["xid", "in a `timeline:` entry"]),
     "unknown fact": (
         "gpus: 1\ntimeline:\n- {after: 1s, gpu: 0, set: {temprature: 3}}\n",
         ["temprature", "known field"],

@@ -219,6 +219,19 @@ def test_the_event_watcher_thread_delivers_events_and_wakes_the_loop() -> None:
     assert not thread.is_alive()
 
 
+def test_a_gpu_that_answers_later_is_registered_once() -> None:
+    sim, clock = make("gpus: 2\ntimeline:\n- {after: 5s, gpu: 1, xid: 31}\n")
+    watcher = events.EventWatcher(simulated_library(sim))
+    first, second = (sim.nvmlDeviceGetHandleByIndex(i) for i in range(2))
+    assert watcher.open([first]) == 1
+    assert watcher.register([first, second]) == 2
+    assert watcher.register([sim.nvmlDeviceGetHandleByIndex(1)]) == 2  # a new handle object, same GPU
+    clock.seconds = 6
+    assert watcher.poll() == 1
+    (event,) = watcher.drain()
+    assert (event.handle.gpu, event.code) == (1, 31)
+
+
 def simulated_library(sim: simulated.SimulatedNvml) -> nvml.Library:
     lib: nvml.Library = sim
     return lib
