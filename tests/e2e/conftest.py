@@ -183,7 +183,7 @@ def mission_release(
 ) -> Iterator[Release]:
     # Not the `crds` fixture: when this module runs first, the CRDs come from the chart too.
     cp = control_plane
-    suffix = secrets.token_hex(3)
+    suffix = "r" + secrets.token_hex(3)  # never all digits or 1e5-like: YAML would make it a number
     system_node = f"mission-{suffix}-system"
     values = tmp_path_factory.mktemp("mission-chart") / "values.yaml"
     values.write_text(yaml.safe_dump(install_values(suffix)))

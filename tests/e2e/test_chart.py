@@ -228,7 +228,7 @@ def namespace_and_nodes(
 def release(
     control_plane: controlplane.ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Release]:
-    suffix = secrets.token_hex(3)
+    suffix = "r" + secrets.token_hex(3)  # never all digits or 1e5-like: YAML would make it a number
     name = f"chart-{suffix}"
     policy = f"chart-e2e-{suffix}"
     values = tmp_path_factory.mktemp("chart") / "values.yaml"
@@ -841,7 +841,7 @@ CLUSTER_KINDS = (
 def test_upgrade_then_uninstall_leaves_only_the_crds(
     control_plane: controlplane.ControlPlane, tmp_path: Path
 ) -> None:
-    suffix = secrets.token_hex(3)
+    suffix = "r" + secrets.token_hex(3)  # never all digits or 1e5-like: YAML would make it a number
     name, policy = f"chart-un-{suffix}", f"chart-un-{suffix}"
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump(install_values(suffix, policy)))
