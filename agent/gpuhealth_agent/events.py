@@ -50,7 +50,7 @@ class EventWatcher:
         self._set: Any = None
         self._registered: list[Any] = []
         self._refused: list[Any] = []
-        """Handles whose registration failed, so that the warning is logged once, not every turn."""
+        """Handles whose registration failed: not asked again."""
 
     def open(self, handles: Sequence[Any]) -> int:
         """Create the event set and register each GPU; returns how many GPUs are registered."""
@@ -62,16 +62,15 @@ class EventWatcher:
         if self._set is None:
             return 0
         for handle in handles:
-            if any(nvml.same_device(handle, known) for known in self._registered):
-                continue
+            if any(nvml.same_device(handle, known) for known in self._registered + self._refused):
+                continue  # refused once (NOT_SUPPORTED, say): asking again every turn costs NVML calls
             try:
                 self.lib.nvmlDeviceRegisterEvents(handle, EVENT_TYPES, self._set)
             except nvml.NVMLError as exc:
-                if not any(nvml.same_device(handle, known) for known in self._refused):
-                    self._refused.append(handle)
-                    log.warning(
-                        "GPU cannot deliver XID/DBE events (%s); its faults are seen by polling only", exc
-                    )
+                self._refused.append(handle)
+                log.warning(
+                    "GPU cannot deliver XID/DBE events (%s); its faults are seen by polling only", exc
+                )
                 continue
             self._registered.append(handle)
         return len(self._registered)
@@ -137,3 +136,4 @@ class EventWatcher:
                 log.debug("nvmlEventSetFree failed: %s", exc)
             self._set = None
             self._registered.clear()
+            self._refused.clear()
