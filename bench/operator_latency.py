@@ -129,7 +129,10 @@ class CordonWatch:
                 label_selector=self.selector, watch=True, timeout_seconds=30, _preload_content=False
             )
             for line in iter_resp_lines(response):
-                node = json.loads(line)["object"]
+                event = json.loads(line)
+                if event.get("type") not in ("ADDED", "MODIFIED", "DELETED"):
+                    break  # ERROR (resource version too old) or BOOKMARK: list and watch again
+                node = event["object"]
                 now = time.time()
                 name = node["metadata"]["name"]
                 with self.lock:
