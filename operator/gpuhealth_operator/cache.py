@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuhealth_api import keys, status
-from gpuhealth_operator.decisions import model
+from gpuhealth_operator.decisions import model, policies
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,20 +153,68 @@ def _newer(old: str, new: str) -> bool:
 
 
 @dataclasses.dataclass
+class Selection:
+    """The nodes a policy selects, and those of them that count against its budget.
+
+    Kept current as Node records change, so that admitting a node to the budget
+    needs no pass over the fleet (see `budget.admits`).
+    """
+
+    policy: model.Policy
+    selected: set[str] = dataclasses.field(default_factory=set)
+    unavailable: set[str] = dataclasses.field(default_factory=set)
+    """Selected and unschedulable (whoever cordoned it), or cordoned by this policy: `budget.counted`."""
+
+    def update(self, view: model.NodeView) -> None:
+        if not policies.selects(self.policy, view):
+            self.discard(view.name)
+            return
+        self.selected.add(view.name)
+        if view.unschedulable or view.cordoned_by == self.policy.name:
+            self.unavailable.add(view.name)
+        else:
+            self.unavailable.discard(view.name)
+
+    def discard(self, name: str) -> None:
+        self.selected.discard(name)
+        self.unavailable.discard(name)
+
+
+@dataclasses.dataclass
 class ClusterCache:
     nodes: dict[str, NodeRecord] = dataclasses.field(default_factory=dict)
     gpunodes: dict[str, GPUNodeRecord] = dataclasses.field(default_factory=dict)
     policies: dict[str, model.Policy] = dataclasses.field(default_factory=dict)
     policy_errors: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
     """Policies whose spec did not parse: name → (generation, the message naming the field)."""
+    _selections: dict[str, Selection] = dataclasses.field(default_factory=dict, repr=False)
 
     def put_node(self, body: Mapping[str, Any]) -> NodeRecord:
         record = node_record(body)
         old = self.nodes.get(record.view.name)
         if old is None or _newer(old.resource_version, record.resource_version):
             self.nodes[record.view.name] = record
+            for selection in self._selections.values():
+                selection.update(record.view)
             return record
         return old
+
+    def remove_node(self, name: str) -> None:
+        self.nodes.pop(name, None)
+        for selection in self._selections.values():
+            selection.discard(name)
+
+    def selection(self, policy: model.Policy) -> Selection:
+        """The policy's selection; built from the whole cache the first time and when the policy changed."""
+        current = self._selections.get(policy.name)
+        if current is None or current.policy != policy:
+            for stale in [n for n in self._selections if n not in self.policies]:
+                del self._selections[stale]  # deleted policies
+            current = Selection(policy)
+            for record in self.nodes.values():
+                current.update(record.view)
+            self._selections[policy.name] = current
+        return current
 
     def put_gpunode(self, body: Mapping[str, Any]) -> GPUNodeRecord:
         record = gpunode_record(body)

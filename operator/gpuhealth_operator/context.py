@@ -12,10 +12,46 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+from collections.abc import Iterator, MutableMapping
 
+from gpuhealth_api import vocabulary
 from gpuhealth_operator import cache, kube, metrics, settings
 from gpuhealth_operator.actions import drain, events
-from gpuhealth_operator.decisions import model
+from gpuhealth_operator.decisions import budget, model, verdicts
+
+
+class Verdicts(MutableMapping[tuple[str, str], model.NodeVerdict]):
+    """(policy, node) → the latest verdict, indexed by the nodes each policy wants to cordon or drain.
+
+    The index (`wanting`) is what the budget ranks waiting nodes by; keeping it
+    here, as verdicts are stored, spares every admission a pass over all verdicts.
+    """
+
+    def __init__(self) -> None:
+        self._all: dict[tuple[str, str], model.NodeVerdict] = {}
+        self.wanting: collections.defaultdict[str, dict[str, budget.Rank]] = collections.defaultdict(dict)
+        """policy → node → rank, for verdicts whose wanted action is Cordon or Drain."""
+
+    def __getitem__(self, key: tuple[str, str]) -> model.NodeVerdict:
+        return self._all[key]
+
+    def __setitem__(self, key: tuple[str, str], verdict: model.NodeVerdict) -> None:
+        self._all[key] = verdict
+        policy, node = key
+        if verdict.wanted_action in vocabulary.DISRUPTIVE_ACTIONS:
+            self.wanting[policy][node] = (verdicts.budget_rank(verdict), verdict.detected_at)
+        else:
+            self.wanting[policy].pop(node, None)
+
+    def __delitem__(self, key: tuple[str, str]) -> None:
+        del self._all[key]
+        self.wanting[key[0]].pop(key[1], None)
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._all)
+
+    def __len__(self) -> int:
+        return len(self._all)
 
 
 @dataclasses.dataclass
@@ -41,7 +77,7 @@ class Context:
     )
     """policy → nodes admitted by the budget whose cordon is not yet in the cache."""
 
-    verdicts: dict[tuple[str, str], model.NodeVerdict] = dataclasses.field(default_factory=dict)
+    verdicts: Verdicts = dataclasses.field(default_factory=Verdicts)
     """(policy, node) → the latest verdict; the budget ranks every waiting node from these."""
 
     stragglers: dict[tuple[str, str], model.StragglerScore] = dataclasses.field(default_factory=dict)

@@ -29,7 +29,7 @@ async def on_node(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None
     body = event["object"]
     name = body.get("metadata", {}).get("name", "")
     if event["type"] == DELETED:
-        memo.cache.nodes.pop(name, None)
+        memo.cache.remove_node(name)
         reconciler.forget_node(memo, name)
         return
     before = memo.cache.nodes.get(name)

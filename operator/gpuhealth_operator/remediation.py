@@ -123,27 +123,15 @@ async def _taint(ctx: context.Context, name: str, verdict: model.NodeVerdict, no
         return
 
 
-def _wanting(
-    ctx: context.Context, policy: model.Policy, selected: set[str]
-) -> list[tuple[str, int, datetime.datetime]]:
-    wanting = []
-    for (policy_name, node), verdict in ctx.verdicts.items():
-        if policy_name != policy.name or node not in selected:
-            continue
-        if verdict.wanted_action in vocabulary.DISRUPTIVE_ACTIONS:
-            detected = verdict.detected_at or datetime.datetime.max.replace(tzinfo=datetime.UTC)
-            wanting.append((node, verdicts.budget_rank(verdict), detected))
-    return wanting
-
-
 async def _admit(ctx: context.Context, policy: model.Policy, name: str) -> bool:
     """Ask the budget; if admitted, the node is in flight until its cordon is in the cache."""
     async with ctx.policy_locks[policy.name]:
-        selected = [r.view for r in ctx.cache.nodes.values() if policies.selects(policy, r.view)]
-        wanting = _wanting(ctx, policy, {v.name for v in selected})
-        plan = budget.plan(policy, selected, wanting, frozenset(ctx.in_flight[policy.name]))
-        if name in plan.admitted:
-            ctx.in_flight[policy.name].add(name)
+        selection = ctx.cache.selection(policy)
+        in_flight = ctx.in_flight[policy.name]
+        unavailable = selection.unavailable | (in_flight & selection.selected)
+        wanting = ctx.verdicts.wanting[policy.name]
+        if budget.admits(policy, name, selection.selected, unavailable, wanting):
+            in_flight.add(name)
             return True
         return False
 
@@ -185,8 +173,7 @@ async def _budget_exceeded(
     if key in ctx.budget_notified:
         return
     ctx.budget_notified.add(key)
-    selected = sum(1 for r in ctx.cache.nodes.values() if policies.selects(policy, r.view))
-    limit = policies.resolve_max_unavailable(policy, selected)
+    limit = policies.resolve_max_unavailable(policy, len(ctx.cache.selection(policy).selected))
     wanted = verdict.wanted_action.value.lower() if verdict.wanted_action else "act on"
     await ctx.recorder.emit(
         _subject(ctx, name),

@@ -18,7 +18,7 @@ worst and oldest faults go first and the order is deterministic.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence, Set
 
 from gpuhealth_operator.decisions import model, policies
 
@@ -52,6 +52,41 @@ def plan(
     return model.BudgetPlan(
         admitted=frozenset(admitted), pending=tuple(name for _, name in queue[free:]), limit=limit
     )
+
+
+Rank = tuple[int, datetime.datetime | None]
+"""A waiting node's place in the queue: the severity rank of its worst disruptive condition, and when
+it was detected (None: after every known time)."""
+
+
+def admits(
+    policy: model.Policy,
+    name: str,
+    selected: Set[str],
+    unavailable: Set[str],
+    wanting: Mapping[str, Rank],
+) -> bool:
+    """Whether `plan` admits `name`, answered from indexes the caller keeps current.
+
+    `selected` are the names the policy selects, `unavailable` the names `counted`
+    returns (in-flight nodes included), `wanting` the rank of every node whose
+    verdict wants Cordon or Drain. The answer equals `name in plan(...).admitted`
+    (a property test holds the two together), but costs set operations instead
+    of a pass over the fleet: in a burst of N faults, N admissions would
+    otherwise cost O(N²).
+    """
+    if name not in selected or name not in wanting:
+        return False
+    if name in unavailable:
+        return True
+    free = policies.resolve_max_unavailable(policy, len(selected)) - len(unavailable)
+    if free <= 0:
+        return False
+    queue = (wanting.keys() & selected) - unavailable
+    if len(queue) <= free:
+        return True
+    ranked = sorted(((wanting[n][0], wanting[n][1] or _NEVER), n) for n in queue)
+    return any(n == name for _, n in ranked[:free])
 
 
 def counted(

@@ -266,3 +266,33 @@ def test_a_fleet_run_never_holds_more_than_the_limit(
                 fleet[name] = dataclasses.replace(node, unschedulable=False, annotations={})
             elif node.cordoned_by is None:
                 fleet[name] = dataclasses.replace(node, unschedulable=not node.unschedulable)
+
+
+# --- property: the indexed admission answers exactly what the plan answers ---------------------------
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    kinds=st.lists(KINDS, max_size=30),
+    max_unavailable=MAX_UNAVAILABLE,
+    data=st.data(),
+)
+def test_admits_agrees_with_plan(kinds: list[str], max_unavailable: int | str, data: st.DataObject) -> None:
+    fleet = fleet_from(kinds)
+    names = [n.name for n in fleet]
+    pool = [*names, "not-selected"]
+    wanting: dict[str, budget.Rank] = data.draw(
+        st.dictionaries(
+            st.sampled_from(pool),
+            st.tuples(st.integers(0, 9), st.one_of(st.none(), st.integers(0, 1000).map(at))),
+            max_size=35,
+        )
+    )
+    in_flight = frozenset(data.draw(st.lists(st.sampled_from(pool), max_size=5)))
+    policy = pol(max_unavailable)
+    result = budget.plan(policy, fleet, [(n, rank, when) for n, (rank, when) in wanting.items()], in_flight)
+
+    selected = set(names)
+    unavailable = budget.counted(policy, fleet, in_flight)
+    for name in pool:
+        assert budget.admits(policy, name, selected, unavailable, wanting) == (name in result.admitted), name

@@ -2,6 +2,7 @@
 
 from gpuhealth_api import keys
 from gpuhealth_operator import cache
+from gpuhealth_operator.decisions import policies
 
 
 def body(resource_version: str, **spec: object) -> dict:
@@ -41,3 +42,43 @@ def test_older_resource_version_does_not_replace_newer() -> None:
     assert nodes.nodes["n1"].view.unschedulable
     nodes.put_node(body("11"))
     assert not nodes.nodes["n1"].view.unschedulable
+
+
+def node(
+    name: str, version: int, *, pool: str = "a", unschedulable: bool = False, by: str | None = None
+) -> dict:
+    annotations = {keys.CORDONED_BY_ANNOTATION: by} if by else {}
+    return {
+        "metadata": {
+            "name": name,
+            "resourceVersion": str(version),
+            "labels": {"pool": pool},
+            "annotations": annotations,
+        },
+        "spec": {"unschedulable": unschedulable},
+    }
+
+
+def test_a_policys_selection_follows_node_changes_without_a_fleet_pass() -> None:
+    clusters = cache.ClusterCache()
+    for i, pool in enumerate(["a", "a", "b"]):
+        clusters.put_node(node(f"n{i}", 1, pool=pool))
+    policy = policies.parse_policy("p", 1, {"nodeSelector": {"matchLabels": {"pool": "a"}}, "rules": []})
+    clusters.policies["p"] = policy
+    selection = clusters.selection(policy)
+    assert (selection.selected, selection.unavailable) == ({"n0", "n1"}, set())
+
+    clusters.put_node(node("n0", 2, unschedulable=True))  # a human cordon counts too
+    clusters.put_node(node("n1", 2, unschedulable=True, by="p"))
+    clusters.put_node(node("n2", 2, pool="b", unschedulable=True))  # not selected: never counts
+    assert selection.unavailable == {"n0", "n1"}
+    clusters.put_node(node("n0", 1, pool="a"))  # an older event: ignored
+    assert "n0" in selection.unavailable
+    clusters.put_node(node("n0", 3, pool="b"))  # relabelled out of the policy
+    clusters.remove_node("n1")
+    assert (selection.selected, selection.unavailable) == (set(), set())
+
+    changed = policies.parse_policy("p", 2, {"nodeSelector": {"matchLabels": {"pool": "b"}}, "rules": []})
+    clusters.policies["p"] = changed
+    rebuilt = clusters.selection(changed)
+    assert (rebuilt.selected, rebuilt.unavailable) == ({"n0", "n2"}, {"n2"})
