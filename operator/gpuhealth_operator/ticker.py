@@ -42,7 +42,7 @@ def is_due(ctx: context.Context, name: str, now: datetime.datetime) -> bool:
     record = ctx.cache.nodes[name]
     gpunode = ctx.cache.gpunodes[name]
     facts = gpunode.status
-    if any(key[1] == name for key in ctx.budget_notified) or name in ctx.drains:
+    if any((policy, name) in ctx.budget_notified for policy in ctx.cache.policies) or name in ctx.drains:
         return True
     if facts.get("health") not in (None, vocabulary.Health.HEALTHY.value) or facts.get("action") not in (
         None,
