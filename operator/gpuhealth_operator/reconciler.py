@@ -256,8 +256,8 @@ def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
         threshold = rules[0].threshold or 3.5
         members = {
             name: ctx.cache.gpunodes[name].status
-            for name, record in ctx.cache.nodes.items()
-            if name in ctx.cache.gpunodes and policies.selects(policy, record.view)
+            for name in sorted(ctx.cache.selection(policy).selected)  # a stable cohort order
+            if name in ctx.cache.gpunodes
         }
         for name, score in stragglers.score_cohorts(members, threshold, now).items():
             ctx.stragglers[(policy.name, name)] = score

@@ -20,7 +20,7 @@ from typing import Any
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import context, heap, reconciler
 from gpuhealth_operator.actions import status
-from gpuhealth_operator.decisions import policies, times
+from gpuhealth_operator.decisions import times
 
 logger = logging.getLogger(__name__)
 
@@ -114,9 +114,8 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
     generation = 0
     if policy is not None:
         generation = policy.generation
-        for record in ctx.cache.nodes.values():
-            if not policies.selects(policy, record.view):
-                continue
+        for node in ctx.cache.selection(policy).selected:
+            record = ctx.cache.nodes[node]
             counts["selectedNodes"] += 1
             verdict = ctx.verdicts.get((name, record.view.name))
             if verdict is not None:
