@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuhealth_api import keys, status
-from gpuhealth_operator.decisions import model, policies
+from gpuhealth_operator.decisions import budget, model, policies
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,14 +163,14 @@ class Selection:
     policy: model.Policy
     selected: set[str] = dataclasses.field(default_factory=set)
     unavailable: set[str] = dataclasses.field(default_factory=set)
-    """Selected and unschedulable (whoever cordoned it), or cordoned by this policy: `budget.counted`."""
+    """Selected nodes that `budget.holds`: what `budget.counted` returns, in-flight cordons aside."""
 
     def update(self, view: model.NodeView) -> None:
         if not policies.selects(self.policy, view):
             self.discard(view.name)
             return
         self.selected.add(view.name)
-        if view.unschedulable or view.cordoned_by == self.policy.name:
+        if budget.holds(self.policy, view):
             self.unavailable.add(view.name)
         else:
             self.unavailable.discard(view.name)

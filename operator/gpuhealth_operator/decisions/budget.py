@@ -24,6 +24,10 @@ from gpuhealth_operator.decisions import model, policies
 
 _NEVER: datetime.datetime = datetime.datetime.max.replace(tzinfo=datetime.UTC)
 
+Rank = tuple[int, datetime.datetime | None]
+"""A waiting node's place in the queue: the severity rank of its worst disruptive condition, and when
+it was detected (None: after every known time)."""
+
 
 def plan(
     policy: model.Policy,
@@ -43,7 +47,7 @@ def plan(
     for name, rank, detected_at in wanting:
         if name not in names:
             continue
-        key = (rank, detected_at or _NEVER)
+        key = _queue_key((rank, detected_at))
         best[name] = min(best.get(name, key), key)
     admitted = {name for name in best if name in unavailable}
     queue = sorted((key, name) for name, key in best.items() if name not in unavailable)
@@ -52,11 +56,6 @@ def plan(
     return model.BudgetPlan(
         admitted=frozenset(admitted), pending=tuple(name for _, name in queue[free:]), limit=limit
     )
-
-
-Rank = tuple[int, datetime.datetime | None]
-"""A waiting node's place in the queue: the severity rank of its worst disruptive condition, and when
-it was detected (None: after every known time)."""
 
 
 def admits(
@@ -85,7 +84,7 @@ def admits(
     queue = (wanting.keys() & selected) - unavailable
     if len(queue) <= free:
         return True
-    ranked = sorted(((wanting[n][0], wanting[n][1] or _NEVER), n) for n in queue)
+    ranked = sorted((_queue_key(wanting[n]), n) for n in queue)
     return any(n == name for _, n in ranked[:free])
 
 
@@ -93,11 +92,14 @@ def counted(
     policy: model.Policy, selected: Sequence[model.NodeView], in_flight: frozenset[str] = frozenset()
 ) -> frozenset[str]:
     """Selected nodes that count against the policy's budget right now."""
-    return _ours(policy, selected, in_flight) | {n.name for n in selected if n.unschedulable}
-
-
-def _ours(
-    policy: model.Policy, selected: Sequence[model.NodeView], in_flight: frozenset[str]
-) -> frozenset[str]:
     names = {n.name for n in selected}
-    return frozenset({n.name for n in selected if n.cordoned_by == policy.name} | (in_flight & names))
+    return frozenset({n.name for n in selected if holds(policy, n)} | (in_flight & names))
+
+
+def holds(policy: model.Policy, node: model.NodeView) -> bool:
+    """Whether a selected node takes up the policy's budget: unschedulable, or annotated as ours."""
+    return node.unschedulable or node.cordoned_by == policy.name
+
+
+def _queue_key(rank: Rank) -> tuple[int, datetime.datetime]:
+    return rank[0], rank[1] or _NEVER
