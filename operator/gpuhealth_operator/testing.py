@@ -27,7 +27,8 @@ from typing import IO, Any
 
 from kubernetes import client
 
-from gpuhealth_api import keys, resources
+from gpuhealth_api import keys, resources, vocabulary
+from gpuhealth_operator.decisions.model import NodeVerdict
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 MODEL = "NVIDIA H100 80GB HBM3"
@@ -66,6 +67,24 @@ def healthy_gpu(index: int, *, model: str = MODEL, observed: str | None = None) 
         "lost": False,
         "observedTime": observed or rfc3339(),
     }
+
+
+def verdict(
+    labels: Mapping[str, str | None] | None = None, taint: str | None = None, *, node: str = "n"
+) -> NodeVerdict:
+    """A verdict on which no rule fired: healthy, wanting only the given labels and taint."""
+    return NodeVerdict(
+        node=node,
+        conditions={},
+        health=vocabulary.Health.HEALTHY,
+        issues=(),
+        fired_rules=(),
+        wanted_action=None,
+        wanted_labels=dict(labels or {}),
+        wanted_taint=taint,
+        recovered=False,
+        detected_at=None,
+    )
 
 
 def merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:

@@ -2,25 +2,11 @@
 
 import datetime
 
-from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator.decisions import model, overlap
+from gpuhealth_api import keys
+from gpuhealth_operator.decisions import overlap
+from gpuhealth_operator.testing import verdict
 
 NOW = datetime.datetime(2026, 11, 22, tzinfo=datetime.UTC)
-
-
-def verdict(labels: dict[str, str | None], taint: str | None = None) -> model.NodeVerdict:
-    return model.NodeVerdict(
-        node="n",
-        conditions={},
-        health=vocabulary.Health.HEALTHY,
-        issues=(),
-        fired_rules=(),
-        wanted_action=None,
-        wanted_labels=labels,
-        wanted_taint=taint,
-        recovered=False,
-        detected_at=None,
-    )
 
 
 def test_a_label_one_policy_sets_is_not_removed_by_another() -> None:

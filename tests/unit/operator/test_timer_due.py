@@ -4,9 +4,9 @@ import datetime
 
 import pytest
 
-from gpuhealth_api import keys, vocabulary
+from gpuhealth_api import keys
 from gpuhealth_operator import context, kube, metrics, settings, testing, ticker
-from gpuhealth_operator.decisions import model, policies
+from gpuhealth_operator.decisions import policies
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 
@@ -35,20 +35,6 @@ def make_context(
     return ctx
 
 
-QUIET = model.NodeVerdict(
-    node="n",
-    conditions={},
-    health=vocabulary.Health.HEALTHY,
-    issues=(),
-    fired_rules=(),
-    wanted_action=None,
-    wanted_labels={},
-    wanted_taint=None,
-    recovered=True,
-    detected_at=None,
-)
-
-
 def fresh(**extra: object) -> dict:
     status = testing.agent_status(heartbeat=testing.rfc3339(NOW - datetime.timedelta(seconds=10)))
     status.update({"health": "Healthy", "action": "None", "conditions": []})
@@ -59,7 +45,7 @@ def fresh(**extra: object) -> dict:
 def test_healthy_fresh_node_is_not_due_once_judged() -> None:
     ctx = make_context({keys.HEALTH_LABEL: "healthy"}, fresh())
     assert ticker.is_due(ctx, "n", NOW), "never judged: due"
-    ctx.verdicts[("p", "n")] = QUIET
+    ctx.verdicts[("p", "n")] = testing.verdict()
     assert not ticker.is_due(ctx, "n", NOW)
 
 
@@ -89,5 +75,5 @@ def test_healthy_fresh_node_is_not_due_once_judged() -> None:
 )
 def test_nodes_with_a_running_clock_are_due(labels: dict, annotations: dict, status: dict) -> None:
     ctx = make_context(labels, status, annotations)
-    ctx.verdicts[("p", "n")] = QUIET
+    ctx.verdicts[("p", "n")] = testing.verdict()
     assert ticker.is_due(ctx, "n", NOW)
