@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import datetime
 import json
+import re
 import secrets
 import ssl
 import subprocess
@@ -822,9 +823,18 @@ def test_real_agent_and_operator_work_with_the_chart_permissions(
         line
         for log in ("agent.log", "operator.log")
         for line in (tmp_path / log).read_text().splitlines()
-        if "403" in line or "forbidden" in line.lower()
+        if denied(line)
     ]
     assert forbidden == [], forbidden
+
+
+def denied(log_line: str) -> bool:
+    """A log line that reports an API denial, judged without its timestamp (``…,403`` is a millisecond)."""
+    message = LOG_TIMESTAMP.sub("", log_line, count=1)
+    return re.search(r"\b403\b", message) is not None or "forbidden" in message.lower()
+
+
+LOG_TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
 
 
 # -- uninstall ----------------------------------------------------------------------------------------
@@ -878,3 +888,10 @@ def test_upgrade_then_uninstall_leaves_only_the_crds(
         )
         for plural in (resources.GPUNODE_PLURAL, resources.POLICY_PLURAL):
             control_plane.kubectl("get", "crd", f"{plural}.{resources.GROUP}")
+
+
+def test_a_log_line_is_a_denial_by_its_message_not_its_timestamp() -> None:
+    assert not denied("2026-11-22 07:48:09,403 INFO gpuhealth_operator.leader: waiting for leader Lease ns/l")
+    assert not denied("2026-11-22 07:48:08,209 INFO reporter: created GPUNode n owned by Node uid a4031-0403")
+    assert denied("2026-11-22 07:48:09,500 ERROR reporter: (403) Reason: Forbidden")
+    assert denied("2026-11-22 07:48:09,500 WARNING kopf: APIForbiddenError: nodes is forbidden")
