@@ -167,6 +167,8 @@ class Entry:
     not_supported: frozenset[str] = frozenset()
     fail: Failure | None = None
     line: int | None = None
+    index: int | None = None
+    """Position in the file's `timeline:` list, kept because entries are sorted by time."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,6 +226,11 @@ def parse(text: str, where: str = "<scenario>") -> Scenario:
         problem = getattr(exc, "problem", None) or str(exc)
         raise ScenarioError(f"{where}:{at}: not valid YAML: {problem}") from exc
     return _Validator(where, _entry_lines(root)).scenario(data)
+
+
+def _entry_at(index: int | None, line: int | None) -> str:
+    at = "timeline" if index is None else f"timeline[{index}]"
+    return at + (f" (line {line})" if line else "")
 
 
 def _entry_lines(root: yaml.Node | None) -> list[int]:
@@ -294,7 +301,7 @@ class _Validator:
 
     def entry(self, index: int, raw: object, gpus: int) -> Entry:
         line = self.lines[index] if index < len(self.lines) else None
-        at = f"timeline[{index}]" + (f" (line {line})" if line else "")
+        at = _entry_at(index, line)
         if not isinstance(raw, dict):
             raise self.fail(at, "a mapping like {after: 5s, gpu: 0, set: {...}}", raw)
         self.unknown_keys(raw, ENTRY_KEYS, at)
@@ -323,7 +330,7 @@ class _Validator:
         reset = self.boolean(raw.get("reset", False), f"{at}.reset")
         not_supported = self.not_supported(raw.get("notSupported", []), f"{at}.notSupported")
         fail = self.failure(raw["fail"], f"{at}.fail") if "fail" in raw else None
-        return Entry(after, gpu, facts, xid, reset, not_supported, fail, line)
+        return Entry(after, gpu, facts, xid, reset, not_supported, fail, line, index)
 
     def fact(self, key: object, value: object, at: str) -> Any:
         if key not in SETTABLE_FIELDS:
@@ -389,7 +396,7 @@ class _Validator:
             for key, value in entry.set.items():
                 if key in COUNTER_FIELDS:
                     if value < counters[key]:
-                        at = f"timeline entry at line {entry.line}" if entry.line else "timeline"
+                        at = _entry_at(entry.index, entry.line)
                         raise self.fail(
                             f"{at}.set.{key}",
                             f"a value >= {counters[key]} on gpu {entry.gpu} (counters only grow; "

@@ -131,7 +131,12 @@ BAD = {
     "counter decreasing": (
         "gpus: 1\ntimeline:\n- {after: 1s, gpu: 0, set: {eccCorrectedAggregate: 5}}\n"
         "- {after: 2s, gpu: 0, set: {eccCorrectedAggregate: 3}}\n",
-        ["line 4", "eccCorrectedAggregate", ">= 5", "only grow"],
+        ["timeline[1] (line 4)", "eccCorrectedAggregate", ">= 5", "only grow"],
+    ),
+    "counter decreasing in an entry listed before a later one": (
+        "gpus: 1\ntimeline:\n- {after: 2s, gpu: 0, set: {eccCorrectedAggregate: 3}}\n"
+        "- {after: 1s, gpu: 0, set: {eccCorrectedAggregate: 5}}\n",
+        ["timeline[0] (line 3)", "eccCorrectedAggregate", ">= 5"],
     ),
     "volatile counter decreasing without reset": (
         "gpus: 1\ntimeline:\n- {after: 1s, gpu: 0, set: {eccUncorrectedVolatile: 2}}\n"
