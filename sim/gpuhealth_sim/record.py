@@ -23,6 +23,7 @@ WATCHED_LABELS: Mapping[str, str] = {
     keys.THERMAL_LABEL: "thermal-throttled",
     keys.STRAGGLER_LABEL: "straggler",
 }
+WATCHED_TAINTS: Mapping[str, str] = {keys.UNHEALTHY_TAINT: "taint unhealthy"}
 
 
 def parse_time(text: Any) -> float | None:
@@ -56,6 +57,8 @@ class NodeState:
     unschedulable: bool
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
+    taints: frozenset[str] = frozenset()
+    """Taint keys (any effect)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +68,7 @@ class Happening:
     at: float
     node: str
     what: str
-    """cordoned | uncordoned | drained | `<label> set` | `<label> removed`."""
+    """cordoned | uncordoned | drained | `<label or taint> set` | `<label or taint> removed`."""
     detail: str = ""
 
 
@@ -111,6 +114,7 @@ def node_state_of(obj: Mapping[str, Any]) -> NodeState:
         unschedulable=bool((obj.get("spec") or {}).get("unschedulable")),
         labels=dict(metadata.get("labels") or {}),
         annotations=dict(metadata.get("annotations") or {}),
+        taints=frozenset(str(t.get("key", "")) for t in (obj.get("spec") or {}).get("taints") or []),
     )
 
 
@@ -172,11 +176,13 @@ class Record:
                 )
                 detail = f"by policy {by}" if by else "not by gpu-health"
                 self._happen(Happening(at, name, "cordoned" if state.unschedulable else "uncordoned", detail))
-            for label, short in WATCHED_LABELS.items():
-                if label in state.labels and label not in before.labels:
-                    self._happen(Happening(at, name, f"{short} set"))
-                elif label in before.labels and label not in state.labels:
-                    self._happen(Happening(at, name, f"{short} removed"))
+            for watched, now, then in (
+                (WATCHED_LABELS, state.labels.keys(), before.labels.keys()),
+                (WATCHED_TAINTS, state.taints, before.taints),
+            ):
+                for key, short in watched.items():
+                    if (key in now) != (key in then):
+                        self._happen(Happening(at, name, f"{short} {'set' if key in now else 'removed'}"))
 
     def on_event(self, kind: str, obj: dict[str, Any], at: float) -> EventLine | None:
         """Record a gpu-health Event; returns it when it is new (repeats only bump a count)."""

@@ -154,7 +154,7 @@ def render(result: Summary, width: int = 80) -> list[str]:
     lines = [
         f"Summary after {result.duration_seconds:.0f} s: what gpu-health detected and did",
         "(time since start; detection→action = agent read the fact → Node changed;",
-        " label set/removed includes the policy's forSeconds / healthyForSeconds)",
+        " label/taint set/removed includes the policy's forSeconds / healthyForSeconds)",
         "",
     ]
     blips = [n for n in result.nodes if _only_stale_blip(n)]

@@ -31,12 +31,18 @@ def gpunode(name: str, *, observed: float, health: str = "", issues: str = "", a
 
 
 def node(
-    name: str, *, cordoned: bool = False, labels: dict | None = None, annotations: dict | None = None
+    name: str,
+    *,
+    cordoned: bool = False,
+    labels: dict | None = None,
+    annotations: dict | None = None,
+    taints: list | None = None,
 ) -> dict:
-    return {
-        "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
-        "spec": {"unschedulable": True} if cordoned else {},
-    }
+    spec: dict = {"unschedulable": True} if cordoned else {}
+    if taints:
+        spec["taints"] = taints
+    metadata = {"name": name, "labels": labels or {}, "annotations": annotations or {}}
+    return {"metadata": metadata, "spec": spec}
 
 
 def event(uid: str, reason: str, name: str, message: str, kind: str = "Node") -> dict:
@@ -125,6 +131,22 @@ def test_record_and_summary_tell_what_was_detected_and_done_and_how_fast() -> No
     assert "cordoned" in text and "0.40s" in text
     as_json = result.to_json()
     assert as_json["nodes"]["gpu-node-3"]["actions"][1]["what"] == "drained"
+
+
+def test_a_taint_rule_shows_in_the_summary_as_an_action_on_the_node() -> None:
+    seen = record.Record(started_at=T0)
+    seen.on_node("ADDED", node("gpu-node-5"), T0)
+    seen.on_gpunode("MODIFIED", gpunode("gpu-node-5", observed=T0 + 4, health="Degraded"), T0 + 4.1)
+    ours = {"key": keys.UNHEALTHY_TAINT, "value": "PowerThrottled", "effect": "NoSchedule"}
+    seen.on_node("MODIFIED", node("gpu-node-5", taints=[ours]), T0 + 7)
+    seen.on_node("MODIFIED", node("gpu-node-5", taints=[ours, {"key": "x", "effect": "NoSchedule"}]), T0 + 8)
+    seen.on_node("MODIFIED", node("gpu-node-5"), T0 + 30)
+
+    tainted = summary.build(seen, T0 + 40).node("gpu-node-5")
+    assert [(a.what, a.at_seconds) for a in tainted.actions] == [
+        ("taint unhealthy set", 7.0),
+        ("taint unhealthy removed", 30.0),
+    ]
 
 
 def test_plain_progress_prints_each_new_thing_once() -> None:
