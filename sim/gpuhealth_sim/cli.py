@@ -2,7 +2,7 @@
 
 gpu-health-sim run --kubeconfig K --fleet FILE [--workers N] [--delete-nodes]
 gpu-health-sim demo [--keep] [--duration SECONDS]
-gpu-health-sim validate FILE
+gpu-health-sim validate FILE   (or --fleet FILE, as `run` spells it)
 """
 
 import argparse
@@ -76,7 +76,8 @@ def parser() -> argparse.ArgumentParser:
     )
 
     check = commands.add_parser("validate", help="check a fleet file and list its nodes")
-    check.add_argument("fleet", type=Path)
+    check.add_argument("fleet", type=Path, nargs="?", help="fleet file (docs/fleet.md)")
+    check.add_argument("--fleet", dest="fleet_option", type=Path, help="the same, spelt as `run` takes it")
     return top
 
 
@@ -124,7 +125,12 @@ def _run(args: argparse.Namespace, spec: fleetfile.Fleet) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    top = parser()
+    args = top.parse_args(argv)
+    if args.command == "validate":
+        if (args.fleet is None) == (args.fleet_option is None):
+            top.error("validate takes one fleet file: validate FILE or validate --fleet FILE")
+        args.fleet = args.fleet or args.fleet_option
     if args.command == "demo":
         options = demo.Options(
             duration_seconds=args.duration,

@@ -233,3 +233,9 @@ def test_the_cli_validates_fleet_files(tmp_path: Path, capsys: pytest.CaptureFix
     bad = write(tmp_path, "bad.yaml", {"pools": [{"name": "a", "count": 0}]})
     assert cli.main(["validate", str(bad)]) == cli.INVALID_FLEET
     assert "pools[0].count: expected an integer >= 1" in capsys.readouterr().err
+    # `run` spells it --fleet; a user who types the same for validate is understood.
+    assert cli.main(["validate", "--fleet", str(good)]) == 0
+    assert "3 nodes in 1 pool(s)" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as usage:
+        cli.main(["validate"])
+    assert usage.value.code == 2 and "one fleet file" in capsys.readouterr().err
