@@ -95,6 +95,17 @@ def operator_command(kubeconfig: Path) -> list[str]:
     ]
 
 
+def hardware(spec: fleetfile.Fleet) -> str:
+    """The fleet's GPUs in words, one part per kind of node: "7 of 4x NVIDIA A100…, 3 of 8x NVIDIA H100…"."""
+    kinds: dict[tuple[int, str], int] = {}
+    for plan in spec.nodes:
+        kinds[(plan.gpu_count, plan.gpu_model)] = kinds.get((plan.gpu_count, plan.gpu_model), 0) + 1
+    if len(kinds) == 1:
+        ((count, model),) = kinds
+        return f"{count}x {model}"
+    return ", ".join(f"{nodes} of {count}x {model}" for (count, model), nodes in kinds.items())
+
+
 def human_cordoned_node(spec: fleetfile.Fleet) -> str:
     """The node "a human" cordons before the operator starts: the fleet's last node."""
     return spec.nodes[-1].name
@@ -249,9 +260,7 @@ def _story(plane: controlplane.ControlPlane, ctx: _Context) -> bool:
     )
     try:
         sim.create_nodes()
-        say(
-            f"created {len(spec.nodes)} kwok GPU nodes ({spec.nodes[0].gpu_count}x {spec.nodes[0].gpu_model})"
-        )
+        say(f"created {len(spec.nodes)} kwok GPU nodes ({hardware(spec)})")
         replicas = start_training(plane, api, spec)
         say(f"Deployment {workload.NAMESPACE}/{workload.NAME}: {replicas} pods Running, PDB maxUnavailable 2")
         plane.kubectl("cordon", human)

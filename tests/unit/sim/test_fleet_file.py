@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuhealth_sim import cli, fleetfile, names
+from gpuhealth_sim import cli, demo, fleetfile, names
 
 H100 = "NVIDIA H100 80GB HBM3"
 HEALTHY = {"gpus": 8, "model": H100, "defaults": {"temperatureCelsius": 45, "utilizationPercent": 95}}
@@ -239,3 +239,15 @@ def test_the_cli_validates_fleet_files(tmp_path: Path, capsys: pytest.CaptureFix
     with pytest.raises(SystemExit) as usage:
         cli.main(["validate"])
     assert usage.value.code == 2 and "one fleet file" in capsys.readouterr().err
+
+
+def test_the_demo_names_every_kind_of_node_in_a_mixed_fleet(tmp_path: Path) -> None:
+    a100 = "NVIDIA A100-SXM4-80GB"
+    pools = [
+        {"name": "a", "count": 3, "gpu": {"model": a100, "count": 4}},
+        {"name": "h", "count": 2, "gpu": {"model": H100, "count": 8}},
+    ]
+    mixed = fleetfile.parse({"pools": pools}, source="fleet.yaml", base_dir=tmp_path)
+    assert demo.hardware(mixed) == f"3 of 4x {a100}, 2 of 8x {H100}"
+    one = fleetfile.parse({"pools": pools[1:]}, source="fleet.yaml", base_dir=tmp_path)
+    assert demo.hardware(one) == f"8x {H100}"
