@@ -11,8 +11,9 @@ under 10 calls per GPU per second at a 1 s interval): *static* facts
 (identity, thresholds, maximums) are read when the GPU set changes; *fast*
 facts (temperature, power, clocks, throttle reasons, uncorrectable ECC,
 recovery action) every sample; *slow* counters (other ECC counters, retired
-pages, remapped rows, PCIe) at most every `slow_period_seconds`, and at once
-after an XID or double-bit ECC event.
+pages, remapped rows, PCIe) at most every `slow_period_seconds`, at once
+after an XID or double-bit ECC event, and every sample on a GPU with a pending
+page retirement or row remap (`awaits_reset`).
 """
 
 from __future__ import annotations
@@ -231,6 +232,18 @@ def looks_reset(before: status.GPUStatus, after: status.GPUStatus) -> bool:
     ):
         return True
     return before.get("recoveryAction", "None") != "None" and after.get("recoveryAction") == "None"
+
+
+def awaits_reset(gpu: status.GPUStatus) -> bool:
+    """Whether the GPU holds evidence that only a reset clears and only a slow counter shows.
+
+    A pending page retirement or row remap makes the node Unhealthy until the GPU
+    is reset; reading the slow tier every sample while it lasts lets the repair
+    show within one interval, not up to `slow_period_seconds` later, before the
+    operator drains a node that was already mended. It costs NVML calls only on
+    such a GPU.
+    """
+    return bool(gpu.get("retiredPages", {}).get("pending") or gpu.get("remappedRows", {}).get("pending"))
 
 
 def merge(into: dict[str, Any], part: Partial) -> None:
@@ -453,6 +466,7 @@ class Collector:
             track = self._tracks[identity.uuid] = _Track(identity)
         track.identity = identity
         lost = False
+        slow = slow or (track.last_status is not None and awaits_reset(track.last_status))
         for position, query in enumerate(QUERIES):
             due = (
                 query.tier is Tier.FAST

@@ -163,6 +163,30 @@ def test_slow_counters_refresh_on_their_own_period() -> None:
     assert at(col, clock, 10).gpus[0]["remappedRows"]["failure"] is True
 
 
+def test_a_reset_that_clears_a_pending_row_remap_shows_in_the_next_sample() -> None:
+    sim, col, clock = make(
+        "gpus: 2\ntimeline:\n"
+        "- {after: 3s, gpu: 0, xid: 63, set: {remappedRowsUncorrectable: 1, remappedRowsPending: true}}\n"
+        "- {after: 7s, gpu: 0, reset: true}\n",
+        slow_period_seconds=10,
+    )
+    at(col, clock, 0)
+    col.record_xid(0, 63, clock.epoch())  # the event thread's part
+    faulty = at(col, clock, 3).gpus[0]
+    assert faulty["remappedRows"]["pending"] is True and faulty["xids"][0]["code"] == 63
+    at(col, clock, 5)
+    calls = sim.calls
+    at(col, clock, 6)
+    watched = sim.calls - calls
+    # Still pending: the waiting GPU re-reads its slow counters every sample; the healthy one does not.
+    assert watched > 2 * 7 + 8
+    repaired = at(col, clock, 7).gpus[0]  # 3 s before the slow period would have come round
+    assert repaired["remappedRows"]["pending"] is False and "xids" not in repaired
+    calls = sim.calls
+    at(col, clock, 8)
+    assert sim.calls - calls < watched  # back to the fast tier only
+
+
 OPTIONAL_ABSENT = {
     "serial": ["serial"],
     "temperatureCelsius": ["temperatureCelsius"],
