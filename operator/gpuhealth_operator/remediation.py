@@ -173,13 +173,24 @@ async def _budget_exceeded(
     if key in ctx.budget_notified:
         return
     ctx.budget_notified.add(key)
-    limit = policies.resolve_max_unavailable(policy, len(ctx.cache.selection(policy).selected))
+    selection = ctx.cache.selection(policy)
+    limit = policies.resolve_max_unavailable(policy, len(selection.selected))
+    holders = sorted(selection.unavailable | (ctx.in_flight[policy.name] & selection.selected))
     wanted = verdict.wanted_action.value.lower() if verdict.wanted_action else "act on"
+    if len(holders) >= limit:
+        views = [ctx.cache.nodes[n].view for n in holders if n in ctx.cache.nodes]
+        why = (
+            f"{len(holders)} of its {len(selection.selected)} selected nodes are already unschedulable "
+            f"(maxUnavailable={limit}): {budget.holders_text(policy, views)}"
+        )
+    else:
+        free = limit - len(holders)
+        why = f"the {free} free place(s) under maxUnavailable={limit} go to worse or older faults first"
     await ctx.recorder.emit(
         _subject(ctx, name),
         vocabulary.EventReason.BUDGET_EXCEEDED,
-        f"Policy {policy.name} wants to {wanted} the node ({_issues(verdict)}) but already holds "
-        f"maxUnavailable={limit} nodes; waiting for the budget.",
+        f"Policy {policy.name} wants to {wanted} the node ({_issues(verdict)}) but {why}; "
+        "waiting for the budget.",
         events.WARNING,
     )
 

@@ -325,6 +325,12 @@ def test_budget_holds_at_most_max_unavailable_and_admits_waiting_nodes_as_it_fre
             TIMEOUT,
             "DisruptionBudgetExceeded",
         )
+        # The Event says who holds the budget, so a human knows what to free (or, when it was
+        # judged before the others were cordoned, that worse or older faults go first).
+        (wait,) = fleet.events(name, "DisruptionBudgetExceeded")
+        message = wait["message"]
+        assert "maxUnavailable=2" in message, message
+        assert all(f"{h} (" in message for h in held()) or "older faults first" in message, message
     deadline = time.monotonic() + 2
     while time.monotonic() < deadline:
         assert len(held()) <= 2

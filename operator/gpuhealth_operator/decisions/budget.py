@@ -101,5 +101,31 @@ def holds(policy: model.Policy, node: model.NodeView) -> bool:
     return node.unschedulable or node.cordoned_by == policy.name
 
 
+def holders_text(policy: model.Policy, holders: Sequence[model.NodeView], shown: int = 5) -> str:
+    """Who takes up the budget, in words: "n9 (cordoned outside gpu-health), n3 (cordoned by this policy)".
+
+    The nodes that are there not because of this policy are the ones an
+    operator can act on (uncordon, exclude), so they are named first.
+    """
+
+    def why(node: model.NodeView) -> str:
+        if not node.unschedulable:
+            return "being cordoned by this policy"  # admitted, its cordon not yet seen
+        if node.cordoned_by == policy.name:
+            return "cordoned by this policy"
+        if node.cordoned_by:
+            return f"cordoned by policy {node.cordoned_by}"
+        return "cordoned outside gpu-health"
+
+    def ours(node: model.NodeView) -> bool:
+        return node.cordoned_by == policy.name or not node.unschedulable
+
+    ordered = sorted(holders, key=lambda n: (ours(n), n.name))
+    words = [f"{n.name} ({why(n)})" for n in ordered[:shown]]
+    if len(ordered) > shown:
+        words.append(f"and {len(ordered) - shown} more")
+    return ", ".join(words)
+
+
 def _queue_key(rank: Rank) -> tuple[int, datetime.datetime]:
     return rank[0], rank[1] or _NEVER

@@ -296,3 +296,14 @@ def test_admits_agrees_with_plan(kinds: list[str], max_unavailable: int | str, d
     unavailable = budget.counted(policy, fleet, in_flight)
     for name in pool:
         assert budget.admits(policy, name, selected, unavailable, wanting) == (name in result.admitted), name
+
+
+def test_the_wait_names_who_holds_the_budget_those_an_operator_can_free_first() -> None:
+    views = nodes(4, ours=(0,), human=(1,), other=(2,))
+    views[3] = model.NodeView(name="n3")  # admitted, its cordon not yet seen
+    assert budget.holders_text(pol(4), views) == (
+        "n1 (cordoned outside gpu-health), n2 (cordoned by policy other-policy), "
+        "n0 (cordoned by this policy), n3 (being cordoned by this policy)"
+    )
+    many = nodes(8, human=tuple(range(8)))
+    assert budget.holders_text(pol(8), many).endswith("n4 (cordoned outside gpu-health), and 3 more")
