@@ -49,9 +49,11 @@ class Baseline:
     per_gpu: tuple[Mapping[str, Any], ...]
 
 
-def draw(defaults: Mapping[str, Any], gpus: int, spread: fleetfile.Spread, rng: random.Random) -> Baseline:
-    """This node's baseline around a scenario's `defaults` (absent fields: the agent's healthy defaults)."""
-    fallback = agent_scenario.DEFAULT_FACTS
+def draw(
+    defaults: Mapping[str, Any], model: str, gpus: int, spread: fleetfile.Spread, rng: random.Random
+) -> Baseline:
+    """This node's baseline around a scenario's `defaults` (absent fields: the model's healthy defaults)."""
+    fallback = agent_scenario.defaults_for(model)
     temperature = defaults.get("temperatureCelsius", fallback["temperatureCelsius"])
     power = defaults.get("powerWatts", fallback["powerWatts"])
     clock = defaults.get("smClockMHz", fallback["smClockMHz"])
@@ -83,7 +85,8 @@ def draw(defaults: Mapping[str, Any], gpus: int, spread: fleetfile.Spread, rng: 
 def apply(scenario: Mapping[str, Any], spread: fleetfile.Spread, rng: random.Random) -> dict[str, Any]:
     """A copy of a scenario mapping with this node's baseline folded into its healthy values."""
     result = copy.deepcopy(dict(scenario))
-    baseline = draw(result.get("defaults") or {}, int(result.get("gpus") or 0), spread, rng)
+    model = str(result.get("model") or agent_scenario.DEFAULT_MODEL)
+    baseline = draw(result.get("defaults") or {}, model, int(result.get("gpus") or 0), spread, rng)
     result["defaults"] = {**(result.get("defaults") or {}), **baseline.defaults}
     entries = [{"after": "0s", "gpu": i, "set": dict(v)} for i, v in enumerate(baseline.per_gpu) if v]
     if entries:
@@ -99,7 +102,7 @@ def apply_to(
     A thousand nodes share a handful of scenario files: validating each file
     once and drawing each node's numbers here keeps fleet start-up cheap.
     """
-    baseline = draw(scenario.defaults, scenario.gpus, spread, rng)
+    baseline = draw(scenario.defaults, scenario.model, scenario.gpus, spread, rng)
     entries = tuple(
         agent_scenario.Entry(after_seconds=0.0, gpu=i, set=dict(v))
         for i, v in enumerate(baseline.per_gpu)

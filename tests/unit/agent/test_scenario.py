@@ -53,6 +53,32 @@ def test_minimal_file_gets_healthy_defaults() -> None:
 
 
 @pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        ("NVIDIA A100-SXM4-80GB", {"pcieMaxGeneration": 4, "maxSmClockMHz": 1410, "powerLimitWatts": 400}),
+        ("NVIDIA A100 80GB PCIe", {"pcieMaxGeneration": 4, "powerLimitWatts": 300}),
+        ("NVIDIA A100-SXM4-40GB", {"memoryTotalMiB": 40960}),
+        ("NVIDIA L4", {"pcieMaxGeneration": 4, "powerLimitWatts": 72, "powerWatts": 35}),
+        ("NVIDIA L40S", {"maxSmClockMHz": 2520, "memoryTotalMiB": 46068}),  # not taken for an L4
+        ("NVIDIA H100 80GB HBM3", {"pcieMaxGeneration": 5, "maxSmClockMHz": 1980, "powerLimitWatts": 700}),
+        ("Some Future GPU", {"pcieMaxGeneration": 5, "maxSmClockMHz": 1980}),  # unknown: H100-like
+    ],
+)
+def test_a_known_model_starts_from_its_own_healthy_figures(model: str, expected: dict) -> None:
+    plan = scenario.parse(f"gpus: 1\nmodel: {model}\n")
+    assert {k: plan.defaults[k] for k in expected} == expected
+    # A healthy card of that model is not degraded by its own nature: its link runs at its maximum.
+    assert plan.defaults["pcieGeneration"] == plan.defaults["pcieMaxGeneration"]
+    assert plan.defaults["powerWatts"] < plan.defaults["powerLimitWatts"]
+
+
+def test_the_files_own_defaults_win_over_the_models() -> None:
+    text = "gpus: 1\nmodel: NVIDIA L4\ndefaults: {maxSmClockMHz: 1800, pcieMaxGeneration: 5}\n"
+    plan = scenario.parse(text)
+    assert (plan.defaults["maxSmClockMHz"], plan.defaults["pcieMaxGeneration"]) == (1800, 5)
+
+
+@pytest.mark.parametrize(
     ("text", "seconds"),
     [("5s", 5), ("1m30s", 90), ("250ms", 0.25), ("2h", 7200), ("1.5s", 1.5), (3, 3), (0.5, 0.5), ("1m", 60)],
 )
