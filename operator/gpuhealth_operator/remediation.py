@@ -127,13 +127,16 @@ async def _admit(ctx: context.Context, policy: model.Policy, name: str) -> bool:
     """Ask the budget; if admitted, the node is in flight until its cordon is in the cache."""
     async with ctx.policy_locks[policy.name]:
         selection = ctx.cache.selection(policy)
-        in_flight = ctx.in_flight[policy.name]
-        unavailable = selection.unavailable | (in_flight & selection.selected)
         wanting = ctx.verdicts.wanting[policy.name]
-        if budget.admits(policy, name, selection.selected, unavailable, wanting):
-            in_flight.add(name)
+        if budget.admits(policy, name, selection.selected, _holders(ctx, policy, selection), wanting):
+            ctx.in_flight[policy.name].add(name)
             return True
         return False
+
+
+def _holders(ctx: context.Context, policy: model.Policy, selection: cache.Selection) -> set[str]:
+    """Selected nodes that take up the policy's budget, those admitted but not yet seen cordoned included."""
+    return selection.unavailable | (ctx.in_flight[policy.name] & selection.selected)
 
 
 async def _capacity(
@@ -175,7 +178,7 @@ async def _budget_exceeded(
     ctx.budget_notified.add(key)
     selection = ctx.cache.selection(policy)
     limit = policies.resolve_max_unavailable(policy, len(selection.selected))
-    holders = sorted(selection.unavailable | (ctx.in_flight[policy.name] & selection.selected))
+    holders = sorted(_holders(ctx, policy, selection))
     wanted = verdict.wanted_action.value.lower() if verdict.wanted_action else "act on"
     if len(holders) >= limit:
         views = [ctx.cache.nodes[n].view for n in holders if n in ctx.cache.nodes]

@@ -108,20 +108,18 @@ def holders_text(policy: model.Policy, holders: Sequence[model.NodeView], shown:
     operator can act on (uncordon, exclude), so they are named first.
     """
 
-    def why(node: model.NodeView) -> str:
+    def holder(node: model.NodeView) -> tuple[bool, str, str]:
+        """(held by this policy, name, why in words): the sort key and the text in one."""
         if not node.unschedulable:
-            return "being cordoned by this policy"  # admitted, its cordon not yet seen
+            return True, node.name, "being cordoned by this policy"  # admitted, its cordon not yet seen
         if node.cordoned_by == policy.name:
-            return "cordoned by this policy"
+            return True, node.name, "cordoned by this policy"
         if node.cordoned_by:
-            return f"cordoned by policy {node.cordoned_by}"
-        return "cordoned outside gpu-health"
+            return False, node.name, f"cordoned by policy {node.cordoned_by}"
+        return False, node.name, "cordoned outside gpu-health"
 
-    def ours(node: model.NodeView) -> bool:
-        return node.cordoned_by == policy.name or not node.unschedulable
-
-    ordered = sorted(holders, key=lambda n: (ours(n), n.name))
-    words = [f"{n.name} ({why(n)})" for n in ordered[:shown]]
+    ordered = sorted(holder(n) for n in holders)
+    words = [f"{name} ({text})" for _, name, text in ordered[:shown]]
     if len(ordered) > shown:
         words.append(f"and {len(ordered) - shown} more")
     return ", ".join(words)
