@@ -14,6 +14,7 @@ The steps are plain functions over a `ControlPlane`, so a failure says
 which step broke and where the logs are.
 """
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -97,9 +98,7 @@ def operator_command(kubeconfig: Path) -> list[str]:
 
 def hardware(spec: fleetfile.Fleet) -> str:
     """The fleet's GPUs in words, one part per kind of node: "7 of 4x NVIDIA A100…, 3 of 8x NVIDIA H100…"."""
-    kinds: dict[tuple[int, str], int] = {}
-    for plan in spec.nodes:
-        kinds[(plan.gpu_count, plan.gpu_model)] = kinds.get((plan.gpu_count, plan.gpu_model), 0) + 1
+    kinds = collections.Counter((plan.gpu_count, plan.gpu_model) for plan in spec.nodes)
     if len(kinds) == 1:
         ((count, model),) = kinds
         return f"{count}x {model}"
