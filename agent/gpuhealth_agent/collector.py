@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from gpuhealth_agent import changes, nvml, timefmt, xids
-from gpuhealth_api import status
+from gpuhealth_agent import changes, nvml, xids
+from gpuhealth_api import status, timestamps
 
 log = logging.getLogger(__name__)
 
@@ -329,7 +329,7 @@ class Collector:
         """Count an XID for the GPU at an NVML index (None: the event did not say which GPU)."""
         identity = self._identity_at(nvml_index)
         key = identity.uuid if identity is not None else f"index-{nvml_index}"
-        self.xid_log.record(key, code, timefmt.rfc3339(now))
+        self.xid_log.record(key, code, timestamps.rfc3339(now))
         self._slow_requested = True
 
     def gpu_index_of(self, handle: Any) -> int | None:
@@ -394,7 +394,7 @@ class Collector:
         expected = max(self.expected_gpus or 0, len(identities))
         for index in range(expected):
             if index not in taken:
-                since = self._missing_since.setdefault(index, timefmt.rfc3339(now))
+                since = self._missing_since.setdefault(index, timestamps.rfc3339(now))
                 gpus.append(status.GPUStatus(index=index, lost=True, observedTime=since))
             else:
                 self._missing_since.pop(index, None)
@@ -546,7 +546,7 @@ class Collector:
         return track, gpu
 
     def _finish(self, track: _Track, gpu: status.GPUStatus, now: float) -> status.GPUStatus:
-        stamp = timefmt.rfc3339(now)
+        stamp = timestamps.rfc3339(now)
         records = self.xid_log.records(track.identity.uuid)
         if records:
             gpu["xids"] = records

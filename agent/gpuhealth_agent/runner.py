@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from gpuhealth_agent import changes, collector, dcgm, events, health, metrics, nvml, reporter, timefmt, xids
-from gpuhealth_api import __version__, status
+from gpuhealth_agent import changes, collector, dcgm, events, health, metrics, nvml, reporter, xids
+from gpuhealth_api import __version__, heartbeats, status, timestamps
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class Settings:
     """nvml (the real driver) or sim (a scenario)."""
     interval_seconds: float = 5.0
     """Collect period."""
-    heartbeat_seconds: float = 60.0
+    heartbeat_seconds: float = heartbeats.DEFAULT_HEARTBEAT_SECONDS
     """Longest time without a status write when nothing significant changed."""
     slow_period_seconds: float = 10.0
     """Slow counters (aggregate ECC, retired pages, remapped rows, PCIe) are read at most this often."""
@@ -239,5 +239,5 @@ class Agent:
                 next_turn = now + self.settings.interval_seconds
             self.wake.wait(timeout=next_turn - now)
             self.wake.clear()
-        log.info("stopping at %s", timefmt.rfc3339(self.clock()))
+        log.info("stopping at %s", timestamps.rfc3339(self.clock()))
         self.close()

@@ -18,10 +18,11 @@ from typing import Any
 import yaml
 
 from gpuhealth_agent import scenario as agent_scenario
+from gpuhealth_api import heartbeats
 from gpuhealth_sim import names
 
 DEFAULT_INTERVAL_SECONDS = 5.0
-DEFAULT_HEARTBEAT_SECONDS = 60.0
+DEFAULT_HEARTBEAT_SECONDS = float(heartbeats.DEFAULT_HEARTBEAT_SECONDS)
 DEFAULT_RESOURCES: Mapping[str, str] = {
     "cpu": "128",
     "memory": "1Ti",
