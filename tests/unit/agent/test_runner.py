@@ -137,7 +137,7 @@ def test_metrics_show_gpu_facts_and_agent_health() -> None:
     turn(agent, clock, 0)
     turn(agent, clock, 1)
     value = registry.get_sample_value
-    uuid = agent.collector.uuid_of(1)
+    uuid = agent.collector.gpu_at(1).uuid
     gpu1 = {"gpu": "1", "uuid": uuid}
     assert value("gpuhealth_agent_gpu_temperature_celsius", gpu1) == 40
     assert value("gpuhealth_agent_gpu_ecc_errors", {**gpu1, "kind": "uncorrected", "scope": "volatile"}) == 1
