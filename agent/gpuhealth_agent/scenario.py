@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import yaml
 
-from gpuhealth_agent import facts, nvml
+from gpuhealth_agent import facts, models, nvml
 
 DEFAULT_MODEL: Final = "NVIDIA H100 80GB HBM3"
 DEFAULT_DRIVER_VERSION: Final = "570.124.06"
@@ -47,70 +47,6 @@ OPTIONAL_FIELDS: Final[frozenset[str]] = facts.GROUPS
 
 CLOCK_EVENT_REASON_NAMES: Final[frozenset[str]] = frozenset(facts.REASON_BITS)
 RECOVERY_ACTION_NAMES: Final[frozenset[str]] = frozenset(nvml.RECOVERY_ACTIONS.values())
-
-DEFAULT_FACTS: Final[Mapping[str, Any]] = {f.key: f.default for f in facts.FACTS if f.default is not None}
-"""What a healthy, idle GPU reports when the scenario says nothing (an H100 SXM)."""
-
-MODEL_FACTS: Final[tuple[tuple[frozenset[str], Mapping[str, Any]], ...]] = (
-    # Every entry whose words all appear in the model name applies, in order (data-sheet
-    # figures, rounded): an A100 scenario that says nothing about PCIe must not read as
-    # a Gen5 card running at Gen4, nor an L4 as drawing 300 W of its 72 W.
-    (
-        frozenset({"A100"}),
-        {
-            "smClockMHz": 1410,
-            "maxSmClockMHz": 1410,
-            "powerWatts": 250.0,
-            "powerLimitWatts": 400.0,
-            "memoryTotalMiB": 81920,
-            "pcieGeneration": 4,
-            "pcieMaxGeneration": 4,
-        },
-    ),
-    (frozenset({"A100", "PCIE"}), {"powerLimitWatts": 300.0}),
-    (frozenset({"A100", "40GB"}), {"memoryTotalMiB": 40960}),
-    (frozenset({"H100", "PCIE"}), {"smClockMHz": 1755, "maxSmClockMHz": 1755, "powerLimitWatts": 350.0}),
-    (
-        frozenset({"H100", "NVL"}),
-        {"smClockMHz": 1785, "maxSmClockMHz": 1785, "powerLimitWatts": 400.0, "memoryTotalMiB": 95830},
-    ),
-    (frozenset({"H200"}), {"memoryTotalMiB": 143771}),
-    (
-        frozenset({"L4"}),
-        {
-            "smClockMHz": 2040,
-            "maxSmClockMHz": 2040,
-            "powerWatts": 35.0,
-            "powerLimitWatts": 72.0,
-            "memoryTotalMiB": 23034,
-            "pcieGeneration": 4,
-            "pcieMaxGeneration": 4,
-        },
-    ),
-    (
-        frozenset({"L40S"}),
-        {
-            "smClockMHz": 2520,
-            "maxSmClockMHz": 2520,
-            "powerWatts": 100.0,
-            "powerLimitWatts": 350.0,
-            "memoryTotalMiB": 46068,
-            "pcieGeneration": 4,
-            "pcieMaxGeneration": 4,
-        },
-    ),
-)
-
-
-def defaults_for(model: str) -> dict[str, Any]:
-    """DEFAULT_FACTS adjusted to a GPU model the simulation knows (by the words of its name)."""
-    words = set(re.split(r"[\s\-_]+", model.upper()))
-    facts = dict(DEFAULT_FACTS)
-    for needed, overrides in MODEL_FACTS:
-        if needed <= words:
-            facts.update(overrides)
-    return facts
-
 
 TOP_LEVEL_KEYS: Final[frozenset[str]] = frozenset(
     {"gpus", "expectedGpus", "model", "driverVersion", "defaults", "timeline", "description"}
@@ -161,7 +97,7 @@ class Scenario:
     model: str
     driver_version: str
     defaults: Mapping[str, Any]
-    """Facts every GPU starts with (`defaults_for(model)` overlaid with the file's `defaults`)."""
+    """Facts every GPU starts with (`models.defaults_for(model)` overlaid with the file's `defaults`)."""
     not_supported: frozenset[str]
     """Queries no GPU supports (from `defaults.notSupported`)."""
     timeline: tuple[Entry, ...]
@@ -272,7 +208,7 @@ class _Validator:
         raw_defaults = data.get("defaults") or {}
         if not isinstance(raw_defaults, dict):
             raise self.fail("defaults", "a mapping of field: value", raw_defaults)
-        defaults = defaults_for(model)
+        defaults = models.defaults_for(model)
         not_supported: frozenset[str] = frozenset()
         for key, value in raw_defaults.items():
             if key == "notSupported":
