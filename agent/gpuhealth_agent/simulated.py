@@ -7,6 +7,11 @@ with the clock injected, and the simulation owns no thread and does work
 only when called (the fleet simulator runs a thousand of these in one
 process). State advances lazily: each call applies the timeline entries
 whose time has come, in order, then answers from the current facts.
+
+What each call answers comes from the fact table (`facts.py`): a function
+whose answer is one fact's value is served by `__getattr__`, and struct or
+tuple answers (memory, utilisation, remapped rows, field values) have a
+method each that assembles the facts' parts, encoded as the driver does.
 """
 
 from __future__ import annotations
@@ -301,10 +306,6 @@ class SimulatedNvml:
     def nvmlDeviceGetRetiredPages(self, device: Handle, sourceFilter: int) -> list[int]:
         pages = self._answer("nvmlDeviceGetRetiredPages", device, (sourceFilter,))
         return list(pages[0]) if pages else []
-
-    def nvmlDeviceGetRetiredPagesPendingStatus(self, device: Handle) -> int:
-        (pending,) = self._answer("nvmlDeviceGetRetiredPagesPendingStatus", device, ())
-        return int(pending)
 
     def nvmlDeviceGetRemappedRows(self, device: Handle) -> tuple[int, int, int, int]:
         parts = self._parts("nvmlDeviceGetRemappedRows", device, ())
