@@ -141,7 +141,11 @@ class EventData(Protocol):
 
 
 class Library(Protocol):
-    """The pynvml functions the agent calls (same names and signatures as pynvml)."""
+    """The pynvml functions the agent calls (same names and signatures as pynvml).
+
+    The collector calls the fact table's functions by name (`call`), so a new
+    fact needs no line here; they are listed for readers and type checks.
+    """
 
     def nvmlInit(self) -> None: ...
     def nvmlShutdown(self) -> None: ...
