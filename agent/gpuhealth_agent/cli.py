@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Final
 import prometheus_client
 
 from gpuhealth_agent import check, dcgm, health, metrics, nvml, reporter, runner, scenario, simulated, xids
-from gpuhealth_api import __version__
+from gpuhealth_api import __version__, heartbeats
 
 if TYPE_CHECKING:
     from kubernetes import client as k8s
@@ -68,9 +68,9 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--heartbeat",
         type=float,
-        default=60.0,
+        default=float(heartbeats.DEFAULT_HEARTBEAT_SECONDS),
         metavar="SECONDS",
-        help="status write period when idle (default 60)",
+        help=f"status write period when idle (default {heartbeats.DEFAULT_HEARTBEAT_SECONDS})",
     )
     run.add_argument(
         "--metrics-port",

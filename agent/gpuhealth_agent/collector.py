@@ -13,7 +13,9 @@ facts (temperature, power, clocks, throttle reasons, uncorrectable ECC,
 recovery action) every sample; *slow* counters (other ECC counters, retired
 pages, remapped rows, PCIe) at most every `slow_period_seconds`, at once
 after an XID or double-bit ECC event, and every sample on a GPU with a pending
-page retirement or row remap (`awaits_reset`).
+page retirement or row remap (`awaits_reset`). Which facts exist, and in
+which tier, is the fact table's (`facts.py`); what the agent remembers
+beyond the last reading (XIDs, resets, time stamps) is `history.py`'s.
 """
 
 from __future__ import annotations
@@ -21,13 +23,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import enum
 import logging
 import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from gpuhealth_agent import changes, nvml, timefmt, xids
+from gpuhealth_agent import facts, history, nvml, xids
 from gpuhealth_api import status
 
 log = logging.getLogger(__name__)
@@ -36,202 +37,44 @@ Partial = dict[str, Any]
 """A piece of a GPUStatus, possibly nested ({"ecc": {"uncorrectedVolatile": 1}}), merged into the whole."""
 
 
-class Tier(enum.Enum):
-    STATIC = "static"
-    FAST = "fast"
-    SLOW = "slow"
-
-
 @dataclasses.dataclass(frozen=True)
 class Query:
+    """One NVML call and the facts it answers (several for a struct or tuple result)."""
+
     function: str
     """The NVML function, for error counts and logs."""
-    tier: Tier
-    read: Callable[[nvml.Library, Any], Partial]
+    args: tuple[Any, ...]
+    tier: facts.Tier
+    facts: tuple[facts.Fact, ...]
+
+    def read(self, lib: nvml.Library, handle: Any) -> Partial:
+        result = nvml.call(lib, self.function, handle, *self.args)
+        part: dict[str, Any] = {}
+        for fact in self.facts:
+            raw = result
+            if isinstance(fact.part, str):
+                raw = getattr(result, fact.part)
+            elif isinstance(fact.part, int):
+                raw = result[fact.part]
+            *parents, leaf = fact.path
+            node = part
+            for name in parents:
+                node = node.setdefault(name, {})
+            node[leaf] = facts.decode(fact, raw)
+        return part
 
 
-def _temperature(lib: nvml.Library, h: Any) -> Partial:
-    try:
-        value = lib.nvmlDeviceGetTemperatureV(h, nvml.TEMPERATURE_GPU)
-    except nvml.FunctionNotFound:  # drivers before the V call
-        value = lib.nvmlDeviceGetTemperature(h, nvml.TEMPERATURE_GPU)
-    return {"temperatureCelsius": int(value)}
+def _queries() -> tuple[Query, ...]:
+    """The fact table as NVML calls: facts one call answers share it (in table order)."""
+    calls: dict[tuple[str, tuple[Any, ...]], list[facts.Fact]] = {}
+    for fact in facts.FACTS:
+        calls.setdefault((fact.function, fact.args), []).append(fact)
+    return tuple(
+        Query(function, args, group[0].tier, tuple(group)) for (function, args), group in calls.items()
+    )
 
 
-def _clock_event_reasons(lib: nvml.Library, h: Any) -> Partial:
-    try:
-        mask = lib.nvmlDeviceGetCurrentClocksEventReasons(h)
-    except nvml.FunctionNotFound:  # drivers before the rename from "throttle reasons"
-        mask = lib.nvmlDeviceGetCurrentClocksThrottleReasons(h)
-    return {"clockEventReasons": [name for bit, name in status.CLOCK_EVENT_REASONS.items() if mask & bit]}
-
-
-def _recovery_action(lib: nvml.Library, h: Any) -> Partial:
-    field_id = nvml.FI_DEV_GET_GPU_RECOVERY_ACTION
-    if field_id is None:
-        raise nvml.error("FunctionNotFound")
-    (value,) = lib.nvmlDeviceGetFieldValues(h, [field_id])
-    if value.nvmlReturn != nvml.SUCCESS:
-        raise nvml.NVMLError(value.nvmlReturn)  # pynvml maps the code to its class
-    code = int(value.value.ullVal)
-    return {"recoveryAction": nvml.RECOVERY_ACTIONS.get(code, f"Unknown{code}")}
-
-
-def _ecc(kind: int, counter: int, key: str) -> Callable[[nvml.Library, Any], Partial]:
-    def read(lib: nvml.Library, h: Any) -> Partial:
-        return {"ecc": {key: int(lib.nvmlDeviceGetTotalEccErrors(h, kind, counter))}}
-
-    return read
-
-
-def _remapped_rows(lib: nvml.Library, h: Any) -> Partial:
-    corr, unc, pending, failure = lib.nvmlDeviceGetRemappedRows(h)
-    return {
-        "remappedRows": {
-            "correctable": int(corr),
-            "uncorrectable": int(unc),
-            "pending": bool(pending),
-            "failure": bool(failure),
-        }
-    }
-
-
-def _memory(lib: nvml.Library, h: Any) -> Partial:
-    info = lib.nvmlDeviceGetMemoryInfo(h)
-    return {"memoryUsedMiB": int(info.used) // 2**20, "memoryTotalMiB": int(info.total) // 2**20}
-
-
-QUERIES: Final[tuple[Query, ...]] = (
-    Query("nvmlDeviceGetSerial", Tier.STATIC, lambda lib, h: {"serial": lib.nvmlDeviceGetSerial(h)}),
-    Query(
-        "nvmlDeviceGetTemperatureThreshold",
-        Tier.STATIC,
-        lambda lib, h: {
-            "slowdownTemperatureCelsius": int(
-                lib.nvmlDeviceGetTemperatureThreshold(h, nvml.TEMPERATURE_THRESHOLD_SLOWDOWN)
-            )
-        },
-    ),
-    Query(
-        "nvmlDeviceGetMaxClockInfo",
-        Tier.STATIC,
-        lambda lib, h: {"maxSmClockMHz": int(lib.nvmlDeviceGetMaxClockInfo(h, nvml.CLOCK_SM))},
-    ),
-    Query(
-        "nvmlDeviceGetMaxPcieLinkGeneration",
-        Tier.STATIC,
-        lambda lib, h: {"pcie": {"maxGeneration": int(lib.nvmlDeviceGetMaxPcieLinkGeneration(h))}},
-    ),
-    Query(
-        "nvmlDeviceGetMaxPcieLinkWidth",
-        Tier.STATIC,
-        lambda lib, h: {"pcie": {"maxWidth": int(lib.nvmlDeviceGetMaxPcieLinkWidth(h))}},
-    ),
-    Query("nvmlDeviceGetTemperatureV", Tier.FAST, _temperature),
-    Query(
-        "nvmlDeviceGetPowerUsage",
-        Tier.FAST,
-        lambda lib, h: {"powerWatts": round(lib.nvmlDeviceGetPowerUsage(h) / 1000, 1)},
-    ),
-    Query(
-        "nvmlDeviceGetClockInfo",
-        Tier.FAST,
-        lambda lib, h: {"smClockMHz": int(lib.nvmlDeviceGetClockInfo(h, nvml.CLOCK_SM))},
-    ),
-    Query(
-        "nvmlDeviceGetUtilizationRates",
-        Tier.FAST,
-        lambda lib, h: {"utilizationPercent": int(lib.nvmlDeviceGetUtilizationRates(h).gpu)},
-    ),
-    Query("nvmlDeviceGetCurrentClocksEventReasons", Tier.FAST, _clock_event_reasons),
-    Query(
-        "nvmlDeviceGetTotalEccErrors",
-        Tier.FAST,
-        _ecc(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC, "uncorrectedVolatile"),
-    ),
-    Query("nvmlDeviceGetFieldValues", Tier.FAST, _recovery_action),
-    Query(
-        "nvmlDeviceGetEnforcedPowerLimit",
-        Tier.SLOW,
-        lambda lib, h: {"powerLimitWatts": round(lib.nvmlDeviceGetEnforcedPowerLimit(h) / 1000, 1)},
-    ),
-    Query("nvmlDeviceGetMemoryInfo", Tier.SLOW, _memory),
-    Query(
-        "nvmlDeviceGetTotalEccErrors",
-        Tier.SLOW,
-        _ecc(nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.VOLATILE_ECC, "correctedVolatile"),
-    ),
-    Query(
-        "nvmlDeviceGetTotalEccErrors",
-        Tier.SLOW,
-        _ecc(nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.AGGREGATE_ECC, "correctedAggregate"),
-    ),
-    Query(
-        "nvmlDeviceGetTotalEccErrors",
-        Tier.SLOW,
-        _ecc(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.AGGREGATE_ECC, "uncorrectedAggregate"),
-    ),
-    Query(
-        "nvmlDeviceGetRetiredPages",
-        Tier.SLOW,
-        lambda lib, h: {
-            "retiredPages": {
-                "doubleBit": len(
-                    lib.nvmlDeviceGetRetiredPages(h, nvml.PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
-                )
-            }
-        },
-    ),
-    Query(
-        "nvmlDeviceGetRetiredPagesPendingStatus",
-        Tier.SLOW,
-        lambda lib, h: {"retiredPages": {"pending": bool(lib.nvmlDeviceGetRetiredPagesPendingStatus(h))}},
-    ),
-    Query("nvmlDeviceGetRemappedRows", Tier.SLOW, _remapped_rows),
-    Query(
-        "nvmlDeviceGetPcieReplayCounter",
-        Tier.SLOW,
-        lambda lib, h: {"pcie": {"replayCounter": int(lib.nvmlDeviceGetPcieReplayCounter(h))}},
-    ),
-    Query(
-        "nvmlDeviceGetCurrPcieLinkGeneration",
-        Tier.SLOW,
-        lambda lib, h: {"pcie": {"generation": int(lib.nvmlDeviceGetCurrPcieLinkGeneration(h))}},
-    ),
-    Query(
-        "nvmlDeviceGetCurrPcieLinkWidth",
-        Tier.SLOW,
-        lambda lib, h: {"pcie": {"width": int(lib.nvmlDeviceGetCurrPcieLinkWidth(h))}},
-    ),
-)
-
-
-def looks_reset(before: status.GPUStatus, after: status.GPUStatus) -> bool:
-    """Whether a GPU was reset between two readings (NVML has no reset event, so infer it).
-
-    A reset brings a lost GPU back, zeroes the volatile ECC counts, activates
-    pending page retirements and row remaps, and clears the recovery action.
-    """
-    if after.get("lost", False):
-        return False
-    if before.get("lost", False):
-        return True
-    old_ecc, new_ecc = before.get("ecc", {}), after.get("ecc", {})
-    if new_ecc.get("correctedVolatile", 0) < old_ecc.get("correctedVolatile", 0) or (
-        new_ecc.get("uncorrectedVolatile", 0) < old_ecc.get("uncorrectedVolatile", 0)
-    ):
-        return True
-    if (
-        before.get("retiredPages", {}).get("pending")
-        and after.get("retiredPages", {}).get("pending") is False
-    ):
-        return True
-    if (
-        before.get("remappedRows", {}).get("pending")
-        and after.get("remappedRows", {}).get("pending") is False
-    ):
-        return True
-    return before.get("recoveryAction", "None") != "None" and after.get("recoveryAction") == "None"
+QUERIES: Final[tuple[Query, ...]] = _queries()
 
 
 def awaits_reset(gpu: status.GPUStatus) -> bool:
@@ -266,16 +109,20 @@ class _Identity:
 
 @dataclasses.dataclass
 class _Track:
-    """What the collector remembers about one GPU (by UUID) between samples."""
+    """What the collector last read of one GPU (by UUID); the rest of its memory is in history.py."""
 
     identity: _Identity
     partials: dict[int, Partial] = dataclasses.field(default_factory=dict)
     """Last good result of each query (by position in QUERIES); {} when unsupported."""
-    view: dict[str, Any] | None = None
-    observed_time: str | None = None
-    throttled_since: str | None = None
     lost: bool = False
-    last_status: status.GPUStatus | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Gpu:
+    """Which GPU an event or a DCGM record names, resolved once (either part may be unknown)."""
+
+    index: int | None
+    uuid: str | None
 
 
 @dataclasses.dataclass
@@ -291,7 +138,7 @@ class Sample:
 
 
 class Collector:
-    """Reads all GPUs through an nvml.Library; keeps per-GPU memory across samples (see module doc)."""
+    """Reads all GPUs through an nvml.Library; hands each reading to a History (see module doc)."""
 
     def __init__(
         self,
@@ -306,11 +153,10 @@ class Collector:
         self.lib = lib
         self.expected_gpus = expected_gpus
         self.slow_period_seconds = slow_period_seconds
-        self.xid_log = xid_log or xids.XidLog()
+        self.history = history.History(xid_log)
         self.perf_counter = perf_counter
         self.enrich = enrich
         """Called with the raw facts of each sample before they are stamped (DCGM folds in here)."""
-        self._missing_since: dict[int, str] = {}
         self._identities: list[_Identity] | None = None
         self._answering: list[_Identity] = []
         """The GPUs that answered the last enumeration, even when some did not (_identities is then None)."""
@@ -325,22 +171,30 @@ class Collector:
         """Read the slow counters on the next sample too (an XID or DBE event just arrived)."""
         self._slow_requested = True
 
-    def record_xid(self, nvml_index: int | None, code: int, now: float) -> None:
-        """Count an XID for the GPU at an NVML index (None: the event did not say which GPU)."""
-        identity = self._identity_at(nvml_index)
-        key = identity.uuid if identity is not None else f"index-{nvml_index}"
-        self.xid_log.record(key, code, timefmt.rfc3339(now))
+    def record_xid(self, gpu: Gpu, code: int, now: float) -> None:
+        """Count an XID for a GPU and read the slow counters on the next sample too."""
+        self.history.record_xid(gpu.uuid, gpu.index, code, now)
         self._slow_requested = True
 
-    def gpu_index_of(self, handle: Any) -> int | None:
-        """The NVML index of a device handle from an event, or None if that cannot be told."""
+    def identify(self, handle: Any) -> Gpu:
+        """Which GPU a device handle from an event names (index and UUID, as far as they can be told)."""
         try:
-            return int(self.lib.nvmlDeviceGetIndex(handle))
+            index: int | None = int(self.lib.nvmlDeviceGetIndex(handle))
         except nvml.NVMLError:
-            for track in self._tracks.values():
-                if nvml.same_device(track.identity.handle, handle):
-                    return track.identity.index
-            return None
+            index = next(
+                (
+                    t.identity.index
+                    for t in self._tracks.values()
+                    if nvml.same_device(t.identity.handle, handle)
+                ),
+                None,
+            )
+        return self.gpu_at(index)
+
+    def gpu_at(self, index: int | None) -> Gpu:
+        """The GPU at an NVML index (None: the event did not say which GPU)."""
+        identity = self._identity_at(index)
+        return Gpu(index, identity.uuid if identity is not None else None)
 
     def handles(self) -> list[Any]:
         """Device handles of the GPUs that answered the last enumeration (for event registration).
@@ -349,10 +203,6 @@ class Collector:
         bus must still get XID events from the others.
         """
         return [identity.handle for identity in self._answering]
-
-    def uuid_of(self, index: int | None) -> str | None:
-        identity = self._identity_at(index)
-        return identity.uuid if identity is not None else None
 
     def _identity_at(self, index: int | None) -> _Identity | None:
         for identity in self._identities or []:
@@ -390,14 +240,14 @@ class Collector:
                 taken.add(track.identity.index)
         if self.enrich is not None:
             self.enrich([gpu for _, gpu in pending], now)
-        gpus = [self._finish(track, gpu, now) for track, gpu in pending]
+        gpus = [self.history.stamp(track.identity.uuid, gpu, now) for track, gpu in pending]
         expected = max(self.expected_gpus or 0, len(identities))
         for index in range(expected):
             if index not in taken:
-                since = self._missing_since.setdefault(index, timefmt.rfc3339(now))
+                since = self.history.missing_since(index, now)
                 gpus.append(status.GPUStatus(index=index, lost=True, observedTime=since))
             else:
-                self._missing_since.pop(index, None)
+                self.history.present(index)
         gpus.sort(key=lambda g: g["index"])
         return Sample(
             time=now,
@@ -466,12 +316,13 @@ class Collector:
             track = self._tracks[identity.uuid] = _Track(identity)
         track.identity = identity
         lost = False
-        slow = slow or (track.last_status is not None and awaits_reset(track.last_status))
+        last = self.history.last_status(identity.uuid)
+        slow = slow or (last is not None and awaits_reset(last))
         for position, query in enumerate(QUERIES):
             due = (
-                query.tier is Tier.FAST
+                query.tier is facts.Tier.FAST
                 or fresh
-                or (slow and query.tier is Tier.SLOW)
+                or (slow and query.tier is facts.Tier.SLOW)
                 or position not in track.partials
             )
             if not due:
@@ -500,39 +351,23 @@ class Collector:
         for position in range(len(QUERIES)):
             merge(gpu, track.partials.get(position, {}))
         result: status.GPUStatus = gpu  # type: ignore[assignment]
-        self._note_reset(track, result)
+        self.history.note_reading(identity.uuid, result)
         track.lost = False
         return track, result
 
-    def _note_reset(self, track: _Track, gpu: status.GPUStatus) -> None:
-        """Clear the GPU's XIDs when it shows signs of a reset (XID counts are "since the last reset")."""
-        if track.last_status is not None and looks_reset(track.last_status, gpu):
-            self.xid_log.clear(track.identity.uuid)
-
     def restore(self, previous: list[status.GPUStatus]) -> int:
-        """Carry XIDs over from the status an earlier agent process reported (an agent restart).
+        """Carry XIDs over from an earlier agent process's status (history.History.restore).
 
-        NVML tells of an XID only once, so without this an agent upgrade would
-        erase a fatal XID from the GPUNode. A GPU that was reset meanwhile (a
-        node reboot brings a lost GPU back, a driver reload clears volatile ECC
-        counts, ...) starts again from zero. Returns how many GPUs got XIDs back.
+        A GPU with XIDs that this process has not enumerated (lost since before
+        it started) is remembered by identity, so it is reported lost under its
+        UUID, with its XIDs, not as an anonymous gap.
         """
-        restored = 0
         for gpu in previous:
-            uuid, records = gpu.get("uuid"), gpu.get("xids")
-            if not uuid or not records:
-                continue
-            track = self._tracks.get(uuid)
-            if track is None and "index" in gpu:
-                # Not enumerated now (lost since before this process started): remember who it was,
-                # so it is reported lost under its UUID, with its XIDs, not as an anonymous gap.
+            uuid = gpu.get("uuid")
+            if uuid and gpu.get("xids") and uuid not in self._tracks and "index" in gpu:
                 identity = _Identity(gpu["index"], None, uuid, gpu.get("model"), gpu.get("pciBusId"))
-                track = self._tracks[uuid] = _Track(identity, lost=bool(gpu.get("lost")), last_status=gpu)
-            elif track is not None and track.last_status is not None and looks_reset(gpu, track.last_status):
-                continue
-            self.xid_log.restore(uuid, records)
-            restored += 1
-        return restored
+                self._tracks[uuid] = _Track(identity, lost=bool(gpu.get("lost")))
+        return self.history.restore(previous)
 
     def _lost_status(self, track: _Track) -> tuple[_Track, status.GPUStatus]:
         identity = track.identity
@@ -544,23 +379,3 @@ class Collector:
         track.lost = True
         track.partials.clear()
         return track, gpu
-
-    def _finish(self, track: _Track, gpu: status.GPUStatus, now: float) -> status.GPUStatus:
-        stamp = timefmt.rfc3339(now)
-        records = self.xid_log.records(track.identity.uuid)
-        if records:
-            gpu["xids"] = records
-        throttling = changes.throttle_reasons(gpu)
-        if not throttling:
-            track.throttled_since = None
-        elif track.throttled_since is None:
-            track.throttled_since = stamp
-        if track.throttled_since is not None:
-            gpu["throttledSince"] = track.throttled_since
-        view = changes.gpu_view(gpu)
-        if view != track.view:
-            track.view = view
-            track.observed_time = stamp
-        gpu["observedTime"] = track.observed_time or stamp
-        track.last_status = gpu
-        return gpu

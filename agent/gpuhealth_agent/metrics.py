@@ -4,17 +4,18 @@ All metrics live in a CollectorRegistry handed in by the caller, never the
 process-global default, so many agents (the fleet simulator) or tests can
 coexist in one process; the fleet simulator passes no metrics at all.
 Per-GPU series are labelled by `gpu` (index) and `uuid`: that is one series
-per GPU per metric, bounded by the GPUs in the node. XIDs add one series per
+per GPU per metric, bounded by the GPUs in the node. The per-fact families
+come from the fact table (`facts.py`: a row's `metric` and `labels`). XIDs add one series per
 code seen, clock-event reasons one per reason (9 at most).
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import prometheus_client
 
-from gpuhealth_agent import collector, nvml
+from gpuhealth_agent import collector, facts, outputs
 from gpuhealth_api import status
 
 PREFIX: Final = "gpuhealth_agent"
@@ -26,7 +27,6 @@ ERROR: Final = "error"
 REASON: Final = "reason"
 CODE: Final = "code"
 KIND: Final = "kind"
-SCOPE: Final = "scope"
 
 
 class AgentMetrics:
@@ -36,96 +36,19 @@ class AgentMetrics:
         self.registry = registry
         g, c, h = prometheus_client.Gauge, prometheus_client.Counter, prometheus_client.Histogram
         r = registry
-        self.temperature = g(
-            f"{PREFIX}_gpu_temperature_celsius", "GPU core temperature.", GPU_LABELS, registry=r
-        )
-        self.slowdown_temperature = g(
-            f"{PREFIX}_gpu_slowdown_temperature_celsius",
-            "Temperature at which the GPU starts to slow down (NVML slowdown threshold).",
-            GPU_LABELS,
-            registry=r,
-        )
-        self.power = g(f"{PREFIX}_gpu_power_watts", "GPU power draw.", GPU_LABELS, registry=r)
-        self.power_limit = g(
-            f"{PREFIX}_gpu_power_limit_watts", "Enforced GPU power limit.", GPU_LABELS, registry=r
-        )
-        self.sm_clock = g(f"{PREFIX}_gpu_sm_clock_mhz", "Current SM clock.", GPU_LABELS, registry=r)
-        self.max_sm_clock = g(f"{PREFIX}_gpu_max_sm_clock_mhz", "Maximum SM clock.", GPU_LABELS, registry=r)
-        self.utilization = g(
-            f"{PREFIX}_gpu_utilization_percent",
-            "GPU utilisation over the driver's last period.",
-            GPU_LABELS,
-            registry=r,
-        )
-        self.ecc_errors = g(
-            f"{PREFIX}_gpu_ecc_errors",
-            "ECC error count as NVML reports it (kind: corrected|uncorrected, scope: volatile|aggregate). "
-            "A gauge because volatile counts restart at a GPU reset.",
-            (*GPU_LABELS, KIND, SCOPE),
-            registry=r,
-        )
-        self.retired_pages = g(
-            f"{PREFIX}_gpu_retired_pages_double_bit",
-            "Pages retired after double-bit ECC errors.",
-            GPU_LABELS,
-            registry=r,
-        )
-        self.remapped_rows = g(
-            f"{PREFIX}_gpu_remapped_rows",
-            "Rows remapped (kind: correctable|uncorrectable).",
-            (*GPU_LABELS, KIND),
-            registry=r,
-        )
-        self.remap_failure = g(
-            f"{PREFIX}_gpu_row_remap_failure",
-            "1 when row remapping failed on the GPU.",
-            GPU_LABELS,
-            registry=r,
-        )
-        self.remap_pending = g(
-            f"{PREFIX}_gpu_row_remap_pending",
-            "1 when a row remap waits for a GPU reset.",
-            GPU_LABELS,
-            registry=r,
-        )
+        self.facts = {
+            metric: g(f"{PREFIX}_{metric.name}", metric.help, (*GPU_LABELS, *metric.labels), registry=r)
+            for metric in facts.METRICS
+        }
+        """One gauge family per fact metric of the fact table (facts.METRICS)."""
         self.xids = c(
             f"{PREFIX}_gpu_xid_errors",
             "XID errors the agent received, by code.",
             (*GPU_LABELS, CODE),
             registry=r,
         )
-        self.clock_event_reason = g(
-            f"{PREFIX}_gpu_clock_event_reason_active",
-            "1 while the clock-event (throttle) reason is active.",
-            (*GPU_LABELS, REASON),
-            registry=r,
-        )
-        self.recovery_action = g(
-            f"{PREFIX}_gpu_recovery_action",
-            "NVML GPU recovery action code (0 None, 1 GpuReset, 2 NodeReboot, 3 DrainP2P, 4 DrainAndReset).",
-            GPU_LABELS,
-            registry=r,
-        )
         self.lost = g(
             f"{PREFIX}_gpu_lost", "1 when the GPU fell off the bus or is missing.", GPU_LABELS, registry=r
-        )
-        self.pcie_generation = g(
-            f"{PREFIX}_gpu_pcie_link_generation",
-            "PCIe link generation (kind: current|max).",
-            (*GPU_LABELS, KIND),
-            registry=r,
-        )
-        self.pcie_width = g(
-            f"{PREFIX}_gpu_pcie_link_width",
-            "PCIe link width in lanes (kind: current|max).",
-            (*GPU_LABELS, KIND),
-            registry=r,
-        )
-        self.pcie_replays = g(
-            f"{PREFIX}_gpu_pcie_replay_counter",
-            "PCIe replay counter as NVML reports it.",
-            GPU_LABELS,
-            registry=r,
         )
         # The agent's own health.
         self.gpus = g(f"{PREFIX}_gpus", "GPUs answering NVML.", registry=r)
@@ -169,6 +92,24 @@ class AgentMetrics:
             f"{PREFIX}_nvml_events", "NVML events received, by type (xid|dbe).", (KIND,), registry=r
         )
 
+    def export(self, turn: outputs.Turn) -> None:
+        """Everything the turn tells (an outputs.Output): the sample, events, XIDs, the write outcome."""
+        self.observe(turn.sample)
+        self.nvml_calls.inc(turn.nvml_calls)
+        for kind in turn.events:
+            self.events.labels(str(kind)).inc()
+        for gpu, code in turn.xids:
+            self.xid(gpu.index, gpu.uuid, code)
+        if turn.dcgm_failed:
+            self.dcgm_scrape_failures.inc()
+        outcome = turn.outcome
+        if outcome is not None and outcome.reason is not None:
+            if outcome.written:
+                self.report_writes.labels(str(outcome.reason)).inc()
+                self.last_report.set(turn.now)
+            elif outcome.error is not None:
+                self.report_failures.inc()
+
     def observe(self, sample: collector.Sample) -> None:
         self.collection_duration.observe(sample.duration_seconds)
         self.last_collection.set(sample.time)
@@ -184,51 +125,23 @@ class AgentMetrics:
         self.lost.labels(*labels).set(1 if gpu.get("lost") else 0)
         if gpu.get("lost"):
             return
-        simple = (
-            (self.temperature, gpu.get("temperatureCelsius")),
-            (self.slowdown_temperature, gpu.get("slowdownTemperatureCelsius")),
-            (self.power, gpu.get("powerWatts")),
-            (self.power_limit, gpu.get("powerLimitWatts")),
-            (self.sm_clock, gpu.get("smClockMHz")),
-            (self.max_sm_clock, gpu.get("maxSmClockMHz")),
-            (self.utilization, gpu.get("utilizationPercent")),
-            (self.retired_pages, gpu.get("retiredPages", {}).get("doubleBit")),
-            (self.remap_failure, gpu.get("remappedRows", {}).get("failure")),
-            (self.remap_pending, gpu.get("remappedRows", {}).get("pending")),
-            (self.pcie_replays, gpu.get("pcie", {}).get("replayCounter")),
-        )
-        for family, value in simple:
-            if value is not None:
-                family.labels(*labels).set(float(value))
-        ecc = gpu.get("ecc", {})
-        for key, kind, scope in (
-            ("correctedVolatile", "corrected", "volatile"),
-            ("uncorrectedVolatile", "uncorrected", "volatile"),
-            ("correctedAggregate", "corrected", "aggregate"),
-            ("uncorrectedAggregate", "uncorrected", "aggregate"),
-        ):
-            if key in ecc:
-                self.ecc_errors.labels(*labels, kind, scope).set(ecc[key])  # type: ignore[literal-required]
-        rows = gpu.get("remappedRows", {})
-        for key, kind in (("correctable", "correctable"), ("uncorrectable", "uncorrectable")):
-            if key in rows:
-                self.remapped_rows.labels(*labels, kind).set(rows[key])  # type: ignore[literal-required]
-        pcie = gpu.get("pcie", {})
-        for family, current, maximum in (
-            (self.pcie_generation, "generation", "maxGeneration"),
-            (self.pcie_width, "width", "maxWidth"),
-        ):
-            if current in pcie:
-                family.labels(*labels, "current").set(pcie[current])  # type: ignore[literal-required]
-            if maximum in pcie:
-                family.labels(*labels, "max").set(pcie[maximum])  # type: ignore[literal-required]
-        if "clockEventReasons" in gpu:
-            active = set(gpu["clockEventReasons"])
-            for name in status.CLOCK_EVENT_REASONS.values():
-                self.clock_event_reason.labels(*labels, name).set(1 if name in active else 0)
-        if "recoveryAction" in gpu:
-            codes = {name: code for code, name in nvml.RECOVERY_ACTIONS.items()}
-            self.recovery_action.labels(*labels).set(codes.get(gpu["recoveryAction"], -1))
+        for fact in facts.FACTS:
+            if fact.metric is None:
+                continue
+            value: Any = gpu
+            for name in fact.path:
+                value = value.get(name) if isinstance(value, dict) else None
+            if value is None:
+                continue
+            family = self.facts[fact.metric]
+            if fact.type is facts.Type.REASONS:
+                active = set(value)
+                for name in facts.REASON_BITS:
+                    family.labels(*labels, *fact.labels, name).set(1 if name in active else 0)
+            elif fact.type is facts.Type.RECOVERY:
+                family.labels(*labels, *fact.labels).set(facts.RECOVERY_CODES.get(value, -1))
+            else:
+                family.labels(*labels, *fact.labels).set(float(value))
 
     def xid(self, gpu_index: int | None, uuid: str | None, code: int) -> None:
         self.xids.labels(str(gpu_index if gpu_index is not None else ""), uuid or "", str(code)).inc()

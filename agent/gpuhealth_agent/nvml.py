@@ -25,6 +25,9 @@ NoPermission: Final[type[Exception]] = pynvml.NVMLError_NoPermission
 GpuIsLost: Final[type[Exception]] = pynvml.NVMLError_GpuIsLost
 Timeout: Final[type[Exception]] = pynvml.NVMLError_Timeout
 Unknown: Final[type[Exception]] = pynvml.NVMLError_Unknown
+ArgumentVersionMismatch: Final[type[Exception]] = getattr(
+    pynvml, "NVMLError_ArgumentVersionMismatch", pynvml.NVMLError_FunctionNotFound
+)
 
 UNSUPPORTED: Final[tuple[type[Exception], ...]] = (NotSupported, FunctionNotFound, NoPermission)
 """Errors meaning "this GPU or driver cannot answer that": the field is absent, the sample goes on."""
@@ -81,6 +84,16 @@ RECOVERY_ACTIONS: Final[dict[int, str]] = {
 }
 """NVML_GPU_RECOVERY_ACTION_* values by name (the first five are gpuhealth_api.vocabulary.RecoveryAction)."""
 
+MEMORY_V2: Final[int | None] = getattr(pynvml, "nvmlMemory_v2", None)
+"""Version tag of nvmlMemory_v2_t (`used` without the driver's reserved memory); None with older bindings."""
+
+OLDER_NAMES: Final[dict[str, str]] = {
+    "nvmlDeviceGetTemperatureV": "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetCurrentClocksEventReasons": "nvmlDeviceGetCurrentClocksThrottleReasons",
+}
+"""The same call under the name drivers had before (same arguments), tried on FunctionNotFound."""
+NEWER_NAMES: Final[dict[str, str]] = {old: new for new, old in OLDER_NAMES.items()}
+
 
 # --- the surface the collector calls ---------------------------------------------------------------------
 
@@ -128,7 +141,11 @@ class EventData(Protocol):
 
 
 class Library(Protocol):
-    """The pynvml functions the agent calls (same names and signatures as pynvml)."""
+    """The pynvml functions the agent calls (same names and signatures as pynvml).
+
+    The collector calls the fact table's functions by name (`call`), so a new
+    fact needs no line here; they are listed for readers and type checks.
+    """
 
     def nvmlInit(self) -> None: ...
     def nvmlShutdown(self) -> None: ...
@@ -148,7 +165,7 @@ class Library(Protocol):
     def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int: ...
     def nvmlDeviceGetMaxClockInfo(self, handle: Any, type: int) -> int: ...
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Utilization: ...
-    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Memory: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Memory: ...
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> int: ...
     def nvmlDeviceGetRetiredPages(self, device: Any, sourceFilter: int) -> list[int]: ...
     def nvmlDeviceGetRetiredPagesPendingStatus(self, device: Any) -> int: ...
@@ -217,6 +234,35 @@ def counting(lib: Library) -> tuple[Library, Counting]:
     counter = Counting(lib)
     typed: Library = counter
     return typed, counter
+
+
+def call(lib: Library, function: str, handle: Any, *args: Any) -> Any:
+    """Call a per-device NVML function by name, the way the driver at hand can answer it.
+
+    Falls back to the older name of a renamed function, asks for v2 memory
+    info where the driver has it, and reads one field value (`args` is the
+    field id) as a plain integer, raising the field's own error.
+    """
+    if function == "nvmlDeviceGetFieldValues":
+        (field_id,) = args
+        if field_id is None:  # bindings that predate the field
+            raise error("FunctionNotFound")
+        (value,) = lib.nvmlDeviceGetFieldValues(handle, [field_id])
+        if value.nvmlReturn != SUCCESS:
+            raise NVMLError(value.nvmlReturn)  # pynvml maps the code to its class
+        return int(value.value.ullVal)
+    if function == "nvmlDeviceGetMemoryInfo" and MEMORY_V2 is not None:
+        try:
+            return lib.nvmlDeviceGetMemoryInfo(handle, version=MEMORY_V2)
+        except (FunctionNotFound, ArgumentVersionMismatch):  # a driver before nvmlDeviceGetMemoryInfo_v2
+            return lib.nvmlDeviceGetMemoryInfo(handle)
+    try:
+        return getattr(lib, function)(handle, *args)
+    except FunctionNotFound:
+        older = OLDER_NAMES.get(function)
+        if older is None:
+            raise
+        return getattr(lib, older)(handle, *args)
 
 
 def same_device(a: Any, b: Any) -> bool:

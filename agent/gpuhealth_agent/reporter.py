@@ -19,8 +19,8 @@ from typing import Any, Final, Protocol
 from kubernetes import client as k8s
 from kubernetes.client import exceptions as k8s_exceptions
 
-from gpuhealth_agent import backoff, changes, timefmt
-from gpuhealth_api import keys, resources, status
+from gpuhealth_agent import backoff, changes
+from gpuhealth_api import keys, resources, status, timestamps
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +220,7 @@ class Reporter:
         if not self.retry.ready(now):
             self.state = dataclasses.replace(self.state, pending=True)
             return Outcome(reason, retry_in_seconds=self.retry.next_attempt_at - now)
-        node_status.setdefault("agent", {})["lastHeartbeatTime"] = timefmt.rfc3339(now)
+        node_status.setdefault("agent", {})["lastHeartbeatTime"] = timestamps.rfc3339(now)
         try:
             if not self.ensured:
                 self.prepare()

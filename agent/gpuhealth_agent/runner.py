@@ -1,4 +1,4 @@
-"""The agent loop: collect, update metrics, report when it matters.
+"""The agent loop: collect, then hand the turn to each output (GPUNode reporter, metrics).
 
 `Agent.run_once(now)` is one turn and owns no thread, so the fleet simulator
 can drive a thousand agents from a small pool (sharing one Kubernetes
@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from gpuhealth_agent import changes, collector, dcgm, events, health, metrics, nvml, reporter, timefmt, xids
-from gpuhealth_api import __version__, status
+from gpuhealth_agent import changes, collector, dcgm, events, health, metrics, nvml, outputs, reporter, xids
+from gpuhealth_api import __version__, heartbeats, status, timestamps
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class Settings:
     """nvml (the real driver) or sim (a scenario)."""
     interval_seconds: float = 5.0
     """Collect period."""
-    heartbeat_seconds: float = 60.0
+    heartbeat_seconds: float = heartbeats.DEFAULT_HEARTBEAT_SECONDS
     """Longest time without a status write when nothing significant changed."""
     slow_period_seconds: float = 10.0
     """Slow counters (aggregate ECC, retired pages, remapped rows, PCIe) are read at most this often."""
@@ -69,7 +69,15 @@ class Agent:
         self.lib, self.nvml_counter = nvml.counting(lib)
         self._calls_reported = 0
         self.reporter = report
-        self.metrics = agent_metrics
+        self.outputs: list[outputs.Output] = []
+        """Where each turn goes, in order (the reporter first, so metrics see its outcome)."""
+        if report is not None:
+            self.outputs.append(outputs.ReportOutput(report))
+        if agent_metrics is not None:
+            self.outputs.append(agent_metrics)
+        self._xids: list[tuple[collector.Gpu, int]] = []
+        self._events: list[events.Kind] = []
+        self._dcgm_failed = False
         self.dcgm = dcgm_source
         self.clock = clock
         self.catalogue = catalogue if catalogue is not None else xids.Catalogue.packaged()
@@ -128,26 +136,26 @@ class Agent:
         received = self._take_events(now)
         sample = self.collector.sample(now)
         self._watch_new_gpus()
-        if self.metrics is not None:
-            self.metrics.observe(sample)
-            calls = self.nvml_counter.calls
-            self.metrics.nvml_calls.inc(calls - self._calls_reported)
-            self._calls_reported = calls
-        node_status = self.build_status(sample)
-        outcome = None
+        calls = self.nvml_counter.calls
+        turn = outputs.Turn(
+            now,
+            sample,
+            self.build_status(sample),
+            xids=self._xids,
+            events=self._events,
+            nvml_calls=calls - self._calls_reported,
+            dcgm_failed=self._dcgm_failed,
+        )
+        self._calls_reported = calls
+        self._xids, self._events, self._dcgm_failed = [], [], False
+        for output in self.outputs:
+            output.export(turn)
         if self.reporter is not None:
-            outcome = self.reporter.report(now, node_status)
             self._restore()  # when the API was down at start, the GPUNode is first read here
             if self.reporter.expected_gpus is not None and self.collector.expected_gpus is None:
                 self.collector.expected_gpus = self.reporter.expected_gpus
-            if self.metrics is not None and outcome.reason is not None:
-                if outcome.written:
-                    self.metrics.report_writes.labels(str(outcome.reason)).inc()
-                    self.metrics.last_report.set(now)
-                elif outcome.error is not None:
-                    self.metrics.report_failures.inc()
         self.liveness.completed(self.clock())
-        return TurnResult(sample, node_status, outcome, received)
+        return TurnResult(sample, turn.status, turn.outcome, received)
 
     def _watch_new_gpus(self) -> None:
         """Register for events of GPUs that answer now but did not at start (one that came back)."""
@@ -174,38 +182,34 @@ class Agent:
     def _take_events(self, now: float) -> int:
         taken = self.watcher.drain()
         for event in taken:
-            index = self.collector.gpu_index_of(event.handle)
+            gpu = self.collector.identify(event.handle)  # handle -> index -> UUID, once per event
             if event.kind is events.Kind.XID:
                 info = self.catalogue.lookup(event.code)
                 log.warning(
                     "XID %d on GPU %s: %s (%s, action %s)",
                     event.code,
-                    index,
+                    gpu.index,
                     info.description,
                     info.severity,
                     info.action,
                 )
-                self.collector.record_xid(index, event.code, now)
-                if self.metrics is not None:
-                    self.metrics.xid(index, self.collector.uuid_of(index), event.code)
+                self._record_xid(gpu, event.code, now)
             else:
-                log.warning("double-bit ECC error on GPU %s", index)
+                log.warning("double-bit ECC error on GPU %s", gpu.index)
                 self.collector.request_full_sample()
-            if self.metrics is not None:
-                self.metrics.events.labels(str(event.kind)).inc()
+            self._events.append(event.kind)
         return len(taken)
+
+    def _record_xid(self, gpu: collector.Gpu, code: int, now: float) -> None:
+        self.collector.record_xid(gpu, code, now)
+        self._xids.append((gpu, code))
 
     def _enrich(self, gpus: list[status.GPUStatus], now: float) -> None:
         assert self.dcgm is not None
-
-        def record(index: int, code: int) -> None:
-            self.collector.record_xid(index, code, now)
-            if self.metrics is not None:
-                self.metrics.xid(index, self.collector.uuid_of(index), code)
-
-        ok = self.dcgm.apply(gpus, record)
-        if not ok and self.metrics is not None:
-            self.metrics.dcgm_scrape_failures.inc()
+        ok = self.dcgm.apply(
+            gpus, lambda index, code: self._record_xid(self.collector.gpu_at(index), code, now)
+        )
+        self._dcgm_failed = self._dcgm_failed or not ok
 
     def build_status(self, sample: collector.Sample) -> status.GPUNodeStatus:
         agent = status.AgentInfo(
@@ -239,5 +243,5 @@ class Agent:
                 next_turn = now + self.settings.interval_seconds
             self.wake.wait(timeout=next_turn - now)
             self.wake.clear()
-        log.info("stopping at %s", timefmt.rfc3339(self.clock()))
+        log.info("stopping at %s", timestamps.rfc3339(self.clock()))
         self.close()

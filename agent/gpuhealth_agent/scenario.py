@@ -18,178 +18,35 @@ from typing import Any, Final
 
 import yaml
 
-from gpuhealth_agent import nvml
+from gpuhealth_agent import facts, models, nvml
 
 DEFAULT_MODEL: Final = "NVIDIA H100 80GB HBM3"
 DEFAULT_DRIVER_VERSION: Final = "570.124.06"
 MAX_GPUS: Final = 64
 
-INT_FIELDS: Final[frozenset[str]] = frozenset(
-    {
-        "temperatureCelsius",
-        "slowdownTemperatureCelsius",
-        "smClockMHz",
-        "maxSmClockMHz",
-        "utilizationPercent",
-        "memoryUsedMiB",
-        "memoryTotalMiB",
-        "pcieGeneration",
-        "pcieMaxGeneration",
-        "pcieWidth",
-        "pcieMaxWidth",
-    }
-)
-FLOAT_FIELDS: Final[frozenset[str]] = frozenset({"powerWatts", "powerLimitWatts"})
-COUNTER_FIELDS: Final[frozenset[str]] = frozenset(
-    {
-        "eccCorrectedVolatile",
-        "eccUncorrectedVolatile",
-        "eccCorrectedAggregate",
-        "eccUncorrectedAggregate",
-        "retiredPagesDoubleBit",
-        "remappedRowsCorrectable",
-        "remappedRowsUncorrectable",
-        "pcieReplayCounter",
-    }
-)
-"""Counters only grow; a `set` that lowers one is rejected (volatile ECC counts excepted after a reset)."""
-VOLATILE_COUNTERS: Final[frozenset[str]] = frozenset({"eccCorrectedVolatile", "eccUncorrectedVolatile"})
-BOOL_FIELDS: Final[frozenset[str]] = frozenset(
-    {"retiredPagesPending", "remappedRowsPending", "remappedRowsFailure"}
-)
-STR_FIELDS: Final[frozenset[str]] = frozenset({"serial"})
-SPECIAL_FIELDS: Final[frozenset[str]] = frozenset({"clockEventReasons", "recoveryAction"})
-SETTABLE_FIELDS: Final[frozenset[str]] = (
-    INT_FIELDS | FLOAT_FIELDS | COUNTER_FIELDS | BOOL_FIELDS | STR_FIELDS | SPECIAL_FIELDS
-)
 
-OPTIONAL_FIELDS: Final[frozenset[str]] = frozenset(
-    {
-        "serial",
-        "temperatureCelsius",
-        "slowdownTemperatureCelsius",
-        "powerWatts",
-        "powerLimitWatts",
-        "smClockMHz",
-        "maxSmClockMHz",
-        "utilizationPercent",
-        "memory",
-        "ecc",
-        "retiredPages",
-        "remappedRows",
-        "clockEventReasons",
-        "recoveryAction",
-        "pcieReplayCounter",
-        "pcieLink",
-    }
-)
+def _keys(*types: facts.Type) -> frozenset[str]:
+    return frozenset(fact.key for fact in facts.FACTS if fact.type in types)
+
+
+INT_FIELDS: Final = _keys(facts.Type.INT)
+FLOAT_FIELDS: Final = _keys(facts.Type.FLOAT)
+COUNTER_FIELDS: Final = _keys(*facts.COUNTING_TYPES)
+"""Counters only grow; a `set` that lowers one is rejected (volatile ECC counts excepted after a reset)."""
+BOOL_FIELDS: Final = _keys(facts.Type.BOOL)
+STR_FIELDS: Final = _keys(facts.Type.STR)
+SETTABLE_FIELDS: Final[frozenset[str]] = frozenset(facts.BY_KEY)
+AFTER_RESET: Final[Mapping[str, Any]] = {
+    f.key: f.after_reset for f in facts.FACTS if f.after_reset is not None
+}
+"""What a GPU reset (`reset: true`) sets: volatile ECC counts, pending flags, the recovery action."""
+VOLATILE_COUNTERS: Final[frozenset[str]] = frozenset(AFTER_RESET) & COUNTER_FIELDS
+
+OPTIONAL_FIELDS: Final[frozenset[str]] = facts.GROUPS
 """Names usable in `notSupported`: each maps to the NVML queries that then raise NOT_SUPPORTED."""
 
-CLOCK_EVENT_REASON_NAMES: Final[frozenset[str]] = frozenset(
-    {
-        "GpuIdle",
-        "ApplicationsClocksSetting",
-        "SwPowerCap",
-        "HwSlowdown",
-        "SyncBoost",
-        "SwThermalSlowdown",
-        "HwThermalSlowdown",
-        "HwPowerBrakeSlowdown",
-        "DisplayClockSetting",
-    }
-)
+CLOCK_EVENT_REASON_NAMES: Final[frozenset[str]] = frozenset(facts.REASON_BITS)
 RECOVERY_ACTION_NAMES: Final[frozenset[str]] = frozenset(nvml.RECOVERY_ACTIONS.values())
-
-DEFAULT_FACTS: Final[Mapping[str, Any]] = {
-    "temperatureCelsius": 40,
-    "slowdownTemperatureCelsius": 87,
-    "powerWatts": 300.0,
-    "powerLimitWatts": 700.0,
-    "smClockMHz": 1980,
-    "maxSmClockMHz": 1980,
-    "utilizationPercent": 0,
-    "memoryUsedMiB": 0,
-    "memoryTotalMiB": 81559,
-    "eccCorrectedVolatile": 0,
-    "eccUncorrectedVolatile": 0,
-    "eccCorrectedAggregate": 0,
-    "eccUncorrectedAggregate": 0,
-    "retiredPagesDoubleBit": 0,
-    "retiredPagesPending": False,
-    "remappedRowsCorrectable": 0,
-    "remappedRowsUncorrectable": 0,
-    "remappedRowsPending": False,
-    "remappedRowsFailure": False,
-    "clockEventReasons": [],
-    "recoveryAction": "None",
-    "pcieGeneration": 5,
-    "pcieMaxGeneration": 5,
-    "pcieWidth": 16,
-    "pcieMaxWidth": 16,
-    "pcieReplayCounter": 0,
-}
-"""What a healthy, idle GPU reports when the scenario says nothing (an H100 SXM)."""
-
-MODEL_FACTS: Final[tuple[tuple[frozenset[str], Mapping[str, Any]], ...]] = (
-    # Every entry whose words all appear in the model name applies, in order (data-sheet
-    # figures, rounded): an A100 scenario that says nothing about PCIe must not read as
-    # a Gen5 card running at Gen4, nor an L4 as drawing 300 W of its 72 W.
-    (
-        frozenset({"A100"}),
-        {
-            "smClockMHz": 1410,
-            "maxSmClockMHz": 1410,
-            "powerWatts": 250.0,
-            "powerLimitWatts": 400.0,
-            "memoryTotalMiB": 81920,
-            "pcieGeneration": 4,
-            "pcieMaxGeneration": 4,
-        },
-    ),
-    (frozenset({"A100", "PCIE"}), {"powerLimitWatts": 300.0}),
-    (frozenset({"A100", "40GB"}), {"memoryTotalMiB": 40960}),
-    (frozenset({"H100", "PCIE"}), {"smClockMHz": 1755, "maxSmClockMHz": 1755, "powerLimitWatts": 350.0}),
-    (
-        frozenset({"H100", "NVL"}),
-        {"smClockMHz": 1785, "maxSmClockMHz": 1785, "powerLimitWatts": 400.0, "memoryTotalMiB": 95830},
-    ),
-    (frozenset({"H200"}), {"memoryTotalMiB": 143771}),
-    (
-        frozenset({"L4"}),
-        {
-            "smClockMHz": 2040,
-            "maxSmClockMHz": 2040,
-            "powerWatts": 35.0,
-            "powerLimitWatts": 72.0,
-            "memoryTotalMiB": 23034,
-            "pcieGeneration": 4,
-            "pcieMaxGeneration": 4,
-        },
-    ),
-    (
-        frozenset({"L40S"}),
-        {
-            "smClockMHz": 2520,
-            "maxSmClockMHz": 2520,
-            "powerWatts": 100.0,
-            "powerLimitWatts": 350.0,
-            "memoryTotalMiB": 46068,
-            "pcieGeneration": 4,
-            "pcieMaxGeneration": 4,
-        },
-    ),
-)
-
-
-def defaults_for(model: str) -> dict[str, Any]:
-    """DEFAULT_FACTS adjusted to a GPU model the simulation knows (by the words of its name)."""
-    words = set(re.split(r"[\s\-_]+", model.upper()))
-    facts = dict(DEFAULT_FACTS)
-    for needed, overrides in MODEL_FACTS:
-        if needed <= words:
-            facts.update(overrides)
-    return facts
-
 
 TOP_LEVEL_KEYS: Final[frozenset[str]] = frozenset(
     {"gpus", "expectedGpus", "model", "driverVersion", "defaults", "timeline", "description"}
@@ -240,7 +97,7 @@ class Scenario:
     model: str
     driver_version: str
     defaults: Mapping[str, Any]
-    """Facts every GPU starts with (`defaults_for(model)` overlaid with the file's `defaults`)."""
+    """Facts every GPU starts with (`models.defaults_for(model)` overlaid with the file's `defaults`)."""
     not_supported: frozenset[str]
     """Queries no GPU supports (from `defaults.notSupported`)."""
     timeline: tuple[Entry, ...]
@@ -287,6 +144,14 @@ def parse(text: str, where: str = "<scenario>") -> Scenario:
         problem = getattr(exc, "problem", None) or str(exc)
         raise ScenarioError(f"{where}:{at}: not valid YAML: {problem}") from exc
     return _Validator(where, _entry_lines(root)).scenario(data)
+
+
+def from_data(data: Mapping[str, Any], where: str = "<scenario>") -> Scenario:
+    """Validate a scenario given as data (a fleet file's inline scenario), not as YAML text.
+
+    Errors name `where` and the timeline entry by index, as `parse` does, without line numbers.
+    """
+    return _Validator(where, []).scenario(dict(data))
 
 
 def _entry_at(index: int | None, line: int | None) -> str:
@@ -343,7 +208,7 @@ class _Validator:
         raw_defaults = data.get("defaults") or {}
         if not isinstance(raw_defaults, dict):
             raise self.fail("defaults", "a mapping of field: value", raw_defaults)
-        defaults = defaults_for(model)
+        defaults = models.defaults_for(model)
         not_supported: frozenset[str] = frozenset()
         for key, value in raw_defaults.items():
             if key == "notSupported":
@@ -495,33 +360,7 @@ class _Validator:
         return value
 
 
-SIMULATED_FUNCTIONS: Final[frozenset[str]] = frozenset(
-    {
-        "nvmlDeviceGetName",
-        "nvmlDeviceGetUUID",
-        "nvmlDeviceGetSerial",
-        "nvmlDeviceGetPciInfo",
-        "nvmlDeviceGetTemperatureV",
-        "nvmlDeviceGetTemperature",
-        "nvmlDeviceGetTemperatureThreshold",
-        "nvmlDeviceGetPowerUsage",
-        "nvmlDeviceGetEnforcedPowerLimit",
-        "nvmlDeviceGetClockInfo",
-        "nvmlDeviceGetMaxClockInfo",
-        "nvmlDeviceGetUtilizationRates",
-        "nvmlDeviceGetMemoryInfo",
-        "nvmlDeviceGetTotalEccErrors",
-        "nvmlDeviceGetRetiredPages",
-        "nvmlDeviceGetRetiredPagesPendingStatus",
-        "nvmlDeviceGetRemappedRows",
-        "nvmlDeviceGetCurrentClocksEventReasons",
-        "nvmlDeviceGetCurrentClocksThrottleReasons",
-        "nvmlDeviceGetFieldValues",
-        "nvmlDeviceGetPcieReplayCounter",
-        "nvmlDeviceGetCurrPcieLinkGeneration",
-        "nvmlDeviceGetMaxPcieLinkGeneration",
-        "nvmlDeviceGetCurrPcieLinkWidth",
-        "nvmlDeviceGetMaxPcieLinkWidth",
-    }
+SIMULATED_FUNCTIONS: Final[frozenset[str]] = (
+    frozenset({"nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetPciInfo"}) | facts.FUNCTIONS
 )
 """Per-device functions a scenario's `fail` may target."""

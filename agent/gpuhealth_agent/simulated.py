@@ -7,6 +7,11 @@ with the clock injected, and the simulation owns no thread and does work
 only when called (the fleet simulator runs a thousand of these in one
 process). State advances lazily: each call applies the timeline entries
 whose time has come, in order, then answers from the current facts.
+
+What each call answers comes from the fact table (`facts.py`): a function
+whose answer is one fact's value is served by `__getattr__`, and struct or
+tuple answers (memory, utilisation, remapped rows, field values) have a
+method each that assembles the facts' parts, encoded as the driver does.
 """
 
 from __future__ import annotations
@@ -17,48 +22,28 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from gpuhealth_agent import nvml, scenario
+from gpuhealth_agent import facts, nvml, scenario
 
 _BUS_IDS: Final = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
-_MIB: Final = 1024 * 1024
-_REASON_BITS: Final[dict[str, int]] = {
-    "GpuIdle": 0x1,
-    "ApplicationsClocksSetting": 0x2,
-    "SwPowerCap": 0x4,
-    "HwSlowdown": 0x8,
-    "SyncBoost": 0x10,
-    "SwThermalSlowdown": 0x20,
-    "HwThermalSlowdown": 0x40,
-    "HwPowerBrakeSlowdown": 0x80,
-    "DisplayClockSetting": 0x100,
-}
-_RECOVERY_CODES: Final[dict[str, int]] = {name: code for code, name in nvml.RECOVERY_ACTIONS.items()}
 _XID_GPU_LOST: Final = 79
 
-# Which `notSupported` name silences which NVML function.
-_OPTIONAL_BY_FUNCTION: Final[dict[str, str]] = {
-    "nvmlDeviceGetSerial": "serial",
-    "nvmlDeviceGetTemperatureV": "temperatureCelsius",
-    "nvmlDeviceGetTemperature": "temperatureCelsius",
-    "nvmlDeviceGetTemperatureThreshold": "slowdownTemperatureCelsius",
-    "nvmlDeviceGetPowerUsage": "powerWatts",
-    "nvmlDeviceGetEnforcedPowerLimit": "powerLimitWatts",
-    "nvmlDeviceGetClockInfo": "smClockMHz",
-    "nvmlDeviceGetMaxClockInfo": "maxSmClockMHz",
-    "nvmlDeviceGetUtilizationRates": "utilizationPercent",
-    "nvmlDeviceGetMemoryInfo": "memory",
-    "nvmlDeviceGetTotalEccErrors": "ecc",
-    "nvmlDeviceGetRetiredPages": "retiredPages",
-    "nvmlDeviceGetRetiredPagesPendingStatus": "retiredPages",
-    "nvmlDeviceGetRemappedRows": "remappedRows",
-    "nvmlDeviceGetCurrentClocksEventReasons": "clockEventReasons",
-    "nvmlDeviceGetCurrentClocksThrottleReasons": "clockEventReasons",
-    "nvmlDeviceGetPcieReplayCounter": "pcieReplayCounter",
-    "nvmlDeviceGetCurrPcieLinkGeneration": "pcieLink",
-    "nvmlDeviceGetMaxPcieLinkGeneration": "pcieLink",
-    "nvmlDeviceGetCurrPcieLinkWidth": "pcieLink",
-    "nvmlDeviceGetMaxPcieLinkWidth": "pcieLink",
+_GROUP_BY_FUNCTION: Final[dict[str, str]] = {
+    name: fact.group
+    for fact in facts.FACTS
+    if fact.type is not facts.Type.RECOVERY  # field values answer NOT_SUPPORTED per field instead
+    for name in (fact.function, nvml.OLDER_NAMES.get(fact.function, fact.function))
 }
+"""Which `notSupported` name silences which NVML function."""
+_PLAIN: Final = frozenset(
+    {facts.Type.INT, facts.Type.FLOAT, facts.Type.COUNTER, facts.Type.BOOL, facts.Type.REASONS}
+)
+_SCALAR_FUNCTIONS: Final[frozenset[str]] = frozenset(
+    name
+    for fact in facts.FACTS
+    if fact.part is None and fact.type in _PLAIN
+    for name in (fact.function, nvml.OLDER_NAMES.get(fact.function, fact.function))
+)
+"""Functions whose answer is one fact's value as is: served by `__getattr__` straight from the fact table."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +69,9 @@ class Memory:
     total: int
     used: int
     free: int
+    version: int = 0
+    """nvmlMemory_v2_t's version tag when asked by version; 0: nvmlMemory_t (which has neither field)."""
+    reserved: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,11 +166,7 @@ class SimulatedNvml:
     def _apply(self, entry: scenario.Entry) -> None:
         gpu = self._gpus[entry.gpu]
         if entry.reset:
-            for key in scenario.VOLATILE_COUNTERS:
-                gpu.facts[key] = 0
-            gpu.facts["retiredPagesPending"] = False
-            gpu.facts["remappedRowsPending"] = False
-            gpu.facts["recoveryAction"] = "None"
+            gpu.facts.update(scenario.AFTER_RESET)
             gpu.lost = False
         before = gpu.facts.get("eccUncorrectedVolatile", 0)
         gpu.facts.update(entry.set)
@@ -212,7 +196,7 @@ class SimulatedNvml:
             error, until = failure
             if until is None or now < until:
                 raise nvml.error(error)
-        optional = _OPTIONAL_BY_FUNCTION.get(function)
+        optional = _GROUP_BY_FUNCTION.get(function)
         if optional is not None and optional in gpu.not_supported:
             raise nvml.error("NotSupported")
         return gpu.facts
@@ -271,9 +255,9 @@ class SimulatedNvml:
         return f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'{self.identity_seed}/{gpu}')}"
 
     def nvmlDeviceGetSerial(self, handle: Handle) -> str:
-        facts = self._device(handle, "nvmlDeviceGetSerial")
+        current = self._device(handle, "nvmlDeviceGetSerial")
         return str(
-            facts.get(
+            current.get(
                 "serial",
                 f"165{uuid.uuid5(uuid.NAMESPACE_URL, self.identity_seed).int % 10**9:09d}{handle.gpu}",
             )
@@ -285,112 +269,65 @@ class SimulatedNvml:
         domain = handle.gpu // len(_BUS_IDS)
         return PciInfo(busId=f"{domain:08X}:{bus}:00.0")
 
-    # --- sensors ---------------------------------------------------------------------------------------
+    # --- facts ---------------------------------------------------------------------------------------
 
-    def nvmlDeviceGetTemperatureV(self, handle: Handle, sensor: int) -> int:
-        return int(self._device(handle, "nvmlDeviceGetTemperatureV")["temperatureCelsius"])
+    def _answer(self, function: str, handle: Handle, args: tuple[Any, ...]) -> list[Any]:
+        """What the driver returns for each fact one call answers (facts.answered_by), in table order."""
+        return list(self._parts(function, handle, args).values())
 
-    def nvmlDeviceGetTemperature(self, handle: Handle, sensor: int) -> int:
-        return int(self._device(handle, "nvmlDeviceGetTemperature")["temperatureCelsius"])
+    def _parts(self, function: str, handle: Handle, args: tuple[Any, ...]) -> dict[Any, Any]:
+        """The same, by the part of the result (struct attribute, tuple position) each fact is."""
+        current = self._device(handle, function)
+        return {f.part: facts.encode(f, current[f.key]) for f in facts.answered_by(function, args)}
 
-    def nvmlDeviceGetTemperatureThreshold(self, handle: Handle, threshold: int) -> int:
-        return int(self._device(handle, "nvmlDeviceGetTemperatureThreshold")["slowdownTemperatureCelsius"])
+    def __getattr__(self, name: str) -> Any:
+        """The NVML functions that return one fact's value (temperature, power, clocks, ECC counts, ...)."""
+        if name not in _SCALAR_FUNCTIONS:
+            raise AttributeError(name)
 
-    def nvmlDeviceGetPowerUsage(self, handle: Handle) -> int:
-        return round(
-            float(self._device(handle, "nvmlDeviceGetPowerUsage")["powerWatts"]) * 1000
-        )  # milliwatts
+        def scalar(handle: Handle, *args: Any) -> Any:
+            values = self._answer(name, handle, args)
+            if not values:  # arguments no fact is read with (another sensor, counter type, ...)
+                raise nvml.error("InvalidArgument")
+            return values[0]
 
-    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Handle) -> int:
-        return round(float(self._device(handle, "nvmlDeviceGetEnforcedPowerLimit")["powerLimitWatts"]) * 1000)
-
-    def nvmlDeviceGetClockInfo(self, handle: Handle, type: int) -> int:
-        return int(self._device(handle, "nvmlDeviceGetClockInfo")["smClockMHz"])
-
-    def nvmlDeviceGetMaxClockInfo(self, handle: Handle, type: int) -> int:
-        return int(self._device(handle, "nvmlDeviceGetMaxClockInfo")["maxSmClockMHz"])
+        return scalar
 
     def nvmlDeviceGetUtilizationRates(self, handle: Handle) -> Utilization:
-        facts = self._device(handle, "nvmlDeviceGetUtilizationRates")
-        return Utilization(gpu=int(facts["utilizationPercent"]), memory=0)
+        parts = self._parts("nvmlDeviceGetUtilizationRates", handle, ())
+        return Utilization(gpu=parts["gpu"], memory=0)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Handle) -> Memory:
-        facts = self._device(handle, "nvmlDeviceGetMemoryInfo")
-        total, used = facts["memoryTotalMiB"] * _MIB, facts["memoryUsedMiB"] * _MIB
-        return Memory(total=total, used=used, free=max(total - used, 0))
-
-    # --- memory errors -------------------------------------------------------------------------------
-
-    def nvmlDeviceGetTotalEccErrors(self, handle: Handle, errorType: int, counterType: int) -> int:
-        facts = self._device(handle, "nvmlDeviceGetTotalEccErrors")
-        kind = "Corrected" if errorType == nvml.MEMORY_ERROR_TYPE_CORRECTED else "Uncorrected"
-        scope = "Volatile" if counterType == nvml.VOLATILE_ECC else "Aggregate"
-        return int(facts[f"ecc{kind}{scope}"])
+    def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: int | None = None) -> Memory:
+        """nvmlMemory_t, or nvmlMemory_v2_t when asked by version (no memory is reserved here)."""
+        parts = self._parts("nvmlDeviceGetMemoryInfo", handle, ())
+        total, used = parts["total"], parts["used"]
+        return Memory(total=total, used=used, free=max(total - used, 0), version=version or 0, reserved=0)
 
     def nvmlDeviceGetRetiredPages(self, device: Handle, sourceFilter: int) -> list[int]:
-        facts = self._device(device, "nvmlDeviceGetRetiredPages")
-        count = (
-            int(facts["retiredPagesDoubleBit"])
-            if sourceFilter == nvml.PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
-            else 0
-        )
-        return [0x1000 * (i + 1) for i in range(count)]  # page addresses; the agent only counts them
-
-    def nvmlDeviceGetRetiredPagesPendingStatus(self, device: Handle) -> int:
-        return int(
-            bool(self._device(device, "nvmlDeviceGetRetiredPagesPendingStatus")["retiredPagesPending"])
-        )
+        pages = self._answer("nvmlDeviceGetRetiredPages", device, (sourceFilter,))
+        return list(pages[0]) if pages else []
 
     def nvmlDeviceGetRemappedRows(self, device: Handle) -> tuple[int, int, int, int]:
-        f = self._device(device, "nvmlDeviceGetRemappedRows")
-        return (
-            int(f["remappedRowsCorrectable"]),
-            int(f["remappedRowsUncorrectable"]),
-            int(bool(f["remappedRowsPending"])),
-            int(bool(f["remappedRowsFailure"])),
-        )
-
-    # --- clocks, recovery, PCIe ----------------------------------------------------------------------
-
-    def _reasons(self, function: str, handle: Handle) -> int:
-        mask = 0
-        for name in self._device(handle, function)["clockEventReasons"]:
-            mask |= _REASON_BITS[name]
-        return mask
-
-    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Handle) -> int:
-        return self._reasons("nvmlDeviceGetCurrentClocksEventReasons", handle)
-
-    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Handle) -> int:
-        return self._reasons("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+        parts = self._parts("nvmlDeviceGetRemappedRows", device, ())
+        return parts[0], parts[1], parts[2], parts[3]  # correctable, uncorrectable, pending, failure
 
     def nvmlDeviceGetFieldValues(self, handle: Handle, fieldIds: list[int]) -> Sequence[FieldValue]:
-        facts = self._device(handle, "nvmlDeviceGetFieldValues")
-        unsupported = "recoveryAction" in self._gpus[handle.gpu].not_supported
+        """Each field's value or its own NOT_SUPPORTED, as the driver answers field values."""
+        current = self._device(handle, "nvmlDeviceGetFieldValues")
+        not_supported = self._gpus[handle.gpu].not_supported
         values = []
         for field_id in fieldIds:
-            if field_id == nvml.FI_DEV_GET_GPU_RECOVERY_ACTION and not unsupported:
-                values.append(
-                    FieldValue(field_id, nvml.SUCCESS, Value(_RECOVERY_CODES[facts["recoveryAction"]]))
-                )
+            found = [
+                f
+                for f in facts.answered_by("nvmlDeviceGetFieldValues", (field_id,))
+                if f.group not in not_supported
+            ]
+            if found:
+                code = facts.encode(found[0], current[found[0].key])
+                values.append(FieldValue(field_id, nvml.SUCCESS, Value(code)))
             else:
                 values.append(FieldValue(field_id, nvml.ERROR_NOT_SUPPORTED, Value(0)))
         return values
-
-    def nvmlDeviceGetPcieReplayCounter(self, handle: Handle) -> int:
-        return int(self._device(handle, "nvmlDeviceGetPcieReplayCounter")["pcieReplayCounter"])
-
-    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Handle) -> int:
-        return int(self._device(handle, "nvmlDeviceGetCurrPcieLinkGeneration")["pcieGeneration"])
-
-    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Handle) -> int:
-        return int(self._device(handle, "nvmlDeviceGetMaxPcieLinkGeneration")["pcieMaxGeneration"])
-
-    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Handle) -> int:
-        return int(self._device(handle, "nvmlDeviceGetCurrPcieLinkWidth")["pcieWidth"])
-
-    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Handle) -> int:
-        return int(self._device(handle, "nvmlDeviceGetMaxPcieLinkWidth")["pcieMaxWidth"])
 
     # --- events --------------------------------------------------------------------------------------
 

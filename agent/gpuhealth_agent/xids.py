@@ -17,8 +17,8 @@ from typing import Final
 
 import yaml
 
-from gpuhealth_agent import timefmt
 from gpuhealth_api import status
+from gpuhealth_api import timestamps as timefmt
 
 
 class Severity(enum.StrEnum):

@@ -47,7 +47,7 @@ class Builder:
         with self._lock:
             parsed = self._parsed.get(key)
             if parsed is None:
-                parsed = self._parsed[key] = fleetfile.to_agent(plan.scenario, plan.scenario_source)
+                parsed = self._parsed[key] = scenario.from_data(plan.scenario, plan.scenario_source)
         return baselines.apply_to(parsed, plan.spread, baselines.node_rng(self.fleet.seed, plan.name))
 
     def build(self, plan: fleetfile.NodePlan) -> runner.Agent:

@@ -20,6 +20,7 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
+from gpuhealth_agent import models as agent_models
 from gpuhealth_agent import scenario as agent_scenario
 from gpuhealth_sim import fleetfile
 
@@ -53,7 +54,7 @@ def draw(
     defaults: Mapping[str, Any], model: str, gpus: int, spread: fleetfile.Spread, rng: random.Random
 ) -> Baseline:
     """This node's baseline around a scenario's `defaults` (absent fields: the model's healthy defaults)."""
-    fallback = agent_scenario.defaults_for(model)
+    fallback = agent_models.defaults_for(model)
     temperature = defaults.get("temperatureCelsius", fallback["temperatureCelsius"])
     power = defaults.get("powerWatts", fallback["powerWatts"])
     clock = defaults.get("smClockMHz", fallback["smClockMHz"])

@@ -18,10 +18,11 @@ from typing import Any
 import yaml
 
 from gpuhealth_agent import scenario as agent_scenario
+from gpuhealth_api import heartbeats
 from gpuhealth_sim import names
 
 DEFAULT_INTERVAL_SECONDS = 5.0
-DEFAULT_HEARTBEAT_SECONDS = 60.0
+DEFAULT_HEARTBEAT_SECONDS = float(heartbeats.DEFAULT_HEARTBEAT_SECONDS)
 DEFAULT_RESOURCES: Mapping[str, str] = {
     "cpu": "128",
     "memory": "1Ti",
@@ -33,7 +34,6 @@ DEFAULT_DRIVER_VERSION = "570.124.06"
 _QUANTITY = re.compile(r"^[+]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i?|[mkMGTPE]|u|n)?$")
 _LABEL_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
-_LINE_NUMBER = re.compile(r" \(line \d+\)")
 _TOP_KEYS = frozenset({"seed", "agent", "workers", "labels", "pools", "overrides"})
 _POOL_KEYS = frozenset({"name", "nodes", "count", "gpu", "resources", "labels", "scenario", "baseline"})
 _OVERRIDE_KEYS = frozenset({"nodes", "scenario", "labels"})
@@ -341,17 +341,49 @@ def builtin_scenario() -> dict[str, Any]:
 
 
 def parse(data: Any, source: str = "<fleet>", base_dir: Path | None = None) -> Fleet:
-    """Build a Fleet from a parsed fleet file; scenario paths are relative to `base_dir`."""
+    """Build a Fleet from a parsed fleet file; scenario paths are relative to `base_dir`.
+
+    One reader per section; each notes its problems and goes on, so one run reports them all.
+    """
     reader = _Reader(source, base_dir or Path.cwd())
     top = reader.mapping("", data)
     if top is None or not top:
         raise FleetError(source, reader.problems or ["the file is empty; it needs at least `pools`"])
     reader.unknown_keys("", top, _TOP_KEYS)
-    seed = top.get("seed", 0)
+    seed = _seed(reader, top.get("seed", 0))
+    interval, heartbeat = _agent(reader, top.get("agent"))
+    workers = reader.integer("workers", top["workers"], minimum=1) if "workers" in top else None
+    fleet_labels = reader.labels("labels", top.get("labels"))
+    pools = _pools(reader, top.get("pools"))
+    overrides = _overrides(reader, top.get("overrides") or [], _node_names(reader, pools))
+    plans = _plans(reader, pools, overrides, fleet_labels)
+    _check_scenarios(reader, plans)
+    if reader.problems:
+        raise FleetError(source, reader.problems)
+    return Fleet(
+        source=source,
+        seed=seed,
+        interval_seconds=interval,
+        heartbeat_seconds=heartbeat,
+        workers=workers,
+        nodes=tuple(plans),
+    )
+
+
+_Override = tuple[int, tuple[Mapping[str, Any], str] | None, dict[str, str]]
+"""Which override (index) applies to a node, with its scenario and labels."""
+
+
+def _seed(reader: _Reader, seed: Any) -> int:
     if isinstance(seed, bool) or not isinstance(seed, int):
         reader.problem("seed", f"expected an integer, got {_kind(seed)}")
-        seed = 0
-    agent = reader.mapping("agent", top.get("agent")) or {}
+        return 0
+    return seed
+
+
+def _agent(reader: _Reader, raw: Any) -> tuple[float, float]:
+    """`agent:`: the simulated agents' interval and heartbeat."""
+    agent = reader.mapping("agent", raw) or {}
     reader.unknown_keys("agent", agent, frozenset({"intervalSeconds", "heartbeatSeconds"}))
     interval = reader.number(
         "agent.intervalSeconds", agent.get("intervalSeconds"), DEFAULT_INTERVAL_SECONDS, 0
@@ -361,25 +393,31 @@ def parse(data: Any, source: str = "<fleet>", base_dir: Path | None = None) -> F
     )
     if heartbeat < interval:
         reader.problem("agent.heartbeatSeconds", f"must be at least intervalSeconds ({interval:g})")
-    workers = reader.integer("workers", top["workers"], minimum=1) if "workers" in top else None
-    fleet_labels = reader.labels("labels", top.get("labels"))
+    return interval, heartbeat
 
-    raw_pools = top.get("pools")
+
+def _pools(reader: _Reader, raw_pools: Any) -> list[_Pool]:
+    """`pools:`, each read by `_pool`."""
     if not isinstance(raw_pools, list) or not raw_pools:
         reader.problem("pools", f"expected a non-empty list of pools, got {_kind(raw_pools)}")
         raw_pools = []
-    pools = [p for i, raw in enumerate(raw_pools) if (p := _pool(reader, i, raw)) is not None]
+    return [p for i, raw in enumerate(raw_pools) if (p := _pool(reader, i, raw)) is not None]
 
+
+def _node_names(reader: _Reader, pools: list[_Pool]) -> list[str]:
+    """Every node of the fleet, in order; a node in two pools is a problem."""
     owner: dict[str, str] = {}
     for index, pool in enumerate(pools):
         for node_name in pool.node_names:
             if node_name in owner:
                 reader.problem(f"pools[{index}].nodes", f"{node_name} is already in pool {owner[node_name]}")
             owner.setdefault(node_name, pool.name)
-    all_names = list(owner)
+    return list(owner)
 
-    overrides: dict[str, tuple[int, tuple[Mapping[str, Any], str] | None, dict[str, str]]] = {}
-    raw_overrides = top.get("overrides") or []
+
+def _overrides(reader: _Reader, raw_overrides: Any, all_names: list[str]) -> dict[str, _Override]:
+    """`overrides:`: per node, the one override that picks it."""
+    overrides: dict[str, _Override] = {}
     if not isinstance(raw_overrides, list):
         reader.problem("overrides", f"expected a list, got {_kind(raw_overrides)}")
         raw_overrides = []
@@ -410,7 +448,13 @@ def parse(data: Any, source: str = "<fleet>", base_dir: Path | None = None) -> F
                         "make the patterns disjoint",
                     )
                 overrides[node_name] = (i, chosen, labels)
+    return overrides
 
+
+def _plans(
+    reader: _Reader, pools: list[_Pool], overrides: dict[str, _Override], fleet_labels: dict[str, str]
+) -> list[NodePlan]:
+    """One NodePlan per node: its pool's hardware and scenario, with its override applied."""
     plans: list[NodePlan] = []
     for index, pool in enumerate(pools):
         pool_scenario, pool_source = pool.scenario or (builtin_scenario(), "built-in healthy scenario")
@@ -440,34 +484,20 @@ def parse(data: Any, source: str = "<fleet>", base_dir: Path | None = None) -> F
                     spread=pool.spread,
                 )
             )
+    return plans
+
+
+def _check_scenarios(reader: _Reader, plans: list[NodePlan]) -> None:
+    """Validate each distinct scenario (by source and hardware) the way the agent will."""
     checked: set[tuple[str, str, int]] = set()
     for plan in plans:
         key = (plan.scenario_source, plan.gpu_model, plan.gpu_count)
         if key not in checked:
             checked.add(key)
             try:
-                to_agent(plan.scenario, plan.scenario_source)
+                agent_scenario.from_data(plan.scenario, plan.scenario_source)
             except agent_scenario.ScenarioError as error:
                 reader.problem(f"scenario of {plan.name}", str(error))
-    if reader.problems:
-        raise FleetError(source, reader.problems)
-    return Fleet(
-        source=source,
-        seed=seed,
-        interval_seconds=interval,
-        heartbeat_seconds=heartbeat,
-        workers=workers,
-        nodes=tuple(plans),
-    )
-
-
-def to_agent(scenario: Mapping[str, Any], where: str) -> agent_scenario.Scenario:
-    """The agent's validated Scenario for a mapping (raises the agent's ScenarioError)."""
-    try:
-        return agent_scenario.parse(yaml.safe_dump(dict(scenario), sort_keys=False), where)
-    except agent_scenario.ScenarioError as error:
-        # Line numbers would point into our re-serialised copy, not the user's file.
-        raise agent_scenario.ScenarioError(_LINE_NUMBER.sub("", str(error))) from None
 
 
 def load(path: Path) -> Fleet:

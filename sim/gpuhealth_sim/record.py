@@ -10,12 +10,11 @@ lock: no Kubernetes client here, so it is unit-testable with dicts.
 """
 
 import dataclasses
-import datetime
 import threading
 from collections.abc import Mapping
 from typing import Any
 
-from gpuhealth_api import keys, vocabulary
+from gpuhealth_api import keys, timestamps, vocabulary
 
 OUR_REASONS: frozenset[str] = frozenset(vocabulary.Condition) | frozenset(vocabulary.EventReason)
 """Event reasons gpu-health emits (condition names and its own reasons)."""
@@ -31,7 +30,7 @@ def parse_time(text: Any) -> float | None:
     if not isinstance(text, str) or not text:
         return None
     try:
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        return timestamps.parse(text)
     except ValueError:
         return None
 

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from gpuhealth_agent import collector, scenario, simulated
+from gpuhealth_agent import collector, history, scenario, simulated
 
 START = 1_800_000_000.0
 
@@ -171,7 +171,7 @@ def test_a_reset_that_clears_a_pending_row_remap_shows_in_the_next_sample() -> N
         slow_period_seconds=10,
     )
     at(col, clock, 0)
-    col.record_xid(0, 63, clock.epoch())  # the event thread's part
+    col.record_xid(col.gpu_at(0), 63, clock.epoch())  # the event thread's part
     faulty = at(col, clock, 3).gpus[0]
     assert faulty["remappedRows"]["pending"] is True and faulty["xids"][0]["code"] == 63
     at(col, clock, 5)
@@ -356,9 +356,9 @@ def test_observed_time_moves_only_when_a_significant_fact_changes() -> None:
 def test_xids_recorded_for_a_gpu_appear_with_count_and_last_seen() -> None:
     _, col, clock = make("gpus: 2\n")
     at(col, clock, 0)
-    col.record_xid(1, 13, START + 1)
-    col.record_xid(1, 13, START + 2)
-    col.record_xid(1, 48, START + 2)
+    col.record_xid(col.gpu_at(1), 13, START + 1)
+    col.record_xid(col.gpu_at(1), 13, START + 2)
+    col.record_xid(col.gpu_at(1), 48, START + 2)
     gpu = at(col, clock, 3).gpus[1]
     assert gpu["xids"] == [
         {"code": 13, "count": 2, "lastSeen": "2027-01-15T08:00:02.000Z"},
@@ -374,7 +374,7 @@ def test_a_reset_clears_volatile_ecc_and_the_xids_since_the_last_reset() -> None
         " recoveryAction: GpuReset}}\n- {after: 5s, gpu: 0, reset: true}\n"
     )
     at(col, clock, 0)
-    col.record_xid(0, 48, START + 1)
+    col.record_xid(col.gpu_at(0), 48, START + 1)
     gpu = at(col, clock, 1).gpus[0]
     assert gpu["ecc"]["uncorrectedVolatile"] == 2
     assert gpu["xids"][0]["code"] == 48
@@ -432,4 +432,4 @@ def test_a_lost_gpu_does_not_make_the_others_reread_their_static_facts() -> None
     ],
 )
 def test_reset_inference(before: Any, after: Any, reset: bool) -> None:
-    assert collector.looks_reset(before, after) is reset
+    assert history.looks_reset(before, after) is reset

@@ -137,7 +137,7 @@ def test_metrics_show_gpu_facts_and_agent_health() -> None:
     turn(agent, clock, 0)
     turn(agent, clock, 1)
     value = registry.get_sample_value
-    uuid = agent.collector.uuid_of(1)
+    uuid = agent.collector.gpu_at(1).uuid
     gpu1 = {"gpu": "1", "uuid": uuid}
     assert value("gpuhealth_agent_gpu_temperature_celsius", gpu1) == 40
     assert value("gpuhealth_agent_gpu_ecc_errors", {**gpu1, "kind": "uncorrected", "scope": "volatile"}) == 1
@@ -348,3 +348,37 @@ def test_xids_that_leave_no_other_trace_are_not_carried_over_a_reboot(
     node_status = turn(agent, clock, 0).status
     assert ("xids" in node_status["gpus"][0]) is carried
     assert node_status["agent"].get("bootId") == boot
+
+
+def test_a_simulated_dbe_reaches_the_gpunode_without_waiting_for_the_interval() -> None:
+    """The simulated driver emits nvmlEventTypeDoubleBitEccError when uncorrectable ECC grows."""
+    started = time.time()
+    plan = scenario.parse("gpus: 2\ntimeline:\n- {after: 1s, gpu: 1, set: {eccUncorrectedVolatile: 1}}\n")
+    lib = simulated.library(plan, clock=time.time, start=started, identity_seed="node-dbe")
+    cluster = FakeCluster()
+    registry = prometheus_client.CollectorRegistry()
+    settings = runner.Settings("node-dbe", runner.BACKEND_SIM, interval_seconds=3600, expected_gpus=2)
+    agent = runner.Agent(
+        settings,
+        lib,
+        report=reporter.Reporter(cluster, heartbeat_seconds=3600),
+        agent_metrics=metrics.AgentMetrics(registry),
+    )
+    thread = threading.Thread(target=agent.run_forever)
+    thread.start()
+
+    def reported() -> bool:
+        return any(w["gpus"][1].get("ecc", {}).get("uncorrectedVolatile") == 1 for w in cluster.writes)
+
+    try:
+        deadline = time.monotonic() + 20
+        while not reported() and time.monotonic() < deadline:
+            agent.wake.wait(0.05)
+        assert reported(), "the DBE never reached the GPUNode"
+        assert time.time() - started < 60  # far less than the one-hour interval: the event woke the loop
+        assert registry.get_sample_value("gpuhealth_agent_nvml_events_total", {"kind": "dbe"}) == 1
+    finally:
+        agent.stop.set()
+        agent.wake.set()
+        thread.join(timeout=10)
+    assert not thread.is_alive()

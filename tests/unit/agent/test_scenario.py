@@ -256,3 +256,12 @@ def test_example_scenarios_all_load() -> None:
     assert len(files) >= 8
     for path in files:
         scenario.load(path)
+
+
+def test_from_data_validates_a_mapping_and_names_the_entry() -> None:
+    plan = scenario.from_data({"gpus": 2, "timeline": [{"after": "5s", "gpu": 1, "xid": 48}]}, "fleet.yaml")
+    assert plan.timeline[0].xid == 48 and plan.path == "fleet.yaml"
+    with pytest.raises(scenario.ScenarioError) as caught:
+        scenario.from_data({"gpus": 2, "timeline": [{"after": "1s", "gpu": 5, "xid": 79}]}, "inline (p[0])")
+    assert str(caught.value).startswith("inline (p[0]): timeline[0].gpu: expected")
+    assert "(line" not in str(caught.value)

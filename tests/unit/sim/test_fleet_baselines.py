@@ -2,6 +2,7 @@
 
 import statistics
 
+from gpuhealth_agent import scenario as agent_scenario
 from gpuhealth_sim import baselines, fleetfile
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -90,14 +91,14 @@ def test_zero_spread_leaves_the_scenario_alone() -> None:
 
 def test_the_baselined_scenario_is_valid_for_the_agent() -> None:
     (node,) = fleet_of(1)
-    plan = fleetfile.to_agent(node, "test")
+    plan = agent_scenario.from_data(node, "test")
     assert plan.gpus == 8 and plan.defaults["smClockMHz"] <= 1980
 
 
 def test_drawing_onto_a_parsed_scenario_matches_the_mapping_path() -> None:
-    parsed = fleetfile.to_agent(SCENARIO, "test")
+    parsed = agent_scenario.from_data(SCENARIO, "test")
     fast = baselines.apply_to(parsed, SPREAD, baselines.node_rng(1, "n"))
-    slow = fleetfile.to_agent(baselines.apply(SCENARIO, SPREAD, baselines.node_rng(1, "n")), "test")
+    slow = agent_scenario.from_data(baselines.apply(SCENARIO, SPREAD, baselines.node_rng(1, "n")), "test")
     assert fast.defaults == slow.defaults
     assert [(e.after_seconds, e.gpu, dict(e.set)) for e in fast.timeline] == [
         (e.after_seconds, e.gpu, dict(e.set)) for e in slow.timeline

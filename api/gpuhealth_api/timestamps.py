@@ -1,5 +1,8 @@
 """Timestamps as the cluster stores them: RFC 3339 in UTC, millisecond precision.
 
+The one formatter and parser the agent and the simulator share (the operator
+keeps its own in `decisions/times.py` for now).
+
 Milliseconds, not seconds, because observedTime feeds the detection-to-action
 latency the operator measures, and that is often under a second.
 """
