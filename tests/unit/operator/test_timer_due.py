@@ -5,8 +5,8 @@ import datetime
 import pytest
 
 from gpuhealth_api import keys
-from gpuhealth_operator import context, kube, metrics, settings, testing, ticker
-from gpuhealth_operator.decisions import policies
+from gpuhealth_operator import context, kube, metrics, reconciler, settings, testing, ticker
+from gpuhealth_operator.decisions import policies, verdicts
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 
@@ -31,7 +31,7 @@ def make_context(
     policy = policies.parse_policy(
         "p", 1, {"rules": [{"name": "e", "condition": "EccUncorrectable", "action": "Cordon"}]}
     )
-    ctx.cache.policies["p"] = policy
+    ctx.cache.put_policy(policy)
     return ctx
 
 
@@ -77,3 +77,26 @@ def test_nodes_with_a_running_clock_are_due(labels: dict, annotations: dict, sta
     ctx = make_context(labels, status, annotations)
     ctx.verdicts[("p", "n")] = testing.verdict()
     assert ticker.is_due(ctx, "n", NOW)
+
+
+def test_a_deleted_node_is_not_due() -> None:
+    ctx = make_context({keys.HEALTH_LABEL: "unhealthy"}, fresh())
+    ctx.cache.remove_node("n")
+    assert not ticker.is_due(ctx, "n", NOW)
+
+
+def test_the_timer_judges_a_node_once_per_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass judges every due node for the budget's ranking, then acts on those same verdicts."""
+    ctx = make_context({keys.HEALTH_LABEL: "healthy"}, fresh())
+    policy = ctx.cache.policies["p"]
+    calls = []
+    real = verdicts.judge
+    monkeypatch.setattr(verdicts, "judge", lambda *args: calls.append(args) or real(*args))
+    first = reconciler.judge(ctx, policy, "n", NOW)
+    assert reconciler.judge(ctx, policy, "n", NOW) is first
+    assert len(calls) == 1
+    ctx.cache.put_gpunode({"metadata": {"name": "n", "resourceVersion": "2"}, "status": fresh()})
+    reconciler.judge(ctx, policy, "n", NOW)
+    assert len(calls) == 2, "new facts: judged again"
+    reconciler.judge(ctx, policy, "n", NOW + datetime.timedelta(seconds=1))
+    assert len(calls) == 3, "a later time: judged again"
