@@ -16,7 +16,7 @@ from gpuhealth_api import vocabulary
 from gpuhealth_operator import admission, context, kube, metrics, settings
 from gpuhealth_operator.actions import drain
 from gpuhealth_operator.decisions import model
-from gpuhealth_operator.testing import verdict
+from gpunode_facts import verdict
 
 NOT_STATE = {"config", "client", "meters", "recorder", "cache", "eviction_slots"}
 """Context fields that hold no per-node or per-policy memory (the cache is tested on its own)."""

@@ -4,8 +4,9 @@ import datetime
 
 import pytest
 
+import gpunode_facts
 from gpuhealth_api import keys
-from gpuhealth_operator import context, kube, metrics, reconciler, settings, testing, ticker
+from gpuhealth_operator import context, kube, metrics, reconciler, settings, ticker
 from gpuhealth_operator.decisions import policies, verdicts
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
@@ -36,7 +37,7 @@ def make_context(
 
 
 def fresh(**extra: object) -> dict:
-    status = testing.agent_status(heartbeat=testing.rfc3339(NOW - datetime.timedelta(seconds=10)))
+    status = gpunode_facts.agent_status(heartbeat=gpunode_facts.rfc3339(NOW - datetime.timedelta(seconds=10)))
     status.update({"health": "Healthy", "action": "None", "conditions": []})
     status.update(extra)
     return status
@@ -45,7 +46,7 @@ def fresh(**extra: object) -> dict:
 def test_healthy_fresh_node_is_not_due_once_judged() -> None:
     ctx = make_context({keys.HEALTH_LABEL: "healthy"}, fresh())
     assert ticker.is_due(ctx, "n", NOW), "never judged: due"
-    ctx.verdicts[("p", "n")] = testing.verdict()
+    ctx.verdicts[("p", "n")] = gpunode_facts.verdict()
     assert not ticker.is_due(ctx, "n", NOW)
 
 
@@ -75,7 +76,7 @@ def test_healthy_fresh_node_is_not_due_once_judged() -> None:
 )
 def test_nodes_with_a_running_clock_are_due(labels: dict, annotations: dict, status: dict) -> None:
     ctx = make_context(labels, status, annotations)
-    ctx.verdicts[("p", "n")] = testing.verdict()
+    ctx.verdicts[("p", "n")] = gpunode_facts.verdict()
     assert ticker.is_due(ctx, "n", NOW)
 
 
