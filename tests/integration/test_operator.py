@@ -362,10 +362,7 @@ def test_budget_holds_at_most_max_unavailable_and_admits_waiting_nodes_as_it_fre
         message = wait["message"]
         assert "maxUnavailable=2" in message, message
         assert all(f"{h} (" in message for h in held()) or "older faults first" in message, message
-    deadline = time.monotonic() + 2
-    while time.monotonic() < deadline:
-        assert len(held()) <= 2
-        time.sleep(0.1)
+    waiting.holds(lambda: len(held()) <= 2, seconds=2, message="at most maxUnavailable=2 nodes held")
     # The timer writes the policy's status after the node passes: poll for the counts.
     counts = {"cordonedNodes": 2, "pendingNodes": 2, "selectedNodes": 4}
 
@@ -401,10 +398,7 @@ def test_budget_holds_at_most_max_unavailable_and_admits_waiting_nodes_as_it_fre
     # Which nodes were held first depends on reconcile order, so name the admitted one by what it was.
     (admitted,) = [n for n in held() if n in queued]
     assert len(fleet.events(admitted, "DisruptionBudgetExceeded")) == 1
-    deadline = time.monotonic() + 1
-    while time.monotonic() < deadline:
-        assert len(held()) <= 2
-        time.sleep(0.1)
+    waiting.holds(lambda: len(held()) <= 2, seconds=1, message="at most maxUnavailable=2 nodes held")
 
 
 def test_dry_run_records_decisions_and_changes_no_node(fleet: operator_harness.Fleet) -> None:
@@ -515,10 +509,12 @@ def test_human_cordoned_node_is_not_uncordoned_on_recovery(fleet: operator_harne
         message="healthy again",
     )
     # Well past healthyForSeconds (1 s) and several timer passes:
-    time_limit = time.monotonic() + 3
-    while time.monotonic() < time_limit:
-        assert cordoned(fleet, name), "a node a human cordoned must stay cordoned"
-        time.sleep(0.2)
+    waiting.holds(
+        lambda: cordoned(fleet, name),
+        seconds=3,
+        interval_seconds=0.2,
+        message="a node a human cordoned must stay cordoned",
+    )
     assert keys.CORDONED_BY_ANNOTATION not in (fleet.node(name)["metadata"].get("annotations") or {})
     assert "NodeUncordoned" not in reasons(fleet, name)
 
@@ -546,10 +542,12 @@ def test_stale_agent_makes_node_unknown_and_never_cordons(fleet: operator_harnes
     waiting.wait_until(
         lambda: "AgentStale" in reasons(fleet, name), timeout_seconds=TIMEOUT, message="AgentStale Event"
     )
-    time_limit = time.monotonic() + 2
-    while time.monotonic() < time_limit:
-        assert not cordoned(fleet, name)
-        time.sleep(0.2)
+    waiting.holds(
+        lambda: not cordoned(fleet, name),
+        seconds=2,
+        interval_seconds=0.2,
+        message="a stale node is never cordoned",
+    )
     assert "NodeCordoned" not in reasons(fleet, name)
 
 
