@@ -18,11 +18,21 @@ import asyncio
 import collections
 import dataclasses
 from collections.abc import Iterator, MutableMapping
+from typing import Any
 
 from gpuhealth_api import vocabulary
 from gpuhealth_operator import admission, cache, kube, metrics, settings
 from gpuhealth_operator.actions import drain, events
 from gpuhealth_operator.decisions import budget, model, verdicts
+
+POLICY, NODE = 0, 1
+"""Positions in a (policy, node) key."""
+
+
+def _drop(mapping: MutableMapping[tuple[str, str], Any], name: str, position: int) -> None:
+    """Delete, in place, every (policy, node) key whose part at `position` is `name`."""
+    for key in [k for k in mapping if k[position] == name]:
+        del mapping[key]
 
 
 class Verdicts(MutableMapping[tuple[str, str], model.NodeVerdict]):
@@ -72,12 +82,10 @@ class Verdicts(MutableMapping[tuple[str, str], model.NodeVerdict]):
         return self._all.get(key)
 
     def forget_node(self, name: str) -> None:
-        for key in [k for k in self._all if k[1] == name]:
-            del self[key]
+        _drop(self, name, NODE)
 
     def forget_policy(self, name: str) -> None:
-        for key in [k for k in self._all if k[0] == name]:
-            del self[key]
+        _drop(self, name, POLICY)
         self.wanting.pop(name, None)
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
@@ -143,10 +151,8 @@ class Context:
         the node still exists and a drain of it still runs.
         """
         self.verdicts.forget_node(name)
-        for key in [k for k in self.stragglers if k[1] == name]:
-            del self.stragglers[key]
-        for key in [k for k in self.dry_run_said if k[1] == name]:
-            del self.dry_run_said[key]
+        _drop(self.stragglers, name, NODE)
+        _drop(self.dry_run_said, name, NODE)
         self.admission.forget_node(name)
 
     def forget_node(self, name: str) -> None:
@@ -168,9 +174,7 @@ class Context:
     def forget_policy(self, name: str) -> None:
         """The policy is gone: forget its verdicts, budget, Events said and status written."""
         self.verdicts.forget_policy(name)
-        for key in [k for k in self.stragglers if k[0] == name]:
-            del self.stragglers[key]
-        for key in [k for k in self.dry_run_said if k[0] == name]:
-            del self.dry_run_said[key]
+        _drop(self.stragglers, name, POLICY)
+        _drop(self.dry_run_said, name, POLICY)
         self.admission.forget_policy(name)
         self.policy_status_written.pop(name, None)
