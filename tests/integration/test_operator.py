@@ -658,3 +658,34 @@ def test_overlapping_acting_policies_do_not_undo_each_others_labels(fleet: opera
         time.sleep(0.1)
     assert seen == {("true", "degraded")}, "the policy without a thermal rule must not remove the label"
     assert not cordoned(fleet, name)
+
+
+def test_nodes_deleted_while_reconciled_leave_the_operator_acting(
+    fleet: operator_harness.Fleet, operator: operator_harness.OperatorProcess
+) -> None:
+    """Nodes scaled down in a fault burst: no handler error, the timer lives, a later fault is acted on."""
+    fleet.policy(
+        fleet.label,
+        policy_spec(
+            {"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}, maxUnavailable="100%"
+        ),
+    )
+    log_start = len(operator.log())
+    for round_ in range(3):
+        names = [node_name(fleet, f"gone-{round_}-{i}") for i in range(10)]
+        for name in names:
+            fleet.add_node(name)
+        for name in names:
+            fleet.report(name, gpunode_facts.agent_status(overrides={0: ECC}))
+        for name in names:  # while the operator cordons and drains them
+            fleet.core.delete_node(name)
+            fleet.names.remove(name)
+    survivor = node_name(fleet, "after")
+    fleet.add_node(survivor)
+    fleet.report(survivor, gpunode_facts.agent_status(overrides={0: ECC}))
+    waiting.wait_until(
+        lambda: cordoned(fleet, survivor), timeout_seconds=TIMEOUT, message="a later fault acted on"
+    )
+    assert operator.alive() and operator.is_leading()
+    logged = operator.log()[log_start:]
+    assert "Traceback" not in logged and "KeyError" not in logged, logged[-5000:]
