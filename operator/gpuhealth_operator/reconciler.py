@@ -106,6 +106,9 @@ async def reconcile_node(
         try:
             await _reconcile(ctx, name, now or utcnow())
         except TRANSIENT_ERRORS as error:
+            if ctx.cache.node(name) is None or ctx.cache.gpunode(name) is None:
+                logger.debug("node %s was deleted during its reconcile: %s", name, error)
+                return  # gone (a write met 404): nothing left to do, nothing to retry
             ctx.meters.reconcile_errors.labels(handler).inc()
             logger.warning("reconcile of node %s failed (will retry): %s", name, error)
 
