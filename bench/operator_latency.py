@@ -27,6 +27,7 @@ import json
 import platform
 import re
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -37,8 +38,12 @@ from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
 from gpuhealth_api import resources
-from gpuhealth_operator import kube, testing
-from gpuhealth_sim import binaries, controlplane
+from gpuhealth_operator import kube
+from gpuhealth_sim import binaries, controlplane, waiting
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
+import gpunode_facts
+import operator_harness
 
 ROOT = Path(__file__).resolve().parent.parent
 ECC = {0: {"ecc": {"uncorrectedVolatile": 1}}}
@@ -56,7 +61,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / 100  # utime + stime, in clock ticks (USER_HZ = 100)
 
 
-def api_requests(process: testing.OperatorProcess) -> float:
+def api_requests(process: operator_harness.OperatorProcess) -> float:
     total = 0.0
     for line in process.metrics().splitlines():
         if line.startswith("gpuhealth_operator_api_requests_total{"):
@@ -87,7 +92,7 @@ async def inject_faults(kubeconfig: Path, names: list[str], concurrency: int = 1
         async with gate:
             observed = datetime.datetime.now(datetime.UTC)
             observed_at[name] = observed.timestamp()
-            status = testing.agent_status(overrides=ECC, observed=testing.rfc3339(observed))
+            status = gpunode_facts.agent_status(overrides=ECC, observed=gpunode_facts.rfc3339(observed))
             await api.request(
                 "PATCH",
                 f"/apis/{resources.GROUP}/{resources.VERSION}/{resources.GPUNODE_PLURAL}/{name}/status",
@@ -110,7 +115,7 @@ class CordonWatch:
 
     def __init__(self, api: client.ApiClient, label: str) -> None:
         self.api = api
-        self.selector = f"{testing.Fleet.LABEL_KEY}={label}"
+        self.selector = f"{operator_harness.Fleet.LABEL_KEY}={label}"
         self.cordoned: dict[str, float] = {}
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -168,8 +173,8 @@ def main() -> None:
             plane.kubectl("apply", "--server-side", *crd_args)
             plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", *crd_args)
             api = plane.api_client()
-            testing.ensure_namespace(api, "gpu-health")
-            fleet = testing.Fleet(api, label="bench")
+            operator_harness.ensure_namespace(api, "gpu-health")
+            fleet = operator_harness.Fleet(api, label="bench")
             fleet.policy(
                 "bench",
                 {
@@ -178,10 +183,10 @@ def main() -> None:
                     "recovery": {"uncordon": True, "healthyForSeconds": 0},
                 },
             )
-            operator = testing.OperatorProcess(
+            operator = operator_harness.OperatorProcess(
                 kubeconfig=Path(plane.kubeconfig), log_path=workdir / "operator.log", identity="bench"
             ).start()
-            testing.wait_for(operator.is_leading, 60, "operator leads")
+            waiting.wait_until(operator.is_leading, timeout_seconds=60, message="operator leads")
             assert operator.process is not None
             time.sleep(2)
             rss_empty = rss_kib(operator.process.pid)
@@ -190,7 +195,9 @@ def main() -> None:
             half = args.nodes // 2
 
             def judged(count: int) -> bool:
-                listed = client.CoreV1Api(api).list_node(label_selector=f"{testing.Fleet.LABEL_KEY}=bench")
+                listed = client.CoreV1Api(api).list_node(
+                    label_selector=f"{operator_harness.Fleet.LABEL_KEY}=bench"
+                )
                 labelled = sum(
                     1 for n in listed.items if (n.metadata.labels or {}).get("gpuhealth.io/health")
                 )
@@ -204,12 +211,19 @@ def main() -> None:
             started = time.monotonic()
             with concurrent.futures.ThreadPoolExecutor(8) as pool:
                 list(pool.map(fleet.add_node, names[:half]))
-            testing.wait_for(lambda: judged(half), 120, "first half judged", interval_seconds=0.5)
+            waiting.wait_until(
+                lambda: judged(half), timeout_seconds=120, message="first half judged", interval_seconds=0.5
+            )
             rss_half = settled_rss()
             with concurrent.futures.ThreadPoolExecutor(8) as pool:
                 list(pool.map(fleet.add_node, names[half:]))
             results["fleet_create_seconds"] = round(time.monotonic() - started - 25, 1)
-            testing.wait_for(lambda: judged(len(names)), 120, "every node judged", interval_seconds=0.5)
+            waiting.wait_until(
+                lambda: judged(len(names)),
+                timeout_seconds=120,
+                message="every node judged",
+                interval_seconds=0.5,
+            )
             rss_full = settled_rss()
             results["rss_empty_mib"] = round(rss_empty / 1024, 1)
             results["rss_half_mib"] = round(rss_half / 1024, 1)
@@ -229,11 +243,17 @@ def main() -> None:
             single: list[float] = []
             for name in names[: args.trials]:
                 observed = datetime.datetime.now(datetime.UTC)
-                fleet.report(name, testing.agent_status(overrides=ECC, observed=testing.rfc3339(observed)))
-                seen = testing.wait_for(lambda n=name: watcher.seen(n), 30, f"{name} cordoned", 0.005)
+                fleet.report(
+                    name, gpunode_facts.agent_status(overrides=ECC, observed=gpunode_facts.rfc3339(observed))
+                )
+                seen = waiting.wait_until(
+                    lambda n=name: watcher.seen(n), timeout_seconds=30, message=f"{name} cordoned"
+                )
                 single.append(seen - observed.timestamp())
-                fleet.report(name, testing.agent_status())
-                testing.wait_for(lambda n=name: watcher.seen(n) is None, 30, f"{name} uncordoned", 0.02)
+                fleet.report(name, gpunode_facts.agent_status())
+                waiting.wait_until(
+                    lambda n=name: watcher.seen(n) is None, timeout_seconds=30, message=f"{name} uncordoned"
+                )
             results["single_p50_seconds"] = round(percentile(single, 50), 3)
             results["single_p99_seconds"] = round(percentile(single, 99), 3)
             results["single_max_seconds"] = round(max(single), 3)
@@ -246,7 +266,9 @@ def main() -> None:
             last_write = time.time()
             burst_start = min(observed_at.values())
             results["burst_write_seconds"] = round(last_write - burst_start, 2)
-            testing.wait_for(lambda: all(watcher.seen(n) for n in names), 120, "all cordoned", 0.02)
+            waiting.wait_until(
+                lambda: all(watcher.seen(n) for n in names), timeout_seconds=120, message="all cordoned"
+            )
             seen_at = {n: watcher.seen(n) or 0.0 for n in names}
             burst = [seen_at[n] - observed_at[n] for n in names]
             results["burst_all_cordoned_seconds"] = round(max(seen_at.values()) - burst_start, 3)

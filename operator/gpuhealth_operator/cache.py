@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import types
 from collections.abc import Mapping
 from typing import Any
 
@@ -180,27 +181,52 @@ class Selection:
         self.unavailable.discard(name)
 
 
-@dataclasses.dataclass
 class ClusterCache:
-    nodes: dict[str, NodeRecord] = dataclasses.field(default_factory=dict)
-    gpunodes: dict[str, GPUNodeRecord] = dataclasses.field(default_factory=dict)
-    policies: dict[str, model.Policy] = dataclasses.field(default_factory=dict)
-    policy_errors: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
-    """Policies whose spec did not parse: name → (generation, the message naming the field)."""
-    _selections: dict[str, Selection] = dataclasses.field(default_factory=dict, repr=False)
+    """Nodes, GPUNodes and policies as last seen; only these methods change them.
+
+    Readers get read-only views (`nodes`, `gpunodes`, `policies`,
+    `policy_errors`) or one record by name (`node`, `gpunode`), which is None
+    once the object is gone: a reconcile that resumes after an `await` finds
+    out that way that nothing is left to do. Answers to our own writes go
+    through `refresh_*`, which never brings a deleted object back.
+    """
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, NodeRecord] = {}
+        self._gpunodes: dict[str, GPUNodeRecord] = {}
+        self._policies: dict[str, model.Policy] = {}
+        self._policy_errors: dict[str, tuple[int, str]] = {}
+        """Policies whose spec did not parse: name → (generation, the message naming the field)."""
+        self._selections: dict[str, Selection] = {}
+        self.nodes: Mapping[str, NodeRecord] = types.MappingProxyType(self._nodes)
+        self.gpunodes: Mapping[str, GPUNodeRecord] = types.MappingProxyType(self._gpunodes)
+        self.policies: Mapping[str, model.Policy] = types.MappingProxyType(self._policies)
+        self.policy_errors: Mapping[str, tuple[int, str]] = types.MappingProxyType(self._policy_errors)
+
+    def node(self, name: str) -> NodeRecord | None:
+        return self._nodes.get(name)
+
+    def gpunode(self, name: str) -> GPUNodeRecord | None:
+        return self._gpunodes.get(name)
 
     def put_node(self, body: Mapping[str, Any]) -> NodeRecord:
+        """Store a Node as a watch event shows it (an older resourceVersion is ignored)."""
         record = node_record(body)
-        old = self.nodes.get(record.view.name)
+        old = self._nodes.get(record.view.name)
         if old is None or _newer(old.resource_version, record.resource_version):
-            self.nodes[record.view.name] = record
+            self._nodes[record.view.name] = record
             for selection in self._selections.values():
                 selection.update(record.view)
             return record
         return old
 
+    def refresh_node(self, body: Mapping[str, Any]) -> NodeRecord | None:
+        """Store the API server's answer to our write; None (and nothing stored) if the Node is gone."""
+        name = str((body.get("metadata") or {}).get("name", ""))
+        return self.put_node(body) if name in self._nodes else None
+
     def remove_node(self, name: str) -> None:
-        self.nodes.pop(name, None)
+        self._nodes.pop(name, None)
         for selection in self._selections.values():
             selection.discard(name)
 
@@ -208,18 +234,45 @@ class ClusterCache:
         """The policy's selection; built from the whole cache the first time and when the policy changed."""
         current = self._selections.get(policy.name)
         if current is None or current.policy != policy:
-            for stale in [n for n in self._selections if n not in self.policies]:
+            for stale in [n for n in self._selections if n not in self._policies]:
                 del self._selections[stale]  # deleted policies
             current = Selection(policy)
-            for record in self.nodes.values():
+            for record in self._nodes.values():
                 current.update(record.view)
             self._selections[policy.name] = current
         return current
 
     def put_gpunode(self, body: Mapping[str, Any]) -> GPUNodeRecord:
+        """Store a GPUNode as a watch event shows it (an older resourceVersion is ignored)."""
         record = gpunode_record(body)
-        old = self.gpunodes.get(record.name)
+        old = self._gpunodes.get(record.name)
         if old is None or _newer(old.resource_version, record.resource_version):
-            self.gpunodes[record.name] = record
+            self._gpunodes[record.name] = record
             return record
         return old
+
+    def refresh_gpunode(self, body: Mapping[str, Any]) -> GPUNodeRecord | None:
+        """Store the API server's answer to our write; None (and nothing stored) if the GPUNode is gone."""
+        name = str((body.get("metadata") or {}).get("name", ""))
+        return self.put_gpunode(body) if name in self._gpunodes else None
+
+    def remove_gpunode(self, name: str) -> None:
+        self._gpunodes.pop(name, None)
+
+    def put_policy(self, policy: model.Policy) -> bool:
+        """Store a valid policy (clearing any error it had); whether it is new or changed."""
+        self._policy_errors.pop(policy.name, None)
+        if self._policies.get(policy.name) == policy:
+            return False
+        self._policies[policy.name] = policy
+        return True
+
+    def reject_policy(self, name: str, generation: int, error: str) -> None:
+        """A policy whose spec does not parse: not applied, its error kept for its status."""
+        self._policies.pop(name, None)
+        self._policy_errors[name] = (generation, error)
+
+    def remove_policy(self, name: str) -> None:
+        self._policies.pop(name, None)
+        self._policy_errors.pop(name, None)
+        self._selections.pop(name, None)

@@ -30,9 +30,9 @@ async def on_node(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None
     name = body.get("metadata", {}).get("name", "")
     if event["type"] == DELETED:
         memo.cache.remove_node(name)
-        reconciler.forget_node(memo, name)
+        memo.forget_node(name)
         return
-    before = memo.cache.nodes.get(name)
+    before = memo.cache.node(name)
     after = memo.cache.put_node(body)
     # Kubelet (or kwok) heartbeats change the Node every few seconds; only what we judge matters.
     if before is None or before.view != after.view:
@@ -43,10 +43,10 @@ async def on_gpunode(event: kopf.RawEvent, memo: context.Context, **_: Any) -> N
     body = event["object"]
     name = body.get("metadata", {}).get("name", "")
     if event["type"] == DELETED:
-        memo.cache.gpunodes.pop(name, None)
-        reconciler.forget_node(memo, name)
+        memo.cache.remove_gpunode(name)
+        memo.forget_node(name)
         return
-    before = memo.cache.gpunodes.get(name)
+    before = memo.cache.gpunode(name)
     after = memo.cache.put_gpunode(body)
     if before is None or before.resource_version != after.resource_version:
         await reconciler.reconcile_node(memo, name, "gpunode")
@@ -61,26 +61,17 @@ def store_policy(memo: context.Context, body: Mapping[str, Any]) -> model.Policy
         policy = policies.parse_policy(name, generation, body.get("spec") or {})
     except ValueError as error:
         logger.warning("policy %s is invalid and is not applied: %s", name, error)
-        memo.cache.policies.pop(name, None)
-        memo.cache.policy_errors[name] = (generation, str(error))
+        memo.cache.reject_policy(name, generation, str(error))
         return None
-    memo.cache.policy_errors.pop(name, None)
-    if memo.cache.policies.get(name) == policy:
-        return None
-    memo.cache.policies[name] = policy
-    return policy
+    return policy if memo.cache.put_policy(policy) else None
 
 
 async def on_policy(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None:
     body = event["object"]
     name = body.get("metadata", {}).get("name", "")
     if event["type"] == DELETED:
-        memo.cache.policies.pop(name, None)
-        memo.cache.policy_errors.pop(name, None)
-        memo.policy_status_written.pop(name, None)
-        for key in [k for k in memo.verdicts if k[0] == name]:
-            del memo.verdicts[key]
-        memo.budget_notified.difference_update({k for k in memo.budget_notified if k[0] == name})
+        memo.cache.remove_policy(name)
+        memo.forget_policy(name)
         return
     policy = store_policy(memo, body)
     if policy is None:

@@ -15,6 +15,9 @@ for the Node's labels and taint: acting policies patch one combined wish
 and the GPUHealthy condition report the verdict of the first selecting
 policy by name (the "reporting" policy), and `cordoned-by` names the policy
 that cordoned first; only that policy ever uncordons the node.
+
+A node whose Node or GPUNode is deleted during a pass leaves nothing to do:
+the pass stops at the next look-up that finds it gone.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 
 import aiohttp
 
-from gpuhealth_api import vocabulary
+from gpuhealth_api import heartbeats, vocabulary
 from gpuhealth_operator import cache, context, kube, remediation
 from gpuhealth_operator.actions import events, nodes, status
 from gpuhealth_operator.decisions import (
@@ -34,7 +37,6 @@ from gpuhealth_operator.decisions import (
     model,
     overlap,
     policies,
-    signals,
     stragglers,
     times,
     verdicts,
@@ -69,52 +71,56 @@ def awaiting_first_report(gpunode: cache.GPUNodeRecord, now: datetime.datetime) 
     if gpunode.status.get("agent"):
         return False
     created = times.parse(gpunode.created)
-    limit = datetime.timedelta(seconds=signals.STALE_HEARTBEATS * signals.DEFAULT_HEARTBEAT_SECONDS)
+    limit = datetime.timedelta(seconds=heartbeats.STALE_HEARTBEATS * heartbeats.DEFAULT_HEARTBEAT_SECONDS)
     return created is not None and now - created < limit
 
 
 def judge(
     ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime
 ) -> model.NodeVerdict | None:
-    record = ctx.cache.nodes.get(name)
-    gpunode = ctx.cache.gpunodes.get(name)
+    """The node's verdict under `policy` now; judged once per set of inputs (the timer judges, then acts)."""
+    record = ctx.cache.node(name)
+    gpunode = ctx.cache.gpunode(name)
     if record is None or gpunode is None:
         return None
+    key = (policy.name, name)
+    straggler = ctx.stragglers.get(key)
+    inputs = (policy, record, gpunode, straggler, now)
+    known = ctx.verdicts.judged_from(key, inputs)
+    if known is not None:
+        return known
     previous = hysteresis.from_status(gpunode.status.get("conditions") or [])
-    verdict = verdicts.judge(
-        policy, record.view, gpunode.status, previous, ctx.stragglers.get((policy.name, name)), now
-    )
-    ctx.verdicts[(policy.name, name)] = verdict
+    verdict = verdicts.judge(policy, record.view, gpunode.status, previous, straggler, now)
+    ctx.verdicts.remember(key, verdict, inputs)
     return verdict
 
 
-async def reconcile_node(ctx: context.Context, name: str, handler: str = "event") -> None:
-    """One pass for one node; errors are counted and logged, the next event or tick retries."""
+async def reconcile_node(
+    ctx: context.Context, name: str, handler: str = "event", now: datetime.datetime | None = None
+) -> None:
+    """One pass for one node; errors are counted and logged, the next event or tick retries.
+
+    The timer passes the `now` it judged the node at, so the pass reuses those verdicts.
+    """
     async with ctx.node_locks[name]:
         try:
-            await _reconcile(ctx, name, utcnow())
+            await _reconcile(ctx, name, now or utcnow())
         except TRANSIENT_ERRORS as error:
+            if ctx.cache.node(name) is None or ctx.cache.gpunode(name) is None:
+                logger.debug("node %s was deleted during its reconcile: %s", name, error)
+                return  # gone (a write met 404): nothing left to do, nothing to retry
             ctx.meters.reconcile_errors.labels(handler).inc()
             logger.warning("reconcile of node %s failed (will retry): %s", name, error)
 
 
-def forget_node(ctx: context.Context, name: str) -> None:
-    for key in [k for k in ctx.verdicts if k[1] == name]:
-        del ctx.verdicts[key]
-    # In place: kopf hands each handler a shallow copy of the memo, so the set itself is what is shared.
-    ctx.budget_notified.difference_update({k for k in ctx.budget_notified if k[1] == name})
-    for key in [k for k in ctx.dry_run_said if k[1] == name]:
-        del ctx.dry_run_said[key]
-
-
 async def _reconcile(ctx: context.Context, name: str, now: datetime.datetime) -> None:
-    record = ctx.cache.nodes.get(name)
-    gpunode = ctx.cache.gpunodes.get(name)
+    record = ctx.cache.node(name)
+    gpunode = ctx.cache.gpunode(name)
     if record is None or gpunode is None:
         return
     selecting = selecting_policies(ctx, record)
     if not selecting:
-        forget_node(ctx, name)
+        ctx.forget_verdicts(name)
         return
     if awaiting_first_report(gpunode, now):
         return  # the agent created its GPUNode and is about to report: nothing to judge, nothing stale
@@ -133,6 +139,8 @@ async def _reconcile(ctx: context.Context, name: str, now: datetime.datetime) ->
     reported: tuple[model.Policy, model.NodeVerdict, vocabulary.NodeAction] | None = None
     for policy, verdict in judged:
         action = await remediation.remediate(ctx, policy, name, verdict, now)
+        if ctx.cache.node(name) is None or ctx.cache.gpunode(name) is None:
+            return  # deleted meanwhile: nothing left to do
         if reported is None:
             reported = (policy, verdict, action)
     assert reported is not None
@@ -150,14 +158,17 @@ async def _condition_events(
     verdict: model.NodeVerdict,
 ) -> None:
     """One Event per condition that turned True in this pass."""
-    reported = bool(ctx.cache.gpunodes[name].status.get("agent"))
+    gpunode = ctx.cache.gpunode(name)
+    if gpunode is None:
+        return
+    reported = bool(gpunode.status.get("agent"))
     for condition, state in verdict.conditions.items():
         before = previous.get(condition)
         if condition is Condition.AGENT_STALE and not reported:
             continue  # a GPUNode whose agent has not reported yet is new, not stale: no Event
         if state.status == "True" and (before is None or before.status != "True"):
             await ctx.recorder.emit(
-                remediation._subject(ctx, name),
+                events.subject(ctx.cache, name),
                 condition.value,
                 state.message or condition.value,
                 events.WARNING,
@@ -206,17 +217,19 @@ async def _write_status(
     verdict: model.NodeVerdict,
     action: vocabulary.NodeAction,
 ) -> None:
-    gpunode = ctx.cache.gpunodes[name]
+    gpunode = ctx.cache.gpunode(name)
     desired = desired_status(ctx, policy, name, verdict, action)
-    if not _differs(dict(gpunode.status), desired):
+    if gpunode is None or not _differs(dict(gpunode.status), desired):
         return
-    ctx.cache.put_gpunode(await status.apply_gpunode(ctx.client, name, desired))
+    ctx.cache.refresh_gpunode(await status.apply_gpunode(ctx.client, name, desired))
 
 
 async def _node_condition(
     ctx: context.Context, name: str, verdict: model.NodeVerdict, now: datetime.datetime
 ) -> None:
-    record = ctx.cache.nodes[name]
+    record = ctx.cache.node(name)
+    if record is None:
+        return
     state = NODE_CONDITION[verdict.health]
     reason = verdict.issues[0].value if verdict.issues else "GPUsHealthy"
     if verdict.health is Health.UNKNOWN:
@@ -232,7 +245,7 @@ async def _node_condition(
     transition = (
         current.last_transition_time if current is not None and current.status == state else times.render(now)
     )
-    ctx.cache.put_node(
+    ctx.cache.refresh_node(
         await nodes.set_condition(
             ctx.client,
             name,
@@ -253,11 +266,11 @@ def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
         rules = [r for r in policy.rules if r.condition is Condition.STRAGGLER]
         if not rules:
             continue
-        threshold = rules[0].threshold or 3.5
+        threshold = rules[0].threshold or policies.DEFAULT_STRAGGLER_THRESHOLD
         members = {
-            name: ctx.cache.gpunodes[name].status
+            name: gpunode.status
             for name in sorted(ctx.cache.selection(policy).selected)  # a stable cohort order
-            if name in ctx.cache.gpunodes
+            if (gpunode := ctx.cache.gpunode(name)) is not None
         }
         for name, score in stragglers.score_cohorts(members, threshold, now).items():
             ctx.stragglers[(policy.name, name)] = score

@@ -2,9 +2,12 @@
 
 The verdict says what the node deserves; this module makes the Node match it
 with minimal patches, and returns the `status.action` that describes where
-the node now stands. The disruption budget is decided under the policy's
-lock, and a node admitted by it is held "in flight" until its cordon is in
-the cache, so concurrent reconciles can never admit more than maxUnavailable.
+the node now stands. The disruption budget is asked through `admission`,
+which holds an admitted node "in flight" until its cordon is in the cache, so
+concurrent reconciles can never admit more than maxUnavailable.
+
+A Node deleted while it is being reconciled leaves nothing to do: every
+look-up after an `await` may find it gone (None), and the pass then stops.
 
 Dry-run policies come here too: they compute the same changes, say them in
 a `DryRun` Event, and change nothing.
@@ -14,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import enum
 import logging
+from collections.abc import Awaitable, Callable
 
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import cache, context, kube
 from gpuhealth_operator.actions import drain, events, nodes
-from gpuhealth_operator.decisions import budget, model, policies, times, verdicts
+from gpuhealth_operator.decisions import model, times, verdicts
 
 logger = logging.getLogger(__name__)
 
@@ -32,14 +37,6 @@ LESSER_ACTIONS: dict[Action | None, NodeAction] = {
     Action.LABEL: NodeAction.LABELED,
     Action.TAINT: NodeAction.TAINTED,
 }
-
-
-def _subject(ctx: context.Context, name: str) -> events.Subject:
-    record = ctx.cache.nodes.get(name)
-    gpunode = ctx.cache.gpunodes.get(name)
-    return events.Subject(
-        node=name, node_uid=record.uid if record else None, gpunode_uid=gpunode.uid if gpunode else None
-    )
 
 
 def _issues(verdict: model.NodeVerdict) -> str:
@@ -71,8 +68,42 @@ def _observe_latency(
     ctx.meters.actions.labels(action, _reason(verdict)).inc()
 
 
-async def _refresh(ctx: context.Context, name: str) -> cache.NodeRecord:
-    return ctx.cache.put_node(await ctx.client.get(nodes.node_path(name)))
+async def _refresh(ctx: context.Context, name: str) -> cache.NodeRecord | None:
+    return ctx.cache.refresh_node(await ctx.client.get(nodes.node_path(name)))
+
+
+class Patched(enum.Enum):
+    WRITTEN = "written"
+    SETTLED = "settled"
+    """Nothing to write: the cached Node already is as wanted."""
+    GONE = "gone"
+    CONFLICTED = "conflicted"
+    """Every attempt met a newer Node."""
+
+
+async def _patch_with_retries(
+    ctx: context.Context,
+    name: str,
+    settled: Callable[[cache.NodeRecord], bool],
+    patch: Callable[[cache.NodeRecord], Awaitable[kube.JsonObject]],
+    attempts: int = 3,
+) -> Patched:
+    """Patch the Node computed from its cached record (with its resourceVersion); on 409 re-read and retry."""
+    for _attempt in range(attempts):
+        record = ctx.cache.node(name)
+        if record is None:
+            return Patched.GONE
+        if settled(record):
+            return Patched.SETTLED
+        try:
+            body = await patch(record)
+        except kube.ApiError as error:
+            if not error.conflict:
+                raise
+            await _refresh(ctx, name)
+            continue
+        return Patched.WRITTEN if ctx.cache.refresh_node(body) is not None else Patched.GONE
+    return Patched.CONFLICTED
 
 
 async def remediate(
@@ -91,70 +122,49 @@ async def remediate(
 async def _labels(
     ctx: context.Context, name: str, verdict: model.NodeVerdict, now: datetime.datetime
 ) -> None:
-    changes = label_changes(ctx.cache.nodes[name], verdict)
+    record = ctx.cache.node(name)
+    changes = label_changes(record, verdict) if record is not None else {}
     if not changes:
         return
-    ctx.cache.put_node(await nodes.patch_metadata(ctx.client, name, labels=changes))
+    ctx.cache.refresh_node(await nodes.patch_metadata(ctx.client, name, labels=changes))
     if any(v == "true" for k, v in changes.items() if k != keys.HEALTH_LABEL):
         _observe_latency(ctx, verdict, Action.LABEL.value, now)
 
 
 async def _taint(ctx: context.Context, name: str, verdict: model.NodeVerdict, now: datetime.datetime) -> None:
-    for _attempt in range(3):
-        record = ctx.cache.nodes[name]
-        if our_taint(record) == verdict.wanted_taint:
-            return
-        try:
-            body = await nodes.set_taint(
-                ctx.client,
-                name,
-                taints=[dict(t) for t in record.taints],
-                value=verdict.wanted_taint,
-                resource_version=record.resource_version,
-            )
-        except kube.ApiError as error:
-            if not error.conflict:
-                raise
-            await _refresh(ctx, name)
-            continue
-        ctx.cache.put_node(body)
-        if verdict.wanted_taint is not None:
-            _observe_latency(ctx, verdict, Action.TAINT.value, now)
-        return
+    def patch(record: cache.NodeRecord) -> Awaitable[kube.JsonObject]:
+        return nodes.set_taint(
+            ctx.client,
+            name,
+            taints=[dict(t) for t in record.taints],
+            value=verdict.wanted_taint,
+            resource_version=record.resource_version,
+        )
 
-
-async def _admit(ctx: context.Context, policy: model.Policy, name: str) -> bool:
-    """Ask the budget; if admitted, the node is in flight until its cordon is in the cache."""
-    async with ctx.policy_locks[policy.name]:
-        selection = ctx.cache.selection(policy)
-        wanting = ctx.verdicts.wanting[policy.name]
-        if budget.admits(policy, name, selection.selected, _holders(ctx, policy, selection), wanting):
-            ctx.in_flight[policy.name].add(name)
-            return True
-        return False
-
-
-def _holders(ctx: context.Context, policy: model.Policy, selection: cache.Selection) -> set[str]:
-    """Selected nodes that take up the policy's budget, those admitted but not yet seen cordoned included."""
-    return selection.unavailable | (ctx.in_flight[policy.name] & selection.selected)
+    patched = await _patch_with_retries(
+        ctx, name, lambda record: our_taint(record) == verdict.wanted_taint, patch
+    )
+    if patched is Patched.WRITTEN and verdict.wanted_taint is not None:
+        _observe_latency(ctx, verdict, Action.TAINT.value, now)
 
 
 async def _capacity(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict, now: datetime.datetime
 ) -> NodeAction:
-    record = ctx.cache.nodes[name]
+    record = ctx.cache.node(name)
+    if record is None:
+        return NodeAction.NONE  # gone: nothing left to do
     wanted = verdict.wanted_action
-    key = (policy.name, name)
     if wanted in vocabulary.DISRUPTIVE_ACTIONS:
         if not record.view.unschedulable and not await _cordon(ctx, policy, name, verdict, now):
             await _budget_exceeded(ctx, policy, name, verdict)
             return NodeAction.PENDING
-        ctx.budget_notified.discard(key)
+        ctx.admission.stop_waiting(policy.name, name)
         if wanted is Action.CORDON:
             return NodeAction.CORDONED
         return await _drain(ctx, policy, name, now)
 
-    ctx.budget_notified.discard(key)
+    ctx.admission.stop_waiting(policy.name, name)
     if record.view.unschedulable and record.view.cordoned_by == policy.name:
         if verdicts.may_uncordon(policy, record.view, verdict):
             await _uncordon(ctx, policy, name, verdict)
@@ -172,25 +182,12 @@ async def _budget_exceeded(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict
 ) -> None:
     """Say once per wait that the node waits for the budget."""
-    key = (policy.name, name)
-    if key in ctx.budget_notified:
+    if not ctx.admission.start_waiting(policy.name, name):
         return
-    ctx.budget_notified.add(key)
-    selection = ctx.cache.selection(policy)
-    limit = policies.resolve_max_unavailable(policy, len(selection.selected))
-    holders = sorted(_holders(ctx, policy, selection))
+    why = ctx.admission.wait_reason(policy, ctx.cache.selection(policy), ctx.cache)
     wanted = verdict.wanted_action.value.lower() if verdict.wanted_action else "act on"
-    if len(holders) >= limit:
-        views = [ctx.cache.nodes[n].view for n in holders if n in ctx.cache.nodes]
-        why = (
-            f"{len(holders)} of its {len(selection.selected)} selected nodes are already unschedulable "
-            f"(maxUnavailable={limit}): {budget.holders_text(policy, views)}"
-        )
-    else:
-        free = limit - len(holders)
-        why = f"the {free} free place(s) under maxUnavailable={limit} go to worse or older faults first"
     await ctx.recorder.emit(
-        _subject(ctx, name),
+        events.subject(ctx.cache, name),
         vocabulary.EventReason.BUDGET_EXCEEDED,
         f"Policy {policy.name} wants to {wanted} the node ({_issues(verdict)}) but {why}; "
         "waiting for the budget.",
@@ -199,49 +196,44 @@ async def _budget_exceeded(
 
 
 def _status_action(ctx: context.Context, name: str) -> str | None:
-    gpunode = ctx.cache.gpunodes.get(name)
+    gpunode = ctx.cache.gpunode(name)
     return gpunode.status.get("action") if gpunode else None
 
 
 async def _cordon(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict, now: datetime.datetime
 ) -> bool:
-    """Cordon within the budget; False when the budget says wait."""
-    if not await _admit(ctx, policy, name):
+    """Cordon within the budget; False when the budget says wait (True too when the Node is gone)."""
+    if not await ctx.admission.admit(
+        policy, name, ctx.cache.selection(policy), ctx.verdicts.wanting[policy.name]
+    ):
         return False
+
+    def patch(record: cache.NodeRecord) -> Awaitable[kube.JsonObject]:
+        return nodes.cordon(
+            ctx.client,
+            name,
+            policy=policy.name,
+            resource_version=record.resource_version,
+            drain_started=times.render(now) if verdict.wanted_action is Action.DRAIN else None,
+            labels=label_changes(record, verdict),
+        )
+
     try:
-        for _attempt in range(3):
-            record = ctx.cache.nodes[name]
-            if record.view.unschedulable:
-                return True  # someone cordoned it meanwhile: not ours to claim
-            started = times.render(now) if verdict.wanted_action is Action.DRAIN else None
-            try:
-                body = await nodes.cordon(
-                    ctx.client,
-                    name,
-                    policy=policy.name,
-                    resource_version=record.resource_version,
-                    drain_started=started,
-                    labels=label_changes(record, verdict),
-                )
-            except kube.ApiError as error:
-                if not error.conflict:
-                    raise
-                await _refresh(ctx, name)
-                continue
-            ctx.cache.put_node(body)
-            _observe_latency(ctx, verdict, Action.CORDON.value, now)
-            what = "cordoned and will be drained" if verdict.wanted_action is Action.DRAIN else "cordoned"
-            await ctx.recorder.emit(
-                _subject(ctx, name),
-                vocabulary.EventReason.NODE_CORDONED,
-                f"Node {what} by policy {policy.name}: {_issues(verdict)}.",
-                events.WARNING,
-            )
-            return True
-        return False
+        # Someone else cordoned it meanwhile (settled): not ours to claim.
+        patched = await _patch_with_retries(ctx, name, lambda record: record.view.unschedulable, patch)
     finally:
-        ctx.in_flight[policy.name].discard(name)
+        ctx.admission.release(policy, name)
+    if patched is Patched.WRITTEN:
+        _observe_latency(ctx, verdict, Action.CORDON.value, now)
+        what = "cordoned and will be drained" if verdict.wanted_action is Action.DRAIN else "cordoned"
+        await ctx.recorder.emit(
+            events.subject(ctx.cache, name),
+            vocabulary.EventReason.NODE_CORDONED,
+            f"Node {what} by policy {policy.name}: {_issues(verdict)}.",
+            events.WARNING,
+        )
+    return patched is not Patched.CONFLICTED
 
 
 async def _drain(ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime) -> NodeAction:
@@ -251,14 +243,17 @@ async def _drain(ctx: context.Context, policy: model.Policy, name: str, now: dat
     result = ctx.drain_results.get(name)
     if result is not None:
         return NodeAction.DRAINED if result.completed else NodeAction.CORDONED
-    record = ctx.cache.nodes[name]
+    record = ctx.cache.node(name)
+    if record is None:
+        return NodeAction.NONE  # gone: nothing left to drain
     started = times.parse(record.view.annotations.get(nodes.DRAIN_STARTED_ANNOTATION))
     previous_action = _status_action(ctx, name)
     if started is not None and previous_action == NodeAction.DRAINED:
         return NodeAction.DRAINED  # drained before a restart; nothing left to do
     if started is None:
         started = now
-        ctx.cache.put_node(await nodes.set_drain_started(ctx.client, name, times.render(now)))
+        if ctx.cache.refresh_node(await nodes.set_drain_started(ctx.client, name, times.render(now))) is None:
+            return NodeAction.NONE
     deadline = started + datetime.timedelta(seconds=policy.drain_timeout_seconds)
     if deadline <= now and previous_action == NodeAction.CORDONED:
         return NodeAction.CORDONED  # this drain already failed (DrainFailed was said); a human takes over
@@ -294,7 +289,7 @@ async def _run_drain(
         logger.exception("drain of node %s crashed; the next reconcile retries it", name)
         raise
     elapsed = (datetime.datetime.now(datetime.UTC) - started).total_seconds()
-    subject = _subject(ctx, name)
+    subject = events.subject(ctx.cache, name)
     if result.completed:
         ctx.meters.drain_duration.labels("completed").observe(elapsed)
         skipped = f" Left in place (emptyDir data): {', '.join(result.skipped)}." if result.skipped else ""
@@ -324,16 +319,16 @@ async def _uncordon(
             raise
         await _refresh(ctx, name)  # the annotation changed under us: it is no longer ours to lift
         return
-    ctx.cache.put_node(body)
-    if nodes.DRAIN_STARTED_ANNOTATION in ctx.cache.nodes[name].view.annotations:
-        ctx.cache.put_node(await nodes.set_drain_started(ctx.client, name, None))
+    record = ctx.cache.refresh_node(body)
+    if record is not None and nodes.DRAIN_STARTED_ANNOTATION in record.view.annotations:
+        ctx.cache.refresh_node(await nodes.set_drain_started(ctx.client, name, None))
     task = ctx.drains.pop(name, None)
     if task is not None:
         task.cancel()
     ctx.drain_results.pop(name, None)
     ctx.meters.actions.labels("Uncordon", "Recovered").inc()
     await ctx.recorder.emit(
-        _subject(ctx, name),
+        events.subject(ctx.cache, name),
         vocabulary.EventReason.NODE_UNCORDONED,
         f"Node uncordoned by policy {policy.name}: healthy for {policy.recovery_healthy_for_seconds:g}s.",
     )
@@ -363,14 +358,17 @@ async def _dry_run(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict
 ) -> NodeAction:
     key = (policy.name, name)
-    changes = dry_run_changes(ctx.cache.nodes[name], policy, verdict)
+    record = ctx.cache.node(name)
+    if record is None:
+        return NodeAction.NONE  # gone: nothing to say
+    changes = dry_run_changes(record, policy, verdict)
     disruptive = verdict.wanted_action in vocabulary.DISRUPTIVE_ACTIONS
     if changes and (disruptive or verdict.issues):
         message = f"Dry run: policy {policy.name} would {', '.join(changes)} ({_issues(verdict)})."
         if ctx.dry_run_said.get(key) != message:
             ctx.dry_run_said[key] = message
             ctx.meters.actions.labels(vocabulary.NodeAction.DRY_RUN.value, _reason(verdict)).inc()
-            await ctx.recorder.emit(_subject(ctx, name), vocabulary.EventReason.DRY_RUN, message)
+            await ctx.recorder.emit(events.subject(ctx.cache, name), vocabulary.EventReason.DRY_RUN, message)
     elif not changes:
         ctx.dry_run_said.pop(key, None)
     return NodeAction.DRY_RUN if verdict.wanted_action is not None else NodeAction.NONE

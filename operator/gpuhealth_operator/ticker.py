@@ -6,7 +6,9 @@ budget freeing up, `healthyForSeconds` of recovery, straggler cohorts
 shifting) needs a clock. Every `tick_seconds` this judges the nodes where a
 clock runs (`is_due`; every node every FULL_PASS_SECONDS), acts where a
 verdict changed, and refreshes each policy's status counts. A pass that
-finds nothing to change sends no request.
+finds nothing to change sends no request. Each due node is judged once per
+pass: the reconcile reuses the verdicts judged for the budget's ranking.
+One node's error never ends the timer: it is logged and the next pass retries.
 """
 
 from __future__ import annotations
@@ -17,16 +19,12 @@ import datetime
 import logging
 from typing import Any
 
-from gpuhealth_api import keys, vocabulary
+from gpuhealth_api import heartbeats, keys, vocabulary
 from gpuhealth_operator import context, heap, reconciler
 from gpuhealth_operator.actions import status
 from gpuhealth_operator.decisions import times
 
 logger = logging.getLogger(__name__)
-
-STALE_HEARTBEATS = 3
-"""An agent that missed this many heartbeats is stale (DESIGN.md); the timer wakes just before."""
-
 
 FULL_PASS_SECONDS = 10.0
 """Every so often the timer judges every node, due or not: a safety net under `is_due`."""
@@ -39,10 +37,12 @@ def is_due(ctx: context.Context, name: str, now: datetime.datetime) -> bool:
     running: skipping it keeps the timer's cost proportional to the nodes in
     trouble, not to the fleet.
     """
-    record = ctx.cache.nodes[name]
-    gpunode = ctx.cache.gpunodes[name]
+    record = ctx.cache.node(name)
+    gpunode = ctx.cache.gpunode(name)
+    if record is None or gpunode is None:
+        return False  # gone: nothing to judge
     facts = gpunode.status
-    if any((policy, name) in ctx.budget_notified for policy in ctx.cache.policies) or name in ctx.drains:
+    if any(ctx.admission.waiting(policy, name) for policy in ctx.cache.policies) or name in ctx.drains:
         return True
     if facts.get("health") not in (None, vocabulary.Health.HEALTHY.value) or facts.get("action") not in (
         None,
@@ -61,8 +61,9 @@ def is_due(ctx: context.Context, name: str, now: datetime.datetime) -> bool:
         return True
     agent = facts.get("agent") or {}
     heartbeat = times.parse(agent.get("lastHeartbeatTime"))
-    period = agent.get("heartbeatSeconds") or 60
-    stale_at_seconds = STALE_HEARTBEATS * float(period)
+    period = agent.get("heartbeatSeconds") or heartbeats.DEFAULT_HEARTBEAT_SECONDS
+    # The timer wakes just before the agent turns stale.
+    stale_at_seconds = heartbeats.STALE_HEARTBEATS * float(period)
     if (
         heartbeat is None
         or times.seconds_between(heartbeat, now) >= stale_at_seconds - 2 * ctx.config.tick_seconds
@@ -79,10 +80,18 @@ async def tick(ctx: context.Context, *, full: bool = False) -> None:
     ]
     # Judge every due node before acting on any, so the budget ranks all waiting nodes, not the first seen.
     for name in names:
-        record = ctx.cache.nodes[name]
-        for policy in reconciler.selecting_policies(ctx, record):
+        record = ctx.cache.node(name)
+        for policy in reconciler.selecting_policies(ctx, record) if record is not None else ():
             reconciler.judge(ctx, policy, name, now)
-    await asyncio.gather(*(reconciler.reconcile_node(ctx, name, "timer") for name in names))
+    results = await asyncio.gather(
+        *(reconciler.reconcile_node(ctx, name, "timer", now) for name in names), return_exceptions=True
+    )
+    for name, result in zip(names, results, strict=True):
+        if isinstance(result, Exception):
+            ctx.meters.reconcile_errors.labels("timer").inc()
+            logger.error("reconcile of node %s failed", name, exc_info=result)
+        elif isinstance(result, BaseException):
+            raise result  # cancelled: the timer is stopping
     await write_policy_statuses(ctx, now)
 
 
@@ -101,6 +110,9 @@ async def run(ctx: context.Context) -> None:
         except reconciler.TRANSIENT_ERRORS as error:
             ctx.meters.reconcile_errors.labels("timer").inc()
             logger.warning("timer pass failed (will retry): %s", error)
+        except Exception:
+            ctx.meters.reconcile_errors.labels("timer").inc()
+            logger.exception("timer pass failed (will retry)")
         elapsed = asyncio.get_running_loop().time() - started
         await asyncio.sleep(max(0.05, ctx.config.tick_seconds - elapsed))
 
@@ -115,7 +127,9 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
     if policy is not None:
         generation = policy.generation
         for node in ctx.cache.selection(policy).selected:
-            record = ctx.cache.nodes[node]
+            record = ctx.cache.node(node)
+            if record is None:
+                continue
             counts["selectedNodes"] += 1
             verdict = ctx.verdicts.get((name, record.view.name))
             if verdict is not None:
@@ -124,7 +138,7 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
                     counts["unhealthyNodes"] += 1
             if record.view.unschedulable and record.view.cordoned_by == name:
                 counts["cordonedNodes"] += 1
-            if (name, record.view.name) in ctx.budget_notified:
+            if ctx.admission.waiting(name, record.view.name):
                 counts["pendingNodes"] += 1
         for health in vocabulary.Health:
             ctx.meters.nodes.labels(name, health.value).set(health_counts[health.value])

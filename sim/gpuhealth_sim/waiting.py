@@ -1,4 +1,4 @@
-"""Poll a condition until it holds or a deadline passes: the only way tests wait.
+"""Poll a condition until it holds or a deadline passes: the only way tests wait (and `holds` observes).
 
 Tests never sleep for a fixed time to "let things settle"; they poll with a
 deadline and fail with a message saying what never happened and what was last
@@ -62,6 +62,30 @@ def wait_until(
     if last_error is not None:
         detail += f"; last error: {_describe(last_error)}"
     raise TimeoutError(f"{message} (not true after {timeout_seconds:g}s, {attempts} attempts; {detail})")
+
+
+def holds(
+    predicate: Callable[[], object],
+    *,
+    seconds: float,
+    interval_seconds: float = 0.1,
+    message: str,
+) -> None:
+    """Check that `predicate` stays truthy for `seconds`: an observation, not a synchronisation.
+
+    For what must never happen (a budget exceeded, a human's cordon lifted):
+    AssertionError naming `message` and the value at the first look it failed.
+    """
+    started = time.monotonic()
+    deadline = started + seconds
+    while True:
+        value = predicate()
+        if not value:
+            raise AssertionError(f"{message} (broken after {time.monotonic() - started:.1f}s: {value!r})")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        time.sleep(min(interval_seconds, remaining))
 
 
 def _describe(error: BaseException) -> str:

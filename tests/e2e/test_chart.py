@@ -35,8 +35,8 @@ from typing import Any
 import pytest
 import yaml
 
+import operator_harness
 from gpuhealth_api import keys, resources
-from gpuhealth_operator import testing
 from gpuhealth_sim import controlplane, waiting
 
 pytestmark = pytest.mark.e2e
@@ -778,7 +778,7 @@ def test_real_agent_and_operator_work_with_the_chart_permissions(
         stdout=agent_log,
         stderr=subprocess.STDOUT,
     )  # fmt: skip
-    operator = testing.OperatorProcess(
+    operator = operator_harness.OperatorProcess(
         kubeconfig=as_operator.kubeconfig,
         log_path=tmp_path / "operator.log",
         lease_namespace=release.namespace,

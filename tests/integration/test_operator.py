@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+import gpunode_facts
+import operator_harness
 from gpuhealth_api import keys, resources
-from gpuhealth_operator import testing
-from gpuhealth_sim import controlplane
+from gpuhealth_sim import controlplane, waiting
 
 pytestmark = pytest.mark.integration
 
@@ -36,10 +37,10 @@ TTL_ANNOTATION = "node.alpha.kubernetes.io/ttl"
 @pytest.fixture(scope="module")
 def operator(
     crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[testing.OperatorProcess]:
-    testing.ensure_namespace(k8s, "gpu-health")
+) -> Iterator[operator_harness.OperatorProcess]:
+    operator_harness.ensure_namespace(k8s, "gpu-health")
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    process = testing.OperatorProcess(
+    process = operator_harness.OperatorProcess(
         kubeconfig=Path(crds.kubeconfig),
         log_path=log,
         lease_name="gpu-health-operator-it",
@@ -47,7 +48,7 @@ def operator(
         extra_args=["--tick-seconds=0.5", "--lease-duration-seconds=5", "--lease-renew-seconds=1"],
     ).start()
     try:
-        testing.wait_for(process.is_leading, 30, "operator leads")
+        waiting.wait_until(process.is_leading, timeout_seconds=30, message="operator leads")
         yield process
     finally:
         process.stop()
@@ -56,10 +57,10 @@ def operator(
 
 @pytest.fixture
 def fleet(
-    request: pytest.FixtureRequest, k8s: client.ApiClient, operator: testing.OperatorProcess
-) -> Iterator[testing.Fleet]:
+    request: pytest.FixtureRequest, k8s: client.ApiClient, operator: operator_harness.OperatorProcess
+) -> Iterator[operator_harness.Fleet]:
     label = f"op-{request.node.name[5:25].lower().replace('_', '-').strip('-')}-{secrets.token_hex(2)}"
-    nodes = testing.Fleet(k8s, label=label)
+    nodes = operator_harness.Fleet(k8s, label=label)
     try:
         yield nodes
     finally:
@@ -78,44 +79,48 @@ def policy_spec(*rules: dict[str, Any], **spec: Any) -> dict[str, Any]:
     }
 
 
-def node_name(fleet: testing.Fleet, suffix: str) -> str:
+def node_name(fleet: operator_harness.Fleet, suffix: str) -> str:
     return f"{fleet.label}-{suffix}"[:63]
 
 
-def cordoned(fleet: testing.Fleet, name: str) -> bool:
+def cordoned(fleet: operator_harness.Fleet, name: str) -> bool:
     return bool(fleet.node(name)["spec"].get("unschedulable"))
 
 
-def labels(fleet: testing.Fleet, name: str) -> dict[str, str]:
+def labels(fleet: operator_harness.Fleet, name: str) -> dict[str, str]:
     return fleet.node(name)["metadata"].get("labels") or {}
 
 
-def settled_node(fleet: testing.Fleet, name: str) -> dict[str, Any]:
+def settled_node(fleet: operator_harness.Fleet, name: str) -> dict[str, Any]:
     """The Node once Kubernetes' own controllers are done with it (the TTL controller annotates it)."""
-    node: dict[str, Any] = testing.wait_for(
+    node: dict[str, Any] = waiting.wait_until(
         lambda: TTL_ANNOTATION in ((n := fleet.node(name))["metadata"].get("annotations") or {}) and n,
-        TIMEOUT,
-        f"{TTL_ANNOTATION} on Node {name}",
+        timeout_seconds=TIMEOUT,
+        message=f"{TTL_ANNOTATION} on Node {name}",
     )
     return node
 
 
-def node_condition(fleet: testing.Fleet, name: str) -> dict[str, Any] | None:
+def node_condition(fleet: operator_harness.Fleet, name: str) -> dict[str, Any] | None:
     for condition in fleet.node(name).get("status", {}).get("conditions") or []:
         if condition["type"] == keys.NODE_CONDITION_TYPE:
             return condition
     return None
 
 
-def gpunode_status(fleet: testing.Fleet, name: str) -> dict[str, Any]:
+def gpunode_status(fleet: operator_harness.Fleet, name: str) -> dict[str, Any]:
     return fleet.gpunode(name).get("status") or {}
 
 
-def wait_action(fleet: testing.Fleet, name: str, action: str) -> None:
-    testing.wait_for(lambda: gpunode_status(fleet, name).get("action") == action, TIMEOUT, f"action {action}")
+def wait_action(fleet: operator_harness.Fleet, name: str, action: str) -> None:
+    waiting.wait_until(
+        lambda: gpunode_status(fleet, name).get("action") == action,
+        timeout_seconds=TIMEOUT,
+        message=f"action {action}",
+    )
 
 
-def reasons(fleet: testing.Fleet, name: str) -> set[str]:
+def reasons(fleet: operator_harness.Fleet, name: str) -> set[str]:
     return {e["reason"] for e in fleet.events(name)}
 
 
@@ -154,7 +159,7 @@ def pods_on(k8s: client.ApiClient, node: str) -> list[str]:
 
 
 def test_ecc_uncorrectable_drains_node_but_keeps_daemonset_pods(
-    fleet: testing.Fleet, k8s: client.ApiClient, namespace: str
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, namespace: str
 ) -> None:
     name = node_name(fleet, "ecc")
     fleet.add_node(name)
@@ -170,7 +175,7 @@ def test_ecc_uncorrectable_drains_node_but_keeps_daemonset_pods(
                 "template": {
                     "metadata": {"labels": {"app": "node-agent"}},
                     "spec": {
-                        "nodeSelector": {testing.Fleet.LABEL_KEY: fleet.label},
+                        "nodeSelector": {operator_harness.Fleet.LABEL_KEY: fleet.label},
                         "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}],
                     },
                 },
@@ -179,28 +184,38 @@ def test_ecc_uncorrectable_drains_node_but_keeps_daemonset_pods(
     )
     assert daemonset is not None
     client.AppsV1Api(k8s).create_namespaced_daemon_set(namespace, daemonset)
-    testing.wait_for(lambda: pod_phase(k8s, namespace, "workload") == "Running", TIMEOUT, "workload runs")
-    testing.wait_for(
-        lambda: any(p.startswith("node-agent") for p in pods_on(k8s, name)),
-        TIMEOUT,
-        "daemonset pod on the node",
+    waiting.wait_until(
+        lambda: pod_phase(k8s, namespace, "workload") == "Running",
+        timeout_seconds=TIMEOUT,
+        message="workload runs",
     )
-    testing.wait_for(
+    waiting.wait_until(
+        lambda: any(p.startswith("node-agent") for p in pods_on(k8s, name)),
+        timeout_seconds=TIMEOUT,
+        message="daemonset pod on the node",
+    )
+    waiting.wait_until(
         lambda: labels(fleet, name).get(keys.HEALTH_LABEL) == "healthy",
-        TIMEOUT,
-        "healthy label on a healthy node",
+        timeout_seconds=TIMEOUT,
+        message="healthy label on a healthy node",
     )
     assert not cordoned(fleet, name)
 
-    fleet.report(name, testing.agent_status(overrides={3: ECC}))
+    fleet.report(name, gpunode_facts.agent_status(overrides={3: ECC}))
 
-    testing.wait_for(lambda: cordoned(fleet, name), TIMEOUT, "node cordoned")
+    waiting.wait_until(lambda: cordoned(fleet, name), timeout_seconds=TIMEOUT, message="node cordoned")
     node = fleet.node(name)
     assert node["metadata"]["annotations"][keys.CORDONED_BY_ANNOTATION] == fleet.label
     assert node["metadata"]["labels"][keys.HEALTH_LABEL] == "unhealthy"
-    testing.wait_for(lambda: pod_phase(k8s, namespace, "workload") is None, TIMEOUT, "workload evicted")
-    status = testing.wait_for(
-        lambda: (s := gpunode_status(fleet, name)).get("action") == "Drained" and s, TIMEOUT, "action Drained"
+    waiting.wait_until(
+        lambda: pod_phase(k8s, namespace, "workload") is None,
+        timeout_seconds=TIMEOUT,
+        message="workload evicted",
+    )
+    status = waiting.wait_until(
+        lambda: (s := gpunode_status(fleet, name)).get("action") == "Drained" and s,
+        timeout_seconds=TIMEOUT,
+        message="action Drained",
     )
     assert status["health"] == "Unhealthy"
     assert status["issues"] == "EccUncorrectable"
@@ -209,18 +224,18 @@ def test_ecc_uncorrectable_drains_node_but_keeps_daemonset_pods(
     assert any(p.startswith("node-agent") for p in pods_on(k8s, name)), "DaemonSet pod must not be evicted"
     # The healthy pass left GPUHealthy=True, and a pass writes the Node condition after the GPUNode
     # status: wait for the value itself, not for the condition to exist.
-    testing.wait_for(
+    waiting.wait_until(
         lambda: (
             ((c := node_condition(fleet, name) or {}).get("status"), c.get("reason"))
             == ("False", "EccUncorrectable")
         ),
-        TIMEOUT,
-        "GPUHealthy False (EccUncorrectable)",
+        timeout_seconds=TIMEOUT,
+        message="GPUHealthy False (EccUncorrectable)",
     )
-    testing.wait_for(
+    waiting.wait_until(
         lambda: {"EccUncorrectable", "NodeCordoned", "NodeDrained"} <= reasons(fleet, name),
-        TIMEOUT,
-        "condition, cordon and drain Events",
+        timeout_seconds=TIMEOUT,
+        message="condition, cordon and drain Events",
     )
     event = fleet.events(name, "NodeCordoned")[0]
     assert event["related"]["kind"] == resources.GPUNODE_KIND
@@ -250,41 +265,53 @@ def test_ecc_uncorrectable_drains_node_but_keeps_daemonset_pods(
     ],
 )
 def test_condition_triggers_its_rule_action(
-    fleet: testing.Fleet, condition: str, gpu: dict[str, Any], rule: dict[str, Any], expect: str
+    fleet: operator_harness.Fleet, condition: str, gpu: dict[str, Any], rule: dict[str, Any], expect: str
 ) -> None:
     name = node_name(fleet, "n")
     fleet.add_node(name)
     fleet.policy(fleet.label, policy_spec({"name": "rule", "condition": condition, **rule}))
-    testing.wait_for(
-        lambda: labels(fleet, name).get(keys.HEALTH_LABEL) == "healthy", TIMEOUT, "judged healthy"
+    waiting.wait_until(
+        lambda: labels(fleet, name).get(keys.HEALTH_LABEL) == "healthy",
+        timeout_seconds=TIMEOUT,
+        message="judged healthy",
     )
     if "xids" in gpu:
-        gpu = {"xids": [{**gpu["xids"][0], "lastSeen": testing.rfc3339()}]}
-    fleet.report(name, testing.agent_status(overrides={1: gpu}))
+        gpu = {"xids": [{**gpu["xids"][0], "lastSeen": gpunode_facts.rfc3339()}]}
+    fleet.report(name, gpunode_facts.agent_status(overrides={1: gpu}))
 
-    testing.wait_for(lambda: condition in reasons(fleet, name), TIMEOUT, f"{condition} Event")
-    status = testing.wait_for(
-        lambda: (s := gpunode_status(fleet, name)).get("issues") and s, TIMEOUT, "issues in status"
+    waiting.wait_until(
+        lambda: condition in reasons(fleet, name), timeout_seconds=TIMEOUT, message=f"{condition} Event"
+    )
+    status = waiting.wait_until(
+        lambda: (s := gpunode_status(fleet, name)).get("issues") and s,
+        timeout_seconds=TIMEOUT,
+        message="issues in status",
     )
     assert condition in status["issues"].split(",")
     node = fleet.node(name)
     taints = {t["key"]: t.get("value") for t in node["spec"].get("taints") or []}
     if expect == "cordon":
-        testing.wait_for(lambda: cordoned(fleet, name), TIMEOUT, "cordoned")
-        testing.wait_for(
-            lambda: gpunode_status(fleet, name).get("action") == "Cordoned", TIMEOUT, "action Cordoned"
+        waiting.wait_until(lambda: cordoned(fleet, name), timeout_seconds=TIMEOUT, message="cordoned")
+        waiting.wait_until(
+            lambda: gpunode_status(fleet, name).get("action") == "Cordoned",
+            timeout_seconds=TIMEOUT,
+            message="action Cordoned",
         )
     elif expect == "taint":
-        node = testing.wait_for(
-            lambda: (n := fleet.node(name))["spec"].get("taints") and n, TIMEOUT, "tainted"
+        node = waiting.wait_until(
+            lambda: (n := fleet.node(name))["spec"].get("taints") and n,
+            timeout_seconds=TIMEOUT,
+            message="tainted",
         )
         taints = {t["key"]: (t.get("value"), t["effect"]) for t in node["spec"]["taints"]}
         assert taints[keys.UNHEALTHY_TAINT] == (condition, "NoSchedule")
         assert not node["spec"].get("unschedulable")
         wait_action(fleet, name, "Tainted")
     elif expect == "thermal-label":
-        testing.wait_for(
-            lambda: labels(fleet, name).get(keys.THERMAL_LABEL) == "true", TIMEOUT, "thermal label"
+        waiting.wait_until(
+            lambda: labels(fleet, name).get(keys.THERMAL_LABEL) == "true",
+            timeout_seconds=TIMEOUT,
+            message="thermal label",
         )
         assert labels(fleet, name)[keys.HEALTH_LABEL] == "degraded"
         assert not cordoned(fleet, name)
@@ -296,7 +323,7 @@ def test_condition_triggers_its_rule_action(
 
 
 def test_budget_holds_at_most_max_unavailable_and_admits_waiting_nodes_as_it_frees(
-    fleet: testing.Fleet,
+    fleet: operator_harness.Fleet,
 ) -> None:
     names = [node_name(fleet, f"b{i}") for i in range(4)]
     for name in names:
@@ -306,24 +333,28 @@ def test_budget_holds_at_most_max_unavailable_and_admits_waiting_nodes_as_it_fre
         policy_spec({"name": "ecc", "condition": "EccUncorrectable", "action": "Cordon"}, maxUnavailable=2),
     )
     for name in names:
-        testing.wait_for(lambda n=name: labels(fleet, n).get(keys.HEALTH_LABEL), TIMEOUT, "judged")
+        waiting.wait_until(
+            lambda n=name: labels(fleet, n).get(keys.HEALTH_LABEL), timeout_seconds=TIMEOUT, message="judged"
+        )
 
     for name in names:
-        fleet.report(name, testing.agent_status(overrides={0: ECC}))
+        fleet.report(name, gpunode_facts.agent_status(overrides={0: ECC}))
 
     def held() -> list[str]:
         return [n for n in names if cordoned(fleet, n)]
 
-    testing.wait_for(lambda: len(held()) == 2, TIMEOUT, "two nodes cordoned")
-    waiting = [n for n in names if n not in held()]
-    for name in waiting:
-        testing.wait_for(
-            lambda n=name: gpunode_status(fleet, n).get("action") == "Pending", TIMEOUT, "Pending"
+    waiting.wait_until(lambda: len(held()) == 2, timeout_seconds=TIMEOUT, message="two nodes cordoned")
+    queued = [n for n in names if n not in held()]
+    for name in queued:
+        waiting.wait_until(
+            lambda n=name: gpunode_status(fleet, n).get("action") == "Pending",
+            timeout_seconds=TIMEOUT,
+            message="Pending",
         )
-        testing.wait_for(
+        waiting.wait_until(
             lambda n=name: "DisruptionBudgetExceeded" in reasons(fleet, n),
-            TIMEOUT,
-            "DisruptionBudgetExceeded",
+            timeout_seconds=TIMEOUT,
+            message="DisruptionBudgetExceeded",
         )
         # The Event says who holds the budget, so a human knows what to free (or, when it was
         # judged before the others were cordoned, that worse or older faults go first).
@@ -331,10 +362,7 @@ def test_budget_holds_at_most_max_unavailable_and_admits_waiting_nodes_as_it_fre
         message = wait["message"]
         assert "maxUnavailable=2" in message, message
         assert all(f"{h} (" in message for h in held()) or "older faults first" in message, message
-    deadline = time.monotonic() + 2
-    while time.monotonic() < deadline:
-        assert len(held()) <= 2
-        time.sleep(0.1)
+    waiting.holds(lambda: len(held()) <= 2, seconds=2, message="at most maxUnavailable=2 nodes held")
     # The timer writes the policy's status after the node passes: poll for the counts.
     counts = {"cordonedNodes": 2, "pendingNodes": 2, "selectedNodes": 4}
 
@@ -345,26 +373,35 @@ def test_budget_holds_at_most_max_unavailable_and_admits_waiting_nodes_as_it_fre
         assert isinstance(policy, dict)
         return {k: (policy.get("status") or {}).get(k) for k in counts}
 
-    testing.wait_for(lambda: policy_counts() == counts, TIMEOUT, f"policy status counts {counts}")
+    waiting.wait_until(
+        lambda: policy_counts() == counts, timeout_seconds=TIMEOUT, message=f"policy status counts {counts}"
+    )
 
     # A cordoned node recovers (GPU reset: volatile count back to 0): uncordoned, a waiting one moves up.
     first = held()[0]
-    fleet.report(first, testing.agent_status())
-    testing.wait_for(lambda: not cordoned(fleet, first), TIMEOUT, "recovered node uncordoned")
+    fleet.report(first, gpunode_facts.agent_status())
+    waiting.wait_until(
+        lambda: not cordoned(fleet, first), timeout_seconds=TIMEOUT, message="recovered node uncordoned"
+    )
     # The Event is posted after the uncordon patch: poll for it.
-    testing.wait_for(lambda: "NodeUncordoned" in reasons(fleet, first), TIMEOUT, "NodeUncordoned Event")
+    waiting.wait_until(
+        lambda: "NodeUncordoned" in reasons(fleet, first),
+        timeout_seconds=TIMEOUT,
+        message="NodeUncordoned Event",
+    )
     assert keys.CORDONED_BY_ANNOTATION not in (fleet.node(first)["metadata"].get("annotations") or {})
-    testing.wait_for(lambda: len(held()) == 2 and first not in held(), TIMEOUT, "a waiting node admitted")
+    waiting.wait_until(
+        lambda: len(held()) == 2 and first not in held(),
+        timeout_seconds=TIMEOUT,
+        message="a waiting node admitted",
+    )
     # Which nodes were held first depends on reconcile order, so name the admitted one by what it was.
-    (admitted,) = [n for n in held() if n in waiting]
+    (admitted,) = [n for n in held() if n in queued]
     assert len(fleet.events(admitted, "DisruptionBudgetExceeded")) == 1
-    deadline = time.monotonic() + 1
-    while time.monotonic() < deadline:
-        assert len(held()) <= 2
-        time.sleep(0.1)
+    waiting.holds(lambda: len(held()) <= 2, seconds=1, message="at most maxUnavailable=2 nodes held")
 
 
-def test_dry_run_records_decisions_and_changes_no_node(fleet: testing.Fleet) -> None:
+def test_dry_run_records_decisions_and_changes_no_node(fleet: operator_harness.Fleet) -> None:
     name = node_name(fleet, "dry")
     fleet.add_node(name)
     fleet.policy(
@@ -375,18 +412,24 @@ def test_dry_run_records_decisions_and_changes_no_node(fleet: testing.Fleet) -> 
             dryRun=True,
         ),
     )
-    testing.wait_for(
-        lambda: gpunode_status(fleet, name).get("health") == "Healthy", TIMEOUT, "judged healthy"
+    waiting.wait_until(
+        lambda: gpunode_status(fleet, name).get("health") == "Healthy",
+        timeout_seconds=TIMEOUT,
+        message="judged healthy",
     )
     before = settled_node(fleet, name)
 
-    fleet.report(name, testing.agent_status(overrides={2: {**ECC, **HOT}}))
+    fleet.report(name, gpunode_facts.agent_status(overrides={2: {**ECC, **HOT}}))
 
-    status = testing.wait_for(
-        lambda: (s := gpunode_status(fleet, name)).get("action") == "DryRun" and s, TIMEOUT, "action DryRun"
+    status = waiting.wait_until(
+        lambda: (s := gpunode_status(fleet, name)).get("action") == "DryRun" and s,
+        timeout_seconds=TIMEOUT,
+        message="action DryRun",
     )
     assert status["health"] == "Unhealthy"
-    dry = testing.wait_for(lambda: fleet.events(name, "DryRun"), TIMEOUT, "DryRun Event")
+    dry = waiting.wait_until(
+        lambda: fleet.events(name, "DryRun"), timeout_seconds=TIMEOUT, message="DryRun Event"
+    )
     assert "would" in dry[0]["message"]
     assert "cordon and drain" in dry[0]["message"]
     after = fleet.node(name)
@@ -398,7 +441,7 @@ def test_dry_run_records_decisions_and_changes_no_node(fleet: testing.Fleet) -> 
 
 
 def test_pdb_blocked_drain_fails_after_timeout_and_node_stays_cordoned(
-    fleet: testing.Fleet, k8s: client.ApiClient, namespace: str
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, namespace: str
 ) -> None:
     name = node_name(fleet, "pdb")
     fleet.add_node(name)
@@ -411,14 +454,16 @@ def test_pdb_blocked_drain_fails_after_timeout_and_node_stays_cordoned(
     )
     assert pdb is not None
     client.PolicyV1Api(k8s).create_namespaced_pod_disruption_budget(namespace, pdb)
-    testing.wait_for(lambda: pod_phase(k8s, namespace, "guarded") == "Running", TIMEOUT, "pod runs")
-    testing.wait_for(
+    waiting.wait_until(
+        lambda: pod_phase(k8s, namespace, "guarded") == "Running", timeout_seconds=TIMEOUT, message="pod runs"
+    )
+    waiting.wait_until(
         lambda: (
             (s := client.PolicyV1Api(k8s).read_namespaced_pod_disruption_budget("guarded", namespace).status)
             and s.current_healthy == 1
         ),
-        TIMEOUT,
-        "PDB sees the pod",
+        timeout_seconds=TIMEOUT,
+        message="PDB sees the pod",
     )
     fleet.policy(
         fleet.label,
@@ -426,67 +471,87 @@ def test_pdb_blocked_drain_fails_after_timeout_and_node_stays_cordoned(
             {"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}, drain={"timeoutSeconds": 3}
         ),
     )
-    fleet.report(name, testing.agent_status(overrides={0: ECC}))
+    fleet.report(name, gpunode_facts.agent_status(overrides={0: ECC}))
 
-    testing.wait_for(lambda: cordoned(fleet, name), TIMEOUT, "cordoned")
-    failed = testing.wait_for(lambda: fleet.events(name, "DrainFailed"), TIMEOUT, "DrainFailed Event")
+    waiting.wait_until(lambda: cordoned(fleet, name), timeout_seconds=TIMEOUT, message="cordoned")
+    failed = waiting.wait_until(
+        lambda: fleet.events(name, "DrainFailed"), timeout_seconds=TIMEOUT, message="DrainFailed Event"
+    )
     assert f"{namespace}/guarded" in failed[0]["message"]
     assert pod_phase(k8s, namespace, "guarded") == "Running"
     assert cordoned(fleet, name)
-    testing.wait_for(
-        lambda: gpunode_status(fleet, name).get("action") == "Cordoned", TIMEOUT, "action Cordoned"
+    waiting.wait_until(
+        lambda: gpunode_status(fleet, name).get("action") == "Cordoned",
+        timeout_seconds=TIMEOUT,
+        message="action Cordoned",
     )
     assert "NodeDrained" not in reasons(fleet, name)
 
 
-def test_human_cordoned_node_is_not_uncordoned_on_recovery(fleet: testing.Fleet) -> None:
+def test_human_cordoned_node_is_not_uncordoned_on_recovery(fleet: operator_harness.Fleet) -> None:
     name = node_name(fleet, "human")
     fleet.add_node(name)
     fleet.core.patch_node(name, {"spec": {"unschedulable": True}})
     fleet.policy(
         fleet.label, policy_spec({"name": "ecc", "condition": "EccUncorrectable", "action": "Cordon"})
     )
-    fleet.report(name, testing.agent_status(overrides={0: ECC}))
-    testing.wait_for(lambda: labels(fleet, name).get(keys.HEALTH_LABEL) == "unhealthy", TIMEOUT, "unhealthy")
+    fleet.report(name, gpunode_facts.agent_status(overrides={0: ECC}))
+    waiting.wait_until(
+        lambda: labels(fleet, name).get(keys.HEALTH_LABEL) == "unhealthy",
+        timeout_seconds=TIMEOUT,
+        message="unhealthy",
+    )
 
-    fleet.report(name, testing.agent_status())
-    testing.wait_for(
-        lambda: labels(fleet, name).get(keys.HEALTH_LABEL) == "healthy", TIMEOUT, "healthy again"
+    fleet.report(name, gpunode_facts.agent_status())
+    waiting.wait_until(
+        lambda: labels(fleet, name).get(keys.HEALTH_LABEL) == "healthy",
+        timeout_seconds=TIMEOUT,
+        message="healthy again",
     )
     # Well past healthyForSeconds (1 s) and several timer passes:
-    time_limit = time.monotonic() + 3
-    while time.monotonic() < time_limit:
-        assert cordoned(fleet, name), "a node a human cordoned must stay cordoned"
-        time.sleep(0.2)
+    waiting.holds(
+        lambda: cordoned(fleet, name),
+        seconds=3,
+        interval_seconds=0.2,
+        message="a node a human cordoned must stay cordoned",
+    )
     assert keys.CORDONED_BY_ANNOTATION not in (fleet.node(name)["metadata"].get("annotations") or {})
     assert "NodeUncordoned" not in reasons(fleet, name)
 
 
-def test_stale_agent_makes_node_unknown_and_never_cordons(fleet: testing.Fleet) -> None:
+def test_stale_agent_makes_node_unknown_and_never_cordons(fleet: operator_harness.Fleet) -> None:
     name = node_name(fleet, "stale")
     fleet.add_node(name, report=False)
     fleet.policy(
         fleet.label, policy_spec({"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"})
     )
-    long_ago = testing.rfc3339(datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=10))
-    fleet.report(name, testing.agent_status(overrides={0: ECC}, heartbeat=long_ago, observed=long_ago))
+    long_ago = gpunode_facts.rfc3339(datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=10))
+    fleet.report(name, gpunode_facts.agent_status(overrides={0: ECC}, heartbeat=long_ago, observed=long_ago))
 
-    testing.wait_for(
-        lambda: gpunode_status(fleet, name).get("health") == "Unknown", TIMEOUT, "health Unknown"
+    waiting.wait_until(
+        lambda: gpunode_status(fleet, name).get("health") == "Unknown",
+        timeout_seconds=TIMEOUT,
+        message="health Unknown",
     )
     # The GPUNode status is written before the Node condition in a pass: wait for the condition itself.
-    testing.wait_for(
-        lambda: (node_condition(fleet, name) or {}).get("status") == "Unknown", TIMEOUT, "GPUHealthy Unknown"
+    waiting.wait_until(
+        lambda: (node_condition(fleet, name) or {}).get("status") == "Unknown",
+        timeout_seconds=TIMEOUT,
+        message="GPUHealthy Unknown",
     )
-    testing.wait_for(lambda: "AgentStale" in reasons(fleet, name), TIMEOUT, "AgentStale Event")
-    time_limit = time.monotonic() + 2
-    while time.monotonic() < time_limit:
-        assert not cordoned(fleet, name)
-        time.sleep(0.2)
+    waiting.wait_until(
+        lambda: "AgentStale" in reasons(fleet, name), timeout_seconds=TIMEOUT, message="AgentStale Event"
+    )
+    waiting.holds(
+        lambda: not cordoned(fleet, name),
+        seconds=2,
+        interval_seconds=0.2,
+        message="a stale node is never cordoned",
+    )
     assert "NodeCordoned" not in reasons(fleet, name)
 
 
-def test_straggler_among_eight_nodes_is_labelled_and_idle_node_is_not(fleet: testing.Fleet) -> None:
+def test_straggler_among_eight_nodes_is_labelled_and_idle_node_is_not(fleet: operator_harness.Fleet) -> None:
     clocks = [1980, 1975, 1970, 1985, 1965, 1978]
     names = [node_name(fleet, f"s{i}") for i in range(8)]
     fleet.policy(
@@ -496,21 +561,25 @@ def test_straggler_among_eight_nodes_is_labelled_and_idle_node_is_not(fleet: tes
     for name in names:
         fleet.add_node(name, report=False)
     for name, clock in zip(names, clocks, strict=False):
-        fleet.report(name, testing.agent_status(overrides={i: {"smClockMHz": clock} for i in range(8)}))
+        fleet.report(name, gpunode_facts.agent_status(overrides={i: {"smClockMHz": clock} for i in range(8)}))
     slow, idle = names[6], names[7]
-    fleet.report(slow, testing.agent_status(overrides={5: {"smClockMHz": 1500}}))
+    fleet.report(slow, gpunode_facts.agent_status(overrides={5: {"smClockMHz": 1500}}))
     fleet.report(
         idle,
-        testing.agent_status(overrides={i: {"utilizationPercent": 0, "smClockMHz": 345} for i in range(8)}),
+        gpunode_facts.agent_status(
+            overrides={i: {"utilizationPercent": 0, "smClockMHz": 345} for i in range(8)}
+        ),
     )
 
-    testing.wait_for(
-        lambda: labels(fleet, slow).get(keys.STRAGGLER_LABEL) == "true", TIMEOUT, "straggler label"
+    waiting.wait_until(
+        lambda: labels(fleet, slow).get(keys.STRAGGLER_LABEL) == "true",
+        timeout_seconds=TIMEOUT,
+        message="straggler label",
     )
-    status = testing.wait_for(
+    status = waiting.wait_until(
         lambda: "Straggler" in ((s := gpunode_status(fleet, slow)).get("issues") or "") and s,
-        TIMEOUT,
-        "Straggler in issues",
+        timeout_seconds=TIMEOUT,
+        message="Straggler in issues",
     )
     straggler = status["straggler"]
     assert straggler["zScore"] < -3.5
@@ -521,7 +590,7 @@ def test_straggler_among_eight_nodes_is_labelled_and_idle_node_is_not(fleet: tes
     assert "straggler" not in gpunode_status(fleet, idle)
 
 
-def test_flapping_temperature_does_not_flap_the_label(fleet: testing.Fleet) -> None:
+def test_flapping_temperature_does_not_flap_the_label(fleet: operator_harness.Fleet) -> None:
     name = node_name(fleet, "flap")
     fleet.add_node(name)
     fleet.policy(
@@ -531,7 +600,11 @@ def test_flapping_temperature_does_not_flap_the_label(fleet: testing.Fleet) -> N
             recovery={"uncordon": True, "healthyForSeconds": 3},
         ),
     )
-    testing.wait_for(lambda: labels(fleet, name).get(keys.HEALTH_LABEL) == "healthy", TIMEOUT, "judged")
+    waiting.wait_until(
+        lambda: labels(fleet, name).get(keys.HEALTH_LABEL) == "healthy",
+        timeout_seconds=TIMEOUT,
+        message="judged",
+    )
 
     def flap(seconds: float) -> list[str | None]:
         seen: list[str | None] = []
@@ -539,7 +612,7 @@ def test_flapping_temperature_does_not_flap_the_label(fleet: testing.Fleet) -> N
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             hot = not hot
-            fleet.report(name, testing.agent_status(overrides={4: HOT if hot else COOL}))
+            fleet.report(name, gpunode_facts.agent_status(overrides={4: HOT if hot else COOL}))
             for _ in range(4):
                 seen.append(labels(fleet, name).get(keys.THERMAL_LABEL))
                 time.sleep(0.1)
@@ -548,16 +621,20 @@ def test_flapping_temperature_does_not_flap_the_label(fleet: testing.Fleet) -> N
     seen = flap(5)
     assert set(seen) == {None}, "a temperature crossing the threshold every 0.5 s never holds for forSeconds"
 
-    fleet.report(name, testing.agent_status(overrides={4: HOT}))
-    testing.wait_for(lambda: labels(fleet, name).get(keys.THERMAL_LABEL) == "true", TIMEOUT, "sustained heat")
+    fleet.report(name, gpunode_facts.agent_status(overrides={4: HOT}))
+    waiting.wait_until(
+        lambda: labels(fleet, name).get(keys.THERMAL_LABEL) == "true",
+        timeout_seconds=TIMEOUT,
+        message="sustained heat",
+    )
     seen = flap(4)
     assert set(seen) == {"true"}, "a hot node cooling for less than healthyForSeconds keeps its label"
     assert len(fleet.events(name, "ThermalThrottled")) == 1
     with contextlib.suppress(Exception):
-        fleet.report(name, testing.agent_status())
+        fleet.report(name, gpunode_facts.agent_status())
 
 
-def test_overlapping_acting_policies_do_not_undo_each_others_labels(fleet: testing.Fleet) -> None:
+def test_overlapping_acting_policies_do_not_undo_each_others_labels(fleet: operator_harness.Fleet) -> None:
     name = node_name(fleet, "overlap")
     fleet.add_node(name)
     fleet.policy(
@@ -566,8 +643,12 @@ def test_overlapping_acting_policies_do_not_undo_each_others_labels(fleet: testi
     fleet.policy(
         f"{fleet.label}-b", policy_spec({"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"})
     )
-    fleet.report(name, testing.agent_status(overrides={4: HOT}))
-    testing.wait_for(lambda: labels(fleet, name).get(keys.THERMAL_LABEL) == "true", TIMEOUT, "thermal label")
+    fleet.report(name, gpunode_facts.agent_status(overrides={4: HOT}))
+    waiting.wait_until(
+        lambda: labels(fleet, name).get(keys.THERMAL_LABEL) == "true",
+        timeout_seconds=TIMEOUT,
+        message="thermal label",
+    )
 
     # Observe, not synchronise: the label must hold on every look while both policies keep reconciling.
     seen: set[tuple[str | None, str | None]] = set()
@@ -577,3 +658,34 @@ def test_overlapping_acting_policies_do_not_undo_each_others_labels(fleet: testi
         time.sleep(0.1)
     assert seen == {("true", "degraded")}, "the policy without a thermal rule must not remove the label"
     assert not cordoned(fleet, name)
+
+
+def test_nodes_deleted_while_reconciled_leave_the_operator_acting(
+    fleet: operator_harness.Fleet, operator: operator_harness.OperatorProcess
+) -> None:
+    """Nodes scaled down in a fault burst: no handler error, the timer lives, a later fault is acted on."""
+    fleet.policy(
+        fleet.label,
+        policy_spec(
+            {"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}, maxUnavailable="100%"
+        ),
+    )
+    log_start = len(operator.log())
+    for round_ in range(3):
+        names = [node_name(fleet, f"gone-{round_}-{i}") for i in range(10)]
+        for name in names:
+            fleet.add_node(name)
+        for name in names:
+            fleet.report(name, gpunode_facts.agent_status(overrides={0: ECC}))
+        for name in names:  # while the operator cordons and drains them
+            fleet.core.delete_node(name)
+            fleet.names.remove(name)
+    survivor = node_name(fleet, "after")
+    fleet.add_node(survivor)
+    fleet.report(survivor, gpunode_facts.agent_status(overrides={0: ECC}))
+    waiting.wait_until(
+        lambda: cordoned(fleet, survivor), timeout_seconds=TIMEOUT, message="a later fault acted on"
+    )
+    assert operator.alive() and operator.is_leading()
+    logged = operator.log()[log_start:]
+    assert "Traceback" not in logged and "KeyError" not in logged, logged[-5000:]

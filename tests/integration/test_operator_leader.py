@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+import gpunode_facts
+import operator_harness
 from gpuhealth_api import keys
-from gpuhealth_operator import testing
-from gpuhealth_sim import controlplane
+from gpuhealth_sim import controlplane, waiting
 
 pytestmark = pytest.mark.integration
 
@@ -25,11 +26,11 @@ LEASE = [
 @pytest.fixture
 def replicas(
     crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path: Path
-) -> Iterator[list[testing.OperatorProcess]]:
-    testing.ensure_namespace(k8s, "gpu-health")
+) -> Iterator[list[operator_harness.OperatorProcess]]:
+    operator_harness.ensure_namespace(k8s, "gpu-health")
     lease = f"gpu-health-operator-leader-{secrets.token_hex(2)}"
     processes = [
-        testing.OperatorProcess(
+        operator_harness.OperatorProcess(
             kubeconfig=Path(crds.kubeconfig),
             log_path=tmp_path / f"replica-{i}.log",
             lease_name=lease,
@@ -47,23 +48,27 @@ def replicas(
 
 
 @pytest.fixture
-def fleet(k8s: client.ApiClient) -> Iterator[testing.Fleet]:
-    nodes = testing.Fleet(k8s, label=f"leader-{secrets.token_hex(3)}")
+def fleet(k8s: client.ApiClient) -> Iterator[operator_harness.Fleet]:
+    nodes = operator_harness.Fleet(k8s, label=f"leader-{secrets.token_hex(3)}")
     try:
         yield nodes
     finally:
         nodes.cleanup()
 
 
-def leaders(processes: list[testing.OperatorProcess]) -> list[testing.OperatorProcess]:
+def leaders(processes: list[operator_harness.OperatorProcess]) -> list[operator_harness.OperatorProcess]:
     return [p for p in processes if p.alive() and p.is_leading()]
 
 
 def test_exactly_one_replica_acts_and_the_other_takes_over_when_it_dies(
-    replicas: list[testing.OperatorProcess], fleet: testing.Fleet
+    replicas: list[operator_harness.OperatorProcess], fleet: operator_harness.Fleet
 ) -> None:
-    testing.wait_for(lambda: all(p.healthz() for p in replicas), TIMEOUT, "both replicas serve /healthz")
-    testing.wait_for(lambda: len(leaders(replicas)) == 1, TIMEOUT, "one leader")
+    waiting.wait_until(
+        lambda: all(p.healthz() for p in replicas),
+        timeout_seconds=TIMEOUT,
+        message="both replicas serve /healthz",
+    )
+    waiting.wait_until(lambda: len(leaders(replicas)) == 1, timeout_seconds=TIMEOUT, message="one leader")
     first = leaders(replicas)[0]
     standby = next(p for p in replicas if p is not first)
 
@@ -76,9 +81,15 @@ def test_exactly_one_replica_acts_and_the_other_takes_over_when_it_dies(
     )
     a = f"{fleet.label}-a"
     fleet.add_node(a)
-    fleet.report(a, testing.agent_status(overrides={0: {"ecc": {"uncorrectedVolatile": 1}}}))
-    testing.wait_for(lambda: fleet.node(a)["spec"].get("unschedulable"), TIMEOUT, "cordoned by the leader")
-    events = testing.wait_for(lambda: fleet.events(a, "NodeCordoned"), TIMEOUT, "NodeCordoned")
+    fleet.report(a, gpunode_facts.agent_status(overrides={0: {"ecc": {"uncorrectedVolatile": 1}}}))
+    waiting.wait_until(
+        lambda: fleet.node(a)["spec"].get("unschedulable"),
+        timeout_seconds=TIMEOUT,
+        message="cordoned by the leader",
+    )
+    events = waiting.wait_until(
+        lambda: fleet.events(a, "NodeCordoned"), timeout_seconds=TIMEOUT, message="NodeCordoned"
+    )
     assert len(events) == 1
     assert events[0]["count"] == 1
     assert events[0]["reportingInstance"] == first.identity
@@ -86,15 +97,21 @@ def test_exactly_one_replica_acts_and_the_other_takes_over_when_it_dies(
     assert not standby.is_leading()
 
     first.kill()
-    testing.wait_for(standby.is_leading, 15, "standby takes over after the lease expires")
+    waiting.wait_until(
+        standby.is_leading, timeout_seconds=15, message="standby takes over after the lease expires"
+    )
 
     b = f"{fleet.label}-b"
     fleet.add_node(b)
-    fleet.report(b, testing.agent_status(overrides={0: {"ecc": {"uncorrectedVolatile": 1}}}))
-    testing.wait_for(
-        lambda: fleet.node(b)["spec"].get("unschedulable"), TIMEOUT, "cordoned by the new leader"
+    fleet.report(b, gpunode_facts.agent_status(overrides={0: {"ecc": {"uncorrectedVolatile": 1}}}))
+    waiting.wait_until(
+        lambda: fleet.node(b)["spec"].get("unschedulable"),
+        timeout_seconds=TIMEOUT,
+        message="cordoned by the new leader",
     )
-    events = testing.wait_for(lambda: fleet.events(b, "NodeCordoned"), TIMEOUT, "NodeCordoned")
+    events = waiting.wait_until(
+        lambda: fleet.events(b, "NodeCordoned"), timeout_seconds=TIMEOUT, message="NodeCordoned"
+    )
     assert events[0]["reportingInstance"] == standby.identity
     assert fleet.node(b)["metadata"]["annotations"][keys.CORDONED_BY_ANNOTATION] == fleet.label
     # The node cordoned before the takeover was not acted on twice.

@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+import gpunode_facts
+import operator_harness
 from gpuhealth_api import keys
-from gpuhealth_operator import testing
-from gpuhealth_sim import controlplane
+from gpuhealth_sim import controlplane, waiting
 
 pytestmark = pytest.mark.integration
 
@@ -24,16 +25,16 @@ ARGS = [
 
 
 @pytest.fixture
-def fleet(k8s: client.ApiClient) -> Iterator[testing.Fleet]:
-    nodes = testing.Fleet(k8s, label=f"restart-{secrets.token_hex(3)}")
+def fleet(k8s: client.ApiClient) -> Iterator[operator_harness.Fleet]:
+    nodes = operator_harness.Fleet(k8s, label=f"restart-{secrets.token_hex(3)}")
     try:
         yield nodes
     finally:
         nodes.cleanup()
 
 
-def operator(crds: controlplane.ControlPlane, log: Path, lease: str) -> testing.OperatorProcess:
-    return testing.OperatorProcess(
+def operator(crds: controlplane.ControlPlane, log: Path, lease: str) -> operator_harness.OperatorProcess:
+    return operator_harness.OperatorProcess(
         kubeconfig=Path(crds.kubeconfig), log_path=log, lease_name=lease, identity="restart", extra_args=ARGS
     ).start()
 
@@ -48,18 +49,18 @@ def pod_exists(k8s: client.ApiClient, namespace: str, name: str) -> bool:
     return True
 
 
-def status(fleet: testing.Fleet, name: str) -> dict[str, Any]:
+def status(fleet: operator_harness.Fleet, name: str) -> dict[str, Any]:
     return fleet.gpunode(name).get("status") or {}
 
 
 def test_kill_during_blocked_drain_then_restart_completes_the_drain_once(
     crds: controlplane.ControlPlane,
     k8s: client.ApiClient,
-    fleet: testing.Fleet,
+    fleet: operator_harness.Fleet,
     namespace: str,
     tmp_path: Path,
 ) -> None:
-    testing.ensure_namespace(k8s, "gpu-health")
+    operator_harness.ensure_namespace(k8s, "gpu-health")
     lease = f"gpu-health-operator-restart-{secrets.token_hex(2)}"
     name = f"{fleet.label}-n"
     fleet.add_node(name)
@@ -84,13 +85,13 @@ def test_kill_during_blocked_drain_then_restart_completes_the_drain_once(
     assert pdb is not None
     policy_api = client.PolicyV1Api(k8s)
     policy_api.create_namespaced_pod_disruption_budget(namespace, pdb)
-    testing.wait_for(
+    waiting.wait_until(
         lambda: (
             (s := policy_api.read_namespaced_pod_disruption_budget("guarded", namespace).status)
             and s.current_healthy == 1
         ),
-        TIMEOUT,
-        "PDB guards the running pod",
+        timeout_seconds=TIMEOUT,
+        message="PDB guards the running pod",
     )
     fleet.policy(
         fleet.label,
@@ -103,8 +104,12 @@ def test_kill_during_blocked_drain_then_restart_completes_the_drain_once(
 
     first = operator(crds, tmp_path / "first.log", lease)
     try:
-        fleet.report(name, testing.agent_status(overrides={0: {"ecc": {"uncorrectedVolatile": 1}}}))
-        testing.wait_for(lambda: status(fleet, name).get("action") == "Draining", TIMEOUT, "draining")
+        fleet.report(name, gpunode_facts.agent_status(overrides={0: {"ecc": {"uncorrectedVolatile": 1}}}))
+        waiting.wait_until(
+            lambda: status(fleet, name).get("action") == "Draining",
+            timeout_seconds=TIMEOUT,
+            message="draining",
+        )
         node = fleet.node(name)
         assert node["spec"]["unschedulable"]
         started = node["metadata"]["annotations"]["gpuhealth.io/drain-started"]
@@ -116,13 +121,23 @@ def test_kill_during_blocked_drain_then_restart_completes_the_drain_once(
     policy_api.delete_namespaced_pod_disruption_budget("guarded", namespace)
     second = operator(crds, tmp_path / "second.log", lease)
     try:
-        testing.wait_for(lambda: not pod_exists(k8s, namespace, "guarded"), 30, "evicted after the restart")
-        testing.wait_for(lambda: status(fleet, name).get("action") == "Drained", TIMEOUT, "action Drained")
+        waiting.wait_until(
+            lambda: not pod_exists(k8s, namespace, "guarded"),
+            timeout_seconds=30,
+            message="evicted after the restart",
+        )
+        waiting.wait_until(
+            lambda: status(fleet, name).get("action") == "Drained",
+            timeout_seconds=TIMEOUT,
+            message="action Drained",
+        )
         node = fleet.node(name)
         assert node["spec"]["unschedulable"]
         assert node["metadata"]["annotations"][keys.CORDONED_BY_ANNOTATION] == fleet.label
         assert node["metadata"]["annotations"]["gpuhealth.io/drain-started"] == started, "same drain, resumed"
-        testing.wait_for(lambda: fleet.events(name, "NodeDrained"), TIMEOUT, "NodeDrained")
+        waiting.wait_until(
+            lambda: fleet.events(name, "NodeDrained"), timeout_seconds=TIMEOUT, message="NodeDrained"
+        )
         for reason in ("NodeCordoned", "NodeDrained", "EccUncorrectable"):
             events = fleet.events(name, reason)
             assert len(events) == 1, reason

@@ -15,7 +15,7 @@ import hashlib
 import logging
 
 from gpuhealth_api import resources
-from gpuhealth_operator import kube
+from gpuhealth_operator import cache, kube
 
 COMPONENT = "gpu-health-operator"
 NAMESPACE = "default"
@@ -37,6 +37,15 @@ class Subject:
     node: str
     node_uid: str | None = None
     gpunode_uid: str | None = None
+
+
+def subject(nodes: cache.ClusterCache, name: str) -> Subject:
+    """The Node `name` as an Event's subject, with the uids the cache knows (none once it is gone)."""
+    record = nodes.node(name)
+    gpunode = nodes.gpunode(name)
+    return Subject(
+        node=name, node_uid=record.uid if record else None, gpunode_uid=gpunode.uid if gpunode else None
+    )
 
 
 def event_name(node: str, reason: str, message: str) -> str:

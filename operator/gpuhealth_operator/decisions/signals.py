@@ -17,13 +17,13 @@ import datetime
 from collections.abc import Callable, Iterable
 from typing import Final
 
-from gpuhealth_api import status, vocabulary
+from gpuhealth_api import heartbeats, status, vocabulary
 from gpuhealth_operator.decisions import model, times
 
 Condition = vocabulary.Condition
 
-DEFAULT_HEARTBEAT_SECONDS: Final = 60
-STALE_HEARTBEATS: Final = 3
+DEFAULT_HEARTBEAT_SECONDS: Final = heartbeats.DEFAULT_HEARTBEAT_SECONDS
+STALE_HEARTBEATS: Final = heartbeats.STALE_HEARTBEATS
 """An agent that missed this many heartbeats is stale (DESIGN.md)."""
 
 BUSY_UTILIZATION_PERCENT: Final = 10

@@ -9,7 +9,7 @@ import kopf
 import pytest
 
 from gpuhealth_operator.handlers import EssenceDiffBaseStorage
-from gpuhealth_operator.testing import agent_status
+from gpunode_facts import agent_status
 
 GPUNODE: dict[str, Any] = {
     "apiVersion": "gpuhealth.io/v1alpha1",

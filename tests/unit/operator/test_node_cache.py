@@ -64,7 +64,7 @@ def test_a_policys_selection_follows_node_changes_without_a_fleet_pass() -> None
     for i, pool in enumerate(["a", "a", "b"]):
         clusters.put_node(node(f"n{i}", 1, pool=pool))
     policy = policies.parse_policy("p", 1, {"nodeSelector": {"matchLabels": {"pool": "a"}}, "rules": []})
-    clusters.policies["p"] = policy
+    clusters.put_policy(policy)
     selection = clusters.selection(policy)
     assert (selection.selected, selection.unavailable) == ({"n0", "n1"}, set())
 
@@ -79,6 +79,6 @@ def test_a_policys_selection_follows_node_changes_without_a_fleet_pass() -> None
     assert (selection.selected, selection.unavailable) == (set(), set())
 
     changed = policies.parse_policy("p", 2, {"nodeSelector": {"matchLabels": {"pool": "b"}}, "rules": []})
-    clusters.policies["p"] = changed
+    clusters.put_policy(changed)
     rebuilt = clusters.selection(changed)
     assert (rebuilt.selected, rebuilt.unavailable) == ({"n0", "n2"}, {"n2"})

@@ -4,7 +4,7 @@ import datetime
 
 from gpuhealth_api import keys
 from gpuhealth_operator.decisions import overlap
-from gpuhealth_operator.testing import verdict
+from gpunode_facts import verdict
 
 NOW = datetime.datetime(2026, 11, 22, tzinfo=datetime.UTC)
 

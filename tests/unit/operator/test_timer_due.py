@@ -4,9 +4,10 @@ import datetime
 
 import pytest
 
+import gpunode_facts
 from gpuhealth_api import keys
-from gpuhealth_operator import context, kube, metrics, settings, testing, ticker
-from gpuhealth_operator.decisions import policies
+from gpuhealth_operator import context, kube, metrics, reconciler, settings, ticker
+from gpuhealth_operator.decisions import policies, verdicts
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 
@@ -31,12 +32,12 @@ def make_context(
     policy = policies.parse_policy(
         "p", 1, {"rules": [{"name": "e", "condition": "EccUncorrectable", "action": "Cordon"}]}
     )
-    ctx.cache.policies["p"] = policy
+    ctx.cache.put_policy(policy)
     return ctx
 
 
 def fresh(**extra: object) -> dict:
-    status = testing.agent_status(heartbeat=testing.rfc3339(NOW - datetime.timedelta(seconds=10)))
+    status = gpunode_facts.agent_status(heartbeat=gpunode_facts.rfc3339(NOW - datetime.timedelta(seconds=10)))
     status.update({"health": "Healthy", "action": "None", "conditions": []})
     status.update(extra)
     return status
@@ -45,7 +46,7 @@ def fresh(**extra: object) -> dict:
 def test_healthy_fresh_node_is_not_due_once_judged() -> None:
     ctx = make_context({keys.HEALTH_LABEL: "healthy"}, fresh())
     assert ticker.is_due(ctx, "n", NOW), "never judged: due"
-    ctx.verdicts[("p", "n")] = testing.verdict()
+    ctx.verdicts[("p", "n")] = gpunode_facts.verdict()
     assert not ticker.is_due(ctx, "n", NOW)
 
 
@@ -75,5 +76,28 @@ def test_healthy_fresh_node_is_not_due_once_judged() -> None:
 )
 def test_nodes_with_a_running_clock_are_due(labels: dict, annotations: dict, status: dict) -> None:
     ctx = make_context(labels, status, annotations)
-    ctx.verdicts[("p", "n")] = testing.verdict()
+    ctx.verdicts[("p", "n")] = gpunode_facts.verdict()
     assert ticker.is_due(ctx, "n", NOW)
+
+
+def test_a_deleted_node_is_not_due() -> None:
+    ctx = make_context({keys.HEALTH_LABEL: "unhealthy"}, fresh())
+    ctx.cache.remove_node("n")
+    assert not ticker.is_due(ctx, "n", NOW)
+
+
+def test_the_timer_judges_a_node_once_per_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass judges every due node for the budget's ranking, then acts on those same verdicts."""
+    ctx = make_context({keys.HEALTH_LABEL: "healthy"}, fresh())
+    policy = ctx.cache.policies["p"]
+    calls = []
+    real = verdicts.judge
+    monkeypatch.setattr(verdicts, "judge", lambda *args: calls.append(args) or real(*args))
+    first = reconciler.judge(ctx, policy, "n", NOW)
+    assert reconciler.judge(ctx, policy, "n", NOW) is first
+    assert len(calls) == 1
+    ctx.cache.put_gpunode({"metadata": {"name": "n", "resourceVersion": "2"}, "status": fresh()})
+    reconciler.judge(ctx, policy, "n", NOW)
+    assert len(calls) == 2, "new facts: judged again"
+    reconciler.judge(ctx, policy, "n", NOW + datetime.timedelta(seconds=1))
+    assert len(calls) == 3, "a later time: judged again"

@@ -52,3 +52,15 @@ def test_other_errors_propagate_at_once() -> None:
 
     with pytest.raises(ValueError, match="bug"):
         waiting.wait_until(broken, timeout_seconds=5, message="x")
+
+
+def test_holds_returns_when_the_predicate_stays_true() -> None:
+    looks = []
+    waiting.holds(lambda: looks.append(1) or True, seconds=0.2, interval_seconds=0.05, message="stays")
+    assert len(looks) >= 3
+
+
+def test_holds_fails_at_the_first_false_look() -> None:
+    values = iter([True, True, 0])
+    with pytest.raises(AssertionError, match=r"budget kept .*: 0\)"):
+        waiting.holds(lambda: next(values), seconds=5, interval_seconds=0.01, message="budget kept")

@@ -1,134 +1,30 @@
-"""Test and bench support: simulated GPU Nodes with GPUNode facts, and the operator as a subprocess.
+"""A GPU fleet and the operator against a real API server, for integration tests, e2e tests and benchmarks.
 
-Integration tests and `bench/operator_latency.py` drive a real API server the
-way production does: kwok-managed Nodes, GPUNode status written by server-side
-apply under the agent's field manager (exactly the fields the agent owns), and
-the operator running as its own process. This module imports the synchronous
-Kubernetes client only; the operator proper never imports it.
+Tests drive the API server the way production does: kwok-managed Nodes,
+GPUNode status written by server-side apply under the agent's field manager
+(exactly the fields the agent owns), and the operator running as its own
+process. Built on the simulator's `processes` and `ports`; tests wait with
+`gpuhealth_sim.waiting.wait_until`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
-import datetime
 import json
 import os
 import pathlib
 import signal
-import socket
-import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Mapping, Sequence
-from typing import IO, Any
+from typing import Any
 
 from kubernetes import client
 
-from gpuhealth_api import keys, resources, vocabulary
-from gpuhealth_operator.decisions.model import NodeVerdict
-
-KWOK_ANNOTATION = "kwok.x-k8s.io/node"
-MODEL = "NVIDIA H100 80GB HBM3"
-DRIVER = "570.124.06"
-
-
-def rfc3339(moment: datetime.datetime | None = None) -> str:
-    moment = moment or datetime.datetime.now(datetime.UTC)
-    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def healthy_gpu(index: int, *, model: str = MODEL, observed: str | None = None) -> dict[str, Any]:
-    return {
-        "index": index,
-        "uuid": f"GPU-{index:08d}-0000-0000-0000-000000000000",
-        "model": model,
-        "pciBusId": f"00000000:{index + 0x10:02X}:00.0",
-        "temperatureCelsius": 42,
-        "slowdownTemperatureCelsius": 90,
-        "powerWatts": 300.0,
-        "smClockMHz": 1980,
-        "maxSmClockMHz": 1980,
-        "utilizationPercent": 95,
-        "ecc": {
-            "correctedVolatile": 0,
-            "uncorrectedVolatile": 0,
-            "correctedAggregate": 0,
-            "uncorrectedAggregate": 0,
-        },
-        "retiredPages": {"doubleBit": 0, "pending": False},
-        "remappedRows": {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False},
-        "xids": [],
-        "clockEventReasons": [],
-        "recoveryAction": "None",
-        "pcie": {"generation": 5, "maxGeneration": 5, "width": 16, "maxWidth": 16, "replayCounter": 0},
-        "lost": False,
-        "observedTime": observed or rfc3339(),
-    }
-
-
-def verdict(
-    labels: Mapping[str, str | None] | None = None, taint: str | None = None, *, node: str = "n"
-) -> NodeVerdict:
-    """A verdict on which no rule fired: healthy, wanting only the given labels and taint."""
-    return NodeVerdict(
-        node=node,
-        conditions={},
-        health=vocabulary.Health.HEALTHY,
-        issues=(),
-        fired_rules=(),
-        wanted_action=None,
-        wanted_labels=dict(labels or {}),
-        wanted_taint=taint,
-        recovered=False,
-        detected_at=None,
-    )
-
-
-def merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """Deep-merge `overrides` into a copy of `base` (nested dicts merge, anything else replaces)."""
-    result = copy.deepcopy(base)
-    for key, value in overrides.items():
-        if isinstance(value, Mapping) and isinstance(result.get(key), dict):
-            result[key] = merge(result[key], value)
-        else:
-            result[key] = copy.deepcopy(value)
-    return result
-
-
-def agent_status(
-    *,
-    gpus: int = 8,
-    model: str = MODEL,
-    overrides: Mapping[int, Mapping[str, Any]] | None = None,
-    heartbeat: str | None = None,
-    heartbeat_seconds: int = 60,
-    observed: str | None = None,
-) -> dict[str, Any]:
-    """The agent's part of a GPUNode status: healthy GPUs, with per-GPU `overrides` merged in."""
-    now = rfc3339()
-    items = [
-        merge(healthy_gpu(i, model=model, observed=observed or now), (overrides or {}).get(i, {}))
-        for i in range(gpus)
-    ]
-    return {
-        "agent": {
-            "version": "test",
-            "backend": "sim",
-            "driverVersion": DRIVER,
-            "lastHeartbeatTime": heartbeat or now,
-            "heartbeatSeconds": heartbeat_seconds,
-            "expectedGpuCount": gpus,
-        },
-        "summary": {
-            "gpuCount": gpus,
-            "model": model,
-            "maxTemperatureCelsius": max((g.get("temperatureCelsius", 0) for g in items), default=0),
-        },
-        "gpus": items,
-    }
+import gpunode_facts
+from gpuhealth_api import keys, resources
+from gpuhealth_sim import nodes, ports, processes
 
 
 @dataclasses.dataclass
@@ -166,7 +62,7 @@ class Fleet:
                     self.LABEL_KEY: self.label,
                     **(labels or {}),
                 },
-                "annotations": {KWOK_ANNOTATION: "fake"},
+                "annotations": {nodes.KWOK_ANNOTATION: nodes.KWOK_MANAGED},
             },
         }
         node = _json(self.core.create_node(body=client.V1Node.from_dict(body), _preload_content=False))  # type: ignore[arg-type]
@@ -187,7 +83,7 @@ class Fleet:
             resources.GROUP, resources.VERSION, resources.GPUNODE_PLURAL, gpunode
         )
         if report:
-            self.report(name, agent_status(gpus=gpus))
+            self.report(name, gpunode_facts.agent_status(gpus=gpus))
 
     def report(self, name: str, status: Mapping[str, Any]) -> None:
         """Apply the agent's status fields under the agent's field manager."""
@@ -267,13 +163,6 @@ def _json(response: object) -> dict[str, Any]:
     return result
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def ensure_namespace(api: client.ApiClient, name: str) -> None:
     try:
         body = client.V1Namespace.from_dict({"metadata": {"name": name}})
@@ -282,6 +171,11 @@ def ensure_namespace(api: client.ApiClient, name: str) -> None:
     except client.ApiException as error:
         if error.status != 409:
             raise
+
+
+def _free_port() -> int:
+    (port,) = ports.free_ports(1)
+    return port
 
 
 @dataclasses.dataclass
@@ -294,10 +188,9 @@ class OperatorProcess:
     lease_name: str = "gpu-health-operator"
     identity: str = "operator"
     extra_args: Sequence[str] = ()
-    metrics_port: int = dataclasses.field(default_factory=free_port)
-    health_port: int = dataclasses.field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
-    _log: IO[bytes] | None = None
+    metrics_port: int = dataclasses.field(default_factory=_free_port)
+    health_port: int = dataclasses.field(default_factory=_free_port)
+    process: processes.ManagedProcess | None = None
 
     def command(self) -> list[str]:
         return [
@@ -314,10 +207,14 @@ class OperatorProcess:
         ]
 
     def start(self) -> OperatorProcess:
-        self._log = self.log_path.open("ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.process = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.process = processes.ManagedProcess(self.identity, self.command(), self.log_path, env=env)
+        self.process.start()
         return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
 
     def healthz(self) -> dict[str, Any] | None:
         try:
@@ -339,43 +236,20 @@ class OperatorProcess:
         return bool(health and health.get("leader"))
 
     def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        return self.process is not None and self.process.running()
 
     def stop(self, timeout_seconds: float = 15) -> int | None:
         """SIGTERM, then SIGKILL after the timeout; the exit code."""
         if self.process is None:
             return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_seconds)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        if self._log is not None:
-            self._log.close()
-        return self.process.returncode
+        self.process.stop(grace_seconds=timeout_seconds)
+        return self.process.returncode()
 
     def kill(self) -> None:
         """SIGKILL: no cleanup, no Lease release (a crash)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        if self._log is not None:
-            self._log.close()
+        if self.process is not None:
+            self.process.signal(signal.SIGKILL)
+            self.process.wait_stopped(grace_seconds=15)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-
-def wait_for(predicate: Any, timeout_seconds: float, message: str, interval_seconds: float = 0.05) -> Any:
-    """Poll until `predicate()` is truthy; TimeoutError with the message and last value otherwise."""
-    deadline = time.monotonic() + timeout_seconds
-    last: Any = None
-    while True:
-        last = predicate()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{message} (last: {last!r})")
-        time.sleep(interval_seconds)

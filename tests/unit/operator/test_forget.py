@@ -1,0 +1,139 @@
+"""A deleted node or policy leaves nothing behind in the operator's memory, and nothing of the others goes.
+
+The test fills every per-node and per-policy map of `Context` (and of its
+`Admission`) for two nodes and two policies, forgets one of each, and walks
+every map for a mention. A map added to `Context` later without a filler here
+fails `test_every_map_is_known`: add it to FILLERS and to `forget_node` /
+`forget_policy`.
+"""
+
+import asyncio
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from gpuhealth_api import vocabulary
+from gpuhealth_operator import admission, context, kube, metrics, settings
+from gpuhealth_operator.actions import drain
+from gpuhealth_operator.decisions import model
+from gpunode_facts import verdict
+
+NOT_STATE = {"config", "client", "meters", "recorder", "cache", "eviction_slots"}
+"""Context fields that hold no per-node or per-policy memory (the cache is tested on its own)."""
+
+
+def fill(ctx: context.Context, policy: str, node: str) -> None:
+    ctx.node_locks[node]  # a defaultdict: looking a key up creates its lock
+    ctx.admission.locks[policy]
+    ctx.admission.in_flight[policy].add(node)
+    ctx.admission.notified.add((policy, node))
+    ctx.verdicts.remember(
+        (policy, node),
+        dataclasses.replace(verdict(node=node), wanted_action=vocabulary.Action.DRAIN),
+        (object(),),
+    )
+    ctx.stragglers[(policy, node)] = model.StragglerScore(score=1.0, z_score=-4.0, peers=8, flagged=True)
+    ctx.drains[node] = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
+    ctx.drain_results[node] = drain.Result(completed=True, blocking=(), evicted=1, skipped=())
+    ctx.dry_run_said[(policy, node)] = f"Dry run: policy {policy} would cordon"
+    ctx.policy_status_written[policy] = {"observedGeneration": 1}
+
+
+FILLED = {
+    "node_locks",
+    "admission",
+    "verdicts",
+    "stragglers",
+    "drains",
+    "drain_results",
+    "dry_run_said",
+    "policy_status_written",
+}
+"""The Context fields `fill` puts a node and a policy into."""
+
+
+def mentions(value: Any, name: str) -> bool:
+    """Whether `name` appears as a key, element or tuple member anywhere in a collection."""
+    if isinstance(value, str):
+        return value == name
+    if isinstance(value, tuple | list | set | frozenset):
+        return any(mentions(v, name) for v in value)
+    if isinstance(value, Mapping):
+        return any(mentions(k, name) or mentions(v, name) for k, v in value.items())
+    if isinstance(value, context.Verdicts | admission.Admission):
+        return any(mentions(v, name) for v in vars(value).values())
+    return False  # locks, tasks, results: leaves
+
+
+def make() -> context.Context:
+    client = kube.Kube(kube.Credentials("https://127.0.0.1:1", None, True, None, None, None))
+    return context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+
+
+def state(ctx: context.Context) -> dict[str, Any]:
+    return {f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx) if f.name not in NOT_STATE}
+
+
+def test_every_map_is_known() -> None:
+    assert {f.name for f in dataclasses.fields(context.Context)} - NOT_STATE == FILLED
+
+
+def test_forget_node_empties_every_map_of_that_node_only() -> None:
+    async def scenario() -> None:
+        ctx = make()
+        fill(ctx, "p", "gone")
+        fill(ctx, "p", "kept")
+        running = ctx.drains["gone"]
+        ctx.forget_node("gone")
+        assert [name for name, value in state(ctx).items() if mentions(value, "gone")] == []
+        assert [name for name, value in state(ctx).items() if not mentions(value, "kept")] == [
+            "policy_status_written"  # per policy only
+        ]
+        assert "gone" not in ctx.verdicts.wanting["p"]
+        await asyncio.sleep(0)
+        assert running.cancelled(), "the drain of a deleted node is cancelled"
+        ctx.drains["kept"].cancel()
+
+    asyncio.run(scenario())
+
+
+def test_forget_node_keeps_a_lock_a_reconcile_holds() -> None:
+    async def scenario() -> None:
+        ctx = make()
+        async with ctx.node_locks["n"]:
+            ctx.forget_node("n")
+            assert "n" in ctx.node_locks
+
+    asyncio.run(scenario())
+
+
+def test_forget_policy_empties_every_map_of_that_policy_only() -> None:
+    async def scenario() -> None:
+        ctx = make()
+        fill(ctx, "gone", "n")
+        fill(ctx, "kept", "n")
+        ctx.forget_policy("gone")
+        assert [name for name, value in state(ctx).items() if mentions(value, "gone")] == []
+        per_policy = {"admission", "verdicts", "stragglers", "dry_run_said", "policy_status_written"}
+        assert {name for name, value in state(ctx).items() if mentions(value, "kept")} == per_policy
+        ctx.drains["n"].cancel()
+
+    asyncio.run(scenario())
+
+
+def test_forget_verdicts_keeps_the_nodes_own_memory() -> None:
+    """A node no policy selects any more still exists: its drain runs on and its lock stays."""
+
+    async def scenario() -> None:
+        ctx = make()
+        fill(ctx, "p", "n")
+        ctx.forget_verdicts("n")
+        assert {name for name, value in state(ctx).items() if mentions(value, "n")} == {
+            "node_locks",
+            "drains",
+            "drain_results",
+        }
+        assert not ctx.drains["n"].cancelled()
+        ctx.drains["n"].cancel()
+
+    asyncio.run(scenario())
