@@ -35,8 +35,10 @@ NAMESPACE = "gpu-health"
 KUBE_VERSION = "1.36.0"
 
 
-def render(helm: pathlib.Path, set_values: Sequence[str] = (), release: str = RELEASE) -> dict[str, Any]:
-    """The rules file (`{"groups": [...]}`) of the chart's PrometheusRule, rendered by `helm template`."""
+def template(
+    helm: pathlib.Path, set_values: Sequence[str] = (), release: str = RELEASE
+) -> list[dict[str, Any]]:
+    """Every object `helm template` renders from the chart with ci/monitoring-values.yaml and `set_values`."""
     args = [str(helm), "template", release, str(CHART), "--namespace", NAMESPACE]
     args += ["--kube-version", KUBE_VERSION, "-f", str(VALUES)]
     for value in set_values:
@@ -44,7 +46,12 @@ def render(helm: pathlib.Path, set_values: Sequence[str] = (), release: str = RE
     out = subprocess.run(args, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"helm template failed:\n{out.stderr}")
-    rules = [doc for doc in yaml.safe_load_all(out.stdout) if doc and doc.get("kind") == "PrometheusRule"]
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+def render(helm: pathlib.Path, set_values: Sequence[str] = (), release: str = RELEASE) -> dict[str, Any]:
+    """The rules file (`{"groups": [...]}`) of the chart's PrometheusRule, rendered by `helm template`."""
+    rules = [doc for doc in template(helm, set_values, release) if doc.get("kind") == "PrometheusRule"]
     if len(rules) != 1:
         raise RuntimeError(f"expected one PrometheusRule in the rendered chart, found {len(rules)}")
     return {"groups": rules[0]["spec"]["groups"]}

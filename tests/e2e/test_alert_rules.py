@@ -100,12 +100,8 @@ def rules(helm: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def rendered_monitors(helm: Path) -> list[dict[str, Any]]:
-    module = chart_rules_module()
-    out = subprocess.run(
-        [str(helm), "template", module.RELEASE, str(CHART), "-f", str(module.VALUES)],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    return [d for d in yaml.safe_load_all(out) if d and d["kind"] in {"ServiceMonitor", "PodMonitor"}]
+    objects: list[dict[str, Any]] = chart_rules_module().template(helm)
+    return [o for o in objects if o["kind"] in {"ServiceMonitor", "PodMonitor"}]
 
 
 # -- what the code exports -----------------------------------------------------------------------------
