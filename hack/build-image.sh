@@ -79,8 +79,12 @@ case "${engine}" in
       build_base
     fi
     stamp "podman build ${image}:${version}"
-    podman build --isolation chroot --network host --layers \
+    # No layer cache: the sources change on every commit, so the pip step reruns
+    # anyway, and cached intermediate images would pile up on a CI machine.
+    podman build --isolation chroot --network host --layers=false \
       --build-arg "PYTHON_IMAGE=${PYTHON_IMAGE:-${base_tag}}" "${args[@]}" "${root}"
+    # The image this build replaced, now untagged.
+    podman image prune --force --filter "label=org.opencontainers.image.title=gpu-health" >/dev/null
     ;;
   *) echo "ENGINE must be docker or podman, not ${engine}" >&2; exit 1 ;;
 esac
