@@ -94,8 +94,7 @@ stamp "check the image"
 # (XID catalogue, scenario parsing) by reading simulated GPUs once.
 check_script='set -e
 echo "uid $(id -u)"
-gpu-health-agent --help | head -n 1
-gpu-health-operator --help | head -n 1
+for entry in gpu-health-agent gpu-health-operator; do "$entry" --help >/tmp/help.txt; head -n 1 /tmp/help.txt; done
 printf "gpus: 2\nmodel: NVIDIA H100 80GB HBM3\ndriverVersion: 570.124.06\n" >/tmp/scenario.yaml
 gpu-health-agent check --backend sim --sim-scenario /tmp/scenario.yaml -o json >/dev/null
 echo "agent check on simulated GPUs: ok"'
