@@ -52,7 +52,7 @@ e2e: venv testbin ## Run end-to-end tests (helm chart, real processes)
 	KUBEBUILDER_ASSETS="$(TESTBIN)" $(BIN)/pytest $(PYTEST_FLAGS) tests/e2e
 
 .PHONY: lint
-lint: venv ## ruff, mypy, import-linter, helm lint
+lint: venv ## ruff, mypy, import-linter, helm lint, promtool check rules
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check api agent operator sim
 	$(BIN)/mypy
@@ -60,9 +60,10 @@ lint: venv ## ruff, mypy, import-linter, helm lint
 	$(MAKE) --no-print-directory lint-chart
 
 .PHONY: lint-chart
-lint-chart: testbin ## helm lint every chart values variant; check the chart's CRD copy has not drifted
+lint-chart: venv testbin ## helm lint every chart values variant; CRD copy not drifted; promtool check rules on the rendered rules
 	hack/sync-chart-crds.sh --check
 	for f in charts/gpu-health/ci/*-values.yaml; do "$(TESTBIN)/helm" lint --strict charts/gpu-health -f "$$f" || exit 1; done
+	$(PY) hack/chart_rules.py --helm "$(TESTBIN)/helm" --check
 
 .PHONY: fmt
 fmt: venv ## Format the code
@@ -90,8 +91,8 @@ image-check: ## Without Docker: lint the Dockerfile, build the wheel, install it
 	hack/check-image.sh
 
 .PHONY: image
-image: ## Build the container image (needs a Docker engine)
-	docker build -t gpu-health:$$($(PY) -c 'import gpuhealth_api; print(gpuhealth_api.__version__)') .
+image: ## Build the image gpu-health:VERSION (docker, else podman on a cached Debian base) and check it runs
+	hack/build-image.sh
 
 .PHONY: clean
 clean: ## Remove the virtualenv and caches (not the testbin cache)

@@ -187,6 +187,17 @@ def mission_release(
     system_node = f"mission-{suffix}-system"
     values = tmp_path_factory.mktemp("mission-chart") / "values.yaml"
     values.write_text(yaml.safe_dump(install_values(suffix)))
+    # Another module's release may still be going away (its namespaces are deleted without waiting).
+    waiting.wait_until(
+        lambda: (
+            not cp.kubectl(
+                "get", "namespace", NAMESPACE, WORKLOAD_NAMESPACE, "--ignore-not-found", "-o", "name"
+            ).stdout.strip()
+        ),
+        timeout_seconds=180,
+        interval_seconds=1,
+        message=f"namespaces {NAMESPACE} and {WORKLOAD_NAMESPACE} of an earlier release gone",
+    )
     create_nodes(cp, [node_manifest(system_node, {MISSION_LABEL: f"system-{suffix}"}, gpus=None)])
     cp.kubectl("create", "namespace", WORKLOAD_NAMESPACE)
     try:
@@ -270,6 +281,7 @@ def log_tail(process: processes.ManagedProcess, lines: int = LOG_TAIL_LINES) -> 
 class Operator:
     process: processes.ManagedProcess
     health_port: int
+    metrics_port: int
 
     def leading(self) -> bool:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as response:
@@ -303,7 +315,7 @@ def mission_operator(
     }
     process = container_process("gpu-health-operator", pod, overrides, workdir / "operator.log")
     process.start()
-    operator = Operator(process, health_port)
+    operator = Operator(process, health_port, metrics_port)
     try:
 
         def leading() -> bool:
@@ -356,8 +368,11 @@ class Mission:
         self.nodes.extend(names)
         return names
 
-    def start_agent(self, node: str, scenario: str) -> None:
-        """`gpu-health-agent` for `node` with `scenario` (YAML text), as the chart's agent pod on it."""
+    def start_agent(self, node: str, scenario: str, *, metrics_port: int = 0) -> None:
+        """`gpu-health-agent` for `node` with `scenario` (YAML text), as the chart's agent pod on it.
+
+        `metrics_port` 0 serves no /metrics (many agents share this host).
+        """
         pod = waiting.wait_until(
             lambda: self.release.pod_on("agent", node),
             timeout_seconds=SETUP_TIMEOUT_SECONDS,
@@ -371,7 +386,7 @@ class Mission:
         scenario_file.write_text(scenario)
         overrides = {
             "--sim-scenario": str(scenario_file),
-            "--metrics-port": "0",
+            "--metrics-port": str(metrics_port),
             "--kubeconfig": str(kubeconfig),
         }
         agent = container_process(f"agent {node}", pod, overrides, self.workdir / f"{node}.agent.log")

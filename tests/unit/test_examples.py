@@ -1,12 +1,15 @@
 """The examples a user copies from: every policy parses, every scenario loads, the index lists them all."""
 
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
 from gpuhealth_agent import scenario
-from gpuhealth_api import resources
+from gpuhealth_api import keys, resources
+from gpuhealth_api.vocabulary import Health
+from gpuhealth_operator import reconciler
 from gpuhealth_operator.decisions import policies
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,3 +76,41 @@ def test_readme_lists_every_example_file() -> None:
         if f"({p.relative_to(EXAMPLES).as_posix()})" not in readme
     ]
     assert missing == [], f"examples/README.md does not link: {missing}"
+
+
+# -- remediation tools that read the operator's GPUHealthy Node condition --------------------------------
+
+REMEDIATION = {
+    # file: (apiVersion, kind, field of the duration in each unhealthy condition)
+    "remediation/capi-machinehealthcheck.yaml": ("cluster.x-k8s.io/v1beta1", "MachineHealthCheck", "timeout"),
+    "remediation/medik8s-nodehealthcheck.yaml": (
+        "remediation.medik8s.io/v1alpha1",
+        "NodeHealthCheck",
+        "duration",
+    ),
+}
+DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
+"""A Go duration (metav1.Duration), as both CRDs validate it."""
+
+
+@pytest.mark.parametrize("name", sorted(REMEDIATION))
+def test_remediation_example_matches_the_condition_the_operator_writes(name: str) -> None:
+    api_version, kind, duration_field = REMEDIATION[name]
+    (document,) = _documents(EXAMPLES / name)
+    assert (document["apiVersion"], document["kind"]) == (api_version, kind)
+    spec = document["spec"]
+    assert isinstance(spec, dict)
+    conditions = spec["unhealthyConditions"]
+    assert all(set(c) == {"type", "status", duration_field} for c in conditions), conditions
+    assert all(DURATION.match(str(c[duration_field])) for c in conditions), conditions
+    ours = [c for c in conditions if c["type"] == keys.NODE_CONDITION_TYPE]
+    # What the operator writes on the Node for each health, and which of them mean "replace me".
+    unhealthy = {reconciler.NODE_CONDITION[Health.UNHEALTHY]}
+    assert [c["status"] for c in ours] == sorted(unhealthy), (
+        f"{name}: must remediate GPUHealthy={sorted(unhealthy)} only"
+    )
+    working = {reconciler.NODE_CONDITION[h] for h in (Health.HEALTHY, Health.DEGRADED)}
+    stale = reconciler.NODE_CONDITION[Health.UNKNOWN]
+    assert not {c["status"] for c in ours} & (working | {stale}), (
+        "never remediate working GPUs, nor a node whose agent is only stale (missing data)"
+    )
