@@ -178,3 +178,4 @@ class Context:
         _drop(self.dry_run_said, name, POLICY)
         self.admission.forget_policy(name)
         self.policy_status_written.pop(name, None)
+        self.meters.forget_policy(name)

@@ -7,10 +7,13 @@ not grow with the fleet.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 
 import prometheus_client
+
+from gpuhealth_api import vocabulary
 
 PREFIX = "gpuhealth_operator"
 
@@ -21,6 +24,11 @@ LABEL_REASON = "reason"
 LABEL_RESULT = "result"
 LABEL_HANDLER = "handler"
 LABEL_VERB = "verb"
+
+HEALTHS = tuple(h.value for h in vocabulary.Health)
+
+HANDLERS = ("node", "gpunode", "policy", "timer")
+"""The `handler` label's values: error series exist from the start, so a rate over them is 0, not empty."""
 
 LATENCY_BUCKETS_SECONDS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 DRAIN_BUCKETS_SECONDS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0)
@@ -42,7 +50,7 @@ class Metrics:
     @classmethod
     def create(cls) -> Metrics:
         registry = prometheus_client.CollectorRegistry(auto_describe=True)
-        return cls(
+        meters = cls(
             registry=registry,
             nodes=prometheus_client.Gauge(
                 f"{PREFIX}_nodes",
@@ -100,6 +108,17 @@ class Metrics:
                 registry=registry,
             ),
         )
+        for handler in HANDLERS:
+            meters.reconcile_errors.labels(handler)
+        return meters
+
+    def forget_policy(self, name: str) -> None:
+        """Drop a deleted policy's series, so its alerts resolve instead of firing on its last value."""
+        for health in HEALTHS:
+            with contextlib.suppress(KeyError):
+                self.nodes.remove(name, health)
+        with contextlib.suppress(KeyError):
+            self.budget_pending.remove(name)
 
     def serve(self, port: int) -> threading.Thread | None:
         """Serve /metrics on the port in a background thread (port 0: not served)."""
