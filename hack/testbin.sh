@@ -31,6 +31,15 @@ OUT="$CACHE_ROOT/k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERS
 complete() { for b in "${BINARIES[@]}"; do [[ -x "$OUT/$b" ]] || return 1; done; }
 if complete; then echo "$OUT"; exit 0; fi
 
+# One build at a time: a second caller (make -j, parallel checkouts) waits for the first.
+mkdir -p "$CACHE_ROOT"
+exec 9>"$CACHE_ROOT/.lock"
+if ! flock -n 9; then
+  log "another build of the control-plane binaries is running; waiting for it"
+  flock 9
+fi
+if complete; then echo "$OUT"; exit 0; fi
+
 command -v go >/dev/null 2>&1 || die "Go is not installed. Install Go >= 1.25 (e.g. 'apt-get install golang' or https://go.dev/dl) or set KUBEBUILDER_ASSETS to a directory holding: ${BINARIES[*]}"
 
 mkdir -p "$OUT"

@@ -298,3 +298,23 @@ def test_a_restarted_agent_keeps_the_xids_on_its_gpunode(
         found = gpunode(k8s, node)
     assert found is not None
     assert [x["code"] for x in found["status"]["gpus"][4]["xids"]] == [94]
+
+
+def test_a_time_sliced_node_beyond_64_replicas_reports_its_8_gpus(
+    crds: controlplane.ControlPlane, k8s: client.ApiClient, node: str
+) -> None:
+    # 8 GPUs shared 16 ways, no GFD labels: the Node advertises 128. Padding the status with
+    # "lost" GPUs up to that broke the CRD's 64-GPU limit, so no status was ever written.
+    capacity = {keys.GPU_RESOURCE: "128"}
+    client.CoreV1Api(k8s).patch_node_status(node, {"status": {"capacity": capacity, "allocatable": capacity}})
+    with InProcessAgent(k8s, node, HEALTHY, interval=0.5, heartbeat=30):
+        found = waiting.wait_until(
+            lambda: (g := gpunode(k8s, node)) and g.get("status", {}).get("gpus") and g,
+            timeout_seconds=30,
+            message=f"GPUNode {node} with GPU facts",
+        )
+    status = found["status"]
+    assert [g["index"] for g in status["gpus"]] == list(range(8))
+    assert not any(g.get("lost") for g in status["gpus"])
+    assert status["agent"]["expectedGpuCount"] == 8
+    assert status["agent"]["maxGpuCountSeen"] == 8

@@ -577,3 +577,48 @@ def test_overlapping_acting_policies_do_not_undo_each_others_labels(fleet: testi
         time.sleep(0.1)
     assert seen == {("true", "degraded")}, "the policy without a thermal rule must not remove the label"
     assert not cordoned(fleet, name)
+
+
+SHARED_GPU_NODES: dict[str, tuple[dict[str, str], dict[str, str]]] = {
+    # suffix: (GFD labels, Node capacity) of a node with 8 physical GPUs, all answering
+    "ts4": ({keys.GPU_COUNT_LABEL: "8", keys.GPU_REPLICAS_LABEL: "4"}, {keys.GPU_RESOURCE: "32"}),
+    "migsingle": (
+        {keys.MIG_STRATEGY_LABEL: "single", keys.GPU_COUNT_LABEL: "56"},  # GFD counts the 8 x 7 MIG devices
+        {keys.GPU_RESOURCE: "56"},
+    ),
+    "migmixed": (
+        {keys.MIG_STRATEGY_LABEL: "mixed", keys.GPU_COUNT_LABEL: "8"},
+        {keys.GPU_RESOURCE: "0", "nvidia.com/mig-1g.10gb": "56"},
+    ),
+}
+
+
+def test_shared_gpus_are_not_lost_gpus_but_a_vanished_one_is(fleet: testing.Fleet) -> None:
+    fleet.policy(
+        fleet.label,
+        policy_spec({"name": "lost", "condition": "GPULost", "action": "Cordon"}, maxUnavailable=4),
+    )
+    for suffix, (gfd_labels, capacity) in SHARED_GPU_NODES.items():
+        name = node_name(fleet, suffix)
+        fleet.add_node(name, labels=gfd_labels, report=False)
+        base = {"cpu": "32", "memory": "256Gi", "pods": "110"}
+        fleet.core.patch_node_status(
+            name, body={"status": {"capacity": {**base, **capacity}, "allocatable": {**base, **capacity}}}
+        )
+        fleet.report(name, testing.merge(testing.agent_status(gpus=8), {"agent": {"maxGpuCountSeen": 8}}))
+    gone = node_name(fleet, "gone")
+    fleet.add_node(gone, labels={keys.GPU_COUNT_LABEL: "8"}, report=False)
+    seven = testing.agent_status(gpus=7)
+    fleet.report(gone, testing.merge(seven, {"agent": {"expectedGpuCount": 8, "maxGpuCountSeen": 8}}))
+
+    testing.wait_for(lambda: cordoned(fleet, gone), TIMEOUT, "the node whose 8th GPU vanished is cordoned")
+    assert "GPULost" in gpunode_status(fleet, gone)["issues"].split(",")
+    assert "7 of 8 GPUs reported" in fleet.events(gone, "GPULost")[0]["message"]
+    for suffix in SHARED_GPU_NODES:
+        name = node_name(fleet, suffix)
+        status = testing.wait_for(
+            lambda n=name: (s := gpunode_status(fleet, n)).get("health") and s, TIMEOUT, f"{name} judged"
+        )
+        assert status["health"] == "Healthy", (suffix, status.get("issues"), status.get("conditions"))
+        assert not cordoned(fleet, name), suffix
+        assert not fleet.events(name, "GPULost"), suffix
