@@ -612,7 +612,8 @@ def test_shared_gpus_are_not_lost_gpus_but_a_vanished_one_is(fleet: testing.Flee
     fleet.report(gone, testing.merge(seven, {"agent": {"expectedGpuCount": 8, "maxGpuCountSeen": 8}}))
 
     testing.wait_for(lambda: cordoned(fleet, gone), TIMEOUT, "the node whose 8th GPU vanished is cordoned")
-    assert "GPULost" in gpunode_status(fleet, gone)["issues"].split(",")
+    issues = testing.wait_for(lambda: gpunode_status(fleet, gone).get("issues"), TIMEOUT, "issues in status")
+    assert "GPULost" in issues.split(",")
     assert "7 of 8 GPUs reported" in fleet.events(gone, "GPULost")[0]["message"]
     for suffix in SHARED_GPU_NODES:
         name = node_name(fleet, suffix)
