@@ -56,10 +56,8 @@ def _severity(condition: vocabulary.Condition) -> Severity:
 
 
 def _sort_key(problem: Problem) -> tuple[int, int]:
-    last = len(CONDITION_ORDER)
-    return SEVERITY_ORDER[problem.severity], CONDITION_ORDER.get(
-        problem.condition, last
-    ) if problem.condition else last
+    rank = len(CONDITION_ORDER) if problem.condition is None else CONDITION_ORDER[problem.condition]
+    return SEVERITY_ORDER[problem.severity], rank
 
 
 def problems(gpu: status.GPUStatus, catalogue: xids.Catalogue) -> list[Problem]:
