@@ -64,6 +64,7 @@ def fingerprint(node: status.GPUNodeStatus) -> str:
     view = {
         "driverVersion": agent.get("driverVersion"),
         "expectedGpuCount": agent.get("expectedGpuCount"),
+        "maxGpuCountSeen": agent.get("maxGpuCountSeen"),
         "heartbeatSeconds": agent.get("heartbeatSeconds"),
         "gpuCount": summary.get("gpuCount"),
         "model": summary.get("model"),

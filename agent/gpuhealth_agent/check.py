@@ -4,90 +4,104 @@ For a human at a node's shell (or a pre-flight script): a table with one row
 per GPU and its problems, or `-o json` for exactly the status the agent would
 report. Exit code 1 when any GPU has a fatal fault, so `check && run-job`
 works. Touches no cluster.
+
+Every problem is one of the operator's conditions, judged by the same
+predicates (`gpuhealth_api.faults`) with the catalogue's critical XIDs, so
+`check` and a policy that lists no `xids` never give two answers to the same
+facts (docs/conditions.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 from typing import Final
 
-from gpuhealth_agent import changes, xids
-from gpuhealth_api import status
+from gpuhealth_agent import xids
+from gpuhealth_api import faults, status, vocabulary
 
 FATAL_EXIT: Final = 1
-SEVERITY_ORDER: Final = {s: i for i, s in enumerate(xids.Severity)}
+
+
+class Severity(enum.StrEnum):
+    FATAL = "fatal"
+    """A fatal condition (`faults.FATAL`): the node is Unhealthy, `check` exits 1."""
+    WARNING = "warning"
+    """Any other condition (thermal, power, PCIe): the node is Degraded."""
+    INFO = "info"
+    """An XID that is not critical: shown for the human, judged by no condition."""
+
+
+SEVERITY_ORDER: Final = {s: i for i, s in enumerate(Severity)}
+CONDITION_ORDER: Final = {c: i for i, c in enumerate(faults.gpu_checks(frozenset()))}
 
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    severity: xids.Severity
+    severity: Severity
     text: str
+    condition: vocabulary.Condition | None = None
+    """The operator's condition this problem is evidence of (the same `faults` predicate)."""
+
+    def render(self) -> str:
+        """`FATAL EccUncorrectable: 1 uncorrectable volatile ECC error`, `INFO XID 13 (...)`."""
+        if self.condition is None:
+            return f"{self.severity.upper()} {self.text}"
+        return f"{self.severity.upper()} {self.condition}: {self.text}"
+
+
+def _severity(condition: vocabulary.Condition) -> Severity:
+    return Severity.FATAL if condition in faults.FATAL else Severity.WARNING
+
+
+def _sort_key(problem: Problem) -> tuple[int, int]:
+    rank = len(CONDITION_ORDER) if problem.condition is None else CONDITION_ORDER[problem.condition]
+    return SEVERITY_ORDER[problem.severity], rank
 
 
 def problems(gpu: status.GPUStatus, catalogue: xids.Catalogue) -> list[Problem]:
-    """What is wrong with one GPU, worst first."""
+    """What is wrong with one GPU, worst first: the operator's conditions, judged by the same predicates.
+
+    XidCritical acts on the catalogue's critical XIDs, as a policy without `xids`
+    does; every XID is listed with its meaning and NVIDIA's action.
+    """
     found: list[Problem] = []
-    fatal, critical, warning = xids.Severity.FATAL, xids.Severity.CRITICAL, xids.Severity.WARNING
-    if gpu.get("lost", False):
-        found.append(Problem(fatal, "GPU lost: fell off the bus or is missing (not answering NVML)"))
-    ecc = gpu.get("ecc", {})
-    if ecc.get("uncorrectedVolatile", 0) > 0:
-        found.append(
-            Problem(fatal, f"{ecc['uncorrectedVolatile']} uncorrectable ECC error(s) since the last reset")
-        )
-    rows = gpu.get("remappedRows", {})
-    if rows.get("failure", False):
-        found.append(Problem(fatal, "row remapping failed: memory cannot be repaired, replace the GPU"))
-    if rows.get("pending", False):
-        found.append(Problem(fatal, "a row remap is pending: reset the GPU to activate it"))
-    pages = gpu.get("retiredPages", {})
-    if pages.get("pending", False):
-        found.append(Problem(critical, "a retired page is pending: reset the GPU to retire it"))
-    action = gpu.get("recoveryAction")
-    if action is not None and action != "None":
-        found.append(Problem(fatal, f"the driver asks for recovery: {action}"))
+    for condition, text in faults.gpu_faults(gpu, catalogue.critical).items():
+        if condition is not vocabulary.Condition.XID_CRITICAL:  # one line per XID below
+            found.append(Problem(_severity(condition), text, condition))
+    critical = {x["code"] for x in faults.matching_xids(gpu, catalogue.critical)}
     for record in gpu.get("xids", []):
         info = catalogue.lookup(record["code"])
         times = f"{record['count']} time{'s' if record['count'] != 1 else ''}"
-        found.append(
-            Problem(
-                info.severity,
-                f"XID {info.code} ({info.description}) {times}, last {record['lastSeen']}; "
-                f"action: {info.action}",
-            )
+        text = (
+            f"XID {info.code} ({info.description}) {times}, last {record['lastSeen']}; action: {info.action}"
         )
-    reasons = changes.throttle_reasons(gpu)
-    thermal = sorted(set(reasons) & status.THERMAL_REASONS)
-    hot = changes.is_hot(gpu)
-    if thermal or hot:
-        temperature = gpu.get("temperatureCelsius")
-        limit = gpu.get("slowdownTemperatureCelsius")
-        why = ", ".join(thermal) if thermal else "at the slowdown temperature"
-        found.append(Problem(warning, f"thermal slowdown ({why}; {temperature}°C, slows down at {limit}°C)"))
-    power = sorted(set(reasons) & status.POWER_REASONS - status.THERMAL_REASONS)
-    if power:
-        found.append(Problem(warning, f"hardware slowdown ({', '.join(power)})"))
-    pcie = gpu.get("pcie", {})
-    generation, max_generation = pcie.get("generation"), pcie.get("maxGeneration")
-    width, max_width = pcie.get("width"), pcie.get("maxWidth")
-    if (generation is not None and max_generation is not None and generation < max_generation) or (
-        width is not None and max_width is not None and width < max_width
-    ):
-        found.append(
-            Problem(
-                warning,
-                f"PCIe link degraded: Gen{generation} x{width} (max Gen{max_generation} x{max_width})",
-            )
-        )
-    found.sort(key=lambda p: SEVERITY_ORDER[p.severity])
+        if record["code"] in critical:
+            found.append(Problem(Severity.FATAL, text, vocabulary.Condition.XID_CRITICAL))
+        else:
+            found.append(Problem(Severity.INFO, f"{text} (not critical)"))
+    found.sort(key=_sort_key)
     return found
 
 
+def node_problems(node: status.GPUNodeStatus) -> list[Problem]:
+    """Node-level faults: fewer GPUs reported than the node has (the agent's count; no Node labels here)."""
+    gpus = node.get("gpus", [])
+    expected = faults.expected_gpu_count({}, None, faults.seen_by_agent(node))
+    missing = faults.missing_gpus(len(gpus), expected)
+    condition = vocabulary.Condition.GPU_LOST
+    return [] if missing is None else [Problem(_severity(condition), missing, condition)]
+
+
+def conditions(node: status.GPUNodeStatus, catalogue: xids.Catalogue) -> set[vocabulary.Condition]:
+    """The operator's conditions the node's facts show, as `check` judges them."""
+    found = node_problems(node) + [p for gpu in node.get("gpus", []) for p in problems(gpu, catalogue)]
+    return {p.condition for p in found if p.condition is not None}
+
+
 def has_fatal(node: status.GPUNodeStatus, catalogue: xids.Catalogue) -> bool:
-    return any(
-        p.severity is xids.Severity.FATAL for gpu in node.get("gpus", []) for p in problems(gpu, catalogue)
-    )
+    return bool(conditions(node, catalogue) & faults.FATAL)
 
 
 def _cell(value: object, unit: str = "") -> str:
@@ -100,7 +114,7 @@ def table(node: status.GPUNodeStatus, catalogue: xids.Catalogue) -> str:
     rows: list[tuple[str, ...]] = []
     for gpu in node.get("gpus", []):
         found = problems(gpu, catalogue)
-        verdict = "; ".join(f"{p.severity.upper()}: {p.text}" for p in found) if found else "ok"
+        verdict = "; ".join(p.render() for p in found) if found else "ok"
         clock = gpu.get("smClockMHz")
         max_clock = gpu.get("maxSmClockMHz")
         rows.append(
@@ -127,7 +141,7 @@ def table(node: status.GPUNodeStatus, catalogue: xids.Catalogue) -> str:
         + f", model {summary.get('model', 'unknown')}, driver {agent.get('driverVersion', 'unknown')}"
         + f", backend {agent.get('backend', '?')}"
     )
-    return "\n".join([head, *lines]) + "\n"
+    return "\n".join([head, *(p.render() for p in node_problems(node)), *lines]) + "\n"
 
 
 def render(node: status.GPUNodeStatus, catalogue: xids.Catalogue, output: str) -> tuple[int, str]:

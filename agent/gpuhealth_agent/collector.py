@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from gpuhealth_agent import facts, history, nvml, xids
-from gpuhealth_api import status
+from gpuhealth_api import faults, status
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +135,8 @@ class Sample:
     errors: collections.Counter[tuple[str, str]]
     """NVML errors of this sample by (function, error name); NOT_SUPPORTED excluded."""
     duration_seconds: float
+    max_gpus_seen: int = 0
+    """The most GPUs that answered at once, here or (restored) in an earlier agent's status."""
 
 
 class Collector:
@@ -152,6 +154,8 @@ class Collector:
     ) -> None:
         self.lib = lib
         self.expected_gpus = expected_gpus
+        self.max_gpus_seen = 0
+        """The most GPUs that answered at once (the runner restores it from the earlier status)."""
         self.slow_period_seconds = slow_period_seconds
         self.history = history.History(xid_log)
         self.perf_counter = perf_counter
@@ -241,7 +245,9 @@ class Collector:
         if self.enrich is not None:
             self.enrich([gpu for _, gpu in pending], now)
         gpus = [self.history.stamp(track.identity.uuid, gpu, now) for track, gpu in pending]
-        expected = max(self.expected_gpus or 0, len(identities))
+        # Padded with lost entries up to the physical count, never beyond: not the shared capacity.
+        self.max_gpus_seen = min(faults.MAX_GPUS, max(self.max_gpus_seen, len(identities)))
+        expected = min(faults.MAX_GPUS, max(self.expected_gpus or 0, self.max_gpus_seen))
         for index in range(expected):
             if index not in taken:
                 since = self.history.missing_since(index, now)
@@ -256,6 +262,7 @@ class Collector:
             expected_gpus=expected,
             errors=errors,
             duration_seconds=self.perf_counter() - started,
+            max_gpus_seen=self.max_gpus_seen,
         )
 
     def _call(

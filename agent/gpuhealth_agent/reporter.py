@@ -1,7 +1,7 @@
 """Writes the node's GPU facts to its GPUNode: on change at once, otherwise on the heartbeat.
 
-`GPUNodeClient` is the only Kubernetes I/O: read the Node (uid, GPU
-capacity), create the GPUNode owned by it, and server-side apply the
+`GPUNodeClient` is the only Kubernetes I/O: read the Node (uid, physical
+GPU count), create the GPUNode owned by it, and server-side apply the
 agent's status fields (field manager `gpu-health-agent`, forced, status
 subresource). `Reporter` decides when to write (`changes.write_reason`) and
 survives API outages: a failed write is retried with capped, jittered
@@ -20,13 +20,27 @@ from kubernetes import client as k8s
 from kubernetes.client import exceptions as k8s_exceptions
 
 from gpuhealth_agent import backoff, changes
-from gpuhealth_api import keys, resources, status, timestamps
+from gpuhealth_api import faults, keys, resources, status, timestamps
 
 log = logging.getLogger(__name__)
 
 APPLY_PATCH: Final = "application/apply-patch+yaml"
 NOT_FOUND: Final = 404
 CONFLICT: Final = 409
+
+
+def physical_gpus(node: dict[str, Any]) -> int | None:
+    """The GPUs a Node (as JSON) physically has, as far as its GFD labels and capacity tell.
+
+    Not the `nvidia.com/gpu` capacity: time-slicing, MPS and MIG multiply it
+    (a time-sliced node advertises 32 for 8 GPUs), and padding the status with
+    "lost" GPUs up to it turned shared nodes GPULost, beyond 64 even past the
+    CRD's limit. None when the labels cannot tell: then the GPUs the agent sees.
+    """
+    labels = node.get("metadata", {}).get("labels") or {}
+    advertised = node.get("status", {}).get("capacity", {}).get(keys.GPU_RESOURCE)
+    capacity = int(str(advertised)) if advertised is not None and str(advertised).isdigit() else None
+    return faults.expected_gpu_count(labels, capacity, None)
 
 
 class NodeMissingError(RuntimeError):
@@ -54,22 +68,17 @@ class GPUNodeClient:
         self.custom = k8s.CustomObjectsApi(api_client)
 
     def read_node(self) -> tuple[str, int | None]:
-        """The Node's uid and its advertised GPU count (nvidia.com/gpu capacity, if any)."""
+        """The Node's uid and the GPUs it physically has as far as its labels tell (`physical_gpus`)."""
         try:
             node = self._get_json("/api/v1/nodes/{name}", {"name": self.node_name})
         except k8s_exceptions.ApiException as exc:
             if exc.status == NOT_FOUND:
                 raise NodeMissingError(f"Node {self.node_name} not found") from exc
             raise
-        advertised = node.get("status", {}).get("capacity", {}).get(keys.GPU_RESOURCE)
-        try:
-            expected = int(str(advertised)) if advertised is not None else None
-        except ValueError:
-            expected = None
         uid = node.get("metadata", {}).get("uid")
         if not uid:
             raise NodeMissingError(f"Node {self.node_name} has no uid")
-        return str(uid), expected
+        return str(uid), physical_gpus(node)
 
     def _get_json(self, path: str, path_params: dict[str, str]) -> dict[str, Any]:
         """GET a core API object as plain JSON.
@@ -180,7 +189,7 @@ class Reporter:
         self.state = changes.WriteState()
         self.ensured = False
         self.expected_gpus: int | None = None
-        """GPUs the Node advertises (nvidia.com/gpu capacity), once the Node was read."""
+        """GPUs the Node physically has as its labels tell (`physical_gpus`), once the Node was read."""
         self._previous: status.GPUNodeStatus | None = None
 
     def prepare(self) -> None:

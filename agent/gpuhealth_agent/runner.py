@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Final
 
 from gpuhealth_agent import changes, collector, dcgm, events, health, metrics, nvml, outputs, reporter, xids
-from gpuhealth_api import __version__, heartbeats, status, timestamps
+from gpuhealth_api import __version__, faults, heartbeats, status, timestamps
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class Settings:
     slow_period_seconds: float = 10.0
     """Slow counters (aggregate ECC, retired pages, remapped rows, PCIe) are read at most this often."""
     expected_gpus: int | None = None
-    """GPUs the node should have, if known up front (sim: from the scenario); else the Node's capacity."""
+    """GPUs the node physically has, if known up front (sim: the scenario's); else from the Node's labels."""
     event_thread: bool = True
     """Wait for NVML events on a thread (production); False: poll for them each turn (fleet simulator)."""
     boot_id: str | None = None
@@ -168,6 +168,9 @@ class Agent:
     def _restore(self) -> None:
         assert self.reporter is not None
         previous = self.reporter.take_previous()
+        seen = previous.get("agent", {}).get("maxGpuCountSeen") if previous is not None else None
+        if isinstance(seen, int) and seen > 0:  # a GPU gone since then is still missed, over a reboot too
+            self.collector.max_gpus_seen = min(faults.MAX_GPUS, max(self.collector.max_gpus_seen, seen))
         earlier_boot = previous.get("agent", {}).get("bootId") if previous is not None else None
         if earlier_boot and self.settings.boot_id and earlier_boot != self.settings.boot_id:
             # A reboot resets every GPU, and some XIDs (NVLink 74, GSP 119/120) leave no other
@@ -190,7 +193,7 @@ class Agent:
                     event.code,
                     gpu.index,
                     info.description,
-                    info.severity,
+                    "critical" if info.critical else "not critical",
                     info.action,
                 )
                 self._record_xid(gpu, event.code, now)
@@ -221,6 +224,8 @@ class Agent:
             agent["driverVersion"] = sample.driver_version
         if sample.expected_gpus:
             agent["expectedGpuCount"] = sample.expected_gpus
+        if sample.max_gpus_seen:
+            agent["maxGpuCountSeen"] = sample.max_gpus_seen
         if self.settings.boot_id:
             agent["bootId"] = self.settings.boot_id
         return status.GPUNodeStatus(agent=agent, summary=changes.summarize(sample.gpus), gpus=sample.gpus)

@@ -1,79 +1,20 @@
-"""XIDs: the driver's error codes, what they mean, and how many each GPU has seen.
+"""XIDs: how many each GPU has seen (their meaning is the api's XID catalogue).
 
-The meaning of each code lives in data (`xid_catalogue.yaml`, from NVIDIA's
-XID catalogue), not in an if-chain, so a new driver's codes are a one-line
-change. `XidLog` keeps per-GPU counts and last-seen times across reports:
-NVML only tells us about an XID once, as an event, so forgetting it would
-lose the fault.
+`XidLog` keeps per-GPU counts and last-seen times across reports: NVML only
+tells us about an XID once, as an event, so forgetting it would lose the
+fault. What each code means, and whether it is critical, is one catalogue
+for agent and operator alike: `gpuhealth_api.xid_catalogue`, re-exported here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
-import importlib.resources
-from collections.abc import Mapping
-from typing import Final
 
-import yaml
-
-from gpuhealth_api import status
+from gpuhealth_api import status, xid_catalogue
 from gpuhealth_api import timestamps as timefmt
 
-
-class Severity(enum.StrEnum):
-    FATAL = "fatal"
-    CRITICAL = "critical"
-    WARNING = "warning"
-    INFO = "info"
-
-
-@dataclasses.dataclass(frozen=True)
-class XidInfo:
-    code: int
-    name: str
-    description: str
-    severity: Severity
-    action: str
-    """NVIDIA's immediate resolution bucket: RESTART_APP, RESET_GPU, RESTART_BM, ..."""
-
-
-UNKNOWN_SEVERITY: Final = Severity.WARNING
-UNKNOWN_ACTION: Final = "CONTACT_SUPPORT"
-
-
-class Catalogue:
-    """XID code → meaning, loaded from the packaged YAML (or any mapping, for tests)."""
-
-    def __init__(self, entries: Mapping[int, XidInfo]) -> None:
-        self._entries = dict(entries)
-
-    @classmethod
-    def packaged(cls) -> Catalogue:
-        text = importlib.resources.files("gpuhealth_agent").joinpath("xid_catalogue.yaml").read_text()
-        data = yaml.safe_load(text)
-        entries = {
-            int(item["code"]): XidInfo(
-                code=int(item["code"]),
-                name=str(item["name"]),
-                description=str(item["description"]),
-                severity=Severity(item["severity"]),
-                action=str(item["action"]),
-            )
-            for item in data["xids"]
-        }
-        return cls(entries)
-
-    def lookup(self, code: int) -> XidInfo:
-        found = self._entries.get(code)
-        if found is not None:
-            return found
-        return XidInfo(
-            code, f"XID_{code}", f"XID {code} (not in the catalogue)", UNKNOWN_SEVERITY, UNKNOWN_ACTION
-        )
-
-    def __len__(self) -> int:
-        return len(self._entries)
+Catalogue = xid_catalogue.Catalogue
+XidInfo = xid_catalogue.XidInfo
 
 
 @dataclasses.dataclass

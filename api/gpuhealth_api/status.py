@@ -75,7 +75,8 @@ class AgentInfo(TypedDict, total=False):
     driverVersion: str
     lastHeartbeatTime: str  # RFC 3339
     heartbeatSeconds: int
-    expectedGpuCount: int  # GPUs the node advertises (nvidia.com/gpu capacity), if known
+    expectedGpuCount: int  # GPUs the node physically has (faults.expected_gpu_count), if known
+    maxGpuCountSeen: int  # the most GPUs the agent has seen answer at once on this node
     bootId: str  # the kernel's boot ID: a change means the node rebooted (and its GPUs were reset)
 
 

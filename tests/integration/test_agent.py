@@ -81,7 +81,14 @@ class InProcessAgent:
     """A real agent loop on a thread, with simulated GPUs whose scenario time 0 is `.start`."""
 
     def __init__(
-        self, k8s: client.ApiClient, node_name: str, text: str, interval: float, heartbeat: float
+        self,
+        k8s: client.ApiClient,
+        node_name: str,
+        text: str,
+        interval: float,
+        heartbeat: float,
+        *,
+        count_from_scenario: bool = True,
     ) -> None:
         plan = scenario.parse(text, f"<{node_name}>")
         self.start = time.time()
@@ -91,7 +98,8 @@ class InProcessAgent:
             runner.BACKEND_SIM,
             interval_seconds=interval,
             heartbeat_seconds=heartbeat,
-            expected_gpus=plan.expected_gpus,
+            # The sim backend knows the GPU count up front; the NVML backend learns it from the Node.
+            expected_gpus=plan.expected_gpus if count_from_scenario else None,
             event_thread=False,
         )
         cluster = reporter.GPUNodeClient(k8s, node_name, request_timeout_seconds=5)
@@ -298,3 +306,30 @@ def test_a_restarted_agent_keeps_the_xids_on_its_gpunode(
         found = gpunode(k8s, node)
     assert found is not None
     assert [x["code"] for x in found["status"]["gpus"][4]["xids"]] == [94]
+
+
+def test_a_time_sliced_node_beyond_64_replicas_keeps_reporting_its_8_gpus(
+    crds: controlplane.ControlPlane, k8s: client.ApiClient, node: str
+) -> None:
+    # 8 GPUs shared 16 ways, no GFD labels: the Node advertises 128. Padding the status with
+    # "lost" GPUs up to that broke the CRD's 64-GPU limit: after its first write the agent's
+    # every write was rejected, and the node went stale.
+    capacity = {keys.GPU_RESOURCE: "128"}
+    client.CoreV1Api(k8s).patch_node_status(node, {"status": {"capacity": capacity, "allocatable": capacity}})
+    with InProcessAgent(k8s, node, HEALTHY, interval=0.2, heartbeat=1, count_from_scenario=False) as agent:
+        first = waiting.wait_until(
+            lambda: (g := gpunode(k8s, node)) and g.get("status", {}).get("gpus") and g,
+            timeout_seconds=30,
+            message=f"GPUNode {node} with GPU facts",
+        )["status"]["agent"]["lastHeartbeatTime"]
+        found = waiting.wait_until(
+            lambda: (g := gpunode(k8s, node)) and g["status"]["agent"]["lastHeartbeatTime"] > first and g,
+            timeout_seconds=15,
+            message=f"GPUNode {node} written again after {first}",
+        )
+        assert agent.agent.reporter is not None and agent.agent.reporter.retry.failures == 0
+    status = found["status"]
+    assert [g["index"] for g in status["gpus"]] == list(range(8))
+    assert not any(g.get("lost") for g in status["gpus"])
+    assert status["agent"]["expectedGpuCount"] == 8
+    assert status["agent"]["maxGpuCountSeen"] == 8

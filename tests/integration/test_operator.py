@@ -689,3 +689,59 @@ def test_nodes_deleted_while_reconciled_leave_the_operator_acting(
     assert operator.alive() and operator.is_leading()
     logged = operator.log()[log_start:]
     assert "Traceback" not in logged and "KeyError" not in logged, logged[-5000:]
+
+
+SHARED_GPU_NODES: dict[str, tuple[dict[str, str], dict[str, str]]] = {
+    # suffix: (GFD labels, Node capacity) of a node with 8 physical GPUs, all answering
+    "ts4": ({keys.GPU_COUNT_LABEL: "8", keys.GPU_REPLICAS_LABEL: "4"}, {keys.GPU_RESOURCE: "32"}),
+    "migsingle": (
+        {keys.MIG_STRATEGY_LABEL: "single", keys.GPU_COUNT_LABEL: "56"},  # GFD counts the 8 x 7 MIG devices
+        {keys.GPU_RESOURCE: "56"},
+    ),
+    "migmixed": (
+        {keys.MIG_STRATEGY_LABEL: "mixed", keys.GPU_COUNT_LABEL: "8"},
+        {keys.GPU_RESOURCE: "0", "nvidia.com/mig-1g.10gb": "56"},
+    ),
+}
+
+
+def test_shared_gpus_are_not_lost_gpus_but_a_vanished_one_is(fleet: operator_harness.Fleet) -> None:
+    fleet.policy(
+        fleet.label,
+        policy_spec({"name": "lost", "condition": "GPULost", "action": "Cordon"}, maxUnavailable=4),
+    )
+    for suffix, (gfd_labels, capacity) in SHARED_GPU_NODES.items():
+        name = node_name(fleet, suffix)
+        fleet.add_node(name, labels=gfd_labels, report=False)
+        base = {"cpu": "32", "memory": "256Gi", "pods": "110"}
+        fleet.core.patch_node_status(
+            name, body={"status": {"capacity": {**base, **capacity}, "allocatable": {**base, **capacity}}}
+        )
+        fleet.report(
+            name, gpunode_facts.merge(gpunode_facts.agent_status(gpus=8), {"agent": {"maxGpuCountSeen": 8}})
+        )
+    gone = node_name(fleet, "gone")
+    fleet.add_node(gone, labels={keys.GPU_COUNT_LABEL: "8"}, report=False)
+    seven = gpunode_facts.agent_status(gpus=7)
+    fleet.report(gone, gpunode_facts.merge(seven, {"agent": {"expectedGpuCount": 8, "maxGpuCountSeen": 8}}))
+
+    waiting.wait_until(
+        lambda: cordoned(fleet, gone),
+        timeout_seconds=TIMEOUT,
+        message="the node whose 8th GPU vanished is cordoned",
+    )
+    issues = waiting.wait_until(
+        lambda: gpunode_status(fleet, gone).get("issues"), timeout_seconds=TIMEOUT, message="issues in status"
+    )
+    assert "GPULost" in issues.split(",")
+    assert "7 of 8 GPUs reported" in fleet.events(gone, "GPULost")[0]["message"]
+    for suffix in SHARED_GPU_NODES:
+        name = node_name(fleet, suffix)
+        status = waiting.wait_until(
+            lambda n=name: (s := gpunode_status(fleet, n)).get("health") and s,
+            timeout_seconds=TIMEOUT,
+            message=f"{name} judged",
+        )
+        assert status["health"] == "Healthy", (suffix, status.get("issues"), status.get("conditions"))
+        assert not cordoned(fleet, name), suffix
+        assert not fleet.events(name, "GPULost"), suffix

@@ -14,15 +14,16 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, TypeVar
 
-from gpuhealth_api import keys, vocabulary
+from gpuhealth_api import keys, vocabulary, xid_catalogue
 from gpuhealth_operator.decisions import model
 
 Condition = vocabulary.Condition
 
 DEFAULT_MAX_UNAVAILABLE: Final = "10%"
 DEFAULT_STRAGGLER_THRESHOLD: Final = 3.5
-DEFAULT_CRITICAL_XIDS: Final[frozenset[int]] = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120})
-"""XIDs that mean a GPU needs a reset or worse (DBE, row-remap events, NVLink, fallen off the bus, GSP)."""
+DEFAULT_CRITICAL_XIDS: Final[frozenset[int]] = xid_catalogue.default_critical()
+"""XIDs an XidCritical rule without `xids` acts on: the catalogue's critical ones (a GPU reset, a node
+reboot or worse, as NVIDIA's XID catalogue resolves them), the same that make `check` exit 1."""
 
 _PERCENT = re.compile(r"^(\d{1,3})%$")
 _SELECTOR_OPERATORS: Final = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from gpuhealth_api import vocabulary
+from gpuhealth_api import faults, vocabulary
 
 Condition = vocabulary.Condition
 
@@ -33,16 +33,8 @@ ORDER: Final[tuple[Condition, ...]] = (
 )
 """Most severe first. A lost GPU outranks the faults it is often the end of."""
 
-FATAL: Final[frozenset[Condition]] = frozenset(
-    {
-        Condition.GPU_LOST,
-        Condition.ECC_UNCORRECTABLE,
-        Condition.ROW_REMAP_FAILURE,
-        Condition.XID_CRITICAL,
-        Condition.RECOVERY_REQUIRED,
-    }
-)
-"""Conditions that make a node Unhealthy; computed whatever the rules say."""
+FATAL: Final[frozenset[Condition]] = faults.FATAL
+"""Conditions that make a node Unhealthy; computed whatever the rules say (one list with `check`'s exit 1)."""
 
 SUSTAINED: Final[frozenset[Condition]] = frozenset(
     {

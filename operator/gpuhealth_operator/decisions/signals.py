@@ -14,10 +14,9 @@ Straggler is not here: it needs the whole cohort (see `stragglers`).
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable, Iterable
 from typing import Final
 
-from gpuhealth_api import heartbeats, status, vocabulary
+from gpuhealth_api import faults, heartbeats, status, vocabulary
 from gpuhealth_operator.decisions import model, times
 
 Condition = vocabulary.Condition
@@ -26,10 +25,7 @@ DEFAULT_HEARTBEAT_SECONDS: Final = heartbeats.DEFAULT_HEARTBEAT_SECONDS
 STALE_HEARTBEATS: Final = heartbeats.STALE_HEARTBEATS
 """An agent that missed this many heartbeats is stale (DESIGN.md)."""
 
-BUSY_UTILIZATION_PERCENT: Final = 10
-"""Above this a GPU counts as busy. PCIe links and clocks drop on purpose when idle, so idle is no fault."""
-
-_NO_RECOVERY: Final = frozenset({"", vocabulary.RecoveryAction.NONE.value})
+BUSY_UTILIZATION_PERCENT: Final = faults.BUSY_UTILIZATION_PERCENT
 
 FACT_CONDITIONS: Final[tuple[Condition, ...]] = (
     Condition.ECC_UNCORRECTABLE,
@@ -43,8 +39,7 @@ FACT_CONDITIONS: Final[tuple[Condition, ...]] = (
 )
 """Conditions judged from one node's facts alone (AgentStale aside)."""
 
-GPUFault = Callable[[status.GPUStatus], str | None]
-"""A per-GPU check: a description of the fault, or None."""
+GPUFault = faults.GPUFault
 
 
 def raw_signals(
@@ -65,17 +60,9 @@ def raw_signals(
         for condition in FACT_CONDITIONS:
             signals[condition] = model.Signal(condition, None, "unknown: the agent has not reported GPUs yet")
         return signals
-    checks: dict[Condition, GPUFault] = {
-        Condition.ECC_UNCORRECTABLE: _ecc,
-        Condition.ROW_REMAP_FAILURE: _remap,
-        Condition.XID_CRITICAL: lambda gpu: _xid(gpu, rule_xids),
-        Condition.RECOVERY_REQUIRED: _recovery,
-        Condition.THERMAL_THROTTLED: _thermal,
-        Condition.POWER_THROTTLED: _power,
-        Condition.PCIE_DEGRADED: _pcie,
-    }
-    for condition, check in checks.items():
-        signals[condition] = _per_gpu(condition, gpus, check, rule_xids)
+    for condition, check in faults.gpu_checks(rule_xids).items():
+        if condition is not Condition.GPU_LOST:  # per GPU and per node: _lost
+            signals[condition] = _per_gpu(condition, gpus, check, rule_xids)
     signals[Condition.GPU_LOST] = _lost(facts, node, gpus)
     return signals
 
@@ -117,7 +104,7 @@ def gpu_name(gpu: status.GPUStatus) -> str:
 def _per_gpu(
     condition: Condition, gpus: list[status.GPUStatus], check: GPUFault, rule_xids: frozenset[int]
 ) -> model.Signal:
-    faults: list[str] = []
+    found: list[str] = []
     observed: list[datetime.datetime] = []
     for gpu in gpus:
         if not isinstance(gpu, dict):
@@ -125,14 +112,14 @@ def _per_gpu(
         fault = check(gpu)
         if fault is None:
             continue
-        faults.append(f"{gpu_name(gpu)}: {fault}")
+        found.append(f"{gpu_name(gpu)}: {fault}")
         when = _xid_seen(gpu, rule_xids) if condition is Condition.XID_CRITICAL else None
         when = when or times.parse(gpu.get("observedTime"))
         if when is not None:
             observed.append(when)
-    if not faults:
+    if not found:
         return model.Signal(condition, False, _HEALTHY_MESSAGES[condition])
-    return model.Signal(condition, True, "; ".join(faults), observed_at=min(observed, default=None))
+    return model.Signal(condition, True, "; ".join(found), observed_at=min(observed, default=None))
 
 
 _HEALTHY_MESSAGES: Final[dict[Condition, str]] = {
@@ -146,117 +133,26 @@ _HEALTHY_MESSAGES: Final[dict[Condition, str]] = {
 }
 
 
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
-
-
-def _ecc(gpu: status.GPUStatus) -> str | None:
-    ecc = gpu.get("ecc")
-    count = _int(ecc.get("uncorrectedVolatile")) if isinstance(ecc, dict) else None
-    if count is None or count <= 0:
-        return None
-    return f"{_plural(count, 'uncorrectable volatile ECC error')}"
-
-
-def _remap(gpu: status.GPUStatus) -> str | None:
-    rows = gpu.get("remappedRows")
-    if not isinstance(rows, dict):
-        return None
-    if rows.get("failure") is True:
-        return "row remapping failed"
-    if rows.get("pending") is True:
-        return "row remap pending a GPU reset"
-    return None
-
-
-def _matching_xids(gpu: status.GPUStatus, rule_xids: frozenset[int]) -> list[status.XidRecord]:
-    xids = gpu.get("xids")
-    if not isinstance(xids, list):
-        return []
-    return [
-        x
-        for x in xids
-        if isinstance(x, dict) and _int(x.get("code")) in rule_xids and (_int(x.get("count")) or 0) > 0
-    ]
-
-
-def _xid(gpu: status.GPUStatus, rule_xids: frozenset[int]) -> str | None:
-    # The agent reports XIDs since the GPU's last reset, so any count is current evidence.
-    matching = _matching_xids(gpu, rule_xids)
-    if not matching:
-        return None
-    ordered = sorted(matching, key=lambda x: x["code"])
-    return ", ".join(f"XID {x['code']} seen {_plural(x['count'], 'time')}" for x in ordered)
-
-
 def _xid_seen(gpu: status.GPUStatus, rule_xids: frozenset[int]) -> datetime.datetime | None:
-    seen = (times.parse(x.get("lastSeen")) for x in _matching_xids(gpu, rule_xids))
+    seen = (times.parse(x.get("lastSeen")) for x in faults.matching_xids(gpu, rule_xids))
     return min((t for t in seen if t is not None), default=None)
 
 
-def _recovery(gpu: status.GPUStatus) -> str | None:
-    action = gpu.get("recoveryAction")
-    if not isinstance(action, str) or action in _NO_RECOVERY:
-        return None
-    return f"driver asks for recovery action {action}"
-
-
-def _reasons(gpu: status.GPUStatus, wanted: Iterable[str]) -> list[str]:
-    reasons = gpu.get("clockEventReasons")
-    if not isinstance(reasons, list):
-        return []
-    return sorted(set(wanted).intersection(r for r in reasons if isinstance(r, str)))
-
-
-def _thermal(gpu: status.GPUStatus) -> str | None:
-    parts = _reasons(gpu, status.THERMAL_REASONS)
-    temperature = _int(gpu.get("temperatureCelsius"))
-    slowdown = _int(gpu.get("slowdownTemperatureCelsius"))
-    if temperature is not None and slowdown is not None and temperature >= slowdown:
-        parts.append(f"{temperature} °C ≥ slowdown {slowdown} °C")
-    return ", ".join(parts) or None
-
-
-def _power(gpu: status.GPUStatus) -> str | None:
-    return ", ".join(_reasons(gpu, status.POWER_REASONS)) or None
-
-
-def _pcie(gpu: status.GPUStatus) -> str | None:
-    utilization = _int(gpu.get("utilizationPercent"))
-    pcie = gpu.get("pcie")
-    if utilization is None or utilization <= BUSY_UTILIZATION_PERCENT or not isinstance(pcie, dict):
-        return None
-    parts = []
-    generation, max_generation = _int(pcie.get("generation")), _int(pcie.get("maxGeneration"))
-    if generation is not None and max_generation is not None and generation < max_generation:
-        parts.append(f"PCIe gen {generation} of {max_generation}")
-    width, max_width = _int(pcie.get("width")), _int(pcie.get("maxWidth"))
-    if width is not None and max_width is not None and width < max_width:
-        parts.append(f"x{width} of x{max_width}")
-    if not parts:
-        return None
-    return f"{', '.join(parts)} at {utilization}% utilization"
+def expected_gpus(facts: status.GPUNodeStatus, node: model.NodeView) -> int | None:
+    """The GPUs the node physically has: its GFD labels and capacity, and what its agent has seen."""
+    return faults.expected_gpu_count(node.labels, node.gpu_capacity, faults.seen_by_agent(facts))
 
 
 def _lost(facts: status.GPUNodeStatus, node: model.NodeView, gpus: list[status.GPUStatus]) -> model.Signal:
     condition = Condition.GPU_LOST
-    faults = [
-        f"{gpu_name(g)}: fell off the bus" for g in gpus if isinstance(g, dict) and g.get("lost") is True
-    ]
-    observed = [
-        times.parse(g.get("observedTime")) for g in gpus if isinstance(g, dict) and g.get("lost") is True
-    ]
-    agent = facts.get("agent")
-    expected_by_agent = _int(agent.get("expectedGpuCount")) if isinstance(agent, dict) else None
-    expected = max((n for n in (expected_by_agent, node.gpu_capacity) if n is not None), default=None)
-    if expected is not None and len(gpus) < expected:
-        faults.append(f"{len(gpus)} of {_plural(expected, 'GPU')} reported")
-    if not faults:
+    lost = [g for g in gpus if isinstance(g, dict) and faults.gpu_lost(g) is not None]
+    found = [f"{gpu_name(g)}: {faults.gpu_lost(g)}" for g in lost]
+    observed = [times.parse(g.get("observedTime")) for g in lost]
+    missing = faults.missing_gpus(len(gpus), expected_gpus(facts, node))
+    if missing is not None:
+        found.append(missing)
+    if not found:
         return model.Signal(condition, False, "all GPUs present")
     return model.Signal(
-        condition, True, "; ".join(faults), observed_at=min((t for t in observed if t), default=None)
+        condition, True, "; ".join(found), observed_at=min((t for t in observed if t), default=None)
     )

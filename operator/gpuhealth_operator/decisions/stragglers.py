@@ -42,7 +42,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Final
 
-from gpuhealth_api import status
+from gpuhealth_api import faults, status
 from gpuhealth_operator.decisions import model, signals
 
 MIN_PEERS: Final = 4
@@ -132,9 +132,7 @@ def _excluded(facts: status.GPUNodeStatus, now: datetime.datetime) -> bool:
         return True
     if any(isinstance(g, dict) and g.get("lost") is True for g in gpus):
         return True
-    agent = facts.get("agent")
-    expected = agent.get("expectedGpuCount") if isinstance(agent, dict) else None
-    return isinstance(expected, int) and len(gpus) < expected
+    return faults.missing_gpus(len(gpus), faults.seen_by_agent(facts)) is not None
 
 
 def _judge_cohort(scores: Mapping[str, float], threshold: float) -> dict[str, model.StragglerScore]:

@@ -18,8 +18,3 @@ def test_only_nvml_py_imports_pynvml() -> None:
             if any(name.split(".")[0] == "pynvml" for name in names):
                 importers.append(path.name)
     assert importers == ["nvml.py"]
-
-
-def test_xid_catalogue_ships_with_the_package() -> None:
-    assert (PACKAGE / "xid_catalogue.yaml").exists()
-    assert "docs.nvidia.com/deploy/xid-errors" in (PACKAGE / "xid_catalogue.yaml").read_text()

@@ -8,7 +8,9 @@ import pynvml
 import pytest
 
 from gpuhealth_agent import check, cli, xids
-from gpuhealth_api import status
+from gpuhealth_api import status, vocabulary
+
+Condition = vocabulary.Condition
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples" / "scenarios"
@@ -33,11 +35,11 @@ def test_healthy_node_prints_ok_rows_and_exits_zero(capsys: pytest.CaptureFixtur
 @pytest.mark.parametrize(
     ("example", "gpu", "words"),
     [
-        ("ecc-uncorrectable.yaml", 3, "FATAL: 1 uncorrectable ECC error(s) since the last reset"),
-        ("xid79-gpu-lost.yaml", 0, "FATAL: GPU lost"),
-        ("remap-failure.yaml", 5, "FATAL: row remapping failed"),
+        ("ecc-uncorrectable.yaml", 3, "FATAL EccUncorrectable: 1 uncorrectable volatile ECC error"),
+        ("xid79-gpu-lost.yaml", 0, "FATAL GPULost: fell off the bus"),
+        ("remap-failure.yaml", 5, "FATAL RowRemapFailure: row remapping failed"),
         ("recovery-action.yaml", 2, None),  # reset at the end of the timeline: healthy again
-        ("missing-gpu.yaml", 7, "FATAL: GPU lost"),
+        ("missing-gpu.yaml", 7, "FATAL GPULost: fell off the bus"),
     ],
 )
 def test_fatal_faults_exit_one_with_plain_words(
@@ -57,7 +59,7 @@ def test_at_picks_the_scenario_time(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "check", "--backend", "sim", "--sim-scenario", scenario, "--at", "30")
     assert code == 1
     row = out.splitlines()[4]
-    assert "FATAL: the driver asks for recovery: GpuReset" in row
+    assert "FATAL RecoveryRequired: driver asks for recovery action GpuReset" in row
     assert "XID 154" in row
     code, out, _ = run(capsys, "check", "--backend", "sim", "--sim-scenario", scenario, "--at", "10")
     assert code == 0
@@ -70,7 +72,7 @@ def test_slow_counters_are_read_at_the_checked_moment(
     plan.write_text("gpus: 2\ntimeline:\n- {after: 3s, gpu: 1, set: {remappedRowsPending: true}}\n")
     code, out, _ = run(capsys, "check", "--backend", "sim", "--sim-scenario", str(plan))
     assert code == 1
-    assert "FATAL: a row remap is pending" in out.splitlines()[3]
+    assert "FATAL RowRemapFailure: row remap pending a GPU reset" in out.splitlines()[3]
 
 
 def test_xids_on_other_gpus_are_seen_when_one_is_lost_from_the_start(
@@ -84,15 +86,15 @@ def test_xids_on_other_gpus_are_seen_when_one_is_lost_from_the_start(
     code, out, _ = run(capsys, "check", "--backend", "sim", "--sim-scenario", str(plan))
     assert code == 1
     rows = out.splitlines()[2:]
-    assert "FATAL: GPU lost" in rows[0]
-    assert "XID 48" in rows[2]  # at 0s: the agent's first event set gets it
-    assert "XID 94" in rows[3]
+    assert "FATAL GPULost: fell off the bus" in rows[0]
+    assert "FATAL XidCritical: XID 48" in rows[2]  # at 0s: the agent's first event set gets it
+    assert "INFO XID 94" in rows[3] and "(not critical)" in rows[3]
 
 
 def test_warnings_do_not_fail_the_check(capsys: pytest.CaptureFixture[str]) -> None:
     for example, gpu, words in [
-        ("thermal-throttle.yaml", 1, "thermal slowdown"),
-        ("pcie-degraded.yaml", 6, "PCIe link degraded: Gen3 x8 (max Gen5 x16)"),
+        ("thermal-throttle.yaml", 1, "WARNING ThermalThrottled: HwThermalSlowdown"),
+        ("pcie-degraded.yaml", 6, "WARNING PcieDegraded: PCIe gen 3 of 5, x8 of x16 at 96% utilization"),
     ]:
         code, out, _ = run(
             capsys, "check", "--backend", "sim", "--sim-scenario", str(EXAMPLES / example), "--at", "60"
@@ -154,9 +156,17 @@ def test_problems_are_sorted_worst_first() -> None:
         clockEventReasons=["HwThermalSlowdown"],
         ecc={"uncorrectedVolatile": 1},
         retiredPages={"pending": True},
+        xids=[{"code": 13, "count": 1, "lastSeen": "2026-11-22T01:00:00Z"}],
     )
     found = check.problems(gpu, xids.Catalogue.packaged())
-    assert [p.severity for p in found] == [xids.Severity.FATAL, xids.Severity.CRITICAL, xids.Severity.WARNING]
+    assert [(p.severity, p.condition) for p in found] == [
+        (check.Severity.FATAL, Condition.ECC_UNCORRECTABLE),
+        (check.Severity.WARNING, Condition.THERMAL_THROTTLED),
+        (
+            check.Severity.INFO,
+            None,
+        ),  # XID 13: the application's fault; a pending retired page is no condition
+    ]
 
 
 def test_run_without_a_usable_kubeconfig_exits_two(

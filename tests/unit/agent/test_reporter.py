@@ -200,3 +200,21 @@ def test_summary() -> None:
     ]
     assert changes.summarize(gpus) == {"gpuCount": 2, "model": "H100", "maxTemperatureCelsius": 71}
     assert changes.summarize([]) == {"gpuCount": 0}
+
+
+@pytest.mark.parametrize(
+    ("labels", "capacity", "expected"),
+    [
+        ({}, "8", None),  # the bare capacity tells nothing: time-slicing multiplies it
+        ({}, "128", None),
+        ({"nvidia.com/gpu.count": "8"}, "32", 8),
+        ({"nvidia.com/gpu.replicas": "4"}, "32", 8),
+        ({"nvidia.com/mig.strategy": "single", "nvidia.com/gpu.count": "56"}, "56", None),
+        ({"nvidia.com/gpu.replicas": "4"}, "lots", None),
+    ],
+)
+def test_the_node_tells_its_physical_gpus_by_its_labels(
+    labels: dict[str, str], capacity: str, expected: int | None
+) -> None:
+    node = {"metadata": {"labels": labels}, "status": {"capacity": {"nvidia.com/gpu": capacity}}}
+    assert reporter.physical_gpus(node) == expected

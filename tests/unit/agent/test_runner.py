@@ -11,7 +11,7 @@ import prometheus_client
 import pytest
 
 from gpuhealth_agent import health, metrics, reporter, runner, scenario, simulated, xids
-from gpuhealth_api import status
+from gpuhealth_api import faults, status
 
 START = 1_800_000_000.0
 
@@ -244,20 +244,12 @@ def test_the_catalogue_can_be_shared() -> None:
     assert agent.catalogue is shared
 
 
-@pytest.mark.parametrize("code", [48, 63, 64, 74, 79, 92, 94, 95, 119, 120])
-def test_policy_xids_are_in_the_catalogue(code: int) -> None:
-    info = xids.Catalogue.packaged().lookup(code)
-    assert not info.name.startswith("XID_")
-    assert info.action
-
-
-def test_catalogue_severities() -> None:
+def test_the_agent_names_xids_from_the_api_catalogue() -> None:
     catalogue = xids.Catalogue.packaged()
-    assert catalogue.lookup(79).severity is xids.Severity.FATAL
-    assert catalogue.lookup(48).severity is xids.Severity.FATAL
-    assert catalogue.lookup(13).severity is xids.Severity.WARNING
+    assert catalogue.lookup(79).critical and catalogue.lookup(79).action == "RESTART_BM"
+    assert not catalogue.lookup(13).critical
     unknown = catalogue.lookup(9999)
-    assert unknown.severity is xids.Severity.WARNING
+    assert not unknown.critical
     assert unknown.action == "CONTACT_SUPPORT"
     assert len(catalogue) >= 25
 
@@ -382,3 +374,85 @@ def test_a_simulated_dbe_reaches_the_gpunode_without_waiting_for_the_interval() 
         agent.wake.set()
         thread.join(timeout=10)
     assert not thread.is_alive()
+class NodeCluster(FakeCluster):
+    """A FakeCluster whose Node reads as the real client reads a Node (labels and capacity)."""
+
+    def __init__(self, node: dict[str, Any], previous: status.GPUNodeStatus | None = None) -> None:
+        super().__init__(previous)
+        self.node = node
+
+    def read_node(self) -> tuple[str, int | None]:
+        return "uid", reporter.physical_gpus(self.node)
+
+
+def node_json(capacity: int, **labels: str) -> dict[str, Any]:
+    return {"metadata": {"labels": labels}, "status": {"capacity": {"nvidia.com/gpu": str(capacity)}}}
+
+
+def restarted_agent(
+    plan_text: str, cluster: FakeCluster, boot_id: str | None = None
+) -> tuple[runner.Agent, Clock]:
+    clock = Clock()
+    lib = simulated.library(
+        scenario.parse(plan_text), clock=clock.scenario, start=0.0, identity_seed="node-s"
+    )
+    agent = runner.Agent(
+        runner.Settings("node-s", runner.BACKEND_SIM, event_thread=False, boot_id=boot_id),
+        lib,
+        report=reporter.Reporter(cluster, heartbeat_seconds=60),
+        clock=clock.epoch,
+    )
+    return agent, clock
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        pytest.param(node_json(128), id="time-sliced-x16-without-gfd-labels"),
+        pytest.param(node_json(32, **{"nvidia.com/gpu.count": "8", "nvidia.com/gpu.replicas": "4"}), id="x4"),
+        pytest.param(
+            node_json(56, **{"nvidia.com/mig.strategy": "single", "nvidia.com/gpu.count": "56"}), id="mig"
+        ),
+    ],
+)
+def test_a_shared_gpu_node_reports_its_physical_gpus_and_no_lost_ones(node: dict[str, Any]) -> None:
+    cluster = NodeCluster(node)
+    agent, clock = restarted_agent("gpus: 8\n", cluster)
+    turn(agent, clock, 0)
+    written = turn(agent, clock, 1).status
+    assert [g["index"] for g in written["gpus"]] == list(range(8))
+    assert not any(g.get("lost") for g in written["gpus"])
+    assert written["agent"]["expectedGpuCount"] == 8
+    assert written["agent"]["maxGpuCountSeen"] == 8
+
+
+def test_a_gpu_gone_while_no_agent_ran_is_still_missed_over_a_reboot() -> None:
+    previous = status.GPUNodeStatus(
+        agent=status.AgentInfo(maxGpuCountSeen=8, expectedGpuCount=8, bootId="boot-1"), gpus=[]
+    )
+    agent, clock = restarted_agent("gpus: 7\n", FakeCluster(previous=previous), boot_id="boot-2")
+    turn(agent, clock, 0)
+    written = turn(agent, clock, 1).status
+    assert [g["index"] for g in written["gpus"]] == list(range(8))
+    assert written["gpus"][7]["lost"] is True
+    assert written["agent"]["maxGpuCountSeen"] == 8
+
+
+def test_an_old_agents_capacity_count_is_not_taken_for_gpus_seen() -> None:
+    # Before maxGpuCountSeen, expectedGpuCount was the (time-sliced) capacity: never restore it.
+    previous = status.GPUNodeStatus(agent=status.AgentInfo(expectedGpuCount=32), gpus=[])
+    agent, clock = restarted_agent("gpus: 8\n", FakeCluster(previous=previous))
+    turn(agent, clock, 0)
+    written = turn(agent, clock, 1).status
+    assert len(written["gpus"]) == 8
+    assert written["agent"]["expectedGpuCount"] == 8
+
+
+def test_the_status_never_lists_more_gpus_than_the_crd_allows() -> None:
+    agent, clock = restarted_agent(
+        "gpus: 2\n", NodeCluster(node_json(1000, **{"nvidia.com/gpu.count": "1000"}))
+    )
+    turn(agent, clock, 0)
+    written = turn(agent, clock, 1).status
+    assert len(written["gpus"]) == faults.MAX_GPUS
+    assert written["agent"]["expectedGpuCount"] == faults.MAX_GPUS

@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from gpuhealth_api import vocabulary
+from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator.decisions import model, policies, signals
 
 Condition = vocabulary.Condition
@@ -128,8 +128,8 @@ def test_xid_uses_the_rule_codes() -> None:
     [
         (8, 8, 8, False),
         (7, 8, None, True),
-        (7, None, 8, True),
-        (7, 7, 8, True),  # fewer than either count is a loss
+        (7, None, 8, False),  # the bare capacity never counts GPUs: sharing multiplies it
+        (7, 7, 8, False),
         (8, None, None, False),
         (0, 8, None, True),
         (0, None, None, False),
@@ -144,6 +144,68 @@ def test_gpu_lost_by_count(
     assert signal.present is present
     if present:
         assert f"{gpu_count} of" in signal.message
+
+
+TIME_SLICED = {keys.GPU_COUNT_LABEL: "8", keys.GPU_REPLICAS_LABEL: "4"}
+MIG_SINGLE = {keys.MIG_STRATEGY_LABEL: "single", keys.GPU_COUNT_LABEL: "56"}  # GFD counts MIG devices
+
+
+@pytest.mark.parametrize(
+    ("labels", "capacity", "gpu_count", "agent", "present"),
+    [
+        pytest.param(
+            TIME_SLICED, 32, 8, {"expectedGpuCount": 8, "maxGpuCountSeen": 8}, False, id="time-sliced-x4"
+        ),
+        pytest.param(
+            {keys.GPU_REPLICAS_LABEL: "4"},
+            32,
+            8,
+            {"maxGpuCountSeen": 8},
+            False,
+            id="replicas-without-gpu-count",
+        ),
+        pytest.param(
+            MIG_SINGLE, 56, 8, {"expectedGpuCount": 8, "maxGpuCountSeen": 8}, False, id="mig-single"
+        ),
+        pytest.param(
+            {keys.MIG_STRATEGY_LABEL: "mixed", keys.GPU_COUNT_LABEL: "8"},
+            None,
+            8,
+            {"expectedGpuCount": 8, "maxGpuCountSeen": 8},
+            False,
+            id="mig-mixed",
+        ),
+        pytest.param({}, 128, 8, {"maxGpuCountSeen": 8}, False, id="time-sliced-x16-without-gfd"),
+        pytest.param(
+            {keys.GPU_COUNT_LABEL: "8"},
+            8,
+            7,
+            {"expectedGpuCount": 8, "maxGpuCountSeen": 8},
+            True,
+            id="8th-gpu-gone",
+        ),
+        pytest.param(TIME_SLICED, 32, 7, {"maxGpuCountSeen": 7}, True, id="time-sliced-8th-gpu-gone"),
+        pytest.param(
+            {keys.GPU_COUNT_LABEL: "7"},
+            7,
+            7,
+            {"maxGpuCountSeen": 8},
+            True,
+            id="gfd-relabelled-after-the-loss",
+        ),
+        pytest.param(MIG_SINGLE, 56, 7, {"maxGpuCountSeen": 8}, True, id="mig-gpu-gone"),
+        pytest.param({}, None, 7, {"maxGpuCountSeen": 8}, True, id="no-labels-agent-saw-8"),
+    ],
+)
+def test_gpu_lost_counts_physical_gpus_not_shared_capacity(
+    labels: dict[str, str], capacity: int | None, gpu_count: int, agent: dict[str, Any], present: bool
+) -> None:
+    facts = _facts(*(_gpu(i) for i in range(gpu_count)), **agent)
+    node = model.NodeView(name="n", labels=labels, gpu_capacity=capacity)
+    signal = _signal(facts, Condition.GPU_LOST, node)
+    assert signal.present is present, signal.message
+    if present:
+        assert signal.message.startswith(f"{gpu_count} of 8 GPUs reported")
 
 
 @pytest.mark.parametrize(

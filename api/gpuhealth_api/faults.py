@@ -1,0 +1,234 @@
+"""Faults: what is wrong with a GPU or a node, defined once for every program.
+
+`gpu-health-agent check` on a node and the operator in the cluster read the
+same facts (GPUNode status, `status.py`) and must never give two answers to
+them. So each fault is one pure predicate here, and both call it: a per-GPU
+predicate returns a short description of the fault, or None when the GPU does
+not show it.
+
+Missing data is never a fault: an absent or malformed field never makes a
+predicate fire (the operator reads these facts from the cluster, where any
+field may be missing or of the wrong type).
+
+The node-level fact is the GPU count the node physically has
+(`expected_gpu_count`): time-slicing, MPS and MIG multiply the schedulable
+`nvidia.com/gpu` capacity, so it is never the capacity itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Final
+
+from gpuhealth_api import keys, status, vocabulary
+
+Condition = vocabulary.Condition
+
+BUSY_UTILIZATION_PERCENT: Final = 10
+"""Above this a GPU counts as busy. PCIe links and clocks drop on purpose when idle, so idle is no fault."""
+
+MAX_GPUS: Final = 64
+"""The most GPUs one node's status lists (the CRD's maxItems for `status.gpus`)."""
+
+FATAL: Final[frozenset[Condition]] = frozenset(
+    {
+        Condition.GPU_LOST,
+        Condition.ECC_UNCORRECTABLE,
+        Condition.ROW_REMAP_FAILURE,
+        Condition.XID_CRITICAL,
+        Condition.RECOVERY_REQUIRED,
+    }
+)
+"""Hardware faults whose evidence only a GPU reset or a reboot clears: they make a node
+Unhealthy (operator) and `gpu-health-agent check` exit 1."""
+
+MIG_STRATEGIES: Final[frozenset[str]] = frozenset({"single", "mixed"})
+"""Values of GFD's `nvidia.com/mig.strategy` label on a node whose GPUs are split into MIG devices."""
+
+_NO_RECOVERY: Final = frozenset({"", vocabulary.RecoveryAction.NONE.value})
+
+GPUFault = Callable[[status.GPUStatus], str | None]
+"""A per-GPU predicate: a description of the fault, or None."""
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+# --- per GPU ----------------------------------------------------------------------------------------------
+
+
+def gpu_lost(gpu: status.GPUStatus) -> str | None:
+    """GPULost on one GPU: NVML said GPU_IS_LOST, or a GPU seen earlier vanished from enumeration."""
+    return "fell off the bus" if gpu.get("lost") is True else None
+
+
+def ecc_uncorrectable(gpu: status.GPUStatus) -> str | None:
+    """EccUncorrectable: volatile (since the last reset) double-bit ECC errors."""
+    ecc = gpu.get("ecc")
+    count = _int(ecc.get("uncorrectedVolatile")) if isinstance(ecc, dict) else None
+    if count is None or count <= 0:
+        return None
+    return plural(count, "uncorrectable volatile ECC error")
+
+
+def row_remap_failure(gpu: status.GPUStatus) -> str | None:
+    """RowRemapFailure: a remap failed, or one waits for a GPU reset."""
+    rows = gpu.get("remappedRows")
+    if not isinstance(rows, dict):
+        return None
+    if rows.get("failure") is True:
+        return "row remapping failed"
+    if rows.get("pending") is True:
+        return "row remap pending a GPU reset"
+    return None
+
+
+def matching_xids(gpu: status.GPUStatus, codes: frozenset[int]) -> list[status.XidRecord]:
+    """The GPU's XID records (since its last reset) whose code is in `codes`."""
+    xids = gpu.get("xids")
+    if not isinstance(xids, list):
+        return []
+    return [
+        x
+        for x in xids
+        if isinstance(x, dict) and _int(x.get("code")) in codes and (_int(x.get("count")) or 0) > 0
+    ]
+
+
+def xid_critical(gpu: status.GPUStatus, codes: frozenset[int]) -> str | None:
+    """XidCritical: one of `codes` (the rule's, else the catalogue's critical ones) since the last reset."""
+    # The agent reports XIDs since the GPU's last reset, so any count is current evidence.
+    matching = matching_xids(gpu, codes)
+    if not matching:
+        return None
+    ordered = sorted(matching, key=lambda x: x["code"])
+    return ", ".join(f"XID {x['code']} seen {plural(x['count'], 'time')}" for x in ordered)
+
+
+def recovery_required(gpu: status.GPUStatus) -> str | None:
+    """RecoveryRequired: the driver asks for a GPU reset, a reboot or a drain."""
+    action = gpu.get("recoveryAction")
+    if not isinstance(action, str) or action in _NO_RECOVERY:
+        return None
+    return f"driver asks for recovery action {action}"
+
+
+def _reasons(gpu: status.GPUStatus, wanted: Iterable[str]) -> list[str]:
+    reasons = gpu.get("clockEventReasons")
+    if not isinstance(reasons, list):
+        return []
+    return sorted(set(wanted).intersection(r for r in reasons if isinstance(r, str)))
+
+
+def thermal_throttled(gpu: status.GPUStatus) -> str | None:
+    """ThermalThrottled: a HW or SW thermal slowdown, or at or above the slowdown temperature."""
+    parts = _reasons(gpu, status.THERMAL_REASONS)
+    temperature = _int(gpu.get("temperatureCelsius"))
+    slowdown = _int(gpu.get("slowdownTemperatureCelsius"))
+    if temperature is not None and slowdown is not None and temperature >= slowdown:
+        parts.append(f"{temperature} °C ≥ slowdown {slowdown} °C")
+    return ", ".join(parts) or None
+
+
+def power_throttled(gpu: status.GPUStatus) -> str | None:
+    """PowerThrottled: the HW power brake or a HW slowdown."""
+    return ", ".join(_reasons(gpu, status.POWER_REASONS)) or None
+
+
+def pcie_degraded(gpu: status.GPUStatus) -> str | None:
+    """PcieDegraded: below the link's max generation or width while busy (links idle down on purpose)."""
+    utilization = _int(gpu.get("utilizationPercent"))
+    pcie = gpu.get("pcie")
+    if utilization is None or utilization <= BUSY_UTILIZATION_PERCENT or not isinstance(pcie, dict):
+        return None
+    parts = []
+    generation, max_generation = _int(pcie.get("generation")), _int(pcie.get("maxGeneration"))
+    if generation is not None and max_generation is not None and generation < max_generation:
+        parts.append(f"PCIe gen {generation} of {max_generation}")
+    width, max_width = _int(pcie.get("width")), _int(pcie.get("maxWidth"))
+    if width is not None and max_width is not None and width < max_width:
+        parts.append(f"x{width} of x{max_width}")
+    if not parts:
+        return None
+    return f"{', '.join(parts)} at {utilization}% utilization"
+
+
+def gpu_checks(critical_xids: frozenset[int]) -> dict[Condition, GPUFault]:
+    """Every per-GPU predicate by condition, most severe first; XidCritical acts on `critical_xids`."""
+    return {
+        Condition.GPU_LOST: gpu_lost,
+        Condition.ECC_UNCORRECTABLE: ecc_uncorrectable,
+        Condition.ROW_REMAP_FAILURE: row_remap_failure,
+        Condition.XID_CRITICAL: lambda gpu: xid_critical(gpu, critical_xids),
+        Condition.RECOVERY_REQUIRED: recovery_required,
+        Condition.THERMAL_THROTTLED: thermal_throttled,
+        Condition.POWER_THROTTLED: power_throttled,
+        Condition.PCIE_DEGRADED: pcie_degraded,
+    }
+
+
+def gpu_faults(gpu: status.GPUStatus, critical_xids: frozenset[int]) -> dict[Condition, str]:
+    """The faults one GPU shows, by condition, most severe first."""
+    found = {condition: check(gpu) for condition, check in gpu_checks(critical_xids).items()}
+    return {condition: text for condition, text in found.items() if text is not None}
+
+
+# --- per node -----------------------------------------------------------------------------------------------
+
+
+def _count(value: object) -> int | None:
+    """A positive count from a label value, an int or a digit string; None for anything else."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    number = _int(value)
+    return number if number is not None and number > 0 else None
+
+
+def expected_gpu_count(labels: Mapping[str, str], capacity: int | None, seen: int | None) -> int | None:
+    """How many GPUs the node physically has; None when nothing tells.
+
+    - MIG nodes (GFD's `nvidia.com/mig.strategy` single or mixed): neither the
+      capacity nor GFD's `nvidia.com/gpu.count` counts physical GPUs (with the
+      single strategy GFD writes the MIG device count there, e.g. 56 for 8 GPUs of 7),
+      so only what the agent saw: the physical GPUs NVML enumerates.
+    - Elsewhere: GFD's `nvidia.com/gpu.count`; else the `nvidia.com/gpu`
+      capacity ÷ `nvidia.com/gpu.replicas` (time-slicing, MPS); else what the
+      agent saw. Never the bare capacity, which sharing multiplies.
+
+    `seen` is the most GPUs the agent has seen on the node at once. It is a
+    floor in every case: a GPU that fell off the bus makes GFD relabel the
+    node with one GPU fewer, and that must not hide the loss. The result is
+    capped at MAX_GPUS.
+    """
+    seen = _count(seen)
+    source: int | None = None
+    if labels.get(keys.MIG_STRATEGY_LABEL) not in MIG_STRATEGIES:
+        source = _count(labels.get(keys.GPU_COUNT_LABEL))
+        replicas = _count(labels.get(keys.GPU_REPLICAS_LABEL))
+        advertised = _count(capacity)
+        if source is None and replicas is not None and advertised is not None:
+            source = advertised // replicas or None
+    expected = max((n for n in (source, seen) if n is not None), default=None)
+    return None if expected is None else min(expected, MAX_GPUS)
+
+
+def seen_by_agent(facts: status.GPUNodeStatus) -> int | None:
+    """The most GPUs the node's agent has seen: `maxGpuCountSeen`, or its `expectedGpuCount` (the
+    agent's own reading of `expected_gpu_count`, or a simulated scenario's count) when larger."""
+    agent = facts.get("agent")
+    if not isinstance(agent, dict):
+        return None
+    counts = (_int(agent.get("maxGpuCountSeen")), _int(agent.get("expectedGpuCount")))
+    return max((n for n in counts if n is not None), default=None)
+
+
+def missing_gpus(reported: int, expected: int | None) -> str | None:
+    """GPULost on a node: fewer GPUs reported than it physically has."""
+    if expected is None or reported >= expected:
+        return None
+    return f"{reported} of {plural(expected, 'GPU')} reported"
