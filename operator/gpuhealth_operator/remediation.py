@@ -273,6 +273,8 @@ async def _run_drain(
     options = drain.Options(
         grace_period_seconds=policy.drain_grace_period_seconds,
         delete_empty_dir_data=policy.drain_delete_empty_dir_data,
+        force=policy.drain_force,
+        exclude_namespaces=policy.drain_exclude_namespaces,
         backoff_initial_seconds=ctx.config.eviction_backoff_initial_seconds,
         backoff_max_seconds=ctx.config.eviction_backoff_max_seconds,
     )
@@ -292,17 +294,15 @@ async def _run_drain(
     subject = events.subject(ctx.cache, name)
     if result.completed:
         ctx.meters.drain_duration.labels("completed").observe(elapsed)
-        skipped = f" Left in place (emptyDir data): {', '.join(result.skipped)}." if result.skipped else ""
         await ctx.recorder.emit(
-            subject, vocabulary.EventReason.NODE_DRAINED, f"Node drained by policy {policy.name}.{skipped}"
+            subject, vocabulary.EventReason.NODE_DRAINED, drain.drained_message(policy.name, result)
         )
     else:
         ctx.meters.drain_duration.labels("failed").observe(elapsed)
         await ctx.recorder.emit(
             subject,
             vocabulary.EventReason.DRAIN_FAILED,
-            f"Drain by policy {policy.name} did not finish within {policy.drain_timeout_seconds:g}s; "
-            f"the node stays cordoned. Blocking pods: {', '.join(result.blocking)}.",
+            drain.failed_message(policy.name, policy.drain_timeout_seconds, result),
             events.WARNING,
         )
     ctx.drain_results[name] = result

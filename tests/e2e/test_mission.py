@@ -53,7 +53,8 @@ STRAGGLER_RULE: Final = {
     "forSeconds": 2,
     "threshold": 3.5,
 }
-DRAIN: Final = {"timeoutSeconds": 120}
+DRAIN: Final = {"timeoutSeconds": 120, "force": True}
+"""force: the lost node's victim is a bare pod (no controller)."""
 NO_RECOVERY: Final = {"uncordon": True, "healthyForSeconds": 600}
 QUICK_RECOVERY: Final = {"uncordon": True, "healthyForSeconds": 2}
 

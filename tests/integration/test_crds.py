@@ -280,6 +280,7 @@ def test_default_policy_example_is_accepted_as_written(crds: controlplane.Contro
     assert {k: v for k, v in spec["drain"].items() if v is not None} == {
         "timeoutSeconds": 900,
         "deleteEmptyDirData": True,
+        "force": False,
     }
     expected_rules = [{"forSeconds": 0, **r} for r in written["spec"]["rules"]]
     assert spec["rules"] == expected_rules
@@ -291,7 +292,7 @@ def test_defaults_fill_an_minimal_policy(crds: controlplane.ControlPlane, policy
     assert spec["dryRun"] is False
     assert spec["maxUnavailable"] == "10%"
     assert spec["rules"] == [{**ECC, "forSeconds": 0}]
-    assert spec["drain"] == {"timeoutSeconds": 900, "deleteEmptyDirData": True}
+    assert spec["drain"] == {"timeoutSeconds": 900, "deleteEmptyDirData": True, "force": False}
     assert spec["recovery"] == {"uncordon": True, "healthyForSeconds": 600}
 
 

@@ -73,7 +73,7 @@ def policy_spec(*rules: dict[str, Any], **spec: Any) -> dict[str, Any]:
     return {
         "maxUnavailable": spec.pop("maxUnavailable", 2),
         "rules": list(rules),
-        "drain": spec.pop("drain", {"timeoutSeconds": 30}),
+        "drain": spec.pop("drain", {"timeoutSeconds": 30, "force": True}),  # make_pod has no controller
         "recovery": spec.pop("recovery", {"uncordon": True, "healthyForSeconds": 1}),
         **spec,
     }
@@ -468,7 +468,8 @@ def test_pdb_blocked_drain_fails_after_timeout_and_node_stays_cordoned(
     fleet.policy(
         fleet.label,
         policy_spec(
-            {"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}, drain={"timeoutSeconds": 3}
+            {"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"},
+            drain={"timeoutSeconds": 3, "force": True},
         ),
     )
     fleet.report(name, gpunode_facts.agent_status(overrides={0: ECC}))

@@ -98,7 +98,7 @@ def test_kill_during_blocked_drain_then_restart_completes_the_drain_once(
         {
             "maxUnavailable": 1,
             "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}],
-            "drain": {"timeoutSeconds": 300},
+            "drain": {"timeoutSeconds": 300, "force": True},  # the pod has no controller
         },
     )
 

@@ -138,6 +138,7 @@ def test_policy_md_defaults_match_the_crd_and_the_operator() -> None:
         "forSeconds": rule["forSeconds"]["default"],
         "timeoutSeconds": spec["drain"]["properties"]["timeoutSeconds"]["default"],
         "deleteEmptyDirData": spec["drain"]["properties"]["deleteEmptyDirData"]["default"],
+        "force": spec["drain"]["properties"]["force"]["default"],
         "uncordon": spec["recovery"]["properties"]["uncordon"]["default"],
         "healthyForSeconds": spec["recovery"]["properties"]["healthyForSeconds"]["default"],
     }

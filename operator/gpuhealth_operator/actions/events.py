@@ -16,6 +16,7 @@ import logging
 
 from gpuhealth_api import resources
 from gpuhealth_operator import cache, kube
+from gpuhealth_operator.decisions import text
 
 COMPONENT = "gpu-health-operator"
 NAMESPACE = "default"
@@ -68,7 +69,11 @@ class Recorder:
     """Event name → the count we last wrote; bounded (MAX_REMEMBERED), a forgotten one is re-read on 409."""
 
     async def emit(self, subject: Subject, reason: str, message: str, type_: str = NORMAL) -> None:
-        """Post the Event, or bump the count of the identical one already posted. Never raises."""
+        """Post the Event, or bump the count of the identical one already posted. Never raises.
+
+        The message is escaped and cut to EVENT_MESSAGE_MAX first: it may quote agent-supplied strings.
+        """
+        message = text.bounded(message, text.EVENT_MESSAGE_MAX)
         name = event_name(subject.node, reason, message)
         # Every decision is an Event; logging it too lets an incident be rebuilt from the logs alone.
         log = logger.warning if type_ != NORMAL else logger.info
@@ -127,7 +132,7 @@ class Recorder:
             "involvedObject": involved,
             "related": related,
             "reason": reason,
-            "message": message[:1024],
+            "message": message,
             "type": type_,
             "count": 1,
             "firstTimestamp": now,

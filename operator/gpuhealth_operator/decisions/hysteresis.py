@@ -19,12 +19,13 @@ verdict's recovery clock reads it (see `healthy_since`).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator.decisions import model, times
+from gpuhealth_operator.decisions import model, text, times
 
 TRUE: Final = "True"
 FALSE: Final = "False"
@@ -51,14 +52,16 @@ def advance(
     clear_seconds: float,
     now: datetime.datetime,
 ) -> model.ConditionState:
-    """The condition's state after seeing `signal` at `now`."""
+    """The condition's state after seeing `signal` at `now`; its message escaped and cut to size."""
     if signal.present is None:
-        if previous is not None:
-            return previous
-        return model.ConditionState(signal.condition, UNKNOWN, NO_DATA, signal.message, now)
-    if signal.present:
-        return _present(previous, signal, for_seconds, now)
-    return _absent(previous, signal, clear_seconds, now)
+        state = previous or model.ConditionState(signal.condition, UNKNOWN, NO_DATA, signal.message, now)
+    elif signal.present:
+        state = _present(previous, signal, for_seconds, now)
+    else:
+        state = _absent(previous, signal, clear_seconds, now)
+    # The message quotes agent-supplied strings: bounded here, every writer of it is safe.
+    message = text.bounded(state.message, text.CONDITION_MESSAGE_MAX)
+    return state if message == state.message else dataclasses.replace(state, message=message)
 
 
 def _present(

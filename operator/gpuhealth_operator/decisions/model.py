@@ -46,6 +46,9 @@ class Policy:
     drain_timeout_seconds: float = 900.0
     drain_grace_period_seconds: int | None = None
     drain_delete_empty_dir_data: bool = True
+    drain_force: bool = False
+    """Evict pods that have no controller too."""
+    drain_exclude_namespaces: frozenset[str] = frozenset()
     recovery_uncordon: bool = True
     recovery_healthy_for_seconds: float = 600.0
 

@@ -26,6 +26,7 @@ DEFAULT_CRITICAL_XIDS: Final[frozenset[int]] = xid_catalogue.default_critical()
 reboot or worse, as NVIDIA's XID catalogue resolves them), the same that make `check` exit 1."""
 
 _PERCENT = re.compile(r"^(\d{1,3})%$")
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _SELECTOR_OPERATORS: Final = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
 _STALE_ACTIONS: Final = frozenset({vocabulary.Action.EVENT, vocabulary.Action.LABEL})
 """Missing data is never a reason to disrupt a node (the CRD enforces the same)."""
@@ -57,6 +58,8 @@ def parse_policy(name: str, generation: int, spec: Mapping[str, Any]) -> model.P
         drain_delete_empty_dir_data=_boolean(
             drain.get("deleteEmptyDirData", True), "spec.drain.deleteEmptyDirData"
         ),
+        drain_force=_boolean(drain.get("force", False), "spec.drain.force"),
+        drain_exclude_namespaces=_namespaces(drain.get("excludeNamespaces"), "spec.drain.excludeNamespaces"),
         recovery_uncordon=_boolean(recovery.get("uncordon", True), "spec.recovery.uncordon"),
         recovery_healthy_for_seconds=_number(
             recovery.get("healthyForSeconds", 600), "spec.recovery.healthyForSeconds", minimum=0
@@ -224,6 +227,17 @@ def _mapping(value: object, where: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise ValueError(f"{where}: must be an object")
     return value
+
+
+def _namespaces(value: object, where: str) -> frozenset[str]:
+    if value is None:
+        return frozenset()
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        raise ValueError(f"{where}: must be a list")
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not _NAMESPACE.match(item):
+            raise ValueError(f"{where}[{i}]: must be a namespace name")
+    return frozenset(value)
 
 
 def _boolean(value: object, where: str) -> bool:

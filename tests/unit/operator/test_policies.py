@@ -112,6 +112,9 @@ def test_optional_rule_fields_default() -> None:
         ),
         ({"drain": {"timeoutSeconds": 0}}, "spec.drain.timeoutSeconds"),
         ({"drain": {"gracePeriodSeconds": 1.5}}, "spec.drain.gracePeriodSeconds"),
+        ({"drain": {"force": "yes"}}, "spec.drain.force"),
+        ({"drain": {"excludeNamespaces": "kube-system"}}, "spec.drain.excludeNamespaces"),
+        ({"drain": {"excludeNamespaces": ["ok", "Not_A_Namespace"]}}, "spec.drain.excludeNamespaces[1]"),
         ({"recovery": {"healthyForSeconds": "600"}}, "spec.recovery.healthyForSeconds"),
         ({"recovery": []}, "spec.recovery"),
     ],
@@ -197,3 +200,12 @@ def test_rule_xids_union_of_rules_or_default() -> None:
         },
     )
     assert policies.rule_xids(policy) == frozenset({79, 13, 31})
+
+
+def test_drain_force_and_excluded_namespaces() -> None:
+    assert policies.parse_policy("p", 1, {}).drain_force is False
+    policy = policies.parse_policy(
+        "p", 1, {"drain": {"force": True, "excludeNamespaces": ["kube-system", "monitoring"]}}
+    )
+    assert policy.drain_force is True
+    assert policy.drain_exclude_namespaces == frozenset({"kube-system", "monitoring"})
