@@ -228,9 +228,9 @@ async def run(config: settings.Settings) -> int:
                     return 0
             liveness.leading = True
             meters.leader.set(1)
-            exit_code = await _lead(config, credentials, meters, elector=elector, term=term, stop=stop)
-            liveness.leading = False
-            meters.leader.set(0)
+            exit_code = await _lead(
+                config, credentials, meters, elector=elector, term=term, stop=stop, liveness=liveness
+            )
             if exit_code is not None:
                 return exit_code
             logger.warning("lost the leader Lease: stopped acting; campaigning again")
@@ -260,6 +260,7 @@ async def _lead(
     elector: leader.Elector,
     term: leader.Term | None,
     stop: asyncio.Event,
+    liveness: health.Health,
 ) -> int | None:
     """Act for one term: the exit status, or None when the Lease was lost (campaign again)."""
     client = _client(
@@ -294,6 +295,9 @@ async def _lead(
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     else:
         tasks.add(priming)
+    # Not leading from this moment (`_end_term` fences the writes next), even while its tasks stop.
+    liveness.leading = False
+    meters.leader.set(0)
     exit_code: int | None = 0
     for task in done:
         error = task.exception()
