@@ -1,8 +1,11 @@
 """Leader election timing: when a term allows writes, and which durations are refused at startup."""
 
+import asyncio
+import time
+
 import pytest
 
-from gpuhealth_operator import cli, leader
+from gpuhealth_operator import cli, kube, leader
 
 
 class FakeClock:
@@ -87,3 +90,37 @@ def test_the_command_line_refuses_a_renew_deadline_not_shorter_than_the_lease(
     with pytest.raises(SystemExit):
         cli.parse_args(["--lease-duration-seconds=10", "--lease-renew-deadline-seconds=12"])
     assert "must be shorter than the lease duration" in capsys.readouterr().err
+
+
+class HangingLeases(kube.Kube):
+    """A client whose Lease reads answer (this replica holds it) and whose renewals hang forever."""
+
+    def __init__(self) -> None:
+        super().__init__(kube.Credentials("http://127.0.0.1:1", None, True, None, None, None))
+
+    async def request(self, method: str, path: str, **_: object) -> kube.JsonObject:
+        if method == "GET":
+            return {"metadata": {}, "spec": {"holderIdentity": "me", "leaseDurationSeconds": 1}}
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+def test_a_renewal_that_hangs_ends_the_term_at_its_deadline_not_at_the_request_timeout() -> None:
+    timing = leader.Timing(
+        duration_seconds=1.0, renew_deadline_seconds=0.3, renew_seconds=0.05, retry_seconds=0.05
+    )
+    elector = leader.Elector(
+        client=HangingLeases(), namespace="ns", name="lease", identity="me", timing=timing
+    )
+
+    async def scenario() -> float:
+        term = leader.Term(deadline=time.monotonic() + timing.renew_deadline_seconds)
+        started = time.monotonic()
+        with pytest.raises(leader.LeaseLost, match="renew deadline"):
+            await asyncio.wait_for(elector.hold(term), timeout=5)
+        assert term.ended and not term.holds()
+        return time.monotonic() - started
+
+    elapsed = asyncio.run(scenario())
+    # At the deadline (a loaded machine may add a little), far from the 30 s request timeout.
+    assert timing.renew_deadline_seconds - 0.05 <= elapsed < 3
