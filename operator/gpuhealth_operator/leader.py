@@ -28,10 +28,14 @@ import logging
 import time
 from collections.abc import Callable
 
+import aiohttp
+
 from gpuhealth_operator import kube
 
 logger = logging.getLogger(__name__)
 
+FAILED_ATTEMPT = (kube.ApiError, aiohttp.ClientError, OSError, TimeoutError)
+"""What one election attempt may fail with and be retried: an answer, a dropped connection, a timeout."""
 JITTER_FACTOR = 1.2
 """As client-go: the renew deadline must leave room for more than one retry period."""
 
@@ -201,7 +205,7 @@ class Elector:
         while True:
             try:
                 sent_at = await asyncio.wait_for(self.try_acquire(), self.timing.renew_deadline_seconds)
-            except (kube.ApiError, OSError, TimeoutError) as error:
+            except FAILED_ATTEMPT as error:
                 logger.warning("leader election attempt failed: %s", error or type(error).__name__)
             else:
                 if sent_at is not None:
@@ -228,7 +232,7 @@ class Elector:
                     )
                 try:
                     sent_at = await asyncio.wait_for(self.try_acquire(), term.remaining())
-                except (kube.ApiError, OSError, TimeoutError) as error:
+                except FAILED_ATTEMPT as error:
                     logger.warning("could not renew leader Lease: %s", error or type(error).__name__)
                     failed = True
                     continue
@@ -250,5 +254,5 @@ class Elector:
             spec["leaseDurationSeconds"] = 1
             lease["spec"] = spec
             await self.client.request("PUT", self.path, body=lease, exempt=True)
-        except (kube.ApiError, OSError, TimeoutError) as error:
+        except FAILED_ATTEMPT as error:
             logger.warning("could not release leader Lease: %s", error)

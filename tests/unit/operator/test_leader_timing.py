@@ -3,6 +3,7 @@
 import asyncio
 import time
 
+import aiohttp
 import pytest
 
 from gpuhealth_operator import cli, kube, leader
@@ -124,3 +125,46 @@ def test_a_renewal_that_hangs_ends_the_term_at_its_deadline_not_at_the_request_t
     elapsed = asyncio.run(scenario())
     # At the deadline (a loaded machine may add a little), far from the 30 s request timeout.
     assert timing.renew_deadline_seconds - 0.05 <= elapsed < 3
+
+
+class DroppedThenRenewed(HangingLeases):
+    """The first renewal's connection drops (the API server went away mid-request); the next succeeds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.renewals = 0
+        self.third = asyncio.Event()
+
+    async def request(self, method: str, path: str, **_: object) -> kube.JsonObject:
+        if method == "GET":
+            return {"metadata": {}, "spec": {"holderIdentity": "me", "leaseDurationSeconds": 1}}
+        self.renewals += 1
+        if self.renewals == 3:
+            self.third.set()
+        if self.renewals == 1:
+            raise aiohttp.ServerDisconnectedError()
+        return {}
+
+
+def test_a_dropped_connection_during_a_renewal_is_retried_not_a_crash() -> None:
+    timing = leader.Timing(
+        duration_seconds=3.0, renew_deadline_seconds=2.0, renew_seconds=0.05, retry_seconds=0.05
+    )
+    leases = DroppedThenRenewed()
+    elector = leader.Elector(client=leases, namespace="ns", name="lease", identity="me", timing=timing)
+
+    async def scenario() -> leader.Term:
+        term = leader.Term(deadline=time.monotonic() + timing.renew_deadline_seconds)
+        holding = asyncio.create_task(elector.hold(term))
+        await asyncio.wait(
+            {holding, asyncio.create_task(leases.third.wait())}, timeout=5, return_when="FIRST_COMPLETED"
+        )
+        assert not holding.done(), "the dropped connection did not end the term"
+        holding.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await holding
+        return term
+
+    term = asyncio.run(scenario())
+    assert leases.renewals >= 3
+    assert term.ended  # cancelled: a term never outlives its holder
