@@ -110,9 +110,12 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
     args = parser.parse_args(argv)
     timing = leader.Timing(
         duration_seconds=args.lease_duration_seconds,
-        renew_deadline_seconds=args.lease_renew_deadline_seconds
-        or leader.default_renew_deadline(args.lease_duration_seconds),
-        renew_seconds=args.lease_renew_seconds or args.lease_retry_seconds,
+        renew_deadline_seconds=leader.default_renew_deadline(args.lease_duration_seconds)
+        if args.lease_renew_deadline_seconds is None
+        else args.lease_renew_deadline_seconds,
+        renew_seconds=args.lease_retry_seconds
+        if args.lease_renew_seconds is None
+        else args.lease_renew_seconds,
         retry_seconds=args.lease_retry_seconds,
     )
     if args.leader_elect and (problems := timing.problems()):
@@ -170,7 +173,8 @@ def _client(
         pool_size=pool_size,
         on_request=lambda verb: meters.api_requests.labels(verb).inc(),
         fence=fence,
-        # The API server's audit log and managedFields then say which replica wrote what.
+        # The API server's audit log then says which replica wrote what (managedFields keep the part
+        # before the "/", "gpu-health-operator", as before).
         user_agent=f"gpu-health-operator/{config.identity}",
     )
 
