@@ -162,6 +162,17 @@ def audited_writes(plane: controlplane.ControlPlane, since: datetime.datetime) -
     return writes
 
 
+def patched_nodes(
+    plane: controlplane.ControlPlane, since: datetime.datetime, agent: Callable[[str], bool]
+) -> set[str]:
+    """Nodes (not their status) patched since `since` by that user agent: cordons, labels, taints."""
+    return {
+        w.what.split("/")[1]
+        for w in audited_writes(plane, since)
+        if agent(w.agent) and w.verb == "patch" and w.what.startswith("nodes/") and w.what.count("/") == 1
+    }
+
+
 def by_identity(process: testing.OperatorProcess) -> Callable[[str], bool]:
     """Whether a user agent is this replica's (the operator puts its identity in it)."""
     return lambda agent: agent.startswith(USER_AGENT + process.identity)
@@ -275,18 +286,28 @@ def test_a_leader_that_cannot_renew_stops_writing_before_the_standby_starts(
         assert taken_over_after is not None, "the standby took over"
         for name in faulted:
             testing.wait_for(lambda name=name: fleet.node(name)["spec"].get("unschedulable"), TIMEOUT, name)
-            testing.wait_for(lambda name=name: fleet.events(name, "NodeCordoned"), TIMEOUT, f"{name} Event")
 
         print(f"renewals stalled; the standby leads {taken_over_after:.1f}s later")
-        assert_writes_do_not_overlap(
-            crds,
-            since,
-            old=lambda agent: agent.startswith("gpu-health-operator") and PROXIED in agent,
-            new=lambda agent: agent.startswith("gpu-health-operator") and PROXIED not in agent,
-        )
+
+        def by_old(agent: str) -> bool:
+            return agent.startswith("gpu-health-operator") and PROXIED in agent
+
+        def by_new(agent: str) -> bool:
+            return agent.startswith("gpu-health-operator") and PROXIED not in agent
+
+        assert_writes_do_not_overlap(crds, since, old=by_old, new=by_new)
+        # A cordon the old leader sent just before its deadline may lose its Event: the fence refuses
+        # the Event, and the new leader finds the node already cordoned. Never two Events, though.
+        cordoned_by_old = patched_nodes(crds, since, by_old)
+        silent = sorted(n for n in cordoned_by_old & set(faulted) if not fleet.events(n, "NodeCordoned"))
+        print(f"nodes cordoned by the old leader after the stall: {len(cordoned_by_old)}, no Event: {silent}")
         for name in faulted:
-            events = fleet.events(name, "NodeCordoned")
+            if name in cordoned_by_old:
+                assert [e["count"] for e in fleet.events(name, "NodeCordoned")] in ([], [1]), name
+                continue
+            events = testing.wait_for(lambda name=name: fleet.events(name, "NodeCordoned"), TIMEOUT, name)
             assert [e["count"] for e in events] == [1], name
+            assert events[0]["reportingInstance"] == new.identity
         # The old leader lost its Lease but not its process: it stopped acting and campaigns again.
         assert old.alive()
         assert not old.is_leading()
