@@ -3,8 +3,10 @@
 Order of things: serve /healthz and /metrics at once (a standby replica is
 alive too), take the leader Lease, fill the cache with one LIST per kind (so
 the first decisions, the budget above all, see the whole fleet), then run
-kopf's watches and our timer until the Lease is lost (exit 1: the Deployment
-restarts us as a standby) or a signal asks us to stop (exit 0, Lease released).
+kopf's watches and our timer until the Lease is lost or a signal asks us to
+stop (exit 0, Lease released). A lost Lease ends the term: every write stops
+at once (the term fences our client), kopf, the timer and the drains stop,
+and the same process campaigns again and starts over from a fresh cache.
 """
 
 from __future__ import annotations
@@ -18,17 +20,30 @@ import pathlib
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import kopf
 
 from gpuhealth_api import resources
-from gpuhealth_operator import context, handlers, health, kube, leader, metrics, settings, ticker
+from gpuhealth_operator import (
+    context,
+    handlers,
+    health,
+    kube,
+    leader,
+    metrics,
+    reconciler,
+    settings,
+    ticker,
+)
 
 logger = logging.getLogger("gpuhealth_operator")
 
-EXIT_LEASE_LOST = 1
-"""Exit status when this replica stopped acting for any reason but a requested stop."""
+EXIT_FAILED = 1
+"""Exit status when a part of the operator failed (a lost Lease is not a failure: we campaign again)."""
+STOP_SECONDS = 5.0
+"""How long the tasks of an ended term get to finish before they are cancelled."""
 
 
 def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
@@ -59,9 +74,29 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         default=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
         help="holder identity in the Lease (default: $POD_NAME, else hostname-pid)",
     )
-    parser.add_argument("--lease-duration-seconds", type=float, default=default.lease_duration_seconds)
-    parser.add_argument("--lease-renew-seconds", type=float, default=default.lease_renew_seconds)
-    parser.add_argument("--lease-retry-seconds", type=float, default=default.lease_retry_seconds)
+    parser.add_argument(
+        "--lease-duration-seconds",
+        type=float,
+        default=default.lease_duration_seconds,
+        help="a standby takes over after the holder's Lease stayed unrenewed this long (default: 15)",
+    )
+    parser.add_argument(
+        "--lease-renew-deadline-seconds",
+        type=float,
+        help="the leader stops all writes when it could not renew for this long "
+        "(default: two thirds of the lease duration, 10)",
+    )
+    parser.add_argument(
+        "--lease-renew-seconds",
+        type=float,
+        help="how often the leader renews while renewals succeed (default: the retry period)",
+    )
+    parser.add_argument(
+        "--lease-retry-seconds",
+        type=float,
+        default=default.lease_retry_seconds,
+        help="how often a standby tries to acquire, and the leader retries a failed renewal (default: 2)",
+    )
     parser.add_argument(
         "--tick-seconds", type=float, default=default.tick_seconds, help="period of the timer pass"
     )
@@ -73,6 +108,18 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         "--log-level", default=default.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
     args = parser.parse_args(argv)
+    timing = leader.Timing(
+        duration_seconds=args.lease_duration_seconds,
+        renew_deadline_seconds=leader.default_renew_deadline(args.lease_duration_seconds)
+        if args.lease_renew_deadline_seconds is None
+        else args.lease_renew_deadline_seconds,
+        renew_seconds=args.lease_retry_seconds
+        if args.lease_renew_seconds is None
+        else args.lease_renew_seconds,
+        retry_seconds=args.lease_retry_seconds,
+    )
+    if args.leader_elect and (problems := timing.problems()):
+        parser.error("; ".join(problems))
     return settings.Settings(
         kubeconfig=args.kubeconfig,
         metrics_port=args.metrics_port,
@@ -81,9 +128,10 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         lease_namespace=args.lease_namespace,
         lease_name=args.lease_name,
         identity=args.identity,
-        lease_duration_seconds=args.lease_duration_seconds,
-        lease_renew_seconds=args.lease_renew_seconds,
-        lease_retry_seconds=args.lease_retry_seconds,
+        lease_duration_seconds=timing.duration_seconds,
+        lease_renew_deadline_seconds=timing.renew_deadline_seconds,
+        lease_renew_seconds=timing.renew_seconds,
+        lease_retry_seconds=timing.retry_seconds,
         tick_seconds=args.tick_seconds,
         eviction_concurrency=args.eviction_concurrency,
         api_connections=args.api_connections,
@@ -102,105 +150,202 @@ async def prime(ctx: context.Context) -> None:
         handlers.store_policy(ctx, body)
 
 
+def timing(config: settings.Settings) -> leader.Timing:
+    return leader.Timing(
+        duration_seconds=config.lease_duration_seconds,
+        renew_deadline_seconds=config.lease_renew_deadline_seconds,
+        renew_seconds=config.lease_renew_seconds,
+        retry_seconds=config.lease_retry_seconds,
+    )
+
+
+def _client(
+    config: settings.Settings,
+    credentials: kube.Credentials,
+    meters: metrics.Metrics,
+    *,
+    pool_size: int,
+    fence: Callable[[], bool] | None = None,
+) -> kube.Kube:
+    return kube.Kube(
+        credentials,
+        timeout_seconds=config.request_timeout_seconds,
+        pool_size=pool_size,
+        on_request=lambda verb: meters.api_requests.labels(verb).inc(),
+        fence=fence,
+        # The API server's audit log then says which replica wrote what (managedFields keep the part
+        # before the "/", "gpu-health-operator", as before).
+        user_agent=f"gpu-health-operator/{config.identity}",
+    )
+
+
+def _on_signals(stop: asyncio.Event) -> None:
+    """(Re)install our SIGINT/SIGTERM handlers: kopf replaces them while it runs and leaves its own."""
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+
+
+async def _campaign(elector: leader.Elector, stop: asyncio.Event) -> leader.Term | None:
+    """Wait for the Lease; the new term, or None when a signal asked us to stop first."""
+    acquiring = asyncio.create_task(elector.acquire())
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if stop.is_set():
+        acquiring.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await acquiring
+        return None
+    return acquiring.result()
+
+
 async def run(config: settings.Settings) -> int:
+    """Serve health and metrics for the life of the process; lead whenever this replica holds the Lease.
+
+    A term that ends because the Lease was lost (not renewed in time, or taken
+    by another replica) stops every write at once, stops kopf, the timer and
+    the drains, and campaigns again in the same process: an API-server outage
+    costs no restart. A new term starts from a fresh cache and context.
+    """
     meters = metrics.Metrics.create()
     meters.serve(config.metrics_port)
     liveness = health.Health()
     await liveness.start(config.health_port)
     credentials = await kube.load_credentials(config.kubeconfig)
-    client = kube.Kube(
-        credentials,
-        timeout_seconds=config.request_timeout_seconds,
-        pool_size=config.api_connections,
-        on_request=lambda verb: meters.api_requests.labels(verb).inc(),
-    )
+    elector_client = _client(config, credentials, meters, pool_size=2)
     elector = leader.Elector(
-        client=client,
+        client=elector_client,
         namespace=config.lease_namespace,
         name=config.lease_name,
         identity=config.identity,
-        duration_seconds=config.lease_duration_seconds,
-        renew_seconds=config.lease_renew_seconds,
-        retry_seconds=config.lease_retry_seconds,
+        timing=timing(config),
     )
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
     try:
-        if config.leader_elect:
-            acquiring = asyncio.create_task(elector.acquire())
-            stopping = asyncio.create_task(stop.wait())
-            await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            if stop.is_set():
-                acquiring.cancel()
-                return 0
-            stopping.cancel()
-        liveness.leading = True
-        meters.leader.set(1)
-        return await _lead(config, client, meters, elector, stop)
+        while True:
+            _on_signals(stop)
+            term: leader.Term | None = None
+            if config.leader_elect:
+                term = await _campaign(elector, stop)
+                if term is None:
+                    return 0
+            liveness.leading = True
+            meters.leader.set(1)
+            exit_code = await _lead(
+                config, credentials, meters, elector=elector, term=term, stop=stop, liveness=liveness
+            )
+            if exit_code is not None:
+                return exit_code
+            logger.warning("lost the leader Lease: stopped acting; campaigning again")
     finally:
         liveness.leading = False
         meters.leader.set(0)
         await liveness.stop()
-        await client.close()
+        await elector_client.close()
+
+
+async def _prime_until_done(ctx: context.Context, retry_seconds: float) -> None:
+    """Prime the cache, retrying transient failures (the API server may still be coming back)."""
+    while True:
+        try:
+            await prime(ctx)
+            return
+        except reconciler.TRANSIENT_ERRORS as error:
+            logger.warning("could not list the cluster (will retry): %s", error)
+            await asyncio.sleep(retry_seconds)
 
 
 async def _lead(
     config: settings.Settings,
-    client: kube.Kube,
+    credentials: kube.Credentials,
     meters: metrics.Metrics,
+    *,
     elector: leader.Elector,
+    term: leader.Term | None,
     stop: asyncio.Event,
-) -> int:
+    liveness: health.Health,
+) -> int | None:
+    """Act for one term: the exit status, or None when the Lease was lost (campaign again)."""
+    client = _client(
+        config, credentials, meters, pool_size=config.api_connections, fence=term.holds if term else None
+    )
     ctx = context.Context.create(config, client, meters, instance=config.identity)
-    await prime(ctx)
-    registry = kopf.OperatorRegistry()
-    handlers.register(registry)
-    kopf_settings = kopf.OperatorSettings()
-    handlers.configure(kopf_settings)
+    tasks: set[asyncio.Task[Any]] = {asyncio.create_task(stop.wait(), name="signal")}
+    if term is not None:
+        tasks.add(asyncio.create_task(elector.hold(term), name="lease"))
+    priming = asyncio.create_task(_prime_until_done(ctx, config.lease_retry_seconds), name="prime")
+    done, _ = await asyncio.wait({*tasks, priming}, return_when=asyncio.FIRST_COMPLETED)
     kopf_stop = asyncio.Event()
-    tasks = {
-        asyncio.create_task(
-            kopf.operator(
-                registry=registry,
-                settings=kopf_settings,
-                memo=ctx,
-                clusterwide=True,
-                standalone=True,
-                stop_flag=kopf_stop,
-            ),
-            name="kopf",
-        ),
-        asyncio.create_task(ticker.run(ctx), name="timer"),
-        asyncio.create_task(stop.wait(), name="signal"),
-    }
-    if config.leader_elect:
-        tasks.add(asyncio.create_task(elector.hold(), name="lease"))
-    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    exit_code = 0
+    if priming in done and not priming.exception():
+        registry = kopf.OperatorRegistry()
+        handlers.register(registry)
+        kopf_settings = kopf.OperatorSettings()
+        handlers.configure(kopf_settings)
+        tasks.add(
+            asyncio.create_task(
+                kopf.operator(
+                    registry=registry,
+                    settings=kopf_settings,
+                    memo=ctx,
+                    clusterwide=True,
+                    standalone=True,
+                    stop_flag=kopf_stop,
+                ),
+                name="kopf",
+            )
+        )
+        tasks.add(asyncio.create_task(ticker.run(ctx), name="timer"))
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    else:
+        tasks.add(priming)
+    # Not leading from this moment (`_end_term` fences the writes next), even while its tasks stop.
+    liveness.leading = False
+    meters.leader.set(0)
+    exit_code: int | None = 0
     for task in done:
         error = task.exception()
         if isinstance(error, leader.LeaseLost):
-            logger.error("stopping: %s", error)
-            exit_code = EXIT_LEASE_LOST
+            logger.error("stopping to act: %s", error)
+            exit_code = None
         elif error is not None:
             logger.error("stopping: %s failed: %r", task.get_name(), error)
-            exit_code = EXIT_LEASE_LOST
+            exit_code = EXIT_FAILED
         else:
             # kopf installs its own SIGTERM/SIGINT handlers and returns once it has stopped on one.
             logger.info("stopping: %s ended", task.get_name())
-    kopf_stop.set()
-    for drain_task in ctx.drains.values():
-        drain_task.cancel()
-    for task in pending:
-        if task.get_name() != "kopf":
-            task.cancel()
-    with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
-        await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), timeout=5)
+    await _end_term(ctx, term, tasks, kopf_stop)
+    await client.close()
     if config.leader_elect and exit_code == 0:
         await elector.release()
     return exit_code
+
+
+async def _end_term(
+    ctx: context.Context,
+    term: leader.Term | None,
+    tasks: set[asyncio.Task[Any]],
+    kopf_stop: asyncio.Event,
+) -> None:
+    """Stop every write of this term at once, then its tasks; nothing of it outlives this call."""
+    if term is not None:
+        term.end()
+    kopf_stop.set()
+    for drain_task in ctx.drains.values():
+        drain_task.cancel()
+    pending = {task for task in tasks if not task.done()}
+    for task in pending:
+        if task.get_name() != "kopf":
+            task.cancel()
+    if pending:
+        _, still = await asyncio.wait(pending, timeout=STOP_SECONDS)
+        for task in still:
+            task.cancel()
+        if still:
+            await asyncio.wait(still, timeout=STOP_SECONDS)
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: asyncio would otherwise log it again at exit
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -16,6 +16,7 @@ import logging
 import pathlib
 import ssl
 import time
+import types
 import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -32,6 +33,8 @@ APPLY_PATCH = "application/apply-patch+yaml"
 
 logger = logging.getLogger(__name__)
 
+MUTATING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+"""Verbs that write; with a fence, each is checked against it right before it is sent."""
 URGENT_QUIET_SECONDS = 0.25
 """Requests that are not urgent wait this long after the last urgent one started."""
 IN_CLUSTER_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/token"
@@ -55,6 +58,13 @@ class ApiError(Exception):
     @property
     def conflict(self) -> bool:
         return self.status == 409
+
+
+class NotLeading(ApiError):
+    """A write refused before it was sent: this replica's leader term does not allow writes now."""
+
+    def __init__(self, method: str, path: str) -> None:
+        super().__init__(0, "NotLeading", f"{method} {path} not sent: this replica no longer leads")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +108,14 @@ async def load_credentials(kubeconfig: pathlib.Path | None) -> Credentials:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class _Guarded:
+    """Marks a request the fence must allow once more when its connection is ready."""
+
+    method: str
+    path: str
+
+
 class Kube:
     """One connection pool to the API server; counts requests for the metrics."""
 
@@ -108,9 +126,14 @@ class Kube:
         timeout_seconds: float = 30.0,
         pool_size: int = 8,
         on_request: Callable[[str], None] | None = None,
+        fence: Callable[[], bool] | None = None,
+        user_agent: str = "gpu-health-operator",
     ) -> None:
         self.credentials = credentials
         self._on_request = on_request
+        self.fence = fence
+        """Asked right before each non-exempt write is sent (see `request`); None: every write goes."""
+        self._user_agent = user_agent
         self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self._pool_size = pool_size
         self._session: aiohttp.ClientSession | None = None
@@ -132,7 +155,7 @@ class Kube:
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            headers = {"Accept": "application/json", "User-Agent": "gpu-health-operator"}
+            headers = {"Accept": "application/json", "User-Agent": self._user_agent}
             if self.credentials.token:
                 headers["Authorization"] = f"Bearer {self.credentials.token}"
             connector = aiohttp.TCPConnector(ssl=self._ssl_context(), limit=self._pool_size)
@@ -141,8 +164,35 @@ class Kube:
                 headers=headers,
                 connector=connector,
                 timeout=self._timeout,
+                trace_configs=[self._fence_trace()],
             )
         return self._session
+
+    def _fence_trace(self) -> aiohttp.TraceConfig:
+        """Ask the fence again once the request has its connection, the last step before it is sent.
+
+        A write may wait long for a pooled connection (or for a connection to a
+        struggling API server); the fence must judge the moment it leaves, not
+        the moment it was queued. aiohttp releases the connection when a trace
+        callback raises.
+        """
+
+        async def check(
+            _session: aiohttp.ClientSession, context: types.SimpleNamespace, _params: object
+        ) -> None:
+            guarded = context.trace_request_ctx
+            if isinstance(guarded, _Guarded):
+                self._check_fence(guarded.method, guarded.path)
+
+        trace = aiohttp.TraceConfig()
+        trace.on_connection_reuseconn.append(check)
+        trace.on_connection_create_start.append(check)
+        trace.on_connection_create_end.append(check)
+        return trace
+
+    def _check_fence(self, method: str, path: str) -> None:
+        if self.fence is not None and not self.fence():
+            raise NotLeading(method, path)
 
     def _current_token(self) -> str | None:
         """The bearer token; an in-cluster one is re-read every TOKEN_REREAD_SECONDS (bound tokens expire)."""
@@ -180,20 +230,26 @@ class Kube:
         any urgent one is in flight, so that in a burst of faults every node's
         cordon reaches the API server before the Events and status writes that
         report on it. An `exempt` request (the leader Lease) never waits.
+
+        A write that is not `exempt` goes out only while the fence allows it:
+        asked here, and again right before it is sent; NotLeading otherwise.
         """
+        guarded = method in MUTATING_METHODS and not exempt and self.fence is not None
+        if guarded:
+            self._check_fence(method, path)
         if urgent:
             self._urgent_in_flight += 1
             self._no_urgent.clear()
             self._last_urgent = time.monotonic()
             try:
-                return await self._send(method, path, query, body, content_type)
+                return await self._send(method, path, query, body, content_type, guarded=guarded)
             finally:
                 self._urgent_in_flight -= 1
                 if not self._urgent_in_flight:
                     self._no_urgent.set()
         if not exempt:
             await self._wait_for_quiet()
-        return await self._send(method, path, query, body, content_type)
+        return await self._send(method, path, query, body, content_type, guarded=guarded)
 
     async def _wait_for_quiet(self) -> None:
         """Until no urgent request is in flight and none started for URGENT_QUIET_SECONDS.
@@ -210,7 +266,14 @@ class Kube:
             await asyncio.sleep(max(remaining, 0.01))
 
     async def _send(
-        self, method: str, path: str, query: Mapping[str, str] | None, body: object, content_type: str
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, str] | None,
+        body: object,
+        content_type: str,
+        *,
+        guarded: bool = False,
     ) -> JsonObject:
         self.requests_total += 1
         if self._on_request is not None:
@@ -223,7 +286,10 @@ class Kube:
         url = path.lstrip("/")
         if query:
             url += "?" + urllib.parse.urlencode(query)
-        async with self._get_session().request(method, url, data=data, headers=headers) as response:
+        trace_context = _Guarded(method, path) if guarded else None
+        async with self._get_session().request(
+            method, url, data=data, headers=headers, trace_request_ctx=trace_context
+        ) as response:
             text = await response.text()
             if response.status >= 400:
                 raise ApiError(response.status, response.reason or "", text)

@@ -36,11 +36,14 @@ class Settings:
     lease_duration_seconds: float = 15.0
     """How long a Lease stays valid without renewal; a dead leader is replaced after this."""
 
-    lease_renew_seconds: float = 5.0
-    """How often the leader renews its Lease."""
+    lease_renew_deadline_seconds: float = 10.0
+    """The leader stops every write when it could not renew its Lease for this long (< the duration)."""
+
+    lease_renew_seconds: float = 2.0
+    """How often the leader renews its Lease while renewals succeed."""
 
     lease_retry_seconds: float = 2.0
-    """How often a standby replica tries to acquire the Lease."""
+    """How often a standby replica tries to acquire the Lease, and the leader retries a failed renewal."""
 
     tick_seconds: float = 1.0
     """Period of the time-based pass: forSeconds, staleness, budget queue, recovery, stragglers."""

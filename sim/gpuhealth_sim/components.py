@@ -34,6 +34,21 @@ DISABLED_CONTROLLERS: Final = (
 )
 KWOK_STAGES: Final = "kwok-stages.yaml"
 """Package data: how kwok plays kubelets (kwok 0.8 ships no built-in stages)."""
+AUDIT_LOG: Final = "kube-apiserver-audit.log"
+"""In the workdir: one JSON line per write to the API server (see AUDIT_POLICY)."""
+AUDIT_POLICY: Final = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  # kwok renews a Lease per Node every 10 s: noise for every question a test asks.
+  - level: None
+    namespaces: [kube-node-lease]
+  - level: None
+    verbs: [get, list, watch]
+  - level: Metadata
+"""
+"""Who wrote what, when, with which user agent: tests prove write order from it (not reads)."""
 KWOK_NODE_LEASE_SECONDS: Final = 40
 """As a kubelet's: the Lease is renewed every quarter of it (10 s)."""
 
@@ -68,6 +83,8 @@ def etcd_args(workdir: Path, free: Ports) -> list[str]:
 
 
 def apiserver_args(workdir: Path, free: Ports, keys: pki.Pki) -> list[str]:
+    policy = workdir / "audit-policy.yaml"
+    policy.write_text(AUDIT_POLICY)
     return [
         f"--etcd-servers=http://{ports.LOOPBACK}:{free.etcd_client}",
         f"--bind-address={ports.LOOPBACK}",
@@ -86,6 +103,10 @@ def apiserver_args(workdir: Path, free: Ports, keys: pki.Pki) -> list[str]:
         # Without the node-lifecycle controller nothing would lift the not-ready taint.
         "--disable-admission-plugins=TaintNodesByCondition",
         "--profiling=false",
+        f"--audit-policy-file={policy}",
+        f"--audit-log-path={workdir / AUDIT_LOG}",
+        "--audit-log-maxsize=200",
+        "--audit-log-maxbackup=1",
     ]
 
 

@@ -227,6 +227,11 @@ class ControlPlane:
         return self._require().kubeconfig
 
     @property
+    def audit_log(self) -> Path:
+        """The API server's audit log: one JSON object per line for every write (components.AUDIT_POLICY)."""
+        return self._require().workdir / components.AUDIT_LOG
+
+    @property
     def server(self) -> str:
         """The API server's URL, https://127.0.0.1:<port>."""
         return self._require().server

@@ -102,6 +102,9 @@ def test_default_install_is_hardened_and_wired(control_plane: controlplane.Contr
     assert op_container["command"] == ["gpu-health-operator"]
     assert "--leader-elect" in op_container["args"]
     assert "--lease-namespace=$(POD_NAMESPACE)" in op_container["args"]
+    # client-go's timings: a leader that cannot renew for 10 s stops writing, 5 s before a standby may start.
+    timings = {"--lease-duration-seconds=15", "--lease-renew-deadline-seconds=10", "--lease-retry-seconds=2"}
+    assert timings <= set(op_container["args"])
     assert op_container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     env = {e["name"]: e for e in op_container["env"]}
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
@@ -280,9 +283,15 @@ CONTRADICTIONS = [
         ],
         "selects every node",
     ),
+    (
+        ["--set", "operator.leaderElection.renewDeadlineSeconds=15"],
+        "renewDeadlineSeconds must be less than leaseDurationSeconds",
+    ),
+    (["--set", "operator.leaderElection.retryPeriodSeconds=9"], "must exceed 1.2 x retryPeriodSeconds"),
     # The schema: wrong types, unknown keys, values outside their sets.
     (["--set", "agent.backend=dcgm"], "/agent/backend"),
     (["--set", "operator.replicas=0"], "/operator/replicas"),
+    (["--set", "operator.leaderElection.retryPeriodSeconds=0"], "retryPeriodSeconds"),
     (["--set", "agent.intervalSecs=5"], "intervalSecs"),
     (["--set", "defaultPolicy.maxUnavailable=lots"], "maxUnavailable"),
 ]
