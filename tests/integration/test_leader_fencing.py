@@ -365,7 +365,7 @@ def test_a_frozen_leader_that_wakes_after_the_takeover_writes_nothing(
         )
 
         assert old.process is not None
-        old.process.send_signal(signal.SIGSTOP)  # a frozen container: its renewal hangs mid-flight
+        old.process.signal(signal.SIGSTOP)  # a frozen container: its renewal hangs mid-flight
         try:
             waiting.wait_until(new.is_leading, timeout_seconds=TIMEOUT, message="the standby takes over")
             # Work for both: the frozen leader's watches queue these events until it wakes.
@@ -373,7 +373,7 @@ def test_a_frozen_leader_that_wakes_after_the_takeover_writes_nothing(
             for name in faulted:
                 fleet.report(name, gpunode_facts.agent_status(overrides=ECC))
         finally:
-            old.process.send_signal(signal.SIGCONT)
+            old.process.signal(signal.SIGCONT)
         for name in names:
             fleet.report(name, gpunode_facts.agent_status(overrides=ECC))
             faulted.append(name)

@@ -167,7 +167,7 @@ def test_an_api_outage_longer_than_the_lease_costs_no_restart_and_loses_no_actio
                 {"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"},
                 {"name": "thermal", "condition": "ThermalThrottled", "action": "Label", "forSeconds": 0},
             ],
-            "drain": {"timeoutSeconds": 30},
+            "drain": {"timeoutSeconds": 30, "force": True},  # the workload is a bare pod
             "recovery": {"uncordon": True, "healthyForSeconds": 1},
         },
     )
