@@ -19,10 +19,11 @@ import asyncio
 import datetime
 import enum
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import cache, context, kube
+from gpuhealth_operator import cache, context, kube, overrides
 from gpuhealth_operator.actions import drain, events, nodes
 from gpuhealth_operator.decisions import model, times, verdicts
 
@@ -30,6 +31,9 @@ logger = logging.getLogger(__name__)
 
 Action = vocabulary.Action
 NodeAction = vocabulary.NodeAction
+
+DRAINED_RECHECK_SECONDS = 10.0
+"""How often a Drained node's pods are looked at again (a pod bound to it after the drain is drained too)."""
 
 LESSER_ACTIONS: dict[Action | None, NodeAction] = {
     None: NodeAction.NONE,
@@ -151,6 +155,11 @@ async def _taint(ctx: context.Context, name: str, verdict: model.NodeVerdict, no
 async def _capacity(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict, now: datetime.datetime
 ) -> NodeAction:
+    # A human uncordon first: it drops our claim (and budget place) before anything is decided.
+    await overrides.react(ctx, policy, name, verdict, now)
+    await overrides.forget_drain(ctx, name)
+    await overrides.expire(ctx, name, verdict)
+    verdict = overrides.judged_after(ctx, policy, name, verdict)
     record = ctx.cache.node(name)
     if record is None:
         return NodeAction.NONE  # gone: nothing left to do
@@ -160,6 +169,12 @@ async def _capacity(
             await _budget_exceeded(ctx, policy, name, verdict)
             return NodeAction.PENDING
         ctx.admission.stop_waiting(policy.name, name)
+        record = ctx.cache.node(name)
+        if record is None:
+            return NodeAction.NONE
+        if record.view.cordoned_by is None:
+            # Cordoned by someone else: theirs to drain and to lift, never claimed by us.
+            return NodeAction.CORDONED
         if wanted is Action.CORDON:
             return NodeAction.CORDONED
         return await _drain(ctx, policy, name, now)
@@ -175,6 +190,8 @@ async def _capacity(
         if (result is not None and result.completed) or _status_action(ctx, name) == NodeAction.DRAINED:
             return NodeAction.DRAINED
         return NodeAction.CORDONED
+    if verdict.overridden:
+        return NodeAction.OVERRIDDEN  # a human said no to this evidence
     return LESSER_ACTIONS.get(wanted, NodeAction.NONE)
 
 
@@ -241,15 +258,23 @@ async def _drain(ctx: context.Context, policy: model.Policy, name: str, now: dat
     if task is not None and not task.done():
         return NodeAction.DRAINING
     result = ctx.drain_results.get(name)
-    if result is not None:
-        return NodeAction.DRAINED if result.completed else NodeAction.CORDONED
+    if result is not None and not result.completed:
+        return NodeAction.CORDONED  # this drain failed (DrainFailed was said); a human takes over
     record = ctx.cache.node(name)
     if record is None:
         return NodeAction.NONE  # gone: nothing left to drain
     started = times.parse(record.view.annotations.get(nodes.DRAIN_STARTED_ANNOTATION))
     previous_action = _status_action(ctx, name)
-    if started is not None and previous_action == NodeAction.DRAINED:
-        return NodeAction.DRAINED  # drained before a restart; nothing left to do
+    if result is not None or (started is not None and previous_action == NodeAction.DRAINED):
+        # Drained (here, or before a restart): Drained means empty, so look again now and then.
+        if not await _drained_still_empty(ctx, policy, name):
+            deadline = now + datetime.timedelta(seconds=policy.drain_timeout_seconds)
+            ctx.drain_results.pop(name, None)
+            ctx.drains[name] = asyncio.create_task(
+                _run_drain(ctx, policy, name, now, deadline), name=f"drain-{name}"
+            )
+            return NodeAction.DRAINING
+        return NodeAction.DRAINED
     if started is None:
         started = now
         if ctx.cache.refresh_node(await nodes.set_drain_started(ctx.client, name, times.render(now))) is None:
@@ -263,6 +288,30 @@ async def _drain(ctx: context.Context, policy: model.Policy, name: str, now: dat
     return NodeAction.DRAINING
 
 
+def _drain_options(ctx: context.Context, policy: model.Policy) -> drain.Options:
+    return drain.Options(
+        grace_period_seconds=policy.drain_grace_period_seconds,
+        delete_empty_dir_data=policy.drain_delete_empty_dir_data,
+        backoff_initial_seconds=ctx.config.eviction_backoff_initial_seconds,
+        backoff_max_seconds=ctx.config.eviction_backoff_max_seconds,
+    )
+
+
+async def _drained_still_empty(ctx: context.Context, policy: model.Policy, name: str) -> bool:
+    """Whether a Drained node still holds no evictable pod; looked at once per DRAINED_RECHECK_SECONDS.
+
+    A pod can land on a cordoned node (bound by `nodeName`, or tolerating the
+    cordon); `kubectl drain` would evict it, and so do we.
+    """
+    checked = ctx.drain_checked.get(name)
+    clock = time.monotonic()
+    if checked is not None and clock - checked < DRAINED_RECHECK_SECONDS:
+        return True
+    ctx.drain_checked[name] = clock
+    wanted, _skipped = drain.classify(await drain.list_pods(ctx.client, name), _drain_options(ctx, policy))
+    return not wanted
+
+
 async def _run_drain(
     ctx: context.Context,
     policy: model.Policy,
@@ -270,12 +319,7 @@ async def _run_drain(
     started: datetime.datetime,
     deadline: datetime.datetime,
 ) -> drain.Result:
-    options = drain.Options(
-        grace_period_seconds=policy.drain_grace_period_seconds,
-        delete_empty_dir_data=policy.drain_delete_empty_dir_data,
-        backoff_initial_seconds=ctx.config.eviction_backoff_initial_seconds,
-        backoff_max_seconds=ctx.config.eviction_backoff_max_seconds,
-    )
+    options = _drain_options(ctx, policy)
     try:
         result = await drain.drain(
             ctx.client,

@@ -24,8 +24,8 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuhealth_api import status, vocabulary
-from gpuhealth_operator.decisions import hysteresis, model, times
+from gpuhealth_api import keys, status, vocabulary
+from gpuhealth_operator.decisions import hysteresis, model, policies, times
 
 Condition = vocabulary.Condition
 _NAMES = frozenset(c.value for c in Condition)
@@ -131,6 +131,32 @@ def standing_text(verdict: model.NodeVerdict) -> str:
     states = verdict.conditions
     parts = [f"{c.value} ({states[c].message})" for c in verdict.issues if c in states]
     return "; ".join(parts) if parts else "none"
+
+
+def apply(
+    policy: model.Policy, node: model.NodeView, facts: status.GPUNodeStatus, verdict: model.NodeVerdict
+) -> model.NodeVerdict:
+    """The verdict with a wanted Cordon/Drain withdrawn while a human override stands and nothing is new.
+
+    The node then wants the strongest lesser action that fired, and is marked
+    `overridden`; a baseline that does not parse (edited by hand) holds back
+    too: missing data never disrupts, and removing the annotation hands the
+    node back. A node a policy has cordoned since carries no baseline.
+    """
+    text = node.annotations.get(keys.OVERRIDDEN_EVIDENCE_ANNOTATION)
+    if (
+        text is None
+        or node.cordoned_by is not None
+        or verdict.wanted_action not in vocabulary.DISRUPTIVE_ACTIONS
+    ):
+        return verdict
+    baseline = parse(text)
+    if baseline is not None:
+        current = gather(verdict, facts, policies.rule_xids(policy))
+        if new_evidence(baseline, current, driving(verdict)):
+            return verdict
+    lesser = [r.action for r in verdict.fired_rules if r.action not in vocabulary.DISRUPTIVE_ACTIONS]
+    return dataclasses.replace(verdict, wanted_action=lesser[0] if lesser else None, overridden=True)
 
 
 def render(evidence: Evidence, at: datetime.datetime, policy: str) -> str:

@@ -1,9 +1,10 @@
 """After a human override only new evidence acts again: a counter past the baseline, a new XID or episode."""
 
+import dataclasses
 import datetime
 from typing import Any
 
-from gpuhealth_api import vocabulary
+from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator.decisions import model, overrides, policies, times, verdicts
 
 Condition = vocabulary.Condition
@@ -118,3 +119,25 @@ def test_baseline_survives_the_annotation_round_trip_and_garbage_reads_as_none()
     assert overrides.render(overrides.parse(text) or overrides.Evidence(), T0, "default") == text
     for garbage in (None, "", "not json", "[]", '{"episodes": 3}'):
         assert overrides.parse(garbage) is None
+
+
+def test_an_override_withdraws_cordon_and_drain_until_new_evidence() -> None:
+    run = Run()
+    _, baseline = run.judge(0, gpu(0, ecc=2))
+    node = dataclasses.replace(
+        NODE, annotations={keys.OVERRIDDEN_EVIDENCE_ANNOTATION: overrides.render(baseline, T0, "default")}
+    )
+    status = facts(gpu(0, ecc=2), now=at(10))
+    same = verdicts.judge(POLICY, node, status, run.states, None, at(10))
+    assert same.overridden and same.wanted_action is None
+    assert Condition.ECC_UNCORRECTABLE in same.issues, "the evidence is still listed"
+    grown = verdicts.judge(POLICY, node, facts(gpu(0, ecc=3), now=at(20)), run.states, None, at(20))
+    assert not grown.overridden and grown.wanted_action is vocabulary.Action.DRAIN
+    garbage = dataclasses.replace(NODE, annotations={keys.OVERRIDDEN_EVIDENCE_ANNOTATION: "{"})
+    held = verdicts.judge(POLICY, garbage, facts(gpu(0, ecc=9), now=at(30)), run.states, None, at(30))
+    assert held.overridden, "a baseline that does not parse never disrupts"
+    ours = dataclasses.replace(node, annotations={**node.annotations, keys.CORDONED_BY_ANNOTATION: "default"})
+    assert (
+        verdicts.judge(POLICY, ours, status, run.states, None, at(10)).wanted_action
+        is vocabulary.Action.DRAIN
+    )
