@@ -11,17 +11,19 @@ evidence newer than that baseline (`decisions.overrides.apply`); `expire`
 removes the baseline once none of its conditions is true any more.
 
 `forget_drain` keeps drain state honest: a schedulable node has no drain,
-whoever made it schedulable, so a later cordon starts a drain of its own.
+whoever made it schedulable, so a later cordon starts a drain of its own; and
+`still_empty` makes `Drained` keep meaning empty (a pod bound since is drained).
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import time
 
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import context, kube
-from gpuhealth_operator.actions import events, nodes
+from gpuhealth_operator.actions import drain, events, nodes
 from gpuhealth_operator.decisions import model, policies
 from gpuhealth_operator.decisions import overrides as evidence
 
@@ -115,3 +117,22 @@ async def expire(ctx: context.Context, name: str, verdict: model.NodeVerdict) ->
     ctx.cache.refresh_node(
         await nodes.patch_metadata(ctx.client, name, annotations={keys.OVERRIDDEN_EVIDENCE_ANNOTATION: None})
     )
+
+
+DRAINED_RECHECK_SECONDS = 10.0
+"""How often a Drained node's pods are looked at again (a pod bound to it after the drain is drained too)."""
+
+
+async def still_empty(ctx: context.Context, name: str, options: drain.Options) -> bool:
+    """Whether a Drained node still holds no evictable pod; looked at once per DRAINED_RECHECK_SECONDS.
+
+    A pod can land on a cordoned node (bound by `nodeName`, or tolerating the
+    cordon); `kubectl drain` would evict it, and so do we.
+    """
+    checked = ctx.drain_checked.get(name)
+    clock = time.monotonic()
+    if checked is not None and clock - checked < DRAINED_RECHECK_SECONDS:
+        return True
+    ctx.drain_checked[name] = clock
+    wanted, _skipped = drain.classify(await drain.list_pods(ctx.client, name), options)
+    return not wanted

@@ -19,7 +19,6 @@ import asyncio
 import datetime
 import enum
 import logging
-import time
 from collections.abc import Awaitable, Callable
 
 from gpuhealth_api import keys, vocabulary
@@ -31,9 +30,6 @@ logger = logging.getLogger(__name__)
 
 Action = vocabulary.Action
 NodeAction = vocabulary.NodeAction
-
-DRAINED_RECHECK_SECONDS = 10.0
-"""How often a Drained node's pods are looked at again (a pod bound to it after the drain is drained too)."""
 
 LESSER_ACTIONS: dict[Action | None, NodeAction] = {
     None: NodeAction.NONE,
@@ -172,11 +168,8 @@ async def _capacity(
         record = ctx.cache.node(name)
         if record is None:
             return NodeAction.NONE
-        if record.view.cordoned_by is None:
-            # Cordoned by someone else: theirs to drain and to lift, never claimed by us.
-            return NodeAction.CORDONED
-        if wanted is Action.CORDON:
-            return NodeAction.CORDONED
+        if wanted is Action.CORDON or record.view.cordoned_by is None:
+            return NodeAction.CORDONED  # cordoned by someone else: theirs to drain and lift, never ours
         return await _drain(ctx, policy, name, now)
 
     ctx.admission.stop_waiting(policy.name, name)
@@ -267,7 +260,7 @@ async def _drain(ctx: context.Context, policy: model.Policy, name: str, now: dat
     previous_action = _status_action(ctx, name)
     if result is not None or (started is not None and previous_action == NodeAction.DRAINED):
         # Drained (here, or before a restart): Drained means empty, so look again now and then.
-        if not await _drained_still_empty(ctx, policy, name):
+        if not await overrides.still_empty(ctx, name, _drain_options(ctx, policy)):
             deadline = now + datetime.timedelta(seconds=policy.drain_timeout_seconds)
             ctx.drain_results.pop(name, None)
             ctx.drains[name] = asyncio.create_task(
@@ -295,21 +288,6 @@ def _drain_options(ctx: context.Context, policy: model.Policy) -> drain.Options:
         backoff_initial_seconds=ctx.config.eviction_backoff_initial_seconds,
         backoff_max_seconds=ctx.config.eviction_backoff_max_seconds,
     )
-
-
-async def _drained_still_empty(ctx: context.Context, policy: model.Policy, name: str) -> bool:
-    """Whether a Drained node still holds no evictable pod; looked at once per DRAINED_RECHECK_SECONDS.
-
-    A pod can land on a cordoned node (bound by `nodeName`, or tolerating the
-    cordon); `kubectl drain` would evict it, and so do we.
-    """
-    checked = ctx.drain_checked.get(name)
-    clock = time.monotonic()
-    if checked is not None and clock - checked < DRAINED_RECHECK_SECONDS:
-        return True
-    ctx.drain_checked[name] = clock
-    wanted, _skipped = drain.classify(await drain.list_pods(ctx.client, name), _drain_options(ctx, policy))
-    return not wanted
 
 
 async def _run_drain(
