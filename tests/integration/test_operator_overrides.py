@@ -264,3 +264,25 @@ def test_recordon_after_an_override_drains_again_and_drained_means_empty(
         lambda: not pod_exists(k8s, namespace, "late"), timeout_seconds=40, message="the late pod evicted"
     )
     wait_action(fleet, name, "Drained")
+
+
+def test_a_node_someone_else_cordoned_is_neither_drained_nor_stamped(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, namespace: str
+) -> None:
+    name = f"{fleet.label}-m"
+    fleet.add_node(name)
+    make_pod(k8s, namespace, "work", name)
+    waiting.wait_until(
+        lambda: pod_running(k8s, namespace, "work"), timeout_seconds=TIMEOUT, message="pod runs"
+    )
+    human_cordon(fleet, name)  # maintenance, before any fault
+    drain_policy(fleet)
+    fleet.report(name, ecc(1))
+    wait_action(fleet, name, "Cordoned")
+    waiting.holds(
+        lambda: pod_exists(k8s, namespace, "work") and DRAIN_STARTED not in annotations(fleet, name),
+        seconds=3,
+        interval_seconds=0.2,
+        message="not our cordon: no drain, no drain-started",
+    )
+    assert keys.CORDONED_BY_ANNOTATION not in annotations(fleet, name)
