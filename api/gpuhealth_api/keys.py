@@ -19,6 +19,9 @@ UNHEALTHY_TAINT: Final = f"{PREFIX}/unhealthy"
 CORDONED_BY_ANNOTATION: Final = f"{PREFIX}/cordoned-by"
 """The policy that cordoned the node; only such nodes are ever uncordoned."""
 
+OVERRIDDEN_EVIDENCE_ANNOTATION: Final = f"{PREFIX}/overridden-evidence"
+"""JSON: the evidence that stood when someone else uncordoned a node we cordoned; only newer evidence acts."""
+
 EXCLUDE_LABEL: Final = f"{PREFIX}/exclude"
 """"true" opts a node out of every policy (maintenance, debugging)."""
 

@@ -58,6 +58,8 @@ class NodeAction(enum.StrEnum):
     DRAINED = "Drained"
     PENDING = "Pending"
     DRY_RUN = "DryRun"
+    OVERRIDDEN = "Overridden"
+    """Someone else made the node we cordoned schedulable; we act again only on new evidence."""
 
 
 class EventReason(enum.StrEnum):
@@ -70,6 +72,7 @@ class EventReason(enum.StrEnum):
     BUDGET_EXCEEDED = "DisruptionBudgetExceeded"
     AGENT_STALE = "AgentStale"
     DRY_RUN = "DryRun"
+    OVERRIDDEN_BY_USER = "OverriddenByUser"
 
 
 class RecoveryAction(enum.StrEnum):

@@ -121,7 +121,10 @@ class Context:
     """node → the drain running in this process."""
 
     drain_results: dict[str, drain.Result] = dataclasses.field(default_factory=dict)
-    """node → how its last drain in this process ended (cleared on uncordon)."""
+    """node → how its last drain in this process ended (cleared whenever the node is schedulable)."""
+
+    drain_checked: dict[str, float] = dataclasses.field(default_factory=dict)
+    """node → when (monotonic) its pods were last looked at while Drained, so new ones are drained too."""
 
     dry_run_said: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
     """(policy, node) → the last DryRun message, so it is said once per change."""
@@ -167,6 +170,7 @@ class Context:
         if task is not None:
             task.cancel()
         self.drain_results.pop(name, None)
+        self.drain_checked.pop(name, None)
         lock = self.node_locks.get(name)
         if lock is not None and not lock.locked():
             del self.node_locks[name]

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import cache, context, kube
+from gpuhealth_operator import cache, context, kube, overrides
 from gpuhealth_operator.actions import drain, events, nodes
 from gpuhealth_operator.decisions import model, times, verdicts
 
@@ -151,6 +151,11 @@ async def _taint(ctx: context.Context, name: str, verdict: model.NodeVerdict, no
 async def _capacity(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict, now: datetime.datetime
 ) -> NodeAction:
+    # A human uncordon first: it drops our claim (and budget place) before anything is decided.
+    await overrides.react(ctx, policy, name, verdict, now)
+    await overrides.forget_drain(ctx, name)
+    await overrides.expire(ctx, name, verdict)
+    verdict = overrides.judged_after(ctx, policy, name, verdict)
     record = ctx.cache.node(name)
     if record is None:
         return NodeAction.NONE  # gone: nothing left to do
@@ -160,8 +165,11 @@ async def _capacity(
             await _budget_exceeded(ctx, policy, name, verdict)
             return NodeAction.PENDING
         ctx.admission.stop_waiting(policy.name, name)
-        if wanted is Action.CORDON:
-            return NodeAction.CORDONED
+        record = ctx.cache.node(name)
+        if record is None:
+            return NodeAction.NONE
+        if wanted is Action.CORDON or record.view.cordoned_by is None:
+            return NodeAction.CORDONED  # cordoned by someone else: theirs to drain and lift, never ours
         return await _drain(ctx, policy, name, now)
 
     ctx.admission.stop_waiting(policy.name, name)
@@ -175,6 +183,8 @@ async def _capacity(
         if (result is not None and result.completed) or _status_action(ctx, name) == NodeAction.DRAINED:
             return NodeAction.DRAINED
         return NodeAction.CORDONED
+    if verdict.overridden:
+        return NodeAction.OVERRIDDEN  # a human said no to this evidence
     return LESSER_ACTIONS.get(wanted, NodeAction.NONE)
 
 
@@ -241,15 +251,23 @@ async def _drain(ctx: context.Context, policy: model.Policy, name: str, now: dat
     if task is not None and not task.done():
         return NodeAction.DRAINING
     result = ctx.drain_results.get(name)
-    if result is not None:
-        return NodeAction.DRAINED if result.completed else NodeAction.CORDONED
+    if result is not None and not result.completed:
+        return NodeAction.CORDONED  # this drain failed (DrainFailed was said); a human takes over
     record = ctx.cache.node(name)
     if record is None:
         return NodeAction.NONE  # gone: nothing left to drain
     started = times.parse(record.view.annotations.get(nodes.DRAIN_STARTED_ANNOTATION))
     previous_action = _status_action(ctx, name)
-    if started is not None and previous_action == NodeAction.DRAINED:
-        return NodeAction.DRAINED  # drained before a restart; nothing left to do
+    if result is not None or (started is not None and previous_action == NodeAction.DRAINED):
+        # Drained (here, or before a restart): Drained means empty, so look again now and then.
+        if not await overrides.still_empty(ctx, name, _drain_options(ctx, policy)):
+            deadline = now + datetime.timedelta(seconds=policy.drain_timeout_seconds)
+            ctx.drain_results.pop(name, None)
+            ctx.drains[name] = asyncio.create_task(
+                _run_drain(ctx, policy, name, now, deadline), name=f"drain-{name}"
+            )
+            return NodeAction.DRAINING
+        return NodeAction.DRAINED
     if started is None:
         started = now
         if ctx.cache.refresh_node(await nodes.set_drain_started(ctx.client, name, times.render(now))) is None:
@@ -263,14 +281,8 @@ async def _drain(ctx: context.Context, policy: model.Policy, name: str, now: dat
     return NodeAction.DRAINING
 
 
-async def _run_drain(
-    ctx: context.Context,
-    policy: model.Policy,
-    name: str,
-    started: datetime.datetime,
-    deadline: datetime.datetime,
-) -> drain.Result:
-    options = drain.Options(
+def _drain_options(ctx: context.Context, policy: model.Policy) -> drain.Options:
+    return drain.Options(
         grace_period_seconds=policy.drain_grace_period_seconds,
         delete_empty_dir_data=policy.drain_delete_empty_dir_data,
         force=policy.drain_force,
@@ -278,6 +290,16 @@ async def _run_drain(
         backoff_initial_seconds=ctx.config.eviction_backoff_initial_seconds,
         backoff_max_seconds=ctx.config.eviction_backoff_max_seconds,
     )
+
+
+async def _run_drain(
+    ctx: context.Context,
+    policy: model.Policy,
+    name: str,
+    started: datetime.datetime,
+    deadline: datetime.datetime,
+) -> drain.Result:
+    options = _drain_options(ctx, policy)
     try:
         result = await drain.drain(
             ctx.client,

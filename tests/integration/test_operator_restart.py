@@ -145,3 +145,125 @@ def test_kill_during_blocked_drain_then_restart_completes_the_drain_once(
     finally:
         second.stop()
         print(f"--- second\n{second.log()[-10000:]}")
+
+
+def make_pod(k8s: client.ApiClient, namespace: str, name: str, node: str) -> None:
+    body = client.V1Pod.from_dict(
+        {
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+                "terminationGracePeriodSeconds": 0,
+            },
+        }
+    )
+    assert body is not None
+    client.CoreV1Api(k8s).create_namespaced_pod(namespace, body)
+    waiting.wait_until(
+        lambda: (
+            (p := client.CoreV1Api(k8s).read_namespaced_pod(name, namespace).status) and p.phase == "Running"
+        ),
+        timeout_seconds=TIMEOUT,
+        message=f"pod {name} runs",
+    )
+
+
+def test_human_uncordon_and_a_new_fault_across_restarts_drain_the_node_again(
+    crds: controlplane.ControlPlane,
+    k8s: client.ApiClient,
+    fleet: operator_harness.Fleet,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """Each step with a fresh operator process: the override and the drain state live in the cluster."""
+    operator_harness.ensure_namespace(k8s, "gpu-health")
+    lease = f"gpu-health-operator-restart-{secrets.token_hex(2)}"
+    name = f"{fleet.label}-o"
+    fleet.add_node(name)
+    make_pod(k8s, namespace, "before", name)
+    fleet.policy(
+        fleet.label,
+        {
+            "maxUnavailable": 1,
+            "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}],
+            "drain": {"timeoutSeconds": 300},
+            "recovery": {"uncordon": True, "healthyForSeconds": 1},
+        },
+    )
+
+    def annotations() -> dict[str, str]:
+        return fleet.node(name)["metadata"].get("annotations") or {}
+
+    def step(log: str) -> operator_harness.OperatorProcess:
+        return operator(crds, tmp_path / log, lease)
+
+    first = step("first.log")
+    try:
+        fleet.report(name, gpunode_facts.agent_status(overrides={0: {"ecc": {"uncorrectedVolatile": 1}}}))
+        waiting.wait_until(
+            lambda: not pod_exists(k8s, namespace, "before"), timeout_seconds=TIMEOUT, message="drained"
+        )
+        waiting.wait_until(
+            lambda: status(fleet, name).get("action") == "Drained", timeout_seconds=TIMEOUT, message="Drained"
+        )
+    finally:
+        first.stop()
+        print(f"--- first\n{first.log()[-10000:]}")
+
+    fleet.core.patch_node(name, {"spec": {"unschedulable": False}})  # kubectl uncordon, the operator down
+    second = step("second.log")
+    try:
+        waiting.wait_until(
+            lambda: status(fleet, name).get("action") == "Overridden",
+            timeout_seconds=TIMEOUT,
+            message="Overridden",
+        )
+        meta = annotations()
+        assert keys.CORDONED_BY_ANNOTATION not in meta
+        assert "gpuhealth.io/drain-started" not in meta
+        assert "gpuhealth.io/overridden-evidence" in meta
+        waiting.wait_until(
+            lambda: fleet.events(name, "OverriddenByUser"),
+            timeout_seconds=TIMEOUT,
+            message="OverriddenByUser",
+        )
+    finally:
+        second.stop()
+        print(f"--- second\n{second.log()[-10000:]}")
+
+    make_pod(k8s, namespace, "after", name)
+    third = step("third.log")
+    try:
+        waiting.wait_until(third.is_leading, timeout_seconds=TIMEOUT, message="third operator leads")
+        waiting.holds(
+            lambda: not fleet.node(name)["spec"].get("unschedulable") and pod_exists(k8s, namespace, "after"),
+            seconds=3,
+            interval_seconds=0.2,
+            message="a restart remembers the override: not cordoned again on the same evidence",
+        )
+    finally:
+        third.stop()
+        print(f"--- third\n{third.log()[-10000:]}")
+
+    fleet.report(name, gpunode_facts.agent_status(overrides={0: {"ecc": {"uncorrectedVolatile": 2}}}))
+    fourth = step("fourth.log")
+    try:
+        waiting.wait_until(
+            lambda: not pod_exists(k8s, namespace, "after"),
+            timeout_seconds=TIMEOUT,
+            message="the new fault drains the pod that landed after the override",
+        )
+        waiting.wait_until(
+            lambda: status(fleet, name).get("action") == "Drained", timeout_seconds=TIMEOUT, message="Drained"
+        )
+        meta = annotations()
+        assert fleet.node(name)["spec"]["unschedulable"]
+        assert meta[keys.CORDONED_BY_ANNOTATION] == fleet.label
+        assert "gpuhealth.io/overridden-evidence" not in meta
+        assert not fleet.events(name, "DrainFailed")
+        (event,) = fleet.events(name, "OverriddenByUser")
+        assert event["count"] == 1
+    finally:
+        fourth.stop()
+        print(f"--- fourth\n{fourth.log()[-10000:]}")

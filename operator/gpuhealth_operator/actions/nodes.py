@@ -62,7 +62,11 @@ async def cordon(
     have cordoned it meanwhile, and then it is not ours to claim). `labels`
     rides along, so the verdict's labels land in the same write.
     """
-    annotations = {keys.CORDONED_BY_ANNOTATION: policy}
+    # A cordon on new evidence ends a human override: its baseline goes.
+    annotations: dict[str, str | None] = {
+        keys.CORDONED_BY_ANNOTATION: policy,
+        keys.OVERRIDDEN_EVIDENCE_ANNOTATION: None,
+    }
     if drain_started is not None:
         annotations[DRAIN_STARTED_ANNOTATION] = drain_started
     metadata: dict[str, Any] = {"resourceVersion": resource_version, "annotations": annotations}
@@ -85,6 +89,22 @@ async def uncordon(client: kube.Kube, name: str, *, policy: str) -> kube.JsonObj
         {"op": "remove", "path": ours},
     ]
     return await client.patch(node_path(name), ops, content_type=JSON_PATCH)
+
+
+async def drop_claim(
+    client: kube.Kube, name: str, *, resource_version: str, baseline: str | None
+) -> kube.JsonObject:
+    """After a human override: remove our claim and drain bookkeeping, keep the evidence `baseline`.
+
+    Fails with 409 if the node changed since `resource_version` (cordoned again meanwhile, say).
+    """
+    annotations = {
+        keys.CORDONED_BY_ANNOTATION: None,
+        DRAIN_STARTED_ANNOTATION: None,
+        keys.OVERRIDDEN_EVIDENCE_ANNOTATION: baseline,
+    }
+    body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
+    return await client.patch(node_path(name), body, urgent=True)
 
 
 async def set_drain_started(client: kube.Kube, name: str, value: str | None) -> kube.JsonObject:

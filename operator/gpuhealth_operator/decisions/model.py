@@ -143,6 +143,8 @@ class NodeVerdict:
     """Healthy for recovery.healthyForSeconds: our cordon/taint may be lifted."""
     detected_at: datetime.datetime | None
     """Earliest observation time of the facts behind the fired disruptive rule."""
+    overridden: bool = False
+    """A human overrode our cordon and the evidence is no newer: Cordon/Drain fired but is not wanted."""
 
 
 @dataclasses.dataclass(frozen=True)

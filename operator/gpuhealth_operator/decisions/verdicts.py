@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from gpuhealth_api import keys, status, vocabulary
-from gpuhealth_operator.decisions import hysteresis, model, policies, severity, signals
+from gpuhealth_operator.decisions import hysteresis, model, overrides, policies, severity, signals
 
 Condition = vocabulary.Condition
 Action = vocabulary.Action
@@ -62,7 +62,7 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
         fired = [r for r in fired if r.action not in vocabulary.DISRUPTIVE_ACTIONS]
     fired.sort(key=lambda r: (-vocabulary.ACTION_ORDER[r.action], severity.rank(r.condition), r.name))
     wanted_action = fired[0].action if fired else None
-    return model.NodeVerdict(
+    verdict = model.NodeVerdict(
         node=node.name,
         conditions=states,
         health=health,
@@ -76,6 +76,7 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
             (_held_since(states[r.condition]) for r in fired if r.action is wanted_action), default=None
         ),
     )
+    return overrides.apply(policy, node, facts, verdict)
 
 
 def may_uncordon(policy: model.Policy, node: model.NodeView, verdict: model.NodeVerdict) -> bool:

@@ -35,6 +35,7 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.stragglers[(policy, node)] = model.StragglerScore(score=1.0, z_score=-4.0, peers=8, flagged=True)
     ctx.drains[node] = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
     ctx.drain_results[node] = drain.Result(completed=True, blocking=(), evicted=1, skipped=())
+    ctx.drain_checked[node] = 1.0
     ctx.dry_run_said[(policy, node)] = f"Dry run: policy {policy} would cordon"
     ctx.policy_status_written[policy] = {"observedGeneration": 1}
 
@@ -46,6 +47,7 @@ FILLED = {
     "stragglers",
     "drains",
     "drain_results",
+    "drain_checked",
     "dry_run_said",
     "policy_status_written",
 }
@@ -132,6 +134,7 @@ def test_forget_verdicts_keeps_the_nodes_own_memory() -> None:
             "node_locks",
             "drains",
             "drain_results",
+    "drain_checked",
         }
         assert not ctx.drains["n"].cancelled()
         ctx.drains["n"].cancel()

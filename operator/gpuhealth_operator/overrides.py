@@ -1,0 +1,137 @@
+"""Human overrides, and drain state tied to the cordon it belongs to (DESIGN.md, safety rule 1).
+
+Anyone else making a node we cordoned schedulable (`kubectl uncordon`)
+overrides us. Within the pass that sees it (a Node watch event, else the next
+tick) `react` drops our claim (the `cordoned-by` annotation, and with it the
+budget place), our drain bookkeeping and any running drain, writes the
+evidence that stood as a baseline on the Node (`overridden-evidence`, so a
+restart remembers) and says so once in an `OverriddenByUser` Event.
+Every policy's verdict then withdraws its Cordon/Drain until the facts show
+evidence newer than that baseline (`decisions.overrides.apply`); `expire`
+removes the baseline once none of its conditions is true any more.
+
+`forget_drain` keeps drain state honest: a schedulable node has no drain,
+whoever made it schedulable, so a later cordon starts a drain of its own; and
+`still_empty` makes `Drained` keep meaning empty (a pod bound since is drained).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+
+from gpuhealth_api import keys, vocabulary
+from gpuhealth_operator import context, kube
+from gpuhealth_operator.actions import drain, events, nodes
+from gpuhealth_operator.decisions import model, policies
+from gpuhealth_operator.decisions import overrides as evidence
+
+logger = logging.getLogger(__name__)
+
+
+def _gathered(
+    ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict
+) -> evidence.Evidence:
+    gpunode = ctx.cache.gpunode(name)
+    return evidence.gather(verdict, gpunode.status if gpunode else {}, policies.rule_xids(policy))
+
+
+def forget_running_drain(ctx: context.Context, name: str) -> None:
+    """Stop and forget this process's drain of the node (its cordon is gone)."""
+    task = ctx.drains.pop(name, None)
+    if task is not None:
+        task.cancel()
+    ctx.drain_results.pop(name, None)
+    ctx.drain_checked.pop(name, None)
+
+
+async def forget_drain(ctx: context.Context, name: str) -> None:
+    """A schedulable node has no drain: whoever uncordoned it, the drain belonged to that cordon."""
+    record = ctx.cache.node(name)
+    if record is None or record.view.unschedulable:
+        return
+    forget_running_drain(ctx, name)
+    if nodes.DRAIN_STARTED_ANNOTATION in record.view.annotations:
+        ctx.cache.refresh_node(await nodes.set_drain_started(ctx.client, name, None))
+
+
+async def react(
+    ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict, now: datetime.datetime
+) -> None:
+    """Someone else made a node we cordoned schedulable: drop the claim, keep the baseline, say so once."""
+    for _attempt in range(3):
+        record = ctx.cache.node(name)
+        if record is None or record.view.unschedulable or record.view.cordoned_by is None:
+            return
+        claimant = record.view.cordoned_by
+        found = _gathered(ctx, policy, name, verdict)
+        baseline = evidence.render(found, now, claimant) if found.episodes else None
+        try:
+            body = await nodes.drop_claim(
+                ctx.client, name, resource_version=record.resource_version, baseline=baseline
+            )
+        except kube.ApiError as error:
+            if not error.conflict:
+                raise
+            ctx.cache.refresh_node(await ctx.client.get(nodes.node_path(name)))
+            continue
+        if ctx.cache.refresh_node(body) is None:
+            return
+        forget_running_drain(ctx, name)
+        ctx.meters.actions.labels(vocabulary.NodeAction.OVERRIDDEN.value, "Uncordoned").inc()
+        logger.info("node %s was made schedulable by someone else: policy %s's claim dropped", name, claimant)
+        await ctx.recorder.emit(
+            events.subject(ctx.cache, name),
+            vocabulary.EventReason.OVERRIDDEN_BY_USER,
+            f"Node made schedulable by someone other than gpu-health while cordoned by policy {claimant}: "
+            "gpu-health drops its claim (and its place in the disruption budget) and will not cordon the "
+            "node again on the same evidence, only on new evidence (an error count growing, a new XID, a "
+            "condition that clears and returns). Evidence still standing: "
+            f"{evidence.standing_text(verdict)}.",
+            events.WARNING,
+        )
+        return
+
+
+def judged_after(
+    ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict
+) -> model.NodeVerdict:
+    """The verdict as the Node stands now: an override `react` just recorded withdraws a Cordon/Drain."""
+    record = ctx.cache.node(name)
+    gpunode = ctx.cache.gpunode(name)
+    if record is None or gpunode is None:
+        return verdict
+    return evidence.apply(policy, record.view, gpunode.status, verdict)
+
+
+async def expire(ctx: context.Context, name: str, verdict: model.NodeVerdict) -> None:
+    """Remove an override's baseline once none of its conditions is true (a return is new evidence anyway)."""
+    record = ctx.cache.node(name)
+    if record is None or verdict.health is vocabulary.Health.UNKNOWN:
+        return
+    text = record.view.annotations.get(keys.OVERRIDDEN_EVIDENCE_ANNOTATION)
+    baseline = evidence.parse(text)
+    if baseline is None or evidence.still_stands(baseline, verdict):
+        return
+    ctx.cache.refresh_node(
+        await nodes.patch_metadata(ctx.client, name, annotations={keys.OVERRIDDEN_EVIDENCE_ANNOTATION: None})
+    )
+
+
+DRAINED_RECHECK_SECONDS = 10.0
+"""How often a Drained node's pods are looked at again (a pod bound to it after the drain is drained too)."""
+
+
+async def still_empty(ctx: context.Context, name: str, options: drain.Options) -> bool:
+    """Whether a Drained node still holds no evictable pod; looked at once per DRAINED_RECHECK_SECONDS.
+
+    A pod can land on a cordoned node (bound by `nodeName`, or tolerating the
+    cordon); `kubectl drain` would evict it, and so do we.
+    """
+    checked = ctx.drain_checked.get(name)
+    clock = time.monotonic()
+    if checked is not None and clock - checked < DRAINED_RECHECK_SECONDS:
+        return True
+    ctx.drain_checked[name] = clock
+    return not drain.classify(await drain.list_pods(ctx.client, name), options).wanted
