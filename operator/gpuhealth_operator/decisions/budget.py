@@ -1,11 +1,18 @@
 """The disruption budget: which nodes a policy may cordon now, and who waits.
 
-A policy may hold at most `maxUnavailable` of its selected nodes
-unschedulable (`policies.resolve_max_unavailable`). Every selected node that
+A policy may hold at most `maxUnavailable` of its selected GPU nodes (nodes
+with a GPUNode, `policies.selects_gpu_node`) unschedulable
+(`policies.resolve_max_unavailable`). Every selected node that
 is already unschedulable counts, whoever cordoned it: the budget protects
 capacity, and a node a human cordoned is capacity gone all the same. So do
 nodes this policy has annotated as cordoned by it, and nodes the I/O layer has
 just cordoned but whose watch event has not arrived (`in_flight`).
+
+Policies overlap: a node several acting policies select is cordoned only if
+every one of them admits it (`admits_all`), and then counts once in each. All
+budgets queue waiting nodes in one order (`merged_wanting`): were each to
+rank by its own rules, two budgets could each keep their last free place for a
+different node, and neither node would ever be cordoned.
 
 Admission never raises that count above the limit. Nodes the policy already
 holds are always admitted (they hold budget already, and a drain in progress
@@ -17,8 +24,9 @@ worst and oldest faults go first and the order is deterministic.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Iterable, Mapping, Sequence, Set
 
 from gpuhealth_operator.decisions import model, policies
 
@@ -88,6 +96,42 @@ def admits(
     return any(n == name for _, n in ranked[:free])
 
 
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """One acting policy's budget, from the indexes the caller keeps current."""
+
+    policy: model.Policy
+    selected: Set[str]
+    """The GPU nodes the policy selects."""
+    unavailable: Set[str]
+    """What `counted` returns for them, in-flight cordons included."""
+
+
+def admits_all(name: str, budgets: Sequence[Budget], wanting: Mapping[str, Rank]) -> bool:
+    """Whether every budget that selects `name` admits it; False if none selects it.
+
+    `budgets` are those of the acting (not dry-run) policies; `wanting` ranks
+    every node any of them wants to cordon or drain, in one order for all
+    (`merged_wanting`). A budget's queue holds every wanting node it selects,
+    not only those its own rules want: a place it gives to one node is gone
+    for the others.
+    """
+    applying = [b for b in budgets if name in b.selected]
+    return bool(applying) and all(
+        admits(b.policy, name, b.selected, b.unavailable, wanting) for b in applying
+    )
+
+
+def merged_wanting(wanting: Iterable[Mapping[str, Rank]]) -> dict[str, Rank]:
+    """Per node, the most urgent rank any of the given policies gives it (one queue order for all budgets)."""
+    merged: dict[str, Rank] = {}
+    for ranks in wanting:
+        for name, rank in ranks.items():
+            if name not in merged or _queue_key(rank) < _queue_key(merged[name]):
+                merged[name] = rank
+    return merged
+
+
 def counted(
     policy: model.Policy, selected: Sequence[model.NodeView], in_flight: frozenset[str] = frozenset()
 ) -> frozenset[str]:
@@ -111,7 +155,7 @@ def holders_text(policy: model.Policy, holders: Sequence[model.NodeView], shown:
     def holder(node: model.NodeView) -> tuple[bool, str, str]:
         """(held by this policy, name, why in words): the sort key and the text in one."""
         if not node.unschedulable:
-            return True, node.name, "being cordoned by this policy"  # admitted, its cordon not yet seen
+            return True, node.name, "being cordoned"  # admitted, its cordon not yet seen
         if node.cordoned_by == policy.name:
             return True, node.name, "cordoned by this policy"
         if node.cordoned_by:
