@@ -80,9 +80,7 @@ class Admission:
         wanting: Mapping[str, Mapping[str, budget.Rank]],
     ) -> str:
         """Why the node waits, naming the policy whose budget is short and the nodes that hold it."""
-        budgets = self._budgets(policy, name, nodes)
-        ranks = self._ranks(nodes, wanting)
-        refusing = [b for b in budgets if not budget.admits(b.policy, name, b.selected, b.unavailable, ranks)]
+        refusing = budget.refusing(name, self._budgets(policy, name, nodes), self._ranks(nodes, wanting))
         if not refusing:
             return "the budget has no place for it"
         first = refusing[0]
@@ -103,8 +101,7 @@ class Admission:
         )
 
     def _budgets(self, policy: model.Policy, name: str, nodes: cache.ClusterCache) -> list[budget.Budget]:
-        """The budgets of the acting policies that select the node, the asking policy's first; none if it
-        does not select the node itself."""
+        """Every acting policy's budget, the asking policy's first; none if it does not select the node."""
         asking = nodes.selection(policy)
         if policy.dry_run or name not in asking.selected:
             return []
@@ -112,7 +109,7 @@ class Admission:
             (p for p in nodes.policies.values() if p.name != policy.name and not p.dry_run),
             key=lambda p: p.name,
         )
-        selections = [asking, *(s for p in others if name in (s := nodes.selection(p)).selected)]
+        selections = [asking, *(nodes.selection(p) for p in others)]
         return [budget.Budget(s.policy, s.selected, self.holders(s.policy, s)) for s in selections]
 
     @staticmethod

@@ -108,18 +108,46 @@ class Budget:
 
 
 def admits_all(name: str, budgets: Sequence[Budget], wanting: Mapping[str, Rank]) -> bool:
-    """Whether every budget that selects `name` admits it; False if none selects it.
+    """Whether every budget that selects `name` admits it; False if none selects it (see `refusing`)."""
+    return any(name in b.selected for b in budgets) and not refusing(name, budgets, wanting)
 
-    `budgets` are those of the acting (not dry-run) policies; `wanting` ranks
+
+def refusing(name: str, budgets: Sequence[Budget], wanting: Mapping[str, Rank]) -> list[Budget]:
+    """The budgets, of those that select `name`, that do not admit it now (in the given order).
+
+    `budgets` are those of every acting (not dry-run) policy; `wanting` ranks
     every node any of them wants to cordon or drain, in one order for all
     (`merged_wanting`). A budget's queue holds every wanting node it selects,
     not only those its own rules want: a place it gives to one node is gone
-    for the others.
+    for the others. Nodes that another budget blocks outright (it selects them
+    and has no free place) leave every queue while blocked, so a full pool
+    policy does not make a fleet-wide one keep its place for a node that
+    cannot be cordoned anyway. With one budget this is `admits`.
     """
-    applying = [b for b in budgets if name in b.selected]
-    return bool(applying) and all(
-        admits(b.policy, name, b.selected, b.unavailable, wanting) for b in applying
-    )
+    if name not in wanting:
+        return [b for b in budgets if name in b.selected]
+    free = [policies.resolve_max_unavailable(b.policy, len(b.selected)) - len(b.unavailable) for b in budgets]
+
+    def blocked(node: str) -> bool:
+        return any(
+            room <= 0 and node in b.selected and node not in b.unavailable
+            for b, room in zip(budgets, free, strict=True)
+        )
+
+    refused = []
+    for b, room in zip(budgets, free, strict=True):
+        if name not in b.selected or name in b.unavailable:
+            continue  # not this budget's node, or one it holds already
+        if room <= 0:
+            refused.append(b)
+            continue
+        queue = (wanting.keys() & b.selected) - b.unavailable
+        if len(queue) <= room:
+            continue
+        ranked = sorted((_queue_key(wanting[n]), n) for n in queue if n == name or not blocked(n))
+        if all(n != name for _, n in ranked[:room]):
+            refused.append(b)
+    return refused
 
 
 def merged_wanting(wanting: Iterable[Mapping[str, Rank]]) -> dict[str, Rank]:
