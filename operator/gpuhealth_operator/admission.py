@@ -116,13 +116,15 @@ class Admission:
     def _ranks(
         nodes: cache.ClusterCache, wanting: Mapping[str, Mapping[str, budget.Rank]]
     ) -> Mapping[str, budget.Rank]:
-        """One rank per node across the acting policies (a single policy's index as it is, uncopied)."""
-        acting = [
-            ranks
-            for name, ranks in wanting.items()
-            if ranks and (p := nodes.policies.get(name)) is not None and not p.dry_run
-        ]
-        return acting[0] if len(acting) == 1 else budget.merged_wanting(acting)
+        """One rank per node across the acting policies, each counted only for the nodes it selects now
+        (a verdict a policy judged before the node left it wants nothing of the others' budgets)."""
+        acting = []
+        for name, ranks in wanting.items():
+            policy = nodes.policies.get(name)
+            if ranks and policy is not None and not policy.dry_run:
+                selected = nodes.selection(policy).selected
+                acting.append({n: rank for n, rank in ranks.items() if n in selected})
+        return budget.merged_wanting(acting)
 
     def forget_node(self, name: str) -> None:
         """The node is gone: it holds no place and waits for none."""

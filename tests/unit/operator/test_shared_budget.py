@@ -142,6 +142,19 @@ def test_a_node_waits_for_the_budget_of_a_policy_that_only_labels_it() -> None:
     assert asyncio.run(ask(memory, nodes, drains, "faulty", wanting))
 
 
+def test_a_verdict_judged_before_the_node_left_a_policy_keeps_no_place_in_another_budget() -> None:
+    nodes = cache.ClusterCache()
+    for name, pools in [("moved", {"pool-b"}), ("faulty", {"pool-b"}), ("spare", {"pool-a", "pool-b"})]:
+        nodes.put_node(node_body(name, 1, frozenset(pools)))
+        nodes.put_gpunode(gpunode_body(name))
+    pool_a, pool_b = policy("pool-a", "pool-a", 1), policy("pool-b", "pool-b", 1)
+    nodes.put_policy(pool_a)
+    nodes.put_policy(pool_b)
+    # pool-a wanted "moved" (its worst fault) while the node was still labelled pool-a.
+    wanting = {"pool-a": {"moved": (0, T0)}, "pool-b": {"faulty": (3, T0)}}
+    assert asyncio.run(ask(admission.Admission(), nodes, pool_b, "faulty", wanting))
+
+
 MAX_UNAVAILABLE = st.one_of(st.integers(1, 4), st.sampled_from(["1%", "25%", "50%", "100%"]))
 
 
