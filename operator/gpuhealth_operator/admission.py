@@ -113,18 +113,13 @@ class Admission:
         return [budget.Budget(s.policy, s.selected, self.holders(s.policy, s)) for s in selections]
 
     @staticmethod
-    def _ranks(
-        nodes: cache.ClusterCache, wanting: Mapping[str, Mapping[str, budget.Rank]]
-    ) -> Mapping[str, budget.Rank]:
-        """One rank per node across the acting policies, each counted only for the nodes it selects now
-        (a verdict a policy judged before the node left it wants nothing of the others' budgets)."""
-        acting = []
-        for name, ranks in wanting.items():
-            policy = nodes.policies.get(name)
-            if ranks and policy is not None and not policy.dry_run:
-                selected = nodes.selection(policy).selected
-                acting.append({n: rank for n, rank in ranks.items() if n in selected})
-        return budget.merged_wanting(acting)
+    def _ranks(nodes: cache.ClusterCache, wanting: Mapping[str, Mapping[str, budget.Rank]]) -> budget.Ranks:
+        """One rank per node across the acting policies, each counted for the nodes it selects now."""
+        return budget.Ranks(
+            (ranks, nodes.selection(policy).selected)
+            for name, ranks in wanting.items()
+            if (policy := nodes.policies.get(name)) is not None and not policy.dry_run
+        )
 
     def forget_node(self, name: str) -> None:
         """The node is gone: it holds no place and waits for none."""

@@ -289,7 +289,7 @@ def test_interleaved_reconciles_of_overlapping_policies_never_exceed_any_budget(
 
 def test_admits_all_needs_every_selecting_budget() -> None:
     a, b = policy("a", None, 1), policy("b", None, 2)
-    wanting = {"x": (0, T0), "y": (1, T0)}
+    wanting = budget.Ranks([({"x": (0, T0), "y": (1, T0)}, {"x", "y", "z", "w"})])
     free = budget.Budget(a, frozenset({"x", "y"}), frozenset())
     full = budget.Budget(b, frozenset({"x", "z"}), frozenset({"z", "w"}))
     elsewhere = budget.Budget(b, frozenset({"z"}), frozenset({"z"}))
@@ -299,10 +299,18 @@ def test_admits_all_needs_every_selecting_budget() -> None:
     assert not budget.admits_all("x", [elsewhere], wanting)  # no budget selects it: never admitted
 
 
-def test_merged_wanting_gives_each_node_its_most_urgent_rank() -> None:
+def test_ranks_give_each_node_its_most_urgent_rank_among_the_policies_that_select_it() -> None:
     early, late = T0, T0 + datetime.timedelta(seconds=9)
-    merged = budget.merged_wanting([{"x": (2, early), "y": (1, None)}, {"x": (1, late), "z": (0, early)}])
-    assert merged == {"x": (1, late), "y": (1, None), "z": (0, early)}
+    ranks = budget.Ranks(
+        [
+            ({"x": (2, early), "y": (1, None), "gone": (0, early)}, {"x", "y"}),
+            ({"x": (1, late), "z": (0, early)}, {"x", "z"}),
+            ({}, {"x"}),
+        ]
+    )
+    assert dict(ranks) == {"x": (1, late), "y": (1, None), "z": (0, early)}
+    assert "gone" not in ranks and len(ranks) == 3
+    assert ranks.among({"x", "gone", "w"}) == {"x"}
 
 
 @settings(max_examples=300, deadline=None)
@@ -329,7 +337,7 @@ def test_the_most_urgent_node_that_every_selecting_budget_has_room_for_is_admitt
         st.one_of(st.none(), st.integers(0, 5).map(lambda s: T0 + datetime.timedelta(seconds=s))),
     )
     per_policy = [data.draw(st.dictionaries(st.sampled_from(names), ranks)) for _ in budgets]
-    wanting = budget.merged_wanting(per_policy)
+    wanting = budget.Ranks((wants, b.selected) for wants, b in zip(per_policy, budgets, strict=True))
     waiting = sorted(
         (n for n in wanting if any(n in b.selected for b in budgets) and n not in unschedulable),
         key=lambda n: (wanting[n][0], wanting[n][1] or datetime.datetime.max.replace(tzinfo=datetime.UTC), n),
