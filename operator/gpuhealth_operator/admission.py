@@ -1,16 +1,19 @@
 """The disruption budget at run time: which node may be cordoned now, and who was told to wait.
 
 `decisions.budget` decides from plain sets; this module keeps, while the
-operator runs, what those sets cannot see: the per-policy locks that make
-concurrent reconciles decide one at a time, the nodes admitted whose cordon is
-not yet in the cache ("in flight"), and the waiting nodes already told so
-(DisruptionBudgetExceeded is said once per wait).
+operator runs, what those sets cannot see: the one lock under which every
+admission is decided (so concurrent reconciles, of any policy, decide one at
+a time), the nodes admitted whose cordon is not yet in the cache ("in
+flight"), and the waiting nodes already told so (DisruptionBudgetExceeded is
+said once per wait).
+
+A node is admitted only if the budget of every acting policy that selects it
+admits it (`budget.admits_all`); an in-flight node counts in each of them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 from collections.abc import Mapping
 
@@ -22,40 +25,39 @@ from gpuhealth_operator.decisions import budget, model, policies
 class Admission:
     """The budget's memory; every collection is changed in place (kopf shares the memo by shallow copy)."""
 
-    locks: collections.defaultdict[str, asyncio.Lock] = dataclasses.field(
-        default_factory=lambda: collections.defaultdict(asyncio.Lock)
-    )
-    """policy → lock: one budget decision at a time per policy, so cordons never exceed maxUnavailable."""
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    """One budget decision at a time across all policies, so overlapping budgets are never both spent."""
 
-    in_flight: collections.defaultdict[str, set[str]] = dataclasses.field(
-        default_factory=lambda: collections.defaultdict(set)
-    )
-    """policy → nodes admitted by the budget whose cordon is not yet in the cache."""
+    in_flight: set[str] = dataclasses.field(default_factory=set)
+    """Nodes admitted whose cordon is not yet in the cache; each counts in every policy that selects it."""
 
     notified: set[tuple[str, str]] = dataclasses.field(default_factory=set)
     """(policy, node) already told DisruptionBudgetExceeded while it waits."""
 
     def holders(self, policy: model.Policy, selection: cache.Selection) -> set[str]:
         """Selected nodes that take up the budget, those admitted but not yet seen cordoned included."""
-        return selection.unavailable | (self.in_flight[policy.name] & selection.selected)
+        return selection.unavailable | (self.in_flight & selection.selected)
 
     async def admit(
         self,
         policy: model.Policy,
         name: str,
-        selection: cache.Selection,
-        wanting: Mapping[str, budget.Rank],
+        nodes: cache.ClusterCache,
+        wanting: Mapping[str, Mapping[str, budget.Rank]],
     ) -> bool:
-        """Ask the budget; if admitted, the node is in flight until `release`."""
-        async with self.locks[policy.name]:
-            if budget.admits(policy, name, selection.selected, self.holders(policy, selection), wanting):
-                self.in_flight[policy.name].add(name)
+        """Ask every acting policy that selects the node (`policy` first); if all admit it, it is in flight
+        until `release`. `wanting` is policy → node → rank for the nodes each policy wants to cordon or drain.
+        """
+        async with self.lock:
+            budgets = self._budgets(policy, name, nodes)
+            if budgets and budget.admits_all(name, budgets, self._ranks(nodes, wanting)):
+                self.in_flight.add(name)
                 return True
             return False
 
     def release(self, policy: model.Policy, name: str) -> None:
         """The admitted node's cordon is in the cache (or was not made): it is no longer in flight."""
-        self.in_flight[policy.name].discard(name)
+        self.in_flight.discard(name)
 
     def waiting(self, policy: str, name: str) -> bool:
         return (policy, name) in self.notified
@@ -70,29 +72,60 @@ class Admission:
     def stop_waiting(self, policy: str, name: str) -> None:
         self.notified.discard((policy, name))
 
-    def wait_reason(self, policy: model.Policy, selection: cache.Selection, nodes: cache.ClusterCache) -> str:
-        """Why the budget makes a node wait, naming the nodes that hold it."""
-        limit = policies.resolve_max_unavailable(policy, len(selection.selected))
-        holders = sorted(self.holders(policy, selection))
+    def wait_reason(
+        self,
+        policy: model.Policy,
+        name: str,
+        nodes: cache.ClusterCache,
+        wanting: Mapping[str, Mapping[str, budget.Rank]],
+    ) -> str:
+        """Why the node waits, naming the policy whose budget is short and the nodes that hold it."""
+        refusing = budget.refusing(name, self._budgets(policy, name, nodes), self._ranks(nodes, wanting))
+        if not refusing:
+            return "the budget has no place for it"
+        first = refusing[0]
+        whose = (
+            "" if first.policy.name == policy.name else f"policy {first.policy.name}, which also selects it: "
+        )
+        limit = policies.resolve_max_unavailable(first.policy, len(first.selected))
+        holders = sorted(first.unavailable)
         if len(holders) >= limit:
             views = [record.view for n in holders if (record := nodes.node(n)) is not None]
             return (
-                f"{len(holders)} of its {len(selection.selected)} selected nodes are already unschedulable "
-                f"(maxUnavailable={limit}): {budget.holders_text(policy, views)}"
+                f"{whose}{len(holders)} of its {len(first.selected)} selected GPU nodes are already "
+                f"unschedulable (maxUnavailable={limit}): {budget.holders_text(first.policy, views)}"
             )
         free = limit - len(holders)
-        return f"the {free} free place(s) under maxUnavailable={limit} go to worse or older faults first"
+        return (
+            f"{whose}the {free} free place(s) under maxUnavailable={limit} go to worse or older faults first"
+        )
+
+    def _budgets(self, policy: model.Policy, name: str, nodes: cache.ClusterCache) -> list[budget.Budget]:
+        """Every acting policy's budget, the asking policy's first; none if it does not select the node."""
+        asking = nodes.selection(policy)
+        if policy.dry_run or name not in asking.selected:
+            return []
+        others = sorted(
+            (p for p in nodes.policies.values() if p.name != policy.name and not p.dry_run),
+            key=lambda p: p.name,
+        )
+        selections = [asking, *(nodes.selection(p) for p in others)]
+        return [budget.Budget(s.policy, s.selected, self.holders(s.policy, s)) for s in selections]
+
+    @staticmethod
+    def _ranks(nodes: cache.ClusterCache, wanting: Mapping[str, Mapping[str, budget.Rank]]) -> budget.Ranks:
+        """One rank per node across the acting policies, each counted for the nodes it selects now."""
+        return budget.Ranks(
+            (ranks, nodes.selection(policy).selected)
+            for name, ranks in wanting.items()
+            if (policy := nodes.policies.get(name)) is not None and not policy.dry_run
+        )
 
     def forget_node(self, name: str) -> None:
         """The node is gone: it holds no place and waits for none."""
-        for nodes in self.in_flight.values():
-            nodes.discard(name)
+        self.in_flight.discard(name)
         self.notified.difference_update({k for k in self.notified if k[1] == name})
 
     def forget_policy(self, name: str) -> None:
-        """The policy is gone: its lock (unless held), in-flight set and waiting nodes."""
-        lock = self.locks.get(name)
-        if lock is not None and not lock.locked():
-            del self.locks[name]
-        self.in_flight.pop(name, None)
+        """The policy is gone: its waiting nodes (its budget was the nodes' own state, nothing to forget)."""
         self.notified.difference_update({k for k in self.notified if k[0] == name})

@@ -155,10 +155,11 @@ def _newer(old: str, new: str) -> bool:
 
 @dataclasses.dataclass
 class Selection:
-    """The nodes a policy selects, and those of them that count against its budget.
+    """The GPU nodes a policy selects, and those of them that count against its budget.
 
-    Kept current as Node records change, so that admitting a node to the budget
-    needs no pass over the fleet (see `budget.admits`).
+    Kept current as Node and GPUNode records come and go, so that admitting a
+    node to the budget needs no pass over the fleet (see `budget.admits`). A
+    Node without a GPUNode is not selected (`policies.selects_gpu_node`).
     """
 
     policy: model.Policy
@@ -166,8 +167,8 @@ class Selection:
     unavailable: set[str] = dataclasses.field(default_factory=set)
     """Selected nodes that `budget.holds`: what `budget.counted` returns, in-flight cordons aside."""
 
-    def update(self, view: model.NodeView) -> None:
-        if not policies.selects(self.policy, view):
+    def update(self, view: model.NodeView, has_agent: bool) -> None:
+        if not policies.selects_gpu_node(self.policy, view, has_agent):
             self.discard(view.name)
             return
         self.selected.add(view.name)
@@ -215,8 +216,7 @@ class ClusterCache:
         old = self._nodes.get(record.view.name)
         if old is None or _newer(old.resource_version, record.resource_version):
             self._nodes[record.view.name] = record
-            for selection in self._selections.values():
-                selection.update(record.view)
+            self._select(record.view.name)
             return record
         return old
 
@@ -230,6 +230,15 @@ class ClusterCache:
         for selection in self._selections.values():
             selection.discard(name)
 
+    def _select(self, name: str) -> None:
+        """Bring every selection up to date with the node's Node and GPUNode as now stored."""
+        record = self._nodes.get(name)
+        for selection in self._selections.values():
+            if record is None:
+                selection.discard(name)
+            else:
+                selection.update(record.view, name in self._gpunodes)
+
     def selection(self, policy: model.Policy) -> Selection:
         """The policy's selection; built from the whole cache the first time and when the policy changed."""
         current = self._selections.get(policy.name)
@@ -238,7 +247,7 @@ class ClusterCache:
                 del self._selections[stale]  # deleted policies
             current = Selection(policy)
             for record in self._nodes.values():
-                current.update(record.view)
+                current.update(record.view, record.view.name in self._gpunodes)
             self._selections[policy.name] = current
         return current
 
@@ -248,6 +257,8 @@ class ClusterCache:
         old = self._gpunodes.get(record.name)
         if old is None or _newer(old.resource_version, record.resource_version):
             self._gpunodes[record.name] = record
+            if old is None:  # an agent appeared: its node now counts in the budgets that select it
+                self._select(record.name)
             return record
         return old
 
@@ -257,7 +268,8 @@ class ClusterCache:
         return self.put_gpunode(body) if name in self._gpunodes else None
 
     def remove_gpunode(self, name: str) -> None:
-        self._gpunodes.pop(name, None)
+        if self._gpunodes.pop(name, None) is not None:
+            self._select(name)
 
     def put_policy(self, policy: model.Policy) -> bool:
         """Store a valid policy (clearing any error it had); whether it is new or changed."""

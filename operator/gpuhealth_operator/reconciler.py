@@ -9,9 +9,10 @@ once; the timer (`tick`) runs one for every node for the time-based
 transitions.
 
 Overlapping policies: each selecting policy judges and acts on the node
-independently, within its own budget and with its own dry-run flag, except
-for the Node's labels and taint: acting policies patch one combined wish
-(`decisions.overlap`), so they never undo each other. The GPUNode status
+independently, with its own dry-run flag, except for the budget (a cordon
+needs every acting selecting policy's, see `admission`) and the Node's labels
+and taint: acting policies patch one combined wish (`decisions.overlap`), so
+they never undo each other. The GPUNode status
 and the GPUHealthy condition report the verdict of the first selecting
 policy by name (the "reporting" policy), and `cordoned-by` names the policy
 that cordoned first; only that policy ever uncordons the node.

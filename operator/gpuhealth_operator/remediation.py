@@ -194,7 +194,7 @@ async def _budget_exceeded(
     """Say once per wait that the node waits for the budget."""
     if not ctx.admission.start_waiting(policy.name, name):
         return
-    why = ctx.admission.wait_reason(policy, ctx.cache.selection(policy), ctx.cache)
+    why = ctx.admission.wait_reason(policy, name, ctx.cache, ctx.verdicts.wanting)
     wanted = verdict.wanted_action.value.lower() if verdict.wanted_action else "act on"
     await ctx.recorder.emit(
         events.subject(ctx.cache, name),
@@ -214,9 +214,7 @@ async def _cordon(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict, now: datetime.datetime
 ) -> bool:
     """Cordon within the budget; False when the budget says wait (True too when the Node is gone)."""
-    if not await ctx.admission.admit(
-        policy, name, ctx.cache.selection(policy), ctx.verdicts.wanting[policy.name]
-    ):
+    if not await ctx.admission.admit(policy, name, ctx.cache, ctx.verdicts.wanting):
         return False
 
     def patch(record: cache.NodeRecord) -> Awaitable[kube.JsonObject]:

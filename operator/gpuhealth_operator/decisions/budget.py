@@ -1,11 +1,18 @@
 """The disruption budget: which nodes a policy may cordon now, and who waits.
 
-A policy may hold at most `maxUnavailable` of its selected nodes
-unschedulable (`policies.resolve_max_unavailable`). Every selected node that
+A policy may hold at most `maxUnavailable` of its selected GPU nodes (nodes
+with a GPUNode, `policies.selects_gpu_node`) unschedulable
+(`policies.resolve_max_unavailable`). Every selected node that
 is already unschedulable counts, whoever cordoned it: the budget protects
 capacity, and a node a human cordoned is capacity gone all the same. So do
 nodes this policy has annotated as cordoned by it, and nodes the I/O layer has
 just cordoned but whose watch event has not arrived (`in_flight`).
+
+Policies overlap: a node several acting policies select is cordoned only if
+every one of them admits it (`admits_all`), and then counts once in each. All
+budgets queue waiting nodes in one order (`Ranks`): were each to
+rank by its own rules, two budgets could each keep their last free place for a
+different node, and neither node would ever be cordoned.
 
 Admission never raises that count above the limit. Nodes the policy already
 holds are always admitted (they hold budget already, and a drain in progress
@@ -17,8 +24,9 @@ worst and oldest faults go first and the order is deterministic.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 
 from gpuhealth_operator.decisions import model, policies
 
@@ -84,8 +92,128 @@ def admits(
     queue = (wanting.keys() & selected) - unavailable
     if len(queue) <= free:
         return True
-    ranked = sorted((_queue_key(wanting[n]), n) for n in queue)
-    return any(n == name for _, n in ranked[:free])
+    return _first(name, queue, wanting, free)
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """One acting policy's budget, from the indexes the caller keeps current."""
+
+    policy: model.Policy
+    selected: Set[str]
+    """The GPU nodes the policy selects."""
+    unavailable: Set[str]
+    """What `counted` returns for them, in-flight cordons included."""
+
+
+def admits_all(name: str, budgets: Sequence[Budget], wanting: Ranks) -> bool:
+    """Whether every budget that selects `name` admits it; False if none selects it (see `refusing`)."""
+    return any(name in b.selected for b in budgets) and not refusing(name, budgets, wanting)
+
+
+def refusing(name: str, budgets: Sequence[Budget], wanting: Ranks) -> list[Budget]:
+    """The budgets, of those that select `name`, that do not admit it now (in the given order).
+
+    `budgets` are those of every acting (not dry-run) policy; `wanting` ranks
+    every node any of them wants to cordon or drain, in one order for all
+    (`Ranks`). A budget's queue holds every wanting node it selects,
+    not only those its own rules want: a place it gives to one node is gone
+    for the others. Nodes that another budget blocks outright (it selects them
+    and has no free place) leave every queue while blocked, so a full pool
+    policy does not make a fleet-wide one keep its place for a node that
+    cannot be cordoned anyway. With one budget this is `admits`.
+    """
+    if name not in wanting:
+        return [b for b in budgets if name in b.selected]
+    free = [policies.resolve_max_unavailable(b.policy, len(b.selected)) - len(b.unavailable) for b in budgets]
+    full = [b for b, room in zip(budgets, free, strict=True) if room <= 0]
+
+    def blocked(node: str) -> bool:
+        return any(node in b.selected and node not in b.unavailable for b in full)
+
+    refused = []
+    for b, room in zip(budgets, free, strict=True):
+        if name not in b.selected or name in b.unavailable:
+            continue  # not this budget's node, or one it holds already
+        if room <= 0:
+            refused.append(b)
+            continue
+        queue = wanting.among(b.selected) - b.unavailable
+        if len(queue) <= room:
+            continue
+        if not _first(name, queue, wanting, room, blocked if full else None):
+            refused.append(b)
+    return refused
+
+
+def _first(
+    name: str,
+    queue: Set[str],
+    wanting: Mapping[str, Rank],
+    places: int,
+    skip: Callable[[str], bool] | None = None,
+) -> bool:
+    """Whether `name` is among the first `places` of `queue` in queue order (nodes `skip` says aside).
+
+    Counts those ahead instead of sorting: a pass, stopped once the places are gone.
+    """
+    mine = (_queue_key(wanting[name]), name)
+    ahead = 0
+    for node in queue:
+        if node != name and (_queue_key(wanting[node]), node) < mine and (skip is None or not skip(node)):
+            ahead += 1
+            if ahead >= places:
+                return False
+    return True
+
+
+class Ranks(Mapping[str, Rank]):
+    """Per node, the most urgent rank any acting policy gives it: one queue order for all budgets.
+
+    A policy's wish counts only for the nodes it selects now (a verdict judged
+    before a node left the policy wants nothing of the others' budgets). A
+    view over the policies' own indexes, built in O(policies) per admission:
+    merging them into one dict would cost a pass over every wanting node.
+    """
+
+    def __init__(self, parts: Iterable[tuple[Mapping[str, Rank], Set[str]]]) -> None:
+        self._parts = [(ranks, selected) for ranks, selected in parts if ranks]
+        """(the policy's node → rank index, the nodes it selects), per acting policy."""
+
+    def __getitem__(self, name: str) -> Rank:
+        best: Rank | None = None
+        for ranks, selected in self._parts:
+            rank = ranks.get(name)
+            if (
+                rank is not None
+                and name in selected
+                and (best is None or _queue_key(rank) < _queue_key(best))
+            ):
+                best = rank
+        if best is None:
+            raise KeyError(name)
+        return best
+
+    def __contains__(self, name: object) -> bool:
+        return any(name in ranks and name in selected for ranks, selected in self._parts)
+
+    def __iter__(self) -> Iterator[str]:
+        seen: set[str] = set()
+        for ranks, selected in self._parts:
+            for name in ranks:
+                if name in selected and name not in seen:
+                    seen.add(name)
+                    yield name
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def among(self, nodes: Set[str]) -> set[str]:
+        """The wanting nodes among `nodes` (a budget's selection): set operations, no pass over the fleet."""
+        found: set[str] = set()
+        for ranks, selected in self._parts:
+            found |= (ranks.keys() & nodes) & selected
+        return found
 
 
 def counted(
@@ -111,7 +239,7 @@ def holders_text(policy: model.Policy, holders: Sequence[model.NodeView], shown:
     def holder(node: model.NodeView) -> tuple[bool, str, str]:
         """(held by this policy, name, why in words): the sort key and the text in one."""
         if not node.unschedulable:
-            return True, node.name, "being cordoned by this policy"  # admitted, its cordon not yet seen
+            return True, node.name, "being cordoned"  # admitted, its cordon not yet seen
         if node.cordoned_by == policy.name:
             return True, node.name, "cordoned by this policy"
         if node.cordoned_by:

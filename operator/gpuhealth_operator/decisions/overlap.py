@@ -5,7 +5,7 @@ policy patched its own wishes, two policies with different rules would undo
 each other on every pass and the labels would flap (safety rule 5). So the
 Node gets one combined wish: for each key the most severe value any acting
 policy wants, and removal only when none wants it. Cordon and drain are not
-combined here: each policy keeps its own budget.
+combined here: the budgets are (`budget.admits_all`, asked by `admission`).
 """
 
 from __future__ import annotations

@@ -68,7 +68,11 @@ def parse_policy(name: str, generation: int, spec: Mapping[str, Any]) -> model.P
 
 
 def selects(policy: model.Policy, node: model.NodeView) -> bool:
-    """Kubernetes LabelSelector semantics; a node labelled gpuhealth.io/exclude=true is never selected."""
+    """Whether the node's labels match: Kubernetes LabelSelector semantics (an empty selector matches
+    every label set); a node labelled gpuhealth.io/exclude=true is never selected.
+
+    Labels alone: a Node without a GPUNode is still never selected (`selects_gpu_node`).
+    """
     labels = node.labels
     if labels.get(keys.EXCLUDE_LABEL) == "true":
         return False
@@ -77,8 +81,18 @@ def selects(policy: model.Policy, node: model.NodeView) -> bool:
     return all(_requirement_matches(r, labels) for r in policy.match_expressions)
 
 
+def selects_gpu_node(policy: model.Policy, node: model.NodeView, has_agent: bool) -> bool:
+    """Whether the policy selects the node: its labels match and an agent reports on it (a GPUNode).
+
+    A policy judges GPU nodes and its budget is taken of them, so an empty
+    selector means "every node with an agent", never "every Node": a
+    percentage of a fleet that is mostly CPU nodes would let every GPU node go.
+    """
+    return has_agent and selects(policy, node)
+
+
 def resolve_max_unavailable(policy: model.Policy, selected_count: int) -> int:
-    """How many selected nodes the policy may hold cordoned at once.
+    """How many selected nodes the policy may hold cordoned at once (`selected_count`: its GPU nodes).
 
     A percent rounds DOWN (as a Deployment's maxUnavailable does): this budget
     is capacity the operator takes away on its own authority, and the safe

@@ -303,7 +303,7 @@ def test_the_wait_names_who_holds_the_budget_those_an_operator_can_free_first() 
     views[3] = model.NodeView(name="n3")  # admitted, its cordon not yet seen
     assert budget.holders_text(pol(4), views) == (
         "n1 (cordoned outside gpu-health), n2 (cordoned by policy other-policy), "
-        "n0 (cordoned by this policy), n3 (being cordoned by this policy)"
+        "n0 (cordoned by this policy), n3 (being cordoned)"
     )
     many = nodes(8, human=tuple(range(8)))
     assert budget.holders_text(pol(8), many).endswith("n4 (cordoned outside gpu-health), and 3 more")

@@ -24,8 +24,7 @@ NOT_STATE = {"config", "client", "meters", "recorder", "cache", "eviction_slots"
 
 def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.node_locks[node]  # a defaultdict: looking a key up creates its lock
-    ctx.admission.locks[policy]
-    ctx.admission.in_flight[policy].add(node)
+    ctx.admission.in_flight.add(node)
     ctx.admission.notified.add((policy, node))
     ctx.verdicts.remember(
         (policy, node),

@@ -59,10 +59,15 @@ def node(
     }
 
 
+def gpunode(name: str, version: int = 1) -> dict:
+    return {"metadata": {"name": name, "resourceVersion": str(version)}, "status": {}}
+
+
 def test_a_policys_selection_follows_node_changes_without_a_fleet_pass() -> None:
     clusters = cache.ClusterCache()
     for i, pool in enumerate(["a", "a", "b"]):
         clusters.put_node(node(f"n{i}", 1, pool=pool))
+        clusters.put_gpunode(gpunode(f"n{i}"))
     policy = policies.parse_policy("p", 1, {"nodeSelector": {"matchLabels": {"pool": "a"}}, "rules": []})
     clusters.put_policy(policy)
     selection = clusters.selection(policy)
@@ -82,3 +87,26 @@ def test_a_policys_selection_follows_node_changes_without_a_fleet_pass() -> None
     clusters.put_policy(changed)
     rebuilt = clusters.selection(changed)
     assert (rebuilt.selected, rebuilt.unavailable) == ({"n0", "n2"}, {"n2"})
+
+
+def test_a_policys_selection_holds_the_nodes_with_an_agent_and_follows_gpunodes() -> None:
+    """Budgets count GPU nodes: a Node the selector matches but no agent reports on is not selected."""
+    clusters = cache.ClusterCache()
+    clusters.put_node(node("cpu", 1, unschedulable=True))
+    clusters.put_node(node("gpu", 1))
+    clusters.put_gpunode(gpunode("gpu"))
+    everything = policies.parse_policy("all", 1, {"rules": []})  # an empty selector: every node with an agent
+    clusters.put_policy(everything)
+    selection = clusters.selection(everything)
+    assert (selection.selected, selection.unavailable) == ({"gpu"}, set())
+
+    clusters.put_gpunode(gpunode("cpu"))  # an agent starts on the cordoned node: it counts now
+    assert (selection.selected, selection.unavailable) == ({"gpu", "cpu"}, {"cpu"})
+    clusters.put_gpunode(gpunode("cpu", 2))  # a status update changes nothing
+    assert (selection.selected, selection.unavailable) == ({"gpu", "cpu"}, {"cpu"})
+    clusters.remove_gpunode("cpu")  # and its GPUNode goes away again
+    assert (selection.selected, selection.unavailable) == ({"gpu"}, set())
+    clusters.put_gpunode(gpunode("ghost"))  # a GPUNode whose Node is not (yet) seen selects nothing
+    assert selection.selected == {"gpu"}
+    clusters.put_node(node("ghost", 1))
+    assert selection.selected == {"gpu", "ghost"}
