@@ -522,11 +522,17 @@ def test_human_cordoned_node_is_not_uncordoned_on_recovery(fleet: operator_harne
 def test_stale_agent_makes_node_unknown_and_never_cordons(fleet: operator_harness.Fleet) -> None:
     name = node_name(fleet, "stale")
     fleet.add_node(name, report=False)
+    # The agent's last report (ECC) and then silence; staleness is timed from when the operator saw it.
+    fleet.report(name, gpunode_facts.agent_status(overrides={0: ECC}, heartbeat_seconds=1))
+    waiting.holds(
+        lambda: not cordoned(fleet, name),
+        seconds=3.5,
+        interval_seconds=0.5,
+        message="no policy selects the node yet",
+    )
     fleet.policy(
         fleet.label, policy_spec({"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"})
     )
-    long_ago = gpunode_facts.rfc3339(datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=10))
-    fleet.report(name, gpunode_facts.agent_status(overrides={0: ECC}, heartbeat=long_ago, observed=long_ago))
 
     waiting.wait_until(
         lambda: gpunode_status(fleet, name).get("health") == "Unknown",
@@ -549,6 +555,33 @@ def test_stale_agent_makes_node_unknown_and_never_cordons(fleet: operator_harnes
         message="a stale node is never cordoned",
     )
     assert "NodeCordoned" not in reasons(fleet, name)
+
+
+def test_silent_agent_whose_clock_runs_a_day_ahead_turns_unknown_within_3_heartbeats(
+    fleet: operator_harness.Fleet,
+) -> None:
+    name = node_name(fleet, "ahead")
+    fleet.add_node(name, report=False)
+    fleet.policy(
+        fleet.label, policy_spec({"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"})
+    )
+    heartbeat_seconds = 2
+    ahead = gpunode_facts.rfc3339(datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=24))
+    fleet.report(name, gpunode_facts.agent_status(heartbeat=ahead, heartbeat_seconds=heartbeat_seconds))
+    reported = time.monotonic()
+    waiting.wait_until(
+        lambda: gpunode_status(fleet, name).get("health") == "Healthy",
+        timeout_seconds=TIMEOUT,
+        message="health Healthy while the agent reports",
+    )
+    # The agent dies: no report after this one, whose timestamp says "tomorrow".
+    waiting.wait_until(
+        lambda: gpunode_status(fleet, name).get("health") == "Unknown",
+        timeout_seconds=3 * heartbeat_seconds + 3,
+        message="health Unknown within 3 heartbeats (the operator's clock, not the agent's)",
+    )
+    assert time.monotonic() - reported >= 3 * heartbeat_seconds - 0.5, "not stale before 3 heartbeats"
+    assert not cordoned(fleet, name)
 
 
 def test_straggler_among_eight_nodes_is_labelled_and_idle_node_is_not(fleet: operator_harness.Fleet) -> None:
