@@ -70,6 +70,8 @@ class EventReason(enum.StrEnum):
     BUDGET_EXCEEDED = "DisruptionBudgetExceeded"
     AGENT_STALE = "AgentStale"
     DRY_RUN = "DryRun"
+    REMEDIATION_PAUSED = "RemediationPaused"
+    """A running drain stopped (exclude label, dry run, policy deleted), or a deleted policy left a cordon."""
 
 
 class RecoveryAction(enum.StrEnum):

@@ -192,11 +192,18 @@ class Selection:
     policy: model.Policy
     selected: set[str] = dataclasses.field(default_factory=set)
     unavailable: set[str] = dataclasses.field(default_factory=set)
-    """Selected nodes that `budget.holds`: what `budget.counted` returns, in-flight cordons aside."""
+    """Selected nodes that `budget.holds` (what `budget.counted` returns, in-flight cordons aside), and
+    opted-out nodes the selector matches that hold it: an emergency stop keeps the cordon's slot."""
 
     def update(self, view: model.NodeView) -> None:
         if not policies.selects(self.policy, view):
             self.discard(view.name)
+            if (
+                policies.excluded(view)
+                and policies.matches(self.policy, view)
+                and budget.holds(self.policy, view)
+            ):
+                self.unavailable.add(view.name)  # opted out, but its cordon still takes the budget
             return
         self.selected.add(view.name)
         if budget.holds(self.policy, view):

@@ -123,6 +123,9 @@ class Context:
     drain_results: dict[str, drain.Result] = dataclasses.field(default_factory=dict)
     """node → how its last drain in this process ended (cleared on uncordon)."""
 
+    drain_policies: dict[str, str] = dataclasses.field(default_factory=dict)
+    """node → the policy whose drain runs (or ran) there: what `stopping` asks whether to stop it."""
+
     dry_run_said: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
     """(policy, node) → the last DryRun message, so it is said once per change."""
 
@@ -167,6 +170,7 @@ class Context:
         if task is not None:
             task.cancel()
         self.drain_results.pop(name, None)
+        self.drain_policies.pop(name, None)
         lock = self.node_locks.get(name)
         if lock is not None and not lock.locked():
             del self.node_locks[name]
@@ -178,3 +182,5 @@ class Context:
         _drop(self.dry_run_said, name, POLICY)
         self.admission.forget_policy(name)
         self.policy_status_written.pop(name, None)
+        for node in [n for n, policy in self.drain_policies.items() if policy == name]:
+            del self.drain_policies[node]  # its drains were stopped (`stopping.stop_drains`)

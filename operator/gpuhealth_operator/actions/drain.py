@@ -28,6 +28,8 @@ from gpuhealth_operator import kube
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 POLL_SECONDS = 0.5
 """How often to look again while evicted pods are terminating."""
+STOPPED = "stopped"
+"""An eviction not sent because the drain was told to stop (no request went out)."""
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +51,8 @@ class Result:
     evicted: int
     skipped: tuple[str, ...]
     """Pods left in place on purpose (emptyDir data without deleteEmptyDirData)."""
+    stopped: bool = False
+    """The caller's `should_stop` ended the drain (exclude label, dry run, policy deleted)."""
 
 
 def is_daemonset_pod(pod: kube.JsonObject) -> bool:
@@ -126,11 +130,18 @@ async def drain(
     deadline: datetime.datetime,
     semaphore: asyncio.Semaphore,
     on_eviction: Callable[[str], None] = lambda result: None,
+    should_stop: Callable[[], bool] = lambda: False,
 ) -> Result:
-    """Evict until no evictable pod is left on `node`, or `deadline` (aware UTC) passes."""
+    """Evict until no evictable pod is left on `node`, or `deadline` (aware UTC) passes.
+
+    `should_stop` is asked right before every eviction request: once it says True no
+    request goes out any more (an emergency stop), and the drain returns `stopped`.
+    """
     backoff = options.backoff_initial_seconds
     evicted = 0
     while True:
+        if should_stop():
+            return Result(completed=False, blocking=(), evicted=evicted, skipped=(), stopped=True)
         wanted, skipped = classify(await list_pods(client, node), options)
         if not wanted:
             return Result(completed=True, blocking=(), evicted=evicted, skipped=tuple(skipped))
@@ -145,12 +156,17 @@ async def drain(
 
         async def bounded(pod: kube.JsonObject) -> str:
             async with semaphore:
+                if should_stop():
+                    return STOPPED
                 return await evict(client, pod, options)
 
         results = await asyncio.gather(*(bounded(p) for p in wanted if not is_terminating(p)))
         for result in results:
-            on_eviction(result)
+            if result != STOPPED:
+                on_eviction(result)
         evicted += results.count("evicted")
+        if STOPPED in results:
+            return Result(completed=False, blocking=(), evicted=evicted, skipped=(), stopped=True)
         refused = "blocked" in results or "error" in results
         if refused:
             wait = backoff

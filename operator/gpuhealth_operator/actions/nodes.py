@@ -87,6 +87,21 @@ async def uncordon(client: kube.Kube, name: str, *, policy: str) -> kube.JsonObj
     return await client.patch(node_path(name), ops, content_type=JSON_PATCH)
 
 
+async def adopt_cordon(client: kube.Kube, name: str, *, deleted: str, policy: str) -> kube.JsonObject:
+    """Make `policy` the owner of a cordon whose `cordoned-by` names the deleted policy `deleted`.
+
+    Conditional on the annotation still naming `deleted` and the node still being
+    unschedulable (JSON-patch `test`, 422 otherwise), so a human's change meanwhile wins.
+    """
+    ours = f"/metadata/annotations/{_pointer(keys.CORDONED_BY_ANNOTATION)}"
+    ops: list[dict[str, Any]] = [
+        {"op": "test", "path": ours, "value": deleted},
+        {"op": "test", "path": "/spec/unschedulable", "value": True},
+        {"op": "replace", "path": ours, "value": policy},
+    ]
+    return await client.patch(node_path(name), ops, content_type=JSON_PATCH)
+
+
 async def set_drain_started(client: kube.Kube, name: str, value: str | None) -> kube.JsonObject:
     return await patch_metadata(client, name, annotations={DRAIN_STARTED_ANNOTATION: value})
 
