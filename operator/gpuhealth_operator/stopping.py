@@ -124,7 +124,8 @@ async def adopt(ctx: context.Context, policy: str, name: str) -> None:
         if not error.not_found:
             raise
     try:
-        body = await nodes.adopt_cordon(ctx.client, name, deleted=owner, policy=policy)
+        started = nodes.DRAIN_STARTED_ANNOTATION in record.view.annotations
+        body = await nodes.adopt_cordon(ctx.client, name, deleted=owner, policy=policy, drain_started=started)
     except kube.ApiError as error:
         if error.status not in (409, 422):
             raise
@@ -132,6 +133,7 @@ async def adopt(ctx: context.Context, policy: str, name: str) -> None:
         return  # changed meanwhile (a human uncordoned it, another policy adopted it): not ours
     if ctx.cache.refresh_node(body) is None:
         return
+    ctx.drain_results.pop(name, None)  # the deleted policy's drain ended; the adopting policy drains anew
     await ctx.recorder.emit(
         events.subject(ctx.cache, name),
         vocabulary.EventReason.NODE_CORDONED,

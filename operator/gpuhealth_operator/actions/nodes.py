@@ -87,11 +87,15 @@ async def uncordon(client: kube.Kube, name: str, *, policy: str) -> kube.JsonObj
     return await client.patch(node_path(name), ops, content_type=JSON_PATCH)
 
 
-async def adopt_cordon(client: kube.Kube, name: str, *, deleted: str, policy: str) -> kube.JsonObject:
+async def adopt_cordon(
+    client: kube.Kube, name: str, *, deleted: str, policy: str, drain_started: bool
+) -> kube.JsonObject:
     """Make `policy` the owner of a cordon whose `cordoned-by` names the deleted policy `deleted`.
 
     Conditional on the annotation still naming `deleted` and the node still being
     unschedulable (JSON-patch `test`, 422 otherwise), so a human's change meanwhile wins.
+    The old drain's start goes (`drain_started`: the node has one): the adopting policy's
+    drain is its own, with its own timeout.
     """
     ours = f"/metadata/annotations/{_pointer(keys.CORDONED_BY_ANNOTATION)}"
     ops: list[dict[str, Any]] = [
@@ -99,6 +103,8 @@ async def adopt_cordon(client: kube.Kube, name: str, *, deleted: str, policy: st
         {"op": "test", "path": "/spec/unschedulable", "value": True},
         {"op": "replace", "path": ours, "value": policy},
     ]
+    if drain_started:
+        ops.append({"op": "remove", "path": f"/metadata/annotations/{_pointer(DRAIN_STARTED_ANNOTATION)}"})
     return await client.patch(node_path(name), ops, content_type=JSON_PATCH)
 
 

@@ -121,3 +121,59 @@ def test_why_stop_names_each_emergency_stop() -> None:
     assert keys.EXCLUDE_LABEL in (stopping.why_stop(ctx, "p", "n") or "")
     ctx.cache.remove_node("n")
     assert stopping.why_stop(ctx, "p", "n") == "the node is gone"
+
+
+class AdoptingCluster:
+    """Answers the requests of an adoption: the old policy's GET, the Node's JSON patch, the Event."""
+
+    def __init__(self, *, old_policy_exists: bool) -> None:
+        self.old_policy_exists = old_policy_exists
+        self.patches: list[Any] = []
+        self.events: list[dict[str, Any]] = []
+
+    async def get(self, path: str, query: Any = None) -> dict[str, Any]:
+        if self.old_policy_exists:
+            return {"metadata": {"name": path.rsplit("/", 1)[1]}}
+        raise kube.ApiError(404, "NotFound", "gpuhealthpolicies not found")
+
+    async def patch(self, path: str, body: Any, **_: Any) -> dict[str, Any]:
+        self.patches.append(body)
+        adopted = node("n", {"pool": "gpu"}, cordoned_by="p")
+        adopted["metadata"]["resourceVersion"] = "2"
+        return adopted
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.events.append(body)
+        return body
+
+
+def adopting_context(cluster: AdoptingCluster, owner: str) -> context.Context:
+    ctx = make_context()
+    ctx.client = cluster  # type: ignore[assignment]
+    ctx.recorder.client = cluster  # type: ignore[assignment]
+    ctx.cache.put_policy(POLICY)
+    orphan = node("n", {"pool": "gpu"}, cordoned_by=owner)
+    orphan["metadata"]["annotations"]["gpuhealth.io/drain-started"] = "2026-01-01T00:00:00Z"
+    ctx.cache.put_node(orphan)
+    return ctx
+
+
+def test_a_cordon_of_a_deleted_policy_is_adopted_with_a_fresh_drain() -> None:
+    cluster = AdoptingCluster(old_policy_exists=False)
+    ctx = adopting_context(cluster, owner="old")
+    asyncio.run(stopping.adopt(ctx, "p", "n"))
+    (ops,) = cluster.patches
+    assert {"op": "test", "path": "/metadata/annotations/gpuhealth.io~1cordoned-by", "value": "old"} in ops
+    assert {"op": "replace", "path": "/metadata/annotations/gpuhealth.io~1cordoned-by", "value": "p"} in ops
+    assert {"op": "remove", "path": "/metadata/annotations/gpuhealth.io~1drain-started"} in ops
+    record = ctx.cache.node("n")
+    assert record is not None and record.view.cordoned_by == "p"
+    assert [e["reason"] for e in cluster.events] == ["NodeCordoned"]
+    assert "adopts the cordon of deleted policy old" in cluster.events[0]["message"]
+
+
+def test_a_cordon_is_not_adopted_while_its_policy_exists_even_if_the_cache_lags() -> None:
+    cluster = AdoptingCluster(old_policy_exists=True)
+    ctx = adopting_context(cluster, owner="old")
+    asyncio.run(stopping.adopt(ctx, "p", "n"))
+    assert cluster.patches == [] and cluster.events == []
