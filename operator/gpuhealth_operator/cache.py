@@ -193,17 +193,14 @@ class Selection:
     selected: set[str] = dataclasses.field(default_factory=set)
     unavailable: set[str] = dataclasses.field(default_factory=set)
     """Selected nodes that `budget.holds` (what `budget.counted` returns, in-flight cordons aside), and
-    opted-out nodes the selector matches that hold it: an emergency stop keeps the cordon's slot."""
+    unschedulable opted-out nodes the selector matches: an emergency stop keeps the cordon's slot
+    until someone makes the node schedulable."""
 
     def update(self, view: model.NodeView) -> None:
         if not policies.selects(self.policy, view):
             self.discard(view.name)
-            if (
-                policies.excluded(view)
-                and policies.matches(self.policy, view)
-                and budget.holds(self.policy, view)
-            ):
-                self.unavailable.add(view.name)  # opted out, but its cordon still takes the budget
+            if view.unschedulable and policies.excluded(view) and policies.matches(self.policy, view):
+                self.unavailable.add(view.name)  # opted out, but while cordoned it still takes the budget
             return
         self.selected.add(view.name)
         if budget.holds(self.policy, view):

@@ -98,6 +98,12 @@ def test_an_excluded_node_keeps_its_cordons_budget_slot() -> None:
     selection = nodes.selection(POLICY)
     assert selection.selected == {"b"}
     assert selection.unavailable == {"a"}
+    # A human uncordons the excluded node: its capacity is back, so is the budget slot.
+    uncordoned = node("a", {"pool": "gpu", keys.EXCLUDE_LABEL: "true"}, cordoned_by="p")
+    uncordoned["metadata"]["resourceVersion"] = "2"
+    uncordoned["spec"]["unschedulable"] = False
+    nodes.put_node(uncordoned)
+    assert selection.unavailable == set()
 
 
 def make_context() -> context.Context:
