@@ -73,6 +73,8 @@ class EventReason(enum.StrEnum):
     AGENT_STALE = "AgentStale"
     DRY_RUN = "DryRun"
     OVERRIDDEN_BY_USER = "OverriddenByUser"
+    REMEDIATION_PAUSED = "RemediationPaused"
+    """A running drain stopped (exclude label, dry run, policy deleted), or a deleted policy left a cordon."""
 
 
 class RecoveryAction(enum.StrEnum):

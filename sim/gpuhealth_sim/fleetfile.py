@@ -393,6 +393,8 @@ def _agent(reader: _Reader, raw: Any) -> tuple[float, float]:
     )
     if heartbeat < interval:
         reader.problem("agent.heartbeatSeconds", f"must be at least intervalSeconds ({interval:g})")
+    if heartbeat > heartbeats.MAX_HEARTBEAT_SECONDS:
+        reader.problem("agent.heartbeatSeconds", f"must be at most {heartbeats.MAX_HEARTBEAT_SECONDS}")
     return interval, heartbeat
 
 

@@ -579,8 +579,9 @@ def test_operator_update_keeps_agent_facts_and_drops_its_own_stale_conditions(
         ({"action": "Rebooted"}, "status.action"),
         ({"conditions": [{"type": "GPULost", "status": "Yes"}]}, "status.conditions[0].status"),
         ({"gpus": [{"index": 0, "xids": [{"code": 79}]}]}, "status.gpus[0].xids[0].count"),
+        ({"agent": {"heartbeatSeconds": 601}}, "status.agent.heartbeatSeconds"),
     ],
-    ids=["health", "action", "condition-status", "xid-without-count"],
+    ids=["health", "action", "condition-status", "xid-without-count", "heartbeat-beyond-600s"],
 )
 def test_malformed_gpunode_status_is_rejected_naming_the_field(
     crds: controlplane.ControlPlane,

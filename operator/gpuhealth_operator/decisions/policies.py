@@ -73,9 +73,17 @@ def selects(policy: model.Policy, node: model.NodeView) -> bool:
 
     Labels alone: a Node without a GPUNode is still never selected (`selects_gpu_node`).
     """
+    return not excluded(node) and matches(policy, node)
+
+
+def excluded(node: model.NodeView) -> bool:
+    """The node opted out (gpuhealth.io/exclude=true): no policy judges or acts on it."""
+    return node.labels.get(keys.EXCLUDE_LABEL) == "true"
+
+
+def matches(policy: model.Policy, node: model.NodeView) -> bool:
+    """The policy's nodeSelector matches the node, opted out or not."""
     labels = node.labels
-    if labels.get(keys.EXCLUDE_LABEL) == "true":
-        return False
     if any(labels.get(key) != value for key, value in policy.match_labels.items()):
         return False
     return all(_requirement_matches(r, labels) for r in policy.match_expressions)

@@ -40,8 +40,11 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
     previous: Mapping[Condition, model.ConditionState],
     straggler: model.StragglerScore | None,
     now: datetime.datetime,
+    *,
+    report_age_seconds: float = 0.0,
 ) -> model.NodeVerdict:
-    raw = signals.raw_signals(facts, node, policies.rule_xids(policy), now)
+    """`report_age_seconds`: how long ago, by the operator's clock, the agent's last new report was seen."""
+    raw = signals.raw_signals(facts, node, policies.rule_xids(policy), now, report_age_seconds)
     stale = raw[Condition.AGENT_STALE].present is True
     raw[Condition.STRAGGLER] = straggler_signal(straggler, stale=stale)
     judged = severity.FATAL | {Condition.AGENT_STALE} | {r.condition for r in policy.rules}
