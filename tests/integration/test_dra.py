@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpuhealth_api import resources
+from gpuhealth_api import keys, resources, vocabulary
+from gpuhealth_operator.decisions import isolation
 from gpuhealth_sim import controlplane, dra, fleet, fleetfile, waiting
 
 pytestmark = pytest.mark.integration
@@ -27,8 +28,7 @@ NODE_POOL = "itdra"
 NODE = f"{NODE_POOL}-0"
 GPUS = 8
 FAULTY = 3
-TAINT_RULES = ("resource.k8s.io", "v1beta2", "devicetaintrules")
-RULE = f"{NODE}-gpu-{FAULTY}-test"
+RULE = isolation.rule_name(NODE, FAULTY)
 FLEET = {
     "agent": {"intervalSeconds": 0.5, "heartbeatSeconds": 5},
     "pools": [
@@ -83,16 +83,19 @@ def _phases(core: client.CoreV1Api, namespace: str) -> dict[str, str]:
     }
 
 
-def _device_of_uuid(objects: client.CustomObjectsApi, uuid: str) -> tuple[str, str, str]:
-    """(driver, pool, device) of the GPU with `uuid`, from the node's ResourceSlices, as the operator will."""
-    slices = objects.list_cluster_custom_object(
-        "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={NODE}"
-    )
-    for item in slices["items"]:
-        for device in item["spec"].get("devices", []):
-            if device.get("attributes", {}).get("uuid", {}).get("string") == uuid:
-                return item["spec"]["driver"], item["spec"]["pool"]["name"], device["name"]
-    raise AssertionError(f"no device with uuid {uuid} in the ResourceSlices of {NODE}")
+def _served_taint_rule_version(objects: client.CustomObjectsApi) -> str | None:
+    """Discovery, as the operator will read it: the resource.k8s.io versions that list devicetaintrules."""
+    serving = []
+    for version in isolation.KNOWN_VERSIONS:
+        try:
+            found = objects.get_api_resources(isolation.GROUP, version)
+        except client.ApiException as error:
+            if error.status == 404:
+                continue
+            raise
+        if any(r.name == "devicetaintrules" for r in found.resources):
+            serving.append(version)
+    return isolation.served_version(serving)
 
 
 def test_device_taint_evicts_only_the_pod_on_that_gpu(
@@ -147,30 +150,32 @@ def test_device_taint_evicts_only_the_pod_on_that_gpu(
         reported, timeout_seconds=30, message=f"the agent of {NODE} reporting {GPUS} GPUs"
     )
     uuid = next(gpu["uuid"] for gpu in gpus if gpu["index"] == FAULTY)
-    driver, pool, device = _device_of_uuid(objects, uuid)
-    assert (driver, pool) == (dra.DRIVER, NODE)
-    (victim,) = [pod for pod, name in allocated.items() if name == device]
+    slices = objects.list_cluster_custom_object(
+        "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={NODE}"
+    )
+    found = isolation.devices_by_uuid(slices["items"])
+    assert set(found) == {gpu["uuid"] for gpu in gpus}, "every GPU the agent reports is a DRA device"
+    device = found[uuid]
+    assert (device.driver, device.pool) == (dra.DRIVER, NODE)
+    api_version = _served_taint_rule_version(objects)
+    assert api_version == "v1beta2", "Kubernetes 1.36 serves DeviceTaintRule in resource.k8s.io/v1beta2"
+    (victim,) = [pod for pod, name in allocated.items() if name == device.name]
     survivors = {
         pod: core.read_namespaced_pod(pod, namespace).metadata.uid for pod in allocated if pod != victim
     }
 
     tainted_at = time.monotonic()
-    objects.create_cluster_custom_object(
-        *TAINT_RULES,
-        {
-            "apiVersion": "resource.k8s.io/v1beta2",
-            "kind": "DeviceTaintRule",
-            "metadata": {"name": RULE},
-            "spec": {
-                "deviceSelector": {"driver": driver, "pool": pool, "device": device},
-                "taint": {
-                    "key": "gpuhealth.io/unhealthy",
-                    "value": "EccUncorrectable",
-                    "effect": "NoExecute",
-                },
-            },
-        },
+    rule = isolation.device_taint_rule(
+        api_version=api_version,
+        policy="itdra",
+        node=NODE,
+        gpu_index=FAULTY,
+        gpu_uuid=uuid,
+        device=device,
+        condition=vocabulary.Condition.ECC_UNCORRECTABLE,
+        effect=vocabulary.IsolationEffect.NO_EXECUTE,
     )
+    objects.create_cluster_custom_object(isolation.GROUP, api_version, "devicetaintrules", rule)
     try:
 
         def gone() -> bool:
@@ -182,9 +187,15 @@ def test_device_taint_evicts_only_the_pod_on_that_gpu(
                 raise
             return False
 
-        waiting.wait_until(gone, timeout_seconds=60, message=f"{victim} (on {device}) evicted and deleted")
+        waiting.wait_until(
+            gone, timeout_seconds=60, message=f"{victim} (on {device.name}) evicted and deleted"
+        )
         latency = time.monotonic() - tainted_at
-        print(f"\nDeviceTaintRule NoExecute on {device} -> pod {victim} gone: {latency:.2f} s")
+        print(f"\nDeviceTaintRule NoExecute on {device.name} -> pod {victim} gone: {latency:.2f} s")
+        ours = objects.list_cluster_custom_object(
+            isolation.GROUP, api_version, "devicetaintrules", label_selector=f"{keys.POLICY_LABEL}=itdra"
+        )
+        assert [item["metadata"]["name"] for item in ours["items"]] == [RULE]
 
         # A new claim, too, must never get the tainted device.
         core.create_namespaced_pod(namespace, _pod("train-late"))
@@ -197,11 +208,11 @@ def test_device_taint_evicts_only_the_pod_on_that_gpu(
                 and all(phases[pod] == "Running" for pod in survivors)
                 and phases[waiting_pod] == "Pending"
                 and phases.get("train-late") == "Pending"
-                and device not in {d for pod, d in devices.items() if pod not in survivors}
+                and device.name not in {d for pod, d in devices.items() if pod not in survivors}
             )
 
         waiting.holds(still_isolated, seconds=8, message="7 pods keep running, no claim gets the tainted GPU")
         assert not core.read_node(NODE).spec.unschedulable, "the node stays schedulable"
         assert latency < 30
     finally:
-        objects.delete_cluster_custom_object(*TAINT_RULES, RULE)
+        objects.delete_cluster_custom_object(isolation.GROUP, api_version, "devicetaintrules", RULE)
