@@ -6,9 +6,11 @@ waits. A DeviceTaintRule with effect NoExecute on the device of GPU 3 —
 found, as the operator will find it, by the UUID the node's agent reports in
 its GPUNode — makes the real kube-controller-manager evict only the pod that
 holds it (kwok completes the deletion), the other 7 keep running, the node
-stays schedulable, and no claim is ever given that device again. This is
-what `IsolateGPU` will rely on; the test records the taint → pod-gone
-latency.
+stays schedulable, and no claim is given that device while the rule stands;
+deleting the rule makes it allocatable again. The rule is built by the
+operator's pure `decisions.isolation`, in the version discovery says is
+served. This is what `IsolateGPU` will rely on; the test prints the
+taint → pod-gone latency.
 """
 
 import time
@@ -216,3 +218,19 @@ def test_device_taint_evicts_only_the_pod_on_that_gpu(
         assert latency < 30
     finally:
         objects.delete_cluster_custom_object(isolation.GROUP, api_version, "devicetaintrules", RULE)
+
+    # Recovery: with the rule gone the GPU is allocatable again; one of the two waiting pods gets it.
+    def restored() -> str | None:
+        phases, devices = _phases(core, namespace), _devices_by_pod(objects, namespace)
+        return next(
+            (
+                pod
+                for pod in (waiting_pod, "train-late")
+                if phases[pod] == "Running" and devices[pod] == device.name
+            ),
+            None,
+        )
+
+    waiting.wait_until(
+        restored, timeout_seconds=60, message=f"a waiting pod scheduled onto {device.name} again"
+    )
