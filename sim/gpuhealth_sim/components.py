@@ -36,13 +36,13 @@ DISABLED_CONTROLLERS: Final = (
     "service-lb-controller",
 )
 FEATURE_GATES: Final = "DRADeviceTaintRules=true"
-"""Beta but off by default in 1.36: lets a DeviceTaintRule taint one DRA device (one GPU), so the
-scheduler stops allocating it and the device-taint-eviction controller evicts only its pods.
-The device taints themselves (DRADeviceTaints) are on by default. Set on the API server, the
-controller manager and the scheduler alike, or one of them would ignore the rules."""
+"""Beta but off by default in 1.36: without it the scheduler and the device-taint-eviction
+controller ignore DeviceTaintRules (a rule is stored and gets no status). With it a rule on one
+DRA device (one GPU) stops the scheduler allocating it and, NoExecute, evicts only its pods.
+Device taints themselves (DRADeviceTaints) are on by default. Set on every component alike."""
 RUNTIME_CONFIG: Final = "resource.k8s.io/v1beta2=true"
 """DeviceTaintRule is served only in resource.k8s.io/v1beta2 in 1.36 (v1 has no such kind), and
-beta API versions are off unless asked for."""
+a beta API version is off unless enabled: the feature gate alone does not serve it."""
 KWOK_STAGES: Final = "kwok-stages.yaml"
 """Package data: how kwok plays kubelets (kwok 0.8 ships no built-in stages)."""
 AUDIT_LOG: Final = "kube-apiserver-audit.log"

@@ -8,7 +8,7 @@ its GPUNode — makes the real kube-controller-manager evict only the pod that
 holds it (kwok completes the deletion), the other 7 keep running, the node
 stays schedulable, and no claim is given that device while the rule stands;
 deleting the rule makes it allocatable again. The rule is built by the
-operator's pure `decisions.isolation`, in the version discovery says is
+operator's pure `decisions.device_taints`, in the version discovery says is
 served. This is what `IsolateGPU` will rely on; the test prints the
 taint → pod-gone latency.
 """
@@ -21,7 +21,7 @@ import pytest
 from kubernetes import client
 
 from gpuhealth_api import keys, resources, vocabulary
-from gpuhealth_operator.decisions import isolation
+from gpuhealth_operator.decisions import device_taints
 from gpuhealth_sim import controlplane, dra, fleet, fleetfile, waiting
 
 pytestmark = pytest.mark.integration
@@ -30,7 +30,7 @@ NODE_POOL = "itdra"
 NODE = f"{NODE_POOL}-0"
 GPUS = 8
 FAULTY = 3
-RULE = isolation.rule_name(NODE, FAULTY)
+RULE = device_taints.rule_name(NODE, FAULTY)
 FLEET = {
     "agent": {"intervalSeconds": 0.5, "heartbeatSeconds": 5},
     "pools": [
@@ -88,16 +88,35 @@ def _phases(core: client.CoreV1Api, namespace: str) -> dict[str, str]:
 def _served_taint_rule_version(objects: client.CustomObjectsApi) -> str | None:
     """Discovery, as the operator will read it: the resource.k8s.io versions that list devicetaintrules."""
     serving = []
-    for version in isolation.KNOWN_VERSIONS:
+    for version in device_taints.KNOWN_VERSIONS:
         try:
-            found = objects.get_api_resources(isolation.GROUP, version)
+            found = objects.get_api_resources(device_taints.GROUP, version)
         except client.ApiException as error:
             if error.status == 404:
                 continue
             raise
-        if any(r.name == "devicetaintrules" for r in found.resources):
+        if any(r.name == device_taints.PLURAL for r in found.resources):
             serving.append(version)
-    return isolation.served_version(serving)
+    return device_taints.served_version(serving)
+
+
+def _assert_rules_are_acted_on(objects: client.CustomObjectsApi, api_version: str) -> None:
+    """The probe the operator will run: a harmless rule the controller manager gives a status."""
+    probe = device_taints.probe_rule(api_version, "itdra")
+    name = probe["metadata"]["name"]
+    objects.create_cluster_custom_object(device_taints.GROUP, api_version, device_taints.PLURAL, probe)
+    try:
+        waiting.wait_until(
+            lambda: device_taints.acknowledged(
+                objects.get_cluster_custom_object(
+                    device_taints.GROUP, api_version, device_taints.PLURAL, name
+                )
+            ),
+            timeout_seconds=30,
+            message="the controller manager acknowledging the probe DeviceTaintRule",
+        )
+    finally:
+        objects.delete_cluster_custom_object(device_taints.GROUP, api_version, device_taints.PLURAL, name)
 
 
 def test_device_taint_evicts_only_the_pod_on_that_gpu(
@@ -155,19 +174,20 @@ def test_device_taint_evicts_only_the_pod_on_that_gpu(
     slices = objects.list_cluster_custom_object(
         "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={NODE}"
     )
-    found = isolation.devices_by_uuid(slices["items"])
+    found = device_taints.devices_by_uuid(slices["items"])
     assert set(found) == {gpu["uuid"] for gpu in gpus}, "every GPU the agent reports is a DRA device"
     device = found[uuid]
     assert (device.driver, device.pool) == (dra.DRIVER, NODE)
     api_version = _served_taint_rule_version(objects)
     assert api_version == "v1beta2", "Kubernetes 1.36 serves DeviceTaintRule in resource.k8s.io/v1beta2"
+    _assert_rules_are_acted_on(objects, api_version)
     (victim,) = [pod for pod, name in allocated.items() if name == device.name]
     survivors = {
         pod: core.read_namespaced_pod(pod, namespace).metadata.uid for pod in allocated if pod != victim
     }
 
     tainted_at = time.monotonic()
-    rule = isolation.device_taint_rule(
+    rule = device_taints.device_taint_rule(
         api_version=api_version,
         policy="itdra",
         node=NODE,
@@ -177,7 +197,7 @@ def test_device_taint_evicts_only_the_pod_on_that_gpu(
         condition=vocabulary.Condition.ECC_UNCORRECTABLE,
         effect=vocabulary.IsolationEffect.NO_EXECUTE,
     )
-    objects.create_cluster_custom_object(isolation.GROUP, api_version, "devicetaintrules", rule)
+    objects.create_cluster_custom_object(device_taints.GROUP, api_version, device_taints.PLURAL, rule)
     try:
 
         def gone() -> bool:
@@ -195,7 +215,10 @@ def test_device_taint_evicts_only_the_pod_on_that_gpu(
         latency = time.monotonic() - tainted_at
         print(f"\nDeviceTaintRule NoExecute on {device.name} -> pod {victim} gone: {latency:.2f} s")
         ours = objects.list_cluster_custom_object(
-            isolation.GROUP, api_version, "devicetaintrules", label_selector=f"{keys.POLICY_LABEL}=itdra"
+            device_taints.GROUP,
+            api_version,
+            device_taints.PLURAL,
+            label_selector=f"{keys.POLICY_LABEL}=itdra",
         )
         assert [item["metadata"]["name"] for item in ours["items"]] == [RULE]
 
@@ -217,7 +240,7 @@ def test_device_taint_evicts_only_the_pod_on_that_gpu(
         assert not core.read_node(NODE).spec.unschedulable, "the node stays schedulable"
         assert latency < 30
     finally:
-        objects.delete_cluster_custom_object(isolation.GROUP, api_version, "devicetaintrules", RULE)
+        objects.delete_cluster_custom_object(device_taints.GROUP, api_version, device_taints.PLURAL, RULE)
 
     # Recovery: with the rule gone the GPU is allocatable again; one of the two waiting pods gets it.
     def restored() -> str | None:

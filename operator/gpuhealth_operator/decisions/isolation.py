@@ -11,7 +11,7 @@ taint that GPU. So, per faulty GPU, this module decides one of:
 - ISOLATE: a DeviceTaintRule on its device;
 - WAIT: it should be isolated, but the policy's maxUnavailableGPUs is spent;
 - NODE_LADDER: Cordon/Drain the node instead, with the reason in words:
-  the DeviceTaintRule API is not served; the GPU is no DRA device (a
+  the cluster does not act on DeviceTaintRules; the GPU is no DRA device (a
   device-plugin node, or its UUID is in no ResourceSlice); the fault is
   node-wide (the driver asks for a node reboot, an NVLink/fabric or
   reboot-class XID, fewer GPUs answer than the node has and none is
@@ -21,10 +21,12 @@ taint that GPU. So, per faulty GPU, this module decides one of:
 
 Faults are attributed to GPUs by the same per-GPU predicates the conditions
 are judged by (`gpuhealth_api.faults`). The I/O layer supplies what only the
-cluster knows: the devices (`devices_by_uuid` over the node's ResourceSlices),
-whether the API is served (`served_version` over discovery) and the GPU
-budget left. Until that layer lands the operator acts on `node_action`:
-IsolateGPU ranks and acts as its fallback, Drain.
+cluster knows, read with `device_taints`: the devices (`devices_by_uuid`
+over the node's ResourceSlices), the API version to write rules in
+(`served_version` over discovery; None when not served, or when the probe
+rule is not `acknowledged`) and the GPU budget left. Until that layer
+lands the operator acts on `node_action`: IsolateGPU ranks and acts as its
+fallback, Drain.
 
 Pure: no kopf, no Kubernetes client.
 """
@@ -33,26 +35,19 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Collection, Mapping, Sequence
+from typing import Final
 
-from gpuhealth_api import faults, keys, status, vocabulary, xid_catalogue
-from gpuhealth_operator.decisions import model, signals
+from gpuhealth_api import faults, status, vocabulary, xid_catalogue
+from gpuhealth_operator.decisions import device_taints, model, signals
 
 Action = vocabulary.Action
 Condition = vocabulary.Condition
 
 FALLBACK_ACTION: Final = Action.DRAIN
 """What IsolateGPU becomes on the node ladder: the GPU's pods must leave, so the node is drained."""
-GROUP: Final = "resource.k8s.io"
-KIND: Final = "DeviceTaintRule"
-KNOWN_VERSIONS: Final = ("v1", "v1beta2", "v1alpha3")
-"""resource.k8s.io versions that may serve DeviceTaintRule, preferred first (1.36 serves v1beta2)."""
 NODE_WIDE_XID_ACTIONS: Final = frozenset({"RESTART_BM", "WORKFLOW_NVLINK_ERR"})
 """XID catalogue actions whose cure reaches past the GPU: a node reboot, or the NVLink fabric GPUs share."""
-_MAX_NAME: Final = 253
-_MAX_LABEL: Final = 63
 
 
 def node_action(action: Action) -> Action:
@@ -68,15 +63,6 @@ class Outcome(enum.StrEnum):
     ISOLATE = "Isolate"
     WAIT = "Wait"
     NODE_LADDER = "NodeLadder"
-
-
-@dataclasses.dataclass(frozen=True)
-class Device:
-    """A DRA device: what a DeviceTaintRule's deviceSelector names."""
-
-    driver: str
-    pool: str
-    name: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +90,7 @@ class GPUDecision:
     conditions: tuple[Condition, ...]
     outcome: Outcome
     reason: str
-    device: Device | None = None
+    device: device_taints.Device | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,40 +101,6 @@ class NodeIsolation:
 
     def with_outcome(self, outcome: Outcome) -> tuple[GPUDecision, ...]:
         return tuple(gpu for gpu in self.gpus if gpu.outcome is outcome)
-
-
-# --- what the cluster knows ---------------------------------------------------------------------
-
-
-def served_version(versions_serving_rules: Iterable[str]) -> str | None:
-    """The resource.k8s.io version to write DeviceTaintRules in, from those whose discovery lists them."""
-    offered = set(versions_serving_rules)
-    return next((v for v in KNOWN_VERSIONS if v in offered), None)
-
-
-def devices_by_uuid(slices: Iterable[Mapping[str, Any]]) -> dict[str, Device]:
-    """GPU UUID → its device, from ResourceSlice bodies (any API version that has spec.devices[].attributes).
-
-    A UUID on two devices is left out: tainting the wrong one would be worse than draining.
-    """
-    found: dict[str, list[Device]] = {}
-    for body in slices:
-        spec = body.get("spec") if isinstance(body, Mapping) else None
-        if not isinstance(spec, Mapping):
-            continue
-        driver, pool = spec.get("driver"), spec.get("pool")
-        pool_name = pool.get("name") if isinstance(pool, Mapping) else None
-        devices = spec.get("devices")
-        if not isinstance(driver, str) or not isinstance(pool_name, str) or not isinstance(devices, list):
-            continue
-        for device in devices:
-            name = device.get("name") if isinstance(device, Mapping) else None
-            attributes = device.get("attributes") if isinstance(device, Mapping) else None
-            uuid = attributes.get("uuid") if isinstance(attributes, Mapping) else None
-            value = uuid.get("string") if isinstance(uuid, Mapping) else None
-            if isinstance(name, str) and isinstance(value, str) and value:
-                found.setdefault(value, []).append(Device(driver, pool_name, name))
-    return {uuid: devices[0] for uuid, devices in found.items() if len(set(devices)) == 1}
 
 
 # --- whose fault --------------------------------------------------------------------------------
@@ -217,7 +169,7 @@ def _cure(action: str) -> str:
 def decide(
     attribution: Attribution,
     *,
-    devices: Mapping[str, Device],
+    devices: Mapping[str, device_taints.Device],
     api_version: str | None,
     max_gpus_per_node: int,
     already_isolated: Collection[str] = (),
@@ -225,6 +177,7 @@ def decide(
 ) -> NodeIsolation:
     """Per faulty GPU: isolate, wait for the GPU budget, or the node ladder (module docstring).
 
+    `api_version` is where rules are written, None when the cluster does not act on them;
     `already_isolated` are UUIDs of this node with a rule in place (they use no new budget);
     `budget_left` is how many more GPUs the policy may isolate now (maxUnavailableGPUs minus
     those isolated fleet-wide).
@@ -267,7 +220,7 @@ def decide(
 
 def _node_ladder(
     attribution: Attribution,
-    devices: Mapping[str, Device],
+    devices: Mapping[str, device_taints.Device],
     api_version: str | None,
     max_gpus_per_node: int,
     already_isolated: Collection[str],
@@ -280,7 +233,8 @@ def _node_ladder(
             return f"node-wide fault on {_name(gpu)}: {gpu.node_wide}"
     if api_version is None:
         return (
-            "the cluster does not serve DeviceTaintRule (resource.k8s.io; feature gate DRADeviceTaintRules)"
+            "the cluster does not act on DeviceTaintRules (resource.k8s.io version not served, "
+            "or feature gate DRADeviceTaintRules off)"
         )
     for gpu in sorted(attribution.gpus, key=_order):
         own = _own_reason(gpu, devices)
@@ -295,7 +249,7 @@ def _node_ladder(
     return None
 
 
-def _own_reason(gpu: GPUFault, devices: Mapping[str, Device]) -> str | None:
+def _own_reason(gpu: GPUFault, devices: Mapping[str, device_taints.Device]) -> str | None:
     """Why this GPU cannot be isolated whatever the rest of the node does."""
     if gpu.uuid is None:
         return f"{_name(gpu)} reports no UUID to find its DRA device by"
@@ -310,58 +264,3 @@ def _order(gpu: GPUFault | GPUDecision) -> tuple[int, str]:
 
 def _name(gpu: GPUFault) -> str:
     return f"GPU {gpu.index}" if gpu.index is not None else f"GPU {gpu.uuid or '?'}"
-
-
-# --- the DeviceTaintRule ------------------------------------------------------------------------
-
-
-def rule_name(node: str, gpu_index: int) -> str:
-    """`gpuhealth-<node>-gpu-<index>`; a node name too long for it is cut and made unique by a hash."""
-    suffix = f"-gpu-{gpu_index}"
-    name = f"gpuhealth-{node}{suffix}"
-    if len(name) <= _MAX_NAME:
-        return name
-    digest = hashlib.sha256(node.encode()).hexdigest()[:10]
-    keep = _MAX_NAME - len(f"gpuhealth--{digest}{suffix}")
-    return f"gpuhealth-{node[:keep].rstrip('.-')}-{digest}{suffix}"
-
-
-def label_value(name: str) -> str:
-    """`name` as a label value: itself when it fits 63 characters, else cut and made unique by a hash."""
-    if len(name) <= _MAX_LABEL:
-        return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
-    return f"{name[: _MAX_LABEL - len(digest) - 1].rstrip('.-_')}-{digest}"
-
-
-def device_taint_rule(
-    *,
-    api_version: str,
-    policy: str,
-    node: str,
-    gpu_index: int,
-    gpu_uuid: str,
-    device: Device,
-    condition: Condition,
-    effect: vocabulary.IsolationEffect,
-) -> dict[str, Any]:
-    """The DeviceTaintRule isolating one GPU: selects exactly its device; labelled with policy and node."""
-    if api_version not in KNOWN_VERSIONS:
-        raise ValueError(f"{GROUP}/{api_version} is not a version gpu-health writes DeviceTaintRules in")
-    return {
-        "apiVersion": f"{GROUP}/{api_version}",
-        "kind": KIND,
-        "metadata": {
-            "name": rule_name(node, gpu_index),
-            "labels": {
-                keys.POLICY_LABEL: label_value(policy),
-                keys.NODE_LABEL: label_value(node),
-                keys.GPU_INDEX_LABEL: str(gpu_index),
-                keys.GPU_UUID_LABEL: gpu_uuid,
-            },
-        },
-        "spec": {
-            "deviceSelector": {"driver": device.driver, "pool": device.pool, "device": device.name},
-            "taint": {"key": keys.DEVICE_TAINT, "value": condition.value, "effect": effect.value},
-        },
-    }

@@ -1,17 +1,17 @@
-"""IsolateGPU decisions: whose fault, isolate or the node ladder, and the DeviceTaintRule we write."""
+"""IsolateGPU decisions: whose fault, and isolate, wait or the node ladder."""
 
 from typing import Any
 
 import pytest
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator.decisions import isolation, model, policies
+from gpuhealth_operator.decisions import device_taints, isolation, model, policies
 
 Condition = vocabulary.Condition
 Outcome = isolation.Outcome
 ECC = (Condition.ECC_UNCORRECTABLE,)
 NODE = "gpu-node-3"
-DEVICES = {f"GPU-{i}": isolation.Device("gpu.nvidia.com", NODE, f"gpu-{i}") for i in range(8)}
+DEVICES = {f"GPU-{i}": device_taints.Device("gpu.nvidia.com", NODE, f"gpu-{i}") for i in range(8)}
 CRITICAL = policies.DEFAULT_CRITICAL_XIDS
 
 
@@ -31,7 +31,7 @@ def fault(index: int, *conditions: Condition, node_wide: str | None = None) -> i
             [fault(3)],
             {"api_version": None},
             {3: Outcome.NODE_LADDER},
-            "the cluster does not serve DeviceTaintRule",
+            "the cluster does not act on DeviceTaintRules",
         ),
         (
             "a device-plugin node has no DRA devices",
@@ -130,7 +130,7 @@ def test_an_isolated_gpu_carries_its_device() -> None:
         budget_left=1,
     )
     (gpu,) = decided.with_outcome(Outcome.ISOLATE)
-    assert gpu.device == isolation.Device("gpu.nvidia.com", NODE, "gpu-3")
+    assert gpu.device == device_taints.Device("gpu.nvidia.com", NODE, "gpu-3")
     assert gpu.reason == f"GPU 3 is device gpu-3 of pool {NODE}"
 
 
@@ -225,103 +225,3 @@ def test_missing_data_attributes_nothing() -> None:
 def test_only_isolate_gpu_falls_back_and_to_drain(action: vocabulary.Action) -> None:
     expected = vocabulary.Action.DRAIN if action is vocabulary.Action.ISOLATE_GPU else action
     assert isolation.node_action(action) is expected
-
-
-# --- what the cluster knows ------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("versions", "chosen"),
-    [
-        (["v1beta2"], "v1beta2"),
-        (["v1alpha3"], "v1alpha3"),
-        (["v1beta2", "v1"], "v1"),
-        ([], None),
-        (["v2"], None),
-    ],
-)
-def test_served_version(versions: list[str], chosen: str | None) -> None:
-    assert isolation.served_version(versions) == chosen
-
-
-def resource_slice(driver: str, pool: str, *devices: tuple[str, str | None]) -> dict[str, Any]:
-    return {
-        "spec": {
-            "driver": driver,
-            "pool": {"name": pool},
-            "devices": [
-                {
-                    "name": name,
-                    "attributes": {} if uuid is None else {"uuid": {"string": uuid}, "index": {"int": 0}},
-                }
-                for name, uuid in devices
-            ],
-        }
-    }
-
-
-def test_devices_by_uuid() -> None:
-    slices = [
-        resource_slice("gpu.nvidia.com", NODE, ("gpu-0", "GPU-0"), ("gpu-1", "GPU-1"), ("nic-0", None)),
-        resource_slice("gpu.nvidia.com", "other", ("gpu-0", "GPU-1")),  # the same UUID twice: ambiguous
-        {"spec": {"driver": "broken"}},
-        {},
-    ]
-    assert isolation.devices_by_uuid(slices) == {"GPU-0": isolation.Device("gpu.nvidia.com", NODE, "gpu-0")}
-
-
-# --- the DeviceTaintRule ---------------------------------------------------------------------------
-
-
-def test_device_taint_rule_selects_exactly_the_device() -> None:
-    rule = isolation.device_taint_rule(
-        api_version="v1beta2",
-        policy="default",
-        node=NODE,
-        gpu_index=3,
-        gpu_uuid="GPU-3",
-        device=DEVICES["GPU-3"],
-        condition=Condition.ECC_UNCORRECTABLE,
-        effect=vocabulary.IsolationEffect.NO_EXECUTE,
-    )
-    assert rule == {
-        "apiVersion": "resource.k8s.io/v1beta2",
-        "kind": "DeviceTaintRule",
-        "metadata": {
-            "name": "gpuhealth-gpu-node-3-gpu-3",
-            "labels": {
-                "gpuhealth.io/policy": "default",
-                "gpuhealth.io/node": NODE,
-                "gpuhealth.io/gpu-index": "3",
-                "gpuhealth.io/gpu-uuid": "GPU-3",
-            },
-        },
-        "spec": {
-            "deviceSelector": {"driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-3"},
-            "taint": {"key": "gpuhealth.io/unhealthy", "value": "EccUncorrectable", "effect": "NoExecute"},
-        },
-    }
-
-
-def test_device_taint_rule_refuses_an_unknown_version() -> None:
-    with pytest.raises(ValueError, match=r"resource.k8s.io/v9 is not a version"):
-        isolation.device_taint_rule(
-            api_version="v9",
-            policy="p",
-            node=NODE,
-            gpu_index=0,
-            gpu_uuid="GPU-0",
-            device=DEVICES["GPU-0"],
-            condition=Condition.GPU_LOST,
-            effect=vocabulary.IsolationEffect.NO_SCHEDULE,
-        )
-
-
-def test_names_and_labels_of_long_nodes_stay_valid_and_distinct() -> None:
-    long_a, long_b = "a" * 250, "a" * 249 + "b"
-    assert len(isolation.rule_name(long_a, 63)) <= 253
-    assert isolation.rule_name(long_a, 1) != isolation.rule_name(long_b, 1)
-    assert isolation.rule_name(long_a, 1).endswith("-gpu-1")
-    assert len(isolation.label_value(long_a)) <= 63
-    assert isolation.label_value(long_a) != isolation.label_value(long_b)
-    assert isolation.label_value("short.node-1") == "short.node-1"
