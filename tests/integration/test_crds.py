@@ -153,6 +153,19 @@ MALFORMED: list[tuple[str, Mutation, str]] = [
     ("max-unavailable-150-percent", setting("maxUnavailable", "150%"), "spec.maxUnavailable"),
     ("max-unavailable-0-percent", setting("maxUnavailable", "0%"), "spec.maxUnavailable"),
     ("max-unavailable-word", setting("maxUnavailable", "abc"), "spec.maxUnavailable"),
+    ("max-unavailable-gpus-zero", setting("maxUnavailableGPUs", 0), "spec.maxUnavailableGPUs"),
+    ("max-unavailable-gpus-150-percent", setting("maxUnavailableGPUs", "150%"), "spec.maxUnavailableGPUs"),
+    ("isolation-zero-gpus", setting("isolation", {"maxGPUsPerNode": 0}), "spec.isolation.maxGPUsPerNode"),
+    (
+        "isolation-prefer-no-schedule",
+        setting("isolation", {"effect": "PreferNoSchedule"}),
+        "spec.isolation.effect",
+    ),
+    (
+        "isolate-gpu-on-thermal",
+        rule(name="t", condition=C.THERMAL_THROTTLED, action=A.ISOLATE_GPU),
+        "spec.rules[0].action",
+    ),
     (
         "unknown-condition",
         rule(name="r", condition="EccCorrectable", action=A.DRAIN),
@@ -294,6 +307,8 @@ def test_defaults_fill_an_minimal_policy(crds: controlplane.ControlPlane, policy
     assert spec["rules"] == [{**ECC, "forSeconds": 0}]
     assert spec["drain"] == {"timeoutSeconds": 900, "deleteEmptyDirData": True, "force": False}
     assert spec["recovery"] == {"uncordon": True, "healthyForSeconds": 600}
+    assert spec["maxUnavailableGPUs"] == "10%"
+    assert spec["isolation"] == {"maxGPUsPerNode": 2, "effect": "NoExecute"}
 
 
 @pytest.mark.parametrize("value", [1, 7, "1%", "10%", "100%"])
@@ -382,6 +397,8 @@ def test_every_condition_and_action_of_the_vocabulary_is_accepted(crds: controlp
         for action in vocabulary.Action:
             if condition == C.AGENT_STALE and action not in (A.EVENT, A.LABEL):
                 continue
+            if action == A.ISOLATE_GPU and condition not in vocabulary.PER_GPU_CONDITIONS:
+                continue
             extra: dict[str, Any] = {}
             if condition == C.STRAGGLER:
                 extra["threshold"] = 3.5
@@ -389,7 +406,7 @@ def test_every_condition_and_action_of_the_vocabulary_is_accepted(crds: controlp
                 extra["xids"] = [79]
             name = f"{condition.lower()}-{action.lower()}"
             rules.append({"name": name, "condition": condition.value, "action": action.value, **extra})
-    assert len(rules) == 47
+    assert len(rules) == 52
     apply(crds, policy("crds-vocabulary", rules=rules[:32]), "--dry-run=server")
     apply(crds, policy("crds-vocabulary", rules=rules[32:]), "--dry-run=server")
 

@@ -405,3 +405,32 @@ def test_may_uncordon_requires_our_annotation(
     assert allowed == (
         node.cordoned_by == policy_name and recovered and uncordon and policies.selects(pol, node)
     )
+
+
+# --- IsolateGPU: accepted, and acted on as its fallback (Drain) until GPUs are isolated ---------------
+
+
+ISOLATING = policy(
+    {"name": "ecc", "condition": "EccUncorrectable", "action": "IsolateGPU"},
+    {"name": "thermal", "condition": "ThermalThrottled", "action": "Cordon"},
+)
+
+
+def test_a_fired_isolate_gpu_rule_is_wanted_as_a_drain() -> None:
+    verdict = judge_run(ISOLATING, [(0, ECC)])
+    assert [r.action for r in verdict.fired_rules] == [Action.ISOLATE_GPU]
+    assert verdict.wanted_action is Action.DRAIN
+    assert verdict.detected_at == at(0)
+    assert verdicts.budget_rank(verdict) == severity.rank(Condition.ECC_UNCORRECTABLE)
+
+
+def test_isolate_gpu_outranks_cordon_as_the_drain_it_falls_back_to() -> None:
+    verdict = judge_run(ISOLATING, [(0, {**ECC, **HOT})])
+    assert [r.name for r in verdict.fired_rules] == ["ecc", "thermal"]
+    assert verdict.wanted_action is Action.DRAIN
+
+
+def test_a_stale_agent_never_falls_back_to_a_drain() -> None:
+    verdict = judge_run(ISOLATING, [(0, ECC), (1000, {**ECC, "heartbeat": at(0)})])
+    assert verdict.health is Health.UNKNOWN
+    assert verdict.wanted_action is None
