@@ -827,7 +827,7 @@ def test_emergency_stop_ends_a_running_drain_within_2s_and_keeps_the_cordon(
     fleet.add_node(name)
     guarded_pod(k8s, namespace, "guarded", name)
     rules = [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}]
-    spec = policy_spec(*rules, maxUnavailable=1, drain={"timeoutSeconds": 600})
+    spec = policy_spec(*rules, maxUnavailable=1, drain={"timeoutSeconds": 600, "force": True})
     fleet.policy(fleet.label, spec)
     before = eviction_attempts(operator)
     fleet.report(name, gpunode_facts.agent_status(overrides={0: ECC}))
