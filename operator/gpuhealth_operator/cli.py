@@ -318,6 +318,9 @@ async def _lead(
     meters.leader.set(0)
     exit_code: int | None = 0
     for task in done:
+        if task.cancelled():  # kopf cancels, as it stops, every task started after it (and their waits)
+            logger.info("stopping: %s was cancelled", task.get_name())
+            continue
         error = task.exception()
         if isinstance(error, leader.LeaseLost):
             logger.error("stopping to act: %s", error)

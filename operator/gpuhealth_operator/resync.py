@@ -160,8 +160,10 @@ class Relists:
 async def run(ctx: context.Context, relists: Relists) -> None:
     """Resync after every re-list kopf makes, and every `resync_seconds`; a failed pass is retried."""
     while True:
+        # Not `asyncio.wait_for`: its inner task, started after kopf, is one kopf cancels when it stops.
         try:
-            await asyncio.wait_for(relists.wanted.wait(), timeout=ctx.config.resync_seconds)
+            async with asyncio.timeout(ctx.config.resync_seconds):
+                await relists.wanted.wait()
             await asyncio.sleep(SETTLE_SECONDS)
         except TimeoutError:
             pass
