@@ -9,6 +9,8 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
+
 from gpuhealth_api import keys
 from gpuhealth_operator import context, handlers, kube, metrics, resync, settings
 from gpuhealth_operator.actions import drain
@@ -152,5 +154,50 @@ def test_a_listed_object_asks_for_a_resync_and_a_watch_event_does_not() -> None:
         assert not relists.wanted.is_set()
         await relists.on_event({"type": None, "object": body})
         assert relists.wanted.is_set()
+
+    asyncio.run(scenario())
+
+
+def test_the_periodic_resync_prunes_without_any_relist() -> None:
+    async def scenario() -> None:
+        client = Listed({resync.NODES_PATH: ["kept"], resync.GPUNODES_PATH: [], resync.POLICIES_PATH: []})
+        config = settings.Settings(resync_seconds=0.05)
+        ctx = context.Context.create(config, client, metrics.Metrics.create(), instance="t")
+        ctx.cache.put_node(node("kept", False))
+        ctx.cache.put_node(node("deleted", True))
+        task = asyncio.create_task(resync.run(ctx, resync.Relists()))
+        try:
+            for _ in range(100):
+                if "deleted" not in ctx.cache.nodes:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            task.cancel()
+        assert set(ctx.cache.nodes) == {"kept"}
+
+    asyncio.run(scenario())
+
+
+def test_a_relist_resyncs_long_before_the_period(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(resync, "SETTLE_SECONDS", 0.0)
+
+    async def scenario() -> None:
+        client = Listed({resync.NODES_PATH: ["kept"], resync.GPUNODES_PATH: [], resync.POLICIES_PATH: []})
+        ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+        ctx.cache.put_node(node("kept", False))
+        ctx.cache.put_node(node("deleted", True))
+        relists = resync.Relists()
+        task = asyncio.create_task(resync.run(ctx, relists))
+        try:
+            await asyncio.sleep(0.1)
+            assert "deleted" in ctx.cache.nodes, "no resync before a relist (the period is 300 s)"
+            await relists.on_event({"type": None, "object": {"metadata": {"name": "kept"}}})
+            for _ in range(100):
+                if "deleted" not in ctx.cache.nodes:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            task.cancel()
+        assert set(ctx.cache.nodes) == {"kept"}
 
     asyncio.run(scenario())
