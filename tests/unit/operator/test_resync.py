@@ -120,11 +120,12 @@ def test_resync_frees_the_budget_place_and_memory_of_a_node_deleted_unseen() -> 
 def test_resync_keeps_a_policy_that_is_listed_and_frees_its_place() -> None:
     async def scenario() -> None:
         client = Listed(
-            {resync.NODES_PATH: ["kept", "x"], resync.GPUNODES_PATH: [], resync.POLICIES_PATH: ["p"]}
+            {resync.NODES_PATH: ["kept", "x"], resync.GPUNODES_PATH: ["kept"], resync.POLICIES_PATH: ["p"]}
         )
         ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
-        ctx.cache.put_node(node("kept", False))
-        ctx.cache.put_node(node("deleted", True))
+        for name, cordoned in (("kept", False), ("deleted", True)):
+            ctx.cache.put_node(node(name, cordoned))
+            ctx.cache.put_gpunode({"metadata": {"name": name, "resourceVersion": "50"}})
         handlers.store_policy(
             ctx,
             {
