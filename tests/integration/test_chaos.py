@@ -10,11 +10,13 @@ SIGKILLed and started again. A watch of our own records every Node change
 (reconnecting after API-server restarts) to sample the budget.
 
 At the end: every fatal node was cordoned once (one cordon transition, one
-NodeCordoned Event with count 1), drained once (one NodeDrained Event, its
-pod evicted by exactly one successful eviction), and uncordoned; no healthy
+NodeCordoned Event with count 1), drained once (one NodeDrained Event with
+count 1; its pod gone, asked to leave by eviction and accepted at most once),
+and uncordoned; no healthy
 node was ever unschedulable, told anything, or lost its pod; and never more
-than five nodes were unschedulable at once. The randomness is seeded: the
-seed is printed, and CHAOS_SEED=<seed> replays the same schedule.
+than five nodes were unschedulable at once. Every violation is reported at
+once. The randomness is seeded: the seed is printed, and CHAOS_SEED=<seed>
+replays the same schedule (not the same timing of the processes).
 """
 
 import dataclasses
@@ -203,9 +205,12 @@ def event_counts(fleet: operator_harness.Fleet, name: str, reason: str) -> int:
     return sum(int(e.get("count") or 1) for e in fleet.events(name, reason))
 
 
-def successful_evictions(plane: controlplane.ControlPlane, namespace: str) -> dict[str, int]:
-    """pod → evictions of it that the API server accepted, from its audit log."""
-    accepted: dict[str, int] = {}
+def evictions(plane: controlplane.ControlPlane, namespace: str) -> dict[str, list[int]]:
+    """pod → the status code of every eviction of it the API server answered, from its audit log.
+
+    A request whose client was SIGKILLed may be audited with an error code although the pod went.
+    """
+    answered: dict[str, list[int]] = {}
     for line in plane.audit_log.read_text().splitlines():
         entry: dict[str, Any] = json.loads(line)
         ref = entry.get("objectRef") or {}
@@ -214,10 +219,11 @@ def successful_evictions(plane: controlplane.ControlPlane, namespace: str) -> di
             and entry.get("verb") == "create"
             and ref.get("subresource") == "eviction"
             and ref.get("namespace") == namespace
-            and (entry.get("responseStatus") or {}).get("code") in (200, 201)
         ):
-            accepted[ref["name"]] = accepted.get(ref["name"], 0) + 1
-    return accepted
+            answered.setdefault(ref["name"], []).append(
+                int((entry.get("responseStatus") or {}).get("code", 0))
+            )
+    return answered
 
 
 def test_random_kills_of_operator_and_api_server_never_break_the_invariant(
@@ -266,7 +272,7 @@ def test_random_kills_of_operator_and_api_server_never_break_the_invariant(
     finally:
         recorder.stop()
 
-    evictions = successful_evictions(crds, namespace)
+    evicted = evictions(crds, namespace)
     print(f"most nodes unschedulable at once: {recorder.most} {recorder.most_at}; {recorder.samples} samples")
     assert recorder.samples > NODES, "the recorder saw the changes"
     remaining = pod_names(core, namespace)
@@ -278,15 +284,19 @@ def test_random_kills_of_operator_and_api_server_never_break_the_invariant(
             "cordons seen": recorder.cordons.get(name, 0),
             "NodeCordoned": event_counts(fleet, name, "NodeCordoned"),
             "NodeDrained": event_counts(fleet, name, "NodeDrained"),
-            "evictions of its pod": evictions.get(f"work-{name}", 0),
         }
         broken += [f"fatal {name}: {what} {count}, not 1" for what, count in found.items() if count != 1]
+        codes = evicted.get(f"work-{name}", [])
+        if not codes or sum(200 <= code < 300 for code in codes) > 1:
+            broken.append(
+                f"fatal {name}: its pod's evictions were answered {codes}: not evicted exactly once"
+            )
         if recorder.unschedulable.get(name) or name in remaining:
             broken.append(f"fatal {name}: still cordoned or its pod still there")
     for name in healthy:
         if name in recorder.cordons or event_counts(fleet, name, "NodeCordoned"):
             broken.append(f"healthy {name} was cordoned")
-        if f"work-{name}" in evictions or remaining.get(name) != f"work-{name}":
+        if f"work-{name}" in evicted or remaining.get(name) != f"work-{name}":
             broken.append(f"healthy {name} lost its pod")
     if not leads_again(operator):
         broken.append("the operator does not lead again")
