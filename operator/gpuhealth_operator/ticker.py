@@ -20,7 +20,7 @@ import logging
 from typing import Any
 
 from gpuhealth_api import heartbeats, keys, vocabulary
-from gpuhealth_operator import context, heap, reconciler
+from gpuhealth_operator import context, heap, kube, reconciler
 from gpuhealth_operator.actions import status
 from gpuhealth_operator.decisions import signals, times
 
@@ -184,5 +184,10 @@ async def write_policy_statuses(ctx: context.Context, now: datetime.datetime) ->
         previous = ctx.policy_status_written.get(name)
         if previous is not None and _same(previous, desired):
             continue
-        await status.apply_policy(ctx.client, name, desired)
+        try:
+            await status.apply_policy(ctx.client, name, desired)
+        except kube.ApiError as error:
+            if not error.not_found:
+                raise
+            continue  # deleted meanwhile: its DELETED event (or the resync) forgets it; the others go on
         ctx.policy_status_written[name] = desired
