@@ -60,6 +60,8 @@ class NodeAction(enum.StrEnum):
     DRY_RUN = "DryRun"
     OVERRIDDEN = "Overridden"
     """Someone else made the node we cordoned schedulable; we act again only on new evidence."""
+    DRILL = "Drill"
+    """A fire drill runs on the node (GPUNode annotation `gpuhealth.io/drill`): said, not done."""
 
 
 class EventReason(enum.StrEnum):
@@ -73,6 +75,7 @@ class EventReason(enum.StrEnum):
     AGENT_STALE = "AgentStale"
     DRY_RUN = "DryRun"
     OVERRIDDEN_BY_USER = "OverriddenByUser"
+    DRILL = "Drill"
 
 
 class RecoveryAction(enum.StrEnum):

@@ -48,6 +48,8 @@ class GPUNodeRecord:
     status: status.GPUNodeStatus
     created: str | None = None
     """metadata.creationTimestamp (RFC 3339): a GPUNode with no report yet is new until 3 heartbeats old."""
+    annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """The `gpuhealth.io/` annotations only (a fire drill's, see `decisions.drill`)."""
 
 
 def _int_or_none(value: object) -> int | None:
@@ -55,6 +57,13 @@ def _int_or_none(value: object) -> int | None:
         return int(str(value))
     except (TypeError, ValueError):
         return None
+
+
+def _ours(annotations: object) -> dict[str, str]:
+    """The annotations under our prefix: the only ones any decision reads."""
+    if not isinstance(annotations, Mapping):
+        return {}
+    return {str(k): str(v) for k, v in annotations.items() if str(k).startswith(keys.PREFIX)}
 
 
 def node_record(body: Mapping[str, Any]) -> NodeRecord:
@@ -142,6 +151,7 @@ def gpunode_record(body: Mapping[str, Any]) -> GPUNodeRecord:
         resource_version=str(meta.get("resourceVersion", "")),
         status=raw_status,
         created=meta.get("creationTimestamp"),
+        annotations=_ours(meta.get("annotations")),
     )
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import aiohttp
 
 from gpuhealth_api import heartbeats, vocabulary
-from gpuhealth_operator import cache, context, kube, remediation
+from gpuhealth_operator import cache, context, drills, kube, remediation
 from gpuhealth_operator.actions import events, nodes, status
 from gpuhealth_operator.decisions import (
     hysteresis,
@@ -146,6 +146,7 @@ async def _reconcile(ctx: context.Context, name: str, now: datetime.datetime) ->
             reported = (policy, verdict, action)
     assert reported is not None
     policy, verdict, action = reported
+    action = await drills.run(ctx, name, selecting, action, now)  # a fire drill, if the GPUNode asks for one
     await _condition_events(ctx, name, previous, verdict)
     await _write_status(ctx, policy, name, verdict, action)
     if not policy.dry_run:

@@ -40,11 +40,16 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
     previous: Mapping[Condition, model.ConditionState],
     straggler: model.StragglerScore | None,
     now: datetime.datetime,
+    drill: model.Signal | None = None,
 ) -> model.NodeVerdict:
+    """`drill`: a fire drill's synthetic signal, which replaces the real one for its condition."""
     raw = signals.raw_signals(facts, node, policies.rule_xids(policy), now)
     stale = raw[Condition.AGENT_STALE].present is True
     raw[Condition.STRAGGLER] = straggler_signal(straggler, stale=stale)
     judged = severity.FATAL | {Condition.AGENT_STALE} | {r.condition for r in policy.rules}
+    if drill is not None:
+        raw[drill.condition] = drill
+        judged |= {drill.condition}
     states = {
         condition: hysteresis.advance(
             previous.get(condition),

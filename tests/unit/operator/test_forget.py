@@ -36,6 +36,8 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.drain_results[node] = drain.Result(completed=True, blocking=(), evicted=1, skipped=())
     ctx.drain_checked[node] = 1.0
     ctx.dry_run_said[(policy, node)] = f"Dry run: policy {policy} would cordon"
+    ctx.drill_said[(policy, node)] = f"Drill: policy {policy} would cordon"
+    ctx.drill_health[(policy, node)] = "Unhealthy"
     ctx.policy_status_written[policy] = {"observedGeneration": 1}
 
 
@@ -48,6 +50,8 @@ FILLED = {
     "drain_results",
     "drain_checked",
     "dry_run_said",
+    "drill_said",
+    "drill_health",
     "policy_status_written",
 }
 """The Context fields `fill` puts a node and a policy into."""
@@ -115,7 +119,15 @@ def test_forget_policy_empties_every_map_of_that_policy_only() -> None:
         fill(ctx, "kept", "n")
         ctx.forget_policy("gone")
         assert [name for name, value in state(ctx).items() if mentions(value, "gone")] == []
-        per_policy = {"admission", "verdicts", "stragglers", "dry_run_said", "policy_status_written"}
+        per_policy = {
+            "admission",
+            "verdicts",
+            "stragglers",
+            "dry_run_said",
+            "drill_said",
+            "drill_health",
+            "policy_status_written",
+        }
         assert {name for name, value in state(ctx).items() if mentions(value, "kept")} == per_policy
         ctx.drains["n"].cancel()
 
@@ -133,7 +145,7 @@ def test_forget_verdicts_keeps_the_nodes_own_memory() -> None:
             "node_locks",
             "drains",
             "drain_results",
-    "drain_checked",
+            "drain_checked",
         }
         assert not ctx.drains["n"].cancelled()
         ctx.drains["n"].cancel()
