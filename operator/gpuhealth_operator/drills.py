@@ -163,6 +163,8 @@ async def _annotate(ctx: context.Context, name: str, annotations: dict[str, str 
             return False
         if error.status == 403:
             logger.warning("cannot annotate GPUNode %s for its drill (RBAC: patch gpunodes): %s", name, error)
+            message = "Drill cannot run: the operator may not patch GPUNodes (RBAC verb patch on gpunodes)."
+            await _say(ctx, name, NODE_KEY, message, events.WARNING)
             return False
         raise
     return ctx.cache.refresh_gpunode(body) is not None
