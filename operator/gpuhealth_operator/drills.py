@@ -56,6 +56,8 @@ async def run(
     except drill.DrillError as error:
         await _end(ctx, name)
         await _say(ctx, name, NODE_KEY, f"Drill refused, no drill runs: {error}.", events.WARNING)
+        if keys.DRILL_STARTED_ANNOTATION in gpunode.annotations:  # a corrected drill starts afresh
+            await _annotate(ctx, name, {keys.DRILL_STARTED_ANNOTATION: None})
         return action
     if wanted is None:
         if keys.DRILL_STARTED_ANNOTATION in gpunode.annotations:
