@@ -22,6 +22,15 @@ CORDONED_BY_ANNOTATION: Final = f"{PREFIX}/cordoned-by"
 OVERRIDDEN_EVIDENCE_ANNOTATION: Final = f"{PREFIX}/overridden-evidence"
 """JSON: the evidence that stood when someone else uncordoned a node we cordoned; only newer evidence acts."""
 
+DRILL_ANNOTATION: Final = f"{PREFIX}/drill"
+"""On a GPUNode: a condition name; the operator runs a fire drill (the whole path as a dry run) for it."""
+
+DRILL_TTL_ANNOTATION: Final = f"{PREFIX}/drill-ttl"
+"""On a GPUNode: how long the drill lasts ("600", "600s", "10m", "1h"); 10 minutes when absent."""
+
+DRILL_STARTED_ANNOTATION: Final = f"{PREFIX}/drill-started"
+"""On a GPUNode, written by the operator when it first sees a drill: its start (RFC 3339)."""
+
 EXCLUDE_LABEL: Final = f"{PREFIX}/exclude"
 """"true" opts a node out of every policy (maintenance, debugging)."""
 

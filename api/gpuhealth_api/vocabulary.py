@@ -82,6 +82,8 @@ class NodeAction(enum.StrEnum):
     DRY_RUN = "DryRun"
     OVERRIDDEN = "Overridden"
     """Someone else made the node we cordoned schedulable; we act again only on new evidence."""
+    DRILL = "Drill"
+    """A fire drill runs on the node (GPUNode annotation `gpuhealth.io/drill`): said, not done."""
 
 
 class EventReason(enum.StrEnum):
@@ -97,6 +99,7 @@ class EventReason(enum.StrEnum):
     OVERRIDDEN_BY_USER = "OverriddenByUser"
     REMEDIATION_PAUSED = "RemediationPaused"
     """A running drain stopped (exclude label, dry run, policy deleted), or a deleted policy left a cordon."""
+    DRILL = "Drill"
 
 
 class RecoveryAction(enum.StrEnum):

@@ -52,6 +52,14 @@ class GPUNodeRecord:
     report_seen_at: datetime.datetime | None = None
     """When this operator saw `status.agent.lastHeartbeatTime` change (its own clock, not the agent's):
     staleness is timed from here. Set by `ClusterCache.put_gpunode`; the first sighting starts the clock."""
+    annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """The `gpuhealth.io/` annotations only (a fire drill's, see `decisions.drill`)."""
+
+    def report_age(self, now: datetime.datetime) -> float:
+        """Seconds since this operator saw the agent's last new report (0 if not yet timed)."""
+        if self.report_seen_at is None:
+            return 0.0
+        return max(0.0, times.seconds_between(self.report_seen_at, now))
 
 
 def _int_or_none(value: object) -> int | None:
@@ -59,6 +67,13 @@ def _int_or_none(value: object) -> int | None:
         return int(str(value))
     except (TypeError, ValueError):
         return None
+
+
+def _ours(annotations: object) -> dict[str, str]:
+    """The annotations under our prefix: the only ones any decision reads."""
+    if not isinstance(annotations, Mapping):
+        return {}
+    return {str(k): str(v) for k, v in annotations.items() if str(k).startswith(keys.PREFIX)}
 
 
 def node_record(body: Mapping[str, Any]) -> NodeRecord:
@@ -147,6 +162,7 @@ def gpunode_record(body: Mapping[str, Any], report_seen_at: datetime.datetime | 
         status=raw_status,
         created=meta.get("creationTimestamp"),
         report_seen_at=report_seen_at,
+        annotations=_ours(meta.get("annotations")),
     )
 
 

@@ -132,6 +132,12 @@ class Context:
     dry_run_said: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
     """(policy, node) → the last DryRun message, so it is said once per change."""
 
+    drill_said: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
+    """(policy, node) → the last Drill message (policy "": the drill's start, end), said once per change."""
+
+    drill_health: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
+    """(policy, node) → the health a running fire drill judged; the `drill_nodes` gauge counts these."""
+
     policy_status_written: dict[str, dict[str, object]] = dataclasses.field(default_factory=dict)
     """policy → the status last written, so an unchanged status is not written again."""
 
@@ -150,6 +156,13 @@ class Context:
             eviction_slots=asyncio.Semaphore(config.eviction_concurrency),
         )
 
+    def count_drills(self) -> None:
+        """Set the `drill_nodes` gauge from `drill_health`: per policy, the drilled nodes by judged health."""
+        counts = collections.Counter((policy, health) for (policy, _), health in self.drill_health.items())
+        for policy in {p for p, _ in self.drill_health} | set(self.cache.policies):
+            for health in vocabulary.Health:
+                self.meters.drill_nodes.labels(policy, health.value).set(counts[(policy, health.value)])
+
     def forget_verdicts(self, name: str) -> None:
         """No policy selects the node any more: forget what policies said about it.
 
@@ -159,6 +172,9 @@ class Context:
         self.verdicts.forget_node(name)
         _drop(self.stragglers, name, NODE)
         _drop(self.dry_run_said, name, NODE)
+        _drop(self.drill_said, name, NODE)
+        _drop(self.drill_health, name, NODE)
+        self.count_drills()
         self.admission.forget_node(name)
 
     def forget_node(self, name: str) -> None:
@@ -184,6 +200,8 @@ class Context:
         self.verdicts.forget_policy(name)
         _drop(self.stragglers, name, POLICY)
         _drop(self.dry_run_said, name, POLICY)
+        _drop(self.drill_said, name, POLICY)
+        _drop(self.drill_health, name, POLICY)
         self.admission.forget_policy(name)
         self.policy_status_written.pop(name, None)
         self.meters.forget_policy(name)

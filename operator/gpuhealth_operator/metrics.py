@@ -46,6 +46,8 @@ class Metrics:
     reconcile_errors: prometheus_client.Counter
     api_requests: prometheus_client.Counter
     leader: prometheus_client.Gauge
+    drill_nodes: prometheus_client.Gauge
+    drill_actions: prometheus_client.Counter
 
     @classmethod
     def create(cls) -> Metrics:
@@ -107,6 +109,18 @@ class Metrics:
                 "1 while this replica holds the leader Lease and acts.",
                 registry=registry,
             ),
+            drill_nodes=prometheus_client.Gauge(
+                f"{PREFIX}_drill_nodes",
+                "Nodes in a fire drill (GPUNode annotation gpuhealth.io/drill), by the health it judged.",
+                [LABEL_POLICY, LABEL_HEALTH],
+                registry=registry,
+            ),
+            drill_actions=prometheus_client.Counter(
+                f"{PREFIX}_drill_actions_total",
+                "Actions a fire drill would have taken (none is taken), by action and the drilled condition.",
+                [LABEL_ACTION, LABEL_REASON],
+                registry=registry,
+            ),
         )
         for handler in HANDLERS:
             meters.reconcile_errors.labels(handler)
@@ -117,6 +131,8 @@ class Metrics:
         for health in HEALTHS:
             with contextlib.suppress(KeyError):
                 self.nodes.remove(name, health)
+            with contextlib.suppress(KeyError):
+                self.drill_nodes.remove(name, health)
         with contextlib.suppress(KeyError):
             self.budget_pending.remove(name)
 

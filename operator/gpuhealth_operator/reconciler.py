@@ -31,7 +31,7 @@ from typing import Any
 import aiohttp
 
 from gpuhealth_api import heartbeats, vocabulary
-from gpuhealth_operator import cache, context, kube, remediation
+from gpuhealth_operator import cache, context, drills, kube, remediation
 from gpuhealth_operator.actions import events, nodes, status
 from gpuhealth_operator.decisions import (
     hysteresis,
@@ -76,13 +76,6 @@ def awaiting_first_report(gpunode: cache.GPUNodeRecord, now: datetime.datetime) 
     return created is not None and now - created < limit
 
 
-def report_age(gpunode: cache.GPUNodeRecord, now: datetime.datetime) -> float:
-    """Seconds since this operator saw the agent's last new report (0 if not yet timed)."""
-    if gpunode.report_seen_at is None:
-        return 0.0
-    return max(0.0, times.seconds_between(gpunode.report_seen_at, now))
-
-
 def judge(
     ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime
 ) -> model.NodeVerdict | None:
@@ -105,7 +98,7 @@ def judge(
         previous,
         straggler,
         now,
-        report_age_seconds=report_age(gpunode, now),
+        report_age_seconds=gpunode.report_age(now),
     )
     ctx.verdicts.remember(key, verdict, inputs)
     return verdict
@@ -161,6 +154,7 @@ async def _reconcile(ctx: context.Context, name: str, now: datetime.datetime) ->
             reported = (policy, verdict, action)
     assert reported is not None
     policy, verdict, action = reported
+    action = await drills.run(ctx, name, selecting, action, now)  # a fire drill, if the GPUNode asks for one
     await _condition_events(ctx, name, previous, verdict)
     await _write_status(ctx, policy, name, verdict, action)
     if not policy.dry_run:
@@ -289,7 +283,7 @@ def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
             if (gpunode := ctx.cache.gpunode(name)) is not None
         }
         members = {name: gpunode.status for name, gpunode in gpunodes.items()}
-        ages = {name: report_age(gpunode, now) for name, gpunode in gpunodes.items()}
+        ages = {name: gpunode.report_age(now) for name, gpunode in gpunodes.items()}
         for name, score in stragglers.score_cohorts(members, threshold, now, ages).items():
             ctx.stragglers[(policy.name, name)] = score
     keys = before.keys() | ctx.stragglers.keys()

@@ -64,7 +64,7 @@ def is_due(ctx: context.Context, name: str, now: datetime.datetime) -> bool:
     stale_at_seconds = heartbeats.STALE_HEARTBEATS * signals.heartbeat_seconds(agent)
     if (
         times.parse(agent.get("lastHeartbeatTime")) is None
-        or reconciler.report_age(gpunode, now) >= stale_at_seconds - 2 * ctx.config.tick_seconds
+        or gpunode.report_age(now) >= stale_at_seconds - 2 * ctx.config.tick_seconds
     ):
         return True
     return not any((policy, name) in ctx.verdicts for policy in ctx.cache.policies)

@@ -808,6 +808,7 @@ def test_real_agent_and_operator_work_with_the_chart_permissions(
         assert holder == "chart-e2e"
         # Dry-run: the node is judged, not touched.
         assert control_plane.kubectl("get", "node", own, "-o", "jsonpath={.spec.unschedulable}").stdout == ""
+        fire_drill(control_plane, own)
     finally:
         operator.stop()
         agent.terminate()
@@ -826,6 +827,40 @@ def test_real_agent_and_operator_work_with_the_chart_permissions(
         if denied(line)
     ]
     assert forbidden == [], forbidden
+
+
+def fire_drill(control_plane: controlplane.ControlPlane, node: str) -> None:
+    """The documented drill under the chart's RBAC: the operator starts it, says it, ends it at its TTL.
+
+    "Drill started" is said only once the operator wrote `drill-started` on the GPUNode, and the end
+    removes the drill's annotations: both need the chart's `patch` on gpunodes.
+    """
+    control_plane.kubectl(
+        "annotate", resources.GPUNODE_PLURAL, node, "gpuhealth.io/drill=GPULost", "gpuhealth.io/drill-ttl=6s"
+    )
+
+    def said() -> str:
+        return control_plane.kubectl(
+            "get", "events", "-n", "default", "--field-selector", f"reason=Drill,involvedObject.name={node}",
+            "-o", "jsonpath={range .items[*]}{.message}{'\\n'}{end}",
+        ).stdout  # fmt: skip
+
+    def annotations() -> str:
+        return control_plane.kubectl(
+            "get", resources.GPUNODE_PLURAL, node, "-o", "jsonpath={.metadata.annotations}"
+        ).stdout
+
+    waiting.wait_until(
+        lambda: "Drill started: GPULost" in said(),
+        timeout_seconds=TIMEOUT_SECONDS,
+        message="the drill starts",
+    )
+    waiting.wait_until(
+        lambda: "Drill ended: its TTL of 6s" in said() and "gpuhealth.io/drill" not in annotations(),
+        timeout_seconds=TIMEOUT_SECONDS,
+        message="the drill ends at its TTL (annotations removed with the chart's permissions)",
+    )
+    assert control_plane.kubectl("get", "node", node, "-o", "jsonpath={.spec.unschedulable}").stdout == ""
 
 
 def denied(log_line: str) -> bool:

@@ -45,12 +45,19 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
     now: datetime.datetime,
     *,
     report_age_seconds: float = 0.0,
+    drill: model.Signal | None = None,
 ) -> model.NodeVerdict:
-    """`report_age_seconds`: how long ago, by the operator's clock, the agent's last new report was seen."""
+    """`report_age_seconds`: how long ago, by the operator's clock, the agent's last new report was seen.
+
+    `drill`: a fire drill's synthetic signal, which replaces the real one for its condition.
+    """
     raw = signals.raw_signals(facts, node, policies.rule_xids(policy), now, report_age_seconds)
     stale = raw[Condition.AGENT_STALE].present is True
     raw[Condition.STRAGGLER] = straggler_signal(straggler, stale=stale)
     judged = severity.FATAL | {Condition.AGENT_STALE} | {r.condition for r in policy.rules}
+    if drill is not None:
+        raw[drill.condition] = drill
+        judged |= {drill.condition}
     states = {
         condition: hysteresis.advance(
             previous.get(condition),

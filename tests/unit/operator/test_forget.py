@@ -37,6 +37,8 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.drain_checked[node] = 1.0
     ctx.drain_policies[node] = policy
     ctx.dry_run_said[(policy, node)] = f"Dry run: policy {policy} would cordon"
+    ctx.drill_said[(policy, node)] = f"Drill: policy {policy} would cordon"
+    ctx.drill_health[(policy, node)] = "Unhealthy"
     ctx.policy_status_written[policy] = {"observedGeneration": 1}
 
 
@@ -50,6 +52,8 @@ FILLED = {
     "drain_checked",
     "drain_policies",
     "dry_run_said",
+    "drill_said",
+    "drill_health",
     "policy_status_written",
 }
 """The Context fields `fill` puts a node and a policy into."""
@@ -117,7 +121,15 @@ def test_forget_policy_empties_every_map_of_that_policy_only() -> None:
         fill(ctx, "kept", "n")
         ctx.forget_policy("gone")
         assert [name for name, value in state(ctx).items() if mentions(value, "gone")] == []
-        per_policy = {"admission", "verdicts", "stragglers", "dry_run_said", "policy_status_written"}
+        per_policy = {
+            "admission",
+            "verdicts",
+            "stragglers",
+            "dry_run_said",
+            "drill_said",
+            "drill_health",
+            "policy_status_written",
+        }
         per_policy.add("drain_policies")  # the node's drain is "kept"'s (the last filled)
         assert {name for name, value in state(ctx).items() if mentions(value, "kept")} == per_policy
         ctx.drains["n"].cancel()
