@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-from collections.abc import Iterator, MutableMapping
+import datetime
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 from gpuhealth_api import vocabulary
@@ -27,6 +28,10 @@ from gpuhealth_operator.decisions import budget, model, verdicts
 
 POLICY, NODE = 0, 1
 """Positions in a (policy, node) key."""
+
+
+def wall_clock() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
 
 
 def _drop(mapping: MutableMapping[tuple[str, str], Any], name: str, position: int) -> None:
@@ -102,6 +107,8 @@ class Context:
     meters: metrics.Metrics
     recorder: events.Recorder
     cache: cache.ClusterCache = dataclasses.field(default_factory=cache.ClusterCache)
+    clock: Callable[[], datetime.datetime] = wall_clock
+    """What time it is: the wall clock, or the backtest's simulated clock."""
 
     node_locks: collections.defaultdict[str, asyncio.Lock] = dataclasses.field(
         default_factory=lambda: collections.defaultdict(asyncio.Lock)

@@ -104,7 +104,7 @@ async def reconcile_node(
     """
     async with ctx.node_locks[name]:
         try:
-            await _reconcile(ctx, name, now or utcnow())
+            await _reconcile(ctx, name, now or ctx.clock())
         except TRANSIENT_ERRORS as error:
             if ctx.cache.node(name) is None or ctx.cache.gpunode(name) is None:
                 logger.debug("node %s was deleted during its reconcile: %s", name, error)

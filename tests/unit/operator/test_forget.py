@@ -18,7 +18,7 @@ from gpuhealth_operator.actions import drain
 from gpuhealth_operator.decisions import model
 from gpunode_facts import verdict
 
-NOT_STATE = {"config", "client", "meters", "recorder", "cache", "eviction_slots"}
+NOT_STATE = {"config", "client", "meters", "recorder", "cache", "eviction_slots", "clock"}
 """Context fields that hold no per-node or per-policy memory (the cache is tested on its own)."""
 
 

@@ -82,3 +82,22 @@ def test_a_policys_selection_follows_node_changes_without_a_fleet_pass() -> None
     clusters.put_policy(changed)
     rebuilt = clusters.selection(changed)
     assert (rebuilt.selected, rebuilt.unavailable) == ({"n0", "n2"}, {"n2"})
+
+
+def shared(labels: dict[str, str], capacity: str) -> dict:
+    node = body("5")
+    node["metadata"]["labels"] = labels
+    node["status"]["capacity"] = {keys.GPU_RESOURCE: capacity}
+    return node
+
+
+def test_time_sliced_capacity_counts_physical_gpus_not_replicas() -> None:
+    """8 GPUs shared 4 ways advertise nvidia.com/gpu: 32; that is 8 GPUs, not 24 lost ones."""
+    record = cache.node_record(shared({"nvidia.com/gpu.replicas": "4"}, "32"))
+    assert record.view.gpu_capacity == 8
+
+
+def test_mig_capacity_is_not_a_gpu_count() -> None:
+    """In MIG mode nvidia.com/gpu counts MIG devices (or is absent): it says nothing of lost GPUs."""
+    record = cache.node_record(shared({"nvidia.com/mig.strategy": "single"}, "56"))
+    assert record.view.gpu_capacity is None
