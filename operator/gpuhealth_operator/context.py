@@ -24,10 +24,13 @@ from typing import Any
 from gpuhealth_api import vocabulary
 from gpuhealth_operator import admission, cache, kube, metrics, settings
 from gpuhealth_operator.actions import drain, events
-from gpuhealth_operator.decisions import budget, model, verdicts
+from gpuhealth_operator.decisions import budget, model, stragglers, verdicts
 
 POLICY, NODE = 0, 1
 """Positions in a (policy, node) key."""
+
+
+StragglerSamples = stragglers.Samples
 
 
 def wall_clock() -> datetime.datetime:
@@ -124,6 +127,11 @@ class Context:
     stragglers: dict[tuple[str, str], model.StragglerScore] = dataclasses.field(default_factory=dict)
     """(policy, node) → straggler score from the latest cohort pass."""
 
+    straggler_samples: collections.defaultdict[tuple[str, str], StragglerSamples] = dataclasses.field(
+        default_factory=lambda: collections.defaultdict(collections.deque)
+    )
+    """(policy, node) → its recent z-scores, the window a sustained Straggler is judged on."""
+
     drains: dict[str, asyncio.Task[drain.Result]] = dataclasses.field(default_factory=dict)
     """node → the drain running in this process."""
 
@@ -159,6 +167,7 @@ class Context:
         """
         self.verdicts.forget_node(name)
         _drop(self.stragglers, name, NODE)
+        _drop(self.straggler_samples, name, NODE)
         _drop(self.dry_run_said, name, NODE)
         self.admission.forget_node(name)
 
@@ -182,6 +191,7 @@ class Context:
         """The policy is gone: forget its verdicts, budget, Events said and status written."""
         self.verdicts.forget_policy(name)
         _drop(self.stragglers, name, POLICY)
+        _drop(self.straggler_samples, name, POLICY)
         _drop(self.dry_run_said, name, POLICY)
         self.admission.forget_policy(name)
         self.policy_status_written.pop(name, None)

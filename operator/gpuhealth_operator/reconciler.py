@@ -273,6 +273,15 @@ def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
             if (gpunode := ctx.cache.gpunode(name)) is not None
         }
         for name, score in stragglers.score_cohorts(members, threshold, now).items():
-            ctx.stragglers[(policy.name, name)] = score
+            agent = members[name].get("agent") or {}
+            ctx.stragglers[(policy.name, name)] = stragglers.windowed(
+                ctx.straggler_samples[(policy.name, name)],
+                score,
+                times.parse(agent.get("lastHeartbeatTime")),
+                now,
+                rules[0].for_seconds,
+                float(agent.get("heartbeatSeconds") or heartbeats.DEFAULT_HEARTBEAT_SECONDS),
+                threshold,
+            )
     keys = before.keys() | ctx.stragglers.keys()
     return {node for key in keys if before.get(key) != ctx.stragglers.get(key) for node in [key[1]]}

@@ -9,6 +9,7 @@ fails `test_every_map_is_known`: add it to FILLERS and to `forget_node` /
 
 import asyncio
 import dataclasses
+import datetime
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +34,7 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
         (object(),),
     )
     ctx.stragglers[(policy, node)] = model.StragglerScore(score=1.0, z_score=-4.0, peers=8, flagged=True)
+    ctx.straggler_samples[(policy, node)].append((datetime.datetime(2026, 1, 5, tzinfo=datetime.UTC), -4.0))
     ctx.drains[node] = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
     ctx.drain_results[node] = drain.Result(completed=True, blocking=(), evicted=1, skipped=())
     ctx.dry_run_said[(policy, node)] = f"Dry run: policy {policy} would cordon"
@@ -44,6 +46,7 @@ FILLED = {
     "admission",
     "verdicts",
     "stragglers",
+    "straggler_samples",
     "drains",
     "drain_results",
     "dry_run_said",
@@ -114,7 +117,14 @@ def test_forget_policy_empties_every_map_of_that_policy_only() -> None:
         fill(ctx, "kept", "n")
         ctx.forget_policy("gone")
         assert [name for name, value in state(ctx).items() if mentions(value, "gone")] == []
-        per_policy = {"admission", "verdicts", "stragglers", "dry_run_said", "policy_status_written"}
+        per_policy = {
+            "admission",
+            "verdicts",
+            "stragglers",
+            "straggler_samples",
+            "dry_run_said",
+            "policy_status_written",
+        }
         assert {name for name, value in state(ctx).items() if mentions(value, "kept")} == per_policy
         ctx.drains["n"].cancel()
 
