@@ -144,7 +144,7 @@ class Replay:
         self.start = start
         self.now = start
         self.tick_seconds = tick_seconds
-        self.client = memcluster.MemoryKube(lambda: self.now - self.start)
+        self.client = memcluster.MemoryKube()
         config = settings.Settings()
         self.ctx = context.Context.create(
             config,
@@ -161,8 +161,7 @@ class Replay:
         self.gpus: dict[str, int] = {}
         self.out_since: dict[str, float] = {}
         self.label_cleared: dict[tuple[str, str], float] = {}
-        self.seen_writes = 0
-        self.seen_events: set[str] = set()
+        self.seen_events = 0
         self.result = Result(self.name, bool(policy.get("spec", {}).get("dryRun")), 0.0, 0)
 
     def clock(self) -> datetime.datetime:
@@ -210,6 +209,7 @@ class Replay:
         labels = body["metadata"].get("labels") or {}
         self.gpus[name] = int(labels.get(keys.GPU_COUNT_LABEL) or capacity or 0)
         self.client.put_node(body)
+        self.client.touched.add(name)
         await handlers.on_node(_event("MODIFIED", body), memo=self.ctx)
 
     async def _gpunode(self, record: dict[str, Any]) -> None:
@@ -230,20 +230,14 @@ class Replay:
 
     def _observe(self) -> None:
         """Turn the operator's new writes and Events into actions and fleet figures."""
-        writes = self.client.writes
-        touched = {
-            w.path[len(memcluster.NODES) :].removesuffix("/status")
-            for w in writes[self.seen_writes :]
-            if w.path.startswith(memcluster.NODES)
-        }
-        self.seen_writes = len(writes)
+        touched = set(self.client.touched)
+        self.client.touched.clear()
         for name in touched:
             self._diff_node(name)
-        for name, event in self.client.events.items():
-            if name in self.seen_events:
-                continue
-            self.seen_events.add(name)
+        log = self.client.event_log
+        for event in log[self.seen_events :]:
             node = event["involvedObject"]["name"]
+            self.seen_events += 1
             self.result.events.append(
                 {"t": round(self.t, 3), "node": node, "reason": event["reason"], "message": event["message"]}
             )

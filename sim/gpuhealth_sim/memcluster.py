@@ -13,16 +13,16 @@ semantics the operator relies on, and no more:
 - Events: created and bumped (kept for the report);
 - pods: none (a trace holds no pods, so every drain completes at once).
 
-Every write bumps one cluster-wide resourceVersion, as etcd does. Every
-write the operator sends is also kept in `writes` (time, verb, path, body),
-so the backtest can report what was done and when.
+Every write bumps one cluster-wide resourceVersion, as etcd does. The
+Nodes the operator wrote since the backtest last looked (`touched`) and the
+Events in the order they were posted (`event_log`) let the backtest report
+what was done and when.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from gpuhealth_api import resources
@@ -35,14 +35,6 @@ GPUNODES = f"/apis/{resources.GROUP}/{resources.VERSION}/{resources.GPUNODE_PLUR
 POLICIES = f"/apis/{resources.GROUP}/{resources.VERSION}/{resources.POLICY_PLURAL}/"
 EVENTS = "/api/v1/namespaces/default/events"
 OPERATOR_STATUS_FIELDS = frozenset({"health", "issues", "action", "conditions", "straggler"})
-
-
-@dataclasses.dataclass(frozen=True)
-class Write:
-    at: float
-    method: str
-    path: str
-    body: object
 
 
 def _not_found(path: str) -> kube.ApiError:
@@ -90,13 +82,13 @@ def json_patch(target: JsonObject, ops: list[Mapping[str, Any]]) -> JsonObject:
 class MemoryKube:
     """The operator's client, answered from dicts (module docstring)."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self.clock = clock
+    def __init__(self) -> None:
         self.nodes: dict[str, JsonObject] = {}
         self.gpunodes: dict[str, JsonObject] = {}
         self.policies: dict[str, JsonObject] = {}
         self.events: dict[str, JsonObject] = {}
-        self.writes: list[Write] = []
+        self.event_log: list[JsonObject] = []
+        self.touched: set[str] = set()
         self.requests_total = 0
         self._version = 0
         self._applied: dict[str, frozenset[str]] = {}
@@ -140,13 +132,12 @@ class MemoryKube:
         exempt: bool = False,
     ) -> JsonObject:
         self.requests_total += 1
-        if method != "GET":
-            self.writes.append(Write(self.clock(), method, path, body))
         if method == "GET":
             return self._get(path, query)
         if method == "POST" and path == EVENTS:
             assert isinstance(body, dict)
             self.events[body["metadata"]["name"]] = copy.deepcopy(body)
+            self.event_log.append(self.events[body["metadata"]["name"]])
             return body
         if method == "PATCH" and path.startswith(EVENTS + "/"):
             event = self.events.get(path.rsplit("/", 1)[1])
@@ -194,6 +185,7 @@ class MemoryKube:
             patch.get("metadata", {}).pop("resourceVersion", None)
             updated = merge_patch(copy.deepcopy(node), patch)
         self.nodes[name] = self.bump(updated)
+        self.touched.add(name)
         return copy.deepcopy(updated)
 
     def _apply_status(self, path: str, body: object) -> JsonObject:
