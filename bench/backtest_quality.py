@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Any
 
+from gpuhealth_operator.decisions import stragglers
 from gpuhealth_sim import backtest, backtestcli, scoring, tracegen
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -45,11 +46,22 @@ def measure(node_days: float, seed: int, workdir: pathlib.Path, tick_seconds: fl
     return {"trace": trace, "generated": generated, "result": result, "score": score}
 
 
+def per_sample(trace: pathlib.Path, tick_seconds: float) -> dict[str, Any]:
+    """The straggler score with the rule as it was before the window: every sample must be flagged."""
+    windowed = stragglers.windowed
+    stragglers.windowed = lambda _samples, score, *_: score  # the old judgement
+    try:
+        result = backtest.run(trace, backtest.load_policy(POLICY), tick_seconds)
+    finally:
+        stragglers.windowed = windowed
+    return scoring.score(trace, result, baseline=False)
+
+
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f} %"
 
 
-def section(args: argparse.Namespace, run: dict[str, Any]) -> str:
+def section(args: argparse.Namespace, run: dict[str, Any], before: dict[str, Any] | None) -> str:
     result: backtest.Result = run["result"]
     score = run["score"]
     fatal, ours, base = score["fatal"], score["stragglers"], score["baselineStragglers"]
@@ -91,7 +103,16 @@ def section(args: argparse.Namespace, run: dict[str, Any]) -> str:
         lines.append(f"| {name} | {value} | {baseline} | {TARGETS.get(name.split(' p50')[0], '—')} |")
     if fatal["missed"]:
         lines += ["", f"- missed fatal faults: {', '.join(fatal['missed'])}"]
-    lines += ["", "- " + backtestcli.score_line(score), ""]
+    lines += ["", "- " + backtestcli.score_line(score)]
+    if before is not None:
+        old = before["stragglers"]
+        lines.append(
+            f"- the same trace with Straggler judged per sample (before the window): precision "
+            f"{_pct(old['precision'])} ({old['trueFlags']} right, {old['falseFlags']} wrong), recall "
+            f"{_pct(old['recall'])} ({old['found']}/{old['episodes']}), "
+            f"flaps/node-day {before['labelFlapsPerNodeDay']}"
+        )
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -103,12 +124,16 @@ def main() -> int:
     top.add_argument("--tick-seconds", type=float, default=30.0)
     top.add_argument("--workdir", type=pathlib.Path, default=pathlib.Path("/tmp/gpu-health-bench"))
     top.add_argument("--record", action="store_true", help="append the result to bench/RESULTS.md")
+    top.add_argument(
+        "--per-sample", action="store_true", help="also score the Straggler rule as judged before the window"
+    )
     args = top.parse_args()
     if args.quick:
         args.node_days = 100.0
     args.workdir.mkdir(parents=True, exist_ok=True)
     run = measure(args.node_days, args.seed, args.workdir, args.tick_seconds)
-    text = section(args, run)
+    before = per_sample(run["trace"], args.tick_seconds) if args.per_sample else None
+    text = section(args, run, before)
     print(text)
     if args.record:
         with (ROOT / "bench" / "RESULTS.md").open("a", encoding="utf-8") as results:

@@ -162,13 +162,15 @@ def _episodes(rng: random.Random, duration: float) -> list[Episode]:
         for _ in range(_poisson(rng, RATES[kind] * days)):
             wanted.append((rng.uniform(600, duration - 600), kind))
     taken: list[tuple[float, float]] = []
-    for start, kind in sorted(wanted):
+    priority = ("fatal", "straggler", "humanCordon", "agentGap", "driverReload", "idle")
+    for start, kind in sorted(wanted, key=lambda w: (priority.index(w[1]), w[0])):
         length = _length(rng, kind)
         end = min(start + length, duration)
         if any(start < b + 1800 and a - 1800 < end for a, b in taken):
             continue  # keep a half hour between major episodes so every one is judged on its own
         taken.append((start, end))
         major.append(Episode(kind, start, end, _detail(rng, kind)))
+    major.sort(key=lambda e: e.start)
     minor: list[Episode] = []
     for kind in ("thermal", "powerBrake", "powerCap"):
         for _ in range(_poisson(rng, RATES[kind] * days)):
