@@ -39,8 +39,8 @@ node's dips now and then. Judged per sample, one sample above the threshold
 would restart the forSeconds clock of a real straggler, and a healthy node
 could be flagged for a sample. So the sustained condition is judged on the
 window (`windowed`): a node is flagged when at least WINDOW_QUANTILE of its
-z-scores of the last forSeconds are below -threshold (at least
-MIN_WINDOW_SAMPLES of them), and held since the window's oldest sample.
+z-scores of the last forSeconds are below -threshold, and held since the
+window's oldest sample (so a node seen for less than forSeconds still waits).
 """
 
 from __future__ import annotations
@@ -66,7 +66,6 @@ _SLOWDOWN_REASONS: Final = status.THERMAL_REASONS | status.POWER_REASONS
 
 WINDOW_QUANTILE: Final = 0.7
 """Share of the window's z-scores that must be below -threshold."""
-MIN_WINDOW_SAMPLES: Final = 3
 
 Cohort = tuple[str, str]
 """(GPU model, driver version)."""
@@ -195,9 +194,5 @@ def windowed(  # noqa: PLR0917 - one judgement's inputs
     while samples and samples[0][0] < horizon:
         samples.popleft()
     below = sum(1 for _, z in samples if z < -threshold)
-    flagged = (
-        score.peers >= MIN_PEERS
-        and len(samples) >= MIN_WINDOW_SAMPLES
-        and below >= WINDOW_QUANTILE * len(samples)
-    )
+    flagged = score.peers >= MIN_PEERS and bool(samples) and below >= WINDOW_QUANTILE * len(samples)
     return dataclasses.replace(score, flagged=flagged, since=samples[0][0] if flagged else None)

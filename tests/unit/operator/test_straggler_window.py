@@ -34,9 +34,10 @@ def test_a_healthy_node_dipping_for_one_sample_is_not_flagged() -> None:
     assert not judged.flagged
 
 
-def test_too_few_samples_flag_nothing() -> None:
+def test_a_short_run_is_held_only_since_its_first_sample() -> None:
+    """Two flagged samples are evidence since the first one: forSeconds still has to pass."""
     judged, _ = run([-6.0, -6.0])
-    assert not judged.flagged
+    assert judged.flagged and judged.since == T0
 
 
 def test_samples_older_than_the_window_are_dropped() -> None:
