@@ -11,6 +11,7 @@ ours. `--record` appends the section to bench/RESULTS.md.
 
 import argparse
 import datetime
+import json
 import os
 import pathlib
 import platform
@@ -43,6 +44,8 @@ def measure(node_days: float, seed: int, workdir: pathlib.Path, tick_seconds: fl
         generated = time.perf_counter() - began
     result = backtest.run(trace, backtest.load_policy(POLICY), tick_seconds)
     score = scoring.score(trace, result)
+    report = {**result.to_json(), "score": score}
+    trace.with_suffix(".backtest.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
     return {"trace": trace, "generated": generated, "result": result, "score": score}
 
 

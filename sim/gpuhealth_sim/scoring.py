@@ -13,7 +13,9 @@ What is measured (docs/backtest.md has the reasoning):
   in a real straggler episode (any slowdown) and wrong when it falls where
   nothing slowed the node (labels during thermal or power-brake episodes,
   where the node was in fact slowed, count neither way);
-- label flaps per node-day, and whether maxUnavailable was ever exceeded.
+- label flaps per node-day: a straggler or thermal label removed and set
+  again within backtest.FLAP_SECONDS with no new episode (truth) on the node
+  in between to explain it; and whether maxUnavailable was ever exceeded.
 
 The baseline is the rule of the documents this project started from: per
 sample, within each cohort (same model and driver), take step time as
@@ -147,6 +149,32 @@ def score_stragglers(truth: list[dict[str, Any]], flags: Iterable[Flag]) -> Stra
     return StragglerScore(len(flags), true_flags, false_flags, len(wanted), len(found))
 
 
+SLOWING: Final = frozenset({"straggler", "thermal", "powerBrake", "powerCap"})
+
+
+def label_flaps(truth: list[dict[str, Any]], actions: list[backtest.Action]) -> list[backtest.Action]:
+    """Label re-sets that no new episode explains (module docstring)."""
+    cleared: dict[tuple[str, str], float] = {}
+    flaps = []
+    for action in actions:
+        if action.action.startswith("Unlabel "):
+            cleared[(action.node, action.action.removeprefix("Unlabel "))] = action.t
+            continue
+        if not action.action.startswith("Label ") or action.action.startswith("Label health="):
+            continue
+        label = action.action.removeprefix("Label ").split("=", 1)[0]
+        since = cleared.pop((action.node, label), None)
+        if since is None or action.t - since >= backtest.FLAP_SECONDS:
+            continue
+        explained = any(
+            e["node"] == action.node and e.get("type") in SLOWING and since <= e["start"] <= action.t
+            for e in truth
+        )
+        if not explained:
+            flaps.append(action)
+    return flaps
+
+
 def our_straggler_flags(actions: list[backtest.Action]) -> list[Flag]:
     return [Flag(a.t, a.node) for a in actions if a.action.startswith("Label straggler")]
 
@@ -199,11 +227,13 @@ def score(trace: pathlib.Path, result: backtest.Result, *, baseline: bool = True
     """The whole score of one policy's backtest (module docstring)."""
     _, truth = traces.read_truth(trace)
     node_days = max(result.node_days, 1e-9)
+    flaps = label_flaps(truth, result.actions)
     report: dict[str, Any] = {
         "policy": result.policy,
         "fatal": score_fatal(truth, result.actions),
         "stragglers": score_stragglers(truth, our_straggler_flags(result.actions)).to_json(),
-        "labelFlapsPerNodeDay": round(result.label_flaps / node_days, 4),
+        "labelFlapsPerNodeDay": round(len(flaps) / node_days, 4),
+        "labelFlaps": [a.to_json() for a in flaps[:20]],
         "maxUnavailableRespected": result.max_cordoned_by_policy <= result.max_unavailable_limit,
     }
     if baseline:

@@ -71,3 +71,19 @@ def test_baseline_flags_the_slowest_node_when_step_times_vary(tmp_path: pathlib.
             for i, clock in enumerate(clocks):
                 writer.write({"kind": "gpunode", "t": t + i, "name": f"n{i}", "status": status(clock)})
     assert scoring.baseline_flags(path) == [scoring.Flag(120, "n3")], "only the sample with CV > 0.1"
+
+
+def test_a_label_set_again_is_a_flap_unless_a_new_episode_explains_it() -> None:
+    truth = [
+        {"type": "thermal", "node": "a", "start": 0, "end": 300},
+        {"type": "thermal", "node": "a", "start": 2000, "end": 2300},
+    ]
+    actions = [
+        A(60, "a", "Label thermal-throttled=true", ""),
+        A(900, "a", "Unlabel thermal-throttled", ""),
+        A(2060, "a", "Label thermal-throttled=true", ""),  # a new episode: not a flap
+        A(2900, "a", "Unlabel thermal-throttled", ""),
+        A(3000, "a", "Label thermal-throttled=true", ""),  # nothing new: a flap
+        A(3100, "b", "Label straggler=true", ""),  # first set: not a flap
+    ]
+    assert [a.t for a in scoring.label_flaps(truth, actions)] == [3000]
