@@ -20,7 +20,7 @@ from kubernetes import client as k8s
 from kubernetes.client import exceptions as k8s_exceptions
 
 from gpuhealth_agent import backoff, changes
-from gpuhealth_api import keys, resources, status, timestamps
+from gpuhealth_api import capacity, keys, resources, status, timestamps
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class GPUNodeClient:
         self.custom = k8s.CustomObjectsApi(api_client)
 
     def read_node(self) -> tuple[str, int | None]:
-        """The Node's uid and its advertised GPU count (nvidia.com/gpu capacity, if any)."""
+        """The Node's uid and the GPUs it advertises (nvidia.com/gpu capacity, shared GPUs counted once)."""
         try:
             node = self._get_json("/api/v1/nodes/{name}", {"name": self.node_name})
         except k8s_exceptions.ApiException as exc:
@@ -62,10 +62,7 @@ class GPUNodeClient:
                 raise NodeMissingError(f"Node {self.node_name} not found") from exc
             raise
         advertised = node.get("status", {}).get("capacity", {}).get(keys.GPU_RESOURCE)
-        try:
-            expected = int(str(advertised)) if advertised is not None else None
-        except ValueError:
-            expected = None
+        expected = capacity.physical_gpus(advertised, node.get("metadata", {}).get("labels") or {})
         uid = node.get("metadata", {}).get("uid")
         if not uid:
             raise NodeMissingError(f"Node {self.node_name} has no uid")

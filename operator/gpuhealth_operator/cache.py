@@ -16,6 +16,7 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
+from gpuhealth_api import capacity as gpu_capacity
 from gpuhealth_api import keys, status
 from gpuhealth_operator.decisions import budget, model, policies
 
@@ -57,27 +58,6 @@ def _int_or_none(value: object) -> int | None:
         return None
 
 
-REPLICAS_LABEL = "nvidia.com/gpu.replicas"
-"""GPU feature discovery: how many ways each GPU is shared (time-slicing, MPS)."""
-MIG_STRATEGY_LABEL = "nvidia.com/mig.strategy"
-"""GPU feature discovery: the node's GPUs are in MIG mode; nvidia.com/gpu then counts MIG devices."""
-
-
-def physical_gpus(capacity: object, labels: Mapping[str, str]) -> int | None:
-    """How many GPUs the `nvidia.com/gpu` capacity stands for; None when it cannot tell (MIG).
-
-    Shared GPUs advertise one resource per replica, so the capacity is not a
-    GPU count; read as one, every time-sliced node would have "lost" GPUs.
-    """
-    count = _int_or_none(capacity)
-    if count is None or MIG_STRATEGY_LABEL in labels:
-        return None
-    replicas = _int_or_none(labels.get(REPLICAS_LABEL))
-    if replicas is not None and replicas > 1:
-        return count // replicas
-    return count
-
-
 def node_record(body: Mapping[str, Any]) -> NodeRecord:
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
@@ -98,7 +78,7 @@ def node_record(body: Mapping[str, Any]) -> NodeRecord:
         annotations={k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(keys.PREFIX)},
         unschedulable=bool(spec.get("unschedulable", False)),
         taint_keys=frozenset(str(t.get("key", "")) for t in taints),
-        gpu_capacity=physical_gpus(capacity.get(keys.GPU_RESOURCE), meta.get("labels") or {}),
+        gpu_capacity=gpu_capacity.physical_gpus(capacity.get(keys.GPU_RESOURCE), meta.get("labels") or {}),
     )
     return NodeRecord(
         view=view,

@@ -9,7 +9,7 @@ import pytest
 from kubernetes.client import exceptions as k8s_exceptions
 
 from gpuhealth_agent import backoff, changes, reporter
-from gpuhealth_api import status
+from gpuhealth_api import capacity, status
 
 
 class FakeCluster:
@@ -200,3 +200,11 @@ def test_summary() -> None:
     ]
     assert changes.summarize(gpus) == {"gpuCount": 2, "model": "H100", "maxTemperatureCelsius": 71}
     assert changes.summarize([]) == {"gpuCount": 0}
+
+
+def test_shared_gpus_are_expected_once_not_per_replica() -> None:
+    """A time-sliced node advertising 32 (8 GPUs x 4 replicas) expects 8; a MIG node's count says nothing."""
+    assert capacity.physical_gpus("32", {"nvidia.com/gpu.replicas": "4"}) == 8
+    assert capacity.physical_gpus("56", {"nvidia.com/mig.strategy": "single"}) is None
+    assert capacity.physical_gpus("8", {}) == 8
+    assert capacity.physical_gpus(None, {}) is None
