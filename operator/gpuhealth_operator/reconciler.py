@@ -282,6 +282,7 @@ def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
                 rules[0].for_seconds,
                 float(agent.get("heartbeatSeconds") or heartbeats.DEFAULT_HEARTBEAT_SECONDS),
                 threshold,
+                was_flagged=(was := before.get((policy.name, name))) is not None and was.flagged,
             )
     keys = before.keys() | ctx.stragglers.keys()
     return {node for key in keys if before.get(key) != ctx.stragglers.get(key) for node in [key[1]]}

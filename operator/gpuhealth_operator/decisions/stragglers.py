@@ -41,6 +41,9 @@ could be flagged for a sample. So the sustained condition is judged on the
 window (`windowed`): a node is flagged when at least WINDOW_QUANTILE of its
 z-scores of the last forSeconds are below -threshold, and held since the
 window's oldest sample (so a node seen for less than forSeconds still waits).
+A flagged node stays flagged while at least 1 - WINDOW_QUANTILE of them are
+below: a straggler close to the threshold keeps its label instead of
+flapping with the jitter.
 """
 
 from __future__ import annotations
@@ -182,6 +185,8 @@ def windowed(  # noqa: PLR0917 - one judgement's inputs
     window_seconds: float,
     period_seconds: float,
     threshold: float,
+    *,
+    was_flagged: bool = False,
 ) -> model.StragglerScore:
     """`score` judged on the window: record its z once per sample, flag on the window (module docstring).
 
@@ -194,5 +199,6 @@ def windowed(  # noqa: PLR0917 - one judgement's inputs
     while samples and samples[0][0] < horizon:
         samples.popleft()
     below = sum(1 for _, z in samples if z < -threshold)
-    flagged = score.peers >= MIN_PEERS and bool(samples) and below >= WINDOW_QUANTILE * len(samples)
+    share = WINDOW_QUANTILE if not was_flagged else 1 - WINDOW_QUANTILE
+    flagged = score.peers >= MIN_PEERS and bool(samples) and below >= share * len(samples)
     return dataclasses.replace(score, flagged=flagged, since=samples[0][0] if flagged else None)

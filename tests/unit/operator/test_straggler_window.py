@@ -17,7 +17,8 @@ def run(zs: list[float]) -> tuple[model.StragglerScore, collections.deque[tuple[
     for i, z in enumerate(zs):
         now = T0 + datetime.timedelta(seconds=i * PERIOD)
         score = model.StragglerScore(score=0.85, z_score=z, peers=10, flagged=z < -3.5)
-        judged = stragglers.windowed(samples, score, now, now, WINDOW, PERIOD, 3.5)
+        was = judged is not None and judged.flagged
+        judged = stragglers.windowed(samples, score, now, now, WINDOW, PERIOD, 3.5, was_flagged=was)
     assert judged is not None
     return judged, samples
 
@@ -43,3 +44,11 @@ def test_a_short_run_is_held_only_since_its_first_sample() -> None:
 def test_samples_older_than_the_window_are_dropped() -> None:
     _, samples = run([-6.0] * 20)
     assert len(samples) <= WINDOW / PERIOD + 2
+
+
+def test_a_flagged_straggler_near_the_threshold_stays_flagged() -> None:
+    """Once flagged, a node stays so while a third of its window is still below: no flapping label."""
+    judged, _ = run([-4.0] * 6 + [-3.0, -3.9, -3.1, -3.0, -3.8, -3.2])
+    assert judged.flagged
+    fresh, _ = run([-3.0, -3.9, -3.1, -3.0, -3.8, -3.2])
+    assert not fresh.flagged, "the same window does not flag a node that was not flagged"
