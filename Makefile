@@ -75,6 +75,7 @@ bench: venv testbin ## Run the benchmarks and print their results (see bench/RES
 	KUBEBUILDER_ASSETS="$(TESTBIN)" $(PY) bench/agent_overhead.py
 	KUBEBUILDER_ASSETS="$(TESTBIN)" $(PY) bench/operator_latency.py
 	KUBEBUILDER_ASSETS="$(TESTBIN)" $(PY) bench/fleet_scale.py
+	$(PY) bench/backtest_quality.py
 
 ##@ Packaging
 

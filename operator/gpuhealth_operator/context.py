@@ -17,16 +17,24 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-from collections.abc import Iterator, MutableMapping
+import datetime
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 from gpuhealth_api import vocabulary
 from gpuhealth_operator import admission, cache, kube, metrics, settings
 from gpuhealth_operator.actions import drain, events
-from gpuhealth_operator.decisions import budget, model, verdicts
+from gpuhealth_operator.decisions import budget, model, stragglers, verdicts
 
 POLICY, NODE = 0, 1
 """Positions in a (policy, node) key."""
+
+
+StragglerSamples = stragglers.Samples
+
+
+def wall_clock() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
 
 
 def _drop(mapping: MutableMapping[tuple[str, str], Any], name: str, position: int) -> None:
@@ -102,6 +110,8 @@ class Context:
     meters: metrics.Metrics
     recorder: events.Recorder
     cache: cache.ClusterCache = dataclasses.field(default_factory=cache.ClusterCache)
+    clock: Callable[[], datetime.datetime] = wall_clock
+    """What time it is: the wall clock, or the backtest's simulated clock."""
 
     node_locks: collections.defaultdict[str, asyncio.Lock] = dataclasses.field(
         default_factory=lambda: collections.defaultdict(asyncio.Lock)
@@ -116,6 +126,11 @@ class Context:
 
     stragglers: dict[tuple[str, str], model.StragglerScore] = dataclasses.field(default_factory=dict)
     """(policy, node) → straggler score from the latest cohort pass."""
+
+    straggler_samples: collections.defaultdict[tuple[str, str], StragglerSamples] = dataclasses.field(
+        default_factory=lambda: collections.defaultdict(collections.deque)
+    )
+    """(policy, node) → its recent z-scores, the window a sustained Straggler is judged on."""
 
     drains: dict[str, asyncio.Task[drain.Result]] = dataclasses.field(default_factory=dict)
     """node → the drain running in this process."""
@@ -171,6 +186,7 @@ class Context:
         """
         self.verdicts.forget_node(name)
         _drop(self.stragglers, name, NODE)
+        _drop(self.straggler_samples, name, NODE)
         _drop(self.dry_run_said, name, NODE)
         _drop(self.drill_said, name, NODE)
         _drop(self.drill_health, name, NODE)
@@ -199,6 +215,7 @@ class Context:
         """The policy is gone: forget its verdicts, budget, Events said and status written."""
         self.verdicts.forget_policy(name)
         _drop(self.stragglers, name, POLICY)
+        _drop(self.straggler_samples, name, POLICY)
         _drop(self.dry_run_said, name, POLICY)
         _drop(self.drill_said, name, POLICY)
         _drop(self.drill_health, name, POLICY)

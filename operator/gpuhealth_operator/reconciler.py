@@ -113,7 +113,7 @@ async def reconcile_node(
     """
     async with ctx.node_locks[name]:
         try:
-            await _reconcile(ctx, name, now or utcnow())
+            await _reconcile(ctx, name, now or ctx.clock())
         except TRANSIENT_ERRORS as error:
             if ctx.cache.node(name) is None or ctx.cache.gpunode(name) is None:
                 logger.debug("node %s was deleted during its reconcile: %s", name, error)
@@ -285,6 +285,16 @@ def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
         members = {name: gpunode.status for name, gpunode in gpunodes.items()}
         ages = {name: gpunode.report_age(now) for name, gpunode in gpunodes.items()}
         for name, score in stragglers.score_cohorts(members, threshold, now, ages).items():
-            ctx.stragglers[(policy.name, name)] = score
+            agent = members[name].get("agent") or {}
+            ctx.stragglers[(policy.name, name)] = stragglers.windowed(
+                ctx.straggler_samples[(policy.name, name)],
+                score,
+                times.parse(agent.get("lastHeartbeatTime")),
+                now,
+                rules[0].for_seconds,
+                float(agent.get("heartbeatSeconds") or heartbeats.DEFAULT_HEARTBEAT_SECONDS),
+                threshold,
+                was_flagged=(was := before.get((policy.name, name))) is not None and was.flagged,
+            )
     keys = before.keys() | ctx.stragglers.keys()
     return {node for key in keys if before.get(key) != ctx.stragglers.get(key) for node in [key[1]]}

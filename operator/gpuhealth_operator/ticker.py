@@ -71,7 +71,7 @@ def is_due(ctx: context.Context, name: str, now: datetime.datetime) -> bool:
 
 
 async def tick(ctx: context.Context, *, full: bool = False) -> None:
-    now = reconciler.utcnow()
+    now = ctx.clock()
     moved = reconciler.score_stragglers(ctx, now)
     names = [
         n for n in ctx.cache.gpunodes if n in ctx.cache.nodes and (full or n in moved or is_due(ctx, n, now))

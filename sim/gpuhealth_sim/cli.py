@@ -3,6 +3,8 @@
 gpu-health-sim run --kubeconfig K --fleet FILE [--workers N] [--delete-nodes]
 gpu-health-sim demo [--keep] [--duration SECONDS]
 gpu-health-sim validate FILE   (or --fleet FILE, as `run` spells it)
+gpu-health-sim trace generate --node-days N --seed S --out TRACE
+gpu-health-sim backtest --policy P.yaml [--policy Q.yaml] --trace TRACE [--score] [-o json]
 """
 
 import argparse
@@ -17,7 +19,7 @@ from types import FrameType
 
 from kubernetes import client, config
 
-from gpuhealth_sim import demo, fleet, fleetfile
+from gpuhealth_sim import backtestcli, demo, fleet, fleetfile
 
 USAGE_ERROR = 2
 INVALID_FLEET = 3
@@ -78,6 +80,7 @@ def parser() -> argparse.ArgumentParser:
     check = commands.add_parser("validate", help="check a fleet file and list its nodes")
     check.add_argument("fleet", type=Path, nargs="?", help="fleet file (docs/fleet.md)")
     check.add_argument("--fleet", dest="fleet_option", type=Path, help="the same, spelt as `run` takes it")
+    backtestcli.add_commands(commands)
     return top
 
 
@@ -127,6 +130,8 @@ def _run(args: argparse.Namespace, spec: fleetfile.Fleet) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     top = parser()
     args = top.parse_args(argv)
+    if args.command in ("trace", "backtest"):
+        return backtestcli.run(args)
     if args.command == "validate":
         if (args.fleet is None) == (args.fleet_option is None):
             top.error("validate takes one fleet file: validate FILE or validate --fleet FILE")

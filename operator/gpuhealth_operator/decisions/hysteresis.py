@@ -31,6 +31,7 @@ TRUE: Final = "True"
 FALSE: Final = "False"
 UNKNOWN: Final = "Unknown"
 _STATUSES: Final = frozenset({TRUE, FALSE, UNKNOWN})
+_CONDITIONS: Final = frozenset(c.value for c in vocabulary.Condition)
 
 # Condition reasons (CamelCase, as Kubernetes conditions expect).
 DETECTED: Final = "Detected"
@@ -168,7 +169,7 @@ def from_status(items: object) -> dict[vocabulary.Condition, model.ConditionStat
 
 def _state(item: Mapping[str, Any]) -> model.ConditionState | None:
     kind = item.get("type")
-    if not isinstance(kind, str) or kind not in set(vocabulary.Condition):
+    if not isinstance(kind, str) or kind not in _CONDITIONS:
         return None
     condition = vocabulary.Condition(kind)
     status, transition = item.get("status"), times.parse(item.get("lastTransitionTime"))

@@ -125,6 +125,8 @@ class StragglerScore:
     peers: int
     flagged: bool
     """Below -threshold against a cohort of at least 4 peers (before forSeconds)."""
+    since: datetime.datetime | None = None
+    """Flagged on a window of samples (stragglers.windowed): the window's oldest sample."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,10 +32,24 @@ scored nodes; with fewer, a median says little. Stale agents and nodes with a
 lost GPU are left out of the statistics (their numbers are old or
 meaningless) and get no score. The condition still needs `forSeconds`
 (hysteresis) before a rule fires.
+
+Window. GPU Boost moves a busy GPU's clock by several percent from sample to
+sample, so a real straggler's z wanders around its median and a healthy
+node's dips now and then. Judged per sample, one sample above the threshold
+would restart the forSeconds clock of a real straggler, and a healthy node
+could be flagged for a sample. So the sustained condition is judged on the
+window (`windowed`): a node is flagged when at least WINDOW_QUANTILE of its
+z-scores of the last forSeconds are below -threshold, and held since the
+window's oldest sample (so a node seen for less than forSeconds still waits).
+A flagged node stays flagged while at least 1 - WINDOW_QUANTILE of them are
+below: a straggler close to the threshold keeps its label instead of
+flapping with the jitter.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import datetime
 import statistics
 from collections import defaultdict
@@ -52,6 +66,9 @@ MAD_FLOOR_FRACTION: Final = 0.02
 MAD_FLOOR_ABSOLUTE: Final = 1e-3
 """Floor when the median itself is ~0 (a cohort of stalled nodes)."""
 _SLOWDOWN_REASONS: Final = status.THERMAL_REASONS | status.POWER_REASONS
+
+WINDOW_QUANTILE: Final = 0.7
+"""Share of the window's z-scores that must be below -threshold."""
 
 Cohort = tuple[str, str]
 """(GPU model, driver version)."""
@@ -159,3 +176,34 @@ def _judge_cohort(scores: Mapping[str, float], threshold: float) -> dict[str, mo
             flagged=peers >= MIN_PEERS and z < -threshold,
         )
     return result
+
+
+Samples = collections.deque[tuple[datetime.datetime, float]]
+"""One node's recent (sample time, z-score), oldest first."""
+
+
+def windowed(  # noqa: PLR0917 - one judgement's inputs
+    samples: Samples,
+    score: model.StragglerScore,
+    sampled_at: datetime.datetime | None,
+    now: datetime.datetime,
+    window_seconds: float,
+    period_seconds: float,
+    threshold: float,
+    *,
+    was_flagged: bool = False,
+) -> model.StragglerScore:
+    """`score` judged on the window: record its z once per sample, flag on the window (module docstring).
+
+    The window keeps one heartbeat period more than `window_seconds`, so its
+    oldest sample is forSeconds old once it is full and the rule can fire then.
+    """
+    if sampled_at is not None and (not samples or samples[-1][0] != sampled_at):
+        samples.append((sampled_at, score.z_score))
+    horizon = now - datetime.timedelta(seconds=window_seconds + period_seconds)
+    while samples and samples[0][0] < horizon:
+        samples.popleft()
+    below = sum(1 for _, z in samples if z < -threshold)
+    share = WINDOW_QUANTILE if not was_flagged else 1 - WINDOW_QUANTILE
+    flagged = score.peers >= MIN_PEERS and bool(samples) and below >= share * len(samples)
+    return dataclasses.replace(score, flagged=flagged, since=samples[0][0] if flagged else None)

@@ -139,6 +139,7 @@ def straggler_signal(score: model.StragglerScore | None, *, stale: bool = False)
             True,
             f"performance score {score.score:.3f} is {-score.z_score:.1f} robust z-scores below "
             f"the median of {score.peers} peers",
+            observed_at=score.since,
         )
     return model.Signal(condition, False, "performance in line with peers of the same GPU model")
 

@@ -9,6 +9,7 @@ fails `test_every_map_is_known`: add it to FILLERS and to `forget_node` /
 
 import asyncio
 import dataclasses
+import datetime
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +19,7 @@ from gpuhealth_operator.actions import drain
 from gpuhealth_operator.decisions import model
 from gpunode_facts import verdict
 
-NOT_STATE = {"config", "client", "meters", "recorder", "cache", "eviction_slots"}
+NOT_STATE = {"config", "client", "meters", "recorder", "cache", "eviction_slots", "clock"}
 """Context fields that hold no per-node or per-policy memory (the cache is tested on its own)."""
 
 
@@ -32,6 +33,7 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
         (object(),),
     )
     ctx.stragglers[(policy, node)] = model.StragglerScore(score=1.0, z_score=-4.0, peers=8, flagged=True)
+    ctx.straggler_samples[(policy, node)].append((datetime.datetime(2026, 1, 5, tzinfo=datetime.UTC), -4.0))
     ctx.drains[node] = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
     ctx.drain_results[node] = drain.Result(completed=True, blocking=(), evicted=1, skipped=())
     ctx.drain_checked[node] = 1.0
@@ -47,6 +49,7 @@ FILLED = {
     "admission",
     "verdicts",
     "stragglers",
+    "straggler_samples",
     "drains",
     "drain_results",
     "drain_checked",
@@ -125,6 +128,7 @@ def test_forget_policy_empties_every_map_of_that_policy_only() -> None:
             "admission",
             "verdicts",
             "stragglers",
+            "straggler_samples",
             "dry_run_said",
             "drill_said",
             "drill_health",

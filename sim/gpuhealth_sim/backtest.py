@@ -1,0 +1,370 @@
+"""Backtest: replay a trace through the operator's own code under a simulated clock.
+
+Nothing of the operator is re-implemented here. Each trace record becomes the
+watch event the operator would have received, handed to its own kopf handlers
+(`handlers.on_node`, `handlers.on_gpunode`, `handlers.on_policy`) with a
+`Context` whose client is an in-memory cluster (`memcluster.MemoryKube`) and
+whose clock is the trace's time; between records the operator's own timer
+pass (`ticker.tick`) runs every `tick_seconds` of simulated time. So the
+signals, hysteresis, stragglers, the budget, the action ladder, recovery and
+the human-override rules are the ones the live operator runs, whatever they
+become.
+
+What differs from a live run, on purpose: the timer ticks every
+`tick_seconds` (default 30 s) instead of every second, with a full pass
+every FULL_PASS_SECONDS of simulated time; a trace holds no pods, so every
+drain completes at once; the operator's own writes are not echoed back as
+watch events (its cache already holds them, so live they change nothing).
+
+Node records in a trace carry what others did to a Node (labels, capacity, a
+human's cordon): keys under gpuhealth.io are the operator's and stay as the
+replay made them; `unschedulable` is applied when it changed between two
+versions of the trace (someone cordoned or uncordoned), never otherwise.
+
+The result per policy: every change the operator made to a Node (cordon,
+drain, uncordon, labels, taint) with its time and the GPUNode's issues then,
+the Events it said (DryRun ones included), and fleet figures (most nodes
+unschedulable at once, nodes left Pending by the budget, GPU-hours out of
+service, label flaps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import logging
+import pathlib
+from typing import Any, Final, cast
+
+import kopf
+import yaml
+
+from gpuhealth_api import keys, resources
+from gpuhealth_operator import context, handlers, metrics, settings, ticker
+from gpuhealth_operator.actions import nodes as node_actions
+from gpuhealth_sim import memcluster, traces
+
+FULL_PASS_SECONDS: Final = 600.0
+OUR_LABELS: Final = (keys.HEALTH_LABEL, keys.STRAGGLER_LABEL, keys.THERMAL_LABEL)
+FLAP_SECONDS: Final = 3600.0
+"""A label removed and set again within this long is a flap."""
+
+
+class PolicyError(Exception):
+    """A policy file that is not a GPUHealthPolicy."""
+
+
+def load_policy(path: pathlib.Path) -> dict[str, Any]:
+    """The GPUHealthPolicy object of a YAML file (the first document of that kind)."""
+    try:
+        documents = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
+    except (OSError, yaml.YAMLError) as error:
+        raise PolicyError(f"{path}: {error}") from error
+    for document in documents:
+        if isinstance(document, dict) and document.get("kind") == resources.POLICY_KIND:
+            metadata = document.setdefault("metadata", {})
+            metadata.setdefault("name", path.stem)
+            metadata.setdefault("generation", 1)
+            return document
+    raise PolicyError(f"{path}: no {resources.POLICY_KIND} in this file")
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+    """One change the operator made to a Node (or said it would, in dry run)."""
+
+    t: float
+    node: str
+    action: str
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"t": round(self.t, 3), "node": self.node, "action": self.action, "reason": self.reason}
+
+
+@dataclasses.dataclass
+class NodeState:
+    unschedulable: bool = False
+    ours: bool = False
+    drain: bool = False
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    taint: str | None = None
+
+
+@dataclasses.dataclass
+class Result:
+    policy: str
+    dry_run: bool
+    node_days: float
+    nodes: int
+    actions: list[Action] = dataclasses.field(default_factory=list)
+    events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    max_unschedulable: int = 0
+    max_cordoned_by_policy: int = 0
+    max_unavailable_limit: int = 0
+    pending_nodes: set[str] = dataclasses.field(default_factory=set)
+    gpu_hours_out: float = 0.0
+    label_flaps: int = 0
+    seconds: float = 0.0
+    records: int = 0
+
+    def summary(self) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        for action in self.actions:
+            counts[action.action] = counts.get(action.action, 0) + 1
+        return {
+            "policy": self.policy,
+            "dryRun": self.dry_run,
+            "nodes": self.nodes,
+            "nodeDays": round(self.node_days, 2),
+            "records": self.records,
+            "actions": counts,
+            "maxUnschedulable": self.max_unschedulable,
+            "maxCordonedByPolicy": self.max_cordoned_by_policy,
+            "maxUnavailable": self.max_unavailable_limit,
+            "pendingNodes": sorted(self.pending_nodes),
+            "gpuHoursOutOfService": round(self.gpu_hours_out, 1),
+            "labelFlaps": self.label_flaps,
+            "replaySeconds": round(self.seconds, 2),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.summary(),
+            "nodeActions": [a.to_json() for a in self.actions],
+            "events": self.events,
+        }
+
+
+class Replay:
+    """One policy's replay of one trace (module docstring)."""
+
+    def __init__(self, policy: dict[str, Any], start: float, tick_seconds: float) -> None:
+        self.start = start
+        self.now = start
+        self.tick_seconds = tick_seconds
+        self.client = memcluster.MemoryKube()
+        config = settings.Settings()
+        self.ctx = context.Context.create(
+            config,
+            self.client,  # type: ignore[arg-type]  # the same interface as kube.Kube
+            metrics.Metrics.create(),
+            instance="backtest",
+        )
+        self.ctx.clock = self.clock
+        self.policy = policy
+        self.name = str(policy["metadata"]["name"])
+        self.agent: dict[str, dict[str, Any]] = {}
+        self.trace_unschedulable: dict[str, bool] = {}
+        self.states: dict[str, NodeState] = {}
+        self.gpus: dict[str, int] = {}
+        self.out_since: dict[str, float] = {}
+        self.label_cleared: dict[tuple[str, str], float] = {}
+        self.seen_events = 0
+        self.result = Result(self.name, bool(policy.get("spec", {}).get("dryRun")), 0.0, 0)
+
+    def clock(self) -> datetime.datetime:
+        return datetime.datetime.fromtimestamp(self.now, datetime.UTC)
+
+    @property
+    def t(self) -> float:
+        return self.now - self.start
+
+    async def run(self, records: Any) -> Result:
+        await handlers.on_policy(_event("ADDED", self.policy), memo=self.ctx)
+        next_tick = self.start + self.tick_seconds
+        last_full = self.start
+        for record in records:
+            kind = record["kind"]
+            if kind == "truth":
+                continue
+            at = self.start + float(record["t"])
+            while next_tick <= at:
+                self.now = next_tick
+                full = next_tick - last_full >= FULL_PASS_SECONDS
+                if full:
+                    last_full = next_tick
+                await ticker.tick(self.ctx, full=full)
+                self._observe()
+                next_tick += self.tick_seconds
+            self.now = max(self.now, at)
+            self.result.records += 1
+            if kind == "node":
+                await self._node(record["object"])
+            else:
+                await self._gpunode(record)
+            self._observe()
+        self._finish()
+        return self.result
+
+    async def _node(self, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        current = self.client.nodes.get(name)
+        wanted = bool((obj.get("spec") or {}).get("unschedulable"))
+        changed = self.trace_unschedulable.get(name) != wanted
+        self.trace_unschedulable[name] = wanted
+        body = _merge_node(current, obj, apply_unschedulable=changed or current is None)
+        capacity = (body.get("status") or {}).get("capacity", {}).get(keys.GPU_RESOURCE)
+        labels = body["metadata"].get("labels") or {}
+        self.gpus[name] = int(labels.get(keys.GPU_COUNT_LABEL) or capacity or 0)
+        self.client.put_node(body)
+        self.client.touched.add(name)
+        await handlers.on_node(_event("MODIFIED", body), memo=self.ctx)
+
+    async def _gpunode(self, record: dict[str, Any]) -> None:
+        name = record["name"]
+        if "status" in record:
+            status = record["status"]
+        else:
+            before = self.agent.get(name)
+            if before is None:
+                raise traces.TraceError(f"GPUNode {name}: a patch before any full status (t={record['t']})")
+            status = traces.apply_status_patch(before, record["patch"])
+        self.agent[name] = status
+        if name not in self.client.gpunodes:
+            created = self.client.put_gpunode(name, {})
+            created["metadata"]["creationTimestamp"] = _render(self.now)
+        body = self.client.put_gpunode(name, status)
+        await handlers.on_gpunode(_event("MODIFIED", body), memo=self.ctx)
+
+    def _observe(self) -> None:
+        """Turn the operator's new writes and Events into actions and fleet figures."""
+        touched = set(self.client.touched)
+        self.client.touched.clear()
+        for name in touched:
+            self._diff_node(name)
+        log = self.client.event_log
+        for event in log[self.seen_events :]:
+            node = event["involvedObject"]["name"]
+            self.seen_events += 1
+            self.result.events.append(
+                {"t": round(self.t, 3), "node": node, "reason": event["reason"], "message": event["message"]}
+            )
+            if event["reason"] == "DisruptionBudgetExceeded":
+                self.result.pending_nodes.add(node)
+            if event["reason"] == "DryRun":
+                self.result.actions.append(Action(self.t, node, "DryRun", event["message"]))
+        if touched:
+            unschedulable = sum(1 for s in self.states.values() if s.unschedulable)
+            ours = sum(1 for s in self.states.values() if s.ours)
+            self.result.max_unschedulable = max(self.result.max_unschedulable, unschedulable)
+            self.result.max_cordoned_by_policy = max(self.result.max_cordoned_by_policy, ours)
+
+    def _diff_node(self, name: str) -> None:
+        body = self.client.nodes.get(name)
+        if body is None:
+            return
+        before = self.states.get(name) or NodeState()
+        meta, spec = body.get("metadata") or {}, body.get("spec") or {}
+        annotations = meta.get("annotations") or {}
+        after = NodeState(
+            unschedulable=bool(spec.get("unschedulable")),
+            ours=annotations.get(keys.CORDONED_BY_ANNOTATION) == self.name
+            and bool(spec.get("unschedulable")),
+            drain=node_actions.DRAIN_STARTED_ANNOTATION in annotations,
+            labels={k: v for k, v in (meta.get("labels") or {}).items() if k in OUR_LABELS},
+            taint=next(
+                (t.get("value") for t in spec.get("taints") or [] if t.get("key") == keys.UNHEALTHY_TAINT),
+                None,
+            ),
+        )
+        self.states[name] = after
+        reason = self._issues(name)
+        if after.ours and not before.ours:
+            self.result.actions.append(Action(self.t, name, "Drain" if after.drain else "Cordon", reason))
+            self.out_since[name] = self.t
+        elif before.ours and not after.ours:
+            self.result.actions.append(Action(self.t, name, "Uncordon", reason))
+            self._back_in_service(name)
+        elif after.drain and not before.drain and after.ours:
+            self.result.actions.append(Action(self.t, name, "Drain", reason))
+        for label in OUR_LABELS:
+            old, new = before.labels.get(label), after.labels.get(label)
+            if old == new:
+                continue
+            short = label.removeprefix(keys.PREFIX + "/")
+            if new is None:
+                self.result.actions.append(Action(self.t, name, f"Unlabel {short}", reason))
+                self.label_cleared[(name, label)] = self.t
+            else:
+                self.result.actions.append(Action(self.t, name, f"Label {short}={new}", reason))
+                cleared = self.label_cleared.pop((name, label), None)
+                if label != keys.HEALTH_LABEL and cleared is not None and self.t - cleared < FLAP_SECONDS:
+                    self.result.label_flaps += 1
+        if after.taint != before.taint:
+            what = f"Taint {after.taint}" if after.taint else "Untaint"
+            self.result.actions.append(Action(self.t, name, what, reason))
+
+    def _issues(self, name: str) -> str:
+        gpunode = self.client.gpunodes.get(name)
+        return str((gpunode or {}).get("status", {}).get("issues") or "")
+
+    def _back_in_service(self, name: str) -> None:
+        since = self.out_since.pop(name, None)
+        if since is not None:
+            self.result.gpu_hours_out += (self.t - since) / 3600 * self.gpus.get(name, 0)
+
+    def _finish(self) -> None:
+        for name in list(self.out_since):
+            self._back_in_service(name)
+        self.result.nodes = len(self.client.nodes)
+        self.result.node_days = self.result.nodes * self.t / 86_400
+        policy = self.ctx.cache.policies.get(self.name)
+        if policy is not None:
+            from gpuhealth_operator.decisions import policies  # noqa: PLC0415 - only for the figure
+
+            selected = len(self.ctx.cache.selection(policy).selected)
+            self.result.max_unavailable_limit = policies.resolve_max_unavailable(policy, selected)
+
+
+def _event(kind: str, body: dict[str, Any]) -> kopf.RawEvent:
+    """The watch event kopf would hand the operator's handler."""
+    return cast(kopf.RawEvent, {"type": kind, "object": body})
+
+
+def _render(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _merge_node(
+    current: dict[str, Any] | None, obj: dict[str, Any], *, apply_unschedulable: bool
+) -> dict[str, Any]:
+    """The Node after a trace version: others' fields from the trace, the operator's kept (see above)."""
+    meta = obj.get("metadata") or {}
+    name = meta["name"]
+    if current is None:
+        current = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": f"uid-node-{name}"}}
+    old_meta = current.get("metadata") or {}
+    labels = {k: v for k, v in (meta.get("labels") or {}).items() if not k.startswith(keys.PREFIX)}
+    labels.update({k: v for k, v in (old_meta.get("labels") or {}).items() if k.startswith(keys.PREFIX)})
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if not k.startswith(keys.PREFIX)}
+    annotations.update(
+        {k: v for k, v in (old_meta.get("annotations") or {}).items() if k.startswith(keys.PREFIX)}
+    )
+    spec = obj.get("spec") or {}
+    old_spec = current.get("spec") or {}
+    taints = [t for t in spec.get("taints") or [] if t.get("key") != keys.UNHEALTHY_TAINT]
+    taints += [t for t in old_spec.get("taints") or [] if t.get("key") == keys.UNHEALTHY_TAINT]
+    unschedulable = spec.get("unschedulable") if apply_unschedulable else old_spec.get("unschedulable")
+    status = dict(current.get("status") or {})
+    status["capacity"] = (obj.get("status") or {}).get("capacity") or status.get("capacity") or {}
+    return {
+        **current,
+        "metadata": {**old_meta, "labels": labels, "annotations": annotations},
+        "spec": {**old_spec, "unschedulable": bool(unschedulable), "taints": taints},
+        "status": status,
+    }
+
+
+def run(trace: pathlib.Path, policy: dict[str, Any], tick_seconds: float = 30.0) -> Result:
+    """Replay `trace` under `policy`; raises traces.TraceError on a bad trace."""
+    logging.getLogger("gpuhealth_operator").setLevel(logging.ERROR)
+    import time  # noqa: PLC0415
+
+    began = time.perf_counter()
+    with traces.open_trace(trace) as (header, records):
+        replay = Replay(policy, float(header["start"]), tick_seconds)
+        result = asyncio.run(replay.run(records))
+    result.seconds = time.perf_counter() - began
+    return result

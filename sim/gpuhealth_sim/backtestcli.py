@@ -1,0 +1,149 @@
+"""The `trace generate` and `backtest` subcommands of gpu-health-sim: arguments, run, report.
+
+gpu-health-sim trace generate --node-days N --seed S --out TRACE [--nodes K] [--sample-seconds P]
+gpu-health-sim backtest --policy P.yaml [--policy Q.yaml] --trace TRACE [--score] [-o json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+from typing import Any
+
+from gpuhealth_sim import backtest, scoring, tracegen, traces
+
+INVALID_INPUT = 3
+
+
+def add_commands(commands: Any) -> None:
+    """Add `trace` and `backtest` to gpu-health-sim's subcommands."""
+    trace = commands.add_parser("trace", help="write synthetic labelled traces (docs/backtest.md)")
+    actions = trace.add_subparsers(dest="trace_command", required=True)
+    generate = actions.add_parser(
+        "generate",
+        help="write a synthetic fleet history with its ground truth",
+        description="Write a synthetic labelled fleet trace (JSON Lines, gzip if TRACE ends in .gz).",
+    )
+    generate.add_argument("--node-days", type=float, required=True, help="node-days of fleet history")
+    generate.add_argument("--seed", type=int, default=1, help="random seed (same seed, same trace)")
+    generate.add_argument("--out", type=pathlib.Path, required=True, help="trace file to write")
+    generate.add_argument("--nodes", type=int, help="fleet size (default: from --node-days, 12 to 100)")
+    generate.add_argument(
+        "--sample-seconds", type=float, default=60.0, help="agent heartbeat, one sample per node (default 60)"
+    )
+
+    replay = commands.add_parser(
+        "backtest",
+        help="replay a trace through the operator's own code under a policy",
+        description="Replay a trace under each policy with a simulated clock and cluster; print what "
+        "the operator would have done, and with --score how that compares with the trace's truth.",
+    )
+    replay.add_argument("--policy", type=pathlib.Path, action="append", required=True, help="policy YAML")
+    replay.add_argument("--trace", type=pathlib.Path, required=True, help="trace file")
+    replay.add_argument("--score", action="store_true", help="score against the trace's truth records")
+    replay.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    replay.add_argument(
+        "--tick-seconds", type=float, default=30.0, help="simulated seconds between timer passes (default 30)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "trace":
+        return _generate(args)
+    return _backtest(args)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    if args.node_days <= 0 or args.sample_seconds <= 0 or (args.nodes is not None and args.nodes < 1):
+        print("gpu-health-sim: --node-days, --sample-seconds and --nodes must be positive", file=sys.stderr)
+        return 2
+    options = tracegen.Options(args.node_days, args.seed, args.nodes, args.sample_seconds)
+    counts = tracegen.generate(options, args.out)
+    print(
+        f"{args.out}: {counts['nodes']} nodes, {counts['records']} records, {counts['truth']} truth records"
+    )
+    return 0
+
+
+def _backtest(args: argparse.Namespace) -> int:
+    try:
+        policies = [backtest.load_policy(p) for p in args.policy]
+        results = [backtest.run(args.trace, p, args.tick_seconds) for p in policies]
+        scores = (
+            [scoring.score(args.trace, r, baseline=i == 0) for i, r in enumerate(results)]
+            if args.score
+            else []
+        )
+    except (traces.TraceError, backtest.PolicyError) as error:
+        print(f"gpu-health-sim: {error}", file=sys.stderr)
+        return INVALID_INPUT
+    if args.output == "json":
+        out: list[dict[str, Any]] = []
+        for index, result in enumerate(results):
+            item = result.to_json()
+            if scores:
+                item["score"] = scores[index]
+            out.append(item)
+        print(json.dumps({"trace": str(args.trace), "policies": out}, indent=1))
+        return 0
+    for index, result in enumerate(results):
+        print_text(result, scores[index] if scores else None)
+    return 0
+
+
+def print_text(result: backtest.Result, score: dict[str, Any] | None) -> None:
+    summary = result.summary()
+    mode = "dry run" if result.dry_run else "acting"
+    print(f"== policy {result.policy} ({mode}) on {summary['nodes']} nodes, {summary['nodeDays']} node-days")
+    per_node: dict[str, list[backtest.Action]] = {}
+    for action in result.actions:
+        if not action.action.startswith("Label health="):
+            per_node.setdefault(action.node, []).append(action)
+    for node in sorted(per_node):
+        print(f"  {node}")
+        for action in per_node[node]:
+            reason = f" ({action.reason})" if action.reason else ""
+            print(f"    {_clock(action.t)}  {action.action}{reason}")
+    print(
+        f"  fleet: most nodes unschedulable at once {summary['maxUnschedulable']} "
+        f"(by this policy {summary['maxCordonedByPolicy']}, maxUnavailable {summary['maxUnavailable']}); "
+        f"left Pending {len(summary['pendingNodes'])}; GPU-hours out of service "
+        f"{summary['gpuHoursOutOfService']}; label flaps {summary['labelFlaps']}; "
+        f"replayed in {summary['replaySeconds']}s"
+    )
+    if score is not None:
+        print("  " + score_line(score))
+
+
+def score_line(score: dict[str, Any]) -> str:
+    fatal, ours = score["fatal"], score["stragglers"]
+    line = (
+        f"score: fatal recall {_pct(fatal['recall'])} ({fatal['acted']}/{fatal['faults']}), "
+        f"fault→action p50 {_secs(fatal['secondsToActionP50'])} p99 {_secs(fatal['secondsToActionP99'])}, "
+        f"false disruptive {fatal['falseDisruptive']}, stragglers precision {_pct(ours['precision'])} "
+        f"recall {_pct(ours['recall'])}, flaps/node-day {score['labelFlapsPerNodeDay']}, "
+        f"maxUnavailable {'kept' if score['maxUnavailableRespected'] else 'EXCEEDED'}"
+    )
+    base = score.get("baselineStragglers")
+    if base is not None:
+        line += (
+            f"; baseline rule (CV>0.1): precision {_pct(base['precision'])} recall {_pct(base['recall'])} "
+            f"({base['flags']} flags)"
+        )
+    return line
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def _secs(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f}s"
+
+
+def _clock(t: float) -> str:
+    days, rest = divmod(int(t), 86_400)
+    hours, rest = divmod(rest, 3600)
+    return f"d{days} {hours:02d}:{rest // 60:02d}:{rest % 60:02d}"

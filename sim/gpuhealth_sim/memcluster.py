@@ -1,0 +1,228 @@
+"""An in-memory cluster that answers the operator's requests: the backtest's API server.
+
+`MemoryKube` has the interface of `gpuhealth_operator.kube.Kube` (request,
+get, create, patch, apply, delete, list_all) over plain dicts, with the
+semantics the operator relies on, and no more:
+
+- Nodes: JSON merge patch (with the `metadata.resourceVersion` precondition
+  answering 409 on a stale write), JSON patch (with `test`, answering 422),
+  strategic merge of `status.conditions` keyed by type;
+- GPUNode and GPUHealthPolicy status: server-side apply, where the fields
+  the operator's field manager applied last time and leaves out now are
+  removed, and the agent's fields are never touched;
+- Events: created and bumped (kept for the report);
+- pods: none (a trace holds no pods, so every drain completes at once).
+
+Every write bumps one cluster-wide resourceVersion, as etcd does. The
+Nodes the operator wrote since the backtest last looked (`touched`) and the
+Events in the order they were posted (`event_log`) let the backtest report
+what was done and when.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from gpuhealth_api import resources
+from gpuhealth_operator import kube
+
+JsonObject = dict[str, Any]
+
+NODES = "/api/v1/nodes/"
+GPUNODES = f"/apis/{resources.GROUP}/{resources.VERSION}/{resources.GPUNODE_PLURAL}/"
+POLICIES = f"/apis/{resources.GROUP}/{resources.VERSION}/{resources.POLICY_PLURAL}/"
+EVENTS = "/api/v1/namespaces/default/events"
+OPERATOR_STATUS_FIELDS = frozenset({"health", "issues", "action", "conditions", "straggler"})
+
+
+def _not_found(path: str) -> kube.ApiError:
+    return kube.ApiError(404, "Not Found", f"{path} not found")
+
+
+def merge_patch(target: JsonObject, patch: Mapping[str, Any]) -> JsonObject:
+    """RFC 7386 in place."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(target.get(key), dict):
+            merge_patch(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+    return target
+
+
+def _pointer(path: str) -> list[str]:
+    return [p.replace("~1", "/").replace("~0", "~") for p in path.lstrip("/").split("/")]
+
+
+def json_patch(target: JsonObject, ops: list[Mapping[str, Any]]) -> JsonObject:
+    """RFC 6902 (test, add, replace, remove) on a copy; 422 when a test fails or a path is missing."""
+    result = copy.deepcopy(target)
+    for op in ops:
+        *parents, leaf = _pointer(str(op["path"]))
+        holder: Any = result
+        for part in parents:
+            if not isinstance(holder, dict) or part not in holder:
+                raise kube.ApiError(422, "Unprocessable Entity", f"path {op['path']} does not exist")
+            holder = holder[part]
+        if op["op"] == "test":
+            if not isinstance(holder, dict) or holder.get(leaf) != op.get("value"):
+                raise kube.ApiError(422, "Unprocessable Entity", f"test of {op['path']} failed")
+        elif op["op"] in ("add", "replace"):
+            holder[leaf] = copy.deepcopy(op.get("value"))
+        elif op["op"] == "remove":
+            if not isinstance(holder, dict) or leaf not in holder:
+                raise kube.ApiError(422, "Unprocessable Entity", f"path {op['path']} does not exist")
+            del holder[leaf]
+    return result
+
+
+class MemoryKube:
+    """The operator's client, answered from dicts (module docstring)."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, JsonObject] = {}
+        self.gpunodes: dict[str, JsonObject] = {}
+        self.policies: dict[str, JsonObject] = {}
+        self.events: dict[str, JsonObject] = {}
+        self.event_log: list[JsonObject] = []
+        self.touched: set[str] = set()
+        self.requests_total = 0
+        self._version = 0
+        self._applied: dict[str, frozenset[str]] = {}
+        """GPUNode/policy path → the status fields our manager applied last."""
+
+    def bump(self, body: JsonObject) -> JsonObject:
+        self._version += 1
+        body.setdefault("metadata", {})["resourceVersion"] = str(self._version)
+        return body
+
+    # The cluster's side: what the trace changes.
+    def put_node(self, body: JsonObject) -> JsonObject:
+        self.nodes[body["metadata"]["name"]] = self.bump(body)
+        return body
+
+    def put_gpunode(self, name: str, agent_status: Mapping[str, Any]) -> JsonObject:
+        """The agent wrote its status: its fields replaced, the operator's kept; a new version."""
+        current = self.gpunodes.get(name)
+        if current is None:
+            current = {
+                "apiVersion": resources.API_VERSION,
+                "kind": resources.GPUNODE_KIND,
+                "metadata": {"name": name, "uid": f"uid-gpunode-{name}"},
+                "status": {},
+            }
+        ours = {k: v for k, v in current["status"].items() if k in OPERATOR_STATUS_FIELDS}
+        body = {**current, "metadata": dict(current["metadata"]), "status": {**agent_status, **ours}}
+        self.gpunodes[name] = self.bump(body)
+        return body
+
+    # The operator's side: kube.Kube's interface.
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: object = None,
+        content_type: str = "application/json",
+        urgent: bool = False,
+        exempt: bool = False,
+    ) -> JsonObject:
+        self.requests_total += 1
+        if method == "GET":
+            return self._get(path, query)
+        if method == "POST" and path == EVENTS:
+            assert isinstance(body, dict)
+            self.events[body["metadata"]["name"]] = copy.deepcopy(body)
+            self.event_log.append(self.events[body["metadata"]["name"]])
+            return body
+        if method == "PATCH" and path.startswith(EVENTS + "/"):
+            event = self.events.get(path.rsplit("/", 1)[1])
+            if event is None:
+                raise _not_found(path)
+            assert isinstance(body, dict)
+            return merge_patch(event, body)
+        if method == "PATCH" and path.startswith(NODES):
+            return self._patch_node(path[len(NODES) :], body, content_type)
+        if method == "PATCH" and content_type == kube.APPLY_PATCH and path.endswith("/status"):
+            return self._apply_status(path, body)
+        raise kube.ApiError(405, "Method Not Allowed", f"the backtest cluster does not serve {method} {path}")
+
+    def _get(self, path: str, query: Mapping[str, str] | None) -> JsonObject:
+        if path == "/api/v1/pods":
+            return {"items": [], "metadata": {}}
+        if path.startswith(NODES) and path[len(NODES) :] in self.nodes:
+            return copy.deepcopy(self.nodes[path[len(NODES) :]])
+        if path.startswith(EVENTS + "/") and path.rsplit("/", 1)[1] in self.events:
+            return copy.deepcopy(self.events[path.rsplit("/", 1)[1]])
+        raise _not_found(path)
+
+    def _patch_node(self, name: str, body: object, content_type: str) -> JsonObject:
+        status_only = name.endswith("/status")
+        name = name.removesuffix("/status")
+        node = self.nodes.get(name)
+        if node is None:
+            raise _not_found(NODES + name)
+        if content_type == "application/json-patch+json":
+            assert isinstance(body, list)
+            updated = json_patch(node, body)
+        elif status_only:
+            assert isinstance(body, dict)
+            updated = copy.deepcopy(node)
+            conditions = {c["type"]: c for c in updated.setdefault("status", {}).get("conditions") or []}
+            for condition in (body.get("status") or {}).get("conditions") or []:
+                conditions[condition["type"]] = {**conditions.get(condition["type"], {}), **condition}
+            updated["status"]["conditions"] = list(conditions.values())
+        else:
+            assert isinstance(body, dict)
+            wanted = (body.get("metadata") or {}).get("resourceVersion")
+            if wanted is not None and wanted != node["metadata"].get("resourceVersion"):
+                raise kube.ApiError(409, "Conflict", f"node {name} was modified")
+            patch = copy.deepcopy(body)
+            patch.get("metadata", {}).pop("resourceVersion", None)
+            updated = merge_patch(copy.deepcopy(node), patch)
+        self.nodes[name] = self.bump(updated)
+        self.touched.add(name)
+        return copy.deepcopy(updated)
+
+    def _apply_status(self, path: str, body: object) -> JsonObject:
+        assert isinstance(body, dict)
+        status = dict(body.get("status") or {})
+        name = path.removesuffix("/status").rsplit("/", 1)[1]
+        store = self.gpunodes if path.startswith(GPUNODES) else self.policies
+        current = store.get(name)
+        if current is None:
+            if store is self.gpunodes:
+                raise _not_found(path)
+            current = {"metadata": {"name": name}, "status": {}}
+        kept = {k: v for k, v in current.get("status", {}).items() if k not in self._applied.get(path, ())}
+        self._applied[path] = frozenset(status)
+        updated = {**current, "metadata": dict(current["metadata"]), "status": {**kept, **status}}
+        store[name] = self.bump(updated)
+        return updated
+
+    async def get(self, path: str, query: Mapping[str, str] | None = None) -> JsonObject:
+        return await self.request("GET", path, query=query)
+
+    async def create(self, path: str, body: object) -> JsonObject:
+        return await self.request("POST", path, body=body)
+
+    async def patch(
+        self, path: str, body: object, content_type: str = kube.MERGE_PATCH, *, urgent: bool = False
+    ) -> JsonObject:
+        return await self.request("PATCH", path, body=body, content_type=content_type, urgent=urgent)
+
+    async def apply(self, path: str, body: object, field_manager: str) -> JsonObject:
+        return await self.request("PATCH", path, body=body, content_type=kube.APPLY_PATCH)
+
+    async def delete(self, path: str) -> JsonObject:
+        return await self.request("DELETE", path)
+
+    async def list_all(self, path: str, query: Mapping[str, str] | None = None) -> list[JsonObject]:
+        return list((await self.get(path, query)).get("items") or [])
+
+    async def close(self) -> None:
+        return None

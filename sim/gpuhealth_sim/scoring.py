@@ -1,0 +1,241 @@
+"""Scoring a backtest against a trace's ground truth, and the baseline straggler rule beside it.
+
+What is measured (docs/backtest.md has the reasoning):
+
+- fatal-fault recall: the share of `truth` fatal faults on whose node the
+  policy cordoned or drained (or, in dry run, said it would) between the
+  fault and its repair; the time from the fault to that action, p50/p99;
+- false disruptive actions: cordons and drains of a node with no fatal fault
+  at the time (from the fault to RECOVERY_SLACK after its repair);
+- stragglers, per episode: recall over the real stragglers of at least
+  STRAGGLER_SLOWDOWN, labelled between the start and the end of the episode;
+  precision over the straggler labels set, a label being right when it falls
+  in a real straggler episode (any slowdown) and wrong when it falls where
+  nothing slowed the node (labels during thermal or power-brake episodes,
+  where the node was in fact slowed, count neither way);
+- label flaps per node-day: a straggler or thermal label removed and set
+  again within backtest.FLAP_SECONDS with no new episode (truth) on the node
+  in between to explain it; and whether maxUnavailable was ever exceeded.
+
+The baseline is the rule of the documents this project started from: per
+sample, within each cohort (same model and driver), take step time as
+1/score (the operator's own node score) and flag the slowest node when the
+coefficient of variation of step time exceeds BASELINE_CV. Its flags are
+scored like our labels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import statistics
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from gpuhealth_operator.decisions import stragglers
+from gpuhealth_sim import backtest, traces
+
+STRAGGLER_SLOWDOWN: Final = 0.10
+RECOVERY_SLACK: Final = 1200.0
+"""The operator uncordons recovery.healthyForSeconds after a repair: actions until then are not false."""
+EXPLAINED_SLACK: Final = 600.0
+BASELINE_CV: Final = 0.1
+DISRUPTIVE: Final = frozenset({"Cordon", "Drain"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    t: float
+    node: str
+
+
+@dataclasses.dataclass
+class StragglerScore:
+    flags: int
+    true_flags: int
+    false_flags: int
+    episodes: int
+    found: int
+
+    @property
+    def precision(self) -> float | None:
+        judged = self.true_flags + self.false_flags
+        return self.true_flags / judged if judged else None
+
+    @property
+    def recall(self) -> float | None:
+        return self.found / self.episodes if self.episodes else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "flags": self.flags,
+            "trueFlags": self.true_flags,
+            "falseFlags": self.false_flags,
+            "episodes": self.episodes,
+            "found": self.found,
+            "precision": _round(self.precision),
+            "recall": _round(self.recall),
+        }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def _disruptive(action: backtest.Action) -> bool:
+    if action.action in DISRUPTIVE:
+        return True
+    return action.action == "DryRun" and "cordon" in action.reason
+
+
+def score_fatal(truth: list[dict[str, Any]], actions: list[backtest.Action]) -> dict[str, Any]:
+    faults = [r for r in truth if r.get("type") == "fatal"]
+    per_node: dict[str, list[backtest.Action]] = {}
+    for action in actions:
+        if _disruptive(action):
+            per_node.setdefault(action.node, []).append(action)
+    delays: list[float] = []
+    missed: list[str] = []
+    for fault in faults:
+        hits = [a.t for a in per_node.get(fault["node"], []) if fault["start"] <= a.t <= fault["end"]]
+        if hits:
+            delays.append(min(hits) - fault["start"])
+        else:
+            missed.append(f"{fault['node']} {fault.get('fault')} at {fault['start']:.0f}s")
+    false_actions = [
+        a
+        for node, acts in per_node.items()
+        for a in acts
+        if not any(f["node"] == node and f["start"] <= a.t <= f["end"] + RECOVERY_SLACK for f in faults)
+    ]
+    return {
+        "faults": len(faults),
+        "acted": len(delays),
+        "recall": _round(len(delays) / len(faults)) if faults else None,
+        "secondsToActionP50": _round(percentile(delays, 0.5)),
+        "secondsToActionP99": _round(percentile(delays, 0.99)),
+        "missed": missed,
+        "falseDisruptive": len(false_actions),
+        "falseDisruptiveActions": [a.to_json() for a in false_actions[:20]],
+    }
+
+
+def score_stragglers(truth: list[dict[str, Any]], flags: Iterable[Flag]) -> StragglerScore:
+    episodes = [r for r in truth if r.get("type") == "straggler"]
+    explained = [r for r in truth if r.get("type") in ("thermal", "powerBrake")]
+    wanted = [e for e in episodes if e.get("slowdown", 0) >= STRAGGLER_SLOWDOWN]
+    found: set[int] = set()
+    flags = list(flags)
+    true_flags = false_flags = 0
+    for flag in flags:
+        inside = [
+            i for i, e in enumerate(episodes) if e["node"] == flag.node and e["start"] <= flag.t <= e["end"]
+        ]
+        if inside:
+            true_flags += 1
+            found.update(i for i in inside if episodes[i] in wanted)
+        elif not any(
+            e["node"] == flag.node and e["start"] <= flag.t <= e["end"] + EXPLAINED_SLACK for e in explained
+        ):
+            false_flags += 1
+    return StragglerScore(len(flags), true_flags, false_flags, len(wanted), len(found))
+
+
+SLOWING: Final = frozenset({"straggler", "thermal", "powerBrake", "powerCap"})
+
+
+def label_flaps(truth: list[dict[str, Any]], actions: list[backtest.Action]) -> list[backtest.Action]:
+    """Label re-sets that no new episode explains (module docstring)."""
+    cleared: dict[tuple[str, str], float] = {}
+    flaps = []
+    for action in actions:
+        if action.action.startswith("Unlabel "):
+            cleared[(action.node, action.action.removeprefix("Unlabel "))] = action.t
+            continue
+        if not action.action.startswith("Label ") or action.action.startswith("Label health="):
+            continue
+        label = action.action.removeprefix("Label ").split("=", 1)[0]
+        since = cleared.pop((action.node, label), None)
+        if since is None or action.t - since >= backtest.FLAP_SECONDS:
+            continue
+        explained = any(
+            e["node"] == action.node and e.get("type") in SLOWING and since <= e["start"] <= action.t
+            for e in truth
+        )
+        if not explained:
+            flaps.append(action)
+    return flaps
+
+
+def our_straggler_flags(actions: list[backtest.Action]) -> list[Flag]:
+    return [Flag(a.t, a.node) for a in actions if a.action.startswith("Label straggler")]
+
+
+def baseline_flags(trace: pathlib.Path) -> list[Flag]:
+    """The baseline rule's flags over the trace, one judgement per cohort per sample period."""
+    flags: list[Flag] = []
+    with traces.open_trace(trace) as (header, records):
+        period = float((header.get("generator") or {}).get("sampleSeconds") or 60.0)
+        latest: dict[str, dict[str, Any]] = {}
+        last: dict[str, dict[str, Any]] = {}
+        boundary = period
+        for record in records:
+            if record["kind"] != "gpunode":
+                continue
+            while record["t"] >= boundary:
+                flags.extend(_baseline_round(latest, boundary))
+                latest = {}
+                boundary += period
+            name = record["name"]
+            if "status" in record:
+                status = record["status"]
+            else:
+                status = traces.apply_status_patch(last.get(name, {}), record["patch"])
+            last[name] = status
+            latest[name] = status
+        flags.extend(_baseline_round(latest, boundary))
+    return flags
+
+
+def _baseline_round(latest: Mapping[str, Mapping[str, Any]], t: float) -> list[Flag]:
+    cohorts: dict[tuple[str, str], dict[str, float]] = {}
+    for name, status in latest.items():
+        cohort = stragglers.cohort_of(status)  # type: ignore[arg-type]
+        score = stragglers.node_score(status)  # type: ignore[arg-type]
+        if cohort is not None and score is not None and score > 0:
+            cohorts.setdefault(cohort, {})[name] = 1 / score
+    flags = []
+    for steps in cohorts.values():
+        if len(steps) < 2:
+            continue
+        values = list(steps.values())
+        mean = statistics.fmean(values)
+        if statistics.pstdev(values) / mean > BASELINE_CV:
+            flags.append(Flag(t, max(steps, key=lambda n: steps[n])))
+    return flags
+
+
+def score(trace: pathlib.Path, result: backtest.Result, *, baseline: bool = True) -> dict[str, Any]:
+    """The whole score of one policy's backtest (module docstring)."""
+    _, truth = traces.read_truth(trace)
+    node_days = max(result.node_days, 1e-9)
+    flaps = label_flaps(truth, result.actions)
+    report: dict[str, Any] = {
+        "policy": result.policy,
+        "fatal": score_fatal(truth, result.actions),
+        "stragglers": score_stragglers(truth, our_straggler_flags(result.actions)).to_json(),
+        "labelFlapsPerNodeDay": round(len(flaps) / node_days, 4),
+        "labelFlaps": [a.to_json() for a in flaps[:20]],
+        "maxUnavailableRespected": result.max_cordoned_by_policy <= result.max_unavailable_limit,
+    }
+    if baseline:
+        report["baselineStragglers"] = score_stragglers(truth, baseline_flags(trace)).to_json()
+    return report

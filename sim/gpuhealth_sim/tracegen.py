@@ -1,0 +1,477 @@
+"""Synthetic labelled fleet traces: a fleet's history with its ground truth, reproducible by seed.
+
+`generate` writes a trace (`traces`) of a mixed fleet (A100, H100, H200,
+L40S; some nodes time-sliced, some in MIG mode) sampled at the agent's
+heartbeat, with what a real fleet throws at the operator:
+
+- fatal faults: uncorrectable ECC (DBE), row-remap failure, XID 79/48/94/95,
+  a lost GPU, a driver-requested recovery action; each held until a repair
+  (a driver reload that resets the volatile counters) hours later;
+- real stragglers (one job's node 5-30 % slower for hours, under load);
+- thermal episodes (one or two GPUs at their slowdown temperature) and
+  hardware power-brake episodes (minutes);
+- GPU-Boost clock behaviour: every busy GPU's SM clock moves by several
+  percent from sample to sample, and software power caps lower a whole node's
+  clocks for a few minutes;
+- load swings, idle stretches (GPUs idle, clocks down), agent gaps and
+  restarts, driver reloads on healthy nodes, and human cordons/uncordons.
+
+The statuses are built directly as the agent writes them (the shape of
+`gpuhealth_api.status`, the fields the agent reports), not through the
+agent's collector: a thousand node-days are a million samples and the
+collector's simulated NVML path would take hours. Ground truth goes into
+`truth` records (docs/backtest.md), written after the header.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+import pathlib
+import random
+from collections.abc import Iterator
+from typing import Any, Final
+
+from gpuhealth_api import keys
+from gpuhealth_sim import traces
+
+START: Final = datetime.datetime(2026, 1, 5, tzinfo=datetime.UTC)
+"""Traces start at a fixed instant, so the same seed writes the same bytes."""
+DAY: Final = 86_400.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Board:
+    model: str
+    gpus: int
+    max_clock: int
+    idle_clock: int
+    slowdown_celsius: int
+    driver: str
+
+
+BOARDS: Final = {
+    "H100": Board("NVIDIA H100 80GB HBM3", 8, 1980, 345, 87, "570.124.06"),
+    "H200": Board("NVIDIA H200", 8, 1980, 345, 87, "570.124.06"),
+    "A100": Board("NVIDIA A100-SXM4-80GB", 8, 1410, 210, 85, "550.127.05"),
+    "L40S": Board("NVIDIA L40S", 4, 2520, 210, 88, "550.127.05"),
+}
+MIX: Final = (("H100", 0.4), ("H200", 0.25), ("A100", 0.2), ("L40S", 0.15))
+
+FATAL_FAULTS: Final = (
+    "DBE",
+    "RowRemapFailure",
+    "XID79",
+    "XID48",
+    "XID94",
+    "XID95",
+    "GPULost",
+    "RecoveryAction",
+)
+
+RATES: Final = {
+    "fatal": 0.03,
+    "straggler": 0.04,
+    "thermal": 0.25,
+    "powerBrake": 0.1,
+    "powerCap": 1.0,
+    "idle": 1.0,
+    "agentGap": 0.12,
+    "driverReload": 0.05,
+    "humanCordon": 0.05,
+}
+"""Episodes per node-day."""
+
+JITTER: Final = 0.035
+"""Standard deviation of a busy GPU's clock from sample to sample, as a fraction of its max (GPU Boost)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    node_days: float
+    seed: int
+    nodes: int | None = None
+    sample_seconds: float = 60.0
+
+
+@dataclasses.dataclass
+class Episode:
+    kind: str
+    start: float
+    end: float
+    detail: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def covers(self, t: float) -> bool:
+        return self.start <= t < self.end
+
+
+@dataclasses.dataclass
+class NodePlan:
+    name: str
+    board: Board
+    sharing: str | None
+    phase: float
+    episodes: list[Episode]
+    load: float = 0.9
+    ecc_corrected: int = 0
+    boot: int = 0
+
+
+def default_nodes(node_days: float) -> int:
+    """Fleet size for a trace: up to 100 nodes (cohorts of at least 5 per model), at least 12."""
+    return max(12, min(100, round(math.sqrt(node_days * 10))))
+
+
+def plan_fleet(options: Options) -> tuple[list[NodePlan], float]:
+    """Every node's board and episodes, and the trace's length in seconds."""
+    rng = random.Random(options.seed)
+    count = options.nodes or default_nodes(options.node_days)
+    duration = options.node_days / count * DAY
+    plans: list[NodePlan] = []
+    for index in range(count):
+        kind = _pick_model(index, count)
+        board = BOARDS[kind]
+        sharing = None
+        if index % 17 == 5:
+            sharing = "timeSlicing"
+        elif index % 23 == 11 and kind in ("A100", "H100"):
+            sharing = "mig"
+        name = f"gpu-{kind.lower()}-{index:03d}"
+        plans.append(
+            NodePlan(name, board, sharing, rng.uniform(0, options.sample_seconds), _episodes(rng, duration))
+        )
+    return plans, duration
+
+
+def _pick_model(index: int, count: int) -> str:
+    edge = 0.0
+    for kind, share in MIX:
+        edge += share
+        if index < round(edge * count):
+            return kind
+    return MIX[-1][0]
+
+
+def _episodes(rng: random.Random, duration: float) -> list[Episode]:
+    """A node's episodes: major ones (fatal, straggler, idle, gap, cordon, reload) never overlap."""
+    days = duration / DAY
+    major: list[Episode] = []
+    wanted = []
+    for kind in ("fatal", "straggler", "idle", "agentGap", "humanCordon", "driverReload"):
+        for _ in range(_poisson(rng, RATES[kind] * days)):
+            wanted.append((rng.uniform(600, duration - 600), kind))
+    taken: list[tuple[float, float]] = []
+    priority = ("fatal", "straggler", "humanCordon", "agentGap", "driverReload", "idle")
+    for start, kind in sorted(wanted, key=lambda w: (priority.index(w[1]), w[0])):
+        length = _length(rng, kind)
+        end = min(start + length, duration)
+        if any(start < b + 1800 and a - 1800 < end for a, b in taken):
+            continue  # keep a half hour between major episodes so every one is judged on its own
+        taken.append((start, end))
+        major.append(Episode(kind, start, end, _detail(rng, kind)))
+    major.sort(key=lambda e: e.start)
+    minor: list[Episode] = []
+    for kind in ("thermal", "powerBrake", "powerCap"):
+        for _ in range(_poisson(rng, RATES[kind] * days)):
+            start = rng.uniform(0, duration)
+            end = start + _length(rng, kind)
+            if any(e.start - 600 < end and start < e.end + 600 for e in major):
+                continue  # minor episodes on a node otherwise quiet, so the truth stays unambiguous
+            minor.append(Episode(kind, start, end, _detail(rng, kind)))
+    return sorted(major + minor, key=lambda e: e.start)
+
+
+def _poisson(rng: random.Random, mean: float) -> int:
+    count, limit, product = 0, math.exp(-mean), rng.random()
+    while product > limit:
+        count += 1
+        product *= rng.random()
+    return count
+
+
+def _length(rng: random.Random, kind: str) -> float:
+    minutes = {
+        "fatal": (120, 480),
+        "straggler": (60, 360),
+        "idle": (30, 240),
+        "agentGap": (1, 10),
+        "humanCordon": (60, 480),
+        "driverReload": (1, 2),
+        "thermal": (2, 15),
+        "powerBrake": (1, 3),
+        "powerCap": (1, 4),
+    }[kind]
+    return rng.uniform(*minutes) * 60
+
+
+def _detail(rng: random.Random, kind: str) -> dict[str, Any]:
+    if kind == "fatal":
+        return {"fault": rng.choice(FATAL_FAULTS), "gpu": rng.randrange(4)}
+    if kind == "straggler":
+        return {"slowdown": round(rng.uniform(0.05, 0.30), 3), "gpus": rng.choice(("one", "all"))}
+    if kind == "thermal":
+        return {"gpus": rng.sample(range(4), rng.choice((1, 2)))}
+    if kind == "powerCap":
+        return {"factor": round(rng.uniform(0.85, 0.94), 3)}
+    return {}
+
+
+def _time(seconds: float) -> str:
+    moment = START + datetime.timedelta(seconds=round(seconds, 3))
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def node_object(plan: NodePlan, unschedulable: bool) -> dict[str, Any]:
+    labels = {
+        keys.GPU_PRESENT_LABEL: "true",
+        keys.GPU_PRODUCT_LABEL: plan.board.model.replace(" ", "-"),
+        keys.GPU_COUNT_LABEL: str(plan.board.gpus),
+        "kubernetes.io/hostname": plan.name,
+    }
+    capacity = plan.board.gpus
+    if plan.sharing == "timeSlicing":
+        labels["nvidia.com/gpu.replicas"] = "4"
+        labels["nvidia.com/gpu.sharing-strategy"] = "time-slicing"
+        capacity = plan.board.gpus * 4
+    elif plan.sharing == "mig":
+        labels["nvidia.com/mig.strategy"] = "single"
+        labels["nvidia.com/mig.config"] = "all-1g.10gb"
+        capacity = plan.board.gpus * 7
+    return {
+        "metadata": {"name": plan.name, "labels": labels, "annotations": {}},
+        "spec": {"unschedulable": unschedulable, "taints": []},
+        "status": {"capacity": {keys.GPU_RESOURCE: str(capacity)}},
+    }
+
+
+def _truth(plan: NodePlan) -> Iterator[dict[str, Any]]:
+    yield {
+        "kind": "truth",
+        "type": "node",
+        "node": plan.name,
+        "model": plan.board.model,
+        "gpus": plan.board.gpus,
+        "sharing": plan.sharing,
+    }
+    for episode in plan.episodes:
+        yield {
+            "kind": "truth",
+            "type": episode.kind,
+            "node": plan.name,
+            "start": round(episode.start, 3),
+            "end": round(episode.end, 3),
+            **episode.detail,
+        }
+
+
+class _Sampler:
+    """One node's agent status at each sample time, from its plan."""
+
+    def __init__(self, plan: NodePlan, rng: random.Random, period: float) -> None:
+        self.plan = plan
+        self.period = period
+        self.rng = rng
+        self.observed = [_time(0.0)] * plan.board.gpus
+        self.faulted: dict[str, Any] | None = None
+        self.previous: dict[str, Any] | None = None
+
+    def sample(self, t: float) -> dict[str, Any]:
+        plan, rng, board = self.plan, self.rng, self.plan.board
+        active = [e for e in plan.episodes if e.covers(t)]
+        kinds = {e.kind: e for e in active}
+        if rng.random() < 0.02:
+            plan.load = min(1.0, max(0.35, plan.load + rng.uniform(-0.25, 0.25)))  # load swings
+        idle = "idle" in kinds
+        fatal = kinds.get("fatal")
+        straggler = kinds.get("straggler")
+        cap = kinds["powerCap"].detail["factor"] if "powerCap" in kinds else 1.0
+        gpus = []
+        for index in range(board.gpus):
+            gpu = self._gpu(index, t, idle, cap, kinds, straggler)
+            if fatal is not None and index == fatal.detail["gpu"] % board.gpus:
+                self._fault(gpu, fatal, t)
+            gpus.append(gpu)
+        for index, gpu in enumerate(gpus):
+            view = (
+                gpu["ecc"]["uncorrectedVolatile"],
+                gpu["remappedRows"]["failure"],
+                len(gpu["xids"]),
+                gpu["lost"],
+                gpu["recoveryAction"],
+                tuple(gpu["clockEventReasons"]),
+                gpu["temperatureCelsius"] >= board.slowdown_celsius,
+            )
+            previous = self.previous["gpus"][index] if self.previous else None
+            if previous is not None and previous.get("_view") != view:
+                self.observed[index] = _time(t)
+            gpu["_view"] = view
+            gpu["observedTime"] = self.observed[index]
+        status = {
+            "agent": {
+                "version": "0.1.0",
+                "backend": "nvml",
+                "driverVersion": board.driver,
+                "lastHeartbeatTime": _time(t),
+                "heartbeatSeconds": max(1, round(self.period)),
+                "expectedGpuCount": board.gpus,
+                "bootId": f"boot-{plan.name}-{plan.boot}",
+            },
+            "summary": {
+                "gpuCount": board.gpus,
+                "model": board.model,
+                "maxTemperatureCelsius": max(g["temperatureCelsius"] for g in gpus),
+            },
+            "gpus": gpus,
+        }
+        self.previous = status
+        return status
+
+    def _gpu(  # noqa: PLR0917 - one GPU's inputs
+        self,
+        index: int,
+        t: float,
+        idle: bool,
+        cap: float,
+        kinds: dict[str, Episode],
+        straggler: Episode | None,
+    ) -> dict[str, Any]:
+        plan, rng, board = self.plan, self.rng, self.plan.board
+        reasons: list[str] = []
+        if idle:
+            utilization, clock, temperature = 0, board.idle_clock, 34 + rng.randrange(4)
+            reasons.append("GpuIdle")
+        else:
+            busy = straggler is not None or plan.load
+            utilization = min(
+                100, max(15, round(100 * (0.97 if straggler is not None else busy) + rng.gauss(0, 5)))
+            )
+            ratio = min(1.0, max(0.82, 0.975 + rng.gauss(0, JITTER)))
+            if cap < 1.0:
+                ratio *= cap
+                reasons.append("SwPowerCap")
+            if straggler is not None and (straggler.detail["gpus"] == "all" or index == 0):
+                ratio /= 1 + straggler.detail["slowdown"]
+            temperature = 55 + round(20 * utilization / 100) + rng.randrange(4)
+            thermal = kinds.get("thermal")
+            if thermal is not None and index in thermal.detail["gpus"]:
+                temperature = board.slowdown_celsius + rng.randrange(3)
+                reasons.append("SwThermalSlowdown")
+                ratio *= 0.85
+            if "powerBrake" in kinds:
+                reasons.append("HwPowerBrakeSlowdown")
+                ratio *= 0.8
+            clock = round(board.max_clock * ratio / 15) * 15
+        plan.ecc_corrected += 1 if rng.random() < 0.001 else 0
+        return {
+            "index": index,
+            "uuid": f"GPU-{plan.name}-{index}",
+            "model": board.model,
+            "pciBusId": f"00000000:{index + 0x10:02X}:00.0",
+            "temperatureCelsius": temperature,
+            "slowdownTemperatureCelsius": board.slowdown_celsius,
+            "smClockMHz": clock,
+            "maxSmClockMHz": board.max_clock,
+            **({} if plan.sharing == "mig" else {"utilizationPercent": utilization}),
+            "ecc": {"correctedVolatile": plan.ecc_corrected if index == 0 else 0, "uncorrectedVolatile": 0},
+            "remappedRows": {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False},
+            "xids": [],
+            "clockEventReasons": sorted(reasons),
+            "recoveryAction": "None",
+            "pcie": {
+                "generation": 4 if board.gpus == 4 else 5,
+                "maxGeneration": 4 if board.gpus == 4 else 5,
+                "width": 16,
+                "maxWidth": 16,
+            },
+            "lost": False,
+        }
+
+    def _fault(self, gpu: dict[str, Any], fatal: Episode, t: float) -> None:
+        fault = fatal.detail["fault"]
+        began = _time(fatal.start)
+        if fault == "DBE":
+            gpu["ecc"]["uncorrectedVolatile"] = 1 + int((t - fatal.start) // 3600)
+        elif fault == "RowRemapFailure":
+            gpu["remappedRows"] = {"correctable": 3, "uncorrectable": 1, "pending": False, "failure": True}
+        elif fault.startswith("XID"):
+            gpu["xids"] = [{"code": int(fault[3:]), "count": 1, "lastSeen": began}]
+        elif fault == "GPULost":
+            gpu["lost"] = True
+            gpu.pop("utilizationPercent", None)
+        elif fault == "RecoveryAction":
+            gpu["recoveryAction"] = "GpuReset"
+
+
+def generate(options: Options, out: pathlib.Path) -> dict[str, int]:
+    """Write the trace; counts of what it holds (records, nodes, truth records)."""
+    rng = random.Random(options.seed + 1)
+    plans, duration = plan_fleet(options)
+    header = {
+        "start": START.timestamp(),
+        "generator": {
+            "nodeDays": options.node_days,
+            "seed": options.seed,
+            "nodes": len(plans),
+            "sampleSeconds": options.sample_seconds,
+        },
+    }
+    counts = {"nodes": len(plans), "records": 0, "truth": 0}
+    samplers = {p.name: _Sampler(p, random.Random(rng.random()), options.sample_seconds) for p in plans}
+    with traces.Writer(out, header) as writer:
+        for plan in plans:
+            for truth in _truth(plan):
+                writer.write(truth)
+                counts["truth"] += 1
+        for plan in plans:
+            writer.write({"kind": "node", "t": 0.0, "object": node_object(plan, False)})
+        order = sorted(plans, key=lambda p: p.phase)
+        last: dict[str, dict[str, Any]] = {}
+        cordoned: dict[str, bool] = {p.name: False for p in plans}
+        steps = int(duration // options.sample_seconds)
+        for step in range(steps + 1):
+            for plan in order:
+                t = step * options.sample_seconds + plan.phase
+                if t >= duration:
+                    continue
+                counts["records"] += _sample_node(writer, plan, samplers[plan.name], t, last, cordoned)
+    return counts
+
+
+def _sample_node(  # noqa: PLR0917 - one sample's inputs
+    writer: traces.Writer,
+    plan: NodePlan,
+    sampler: _Sampler,
+    t: float,
+    last: dict[str, dict[str, Any]],
+    cordoned: dict[str, bool],
+) -> int:
+    written = 0
+    human = any(e.kind == "humanCordon" and e.covers(t) for e in plan.episodes)
+    if human != cordoned[plan.name]:
+        cordoned[plan.name] = human
+        writer.write({"kind": "node", "t": round(t, 3), "object": node_object(plan, human)})
+        written += 1
+    if any(e.kind == "agentGap" and e.covers(t) for e in plan.episodes):
+        return written  # the agent is down: no report
+    for episode in plan.episodes:
+        if episode.kind in ("driverReload", "fatal") and episode.end <= t and not episode.detail.get("_done"):
+            episode.detail["_done"] = True  # the repair (or the reload) resets volatile counters
+            plan.boot += 1
+            plan.ecc_corrected = 0
+    status = sampler.sample(t)
+    clean = {**status, "gpus": [{k: v for k, v in g.items() if k != "_view"} for g in status["gpus"]]}
+    before = last.get(plan.name)
+    if before is None:
+        writer.write({"kind": "gpunode", "t": round(t, 3), "name": plan.name, "status": clean})
+    else:
+        writer.write(
+            {
+                "kind": "gpunode",
+                "t": round(t, 3),
+                "name": plan.name,
+                "patch": traces.status_patch(before, clean),
+            }
+        )
+    last[plan.name] = clean
+    return written + 1

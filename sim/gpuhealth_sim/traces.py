@@ -1,0 +1,210 @@
+"""Fleet traces: versioned JSON Lines of what a cluster's Nodes and GPUNodes looked like, and when.
+
+A trace is what `backtest` replays and what `trace generate` writes (the
+format is documented in docs/backtest.md). One JSON object per line; a path
+ending in `.gz` is gzip-compressed. The first line is the header; every other
+line is one record, in time order:
+
+    {"kind": "header", "format": "gpu-health-trace", "version": 1, "start": EPOCH, ...}
+    {"kind": "node", "t": SECONDS, "object": {Node: metadata.name/labels/annotations,
+                                               spec.unschedulable/taints, status.capacity}}
+    {"kind": "gpunode", "t": SECONDS, "name": NAME, "status": {agent, summary, gpus}}
+    {"kind": "gpunode", "t": SECONDS, "name": NAME, "patch": {merge patch of the previous status}}
+    {"kind": "truth", ...}   (ground truth of a synthetic trace; see docs/backtest.md)
+
+`t` is seconds since the header's `start` (epoch seconds, UTC). A GPUNode
+`patch` is an RFC 7386 merge patch of the node's previous agent status, except
+that `gpus` is patched per GPU: an object keyed by the GPU's position in the
+list ("0", "1", ...), each value a merge patch of that GPU. That keeps a
+sample that moved only clocks to a few bytes per GPU.
+
+Bad input gets a `TraceError` naming the file and the line: a line that is
+not JSON, a record of an unknown kind or without its fields, a patch of a
+node never seen in full, and a truncated gzip stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import pathlib
+import zlib
+from collections.abc import Iterator, Mapping
+from typing import IO, Any, Final, cast
+
+FORMAT: Final = "gpu-health-trace"
+VERSION: Final = 1
+KINDS: Final = frozenset({"node", "gpunode", "truth"})
+
+
+class TraceError(Exception):
+    """A trace that cannot be read, naming where."""
+
+
+def _open_text(path: pathlib.Path, mode: str) -> IO[str]:
+    if path.name.endswith(".gz"):
+        return cast(IO[str], gzip.open(path, mode + "t", compresslevel=6, encoding="utf-8"))
+    return path.open(mode, encoding="utf-8")
+
+
+class Writer:
+    """Appends records to a trace; `with Writer(path, header) as w: w.write({...})`."""
+
+    def __init__(self, path: pathlib.Path, header: Mapping[str, Any]) -> None:
+        self.path = path
+        self._file = _open_text(path, "w")
+        self.write({"kind": "header", "format": FORMAT, "version": VERSION, **header})
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def merge_patch(base: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """RFC 7386 on a copy of `base` (nested objects merge, null removes, anything else replaces)."""
+    result = dict(base)
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
+            result[key] = merge_patch(result[key], value)
+        else:
+            result[key] = value
+    return result
+
+
+def apply_status_patch(status: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """A GPUNode agent status after a trace `patch` (module docstring); `status` is not changed."""
+    gpus_patch = patch.get("gpus")
+    rest = {k: v for k, v in patch.items() if k != "gpus"}
+    result = merge_patch(status, rest)
+    if isinstance(gpus_patch, Mapping):
+        gpus = list(status.get("gpus") or [])
+        for key, change in gpus_patch.items():
+            position = int(key)
+            if change is None:
+                gpus[position] = None
+            elif position >= len(gpus):
+                gpus.append(dict(change))
+            else:
+                gpus[position] = merge_patch(gpus[position], change)
+        result["gpus"] = [g for g in gpus if g is not None]
+    elif "gpus" in patch:
+        result["gpus"] = gpus_patch
+    return result
+
+
+def status_patch(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """The trace `patch` that turns `before` into `after` (the inverse of `apply_status_patch`)."""
+    patch: dict[str, Any] = {}
+    for key in before.keys() - after.keys():
+        patch[key] = None
+    for key, value in after.items():
+        old = before.get(key)
+        if key == "gpus" and isinstance(old, list) and isinstance(value, list) and len(value) >= len(old):
+            per_gpu = {str(i): _diff(old[i], g) for i, g in enumerate(value[: len(old)]) if old[i] != g}
+            per_gpu.update({str(i): g for i, g in enumerate(value) if i >= len(old)})
+            if per_gpu:
+                patch[key] = per_gpu
+        elif old != value:
+            patch[key] = _diff(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+    return patch
+
+
+def _diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    patch: dict[str, Any] = {k: None for k in before.keys() - after.keys()}
+    for key, value in after.items():
+        old = before.get(key)
+        if old != value:
+            patch[key] = _diff(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+    return patch
+
+
+def _check(record: object, where: str) -> dict[str, Any]:
+    if not isinstance(record, dict):
+        raise TraceError(f"{where}: a record must be a JSON object")
+    kind = record.get("kind")
+    if kind not in KINDS:
+        raise TraceError(
+            f"{where}: unknown record kind {kind!r} (expected one of {', '.join(sorted(KINDS))})"
+        )
+    if kind == "truth":
+        return record
+    t = record.get("t")
+    if isinstance(t, bool) or not isinstance(t, int | float):
+        raise TraceError(f"{where}: {kind} record needs a number `t` (seconds since the header's start)")
+    if kind == "node":
+        name = (
+            (record.get("object") or {}).get("metadata", {}).get("name")
+            if isinstance(record.get("object"), dict)
+            else None
+        )
+        if not isinstance(name, str) or not name:
+            raise TraceError(f"{where}: node record needs an `object` with metadata.name")
+    elif not isinstance(record.get("name"), str) or not record["name"]:
+        raise TraceError(f"{where}: gpunode record needs a `name`")
+    elif not isinstance(record.get("status"), dict) and not isinstance(record.get("patch"), dict):
+        raise TraceError(f"{where}: gpunode record needs a `status` or a `patch` object")
+    return record
+
+
+@contextlib.contextmanager
+def open_trace(path: pathlib.Path) -> Iterator[tuple[dict[str, Any], Iterator[dict[str, Any]]]]:
+    """(header, records) of a trace; records are checked as they are read and raise TraceError."""
+    try:
+        handle = _open_text(path, "r")
+    except OSError as error:
+        raise TraceError(f"{path}: cannot open: {error.strerror or error}") from error
+    with handle:
+        lines = _lines(path, handle)
+        try:
+            number, first = next(lines)
+        except StopIteration:
+            raise TraceError(f"{path}: empty trace (no header line)") from None
+        header = _parse(first, f"{path}:{number}")
+        if not isinstance(header, dict) or header.get("kind") != "header" or header.get("format") != FORMAT:
+            raise TraceError(f"{path}:{number}: not a gpu-health trace (the first line must be its header)")
+        if header.get("version") != VERSION:
+            raise TraceError(
+                f"{path}:{number}: trace format version {header.get('version')!r} is not supported "
+                f"(this gpu-health-sim reads version {VERSION})"
+            )
+        if isinstance(header.get("start"), bool) or not isinstance(header.get("start"), int | float):
+            raise TraceError(f"{path}:{number}: the header needs `start` (epoch seconds)")
+        yield header, (_check(_parse(text, f"{path}:{n}"), f"{path}:{n}") for n, text in lines)
+
+
+def _lines(path: pathlib.Path, handle: IO[str]) -> Iterator[tuple[int, str]]:
+    number = 0
+    try:
+        for number, text in enumerate(handle, start=1):
+            if not text.endswith("\n"):
+                raise TraceError(f"{path}:{number}: truncated trace (the last line is incomplete)")
+            if text.strip():
+                yield number, text
+    except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+        raise TraceError(f"{path}:{number + 1}: truncated or corrupt gzip stream ({error})") from error
+    except UnicodeDecodeError as error:
+        raise TraceError(f"{path}:{number + 1}: not UTF-8 text ({error.reason})") from error
+
+
+def _parse(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise TraceError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from error
+
+
+def read_truth(path: pathlib.Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The header and the truth records of a trace (the whole trace is checked on the way)."""
+    with open_trace(path) as (header, records):
+        return header, [r for r in records if r["kind"] == "truth"]

@@ -1,0 +1,119 @@
+"""The backtest replays a trace through the operator's own code: what it does to Nodes, and when."""
+
+import datetime
+import json
+import pathlib
+
+import pytest
+
+from gpuhealth_sim import backtest, cli, scoring, tracegen, traces
+from gpunode_facts import agent_status
+
+POLICY = pathlib.Path(__file__).parents[3] / "examples" / "default-policy.yaml"
+START = datetime.datetime(2026, 1, 5, tzinfo=datetime.UTC)
+NODES = [f"n{i}" for i in range(10)]
+
+
+def stamp(t: float) -> str:
+    return (START + datetime.timedelta(seconds=t)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def node(name: str, **labels: str) -> dict:
+    return {
+        "metadata": {"name": name, "labels": {"nvidia.com/gpu.present": "true", **labels}},
+        "spec": {"unschedulable": False},
+        "status": {"capacity": {"nvidia.com/gpu": "32" if labels else "8"}},
+    }
+
+
+def write_trace(
+    path: pathlib.Path, faults: dict[str, tuple[float, float]], minutes: int = 60
+) -> pathlib.Path:
+    """Ten H100 nodes (n9 time-sliced) reporting every minute; `faults`: node → (DBE at, repaired at)."""
+    with traces.Writer(path, {"start": START.timestamp()}) as writer:
+        for name, (start, end) in faults.items():
+            writer.write(
+                {"kind": "truth", "type": "fatal", "node": name, "start": start, "end": end, "fault": "DBE"}
+            )
+        for name in NODES:
+            labels = {"nvidia.com/gpu.replicas": "4"} if name == "n9" else {}
+            writer.write({"kind": "node", "t": 0, "object": node(name, **labels)})
+        for minute in range(minutes):
+            for i, name in enumerate(NODES):
+                t = minute * 60 + i
+                start, end = faults.get(name, (1e9, 1e9))
+                broken = {0: {"ecc": {"uncorrectedVolatile": 1}, "observedTime": stamp(start)}}
+                status = agent_status(
+                    heartbeat=stamp(t), observed=stamp(0), overrides=broken if start <= t < end else None
+                )
+                writer.write({"kind": "gpunode", "t": t, "name": name, "status": status})
+    return path
+
+
+def test_every_dbe_node_is_drained_within_the_budget(tmp_path: pathlib.Path) -> None:
+    faults = {"n1": (600.0, 1500.0), "n2": (660.0, 3600.0)}
+    trace = write_trace(tmp_path / "t.jsonl", faults)
+    result = backtest.run(trace, backtest.load_policy(POLICY))
+    drains = [(a.node, a.t) for a in result.actions if a.action == "Drain"]
+    assert [n for n, _ in drains] == ["n1", "n2"], "n2 waits for n1 (maxUnavailable 10% of 10 = 1)"
+    assert drains[0][1] - 600 < 60, "drained at the first report of the fault"
+    uncordon = next(a.t for a in result.actions if a.action == "Uncordon" and a.node == "n1")
+    assert uncordon >= 1500 + 600, "uncordoned after recovery.healthyForSeconds"
+    assert drains[1][1] >= uncordon, "the budget admits n2 only once n1 is back"
+    assert result.pending_nodes == {"n2"}
+    assert result.max_cordoned_by_policy == 1 == result.max_unavailable_limit
+    score = scoring.score(trace, result, baseline=False)
+    assert score["fatal"]["recall"] == 1.0 and score["fatal"]["falseDisruptive"] == 0
+    assert score["maxUnavailableRespected"]
+
+
+def test_a_time_sliced_node_is_not_lost(tmp_path: pathlib.Path) -> None:
+    result = backtest.run(write_trace(tmp_path / "t.jsonl", {}, minutes=10), backtest.load_policy(POLICY))
+    assert [a for a in result.actions if a.action in ("Cordon", "Drain")] == []
+
+
+def test_a_dry_run_policy_changes_nothing_and_says_what_it_would_do(tmp_path: pathlib.Path) -> None:
+    policy = backtest.load_policy(POLICY)
+    policy["spec"]["dryRun"] = True
+    result = backtest.run(write_trace(tmp_path / "t.jsonl", {"n1": (300.0, 1e9)}, minutes=10), policy)
+    assert result.max_unschedulable == 0
+    said = [a for a in result.actions if a.action == "DryRun"]
+    assert said and said[0].node == "n1" and "cordon and drain" in said[0].reason
+
+
+def test_generated_trace_replays_with_every_fatal_fault_acted_on(tmp_path: pathlib.Path) -> None:
+    trace = tmp_path / "g.jsonl.gz"
+    tracegen.generate(tracegen.Options(node_days=3, seed=18, nodes=12), trace)  # a recovery action, an XID 79
+    result = backtest.run(trace, backtest.load_policy(POLICY))
+    score = scoring.score(trace, result, baseline=False)
+    assert score["fatal"]["falseDisruptive"] == 0
+    assert score["fatal"]["acted"] == score["fatal"]["faults"] == 2
+    assert score["maxUnavailableRespected"]
+
+
+def test_a_policy_file_without_a_policy_is_refused(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "p.yaml").write_text("kind: ConfigMap\n")
+    with pytest.raises(backtest.PolicyError, match="no GPUHealthPolicy"):
+        backtest.load_policy(tmp_path / "p.yaml")
+
+
+def test_the_commands_generate_and_backtest(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "c.jsonl.gz"
+    assert (
+        cli.main(
+            ["trace", "generate", "--node-days", "1", "--nodes", "12", "--seed", "2", "--out", str(trace)]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    assert (
+        cli.main(["backtest", "--policy", str(POLICY), "--trace", str(trace), "--score", "-o", "json"]) == 0
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert report["policies"][0]["policy"] == "default"
+    assert "baselineStragglers" in report["policies"][0]["score"]
+    (tmp_path / "bad.jsonl").write_text("{}\n")
+    assert cli.main(["backtest", "--policy", str(POLICY), "--trace", str(tmp_path / "bad.jsonl")]) == 3
+    assert "bad.jsonl:1: not a gpu-health trace" in capsys.readouterr().err

@@ -1,0 +1,54 @@
+"""Synthetic traces: the same seed writes the same trace, and the trace holds what it claims."""
+
+import hashlib
+import itertools
+import pathlib
+
+from gpuhealth_sim import tracegen, traces
+
+
+def digest(path: pathlib.Path) -> str:
+    with traces.open_trace(path) as (header, records):
+        text = repr(header) + "".join(repr(r) for r in records)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_same_seed_same_trace_other_seed_other_trace(tmp_path: pathlib.Path) -> None:
+    options = tracegen.Options(node_days=2, seed=3, nodes=12, sample_seconds=120)
+    tracegen.generate(options, tmp_path / "a.jsonl.gz")
+    tracegen.generate(options, tmp_path / "b.jsonl")
+    tracegen.generate(
+        tracegen.Options(node_days=2, seed=4, nodes=12, sample_seconds=120), tmp_path / "c.jsonl"
+    )
+    assert digest(tmp_path / "a.jsonl.gz") == digest(tmp_path / "b.jsonl")
+    assert digest(tmp_path / "a.jsonl.gz") != digest(tmp_path / "c.jsonl")
+
+
+def test_trace_covers_the_fleet_and_its_truth(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "t.jsonl"
+    counts = tracegen.generate(tracegen.Options(node_days=3, seed=1, nodes=12), path)
+    header, truth = traces.read_truth(path)
+    assert header["generator"]["nodes"] == 12 == counts["nodes"]
+    nodes = [t for t in truth if t["type"] == "node"]
+    assert {n["model"] for n in nodes} >= {"NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA L40S"}
+    assert any(n["sharing"] == "timeSlicing" for n in nodes)
+    with traces.open_trace(path) as (_, records):
+        statuses = [r for r in records if r["kind"] == "gpunode"]
+    assert all(b["t"] >= a["t"] for a, b in itertools.pairwise(statuses)), "in time order"
+    first = next(r for r in statuses if "status" in r)["status"]
+    assert set(first) == {"agent", "summary", "gpus"}, "the agent's part of a GPUNode status"
+    assert {"smClockMHz", "maxSmClockMHz", "ecc", "xids", "observedTime"} <= set(first["gpus"][0])
+
+
+def test_fleet_plan_mixes_episodes_and_keeps_major_ones_apart() -> None:
+    plans, _duration = tracegen.plan_fleet(tracegen.Options(node_days=400, seed=2))
+    kinds = {e.kind for p in plans for e in p.episodes}
+    assert {"fatal", "straggler", "thermal", "powerCap", "idle", "agentGap", "humanCordon"} <= kinds
+    for plan in plans:
+        major = [
+            e for e in plan.episodes if e.kind in ("fatal", "straggler", "idle", "agentGap", "humanCordon")
+        ]
+        for a, b in itertools.pairwise(major):
+            assert a.end <= b.start
+    faults = {e.detail["fault"] for p in plans for e in p.episodes if e.kind == "fatal"}
+    assert len(faults) >= 5

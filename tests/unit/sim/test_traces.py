@@ -1,0 +1,83 @@
+"""Trace files: a clear error naming the line for bad or truncated input, and lossless patches."""
+
+import gzip
+import json
+import pathlib
+
+import pytest
+
+from gpuhealth_sim import traces
+
+HEADER = {"kind": "header", "format": traces.FORMAT, "version": traces.VERSION, "start": 0}
+NODE = {"kind": "node", "t": 0, "object": {"metadata": {"name": "n1"}}}
+
+
+def write(path: pathlib.Path, lines: list[str]) -> pathlib.Path:
+    path.write_text("".join(lines), encoding="utf-8")
+    return path
+
+
+def read_all(path: pathlib.Path) -> list[dict]:
+    with traces.open_trace(path) as (_, records):
+        return list(records)
+
+
+def line(record: object) -> str:
+    return json.dumps(record) + "\n"
+
+
+def test_a_good_trace_reads_back(tmp_path: pathlib.Path) -> None:
+    with traces.Writer(tmp_path / "t.jsonl.gz", {"start": 5.0}) as writer:
+        writer.write(NODE)
+        writer.write({"kind": "truth", "type": "fatal", "node": "n1", "start": 1, "end": 2})
+    assert [r["kind"] for r in read_all(tmp_path / "t.jsonl.gz")] == ["node", "truth"]
+
+
+def test_bad_json_names_the_line(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path / "t.jsonl", [line(HEADER), line(NODE), "{not json\n"])
+    with pytest.raises(traces.TraceError, match=r"t\.jsonl:3: not valid JSON"):
+        read_all(path)
+
+
+def test_unknown_kind_and_missing_fields_name_the_line(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path / "t.jsonl", [line(HEADER), line({"kind": "pod", "t": 1})])
+    with pytest.raises(traces.TraceError, match=r":2: unknown record kind 'pod'"):
+        read_all(path)
+    path = write(tmp_path / "u.jsonl", [line(HEADER), line({"kind": "gpunode", "t": 1, "name": "n"})])
+    with pytest.raises(traces.TraceError, match=r":2: gpunode record needs a `status` or a `patch`"):
+        read_all(path)
+
+
+def test_a_missing_or_foreign_header_is_refused(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(traces.TraceError, match="empty trace"):
+        read_all(write(tmp_path / "e.jsonl", []))
+    with pytest.raises(traces.TraceError, match=r":1: not a gpu-health trace"):
+        read_all(write(tmp_path / "f.jsonl", [line(NODE)]))
+    with pytest.raises(traces.TraceError, match="version 99 is not supported"):
+        read_all(write(tmp_path / "v.jsonl", [line({**HEADER, "version": 99})]))
+
+
+def test_a_cut_last_line_is_a_truncated_trace(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path / "t.jsonl", [line(HEADER), line(NODE), line(NODE)[:20]])
+    with pytest.raises(traces.TraceError, match=r":3: truncated trace"):
+        read_all(path)
+
+
+def test_a_truncated_gzip_stream_is_named(tmp_path: pathlib.Path) -> None:
+    data = gzip.compress(("".join([line(HEADER)] + [line(NODE)] * 2000)).encode())
+    path = tmp_path / "t.jsonl.gz"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(traces.TraceError, match=r"t\.jsonl\.gz:\d+: truncated"):
+        read_all(path)
+
+
+def test_status_patches_round_trip() -> None:
+    before = {"agent": {"lastHeartbeatTime": "a", "version": "1"}, "gpus": [{"index": 0, "smClockMHz": 1}]}
+    after = {
+        "agent": {"lastHeartbeatTime": "b", "version": "1"},
+        "gpus": [{"index": 0, "smClockMHz": 2, "lost": True}, {"index": 1}],
+    }
+    patch = traces.status_patch(before, after)
+    assert traces.apply_status_patch(before, patch) == after
+    assert before["gpus"][0]["smClockMHz"] == 1, "the previous status is not changed"
+    assert traces.apply_status_patch(after, traces.status_patch(after, before)) == before
