@@ -68,11 +68,11 @@ def selecting_policies(ctx: context.Context, record: cache.NodeRecord) -> list[m
 
 
 def awaiting_first_report(gpunode: cache.GPUNodeRecord, now: datetime.datetime) -> bool:
-    """A GPUNode with no agent report yet, younger than the staleness limit of a default heartbeat."""
+    """A GPUNode with no agent report yet, younger than `heartbeats.FIRST_REPORT_SECONDS`."""
     if gpunode.status.get("agent"):
         return False
     created = times.parse(gpunode.created)
-    limit = datetime.timedelta(seconds=heartbeats.STALE_HEARTBEATS * heartbeats.DEFAULT_HEARTBEAT_SECONDS)
+    limit = datetime.timedelta(seconds=heartbeats.FIRST_REPORT_SECONDS)
     return created is not None and now - created < limit
 
 
@@ -93,7 +93,8 @@ def judge(
         return None
     key = (policy.name, name)
     straggler = ctx.stragglers.get(key)
-    inputs = (policy, record, gpunode, straggler, now)
+    agent_pod = ctx.agent_pods.get(name)
+    inputs = (policy, record, gpunode, straggler, now, agent_pod)
     known = ctx.verdicts.judged_from(key, inputs)
     if known is not None:
         return known
@@ -106,6 +107,7 @@ def judge(
         straggler,
         now,
         report_age_seconds=report_age(gpunode, now),
+        agent_pod=agent_pod,
     )
     ctx.verdicts.remember(key, verdict, inputs)
     return verdict
