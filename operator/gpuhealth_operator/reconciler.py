@@ -292,7 +292,9 @@ def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
         }
         members = {name: gpunode.status for name, gpunode in gpunodes.items()}
         ages = {name: report_age(gpunode, now) for name, gpunode in gpunodes.items()}
-        for name, score in stragglers.score_cohorts(members, threshold, now, ages).items():
+        for name, score in stragglers.score_cohorts(
+            members, threshold, now, ages, ctx.agent_pods.nodes
+        ).items():
             ctx.stragglers[(policy.name, name)] = score
     keys = before.keys() | ctx.stragglers.keys()
     return {node for key in keys if before.get(key) != ctx.stragglers.get(key) for node in [key[1]]}

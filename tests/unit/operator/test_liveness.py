@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
+import gpunode_facts
 from gpuhealth_api import vocabulary
 from gpuhealth_operator import agent_pods
-from gpuhealth_operator.decisions import liveness, model, signals
+from gpuhealth_operator.decisions import liveness, model, signals, stragglers
 
 Condition = vocabulary.Condition
 NOW = datetime.datetime(2026, 11, 22, 1, 0, tzinfo=datetime.UTC)
@@ -116,3 +117,11 @@ def test_a_first_sighting_dates_a_not_ready_pod_from_its_condition_at_the_latest
     assert pods.nodes["n1"].since == ago(120), "an operator restart does not restart the grace"
     pods.observe(pod("b", "n2", False, "2026-11-23T00:00:00Z"), NOW)
     assert pods.nodes["n2"].since == NOW, "a transition in the future counts as now"
+
+
+def test_a_node_stale_by_its_pod_leaves_the_straggler_cohort() -> None:
+    members = {f"n{i}": gpunode_facts.agent_status(heartbeat_seconds=300) for i in range(6)}
+    ages = dict.fromkeys(members, 600.0)
+    assert set(stragglers.score_cohorts(members, 3.5, NOW, ages)) == set(members)
+    down = {"n0": liveness.AgentPod("ns/a", False, ago(GRACE + 5))}
+    assert set(stragglers.score_cohorts(members, 3.5, NOW, ages, down)) == set(members) - {"n0"}
