@@ -1,9 +1,17 @@
-"""The agent's HTTP endpoint: /metrics for Prometheus and /healthz for the kubelet.
+"""The agent's HTTP endpoint: /metrics for Prometheus, /healthz and /readyz for the kubelet.
 
-/healthz fails (503) when no collection has completed for 3 intervals: a
-hung NVML call must restart the agent rather than leave it "alive" while
-its facts go stale (the heartbeat stops too, so the operator sees the node
-as stale in the meantime).
+/healthz (liveness) fails (503) when no collection has completed for 3
+intervals: a hung NVML call must restart the agent rather than leave it
+"alive" while its facts go stale.
+
+/readyz (readiness) fails as well while the agent's last contact with the API
+server failed (a status write, or reading its Node and GPUNode at start), until
+one succeeds again. The operator reads the agent pod's Ready condition as the
+agent's liveness (its `decisions.liveness`): so a node whose agent cannot
+collect, or cannot report what it collected, turns Unknown within about a
+minute, without the agent writing its GPUNode more often than its long
+heartbeat. An outage of the API server alone does not restart the agent:
+that is /healthz's job, and it looks at the NVML loop only.
 """
 
 from __future__ import annotations
@@ -26,9 +34,28 @@ class Liveness:
     clock: Callable[[], float] = time.time
     started_at: float = dataclasses.field(default_factory=time.time)
     last_completed_at: float | None = None
+    api_failing_since: float | None = None
+    """When the API contacts started failing (None: the last one worked, or none was made yet)."""
 
     def completed(self, when: float) -> None:
         self.last_completed_at = when
+
+    def api_contact(self, ok: bool, when: float) -> None:
+        """Record whether the agent's latest API contact (a write, or reading its objects) worked."""
+        if ok:
+            self.api_failing_since = None
+        elif self.api_failing_since is None:
+            self.api_failing_since = when
+
+    def ready(self) -> tuple[bool, str]:
+        """Alive (`check`) and able to report: the last API contact did not fail."""
+        alive, message = self.check()
+        if not alive:
+            return alive, message
+        if self.api_failing_since is not None:
+            age = self.clock() - self.api_failing_since
+            return False, f"cannot write to the API server for {age:.1f}s (retrying)"
+        return True, "ok"
 
     def check(self) -> tuple[bool, str]:
         reference = self.last_completed_at if self.last_completed_at is not None else self.started_at
@@ -44,8 +71,8 @@ def _handler(registry: prometheus_client.CollectorRegistry | None, liveness: Liv
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
-            if path == "/healthz":
-                ok, message = liveness.check()
+            if path in ("/healthz", "/readyz"):
+                ok, message = liveness.check() if path == "/healthz" else liveness.ready()
                 self._send(200 if ok else 503, "text/plain; charset=utf-8", (message + "\n").encode())
             elif path == "/metrics" and registry is not None:
                 self._send(

@@ -154,6 +154,8 @@ class Agent:
             self._restore()  # when the API was down at start, the GPUNode is first read here
             if self.reporter.expected_gpus is not None and self.collector.expected_gpus is None:
                 self.collector.expected_gpus = self.reporter.expected_gpus
+        if self.reporter is not None:  # a failed write or read leaves the backoff counting failures
+            self.liveness.api_contact(self.reporter.retry.failures == 0, now)
         self.liveness.completed(self.clock())
         return TurnResult(sample, turn.status, turn.outcome, received)
 

@@ -99,6 +99,12 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         help="how often a standby tries to acquire, and the leader retries a failed renewal (default: 2)",
     )
     parser.add_argument(
+        "--agent-pod-selector",
+        default=default.agent_pod_selector,
+        help="label selector of the agent DaemonSet's pods, watched for liveness; '' = off, staleness by "
+        f"the GPUNode heartbeat alone (default: {default.agent_pod_selector})",
+    )
+    parser.add_argument(
         "--tick-seconds", type=float, default=default.tick_seconds, help="period of the timer pass"
     )
     parser.add_argument(
@@ -142,6 +148,7 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         lease_renew_deadline_seconds=timing.renew_deadline_seconds,
         lease_renew_seconds=timing.renew_seconds,
         lease_retry_seconds=timing.retry_seconds,
+        agent_pod_selector=args.agent_pod_selector,
         tick_seconds=args.tick_seconds,
         resync_seconds=args.resync_seconds,
         eviction_concurrency=args.eviction_concurrency,
@@ -159,6 +166,11 @@ async def prime(ctx: context.Context) -> None:
         ctx.cache.put_gpunode(body)
     for body in await ctx.client.list_all(f"{base}/{resources.POLICY_PLURAL}"):
         handlers.store_policy(ctx, body)
+    if ctx.config.agent_pod_selector:
+        now = reconciler.utcnow()
+        query = {"labelSelector": ctx.config.agent_pod_selector}
+        for body in await ctx.client.list_all("/api/v1/pods", query):
+            ctx.agent_pods.observe(body, now)
 
 
 def timing(config: settings.Settings) -> leader.Timing:
@@ -290,11 +302,11 @@ async def _lead(
     kopf_stop = asyncio.Event()
     if priming in done and not priming.exception():
         registry = kopf.OperatorRegistry()
-        handlers.register(registry)
+        handlers.register(registry, config.agent_pod_selector)
         relists = resync.Relists()
         relists.register(registry)
         kopf_settings = kopf.OperatorSettings()
-        handlers.configure(kopf_settings)
+        handlers.configure(kopf_settings, config.agent_pod_selector)
         tasks.add(
             asyncio.create_task(
                 kopf.operator(

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator import admission, cache, kube, metrics, settings
+from gpuhealth_operator import admission, agent_pods, cache, kube, metrics, settings
 from gpuhealth_operator.actions import drain, events
 from gpuhealth_operator.decisions import budget, model, stragglers, verdicts
 
@@ -112,6 +112,9 @@ class Context:
     cache: cache.ClusterCache = dataclasses.field(default_factory=cache.ClusterCache)
     clock: Callable[[], datetime.datetime] = wall_clock
     """What time it is: the wall clock, or the backtest's simulated clock."""
+    agent_pods: agent_pods.AgentPods = dataclasses.field(default_factory=agent_pods.AgentPods)
+    """The agents' pods as watched (`--agent-pod-selector`): liveness per node, like the cache a view of
+    the cluster; a deleted Node's record goes with `on_node`, not with `forget_node`."""
 
     node_locks: collections.defaultdict[str, asyncio.Lock] = dataclasses.field(
         default_factory=lambda: collections.defaultdict(asyncio.Lock)

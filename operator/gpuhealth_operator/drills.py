@@ -117,6 +117,7 @@ async def _judge(
             now,
             report_age_seconds=gpunode.report_age(now),
             drill=synthetic,
+            agent_pod=ctx.agent_pods.get(name),
         )
         changes = remediation.dry_run_changes(record, policy, verdict)
         wait = None

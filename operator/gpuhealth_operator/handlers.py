@@ -30,6 +30,7 @@ async def on_node(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None
     name = body.get("metadata", {}).get("name", "")
     if event["type"] == DELETED:
         memo.cache.remove_node(name)
+        memo.agent_pods.forget_node(name)
         memo.forget_node(name)
         return
     before = memo.cache.node(name)
@@ -52,6 +53,22 @@ async def on_gpunode(event: kopf.RawEvent, memo: context.Context, **_: Any) -> N
     after = memo.cache.put_gpunode(body)
     if before is None or before.resource_version != after.resource_version:
         await reconciler.reconcile_node(memo, name, "gpunode")
+
+
+async def on_agent_pod(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None:
+    """An agent pod changed: a node whose agent turned Ready or NotReady is judged again.
+
+    Turning NotReady changes no verdict at once (`decisions.liveness` gives a grace); the timer
+    judges such a node every tick until then.
+    """
+    now = reconciler.utcnow()
+    body = event["object"]
+    if event["type"] == DELETED:
+        node = memo.agent_pods.deleted(body, now)
+    else:
+        node = memo.agent_pods.observe(body, now)
+    if node is not None and memo.cache.gpunode(node) is not None:
+        await reconciler.reconcile_node(memo, node, "agent-pod")
 
 
 def store_policy(memo: context.Context, body: Mapping[str, Any]) -> model.Policy | None:
@@ -100,11 +117,14 @@ async def login(memo: context.Context, **_: Any) -> kopf.ConnectionInfo:
     )
 
 
-def register(registry: kopf.OperatorRegistry) -> None:
+def register(registry: kopf.OperatorRegistry, agent_pod_selector: str = "") -> None:
+    """Our handlers; agent pods are watched only with a selector (see `configure`)."""
     kopf.on.login(registry=registry)(login)
     kopf.on.event("", "v1", "nodes", registry=registry)(on_node)
     kopf.on.event(resources.GROUP, resources.VERSION, resources.GPUNODE_PLURAL, registry=registry)(on_gpunode)
     kopf.on.event(resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, registry=registry)(on_policy)
+    if agent_pod_selector:
+        kopf.on.event("", "v1", "pods", registry=registry)(on_agent_pod)
 
 
 class EssenceDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
@@ -128,8 +148,11 @@ class EssenceDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         return super().build(body=kopf.Body(cast(kopf.RawBody, kept)), extra_fields=None)
 
 
-def configure(settings: kopf.OperatorSettings) -> None:
+def configure(settings: kopf.OperatorSettings, agent_pod_selector: str = "") -> None:
     """kopf settings for an operator that leaves no trace on objects it does not own."""
+    if agent_pod_selector:
+        # Filtered by the API server: the operator hears of agent pods only, never of the workloads.
+        settings.watching.label_selectors["", "v1", "pods"] = agent_pod_selector
     # Leader election is ours (a Lease); kopf's peering would need its own CRDs and RBAC.
     settings.peering.standalone = True
     # Event handlers persist nothing; should a stateful handler ever be added, its progress goes to the

@@ -68,11 +68,11 @@ def selecting_policies(ctx: context.Context, record: cache.NodeRecord) -> list[m
 
 
 def awaiting_first_report(gpunode: cache.GPUNodeRecord, now: datetime.datetime) -> bool:
-    """A GPUNode with no agent report yet, younger than the staleness limit of a default heartbeat."""
+    """A GPUNode with no agent report yet, younger than `heartbeats.FIRST_REPORT_SECONDS`."""
     if gpunode.status.get("agent"):
         return False
     created = times.parse(gpunode.created)
-    limit = datetime.timedelta(seconds=heartbeats.STALE_HEARTBEATS * heartbeats.DEFAULT_HEARTBEAT_SECONDS)
+    limit = datetime.timedelta(seconds=heartbeats.FIRST_REPORT_SECONDS)
     return created is not None and now - created < limit
 
 
@@ -86,7 +86,8 @@ def judge(
         return None
     key = (policy.name, name)
     straggler = ctx.stragglers.get(key)
-    inputs = (policy, record, gpunode, straggler, now)
+    agent_pod = ctx.agent_pods.get(name)
+    inputs = (policy, record, gpunode, straggler, now, agent_pod)
     known = ctx.verdicts.judged_from(key, inputs)
     if known is not None:
         return known
@@ -99,6 +100,7 @@ def judge(
         straggler,
         now,
         report_age_seconds=gpunode.report_age(now),
+        agent_pod=agent_pod,
     )
     ctx.verdicts.remember(key, verdict, inputs)
     return verdict
@@ -284,7 +286,9 @@ def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
         }
         members = {name: gpunode.status for name, gpunode in gpunodes.items()}
         ages = {name: gpunode.report_age(now) for name, gpunode in gpunodes.items()}
-        for name, score in stragglers.score_cohorts(members, threshold, now, ages).items():
+        for name, score in stragglers.score_cohorts(
+            members, threshold, now, ages, ctx.agent_pods.nodes
+        ).items():
             agent = members[name].get("agent") or {}
             ctx.stragglers[(policy.name, name)] = stragglers.windowed(
                 ctx.straggler_samples[(policy.name, name)],

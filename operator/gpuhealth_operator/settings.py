@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+from typing import Final
+
+DEFAULT_AGENT_POD_SELECTOR: Final = "app.kubernetes.io/name=gpu-health,app.kubernetes.io/component=agent"
+"""The agent DaemonSet's pods as the Helm chart labels them (under its default name)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +48,10 @@ class Settings:
 
     lease_retry_seconds: float = 2.0
     """How often a standby replica tries to acquire the Lease, and the leader retries a failed renewal."""
+
+    agent_pod_selector: str = DEFAULT_AGENT_POD_SELECTOR
+    """Label selector of the agents' DaemonSet pods, watched for liveness (`decisions.liveness`); "" turns
+    the watch off (every node then goes by its GPUNode heartbeat alone)."""
 
     tick_seconds: float = 1.0
     """Period of the time-based pass: forSeconds, staleness, budget queue, recovery, stragglers."""

@@ -59,6 +59,8 @@ def is_due(ctx: context.Context, name: str, now: datetime.datetime) -> bool:
         view.labels.get(label) for label in (keys.STRAGGLER_LABEL, keys.THERMAL_LABEL)
     ):
         return True
+    if ctx.agent_pods.not_ready(name):
+        return True  # the agent's pod is not Ready: it turns stale after a grace (`decisions.liveness`)
     agent = facts.get("agent") or {}
     # The timer wakes just before the agent turns stale, by the operator's clock (see `signals.agent_stale`).
     stale_at_seconds = heartbeats.STALE_HEARTBEATS * signals.heartbeat_seconds(agent)

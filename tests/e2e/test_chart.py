@@ -494,6 +494,9 @@ def test_operator_can_watch_and_change_nodes(
     node = release.gpu_nodes[1]
     as_operator.allowed("get", "nodes", "-l", f"{UNIQUE_LABEL}={release.suffix}")
     as_operator.allowed("get", "--raw", "/api/v1/nodes?watch=1&timeoutSeconds=1")
+    # The agents' liveness: their pods' readiness, watched by label selector.
+    agents = "app.kubernetes.io/component%3Dagent"
+    as_operator.allowed("get", "--raw", f"/api/v1/pods?watch=1&timeoutSeconds=1&labelSelector={agents}")
     as_operator.allowed("label", "node", node, f"{keys.HEALTH_LABEL}=unhealthy", "--overwrite")
     as_operator.allowed(
         "annotate", "node", node, f"{keys.CORDONED_BY_ANNOTATION}={release.policy}", "--overwrite"

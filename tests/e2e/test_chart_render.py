@@ -124,7 +124,13 @@ def test_default_install_is_hardened_and_wired(control_plane: controlplane.Contr
     assert ag_pod["priorityClassName"] == "system-node-critical"
     assert "runtimeClassName" not in ag_pod
     assert ag_container["ports"] == [{"name": "metrics", "containerPort": 9101, "protocol": "TCP"}]
-    assert ag_container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    # Readiness is the agent's liveness for the operator (NVML loop and API contact); liveness only the loop.
+    assert ag_container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert ag_container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert "--heartbeat=300" in ag_container["args"]
+    # The operator watches exactly this DaemonSet's pods.
+    (selector,) = [a.split("=", 1)[1] for a in op_container["args"] if a.startswith("--agent-pod-selector=")]
+    assert dict(pair.split("=") for pair in selector.split(",")) == agent["spec"]["selector"]["matchLabels"]
     # The agent watches every GPU without taking one from the workloads.
     for amounts in ag_container["resources"].values():
         assert "nvidia.com/gpu" not in amounts

@@ -74,6 +74,16 @@ app.kubernetes.io/component: operator
 app.kubernetes.io/component: agent
 {{- end }}
 
+{{/* The agent pods' selector labels as a label-selector string (the operator's --agent-pod-selector). */}}
+{{- define "gpu-health.agent.podSelector" -}}
+{{- $labels := include "gpu-health.agent.selectorLabels" . | fromYaml -}}
+{{- $pairs := list -}}
+{{- range $key := keys $labels | sortAlpha -}}
+{{- $pairs = append $pairs (printf "%s=%s" $key (get $labels $key)) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end }}
+
 {{- define "gpu-health.operator.serviceAccountName" -}}
 {{- if .Values.operator.serviceAccount.create }}
 {{- default (include "gpu-health.operator.fullname" .) .Values.operator.serviceAccount.name }}

@@ -18,11 +18,11 @@ from collections.abc import Mapping
 from typing import Final
 
 from gpuhealth_api import faults, heartbeats, status, vocabulary
-from gpuhealth_operator.decisions import model, times
+from gpuhealth_operator.decisions import liveness, model, times
 
 Condition = vocabulary.Condition
 
-DEFAULT_HEARTBEAT_SECONDS: Final = heartbeats.DEFAULT_HEARTBEAT_SECONDS
+DEFAULT_HEARTBEAT_SECONDS: Final = heartbeats.UNSTATED_HEARTBEAT_SECONDS
 STALE_HEARTBEATS: Final = heartbeats.STALE_HEARTBEATS
 """An agent that missed this many heartbeats is stale (DESIGN.md)."""
 MAX_HEARTBEAT_SECONDS: Final = heartbeats.MAX_HEARTBEAT_SECONDS
@@ -50,12 +50,15 @@ def raw_signals(
     rule_xids: frozenset[int],
     now: datetime.datetime,
     report_age_seconds: float = 0.0,
+    *,
+    agent_pod: liveness.AgentPod | None = None,
 ) -> dict[Condition, model.Signal]:
     """One signal per condition of DESIGN.md's table except Straggler.
 
-    `report_age_seconds`: how long ago the operator saw the agent's last new report (see `agent_stale`).
+    `report_age_seconds`: how long ago the operator saw the agent's last new report (see `agent_stale`);
+    `agent_pod`: the node's agent pod as the operator last saw it (None: not known).
     """
-    stale = agent_stale(facts, report_age_seconds, now)
+    stale = agent_stale(facts, report_age_seconds, now, agent_pod)
     signals = {Condition.AGENT_STALE: stale}
     if stale.present:
         for condition in FACT_CONDITIONS:
@@ -74,9 +77,13 @@ def raw_signals(
 
 
 def agent_stale(
-    facts: status.GPUNodeStatus, report_age_seconds: float, now: datetime.datetime
+    facts: status.GPUNodeStatus,
+    report_age_seconds: float,
+    now: datetime.datetime,
+    agent_pod: liveness.AgentPod | None = None,
 ) -> model.Signal:
-    """True when the agent missed STALE_HEARTBEATS heartbeats, or never reported one.
+    """True when the agent missed STALE_HEARTBEATS heartbeats, or never reported one, or its pod
+    has not been Ready for a while (`liveness.pod_stale`; only ever sooner than the heartbeat rule).
 
     Timed by the operator's own clock: `report_age_seconds` is how long ago the
     operator saw `lastHeartbeatTime` change (the caller keeps that time), never
@@ -101,11 +108,15 @@ def agent_stale(
             f"clock; the agent's last heartbeat said {times.render(heartbeat)}",
             observed_at=now - datetime.timedelta(seconds=report_age_seconds - limit),
         )
+    by_pod = liveness.pod_stale(agent_pod, report_age_seconds, now)
+    if by_pod is not None:
+        message, since = by_pod
+        return model.Signal(condition, True, message, observed_at=since)
     return model.Signal(condition, False, f"last agent heartbeat at {times.render(heartbeat)}")
 
 
 def heartbeat_seconds(agent: Mapping[str, object]) -> float:
-    """The agent's heartbeat period: its own if valid, at most MAX_HEARTBEAT_SECONDS, else the default."""
+    """The agent's heartbeat period: its own if valid, at most MAX_HEARTBEAT_SECONDS, else 60 s."""
     period = agent.get("heartbeatSeconds")
     if isinstance(period, bool) or not isinstance(period, int | float) or period <= 0:
         return float(DEFAULT_HEARTBEAT_SECONDS)

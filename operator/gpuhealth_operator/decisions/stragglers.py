@@ -57,7 +57,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from gpuhealth_api import faults, status
-from gpuhealth_operator.decisions import model, signals
+from gpuhealth_operator.decisions import liveness, model, signals
 
 MIN_PEERS: Final = 4
 MAD_TO_SIGMA: Final = 0.6745
@@ -79,15 +79,18 @@ def score_cohorts(
     threshold: float,
     now: datetime.datetime,
     report_ages: Mapping[str, float] | None = None,
+    agent_pods: Mapping[str, liveness.AgentPod] | None = None,
 ) -> dict[str, model.StragglerScore]:
     """A StragglerScore for every node that has a score, keyed by node name.
 
     `report_ages`: seconds since the operator saw each node's last new agent report
-    (see `signals.agent_stale`); a node not in it counts as just seen.
+    (see `signals.agent_stale`); a node not in it counts as just seen. `agent_pods`: each
+    node's agent pod as last seen (see `liveness`); a node not in it has none known.
     """
     cohorts: dict[Cohort, dict[str, float]] = defaultdict(dict)
     for name, facts in members.items():
-        if _excluded(facts, (report_ages or {}).get(name, 0.0), now):
+        age = (report_ages or {}).get(name, 0.0)
+        if _excluded(facts, age, now, (agent_pods or {}).get(name)):
             continue
         key, score = cohort_of(facts), node_score(facts)
         if key is not None and score is not None:
@@ -148,8 +151,13 @@ def _number(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _excluded(facts: status.GPUNodeStatus, report_age_seconds: float, now: datetime.datetime) -> bool:
-    if signals.agent_stale(facts, report_age_seconds, now).present:
+def _excluded(
+    facts: status.GPUNodeStatus,
+    report_age_seconds: float,
+    now: datetime.datetime,
+    agent_pod: liveness.AgentPod | None = None,
+) -> bool:
+    if signals.agent_stale(facts, report_age_seconds, now, agent_pod).present:
         return True
     gpus = facts.get("gpus")
     if not isinstance(gpus, list):

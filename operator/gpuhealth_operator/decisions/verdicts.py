@@ -23,7 +23,16 @@ from collections.abc import Mapping
 from typing import Final
 
 from gpuhealth_api import keys, status, vocabulary
-from gpuhealth_operator.decisions import hysteresis, isolation, model, overrides, policies, severity, signals
+from gpuhealth_operator.decisions import (
+    hysteresis,
+    isolation,
+    liveness,
+    model,
+    overrides,
+    policies,
+    severity,
+    signals,
+)
 
 Condition = vocabulary.Condition
 Action = vocabulary.Action
@@ -46,12 +55,16 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
     *,
     report_age_seconds: float = 0.0,
     drill: model.Signal | None = None,
+    agent_pod: liveness.AgentPod | None = None,
 ) -> model.NodeVerdict:
-    """`report_age_seconds`: how long ago, by the operator's clock, the agent's last new report was seen.
+    """`report_age_seconds`: how long ago, by the operator's clock, the agent's last new report was seen;
+    `agent_pod`: the node's agent pod as last seen (None: not known; see `liveness`).
 
     `drill`: a fire drill's synthetic signal, which replaces the real one for its condition.
     """
-    raw = signals.raw_signals(facts, node, policies.rule_xids(policy), now, report_age_seconds)
+    raw = signals.raw_signals(
+        facts, node, policies.rule_xids(policy), now, report_age_seconds, agent_pod=agent_pod
+    )
     stale = raw[Condition.AGENT_STALE].present is True
     raw[Condition.STRAGGLER] = straggler_signal(straggler, stale=stale)
     judged = severity.FATAL | {Condition.AGENT_STALE} | {r.condition for r in policy.rules}

@@ -458,3 +458,39 @@ def test_the_status_never_lists_more_gpus_than_the_crd_allows() -> None:
     written = turn(agent, clock, 1).status
     assert len(written["gpus"]) == faults.MAX_GPUS
     assert written["agent"]["expectedGpuCount"] == faults.MAX_GPUS
+
+
+class BrokenCluster(FakeCluster):
+    """An API server the agent cannot reach, until `down` is cleared."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = True
+
+    def apply_status(self, node_status: status.GPUNodeStatus) -> None:
+        if self.down:
+            raise OSError("connection refused")
+        super().apply_status(node_status)
+
+
+def test_readyz_fails_while_the_agent_cannot_write_and_healthz_does_not() -> None:
+    """Readiness is the operator's liveness signal; liveness must not restart an agent over an outage."""
+    agent, clock, _, registry = make("gpus: 1\n")
+    cluster = BrokenCluster()
+    assert agent.reporter is not None
+    agent.reporter.cluster = cluster
+    wall = [START]
+    agent.liveness.clock = lambda: wall[0]
+    server = health.HealthServer(0, agent.liveness, registry, host="127.0.0.1").start()
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        turn(agent, clock, 0)
+        assert _get(base + "/healthz") == (200, "ok\n")
+        code, text = _get(base + "/readyz")
+        assert code == 503 and "cannot write to the API server" in text
+        cluster.down = False
+        turn(agent, clock, 5)  # past the first retry's backoff: the latest state is written
+        assert cluster.writes
+        assert _get(base + "/readyz") == (200, "ok\n")
+    finally:
+        server.stop()

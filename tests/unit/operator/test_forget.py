@@ -19,8 +19,9 @@ from gpuhealth_operator.actions import drain
 from gpuhealth_operator.decisions import model
 from gpunode_facts import verdict
 
-NOT_STATE = {"config", "client", "meters", "recorder", "cache", "eviction_slots", "clock"}
-"""Context fields that hold no per-node or per-policy memory (the cache is tested on its own)."""
+NOT_STATE = {"config", "client", "meters", "recorder", "cache", "agent_pods", "eviction_slots", "clock"}
+"""Context fields that hold no per-node or per-policy memory (the cache and the agent pods, views of
+the cluster, are tested on their own)."""
 
 
 def fill(ctx: context.Context, policy: str, node: str) -> None:

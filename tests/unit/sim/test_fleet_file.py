@@ -111,7 +111,7 @@ def test_a_pool_without_scenario_runs_a_builtin_healthy_one(tmp_path: Path) -> N
     (plan,) = fleet.nodes
     assert plan.name == "pool-0-0"
     assert plan.scenario["defaults"]["utilizationPercent"] > 50
-    assert (fleet.interval_seconds, fleet.heartbeat_seconds) == (5.0, 60.0)
+    assert (fleet.interval_seconds, fleet.heartbeat_seconds) == (5.0, 300.0)
 
 
 def test_the_example_fleets_load() -> None:

@@ -1,0 +1,143 @@
+"""The steady-state write budget: a quiet fleet writes nothing to the API server in a minute.
+
+Real agents (the fleet simulator runs the agent's own code, one loop per node)
+with the default heartbeat, 300 s, and the operator judging them under a
+policy: once every node has reported and been judged Healthy, a 60 s window
+of the API server's audit log must hold no GPUNode write at all (agent or
+operator) and no write of the operator but its leader Lease. The issue's
+budget is at most one write per node per 5 minutes; the heartbeat is the one.
+"""
+
+import datetime
+import json
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+import operator_harness
+from gpuhealth_api import heartbeats, resources
+from gpuhealth_sim import controlplane, fleet, fleetfile, waiting
+
+pytestmark = pytest.mark.integration
+
+WINDOW_SECONDS = 60.0
+NODES = 3
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"quiet-{secrets.token_hex(2)}"
+
+
+@pytest.fixture
+def operator(
+    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path: Path
+) -> Iterator[operator_harness.OperatorProcess]:
+    operator_harness.ensure_namespace(k8s, "gpu-health")
+    process = operator_harness.OperatorProcess(
+        kubeconfig=Path(crds.kubeconfig),
+        log_path=tmp_path / "operator.log",
+        lease_name=f"gpu-health-quiet-{secrets.token_hex(2)}",
+        identity=f"quiet-{secrets.token_hex(2)}",
+    ).start()
+    try:
+        waiting.wait_until(process.is_leading, timeout_seconds=30, message="operator leads")
+        yield process
+    finally:
+        process.stop()
+        print(process.log()[-10000:])
+
+
+@pytest.fixture
+def quiet_fleet(crds: controlplane.ControlPlane, k8s: client.ApiClient, prefix: str) -> Iterator[fleet.Fleet]:
+    spec = fleetfile.parse(
+        {
+            "seed": 5,
+            "agent": {"intervalSeconds": 1},  # the heartbeat is the default
+            "labels": {"gpuhealth.io/test": prefix},
+            "pools": [
+                {
+                    "name": prefix,
+                    "nodes": f"{prefix}-{{0..{NODES - 1}}}",
+                    "gpu": {"model": "NVIDIA H100 80GB HBM3", "count": 8},
+                    "scenario": {"defaults": {"temperatureCelsius": 45, "utilizationPercent": 95}},
+                }
+            ],
+        },
+        source="quiet fleet",
+    )
+    assert spec.heartbeat_seconds == heartbeats.DEFAULT_HEARTBEAT_SECONDS == 300
+    sim = fleet.Fleet(spec, k8s, workers=1)
+    sim.create_nodes()
+    sim.start()
+    try:
+        yield sim
+    finally:
+        sim.stop()
+        sim.delete_nodes()
+
+
+def writes(plane: controlplane.ControlPlane, since: datetime.datetime) -> list[dict[str, Any]]:
+    """Completed writes in the audit log received since `since`."""
+    found = []
+    for line in plane.audit_log.read_text().splitlines():
+        entry: dict[str, Any] = json.loads(line)
+        received = datetime.datetime.fromisoformat(entry["requestReceivedTimestamp"])
+        if entry.get("stage") == "ResponseComplete" and received >= since:
+            found.append(entry)
+    return found
+
+
+def ours(entry: dict[str, Any], names: set[str]) -> str | None:
+    """`resource/name[/subresource] by user-agent` if the write is one the budget counts, else None."""
+    ref = entry.get("objectRef") or {}
+    agent = entry.get("userAgent", "")
+    gpunode = ref.get("resource") == resources.GPUNODE_PLURAL and ref.get("name") in names
+    by_operator = agent.startswith("gpu-health-operator") and ref.get("resource") != "leases"
+    if not (gpunode or by_operator):
+        return None
+    what = "/".join(str(ref[k]) for k in ("resource", "name", "subresource") if ref.get(k))
+    return f"{entry['verb']} {what} by {agent}"
+
+
+def test_a_quiet_fleet_writes_nothing_for_a_minute(
+    crds: controlplane.ControlPlane,
+    k8s: client.ApiClient,
+    operator: operator_harness.OperatorProcess,
+    quiet_fleet: fleet.Fleet,
+    prefix: str,
+) -> None:
+    started = datetime.datetime.now(datetime.UTC)
+    names = {plan.name for plan in quiet_fleet.spec.nodes}
+    harness = operator_harness.Fleet(k8s, label=prefix)
+    harness.policy(
+        f"{prefix}-policy", {"rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}]}
+    )
+    try:
+        for name in sorted(names):
+            waiting.wait_until(
+                lambda n=name: (harness.gpunode(n).get("status") or {}).get("health") == "Healthy",
+                timeout_seconds=60,
+                message=f"{name} reported and judged Healthy",
+            )
+        window_start = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=3)
+        before = [w for e in writes(crds, started) if (w := ours(e, names))]
+        assert any("gpunodes" in w and "/status" in w for w in before), "the audit log sees the first reports"
+        waiting.wait_until(
+            lambda: (
+                datetime.datetime.now(datetime.UTC)
+                >= window_start + datetime.timedelta(seconds=WINDOW_SECONDS)
+            ),
+            timeout_seconds=WINDOW_SECONDS + 10,
+            message="the window passes",
+        )
+        in_window = [w for e in writes(crds, window_start) if (w := ours(e, names))]
+        turns = quiet_fleet.stats.turns
+        assert turns >= NODES * WINDOW_SECONDS * 0.5, f"the agents kept collecting ({turns} turns)"
+        assert in_window == [], f"writes in a quiet {WINDOW_SECONDS:g}s window: {in_window}"
+    finally:
+        harness.cleanup()

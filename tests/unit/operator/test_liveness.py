@@ -1,0 +1,127 @@
+"""Agent liveness from its pod's readiness: a dead agent is stale within 90 s, a Ready one keeps a quiet node.
+
+The rule only ever makes a node stale sooner than the heartbeat rule: a Ready pod never
+stretches the heartbeat's own limit, and a node with no known pod goes by the heartbeat alone.
+"""
+
+import datetime
+from typing import Any
+
+import pytest
+
+import gpunode_facts
+from gpuhealth_api import vocabulary
+from gpuhealth_operator import agent_pods
+from gpuhealth_operator.decisions import liveness, model, signals, stragglers
+
+Condition = vocabulary.Condition
+NOW = datetime.datetime(2026, 11, 22, 1, 0, tzinfo=datetime.UTC)
+GRACE = liveness.NOT_READY_GRACE_SECONDS
+
+
+def ago(seconds: float) -> datetime.datetime:
+    return NOW - datetime.timedelta(seconds=seconds)
+
+
+def facts(heartbeat_seconds: int = 300) -> Any:
+    agent = {"lastHeartbeatTime": "2026-11-22T00:50:00Z", "heartbeatSeconds": heartbeat_seconds}
+    return {"agent": agent, "gpus": [{"index": 0, "uuid": "GPU-0"}]}
+
+
+def stale(pod: liveness.AgentPod | None, report_age_seconds: float) -> bool | None:
+    return signals.agent_stale(facts(), report_age_seconds, NOW, pod).present
+
+
+@pytest.mark.parametrize(
+    ("pod", "report_age_seconds", "expected"),
+    [
+        # No pod known (agents outside Kubernetes): the heartbeat rule alone, 3 x 300 s.
+        (None, 899, False),
+        (None, 901, True),
+        # A Ready pod keeps a quiet node live up to the heartbeat's own limit, never beyond it.
+        (liveness.AgentPod("ns/a", True, ago(3600)), 899, False),
+        (liveness.AgentPod("ns/a", True, ago(3600)), 901, True),
+        # NotReady or gone: stale once the grace is over and no report came in it.
+        (liveness.AgentPod("ns/a", False, ago(GRACE - 1)), 600, False),
+        (liveness.AgentPod("ns/a", False, ago(GRACE + 1)), 600, True),
+        (liveness.AgentPod("ns/a", False, ago(GRACE + 1), gone=True), 600, True),
+        # A report newer than the grace: its facts are fresh whatever the pod says.
+        (liveness.AgentPod("ns/a", False, ago(600)), GRACE - 1, False),
+    ],
+)
+def test_liveness_rule(pod: liveness.AgentPod | None, report_age_seconds: float, expected: bool) -> None:
+    assert stale(pod, report_age_seconds) is expected
+
+
+def test_a_dead_agent_is_stale_within_90_seconds_with_a_5_minute_heartbeat() -> None:
+    went_down = ago(85)  # readiness probe every 10 s: the kubelet says NotReady within 10 s of the death
+    pod = liveness.AgentPod("gpu-health/agent-x", False, went_down)
+    signal = signals.agent_stale(facts(), 200, NOW, pod)
+    assert signal.present is True
+    assert signal.observed_at == went_down + datetime.timedelta(seconds=GRACE)
+    assert "gpu-health/agent-x is not Ready since" in signal.message
+    later = signals.agent_stale(facts(), 260, NOW + datetime.timedelta(seconds=60), pod)
+    assert later.message == signal.message, "no elapsed time in the message: it changes with the facts"
+
+
+def test_a_stale_agent_makes_every_fact_unknown_never_a_fault() -> None:
+    ecc: Any = facts()
+    ecc["gpus"][0]["ecc"] = {"uncorrectedVolatile": 3}
+    pod = liveness.AgentPod("ns/a", False, ago(GRACE + 5))
+    raw = signals.raw_signals(ecc, model.NodeView(name="n"), frozenset(), NOW, 600, agent_pod=pod)
+    assert raw[Condition.AGENT_STALE].present is True
+    assert raw[Condition.ECC_UNCORRECTABLE].present is None
+
+
+def test_observe_keeps_the_first_not_ready_time_and_another_ready_pod_wins() -> None:
+    first = liveness.observe(None, "ns/a", False, ago(100))
+    assert liveness.observe(first, "ns/a", False, ago(10)).since == ago(100)
+    ready = liveness.observe(first, "ns/a", True, ago(5))
+    assert (ready.ready, ready.since) == (True, ago(5))
+    # A rolling update with a surge: the new pod's NotReady does not hide the old one's Ready.
+    assert liveness.observe(ready, "ns/b", False, ago(4)) == ready
+    gone = liveness.observe(ready, "ns/a", False, ago(3), gone=True)
+    assert (gone.ready, gone.gone, gone.since) == (False, True, ago(3))
+
+
+def pod(name: str, node: str | None, ready: bool | None, transition: str = "2026-11-22T00:00:00Z") -> Any:
+    body: Any = {"metadata": {"namespace": "gpu-health", "name": name}, "spec": {}, "status": {}}
+    if node is not None:
+        body["spec"]["nodeName"] = node
+    if ready is not None:
+        status = "True" if ready else "False"
+        body["status"]["conditions"] = [{"type": "Ready", "status": status, "lastTransitionTime": transition}]
+    return body
+
+
+def test_agent_pods_store_reports_the_nodes_whose_readiness_changed() -> None:
+    pods = agent_pods.AgentPods()
+    assert pods.observe(pod("a", None, True), NOW) is None, "an unscheduled pod has no node"
+    assert pods.observe(pod("a", "n1", True), NOW) == "n1"
+    assert pods.observe(pod("a", "n1", True), NOW) is None, "no change"
+    assert not pods.not_ready("n1")
+    assert pods.observe(pod("a", "n1", False), NOW) == "n1"
+    assert pods.not_ready("n1")
+    assert pods.nodes["n1"].since == NOW, "a change seen by the operator is timed by its clock"
+    assert pods.deleted(pod("a", "n1", False), NOW) is None, "already not Ready"
+    assert pods.nodes["n1"].gone
+    assert pods.observe(pod("b", "n1", None), NOW) is None, "a new pod without a Ready condition yet"
+    assert pods.nodes["n1"].since == NOW and not pods.nodes["n1"].gone
+    pods.forget_node("n1")
+    assert pods.get("n1") is None
+
+
+def test_a_first_sighting_dates_a_not_ready_pod_from_its_condition_at_the_latest_now() -> None:
+    pods = agent_pods.AgentPods()
+    pods.observe(pod("a", "n1", False, "2026-11-22T00:58:00Z"), NOW)
+    assert pods.nodes["n1"].since == ago(120), "an operator restart does not restart the grace"
+    pods.observe(pod("b", "n2", False, "2026-11-23T00:00:00Z"), NOW)
+    assert pods.nodes["n2"].since == NOW, "a transition in the future counts as now"
+
+
+def test_a_node_stale_by_its_pod_leaves_the_straggler_cohort() -> None:
+    members = {f"n{i}": gpunode_facts.agent_status(heartbeat_seconds=300) for i in range(6)}
+    ages = dict.fromkeys(members, 600.0)
+    assert set(stragglers.score_cohorts(members, 3.5, NOW, ages)) == set(members)
+    down = {"n0": liveness.AgentPod("ns/a", False, ago(GRACE + 5))}
+    assert set(stragglers.score_cohorts(members, 3.5, NOW, ages, down)) == set(members) - {"n0"}
