@@ -73,6 +73,7 @@ class EventReason(enum.StrEnum):
     AGENT_STALE = "AgentStale"
     DRY_RUN = "DryRun"
     OVERRIDDEN_BY_USER = "OverriddenByUser"
+    REMEDIATION_PAUSED = "RemediationPaused"
 
 
 class RecoveryAction(enum.StrEnum):

@@ -46,6 +46,7 @@ class Metrics:
     reconcile_errors: prometheus_client.Counter
     api_requests: prometheus_client.Counter
     leader: prometheus_client.Gauge
+    breaker_open: prometheus_client.Gauge
 
     @classmethod
     def create(cls) -> Metrics:
@@ -107,6 +108,12 @@ class Metrics:
                 "1 while this replica holds the leader Lease and acts.",
                 registry=registry,
             ),
+            breaker_open=prometheus_client.Gauge(
+                f"{PREFIX}_breaker_open",
+                "1 while the policy's fleet circuit breaker holds new cordons and drains back.",
+                [LABEL_POLICY],
+                registry=registry,
+            ),
         )
         for handler in HANDLERS:
             meters.reconcile_errors.labels(handler)
@@ -119,6 +126,8 @@ class Metrics:
                 self.nodes.remove(name, health)
         with contextlib.suppress(KeyError):
             self.budget_pending.remove(name)
+        with contextlib.suppress(KeyError):
+            self.breaker_open.remove(name)
 
     def serve(self, port: int) -> threading.Thread | None:
         """Serve /metrics on the port in a background thread (port 0: not served)."""

@@ -51,6 +51,9 @@ class Policy:
     drain_exclude_namespaces: frozenset[str] = frozenset()
     recovery_uncordon: bool = True
     recovery_healthy_for_seconds: float = 600.0
+    breaker_max_new_unhealthy: int | str = "5%"
+    """The fleet circuit breaker: an int, or a percent string of the selected GPU nodes; at least 1."""
+    breaker_window_seconds: float = 600.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 from gpuhealth_api import keys, vocabulary, xid_catalogue
-from gpuhealth_operator.decisions import model
+from gpuhealth_operator.decisions import breaker, model
 
 Condition = vocabulary.Condition
 
@@ -40,6 +40,7 @@ def parse_policy(name: str, generation: int, spec: Mapping[str, Any]) -> model.P
     selector = _mapping(spec.get("nodeSelector"), "spec.nodeSelector")
     drain = _mapping(spec.get("drain"), "spec.drain")
     recovery = _mapping(spec.get("recovery"), "spec.recovery")
+    breaker_spec = _mapping(spec.get("breaker"), "spec.breaker")
     grace = drain.get("gracePeriodSeconds")
     if grace is not None:
         grace = int(_number(grace, "spec.drain.gracePeriodSeconds", minimum=0, integer=True))
@@ -63,6 +64,16 @@ def parse_policy(name: str, generation: int, spec: Mapping[str, Any]) -> model.P
         recovery_uncordon=_boolean(recovery.get("uncordon", True), "spec.recovery.uncordon"),
         recovery_healthy_for_seconds=_number(
             recovery.get("healthyForSeconds", 600), "spec.recovery.healthyForSeconds", minimum=0
+        ),
+        breaker_max_new_unhealthy=_int_or_percent(
+            breaker_spec.get("maxNewUnhealthy", breaker.DEFAULT_MAX_NEW_UNHEALTHY),
+            "spec.breaker.maxNewUnhealthy",
+        ),
+        breaker_window_seconds=_number(
+            breaker_spec.get("windowSeconds", breaker.DEFAULT_WINDOW_SECONDS),
+            "spec.breaker.windowSeconds",
+            minimum=1,
+            integer=True,
         ),
     )
 
@@ -219,7 +230,10 @@ def _match_expressions(value: object) -> tuple[model.LabelSelectorRequirement, .
 
 
 def _max_unavailable(value: object) -> int | str:
-    where = "spec.maxUnavailable"
+    return _int_or_percent(value, "spec.maxUnavailable")
+
+
+def _int_or_percent(value: object, where: str) -> int | str:
     if isinstance(value, bool):
         raise ValueError(f"{where}: must be an integer or a percent like '10%'")
     if isinstance(value, int):

@@ -9,13 +9,14 @@ fails `test_every_map_is_known`: add it to FILLERS and to `forget_node` /
 
 import asyncio
 import dataclasses
+import datetime
 from collections.abc import Mapping
 from typing import Any
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator import admission, context, kube, metrics, settings
+from gpuhealth_operator import admission, breakers, context, kube, metrics, settings
 from gpuhealth_operator.actions import drain
-from gpuhealth_operator.decisions import model
+from gpuhealth_operator.decisions import breaker, model
 from gpunode_facts import verdict
 
 NOT_STATE = {"config", "client", "meters", "recorder", "cache", "eviction_slots"}
@@ -37,6 +38,10 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.drain_checked[node] = 1.0
     ctx.dry_run_said[(policy, node)] = f"Dry run: policy {policy} would cordon"
     ctx.policy_status_written[policy] = {"observedGeneration": 1}
+    ctx.verdicts.turned_unhealthy[policy][node] = datetime.datetime.now(datetime.UTC)
+    ctx.breakers.states[policy] = breaker.Breaker(state=breaker.State.HALF_OPEN, trial=node)
+    ctx.breakers.announced[policy] = breaker.Breaker()
+    ctx.breakers.resets[policy] = "now"
 
 
 FILLED = {
@@ -49,6 +54,7 @@ FILLED = {
     "drain_checked",
     "dry_run_said",
     "policy_status_written",
+    "breakers",
 }
 """The Context fields `fill` puts a node and a policy into."""
 
@@ -57,11 +63,13 @@ def mentions(value: Any, name: str) -> bool:
     """Whether `name` appears as a key, element or tuple member anywhere in a collection."""
     if isinstance(value, str):
         return value == name
+    if isinstance(value, breaker.Breaker):
+        return value.trial == name
     if isinstance(value, tuple | list | set | frozenset):
         return any(mentions(v, name) for v in value)
     if isinstance(value, Mapping):
         return any(mentions(k, name) or mentions(v, name) for k, v in value.items())
-    if isinstance(value, context.Verdicts | admission.Admission):
+    if isinstance(value, context.Verdicts | admission.Admission | breakers.Breakers):
         return any(mentions(v, name) for v in vars(value).values())
     return False  # locks, tasks, results: leaves
 
@@ -115,7 +123,14 @@ def test_forget_policy_empties_every_map_of_that_policy_only() -> None:
         fill(ctx, "kept", "n")
         ctx.forget_policy("gone")
         assert [name for name, value in state(ctx).items() if mentions(value, "gone")] == []
-        per_policy = {"admission", "verdicts", "stragglers", "dry_run_said", "policy_status_written"}
+        per_policy = {
+            "admission",
+            "verdicts",
+            "stragglers",
+            "dry_run_said",
+            "policy_status_written",
+            "breakers",
+        }
         assert {name for name, value in state(ctx).items() if mentions(value, "kept")} == per_policy
         ctx.drains["n"].cancel()
 
