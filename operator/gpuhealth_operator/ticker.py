@@ -167,7 +167,8 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
     same = before.get("status") == ready["status"] and before.get("lastTransitionTime")
     ready["lastTransitionTime"] = before["lastTransitionTime"] if same else times.render(now)
     ready["observedGeneration"] = generation
-    conditions = [ready] if policy is None or policy.dry_run else [ready, ctx.breakers.condition(name, now)]
+    paused = {**ctx.breakers.condition(name, now), "observedGeneration": generation}
+    conditions = [ready] if policy is None or policy.dry_run else [ready, paused]
     return {"observedGeneration": generation, **counts, "conditions": conditions}
 
 
