@@ -23,7 +23,7 @@ OVERRIDDEN_EVIDENCE_ANNOTATION: Final = f"{PREFIX}/overridden-evidence"
 """JSON: the evidence that stood when someone else uncordoned a node we cordoned; only newer evidence acts."""
 
 BREAKER_RESET_ANNOTATION: Final = f"{PREFIX}/breaker-reset"
-"""On a GPUHealthPolicy, any value: close its fleet circuit breaker now; the operator removes it."""
+"""On a GPUHealthPolicy: close its fleet circuit breaker now, once per new value (recorded in its status)."""
 
 EXCLUDE_LABEL: Final = f"{PREFIX}/exclude"
 """"true" opts a node out of every policy (maintenance, debugging)."""

@@ -3,7 +3,9 @@
 `decisions.breaker` decides; this module keeps each policy's breaker between
 decisions. `admission` steps it under its lock (so the node that trips it is
 the first one refused); `pausing` steps it once per timer pass and says what
-changed; the policy status shows it as the `Paused` condition.
+changed; the policy status shows it as the `Paused` condition, and the last
+manual reset acted on as `status.breakerReset` (the operator may only write
+a policy's status, so the annotation stays and its value is recorded).
 
 Nothing here must survive a restart: the times nodes turned Unhealthy are
 the fatal conditions' lastTransitionTime in GPUNode status, so the first
@@ -25,6 +27,9 @@ from gpuhealth_operator.decisions import breaker, model, times
 PAUSED = "Paused"
 """The policy status condition: True while the breaker holds new disruptions back."""
 
+STATUS_FIELD = "breakerReset"
+"""Policy status: {value, time} of the last gpuhealth.io/breaker-reset acted on."""
+
 
 @dataclasses.dataclass
 class Breakers:
@@ -38,6 +43,9 @@ class Breakers:
 
     resets: dict[str, str] = dataclasses.field(default_factory=dict)
     """policy → the value of a gpuhealth.io/breaker-reset annotation not yet acted on."""
+
+    acted: dict[str, tuple[str, datetime.datetime]] = dataclasses.field(default_factory=dict)
+    """policy → the reset annotation's value last acted on, and when (kept in `status.breakerReset`)."""
 
     def current(
         self,
@@ -62,11 +70,35 @@ class Breakers:
         state = self.states.get(policy)
         return state if state is not None and state.paused else None
 
-    def note_reset(self, policy: str, annotations: Mapping[str, str]) -> None:
-        """Remember a reset asked for on the policy; the timer acts on it (`pausing.announce`)."""
-        value = annotations.get(keys.BREAKER_RESET_ANNOTATION)
-        if value is not None:
+    def note_reset(self, policy: str, body: Mapping[str, Any]) -> None:
+        """Read a policy's reset request (its annotation) and, once per process, the reset it recorded.
+
+        A value already acted on (recorded in `status.breakerReset`) is not acted on
+        again, so the annotation may stay; a new value asks for a new reset. The
+        recorded reset time survives a restart: nodes that turned Unhealthy before
+        it do not trip the breaker again.
+        """
+        recorded = (body.get("status") or {}).get(STATUS_FIELD) or {}
+        if policy not in self.acted and isinstance(recorded.get("value"), str):
+            at = times.parse(recorded.get("time"))
+            if at is not None:
+                self.acted[policy] = (recorded["value"], at)
+                if policy not in self.states:
+                    self.states[policy] = breaker.Breaker(reset_at=at)
+        value = ((body.get("metadata") or {}).get("annotations") or {}).get(keys.BREAKER_RESET_ANNOTATION)
+        acted = self.acted.get(policy)
+        if isinstance(value, str) and (acted is None or acted[0] != value[:63]):
             self.resets[policy] = value
+
+    def reset(self, policy: str, value: str, now: datetime.datetime) -> None:
+        """Close the policy's breaker by hand and record the request as acted on."""
+        self.states[policy] = breaker.reset(now, f"annotation {keys.BREAKER_RESET_ANNOTATION}={value[:63]}")
+        self.acted[policy] = (value[:63], now)
+
+    def status(self, policy: str) -> dict[str, Any]:
+        """The policy's `status.breakerReset` ({} before any reset)."""
+        acted = self.acted.get(policy)
+        return {} if acted is None else {STATUS_FIELD: {"value": acted[0], "time": times.render(acted[1])}}
 
     def condition(self, policy: str, now: datetime.datetime) -> dict[str, Any]:
         """The policy's `Paused` status condition."""
@@ -95,3 +127,4 @@ class Breakers:
         self.states.pop(name, None)
         self.announced.pop(name, None)
         self.resets.pop(name, None)
+        self.acted.pop(name, None)

@@ -169,7 +169,7 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
     ready["observedGeneration"] = generation
     paused = {**ctx.breakers.condition(name, now), "observedGeneration": generation}
     conditions = [ready] if policy is None or policy.dry_run else [ready, paused]
-    return {"observedGeneration": generation, **counts, "conditions": conditions}
+    return {"observedGeneration": generation, **counts, **ctx.breakers.status(name), "conditions": conditions}
 
 
 def _without_times(status_: dict[str, Any]) -> dict[str, Any]:

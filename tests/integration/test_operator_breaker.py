@@ -5,7 +5,7 @@ Unhealthy within `spec.breaker.windowSeconds` than `maxNewUnhealthy` allows,
 the policy starts no new cordon or drain, says so (condition Paused, Event
 RemediationPaused on the policy, metric gpuhealth_operator_breaker_open), and
 resumes by itself after the window (half-open: one node, then all) or at once
-when a human annotates the policy with gpuhealth.io/breaker-reset.
+when a human annotates the policy with gpuhealth.io/breaker-reset (a new value).
 
 Every policy here sets maxUnavailable 100%, so only the breaker limits cordons.
 """
@@ -90,13 +90,17 @@ def cordoned(fleet: operator_harness.Fleet, names: list[str]) -> list[str]:
     return [n for n in names if fleet.node(n)["spec"].get("unschedulable")]
 
 
-def paused(fleet: operator_harness.Fleet) -> dict[str, Any]:
-    """The policy's Paused condition ({} until written)."""
+def status(fleet: operator_harness.Fleet) -> dict[str, Any]:
     policy = fleet.custom.get_cluster_custom_object(
         resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, fleet.label
     )
     assert isinstance(policy, dict)
-    conditions = (policy.get("status") or {}).get("conditions") or []
+    return policy.get("status") or {}
+
+
+def paused(fleet: operator_harness.Fleet) -> dict[str, Any]:
+    """The policy's Paused condition ({} until written)."""
+    conditions = status(fleet).get("conditions") or []
     return next((c for c in conditions if c.get("type") == "Paused"), {})
 
 
@@ -205,10 +209,11 @@ def test_after_the_window_it_half_opens_admits_one_node_then_resumes(
     assert "resumed" in paused(fleet)["message"]
 
 
-def test_a_manual_reset_resumes_at_once_and_the_annotation_is_removed(
+def test_a_manual_reset_resumes_at_once_and_is_recorded(
     fleet: operator_harness.Fleet, crds: controlplane.ControlPlane
 ) -> None:
-    names = make(fleet, 6)
+    """`kubectl annotate` closes it; the value acted on is recorded in status, so it acts once per value."""
+    names = make(fleet, 8)
     storm = names[:3]
     for name in storm:
         fleet.report(name, gpunode_facts.agent_status(overrides=ECC))
@@ -222,18 +227,22 @@ def test_a_manual_reset_resumes_at_once_and_the_annotation_is_removed(
     waiting.wait_until(
         lambda: len(cordoned(fleet, names)) == len(storm), timeout_seconds=TIMEOUT, message="all cordoned"
     )
-    condition = paused(fleet)
-    assert condition["status"] == "False"
-    assert f"{keys.BREAKER_RESET_ANNOTATION}=oncall-ack" in condition["message"]
-
-    def annotation() -> str | None:
-        policy = fleet.custom.get_cluster_custom_object(
-            resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, fleet.label
-        )
-        assert isinstance(policy, dict)
-        return (policy["metadata"].get("annotations") or {}).get(keys.BREAKER_RESET_ANNOTATION)
-
-    waiting.wait_until(lambda: annotation() is None, timeout_seconds=TIMEOUT, message="annotation removed")
+    waiting.wait_until(
+        lambda: paused(fleet).get("status") == "False", timeout_seconds=TIMEOUT, message="Paused False"
+    )
+    assert f"{keys.BREAKER_RESET_ANNOTATION}=oncall-ack" in paused(fleet)["message"]
+    waiting.wait_until(
+        lambda: status(fleet).get("breakerReset", {}).get("value") == "oncall-ack",
+        timeout_seconds=TIMEOUT,
+        message="the reset recorded",
+    )
+    # A new storm trips it again although the annotation is still there: one reset per value.
+    for name in names[3:6]:
+        fleet.report(name, gpunode_facts.agent_status(overrides=ECC))
+    waiting.wait_until(
+        lambda: paused(fleet).get("reason") == "FaultStorm", timeout_seconds=TIMEOUT, message="trips again"
+    )
+    waiting.holds(lambda: len(cordoned(fleet, names)) <= len(storm) + 1, seconds=2, message="paused again")
 
 
 def test_a_storm_that_began_before_a_restart_still_counts(

@@ -42,6 +42,7 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.breakers.states[policy] = breaker.Breaker(state=breaker.State.HALF_OPEN, trial=node)
     ctx.breakers.announced[policy] = breaker.Breaker()
     ctx.breakers.resets[policy] = "now"
+    ctx.breakers.acted[policy] = ("before", datetime.datetime.now(datetime.UTC))
 
 
 FILLED = {
