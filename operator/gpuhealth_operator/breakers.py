@@ -55,11 +55,13 @@ class Breakers:
         now: datetime.datetime,
     ) -> breaker.Breaker:
         """The policy's breaker stepped to `now`; `turned`: node → when it turned Unhealthy (pruned here)."""
+        state = self.states.get(policy.name, breaker.Breaker())
+        limit = breaker.resolve_limit(policy.breaker_max_new_unhealthy, selected)
+        if state.state is breaker.State.CLOSED and limit >= selected:
+            return state  # no more nodes than it selects can turn Unhealthy ("100%"): it never trips
         before = now - datetime.timedelta(seconds=policy.breaker_window_seconds)
         for node in [n for n, t in turned.items() if t <= before]:
             del turned[node]  # out of every window; a node still Unhealthy is put back, still out of it
-        state = self.states.get(policy.name, breaker.Breaker())
-        limit = breaker.resolve_limit(policy.breaker_max_new_unhealthy, selected)
         count = breaker.new_unhealthy(turned.values(), now, policy.breaker_window_seconds, state.reset_at)
         state = breaker.step(state, count, limit, policy.breaker_window_seconds, now)
         self.states[policy.name] = state

@@ -69,3 +69,10 @@ def test_forgetting_a_node_keeps_the_trial_spent() -> None:
     state = owner.states["p"]
     assert state.trial is None
     assert breaker.admit(state, "m", at(2))[1] is False
+
+
+def test_a_limit_of_every_selected_node_never_trips_and_costs_no_count() -> None:
+    owner = breakers.Breakers()
+    everything = model.Policy(name="p", breaker_max_new_unhealthy="100%")
+    turned = {f"n{i}": at(0) for i in range(10)}
+    assert owner.current(everything, 10, turned, at(1)).state is breaker.State.CLOSED
