@@ -24,6 +24,12 @@ logger = logging.getLogger(__name__)
 async def announce(ctx: context.Context, now: datetime.datetime) -> None:
     """Act on reset requests, step every acting policy's breaker, and say what changed."""
     breakers = ctx.breakers
+    acting = {name for name, policy in ctx.cache.policies.items() if not policy.dry_run}
+    for name in [n for n in breakers.states if n not in acting]:
+        # Now dry-run or invalid: it holds nothing back, so it must not keep an alert firing.
+        del breakers.states[name]
+        breakers.announced.pop(name, None)
+        ctx.meters.breaker_open.labels(name).set(0)
     for name, policy in sorted(ctx.cache.policies.items()):
         if policy.dry_run:
             continue
