@@ -191,6 +191,13 @@ def _run(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
     if args.interval <= 0 or args.heartbeat <= 0:
         print("gpu-health-agent: --interval and --heartbeat must be positive", file=sys.stderr)
         return USAGE_ERROR
+    if args.heartbeat > heartbeats.MAX_HEARTBEAT_SECONDS:
+        print(
+            f"gpu-health-agent: --heartbeat must be at most {heartbeats.MAX_HEARTBEAT_SECONDS}s "
+            "(the GPUNode schema's maximum)",
+            file=sys.stderr,
+        )
+        return USAGE_ERROR
     if plan is not None:
         lib = simulated.library(plan, identity_seed=args.node_name)
         expected = plan.expected_gpus

@@ -252,7 +252,7 @@ class SimulatedNvml:
 
     def uuid(self, gpu: int) -> str:
         """The UUID of scenario GPU `gpu`: stable per identity seed (node), distinct across nodes."""
-        return f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'{self.identity_seed}/{gpu}')}"
+        return gpu_uuid(self.identity_seed, gpu)
 
     def nvmlDeviceGetSerial(self, handle: Handle) -> str:
         current = self._device(handle, "nvmlDeviceGetSerial")
@@ -382,6 +382,14 @@ class SimulatedNvml:
     def nvmlEventSetFree(self, eventSet: EventSet) -> None:
         self.calls += 1
         eventSet.freed = True
+
+
+def gpu_uuid(identity_seed: str, gpu: int) -> str:
+    """The UUID simulated GPU `gpu` reports under `identity_seed` (the simulator uses the node name).
+
+    Public so the simulator's fake DRA driver publishes the very UUIDs the agent reports.
+    """
+    return f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'{identity_seed}/{gpu}')}"
 
 
 def library(plan: scenario.Scenario, **kwargs: Any) -> nvml.Library:

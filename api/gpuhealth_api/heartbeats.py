@@ -12,3 +12,7 @@ DEFAULT_HEARTBEAT_SECONDS: Final = 60
 
 STALE_HEARTBEATS: Final = 3
 """An agent that missed this many heartbeats in a row is stale."""
+
+MAX_HEARTBEAT_SECONDS: Final = 600
+"""The longest heartbeat period an agent may report (the GPUNode schema's maximum of
+`status.agent.heartbeatSeconds`): a bad or hostile agent cannot postpone its own staleness for long."""

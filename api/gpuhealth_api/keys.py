@@ -41,3 +41,15 @@ GPU_REPLICAS_LABEL: Final = "nvidia.com/gpu.replicas"
 MIG_STRATEGY_LABEL: Final = "nvidia.com/mig.strategy"
 """GFD: `single` or `mixed` on a node whose GPUs are split into MIG devices (`none` otherwise)."""
 GPU_RESOURCE: Final = "nvidia.com/gpu"
+
+# On the DeviceTaintRules of IsolateGPU (resource.k8s.io): one rule per isolated GPU.
+DEVICE_TAINT: Final = UNHEALTHY_TAINT
+"""The device taint's key on an isolated GPU (the same key as the node taint); its value is the condition."""
+POLICY_LABEL: Final = f"{PREFIX}/policy"
+"""The policy that made the object: `kubectl get devicetaintrules -l gpuhealth.io/policy=P` lists them."""
+NODE_LABEL: Final = f"{PREFIX}/node"
+"""The node whose GPU a DeviceTaintRule isolates."""
+GPU_INDEX_LABEL: Final = f"{PREFIX}/gpu-index"
+"""The isolated GPU's index on its node, as NVML numbers it."""
+GPU_UUID_LABEL: Final = f"{PREFIX}/gpu-uuid"
+"""The isolated GPU's UUID (`GPU-…`, 40 characters, a valid label value)."""

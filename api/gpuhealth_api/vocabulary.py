@@ -28,6 +28,8 @@ class Action(enum.StrEnum):
     EVENT = "Event"
     LABEL = "Label"
     TAINT = "Taint"
+    ISOLATE_GPU = "IsolateGPU"
+    """A DRA DeviceTaintRule on the faulty GPU only; the node ladder where the cluster cannot."""
     CORDON = "Cordon"
     DRAIN = "Drain"
 
@@ -37,6 +39,26 @@ ACTION_ORDER: dict[Action, int] = {a: i for i, a in enumerate(Action)}
 
 DISRUPTIVE_ACTIONS: frozenset[Action] = frozenset({Action.CORDON, Action.DRAIN})
 """Actions that take capacity away and so count against maxUnavailable."""
+
+PER_GPU_CONDITIONS: frozenset[Condition] = frozenset(
+    {
+        Condition.ECC_UNCORRECTABLE,
+        Condition.ROW_REMAP_FAILURE,
+        Condition.XID_CRITICAL,
+        Condition.GPU_LOST,
+        Condition.RECOVERY_REQUIRED,
+    }
+)
+"""Fatal conditions a fault of one GPU can cause: the only ones a rule may answer with IsolateGPU."""
+
+
+class IsolationEffect(enum.StrEnum):
+    """`spec.isolation.effect`: the DeviceTaintRule's effect on the isolated GPU's pods."""
+
+    NO_EXECUTE = "NoExecute"
+    """Evict the pods using the GPU, and place no new ones on it."""
+    NO_SCHEDULE = "NoSchedule"
+    """Place no new pods on the GPU; leave running ones alone."""
 
 
 class Health(enum.StrEnum):
@@ -74,6 +96,8 @@ class EventReason(enum.StrEnum):
     DRY_RUN = "DryRun"
     OVERRIDDEN_BY_USER = "OverriddenByUser"
     REMEDIATION_PAUSED = "RemediationPaused"
+    """A running drain stopped (exclude label, dry run, policy deleted), or a deleted policy left a cordon;
+    on a GPUHealthPolicy: its fleet circuit breaker tripped and no new cordon or drain starts."""
 
 
 class RecoveryAction(enum.StrEnum):

@@ -11,13 +11,14 @@ on a view older than our own last write.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import sys
 import types
 from collections.abc import Mapping
 from typing import Any
 
-from gpuhealth_api import keys, status
-from gpuhealth_operator.decisions import budget, model, policies
+from gpuhealth_api import keys, status, vocabulary
+from gpuhealth_operator.decisions import budget, model, policies, signals, times
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +49,9 @@ class GPUNodeRecord:
     status: status.GPUNodeStatus
     created: str | None = None
     """metadata.creationTimestamp (RFC 3339): a GPUNode with no report yet is new until 3 heartbeats old."""
+    report_seen_at: datetime.datetime | None = None
+    """When this operator saw `status.agent.lastHeartbeatTime` change (its own clock, not the agent's):
+    staleness is timed from here. Set by `ClusterCache.put_gpunode`; the first sighting starts the clock."""
 
 
 def _int_or_none(value: object) -> int | None:
@@ -130,7 +134,7 @@ def compact_gpu(gpu: Mapping[str, Any]) -> dict[str, Any]:
     return kept
 
 
-def gpunode_record(body: Mapping[str, Any]) -> GPUNodeRecord:
+def gpunode_record(body: Mapping[str, Any], report_seen_at: datetime.datetime | None = None) -> GPUNodeRecord:
     meta = body.get("metadata") or {}
     raw_status: status.GPUNodeStatus = dict(body.get("status") or {})  # type: ignore[assignment]
     gpus = raw_status.get("gpus")
@@ -142,7 +146,31 @@ def gpunode_record(body: Mapping[str, Any]) -> GPUNodeRecord:
         resource_version=str(meta.get("resourceVersion", "")),
         status=raw_status,
         created=meta.get("creationTimestamp"),
+        report_seen_at=report_seen_at,
     )
+
+
+def last_heartbeat(facts: status.GPUNodeStatus) -> object:
+    """The agent's `lastHeartbeatTime` as reported (None if absent): a new value is a new report."""
+    agent = facts.get("agent")
+    return agent.get("lastHeartbeatTime") if isinstance(agent, Mapping) else None
+
+
+def first_sighting(facts: status.GPUNodeStatus, now: datetime.datetime) -> datetime.datetime:
+    """When to time a GPUNode's report from, the first time this operator sees it: now.
+
+    Except where an operator before us (a restart) already judged the agent stale: its
+    AgentStale condition, stamped by that operator's clock, says since when, so a silent
+    agent's old facts do not turn fresh (and disruptive) because we restarted.
+    """
+    for condition in facts.get("conditions") or []:
+        if condition.get("type") == vocabulary.Condition.AGENT_STALE and condition.get("status") == "True":
+            since = times.parse(condition.get("lastTransitionTime"))
+            agent = facts.get("agent")
+            if since is not None and isinstance(agent, Mapping):
+                limit = signals.STALE_HEARTBEATS * signals.heartbeat_seconds(agent)
+                return min(since, now) - datetime.timedelta(seconds=limit)
+    return now
 
 
 def _newer(old: str, new: str) -> bool:
@@ -165,11 +193,16 @@ class Selection:
     policy: model.Policy
     selected: set[str] = dataclasses.field(default_factory=set)
     unavailable: set[str] = dataclasses.field(default_factory=set)
-    """Selected nodes that `budget.holds`: what `budget.counted` returns, in-flight cordons aside."""
+    """Selected nodes that `budget.holds` (what `budget.counted` returns, in-flight cordons aside), and
+    unschedulable opted-out nodes the selector matches: an emergency stop keeps the cordon's slot
+    until someone makes the node schedulable."""
 
     def update(self, view: model.NodeView, has_agent: bool) -> None:
         if not policies.selects_gpu_node(self.policy, view, has_agent):
             self.discard(view.name)
+            opted_out = view.unschedulable and policies.excluded(view)
+            if has_agent and opted_out and policies.matches(self.policy, view):
+                self.unavailable.add(view.name)  # opted out, but while cordoned it still takes the budget
             return
         self.selected.add(view.name)
         if budget.holds(self.policy, view):
@@ -251,11 +284,24 @@ class ClusterCache:
             self._selections[policy.name] = current
         return current
 
-    def put_gpunode(self, body: Mapping[str, Any]) -> GPUNodeRecord:
-        """Store a GPUNode as a watch event shows it (an older resourceVersion is ignored)."""
+    def put_gpunode(self, body: Mapping[str, Any], now: datetime.datetime | None = None) -> GPUNodeRecord:
+        """Store a GPUNode as a watch event shows it (an older resourceVersion is ignored).
+
+        The time the agent's report was seen (`report_seen_at`) moves to `now` (default: the
+        operator's clock) only when `lastHeartbeatTime` changed, so our own status writes do not
+        make a silent agent look alive.
+        """
         record = gpunode_record(body)
         old = self._gpunodes.get(record.name)
         if old is None or _newer(old.resource_version, record.resource_version):
+            now = now or datetime.datetime.now(datetime.UTC)
+            if old is None or old.report_seen_at is None:
+                seen = first_sighting(record.status, now)
+            elif last_heartbeat(old.status) != last_heartbeat(record.status):
+                seen = now
+            else:
+                seen = old.report_seen_at
+            record = dataclasses.replace(record, report_seen_at=seen)
             self._gpunodes[record.name] = record
             if old is None:  # an agent appeared: its node now counts in the budgets that select it
                 self._select(record.name)

@@ -34,6 +34,7 @@ from gpuhealth_operator import (
     leader,
     metrics,
     reconciler,
+    resync,
     settings,
     ticker,
 )
@@ -100,6 +101,13 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
     parser.add_argument(
         "--tick-seconds", type=float, default=default.tick_seconds, help="period of the timer pass"
     )
+    parser.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=default.resync_seconds,
+        help="re-list Nodes, GPUNodes and policies this often and forget what is gone "
+        "(also done after every watch re-list; default: 300)",
+    )
     parser.add_argument("--eviction-concurrency", type=int, default=default.eviction_concurrency)
     parser.add_argument(
         "--api-connections", type=int, default=default.api_connections, help="connections to the API server"
@@ -118,6 +126,8 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         else args.lease_renew_seconds,
         retry_seconds=args.lease_retry_seconds,
     )
+    if args.resync_seconds <= 0:
+        parser.error("--resync-seconds must be positive")
     if args.leader_elect and (problems := timing.problems()):
         parser.error("; ".join(problems))
     return settings.Settings(
@@ -133,6 +143,7 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         lease_renew_seconds=timing.renew_seconds,
         lease_retry_seconds=timing.retry_seconds,
         tick_seconds=args.tick_seconds,
+        resync_seconds=args.resync_seconds,
         eviction_concurrency=args.eviction_concurrency,
         api_connections=args.api_connections,
         log_level=args.log_level,
@@ -280,6 +291,8 @@ async def _lead(
     if priming in done and not priming.exception():
         registry = kopf.OperatorRegistry()
         handlers.register(registry)
+        relists = resync.Relists()
+        relists.register(registry)
         kopf_settings = kopf.OperatorSettings()
         handlers.configure(kopf_settings)
         tasks.add(
@@ -296,6 +309,7 @@ async def _lead(
             )
         )
         tasks.add(asyncio.create_task(ticker.run(ctx), name="timer"))
+        tasks.add(asyncio.create_task(resync.run(ctx, relists), name="resync"))
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     else:
         tasks.add(priming)
@@ -304,6 +318,9 @@ async def _lead(
     meters.leader.set(0)
     exit_code: int | None = 0
     for task in done:
+        if task.cancelled():  # kopf cancels, as it stops, every task started after it (and their waits)
+            logger.info("stopping: %s was cancelled", task.get_name())
+            continue
         error = task.exception()
         if isinstance(error, leader.LeaseLost):
             logger.error("stopping to act: %s", error)

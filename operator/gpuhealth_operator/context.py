@@ -136,6 +136,9 @@ class Context:
     drain_checked: dict[str, float] = dataclasses.field(default_factory=dict)
     """node → when (monotonic) its pods were last looked at while Drained, so new ones are drained too."""
 
+    drain_policies: dict[str, str] = dataclasses.field(default_factory=dict)
+    """node → the policy whose drain runs (or ran) there: what `stopping` asks whether to stop it."""
+
     dry_run_said: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
     """(policy, node) → the last DryRun message, so it is said once per change."""
 
@@ -189,6 +192,7 @@ class Context:
             task.cancel()
         self.drain_results.pop(name, None)
         self.drain_checked.pop(name, None)
+        self.drain_policies.pop(name, None)
         lock = self.node_locks.get(name)
         if lock is not None and not lock.locked():
             del self.node_locks[name]
@@ -202,3 +206,5 @@ class Context:
         self.breakers.forget_policy(name)
         self.policy_status_written.pop(name, None)
         self.meters.forget_policy(name)
+        for node in [n for n, policy in self.drain_policies.items() if policy == name]:
+            del self.drain_policies[node]  # its drains were stopped (`stopping.stop_drains`)

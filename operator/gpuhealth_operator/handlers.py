@@ -17,7 +17,7 @@ from typing import Any, cast
 import kopf
 
 from gpuhealth_api import resources
-from gpuhealth_operator import context, reconciler
+from gpuhealth_operator import context, reconciler, stopping
 from gpuhealth_operator.decisions import model, policies
 
 logger = logging.getLogger(__name__)
@@ -34,6 +34,8 @@ async def on_node(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None
         return
     before = memo.cache.node(name)
     after = memo.cache.put_node(body)
+    if name in memo.drains:  # an exclude label stops a running drain at once
+        await stopping.stop_drains(memo)
     # Kubelet (or kwok) heartbeats change the Node every few seconds; only what we judge matters.
     if before is None or before.view != after.view:
         await reconciler.reconcile_node(memo, name, "node")
@@ -72,9 +74,13 @@ async def on_policy(event: kopf.RawEvent, memo: context.Context, **_: Any) -> No
     name = body.get("metadata", {}).get("name", "")
     if event["type"] == DELETED:
         memo.cache.remove_policy(name)
+        await stopping.policy_deleted(memo, name)
         memo.forget_policy(name)
+        for node in [n for n, r in memo.cache.nodes.items() if r.view.cordoned_by == name]:
+            await reconciler.reconcile_node(memo, node, "policy")  # another selecting policy adopts it
         return
     policy = store_policy(memo, body)
+    await stopping.stop_drains(memo)  # dry run (or an invalid spec) stops the policy's drains at once
     if policy is None:
         return
     for node in [r.view.name for r in memo.cache.nodes.values() if policies.selects(policy, r.view)]:

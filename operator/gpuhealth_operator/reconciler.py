@@ -76,6 +76,13 @@ def awaiting_first_report(gpunode: cache.GPUNodeRecord, now: datetime.datetime) 
     return created is not None and now - created < limit
 
 
+def report_age(gpunode: cache.GPUNodeRecord, now: datetime.datetime) -> float:
+    """Seconds since this operator saw the agent's last new report (0 if not yet timed)."""
+    if gpunode.report_seen_at is None:
+        return 0.0
+    return max(0.0, times.seconds_between(gpunode.report_seen_at, now))
+
+
 def judge(
     ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime
 ) -> model.NodeVerdict | None:
@@ -91,7 +98,15 @@ def judge(
     if known is not None:
         return known
     previous = hysteresis.from_status(gpunode.status.get("conditions") or [])
-    verdict = verdicts.judge(policy, record.view, gpunode.status, previous, straggler, now)
+    verdict = verdicts.judge(
+        policy,
+        record.view,
+        gpunode.status,
+        previous,
+        straggler,
+        now,
+        report_age_seconds=report_age(gpunode, now),
+    )
     ctx.verdicts.remember(key, verdict, inputs)
     return verdict
 
@@ -268,12 +283,14 @@ def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
         if not rules:
             continue
         threshold = rules[0].threshold or policies.DEFAULT_STRAGGLER_THRESHOLD
-        members = {
-            name: gpunode.status
+        gpunodes = {
+            name: gpunode
             for name in sorted(ctx.cache.selection(policy).selected)  # a stable cohort order
             if (gpunode := ctx.cache.gpunode(name)) is not None
         }
-        for name, score in stragglers.score_cohorts(members, threshold, now).items():
+        members = {name: gpunode.status for name, gpunode in gpunodes.items()}
+        ages = {name: report_age(gpunode, now) for name, gpunode in gpunodes.items()}
+        for name, score in stragglers.score_cohorts(members, threshold, now, ages).items():
             ctx.stragglers[(policy.name, name)] = score
     keys = before.keys() | ctx.stragglers.keys()
     return {node for key in keys if before.get(key) != ctx.stragglers.get(key) for node in [key[1]]}

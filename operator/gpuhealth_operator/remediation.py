@@ -22,7 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import cache, context, kube, overrides
+from gpuhealth_operator import cache, context, kube, overrides, stopping
 from gpuhealth_operator.actions import drain, events, nodes
 from gpuhealth_operator.decisions import model, times, verdicts
 
@@ -151,6 +151,7 @@ async def _taint(ctx: context.Context, name: str, verdict: model.NodeVerdict, no
 async def _capacity(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict, now: datetime.datetime
 ) -> NodeAction:
+    await stopping.adopt(ctx, policy.name, name)  # a cordon left by a deleted policy becomes ours
     # A human uncordon first: it drops our claim (and budget place) before anything is decided.
     await overrides.react(ctx, policy, name, verdict, now)
     await overrides.forget_drain(ctx, name)
@@ -276,6 +277,7 @@ async def _drain(ctx: context.Context, policy: model.Policy, name: str, now: dat
     ctx.drains[name] = asyncio.create_task(
         _run_drain(ctx, policy, name, started, deadline), name=f"drain-{name}"
     )
+    ctx.drain_policies[name] = policy.name
     return NodeAction.DRAINING
 
 
@@ -306,10 +308,16 @@ async def _run_drain(
             deadline=deadline,
             semaphore=ctx.eviction_slots,
             on_eviction=lambda outcome: ctx.meters.evictions.labels(outcome).inc(),
+            should_stop=lambda: stopping.why_stop(ctx, policy.name, name) is not None,
         )
     except Exception:
         logger.exception("drain of node %s crashed; the next reconcile retries it", name)
         raise
+    if result.stopped:  # an emergency stop: the cordon stays, a later reconcile may resume the drain
+        reason = stopping.why_stop(ctx, policy.name, name)
+        if reason is not None and ctx.cache.node(name) is not None:
+            await stopping.say_stopped(ctx, policy.name, name, reason)
+        return result
     elapsed = (datetime.datetime.now(datetime.UTC) - started).total_seconds()
     subject = events.subject(ctx.cache, name)
     if result.completed:

@@ -48,6 +48,9 @@ class Settings:
     tick_seconds: float = 1.0
     """Period of the time-based pass: forSeconds, staleness, budget queue, recovery, stragglers."""
 
+    resync_seconds: float = 300.0
+    """How often the cache is checked against a fresh LIST (also done whenever a watch re-lists)."""
+
     eviction_concurrency: int = 16
     """Evictions in flight at once, across all drains."""
 

@@ -20,9 +20,9 @@ import logging
 from typing import Any
 
 from gpuhealth_api import heartbeats, keys, vocabulary
-from gpuhealth_operator import context, heap, pausing, reconciler
+from gpuhealth_operator import context, heap, kube, pausing, reconciler
 from gpuhealth_operator.actions import status
-from gpuhealth_operator.decisions import times
+from gpuhealth_operator.decisions import signals, times
 
 logger = logging.getLogger(__name__)
 
@@ -60,13 +60,11 @@ def is_due(ctx: context.Context, name: str, now: datetime.datetime) -> bool:
     ):
         return True
     agent = facts.get("agent") or {}
-    heartbeat = times.parse(agent.get("lastHeartbeatTime"))
-    period = agent.get("heartbeatSeconds") or heartbeats.DEFAULT_HEARTBEAT_SECONDS
-    # The timer wakes just before the agent turns stale.
-    stale_at_seconds = heartbeats.STALE_HEARTBEATS * float(period)
+    # The timer wakes just before the agent turns stale, by the operator's clock (see `signals.agent_stale`).
+    stale_at_seconds = heartbeats.STALE_HEARTBEATS * signals.heartbeat_seconds(agent)
     if (
-        heartbeat is None
-        or times.seconds_between(heartbeat, now) >= stale_at_seconds - 2 * ctx.config.tick_seconds
+        times.parse(agent.get("lastHeartbeatTime")) is None
+        or reconciler.report_age(gpunode, now) >= stale_at_seconds - 2 * ctx.config.tick_seconds
     ):
         return True
     return not any((policy, name) in ctx.verdicts for policy in ctx.cache.policies)
@@ -189,5 +187,10 @@ async def write_policy_statuses(ctx: context.Context, now: datetime.datetime) ->
         previous = ctx.policy_status_written.get(name)
         if previous is not None and _same(previous, desired):
             continue
-        await status.apply_policy(ctx.client, name, desired)
+        try:
+            await status.apply_policy(ctx.client, name, desired)
+        except kube.ApiError as error:
+            if not error.not_found:
+                raise
+            continue  # deleted meanwhile: its DELETED event (or the resync) forgets it; the others go on
         ctx.policy_status_written[name] = desired

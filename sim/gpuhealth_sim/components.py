@@ -8,6 +8,9 @@ nodes behave predictably:
 - no leader election in the controller manager and scheduler, so they ride
   out API-server outages instead of exiting;
 - etcd skips fsync: test data is disposable.
+
+Per-GPU quarantine needs what 1.36 keeps off by default: `DeviceTaintRule`
+(feature gate and beta API version, see FEATURE_GATES and RUNTIME_CONFIG).
 """
 
 from __future__ import annotations
@@ -32,6 +35,14 @@ DISABLED_CONTROLLERS: Final = (
     "node-route-controller",
     "service-lb-controller",
 )
+FEATURE_GATES: Final = "DRADeviceTaintRules=true"
+"""Beta but off by default in 1.36: without it the scheduler and the device-taint-eviction
+controller ignore DeviceTaintRules (a rule is stored and gets no status). With it a rule on one
+DRA device (one GPU) stops the scheduler allocating it and, NoExecute, evicts only its pods.
+Device taints themselves (DRADeviceTaints) are on by default. Set on every component alike."""
+RUNTIME_CONFIG: Final = "resource.k8s.io/v1beta2=true"
+"""DeviceTaintRule is served only in resource.k8s.io/v1beta2 in 1.36 (v1 has no such kind), and
+a beta API version is off unless enabled: the feature gate alone does not serve it."""
 KWOK_STAGES: Final = "kwok-stages.yaml"
 """Package data: how kwok plays kubelets (kwok 0.8 ships no built-in stages)."""
 AUDIT_LOG: Final = "kube-apiserver-audit.log"
@@ -102,6 +113,8 @@ def apiserver_args(workdir: Path, free: Ports, keys: pki.Pki) -> list[str]:
         "--allow-privileged=true",
         # Without the node-lifecycle controller nothing would lift the not-ready taint.
         "--disable-admission-plugins=TaintNodesByCondition",
+        f"--feature-gates={FEATURE_GATES}",
+        f"--runtime-config={RUNTIME_CONFIG}",
         "--profiling=false",
         f"--audit-policy-file={policy}",
         f"--audit-log-path={workdir / AUDIT_LOG}",
@@ -123,6 +136,7 @@ def controller_manager_args(kubeconfig: Path, free: Ports, keys: pki.Pki) -> lis
         f"--cluster-signing-cert-file={keys.ca.cert}",
         f"--cluster-signing-key-file={keys.ca.key}",
         f"--cluster-name={kubeconfigs.CLUSTER_NAME}",
+        f"--feature-gates={FEATURE_GATES}",
         "--profiling=false",
     ]
 
@@ -133,6 +147,7 @@ def scheduler_args(kubeconfig: Path, free: Ports) -> list[str]:
         f"--bind-address={ports.LOOPBACK}",
         f"--secure-port={free.scheduler}",
         "--leader-elect=false",
+        f"--feature-gates={FEATURE_GATES}",
         "--profiling=false",
     ]
 

@@ -184,6 +184,12 @@ class ControlPlane:
         """Stop only kube-apiserver (an outage); etcd and the other components keep running."""
         self._process(APISERVER).stop(grace_seconds=STOP_GRACE_SECONDS)
 
+    def kill_apiserver(self) -> None:
+        """SIGKILL only kube-apiserver (a crash: its watches end without a goodbye); see `start_apiserver`."""
+        apiserver = self._process(APISERVER)
+        apiserver.signal(signal.SIGKILL)
+        apiserver.wait_stopped(grace_seconds=STOP_GRACE_SECONDS)
+
     def start_apiserver(self, timeout_seconds: float = 60, *, restart_dependents: bool = True) -> None:
         """Start kube-apiserver again on the same port with the same keys, and wait until it is ready.
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from kubernetes import client
 
 from gpuhealth_agent import runner
-from gpuhealth_sim import agents, fleetfile, nodes
+from gpuhealth_sim import agents, dra, fleetfile, nodes
 
 log = logging.getLogger(__name__)
 
@@ -119,11 +119,12 @@ class Fleet:
     # -- Nodes -----------------------------------------------------------------------------------
 
     def create_nodes(self) -> None:
-        """Create (or adopt) every Node of the fleet with its GPU labels and capacity."""
+        """Create (or adopt) every Node with its GPU labels and capacity, and DRA pools' slices."""
         core = client.CoreV1Api(self.api_client)
         with concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix="fleet-nodes") as pool:
             for future in [pool.submit(nodes.ensure, core, plan) for plan in self.spec.nodes]:
                 future.result()
+        dra.ensure(self.api_client, self.spec.nodes)
 
     def delete_nodes(self) -> None:
         """Delete the fleet's Nodes; their GPUNodes go with them (owner references)."""
@@ -133,6 +134,7 @@ class Fleet:
         with concurrent.futures.ThreadPoolExecutor(self.workers, thread_name_prefix="fleet-nodes") as pool:
             for future in [pool.submit(nodes.delete, core, batch) for batch in batches]:
                 future.result()
+        dra.delete(self.api_client, [plan.name for plan in self.spec.nodes if plan.dra])
 
     # -- agents ----------------------------------------------------------------------------------
 

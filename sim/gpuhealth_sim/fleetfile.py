@@ -35,7 +35,9 @@ _QUANTITY = re.compile(r"^[+]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i?|[mkMGT
 _LABEL_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _TOP_KEYS = frozenset({"seed", "agent", "workers", "labels", "pools", "overrides"})
-_POOL_KEYS = frozenset({"name", "nodes", "count", "gpu", "resources", "labels", "scenario", "baseline"})
+_POOL_KEYS = frozenset(
+    {"name", "nodes", "count", "gpu", "resources", "labels", "scenario", "baseline", "dra"}
+)
 _OVERRIDE_KEYS = frozenset({"nodes", "scenario", "labels"})
 _BASELINE_KEYS = {
     "temperatureCelsius": "temperature_celsius",
@@ -83,6 +85,8 @@ class NodePlan:
     scenario_source: str
     """Where the scenario came from, for messages: a path or `inline (field)`."""
     spread: Spread
+    dra: bool = False
+    """GPUs allocated through DRA: a ResourceSlice lists them (module `dra`), no `nvidia.com/gpu` capacity."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,6 +263,7 @@ class _Pool:
     resources: dict[str, str]
     scenario: tuple[Mapping[str, Any], str] | None
     spread: Spread
+    dra: bool
 
 
 def _pool(reader: _Reader, index: int, raw: Any) -> _Pool | None:
@@ -299,6 +304,10 @@ def _pool(reader: _Reader, index: int, raw: Any) -> _Pool | None:
         model = None
     gpu_count = reader.integer(f"{field}.gpu.count", gpu["count"], minimum=1) if "count" in gpu else None
     scenario = reader.scenario(f"{field}.scenario", data["scenario"]) if "scenario" in data else None
+    dra = data.get("dra", False)
+    if not isinstance(dra, bool):
+        reader.problem(f"{field}.dra", f"expected true or false, got {_kind(dra)}")
+        dra = False
     return _Pool(
         name=name,
         node_names=node_names,
@@ -308,6 +317,7 @@ def _pool(reader: _Reader, index: int, raw: Any) -> _Pool | None:
         resources=reader.resources(f"{field}.resources", data.get("resources")),
         scenario=scenario,
         spread=_spread(reader, f"{field}.baseline", data.get("baseline")),
+        dra=dra,
     )
 
 
@@ -393,6 +403,8 @@ def _agent(reader: _Reader, raw: Any) -> tuple[float, float]:
     )
     if heartbeat < interval:
         reader.problem("agent.heartbeatSeconds", f"must be at least intervalSeconds ({interval:g})")
+    if heartbeat > heartbeats.MAX_HEARTBEAT_SECONDS:
+        reader.problem("agent.heartbeatSeconds", f"must be at most {heartbeats.MAX_HEARTBEAT_SECONDS}")
     return interval, heartbeat
 
 
@@ -482,6 +494,7 @@ def _plans(
                     scenario={**scenario, "model": model, "gpus": gpu_count},
                     scenario_source=scenario_source,
                     spread=pool.spread,
+                    dra=pool.dra,
                 )
             )
     return plans

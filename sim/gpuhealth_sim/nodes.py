@@ -35,6 +35,9 @@ def product_label(model: str) -> str:
 
 
 def resources(plan: fleetfile.NodePlan) -> dict[str, str]:
+    """Capacity: a DRA node's GPUs are devices in its ResourceSlice, not the device plugin's resource."""
+    if plan.dra:
+        return dict(plan.resources)
     return {**plan.resources, keys.GPU_RESOURCE: str(plan.gpu_count)}
 
 

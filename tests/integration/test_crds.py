@@ -158,6 +158,19 @@ MALFORMED: list[tuple[str, Mutation, str]] = [
     ("breaker-word", setting("breaker.maxNewUnhealthy", "many"), "spec.breaker.maxNewUnhealthy"),
     ("breaker-window-zero", setting("breaker.windowSeconds", 0), "spec.breaker.windowSeconds"),
     ("breaker-window-duration", setting("breaker.windowSeconds", "10m"), "spec.breaker.windowSeconds"),
+    ("max-unavailable-gpus-zero", setting("maxUnavailableGPUs", 0), "spec.maxUnavailableGPUs"),
+    ("max-unavailable-gpus-150-percent", setting("maxUnavailableGPUs", "150%"), "spec.maxUnavailableGPUs"),
+    ("isolation-zero-gpus", setting("isolation", {"maxGPUsPerNode": 0}), "spec.isolation.maxGPUsPerNode"),
+    (
+        "isolation-prefer-no-schedule",
+        setting("isolation", {"effect": "PreferNoSchedule"}),
+        "spec.isolation.effect",
+    ),
+    (
+        "isolate-gpu-on-thermal",
+        rule(name="t", condition=C.THERMAL_THROTTLED, action=A.ISOLATE_GPU),
+        "spec.rules[0].action",
+    ),
     (
         "unknown-condition",
         rule(name="r", condition="EccCorrectable", action=A.DRAIN),
@@ -300,6 +313,8 @@ def test_defaults_fill_an_minimal_policy(crds: controlplane.ControlPlane, policy
     assert spec["drain"] == {"timeoutSeconds": 900, "deleteEmptyDirData": True, "force": False}
     assert spec["recovery"] == {"uncordon": True, "healthyForSeconds": 600}
     assert spec["breaker"] == {"maxNewUnhealthy": "5%", "windowSeconds": 600}
+    assert spec["maxUnavailableGPUs"] == "10%"
+    assert spec["isolation"] == {"maxGPUsPerNode": 2, "effect": "NoExecute"}
 
 
 @pytest.mark.parametrize("value", [1, 7, "1%", "10%", "100%"])
@@ -388,6 +403,8 @@ def test_every_condition_and_action_of_the_vocabulary_is_accepted(crds: controlp
         for action in vocabulary.Action:
             if condition == C.AGENT_STALE and action not in (A.EVENT, A.LABEL):
                 continue
+            if action == A.ISOLATE_GPU and condition not in vocabulary.PER_GPU_CONDITIONS:
+                continue
             extra: dict[str, Any] = {}
             if condition == C.STRAGGLER:
                 extra["threshold"] = 3.5
@@ -395,7 +412,7 @@ def test_every_condition_and_action_of_the_vocabulary_is_accepted(crds: controlp
                 extra["xids"] = [79]
             name = f"{condition.lower()}-{action.lower()}"
             rules.append({"name": name, "condition": condition.value, "action": action.value, **extra})
-    assert len(rules) == 47
+    assert len(rules) == 52
     apply(crds, policy("crds-vocabulary", rules=rules[:32]), "--dry-run=server")
     apply(crds, policy("crds-vocabulary", rules=rules[32:]), "--dry-run=server")
 
@@ -585,8 +602,9 @@ def test_operator_update_keeps_agent_facts_and_drops_its_own_stale_conditions(
         ({"action": "Rebooted"}, "status.action"),
         ({"conditions": [{"type": "GPULost", "status": "Yes"}]}, "status.conditions[0].status"),
         ({"gpus": [{"index": 0, "xids": [{"code": 79}]}]}, "status.gpus[0].xids[0].count"),
+        ({"agent": {"heartbeatSeconds": 601}}, "status.agent.heartbeatSeconds"),
     ],
-    ids=["health", "action", "condition-status", "xid-without-count"],
+    ids=["health", "action", "condition-status", "xid-without-count", "heartbeat-beyond-600s"],
 )
 def test_malformed_gpunode_status_is_rejected_naming_the_field(
     crds: controlplane.ControlPlane,

@@ -523,11 +523,17 @@ def test_human_cordoned_node_is_not_uncordoned_on_recovery(fleet: operator_harne
 def test_stale_agent_makes_node_unknown_and_never_cordons(fleet: operator_harness.Fleet) -> None:
     name = node_name(fleet, "stale")
     fleet.add_node(name, report=False)
+    # The agent's last report (ECC) and then silence; staleness is timed from when the operator saw it.
+    fleet.report(name, gpunode_facts.agent_status(overrides={0: ECC}, heartbeat_seconds=1))
+    waiting.holds(
+        lambda: not cordoned(fleet, name),
+        seconds=3.5,
+        interval_seconds=0.5,
+        message="no policy selects the node yet",
+    )
     fleet.policy(
         fleet.label, policy_spec({"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"})
     )
-    long_ago = gpunode_facts.rfc3339(datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=10))
-    fleet.report(name, gpunode_facts.agent_status(overrides={0: ECC}, heartbeat=long_ago, observed=long_ago))
 
     waiting.wait_until(
         lambda: gpunode_status(fleet, name).get("health") == "Unknown",
@@ -550,6 +556,33 @@ def test_stale_agent_makes_node_unknown_and_never_cordons(fleet: operator_harnes
         message="a stale node is never cordoned",
     )
     assert "NodeCordoned" not in reasons(fleet, name)
+
+
+def test_silent_agent_whose_clock_runs_a_day_ahead_turns_unknown_within_3_heartbeats(
+    fleet: operator_harness.Fleet,
+) -> None:
+    name = node_name(fleet, "ahead")
+    fleet.add_node(name, report=False)
+    fleet.policy(
+        fleet.label, policy_spec({"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"})
+    )
+    heartbeat_seconds = 2
+    ahead = gpunode_facts.rfc3339(datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=24))
+    fleet.report(name, gpunode_facts.agent_status(heartbeat=ahead, heartbeat_seconds=heartbeat_seconds))
+    reported = time.monotonic()
+    waiting.wait_until(
+        lambda: gpunode_status(fleet, name).get("health") == "Healthy",
+        timeout_seconds=TIMEOUT,
+        message="health Healthy while the agent reports",
+    )
+    # The agent dies: no report after this one, whose timestamp says "tomorrow".
+    waiting.wait_until(
+        lambda: gpunode_status(fleet, name).get("health") == "Unknown",
+        timeout_seconds=3 * heartbeat_seconds + 3,
+        message="health Unknown within 3 heartbeats (the operator's clock, not the agent's)",
+    )
+    assert time.monotonic() - reported >= 3 * heartbeat_seconds - 0.5, "not stale before 3 heartbeats"
+    assert not cordoned(fleet, name)
 
 
 def test_straggler_among_eight_nodes_is_labelled_and_idle_node_is_not(fleet: operator_harness.Fleet) -> None:
@@ -746,3 +779,121 @@ def test_shared_gpus_are_not_lost_gpus_but_a_vanished_one_is(fleet: operator_har
         assert status["health"] == "Healthy", (suffix, status.get("issues"), status.get("conditions"))
         assert not cordoned(fleet, name), suffix
         assert not fleet.events(name, "GPULost"), suffix
+
+
+def guarded_pod(k8s: client.ApiClient, namespace: str, pod: str, node: str) -> None:
+    """A running pod on `node` that a PodDisruptionBudget (minAvailable 1) forbids evicting."""
+    make_pod(k8s, namespace, pod, node, {"app": pod})
+    pdb = client.V1PodDisruptionBudget.from_dict(
+        {
+            "metadata": {"name": pod, "namespace": namespace},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": pod}}},
+        }
+    )
+    assert pdb is not None
+    client.PolicyV1Api(k8s).create_namespaced_pod_disruption_budget(namespace, pdb)
+    waiting.wait_until(
+        lambda: (
+            (s := client.PolicyV1Api(k8s).read_namespaced_pod_disruption_budget(pod, namespace).status)
+            and s.current_healthy == 1
+        ),
+        timeout_seconds=TIMEOUT,
+        message="the PDB sees the pod",
+    )
+
+
+def eviction_attempts(operator: operator_harness.OperatorProcess) -> float:
+    """Eviction requests the operator has sent so far (every result), from its /metrics."""
+    total = 0.0
+    for line in operator.metrics().splitlines():
+        if line.startswith("gpuhealth_operator_evictions_total{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def annotations(fleet: operator_harness.Fleet, name: str) -> dict[str, str]:
+    return fleet.node(name)["metadata"].get("annotations") or {}
+
+
+@pytest.mark.parametrize("stop", ["exclude", "dry-run", "delete-policy"])
+def test_emergency_stop_ends_a_running_drain_within_2s_and_keeps_the_cordon(
+    stop: str,
+    fleet: operator_harness.Fleet,
+    k8s: client.ApiClient,
+    namespace: str,
+    operator: operator_harness.OperatorProcess,
+) -> None:
+    name = node_name(fleet, "stop")
+    fleet.add_node(name)
+    guarded_pod(k8s, namespace, "guarded", name)
+    rules = [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}]
+    spec = policy_spec(*rules, maxUnavailable=1, drain={"timeoutSeconds": 600, "force": True})
+    fleet.policy(fleet.label, spec)
+    before = eviction_attempts(operator)
+    fleet.report(name, gpunode_facts.agent_status(overrides={0: ECC}))
+    # The drain runs and keeps retrying the eviction the PDB refuses (backoff 1 s, 2 s, 4 s ...).
+    waiting.wait_until(
+        lambda: eviction_attempts(operator) >= before + 2,
+        timeout_seconds=TIMEOUT,
+        message="the drain retries the refused eviction",
+    )
+
+    if stop == "exclude":
+        fleet.core.patch_node(name, {"metadata": {"labels": {keys.EXCLUDE_LABEL: "true"}}})
+    elif stop == "dry-run":
+        fleet.policy(fleet.label, {**spec, "dryRun": True})
+    else:
+        fleet.custom.delete_cluster_custom_object(
+            resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, fleet.label
+        )
+    stopped_at = time.monotonic()
+    paused = waiting.wait_until(
+        lambda: fleet.events(name, "RemediationPaused"),
+        timeout_seconds=TIMEOUT,
+        message="RemediationPaused Event: the drain stopped",
+    )
+    assert time.monotonic() - stopped_at < 2.5, "the drain stops within 2 s"
+    attempts = eviction_attempts(operator)
+    # Longer than the next two backoff steps of the running drain: a drain left running would retry.
+    waiting.holds(
+        lambda: eviction_attempts(operator) == attempts and cordoned(fleet, name),
+        seconds=8,
+        interval_seconds=0.5,
+        message="no eviction request after the stop, and the node stays cordoned",
+    )
+    assert pod_phase(k8s, namespace, "guarded") == "Running"
+    message = " ".join(e["message"] for e in paused)
+
+    if stop == "exclude":
+        assert keys.EXCLUDE_LABEL in message
+        # The excluded node keeps its budget slot (maxUnavailable 1): another faulty node waits.
+        other = node_name(fleet, "other")
+        fleet.add_node(other)
+        fleet.report(other, gpunode_facts.agent_status(overrides={0: ECC}))
+        wait_action(fleet, other, "Pending")
+        assert not cordoned(fleet, other)
+    elif stop == "dry-run":
+        assert "dry run" in message
+    else:
+        # The cordon stays, with an Event saying how to release it; a new policy adopts it.
+        assert "kubectl uncordon" in message
+        assert annotations(fleet, name)[keys.CORDONED_BY_ANNOTATION] == fleet.label
+        adopter = f"{fleet.label}-new"
+        fleet.policy(adopter, spec)
+        waiting.wait_until(
+            lambda: annotations(fleet, name).get(keys.CORDONED_BY_ANNOTATION) == adopter,
+            timeout_seconds=TIMEOUT,
+            message="the new policy adopts the cordon",
+        )
+        assert fleet.events(name, "NodeCordoned"), "the adoption is said in an Event"
+        # Its own now: it drains (retries the refused eviction) and uncordons on recovery.
+        waiting.wait_until(
+            lambda: eviction_attempts(operator) > attempts,
+            timeout_seconds=TIMEOUT,
+            message="the adopting policy drains",
+        )
+        fleet.report(name, gpunode_facts.agent_status())
+        waiting.wait_until(
+            lambda: not cordoned(fleet, name), timeout_seconds=TIMEOUT, message="uncordoned on recovery"
+        )
+        assert keys.CORDONED_BY_ANNOTATION not in annotations(fleet, name)

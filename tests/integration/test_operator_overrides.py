@@ -71,7 +71,7 @@ def drain_policy(fleet: operator_harness.Fleet, max_unavailable: int = 1) -> Non
         {
             "maxUnavailable": max_unavailable,
             "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}],
-            "drain": {"timeoutSeconds": 30},
+            "drain": {"timeoutSeconds": 30, "force": True},  # make_pod has no controller
             "recovery": {"uncordon": True, "healthyForSeconds": 1},
         },
     )

@@ -187,7 +187,7 @@ def test_human_uncordon_and_a_new_fault_across_restarts_drain_the_node_again(
         {
             "maxUnavailable": 1,
             "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}],
-            "drain": {"timeoutSeconds": 300},
+            "drain": {"timeoutSeconds": 300, "force": True},  # make_pod has no controller
             "recovery": {"uncordon": True, "healthyForSeconds": 1},
         },
     )

@@ -143,10 +143,14 @@ def test_policy_md_defaults_match_the_crd_and_the_operator() -> None:
         "healthyForSeconds": spec["recovery"]["properties"]["healthyForSeconds"]["default"],
         "maxNewUnhealthy": spec["breaker"]["properties"]["maxNewUnhealthy"]["default"],
         "windowSeconds": spec["breaker"]["properties"]["windowSeconds"]["default"],
+        "maxUnavailableGPUs": spec["maxUnavailableGPUs"]["default"],
+        "maxGPUsPerNode": spec["isolation"]["properties"]["maxGPUsPerNode"]["default"],
+        "effect": spec["isolation"]["properties"]["effect"]["default"],
     }
     for field, default in crd_defaults.items():
         shown = json.dumps(default).lower() if isinstance(default, bool) else json.dumps(default)
         assert _documented_default(field) == f"`{shown}`", f"policy.md default of {field}"
     assert _documented_default("threshold") == f"`{policies.DEFAULT_STRAGGLER_THRESHOLD:g}`"
+    assert _documented_default("maxGPUsPerNode") == f"`{policies.DEFAULT_MAX_GPUS_PER_NODE}`"
     xid_list = ", ".join(str(x) for x in sorted(policies.DEFAULT_CRITICAL_XIDS))
     assert _documented_default("xids") == f"`[{xid_list}]`"

@@ -42,6 +42,8 @@ POLL_MAX_SECONDS = 5.0
 """The longest wait between looks while evicted pods terminate (the wait doubles up to it)."""
 EMPTY_DIR_DATA = "emptyDir data"
 EXCLUDED_NAMESPACE = "excluded namespace"
+STOPPED = "stopped"
+"""An eviction not sent because the drain was told to stop (no request went out)."""
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +83,8 @@ class Result:
     """(namespace/name, why) of pods left in place on purpose (emptyDir data, excluded namespace)."""
     unmanaged: tuple[str, ...] = ()
     """Pods without a controller left in place because the policy does not `force`."""
+    stopped: bool = False
+    """The caller's `should_stop` ended the drain (exclude label, dry run, policy deleted)."""
 
 
 def is_daemonset_pod(pod: kube.JsonObject) -> bool:
@@ -191,13 +195,20 @@ async def drain(
     deadline: datetime.datetime,
     semaphore: asyncio.Semaphore,
     on_eviction: Callable[[str], None] = lambda result: None,
+    should_stop: Callable[[], bool] = lambda: False,
 ) -> Result:
-    """Evict until no evictable pod is left on `node`, or `deadline` (aware UTC) passes."""
+    """Evict until no evictable pod is left on `node`, or `deadline` (aware UTC) passes.
+
+    `should_stop` is asked right before every eviction request: once it says True no
+    request goes out any more (an emergency stop), and the drain returns `stopped`.
+    """
     backoff = options.backoff_initial_seconds
     poll: float | None = None
     evicted = 0
     refusals: dict[str, str] = {}
     while True:
+        if should_stop():
+            return Result(False, (), evicted, (), stopped=True)
         selection = classify(await list_pods(client, node), options)
         wanted = selection.wanted
         skipped, unmanaged = tuple(selection.skipped), tuple(selection.unmanaged)
@@ -210,15 +221,20 @@ async def drain(
 
         async def bounded(pod: kube.JsonObject) -> tuple[str, str]:
             async with semaphore:
+                if should_stop():
+                    return STOPPED, ""
                 return await evict(client, pod, options)
 
         pending = [p for p in wanted if not is_terminating(p)]
         answers = await asyncio.gather(*(bounded(p) for p in pending))
         results = [outcome for outcome, _ in answers]
         for pod, (outcome, said) in zip(pending, answers, strict=True):
-            on_eviction(outcome)
-            refusals[pod_key(pod)] = said
+            if outcome != STOPPED:
+                on_eviction(outcome)
+                refusals[pod_key(pod)] = said
         evicted += results.count("evicted")
+        if STOPPED in results:
+            return Result(False, (), evicted, (), stopped=True)
         if "blocked" in results or "error" in results:
             wait = backoff
             backoff = min(backoff * 2, options.backoff_max_seconds)

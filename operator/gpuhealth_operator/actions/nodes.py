@@ -107,6 +107,27 @@ async def drop_claim(
     return await client.patch(node_path(name), body, urgent=True)
 
 
+async def adopt_cordon(
+    client: kube.Kube, name: str, *, deleted: str, policy: str, drain_started: bool
+) -> kube.JsonObject:
+    """Make `policy` the owner of a cordon whose `cordoned-by` names the deleted policy `deleted`.
+
+    Conditional on the annotation still naming `deleted` and the node still being
+    unschedulable (JSON-patch `test`, 422 otherwise), so a human's change meanwhile wins.
+    The old drain's start goes (`drain_started`: the node has one): the adopting policy's
+    drain is its own, with its own timeout.
+    """
+    ours = f"/metadata/annotations/{_pointer(keys.CORDONED_BY_ANNOTATION)}"
+    ops: list[dict[str, Any]] = [
+        {"op": "test", "path": ours, "value": deleted},
+        {"op": "test", "path": "/spec/unschedulable", "value": True},
+        {"op": "replace", "path": ours, "value": policy},
+    ]
+    if drain_started:
+        ops.append({"op": "remove", "path": f"/metadata/annotations/{_pointer(DRAIN_STARTED_ANNOTATION)}"})
+    return await client.patch(node_path(name), ops, content_type=JSON_PATCH)
+
+
 async def set_drain_started(client: kube.Kube, name: str, value: str | None) -> kube.JsonObject:
     return await patch_metadata(client, name, annotations={DRAIN_STARTED_ANNOTATION: value})
 

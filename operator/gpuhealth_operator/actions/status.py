@@ -17,8 +17,12 @@ def gpunode_status_path(name: str) -> str:
     return f"/apis/{resources.GROUP}/{resources.VERSION}/{resources.GPUNODE_PLURAL}/{name}/status"
 
 
+def policy_path(name: str) -> str:
+    return f"/apis/{resources.GROUP}/{resources.VERSION}/{resources.POLICY_PLURAL}/{name}"
+
+
 def policy_status_path(name: str) -> str:
-    return f"/apis/{resources.GROUP}/{resources.VERSION}/{resources.POLICY_PLURAL}/{name}/status"
+    return f"{policy_path(name)}/status"
 
 
 async def apply_gpunode(client: kube.Kube, name: str, status: dict[str, Any]) -> kube.JsonObject:

@@ -51,6 +51,11 @@ class Policy:
     drain_exclude_namespaces: frozenset[str] = frozenset()
     recovery_uncordon: bool = True
     recovery_healthy_for_seconds: float = 600.0
+    max_unavailable_gpus: int | str = "10%"
+    """IsolateGPU's budget: an int, or a percent string of the GPUs on the selected nodes; at least 1."""
+    isolation_max_gpus_per_node: int = 2
+    """More faulty GPUs than this on one node: the node ladder (Cordon/Drain) instead of isolation."""
+    isolation_effect: vocabulary.IsolationEffect = vocabulary.IsolationEffect.NO_EXECUTE
     breaker_max_new_unhealthy: int | str = "5%"
     """The fleet circuit breaker: an int, or a percent string of the selected GPU nodes; at least 1."""
     breaker_window_seconds: float = 600.0

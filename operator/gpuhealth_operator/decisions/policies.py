@@ -30,7 +30,10 @@ _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _SELECTOR_OPERATORS: Final = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
 _STALE_ACTIONS: Final = frozenset({vocabulary.Action.EVENT, vocabulary.Action.LABEL})
 """Missing data is never a reason to disrupt a node (the CRD enforces the same)."""
-_E = TypeVar("_E", vocabulary.Condition, vocabulary.Action)
+_E = TypeVar("_E", vocabulary.Condition, vocabulary.Action, vocabulary.IsolationEffect)
+DEFAULT_MAX_GPUS_PER_NODE: Final = 2
+MAX_GPUS_PER_NODE_LIMIT: Final = 64
+"""The CRD's maximum for spec.isolation.maxGPUsPerNode."""
 
 
 def parse_policy(name: str, generation: int, spec: Mapping[str, Any]) -> model.Policy:
@@ -41,6 +44,7 @@ def parse_policy(name: str, generation: int, spec: Mapping[str, Any]) -> model.P
     drain = _mapping(spec.get("drain"), "spec.drain")
     recovery = _mapping(spec.get("recovery"), "spec.recovery")
     breaker_spec = _mapping(spec.get("breaker"), "spec.breaker")
+    isolation = _mapping(spec.get("isolation"), "spec.isolation")
     grace = drain.get("gracePeriodSeconds")
     if grace is not None:
         grace = int(_number(grace, "spec.drain.gracePeriodSeconds", minimum=0, integer=True))
@@ -51,6 +55,15 @@ def parse_policy(name: str, generation: int, spec: Mapping[str, Any]) -> model.P
         match_expressions=_match_expressions(selector.get("matchExpressions")),
         dry_run=_boolean(spec.get("dryRun", False), "spec.dryRun"),
         max_unavailable=_max_unavailable(spec.get("maxUnavailable", DEFAULT_MAX_UNAVAILABLE)),
+        max_unavailable_gpus=_max_unavailable(
+            spec.get("maxUnavailableGPUs", DEFAULT_MAX_UNAVAILABLE), "spec.maxUnavailableGPUs"
+        ),
+        isolation_max_gpus_per_node=_max_gpus_per_node(isolation.get("maxGPUsPerNode")),
+        isolation_effect=_enum(
+            vocabulary.IsolationEffect,
+            isolation.get("effect", vocabulary.IsolationEffect.NO_EXECUTE.value),
+            "spec.isolation.effect",
+        ),
         rules=_rules(spec.get("rules")),
         drain_timeout_seconds=_number(
             drain.get("timeoutSeconds", 900), "spec.drain.timeoutSeconds", minimum=1
@@ -65,7 +78,7 @@ def parse_policy(name: str, generation: int, spec: Mapping[str, Any]) -> model.P
         recovery_healthy_for_seconds=_number(
             recovery.get("healthyForSeconds", 600), "spec.recovery.healthyForSeconds", minimum=0
         ),
-        breaker_max_new_unhealthy=_int_or_percent(
+        breaker_max_new_unhealthy=_max_unavailable(
             breaker_spec.get("maxNewUnhealthy", breaker.DEFAULT_MAX_NEW_UNHEALTHY),
             "spec.breaker.maxNewUnhealthy",
         ),
@@ -84,9 +97,17 @@ def selects(policy: model.Policy, node: model.NodeView) -> bool:
 
     Labels alone: a Node without a GPUNode is still never selected (`selects_gpu_node`).
     """
+    return not excluded(node) and matches(policy, node)
+
+
+def excluded(node: model.NodeView) -> bool:
+    """The node opted out (gpuhealth.io/exclude=true): no policy judges or acts on it."""
+    return node.labels.get(keys.EXCLUDE_LABEL) == "true"
+
+
+def matches(policy: model.Policy, node: model.NodeView) -> bool:
+    """The policy's nodeSelector matches the node, opted out or not."""
     labels = node.labels
-    if labels.get(keys.EXCLUDE_LABEL) == "true":
-        return False
     if any(labels.get(key) != value for key, value in policy.match_labels.items()):
         return False
     return all(_requirement_matches(r, labels) for r in policy.match_expressions)
@@ -110,7 +131,15 @@ def resolve_max_unavailable(policy: model.Policy, selected_count: int) -> int:
     side of a rounding error is one node fewer out of service. Either way the
     result is at least 1, or a small fleet could never remediate anything.
     """
-    value = policy.max_unavailable
+    return _resolve_budget(policy.max_unavailable, selected_count)
+
+
+def resolve_max_unavailable_gpus(policy: model.Policy, selected_gpus: int) -> int:
+    """How many GPUs of the selected nodes the policy may hold isolated at once (rounded down, at least 1)."""
+    return _resolve_budget(policy.max_unavailable_gpus, selected_gpus)
+
+
+def _resolve_budget(value: int | str, selected_count: int) -> int:
     if isinstance(value, int):
         return max(1, value)
     match = _PERCENT.match(value)
@@ -161,6 +190,11 @@ def _rules(value: object) -> tuple[model.Rule, ...]:
         action = _enum(vocabulary.Action, raw.get("action"), f"{where}.action")
         if condition is Condition.AGENT_STALE and action not in _STALE_ACTIONS:
             raise ValueError(f"{where}.action: must be Event or Label when condition is AgentStale")
+        if action is vocabulary.Action.ISOLATE_GPU and condition not in vocabulary.PER_GPU_CONDITIONS:
+            raise ValueError(
+                f"{where}.action: IsolateGPU needs a fault of one GPU (condition EccUncorrectable, "
+                "RowRemapFailure, XidCritical, GPULost or RecoveryRequired)"
+            )
         for_seconds = _number(raw.get("forSeconds", 0), f"{where}.forSeconds", minimum=0)
         threshold = None
         if condition is Condition.STRAGGLER:
@@ -229,11 +263,17 @@ def _match_expressions(value: object) -> tuple[model.LabelSelectorRequirement, .
     return tuple(requirements)
 
 
-def _max_unavailable(value: object) -> int | str:
-    return _int_or_percent(value, "spec.maxUnavailable")
+def _max_gpus_per_node(value: object) -> int:
+    where = "spec.isolation.maxGPUsPerNode"
+    if value is None:
+        return DEFAULT_MAX_GPUS_PER_NODE
+    number = int(_number(value, where, minimum=1, integer=True))
+    if number > MAX_GPUS_PER_NODE_LIMIT:
+        raise ValueError(f"{where}: must be at most {MAX_GPUS_PER_NODE_LIMIT}")
+    return number
 
 
-def _int_or_percent(value: object, where: str) -> int | str:
+def _max_unavailable(value: object, where: str = "spec.maxUnavailable") -> int | str:
     if isinstance(value, bool):
         raise ValueError(f"{where}: must be an integer or a percent like '10%'")
     if isinstance(value, int):

@@ -14,6 +14,7 @@ Straggler is not here: it needs the whole cohort (see `stragglers`).
 from __future__ import annotations
 
 import datetime
+from collections.abc import Mapping
 from typing import Final
 
 from gpuhealth_api import faults, heartbeats, status, vocabulary
@@ -24,6 +25,7 @@ Condition = vocabulary.Condition
 DEFAULT_HEARTBEAT_SECONDS: Final = heartbeats.DEFAULT_HEARTBEAT_SECONDS
 STALE_HEARTBEATS: Final = heartbeats.STALE_HEARTBEATS
 """An agent that missed this many heartbeats is stale (DESIGN.md)."""
+MAX_HEARTBEAT_SECONDS: Final = heartbeats.MAX_HEARTBEAT_SECONDS
 
 BUSY_UTILIZATION_PERCENT: Final = faults.BUSY_UTILIZATION_PERCENT
 
@@ -47,9 +49,13 @@ def raw_signals(
     node: model.NodeView,
     rule_xids: frozenset[int],
     now: datetime.datetime,
+    report_age_seconds: float = 0.0,
 ) -> dict[Condition, model.Signal]:
-    """One signal per condition of DESIGN.md's table except Straggler."""
-    stale = agent_stale(facts, now)
+    """One signal per condition of DESIGN.md's table except Straggler.
+
+    `report_age_seconds`: how long ago the operator saw the agent's last new report (see `agent_stale`).
+    """
+    stale = agent_stale(facts, report_age_seconds, now)
     signals = {Condition.AGENT_STALE: stale}
     if stale.present:
         for condition in FACT_CONDITIONS:
@@ -67,8 +73,17 @@ def raw_signals(
     return signals
 
 
-def agent_stale(facts: status.GPUNodeStatus, now: datetime.datetime) -> model.Signal:
-    """True when the agent missed STALE_HEARTBEATS heartbeats, or never reported one."""
+def agent_stale(
+    facts: status.GPUNodeStatus, report_age_seconds: float, now: datetime.datetime
+) -> model.Signal:
+    """True when the agent missed STALE_HEARTBEATS heartbeats, or never reported one.
+
+    Timed by the operator's own clock: `report_age_seconds` is how long ago the
+    operator saw `lastHeartbeatTime` change (the caller keeps that time), never
+    the agent's timestamp, so an agent whose clock runs ahead cannot stay fresh
+    once it stops reporting. The heartbeat period is the agent's own, capped at
+    MAX_HEARTBEAT_SECONDS (the schema's maximum) so a bad value cannot postpone it.
+    """
     condition = Condition.AGENT_STALE
     agent = facts.get("agent")
     if not isinstance(agent, dict):
@@ -76,19 +91,25 @@ def agent_stale(facts: status.GPUNodeStatus, now: datetime.datetime) -> model.Si
     heartbeat = times.parse(agent.get("lastHeartbeatTime"))
     if heartbeat is None:
         return model.Signal(condition, True, "the agent reported no valid lastHeartbeatTime")
-    period = agent.get("heartbeatSeconds")
-    if isinstance(period, bool) or not isinstance(period, int | float) or period <= 0:
-        period = DEFAULT_HEARTBEAT_SECONDS
-    deadline = heartbeat + datetime.timedelta(seconds=STALE_HEARTBEATS * period)
-    # Timestamps, not elapsed seconds, so the message changes only when the facts do.
-    if now > deadline:
+    limit = STALE_HEARTBEATS * heartbeat_seconds(agent)
+    # No elapsed seconds in the messages, so a message changes only when the facts do.
+    if report_age_seconds > limit:
         return model.Signal(
             condition,
             True,
-            f"no agent heartbeat since {times.render(heartbeat)} (heartbeat every {period:g}s)",
-            observed_at=deadline,
+            f"no new agent report for over {limit:g}s ({STALE_HEARTBEATS} heartbeats) by the operator's "
+            f"clock; the agent's last heartbeat said {times.render(heartbeat)}",
+            observed_at=now - datetime.timedelta(seconds=report_age_seconds - limit),
         )
     return model.Signal(condition, False, f"last agent heartbeat at {times.render(heartbeat)}")
+
+
+def heartbeat_seconds(agent: Mapping[str, object]) -> float:
+    """The agent's heartbeat period: its own if valid, at most MAX_HEARTBEAT_SECONDS, else the default."""
+    period = agent.get("heartbeatSeconds")
+    if isinstance(period, bool) or not isinstance(period, int | float) or period <= 0:
+        return float(DEFAULT_HEARTBEAT_SECONDS)
+    return float(min(period, MAX_HEARTBEAT_SECONDS))
 
 
 def gpu_name(gpu: status.GPUStatus) -> str:

@@ -58,12 +58,19 @@ Cohort = tuple[str, str]
 
 
 def score_cohorts(
-    members: Mapping[str, status.GPUNodeStatus], threshold: float, now: datetime.datetime
+    members: Mapping[str, status.GPUNodeStatus],
+    threshold: float,
+    now: datetime.datetime,
+    report_ages: Mapping[str, float] | None = None,
 ) -> dict[str, model.StragglerScore]:
-    """A StragglerScore for every node that has a score, keyed by node name."""
+    """A StragglerScore for every node that has a score, keyed by node name.
+
+    `report_ages`: seconds since the operator saw each node's last new agent report
+    (see `signals.agent_stale`); a node not in it counts as just seen.
+    """
     cohorts: dict[Cohort, dict[str, float]] = defaultdict(dict)
     for name, facts in members.items():
-        if _excluded(facts, now):
+        if _excluded(facts, (report_ages or {}).get(name, 0.0), now):
             continue
         key, score = cohort_of(facts), node_score(facts)
         if key is not None and score is not None:
@@ -124,8 +131,8 @@ def _number(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _excluded(facts: status.GPUNodeStatus, now: datetime.datetime) -> bool:
-    if signals.agent_stale(facts, now).present:
+def _excluded(facts: status.GPUNodeStatus, report_age_seconds: float, now: datetime.datetime) -> bool:
+    if signals.agent_stale(facts, report_age_seconds, now).present:
         return True
     gpus = facts.get("gpus")
     if not isinstance(gpus, list):

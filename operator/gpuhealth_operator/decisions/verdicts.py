@@ -11,6 +11,9 @@ say, plus every condition a rule uses. A stale agent makes the node Unknown:
 conditions hold their last state, no Cordon or Drain is wanted, the health
 label is left as it is, and the node does not count as recovered. So losing
 an agent (or a DaemonSet rollout) neither disrupts nor releases a node.
+
+Rules are ranked and acted on by their node action (`isolation.node_action`):
+an IsolateGPU rule counts as its fallback, Drain, until GPUs are isolated.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from gpuhealth_api import keys, status, vocabulary
-from gpuhealth_operator.decisions import hysteresis, model, overrides, policies, severity, signals
+from gpuhealth_operator.decisions import hysteresis, isolation, model, overrides, policies, severity, signals
 
 Condition = vocabulary.Condition
 Action = vocabulary.Action
@@ -40,8 +43,11 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
     previous: Mapping[Condition, model.ConditionState],
     straggler: model.StragglerScore | None,
     now: datetime.datetime,
+    *,
+    report_age_seconds: float = 0.0,
 ) -> model.NodeVerdict:
-    raw = signals.raw_signals(facts, node, policies.rule_xids(policy), now)
+    """`report_age_seconds`: how long ago, by the operator's clock, the agent's last new report was seen."""
+    raw = signals.raw_signals(facts, node, policies.rule_xids(policy), now, report_age_seconds)
     stale = raw[Condition.AGENT_STALE].present is True
     raw[Condition.STRAGGLER] = straggler_signal(straggler, stale=stale)
     judged = severity.FATAL | {Condition.AGENT_STALE} | {r.condition for r in policy.rules}
@@ -59,9 +65,15 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
     health = _health(issues)
     fired = [r for r in policy.rules if _fires(r, states[r.condition], now)]
     if health is Health.UNKNOWN:
-        fired = [r for r in fired if r.action not in vocabulary.DISRUPTIVE_ACTIONS]
-    fired.sort(key=lambda r: (-vocabulary.ACTION_ORDER[r.action], severity.rank(r.condition), r.name))
-    wanted_action = fired[0].action if fired else None
+        fired = [r for r in fired if isolation.node_action(r.action) not in vocabulary.DISRUPTIVE_ACTIONS]
+    fired.sort(
+        key=lambda r: (
+            -vocabulary.ACTION_ORDER[isolation.node_action(r.action)],
+            severity.rank(r.condition),
+            r.name,
+        )
+    )
+    wanted_action = isolation.node_action(fired[0].action) if fired else None
     verdict = model.NodeVerdict(
         node=node.name,
         conditions=states,
@@ -73,7 +85,12 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
         wanted_taint=_taint(fired),
         recovered=_recovered(health, states, policy.recovery_healthy_for_seconds, now),
         detected_at=min(
-            (_held_since(states[r.condition]) for r in fired if r.action is wanted_action), default=None
+            (
+                _held_since(states[r.condition])
+                for r in fired
+                if isolation.node_action(r.action) is wanted_action
+            ),
+            default=None,
         ),
     )
     return overrides.apply(policy, node, facts, verdict)
@@ -96,7 +113,9 @@ def may_uncordon(policy: model.Policy, node: model.NodeView, verdict: model.Node
 def budget_rank(verdict: model.NodeVerdict) -> int:
     """Severity rank of the worst condition behind a wanted Cordon/Drain (budget ordering)."""
     return severity.worst_rank(
-        r.condition for r in verdict.fired_rules if r.action in vocabulary.DISRUPTIVE_ACTIONS
+        r.condition
+        for r in verdict.fired_rules
+        if isolation.node_action(r.action) in vocabulary.DISRUPTIVE_ACTIONS
     )
 
 

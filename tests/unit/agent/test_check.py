@@ -199,3 +199,12 @@ def test_check_without_nvml_says_so(
     assert code == 1
     assert out == ""
     assert "cannot use NVML: NVML Shared Library Not Found" in err
+
+
+def test_a_heartbeat_beyond_the_schemas_maximum_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = str(EXAMPLES / "healthy.yaml")
+    code, _, err = run(
+        capsys, "--node-name", "n", "--backend", "sim", "--sim-scenario", scenario, "--heartbeat", "601"
+    )
+    assert code != 0
+    assert "--heartbeat must be at most 600s" in err

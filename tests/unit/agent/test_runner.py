@@ -374,6 +374,8 @@ def test_a_simulated_dbe_reaches_the_gpunode_without_waiting_for_the_interval() 
         agent.wake.set()
         thread.join(timeout=10)
     assert not thread.is_alive()
+
+
 class NodeCluster(FakeCluster):
     """A FakeCluster whose Node reads as the real client reads a Node (labels and capacity)."""
 

@@ -36,6 +36,7 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.drains[node] = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
     ctx.drain_results[node] = drain.Result(completed=True, blocking=(), evicted=1, skipped=())
     ctx.drain_checked[node] = 1.0
+    ctx.drain_policies[node] = policy
     ctx.dry_run_said[(policy, node)] = f"Dry run: policy {policy} would cordon"
     ctx.policy_status_written[policy] = {"observedGeneration": 1}
     ctx.verdicts.turned_unhealthy[policy][node] = datetime.datetime.now(datetime.UTC)
@@ -53,6 +54,7 @@ FILLED = {
     "drains",
     "drain_results",
     "drain_checked",
+    "drain_policies",
     "dry_run_said",
     "policy_status_written",
     "breakers",
@@ -132,6 +134,7 @@ def test_forget_policy_empties_every_map_of_that_policy_only() -> None:
             "policy_status_written",
             "breakers",
         }
+        per_policy.add("drain_policies")  # the node's drain is "kept"'s (the last filled)
         assert {name for name, value in state(ctx).items() if mentions(value, "kept")} == per_policy
         ctx.drains["n"].cancel()
 
@@ -149,7 +152,8 @@ def test_forget_verdicts_keeps_the_nodes_own_memory() -> None:
             "node_locks",
             "drains",
             "drain_results",
-    "drain_checked",
+            "drain_checked",
+            "drain_policies",
         }
         assert not ctx.drains["n"].cancelled()
         ctx.drains["n"].cancel()

@@ -53,6 +53,31 @@ def test_empty_spec_takes_design_defaults() -> None:
     assert policy.recovery_uncordon is True
 
 
+def test_isolation_fields_parse_and_default() -> None:
+    assert policies.parse_policy("p", 1, {}).max_unavailable_gpus == "10%"
+    assert policies.parse_policy("p", 1, {}).isolation_max_gpus_per_node == 2
+    assert policies.parse_policy("p", 1, {}).isolation_effect is vocabulary.IsolationEffect.NO_EXECUTE
+    spec = {"maxUnavailableGPUs": 4, "isolation": {"maxGPUsPerNode": 3, "effect": "NoSchedule"}}
+    policy = policies.parse_policy("p", 1, spec)
+    assert (policy.max_unavailable_gpus, policy.isolation_max_gpus_per_node) == (4, 3)
+    assert policy.isolation_effect is vocabulary.IsolationEffect.NO_SCHEDULE
+
+
+@pytest.mark.parametrize("condition", sorted(vocabulary.PER_GPU_CONDITIONS))
+def test_isolate_gpu_is_accepted_for_every_per_gpu_fault(condition: Condition) -> None:
+    spec = {"rules": [{"name": "one-gpu", "condition": condition.value, "action": "IsolateGPU"}]}
+    (rule,) = policies.parse_policy("p", 1, spec).rules
+    assert rule.action is Action.ISOLATE_GPU
+
+
+@pytest.mark.parametrize(
+    ("max_unavailable_gpus", "gpus", "limit"), [(4, 800, 4), ("10%", 96, 9), ("1%", 8, 1), ("100%", 16, 16)]
+)
+def test_resolve_max_unavailable_gpus(max_unavailable_gpus: int | str, gpus: int, limit: int) -> None:
+    policy = policies.parse_policy("p", 1, {"maxUnavailableGPUs": max_unavailable_gpus})
+    assert policies.resolve_max_unavailable_gpus(policy, gpus) == limit
+
+
 def test_optional_rule_fields_default() -> None:
     spec = {
         "rules": [
@@ -117,6 +142,21 @@ def test_optional_rule_fields_default() -> None:
         ({"drain": {"excludeNamespaces": ["ok", "Not_A_Namespace"]}}, "spec.drain.excludeNamespaces[1]"),
         ({"recovery": {"healthyForSeconds": "600"}}, "spec.recovery.healthyForSeconds"),
         ({"recovery": []}, "spec.recovery"),
+        (
+            {"rules": [{"name": "a", "condition": "ThermalThrottled", "action": "IsolateGPU"}]},
+            "spec.rules[0].action",
+        ),
+        (
+            {"rules": [{"name": "a", "condition": "AgentStale", "action": "IsolateGPU"}]},
+            "spec.rules[0].action",
+        ),
+        ({"maxUnavailableGPUs": 0}, "spec.maxUnavailableGPUs"),
+        ({"maxUnavailableGPUs": "101%"}, "spec.maxUnavailableGPUs"),
+        ({"isolation": {"maxGPUsPerNode": 0}}, "spec.isolation.maxGPUsPerNode"),
+        ({"isolation": {"maxGPUsPerNode": 65}}, "spec.isolation.maxGPUsPerNode"),
+        ({"isolation": {"maxGPUsPerNode": 1.5}}, "spec.isolation.maxGPUsPerNode"),
+        ({"isolation": {"effect": "PreferNoSchedule"}}, "spec.isolation.effect"),
+        ({"isolation": "on"}, "spec.isolation"),
     ],
 )
 def test_invalid_spec_names_the_field(spec: dict[str, object], field: str) -> None:

@@ -209,24 +209,40 @@ def test_gpu_lost_counts_physical_gpus_not_shared_capacity(
 
 
 @pytest.mark.parametrize(
-    ("agent", "stale"),
+    ("agent", "age_seconds", "stale"),
     [
-        (
-            {"lastHeartbeatTime": "2026-11-22T00:57:00Z", "heartbeatSeconds": 60},
-            False,
-        ),  # exactly 3 heartbeats
-        ({"lastHeartbeatTime": "2026-11-22T00:56:59Z", "heartbeatSeconds": 60}, True),
-        ({"lastHeartbeatTime": "2026-11-22T00:59:20Z", "heartbeatSeconds": 10}, True),
-        ({"lastHeartbeatTime": "2026-11-22T00:57:30Z"}, False),  # default 60 s heartbeat
-        ({"lastHeartbeatTime": "2026-11-22T01:05:00Z"}, False),  # clock skew: future is fresh
-        ({"lastHeartbeatTime": "yesterday"}, True),
-        ({"heartbeatSeconds": 60}, True),
-        (None, True),
+        ({"lastHeartbeatTime": "2026-11-22T00:57:00Z", "heartbeatSeconds": 60}, 180, False),  # exactly 3
+        ({"lastHeartbeatTime": "2026-11-22T00:57:00Z", "heartbeatSeconds": 60}, 181, True),
+        ({"lastHeartbeatTime": "2026-11-22T00:59:50Z", "heartbeatSeconds": 10}, 31, True),
+        ({"lastHeartbeatTime": "2026-11-22T00:57:30Z"}, 150, False),  # default 60 s heartbeat
+        ({"lastHeartbeatTime": "2026-11-22T00:57:30Z"}, 181, True),
+        # The agent's own timestamps do not count, only when the operator saw the report:
+        ({"lastHeartbeatTime": "2026-11-23T01:00:00Z", "heartbeatSeconds": 60}, 181, True),  # 24 h ahead
+        ({"lastHeartbeatTime": "2026-11-21T01:00:00Z", "heartbeatSeconds": 60}, 5, False),  # 24 h behind
+        # heartbeatSeconds beyond the schema's maximum cannot postpone staleness:
+        ({"lastHeartbeatTime": "2026-11-22T00:59:30Z", "heartbeatSeconds": 10**9}, 1801, True),
+        ({"lastHeartbeatTime": "2026-11-22T00:59:30Z", "heartbeatSeconds": 10**9}, 1799, False),
+        ({"lastHeartbeatTime": "2026-11-22T00:59:30Z", "heartbeatSeconds": -5}, 181, True),
+        ({"lastHeartbeatTime": "yesterday"}, 0, True),
+        ({"heartbeatSeconds": 60}, 0, True),
+        (None, 0, True),
     ],
 )
-def test_agent_stale(agent: dict[str, Any] | None, stale: bool) -> None:
+def test_agent_stale_by_the_operators_clock(
+    agent: dict[str, Any] | None, age_seconds: float, stale: bool
+) -> None:
     facts: Any = {"gpus": [_gpu(0)]} if agent is None else {"agent": agent, "gpus": [_gpu(0)]}
-    assert _signal(facts, Condition.AGENT_STALE).present is stale
+    got = signals.raw_signals(facts, model.NodeView(name="n"), XIDS, NOW, age_seconds)[Condition.AGENT_STALE]
+    assert got.present is stale
+
+
+def test_stale_since_is_when_the_operator_stopped_seeing_reports_and_the_message_is_stable() -> None:
+    facts: Any = {"agent": _agent(lastHeartbeatTime="2026-11-23T01:00:00Z"), "gpus": [_gpu(0)]}
+    first = signals.agent_stale(facts, 200, NOW)
+    later = signals.agent_stale(facts, 260, NOW + datetime.timedelta(seconds=60))
+    assert first.observed_at == later.observed_at == NOW - datetime.timedelta(seconds=20)
+    assert first.message == later.message
+    assert "2026-11-23T01:00:00Z" in first.message
 
 
 def test_stale_agent_makes_every_fact_unknown() -> None:
@@ -234,7 +250,7 @@ def test_stale_agent_makes_every_fact_unknown() -> None:
         "agent": {"lastHeartbeatTime": "2026-11-22T00:00:00Z", "heartbeatSeconds": 60},
         "gpus": [_gpu(0, ecc={"uncorrectedVolatile": 3}, lost=True)],
     }
-    got = signals.raw_signals(facts, model.NodeView(name="n"), XIDS, NOW)
+    got = signals.raw_signals(facts, model.NodeView(name="n"), XIDS, NOW, 3600)
     assert got[Condition.AGENT_STALE].present is True
     assert {c: s.present for c, s in got.items() if c is not Condition.AGENT_STALE} == dict.fromkeys(
         signals.FACT_CONDITIONS, None

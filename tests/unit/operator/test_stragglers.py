@@ -120,19 +120,19 @@ def test_mixed_models_and_drivers_are_separate_cohorts() -> None:
 
 
 @pytest.mark.parametrize(
-    "excluded",
+    ("excluded", "report_age_seconds"),
     [
-        node(clock=500, heartbeat="2026-11-22T00:40:00Z"),  # stale agent
-        node(clock=500, lost=True),
-        node(clock=500, gpus=7, expected=8),
-        {"agent": {"lastHeartbeatTime": "2026-11-22T00:59:30Z"}},  # no GPUs reported
-        node(clock=500, model=""),
+        (node(clock=500), 181.0),  # stale agent: no new report for 3 heartbeats by the operator's clock
+        (node(clock=500, lost=True), 0.0),
+        (node(clock=500, gpus=7, expected=8), 0.0),
+        ({"agent": {"lastHeartbeatTime": "2026-11-22T00:59:30Z"}}, 0.0),  # no GPUs reported
+        (node(clock=500, model=""), 0.0),
     ],
 )
-def test_stale_lost_and_unreported_nodes_are_left_out(excluded: Any) -> None:
+def test_stale_lost_and_unreported_nodes_are_left_out(excluded: Any, report_age_seconds: float) -> None:
     members = {f"n{i}": node() for i in range(5)}
     members["x"] = excluded
-    scores = stragglers.score_cohorts(members, 3.5, NOW)
+    scores = stragglers.score_cohorts(members, 3.5, NOW, {"x": report_age_seconds})
     assert "x" not in scores
     assert scores["n0"].peers == 4
 

@@ -13,7 +13,10 @@ NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 
 
 def make_context(
-    node_labels: dict[str, str], status: dict, annotations: dict[str, str] | None = None
+    node_labels: dict[str, str],
+    status: dict,
+    annotations: dict[str, str] | None = None,
+    seen: datetime.datetime = NOW - datetime.timedelta(seconds=10),
 ) -> context.Context:
     client = kube.Kube(kube.Credentials("https://127.0.0.1:1", None, True, None, None, None))
     ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
@@ -28,7 +31,7 @@ def make_context(
             "spec": {},
         }
     )
-    ctx.cache.put_gpunode({"metadata": {"name": "n", "resourceVersion": "1"}, "status": status})
+    ctx.cache.put_gpunode({"metadata": {"name": "n", "resourceVersion": "1"}, "status": status}, now=seen)
     policy = policies.parse_policy(
         "p", 1, {"rules": [{"name": "e", "condition": "EccUncorrectable", "action": "Cordon"}]}
     )
@@ -66,16 +69,25 @@ def test_healthy_fresh_node_is_not_due_once_judged() -> None:
                 ]
             ),
         ),
-        (
-            {keys.HEALTH_LABEL: "healthy"},
-            {},
-            fresh(agent={"lastHeartbeatTime": "2026-01-01T11:57:01Z", "heartbeatSeconds": 60}),
-        ),
     ],
-    ids=["unhealthy", "cordoned-by-us", "labelled", "pending", "condition-pending", "heartbeat-nearly-stale"],
+    ids=["unhealthy", "cordoned-by-us", "labelled", "pending", "condition-pending"],
 )
 def test_nodes_with_a_running_clock_are_due(labels: dict, annotations: dict, status: dict) -> None:
     ctx = make_context(labels, status, annotations)
+    ctx.verdicts[("p", "n")] = gpunode_facts.verdict()
+    assert ticker.is_due(ctx, "n", NOW)
+
+
+@pytest.mark.parametrize("agent_clock_ahead_hours", [0, 24])
+def test_a_node_whose_report_the_operator_saw_nearly_3_heartbeats_ago_is_due(
+    agent_clock_ahead_hours: int,
+) -> None:
+    """By the operator's clock: the agent's own (future) timestamp does not keep it fresh."""
+    status = fresh()
+    status["agent"]["lastHeartbeatTime"] = gpunode_facts.rfc3339(
+        NOW + datetime.timedelta(hours=agent_clock_ahead_hours)
+    )
+    ctx = make_context({keys.HEALTH_LABEL: "healthy"}, status, seen=NOW - datetime.timedelta(seconds=179))
     ctx.verdicts[("p", "n")] = gpunode_facts.verdict()
     assert ticker.is_due(ctx, "n", NOW)
 
@@ -92,7 +104,7 @@ def test_the_timer_judges_a_node_once_per_pass(monkeypatch: pytest.MonkeyPatch) 
     policy = ctx.cache.policies["p"]
     calls = []
     real = verdicts.judge
-    monkeypatch.setattr(verdicts, "judge", lambda *args: calls.append(args) or real(*args))
+    monkeypatch.setattr(verdicts, "judge", lambda *args, **kw: calls.append(args) or real(*args, **kw))
     first = reconciler.judge(ctx, policy, "n", NOW)
     assert reconciler.judge(ctx, policy, "n", NOW) is first
     assert len(calls) == 1

@@ -57,19 +57,30 @@ def judge_run(
     straggler: model.StragglerScore | None = None,
     node: model.NodeView = NODE,
 ) -> model.NodeVerdict:
-    """Judge (time, gpu fields) samples in turn, keeping conditions in status between them."""
+    """Judge (time, gpu fields) samples in turn, keeping conditions in status between them.
+
+    The operator's clock is emulated: a sample's report counts as seen at its time when its
+    `heartbeat` differs from the previous one; `report_age` overrides the age outright.
+    """
     stored: list[model.ConditionRecord] = []
     verdict = None
+    last: tuple[str, datetime.datetime] | None = None
     for t, gpu in samples:
         fields = dict(gpu)
         heartbeat = fields.pop("heartbeat", None)
+        age = fields.pop("report_age", None)
+        reported = facts(at(t), heartbeat=heartbeat, **fields)
+        stamp = reported["agent"]["lastHeartbeatTime"]
+        if last is None or last[0] != stamp:
+            last = (stamp, at(t))
         verdict = verdicts.judge(
             pol,
             node,
-            facts(at(t), heartbeat=heartbeat, **fields),
+            reported,
             hysteresis.from_status(stored),
             straggler,
             at(t),
+            report_age_seconds=(at(t) - last[1]).total_seconds() if age is None else age,
         )
         stored = hysteresis.to_status(verdict.conditions.values(), pol.generation)
     assert verdict is not None
@@ -204,7 +215,8 @@ def test_stale_agent_is_unknown_and_wants_nothing_disruptive() -> None:
 
 
 def test_stale_agent_from_the_start_never_fires_a_drain() -> None:
-    verdict = judge_run(DEFAULT, [(0, {**ECC, "heartbeat": at(-3600)})])
+    # (An hour since the operator saw its last report, whatever the report's own timestamp says.)
+    verdict = judge_run(DEFAULT, [(0, {**ECC, "report_age": 3600})])
     assert verdict.health is Health.UNKNOWN
     assert verdict.wanted_action is None
     assert verdict.conditions[Condition.ECC_UNCORRECTABLE].status == "Unknown"
@@ -393,3 +405,32 @@ def test_may_uncordon_requires_our_annotation(
     assert allowed == (
         node.cordoned_by == policy_name and recovered and uncordon and policies.selects(pol, node)
     )
+
+
+# --- IsolateGPU: accepted, and acted on as its fallback (Drain) until GPUs are isolated ---------------
+
+
+ISOLATING = policy(
+    {"name": "ecc", "condition": "EccUncorrectable", "action": "IsolateGPU"},
+    {"name": "thermal", "condition": "ThermalThrottled", "action": "Cordon"},
+)
+
+
+def test_a_fired_isolate_gpu_rule_is_wanted_as_a_drain() -> None:
+    verdict = judge_run(ISOLATING, [(0, ECC)])
+    assert [r.action for r in verdict.fired_rules] == [Action.ISOLATE_GPU]
+    assert verdict.wanted_action is Action.DRAIN
+    assert verdict.detected_at == at(0)
+    assert verdicts.budget_rank(verdict) == severity.rank(Condition.ECC_UNCORRECTABLE)
+
+
+def test_isolate_gpu_outranks_cordon_as_the_drain_it_falls_back_to() -> None:
+    verdict = judge_run(ISOLATING, [(0, {**ECC, **HOT})])
+    assert [r.name for r in verdict.fired_rules] == ["ecc", "thermal"]
+    assert verdict.wanted_action is Action.DRAIN
+
+
+def test_a_stale_agent_never_falls_back_to_a_drain() -> None:
+    verdict = judge_run(ISOLATING, [(0, ECC), (1000, {**ECC, "heartbeat": at(0)})])
+    assert verdict.health is Health.UNKNOWN
+    assert verdict.wanted_action is None

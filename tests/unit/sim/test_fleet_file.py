@@ -173,6 +173,13 @@ def test_the_example_fleets_load() -> None:
         ),
         (
             {
+                "agent": {"heartbeatSeconds": 601},
+                "pools": [{"count": 1, "gpu": {"model": H100}}],
+            },
+            "agent.heartbeatSeconds: must be at most 600",
+        ),
+        (
+            {
                 "pools": [
                     {"nodes": "n{0..1}", "gpu": {"model": H100, "count": 8}},
                     {"nodes": "n1", "gpu": {"model": H100, "count": 8}},

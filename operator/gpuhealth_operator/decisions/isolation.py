@@ -1,0 +1,266 @@
+"""IsolateGPU: quarantine one GPU through a DRA device taint, or fall back to the node ladder.
+
+Where GPUs are allocated through Dynamic Resource Allocation, each GPU is a
+device in its node's ResourceSlice, and a `DeviceTaintRule` (resource.k8s.io)
+selecting exactly that device stops the scheduler giving it to new claims
+and, with effect NoExecute, makes the controller manager evict only the pods
+using it. The other GPUs of the node stay in service.
+
+Isolation is only right when the fault is one GPU's and the cluster can
+taint that GPU. So, per faulty GPU, this module decides one of:
+- ISOLATE: a DeviceTaintRule on its device;
+- WAIT: it should be isolated, but the policy's maxUnavailableGPUs is spent;
+- NODE_LADDER: Cordon/Drain the node instead, with the reason in words:
+  the cluster does not act on DeviceTaintRules; the GPU is no DRA device (a
+  device-plugin node, or its UUID is in no ResourceSlice); the fault is
+  node-wide (the driver asks for a node reboot, an NVLink/fabric or
+  reboot-class XID, fewer GPUs answer than the node has and none is
+  identifiable); or the node would have more than `maxGPUsPerNode` GPUs
+  isolated. One GPU on the ladder takes the whole node there: draining a
+  node already frees every GPU on it.
+
+Faults are attributed to GPUs by the same per-GPU predicates the conditions
+are judged by (`gpuhealth_api.faults`). The I/O layer supplies what only the
+cluster knows, read with `device_taints`: the devices (`devices_by_uuid`
+over the node's ResourceSlices), the API version to write rules in
+(`served_version` over discovery; None when not served, or when the probe
+rule is not `acknowledged`) and the GPU budget left. Until that layer
+lands the operator acts on `node_action`: IsolateGPU ranks and acts as its
+fallback, Drain.
+
+Pure: no kopf, no Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Collection, Mapping, Sequence
+from typing import Final
+
+from gpuhealth_api import faults, status, vocabulary, xid_catalogue
+from gpuhealth_operator.decisions import device_taints, model, signals
+
+Action = vocabulary.Action
+Condition = vocabulary.Condition
+
+FALLBACK_ACTION: Final = Action.DRAIN
+"""What IsolateGPU becomes on the node ladder: the GPU's pods must leave, so the node is drained."""
+NODE_WIDE_XID_ACTIONS: Final = frozenset({"RESTART_BM", "WORKFLOW_NVLINK_ERR"})
+"""XID catalogue actions whose cure reaches past the GPU: a node reboot, or the NVLink fabric GPUs share."""
+
+
+def node_action(action: Action) -> Action:
+    """The action the node ladder takes for a rule's action: IsolateGPU's fallback, else itself.
+
+    Today the operator isolates no GPU yet, so a fired IsolateGPU rule is ranked,
+    budgeted and applied exactly as a Drain rule.
+    """
+    return FALLBACK_ACTION if action is Action.ISOLATE_GPU else action
+
+
+class Outcome(enum.StrEnum):
+    ISOLATE = "Isolate"
+    WAIT = "Wait"
+    NODE_LADDER = "NodeLadder"
+
+
+@dataclasses.dataclass(frozen=True)
+class GPUFault:
+    """One faulty GPU: which of the wanted conditions it shows, and why its fault may be node-wide."""
+
+    index: int | None
+    uuid: str | None
+    conditions: tuple[Condition, ...]
+    """Most severe first."""
+    node_wide: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Attribution:
+    gpus: tuple[GPUFault, ...]
+    unattributed: str | None = None
+    """Why a wanted condition holds with no single GPU to blame (e.g. GPUs missing from enumeration)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GPUDecision:
+    index: int | None
+    uuid: str | None
+    conditions: tuple[Condition, ...]
+    outcome: Outcome
+    reason: str
+    device: device_taints.Device | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeIsolation:
+    gpus: tuple[GPUDecision, ...]
+    node_ladder: str | None = None
+    """Why the node is cordoned and drained instead; None when every faulty GPU isolates or waits."""
+
+    def with_outcome(self, outcome: Outcome) -> tuple[GPUDecision, ...]:
+        return tuple(gpu for gpu in self.gpus if gpu.outcome is outcome)
+
+
+# --- whose fault --------------------------------------------------------------------------------
+
+
+def attribute(
+    facts: status.GPUNodeStatus,
+    node: model.NodeView,
+    wanted: Collection[Condition],
+    *,
+    critical_xids: frozenset[int],
+    catalogue: xid_catalogue.Catalogue | None = None,
+) -> Attribution:
+    """The GPUs showing a `wanted` condition (those of fired IsolateGPU rules), by the per-GPU predicates."""
+    catalogue = catalogue or xid_catalogue.Catalogue.packaged()
+    gpus = facts.get("gpus")
+    listed = [gpu for gpu in gpus if isinstance(gpu, dict)] if isinstance(gpus, list) else []
+    found: list[GPUFault] = []
+    for gpu in listed:
+        shown = faults.gpu_faults(gpu, critical_xids)
+        conditions = tuple(c for c in shown if c in wanted)
+        if conditions:
+            index, uuid = gpu.get("index"), gpu.get("uuid")
+            found.append(
+                GPUFault(
+                    index=index if isinstance(index, int) and not isinstance(index, bool) else None,
+                    uuid=uuid if isinstance(uuid, str) and uuid else None,
+                    conditions=conditions,
+                    node_wide=_node_wide(gpu, conditions, critical_xids, catalogue),
+                )
+            )
+    unattributed = None
+    if Condition.GPU_LOST in wanted:
+        # As the GPULost signal counts them; a GPU missing from the list has no UUID to taint.
+        missing = faults.missing_gpus(len(listed), signals.expected_gpus(facts, node))
+        if missing is not None:
+            unattributed = f"GPULost: {missing}, and a GPU that is not listed has no device to taint"
+    return Attribution(tuple(found), unattributed)
+
+
+def _node_wide(
+    gpu: status.GPUStatus,
+    conditions: Sequence[Condition],
+    critical_xids: frozenset[int],
+    catalogue: xid_catalogue.Catalogue,
+) -> str | None:
+    if Condition.RECOVERY_REQUIRED in conditions and gpu.get("recoveryAction") == (
+        vocabulary.RecoveryAction.NODE_REBOOT.value
+    ):
+        return "the driver asks for a node reboot (recovery action NodeReboot)"
+    if Condition.XID_CRITICAL in conditions:
+        for record in faults.matching_xids(gpu, critical_xids):
+            info = catalogue.lookup(record["code"])
+            if info.action in NODE_WIDE_XID_ACTIONS:
+                return f"XID {info.code} ({info.name}) needs {_cure(info.action)}"
+    return None
+
+
+def _cure(action: str) -> str:
+    return "a node reboot" if action == "RESTART_BM" else "the NVLink fabric the node's GPUs share reset"
+
+
+# --- what to do ---------------------------------------------------------------------------------
+
+
+def decide(
+    attribution: Attribution,
+    *,
+    devices: Mapping[str, device_taints.Device],
+    api_version: str | None,
+    max_gpus_per_node: int,
+    already_isolated: Collection[str] = (),
+    budget_left: int,
+) -> NodeIsolation:
+    """Per faulty GPU: isolate, wait for the GPU budget, or the node ladder (module docstring).
+
+    `api_version` is where rules are written, None when the cluster does not act on them;
+    `already_isolated` are UUIDs of this node with a rule in place (they use no new budget);
+    `budget_left` is how many more GPUs the policy may isolate now (maxUnavailableGPUs minus
+    those isolated fleet-wide).
+    """
+    gpus = attribution.gpus
+    if not gpus and attribution.unattributed is None:
+        return NodeIsolation(())
+    ladder = _node_ladder(attribution, devices, api_version, max_gpus_per_node, already_isolated)
+    if ladder is not None:
+        return NodeIsolation(
+            tuple(
+                GPUDecision(
+                    gpu.index,
+                    gpu.uuid,
+                    gpu.conditions,
+                    Outcome.NODE_LADDER,
+                    _own_reason(gpu, devices) or ladder,
+                    devices.get(gpu.uuid) if gpu.uuid is not None else None,
+                )
+                for gpu in sorted(gpus, key=_order)
+            ),
+            ladder,
+        )
+    decided: list[GPUDecision] = []
+    for gpu in sorted(gpus, key=lambda g: (g.uuid not in already_isolated, _order(g))):
+        device = devices[gpu.uuid or ""]
+        if gpu.uuid in already_isolated:
+            decided.append(
+                GPUDecision(gpu.index, gpu.uuid, gpu.conditions, Outcome.ISOLATE, "isolated", device)
+            )
+        elif budget_left > 0:
+            budget_left -= 1
+            reason = f"{_name(gpu)} is device {device.name} of pool {device.pool}"
+            decided.append(GPUDecision(gpu.index, gpu.uuid, gpu.conditions, Outcome.ISOLATE, reason, device))
+        else:
+            reason = "maxUnavailableGPUs reached: waits for an isolated GPU to recover"
+            decided.append(GPUDecision(gpu.index, gpu.uuid, gpu.conditions, Outcome.WAIT, reason, device))
+    return NodeIsolation(tuple(sorted(decided, key=_order)))
+
+
+def _node_ladder(
+    attribution: Attribution,
+    devices: Mapping[str, device_taints.Device],
+    api_version: str | None,
+    max_gpus_per_node: int,
+    already_isolated: Collection[str],
+) -> str | None:
+    """Why the node goes to the ladder, most fundamental reason first; None to isolate."""
+    if attribution.unattributed is not None:
+        return f"node-wide fault: {attribution.unattributed}"
+    for gpu in sorted(attribution.gpus, key=_order):
+        if gpu.node_wide is not None:
+            return f"node-wide fault on {_name(gpu)}: {gpu.node_wide}"
+    if api_version is None:
+        return (
+            "the cluster does not act on DeviceTaintRules (resource.k8s.io version not served, "
+            "or feature gate DRADeviceTaintRules off)"
+        )
+    for gpu in sorted(attribution.gpus, key=_order):
+        own = _own_reason(gpu, devices)
+        if own is not None:
+            return own
+    isolated = {g.uuid for g in attribution.gpus} | set(already_isolated)
+    if len(isolated) > max_gpus_per_node:
+        return (
+            f"{len(isolated)} GPUs of the node would be isolated, more than isolation.maxGPUsPerNode "
+            f"({max_gpus_per_node})"
+        )
+    return None
+
+
+def _own_reason(gpu: GPUFault, devices: Mapping[str, device_taints.Device]) -> str | None:
+    """Why this GPU cannot be isolated whatever the rest of the node does."""
+    if gpu.uuid is None:
+        return f"{_name(gpu)} reports no UUID to find its DRA device by"
+    if gpu.uuid not in devices:
+        return f"{_name(gpu)} is no DRA device (no ResourceSlice of the node lists UUID {gpu.uuid})"
+    return None
+
+
+def _order(gpu: GPUFault | GPUDecision) -> tuple[int, str]:
+    return (gpu.index if gpu.index is not None else faults.MAX_GPUS, gpu.uuid or "")
+
+
+def _name(gpu: GPUFault) -> str:
+    return f"GPU {gpu.index}" if gpu.index is not None else f"GPU {gpu.uuid or '?'}"

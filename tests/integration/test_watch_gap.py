@@ -1,0 +1,140 @@
+"""A Node deleted while the operator's watches were cut gives its budget place back.
+
+The gap is made for real: the operator is paused (SIGSTOP), the API server
+restarts (so its watch cache no longer holds the history the operator's
+watches would resume from), and while the operator still sleeps a cordoned
+Node, its GPUNode and a second policy are deleted. When the operator wakes
+its watches resume with 410 Gone and kopf lists again, which says nothing of
+the deleted objects. The operator must notice by itself (resync after a
+re-list; the periodic resync is set far beyond the test), free the place the
+deleted node held under maxUnavailable=1, and cordon the node that waited.
+The Lease is long here so that the pause does not end the term: a new term
+starts from a fresh cache, which would hide the gap.
+"""
+
+import secrets
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+import gpunode_facts
+import operator_harness
+from gpuhealth_api import resources
+from gpuhealth_sim import controlplane, waiting
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 30.0
+ECC = {3: {"ecc": {"uncorrectedVolatile": 1}}}
+
+
+@pytest.fixture
+def fleet(k8s: client.ApiClient) -> Iterator[operator_harness.Fleet]:
+    nodes = operator_harness.Fleet(k8s, label=f"gap-{secrets.token_hex(3)}")
+    try:
+        yield nodes
+    finally:
+        nodes.cleanup()
+
+
+@pytest.fixture
+def operator(
+    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path: Path
+) -> Iterator[operator_harness.OperatorProcess]:
+    operator_harness.ensure_namespace(k8s, "gpu-health")
+    process = operator_harness.OperatorProcess(
+        kubeconfig=Path(crds.kubeconfig),
+        log_path=tmp_path / "operator.log",
+        lease_name=f"gpu-health-gap-{secrets.token_hex(2)}",
+        identity=f"gap-{secrets.token_hex(2)}",
+        extra_args=[
+            "--tick-seconds=0.5",
+            "--resync-seconds=3600",
+            "--lease-duration-seconds=180",
+            "--lease-renew-deadline-seconds=150",
+        ],
+    ).start()
+    try:
+        waiting.wait_until(process.is_leading, timeout_seconds=TIMEOUT, message="operator leads")
+        yield process
+    finally:
+        if process.process is not None:
+            process.process.signal(signal.SIGCONT)
+        process.stop()
+        print(process.log()[-15000:])
+
+
+def policy_status(fleet: operator_harness.Fleet, name: str) -> dict[str, Any]:
+    body = fleet.custom.get_cluster_custom_object(
+        resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, name
+    )
+    return dict(body.get("status") or {})  # type: ignore[union-attr]
+
+
+def cordoned(fleet: operator_harness.Fleet, name: str) -> bool:
+    return bool(fleet.node(name)["spec"].get("unschedulable"))
+
+
+def test_a_node_deleted_during_a_watch_gap_frees_its_budget_place(
+    crds: controlplane.ControlPlane,
+    operator: operator_harness.OperatorProcess,
+    fleet: operator_harness.Fleet,
+) -> None:
+    first, waiter, healthy = (f"{fleet.label}-{n}" for n in ("first", "waiter", "healthy"))
+    for name in (first, waiter, healthy):
+        fleet.add_node(name)
+    rules = [{"name": "ecc", "condition": "EccUncorrectable", "action": "Cordon"}]
+    fleet.policy(fleet.label, {"maxUnavailable": 1, "rules": rules})
+    doomed = f"{fleet.label}-doomed"
+    fleet.policy(doomed, {"dryRun": True, "rules": rules})
+    waiting.wait_until(
+        lambda: policy_status(fleet, fleet.label).get("selectedNodes") == 3,
+        timeout_seconds=TIMEOUT,
+        message="the policy selects the three nodes",
+    )
+    fleet.report(first, gpunode_facts.agent_status(overrides=ECC))
+    waiting.wait_until(lambda: cordoned(fleet, first), timeout_seconds=TIMEOUT, message="first cordoned")
+    fleet.report(waiter, gpunode_facts.agent_status(overrides=ECC))
+    waiting.wait_until(
+        lambda: policy_status(fleet, fleet.label).get("pendingNodes") == 1,
+        timeout_seconds=TIMEOUT,
+        message="the second faulty node waits for the budget",
+    )
+    assert not cordoned(fleet, waiter)
+
+    assert operator.process is not None
+    operator.process.signal(signal.SIGSTOP)
+    try:
+        crds.stop_apiserver()
+        crds.start_apiserver()
+        fleet.core.delete_node(first)
+        fleet.custom.delete_cluster_custom_object(
+            resources.GROUP, resources.VERSION, resources.GPUNODE_PLURAL, first
+        )
+        fleet.custom.delete_cluster_custom_object(
+            resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, doomed
+        )
+    finally:
+        operator.process.signal(signal.SIGCONT)
+
+    waiting.wait_until(
+        lambda: cordoned(fleet, waiter),
+        timeout_seconds=TIMEOUT,
+        message="the waiting node is cordoned once the deleted node's place is free",
+    )
+    waiting.wait_until(
+        lambda: policy_status(fleet, fleet.label).get("selectedNodes") == 2,
+        timeout_seconds=TIMEOUT,
+        message="the deleted node is no longer counted as selected",
+    )
+    log = operator.log()
+    # The watches did not report the deletions: the resync found them (else nothing is tested here).
+    assert f"resync: pruned what was deleted while no watch saw it: nodes {first}" in log
+    assert f"policies {doomed}" in log
+    assert operator.is_leading(), "the same term went on across the gap"
+    assert "campaigning again" not in log
+    assert not cordoned(fleet, healthy)

@@ -1,0 +1,189 @@
+"""An emergency stop: no eviction request once the drain is told to stop, and the cordon keeps its slot."""
+
+import asyncio
+import dataclasses
+import datetime
+from typing import Any
+
+from gpuhealth_api import keys
+from gpuhealth_operator import cache, context, kube, metrics, settings, stopping
+from gpuhealth_operator.actions import drain
+from gpuhealth_operator.decisions import policies
+
+OPTIONS = drain.Options(
+    grace_period_seconds=None,
+    delete_empty_dir_data=True,
+    backoff_initial_seconds=0.01,
+    backoff_max_seconds=0.01,
+    force=True,  # the test pods have no controller
+)
+
+
+class RefusingCluster:
+    """One pod on the node whose eviction a PodDisruptionBudget always refuses (429); counts the requests."""
+
+    def __init__(self) -> None:
+        self.evictions = 0
+
+    async def list_all(self, path: str, query: Any = None) -> list[dict[str, Any]]:
+        return [{"metadata": {"name": "guarded", "namespace": "ns"}, "spec": {}}]
+
+    async def create(self, path: str, body: Any) -> dict[str, Any]:
+        self.evictions += 1
+        raise kube.ApiError(
+            429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget."
+        )
+
+
+def test_no_eviction_request_after_the_stop_and_the_drain_says_stopped() -> None:
+    cluster = RefusingCluster()
+    stop_after = 3
+
+    async def scenario() -> drain.Result:
+        return await drain.drain(
+            cluster,  # type: ignore[arg-type]
+            "n",
+            options=OPTIONS,
+            deadline=datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=5),
+            semaphore=asyncio.Semaphore(4),
+            should_stop=lambda: cluster.evictions >= stop_after,
+        )
+
+    result = asyncio.run(scenario())
+    assert result.stopped and not result.completed
+    assert cluster.evictions == stop_after
+
+
+def test_a_drain_told_to_stop_before_it_starts_sends_nothing() -> None:
+    cluster = RefusingCluster()
+    result = asyncio.run(
+        drain.drain(
+            cluster,  # type: ignore[arg-type]
+            "n",
+            options=OPTIONS,
+            deadline=datetime.datetime.now(datetime.UTC) + datetime.timedelta(minutes=5),
+            semaphore=asyncio.Semaphore(4),
+            should_stop=lambda: True,
+        )
+    )
+    assert result.stopped
+    assert cluster.evictions == 0
+
+
+def node(name: str, labels: dict[str, str], *, cordoned_by: str | None = None) -> dict[str, Any]:
+    annotations = {keys.CORDONED_BY_ANNOTATION: cordoned_by} if cordoned_by else {}
+    return {
+        "metadata": {"name": name, "resourceVersion": "1", "labels": labels, "annotations": annotations},
+        "spec": {"unschedulable": cordoned_by is not None},
+    }
+
+
+POLICY = policies.parse_policy(
+    "p",
+    1,
+    {
+        "nodeSelector": {"matchLabels": {"pool": "gpu"}},
+        "maxUnavailable": 1,
+        "rules": [{"name": "e", "condition": "EccUncorrectable", "action": "Drain"}],
+    },
+)
+
+
+def test_an_excluded_node_keeps_its_cordons_budget_slot() -> None:
+    nodes = cache.ClusterCache()
+    nodes.put_policy(POLICY)
+    nodes.put_node(node("a", {"pool": "gpu", keys.EXCLUDE_LABEL: "true"}, cordoned_by="p"))
+    nodes.put_node(node("b", {"pool": "gpu"}))
+    nodes.put_node(node("c", {"pool": "gpu", keys.EXCLUDE_LABEL: "true"}))  # excluded, schedulable
+    nodes.put_node(node("d", {"pool": "cpu", keys.EXCLUDE_LABEL: "true"}, cordoned_by="p"))  # not matched
+    nodes.put_node(node("e", {"pool": "gpu", keys.EXCLUDE_LABEL: "true"}, cordoned_by="p"))  # no agent
+    for name in "abcd":
+        nodes.put_gpunode({"metadata": {"name": name, "resourceVersion": "1"}, "status": {}})
+    selection = nodes.selection(POLICY)
+    assert selection.selected == {"b"}
+    assert selection.unavailable == {"a"}
+    # A human uncordons the excluded node: its capacity is back, so is the budget slot.
+    uncordoned = node("a", {"pool": "gpu", keys.EXCLUDE_LABEL: "true"}, cordoned_by="p")
+    uncordoned["metadata"]["resourceVersion"] = "2"
+    uncordoned["spec"]["unschedulable"] = False
+    nodes.put_node(uncordoned)
+    assert selection.unavailable == set()
+
+
+def make_context() -> context.Context:
+    client = kube.Kube(kube.Credentials("https://127.0.0.1:1", None, True, None, None, None))
+    return context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+
+
+def test_why_stop_names_each_emergency_stop() -> None:
+    ctx = make_context()
+    ctx.cache.put_policy(POLICY)
+    ctx.cache.put_node(node("n", {"pool": "gpu"}, cordoned_by="p"))
+    assert stopping.why_stop(ctx, "p", "n") is None
+    ctx.cache.put_policy(dataclasses.replace(POLICY, dry_run=True))
+    assert "dry run" in (stopping.why_stop(ctx, "p", "n") or "")
+    ctx.cache.remove_policy("p")
+    assert "deleted" in (stopping.why_stop(ctx, "p", "n") or "")
+    ctx.cache.put_policy(POLICY)
+    excluded = node("n", {"pool": "gpu", keys.EXCLUDE_LABEL: "true"}, cordoned_by="p")
+    excluded["metadata"]["resourceVersion"] = "2"
+    ctx.cache.put_node(excluded)
+    assert keys.EXCLUDE_LABEL in (stopping.why_stop(ctx, "p", "n") or "")
+    ctx.cache.remove_node("n")
+    assert stopping.why_stop(ctx, "p", "n") == "the node is gone"
+
+
+class AdoptingCluster:
+    """Answers the requests of an adoption: the old policy's GET, the Node's JSON patch, the Event."""
+
+    def __init__(self, *, old_policy_exists: bool) -> None:
+        self.old_policy_exists = old_policy_exists
+        self.patches: list[Any] = []
+        self.events: list[dict[str, Any]] = []
+
+    async def get(self, path: str, query: Any = None) -> dict[str, Any]:
+        if self.old_policy_exists:
+            return {"metadata": {"name": path.rsplit("/", 1)[1]}}
+        raise kube.ApiError(404, "NotFound", "gpuhealthpolicies not found")
+
+    async def patch(self, path: str, body: Any, **_: Any) -> dict[str, Any]:
+        self.patches.append(body)
+        adopted = node("n", {"pool": "gpu"}, cordoned_by="p")
+        adopted["metadata"]["resourceVersion"] = "2"
+        return adopted
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.events.append(body)
+        return body
+
+
+def adopting_context(cluster: AdoptingCluster, owner: str) -> context.Context:
+    ctx = make_context()
+    ctx.client = cluster  # type: ignore[assignment]
+    ctx.recorder.client = cluster  # type: ignore[assignment]
+    ctx.cache.put_policy(POLICY)
+    orphan = node("n", {"pool": "gpu"}, cordoned_by=owner)
+    orphan["metadata"]["annotations"]["gpuhealth.io/drain-started"] = "2026-01-01T00:00:00Z"
+    ctx.cache.put_node(orphan)
+    return ctx
+
+
+def test_a_cordon_of_a_deleted_policy_is_adopted_with_a_fresh_drain() -> None:
+    cluster = AdoptingCluster(old_policy_exists=False)
+    ctx = adopting_context(cluster, owner="old")
+    asyncio.run(stopping.adopt(ctx, "p", "n"))
+    (ops,) = cluster.patches
+    assert {"op": "test", "path": "/metadata/annotations/gpuhealth.io~1cordoned-by", "value": "old"} in ops
+    assert {"op": "replace", "path": "/metadata/annotations/gpuhealth.io~1cordoned-by", "value": "p"} in ops
+    assert {"op": "remove", "path": "/metadata/annotations/gpuhealth.io~1drain-started"} in ops
+    record = ctx.cache.node("n")
+    assert record is not None and record.view.cordoned_by == "p"
+    assert [e["reason"] for e in cluster.events] == ["NodeCordoned"]
+    assert "adopts the cordon of deleted policy old" in cluster.events[0]["message"]
+
+
+def test_a_cordon_is_not_adopted_while_its_policy_exists_even_if_the_cache_lags() -> None:
+    cluster = AdoptingCluster(old_policy_exists=True)
+    ctx = adopting_context(cluster, owner="old")
+    asyncio.run(stopping.adopt(ctx, "p", "n"))
+    assert cluster.patches == [] and cluster.events == []
