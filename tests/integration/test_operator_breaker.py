@@ -190,8 +190,11 @@ def test_after_the_window_it_half_opens_admits_one_node_then_resumes(
     waiting.wait_until(
         lambda: paused(fleet).get("reason") == "FaultStorm", timeout_seconds=TIMEOUT, message="trip"
     )
+    # A cordon admitted just before the trip may still be landing: settle before counting.
+    waiting.holds(
+        lambda: len(cordoned(fleet, names)) <= 1, seconds=1.5, message="at most one before the trip"
+    )
     tripped_with = len(cordoned(fleet, names))
-    assert tripped_with <= 1
     seen: list[tuple[float, str, int]] = []
 
     def resumed() -> bool:
@@ -205,7 +208,7 @@ def test_after_the_window_it_half_opens_admits_one_node_then_resumes(
     counts = [count for _, _, count in seen]
     assert sorted(set(counts)) == sorted({tripped_with, tripped_with + 1, len(storm)}), seen
     trial = [at for at, _, count in seen if count == tripped_with + 1]
-    assert trial[-1] - trial[0] >= 4.0, f"the trial node was not alone for the probe: {seen}"
+    assert trial[-1] - trial[0] >= 3.0, f"the trial node was not alone for the probe: {seen}"
     assert "resumed" in paused(fleet)["message"]
 
 
