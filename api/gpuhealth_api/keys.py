@@ -30,6 +30,8 @@ DRILL_TTL_ANNOTATION: Final = f"{PREFIX}/drill-ttl"
 
 DRILL_STARTED_ANNOTATION: Final = f"{PREFIX}/drill-started"
 """On a GPUNode, written by the operator when it first sees a drill: its start (RFC 3339)."""
+BREAKER_RESET_ANNOTATION: Final = f"{PREFIX}/breaker-reset"
+"""On a GPUHealthPolicy: close its fleet circuit breaker now, once per new value (recorded in its status)."""
 
 EXCLUDE_LABEL: Final = f"{PREFIX}/exclude"
 """"true" opts a node out of every policy (maintenance, debugging)."""

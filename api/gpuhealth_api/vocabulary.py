@@ -98,7 +98,8 @@ class EventReason(enum.StrEnum):
     DRY_RUN = "DryRun"
     OVERRIDDEN_BY_USER = "OverriddenByUser"
     REMEDIATION_PAUSED = "RemediationPaused"
-    """A running drain stopped (exclude label, dry run, policy deleted), or a deleted policy left a cordon."""
+    """A running drain stopped (exclude label, dry run, policy deleted), or a deleted policy left a cordon;
+    on a GPUHealthPolicy: its fleet circuit breaker tripped and no new cordon or drain starts."""
     DRILL = "Drill"
 
 

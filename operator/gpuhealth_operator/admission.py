@@ -9,16 +9,19 @@ said once per wait).
 
 A node is admitted only if the budget of every acting policy that selects it
 admits it (`budget.admits_all`); an in-flight node counts in each of them.
+Then each of those policies' fleet circuit breakers is asked too (`breakers`):
+in a fault storm a breaker holds every new disruption back, whatever the budget.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Mapping
+import datetime
+from collections.abc import Mapping, MutableMapping
 
-from gpuhealth_operator import cache
-from gpuhealth_operator.decisions import budget, model, policies
+from gpuhealth_operator import breakers, cache
+from gpuhealth_operator.decisions import breaker, budget, model, policies
 
 
 @dataclasses.dataclass
@@ -33,6 +36,12 @@ class Admission:
 
     notified: set[tuple[str, str]] = dataclasses.field(default_factory=set)
     """(policy, node) already told DisruptionBudgetExceeded while it waits."""
+
+    breakers: breakers.Breakers = dataclasses.field(default_factory=breakers.Breakers)
+    """Each policy's fleet circuit breaker (the Context's own, set by it)."""
+
+    turned: Mapping[str, MutableMapping[str, datetime.datetime]] = dataclasses.field(default_factory=dict)
+    """policy → node → when it turned Unhealthy (the Context's verdict index, set by it)."""
 
     def holders(self, policy: model.Policy, selection: cache.Selection) -> set[str]:
         """Selected nodes that take up the budget, those admitted but not yet seen cordoned included."""
@@ -50,10 +59,36 @@ class Admission:
         """
         async with self.lock:
             budgets = self._budgets(policy, name, nodes)
-            if budgets and budget.admits_all(name, budgets, self._ranks(nodes, wanting)):
-                self.in_flight.add(name)
-                return True
+            if not budgets or not budget.admits_all(name, budgets, self._ranks(nodes, wanting)):
+                return False
+            if not self._breakers_admit(name, budgets):
+                return False
+            self.in_flight.add(name)
+            return True
+
+    def _breakers_admit(self, name: str, budgets: list[budget.Budget]) -> bool:
+        """Every selecting policy's breaker, stepped to now, lets the disruption start.
+
+        All are decided before any is changed, so a half-open breaker's one trial
+        is not spent on a node another policy's breaker refuses.
+        """
+        now = datetime.datetime.now(datetime.UTC)
+        selecting = [b for b in budgets if name in b.selected]
+        decided = [
+            breaker.admit(
+                self.breakers.current(b.policy, len(b.selected), self._turned(b.policy.name), now), name, now
+            )
+            for b in selecting
+        ]
+        if not all(admitted for _, admitted in decided):
             return False
+        for b, (state, _) in zip(selecting, decided, strict=True):
+            self.breakers.states[b.policy.name] = state
+        return True
+
+    def _turned(self, policy: str) -> MutableMapping[str, datetime.datetime]:
+        turned = self.turned.get(policy)
+        return turned if turned is not None else {}
 
     def release(self, policy: model.Policy, name: str) -> None:
         """The admitted node's cordon is in the cache (or was not made): it is no longer in flight."""
@@ -80,8 +115,14 @@ class Admission:
         wanting: Mapping[str, Mapping[str, budget.Rank]],
     ) -> str:
         """Why the node waits, naming the policy whose budget is short and the nodes that hold it."""
-        refusing = budget.refusing(name, self._budgets(policy, name, nodes), self._ranks(nodes, wanting))
+        budgets = self._budgets(policy, name, nodes)
+        refusing = budget.refusing(name, budgets, self._ranks(nodes, wanting))
         if not refusing:
+            for b in budgets:
+                paused = self.breakers.paused(b.policy.name)
+                if name in b.selected and paused is not None and paused.trial != name:
+                    whose = "" if b.policy.name == policy.name else f"policy {b.policy.name}: "
+                    return f"{whose}its fleet circuit breaker is {paused.state.value}: {paused.reason}"
             return "the budget has no place for it"
         first = refusing[0]
         whose = (

@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator import admission, agent_pods, cache, kube, metrics, settings
+from gpuhealth_operator import admission, agent_pods, breakers, cache, kube, metrics, settings
 from gpuhealth_operator.actions import drain, events
-from gpuhealth_operator.decisions import budget, model, stragglers, verdicts
+from gpuhealth_operator.decisions import breaker, budget, model, stragglers, verdicts
 
 POLICY, NODE = 0, 1
 """Positions in a (policy, node) key."""
@@ -55,6 +55,10 @@ class Verdicts(MutableMapping[tuple[str, str], model.NodeVerdict]):
         self._inputs: dict[tuple[str, str], tuple[object, ...]] = {}
         self.wanting: collections.defaultdict[str, dict[str, budget.Rank]] = collections.defaultdict(dict)
         """policy → node → rank, for verdicts whose wanted action is Cordon or Drain."""
+        self.turned_unhealthy: collections.defaultdict[str, dict[str, datetime.datetime]] = (
+            collections.defaultdict(dict)
+        )
+        """policy → node → when it turned Unhealthy, kept after it recovers (the breaker prunes old ones)."""
 
     def __getitem__(self, key: tuple[str, str]) -> model.NodeVerdict:
         return self._all[key]
@@ -67,11 +71,15 @@ class Verdicts(MutableMapping[tuple[str, str], model.NodeVerdict]):
             self.wanting[policy][node] = (verdicts.budget_rank(verdict), verdict.detected_at)
         else:
             self.wanting[policy].pop(node, None)
+        turned = breaker.turned_unhealthy(verdict)
+        if turned is not None:
+            self.turned_unhealthy[policy][node] = turned
 
     def __delitem__(self, key: tuple[str, str]) -> None:
         del self._all[key]
         self._inputs.pop(key, None)
         self.wanting[key[0]].pop(key[1], None)
+        self.turned_unhealthy[key[0]].pop(key[1], None)
 
     def remember(self, key: tuple[str, str], verdict: model.NodeVerdict, inputs: tuple[object, ...]) -> None:
         """Store a verdict with what it was judged from, so the same inputs are not judged twice."""
@@ -95,6 +103,7 @@ class Verdicts(MutableMapping[tuple[str, str], model.NodeVerdict]):
     def forget_policy(self, name: str) -> None:
         _drop(self, name, POLICY)
         self.wanting.pop(name, None)
+        self.turned_unhealthy.pop(name, None)
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
         return iter(self._all)
@@ -162,6 +171,13 @@ class Context:
     eviction_slots: asyncio.Semaphore = dataclasses.field(default_factory=lambda: asyncio.Semaphore(16))
     """Evictions in flight across all drains (sized from settings by `create`)."""
 
+    breakers: breakers.Breakers = dataclasses.field(default_factory=breakers.Breakers)
+    """policy → its fleet circuit breaker; admission asks it (the same object) under its lock."""
+
+    def __post_init__(self) -> None:
+        self.admission.breakers = self.breakers
+        self.admission.turned = self.verdicts.turned_unhealthy
+
     @classmethod
     def create(
         cls, config: settings.Settings, client: kube.Kube, meters: metrics.Metrics, instance: str
@@ -195,6 +211,7 @@ class Context:
         _drop(self.drill_health, name, NODE)
         self.count_drills()
         self.admission.forget_node(name)
+        self.breakers.forget_node(name)
 
     def forget_node(self, name: str) -> None:
         """The node (its Node or GPUNode) is gone: nothing in memory refers to it any more.
@@ -223,6 +240,7 @@ class Context:
         _drop(self.drill_said, name, POLICY)
         _drop(self.drill_health, name, POLICY)
         self.admission.forget_policy(name)
+        self.breakers.forget_policy(name)
         self.policy_status_written.pop(name, None)
         self.meters.forget_policy(name)
         for node in [n for n, policy in self.drain_policies.items() if policy == name]:

@@ -76,6 +76,7 @@ def store_policy(memo: context.Context, body: Mapping[str, Any]) -> model.Policy
     meta = body.get("metadata", {})
     name = meta.get("name", "")
     generation = int(str(meta.get("generation") or 0))
+    memo.breakers.note_reset(name, body)
     try:
         policy = policies.parse_policy(name, generation, body.get("spec") or {})
     except ValueError as error:

@@ -48,6 +48,7 @@ class Metrics:
     leader: prometheus_client.Gauge
     drill_nodes: prometheus_client.Gauge
     drill_actions: prometheus_client.Counter
+    breaker_open: prometheus_client.Gauge
 
     @classmethod
     def create(cls) -> Metrics:
@@ -121,6 +122,12 @@ class Metrics:
                 [LABEL_ACTION, LABEL_REASON],
                 registry=registry,
             ),
+            breaker_open=prometheus_client.Gauge(
+                f"{PREFIX}_breaker_open",
+                "1 while the policy's fleet circuit breaker holds new cordons and drains back.",
+                [LABEL_POLICY],
+                registry=registry,
+            ),
         )
         for handler in HANDLERS:
             meters.reconcile_errors.labels(handler)
@@ -135,6 +142,8 @@ class Metrics:
                 self.drill_nodes.remove(name, health)
         with contextlib.suppress(KeyError):
             self.budget_pending.remove(name)
+        with contextlib.suppress(KeyError):
+            self.breaker_open.remove(name)
 
     def serve(self, port: int) -> threading.Thread | None:
         """Serve /metrics on the port in a background thread (port 0: not served)."""

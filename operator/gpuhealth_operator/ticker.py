@@ -20,7 +20,7 @@ import logging
 from typing import Any
 
 from gpuhealth_api import heartbeats, keys, vocabulary
-from gpuhealth_operator import context, heap, kube, reconciler
+from gpuhealth_operator import context, heap, kube, pausing, reconciler
 from gpuhealth_operator.actions import status
 from gpuhealth_operator.decisions import signals, times
 
@@ -92,6 +92,7 @@ async def tick(ctx: context.Context, *, full: bool = False) -> None:
             logger.error("reconcile of node %s failed", name, exc_info=result)
         elif isinstance(result, BaseException):
             raise result  # cancelled: the timer is stopping
+    await pausing.announce(ctx, now)
     await write_policy_statuses(ctx, now)
 
 
@@ -166,7 +167,9 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
     same = before.get("status") == ready["status"] and before.get("lastTransitionTime")
     ready["lastTransitionTime"] = before["lastTransitionTime"] if same else times.render(now)
     ready["observedGeneration"] = generation
-    return {"observedGeneration": generation, **counts, "conditions": [ready]}
+    paused = {**ctx.breakers.condition(name, now), "observedGeneration": generation}
+    conditions = [ready] if policy is None or policy.dry_run else [ready, paused]
+    return {"observedGeneration": generation, **counts, **ctx.breakers.status(name), "conditions": conditions}
 
 
 def _without_times(status_: dict[str, Any]) -> dict[str, Any]:

@@ -90,6 +90,7 @@ def policy_spec(*rules: Mapping[str, Any], **spec: Any) -> dict[str, Any]:
         "rules": list(rules),
         "drain": spec.pop("drain", DRAIN),
         "recovery": spec.pop("recovery", NO_RECOVERY),
+        "breaker": spec.pop("breaker", {"maxNewUnhealthy": "100%"}),  # these faults are no storm
         **spec,
     }
 

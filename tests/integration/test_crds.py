@@ -153,6 +153,11 @@ MALFORMED: list[tuple[str, Mutation, str]] = [
     ("max-unavailable-150-percent", setting("maxUnavailable", "150%"), "spec.maxUnavailable"),
     ("max-unavailable-0-percent", setting("maxUnavailable", "0%"), "spec.maxUnavailable"),
     ("max-unavailable-word", setting("maxUnavailable", "abc"), "spec.maxUnavailable"),
+    ("breaker-zero", setting("breaker.maxNewUnhealthy", 0), "spec.breaker.maxNewUnhealthy"),
+    ("breaker-150-percent", setting("breaker.maxNewUnhealthy", "150%"), "spec.breaker.maxNewUnhealthy"),
+    ("breaker-word", setting("breaker.maxNewUnhealthy", "many"), "spec.breaker.maxNewUnhealthy"),
+    ("breaker-window-zero", setting("breaker.windowSeconds", 0), "spec.breaker.windowSeconds"),
+    ("breaker-window-duration", setting("breaker.windowSeconds", "10m"), "spec.breaker.windowSeconds"),
     ("max-unavailable-gpus-zero", setting("maxUnavailableGPUs", 0), "spec.maxUnavailableGPUs"),
     ("max-unavailable-gpus-150-percent", setting("maxUnavailableGPUs", "150%"), "spec.maxUnavailableGPUs"),
     ("isolation-zero-gpus", setting("isolation", {"maxGPUsPerNode": 0}), "spec.isolation.maxGPUsPerNode"),
@@ -307,6 +312,7 @@ def test_defaults_fill_an_minimal_policy(crds: controlplane.ControlPlane, policy
     assert spec["rules"] == [{**ECC, "forSeconds": 0}]
     assert spec["drain"] == {"timeoutSeconds": 900, "deleteEmptyDirData": True, "force": False}
     assert spec["recovery"] == {"uncordon": True, "healthyForSeconds": 600}
+    assert spec["breaker"] == {"maxNewUnhealthy": "5%", "windowSeconds": 600}
     assert spec["maxUnavailableGPUs"] == "10%"
     assert spec["isolation"] == {"maxGPUsPerNode": 2, "effect": "NoExecute"}
 
@@ -639,7 +645,14 @@ def test_policy_columns(crds: controlplane.ControlPlane, k8s: client.ApiClient, 
                         "message": "judging 12 nodes",
                         "lastTransitionTime": now(),
                         "observedGeneration": 1,
-                    }
+                    },
+                    {
+                        "type": "Paused",
+                        "status": "True",
+                        "reason": "FaultStorm",
+                        "message": "3 selected GPU nodes turned Unhealthy in the last 10 min",
+                        "lastTransitionTime": now(),
+                    },
                 ],
             },
         },
@@ -648,7 +661,16 @@ def test_policy_columns(crds: controlplane.ControlPlane, k8s: client.ApiClient, 
         _content_type=APPLY,
     )
     output = crds.kubectl("get", resources.POLICY_SHORT, policy_name).stdout
-    assert header(output) == ["NAME", "SELECTED", "UNHEALTHY", "CORDONED", "PENDING", "DRYRUN", "AGE"]
+    assert header(output) == [
+        "NAME",
+        "SELECTED",
+        "UNHEALTHY",
+        "CORDONED",
+        "PENDING",
+        "PAUSED",
+        "DRYRUN",
+        "AGE",
+    ]
     (row,) = table(output)
     assert {k: v for k, v in row.items() if k != "AGE"} == {
         "NAME": policy_name,
@@ -656,6 +678,7 @@ def test_policy_columns(crds: controlplane.ControlPlane, k8s: client.ApiClient, 
         "UNHEALTHY": "3",
         "CORDONED": "1",
         "PENDING": "2",
+        "PAUSED": "True",
         "DRYRUN": "true",
     }
 

@@ -115,12 +115,21 @@ class Fleet:
         )
 
     def policy(self, name: str, spec: Mapping[str, Any]) -> None:
-        """Create or update a policy; it selects only this fleet's nodes unless `spec` says otherwise."""
+        """Create or update a policy; it selects only this fleet's nodes unless `spec` says otherwise.
+
+        Its fleet circuit breaker never trips unless `spec` sets `breaker`: most tests fault many
+        of a few nodes at once to test something else (tests/integration/test_operator_breaker.py
+        tests the breaker).
+        """
         body = {
             "apiVersion": resources.API_VERSION,
             "kind": resources.POLICY_KIND,
             "metadata": {"name": name},
-            "spec": {"nodeSelector": {"matchLabels": {self.LABEL_KEY: self.label}}, **spec},
+            "spec": {
+                "nodeSelector": {"matchLabels": {self.LABEL_KEY: self.label}},
+                "breaker": {"maxNewUnhealthy": "100%"},
+                **spec,
+            },
         }
         self.custom.patch_cluster_custom_object(
             resources.GROUP,

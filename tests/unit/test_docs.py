@@ -141,6 +141,8 @@ def test_policy_md_defaults_match_the_crd_and_the_operator() -> None:
         "force": spec["drain"]["properties"]["force"]["default"],
         "uncordon": spec["recovery"]["properties"]["uncordon"]["default"],
         "healthyForSeconds": spec["recovery"]["properties"]["healthyForSeconds"]["default"],
+        "maxNewUnhealthy": spec["breaker"]["properties"]["maxNewUnhealthy"]["default"],
+        "windowSeconds": spec["breaker"]["properties"]["windowSeconds"]["default"],
         "maxUnavailableGPUs": spec["maxUnavailableGPUs"]["default"],
         "maxGPUsPerNode": spec["isolation"]["properties"]["maxGPUsPerNode"]["default"],
         "effect": spec["isolation"]["properties"]["effect"]["default"],

@@ -38,6 +38,13 @@ class Subject:
     node: str
     node_uid: str | None = None
     gpunode_uid: str | None = None
+    kind: str = "Node"
+    """Node, or GPUHealthPolicy for an Event about a whole policy (`node` is then the policy's name)."""
+
+
+def policy_subject(name: str) -> Subject:
+    """A GPUHealthPolicy as an Event's subject (RemediationPaused)."""
+    return Subject(node=name, kind=resources.POLICY_KIND)
 
 
 def subject(nodes: cache.ClusterCache, name: str) -> Subject:
@@ -116,6 +123,8 @@ class Recorder:
     def _body(self, subject: Subject, name: str, reason: str, message: str, type_: str) -> kube.JsonObject:
         now = _now()
         involved: kube.JsonObject = {"apiVersion": "v1", "kind": "Node", "name": subject.node}
+        if subject.kind != "Node":
+            involved = {"apiVersion": resources.API_VERSION, "kind": subject.kind, "name": subject.node}
         if subject.node_uid:
             involved["uid"] = subject.node_uid
         related: kube.JsonObject = {
@@ -130,7 +139,7 @@ class Recorder:
             "kind": "Event",
             "metadata": {"name": name, "namespace": NAMESPACE},
             "involvedObject": involved,
-            "related": related,
+            **({"related": related} if subject.kind == "Node" else {}),
             "reason": reason,
             "message": message,
             "type": type_,

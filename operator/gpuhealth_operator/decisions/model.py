@@ -56,6 +56,9 @@ class Policy:
     isolation_max_gpus_per_node: int = 2
     """More faulty GPUs than this on one node: the node ladder (Cordon/Drain) instead of isolation."""
     isolation_effect: vocabulary.IsolationEffect = vocabulary.IsolationEffect.NO_EXECUTE
+    breaker_max_new_unhealthy: int | str = "5%"
+    """The fleet circuit breaker: an int, or a percent string of the selected GPU nodes; at least 1."""
+    breaker_window_seconds: float = 600.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 from gpuhealth_api import keys, vocabulary, xid_catalogue
-from gpuhealth_operator.decisions import model
+from gpuhealth_operator.decisions import breaker, model
 
 Condition = vocabulary.Condition
 
@@ -43,6 +43,7 @@ def parse_policy(name: str, generation: int, spec: Mapping[str, Any]) -> model.P
     selector = _mapping(spec.get("nodeSelector"), "spec.nodeSelector")
     drain = _mapping(spec.get("drain"), "spec.drain")
     recovery = _mapping(spec.get("recovery"), "spec.recovery")
+    breaker_spec = _mapping(spec.get("breaker"), "spec.breaker")
     isolation = _mapping(spec.get("isolation"), "spec.isolation")
     grace = drain.get("gracePeriodSeconds")
     if grace is not None:
@@ -76,6 +77,16 @@ def parse_policy(name: str, generation: int, spec: Mapping[str, Any]) -> model.P
         recovery_uncordon=_boolean(recovery.get("uncordon", True), "spec.recovery.uncordon"),
         recovery_healthy_for_seconds=_number(
             recovery.get("healthyForSeconds", 600), "spec.recovery.healthyForSeconds", minimum=0
+        ),
+        breaker_max_new_unhealthy=_max_unavailable(
+            breaker_spec.get("maxNewUnhealthy", breaker.DEFAULT_MAX_NEW_UNHEALTHY),
+            "spec.breaker.maxNewUnhealthy",
+        ),
+        breaker_window_seconds=_number(
+            breaker_spec.get("windowSeconds", breaker.DEFAULT_WINDOW_SECONDS),
+            "spec.breaker.windowSeconds",
+            minimum=1,
+            integer=True,
         ),
     )
 

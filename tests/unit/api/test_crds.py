@@ -162,6 +162,7 @@ def test_policy_printer_columns() -> None:
         ("UNHEALTHY", ".status.unhealthyNodes", "integer", 0),
         ("CORDONED", ".status.cordonedNodes", "integer", 0),
         ("PENDING", ".status.pendingNodes", "integer", 0),
+        ("PAUSED", '.status.conditions[?(@.type=="Paused")].status', "string", 0),
         ("DRYRUN", ".spec.dryRun", "boolean", 0),
         ("AGE", ".metadata.creationTimestamp", "date", 0),
     ]
@@ -179,6 +180,9 @@ def test_policy_defaults() -> None:
         "spec.recovery": {},
         "spec.recovery.uncordon": True,
         "spec.recovery.healthyForSeconds": 600,
+        "spec.breaker": {},
+        "spec.breaker.maxNewUnhealthy": "5%",
+        "spec.breaker.windowSeconds": 600,
     }
     assert {path: at(schema, path).get("default") for path in defaults} == defaults
     assert at(schema, "spec.drain.gracePeriodSeconds").get("nullable") is True

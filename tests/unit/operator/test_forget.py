@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator import admission, context, kube, metrics, settings
+from gpuhealth_operator import admission, breakers, context, kube, metrics, settings
 from gpuhealth_operator.actions import drain
-from gpuhealth_operator.decisions import model
+from gpuhealth_operator.decisions import breaker, model
 from gpunode_facts import verdict
 
 NOT_STATE = {"config", "client", "meters", "recorder", "cache", "agent_pods", "eviction_slots", "clock"}
@@ -43,6 +43,11 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.drill_said[(policy, node)] = f"Drill: policy {policy} would cordon"
     ctx.drill_health[(policy, node)] = "Unhealthy"
     ctx.policy_status_written[policy] = {"observedGeneration": 1}
+    ctx.verdicts.turned_unhealthy[policy][node] = datetime.datetime.now(datetime.UTC)
+    ctx.breakers.states[policy] = breaker.Breaker(state=breaker.State.HALF_OPEN, trial=node)
+    ctx.breakers.announced[policy] = breaker.Breaker()
+    ctx.breakers.resets[policy] = "now"
+    ctx.breakers.acted[policy] = ("before", datetime.datetime.now(datetime.UTC))
 
 
 FILLED = {
@@ -59,6 +64,7 @@ FILLED = {
     "drill_said",
     "drill_health",
     "policy_status_written",
+    "breakers",
 }
 """The Context fields `fill` puts a node and a policy into."""
 
@@ -67,11 +73,13 @@ def mentions(value: Any, name: str) -> bool:
     """Whether `name` appears as a key, element or tuple member anywhere in a collection."""
     if isinstance(value, str):
         return value == name
+    if isinstance(value, breaker.Breaker):
+        return value.trial == name
     if isinstance(value, tuple | list | set | frozenset):
         return any(mentions(v, name) for v in value)
     if isinstance(value, Mapping):
         return any(mentions(k, name) or mentions(v, name) for k, v in value.items())
-    if isinstance(value, context.Verdicts | admission.Admission):
+    if isinstance(value, context.Verdicts | admission.Admission | breakers.Breakers):
         return any(mentions(v, name) for v in vars(value).values())
     return False  # locks, tasks, results: leaves
 
@@ -134,6 +142,7 @@ def test_forget_policy_empties_every_map_of_that_policy_only() -> None:
             "drill_said",
             "drill_health",
             "policy_status_written",
+            "breakers",
         }
         per_policy.add("drain_policies")  # the node's drain is "kept"'s (the last filled)
         assert {name for name, value in state(ctx).items() if mentions(value, "kept")} == per_policy

@@ -1,0 +1,132 @@
+"""The fleet circuit breakers at run time: one per policy, asked at every admission.
+
+`decisions.breaker` decides; this module keeps each policy's breaker between
+decisions. `admission` steps it under its lock (so the node that trips it is
+the first one refused); `pausing` steps it once per timer pass and says what
+changed; the policy status shows it as the `Paused` condition, and the last
+manual reset acted on as `status.breakerReset` (the operator may only write
+a policy's status, so the annotation stays and its value is recorded).
+
+Nothing here must survive a restart: the times nodes turned Unhealthy are
+the fatal conditions' lastTransitionTime in GPUNode status, so the first
+judgements after a restart count a storm that began before it and the
+breaker trips again at the first admission (fail safe). A manual reset is
+forgotten by a restart within the window; annotate again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+from gpuhealth_api import keys
+from gpuhealth_operator.decisions import breaker, model, times
+
+PAUSED = "Paused"
+"""The policy status condition: True while the breaker holds new disruptions back."""
+
+STATUS_FIELD = "breakerReset"
+"""Policy status: {value, time} of the last gpuhealth.io/breaker-reset acted on."""
+
+
+@dataclasses.dataclass
+class Breakers:
+    """Each policy's breaker; every collection is changed in place (kopf shares the memo by shallow copy)."""
+
+    states: dict[str, breaker.Breaker] = dataclasses.field(default_factory=dict)
+    """policy → its breaker as last stepped."""
+
+    announced: dict[str, breaker.Breaker] = dataclasses.field(default_factory=dict)
+    """policy → the breaker last announced (Event, metric), so each opening is said once."""
+
+    resets: dict[str, str] = dataclasses.field(default_factory=dict)
+    """policy → the value of a gpuhealth.io/breaker-reset annotation not yet acted on."""
+
+    acted: dict[str, tuple[str, datetime.datetime]] = dataclasses.field(default_factory=dict)
+    """policy → the reset annotation's value last acted on, and when (kept in `status.breakerReset`)."""
+
+    def current(
+        self,
+        policy: model.Policy,
+        selected: int,
+        turned: MutableMapping[str, datetime.datetime],
+        now: datetime.datetime,
+    ) -> breaker.Breaker:
+        """The policy's breaker stepped to `now`; `turned`: node → when it turned Unhealthy (pruned here)."""
+        state = self.states.get(policy.name, breaker.Breaker())
+        limit = breaker.resolve_limit(policy.breaker_max_new_unhealthy, selected)
+        if state.state is breaker.State.CLOSED and limit >= selected:
+            return state  # no more nodes than it selects can turn Unhealthy ("100%"): it never trips
+        before = now - datetime.timedelta(seconds=policy.breaker_window_seconds)
+        for node in [n for n, t in turned.items() if t <= before]:
+            del turned[node]  # out of every window; a node still Unhealthy is put back, still out of it
+        count = breaker.new_unhealthy(turned.values(), now, policy.breaker_window_seconds, state.reset_at)
+        state = breaker.step(state, count, limit, policy.breaker_window_seconds, now)
+        self.states[policy.name] = state
+        return state
+
+    def paused(self, policy: str) -> breaker.Breaker | None:
+        """The policy's breaker if it holds new disruptions back, else None."""
+        state = self.states.get(policy)
+        return state if state is not None and state.paused else None
+
+    def note_reset(self, policy: str, body: Mapping[str, Any]) -> None:
+        """Read a policy's reset request (its annotation) and, once per process, the reset it recorded.
+
+        A value already acted on (recorded in `status.breakerReset`) is not acted on
+        again, so the annotation may stay; a new value asks for a new reset. The
+        recorded reset time survives a restart: nodes that turned Unhealthy before
+        it do not trip the breaker again.
+        """
+        recorded = (body.get("status") or {}).get(STATUS_FIELD) or {}
+        if policy not in self.acted and isinstance(recorded.get("value"), str):
+            at = times.parse(recorded.get("time"))
+            if at is not None:
+                self.acted[policy] = (recorded["value"], at)
+                if policy not in self.states:
+                    self.states[policy] = breaker.Breaker(reset_at=at)
+        value = ((body.get("metadata") or {}).get("annotations") or {}).get(keys.BREAKER_RESET_ANNOTATION)
+        acted = self.acted.get(policy)
+        if isinstance(value, str) and (acted is None or acted[0] != value[:63]):
+            self.resets[policy] = value
+
+    def reset(self, policy: str, value: str, now: datetime.datetime) -> None:
+        """Close the policy's breaker by hand and record the request as acted on."""
+        self.states[policy] = breaker.reset(now, f"annotation {keys.BREAKER_RESET_ANNOTATION}={value[:63]}")
+        self.acted[policy] = (value[:63], now)
+
+    def status(self, policy: str) -> dict[str, Any]:
+        """The policy's `status.breakerReset` ({} before any reset)."""
+        acted = self.acted.get(policy)
+        return {} if acted is None else {STATUS_FIELD: {"value": acted[0], "time": times.render(acted[1])}}
+
+    def condition(self, policy: str, now: datetime.datetime) -> dict[str, Any]:
+        """The policy's `Paused` status condition."""
+        state = self.states.get(policy, breaker.Breaker())
+        return {
+            "type": PAUSED,
+            "status": "True" if state.paused else "False",
+            "reason": {
+                breaker.State.OPEN: "FaultStorm",
+                breaker.State.HALF_OPEN: "HalfOpen",
+            }.get(state.state, "BreakerClosed"),
+            "message": (state.reason or "no fault storm: new disruptions are admitted") + ".",
+            "lastTransitionTime": times.render(state.since or now),
+        }
+
+    def forget_node(self, name: str) -> None:
+        """The node is gone or deselected: a half-open trial of it stays spent, but no longer names it."""
+        for policy, state in self.states.items():
+            if state.trial == name:
+                self.states[policy] = dataclasses.replace(state, trial=None)
+        for policy, state in self.announced.items():
+            if state.trial == name:
+                self.announced[policy] = dataclasses.replace(state, trial=None)
+
+    def forget_policy(self, name: str) -> None:
+        self.states.pop(name, None)
+        self.announced.pop(name, None)
+        self.resets.pop(name, None)
+        self.acted.pop(name, None)

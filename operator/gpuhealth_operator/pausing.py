@@ -1,0 +1,58 @@
+"""Saying what the fleet circuit breakers decided, once per timer pass.
+
+The breakers decide at admission (`admission`, `breakers`); time alone also
+moves them (open → half-open → closed), and a human may reset one. Each pass
+this acts on new `gpuhealth.io/breaker-reset` annotation values (closing the
+breaker; the value is recorded in the policy's status), steps every acting
+policy's breaker, exports `gpuhealth_operator_breaker_open`, and says each
+opening once with a `RemediationPaused` Event on the policy.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+
+from gpuhealth_api import keys, vocabulary
+from gpuhealth_operator import context
+from gpuhealth_operator.actions import events
+from gpuhealth_operator.decisions import breaker
+
+logger = logging.getLogger(__name__)
+
+
+async def announce(ctx: context.Context, now: datetime.datetime) -> None:
+    """Act on reset requests, step every acting policy's breaker, and say what changed."""
+    breakers = ctx.breakers
+    acting = {name for name, policy in ctx.cache.policies.items() if not policy.dry_run}
+    for name in [n for n in breakers.states if n not in acting]:
+        # Now dry-run or invalid: it holds nothing back, so it must not keep an alert firing.
+        del breakers.states[name]
+        breakers.announced.pop(name, None)
+        ctx.meters.breaker_open.labels(name).set(0)
+    for name, policy in sorted(ctx.cache.policies.items()):
+        if policy.dry_run:
+            continue
+        request = breakers.resets.pop(name, None)
+        if request is not None:
+            breakers.reset(name, request, now)
+            logger.warning("policy %s: fleet circuit breaker reset by annotation (%s)", name, request[:63])
+        selected = len(ctx.cache.selection(policy).selected)
+        state = breakers.current(policy, selected, ctx.verdicts.turned_unhealthy[name], now)
+        ctx.meters.breaker_open.labels(name).set(1 if state.paused else 0)
+        said = breakers.announced.get(name)
+        if said is not None and said.state is state.state and said.since == state.since:
+            continue
+        breakers.announced[name] = state
+        if state.state is breaker.State.OPEN:
+            await ctx.recorder.emit(
+                events.policy_subject(name),
+                vocabulary.EventReason.REMEDIATION_PAUSED,
+                f"Policy {name} paused new cordons and drains: {state.reason}. Cordoned nodes stay and "
+                "running drains go on; it half-opens by itself after the window, or "
+                f"`kubectl annotate --overwrite ghp {name} {keys.BREAKER_RESET_ANNOTATION}=$(date +%s)` "
+                "resumes at once.",
+                events.WARNING,
+            )
+        elif said is not None:
+            logger.info("policy %s: breaker %s: %s", name, state.state.value, state.reason)
