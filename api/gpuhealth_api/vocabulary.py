@@ -82,6 +82,8 @@ class NodeAction(enum.StrEnum):
     DRY_RUN = "DryRun"
     OVERRIDDEN = "Overridden"
     """Someone else made the node we cordoned schedulable; we act again only on new evidence."""
+    ISOLATED = "Isolated"
+    """GPUs of the node are isolated by DeviceTaintRules; the node itself stays schedulable."""
 
 
 class EventReason(enum.StrEnum):
@@ -97,6 +99,10 @@ class EventReason(enum.StrEnum):
     OVERRIDDEN_BY_USER = "OverriddenByUser"
     REMEDIATION_PAUSED = "RemediationPaused"
     """A running drain stopped (exclude label, dry run, policy deleted), or a deleted policy left a cordon."""
+    GPU_ISOLATED = "GPUIsolated"
+    """A DeviceTaintRule now isolates one faulty GPU (names its index and UUID)."""
+    GPU_RESTORED = "GPURestored"
+    """The DeviceTaintRule of a recovered GPU was deleted: the GPU is allocatable again."""
 
 
 class RecoveryAction(enum.StrEnum):

@@ -42,6 +42,7 @@ class Metrics:
     evictions: prometheus_client.Counter
     drain_duration: prometheus_client.Histogram
     budget_pending: prometheus_client.Gauge
+    isolated_gpus: prometheus_client.Gauge
     detection_to_action: prometheus_client.Histogram
     reconcile_errors: prometheus_client.Counter
     api_requests: prometheus_client.Counter
@@ -83,6 +84,12 @@ class Metrics:
                 [LABEL_POLICY],
                 registry=registry,
             ),
+            isolated_gpus=prometheus_client.Gauge(
+                f"{PREFIX}_isolated_gpus",
+                "GPUs the policy isolates with DeviceTaintRules (action IsolateGPU); 0 for other policies.",
+                [LABEL_POLICY],
+                registry=registry,
+            ),
             detection_to_action=prometheus_client.Histogram(
                 f"{PREFIX}_detection_to_action_seconds",
                 "From the agent's observation of the fact (GPUNode status observedTime) to the Node patch.",
@@ -119,6 +126,8 @@ class Metrics:
                 self.nodes.remove(name, health)
         with contextlib.suppress(KeyError):
             self.budget_pending.remove(name)
+        with contextlib.suppress(KeyError):
+            self.isolated_gpus.remove(name)
 
     def serve(self, port: int) -> threading.Thread | None:
         """Serve /metrics on the port in a background thread (port 0: not served)."""

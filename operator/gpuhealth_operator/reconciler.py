@@ -31,7 +31,7 @@ from typing import Any
 import aiohttp
 
 from gpuhealth_api import heartbeats, vocabulary
-from gpuhealth_operator import cache, context, kube, remediation
+from gpuhealth_operator import cache, context, isolating, kube, remediation
 from gpuhealth_operator.actions import events, nodes, status
 from gpuhealth_operator.decisions import (
     hysteresis,
@@ -107,6 +107,8 @@ def judge(
         now,
         report_age_seconds=report_age(gpunode, now),
     )
+    isolated = ctx.isolations.get(key)
+    verdict = verdicts.with_isolation(verdict, isolated.decision if isolated else None)
     ctx.verdicts.remember(key, verdict, inputs)
     return verdict
 
@@ -213,6 +215,9 @@ def desired_status(
     straggler = straggler_status(ctx.stragglers.get((policy.name, name)))
     if straggler is not None:
         desired["straggler"] = straggler
+    isolated = isolating.to_status(ctx.isolations.get((policy.name, name)))
+    if isolated:
+        desired[isolating.STATUS_FIELD] = isolated
     return desired
 
 
@@ -220,6 +225,8 @@ def _differs(current: dict[str, Any], desired: dict[str, Any]) -> bool:
     if any(current.get(k) != v for k, v in desired.items() if k != "conditions"):
         return True
     if "straggler" not in desired and current.get("straggler"):
+        return True
+    if isolating.STATUS_FIELD not in desired and current.get(isolating.STATUS_FIELD):
         return True
     have = {c.get("type"): c for c in current.get("conditions") or []}
     want = {c.get("type"): c for c in desired["conditions"]}

@@ -15,7 +15,7 @@ from typing import Any
 from gpuhealth_api import vocabulary
 from gpuhealth_operator import admission, context, kube, metrics, settings
 from gpuhealth_operator.actions import drain
-from gpuhealth_operator.decisions import model
+from gpuhealth_operator.decisions import isolation, model
 from gpunode_facts import verdict
 
 NOT_STATE = {"config", "client", "meters", "recorder", "cache", "eviction_slots"}
@@ -38,6 +38,9 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.drain_policies[node] = policy
     ctx.dry_run_said[(policy, node)] = f"Dry run: policy {policy} would cordon"
     ctx.policy_status_written[policy] = {"observedGeneration": 1}
+    ctx.isolation_support[policy] = isolation.Support(1, None, "not served")
+    ctx.isolations[(policy, node)] = isolation.NodeState()
+    ctx.isolation_locks[policy]  # a defaultdict: looking a key up creates its lock
 
 
 FILLED = {
@@ -51,6 +54,9 @@ FILLED = {
     "drain_policies",
     "dry_run_said",
     "policy_status_written",
+    "isolation_support",
+    "isolations",
+    "isolation_locks",
 }
 """The Context fields `fill` puts a node and a policy into."""
 
@@ -90,7 +96,9 @@ def test_forget_node_empties_every_map_of_that_node_only() -> None:
         ctx.forget_node("gone")
         assert [name for name, value in state(ctx).items() if mentions(value, "gone")] == []
         assert [name for name, value in state(ctx).items() if not mentions(value, "kept")] == [
-            "policy_status_written"  # per policy only
+            "policy_status_written",  # per policy only
+            "isolation_support",
+            "isolation_locks",
         ]
         assert "gone" not in ctx.verdicts.wanting["p"]
         await asyncio.sleep(0)
@@ -118,6 +126,7 @@ def test_forget_policy_empties_every_map_of_that_policy_only() -> None:
         ctx.forget_policy("gone")
         assert [name for name, value in state(ctx).items() if mentions(value, "gone")] == []
         per_policy = {"admission", "verdicts", "stragglers", "dry_run_said", "policy_status_written"}
+        per_policy |= {"isolation_support", "isolations", "isolation_locks"}
         per_policy.add("drain_policies")  # the node's drain is "kept"'s (the last filled)
         assert {name for name, value in state(ctx).items() if mentions(value, "kept")} == per_policy
         ctx.drains["n"].cancel()
