@@ -121,6 +121,7 @@ class GPUNodeStatus(TypedDict, total=False):
     conditions: list[ConditionStatus]
     straggler: StragglerStatus
     isolatedGPUs: list[IsolatedGPUStatus]
+    isolatedFraction: str
 
 
 # Clock-event reason names as the agent reports them (NVML nvmlClocksEventReason*).

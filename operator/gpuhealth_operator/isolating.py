@@ -38,6 +38,9 @@ Outcome = isolation.Outcome
 
 STATUS_FIELD: Final = "isolatedGPUs"
 """GPUNode status field (operator-owned) listing the isolated GPUs of the reporting policy."""
+FRACTION_FIELD: Final = "isolatedFraction"
+"""GPUNode status field (operator-owned): `1/8`, isolated GPUs of the node's, for `kubectl get -o wide`."""
+STATUS_FIELDS: Final = (STATUS_FIELD, FRACTION_FIELD)
 CONDITION: Final = "GPUIsolation"
 """The policy status condition saying whether IsolateGPU isolates GPUs or falls back to the node ladder."""
 
@@ -129,6 +132,18 @@ def to_status(state: isolation.NodeState | None) -> list[dict[str, Any]]:
     return rendered
 
 
+def status_fields(ctx: context.Context, policy: str, name: str) -> dict[str, Any]:
+    """The GPUNode status fields of isolation under the reporting policy (empty when nothing to say)."""
+    state = ctx.isolations.get((policy, name))
+    listed = to_status(state)
+    if not listed:
+        return {}
+    fields: dict[str, Any] = {STATUS_FIELD: listed}
+    if state is not None and state.in_place:
+        fields[FRACTION_FIELD] = f"{len(state.in_place)}/{_gpu_count(ctx, name) or '?'}"
+    return fields
+
+
 def node_action(
     ctx: context.Context, policy: str, name: str, action: vocabulary.NodeAction
 ) -> vocabulary.NodeAction:
@@ -161,6 +176,7 @@ async def isolate(
     async with ctx.isolation_locks[policy.name]:
         found = await support(ctx, policy)
         ours = await device_rules.ours(ctx.client, found.api_version, policy.name)
+        ours = [r for r in ours if keys.NODE_LABEL in ((r.get("metadata") or {}).get("labels") or {})]
         state = await _pass(ctx, policy, name, verdict, now, state, wanted, found, ours)
     if ctx.cache.gpunode(name) is None:
         return verdict

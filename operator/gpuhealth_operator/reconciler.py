@@ -215,9 +215,7 @@ def desired_status(
     straggler = straggler_status(ctx.stragglers.get((policy.name, name)))
     if straggler is not None:
         desired["straggler"] = straggler
-    isolated = isolating.to_status(ctx.isolations.get((policy.name, name)))
-    if isolated:
-        desired[isolating.STATUS_FIELD] = isolated
+    desired.update(isolating.status_fields(ctx, policy.name, name))
     return desired
 
 
@@ -226,7 +224,7 @@ def _differs(current: dict[str, Any], desired: dict[str, Any]) -> bool:
         return True
     if "straggler" not in desired and current.get("straggler"):
         return True
-    if isolating.STATUS_FIELD not in desired and current.get(isolating.STATUS_FIELD):
+    if any(k not in desired and current.get(k) for k in isolating.STATUS_FIELDS):
         return True
     have = {c.get("type"): c for c in current.get("conditions") or []}
     want = {c.get("type"): c for c in desired["conditions"]}

@@ -253,6 +253,7 @@ def test_a_dbe_isolates_one_gpu_and_recovery_restores_it(
     assert [(g["index"], g["uuid"], g["state"]) for g in status["isolatedGPUs"]] == [
         (FAULTY, _uuid(FAULTY), "Isolated")
     ]
+    assert status["isolatedFraction"] == f"1/{GPUS}", "kubectl get gpunodes -o wide: ISOLATED 1/8"
     (event,) = fleet.events(node, "GPUIsolated")
     assert f"GPU {FAULTY}" in event["message"] and _uuid(FAULTY) in event["message"]
 
@@ -288,7 +289,7 @@ def test_a_dbe_isolates_one_gpu_and_recovery_restores_it(
         message=f"the waiting pod given GPU {FAULTY} again",
     )
     waiting.wait_until(
-        lambda: "isolatedGPUs" not in fleet.gpunode(node).get("status", {}),
+        lambda: not {"isolatedGPUs", "isolatedFraction"} & set(fleet.gpunode(node).get("status", {})),
         timeout_seconds=TIMEOUT,
         message="status.isolatedGPUs cleared",
     )
