@@ -147,7 +147,8 @@ def status_fields(ctx: context.Context, policy: str, name: str) -> dict[str, Any
 def node_action(
     ctx: context.Context, policy: str, name: str, action: vocabulary.NodeAction
 ) -> vocabulary.NodeAction:
-    """`Isolated` when GPUs are isolated and the node itself has nothing stronger than a taint."""
+    """`Isolated` when GPUs are isolated and the node itself has nothing stronger than a taint;
+    `Pending` when faulty GPUs only wait for maxUnavailableGPUs."""
     state = ctx.isolations.get((policy, name))
     lesser = action in (
         vocabulary.NodeAction.NONE,
@@ -155,7 +156,12 @@ def node_action(
         vocabulary.NodeAction.LABELED,
         vocabulary.NodeAction.TAINTED,
     )
-    return vocabulary.NodeAction.ISOLATED if lesser and state is not None and state.in_place else action
+    if not lesser or state is None:
+        return action
+    if state.in_place:
+        return vocabulary.NodeAction.ISOLATED
+    waiting = state.decision is not None and state.decision.with_outcome(Outcome.WAIT)
+    return vocabulary.NodeAction.PENDING if waiting else action
 
 
 async def isolate(
@@ -221,6 +227,8 @@ async def _pass(  # noqa: PLR0917 - one pass's inputs
     }
     for gpu in state.in_place:
         if gpu.uuid not in here and gpu.uuid in faulty and found.api_version is not None:
+            if await device_rules.exists(ctx.client, found.api_version, gpu.rule):
+                continue  # another policy's rule of the same name isolates it: not deleted
             overridden[gpu.uuid] = gpu
             await ctx.recorder.emit(
                 subject,

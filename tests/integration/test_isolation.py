@@ -332,3 +332,34 @@ def test_a_device_plugin_node_is_cordoned_and_drained(fleet: operator_harness.Fl
     )
     assert fleet.node(node)["spec"].get("unschedulable") is True
     assert _rules(fleet) == []
+
+
+def test_max_unavailable_gpus_makes_the_next_gpu_wait_not_drain(fleet: operator_harness.Fleet) -> None:
+    first, second = f"{fleet.label}-a", f"{fleet.label}-b"
+    for node in (first, second):
+        fleet.add_node(node, gpus=GPUS)
+        _publish_slice(fleet, node)
+    _policy(fleet, maxUnavailableGPUs=1)
+    fleet.report(first, _ecc(1))
+    waiting.wait_until(
+        lambda: [r["metadata"]["name"] for r in _rules(fleet)] == [device_taints.rule_name(first, FAULTY)],
+        timeout_seconds=TIMEOUT,
+        message="the first node's GPU isolated",
+    )
+    fleet.report(second, _ecc(1))
+    waiting.wait_until(
+        lambda: fleet.gpunode(second).get("status", {}).get("action") == "Pending",
+        timeout_seconds=TIMEOUT,
+        message="the second node's GPU waits for maxUnavailableGPUs",
+    )
+    waiting.holds(
+        lambda: len(_rules(fleet)) == 1 and not fleet.node(second)["spec"].get("unschedulable"),
+        seconds=2,
+        message="one GPU isolated at most; the waiting node is not drained instead",
+    )
+    fleet.report(first, _ecc(0))  # the first GPU recovers: its place goes to the waiting one
+    waiting.wait_until(
+        lambda: [r["metadata"]["name"] for r in _rules(fleet)] == [device_taints.rule_name(second, FAULTY)],
+        timeout_seconds=TIMEOUT,
+        message="the waiting GPU isolated once the first is restored",
+    )

@@ -102,6 +102,16 @@ async def delete(client: kube.Kube, api_version: str, name: str) -> bool:
     return await _delete(client, rules_path(api_version, name))
 
 
+async def exists(client: kube.Kube, api_version: str, name: str) -> bool:
+    try:
+        await client.get(rules_path(api_version, name))
+    except kube.ApiError as error:
+        if error.not_found:
+            return False
+        raise
+    return True
+
+
 async def create(client: kube.Kube, api_version: str, body: Mapping[str, Any]) -> bool:
     """Create a rule; False if one of its name is there already."""
     try:
