@@ -320,11 +320,30 @@ def test_a_deleted_rule_is_an_override(fleet: operator_harness.Fleet) -> None:
     waiting.holds(lambda: _rules(fleet) == [], seconds=2, message="the same episode stays overridden")
 
 
-def test_a_device_plugin_node_is_cordoned_and_drained(fleet: operator_harness.Fleet) -> None:
+def test_a_device_plugin_node_is_cordoned_and_drained(fleet: operator_harness.Fleet, namespace: str) -> None:
     node = f"{fleet.label}-plugin"
     fleet.add_node(node, gpus=GPUS)  # no ResourceSlice: its GPUs are no DRA devices
     _policy(fleet)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "train-plugin"},
+        "spec": {"nodeName": node, "containers": [{"name": "train", "image": "trainer:1"}]},
+    }
+    fleet.core.create_namespaced_pod(namespace, pod)
+    waiting.wait_until(
+        lambda: _phases(fleet.core, namespace).get("train-plugin") == "Running",
+        timeout_seconds=60,
+        message="the pod running",
+    )
     fleet.report(node, _ecc(1))
+    reported_at = time.monotonic()
+    waiting.wait_until(
+        lambda: "train-plugin" not in _phases(fleet.core, namespace),
+        timeout_seconds=TIMEOUT,
+        message="the node's pod evicted by the drain",
+    )
+    print(f"\nnode ladder: DBE reported -> pod on the node gone: {time.monotonic() - reported_at:.2f} s")
     waiting.wait_until(
         lambda: fleet.gpunode(node).get("status", {}).get("action") == "Drained",
         timeout_seconds=TIMEOUT,
