@@ -112,8 +112,7 @@ async def remediate(
     """Make the Node match the verdict under `policy`; the resulting GPUNode `status.action`."""
     if policy.dry_run:
         return await _dry_run(ctx, policy, name, verdict)
-    # IsolateGPU first: a GPU isolated (or waiting for the GPU budget) keeps the node off the ladder.
-    verdict = await isolating.isolate(ctx, policy, name, verdict, now)
+    verdict = await isolating.isolate(ctx, policy, name, verdict, now)  # isolated GPUs: off the node ladder
     # Capacity first: a cordon is the latency-critical write (it carries the label changes with it).
     action = await _capacity(ctx, policy, name, verdict, now)
     await _labels(ctx, name, verdict, now)
