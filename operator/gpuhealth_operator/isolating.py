@@ -75,6 +75,13 @@ def condition(ctx: context.Context, policy: model.Policy) -> dict[str, Any] | No
     if not isolates(policy):
         return None
     found = ctx.isolation_support.get(policy.name)
+    if policy.dry_run:
+        return {
+            "type": CONDITION,
+            "status": "Unknown",
+            "reason": "DryRun",
+            "message": "A dry-run policy isolates no GPU; the cluster is probed once it acts.",
+        }
     if found is None or found.generation != policy.generation:
         return {
             "type": CONDITION,
