@@ -103,6 +103,14 @@ class StragglerStatus(TypedDict, total=False):
     peers: int
 
 
+class IsolatedGPUStatus(TypedDict, total=False):
+    index: int
+    uuid: str
+    rule: str
+    state: str
+    since: str
+
+
 class GPUNodeStatus(TypedDict, total=False):
     agent: AgentInfo
     summary: Summary
@@ -112,6 +120,8 @@ class GPUNodeStatus(TypedDict, total=False):
     action: str
     conditions: list[ConditionStatus]
     straggler: StragglerStatus
+    isolatedGPUs: list[IsolatedGPUStatus]
+    isolatedFraction: str
 
 
 # Clock-event reason names as the agent reports them (NVML nvmlClocksEventReason*).

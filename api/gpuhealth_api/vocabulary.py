@@ -84,6 +84,8 @@ class NodeAction(enum.StrEnum):
     """Someone else made the node we cordoned schedulable; we act again only on new evidence."""
     DRILL = "Drill"
     """A fire drill runs on the node (GPUNode annotation `gpuhealth.io/drill`): said, not done."""
+    ISOLATED = "Isolated"
+    """GPUs of the node are isolated by DeviceTaintRules; the node itself stays schedulable."""
 
 
 class EventReason(enum.StrEnum):
@@ -101,6 +103,10 @@ class EventReason(enum.StrEnum):
     """A running drain stopped (exclude label, dry run, policy deleted), or a deleted policy left a cordon;
     on a GPUHealthPolicy: its fleet circuit breaker tripped and no new cordon or drain starts."""
     DRILL = "Drill"
+    GPU_ISOLATED = "GPUIsolated"
+    """A DeviceTaintRule now isolates one faulty GPU (names its index and UUID)."""
+    GPU_RESTORED = "GPURestored"
+    """The DeviceTaintRule of a recovered GPU was deleted: the GPU is allocatable again."""
 
 
 class RecoveryAction(enum.StrEnum):

@@ -24,7 +24,7 @@ from typing import Any
 from gpuhealth_api import vocabulary
 from gpuhealth_operator import admission, agent_pods, breakers, cache, kube, metrics, settings
 from gpuhealth_operator.actions import drain, events
-from gpuhealth_operator.decisions import breaker, budget, model, stragglers, verdicts
+from gpuhealth_operator.decisions import breaker, budget, isolation, model, stragglers, verdicts
 
 POLICY, NODE = 0, 1
 """Positions in a (policy, node) key."""
@@ -85,6 +85,13 @@ class Verdicts(MutableMapping[tuple[str, str], model.NodeVerdict]):
         """Store a verdict with what it was judged from, so the same inputs are not judged twice."""
         self[key] = verdict
         self._inputs[key] = inputs
+
+    def amend(self, key: tuple[str, str], verdict: model.NodeVerdict) -> None:
+        """Replace a stored verdict by its amended form (GPUs isolated), keeping what it was judged from."""
+        inputs = self._inputs.get(key)
+        self[key] = verdict
+        if inputs is not None:
+            self._inputs[key] = inputs
 
     def judged_from(self, key: tuple[str, str], inputs: tuple[object, ...]) -> model.NodeVerdict | None:
         """The stored verdict if it was judged from exactly these inputs (the same objects), else None."""
@@ -168,6 +175,17 @@ class Context:
     policy_status_written: dict[str, dict[str, object]] = dataclasses.field(default_factory=dict)
     """policy → the status last written, so an unchanged status is not written again."""
 
+    isolation_support: dict[str, isolation.Support] = dataclasses.field(default_factory=dict)
+    """policy → whether the cluster acts on DeviceTaintRules, probed for its generation (`isolating`)."""
+
+    isolations: dict[tuple[str, str], isolation.NodeState] = dataclasses.field(default_factory=dict)
+    """(policy, node) → its GPUs' isolation: the last decision, the rules in place, the overrides."""
+
+    isolation_locks: collections.defaultdict[str, asyncio.Lock] = dataclasses.field(
+        default_factory=lambda: collections.defaultdict(asyncio.Lock)
+    )
+    """policy → one isolating node at a time, so the GPU budget is counted before it is spent."""
+
     eviction_slots: asyncio.Semaphore = dataclasses.field(default_factory=lambda: asyncio.Semaphore(16))
     """Evictions in flight across all drains (sized from settings by `create`)."""
 
@@ -210,6 +228,7 @@ class Context:
         _drop(self.drill_said, name, NODE)
         _drop(self.drill_health, name, NODE)
         self.count_drills()
+        _drop(self.isolations, name, NODE)
         self.admission.forget_node(name)
         self.breakers.forget_node(name)
 
@@ -239,6 +258,11 @@ class Context:
         _drop(self.dry_run_said, name, POLICY)
         _drop(self.drill_said, name, POLICY)
         _drop(self.drill_health, name, POLICY)
+        _drop(self.isolations, name, POLICY)
+        self.isolation_support.pop(name, None)
+        lock = self.isolation_locks.get(name)
+        if lock is not None and not lock.locked():
+            del self.isolation_locks[name]
         self.admission.forget_policy(name)
         self.breakers.forget_policy(name)
         self.policy_status_written.pop(name, None)

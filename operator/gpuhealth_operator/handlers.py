@@ -17,7 +17,7 @@ from typing import Any, cast
 import kopf
 
 from gpuhealth_api import resources
-from gpuhealth_operator import context, reconciler, stopping
+from gpuhealth_operator import context, isolating, reconciler, stopping
 from gpuhealth_operator.decisions import model, policies
 
 logger = logging.getLogger(__name__)
@@ -100,6 +100,7 @@ async def on_policy(event: kopf.RawEvent, memo: context.Context, **_: Any) -> No
     await stopping.stop_drains(memo)  # dry run (or an invalid spec) stops the policy's drains at once
     if policy is None:
         return
+    await isolating.prepare(memo, policy)  # at start and on change: does the cluster act on DeviceTaintRules?
     for node in [r.view.name for r in memo.cache.nodes.values() if policies.selects(policy, r.view)]:
         await reconciler.reconcile_node(memo, node, "policy")
 

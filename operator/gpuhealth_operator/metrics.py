@@ -42,6 +42,7 @@ class Metrics:
     evictions: prometheus_client.Counter
     drain_duration: prometheus_client.Histogram
     budget_pending: prometheus_client.Gauge
+    isolated_gpus: prometheus_client.Gauge
     detection_to_action: prometheus_client.Histogram
     reconcile_errors: prometheus_client.Counter
     api_requests: prometheus_client.Counter
@@ -83,6 +84,12 @@ class Metrics:
             budget_pending=prometheus_client.Gauge(
                 f"{PREFIX}_budget_pending_nodes",
                 "Nodes waiting for the policy's disruption budget (action Pending).",
+                [LABEL_POLICY],
+                registry=registry,
+            ),
+            isolated_gpus=prometheus_client.Gauge(
+                f"{PREFIX}_isolated_gpus",
+                "GPUs the policy isolates with DeviceTaintRules (action IsolateGPU); 0 for other policies.",
                 [LABEL_POLICY],
                 registry=registry,
             ),
@@ -144,6 +151,8 @@ class Metrics:
             self.budget_pending.remove(name)
         with contextlib.suppress(KeyError):
             self.breaker_open.remove(name)
+        with contextlib.suppress(KeyError):
+            self.isolated_gpus.remove(name)
 
     def serve(self, port: int) -> threading.Thread | None:
         """Serve /metrics on the port in a background thread (port 0: not served)."""

@@ -31,7 +31,7 @@ from typing import Any
 import aiohttp
 
 from gpuhealth_api import heartbeats, vocabulary
-from gpuhealth_operator import cache, context, drills, kube, remediation
+from gpuhealth_operator import cache, context, drills, isolating, kube, remediation
 from gpuhealth_operator.actions import events, nodes, status
 from gpuhealth_operator.decisions import (
     hysteresis,
@@ -102,6 +102,8 @@ def judge(
         report_age_seconds=gpunode.report_age(now),
         agent_pod=agent_pod,
     )
+    isolated = ctx.isolations.get(key)
+    verdict = verdicts.with_isolation(verdict, isolated.decision if isolated else None)
     ctx.verdicts.remember(key, verdict, inputs)
     return verdict
 
@@ -209,6 +211,7 @@ def desired_status(
     straggler = straggler_status(ctx.stragglers.get((policy.name, name)))
     if straggler is not None:
         desired["straggler"] = straggler
+    desired.update(isolating.status_fields(ctx, policy.name, name))
     return desired
 
 
@@ -216,6 +219,8 @@ def _differs(current: dict[str, Any], desired: dict[str, Any]) -> bool:
     if any(current.get(k) != v for k, v in desired.items() if k != "conditions"):
         return True
     if "straggler" not in desired and current.get("straggler"):
+        return True
+    if any(k not in desired and current.get(k) for k in isolating.STATUS_FIELDS):
         return True
     have = {c.get("type"): c for c in current.get("conditions") or []}
     want = {c.get("type"): c for c in desired["conditions"]}

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import cache, context, kube, overrides, stopping
+from gpuhealth_operator import cache, context, isolating, kube, overrides, stopping
 from gpuhealth_operator.actions import drain, events, nodes
 from gpuhealth_operator.decisions import model, times, verdicts
 
@@ -112,11 +112,12 @@ async def remediate(
     """Make the Node match the verdict under `policy`; the resulting GPUNode `status.action`."""
     if policy.dry_run:
         return await _dry_run(ctx, policy, name, verdict)
+    verdict = await isolating.isolate(ctx, policy, name, verdict, now)  # isolated GPUs: off the node ladder
     # Capacity first: a cordon is the latency-critical write (it carries the label changes with it).
     action = await _capacity(ctx, policy, name, verdict, now)
     await _labels(ctx, name, verdict, now)
     await _taint(ctx, name, verdict, now)
-    return action
+    return isolating.node_action(ctx, policy.name, name, action)
 
 
 async def _labels(

@@ -20,7 +20,7 @@ import logging
 from typing import Any
 
 from gpuhealth_api import heartbeats, keys, vocabulary
-from gpuhealth_operator import context, heap, kube, pausing, reconciler
+from gpuhealth_operator import context, heap, isolating, kube, pausing, reconciler
 from gpuhealth_operator.actions import status
 from gpuhealth_operator.decisions import signals, times
 
@@ -163,12 +163,21 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
             "message": f"Policy accepted ({mode}).",
         }
     written: list[dict[str, Any]] = previous.get("conditions") or []  # type: ignore[assignment]
-    before: dict[str, Any] = written[0] if written else {}
-    same = before.get("status") == ready["status"] and before.get("lastTransitionTime")
-    ready["lastTransitionTime"] = before["lastTransitionTime"] if same else times.render(now)
-    ready["observedGeneration"] = generation
-    paused = {**ctx.breakers.condition(name, now), "observedGeneration": generation}
-    conditions = [ready] if policy is None or policy.dry_run else [ready, paused]
+    conditions = [ready]
+    support = isolating.condition(ctx, policy) if policy is not None and error is None else None
+    if support is not None:
+        conditions.append(support)
+        counts["isolatedGPUs"] = isolating.isolated_gpus(ctx, name)
+        ctx.meters.isolated_gpus.labels(name).set(counts["isolatedGPUs"])
+    elif policy is not None:
+        ctx.meters.isolated_gpus.labels(name).set(0)
+    for condition in conditions:
+        before = next((c for c in written if c.get("type") == condition["type"]), {})
+        same = before.get("status") == condition["status"] and before.get("lastTransitionTime")
+        condition["lastTransitionTime"] = before["lastTransitionTime"] if same else times.render(now)
+        condition["observedGeneration"] = generation
+    if policy is not None and not policy.dry_run:  # the breaker keeps its own transition times
+        conditions.append({**ctx.breakers.condition(name, now), "observedGeneration": generation})
     return {"observedGeneration": generation, **counts, **ctx.breakers.status(name), "conditions": conditions}
 
 

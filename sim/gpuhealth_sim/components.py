@@ -93,7 +93,19 @@ def etcd_args(workdir: Path, free: Ports) -> list[str]:
     ]
 
 
-def apiserver_args(workdir: Path, free: Ports, keys: pki.Pki) -> list[str]:
+def dra_args(device_taint_rules: bool, *, apiserver: bool = False) -> list[str]:
+    """The feature gate (and on kube-apiserver the API version) DeviceTaintRules need; none when off."""
+    if not device_taint_rules:
+        return []
+    return [
+        f"--feature-gates={FEATURE_GATES}",
+        *([f"--runtime-config={RUNTIME_CONFIG}"] if apiserver else []),
+    ]
+
+
+def apiserver_args(
+    workdir: Path, free: Ports, keys: pki.Pki, *, device_taint_rules: bool = True
+) -> list[str]:
     policy = workdir / "audit-policy.yaml"
     policy.write_text(AUDIT_POLICY)
     return [
@@ -113,8 +125,7 @@ def apiserver_args(workdir: Path, free: Ports, keys: pki.Pki) -> list[str]:
         "--allow-privileged=true",
         # Without the node-lifecycle controller nothing would lift the not-ready taint.
         "--disable-admission-plugins=TaintNodesByCondition",
-        f"--feature-gates={FEATURE_GATES}",
-        f"--runtime-config={RUNTIME_CONFIG}",
+        *dra_args(device_taint_rules, apiserver=True),
         "--profiling=false",
         f"--audit-policy-file={policy}",
         f"--audit-log-path={workdir / AUDIT_LOG}",
@@ -123,7 +134,9 @@ def apiserver_args(workdir: Path, free: Ports, keys: pki.Pki) -> list[str]:
     ]
 
 
-def controller_manager_args(kubeconfig: Path, free: Ports, keys: pki.Pki) -> list[str]:
+def controller_manager_args(
+    kubeconfig: Path, free: Ports, keys: pki.Pki, *, device_taint_rules: bool = True
+) -> list[str]:
     return [
         f"--kubeconfig={kubeconfig}",
         f"--bind-address={ports.LOOPBACK}",
@@ -136,18 +149,18 @@ def controller_manager_args(kubeconfig: Path, free: Ports, keys: pki.Pki) -> lis
         f"--cluster-signing-cert-file={keys.ca.cert}",
         f"--cluster-signing-key-file={keys.ca.key}",
         f"--cluster-name={kubeconfigs.CLUSTER_NAME}",
-        f"--feature-gates={FEATURE_GATES}",
+        *dra_args(device_taint_rules),
         "--profiling=false",
     ]
 
 
-def scheduler_args(kubeconfig: Path, free: Ports) -> list[str]:
+def scheduler_args(kubeconfig: Path, free: Ports, *, device_taint_rules: bool = True) -> list[str]:
     return [
         f"--kubeconfig={kubeconfig}",
         f"--bind-address={ports.LOOPBACK}",
         f"--secure-port={free.scheduler}",
         "--leader-elect=false",
-        f"--feature-gates={FEATURE_GATES}",
+        *dra_args(device_taint_rules),
         "--profiling=false",
     ]
 

@@ -98,9 +98,12 @@ class ControlPlane:
         with_kwok: bool = True,
         with_scheduler: bool = True,
         with_controller_manager: bool = True,
+        device_taint_rules: bool = True,
     ) -> None:
+        """`device_taint_rules=False`: a cluster without the DeviceTaintRule API (no gate, v1beta2 off)."""
         self.binaries = Path(binaries_dir)
         self._workdir = workdir
+        self._device_taint_rules = device_taint_rules
         self._with = {CONTROLLER_MANAGER: with_controller_manager, SCHEDULER: with_scheduler, KWOK: with_kwok}
         self._running: _Running | None = None
         self.startup_seconds: float | None = None
@@ -299,7 +302,11 @@ class ControlPlane:
         )
         children = {
             ETCD: self._child(ETCD, workdir, components.etcd_args(workdir, free)),
-            APISERVER: self._child(APISERVER, workdir, components.apiserver_args(workdir, free, keys)),
+            APISERVER: self._child(
+                APISERVER,
+                workdir,
+                components.apiserver_args(workdir, free, keys, device_taint_rules=self._device_taint_rules),
+            ),
         }
         if self._with[CONTROLLER_MANAGER]:
             identity = pki.client_cert(keys, CONTROLLER_MANAGER, user="system:kube-controller-manager")
@@ -310,7 +317,9 @@ class ControlPlane:
                 user="system:kube-controller-manager",
                 client=identity,
             )
-            args = components.controller_manager_args(config, free, keys)
+            args = components.controller_manager_args(
+                config, free, keys, device_taint_rules=self._device_taint_rules
+            )
             children[CONTROLLER_MANAGER] = self._child(CONTROLLER_MANAGER, workdir, args)
         if self._with[SCHEDULER]:
             identity = pki.client_cert(keys, SCHEDULER, user="system:kube-scheduler")
@@ -321,7 +330,11 @@ class ControlPlane:
                 user="system:kube-scheduler",
                 client=identity,
             )
-            children[SCHEDULER] = self._child(SCHEDULER, workdir, components.scheduler_args(config, free))
+            children[SCHEDULER] = self._child(
+                SCHEDULER,
+                workdir,
+                components.scheduler_args(config, free, device_taint_rules=self._device_taint_rules),
+            )
         if self._with[KWOK]:
             selector = f"{KWOK_NODE_ANNOTATION}={KWOK_NODE_ANNOTATION_VALUE}"
             args = components.kwok_args(workdir, kubeconfig, free, node_selector=selector)

@@ -36,6 +36,7 @@ from gpuhealth_api import resources
 from gpuhealth_sim import (
     binaries,
     controlplane,
+    dra,
     fleet,
     fleetfile,
     live,
@@ -106,8 +107,9 @@ def hardware(spec: fleetfile.Fleet) -> str:
 
 
 def human_cordoned_node(spec: fleetfile.Fleet) -> str:
-    """The node "a human" cordons before the operator starts: the fleet's last node."""
-    return spec.nodes[-1].name
+    """The node "a human" cordons before the operator starts: the fleet's last device-plugin node."""
+    plugin = [plan for plan in spec.nodes if not plan.dra]
+    return (plugin or spec.nodes)[-1].name
 
 
 class _Say:
@@ -146,18 +148,22 @@ def install(plane: controlplane.ControlPlane, options: Options) -> None:
 
 def start_training(plane: controlplane.ControlPlane, api: client.ApiClient, spec: fleetfile.Fleet) -> int:
     """The Deployment (one whole-node pod per GPU node) and its PDB; returns the replica count."""
-    gpus = min(plan.gpu_count for plan in spec.nodes)
-    selector = dict(spec.nodes[0].labels)
-    replicas = len(spec.nodes)
+    plugin = [plan for plan in spec.nodes if not plan.dra]
+    gpus = min(plan.gpu_count for plan in plugin)
+    selector = dict(plugin[0].labels)
+    replicas = len(plugin)
     _apply(plane, *workload.manifests(replicas, gpus, selector))
+    dra_gpus = sum(plan.gpu_count for plan in spec.nodes if plan.dra)
+    if dra_gpus:  # one-GPU pods with ResourceClaims fill the DRA nodes' GPUs
+        _apply(plane, *workload.dra_manifests(dra_gpus, dra.DEVICE_CLASS))
     core = client.CoreV1Api(api)
 
     def running() -> bool:
-        pods = core.list_namespaced_pod(workload.NAMESPACE, label_selector=f"app={workload.NAME}").items
-        return sum(1 for p in pods if p.status and p.status.phase == "Running") >= replicas
+        pods = core.list_namespaced_pod(workload.NAMESPACE).items
+        return sum(1 for p in pods if p.status and p.status.phase == "Running") >= replicas + dra_gpus
 
     waiting.wait_until(running, timeout_seconds=90, interval_seconds=0.5, message="training pods Running")
-    return replicas
+    return replicas + dra_gpus
 
 
 @contextlib.contextmanager
@@ -261,7 +267,7 @@ def _story(plane: controlplane.ControlPlane, ctx: _Context) -> bool:
         sim.create_nodes()
         say(f"created {len(spec.nodes)} kwok GPU nodes ({hardware(spec)})")
         replicas = start_training(plane, api, spec)
-        say(f"Deployment {workload.NAMESPACE}/{workload.NAME}: {replicas} pods Running, PDB maxUnavailable 2")
+        say(f"namespace {workload.NAMESPACE}: {replicas} training pods Running, PDB maxUnavailable 2")
         plane.kubectl("cordon", human)
         say(f"a human cordoned {human} (kubectl cordon: no gpu-health annotation)")
         operator.start()
@@ -274,7 +280,12 @@ def _story(plane: controlplane.ControlPlane, ctx: _Context) -> bool:
             say(f"started the simulated fleet: faults are scripted in {options.fleet_path.name}")
             view = live.Live(seen, out, tty=tty, width=options.width)
             _watch(view, sim, operator, options.duration_seconds)
-            result = summary.build(seen, time.time(), human_cordoned={human})
+            result = summary.build(
+                seen,
+                time.time(),
+                human_cordoned={human},
+                gpus={plan.name: plan.gpu_count for plan in spec.nodes},
+            )
             if not tty:
                 view.table()
             out.write("\n" + "\n".join(summary.render(result)) + "\n\n")

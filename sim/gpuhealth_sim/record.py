@@ -12,12 +12,19 @@ lock: no Kubernetes client here, so it is unit-testable with dicts.
 import dataclasses
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from gpuhealth_api import keys, timestamps, vocabulary
 
 OUR_REASONS: frozenset[str] = frozenset(vocabulary.Condition) | frozenset(vocabulary.EventReason)
 """Event reasons gpu-health emits (condition names and its own reasons)."""
+ISOLATED: Final = "GPU isolated"
+RESTORED: Final = "GPU restored"
+ISOLATION_HAPPENINGS: Mapping[str, str] = {
+    vocabulary.EventReason.GPU_ISOLATED: ISOLATED,
+    vocabulary.EventReason.GPU_RESTORED: RESTORED,
+}
+"""IsolateGPU's Events, as happenings on the node (detail: which GPU)."""
 WATCHED_LABELS: Mapping[str, str] = {
     keys.THERMAL_LABEL: "thermal-throttled",
     keys.STRAGGLER_LABEL: "straggler",
@@ -206,6 +213,9 @@ class Record:
             self._events.append(line)
             if reason == vocabulary.EventReason.NODE_DRAINED:
                 self._happen(Happening(at, line.node, "drained", "Event NodeDrained"))
+            elif reason in ISOLATION_HAPPENINGS:
+                gpu = line.message.split(" (", 1)[0]  # "GPU 3 (GPU-…) isolated by …"
+                self._happen(Happening(at, line.node, ISOLATION_HAPPENINGS[reason], gpu))
             return line
 
     def _happen(self, happening: Happening) -> None:

@@ -14,6 +14,8 @@ from gpuhealth_api import keys
 
 NAMESPACE = "training"
 NAME = "llm-pretrain"
+DRA_NAME = "finetune"
+"""One-GPU pods on the DRA nodes, each GPU allocated by a ResourceClaim (DeviceClass gpu.nvidia.com)."""
 IMAGE = "registry.example.com/ml/llm-pretrain:2026.11"
 
 
@@ -70,3 +72,36 @@ def manifests(replicas: int, gpus_per_pod: int, node_selector: dict[str, str]) -
         deployment(replicas, gpus_per_pod, node_selector),
         disruption_budget(max_unavailable=2),
     ]
+
+
+def dra_manifests(replicas: int, device_class: str) -> list[dict[str, Any]]:
+    """A ResourceClaimTemplate of one GPU and a Deployment of `replicas` one-GPU pods using it."""
+    labels = {"app": DRA_NAME}
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "one-gpu", "namespace": NAMESPACE},
+        "spec": {
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]}}
+        },
+    }
+    deployment_ = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": DRA_NAME, "namespace": NAMESPACE, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [
+                        {"name": "trainer", "image": IMAGE, "resources": {"claims": [{"name": "gpu"}]}}
+                    ],
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                },
+            },
+        },
+    }
+    return [template, deployment_]

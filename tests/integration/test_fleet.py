@@ -154,6 +154,14 @@ def test_the_demo_shows_the_main_job_done(tmp_path: Path) -> None:
     assert result[straggler]["labels"].get(keys.STRAGGLER_LABEL) == "true", text
     assert result[human]["unschedulable"] and result[human]["cordonedBy"] is None, text
     assert result[human]["humanCordoned"] and did(human) == [] and result[human]["gpuHealthEvents"] == 0, text
-    healthy = [f"gpu-node-{i}" for i in (0, 1, 2, 4, 6, 8, 10)]
+    healthy = [f"gpu-node-{i}" for i in (0, 1, 2, 4, 6, 8, 10)]  # gpu-node-12: below
     assert not [n for n in healthy if n in result and did(n)], text
     assert "Summary after" in text and "cordoned by a human: still cordoned" in text
+    # The DRA node: only its faulty GPU isolated, the node itself schedulable; GPU-hours saved stated.
+    dra_node = "gpu-node-12"
+    assert did(dra_node) == ["GPU isolated"], text
+    assert not result[dra_node]["unschedulable"] and result[dra_node]["action"] == "Isolated", text
+    (isolation,) = json.loads(summary_path.read_text())["isolations"]
+    assert (isolation["node"], isolation["gpus"], isolation["isolated"]) == (dra_node, 8, 1), text
+    assert isolation["gpuHoursSavedVsDrain"] > 0, text
+    assert "7 of 8 GPUs kept in service" in text and "GPU-hours saved against a whole-node drain" in text

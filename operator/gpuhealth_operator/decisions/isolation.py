@@ -24,9 +24,10 @@ are judged by (`gpuhealth_api.faults`). The I/O layer supplies what only the
 cluster knows, read with `device_taints`: the devices (`devices_by_uuid`
 over the node's ResourceSlices), the API version to write rules in
 (`served_version` over discovery; None when not served, or when the probe
-rule is not `acknowledged`) and the GPU budget left. Until that layer
-lands the operator acts on `node_action`: IsolateGPU ranks and acts as its
-fallback, Drain.
+rule is not `acknowledged`) and the GPU budget left (the operator's
+`isolating` module). Until a node's GPUs are decided, IsolateGPU ranks and
+acts as its fallback, Drain (`node_action`); `verdicts.with_isolation` takes
+it off the node ladder once every faulty GPU is isolated or waits.
 
 Pure: no kopf, no Kubernetes client.
 """
@@ -34,12 +35,13 @@ Pure: no kopf, no Kubernetes client.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import enum
 from collections.abc import Collection, Mapping, Sequence
 from typing import Final
 
 from gpuhealth_api import faults, status, vocabulary, xid_catalogue
-from gpuhealth_operator.decisions import device_taints, model, signals
+from gpuhealth_operator.decisions import device_taints, hysteresis, model, signals
 
 Action = vocabulary.Action
 Condition = vocabulary.Condition
@@ -53,8 +55,8 @@ NODE_WIDE_XID_ACTIONS: Final = frozenset({"RESTART_BM", "WORKFLOW_NVLINK_ERR"})
 def node_action(action: Action) -> Action:
     """The action the node ladder takes for a rule's action: IsolateGPU's fallback, else itself.
 
-    Today the operator isolates no GPU yet, so a fired IsolateGPU rule is ranked,
-    budgeted and applied exactly as a Drain rule.
+    Until the node's GPUs are decided (and whenever the decision is the node ladder),
+    a fired IsolateGPU rule is ranked, budgeted and applied exactly as a Drain rule.
     """
     return FALLBACK_ACTION if action is Action.ISOLATE_GPU else action
 
@@ -101,6 +103,58 @@ class NodeIsolation:
 
     def with_outcome(self, outcome: Outcome) -> tuple[GPUDecision, ...]:
         return tuple(gpu for gpu in self.gpus if gpu.outcome is outcome)
+
+
+@dataclasses.dataclass(frozen=True)
+class Support:
+    """Whether the cluster acts on DeviceTaintRules, as probed for one generation of a policy."""
+
+    generation: int
+    api_version: str | None
+    """The resource.k8s.io version rules are written in; None: IsolateGPU takes the node ladder."""
+    message: str
+    """The probe's finding in words (for the policy's status)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Isolated:
+    """One GPU with a DeviceTaintRule of ours, or whose rule someone else deleted (an override)."""
+
+    index: int | None
+    uuid: str
+    rule: str
+    since: str | None = None
+    """When the evidence the rule was created on began (RFC 3339): newer evidence ends an override."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeState:
+    """What the operator knows of one node's isolation under one policy (GPUNode `status.isolatedGPUs`)."""
+
+    decision: NodeIsolation | None = None
+    in_place: tuple[Isolated, ...] = ()
+    overridden: tuple[Isolated, ...] = ()
+    """GPUs whose rule someone else deleted: not isolated again on the same evidence."""
+
+
+def may_restore(policy: model.Policy, verdict: model.NodeVerdict, now: datetime.datetime) -> bool:
+    """Whether isolated GPUs free of fault may be given back: the policy's IsolateGPU conditions recovered.
+
+    The same hysteresis as an uncordon: none of them True, each free of evidence for
+    recovery.healthyForSeconds; a stale agent (health Unknown) releases nothing.
+    """
+    if verdict.health is vocabulary.Health.UNKNOWN:
+        return False
+    for condition in {r.condition for r in policy.rules if r.action is Action.ISOLATE_GPU}:
+        state = verdict.conditions.get(condition)
+        if state is None:
+            continue
+        if state.status == hysteresis.TRUE:
+            return False
+        since = hysteresis.healthy_since(state)
+        if since is None or (now - since).total_seconds() < policy.recovery_healthy_for_seconds:
+            return False
+    return True
 
 
 # --- whose fault --------------------------------------------------------------------------------

@@ -13,11 +13,14 @@ label is left as it is, and the node does not count as recovered. So losing
 an agent (or a DaemonSet rollout) neither disrupts nor releases a node.
 
 Rules are ranked and acted on by their node action (`isolation.node_action`):
-an IsolateGPU rule counts as its fallback, Drain, until GPUs are isolated.
+an IsolateGPU rule counts as its fallback, Drain, until `with_isolation`
+applies the node's isolation decision: when every faulty GPU is isolated or
+waits for the GPU budget, IsolateGPU rules leave the node ladder.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Mapping
 from typing import Final
@@ -114,6 +117,34 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
         ),
     )
     return overrides.apply(policy, node, facts, verdict)
+
+
+def with_isolation(verdict: model.NodeVerdict, decision: isolation.NodeIsolation | None) -> model.NodeVerdict:
+    """The verdict once the node's GPUs are decided: no Cordon/Drain for IsolateGPU rules unless the ladder.
+
+    No decision yet, or a decision for the node ladder: the verdict as judged (IsolateGPU as
+    Drain). Otherwise the wanted action is the strongest of the other fired rules, never
+    stronger than judged (an override that suppressed the node action still holds).
+    """
+    if decision is None or decision.node_ladder is not None:
+        return verdict
+    if not any(r.action is Action.ISOLATE_GPU for r in verdict.fired_rules) or verdict.wanted_action is None:
+        return verdict
+    others = [r for r in verdict.fired_rules if r.action is not Action.ISOLATE_GPU]
+    wanted = isolation.node_action(others[0].action) if others else None
+    if wanted is not None and (
+        vocabulary.ACTION_ORDER[wanted] > vocabulary.ACTION_ORDER[verdict.wanted_action]
+    ):
+        wanted = verdict.wanted_action
+    detected_at = min(
+        (
+            _held_since(verdict.conditions[r.condition])
+            for r in others
+            if isolation.node_action(r.action) is wanted and r.condition in verdict.conditions
+        ),
+        default=None,
+    )
+    return dataclasses.replace(verdict, wanted_action=wanted, detected_at=detected_at)
 
 
 def may_uncordon(policy: model.Policy, node: model.NodeView, verdict: model.NodeVerdict) -> bool:

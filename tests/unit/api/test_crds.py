@@ -153,6 +153,7 @@ def test_gpunode_printer_columns() -> None:
         ("AGE", ".metadata.creationTimestamp", "date", 0),
         ("DRIVER", ".status.agent.driverVersion", "string", 1),
         ("HEARTBEAT", ".status.agent.lastHeartbeatTime", "date", 1),
+        ("ISOLATED", ".status.isolatedFraction", "string", 1),
     ]
 
 

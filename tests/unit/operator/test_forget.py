@@ -16,7 +16,7 @@ from typing import Any
 from gpuhealth_api import vocabulary
 from gpuhealth_operator import admission, breakers, context, kube, metrics, settings
 from gpuhealth_operator.actions import drain
-from gpuhealth_operator.decisions import breaker, model
+from gpuhealth_operator.decisions import breaker, isolation, model
 from gpunode_facts import verdict
 
 NOT_STATE = {"config", "client", "meters", "recorder", "cache", "agent_pods", "eviction_slots", "clock"}
@@ -48,6 +48,9 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.breakers.announced[policy] = breaker.Breaker()
     ctx.breakers.resets[policy] = "now"
     ctx.breakers.acted[policy] = ("before", datetime.datetime.now(datetime.UTC))
+    ctx.isolation_support[policy] = isolation.Support(1, None, "not served")
+    ctx.isolations[(policy, node)] = isolation.NodeState()
+    ctx.isolation_locks[policy]  # a defaultdict: looking a key up creates its lock
 
 
 FILLED = {
@@ -65,6 +68,9 @@ FILLED = {
     "drill_health",
     "policy_status_written",
     "breakers",
+    "isolation_support",
+    "isolations",
+    "isolation_locks",
 }
 """The Context fields `fill` puts a node and a policy into."""
 
@@ -106,7 +112,9 @@ def test_forget_node_empties_every_map_of_that_node_only() -> None:
         ctx.forget_node("gone")
         assert [name for name, value in state(ctx).items() if mentions(value, "gone")] == []
         assert [name for name, value in state(ctx).items() if not mentions(value, "kept")] == [
-            "policy_status_written"  # per policy only
+            "policy_status_written",  # per policy only
+            "isolation_support",
+            "isolation_locks",
         ]
         assert "gone" not in ctx.verdicts.wanting["p"]
         await asyncio.sleep(0)
@@ -144,6 +152,7 @@ def test_forget_policy_empties_every_map_of_that_policy_only() -> None:
             "policy_status_written",
             "breakers",
         }
+        per_policy |= {"isolation_support", "isolations", "isolation_locks"}
         per_policy.add("drain_policies")  # the node's drain is "kept"'s (the last filled)
         assert {name for name, value in state(ctx).items() if mentions(value, "kept")} == per_policy
         ctx.drains["n"].cancel()

@@ -1,11 +1,13 @@
 """IsolateGPU decisions: whose fault, and isolate, wait or the node ladder."""
 
+import dataclasses
+import datetime
 from typing import Any
 
 import pytest
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator.decisions import device_taints, isolation, model, policies
+from gpuhealth_operator.decisions import device_taints, isolation, model, policies, verdicts
 
 Condition = vocabulary.Condition
 Outcome = isolation.Outcome
@@ -225,3 +227,74 @@ def test_missing_data_attributes_nothing() -> None:
 def test_only_isolate_gpu_falls_back_and_to_drain(action: vocabulary.Action) -> None:
     expected = vocabulary.Action.DRAIN if action is vocabulary.Action.ISOLATE_GPU else action
     assert isolation.node_action(action) is expected
+
+
+# --- the verdict once GPUs are decided ----------------------------------------------------------
+
+
+def _fired(*rules: model.Rule, health: vocabulary.Health = vocabulary.Health.UNHEALTHY) -> model.NodeVerdict:
+    since = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    states = {
+        r.condition: model.ConditionState(r.condition, "True", r.condition.value, "", since) for r in rules
+    }
+    ordered = sorted(rules, key=lambda r: -vocabulary.ACTION_ORDER[isolation.node_action(r.action)])
+    return model.NodeVerdict(
+        node="n",
+        conditions=states,
+        health=health,
+        issues=tuple(states),
+        fired_rules=tuple(ordered),
+        wanted_action=isolation.node_action(ordered[0].action),
+        wanted_labels={},
+        wanted_taint=None,
+        recovered=False,
+        detected_at=since,
+    )
+
+
+ISOLATE_ECC = model.Rule("ecc", Condition.ECC_UNCORRECTABLE, vocabulary.Action.ISOLATE_GPU)
+ISOLATED = isolation.NodeIsolation(
+    (isolation.GPUDecision(3, "GPU-3", (Condition.ECC_UNCORRECTABLE,), isolation.Outcome.ISOLATE, "x"),)
+)
+
+
+def test_isolated_gpus_take_isolate_gpu_off_the_node_ladder() -> None:
+    judged = _fired(ISOLATE_ECC)
+    assert judged.wanted_action is vocabulary.Action.DRAIN, "undecided: IsolateGPU acts as Drain"
+    assert verdicts.with_isolation(judged, None) is judged
+    amended = verdicts.with_isolation(judged, ISOLATED)
+    assert amended.wanted_action is None
+    assert amended.detected_at is None
+
+
+def test_the_node_ladder_keeps_the_drain() -> None:
+    judged = _fired(ISOLATE_ECC)
+    ladder = isolation.NodeIsolation(ISOLATED.gpus, "GPU 3 is no DRA device")
+    assert verdicts.with_isolation(judged, ladder).wanted_action is vocabulary.Action.DRAIN
+
+
+def test_other_rules_keep_their_action_but_never_grow() -> None:
+    label = model.Rule("thermal", Condition.THERMAL_THROTTLED, vocabulary.Action.LABEL)
+    drain = model.Rule("xid", Condition.XID_CRITICAL, vocabulary.Action.DRAIN)
+    assert (
+        verdicts.with_isolation(_fired(ISOLATE_ECC, label), ISOLATED).wanted_action is vocabulary.Action.LABEL
+    )
+    assert (
+        verdicts.with_isolation(_fired(ISOLATE_ECC, drain), ISOLATED).wanted_action is vocabulary.Action.DRAIN
+    )
+    overridden = dataclasses.replace(_fired(ISOLATE_ECC, drain), wanted_action=None, overridden=True)
+    assert verdicts.with_isolation(overridden, ISOLATED).wanted_action is None
+
+
+def test_restore_waits_for_healthy_for_seconds_and_a_live_agent() -> None:
+    policy = model.Policy("p", rules=(ISOLATE_ECC,), recovery_healthy_for_seconds=60)
+    cleared = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    state = model.ConditionState(Condition.ECC_UNCORRECTABLE, "False", "Clear", "", cleared)
+    healthy = dataclasses.replace(
+        _fired(ISOLATE_ECC), conditions={Condition.ECC_UNCORRECTABLE: state}, health=vocabulary.Health.HEALTHY
+    )
+    assert not isolation.may_restore(policy, healthy, cleared + datetime.timedelta(seconds=59))
+    assert isolation.may_restore(policy, healthy, cleared + datetime.timedelta(seconds=60))
+    stale = dataclasses.replace(healthy, health=vocabulary.Health.UNKNOWN)
+    assert not isolation.may_restore(policy, stale, cleared + datetime.timedelta(seconds=600))
+    assert not isolation.may_restore(policy, _fired(ISOLATE_ECC), cleared + datetime.timedelta(seconds=600))

@@ -22,9 +22,12 @@ def test_a_deleted_policy_leaves_no_series_for_alerts_to_fire_on() -> None:
     for policy in ("gone", "kept"):
         meters.nodes.labels(policy, "Unhealthy").set(3)
         meters.budget_pending.labels(policy).set(2)
+        meters.isolated_gpus.labels(policy).set(1)
     meters.forget_policy("gone")
     meters.forget_policy("never-seen")  # nothing to drop is no error
     nodes = samples(meters, "gpuhealth_operator_nodes")
     pending = samples(meters, "gpuhealth_operator_budget_pending_nodes")
     assert {dict(k)["policy"] for k in nodes} == {"kept"}
     assert {dict(k)["policy"] for k in pending} == {"kept"}
+    isolated = samples(meters, "gpuhealth_operator_isolated_gpus")
+    assert {dict(k)["policy"] for k in isolated} == {"kept"}

@@ -202,3 +202,24 @@ def test_a_passing_agent_stale_verdict_is_one_line_in_the_summary() -> None:
     assert "briefly Unknown (AgentStale), no action: gpu-node-1, gpu-node-2" in lines
     assert not any(line.startswith("gpu-node-1:") for line in lines)
     assert "gpu-node-2: Straggler  →  now Degraded, Labeled" in lines
+
+
+def test_the_summary_counts_gpu_hours_isolation_kept_in_service() -> None:
+    seen = record.Record(started_at=T0)
+    seen.on_gpunode("ADDED", gpunode("gpu-node-12", observed=T0), T0)
+    seen.on_node("ADDED", node("gpu-node-12"), T0)
+    message = (
+        "GPU 3 (GPU-abc) isolated by policy demo (EccUncorrectable): DeviceTaintRule r taints device gpu-3"
+    )
+    seen.on_event("ADDED", event("e1", "GPUIsolated", "gpu-node-12", message), T0 + 15)
+
+    result = summary.build(seen, T0 + 15 + 3600, gpus={"gpu-node-12": 8})
+    (isolated,) = result.isolations
+    assert (isolated.node, isolated.gpus, isolated.isolated) == ("gpu-node-12", 8, 1)
+    assert abs(isolated.kept_gpu_hours - 7.0) < 1e-9, "7 GPUs kept serving for an hour"
+    assert [(a.what, a.detail) for a in result.node("gpu-node-12").actions] == [("GPU isolated", "GPU 3")]
+    lines = summary.render(result)
+    assert all(len(line) <= 80 for line in lines)
+    assert "gpu-node-12: 7 of 8 GPUs kept in service (IsolateGPU)" in lines
+    assert "  7.000 GPU-hours saved against a whole-node drain (7 per hour)" in lines
+    assert result.to_json()["isolations"][0]["gpuHoursSavedVsDrain"] == 7.0

@@ -1,0 +1,384 @@
+"""IsolateGPU end to end: the operator quarantines one GPU, not its node, on the real control plane.
+
+An 8-GPU DRA node (a ResourceSlice as the NVIDIA DRA driver publishes it,
+one device per GPU with the UUID the agent reports) runs 8 one-GPU pods
+placed by the real kube-scheduler. A double-bit ECC error on GPU 3 makes the
+operator create one DeviceTaintRule (NoExecute) for that GPU's device: the
+real kube-controller-manager evicts only the pod holding GPU 3, the other 7
+keep running, the node stays schedulable, and a new claim never gets GPU 3.
+`kubectl get gpunodes` says `Isolated`, an Event `GPUIsolated` names the GPU.
+On recovery (the fault gone for healthyForSeconds) the rule is deleted
+(`GPURestored`) and GPU 3 is allocatable again. A rule a human deletes is an
+override: not recreated on the same evidence. A device-plugin node (no
+ResourceSlice) with the same fault is cordoned and drained as before.
+"""
+
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+import gpunode_facts
+import operator_harness
+from gpuhealth_api import keys
+from gpuhealth_operator.decisions import device_taints
+from gpuhealth_sim import controlplane, dra, waiting
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 30.0
+GPUS = 8
+FAULTY = 3
+RULE_VERSION = "v1beta2"
+
+
+@pytest.fixture(scope="module")
+def operator(
+    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[operator_harness.OperatorProcess]:
+    operator_harness.ensure_namespace(k8s, "gpu-health")
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    process = operator_harness.OperatorProcess(
+        kubeconfig=Path(crds.kubeconfig),
+        log_path=log,
+        lease_name="gpu-health-operator-isolation",
+        identity="isolation-operator",
+        extra_args=["--tick-seconds=0.5", "--lease-duration-seconds=5", "--lease-renew-seconds=1"],
+    ).start()
+    try:
+        waiting.wait_until(process.is_leading, timeout_seconds=30, message="operator leads")
+        yield process
+    finally:
+        process.stop()
+        print(process.log()[-20000:])
+
+
+@pytest.fixture
+def fleet(
+    k8s: client.ApiClient, operator: operator_harness.OperatorProcess
+) -> Iterator[operator_harness.Fleet]:
+    nodes = operator_harness.Fleet(k8s, label=f"iso-{secrets.token_hex(3)}")
+    try:
+        yield nodes
+    finally:
+        for name in nodes.names:
+            _delete_slice(nodes.custom, name)
+        nodes.cleanup()
+
+
+def _uuid(index: int) -> str:
+    uuid: str = gpunode_facts.healthy_gpu(index)["uuid"]
+    return uuid
+
+
+def _publish_slice(fleet: operator_harness.Fleet, node: str) -> None:
+    """The node's ResourceSlice and the DeviceClass, as the DRA driver publishes them."""
+    for plural, body in (
+        ("deviceclasses", dra.device_class()),
+        (
+            "resourceslices",
+            {
+                "apiVersion": f"{dra.GROUP}/{dra.VERSION}",
+                "kind": "ResourceSlice",
+                "metadata": {"name": dra.slice_name(node)},
+                "spec": {
+                    "driver": dra.DRIVER,
+                    "nodeName": node,
+                    "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                    "devices": [
+                        {
+                            "name": dra.device_name(i),
+                            "attributes": {"uuid": {"string": _uuid(i)}, "index": {"int": i}},
+                        }
+                        for i in range(GPUS)
+                    ],
+                },
+            },
+        ),
+    ):
+        fleet.custom.patch_cluster_custom_object(
+            dra.GROUP,
+            dra.VERSION,
+            plural,
+            body["metadata"]["name"],
+            body,
+            field_manager="gpu-health-tests",
+            force=True,
+            _content_type="application/apply-patch+yaml",
+        )
+
+
+def _delete_slice(objects: client.CustomObjectsApi, node: str) -> None:
+    try:
+        objects.delete_cluster_custom_object(dra.GROUP, dra.VERSION, "resourceslices", dra.slice_name(node))
+    except client.ApiException as error:
+        if error.status != 404:
+            raise
+
+
+def _policy(fleet: operator_harness.Fleet, **extra: Any) -> None:
+    fleet.policy(
+        fleet.label,
+        {
+            "maxUnavailable": 1,
+            "maxUnavailableGPUs": 2,
+            "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "IsolateGPU"}],
+            "isolation": {"maxGPUsPerNode": 2, "effect": "NoExecute"},
+            "drain": {"timeoutSeconds": 30, "force": True},
+            "recovery": {"uncordon": True, "healthyForSeconds": 2},
+            **extra,
+        },
+    )
+
+
+def _ecc(count: int) -> dict[str, Any]:
+    return gpunode_facts.agent_status(gpus=GPUS, overrides={FAULTY: {"ecc": {"uncorrectedVolatile": count}}})
+
+
+def _rules(fleet: operator_harness.Fleet) -> list[dict[str, Any]]:
+    found = fleet.custom.list_cluster_custom_object(
+        device_taints.GROUP,
+        RULE_VERSION,
+        device_taints.PLURAL,
+        label_selector=f"{keys.POLICY_LABEL}={fleet.label}",
+    )
+    items: list[dict[str, Any]] = found["items"]
+    return items
+
+
+def _pod(node: str, name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [
+                {"name": "train", "image": "trainer:1", "resources": {"claims": [{"name": "gpu"}]}}
+            ],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+        },
+    }
+
+
+def _claim_template(objects: client.CustomObjectsApi, namespace: str) -> None:
+    objects.create_namespaced_custom_object(
+        dra.GROUP,
+        "v1",
+        namespace,
+        "resourceclaimtemplates",
+        {
+            "apiVersion": f"{dra.GROUP}/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "one-gpu"},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": dra.DEVICE_CLASS}}]
+                    }
+                }
+            },
+        },
+    )
+
+
+def _devices_by_pod(objects: client.CustomObjectsApi, namespace: str) -> dict[str, str | None]:
+    claims = objects.list_namespaced_custom_object(dra.GROUP, "v1", namespace, "resourceclaims")
+    found: dict[str, str | None] = {}
+    for claim in claims["items"]:
+        owner = next(ref["name"] for ref in claim["metadata"]["ownerReferences"] if ref["kind"] == "Pod")
+        results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
+        found[owner] = results[0]["device"] if results else None
+    return found
+
+
+def _phases(core: client.CoreV1Api, namespace: str) -> dict[str, str]:
+    return {
+        pod.metadata.name: pod.status.phase
+        for pod in core.list_namespaced_pod(namespace).items
+        if pod.metadata.deletion_timestamp is None
+    }
+
+
+def test_a_dbe_isolates_one_gpu_and_recovery_restores_it(
+    fleet: operator_harness.Fleet, namespace: str
+) -> None:
+    node = f"{fleet.label}-dra"
+    core, objects = fleet.core, fleet.custom
+    fleet.add_node(node, gpus=GPUS)
+    _publish_slice(fleet, node)
+    _policy(fleet)
+    _claim_template(objects, namespace)
+    for i in range(GPUS):
+        core.create_namespaced_pod(namespace, _pod(node, f"train-{i}"))
+
+    def placed() -> dict[str, str] | None:
+        phases, devices = _phases(core, namespace), _devices_by_pod(objects, namespace)
+        running = {p: d for p, d in devices.items() if d is not None and phases.get(p) == "Running"}
+        return running if len(running) == GPUS else None
+
+    allocated = waiting.wait_until(placed, timeout_seconds=60, message=f"{GPUS} one-GPU pods running")
+    (victim,) = [pod for pod, device in allocated.items() if device == dra.device_name(FAULTY)]
+    survivors = {
+        pod: core.read_namespaced_pod(pod, namespace).metadata.uid for pod in allocated if pod != victim
+    }
+
+    fleet.report(node, _ecc(1))
+    reported_at = time.monotonic()
+
+    def gone() -> bool:
+        return victim not in _phases(core, namespace)
+
+    waiting.wait_until(gone, timeout_seconds=60, message=f"{victim} (on GPU {FAULTY}) evicted")
+    print(f"\nIsolateGPU: DBE reported -> pod on GPU {FAULTY} gone: {time.monotonic() - reported_at:.2f} s")
+    (rule,) = _rules(fleet)
+    assert rule["metadata"]["name"] == device_taints.rule_name(node, FAULTY)
+    assert rule["spec"]["deviceSelector"] == {
+        "driver": dra.DRIVER,
+        "pool": node,
+        "device": dra.device_name(FAULTY),
+    }
+    assert rule["spec"]["taint"]["effect"] == "NoExecute"
+    assert rule["metadata"]["labels"][keys.NODE_LABEL] == node
+
+    def shown() -> dict[str, Any] | None:
+        status: dict[str, Any] = fleet.gpunode(node).get("status", {})
+        return status if status.get("action") == "Isolated" and status.get("isolatedGPUs") else None
+
+    status = waiting.wait_until(shown, timeout_seconds=TIMEOUT, message="GPUNode action Isolated")
+    assert [(g["index"], g["uuid"], g["state"]) for g in status["isolatedGPUs"]] == [
+        (FAULTY, _uuid(FAULTY), "Isolated")
+    ]
+    assert status["isolatedFraction"] == f"1/{GPUS}", "kubectl get gpunodes -o wide: ISOLATED 1/8"
+    (event,) = fleet.events(node, "GPUIsolated")
+    assert f"GPU {FAULTY}" in event["message"] and _uuid(FAULTY) in event["message"]
+
+    core.create_namespaced_pod(namespace, _pod(node, "train-late"))
+
+    def still_isolated() -> bool:
+        phases, devices = _phases(core, namespace), _devices_by_pod(objects, namespace)
+        uids = {pod: core.read_namespaced_pod(pod, namespace).metadata.uid for pod in survivors}
+        return (
+            uids == survivors
+            and all(phases[pod] == "Running" for pod in survivors)
+            and phases.get("train-late") == "Pending"
+            and devices.get("train-late") is None
+            and not fleet.node(node)["spec"].get("unschedulable")
+        )
+
+    waiting.holds(
+        still_isolated, seconds=5, message="7 pods keep running, the node schedulable, GPU 3 unallocated"
+    )
+    assert fleet.events(node, "NodeCordoned") == []
+
+    # Recovery: the fault cleared (a GPU reset) for healthyForSeconds: the rule goes, GPU 3 serves again.
+    fleet.report(node, _ecc(0))
+    waiting.wait_until(
+        lambda: _rules(fleet) == [], timeout_seconds=TIMEOUT, message="the rule deleted on recovery"
+    )
+    waiting.wait_until(
+        lambda: fleet.events(node, "GPURestored"), timeout_seconds=TIMEOUT, message="GPURestored Event"
+    )
+    waiting.wait_until(
+        lambda: _devices_by_pod(objects, namespace).get("train-late") == dra.device_name(FAULTY),
+        timeout_seconds=60,
+        message=f"the waiting pod given GPU {FAULTY} again",
+    )
+    waiting.wait_until(
+        lambda: not {"isolatedGPUs", "isolatedFraction"} & set(fleet.gpunode(node).get("status", {})),
+        timeout_seconds=TIMEOUT,
+        message="status.isolatedGPUs cleared",
+    )
+
+
+def test_a_deleted_rule_is_an_override(fleet: operator_harness.Fleet) -> None:
+    node = f"{fleet.label}-dra"
+    fleet.add_node(node, gpus=GPUS)
+    _publish_slice(fleet, node)
+    _policy(fleet)
+    fleet.report(node, _ecc(1))
+    name = device_taints.rule_name(node, FAULTY)
+    waiting.wait_until(
+        lambda: [r["metadata"]["name"] for r in _rules(fleet)] == [name],
+        timeout_seconds=TIMEOUT,
+        message="the rule created",
+    )
+    fleet.custom.delete_cluster_custom_object(device_taints.GROUP, RULE_VERSION, device_taints.PLURAL, name)
+    waiting.wait_until(
+        lambda: fleet.events(node, "OverriddenByUser"), timeout_seconds=TIMEOUT, message="OverriddenByUser"
+    )
+    waiting.holds(
+        lambda: _rules(fleet) == [] and not fleet.node(node)["spec"].get("unschedulable"),
+        seconds=3,
+        message="not isolated again, nor drained, on the same evidence",
+    )
+    fleet.report(node, _ecc(2))  # more errors: still the same episode of the condition
+    waiting.holds(lambda: _rules(fleet) == [], seconds=2, message="the same episode stays overridden")
+
+
+def test_a_device_plugin_node_is_cordoned_and_drained(fleet: operator_harness.Fleet, namespace: str) -> None:
+    node = f"{fleet.label}-plugin"
+    fleet.add_node(node, gpus=GPUS)  # no ResourceSlice: its GPUs are no DRA devices
+    _policy(fleet)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "train-plugin"},
+        "spec": {"nodeName": node, "containers": [{"name": "train", "image": "trainer:1"}]},
+    }
+    fleet.core.create_namespaced_pod(namespace, pod)
+    waiting.wait_until(
+        lambda: _phases(fleet.core, namespace).get("train-plugin") == "Running",
+        timeout_seconds=60,
+        message="the pod running",
+    )
+    fleet.report(node, _ecc(1))
+    reported_at = time.monotonic()
+    waiting.wait_until(
+        lambda: "train-plugin" not in _phases(fleet.core, namespace),
+        timeout_seconds=TIMEOUT,
+        message="the node's pod evicted by the drain",
+    )
+    print(f"\nnode ladder: DBE reported -> pod on the node gone: {time.monotonic() - reported_at:.2f} s")
+    waiting.wait_until(
+        lambda: fleet.gpunode(node).get("status", {}).get("action") == "Drained",
+        timeout_seconds=TIMEOUT,
+        message="the node ladder: cordoned and drained",
+    )
+    assert fleet.node(node)["spec"].get("unschedulable") is True
+    assert _rules(fleet) == []
+
+
+def test_max_unavailable_gpus_makes_the_next_gpu_wait_not_drain(fleet: operator_harness.Fleet) -> None:
+    first, second = f"{fleet.label}-a", f"{fleet.label}-b"
+    for node in (first, second):
+        fleet.add_node(node, gpus=GPUS)
+        _publish_slice(fleet, node)
+    _policy(fleet, maxUnavailableGPUs=1)
+    fleet.report(first, _ecc(1))
+    waiting.wait_until(
+        lambda: [r["metadata"]["name"] for r in _rules(fleet)] == [device_taints.rule_name(first, FAULTY)],
+        timeout_seconds=TIMEOUT,
+        message="the first node's GPU isolated",
+    )
+    fleet.report(second, _ecc(1))
+    waiting.wait_until(
+        lambda: fleet.gpunode(second).get("status", {}).get("action") == "Pending",
+        timeout_seconds=TIMEOUT,
+        message="the second node's GPU waits for maxUnavailableGPUs",
+    )
+    waiting.holds(
+        lambda: len(_rules(fleet)) == 1 and not fleet.node(second)["spec"].get("unschedulable"),
+        seconds=2,
+        message="one GPU isolated at most; the waiting node is not drained instead",
+    )
+    fleet.report(first, _ecc(0))  # the first GPU recovers: its place goes to the waiting one
+    waiting.wait_until(
+        lambda: [r["metadata"]["name"] for r in _rules(fleet)] == [device_taints.rule_name(second, FAULTY)],
+        timeout_seconds=TIMEOUT,
+        message="the waiting GPU isolated once the first is restored",
+    )
