@@ -2,6 +2,7 @@
 
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -55,10 +56,15 @@ def test_crashing_apiserver_reports_its_log_and_stops_the_rest(tmp_path: Path) -
     assert_not_running(bin_dir / "etcd.pid")
 
 
-def test_startup_timeout_names_the_step_and_removes_the_temporary_workdir(tmp_path: Path) -> None:
+def test_startup_timeout_names_the_step_and_removes_the_temporary_workdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     bin_dir = fake_binaries(tmp_path / "bin", kube_apiserver='echo "still warming up"; exec sleep 60')
     plane = controlplane.ControlPlane(bin_dir)
-    before = set(Path(os.environ.get("TMPDIR", "/tmp")).glob("gpuhealth-cp-*"))
+    # A temp dir of its own: other control planes on the machine (other tests, other runs) come and go.
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
 
     with pytest.raises(controlplane.ControlPlaneError) as raised:
         plane.start(timeout_seconds=4)
@@ -68,7 +74,7 @@ def test_startup_timeout_names_the_step_and_removes_the_temporary_workdir(tmp_pa
     assert "still warming up" in message
     assert_not_running(bin_dir / "kube-apiserver.pid")
     assert_not_running(bin_dir / "etcd.pid")
-    assert set(Path(os.environ.get("TMPDIR", "/tmp")).glob("gpuhealth-cp-*")) <= before
+    assert not list(temp.glob("gpuhealth-cp-*"))
 
 
 def test_accessors_explain_that_the_control_plane_is_not_running(tmp_path: Path) -> None:
