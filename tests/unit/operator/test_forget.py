@@ -36,6 +36,7 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.drain_results[node] = drain.Result(completed=True, blocking=(), evicted=1, skipped=())
     ctx.drain_checked[node] = 1.0
     ctx.drain_policies[node] = policy
+    ctx.announced_cordons[node] = "2026-01-01T00:00:00Z"
     ctx.dry_run_said[(policy, node)] = f"Dry run: policy {policy} would cordon"
     ctx.policy_status_written[policy] = {"observedGeneration": 1}
 
@@ -49,6 +50,7 @@ FILLED = {
     "drain_results",
     "drain_checked",
     "drain_policies",
+    "announced_cordons",
     "dry_run_said",
     "policy_status_written",
 }
@@ -138,6 +140,7 @@ def test_forget_verdicts_keeps_the_nodes_own_memory() -> None:
             "drain_results",
             "drain_checked",
             "drain_policies",
+            "announced_cordons",
         }
         assert not ctx.drains["n"].cancelled()
         ctx.drains["n"].cancel()
