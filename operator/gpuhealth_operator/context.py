@@ -163,6 +163,9 @@ class Context:
     drain_policies: dict[str, str] = dataclasses.field(default_factory=dict)
     """node → the policy whose drain runs (or ran) there: what `stopping` asks whether to stop it."""
 
+    announced_cordons: dict[str, str] = dataclasses.field(default_factory=dict)
+    """node → the identity (`cordoned-at`) of its cordon this process saw announced: said once."""
+
     dry_run_said: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
     """(policy, node) → the last DryRun message, so it is said once per change."""
 
@@ -246,6 +249,7 @@ class Context:
         self.drain_results.pop(name, None)
         self.drain_checked.pop(name, None)
         self.drain_policies.pop(name, None)
+        self.announced_cordons.pop(name, None)
         lock = self.node_locks.get(name)
         if lock is not None and not lock.locked():
             del self.node_locks[name]

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import cache, context, isolating, kube, overrides, stopping
+from gpuhealth_operator import announcements, cache, context, isolating, kube, overrides, stopping
 from gpuhealth_operator.actions import drain, events, nodes
 from gpuhealth_operator.decisions import model, times, verdicts
 
@@ -170,12 +170,14 @@ async def _capacity(
         record = ctx.cache.node(name)
         if record is None:
             return NodeAction.NONE
+        await announcements.cordoned(ctx, policy.name, name, _issues(verdict), wanted is Action.DRAIN)
         if wanted is Action.CORDON or record.view.cordoned_by is None:
             return NodeAction.CORDONED  # cordoned by someone else: theirs to drain and lift, never ours
         return await _drain(ctx, policy, name, now)
 
     ctx.admission.stop_waiting(policy.name, name)
     if record.view.unschedulable and record.view.cordoned_by == policy.name:
+        await announcements.cordoned(ctx, policy.name, name, _issues(verdict), wanted is Action.DRAIN)
         if verdicts.may_uncordon(policy, record.view, verdict):
             await _uncordon(ctx, policy, name, verdict)
             return LESSER_ACTIONS.get(wanted, NodeAction.NONE)
@@ -225,6 +227,7 @@ async def _cordon(
             name,
             policy=policy.name,
             resource_version=record.resource_version,
+            cordoned_at=times.render(now),
             drain_started=times.render(now) if verdict.wanted_action is Action.DRAIN else None,
             labels=label_changes(record, verdict),
         )
@@ -236,14 +239,7 @@ async def _cordon(
         ctx.admission.release(policy, name)
     if patched is Patched.WRITTEN:
         _observe_latency(ctx, verdict, Action.CORDON.value, now)
-        what = "cordoned and will be drained" if verdict.wanted_action is Action.DRAIN else "cordoned"
-        await ctx.recorder.emit(
-            events.subject(ctx.cache, name),
-            vocabulary.EventReason.NODE_CORDONED,
-            f"Node {what} by policy {policy.name}: {_issues(verdict)}.",
-            events.WARNING,
-        )
-    return patched is not Patched.CONFLICTED
+    return patched is not Patched.CONFLICTED  # the caller announces it
 
 
 async def _drain(ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime) -> NodeAction:
@@ -323,9 +319,8 @@ async def _run_drain(
     subject = events.subject(ctx.cache, name)
     if result.completed:
         ctx.meters.drain_duration.labels("completed").observe(elapsed)
-        await ctx.recorder.emit(
-            subject, vocabulary.EventReason.NODE_DRAINED, drain.drained_message(policy.name, result)
-        )
+        if not await announcements.drained(ctx, name, drain.drained_message(policy.name, result)):
+            return result  # not said, so no result kept: the next reconcile drains again and says it
     else:
         ctx.meters.drain_duration.labels("failed").observe(elapsed)
         await ctx.recorder.emit(
@@ -349,8 +344,11 @@ async def _uncordon(
         await _refresh(ctx, name)  # the annotation changed under us: it is no longer ours to lift
         return
     record = ctx.cache.refresh_node(body)
-    if record is not None and nodes.DRAIN_STARTED_ANNOTATION in record.view.annotations:
-        ctx.cache.refresh_node(await nodes.set_drain_started(ctx.client, name, None))
+    bookkeeping = (nodes.DRAIN_STARTED_ANNOTATION, nodes.CORDONED_AT_ANNOTATION)
+    if record is not None and any(key in record.view.annotations for key in bookkeeping):
+        ctx.cache.refresh_node(
+            await nodes.patch_metadata(ctx.client, name, annotations=dict.fromkeys(bookkeeping))
+        )
     task = ctx.drains.pop(name, None)
     if task is not None:
         task.cancel()

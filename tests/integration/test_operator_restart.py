@@ -10,7 +10,7 @@ from kubernetes import client
 
 import gpunode_facts
 import operator_harness
-from gpuhealth_api import keys
+from gpuhealth_api import keys, resources
 from gpuhealth_sim import controlplane, waiting
 
 pytestmark = pytest.mark.integration
@@ -267,3 +267,65 @@ def test_human_uncordon_and_a_new_fault_across_restarts_drain_the_node_again(
     finally:
         fourth.stop()
         print(f"--- fourth\n{fourth.log()[-10000:]}")
+
+
+def test_a_cordon_whose_term_died_before_its_events_is_announced_once_and_drained_once(
+    crds: controlplane.ControlPlane,
+    k8s: client.ApiClient,
+    fleet: operator_harness.Fleet,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """A term cordons and dies before saying so; the next says NodeCordoned and NodeDrained, once each.
+
+    The dead term is played by hand: the Node is cordoned with our annotations, no Event. Then
+    a term that said NodeDrained dies before writing `action: Drained`; its successor drains the
+    (empty) node again and finds both Events already said.
+    """
+    operator_harness.ensure_namespace(k8s, "gpu-health")
+    lease = f"gpu-health-operator-restart-{secrets.token_hex(2)}"
+    name = f"{fleet.label}-c"
+    fleet.add_node(name)
+    fleet.policy(
+        fleet.label,
+        {
+            "maxUnavailable": 1,
+            "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}],
+            "drain": {"timeoutSeconds": 300},
+        },
+    )
+    fleet.report(name, gpunode_facts.agent_status(overrides={0: {"ecc": {"uncorrectedVolatile": 1}}}))
+    cordoned_at = "2026-11-23T19:00:00.123456Z"
+    annotations = {
+        keys.CORDONED_BY_ANNOTATION: fleet.label,
+        "gpuhealth.io/cordoned-at": cordoned_at,
+        "gpuhealth.io/drain-started": cordoned_at,
+    }
+    fleet.core.patch_node(name, {"metadata": {"annotations": annotations}, "spec": {"unschedulable": True}})
+
+    def said(reason: str) -> list[dict[str, Any]]:
+        return fleet.events(name, reason)
+
+    for log in ("first.log", "second.log"):
+        term = operator(crds, tmp_path / log, lease)
+        try:
+            waiting.wait_until(
+                lambda: status(fleet, name).get("action") == "Drained" and said("NodeDrained"),
+                timeout_seconds=TIMEOUT,
+                message="drained and said so",
+            )
+        finally:
+            term.kill()
+            print(f"--- {log}\n{term.log()[-10000:]}")
+        for reason in ("NodeCordoned", "NodeDrained"):
+            events = said(reason)
+            assert [e["count"] for e in events] == [1], reason
+            assert f"cordoned at {cordoned_at}" in events[0]["message"], reason
+        # As if the term died between NodeDrained and `action: Drained`: the next one drains again.
+        fleet.custom.patch_cluster_custom_object_status(
+            resources.GROUP,
+            resources.VERSION,
+            resources.GPUNODE_PLURAL,
+            name,
+            {"status": {"action": "Draining"}},
+        )

@@ -5,6 +5,10 @@ operator restart) finds the existing object and bumps its `count` and
 `lastTimestamp` instead of creating a new one. The reconciler emits only on
 transitions; this module makes the rare repeat (kopf's at-least-once
 delivery, a restart mid-transition) cheap and visible rather than spammy.
+
+Lifecycle announcements (NodeCordoned, NodeDrained) are exactly-once instead
+(`Recorder.announce`): named from the identity of what they announce (the
+cordon), so a later term that announces again finds the Event and stops.
 """
 
 from __future__ import annotations
@@ -61,6 +65,12 @@ def event_name(node: str, reason: str, message: str) -> str:
     return f"{node}.gpuhealth.{digest}"
 
 
+def announcement_name(node: str, reason: str, identity: str) -> str:
+    """The name of the one Event that announces `identity` (a cordon, say): whatever its message says."""
+    digest = hashlib.sha256(f"{reason}\x00announce\x00{identity}".encode()).hexdigest()[:16]
+    return f"{node}.gpuhealth.{digest}"
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -106,6 +116,30 @@ class Recorder:
             # An Event is a report, not a decision: losing one must not stop the action it reports.
             self.counts.pop(name, None)
             logger.warning("could not post Event %s on node %s: %s", reason, subject.node, error)
+
+    async def announce(
+        self, subject: Subject, reason: str, message: str, identity: str, type_: str = NORMAL
+    ) -> bool:
+        """Post the Event that announces `identity`, exactly once: one that exists already (409) was said.
+
+        Named from (node, reason, identity), not from the message, so a later term (whose
+        wording may differ) finds it. True once the Event exists; False when it could not
+        be posted (the caller announces again later). Never raises.
+        """
+        message = text.bounded(message, text.EVENT_MESSAGE_MAX)
+        name = announcement_name(subject.node, reason, identity)
+        log = logger.warning if type_ != NORMAL else logger.info
+        log("node %s: %s: %s", subject.node, reason, message)
+        try:
+            await self.client.create(
+                f"/api/v1/namespaces/{NAMESPACE}/events", self._body(subject, name, reason, message, type_)
+            )
+        except kube.ApiError as error:
+            if error.conflict:
+                return True  # announced before (by this process or an earlier term): never twice
+            logger.warning("could not post Event %s on node %s: %s", reason, subject.node, error)
+            return False
+        return True
 
     async def _bump(self, name: str, count: int) -> None:
         try:

@@ -18,6 +18,9 @@ from gpuhealth_operator import kube
 DRAIN_STARTED_ANNOTATION = f"{keys.PREFIX}/drain-started"
 """RFC 3339 time our drain of the node began; the drain timeout survives operator restarts."""
 
+CORDONED_AT_ANNOTATION = f"{keys.PREFIX}/cordoned-at"
+"""RFC 3339 time of our cordon, written with it: the cordon's identity, which its Events announce once."""
+
 JSON_PATCH = "application/json-patch+json"
 
 TAINT_EFFECT = "NoSchedule"
@@ -53,10 +56,11 @@ async def cordon(
     *,
     policy: str,
     resource_version: str,
+    cordoned_at: str,
     drain_started: str | None = None,
     labels: Mapping[str, str | None] | None = None,
 ) -> kube.JsonObject:
-    """Mark the node unschedulable and record that `policy` did it.
+    """Mark the node unschedulable and record that `policy` did it, and when (`cordoned_at`).
 
     Fails with 409 if the node changed since `resource_version` (a human may
     have cordoned it meanwhile, and then it is not ours to claim). `labels`
@@ -65,6 +69,7 @@ async def cordon(
     # A cordon on new evidence ends a human override: its baseline goes.
     annotations: dict[str, str | None] = {
         keys.CORDONED_BY_ANNOTATION: policy,
+        CORDONED_AT_ANNOTATION: cordoned_at,
         keys.OVERRIDDEN_EVIDENCE_ANNOTATION: None,
     }
     if drain_started is not None:
@@ -100,6 +105,7 @@ async def drop_claim(
     """
     annotations = {
         keys.CORDONED_BY_ANNOTATION: None,
+        CORDONED_AT_ANNOTATION: None,
         DRAIN_STARTED_ANNOTATION: None,
         keys.OVERRIDDEN_EVIDENCE_ANNOTATION: baseline,
     }

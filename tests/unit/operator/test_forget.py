@@ -39,6 +39,7 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.drain_results[node] = drain.Result(completed=True, blocking=(), evicted=1, skipped=())
     ctx.drain_checked[node] = 1.0
     ctx.drain_policies[node] = policy
+    ctx.announced_cordons[node] = "2026-01-01T00:00:00Z"
     ctx.dry_run_said[(policy, node)] = f"Dry run: policy {policy} would cordon"
     ctx.drill_said[(policy, node)] = f"Drill: policy {policy} would cordon"
     ctx.drill_health[(policy, node)] = "Unhealthy"
@@ -63,6 +64,7 @@ FILLED = {
     "drain_results",
     "drain_checked",
     "drain_policies",
+    "announced_cordons",
     "dry_run_said",
     "drill_said",
     "drill_health",
@@ -173,6 +175,7 @@ def test_forget_verdicts_keeps_the_nodes_own_memory() -> None:
             "drain_results",
             "drain_checked",
             "drain_policies",
+            "announced_cordons",
         }
         assert not ctx.drains["n"].cancelled()
         ctx.drains["n"].cancel()
