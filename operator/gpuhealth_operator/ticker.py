@@ -20,9 +20,9 @@ import logging
 from typing import Any
 
 from gpuhealth_api import heartbeats, keys, vocabulary
-from gpuhealth_operator import context, heap, reconciler
+from gpuhealth_operator import cache, context, heap, metrics, reconciler
 from gpuhealth_operator.actions import status
-from gpuhealth_operator.decisions import times
+from gpuhealth_operator.decisions import model, times
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +123,7 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
     policy = ctx.cache.policies.get(name)
     counts = {"selectedNodes": 0, "unhealthyNodes": 0, "cordonedNodes": 0, "pendingNodes": 0}
     health_counts: collections.Counter[str] = collections.Counter()
+    tally = metrics.GPUTally()
     generation = 0
     if policy is not None:
         generation = policy.generation
@@ -136,6 +137,7 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
                 health_counts[verdict.health.value] += 1
                 if verdict.health is vocabulary.Health.UNHEALTHY:
                     counts["unhealthyNodes"] += 1
+                _tally_gpus(ctx, tally, name, record, verdict)
             if record.view.unschedulable and record.view.cordoned_by == name:
                 counts["cordonedNodes"] += 1
             if ctx.admission.waiting(name, record.view.name):
@@ -143,6 +145,7 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
         for health in vocabulary.Health:
             ctx.meters.nodes.labels(name, health.value).set(health_counts[health.value])
         ctx.meters.budget_pending.labels(name).set(counts["pendingNodes"])
+        ctx.meters.record_gpus(name, tally, now)
     if error is not None:
         generation = error[0]
         ready: dict[str, Any] = {
@@ -167,6 +170,34 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
     ready["lastTransitionTime"] = before["lastTransitionTime"] if same else times.render(now)
     ready["observedGeneration"] = generation
     return {"observedGeneration": generation, **counts, "conditions": [ready]}
+
+
+def _tally_gpus(
+    ctx: context.Context,
+    tally: metrics.GPUTally,
+    policy: str,
+    record: cache.NodeRecord,
+    verdict: model.NodeVerdict,
+) -> None:
+    """Count a judged node's GPUs under its model: healthy and in service, or out of service and why."""
+    gpunode = ctx.cache.gpunode(record.view.name)
+    facts = gpunode.status if gpunode is not None else {}
+    summary = facts.get("summary") or {}
+    gpus = facts.get("gpus") or []
+    count = summary.get("gpuCount")
+    if not isinstance(count, int) or isinstance(count, bool):
+        count = len(gpus) or record.view.gpu_capacity or 0
+    name = summary.get("model") or next((g.get("model") for g in gpus if g.get("model")), None)
+    view = record.view
+    reason: str | None = None
+    if view.unschedulable and view.cordoned_by == policy:
+        reason = "cordoned"
+    elif keys.UNHEALTHY_TAINT in view.taint_keys and verdict.wanted_taint is not None:
+        reason = "isolated"
+    elif verdict.health is vocabulary.Health.UNKNOWN:
+        reason = "unknown"
+    healthy = verdict.health is vocabulary.Health.HEALTHY
+    tally.add(str(name or metrics.UNKNOWN_MODEL), count, healthy=healthy, out_reason=reason)
 
 
 def _without_times(status_: dict[str, Any]) -> dict[str, Any]:
