@@ -124,6 +124,7 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
     counts = {"selectedNodes": 0, "unhealthyNodes": 0, "cordonedNodes": 0, "pendingNodes": 0}
     health_counts: collections.Counter[str] = collections.Counter()
     tally = metrics.GPUTally()
+    count_gpus = policy is not None and ctx.meters.gpus_due(name, now)
     generation = 0
     if policy is not None:
         generation = policy.generation
@@ -137,7 +138,8 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
                 health_counts[verdict.health.value] += 1
                 if verdict.health is vocabulary.Health.UNHEALTHY:
                     counts["unhealthyNodes"] += 1
-                _tally_gpus(ctx, tally, name, record, verdict)
+                if count_gpus:
+                    _tally_gpus(ctx, tally, name, record, verdict)
             if record.view.unschedulable and record.view.cordoned_by == name:
                 counts["cordonedNodes"] += 1
             if ctx.admission.waiting(name, record.view.name):
@@ -145,7 +147,8 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
         for health in vocabulary.Health:
             ctx.meters.nodes.labels(name, health.value).set(health_counts[health.value])
         ctx.meters.budget_pending.labels(name).set(counts["pendingNodes"])
-        ctx.meters.record_gpus(name, tally, now)
+        if count_gpus:
+            ctx.meters.record_gpus(name, tally, now)
     if error is not None:
         generation = error[0]
         ready: dict[str, Any] = {

@@ -107,3 +107,13 @@ def test_gpu_hours_lost_grow_with_the_cordoned_and_isolated_gpus() -> None:
     lost = values(ctx, "gpuhealth_operator_gpu_hours_lost_total")
     assert round(lost[(gpunode_facts.MODEL,)], 6) == 8.0
     assert round(lost[(A100,)], 6) == 4.0
+
+
+def test_gpus_are_recounted_every_few_seconds_not_on_every_tick() -> None:
+    ctx = fleet()
+    ticker.policy_status(ctx, "p", NOW)
+    ctx.cache.put_node(node("healthy", unschedulable=True, cordoned_by="p"))
+    ticker.policy_status(ctx, "p", NOW + datetime.timedelta(seconds=1))
+    assert values(ctx, "gpuhealth_operator_gpus_out_of_service")[(gpunode_facts.MODEL, "cordoned")] == 8
+    ticker.policy_status(ctx, "p", NOW + datetime.timedelta(seconds=metrics.GPU_SLI_SECONDS))
+    assert values(ctx, "gpuhealth_operator_gpus_out_of_service")[(gpunode_facts.MODEL, "cordoned")] == 16
