@@ -98,8 +98,13 @@ class ControlPlane:
         with_kwok: bool = True,
         with_scheduler: bool = True,
         with_controller_manager: bool = True,
+        kwok_lease_seconds: int = components.KWOK_NODE_LEASE_SECONDS,
     ) -> None:
+        """`kwok_lease_seconds`: the Nodes' Lease duration (renewed every quarter of it; 0: no Leases,
+        for benchmarks of thousands of Nodes, where nothing here reads them: the node-lifecycle
+        controller is off)."""
         self.binaries = Path(binaries_dir)
+        self._kwok_lease_seconds = kwok_lease_seconds
         self._workdir = workdir
         self._with = {CONTROLLER_MANAGER: with_controller_manager, SCHEDULER: with_scheduler, KWOK: with_kwok}
         self._running: _Running | None = None
@@ -318,7 +323,9 @@ class ControlPlane:
             children[SCHEDULER] = self._child(SCHEDULER, workdir, components.scheduler_args(config, free))
         if self._with[KWOK]:
             selector = f"{KWOK_NODE_ANNOTATION}={KWOK_NODE_ANNOTATION_VALUE}"
-            args = components.kwok_args(workdir, kubeconfig, free, node_selector=selector)
+            args = components.kwok_args(
+                workdir, kubeconfig, free, node_selector=selector, lease_seconds=self._kwok_lease_seconds
+            )
             children[KWOK] = self._child(KWOK, workdir, args)
         return _Running(
             workdir=workdir,
