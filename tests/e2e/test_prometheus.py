@@ -164,7 +164,7 @@ def test_alerts_fire_and_resolve_and_every_dashboard_query_has_data(
         dryRun=False,
         maxUnavailable=1,
         rules=[{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}],
-        drain={"timeoutSeconds": 60},
+        drain={"timeoutSeconds": 60, "force": True},  # the bare pod has no controller
         recovery={"uncordon": True, "healthyForSeconds": 2},
     )
     agent_ports = dict(zip((sick, hung, spare), ports.free_ports(3), strict=True))
