@@ -173,6 +173,8 @@ class Writer:
         self.held: set[str] = set()
         """Nodes under a fault trial: the heartbeat trickle leaves them alone."""
         self.heartbeats = 0
+        self.observed: dict[str, str] = {}
+        """Per node, when its (healthy) facts were observed: an agent's heartbeat does not restamp them."""
 
     async def _open(self, kubeconfig: Path, concurrency: int) -> None:
         credentials = await kube.load_credentials(kubeconfig)
@@ -207,7 +209,12 @@ class Writer:
         }
         async with self.gate:
             await self.api.create(GPUNODES, body)
-        await self.report(name, gpunode_facts.agent_status(heartbeat_seconds=heartbeat))
+        await self.report(name, self.healthy(name, heartbeat))
+
+    def healthy(self, name: str, heartbeat: int) -> dict[str, Any]:
+        """The node's healthy facts with a fresh heartbeat, as an agent's heartbeat write carries them."""
+        observed = self.observed.setdefault(name, gpunode_facts.rfc3339())
+        return gpunode_facts.agent_status(heartbeat_seconds=heartbeat, observed=observed)
 
     async def create_all(self, nodes: dict[str, str], heartbeat: int) -> None:
         await asyncio.gather(*(self.create(name, uid, heartbeat) for name, uid in nodes.items()))
@@ -221,7 +228,7 @@ class Writer:
             name = names[index % len(names)]
             if name not in self.held:
                 with contextlib.suppress(kube.ApiError, OSError, asyncio.TimeoutError):
-                    await self.report(name, gpunode_facts.agent_status(heartbeat_seconds=heartbeat))
+                    await self.report(name, self.healthy(name, heartbeat))
                     self.heartbeats += 1
             index += 1
             await asyncio.sleep(max(0.0, started + index * step - time.monotonic()))
@@ -241,9 +248,9 @@ class Writer:
         return stamped
 
     async def heal(self, names: Iterable[str], heartbeat: int) -> None:
-        await asyncio.gather(
-            *(self.report(n, gpunode_facts.agent_status(heartbeat_seconds=heartbeat)) for n in names)
-        )
+        for name in names:
+            self.observed[name] = gpunode_facts.rfc3339()  # the healthy facts are new facts
+        await asyncio.gather(*(self.report(n, self.healthy(n, heartbeat)) for n in names))
 
     def close(self) -> None:
         if self.api is not None:
@@ -470,7 +477,7 @@ def measure(plan: Plan, workdir: Path, results: dict[str, Any]) -> None:
                 interval_seconds=0.02,
             )
             single.append(seen - stamped[name])
-            writer.run(writer.report(name, gpunode_facts.agent_status(heartbeat_seconds=plan.heartbeat)))
+            writer.run(writer.heal([name], plan.heartbeat))
             waiting.wait_until(
                 lambda n=name: watch.seen(n) is None, timeout_seconds=60, message=f"{name} uncordoned"
             )
