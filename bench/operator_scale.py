@@ -353,9 +353,11 @@ def fleet_spec(plan: Plan) -> fleetfile.Fleet:
     )
 
 
-def judged(operator: operator_harness.OperatorProcess) -> float:
+def judged(operator: operator_harness.OperatorProcess, health: str | None = None) -> float:
+    """Nodes with a verdict (of that health): a GPUNode without its first report is judged Unknown."""
+    labels = {"policy": POLICY, **({"health": health} if health else {})}
     try:
-        return metric_sum(operator.metrics(), "gpuhealth_operator_nodes", policy=POLICY)
+        return metric_sum(operator.metrics(), "gpuhealth_operator_nodes", **labels)
     except OSError:
         return 0.0
 
@@ -424,7 +426,7 @@ def measure(plan: Plan, workdir: Path, results: dict[str, Any]) -> None:
         names = sorted(direct)
         trickle = writer.submit(writer.trickle(names, plan.heartbeat, stop_trickle))
         waiting.wait_until(
-            lambda: judged(operator) >= plan.nodes,
+            lambda: judged(operator, "Healthy") >= plan.nodes,
             timeout_seconds=1800,
             interval_seconds=1,
             message="every node judged",
