@@ -47,6 +47,7 @@ from collections.abc import Coroutine, Iterable
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
@@ -279,17 +280,30 @@ class CordonWatch:
 
     def _run(self) -> None:
         while not self.stop.is_set():
-            response = self.core.list_node(
-                label_selector=_selector(),
-                watch=True,
-                resource_version=self.version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=120,
-                _preload_content=False,
-            )
+            try:
+                self._watch()
+            except (client.ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as error:
+                # A broken stream (the API server under load ends it) is watched again from the last version.
+                logging.warning("node watch ended (%s); watching again", error)
+                time.sleep(0.5)
+
+    def _watch(self) -> None:
+        response = self.core.list_node(
+            label_selector=_selector(),
+            watch=True,
+            resource_version=self.version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=120,
+            _preload_content=False,
+        )
+        try:
             for line in iter_resp_lines(response):
                 event = json.loads(line)
                 node = event.get("object") or {}
+                if event.get("type") == "ERROR":  # 410: the version is gone; list it anew
+                    page = self.core.list_node(label_selector=_selector(), limit=1, _preload_content=False)
+                    self.version = json.loads(page.data)["metadata"]["resourceVersion"]
+                    return
                 self.version = (node.get("metadata") or {}).get("resourceVersion", self.version)
                 if event.get("type") not in ("ADDED", "MODIFIED"):
                     continue
@@ -301,7 +315,8 @@ class CordonWatch:
                     else:
                         self.cordoned.pop(name, None)
                 if self.stop.is_set():
-                    break
+                    return
+        finally:
             response.release_conn()
 
     def seen(self, name: str) -> float | None:
