@@ -76,6 +76,12 @@ bench: venv testbin ## Run the benchmarks and print their results (see bench/RES
 	KUBEBUILDER_ASSETS="$(TESTBIN)" $(PY) bench/operator_latency.py
 	KUBEBUILDER_ASSETS="$(TESTBIN)" $(PY) bench/fleet_scale.py
 	$(PY) bench/backtest_quality.py
+	KUBEBUILDER_ASSETS="$(TESTBIN)" $(PY) bench/operator_scale.py
+
+.PHONY: bench-quick
+bench-quick: venv testbin ## The benchmarks' quick variants (minutes, for development): agent overhead, 300-node operator scale
+	KUBEBUILDER_ASSETS="$(TESTBIN)" $(PY) bench/agent_overhead.py --quick
+	KUBEBUILDER_ASSETS="$(TESTBIN)" $(PY) bench/operator_scale.py --quick
 
 ##@ Packaging
 

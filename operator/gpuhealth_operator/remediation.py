@@ -64,7 +64,7 @@ def _observe_latency(
 ) -> None:
     if verdict.detected_at is not None:
         latency = max(0.0, times.seconds_between(verdict.detected_at, datetime.datetime.now(datetime.UTC)))
-        ctx.meters.detection_to_action.labels(action).observe(latency)
+        ctx.meters.detection_to_action.labels(action, _reason(verdict)).observe(latency)
     ctx.meters.actions.labels(action, _reason(verdict)).inc()
 
 

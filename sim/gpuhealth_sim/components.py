@@ -165,7 +165,14 @@ def scheduler_args(kubeconfig: Path, free: Ports, *, device_taint_rules: bool = 
     ]
 
 
-def kwok_args(workdir: Path, kubeconfig: Path, free: Ports, *, node_selector: str) -> list[str]:
+def kwok_args(
+    workdir: Path,
+    kubeconfig: Path,
+    free: Ports,
+    *,
+    node_selector: str,
+    lease_seconds: int = KWOK_NODE_LEASE_SECONDS,
+) -> list[str]:
     """kwok managing the Nodes whose annotations match `node_selector` (key=value)."""
     # Our own stages (kwok 0.8 has no built-in ones), and never a developer's ~/.kwok/kwok.yaml.
     config = workdir / "kwok.yaml"
@@ -175,7 +182,7 @@ def kwok_args(workdir: Path, kubeconfig: Path, free: Ports, *, node_selector: st
         f"--kubeconfig={kubeconfig}",
         "--manage-all-nodes=false",
         f"--manage-nodes-with-annotation-selector={node_selector}",
-        f"--node-lease-duration-seconds={KWOK_NODE_LEASE_SECONDS}",
+        f"--node-lease-duration-seconds={lease_seconds}",
         f"--server-address={ports.LOOPBACK}:{free.kwok}",
         f"--cidr={POD_CIDR}",
         f"--node-ip={ports.LOOPBACK}",

@@ -99,9 +99,15 @@ class ControlPlane:
         with_scheduler: bool = True,
         with_controller_manager: bool = True,
         device_taint_rules: bool = True,
+        kwok_lease_seconds: int = components.KWOK_NODE_LEASE_SECONDS,
     ) -> None:
-        """`device_taint_rules=False`: a cluster without the DeviceTaintRule API (no gate, v1beta2 off)."""
+        """`device_taint_rules=False`: a cluster without the DeviceTaintRule API (no gate, v1beta2 off).
+
+        `kwok_lease_seconds`: the Nodes' Lease duration (renewed every quarter of it; 0: no Leases,
+        for benchmarks of thousands of Nodes, where nothing here reads them: the node-lifecycle
+        controller is off)."""
         self.binaries = Path(binaries_dir)
+        self._kwok_lease_seconds = kwok_lease_seconds
         self._workdir = workdir
         self._device_taint_rules = device_taint_rules
         self._with = {CONTROLLER_MANAGER: with_controller_manager, SCHEDULER: with_scheduler, KWOK: with_kwok}
@@ -337,7 +343,9 @@ class ControlPlane:
             )
         if self._with[KWOK]:
             selector = f"{KWOK_NODE_ANNOTATION}={KWOK_NODE_ANNOTATION_VALUE}"
-            args = components.kwok_args(workdir, kubeconfig, free, node_selector=selector)
+            args = components.kwok_args(
+                workdir, kubeconfig, free, node_selector=selector, lease_seconds=self._kwok_lease_seconds
+            )
             children[KWOK] = self._child(KWOK, workdir, args)
         return _Running(
             workdir=workdir,

@@ -1,5 +1,6 @@
 """The timer wakes only nodes where a clock runs; a healthy node with a fresh heartbeat is left alone."""
 
+import asyncio
 import datetime
 
 import pytest
@@ -113,3 +114,36 @@ def test_the_timer_judges_a_node_once_per_pass(monkeypatch: pytest.MonkeyPatch) 
     assert len(calls) == 2, "new facts: judged again"
     reconciler.judge(ctx, policy, "n", NOW + datetime.timedelta(seconds=1))
     assert len(calls) == 3, "a later time: judged again"
+
+
+def test_a_full_pass_over_a_large_fleet_lets_other_work_run_between_chunks(monkeypatch) -> None:
+    """A watch event (a fault) is not held back for the whole pass: the pass yields every PASS_CHUNK nodes."""
+    ctx = make_context({keys.HEALTH_LABEL: "healthy"}, fresh())
+    count = 3 * ticker.PASS_CHUNK
+    for i in range(count):
+        ctx.cache.put_node({"metadata": {"name": f"n{i}", "resourceVersion": "1", "labels": {}}, "spec": {}})
+        ctx.cache.put_gpunode({"metadata": {"name": f"n{i}", "resourceVersion": "1"}, "status": fresh()})
+    reconciled: list[str] = []
+
+    async def reconcile(ctx: context.Context, name: str, handler: str, now: datetime.datetime) -> None:
+        reconciled.append(name)
+
+    async def no_status(ctx: context.Context, now: datetime.datetime) -> None:
+        return None
+
+    monkeypatch.setattr(reconciler, "reconcile_node", reconcile)
+    monkeypatch.setattr(ticker, "write_policy_statuses", no_status)
+    seen: list[tuple[int, int]] = []
+
+    async def event() -> None:
+        await asyncio.sleep(0)  # scheduled after the pass has started
+        seen.append((len(ctx.verdicts), len(reconciled)))
+
+    async def run() -> None:
+        await asyncio.gather(ticker.tick(ctx, full=True), event())
+
+    asyncio.run(run())
+    assert len(reconciled) == count + 1
+    assert len(ctx.verdicts) == count + 1, "every node judged by the pass"
+    (judged_then, reconciled_then) = seen[0]
+    assert 0 < judged_then < count and reconciled_then == 0, seen
