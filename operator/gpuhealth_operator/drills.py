@@ -4,7 +4,7 @@ After the real pass over a node (whose verdict, Node writes and GPUNode
 conditions a drill never touches), `run` judges the node again under every
 selecting policy with the drill's synthetic signal (`decisions.drill`), words
 what each policy would change with the dry-run machinery
-(`remediation.dry_run_changes`), checks the budget without taking a place,
+(`node_changes.dry_run_changes`), checks the budget without taking a place,
 and says it in `Drill` Events, once per change. The GPUNode shows action
 `Drill` unless the real pass did something stronger than a label (a real
 fault outranks a drill). The drill metrics (`drill_nodes`, `drill_actions`)
@@ -23,7 +23,7 @@ import logging
 from collections.abc import Sequence
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import context, kube, remediation
+from gpuhealth_operator import context, kube, node_changes
 from gpuhealth_operator.actions import events, gpunodes
 from gpuhealth_operator.decisions import budget, drill, hysteresis, model, times, verdicts
 
@@ -119,7 +119,7 @@ async def _judge(
             drill=synthetic,
             agent_pod=ctx.agent_pods.get(name),
         )
-        changes = remediation.dry_run_changes(record, policy, verdict)
+        changes = node_changes.dry_run_changes(record, policy, verdict)
         wait = None
         disruptive = verdict.wanted_action in vocabulary.DISRUPTIVE_ACTIONS
         if disruptive and not policy.dry_run and not record.view.unschedulable:

@@ -22,7 +22,16 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import announcements, cache, context, isolating, kube, overrides, stopping
+from gpuhealth_operator import (
+    announcements,
+    cache,
+    context,
+    isolating,
+    kube,
+    node_changes,
+    overrides,
+    stopping,
+)
 from gpuhealth_operator.actions import drain, events, nodes
 from gpuhealth_operator.decisions import model, times, verdicts
 
@@ -45,18 +54,6 @@ def _issues(verdict: model.NodeVerdict) -> str:
 
 def _reason(verdict: model.NodeVerdict) -> str:
     return verdict.issues[0].value if verdict.issues else "None"
-
-
-def label_changes(record: cache.NodeRecord, verdict: model.NodeVerdict) -> dict[str, str | None]:
-    labels = record.view.labels
-    return {k: v for k, v in verdict.wanted_labels.items() if labels.get(k) != v}
-
-
-def our_taint(record: cache.NodeRecord) -> str | None:
-    for taint in record.taints:
-        if taint.get("key") == keys.UNHEALTHY_TAINT:
-            return str(taint.get("value") or "")
-    return None
 
 
 def _observe_latency(
@@ -124,7 +121,7 @@ async def _labels(
     ctx: context.Context, name: str, verdict: model.NodeVerdict, now: datetime.datetime
 ) -> None:
     record = ctx.cache.node(name)
-    changes = label_changes(record, verdict) if record is not None else {}
+    changes = node_changes.label_changes(record, verdict) if record is not None else {}
     if not changes:
         return
     ctx.cache.refresh_node(await nodes.patch_metadata(ctx.client, name, labels=changes))
@@ -143,7 +140,7 @@ async def _taint(ctx: context.Context, name: str, verdict: model.NodeVerdict, no
         )
 
     patched = await _patch_with_retries(
-        ctx, name, lambda record: our_taint(record) == verdict.wanted_taint, patch
+        ctx, name, lambda record: node_changes.our_taint(record) == verdict.wanted_taint, patch
     )
     if patched is Patched.WRITTEN and verdict.wanted_taint is not None:
         _observe_latency(ctx, verdict, Action.TAINT.value, now)
@@ -229,7 +226,7 @@ async def _cordon(
             resource_version=record.resource_version,
             cordoned_at=times.render(now),
             drain_started=times.render(now) if verdict.wanted_action is Action.DRAIN else None,
-            labels=label_changes(record, verdict),
+            labels=node_changes.label_changes(record, verdict),
         )
 
     try:
@@ -361,26 +358,6 @@ async def _uncordon(
     )
 
 
-def dry_run_changes(record: cache.NodeRecord, policy: model.Policy, verdict: model.NodeVerdict) -> list[str]:
-    """What a non-dry-run policy would change on the Node now, in words."""
-    changes = []
-    for key, value in sorted(label_changes(record, verdict).items()):
-        changes.append(f"remove label {key}" if value is None else f"label {key}={value}")
-    if our_taint(record) != verdict.wanted_taint:
-        changes.append(
-            "remove taint " + keys.UNHEALTHY_TAINT
-            if verdict.wanted_taint is None
-            else f"taint {keys.UNHEALTHY_TAINT}={verdict.wanted_taint}:{nodes.TAINT_EFFECT}"
-        )
-    if verdict.wanted_action is Action.DRAIN and not record.view.unschedulable:
-        changes.append("cordon and drain")
-    elif verdict.wanted_action is Action.CORDON and not record.view.unschedulable:
-        changes.append("cordon")
-    elif record.view.cordoned_by == policy.name and verdicts.may_uncordon(policy, record.view, verdict):
-        changes.append("uncordon")
-    return changes
-
-
 async def _dry_run(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict
 ) -> NodeAction:
@@ -388,7 +365,7 @@ async def _dry_run(
     record = ctx.cache.node(name)
     if record is None:
         return NodeAction.NONE  # gone: nothing to say
-    changes = dry_run_changes(record, policy, verdict)
+    changes = node_changes.dry_run_changes(record, policy, verdict)
     disruptive = verdict.wanted_action in vocabulary.DISRUPTIVE_ACTIONS
     if changes and (disruptive or verdict.issues):
         message = f"Dry run: policy {policy.name} would {', '.join(changes)} ({_issues(verdict)})."
