@@ -571,7 +571,7 @@ def test_agent_and_operator_status_merge_and_print(
     assert re.fullmatch(r"\d+[smhd]", row["AGE"]), row
 
     wide = crds.kubectl("get", resources.GPUNODE_SHORT, gpunode_name, "-o", "wide").stdout
-    assert header(wide) == [*header(plain), "DRIVER", "HEARTBEAT"]
+    assert header(wide) == [*header(plain), "DRIVER", "HEARTBEAT", "ISOLATED"]
     (wide_row,) = table(wide)
     assert wide_row["DRIVER"] == DRIVER
     assert re.fullmatch(r"\d+[smhd]", wide_row["HEARTBEAT"]), wide_row
