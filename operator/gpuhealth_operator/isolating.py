@@ -321,7 +321,9 @@ async def _create(  # noqa: PLR0917
         return isolation.Isolated(gpu.index, gpu.uuid, rule, since)  # already there (a lost response)
     if verdict.detected_at is not None:
         latency = max(0.0, times.seconds_between(verdict.detected_at, datetime.datetime.now(datetime.UTC)))
-        ctx.meters.detection_to_action.labels(Action.ISOLATE_GPU.value).observe(latency)
+        ctx.meters.detection_to_action.labels(Action.ISOLATE_GPU.value, gpu.conditions[0].value).observe(
+            latency
+        )
     ctx.meters.actions.labels(Action.ISOLATE_GPU.value, gpu.conditions[0].value).inc()
     await ctx.recorder.emit(
         events.subject(ctx.cache, name),
