@@ -104,7 +104,8 @@ class LeaseStallingProxy:
         serving_tls.load_cert_chain(str(self.serving.cert), str(self.serving.key))
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._forward)
-        self._runner = web.AppRunner(app, access_log=None)
+        # Watches streamed through stay open for minutes: on stop, close them instead of waiting (60 s).
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=serving_tls)
         await site.start()
