@@ -90,11 +90,7 @@ async def on_policy(event: kopf.RawEvent, memo: context.Context, **_: Any) -> No
     body = event["object"]
     name = body.get("metadata", {}).get("name", "")
     if event["type"] == DELETED:
-        memo.cache.remove_policy(name)
-        await stopping.policy_deleted(memo, name)
-        memo.forget_policy(name)
-        for node in [n for n, r in memo.cache.nodes.items() if r.view.cordoned_by == name]:
-            await reconciler.reconcile_node(memo, node, "policy")  # another selecting policy adopts it
+        await reconciler.policy_deleted(memo, name)
         return
     policy = store_policy(memo, body)
     await stopping.stop_drains(memo)  # dry run (or an invalid spec) stops the policy's drains at once

@@ -31,7 +31,7 @@ from typing import Any
 import aiohttp
 
 from gpuhealth_api import heartbeats, vocabulary
-from gpuhealth_operator import cache, context, drills, isolating, kube, remediation
+from gpuhealth_operator import cache, context, drills, isolating, kube, remediation, stopping
 from gpuhealth_operator.actions import events, nodes, status
 from gpuhealth_operator.decisions import (
     hysteresis,
@@ -106,6 +106,16 @@ def judge(
     verdict = verdicts.with_isolation(verdict, isolated.decision if isolated else None)
     ctx.verdicts.remember(key, verdict, inputs)
     return verdict
+
+
+async def policy_deleted(ctx: context.Context, name: str) -> None:
+    """A policy is gone (its DELETED event, or a resync that found it missing): stop its drains, say
+    how to release its cordons, forget it, and let another selecting policy adopt those cordons."""
+    ctx.cache.remove_policy(name)
+    await stopping.policy_deleted(ctx, name)
+    ctx.forget_policy(name)
+    for node in [n for n, r in ctx.cache.nodes.items() if r.view.cordoned_by == name]:
+        await reconcile_node(ctx, node, "policy")
 
 
 async def reconcile_node(

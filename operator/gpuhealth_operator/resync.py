@@ -29,7 +29,7 @@ from typing import Any
 import kopf
 
 from gpuhealth_api import resources
-from gpuhealth_operator import context, reconciler, stopping
+from gpuhealth_operator import context, reconciler
 
 logger = logging.getLogger(__name__)
 
@@ -127,12 +127,7 @@ async def resync(ctx: context.Context) -> dict[str, list[str]]:
     listing = await list_names(ctx, POLICIES_PATH)
     pruned["policies"] = gone(before, _policy_versions(ctx), listing.names, listing.resource_version)
     for name in pruned["policies"]:
-        # As `handlers.on_policy` does on DELETED: stop its drains, forget it, let another policy adopt.
-        ctx.cache.remove_policy(name)
-        await stopping.policy_deleted(ctx, name)
-        ctx.forget_policy(name)
-        for node in [n for n, r in ctx.cache.nodes.items() if r.view.cordoned_by == name]:
-            await reconciler.reconcile_node(ctx, node, "policy")
+        await reconciler.policy_deleted(ctx, name)  # as on its DELETED event
 
     if any(pruned.values()):
         logger.warning(
