@@ -19,7 +19,9 @@ watch events (its cache already holds them, so live they change nothing).
 Node records in a trace carry what others did to a Node (labels, capacity, a
 human's cordon): keys under gpuhealth.io are the operator's and stay as the
 replay made them; `unschedulable` is applied when it changed between two
-versions of the trace (someone cordoned or uncordoned), never otherwise.
+versions of the trace (someone cordoned or uncordoned), never otherwise, and
+not when the operator's `cordoned-by` annotation changed in the same version
+(the recorded operator's own cordon or uncordon, in a trace of an acting policy).
 
 The result per policy: every change the operator made to a Node (cordon,
 drain, uncordon, labels, taint) with its time and the GPUNode's issues then,
@@ -157,6 +159,7 @@ class Replay:
         self.name = str(policy["metadata"]["name"])
         self.agent: dict[str, dict[str, Any]] = {}
         self.trace_unschedulable: dict[str, bool] = {}
+        self.trace_claim: dict[str, str | None] = {}
         self.states: dict[str, NodeState] = {}
         self.gpus: dict[str, int] = {}
         self.out_since: dict[str, float] = {}
@@ -202,8 +205,11 @@ class Replay:
         name = obj["metadata"]["name"]
         current = self.client.nodes.get(name)
         wanted = bool((obj.get("spec") or {}).get("unschedulable"))
-        changed = self.trace_unschedulable.get(name) != wanted
+        claim = ((obj.get("metadata") or {}).get("annotations") or {}).get(keys.CORDONED_BY_ANNOTATION)
+        # A cordon or uncordon that moved the operator's claim with it was the recorded operator's own.
+        changed = self.trace_unschedulable.get(name) != wanted and self.trace_claim.get(name) == claim
         self.trace_unschedulable[name] = wanted
+        self.trace_claim[name] = claim
         body = _merge_node(current, obj, apply_unschedulable=changed or current is None)
         capacity = (body.get("status") or {}).get("capacity", {}).get(keys.GPU_RESOURCE)
         labels = body["metadata"].get("labels") or {}
