@@ -151,6 +151,10 @@ class Recorder:
         if kind != "DELETED":
             self._append(lambda: self._compactor.gpunode(obj, at))
 
+    def write(self, record: dict[str, Any]) -> None:
+        """Append a record of the caller's (the demo's `truth`), in turn with the recorded ones."""
+        self._append(lambda: record)
+
     def _append(self, make: Callable[[], dict[str, Any] | None]) -> None:
         with self._lock:
             if self._writer is None:
