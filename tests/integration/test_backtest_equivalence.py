@@ -16,8 +16,13 @@ nodes; on one node, each action needs the one before.
 """
 
 import copy
+import json
 import secrets
+import signal
+import subprocess
+import sys
 import threading
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -175,3 +180,54 @@ def test_the_backtest_of_a_recorded_run_decides_what_the_live_operator_did(
     assert liveactions.differences(live, replayed) == {}, (
         f"live: {liveactions.sequence(live)}\nreplayed: {liveactions.sequence(replayed)}"
     )
+
+
+def test_record_ends_with_a_complete_trace_on_ctrl_c_and_at_its_bounds(
+    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path: Path
+) -> None:
+    fleet = operator_harness.Fleet(k8s, label=f"rec-{secrets.token_hex(3)}")
+    script = Path(sys.executable).parent / "gpu-health-sim"
+    record = [str(script), "record", "--kubeconfig", str(crds.kubeconfig), "--out"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*record, *args], check=False, capture_output=True, text=True, timeout=60)
+
+    def read(path: Path) -> list[dict[str, Any]]:
+        with traces.open_trace(path) as (_, records):
+            return list(records)
+
+    def read_growing() -> list[dict[str, Any]]:
+        """The records of a recording in progress: each is flushed (a gzip sync flush) as written."""
+        text = zlib.decompressobj(wbits=31).decompress((tmp_path / "i.jsonl.gz").read_bytes()).decode()
+        lines = text.split("\n")[1:-1]  # after the header; the last piece is incomplete or empty
+        return [json.loads(line) for line in lines]
+
+    try:
+        for i in range(2):
+            fleet.add_node(f"{fleet.label}-{i}")
+        timed = run(str(tmp_path / "t.jsonl.gz"), "--max-seconds", "2")
+        assert timed.returncode == 0 and "(max-seconds)" in timed.stdout, timed.stderr
+        names = {r["name"] for r in read(tmp_path / "t.jsonl.gz") if r["kind"] == "gpunode"}
+        assert {f"{fleet.label}-{i}" for i in range(2)} <= names
+
+        sized = run(str(tmp_path / "s.jsonl"), "--max-bytes", "1")
+        assert sized.returncode == 0 and "1 records (max-bytes)" in sized.stdout, sized.stderr
+        assert len(read(tmp_path / "s.jsonl")) == 1
+
+        with subprocess.Popen(
+            [*record, str(tmp_path / "i.jsonl.gz")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        ) as process:
+            assert process.stderr is not None and "recording to" in process.stderr.readline()
+            fleet.report(f"{fleet.label}-0", gpunode_facts.agent_status(overrides={1: ECC}))
+            waiting.wait_until(
+                lambda: any(r.get("name") == f"{fleet.label}-0" and "patch" in r for r in read_growing()),
+                timeout_seconds=TIMEOUT,
+                message="the new report recorded",
+            )
+            process.send_signal(signal.SIGINT)
+            out, _ = process.communicate(timeout=30)
+        assert process.returncode == 0 and "(stopped)" in out
+        patches = [r["patch"] for r in read(tmp_path / "i.jsonl.gz") if "patch" in r]
+        assert {"ecc": {"uncorrectedVolatile": 1}}.items() <= patches[-1]["gpus"]["1"].items()
+    finally:
+        fleet.cleanup()
