@@ -17,9 +17,12 @@ drain completes at once; the operator's own writes are not echoed back as
 watch events (its cache already holds them, so live they change nothing).
 
 Node records in a trace carry what others did to a Node (labels, capacity, a
-human's cordon): keys under gpuhealth.io are the operator's and stay as the
-replay made them; `unschedulable` is applied when it changed between two
-versions of the trace (someone cordoned or uncordoned), never otherwise.
+human's cordon): the operator's labels (OUR_LABELS), its annotations and its
+taint (keys under gpuhealth.io) stay as the replay made them; `unschedulable`
+is applied when it changed between two versions of the trace (someone
+cordoned or uncordoned), never otherwise, and not when the operator's
+`cordoned-by` annotation changed in the same version (the recorded operator's
+own cordon or uncordon, in a trace of an acting policy).
 
 The result per policy: every change the operator made to a Node (cordon,
 drain, uncordon, labels, taint) with its time and the GPUNode's issues then,
@@ -157,6 +160,7 @@ class Replay:
         self.name = str(policy["metadata"]["name"])
         self.agent: dict[str, dict[str, Any]] = {}
         self.trace_unschedulable: dict[str, bool] = {}
+        self.trace_claim: dict[str, str | None] = {}
         self.states: dict[str, NodeState] = {}
         self.gpus: dict[str, int] = {}
         self.out_since: dict[str, float] = {}
@@ -202,8 +206,11 @@ class Replay:
         name = obj["metadata"]["name"]
         current = self.client.nodes.get(name)
         wanted = bool((obj.get("spec") or {}).get("unschedulable"))
-        changed = self.trace_unschedulable.get(name) != wanted
+        claim = ((obj.get("metadata") or {}).get("annotations") or {}).get(keys.CORDONED_BY_ANNOTATION)
+        # A cordon or uncordon that moved the operator's claim with it was the recorded operator's own.
+        changed = self.trace_unschedulable.get(name) != wanted and self.trace_claim.get(name) == claim
         self.trace_unschedulable[name] = wanted
+        self.trace_claim[name] = claim
         body = _merge_node(current, obj, apply_unschedulable=changed or current is None)
         capacity = (body.get("status") or {}).get("capacity", {}).get(keys.GPU_RESOURCE)
         labels = body["metadata"].get("labels") or {}
@@ -336,8 +343,10 @@ def _merge_node(
     if current is None:
         current = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": f"uid-node-{name}"}}
     old_meta = current.get("metadata") or {}
-    labels = {k: v for k, v in (meta.get("labels") or {}).items() if not k.startswith(keys.PREFIX)}
-    labels.update({k: v for k, v in (old_meta.get("labels") or {}).items() if k.startswith(keys.PREFIX)})
+    # The operator's labels are its own three; others under the prefix (a policy's selector,
+    # gpuhealth.io/exclude) are set by people and come from the trace.
+    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k not in OUR_LABELS}
+    labels.update({k: v for k, v in (old_meta.get("labels") or {}).items() if k in OUR_LABELS})
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if not k.startswith(keys.PREFIX)}
     annotations.update(
         {k: v for k, v in (old_meta.get("annotations") or {}).items() if k.startswith(keys.PREFIX)}

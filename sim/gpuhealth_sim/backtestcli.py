@@ -1,5 +1,6 @@
-"""The `trace generate` and `backtest` subcommands of gpu-health-sim: arguments, run, report.
+"""The `record`, `trace generate` and `backtest` subcommands of gpu-health-sim: arguments, run, report.
 
+gpu-health-sim record --kubeconfig K --out TRACE [--max-seconds S] [--max-bytes B]
 gpu-health-sim trace generate --node-days N --seed S --out TRACE [--nodes K] [--sample-seconds P]
 gpu-health-sim backtest --policy P.yaml [--policy Q.yaml] --trace TRACE [--score] [-o json]
 """
@@ -9,16 +10,33 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import signal
 import sys
+import threading
+from types import FrameType
 from typing import Any
 
-from gpuhealth_sim import backtest, scoring, tracegen, traces
+from kubernetes import client, config
+
+from gpuhealth_sim import backtest, scoring, tracegen, tracerecord, traces
 
 INVALID_INPUT = 3
 
 
 def add_commands(commands: Any) -> None:
-    """Add `trace` and `backtest` to gpu-health-sim's subcommands."""
+    """Add `record`, `trace` and `backtest` to gpu-health-sim's subcommands."""
+    record = commands.add_parser(
+        "record",
+        help="follow a cluster's Nodes and GPUNodes into a trace, until Ctrl-C or a bound",
+        description="Follow the cluster's Nodes and GPUNodes and append every version to TRACE "
+        "(trace format v1, gzip if TRACE ends in .gz), flushed as it goes, until interrupted "
+        "(Ctrl-C, SIGTERM) or a bound is reached; the file is complete either way.",
+    )
+    record.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
+    record.add_argument("--context", help="kubeconfig context (default: the current one)")
+    record.add_argument("--out", type=pathlib.Path, required=True, help="trace file to write")
+    record.add_argument("--max-seconds", type=float, help="stop after this many seconds")
+    record.add_argument("--max-bytes", type=int, help="stop once the file is this large (checked per record)")
     trace = commands.add_parser("trace", help="write synthetic labelled traces (docs/backtest.md)")
     actions = trace.add_subparsers(dest="trace_command", required=True)
     generate = actions.add_parser(
@@ -50,9 +68,49 @@ def add_commands(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.command == "record":
+        return _record(args)
     if args.command == "trace":
         return _generate(args)
     return _backtest(args)
+
+
+def _record(args: argparse.Namespace) -> int:
+    if (args.max_seconds is not None and args.max_seconds <= 0) or (
+        args.max_bytes is not None and args.max_bytes <= 0
+    ):
+        print("gpu-health-sim: --max-seconds and --max-bytes must be positive", file=sys.stderr)
+        return 2
+    configuration = client.Configuration()
+    try:
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=args.kubeconfig, context=args.context, client_configuration=configuration
+        )
+    except (OSError, config.ConfigException) as error:
+        print(f"gpu-health-sim: cannot load the kubeconfig: {error}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    api = client.ApiClient(configuration)
+    try:
+        recorder = tracerecord.Recorder(
+            api, args.out, max_seconds=args.max_seconds, max_bytes=args.max_bytes
+        ).start()
+        print(f"recording to {args.out} (Ctrl-C stops)", file=sys.stderr, flush=True)
+        recorder.wait(stop)
+    except OSError as error:
+        print(f"gpu-health-sim: {args.out}: {error.strerror or error}", file=sys.stderr)
+        return INVALID_INPUT
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    print(f"{args.out}: {recorder.records} records ({recorder.reason})")
+    return 0
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
 gpu-health-sim run --kubeconfig K --fleet FILE [--workers N] [--delete-nodes]
 gpu-health-sim demo [--keep] [--duration SECONDS]
 gpu-health-sim validate FILE   (or --fleet FILE, as `run` spells it)
+gpu-health-sim record --kubeconfig K --out TRACE [--max-seconds S] [--max-bytes B]
 gpu-health-sim trace generate --node-days N --seed S --out TRACE
 gpu-health-sim backtest --policy P.yaml [--policy Q.yaml] --trace TRACE [--score] [-o json]
 """
@@ -130,7 +131,7 @@ def _run(args: argparse.Namespace, spec: fleetfile.Fleet) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     top = parser()
     args = top.parse_args(argv)
-    if args.command in ("trace", "backtest"):
+    if args.command in ("record", "trace", "backtest"):
         return backtestcli.run(args)
     if args.command == "validate":
         if (args.fleet is None) == (args.fleet_option is None):

@@ -36,6 +36,7 @@ from gpuhealth_api import resources
 from gpuhealth_sim import (
     binaries,
     controlplane,
+    demotrace,
     dra,
     fleet,
     fleetfile,
@@ -43,6 +44,7 @@ from gpuhealth_sim import (
     processes,
     record,
     summary,
+    tracerecord,
     waiting,
     watches,
     workload,
@@ -56,6 +58,10 @@ DEFAULT_DURATION_SECONDS = 75.0
 REFRESH_SECONDS = 1.0
 OPERATOR = "gpu-health-operator"
 FIELD_MANAGER = "gpu-health-demo"
+TRACE = "run.jsonl.gz"
+"""The demo's own run, recorded as `gpu-health-sim record` would (in the workdir)."""
+TICK_SECONDS = 1.0
+"""The backtest's timer, as the demo's operator runs it (its default --tick-seconds)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,12 +269,18 @@ def _story(plane: controlplane.ControlPlane, ctx: _Context) -> bool:
     operator = processes.ManagedProcess(
         OPERATOR, operator_command(plane.kubeconfig), workdir / "operator.log", env=plane.env()
     )
+    recorder_api = plane.api_client()
+    recorder = tracerecord.Recorder(  # the demo's own run, as `gpu-health-sim record` would write it
+        recorder_api, workdir / TRACE, generator={"demo": options.fleet_path.name}
+    )
     try:
+        recorder.start()
         sim.create_nodes()
         say(f"created {len(spec.nodes)} kwok GPU nodes ({hardware(spec)})")
         replicas = start_training(plane, api, spec)
         say(f"namespace {workload.NAMESPACE}: {replicas} training pods Running, PDB maxUnavailable 2")
         plane.kubectl("cordon", human)
+        human_at = time.time() - recorder.started_at
         say(f"a human cordoned {human} (kubectl cordon: no gpu-health annotation)")
         operator.start()
         say(f"started {OPERATOR} (log: {operator.log_path})")
@@ -291,6 +303,12 @@ def _story(plane: controlplane.ControlPlane, ctx: _Context) -> bool:
             out.write("\n" + "\n".join(summary.render(result)) + "\n\n")
             if options.summary_json is not None:
                 options.summary_json.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+            offset, end = sim.started_at - recorder.started_at, time.time() - recorder.started_at
+            for truth in demotrace.truth(spec, offset, end, (human, human_at)):
+                recorder.write(truth)
+            recorder.stop()
+            dra_nodes = {plan.name for plan in spec.nodes if plan.dra}
+            out.write(demotrace.verdict(recorder.out, options.policy_path, TICK_SECONDS, dra_nodes) + "\n\n")
             if not operator.running():
                 say(f"the operator exited early; last lines of its log:\n{operator.log_tail(20)}")
                 return False
@@ -299,8 +317,10 @@ def _story(plane: controlplane.ControlPlane, ctx: _Context) -> bool:
         return True
     finally:
         sim.stop()
+        recorder.stop()
         operator.stop(grace_seconds=5)
         api.close()  # type: ignore[no-untyped-call]
+        recorder_api.close()  # type: ignore[no-untyped-call]
 
 
 def _watch(view: live.Live, sim: fleet.Fleet, operator: processes.ManagedProcess, duration: float) -> None:

@@ -59,6 +59,10 @@ class Writer:
     def write(self, record: Mapping[str, Any]) -> None:
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
 
+    def flush(self) -> None:
+        """Make what was written readable now (for gzip, a sync flush: the file so far decompresses)."""
+        self._file.flush()
+
     def close(self) -> None:
         self._file.close()
 

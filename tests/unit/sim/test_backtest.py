@@ -117,3 +117,35 @@ def test_the_commands_generate_and_backtest(
     (tmp_path / "bad.jsonl").write_text("{}\n")
     assert cli.main(["backtest", "--policy", str(POLICY), "--trace", str(tmp_path / "bad.jsonl")]) == 3
     assert "bad.jsonl:1: not a gpu-health trace" in capsys.readouterr().err
+
+
+def test_the_recorded_operators_own_cordon_is_not_replayed_as_a_humans(tmp_path: pathlib.Path) -> None:
+    """A trace of an acting policy holds its cordons; they are its own, not others' changes to replay."""
+    path = write_trace(tmp_path / "t.jsonl", {}, minutes=3)
+    lines = path.read_text().splitlines()
+    echo = node("n1")
+    echo["metadata"]["annotations"] = {"gpuhealth.io/cordoned-by": "default"}
+    echo["spec"]["unschedulable"] = True
+    human = node("n2")
+    human["spec"]["unschedulable"] = True
+    lines.append(json.dumps({"kind": "node", "t": 200, "object": echo}))
+    lines.append(json.dumps({"kind": "node", "t": 200, "object": human}))
+    lines.append(json.dumps({"kind": "gpunode", "t": 230, "name": "n1", "status": agent_status()}))
+    path.write_text("\n".join(lines) + "\n")
+    result = backtest.run(path, backtest.load_policy(POLICY))
+    assert result.max_unschedulable == 1, "only the human's cordon of n2 is replayed"
+
+
+def test_labels_people_set_under_the_prefix_come_from_the_trace(tmp_path: pathlib.Path) -> None:
+    """gpuhealth.io/exclude (and a selector's gpuhealth.io/… label) are not the operator's to keep."""
+    path = write_trace(tmp_path / "t.jsonl", {"n1": (120.0, 1e9)}, minutes=5)
+    excluded = node("n1", **{"gpuhealth.io/exclude": "true"})
+    lines = [
+        json.dumps({"kind": "node", "t": 0, "object": excluded})
+        if '"kind":"node"' in line and '"n1"' in line
+        else line
+        for line in path.read_text().splitlines()
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    result = backtest.run(path, backtest.load_policy(POLICY))
+    assert not [a for a in result.actions if a.node == "n1" and a.action in ("Cordon", "Drain")]

@@ -1,0 +1,106 @@
+"""What a live operator did to Nodes, in the backtest's words, and how a replay compares with it.
+
+A backtest reports each change the operator made to a Node as an action
+(`Cordon`, `Drain`, `Uncordon`, `Label straggler=true`, `Unlabel
+thermal-throttled`, `Taint …`, `Untaint`). The same changes can be read off
+the Node versions a live cluster went through (a trace's `node` records, or a
+watch): this module does that, with the backtest's own rules for what counts
+(the policy's `cordoned-by` claim on an unschedulable Node, the drain-started
+annotation, gpu-health's labels and taint), and compares the two per node.
+
+Live, a cordon and the start of its drain may land in two writes that a
+replay, looking once per event, sees as one; `sequence` folds a `Cordon`
+followed at once by a `Drain` into the `Drain` on both sides. Pure: dicts in,
+lists out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gpuhealth_api import keys
+from gpuhealth_operator.actions import nodes as node_actions
+from gpuhealth_sim import backtest
+
+
+@dataclasses.dataclass(frozen=True)
+class State:
+    ours: bool = False
+    drain: bool = False
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    taint: str | None = None
+
+
+def state_of(obj: Mapping[str, Any], policy: str) -> State:
+    """What of a Node version the backtest reports on: the claim, the drain, our labels and taint."""
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    annotations = meta.get("annotations") or {}
+    unschedulable = bool(spec.get("unschedulable"))
+    return State(
+        ours=unschedulable and annotations.get(keys.CORDONED_BY_ANNOTATION) == policy,
+        drain=node_actions.DRAIN_STARTED_ANNOTATION in annotations,
+        labels={k: v for k, v in (meta.get("labels") or {}).items() if k in backtest.OUR_LABELS},
+        taint=next(
+            (t.get("value") for t in spec.get("taints") or [] if t.get("key") == keys.UNHEALTHY_TAINT), None
+        ),
+    )
+
+
+def changes(t: float, node: str, before: State, after: State) -> list[backtest.Action]:
+    """The actions between two states of a Node, in the order the backtest lists them."""
+    found = []
+    if after.ours and not before.ours:
+        found.append("Drain" if after.drain else "Cordon")
+    elif before.ours and not after.ours:
+        found.append("Uncordon")
+    elif after.drain and not before.drain and after.ours:
+        found.append("Drain")
+    for label in backtest.OUR_LABELS:
+        old, new = before.labels.get(label), after.labels.get(label)
+        if old != new:
+            short = label.removeprefix(keys.PREFIX + "/")
+            found.append(f"Unlabel {short}" if new is None else f"Label {short}={new}")
+    if after.taint != before.taint:
+        found.append(f"Taint {after.taint}" if after.taint else "Untaint")
+    return [backtest.Action(t, node, what, "") for what in found]
+
+
+def actions(versions: Iterable[tuple[float, Mapping[str, Any]]], policy: str) -> list[backtest.Action]:
+    """Every change `policy` made to the Nodes, from their versions in the order they arrived."""
+    states: dict[str, State] = {}
+    found: list[backtest.Action] = []
+    for t, obj in versions:
+        name = str((obj.get("metadata") or {}).get("name"))
+        after = state_of(obj, policy)
+        found += changes(t, name, states.get(name, State()), after)
+        states[name] = after
+    return found
+
+
+def from_trace(records: Iterable[Mapping[str, Any]], policy: str) -> list[backtest.Action]:
+    """What the recorded operator did, from a trace's `node` records (they keep its labels and claims)."""
+    return actions(((float(r["t"]), r["object"]) for r in records if r.get("kind") == "node"), policy)
+
+
+def sequence(found: Iterable[backtest.Action], *, health: bool = True) -> dict[str, list[str]]:
+    """Per node, the actions in order (a Cordon directly followed by a Drain folded into the Drain)."""
+    per_node: dict[str, list[str]] = {}
+    for action in found:
+        if (not health and action.action.startswith("Label health=")) or action.action == "DryRun":
+            continue
+        steps = per_node.setdefault(action.node, [])
+        if action.action == "Drain" and steps and steps[-1] == "Cordon":
+            steps.pop()
+        steps.append(action.action)
+    return per_node
+
+
+def differences(
+    live: Iterable[backtest.Action], replayed: Iterable[backtest.Action], *, health: bool = True
+) -> dict[str, tuple[list[str], list[str]]]:
+    """Nodes whose action sequences differ: node → (live, replayed)."""
+    a, b = sequence(live, health=health), sequence(replayed, health=health)
+    nodes = sorted(a.keys() | b.keys())
+    return {n: (a.get(n, []), b.get(n, [])) for n in nodes if a.get(n, []) != b.get(n, [])}

@@ -1,0 +1,233 @@
+"""The backtest decides what the live operator decided: same actions, per node, in the same order.
+
+A live operator (its own process, as in production) handles a small scripted
+story on five kwok nodes while `record` follows the cluster into a trace:
+a double-bit ECC error on one node (cordon and drain), a thermal episode on
+another (label, then label removed), a human's cordon and uncordon of a
+third, the first node's recovery (uncordon). A separate watch of the Nodes
+says what the live operator did. Then `backtest.run` replays the recorded
+trace under the same policy, and must report the same Node changes, per
+node, in the same order.
+
+Compared per node, not fleet-wide: the replay's timer runs on the trace's
+clock in steps of `TICK` from the recording's start, the live one on its
+own, so two nodes' actions a fraction of a second apart may swap across
+nodes; on one node, each action needs the one before.
+"""
+
+import copy
+import json
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+import gpunode_facts
+import operator_harness
+from gpuhealth_api import keys, resources
+from gpuhealth_sim import backtest, controlplane, liveactions, tracerecord, traces, waiting, watches
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 30.0
+TICK = 0.5
+ECC = {"ecc": {"uncorrectedVolatile": 1}}
+HOT = {"temperatureCelsius": 93, "clockEventReasons": ["HwThermalSlowdown"], "smClockMHz": 1400}
+COOL = {"temperatureCelsius": 80, "clockEventReasons": [], "smClockMHz": 1980}
+
+
+@pytest.fixture(scope="module")
+def operator(
+    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[operator_harness.OperatorProcess]:
+    operator_harness.ensure_namespace(k8s, "gpu-health")
+    process = operator_harness.OperatorProcess(
+        kubeconfig=Path(crds.kubeconfig),
+        log_path=tmp_path_factory.mktemp("operator") / "operator.log",
+        lease_name="gpu-health-operator-backtest",
+        identity="backtest-operator",
+        extra_args=[f"--tick-seconds={TICK}", "--lease-duration-seconds=5", "--lease-renew-seconds=1"],
+    ).start()
+    try:
+        waiting.wait_until(process.is_leading, timeout_seconds=30, message="operator leads")
+        yield process
+    finally:
+        process.stop()
+        print(process.log()[-20000:])
+
+
+class NodeVersions:
+    """Every version of the fleet's Nodes, as a watch delivers them, with its arrival time."""
+
+    def __init__(self, api: client.ApiClient, names: set[str]) -> None:
+        self.names = names
+        self.versions: list[tuple[float, dict[str, Any]]] = []
+        self._lock = threading.Lock()
+        self.follower = watches.Follower("test-nodes", client.CoreV1Api(api).list_node, self._on)
+
+    def _on(self, kind: str, obj: dict[str, Any], at: float) -> None:
+        if kind != "DELETED" and obj["metadata"]["name"] in self.names:
+            with self._lock:
+                self.versions.append((at, obj))
+
+
+def test_the_backtest_of_a_recorded_run_decides_what_the_live_operator_did(
+    operator: operator_harness.OperatorProcess,
+    control_plane: controlplane.ControlPlane,
+    k8s: client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    fleet = operator_harness.Fleet(k8s, label=f"bt-{secrets.token_hex(3)}")
+    names = [f"{fleet.label}-{i}" for i in range(5)]
+    ecc, hot, human = names[1], names[2], names[3]
+    trace = tmp_path / "run.jsonl.gz"
+    recorder_api = control_plane.api_client()
+    recorder = tracerecord.Recorder(recorder_api, trace).start()
+    seen = NodeVersions(k8s, set(names))
+    seen.follower.start()
+    assert seen.follower.wait_synced(30)
+    core = client.CoreV1Api(k8s)
+    try:
+        fleet.policy(
+            fleet.label,
+            {
+                "maxUnavailable": 2,
+                "rules": [
+                    {"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"},
+                    {"name": "thermal", "condition": "ThermalThrottled", "action": "Label", "forSeconds": 1},
+                ],
+                "drain": {"timeoutSeconds": 30, "force": True},
+                "recovery": {"uncordon": True, "healthyForSeconds": 2},
+            },
+        )
+        for name in names:
+            fleet.add_node(name)
+
+        node = fleet.node
+
+        def wait(what: str, check: Any) -> None:
+            waiting.wait_until(check, timeout_seconds=TIMEOUT, message=what)
+
+        wait(
+            "every node labelled healthy",
+            lambda: all(node(n)["metadata"]["labels"].get(keys.HEALTH_LABEL) == "healthy" for n in names),
+        )
+        fleet.report(ecc, gpunode_facts.agent_status(overrides={2: ECC}))
+        wait(
+            f"{ecc} cordoned by the policy",
+            lambda: (
+                (n := node(ecc))["spec"].get("unschedulable")
+                and n["metadata"]["annotations"].get(keys.CORDONED_BY_ANNOTATION) == fleet.label
+            ),
+        )
+        fleet.report(hot, gpunode_facts.agent_status(overrides={4: HOT}))
+        wait(f"{hot} labelled", lambda: keys.THERMAL_LABEL in node(hot)["metadata"]["labels"])
+        fleet.report(hot, gpunode_facts.agent_status(overrides={4: COOL}))
+        wait(f"{hot} unlabelled", lambda: keys.THERMAL_LABEL not in node(hot)["metadata"]["labels"])
+        core.patch_node(human, {"spec": {"unschedulable": True}})
+        fleet.report(human, gpunode_facts.agent_status())  # the agent's next heartbeat
+        wait(f"{human} cordoned", lambda: node(human)["spec"].get("unschedulable"))
+        core.patch_node(human, {"spec": {"unschedulable": False}})
+        fleet.report(ecc, gpunode_facts.agent_status())  # a driver reload reset the volatile counter
+        wait(f"{ecc} uncordoned", lambda: not node(ecc)["spec"].get("unschedulable"))
+        wait(
+            f"{ecc} labelled healthy again",
+            lambda: node(ecc)["metadata"]["labels"].get(keys.HEALTH_LABEL) == "healthy",
+        )
+        written = recorder.records
+        for name in names:  # the agents' next heartbeats: the replay's clock runs up to here
+            fleet.report(name, gpunode_facts.agent_status())
+        wait("the heartbeats recorded", lambda: recorder.records >= written + len(names))
+    finally:
+        seen.follower.stop()
+        recorder.stop()
+        recorder_api.close()  # type: ignore[no-untyped-call]
+        policy = copy.deepcopy(
+            fleet.custom.get_cluster_custom_object(
+                resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, fleet.label
+            )
+        )
+        fleet.cleanup()
+
+    live = liveactions.actions(seen.versions, fleet.label)
+    did = liveactions.sequence(live)
+    healthy = "Label health=healthy"
+    assert did[ecc] == [healthy, "Drain", "Label health=unhealthy", healthy, "Uncordon"], did
+    assert did[hot] == [
+        healthy,
+        "Label health=degraded",
+        "Label thermal-throttled=true",
+        healthy,
+        "Unlabel thermal-throttled",
+    ], did
+    assert did[human] == [healthy], did
+
+    with traces.open_trace(trace) as (_, records):
+        recorded = liveactions.from_trace(list(records), fleet.label)
+    assert liveactions.differences(live, recorded) == {}, "the trace holds every Node change the watch saw"
+
+    policy.pop("status", None)
+    result = backtest.run(trace, policy, tick_seconds=TICK)
+    replayed = [a for a in result.actions if a.node in names]
+    assert liveactions.differences(live, replayed) == {}, (
+        f"live: {liveactions.sequence(live)}\nreplayed: {liveactions.sequence(replayed)}"
+    )
+
+
+def test_record_ends_with_a_complete_trace_on_ctrl_c_and_at_its_bounds(
+    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path: Path
+) -> None:
+    fleet = operator_harness.Fleet(k8s, label=f"rec-{secrets.token_hex(3)}")
+    script = Path(sys.executable).parent / "gpu-health-sim"
+    record = [str(script), "record", "--kubeconfig", str(crds.kubeconfig), "--out"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*record, *args], check=False, capture_output=True, text=True, timeout=60)
+
+    def read(path: Path) -> list[dict[str, Any]]:
+        with traces.open_trace(path) as (_, records):
+            return list(records)
+
+    def read_growing() -> list[dict[str, Any]]:
+        """The records of a recording in progress: each is flushed (a gzip sync flush) as written."""
+        text = zlib.decompressobj(wbits=31).decompress((tmp_path / "i.jsonl.gz").read_bytes()).decode()
+        lines = text.split("\n")[1:-1]  # after the header; the last piece is incomplete or empty
+        return [json.loads(line) for line in lines]
+
+    try:
+        for i in range(2):
+            fleet.add_node(f"{fleet.label}-{i}")
+        timed = run(str(tmp_path / "t.jsonl.gz"), "--max-seconds", "2")
+        assert timed.returncode == 0 and "(max-seconds)" in timed.stdout, timed.stderr
+        names = {r["name"] for r in read(tmp_path / "t.jsonl.gz") if r["kind"] == "gpunode"}
+        assert {f"{fleet.label}-{i}" for i in range(2)} <= names
+
+        sized = run(str(tmp_path / "s.jsonl"), "--max-bytes", "1")
+        assert sized.returncode == 0 and "1 records (max-bytes)" in sized.stdout, sized.stderr
+        assert len(read(tmp_path / "s.jsonl")) == 1
+
+        with subprocess.Popen(
+            [*record, str(tmp_path / "i.jsonl.gz")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        ) as process:
+            assert process.stderr is not None and "recording to" in process.stderr.readline()
+            fleet.report(f"{fleet.label}-0", gpunode_facts.agent_status(overrides={1: ECC}))
+            waiting.wait_until(
+                lambda: any(r.get("name") == f"{fleet.label}-0" and "patch" in r for r in read_growing()),
+                timeout_seconds=TIMEOUT,
+                message="the new report recorded",
+            )
+            process.send_signal(signal.SIGINT)
+            out, _ = process.communicate(timeout=30)
+        assert process.returncode == 0 and "(stopped)" in out
+        patches = [r["patch"] for r in read(tmp_path / "i.jsonl.gz") if "patch" in r]
+        assert {"ecc": {"uncorrectedVolatile": 1}}.items() <= patches[-1]["gpus"]["1"].items()
+    finally:
+        fleet.cleanup()

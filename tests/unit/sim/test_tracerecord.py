@@ -1,0 +1,140 @@
+"""`record`'s compaction: what a recorded version becomes in the trace, and that the trace gives it back."""
+
+import copy
+import pathlib
+
+from gpuhealth_sim import tracerecord, traces
+from gpunode_facts import agent_status
+
+START = 1_767_571_200.0
+
+
+def gpunode(name: str, status: dict, **operator_fields: object) -> dict:
+    return {
+        "metadata": {"name": name, "resourceVersion": "1"},
+        "status": {**status, "health": "Healthy", "conditions": [{"type": "Ready"}], **operator_fields},
+    }
+
+
+def k8s_node(name: str, *, unschedulable: bool = False, labels: dict | None = None) -> dict:
+    return {
+        "metadata": {
+            "name": name,
+            "resourceVersion": "7",
+            "labels": {"nvidia.com/gpu.present": "true", **(labels or {})},
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+            "managedFields": [{"manager": "kubectl"}],
+        },
+        "spec": {"unschedulable": unschedulable, "taints": [{"key": "k", "effect": "NoSchedule"}]},
+        "status": {
+            "capacity": {"cpu": "32", "nvidia.com/gpu": "8"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def versions() -> list[dict]:
+    """Six agent reports of one node: heartbeat only, clocks, an ECC error, a GPU lost, one back, a null."""
+    first = agent_status(gpus=4, heartbeat="2026-01-05T00:00:00Z", observed="2026-01-05T00:00:00Z")
+    out = [first]
+    second = copy.deepcopy(first)
+    second["agent"]["lastHeartbeatTime"] = "2026-01-05T00:01:00Z"
+    second["gpus"][1]["smClockMHz"] = 1860
+    out.append(second)
+    third = copy.deepcopy(second)
+    third["gpus"][2]["ecc"]["uncorrectedVolatile"] = 1
+    third["gpus"][2]["xids"] = [{"code": 48}]
+    del third["gpus"][2]["pcie"]
+    out.append(third)
+    fourth = copy.deepcopy(third)
+    fourth["gpus"] = fourth["gpus"][:3]
+    fourth["summary"]["gpuCount"] = 3
+    out.append(fourth)
+    fifth = copy.deepcopy(third)
+    out.append(fifth)
+    sixth = copy.deepcopy(fifth)
+    sixth["gpus"][0]["powerWatts"] = None  # NOT_SUPPORTED: a merge patch cannot say it
+    out.append(sixth)
+    return out
+
+
+def test_a_gpunode_is_recorded_in_full_once_then_as_patches_of_the_agent_part_only() -> None:
+    compactor = tracerecord.Compactor(START)
+    statuses = versions()
+    records = [compactor.gpunode(gpunode("n1", s), START + 10 * i) for i, s in enumerate(statuses)]
+    assert all(r is not None for r in records)
+    first, second = records[0], records[1]
+    assert first is not None and second is not None
+    assert first["status"] == statuses[0] and "health" not in first["status"]
+    assert second["t"] == 10.0
+    assert second["patch"] == {
+        "agent": {"lastHeartbeatTime": "2026-01-05T00:01:00Z"},
+        "gpus": {"1": {"smClockMHz": 1860}},
+    }
+    last = records[-1]
+    assert last is not None and "status" in last  # the null needs the whole status
+    # The operator's own status writes change nothing the agent reported: no record.
+    assert compactor.gpunode(gpunode("n1", statuses[-1], health="Unhealthy"), START + 99) is None
+
+
+def test_a_node_keeps_only_what_the_operator_reads_and_repeats_nothing() -> None:
+    compactor = tracerecord.Compactor(START)
+    record = compactor.node(k8s_node("n1"), START + 1.5)
+    assert record == {
+        "kind": "node",
+        "t": 1.5,
+        "object": {
+            "metadata": {
+                "name": "n1",
+                "labels": {"nvidia.com/gpu.present": "true"},
+                "annotations": {"kwok.x-k8s.io/node": "fake"},
+            },
+            "spec": {"unschedulable": False, "taints": [{"key": "k", "effect": "NoSchedule"}]},
+            "status": {"capacity": {"nvidia.com/gpu": "8"}},
+        },
+    }
+    heartbeat = k8s_node("n1")
+    heartbeat["status"]["conditions"][0]["lastHeartbeatTime"] = "later"
+    heartbeat["metadata"]["resourceVersion"] = "8"
+    assert compactor.node(heartbeat, START + 2) is None
+    cordoned = compactor.node(k8s_node("n1", unschedulable=True), START + 3)
+    assert cordoned is not None and cordoned["object"]["spec"]["unschedulable"] is True
+
+
+def test_times_never_go_back_when_two_followers_hand_over_out_of_order() -> None:
+    compactor = tracerecord.Compactor(START)
+    late = compactor.node(k8s_node("n1"), START + 5)
+    early = compactor.gpunode(gpunode("n1", versions()[0]), START + 4.9)
+    assert late is not None and early is not None and early["t"] == late["t"] == 5.0
+
+
+def test_recorded_versions_come_back_from_the_trace_reader(tmp_path: pathlib.Path) -> None:
+    """Round trip: versions → compactor → trace file (gzip) → reader → the same statuses."""
+    path = tmp_path / "rec.jsonl.gz"
+    compactor = tracerecord.Compactor(START)
+    statuses = versions()
+    other = agent_status(gpus=2, heartbeat="2026-01-05T00:00:00Z", observed="2026-01-05T00:00:00Z")
+    with traces.Writer(path, {"start": START}) as writer:
+        writer.write(compactor.gpunode({"metadata": {"name": "n2"}}, START) or {})  # before any report
+        writer.write(compactor.node(k8s_node("n1"), START) or {})
+        for i, status in enumerate(statuses):
+            record = compactor.gpunode(gpunode("n1", status), START + i)
+            assert record is not None
+            writer.write(record)
+            writer.flush()
+        writer.write(compactor.gpunode(gpunode("n2", other), START + 7) or {})
+    seen: dict[str, list[dict]] = {}
+    current: dict[str, dict] = {}
+    with traces.open_trace(path) as (header, records):
+        assert header["start"] == START
+        for record in records:
+            if record["kind"] != "gpunode":
+                continue
+            name = record["name"]
+            if "status" in record:
+                current[name] = record["status"]
+            else:
+                current[name] = traces.apply_status_patch(current[name], record["patch"])
+            seen.setdefault(name, []).append(current[name])
+    assert seen["n1"] == statuses
+    assert seen["n2"] == [{}, other]
