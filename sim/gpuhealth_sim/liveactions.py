@@ -7,6 +7,8 @@ the Node versions a live cluster went through (a trace's `node` records, or a
 watch): this module does that, with the backtest's own rules for what counts
 (the policy's `cordoned-by` claim on an unschedulable Node, the drain-started
 annotation, gpu-health's labels and taint), and compares the two per node.
+GPUs isolated by IsolateGPU are said as the replay says them (`Isolate GPU
+3`, `Restore GPU 3`), from a trace's `devicetaintrule` records of the policy.
 
 Live, a cordon and the start of its drain may land in two writes that a
 replay, looking once per event, sees as one; `sequence` folds a `Cordon`
@@ -22,6 +24,7 @@ from typing import Any
 
 from gpuhealth_api import keys
 from gpuhealth_operator.actions import nodes as node_actions
+from gpuhealth_operator.decisions import device_taints
 from gpuhealth_sim import backtest
 
 
@@ -80,8 +83,32 @@ def actions(versions: Iterable[tuple[float, Mapping[str, Any]]], policy: str) ->
 
 
 def from_trace(records: Iterable[Mapping[str, Any]], policy: str) -> list[backtest.Action]:
-    """What the recorded operator did, from a trace's `node` records (they keep its labels and claims)."""
-    return actions(((float(r["t"]), r["object"]) for r in records if r.get("kind") == "node"), policy)
+    """What the recorded operator did, from a trace's `node` records (they keep its labels and claims)
+    and its `devicetaintrule` records (the GPUs it isolated and restored), in time order."""
+    versions: list[tuple[float, Mapping[str, Any]]] = []
+    isolations: list[backtest.Action] = []
+    rules: dict[str, dict[str, Any]] = {}
+    ours = device_taints.label_value(policy)
+    for record in records:
+        if record.get("kind") == "node":
+            versions.append((float(record["t"]), record["object"]))
+        elif record.get("kind") == "devicetaintrule":
+            created = "object" in record
+            rule = dict(record["object"]) if created else rules.pop(str(record["name"]), None)
+            if (
+                rule is None
+                or ((rule.get("metadata") or {}).get("labels") or {}).get(keys.POLICY_LABEL) != ours
+            ):
+                continue
+            name = str(rule["metadata"]["name"])
+            if created and name in rules:
+                continue  # a new version of a rule already in place
+            if created:
+                rules[name] = rule
+            change = backtest.rule_action("created" if created else "deleted", rule)
+            if change is not None:
+                isolations.append(backtest.Action(float(record["t"]), change[0], change[1], ""))
+    return sorted(actions(versions, policy) + isolations, key=lambda action: action.t)
 
 
 def sequence(found: Iterable[backtest.Action], *, health: bool = True) -> dict[str, list[str]]:
