@@ -275,10 +275,10 @@ class Replay:
         """Turn the operator's new writes and Events into actions and fleet figures."""
         touched = set(self.client.touched)
         self.client.touched.clear()
+        if len(self.client.rule_log) > self.seen_rules:
+            self._isolations()  # first: the operator isolates before it labels the node
         for name in touched:
             self._diff_node(name)
-        if len(self.client.rule_log) > self.seen_rules:
-            self._isolations()
         log = self.client.event_log
         for event in log[self.seen_events :]:
             node = event["involvedObject"]["name"]
