@@ -12,20 +12,26 @@ GPUs isolated by IsolateGPU are said as the replay says them (`Isolate GPU
 
 Live, a cordon and the start of its drain may land in two writes that a
 replay, looking once per event, sees as one; `sequence` folds a `Cordon`
-followed at once by a `Drain` into the `Drain` on both sides. Pure: dicts in,
-lists out.
+followed at once by a `Drain` into the `Drain` on both sides. A GPU's
+isolation and the node's health label, written in one pass, are two objects
+followed by two watches, so a recording may have them in either order:
+`sequence` puts the isolation first when they are less than
+`SAME_PASS_SECONDS` apart. Pure: dicts in, lists out.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from gpuhealth_api import keys
 from gpuhealth_operator.actions import nodes as node_actions
 from gpuhealth_operator.decisions import device_taints
 from gpuhealth_sim import backtest
+
+SAME_PASS_SECONDS: Final = 1.0
+"""An isolation and a health label this close were written in one pass (see the docstring)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,12 +120,25 @@ def from_trace(records: Iterable[Mapping[str, Any]], policy: str) -> list[backte
 def sequence(found: Iterable[backtest.Action], *, health: bool = True) -> dict[str, list[str]]:
     """Per node, the actions in order (a Cordon directly followed by a Drain folded into the Drain)."""
     per_node: dict[str, list[str]] = {}
+    last_health: dict[str, float] = {}
     for action in found:
         if (not health and action.action.startswith("Label health=")) or action.action == "DryRun":
             continue
         steps = per_node.setdefault(action.node, [])
         if action.action == "Drain" and steps and steps[-1] == "Cordon":
             steps.pop()
+        if action.action.startswith("Label health="):
+            last_health[action.node] = action.t
+        isolation = action.action.startswith(("Isolate GPU", "Restore GPU"))
+        labelled = last_health.get(action.node, -SAME_PASS_SECONDS)
+        if (
+            isolation
+            and steps
+            and steps[-1].startswith("Label health=")
+            and action.t - labelled < SAME_PASS_SECONDS
+        ):
+            steps.insert(len(steps) - 1, action.action)  # the same pass: the isolation first
+            continue
         steps.append(action.action)
     return per_node
 
