@@ -13,10 +13,10 @@ GPUs isolated by IsolateGPU are said as the replay says them (`Isolate GPU
 Live, a cordon and the start of its drain may land in two writes that a
 replay, looking once per event, sees as one; `sequence` folds a `Cordon`
 followed at once by a `Drain` into the `Drain` on both sides. A GPU's
-isolation and the node's health label, written in one pass, are two objects
-followed by two watches, so a recording may have them in either order:
-`sequence` puts the isolation first when they are less than
-`SAME_PASS_SECONDS` apart. Pure: dicts in, lists out.
+isolation and the node's health label it brings (`unhealthy`, `degraded`),
+written in one pass, are two objects followed by two watches, so a
+recording may have them in either order: `sequence` puts the isolation
+first when they are less than `SAME_PASS_SECONDS` apart. Pure: dicts in, lists out.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from gpuhealth_operator.actions import nodes as node_actions
 from gpuhealth_operator.decisions import device_taints
 from gpuhealth_sim import backtest
 
-SAME_PASS_SECONDS: Final = 1.0
+SAME_PASS_SECONDS: Final = 0.5
 """An isolation and a health label this close were written in one pass (see the docstring)."""
 
 
@@ -127,14 +127,15 @@ def sequence(found: Iterable[backtest.Action], *, health: bool = True) -> dict[s
         steps = per_node.setdefault(action.node, [])
         if action.action == "Drain" and steps and steps[-1] == "Cordon":
             steps.pop()
-        if action.action.startswith("Label health="):
+        if action.action.startswith("Label health=") and action.action != "Label health=healthy":
             last_health[action.node] = action.t
-        isolation = action.action.startswith(("Isolate GPU", "Restore GPU"))
+        isolation = action.action.startswith("Isolate GPU")
         labelled = last_health.get(action.node, -SAME_PASS_SECONDS)
         if (
             isolation
             and steps
             and steps[-1].startswith("Label health=")
+            and steps[-1] != "Label health=healthy"
             and action.t - labelled < SAME_PASS_SECONDS
         ):
             steps.insert(len(steps) - 1, action.action)  # the same pass: the isolation first

@@ -39,3 +39,5 @@ def test_an_isolation_and_the_health_label_of_one_pass_compare_in_either_order()
     assert liveactions.differences(live, replayed) == {}
     later = [act(1, "Label health=unhealthy"), act(30, "Isolate GPU 3"), act(40, "Label health=healthy")]
     assert liveactions.differences(later, replayed) != {}, "not one pass: the order stands"
+    first = [act(1, "Label health=healthy"), act(1.2, "Isolate GPU 3")]
+    assert liveactions.sequence(first)["n1"] == ["Label health=healthy", "Isolate GPU 3"]
