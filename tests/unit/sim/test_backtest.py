@@ -218,7 +218,7 @@ def test_without_dra_devices_or_rules_isolate_gpu_falls_back_to_the_node_ladder(
 
 def test_isolating_the_faulty_gpu_acts_on_the_fatal_fault(tmp_path: pathlib.Path) -> None:
     trace = write_dra_trace(tmp_path / "t.jsonl", slices=True)
-    with open(trace, "a", encoding="utf-8") as out:
+    with trace.open("a", encoding="utf-8") as out:
         fault = {"kind": "truth", "type": "fatal", "node": "n1", "start": 600.0, "end": 1200.0, "gpu": 3}
         out.write(json.dumps({**fault, "fault": "DBE"}) + "\n")
     fatal = scoring.score(trace, backtest.run(trace, isolating_policy()), baseline=False)["fatal"]
