@@ -16,6 +16,12 @@ every FULL_PASS_SECONDS of simulated time; a trace holds no pods, so every
 drain completes at once; the operator's own writes are not echoed back as
 watch events (its cache already holds them, so live they change nothing).
 
+IsolateGPU reads the cluster's DRA objects, not a watch: a trace's
+ResourceSlices and its answer to whether DeviceTaintRules are acted on go
+straight into the in-memory cluster (`_dra`), and the rules the operator
+creates and deletes there are reported as `Isolate GPU <index>` and
+`Restore GPU <index>`.
+
 Node records in a trace carry what others did to a Node (labels, capacity, a
 human's cordon): the operator's labels (OUR_LABELS), its annotations and its
 taint (keys under gpuhealth.io) stay as the replay made them; `unschedulable`
