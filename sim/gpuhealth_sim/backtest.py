@@ -16,6 +16,12 @@ every FULL_PASS_SECONDS of simulated time; a trace holds no pods, so every
 drain completes at once; the operator's own writes are not echoed back as
 watch events (its cache already holds them, so live they change nothing).
 
+IsolateGPU reads the cluster's DRA objects, not a watch: a trace's
+ResourceSlices and its answer to whether DeviceTaintRules are acted on go
+straight into the in-memory cluster (`_dra`), and the rules the operator
+creates and deletes there are reported as `Isolate GPU <index>` and
+`Restore GPU <index>`.
+
 Node records in a trace carry what others did to a Node (labels, capacity, a
 human's cordon): the operator's labels (OUR_LABELS), its annotations and its
 taint (keys under gpuhealth.io) stay as the replay made them; `unschedulable`
@@ -50,6 +56,8 @@ from gpuhealth_sim import memcluster, traces
 
 FULL_PASS_SECONDS: Final = 600.0
 OUR_LABELS: Final = (keys.HEALTH_LABEL, keys.STRAGGLER_LABEL, keys.THERMAL_LABEL)
+DRA_KINDS: Final = frozenset({"resourceslice", "devicetaintrule", "cluster"})
+"""Trace records of what IsolateGPU reads (format 2); see `Replay._dra`."""
 FLAP_SECONDS: Final = 3600.0
 """A label removed and set again within this long is a flap."""
 
@@ -166,6 +174,7 @@ class Replay:
         self.out_since: dict[str, float] = {}
         self.label_cleared: dict[tuple[str, str], float] = {}
         self.seen_events = 0
+        self.seen_rules = 0
         self.result = Result(self.name, bool(policy.get("spec", {}).get("dryRun")), 0.0, 0)
 
     def clock(self) -> datetime.datetime:
@@ -196,6 +205,8 @@ class Replay:
             self.result.records += 1
             if kind == "node":
                 await self._node(record["object"])
+            elif kind in DRA_KINDS:
+                self._dra(record)
             else:
                 await self._gpunode(record)
             self._observe()
@@ -235,10 +246,43 @@ class Replay:
         body = self.client.put_gpunode(name, status)
         await handlers.on_gpunode(_event("MODIFIED", body), memo=self.ctx)
 
+    def _dra(self, record: dict[str, Any]) -> None:
+        """What IsolateGPU reads: ResourceSlices, and whether DeviceTaintRules are served and acted on.
+
+        The operator reads both only in an isolation pass, so no handler runs. The trace's
+        `devicetaintrule` records are the recorded operator's own rules (the replay makes its
+        own); they only tell `liveactions` what it did. When the cluster's answer changes,
+        the operator's probe answer is forgotten, so its next isolation pass probes again:
+        live it probed a cluster that already answered so (the recording may start before).
+        """
+        kind = record["kind"]
+        if kind == "resourceslice":
+            if record.get("deleted"):
+                self.client.delete_slice(record["name"])
+            else:
+                self.client.put_slice(record["object"])
+        elif kind == "cluster":
+            rules = record["deviceTaintRules"]
+            version = rules.get("version") if rules.get("actedOn") is True else None
+            if self.client.serve_device_taint_rules(version if isinstance(version, str) else None):
+                self.ctx.isolation_support.clear()
+
+    def _isolations(self) -> None:
+        """The DeviceTaintRules the operator created or deleted since the last look, as actions."""
+        log = self.client.rule_log
+        for what, rule in log[self.seen_rules :]:
+            self.seen_rules += 1
+            action = rule_action(what, rule)
+            if action is not None:
+                node, said = action
+                self.result.actions.append(Action(self.t, node, said, self._issues(node)))
+
     def _observe(self) -> None:
         """Turn the operator's new writes and Events into actions and fleet figures."""
         touched = set(self.client.touched)
         self.client.touched.clear()
+        if len(self.client.rule_log) > self.seen_rules:
+            self._isolations()  # first: the operator isolates before it labels the node
         for name in touched:
             self._diff_node(name)
         log = self.client.event_log
@@ -323,6 +367,16 @@ class Replay:
 
             selected = len(self.ctx.cache.selection(policy).selected)
             self.result.max_unavailable_limit = policies.resolve_max_unavailable(policy, selected)
+
+
+def rule_action(what: str, rule: dict[str, Any]) -> tuple[str, str] | None:
+    """(node, `Isolate GPU <index>` | `Restore GPU <index>`) for a gpu-health DeviceTaintRule
+    created or deleted; None for another's (or the probe's) rule."""
+    labels = (rule.get("metadata") or {}).get("labels") or {}
+    node, index = labels.get(keys.NODE_LABEL), labels.get(keys.GPU_INDEX_LABEL)
+    if not node or index is None:
+        return None
+    return str(node), f"{'Isolate' if what == 'created' else 'Restore'} GPU {index}"
 
 
 def _event(kind: str, body: dict[str, Any]) -> kopf.RawEvent:

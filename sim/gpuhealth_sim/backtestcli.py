@@ -28,8 +28,9 @@ def add_commands(commands: Any) -> None:
     record = commands.add_parser(
         "record",
         help="follow a cluster's Nodes and GPUNodes into a trace, until Ctrl-C or a bound",
-        description="Follow the cluster's Nodes and GPUNodes and append every version to TRACE "
-        "(trace format v1, gzip if TRACE ends in .gz), flushed as it goes, until interrupted "
+        description="Follow the cluster's Nodes and GPUNodes (and, where served, the ResourceSlices and "
+        "DeviceTaintRules IsolateGPU reads) and append every version to TRACE "
+        "(trace format 2, gzip if TRACE ends in .gz), flushed as it goes, until interrupted "
         "(Ctrl-C, SIGTERM) or a bound is reached; the file is complete either way.",
     )
     record.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")

@@ -75,8 +75,9 @@ def verdict(
 ) -> str:
     """Backtest `trace` under the policy and say, in one line, how that compares with the live run.
 
-    `dra_nodes`: nodes whose GPUs DRA allocates; a trace has no DRA devices, so there the replay's
-    IsolateGPU falls back to the node ladder, and a difference is said to come from that.
+    `dra_nodes`: nodes whose GPUs DRA allocates; where the trace holds no ResourceSlice of one
+    (a recording without DRA), the replay's IsolateGPU falls back to the node ladder there, and a
+    difference is said to come from that.
     """
     began = time.monotonic()
     policy = backtest.load_policy(policy_path)
@@ -84,13 +85,19 @@ def verdict(
     result = backtest.run(trace, policy, tick_seconds)
     score = scoring.score(trace, result, baseline=False)
     with traces.open_trace(trace) as (_, records):
-        live = liveactions.from_trace(records, name)
+        kept = list(records)
+    live = liveactions.from_trace(kept, name)
+    sliced = {
+        r["object"]["spec"].get("nodeName") for r in kept if r["kind"] == "resourceslice" and "object" in r
+    }
     shown = [a for a in result.actions if a.action != "DryRun"]
     nodes = {a.node for a in live} | {a.node for a in shown}
     differ = liveactions.differences(live, shown)
     waited = {e["node"] for e in result.events if e["reason"] == "DisruptionBudgetExceeded"}
     same = "yes" if not differ else f"on {len(nodes) - len(differ)} of {len(nodes)} nodes, not on "
-    same += " and ".join(_difference(n, *differ[n], n in dra_nodes, n in waited) for n in differ)
+    same += " and ".join(
+        _difference(n, *differ[n], n in dra_nodes and n not in sliced, n in waited) for n in differ
+    )
     fatal = score["fatal"]
     return (
         f"backtest of this run (policy {name}, {tick_seconds:g} s ticks, "
@@ -106,7 +113,7 @@ def _difference(node: str, live: list[str], replayed: list[str], dra: bool, wait
     missing = [a for a in live if a not in replayed]
     said = ([f"also {', '.join(extra)}"] if extra else []) + ([f"no {', '.join(missing)}"] if missing else [])
     why = (
-        "; a trace has no DRA devices, so IsolateGPU fell back to the node ladder"
+        "; the trace holds no DRA devices of it, so IsolateGPU fell back to the node ladder"
         if dra
         else "; its budget was full"
         if waited

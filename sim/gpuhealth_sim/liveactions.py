@@ -7,22 +7,31 @@ the Node versions a live cluster went through (a trace's `node` records, or a
 watch): this module does that, with the backtest's own rules for what counts
 (the policy's `cordoned-by` claim on an unschedulable Node, the drain-started
 annotation, gpu-health's labels and taint), and compares the two per node.
+GPUs isolated by IsolateGPU are said as the replay says them (`Isolate GPU
+3`, `Restore GPU 3`), from a trace's `devicetaintrule` records of the policy.
 
 Live, a cordon and the start of its drain may land in two writes that a
 replay, looking once per event, sees as one; `sequence` folds a `Cordon`
-followed at once by a `Drain` into the `Drain` on both sides. Pure: dicts in,
-lists out.
+followed at once by a `Drain` into the `Drain` on both sides. A GPU's
+isolation and the node's health label it brings (`unhealthy`, `degraded`),
+written in one pass, are two objects followed by two watches, so a
+recording may have them in either order: `sequence` puts the isolation
+first when they are less than `SAME_PASS_SECONDS` apart. Pure: dicts in, lists out.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from gpuhealth_api import keys
 from gpuhealth_operator.actions import nodes as node_actions
+from gpuhealth_operator.decisions import device_taints
 from gpuhealth_sim import backtest
+
+SAME_PASS_SECONDS: Final = 0.5
+"""An isolation and a health label this close were written in one pass (see the docstring)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,19 +89,57 @@ def actions(versions: Iterable[tuple[float, Mapping[str, Any]]], policy: str) ->
 
 
 def from_trace(records: Iterable[Mapping[str, Any]], policy: str) -> list[backtest.Action]:
-    """What the recorded operator did, from a trace's `node` records (they keep its labels and claims)."""
-    return actions(((float(r["t"]), r["object"]) for r in records if r.get("kind") == "node"), policy)
+    """What the recorded operator did, from a trace's `node` records (they keep its labels and claims)
+    and its `devicetaintrule` records (the GPUs it isolated and restored), in time order."""
+    versions: list[tuple[float, Mapping[str, Any]]] = []
+    isolations: list[backtest.Action] = []
+    rules: dict[str, dict[str, Any]] = {}
+    ours = device_taints.label_value(policy)
+    for record in records:
+        if record.get("kind") == "node":
+            versions.append((float(record["t"]), record["object"]))
+        elif record.get("kind") == "devicetaintrule":
+            created = "object" in record
+            rule = dict(record["object"]) if created else rules.pop(str(record["name"]), None)
+            if (
+                rule is None
+                or ((rule.get("metadata") or {}).get("labels") or {}).get(keys.POLICY_LABEL) != ours
+            ):
+                continue
+            name = str(rule["metadata"]["name"])
+            if created and name in rules:
+                continue  # a new version of a rule already in place
+            if created:
+                rules[name] = rule
+            change = backtest.rule_action("created" if created else "deleted", rule)
+            if change is not None:
+                isolations.append(backtest.Action(float(record["t"]), change[0], change[1], ""))
+    return sorted(actions(versions, policy) + isolations, key=lambda action: action.t)
 
 
 def sequence(found: Iterable[backtest.Action], *, health: bool = True) -> dict[str, list[str]]:
     """Per node, the actions in order (a Cordon directly followed by a Drain folded into the Drain)."""
     per_node: dict[str, list[str]] = {}
+    last_health: dict[str, float] = {}
     for action in found:
         if (not health and action.action.startswith("Label health=")) or action.action == "DryRun":
             continue
         steps = per_node.setdefault(action.node, [])
         if action.action == "Drain" and steps and steps[-1] == "Cordon":
             steps.pop()
+        if action.action.startswith("Label health=") and action.action != "Label health=healthy":
+            last_health[action.node] = action.t
+        isolation = action.action.startswith("Isolate GPU")
+        labelled = last_health.get(action.node, -SAME_PASS_SECONDS)
+        if (
+            isolation
+            and steps
+            and steps[-1].startswith("Label health=")
+            and steps[-1] != "Label health=healthy"
+            and action.t - labelled < SAME_PASS_SECONDS
+        ):
+            steps.insert(len(steps) - 1, action.action)  # the same pass: the isolation first
+            continue
         steps.append(action.action)
     return per_node
 

@@ -11,12 +11,19 @@ semantics the operator relies on, and no more:
   the operator's field manager applied last time and leaves out now are
   removed, and the agent's fields are never touched;
 - Events: created and bumped (kept for the report);
-- pods: none (a trace holds no pods, so every drain completes at once).
+- pods: none (a trace holds no pods, so every drain completes at once);
+- DRA (resource.k8s.io): the ResourceSlices the trace recorded, listed by
+  `spec.nodeName` in any version; DeviceTaintRules in the version the trace
+  says the cluster serves and acts on (`serve_device_taint_rules`), created,
+  read, listed by label and deleted, each acknowledged at once as the
+  controller manager would; with no such version, discovery lists none, so
+  the operator's probe says IsolateGPU falls back to the node ladder.
 
 Every write bumps one cluster-wide resourceVersion, as etcd does. The
 Nodes the operator wrote since the backtest last looked (`touched`) and the
-Events in the order they were posted (`event_log`) let the backtest report
-what was done and when.
+Events in the order they were posted (`event_log`) and the DeviceTaintRules
+created and deleted (`rule_log`) let the backtest report what was done and
+when.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import Any
 
 from gpuhealth_api import resources
 from gpuhealth_operator import kube
+from gpuhealth_operator.decisions import device_taints
 
 JsonObject = dict[str, Any]
 
@@ -34,6 +42,8 @@ NODES = "/api/v1/nodes/"
 GPUNODES = f"/apis/{resources.GROUP}/{resources.VERSION}/{resources.GPUNODE_PLURAL}/"
 POLICIES = f"/apis/{resources.GROUP}/{resources.VERSION}/{resources.POLICY_PLURAL}/"
 EVENTS = "/api/v1/namespaces/default/events"
+DRA = "/apis/resource.k8s.io/"
+DRA_VERSIONS = ("v1", "v1beta2", "v1beta1", "v1alpha3")
 OPERATOR_STATUS_FIELDS = frozenset({"health", "issues", "action", "conditions", "straggler"})
 
 
@@ -79,6 +89,17 @@ def json_patch(target: JsonObject, ops: list[Mapping[str, Any]]) -> JsonObject:
     return result
 
 
+def _selector(text: str | None) -> list[tuple[str, str]]:
+    """`a=b,c=d` (the equality selectors the operator sends) as pairs."""
+    pairs = [part.split("=", 1) for part in (text or "").split(",") if "=" in part]
+    return [(key.strip(), value.strip()) for key, value in pairs]
+
+
+def _labelled(obj: JsonObject, pairs: list[tuple[str, str]]) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(key) == value for key, value in pairs)
+
+
 class MemoryKube:
     """The operator's client, answered from dicts (module docstring)."""
 
@@ -93,6 +114,12 @@ class MemoryKube:
         self._version = 0
         self._applied: dict[str, frozenset[str]] = {}
         """GPUNode/policy path → the status fields our manager applied last."""
+        self.slices: dict[str, JsonObject] = {}
+        self.rules: dict[str, JsonObject] = {}
+        self.rule_version: str | None = None
+        """The resource.k8s.io version serving DeviceTaintRules that are acted on; None: not served."""
+        self.rule_log: list[tuple[str, JsonObject]] = []
+        """("created" | "deleted", the DeviceTaintRule), in order."""
 
     def bump(self, body: JsonObject) -> JsonObject:
         self._version += 1
@@ -119,6 +146,18 @@ class MemoryKube:
         self.gpunodes[name] = self.bump(body)
         return body
 
+    def put_slice(self, body: JsonObject) -> None:
+        self.slices[body["metadata"]["name"]] = self.bump(copy.deepcopy(body))
+
+    def delete_slice(self, name: str) -> None:
+        self.slices.pop(name, None)
+
+    def serve_device_taint_rules(self, version: str | None) -> bool:
+        """DeviceTaintRules served and acted on in `version` (None: not); True if that changed."""
+        changed = version != self.rule_version
+        self.rule_version = version
+        return changed
+
     # The operator's side: kube.Kube's interface.
     async def request(
         self,
@@ -132,6 +171,8 @@ class MemoryKube:
         exempt: bool = False,
     ) -> JsonObject:
         self.requests_total += 1
+        if path.startswith(DRA):
+            return self._dra(method, path, query, body)
         if method == "GET":
             return self._get(path, query)
         if method == "POST" and path == EVENTS:
@@ -158,6 +199,48 @@ class MemoryKube:
             return copy.deepcopy(self.nodes[path[len(NODES) :]])
         if path.startswith(EVENTS + "/") and path.rsplit("/", 1)[1] in self.events:
             return copy.deepcopy(self.events[path.rsplit("/", 1)[1]])
+        raise _not_found(path)
+
+    def _dra(self, method: str, path: str, query: Mapping[str, str] | None, body: object) -> JsonObject:
+        """resource.k8s.io as the operator's IsolateGPU calls it (module docstring)."""
+        version, _, rest = path[len(DRA) :].partition("/")
+        if version not in DRA_VERSIONS:
+            raise _not_found(path)
+        plural, _, name = rest.partition("/")
+        served = version == self.rule_version
+        if method == "GET" and not plural:
+            listed = [{"name": "resourceslices"}] + ([{"name": "devicetaintrules"}] if served else [])
+            return {"groupVersion": f"resource.k8s.io/{version}", "resources": listed}
+        if method == "GET" and plural == "resourceslices" and not name:
+            wanted = dict(_selector((query or {}).get("fieldSelector")))
+            node = wanted.get("spec.nodeName")
+            found = [s for s in self.slices.values() if node is None or s["spec"].get("nodeName") == node]
+            return {"items": copy.deepcopy(found), "metadata": {}}
+        if plural != "devicetaintrules" or not served:
+            raise _not_found(path)
+        if method == "GET" and not name:
+            labels = _selector((query or {}).get("labelSelector"))
+            found = [r for r in self.rules.values() if _labelled(r, labels)]
+            return {"items": copy.deepcopy(found), "metadata": {}}
+        if method == "GET" and name in self.rules:
+            return copy.deepcopy(self.rules[name])
+        if method == "POST" and not name:
+            assert isinstance(body, dict)
+            rule = copy.deepcopy(body)
+            name = rule["metadata"]["name"]
+            if name in self.rules:
+                raise kube.ApiError(409, "Conflict", f"devicetaintrules {name} already exists")
+            rule["metadata"]["generation"] = 1
+            # Acted on: the controller manager's acknowledgement, at once.
+            condition = {"type": device_taints.EVICTION_CONDITION, "status": "False", "observedGeneration": 1}
+            rule["status"] = {"conditions": [condition]}
+            self.rules[name] = self.bump(rule)
+            self.rule_log.append(("created", copy.deepcopy(rule)))
+            return copy.deepcopy(rule)
+        if method == "DELETE" and name in self.rules:
+            rule = self.rules.pop(name)
+            self.rule_log.append(("deleted", rule))
+            return copy.deepcopy(rule)
         raise _not_found(path)
 
     def _patch_node(self, name: str, body: object, content_type: str) -> JsonObject:

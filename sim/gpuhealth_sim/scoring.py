@@ -41,6 +41,8 @@ RECOVERY_SLACK: Final = 1200.0
 EXPLAINED_SLACK: Final = 600.0
 BASELINE_CV: Final = 0.1
 DISRUPTIVE: Final = frozenset({"Cordon", "Drain"})
+ISOLATE: Final = "Isolate GPU "
+"""A replay's action isolating one GPU (`Isolate GPU 3`): acts on a fatal fault of that GPU."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,13 +101,25 @@ def _disruptive(action: backtest.Action) -> bool:
 def score_fatal(truth: list[dict[str, Any]], actions: list[backtest.Action]) -> dict[str, Any]:
     faults = [r for r in truth if r.get("type") == "fatal"]
     per_node: dict[str, list[backtest.Action]] = {}
+    isolated: dict[str, list[backtest.Action]] = {}
     for action in actions:
         if _disruptive(action):
             per_node.setdefault(action.node, []).append(action)
+        elif action.action.startswith(ISOLATE):
+            isolated.setdefault(action.node, []).append(action)
     delays: list[float] = []
     missed: list[str] = []
     for fault in faults:
-        hits = [a.t for a in per_node.get(fault["node"], []) if fault["start"] <= a.t <= fault["end"]]
+        # Isolating the faulty GPU (IsolateGPU on a DRA node) acts on the fault too; it disrupts no node.
+        gpu = fault.get("gpu")
+        isolations = [
+            a
+            for a in isolated.get(fault["node"], [])
+            if not isinstance(gpu, int) or a.action == f"{ISOLATE}{gpu}"
+        ]
+        hits = [
+            a.t for a in per_node.get(fault["node"], []) + isolations if fault["start"] <= a.t <= fault["end"]
+        ]
         if hits:
             delays.append(min(hits) - fault["start"])
         else:

@@ -1,4 +1,4 @@
-"""`gpu-health-sim record`: follow a live cluster's Nodes and GPUNodes into a trace (format v1).
+"""`gpu-health-sim record`: follow a live cluster's Nodes and GPUNodes into a trace (format 2).
 
 Two parts, kept apart. `Compactor` is pure: given each version of a Node or
 GPUNode as it arrives, it returns the trace record to append, or None when
@@ -12,7 +12,19 @@ on a cut stream; list again on 410 Gone) feed the compactor under a lock,
 and every record is written and flushed at once, with the time it arrived,
 until `stop()` or a bound (seconds, bytes of file) is reached. Closing the
 writer ends a gzip stream properly, so an interrupted recording is a valid
-trace. Deleted objects are not recorded (format v1 has no deletion).
+trace. Deleted Nodes and GPUNodes are not recorded.
+
+For IsolateGPU (DRA), where the cluster serves resource.k8s.io, two more
+followers: ResourceSlices (each kept as the operator reads it: driver, node,
+pool and the devices' names and `uuid` attributes; deletions recorded) and
+DeviceTaintRules. Of the rules, gpu-health's own (labelled with a node) are
+recorded as what the recorded operator did; any rule the controller manager
+acknowledged (the operator's probe rule, or its own) says the cluster acts
+on rules, written as a `cluster` record. The first `cluster` record, right
+after the header, says which version serves DeviceTaintRules (discovery) and
+whether they are acted on, if known then (a policy's `GPUIsolation`
+condition, True once its probe succeeded). A cluster without
+resource.k8s.io records neither.
 """
 
 from __future__ import annotations
@@ -21,11 +33,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from kubernetes import client
 
 from gpuhealth_api import keys, resources
+from gpuhealth_operator.decisions import device_taints
 from gpuhealth_sim import traces, watches
 
 AGENT_STATUS_FIELDS: Final = ("agent", "summary", "gpus")
@@ -57,6 +70,41 @@ def agent_status(obj: Mapping[str, Any]) -> dict[str, Any]:
     return {key: status[key] for key in AGENT_STATUS_FIELDS if key in status}
 
 
+SLICE_VERSIONS: Final = ("v1", "v1beta2", "v1beta1")
+"""resource.k8s.io versions to follow ResourceSlices in, preferred first (the operator's order)."""
+ISOLATION_CONDITION: Final = "GPUIsolation"
+
+
+def slice_view(obj: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The parts of a ResourceSlice the operator reads (devices with a `uuid`); None if it has none."""
+    spec = obj.get("spec") or {}
+    devices = []
+    for device in spec.get("devices") or []:
+        uuid = ((device or {}).get("attributes") or {}).get("uuid")
+        if isinstance(device.get("name"), str) and isinstance(uuid, Mapping):
+            devices.append({"name": device["name"], "attributes": {"uuid": dict(uuid)}})
+    if not devices:
+        return None
+    return {
+        "metadata": {"name": (obj.get("metadata") or {}).get("name")},
+        "spec": {
+            "driver": spec.get("driver"),
+            "nodeName": spec.get("nodeName"),
+            "pool": {"name": (spec.get("pool") or {}).get("name")},
+            "devices": devices,
+        },
+    }
+
+
+def rule_view(obj: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A DeviceTaintRule of gpu-health's for one GPU (name, labels, spec); None for any other rule."""
+    metadata = obj.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    if keys.NODE_LABEL not in labels or keys.POLICY_LABEL not in labels:
+        return None
+    return {"metadata": {"name": metadata.get("name"), "labels": dict(labels)}, "spec": obj.get("spec") or {}}
+
+
 class Compactor:
     """Turns object versions into trace records; None for a version that changed nothing recorded."""
 
@@ -64,6 +112,8 @@ class Compactor:
         self.start = start
         self._nodes: dict[str, dict[str, Any]] = {}
         self._gpunodes: dict[str, dict[str, Any]] = {}
+        self._objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self._rules: dict[str, Any] = {"version": None, "actedOn": None}
         self._last_t = 0.0
 
     def _t(self, at: float) -> float:
@@ -94,6 +144,36 @@ class Compactor:
             if traces.apply_status_patch(before, patch) == status:
                 return {"kind": "gpunode", "t": self._t(at), "name": name, "patch": patch}
         return {"kind": "gpunode", "t": self._t(at), "name": name, "status": status}
+
+    def cluster(self, version: str | None, acted_on: bool | None, at: float) -> dict[str, Any]:
+        """The `cluster` record: which version serves DeviceTaintRules, and whether they are acted on."""
+        self._rules = {"version": version, "actedOn": acted_on if version is not None else None}
+        return {"kind": "cluster", "t": self._t(at), "deviceTaintRules": dict(self._rules)}
+
+    def resource(self, kind: str, obj: Mapping[str, Any], at: float) -> list[dict[str, Any]]:
+        """Records for a ResourceSlice or DeviceTaintRule version (kind: resourceslice | devicetaintrule)."""
+        found: list[dict[str, Any]] = []
+        if (
+            kind == "devicetaintrule"
+            and self._rules["actedOn"] is not True
+            and device_taints.acknowledged(obj)
+        ):
+            found.append(
+                self.cluster(self._rules["version"], True, at)
+            )  # the controller manager acts on rules
+        view = slice_view(obj) if kind == "resourceslice" else rule_view(obj)
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        if view is None:
+            return found + self.deleted(kind, name, at)  # no longer one the operator reads
+        if self._objects.get((kind, name)) != view:
+            self._objects[(kind, name)] = view
+            found.append({"kind": kind, "t": self._t(at), "object": view})
+        return found
+
+    def deleted(self, kind: str, name: str, at: float) -> list[dict[str, Any]]:
+        if self._objects.pop((kind, name), None) is None:
+            return []
+        return [{"kind": kind, "t": self._t(at), "name": name, "deleted": True}]
 
 
 class Recorder:
@@ -134,6 +214,60 @@ class Recorder:
             watches.Follower("record-nodes", core.list_node, self._on_node),
             watches.Follower("record-gpunodes", gpunodes, self._on_gpunode),
         ]
+        self._follow_dra(custom)
+
+    def _follow_dra(self, custom: client.CustomObjectsApi) -> None:
+        """ResourceSlices and DeviceTaintRules, where resource.k8s.io serves them (module docstring)."""
+        served: dict[str, set[str]] = {}
+        for version in dict.fromkeys(SLICE_VERSIONS + device_taints.KNOWN_VERSIONS):
+            try:
+                found = custom.get_api_resources(device_taints.GROUP, version)
+            except client.ApiException as error:
+                if error.status in (403, 404):
+                    continue
+                raise
+            served[version] = {r.name for r in found.resources or []}
+        slices = next((v for v in SLICE_VERSIONS if "resourceslices" in served.get(v, ())), None)
+        rules = device_taints.served_version(
+            v for v, names in served.items() if device_taints.PLURAL in names
+        )
+        if slices is None and rules is None:
+            return
+        acted_on = self._isolating(custom) if rules is not None else None
+        self._append_all(lambda: [self._compactor.cluster(rules, acted_on, time.time())])
+        for wanted, plural, kind in (
+            (slices, "resourceslices", "resourceslice"),
+            (rules, device_taints.PLURAL, "devicetaintrule"),
+        ):
+            if wanted is not None:
+                lister = _lister(custom, wanted, plural)
+                handler = _handler(self, kind)
+                self._followers.append(watches.Follower(f"record-{plural}", lister, handler))
+
+    @staticmethod
+    def _isolating(custom: client.CustomObjectsApi) -> bool | None:
+        """True if a policy's GPUIsolation condition says its probe found DeviceTaintRules acted on."""
+        try:
+            listed = cast(
+                dict[str, Any],
+                custom.list_cluster_custom_object(
+                    resources.GROUP, resources.VERSION, resources.POLICY_PLURAL
+                ),
+            )
+        except client.ApiException:
+            return None
+        for policy in listed.get("items") or []:
+            for condition in (policy.get("status") or {}).get("conditions") or []:
+                if condition.get("type") == ISOLATION_CONDITION and condition.get("status") == "True":
+                    return True
+        return None
+
+    def on_resource(self, kind: str, event: str, obj: dict[str, Any], at: float) -> None:
+        if event == "DELETED":
+            name = str((obj.get("metadata") or {}).get("name") or "")
+            self._append_all(lambda: self._compactor.deleted(kind, name, at))
+        else:
+            self._append_all(lambda: self._compactor.resource(kind, obj, at))
 
     def start(self, sync_timeout_seconds: float = 30) -> Recorder:
         """Start following; returns once both first lists are written (or the timeout passed)."""
@@ -155,6 +289,12 @@ class Recorder:
         """Append a record of the caller's (the demo's `truth`), in turn with the recorded ones."""
         self._append(lambda: record)
 
+    def _append_all(self, make: Callable[[], list[dict[str, Any]]]) -> None:
+        """Append the records `make` returns, in one turn (their times were taken in order)."""
+        with self._lock:
+            for record in make() if self._writer is not None else []:
+                self._write(record)
+
     def _append(self, make: Callable[[], dict[str, Any] | None]) -> None:
         with self._lock:
             if self._writer is None:
@@ -162,6 +302,11 @@ class Recorder:
             record = make()
             if record is None:
                 return
+            self._write(record)
+
+    def _write(self, record: dict[str, Any]) -> None:
+        """Write one record (under the lock), and end at the size bound."""
+        if self._writer is not None:
             self._writer.write(record)
             self._writer.flush()
             self.records += 1
@@ -194,3 +339,17 @@ class Recorder:
             follower.stop()
         with self._lock:
             self._end(self.reason or "stopped")
+
+
+def _lister(custom: client.CustomObjectsApi, version: str, plural: str) -> Callable[..., Any]:
+    def lister(**kwargs: Any) -> Any:
+        return custom.list_cluster_custom_object(device_taints.GROUP, version, plural, **kwargs)
+
+    return lister
+
+
+def _handler(recorder: Recorder, kind: str) -> Callable[[str, dict[str, Any], float], None]:
+    def handler(event: str, obj: dict[str, Any], at: float) -> None:
+        recorder.on_resource(kind, event, obj, at)
+
+    return handler

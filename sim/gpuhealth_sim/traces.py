@@ -5,12 +5,22 @@ format is documented in docs/backtest.md). One JSON object per line; a path
 ending in `.gz` is gzip-compressed. The first line is the header; every other
 line is one record, in time order:
 
-    {"kind": "header", "format": "gpu-health-trace", "version": 1, "start": EPOCH, ...}
+    {"kind": "header", "format": "gpu-health-trace", "version": 2, "start": EPOCH, ...}
     {"kind": "node", "t": SECONDS, "object": {Node: metadata.name/labels/annotations,
                                                spec.unschedulable/taints, status.capacity}}
     {"kind": "gpunode", "t": SECONDS, "name": NAME, "status": {agent, summary, gpus}}
     {"kind": "gpunode", "t": SECONDS, "name": NAME, "patch": {merge patch of the previous status}}
+    {"kind": "resourceslice", "t": SECONDS, "object": {ResourceSlice: metadata.name, spec.driver,
+                                                        spec.nodeName, spec.pool.name,
+                                                        spec.devices[].name/attributes.uuid}}
+    {"kind": "resourceslice", "t": SECONDS, "name": NAME, "deleted": true}
+    {"kind": "devicetaintrule", "t": SECONDS, "object": {a DeviceTaintRule of gpu-health's}}
+    {"kind": "devicetaintrule", "t": SECONDS, "name": NAME, "deleted": true}
+    {"kind": "cluster", "t": SECONDS, "deviceTaintRules": {"version": V | null, "actedOn": B | null}}
     {"kind": "truth", ...}   (ground truth of a synthetic trace; see docs/backtest.md)
+
+Version 2 added the last four kinds before `truth` (DRA: what IsolateGPU
+reads); a version 1 trace is read as one without them.
 
 `t` is seconds since the header's `start` (epoch seconds, UTC). A GPUNode
 `patch` is an RFC 7386 merge patch of the node's previous agent status, except
@@ -34,8 +44,12 @@ from collections.abc import Iterator, Mapping
 from typing import IO, Any, Final, cast
 
 FORMAT: Final = "gpu-health-trace"
-VERSION: Final = 1
-KINDS: Final = frozenset({"node", "gpunode", "truth"})
+VERSION: Final = 2
+READS: Final = frozenset({1, 2})
+"""Format versions this module reads (2 only adds record kinds to 1)."""
+OBJECT_KINDS: Final = frozenset({"resourceslice", "devicetaintrule"})
+"""Record kinds carrying an `object` (a version) or a `name` with `deleted: true` (its deletion)."""
+KINDS: Final = frozenset({"node", "gpunode", "cluster", "truth"}) | OBJECT_KINDS
 
 
 class TraceError(Exception):
@@ -154,11 +168,29 @@ def _check(record: object, where: str) -> dict[str, Any]:
         )
         if not isinstance(name, str) or not name:
             raise TraceError(f"{where}: node record needs an `object` with metadata.name")
+    elif kind in OBJECT_KINDS:
+        _check_object(record, kind, where)
+    elif kind == "cluster":
+        if not isinstance(record.get("deviceTaintRules"), dict):
+            raise TraceError(f"{where}: cluster record needs a `deviceTaintRules` object")
     elif not isinstance(record.get("name"), str) or not record["name"]:
         raise TraceError(f"{where}: gpunode record needs a `name`")
     elif not isinstance(record.get("status"), dict) and not isinstance(record.get("patch"), dict):
         raise TraceError(f"{where}: gpunode record needs a `status` or a `patch` object")
     return record
+
+
+def _check_object(record: dict[str, Any], kind: str, where: str) -> None:
+    obj = record.get("object")
+    if isinstance(obj, dict):
+        name = (obj.get("metadata") or {}).get("name") if isinstance(obj.get("metadata"), dict) else None
+        if isinstance(name, str) and name:
+            return
+    elif record.get("deleted") is True and isinstance(record.get("name"), str) and record["name"]:
+        return
+    raise TraceError(
+        f"{where}: {kind} record needs an `object` with metadata.name, or a `name` and `deleted: true`"
+    )
 
 
 @contextlib.contextmanager
@@ -177,10 +209,10 @@ def open_trace(path: pathlib.Path) -> Iterator[tuple[dict[str, Any], Iterator[di
         header = _parse(first, f"{path}:{number}")
         if not isinstance(header, dict) or header.get("kind") != "header" or header.get("format") != FORMAT:
             raise TraceError(f"{path}:{number}: not a gpu-health trace (the first line must be its header)")
-        if header.get("version") != VERSION:
+        if header.get("version") not in READS:
             raise TraceError(
                 f"{path}:{number}: trace format version {header.get('version')!r} is not supported "
-                f"(this gpu-health-sim reads version {VERSION})"
+                f"(this gpu-health-sim reads versions {', '.join(map(str, sorted(READS)))})"
             )
         if isinstance(header.get("start"), bool) or not isinstance(header.get("start"), int | float):
             raise TraceError(f"{path}:{number}: the header needs `start` (epoch seconds)")

@@ -13,6 +13,10 @@ Compared per node, not fleet-wide: the replay's timer runs on the trace's
 clock in steps of `TICK` from the recording's start, the live one on its
 own, so two nodes' actions a fraction of a second apart may swap across
 nodes; on one node, each action needs the one before.
+
+On DRA nodes IsolateGPU quarantines one GPU through a DeviceTaintRule: the
+trace records the ResourceSlices it matches GPUs on and whether the cluster
+acts on rules, so the replay isolates the same GPU, not the node.
 """
 
 import copy
@@ -33,7 +37,8 @@ from kubernetes import client
 import gpunode_facts
 import operator_harness
 from gpuhealth_api import keys, resources
-from gpuhealth_sim import backtest, controlplane, liveactions, tracerecord, traces, waiting, watches
+from gpuhealth_operator.decisions import device_taints
+from gpuhealth_sim import backtest, controlplane, dra, liveactions, tracerecord, traces, waiting, watches
 
 pytestmark = pytest.mark.integration
 
@@ -177,6 +182,125 @@ def test_the_backtest_of_a_recorded_run_decides_what_the_live_operator_did(
     policy.pop("status", None)
     result = backtest.run(trace, policy, tick_seconds=TICK)
     replayed = [a for a in result.actions if a.node in names]
+    assert liveactions.differences(live, replayed) == {}, (
+        f"live: {liveactions.sequence(live)}\nreplayed: {liveactions.sequence(replayed)}"
+    )
+
+
+def _publish_slice(fleet: operator_harness.Fleet, node: str) -> None:
+    """The node's ResourceSlice as the NVIDIA DRA driver publishes it (a device per GPU, by UUID)."""
+    devices = [
+        {"name": dra.device_name(i), "attributes": {"uuid": {"string": gpunode_facts.healthy_gpu(i)["uuid"]}}}
+        for i in range(8)
+    ]
+    body = {
+        "apiVersion": f"{dra.GROUP}/{dra.VERSION}",
+        "kind": "ResourceSlice",
+        "metadata": {"name": dra.slice_name(node)},
+        "spec": {
+            "driver": dra.DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
+    fleet.custom.create_cluster_custom_object(dra.GROUP, dra.VERSION, "resourceslices", body)
+
+
+def _delete_slice(fleet: operator_harness.Fleet, node: str) -> None:
+    try:
+        fleet.custom.delete_cluster_custom_object(
+            dra.GROUP, dra.VERSION, "resourceslices", dra.slice_name(node)
+        )
+    except client.ApiException as error:
+        if error.status != 404:
+            raise
+
+
+def test_the_backtest_isolates_the_gpu_the_live_operator_isolated_on_a_dra_node(
+    operator: operator_harness.OperatorProcess,
+    control_plane: controlplane.ControlPlane,
+    k8s: client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    fleet = operator_harness.Fleet(k8s, label=f"btd-{secrets.token_hex(3)}")
+    gpu_node, plugin_node = f"{fleet.label}-dra", f"{fleet.label}-plugin"
+    trace = tmp_path / "dra.jsonl.gz"
+    recorder_api = control_plane.api_client()
+    recorder = tracerecord.Recorder(recorder_api, trace).start()
+    node = fleet.node
+
+    def wait(what: str, check: Any) -> None:
+        waiting.wait_until(check, timeout_seconds=TIMEOUT, message=what)
+
+    def rules() -> list[dict[str, Any]]:
+        listed = fleet.custom.list_cluster_custom_object(
+            device_taints.GROUP,
+            "v1beta2",
+            device_taints.PLURAL,
+            label_selector=f"{keys.NODE_LABEL}={gpu_node}",
+        )
+        return list(listed["items"])
+
+    try:
+        for name in (gpu_node, plugin_node):
+            fleet.add_node(name)
+        _publish_slice(fleet, gpu_node)
+        fleet.policy(
+            fleet.label,
+            {
+                "maxUnavailable": 1,
+                "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "IsolateGPU"}],
+                "isolation": {"maxGPUsPerNode": 2, "effect": "NoSchedule"},
+                "drain": {"timeoutSeconds": 30, "force": True},
+                "recovery": {"uncordon": True, "healthyForSeconds": 2},
+            },
+        )
+        wait(
+            "both nodes labelled healthy",
+            lambda: all(
+                node(n)["metadata"]["labels"].get(keys.HEALTH_LABEL) == "healthy" for n in fleet.names
+            ),
+        )
+        for name in (gpu_node, plugin_node):
+            fleet.report(name, gpunode_facts.agent_status(overrides={3: ECC}))
+        wait(f"GPU 3 of {gpu_node} isolated", lambda: len(rules()) == 1)
+        wait(f"{plugin_node} drained", lambda: node(plugin_node)["spec"].get("unschedulable"))
+        assert not node(gpu_node)["spec"].get("unschedulable"), "the DRA node stays in service"
+        for name in (gpu_node, plugin_node):
+            fleet.report(name, gpunode_facts.agent_status())  # a driver reload reset the volatile counter
+        wait(f"GPU 3 of {gpu_node} restored", lambda: rules() == [])
+        wait(f"{plugin_node} uncordoned", lambda: not node(plugin_node)["spec"].get("unschedulable"))
+        written = recorder.records
+        for name in (
+            gpu_node,
+            plugin_node,
+        ):  # the agents' next heartbeats: the replay's clock runs up to here
+            fleet.report(name, gpunode_facts.agent_status())
+        wait("the heartbeats recorded", lambda: recorder.records >= written + 2)
+    finally:
+        recorder.stop()
+        recorder_api.close()  # type: ignore[no-untyped-call]
+        policy = copy.deepcopy(
+            fleet.custom.get_cluster_custom_object(
+                resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, fleet.label
+            )
+        )
+        _delete_slice(fleet, gpu_node)
+        fleet.cleanup()
+
+    with traces.open_trace(trace) as (_, records):
+        recorded = list(records)
+    assert any(r["kind"] == "resourceslice" and r["object"]["spec"]["nodeName"] == gpu_node for r in recorded)
+    assert any(r["kind"] == "cluster" and r["deviceTaintRules"]["actedOn"] for r in recorded), recorded[:3]
+    live = liveactions.from_trace(recorded, fleet.label)
+    did = liveactions.sequence(live, health=False)
+    assert did[gpu_node] == ["Isolate GPU 3", "Restore GPU 3"], did
+    assert did[plugin_node] == ["Drain", "Uncordon"], did
+
+    policy.pop("status", None)
+    result = backtest.run(trace, policy, tick_seconds=TICK)
+    replayed = [a for a in result.actions if a.node in (gpu_node, plugin_node)]
     assert liveactions.differences(live, replayed) == {}, (
         f"live: {liveactions.sequence(live)}\nreplayed: {liveactions.sequence(replayed)}"
     )

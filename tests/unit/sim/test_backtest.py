@@ -149,3 +149,77 @@ def test_labels_people_set_under_the_prefix_come_from_the_trace(tmp_path: pathli
     path.write_text("\n".join(lines) + "\n")
     result = backtest.run(path, backtest.load_policy(POLICY))
     assert not [a for a in result.actions if a.node == "n1" and a.action in ("Cordon", "Drain")]
+
+
+def isolating_policy() -> dict:
+    return {
+        "apiVersion": "gpuhealth.io/v1alpha1",
+        "kind": "GPUHealthPolicy",
+        "metadata": {"name": "iso", "generation": 1},
+        "spec": {
+            "maxUnavailable": 2,
+            "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "IsolateGPU"}],
+            "recovery": {"uncordon": True, "healthyForSeconds": 120},
+        },
+    }
+
+
+def dra_slice(name: str) -> dict:
+    """The node's ResourceSlice as a trace records it (what the operator reads of it)."""
+    devices = [
+        {"name": f"gpu-{i}", "attributes": {"uuid": {"string": f"GPU-{i:08d}-0000-0000-0000-000000000000"}}}
+        for i in range(8)
+    ]
+    return {
+        "metadata": {"name": f"{name}-gpu.nvidia.com"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": name, "pool": {"name": name}, "devices": devices},
+    }
+
+
+def write_dra_trace(path: pathlib.Path, *, slices: bool, served: bool = True) -> pathlib.Path:
+    """Two nodes; GPU 3 of n1 has a DBE from 600 s to 1200 s; ResourceSlices of both if `slices`."""
+    rules = {"version": "v1beta2" if served else None, "actedOn": True if served else None}
+    with traces.Writer(path, {"start": START.timestamp()}) as writer:
+        writer.write({"kind": "cluster", "t": 0, "deviceTaintRules": rules})
+        for name in ("n0", "n1"):
+            writer.write({"kind": "node", "t": 0, "object": node(name)})
+            if slices:
+                writer.write({"kind": "resourceslice", "t": 0, "object": dra_slice(name)})
+        for minute in range(40):
+            for i, name in enumerate(("n0", "n1")):
+                t = minute * 60 + i
+                broken = name == "n1" and 600 <= t < 1200
+                overrides = {3: {"ecc": {"uncorrectedVolatile": 1}, "observedTime": stamp(600)}}
+                status = agent_status(
+                    heartbeat=stamp(t), observed=stamp(0), overrides=overrides if broken else None
+                )
+                writer.write({"kind": "gpunode", "t": t, "name": name, "status": status})
+    return path
+
+
+def test_a_dra_node_has_its_faulty_gpu_isolated_not_its_node_drained(tmp_path: pathlib.Path) -> None:
+    result = backtest.run(write_dra_trace(tmp_path / "t.jsonl", slices=True), isolating_policy())
+    on_n1 = [(a.action, a.t) for a in result.actions if a.node == "n1" and not a.action.startswith("Label")]
+    assert [a for a, _ in on_n1] == ["Isolate GPU 3", "Restore GPU 3"], result.actions
+    assert 600 <= on_n1[0][1] < 660 and on_n1[1][1] >= 1200 + 120
+    assert not [a for a in result.actions if a.action in ("Cordon", "Drain")]
+    assert any(e["reason"] == "GPUIsolated" and "GPU 3" in e["message"] for e in result.events)
+
+
+@pytest.mark.parametrize(("slices", "served"), [(False, True), (True, False)])
+def test_without_dra_devices_or_rules_isolate_gpu_falls_back_to_the_node_ladder(
+    tmp_path: pathlib.Path, slices: bool, served: bool
+) -> None:
+    trace = write_dra_trace(tmp_path / "t.jsonl", slices=slices, served=served)
+    result = backtest.run(trace, isolating_policy())
+    on_n1 = [a.action for a in result.actions if a.node == "n1" and not a.action.startswith("Label")]
+    assert on_n1 == ["Drain", "Uncordon"], result.actions
+
+
+def test_isolating_the_faulty_gpu_acts_on_the_fatal_fault(tmp_path: pathlib.Path) -> None:
+    trace = write_dra_trace(tmp_path / "t.jsonl", slices=True)
+    with trace.open("a", encoding="utf-8") as out:
+        fault = {"kind": "truth", "type": "fatal", "node": "n1", "start": 600.0, "end": 1200.0, "gpu": 3}
+        out.write(json.dumps({**fault, "fault": "DBE"}) + "\n")
+    fatal = scoring.score(trace, backtest.run(trace, isolating_policy()), baseline=False)["fatal"]
+    assert (fatal["acted"], fatal["faults"], fatal["falseDisruptive"]) == (1, 1, 0), fatal

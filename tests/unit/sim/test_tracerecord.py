@@ -138,3 +138,65 @@ def test_recorded_versions_come_back_from_the_trace_reader(tmp_path: pathlib.Pat
             seen.setdefault(name, []).append(current[name])
     assert seen["n1"] == statuses
     assert seen["n2"] == [{}, other]
+
+
+def full_slice(node: str) -> dict:
+    """A ResourceSlice as the NVIDIA DRA driver publishes it (more than the operator reads)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-gpu.nvidia.com", "resourceVersion": "3", "uid": "u"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": f"gpu-{i}",
+                    "attributes": {
+                        "uuid": {"string": f"GPU-{i:08d}-0000-0000-0000-000000000000"},
+                        "index": {"int": i},
+                        "productName": {"string": "NVIDIA H100 80GB HBM3"},
+                    },
+                }
+                for i in range(8)
+            ],
+        },
+    }
+
+
+def test_resource_slices_keep_what_the_operator_reads_and_their_deletion() -> None:
+    compactor = tracerecord.Compactor(START)
+    [record] = compactor.resource("resourceslice", full_slice("n1"), START + 1)
+    assert record["kind"] == "resourceslice" and record["t"] == 1.0
+    obj = record["object"]
+    assert obj["spec"]["pool"] == {"name": "n1"} and obj["spec"]["nodeName"] == "n1"
+    assert obj["spec"]["devices"][3] == {
+        "name": "gpu-3",
+        "attributes": {"uuid": {"string": "GPU-00000003-0000-0000-0000-000000000000"}},
+    }
+    assert compactor.resource("resourceslice", full_slice("n1"), START + 2) == [], "nothing read changed"
+    assert compactor.deleted("resourceslice", "n1-gpu.nvidia.com", START + 3) == [
+        {"kind": "resourceslice", "t": 3.0, "name": "n1-gpu.nvidia.com", "deleted": True}
+    ]
+    other = {"metadata": {"name": "nic"}, "spec": {"driver": "nic", "devices": [{"name": "eth0"}]}}
+    assert compactor.resource("resourceslice", other, START + 4) == [], "no device with a uuid"
+
+
+def test_an_acknowledged_rule_says_the_cluster_acts_on_rules_and_ours_are_recorded() -> None:
+    compactor = tracerecord.Compactor(START)
+    assert compactor.cluster("v1beta2", None, START)["deviceTaintRules"] == {
+        "version": "v1beta2",
+        "actedOn": None,
+    }
+    probe = {
+        "metadata": {"name": "gpuhealth-probe-p", "generation": 1, "labels": {"gpuhealth.io/policy": "p"}}
+    }
+    assert compactor.resource("devicetaintrule", probe, START + 1) == [], "unacknowledged: nothing known yet"
+    acked = {**probe, "status": {"conditions": [{"type": "EvictionInProgress", "observedGeneration": 1}]}}
+    [said] = compactor.resource("devicetaintrule", acked, START + 2)
+    assert said == {"kind": "cluster", "t": 2.0, "deviceTaintRules": {"version": "v1beta2", "actedOn": True}}
+    labels = {"gpuhealth.io/policy": "p", "gpuhealth.io/node": "n1", "gpuhealth.io/gpu-index": "3"}
+    rule = {"metadata": {"name": "gpuhealth-n1-gpu-3", "labels": labels}, "spec": {"taint": {}}}
+    [ours] = compactor.resource("devicetaintrule", rule, START + 3)
+    assert ours["object"]["metadata"] == {"name": "gpuhealth-n1-gpu-3", "labels": labels}
