@@ -135,6 +135,13 @@ def test_the_backtest_of_a_recorded_run_decides_what_the_live_operator_did(
         )
         fleet.report(hot, gpunode_facts.agent_status(overrides={4: HOT}))
         wait(f"{hot} labelled", lambda: keys.THERMAL_LABEL in node(hot)["metadata"]["labels"])
+        # The replay's timer steps by TICK on the trace's clock, not in phase with the live one: the
+        # episode must outlast forSeconds by more than a tick for the replay's timer to see it held.
+        waiting.holds(
+            lambda: keys.THERMAL_LABEL in node(hot)["metadata"]["labels"],
+            seconds=3 * TICK,
+            message=f"{hot} stays labelled while hot",
+        )
         fleet.report(hot, gpunode_facts.agent_status(overrides={4: COOL}))
         wait(f"{hot} unlabelled", lambda: keys.THERMAL_LABEL not in node(hot)["metadata"]["labels"])
         core.patch_node(human, {"spec": {"unschedulable": True}})
