@@ -93,15 +93,15 @@ async def list_names(ctx: context.Context, path: str) -> Listing:
         params["continue"] = str(token)
 
 
-def _node_versions(ctx: context.Context) -> dict[str, str | None]:
+def node_versions(ctx: context.Context) -> dict[str, str | None]:
     return {name: record.resource_version for name, record in ctx.cache.nodes.items()}
 
 
-def _gpunode_versions(ctx: context.Context) -> dict[str, str | None]:
+def gpunode_versions(ctx: context.Context) -> dict[str, str | None]:
     return {name: record.resource_version for name, record in ctx.cache.gpunodes.items()}
 
 
-def _policy_versions(ctx: context.Context) -> dict[str, str | None]:
+def policy_versions(ctx: context.Context) -> dict[str, str | None]:
     return dict.fromkeys({*ctx.cache.policies, *ctx.cache.policy_errors})
 
 
@@ -111,21 +111,21 @@ async def resync(ctx: context.Context) -> dict[str, list[str]]:
 
     before = set(ctx.cache.nodes)
     listing = await list_names(ctx, NODES_PATH)
-    pruned["nodes"] = gone(before, _node_versions(ctx), listing.names, listing.resource_version)
+    pruned["nodes"] = gone(before, node_versions(ctx), listing.names, listing.resource_version)
     for name in pruned["nodes"]:
         ctx.cache.remove_node(name)
         ctx.forget_node(name)
 
     before = set(ctx.cache.gpunodes)
     listing = await list_names(ctx, GPUNODES_PATH)
-    pruned["gpunodes"] = gone(before, _gpunode_versions(ctx), listing.names, listing.resource_version)
+    pruned["gpunodes"] = gone(before, gpunode_versions(ctx), listing.names, listing.resource_version)
     for name in pruned["gpunodes"]:
         ctx.cache.remove_gpunode(name)
         ctx.forget_node(name)
 
-    before = set(_policy_versions(ctx))
+    before = set(policy_versions(ctx))
     listing = await list_names(ctx, POLICIES_PATH)
-    pruned["policies"] = gone(before, _policy_versions(ctx), listing.names, listing.resource_version)
+    pruned["policies"] = gone(before, policy_versions(ctx), listing.names, listing.resource_version)
     for name in pruned["policies"]:
         await reconciler.policy_deleted(ctx, name)  # as on its DELETED event
 
