@@ -107,6 +107,13 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         f"the GPUNode heartbeat alone (default: {default.agent_pod_selector})",
     )
     parser.add_argument(
+        "--node-selector",
+        default=default.node_selector,
+        help="label selector of the Nodes this operator watches and judges (and their GPUNodes): one "
+        "operator per node pool, each with its own --lease-name; a policy must not select nodes of two "
+        "pools (default: '', every Node)",
+    )
+    parser.add_argument(
         "--tick-seconds", type=float, default=default.tick_seconds, help="period of the timer pass"
     )
     parser.add_argument(
@@ -151,6 +158,7 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         lease_renew_seconds=timing.renew_seconds,
         lease_retry_seconds=timing.retry_seconds,
         agent_pod_selector=args.agent_pod_selector,
+        node_selector=args.node_selector,
         tick_seconds=args.tick_seconds,
         resync_seconds=args.resync_seconds,
         eviction_concurrency=args.eviction_concurrency,
@@ -291,7 +299,7 @@ async def _lead(
         relists = resync.Relists()
         relists.register(registry)
         kopf_settings = kopf.OperatorSettings()
-        handlers.configure(kopf_settings, config.agent_pod_selector)
+        handlers.configure(kopf_settings, config.agent_pod_selector, config.node_selector)
         tasks.add(
             asyncio.create_task(
                 kopf.operator(

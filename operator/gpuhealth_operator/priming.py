@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpuhealth_operator import context, handlers, reconciler, resync
+from gpuhealth_operator import context, handlers, kube, reconciler, resync
 
 logger = logging.getLogger(__name__)
 
@@ -54,12 +54,13 @@ async def _converge(
     path: str,
     put: Callable[[Mapping[str, Any]], object],
     versions: Callable[[], Mapping[str, str | None]],
+    query: Mapping[str, str] | None = None,
 ) -> tuple[set[str], list[str]]:
     """List one kind page by page into the cache; the names listed, and those to prune (not yet pruned)."""
     before = set(versions())
     listed: set[str] = set()
     list_version = ""
-    async for items, version in ctx.client.pages(path):
+    async for items, version in ctx.client.pages(path, query):
         list_version = list_version or version
         for body in items:
             listed.add(str((body.get("metadata") or {}).get("name", "")))
@@ -73,17 +74,29 @@ async def prime(ctx: context.Context) -> Primed:
     listed: dict[str, int] = {}
     pruned: dict[str, list[str]] = {}
 
+    selector = ctx.config.node_selector
     names, pruned["nodes"] = await _converge(
-        ctx, resync.NODES_PATH, ctx.cache.put_node, lambda: resync.node_versions(ctx)
+        ctx,
+        resync.NODES_PATH,
+        ctx.cache.put_node,
+        lambda: resync.node_versions(ctx),
+        {"labelSelector": selector} if selector else None,
     )
     listed["nodes"] = len(names)
     for name in pruned["nodes"]:
         ctx.cache.remove_node(name)
         ctx.forget_node(name)
 
+    def put_gpunode(body: Mapping[str, Any]) -> None:
+        if handlers.in_pool(ctx, str((body.get("metadata") or {}).get("name", ""))):
+            ctx.cache.put_gpunode(body)
+
     names, pruned["gpunodes"] = await _converge(
-        ctx, resync.GPUNODES_PATH, ctx.cache.put_gpunode, lambda: resync.gpunode_versions(ctx)
+        ctx, resync.GPUNODES_PATH, put_gpunode, lambda: resync.gpunode_versions(ctx)
     )
+    if selector:  # a GPUNode kept from the last term whose Node left this operator's pool meanwhile
+        outside = {n for n in ctx.cache.gpunodes if ctx.cache.node(n) is None}
+        pruned["gpunodes"] = sorted(outside.union(pruned["gpunodes"]))
     listed["gpunodes"] = len(names)
     for name in pruned["gpunodes"]:
         ctx.cache.remove_gpunode(name)
@@ -123,6 +136,8 @@ async def prime_until_done(ctx: context.Context, retry_seconds: float) -> Primed
         try:
             primed = await prime(ctx)
         except reconciler.TRANSIENT_ERRORS as error:
+            if isinstance(error, kube.ApiError) and error.status == 400:
+                raise  # e.g. a --node-selector the API server cannot parse: retrying cannot help
             failures += 1
             wait = backoff_seconds(failures, retry_seconds)
             logger.warning(

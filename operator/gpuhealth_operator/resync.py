@@ -77,10 +77,10 @@ class Listing:
     resource_version: str
 
 
-async def list_names(ctx: context.Context, path: str) -> Listing:
+async def list_names(ctx: context.Context, path: str, label_selector: str = "") -> Listing:
     """The names of a collection and the resourceVersion it was listed at (one snapshot across pages)."""
     names: set[str] = set()
-    params = {"limit": "500"}
+    params = {"limit": "500", **({"labelSelector": label_selector} if label_selector else {})}
     version = ""
     while True:
         page = await ctx.client.get(path, params)
@@ -110,10 +110,12 @@ async def resync(ctx: context.Context) -> dict[str, list[str]]:
     pruned: dict[str, list[str]] = {}
 
     before = set(ctx.cache.nodes)
-    listing = await list_names(ctx, NODES_PATH)
+    listing = await list_names(ctx, NODES_PATH, ctx.config.node_selector)
     pruned["nodes"] = gone(before, node_versions(ctx), listing.names, listing.resource_version)
     for name in pruned["nodes"]:
         ctx.cache.remove_node(name)
+        if ctx.config.node_selector:  # gone, or left this operator's pool: its GPUNode is not ours
+            ctx.cache.remove_gpunode(name)
         ctx.forget_node(name)
 
     before = set(ctx.cache.gpunodes)
