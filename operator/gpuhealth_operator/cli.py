@@ -203,7 +203,7 @@ def _on_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(signum, stop.set)
 
 
-async def _campaign(elector: leader.Elector, stop: asyncio.Event) -> leader.Term | None:
+async def _campaign(elector: leader.ElectionThread, stop: asyncio.Event) -> leader.Term | None:
     """Wait for the Lease; the new term, or None when a signal asked us to stop first."""
     acquiring = asyncio.create_task(elector.acquire())
     stopping = asyncio.create_task(stop.wait())
@@ -230,13 +230,15 @@ async def run(config: settings.Settings) -> int:
     liveness = health.Health()
     await liveness.start(config.health_port)
     credentials = await kube.load_credentials(config.kubeconfig)
-    elector_client = _client(config, credentials, meters, pool_size=2)
-    elector = leader.Elector(
-        client=elector_client,
-        namespace=config.lease_namespace,
-        name=config.lease_name,
-        identity=config.identity,
-        timing=timing(config),
+    # Renewals on their own thread and connections: nothing the operator does can delay them.
+    elector = leader.ElectionThread(
+        leader.Elector(
+            client=_client(config, credentials, meters, pool_size=2),
+            namespace=config.lease_namespace,
+            name=config.lease_name,
+            identity=config.identity,
+            timing=timing(config),
+        )
     )
     stop = asyncio.Event()
     cluster = cache.ClusterCache()
@@ -268,7 +270,7 @@ async def run(config: settings.Settings) -> int:
         liveness.leading = False
         meters.leader.set(0)
         await liveness.stop()
-        await elector_client.close()
+        await elector.close()
 
 
 async def _lead(
@@ -276,7 +278,7 @@ async def _lead(
     credentials: kube.Credentials,
     meters: metrics.Metrics,
     *,
-    elector: leader.Elector,
+    elector: leader.ElectionThread,
     term: leader.Term | None,
     stop: asyncio.Event,
     liveness: health.Health,
