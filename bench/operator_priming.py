@@ -6,11 +6,13 @@ by `operator_scale.Writer`; no agents run). Then:
 
 1. an operator on the empty cluster: its RSS once leading (the fixed cost);
 2. the fleet is written, then a fresh operator starts over it (a cold start:
-   our priming LIST, kopf's listing, every node judged): RSS sampled every
-   50 ms until every node is judged, and 20 s later (settled);
+   our priming LIST, kopf's listing, every node judged): the peak of RSS
+   sampled every 50 ms from its start until 20 s after every node is judged,
+   and RSS at that moment (settled);
 3. the Lease is taken from it (another holder, 3 s duration): the operator
-   stops acting and campaigns again; its new term primes again: RSS sampled
-   until it leads and every node is judged, and 20 s later.
+   stops acting and campaigns again; its new term primes again (and kopf
+   lists again): the peak from the theft until 20 s after it leads again
+   with every node judged, and RSS at that moment.
 
     KUBEBUILDER_ASSETS=$(hack/testbin.sh) .venv/bin/python bench/operator_priming.py --nodes 1500
 """
@@ -49,6 +51,8 @@ class RssSampler:
         self.pid = pid
         self.interval = interval
         self.peak = 0.0
+        self.timeline: list[tuple[float, float]] = []
+        """(wall-clock time, RSS MiB) of every sample."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -56,9 +60,11 @@ class RssSampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.peak = max(self.peak, operator_scale.rss_mib(self.pid))
+                rss = operator_scale.rss_mib(self.pid)
             except OSError:
                 return
+            self.peak = max(self.peak, rss)
+            self.timeline.append((time.time(), rss))
             time.sleep(self.interval)
 
     def reset(self) -> None:
@@ -67,6 +73,23 @@ class RssSampler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(5)
+
+
+KOPF_STARTED = "Initial authentication has finished"
+"""kopf logs this once it runs: the term's own priming is over."""
+
+
+def primed_peaks(log: str, timeline: list[tuple[float, float]], began: list[float]) -> list[float]:
+    """Per term (begun at `began`, wall clock), the peak RSS until kopf started: our priming alone."""
+    started: list[float] = []
+    for line in log.splitlines():
+        if KOPF_STARTED in line:
+            stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+            started.append(stamp.replace(tzinfo=datetime.UTC).timestamp())
+    return [
+        max((rss for t, rss in timeline if since <= t <= until), default=0.0)
+        for since, until in zip(began, started, strict=False)
+    ]
 
 
 def steal_lease(api: client.ApiClient, name: str) -> None:
@@ -137,6 +160,7 @@ def measure(nodes: int, workdir: Path, results: dict[str, Any]) -> None:
         ).start()
         assert operator.pid is not None
         sampler = RssSampler(operator.pid)
+        terms_began = [time.time()]
         began = time.monotonic()
         waiting.wait_until(
             lambda: operator_scale.judged(operator) >= nodes,
@@ -145,11 +169,12 @@ def measure(nodes: int, workdir: Path, results: dict[str, Any]) -> None:
             message="every node judged",
         )
         results["cold_start_all_judged_seconds"] = round(time.monotonic() - began, 1)
-        results["cold_start_peak_rss_mib"] = round(sampler.peak, 1)
         time.sleep(SETTLE_SECONDS)
+        results["cold_start_peak_rss_mib"] = round(sampler.peak, 1)
         results["cold_start_settled_rss_mib"] = round(operator_scale.rss_mib(operator.pid), 1)
 
         sampler.reset()
+        terms_began.append(time.time())
         steal_lease(api, operator.lease_name)
         waiting.wait_until(
             lambda: "campaigning again" in operator.log(), timeout_seconds=60, message="term lost"
@@ -163,10 +188,13 @@ def measure(nodes: int, workdir: Path, results: dict[str, Any]) -> None:
             message="every node judged again",
         )
         results["new_term_all_judged_seconds"] = round(time.monotonic() - began, 1)
-        results["new_term_peak_rss_mib"] = round(sampler.peak, 1)
         time.sleep(SETTLE_SECONDS)
+        results["new_term_peak_rss_mib"] = round(sampler.peak, 1)
         results["new_term_settled_rss_mib"] = round(operator_scale.rss_mib(operator.pid), 1)
         sampler.stop()
+        results["peak_rss_mib_until_kopf_started_by_term"] = [
+            round(p, 1) for p in primed_peaks(operator.log(), sampler.timeline, terms_began)
+        ]
         empty = results["rss_empty_cluster_mib"]
         for key in ("cold_start_peak", "cold_start_settled", "new_term_peak", "new_term_settled"):
             results[f"{key}_kib_per_node"] = round((results[f"{key}_rss_mib"] - empty) * 1024 / nodes, 1)
