@@ -9,8 +9,8 @@ the objects that vanished meanwhile. Such an object would stay in the cache
 for the rest of the term, holding its place in a policy's budget and its
 memory (lock, drain task, results, verdicts).
 
-So whenever a handler sees a listed object (kopf re-listed), and anyway every
-`resync_seconds`, this lists the three kinds itself and prunes, through the
+So whenever a handler sees an object listed again (kopf re-listed), and anyway
+every `resync_seconds`, this lists the three kinds itself and prunes, through the
 cache's and the context's own methods, every object cached but not listed.
 Only pruning: what exists is brought in by kopf's listing and watch, whose
 order we must not disturb. An object is pruned only if it was cached before
@@ -140,14 +140,28 @@ async def resync(ctx: context.Context) -> dict[str, list[str]]:
 
 
 class Relists:
-    """Heard by a kopf handler: kopf listed a kind again (objects arrive with event type None)."""
+    """Heard by a kopf handler: kopf listed a kind again (objects arrive with event type None).
+
+    Not kopf's first listing of a term: the term's priming listed and pruned just before kopf
+    started, so a resync then would only list the whole cluster a second time. A listed object
+    this term's watches already showed means a re-list (after a watch gap): that asks for one.
+    """
 
     def __init__(self) -> None:
         self.wanted = asyncio.Event()
+        self._seen: set[int] = set()
+        """Hashes of (kind, uid) of the objects kopf showed this term (ints: ~60 bytes per object)."""
 
     async def on_event(self, event: kopf.RawEvent, **_: Any) -> None:
-        if event["type"] is None:
+        body = event["object"]
+        meta = body.get("metadata") or {}
+        key = hash((body.get("kind"), meta.get("uid") or meta.get("name")))
+        if event["type"] is None and key in self._seen:
             self.wanted.set()
+        if event["type"] == "DELETED":
+            self._seen.discard(key)
+        else:
+            self._seen.add(key)
 
     def register(self, registry: kopf.OperatorRegistry) -> None:
         for group, version, plural in (
