@@ -1,12 +1,14 @@
 """`gpu-health-operator`: parse flags, wait for leadership, run kopf with our context.
 
 Order of things: serve /healthz and /metrics at once (a standby replica is
-alive too), take the leader Lease, fill the cache with one LIST per kind (so
-the first decisions, the budget above all, see the whole fleet), then run
-kopf's watches and our timer until the Lease is lost or a signal asks us to
-stop (exit 0, Lease released). A lost Lease ends the term: every write stops
-at once (the term fences our client), kopf, the timer and the drains stop,
-and the same process campaigns again and starts over from a fresh cache.
+alive too), take the leader Lease, fill the cache with paged LISTs of each
+kind (`priming`: the first decisions, the budget above all, see the whole
+fleet), then run kopf's watches and our timer until the Lease is lost or a
+signal asks us to stop (exit 0, Lease released). A lost Lease ends the term:
+every write stops at once (the term fences our client), kopf, the timer and
+the drains stop, and the same process campaigns again. Its next term keeps
+the cache (only the view of the cluster; every other memory of the old term
+is dropped) and lists into it again before it acts.
 """
 
 from __future__ import annotations
@@ -25,15 +27,15 @@ from typing import Any
 
 import kopf
 
-from gpuhealth_api import resources
 from gpuhealth_operator import (
+    cache,
     context,
     handlers,
     health,
     kube,
     leader,
     metrics,
-    reconciler,
+    priming,
     resync,
     settings,
     ticker,
@@ -105,6 +107,13 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         f"the GPUNode heartbeat alone (default: {default.agent_pod_selector})",
     )
     parser.add_argument(
+        "--node-selector",
+        default=default.node_selector,
+        help="label selector of the Nodes this operator watches and judges (and their GPUNodes): one "
+        "operator per node pool, each with its own --lease-name; a policy must not select nodes of two "
+        "pools (default: '', every Node)",
+    )
+    parser.add_argument(
         "--tick-seconds", type=float, default=default.tick_seconds, help="period of the timer pass"
     )
     parser.add_argument(
@@ -149,28 +158,13 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         lease_renew_seconds=timing.renew_seconds,
         lease_retry_seconds=timing.retry_seconds,
         agent_pod_selector=args.agent_pod_selector,
+        node_selector=args.node_selector,
         tick_seconds=args.tick_seconds,
         resync_seconds=args.resync_seconds,
         eviction_concurrency=args.eviction_concurrency,
         api_connections=args.api_connections,
         log_level=args.log_level,
     )
-
-
-async def prime(ctx: context.Context) -> None:
-    """Fill the cache before the first decision (kopf's own listing then keeps it current)."""
-    base = f"/apis/{resources.GROUP}/{resources.VERSION}"
-    for body in await ctx.client.list_all("/api/v1/nodes"):
-        ctx.cache.put_node(body)
-    for body in await ctx.client.list_all(f"{base}/{resources.GPUNODE_PLURAL}"):
-        ctx.cache.put_gpunode(body)
-    for body in await ctx.client.list_all(f"{base}/{resources.POLICY_PLURAL}"):
-        handlers.store_policy(ctx, body)
-    if ctx.config.agent_pod_selector:
-        now = reconciler.utcnow()
-        query = {"labelSelector": ctx.config.agent_pod_selector}
-        for body in await ctx.client.list_all("/api/v1/pods", query):
-            ctx.agent_pods.observe(body, now)
 
 
 def timing(config: settings.Settings) -> leader.Timing:
@@ -209,7 +203,7 @@ def _on_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(signum, stop.set)
 
 
-async def _campaign(elector: leader.Elector, stop: asyncio.Event) -> leader.Term | None:
+async def _campaign(elector: leader.ElectionThread, stop: asyncio.Event) -> leader.Term | None:
     """Wait for the Lease; the new term, or None when a signal asked us to stop first."""
     acquiring = asyncio.create_task(elector.acquire())
     stopping = asyncio.create_task(stop.wait())
@@ -229,22 +223,26 @@ async def run(config: settings.Settings) -> int:
     A term that ends because the Lease was lost (not renewed in time, or taken
     by another replica) stops every write at once, stops kopf, the timer and
     the drains, and campaigns again in the same process: an API-server outage
-    costs no restart. A new term starts from a fresh cache and context.
+    costs no restart. A new term starts from a fresh context over the same cache, listed again.
     """
     meters = metrics.Metrics.create()
     meters.serve(config.metrics_port)
     liveness = health.Health()
     await liveness.start(config.health_port)
     credentials = await kube.load_credentials(config.kubeconfig)
-    elector_client = _client(config, credentials, meters, pool_size=2)
-    elector = leader.Elector(
-        client=elector_client,
-        namespace=config.lease_namespace,
-        name=config.lease_name,
-        identity=config.identity,
-        timing=timing(config),
+    # Renewals on their own thread and connections: nothing the operator does can delay them.
+    elector = leader.ElectionThread(
+        leader.Elector(
+            client=_client(config, credentials, meters, pool_size=2),
+            namespace=config.lease_namespace,
+            name=config.lease_name,
+            identity=config.identity,
+            timing=timing(config),
+        )
     )
     stop = asyncio.Event()
+    cluster = cache.ClusterCache()
+    """Outlives a term: a re-acquired Lease lists into it instead of building the cache from nothing."""
     try:
         while True:
             _on_signals(stop)
@@ -256,7 +254,14 @@ async def run(config: settings.Settings) -> int:
             liveness.leading = True
             meters.leader.set(1)
             exit_code = await _lead(
-                config, credentials, meters, elector=elector, term=term, stop=stop, liveness=liveness
+                config,
+                credentials,
+                meters,
+                elector=elector,
+                term=term,
+                stop=stop,
+                liveness=liveness,
+                cluster=cluster,
             )
             if exit_code is not None:
                 return exit_code
@@ -265,18 +270,7 @@ async def run(config: settings.Settings) -> int:
         liveness.leading = False
         meters.leader.set(0)
         await liveness.stop()
-        await elector_client.close()
-
-
-async def _prime_until_done(ctx: context.Context, retry_seconds: float) -> None:
-    """Prime the cache, retrying transient failures (the API server may still be coming back)."""
-    while True:
-        try:
-            await prime(ctx)
-            return
-        except reconciler.TRANSIENT_ERRORS as error:
-            logger.warning("could not list the cluster (will retry): %s", error)
-            await asyncio.sleep(retry_seconds)
+        await elector.close()
 
 
 async def _lead(
@@ -284,29 +278,30 @@ async def _lead(
     credentials: kube.Credentials,
     meters: metrics.Metrics,
     *,
-    elector: leader.Elector,
+    elector: leader.ElectionThread,
     term: leader.Term | None,
     stop: asyncio.Event,
     liveness: health.Health,
+    cluster: cache.ClusterCache,
 ) -> int | None:
     """Act for one term: the exit status, or None when the Lease was lost (campaign again)."""
     client = _client(
         config, credentials, meters, pool_size=config.api_connections, fence=term.holds if term else None
     )
-    ctx = context.Context.create(config, client, meters, instance=config.identity)
+    ctx = context.Context.create(config, client, meters, instance=config.identity, cluster=cluster)
     tasks: set[asyncio.Task[Any]] = {asyncio.create_task(stop.wait(), name="signal")}
     if term is not None:
         tasks.add(asyncio.create_task(elector.hold(term), name="lease"))
-    priming = asyncio.create_task(_prime_until_done(ctx, config.lease_retry_seconds), name="prime")
-    done, _ = await asyncio.wait({*tasks, priming}, return_when=asyncio.FIRST_COMPLETED)
+    primed = asyncio.create_task(priming.prime_until_done(ctx, config.lease_retry_seconds), name="prime")
+    done, _ = await asyncio.wait({*tasks, primed}, return_when=asyncio.FIRST_COMPLETED)
     kopf_stop = asyncio.Event()
-    if priming in done and not priming.exception():
+    if primed in done and not primed.exception():
         registry = kopf.OperatorRegistry()
         handlers.register(registry, config.agent_pod_selector)
         relists = resync.Relists()
         relists.register(registry)
         kopf_settings = kopf.OperatorSettings()
-        handlers.configure(kopf_settings, config.agent_pod_selector)
+        handlers.configure(kopf_settings, config.agent_pod_selector, config.node_selector)
         tasks.add(
             asyncio.create_task(
                 kopf.operator(
@@ -324,7 +319,7 @@ async def _lead(
         tasks.add(asyncio.create_task(resync.run(ctx, relists), name="resync"))
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     else:
-        tasks.add(priming)
+        tasks.add(primed)
     # Not leading from this moment (`_end_term` fences the writes next), even while its tasks stop.
     liveness.leading = False
     meters.leader.set(0)

@@ -119,6 +119,10 @@ class Verdicts(MutableMapping[tuple[str, str], model.NodeVerdict]):
         return len(self._all)
 
 
+_ClusterCache = cache.ClusterCache
+"""The cache's class under a name the `Context.cache` field does not shadow (in `create`)."""
+
+
 @dataclasses.dataclass
 class Context:
     config: settings.Settings
@@ -201,12 +205,19 @@ class Context:
 
     @classmethod
     def create(
-        cls, config: settings.Settings, client: kube.Kube, meters: metrics.Metrics, instance: str
+        cls,
+        config: settings.Settings,
+        client: kube.Kube,
+        meters: metrics.Metrics,
+        instance: str,
+        cluster: _ClusterCache | None = None,
     ) -> Context:
+        """A term's context; `cluster` is the cache an earlier term of this process kept, if any."""
         return cls(
             config=config,
             client=client,
             meters=meters,
+            cache=cluster if cluster is not None else cache.ClusterCache(),
             recorder=events.Recorder(client=client, instance=instance),
             eviction_slots=asyncio.Semaphore(config.eviction_concurrency),
         )

@@ -17,7 +17,7 @@ from typing import Any, cast
 import kopf
 
 from gpuhealth_api import resources
-from gpuhealth_operator import context, isolating, reconciler, stopping
+from gpuhealth_operator import context, isolating, kube, reconciler, resync, stopping
 from gpuhealth_operator.decisions import model, policies
 
 logger = logging.getLogger(__name__)
@@ -28,13 +28,17 @@ DELETED = "DELETED"
 async def on_node(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None:
     body = event["object"]
     name = body.get("metadata", {}).get("name", "")
-    if event["type"] == DELETED:
+    if event["type"] == DELETED:  # also a Node that left this operator's pool (`--node-selector`)
         memo.cache.remove_node(name)
+        if memo.config.node_selector:
+            memo.cache.remove_gpunode(name)
         memo.agent_pods.forget_node(name)
         memo.forget_node(name)
         return
     before = memo.cache.node(name)
     after = memo.cache.put_node(body)
+    if before is None and memo.config.node_selector and memo.cache.gpunode(name) is None:
+        await fetch_gpunode(memo, name)  # its events were dropped while the Node was not in our pool
     if name in memo.drains:  # an exclude label stops a running drain at once
         await stopping.stop_drains(memo)
     # Kubelet (or kwok) heartbeats change the Node every few seconds; only what we judge matters.
@@ -42,9 +46,28 @@ async def on_node(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None
         await reconciler.reconcile_node(memo, name, "node")
 
 
+def in_pool(memo: context.Context, name: str) -> bool:
+    """Whether a GPUNode is this operator's: its Node is cached (with `--node-selector`, only the pool's)."""
+    return not memo.config.node_selector or memo.cache.node(name) is not None
+
+
+async def fetch_gpunode(memo: context.Context, name: str) -> None:
+    """Read the GPUNode of a Node that just joined the pool into the cache (none yet: nothing to do)."""
+    try:
+        body = await memo.client.get(f"{resync.GPUNODES_PATH}/{name}")
+    except kube.ApiError as error:
+        if not error.not_found:
+            logger.warning("could not read GPUNode %s (its next report brings it): %s", name, error)
+        return
+    if memo.cache.node(name) is not None:
+        memo.cache.put_gpunode(body)
+
+
 async def on_gpunode(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None:
     body = event["object"]
     name = body.get("metadata", {}).get("name", "")
+    if not in_pool(memo, name):
+        return  # another pool's: its operator judges it
     if event["type"] == DELETED:
         memo.cache.remove_gpunode(name)
         memo.forget_node(name)
@@ -146,8 +169,11 @@ class EssenceDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         return super().build(body=kopf.Body(cast(kopf.RawBody, kept)), extra_fields=None)
 
 
-def configure(settings: kopf.OperatorSettings, agent_pod_selector: str = "") -> None:
+def configure(settings: kopf.OperatorSettings, agent_pod_selector: str = "", node_selector: str = "") -> None:
     """kopf settings for an operator that leaves no trace on objects it does not own."""
+    if node_selector:
+        # The API server filters: a Node that stops matching arrives as DELETED (see `on_node`).
+        settings.watching.label_selectors["", "v1", "nodes"] = node_selector
     if agent_pod_selector:
         # Filtered by the API server: the operator hears of agent pods only, never of the workloads.
         settings.watching.label_selectors["", "v1", "pods"] = agent_pod_selector
@@ -160,4 +186,7 @@ def configure(settings: kopf.OperatorSettings, agent_pod_selector: str = "") -> 
     # Our Events are deliberate and deduplicated; kopf's per-handler log Events would be noise.
     settings.posting.enabled = False
     settings.watching.server_timeout = 300
+    # kopf lists each kind at start (and after a 410 Gone) in one response unless told to page: at
+    # 5,000 GPUNodes that is ~65 MB of JSON decoded at once, most of the operator's peak memory.
+    settings.watching.chunk_size = kube.LIST_PAGE_SIZE
     settings.scanning.disabled = True

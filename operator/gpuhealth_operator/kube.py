@@ -18,7 +18,7 @@ import ssl
 import time
 import types
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -40,6 +40,9 @@ URGENT_QUIET_SECONDS = 0.25
 IN_CLUSTER_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 TOKEN_REREAD_SECONDS = 60.0
 """The kubelet refreshes a projected token at 80% of its life (at least an hour): a minute is ample."""
+LIST_PAGE_SIZE = 250
+"""Objects per page of a large LIST (ours and kopf's): a page of GPUNodes is ~3 MB of JSON, decoded and
+dropped before the next is asked for, instead of the whole fleet's at once (~65 MB at 5,000 nodes)."""
 
 
 class ApiError(Exception):
@@ -320,16 +323,34 @@ class Kube:
     async def delete(self, path: str) -> JsonObject:
         return await self.request("DELETE", path)
 
-    async def list_all(self, path: str, query: Mapping[str, str] | None = None) -> list[JsonObject]:
-        """All items of a collection, following continue tokens."""
-        items: list[JsonObject] = []
+    async def pages(
+        self, path: str, query: Mapping[str, str] | None = None
+    ) -> AsyncIterator[tuple[list[JsonObject], str]]:
+        """A collection page by page (`limit` items, default LIST_PAGE_SIZE): each page's items and version.
+
+        The caller handles a page before the next is asked for, so no more than one page of decoded
+        objects need be held at once. The resourceVersion is the first page's: one snapshot across pages.
+        """
         params = dict(query or {})
-        params.setdefault("limit", "500")
+        params.setdefault("limit", str(LIST_PAGE_SIZE))
+        version = ""
         while True:
             page = await self.get(path, params)
-            items.extend(page.get("items") or [])
-            token = (page.get("metadata") or {}).get("continue")
+            meta = page.get("metadata") or {}
+            version = version or str(meta.get("resourceVersion", ""))
+            token = meta.get("continue")
+            items: list[JsonObject] = page.get("items") or []
+            del page
+            yield items, version
+            del items
             if not token:
-                return items
-            params["continue"] = token
+                return
+            params["continue"] = str(token)
             await asyncio.sleep(0)
+
+    async def list_all(self, path: str, query: Mapping[str, str] | None = None) -> list[JsonObject]:
+        """All items of a collection, following continue tokens (all held at once: small collections)."""
+        items: list[JsonObject] = []
+        async for page, _ in self.pages(path, query):
+            items.extend(page)
+        return items

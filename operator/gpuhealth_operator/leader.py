@@ -17,6 +17,9 @@ deadline and is still on its way. The Kubernetes client asks the term right
 before it sends each write (`kube.Kube(fence=term.holds)`). A term that ended
 never allows writes again, even if this process leads again later: tasks left
 over from an old term cannot write with what they knew then.
+
+The operator runs its elector on a thread of its own (`ElectionThread`), so a
+renewal never waits for the operator's event loop.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ import asyncio
 import dataclasses
 import datetime
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -40,6 +45,7 @@ JITTER_FACTOR = 1.2
 """As client-go: the renew deadline must leave room for more than one retry period."""
 
 Clock = Callable[[], float]
+T = TypeVar("T")
 
 
 class LeaseLost(Exception):
@@ -256,3 +262,42 @@ class Elector:
             await self.client.request("PUT", self.path, body=lease, exempt=True)
         except FAILED_ATTEMPT as error:
             logger.warning("could not release leader Lease: %s", error)
+
+
+class ElectionThread:
+    """An elector on its own thread and event loop (and, through its client, its own connections).
+
+    On the operator's event loop a renewal waited behind whatever ran there:
+    decoding a page of a large LIST, a burst of watch events, a timer pass over
+    thousands of nodes. At 5,000 nodes on a loaded machine that cost the Lease
+    (renewal not done within the renew deadline). Here a renewal waits at most
+    for the interpreter's thread switch or one long C call. The operator's
+    thread only reads the term it hands out (`Term.holds`) and ends it.
+    """
+
+    def __init__(self, elector: Elector) -> None:
+        self.elector = elector
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="leader-election", daemon=True)
+        self._thread.start()
+
+    async def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run on the election thread; cancelling the caller cancels it there too."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, self._loop))
+
+    async def acquire(self) -> Term:
+        return await self._run(self.elector.acquire())
+
+    async def hold(self, term: Term) -> None:
+        await self._run(self.elector.hold(term))
+
+    async def release(self) -> None:
+        await self._run(self.elector.release())
+
+    async def close(self) -> None:
+        """Close the elector's connections and stop the thread."""
+        await self._run(self.elector.client.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        await asyncio.to_thread(self._thread.join, 5.0)
+        if not self._thread.is_alive():
+            self._loop.close()

@@ -9,8 +9,8 @@ the objects that vanished meanwhile. Such an object would stay in the cache
 for the rest of the term, holding its place in a policy's budget and its
 memory (lock, drain task, results, verdicts).
 
-So whenever a handler sees a listed object (kopf re-listed), and anyway every
-`resync_seconds`, this lists the three kinds itself and prunes, through the
+So whenever a handler sees an object listed again (kopf re-listed), and anyway
+every `resync_seconds`, this lists the three kinds itself and prunes, through the
 cache's and the context's own methods, every object cached but not listed.
 Only pruning: what exists is brought in by kopf's listing and watch, whose
 order we must not disturb. An object is pruned only if it was cached before
@@ -77,10 +77,10 @@ class Listing:
     resource_version: str
 
 
-async def list_names(ctx: context.Context, path: str) -> Listing:
+async def list_names(ctx: context.Context, path: str, label_selector: str = "") -> Listing:
     """The names of a collection and the resourceVersion it was listed at (one snapshot across pages)."""
     names: set[str] = set()
-    params = {"limit": "500"}
+    params = {"limit": "500", **({"labelSelector": label_selector} if label_selector else {})}
     version = ""
     while True:
         page = await ctx.client.get(path, params)
@@ -93,15 +93,15 @@ async def list_names(ctx: context.Context, path: str) -> Listing:
         params["continue"] = str(token)
 
 
-def _node_versions(ctx: context.Context) -> dict[str, str | None]:
+def node_versions(ctx: context.Context) -> dict[str, str | None]:
     return {name: record.resource_version for name, record in ctx.cache.nodes.items()}
 
 
-def _gpunode_versions(ctx: context.Context) -> dict[str, str | None]:
+def gpunode_versions(ctx: context.Context) -> dict[str, str | None]:
     return {name: record.resource_version for name, record in ctx.cache.gpunodes.items()}
 
 
-def _policy_versions(ctx: context.Context) -> dict[str, str | None]:
+def policy_versions(ctx: context.Context) -> dict[str, str | None]:
     return dict.fromkeys({*ctx.cache.policies, *ctx.cache.policy_errors})
 
 
@@ -110,22 +110,24 @@ async def resync(ctx: context.Context) -> dict[str, list[str]]:
     pruned: dict[str, list[str]] = {}
 
     before = set(ctx.cache.nodes)
-    listing = await list_names(ctx, NODES_PATH)
-    pruned["nodes"] = gone(before, _node_versions(ctx), listing.names, listing.resource_version)
+    listing = await list_names(ctx, NODES_PATH, ctx.config.node_selector)
+    pruned["nodes"] = gone(before, node_versions(ctx), listing.names, listing.resource_version)
     for name in pruned["nodes"]:
         ctx.cache.remove_node(name)
+        if ctx.config.node_selector:  # gone, or left this operator's pool: its GPUNode is not ours
+            ctx.cache.remove_gpunode(name)
         ctx.forget_node(name)
 
     before = set(ctx.cache.gpunodes)
     listing = await list_names(ctx, GPUNODES_PATH)
-    pruned["gpunodes"] = gone(before, _gpunode_versions(ctx), listing.names, listing.resource_version)
+    pruned["gpunodes"] = gone(before, gpunode_versions(ctx), listing.names, listing.resource_version)
     for name in pruned["gpunodes"]:
         ctx.cache.remove_gpunode(name)
         ctx.forget_node(name)
 
-    before = set(_policy_versions(ctx))
+    before = set(policy_versions(ctx))
     listing = await list_names(ctx, POLICIES_PATH)
-    pruned["policies"] = gone(before, _policy_versions(ctx), listing.names, listing.resource_version)
+    pruned["policies"] = gone(before, policy_versions(ctx), listing.names, listing.resource_version)
     for name in pruned["policies"]:
         await reconciler.policy_deleted(ctx, name)  # as on its DELETED event
 
@@ -138,14 +140,28 @@ async def resync(ctx: context.Context) -> dict[str, list[str]]:
 
 
 class Relists:
-    """Heard by a kopf handler: kopf listed a kind again (objects arrive with event type None)."""
+    """Heard by a kopf handler: kopf listed a kind again (objects arrive with event type None).
+
+    Not kopf's first listing of a term: the term's priming listed and pruned just before kopf
+    started, so a resync then would only list the whole cluster a second time. A listed object
+    this term's watches already showed means a re-list (after a watch gap): that asks for one.
+    """
 
     def __init__(self) -> None:
         self.wanted = asyncio.Event()
+        self._seen: set[int] = set()
+        """Hashes of (kind, uid) of the objects kopf showed this term (ints: ~60 bytes per object)."""
 
     async def on_event(self, event: kopf.RawEvent, **_: Any) -> None:
-        if event["type"] is None:
+        body = event["object"]
+        meta = body.get("metadata") or {}
+        key = hash((body.get("kind"), meta.get("uid") or meta.get("name")))
+        if event["type"] is None and key in self._seen:
             self.wanted.set()
+        if event["type"] == "DELETED":
+            self._seen.discard(key)
+        else:
+            self._seen.add(key)
 
     def register(self, registry: kopf.OperatorRegistry) -> None:
         for group, version, plural in (

@@ -53,6 +53,10 @@ class Settings:
     """Label selector of the agents' DaemonSet pods, watched for liveness (`decisions.liveness`); "" turns
     the watch off (every node then goes by its GPUNode heartbeat alone)."""
 
+    node_selector: str = ""
+    """Label selector of the Nodes this operator watches, caches and judges (with their GPUNodes, same
+    names): one operator per node pool. "" is every Node."""
+
     tick_seconds: float = 1.0
     """Period of the time-based pass: forSeconds, staleness, budget queue, recovery, stragglers."""
 

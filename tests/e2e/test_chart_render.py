@@ -325,6 +325,48 @@ def test_single_replica_operator_recreates(control_plane: controlplane.ControlPl
     assert not [r for r in by_kind(objects, "Role") if r["metadata"]["name"].endswith("-leader-election")]
 
 
+def test_the_operators_lease_renewals_have_their_own_priority_level(
+    control_plane: controlplane.ControlPlane,
+) -> None:
+    objects = render(control_plane)
+    (schema,) = by_kind(objects, "FlowSchema")
+    (account,) = [
+        o for o in by_kind(objects, "ServiceAccount") if o["metadata"]["name"].endswith("-operator")
+    ]
+    assert schema["spec"]["priorityLevelConfiguration"] == {"name": "leader-election"}
+    (rule,) = schema["spec"]["rules"]
+    assert rule["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "serviceAccount": {"name": account["metadata"]["name"], "namespace": "gpu-health"},
+        }
+    ]
+    assert rule["resourceRules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "create", "update"],
+            "namespaces": ["gpu-health"],
+        }
+    ]
+    assert not by_kind(render(control_plane, "--set", "operator.leaderElection.priorityLevel="), "FlowSchema")
+
+
+def test_one_release_per_node_pool_passes_its_selector_to_the_operator(
+    control_plane: controlplane.ControlPlane,
+) -> None:
+    (default,) = by_kind(render(control_plane), "Deployment")
+    assert not [a for a in default["spec"]["template"]["spec"]["containers"][0]["args"] if "node-sel" in a]
+    selector = "gpuhealth.io/pool in (a,b),!gpuhealth.io/exclude"
+    objects = render(
+        control_plane, "--set-string", f"operator.nodePoolSelector={selector.replace(',', chr(92) + ',')}"
+    )
+    (operator,) = by_kind(objects, "Deployment")
+    args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--node-selector={selector}" in args
+    assert operator_cli.parse_args(args).node_selector == selector
+
+
 # -- values.yaml documentation and schema coverage (no cluster needed) -----------------------------
 
 KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w]*):(?P<rest>.*)$")

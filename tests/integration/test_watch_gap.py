@@ -9,7 +9,7 @@ the deleted objects. The operator must notice by itself (resync after a
 re-list; the periodic resync is set far beyond the test), free the place the
 deleted node held under maxUnavailable=1, and cordon the node that waited.
 The Lease is long here so that the pause does not end the term: a new term
-starts from a fresh cache, which would hide the gap.
+lists the cluster into its cache before it acts, which would hide the gap.
 """
 
 import secrets

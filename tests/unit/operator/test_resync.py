@@ -147,13 +147,28 @@ def test_resync_keeps_a_policy_that_is_listed_and_frees_its_place() -> None:
     asyncio.run(scenario())
 
 
-def test_a_listed_object_asks_for_a_resync_and_a_watch_event_does_not() -> None:
+def test_an_object_listed_again_asks_for_a_resync_and_the_terms_first_listing_does_not() -> None:
     async def scenario() -> None:
         relists = resync.Relists()
-        body = {"metadata": {"name": "n"}}
-        await relists.on_event({"type": "MODIFIED", "object": body})
-        assert not relists.wanted.is_set()
+        body = {"kind": "Node", "metadata": {"name": "n", "uid": "u1"}}
+        other = {"kind": "GPUNode", "metadata": {"name": "n", "uid": "u2"}}
         await relists.on_event({"type": None, "object": body})
+        await relists.on_event({"type": None, "object": other})
+        await relists.on_event({"type": "MODIFIED", "object": body})
+        assert not relists.wanted.is_set(), "kopf's first listing: the term's priming just listed"
+        await relists.on_event({"type": None, "object": body})
+        assert relists.wanted.is_set()
+
+    asyncio.run(scenario())
+
+
+def test_an_object_a_watch_showed_then_listed_asks_for_a_resync() -> None:
+    async def scenario() -> None:
+        relists = resync.Relists()
+        created = {"kind": "Node", "metadata": {"name": "new", "uid": "u3"}}
+        await relists.on_event({"type": "ADDED", "object": created})
+        assert not relists.wanted.is_set()
+        await relists.on_event({"type": None, "object": created})  # kopf listed again after a 410
         assert relists.wanted.is_set()
 
     asyncio.run(scenario())
@@ -192,7 +207,8 @@ def test_a_relist_resyncs_long_before_the_period(monkeypatch: pytest.MonkeyPatch
         try:
             await asyncio.sleep(0.1)
             assert "deleted" in ctx.cache.nodes, "no resync before a relist (the period is 300 s)"
-            await relists.on_event({"type": None, "object": {"metadata": {"name": "kept"}}})
+            for _ in range(2):  # listed at the term's start, then again after a watch gap
+                await relists.on_event({"type": None, "object": {"metadata": {"name": "kept"}}})
             for _ in range(100):
                 if "deleted" not in ctx.cache.nodes:
                     break
