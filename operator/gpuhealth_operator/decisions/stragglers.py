@@ -42,8 +42,11 @@ window (`windowed`): a node is flagged when at least WINDOW_QUANTILE of its
 z-scores of the last forSeconds are below -threshold, and held since the
 window's oldest sample (so a node seen for less than forSeconds still waits).
 A flagged node stays flagged while at least 1 - WINDOW_QUANTILE of them are
-below: a straggler close to the threshold keeps its label instead of
-flapping with the jitter.
+below the clear threshold, CLEAR_FRACTION of the set threshold (z < -2.45 at
+the default 3.5): a hysteresis band, so a straggler whose z sits on the set
+threshold (a one-GPU straggler of ~17 %, its node's score the minimum over
+jittery GPUs) keeps its label instead of flapping with the jitter, and only a
+node that really came back towards its peers is cleared.
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ _SLOWDOWN_REASONS: Final = status.THERMAL_REASONS | status.POWER_REASONS
 
 WINDOW_QUANTILE: Final = 0.7
 """Share of the window's z-scores that must be below -threshold."""
+CLEAR_FRACTION: Final = 0.7
+"""A flagged node's z-scores count as below while under -CLEAR_FRACTION * threshold (the band)."""
 
 Cohort = tuple[str, str]
 """(GPU model, driver version)."""
@@ -211,7 +216,8 @@ def windowed(  # noqa: PLR0917 - one judgement's inputs
     horizon = now - datetime.timedelta(seconds=window_seconds + period_seconds)
     while samples and samples[0][0] < horizon:
         samples.popleft()
-    below = sum(1 for _, z in samples if z < -threshold)
+    limit = -threshold if not was_flagged else -CLEAR_FRACTION * threshold
+    below = sum(1 for _, z in samples if z < limit)
     share = WINDOW_QUANTILE if not was_flagged else 1 - WINDOW_QUANTILE
     flagged = score.peers >= MIN_PEERS and bool(samples) and below >= share * len(samples)
     return dataclasses.replace(score, flagged=flagged, since=samples[0][0] if flagged else None)

@@ -52,3 +52,17 @@ def test_a_flagged_straggler_near_the_threshold_stays_flagged() -> None:
     assert judged.flagged
     fresh, _ = run([-3.0, -3.9, -3.1, -3.0, -3.8, -3.2])
     assert not fresh.flagged, "the same window does not flag a node that was not flagged"
+
+
+def test_a_flagged_straggler_whose_z_wanders_just_above_the_threshold_keeps_its_label() -> None:
+    """A one-GPU straggler whose score sits on the threshold: once flagged, it is held while its z stays
+    in the band between the set threshold and the clear threshold (0.7 of it), so the label does not flap."""
+    judged, _ = run([-4.0] * 6 + [-3.0, -3.2, -2.9, -3.4, -2.7, -3.1, -3.0])
+    assert judged.flagged
+    fresh, _ = run([-3.0, -3.2, -2.9, -3.4, -2.7, -3.1, -3.0])
+    assert not fresh.flagged, "the band holds a label, it never sets one"
+
+
+def test_a_flagged_straggler_that_recovered_is_cleared() -> None:
+    judged, _ = run([-4.0] * 6 + [-1.0, -0.5, -2.0, -0.3, -1.2, -0.8, -0.1])
+    assert not judged.flagged
