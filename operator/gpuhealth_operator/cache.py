@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import sys
 import types
 from collections.abc import Mapping
 from typing import Any
 
 from gpuhealth_api import keys, status, vocabulary
-from gpuhealth_operator.decisions import budget, model, policies, signals, times
+from gpuhealth_operator.decisions import budget, hysteresis, model, policies, signals, times
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +55,11 @@ class GPUNodeRecord:
     staleness is timed from here. Set by `ClusterCache.put_gpunode`; the first sighting starts the clock."""
     annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """The `gpuhealth.io/` annotations only (a fire drill's, see `decisions.drill`)."""
+
+    @functools.cached_property
+    def conditions(self) -> Mapping[vocabulary.Condition, model.ConditionState]:
+        """`status.conditions` parsed (`hysteresis.from_status`), once per stored version, read-only."""
+        return types.MappingProxyType(hysteresis.from_status(self.status.get("conditions") or []))
 
     def report_age(self, now: datetime.datetime) -> float:
         """Seconds since this operator saw the agent's last new report (0 if not yet timed)."""
