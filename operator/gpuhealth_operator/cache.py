@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuhealth_api import keys, status, vocabulary
-from gpuhealth_operator.decisions import budget, hysteresis, model, policies, signals, times
+from gpuhealth_operator.decisions import budget, hysteresis, model, policies, signals, stragglers, times
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +60,11 @@ class GPUNodeRecord:
     def conditions(self) -> Mapping[vocabulary.Condition, model.ConditionState]:
         """`status.conditions` parsed (`hysteresis.from_status`), once per stored version, read-only."""
         return types.MappingProxyType(hysteresis.from_status(self.status.get("conditions") or []))
+
+    @functools.cached_property
+    def performance(self) -> stragglers.Performance:
+        """The straggler cohort and score of these facts (`stragglers.performance_of`), once per version."""
+        return stragglers.performance_of(self.status)
 
     def report_age(self, now: datetime.datetime) -> float:
         """Seconds since this operator saw the agent's last new report (0 if not yet timed)."""

@@ -307,8 +307,9 @@ def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
         }
         members = {name: gpunode.status for name, gpunode in gpunodes.items()}
         ages = {name: gpunode.report_age(now) for name, gpunode in gpunodes.items()}
+        performance = {name: gpunode.performance for name, gpunode in gpunodes.items()}
         for name, score in stragglers.score_cohorts(
-            members, threshold, now, ages, ctx.agent_pods.nodes
+            members, threshold, now, ages, ctx.agent_pods.nodes, performance=performance
         ).items():
             agent = members[name].get("agent") or {}
             ctx.stragglers[(policy.name, name)] = stragglers.windowed(

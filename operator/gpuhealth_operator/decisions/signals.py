@@ -114,7 +114,9 @@ def agent_stale(
         return model.Signal(condition, True, message, observed_at=since)
     # Not the heartbeat's time: a message that changed with every report made the operator rewrite
     # its status once per agent report (status.agent.lastHeartbeatTime says when, next to it).
-    return model.Signal(condition, False, f"the agent reports (heartbeat every {heartbeat_seconds(agent):g}s)")
+    return model.Signal(
+        condition, False, f"the agent reports (heartbeat every {heartbeat_seconds(agent):g}s)"
+    )
 
 
 def heartbeat_seconds(agent: Mapping[str, object]) -> float:

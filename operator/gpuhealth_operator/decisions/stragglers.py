@@ -85,25 +85,42 @@ def score_cohorts(
     now: datetime.datetime,
     report_ages: Mapping[str, float] | None = None,
     agent_pods: Mapping[str, liveness.AgentPod] | None = None,
+    *,
+    performance: Mapping[str, Performance] | None = None,
 ) -> dict[str, model.StragglerScore]:
     """A StragglerScore for every node that has a score, keyed by node name.
 
     `report_ages`: seconds since the operator saw each node's last new agent report
     (see `signals.agent_stale`); a node not in it counts as just seen. `agent_pods`: each
     node's agent pod as last seen (see `liveness`); a node not in it has none known.
+    `performance`: each node's `performance(facts)` if the caller keeps it (it changes only
+    with the facts); computed here for a node not in it.
     """
     cohorts: dict[Cohort, dict[str, float]] = defaultdict(dict)
     for name, facts in members.items():
         age = (report_ages or {}).get(name, 0.0)
-        if _excluded(facts, age, now, (agent_pods or {}).get(name)):
-            continue
-        key, score = cohort_of(facts), node_score(facts)
+        if signals.agent_stale(facts, age, now, (agent_pods or {}).get(name)).present:
+            continue  # its numbers are old
+        known = (performance or {}).get(name)
+        key, score = known if known is not None else performance_of(facts)
         if key is not None and score is not None:
             cohorts[key][name] = score
     result: dict[str, model.StragglerScore] = {}
     for scores in cohorts.values():
         result.update(_judge_cohort(scores, threshold))
     return result
+
+
+Performance = tuple[Cohort | None, float | None]
+"""A node's cohort and score as its facts say, (None, None) when they leave it out of the statistics."""
+
+
+def performance_of(facts: status.GPUNodeStatus) -> Performance:
+    """`cohort_of` and `node_score`; (None, None) for a node with a lost or missing GPU (its numbers are
+    meaningless). Depends on the facts alone: a caller may keep it per version of them."""
+    if _gpus_missing(facts):
+        return None, None
+    return cohort_of(facts), node_score(facts)
 
 
 def cohort_of(facts: status.GPUNodeStatus) -> Cohort | None:
@@ -156,14 +173,7 @@ def _number(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _excluded(
-    facts: status.GPUNodeStatus,
-    report_age_seconds: float,
-    now: datetime.datetime,
-    agent_pod: liveness.AgentPod | None = None,
-) -> bool:
-    if signals.agent_stale(facts, report_age_seconds, now, agent_pod).present:
-        return True
+def _gpus_missing(facts: status.GPUNodeStatus) -> bool:
     gpus = facts.get("gpus")
     if not isinstance(gpus, list):
         return True
