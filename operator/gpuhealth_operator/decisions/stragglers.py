@@ -41,12 +41,15 @@ could be flagged for a sample. So the sustained condition is judged on the
 window (`windowed`): a node is flagged when at least WINDOW_QUANTILE of its
 z-scores of the last forSeconds are below -threshold, and held since the
 window's oldest sample (so a node seen for less than forSeconds still waits).
-A flagged node stays flagged while at least 1 - WINDOW_QUANTILE of them are
-below the clear threshold, CLEAR_FRACTION of the set threshold (z < -2.45 at
-the default 3.5): a hysteresis band, so a straggler whose z sits on the set
-threshold (a one-GPU straggler of ~17 %, its node's score the minimum over
-jittery GPUs) keeps its label instead of flapping with the jitter, and only a
-node that really came back towards its peers is cleared.
+A flagged node stays flagged while the mean of its z-scores over the hold
+(the window, and at least its last HOLD_SAMPLES samples) is below
+-HOLD_FRACTION * threshold (-1.75 at the default 3.5): a hysteresis band, so
+a straggler whose z sits on the set threshold (a one-GPU straggler of ~17 %,
+its node's score the minimum over jittery GPUs, z -3.3 on median with one
+sample in three above -2.5) keeps its label instead of flapping with the
+jitter, and only a node that came back towards its peers is cleared. A mean
+over several samples, because at the agent's 300 s heartbeat a forSeconds
+window holds only two or three.
 """
 
 from __future__ import annotations
@@ -72,8 +75,10 @@ _SLOWDOWN_REASONS: Final = status.THERMAL_REASONS | status.POWER_REASONS
 
 WINDOW_QUANTILE: Final = 0.7
 """Share of the window's z-scores that must be below -threshold."""
-CLEAR_FRACTION: Final = 0.7
-"""A flagged node's z-scores count as below while under -CLEAR_FRACTION * threshold (the band)."""
+HOLD_FRACTION: Final = 0.5
+"""A flagged node stays flagged while the mean z of its hold is below -HOLD_FRACTION * threshold."""
+HOLD_SAMPLES: Final = 6
+"""The hold covers at least this many heartbeats (the window, if longer)."""
 
 Cohort = tuple[str, str]
 """(GPU model, driver version)."""
@@ -220,14 +225,21 @@ def windowed(  # noqa: PLR0917 - one judgement's inputs
 
     The window keeps one heartbeat period more than `window_seconds`, so its
     oldest sample is forSeconds old once it is full and the rule can fire then.
+    `samples` keeps the hold (at least HOLD_SAMPLES heartbeats), which judges a
+    node that `was_flagged`.
     """
     if sampled_at is not None and (not samples or samples[-1][0] != sampled_at):
         samples.append((sampled_at, score.z_score))
-    horizon = now - datetime.timedelta(seconds=window_seconds + period_seconds)
-    while samples and samples[0][0] < horizon:
+    window = window_seconds + period_seconds
+    kept = now - datetime.timedelta(seconds=max(window, HOLD_SAMPLES * period_seconds))
+    while samples and samples[0][0] < kept:
         samples.popleft()
-    limit = -threshold if not was_flagged else -CLEAR_FRACTION * threshold
-    below = sum(1 for _, z in samples if z < limit)
-    share = WINDOW_QUANTILE if not was_flagged else 1 - WINDOW_QUANTILE
-    flagged = score.peers >= MIN_PEERS and bool(samples) and below >= share * len(samples)
-    return dataclasses.replace(score, flagged=flagged, since=samples[0][0] if flagged else None)
+    horizon = now - datetime.timedelta(seconds=window)
+    recent = [(at, z) for at, z in samples if at >= horizon]
+    if score.peers < MIN_PEERS or not recent:
+        flagged = False
+    elif was_flagged:
+        flagged = statistics.fmean(z for _, z in samples) < -HOLD_FRACTION * threshold
+    else:
+        flagged = sum(1 for _, z in recent if z < -threshold) >= WINDOW_QUANTILE * len(recent)
+    return dataclasses.replace(score, flagged=flagged, since=recent[0][0] if flagged else None)
