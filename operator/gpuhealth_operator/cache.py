@@ -144,19 +144,30 @@ def _intern(value: Any) -> Any:
     return sys.intern(value) if isinstance(value, str) else value
 
 
+_WHOLE = tuple(sys.intern(k) for k, wanted in GPU_FIELDS.items() if wanted is None)
+_PARTS = tuple(
+    (sys.intern(k), tuple(sys.intern(w) for w in sorted(wanted)))
+    for k, wanted in GPU_FIELDS.items()
+    if wanted is not None
+)
+
+
 def compact_gpu(gpu: Mapping[str, Any]) -> dict[str, Any]:
-    """The GPU facts the decisions need, with interned keys and names (one copy across the fleet)."""
-    kept: dict[str, Any] = {}
-    for key, raw in gpu.items():
-        if key not in GPU_FIELDS:
-            continue
-        wanted = GPU_FIELDS[key]
-        value: Any = raw
-        if wanted is not None and isinstance(raw, Mapping):
-            value = {sys.intern(k): v for k, v in raw.items() if k in wanted}
-        elif isinstance(raw, list):
-            value = [_intern(v) for v in raw]
-        kept[sys.intern(key)] = _intern(value)
+    """The GPU facts the decisions need, with interned keys and names (one copy across the fleet).
+
+    Runs once per GPU per GPUNode version (every agent report and every answer to our status write),
+    so it walks the few kept keys, not the many reported ones.
+    """
+    kept: dict[str, Any] = {k: gpu[k] for k in _WHOLE if k in gpu}
+    for key, wanted in _PARTS:
+        if key in gpu:
+            raw = gpu[key]
+            kept[key] = {k: raw[k] for k in wanted if k in raw} if isinstance(raw, Mapping) else raw
+    for key, value in kept.items():  # replacing values of existing keys only
+        if isinstance(value, str):
+            kept[key] = sys.intern(value)
+        elif isinstance(value, list):
+            kept[key] = [_intern(v) for v in value]
     return kept
 
 
