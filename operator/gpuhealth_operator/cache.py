@@ -62,6 +62,11 @@ class GPUNodeRecord:
         return types.MappingProxyType(hysteresis.from_status(self.status.get("conditions") or []))
 
     @functools.cached_property
+    def fact_signals(self) -> signals.FactSignals:
+        """The fact signals judged from this version (`signals.raw_signals`' `known`), filled as judged."""
+        return {}
+
+    @functools.cached_property
     def performance(self) -> stragglers.Performance:
         """The straggler cohort and score of these facts (`stragglers.performance_of`), once per version."""
         return stragglers.performance_of(self.status)
