@@ -322,6 +322,7 @@ def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
                 float(agent.get("heartbeatSeconds") or heartbeats.DEFAULT_HEARTBEAT_SECONDS),
                 threshold,
                 was_flagged=(was := before.get((policy.name, name))) is not None and was.flagged,
+                flagged_since=was.since if was is not None else None,
             )
     keys = before.keys() | ctx.stragglers.keys()
     return {key[1] for key in keys if judged_part(before.get(key)) != judged_part(ctx.stragglers.get(key))}

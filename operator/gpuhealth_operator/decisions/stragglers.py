@@ -42,7 +42,8 @@ window (`windowed`): a node is flagged when at least WINDOW_QUANTILE of its
 z-scores of the last forSeconds are below -threshold, and held since the
 window's oldest sample (so a node seen for less than forSeconds still waits).
 A flagged node stays flagged while the mean of its z-scores over the hold
-(the window, and at least its last HOLD_SAMPLES samples) is below
+(the window, and at least its last HOLD_SAMPLES samples, none from before
+the evidence that flagged it) is below
 -HOLD_FRACTION * threshold (-1.75 at the default 3.5): a hysteresis band, so
 a straggler whose z sits on the set threshold (a one-GPU straggler of ~17 %,
 its node's score the minimum over jittery GPUs, z -3.3 on median with one
@@ -220,13 +221,15 @@ def windowed(  # noqa: PLR0917 - one judgement's inputs
     threshold: float,
     *,
     was_flagged: bool = False,
+    flagged_since: datetime.datetime | None = None,
 ) -> model.StragglerScore:
     """`score` judged on the window: record its z once per sample, flag on the window (module docstring).
 
     The window keeps one heartbeat period more than `window_seconds`, so its
     oldest sample is forSeconds old once it is full and the rule can fire then.
     `samples` keeps the hold (at least HOLD_SAMPLES heartbeats), which judges a
-    node that `was_flagged`.
+    node that `was_flagged` on its samples since `flagged_since` (its flag's
+    `since`): the samples from before its slowdown began do not clear it.
     """
     if sampled_at is not None and (not samples or samples[-1][0] != sampled_at):
         samples.append((sampled_at, score.z_score))
@@ -239,7 +242,11 @@ def windowed(  # noqa: PLR0917 - one judgement's inputs
     if score.peers < MIN_PEERS or not recent:
         flagged = False
     elif was_flagged:
-        flagged = statistics.fmean(z for _, z in samples) < -HOLD_FRACTION * threshold
+        held = [z for at, z in samples if flagged_since is None or at >= flagged_since]
+        flagged = bool(held) and statistics.fmean(held) < -HOLD_FRACTION * threshold
     else:
         flagged = sum(1 for _, z in recent if z < -threshold) >= WINDOW_QUANTILE * len(recent)
-    return dataclasses.replace(score, flagged=flagged, since=recent[0][0] if flagged else None)
+    since = None
+    if flagged:  # a held flag keeps its start; a new one starts at its window's oldest sample
+        since = (flagged_since if was_flagged else None) or recent[0][0]
+    return dataclasses.replace(score, flagged=flagged, since=since)
