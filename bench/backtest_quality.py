@@ -52,7 +52,7 @@ def measure(node_days: float, seed: int, workdir: pathlib.Path, tick_seconds: fl
 def per_sample(trace: pathlib.Path, tick_seconds: float) -> dict[str, Any]:
     """The straggler score with the rule as it was before the window: every sample must be flagged."""
     windowed = stragglers.windowed
-    stragglers.windowed = lambda _samples, score, *_: score  # the old judgement
+    stragglers.windowed = lambda _samples, score, *_, **__: score  # the old judgement
     try:
         result = backtest.run(trace, backtest.load_policy(POLICY), tick_seconds)
     finally:
