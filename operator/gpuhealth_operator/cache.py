@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import sys
 import types
 from collections.abc import Mapping
 from typing import Any
 
 from gpuhealth_api import keys, status, vocabulary
-from gpuhealth_operator.decisions import budget, model, policies, signals, times
+from gpuhealth_operator.decisions import budget, hysteresis, model, policies, signals, stragglers, times
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +55,21 @@ class GPUNodeRecord:
     staleness is timed from here. Set by `ClusterCache.put_gpunode`; the first sighting starts the clock."""
     annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """The `gpuhealth.io/` annotations only (a fire drill's, see `decisions.drill`)."""
+
+    @functools.cached_property
+    def conditions(self) -> Mapping[vocabulary.Condition, model.ConditionState]:
+        """`status.conditions` parsed (`hysteresis.from_status`), once per stored version, read-only."""
+        return types.MappingProxyType(hysteresis.from_status(self.status.get("conditions") or []))
+
+    @functools.cached_property
+    def fact_signals(self) -> signals.FactSignals:
+        """The fact signals judged from this version (`signals.raw_signals`' `known`), filled as judged."""
+        return {}
+
+    @functools.cached_property
+    def performance(self) -> stragglers.Performance:
+        """The straggler cohort and score of these facts (`stragglers.performance_of`), once per version."""
+        return stragglers.performance_of(self.status)
 
     def report_age(self, now: datetime.datetime) -> float:
         """Seconds since this operator saw the agent's last new report (0 if not yet timed)."""
@@ -133,19 +149,30 @@ def _intern(value: Any) -> Any:
     return sys.intern(value) if isinstance(value, str) else value
 
 
+_WHOLE = tuple(sys.intern(k) for k, wanted in GPU_FIELDS.items() if wanted is None)
+_PARTS = tuple(
+    (sys.intern(k), tuple(sys.intern(w) for w in sorted(wanted)))
+    for k, wanted in GPU_FIELDS.items()
+    if wanted is not None
+)
+
+
 def compact_gpu(gpu: Mapping[str, Any]) -> dict[str, Any]:
-    """The GPU facts the decisions need, with interned keys and names (one copy across the fleet)."""
-    kept: dict[str, Any] = {}
-    for key, raw in gpu.items():
-        if key not in GPU_FIELDS:
-            continue
-        wanted = GPU_FIELDS[key]
-        value: Any = raw
-        if wanted is not None and isinstance(raw, Mapping):
-            value = {sys.intern(k): v for k, v in raw.items() if k in wanted}
-        elif isinstance(raw, list):
-            value = [_intern(v) for v in raw]
-        kept[sys.intern(key)] = _intern(value)
+    """The GPU facts the decisions need, with interned keys and names (one copy across the fleet).
+
+    Runs once per GPU per GPUNode version (every agent report and every answer to our status write),
+    so it walks the few kept keys, not the many reported ones.
+    """
+    kept: dict[str, Any] = {k: gpu[k] for k in _WHOLE if k in gpu}
+    for key, wanted in _PARTS:
+        if key in gpu:
+            raw = gpu[key]
+            kept[key] = {k: raw[k] for k in wanted if k in raw} if isinstance(raw, Mapping) else raw
+    for key, value in kept.items():  # replacing values of existing keys only
+        if isinstance(value, str):
+            kept[key] = sys.intern(value)
+        elif isinstance(value, list):
+            kept[key] = [_intern(v) for v in value]
     return kept
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -91,16 +92,16 @@ def judge(
     known = ctx.verdicts.judged_from(key, inputs)
     if known is not None:
         return known
-    previous = hysteresis.from_status(gpunode.status.get("conditions") or [])
     verdict = verdicts.judge(
         policy,
         record.view,
         gpunode.status,
-        previous,
+        gpunode.conditions,
         straggler,
         now,
         report_age_seconds=gpunode.report_age(now),
         agent_pod=agent_pod,
+        known_signals=gpunode.fact_signals,
     )
     isolated = ctx.isolations.get(key)
     verdict = verdicts.with_isolation(verdict, isolated.decision if isolated else None)
@@ -147,7 +148,7 @@ async def _reconcile(ctx: context.Context, name: str, now: datetime.datetime) ->
         return
     if awaiting_first_report(gpunode, now):
         return  # the agent created its GPUNode and is about to report: nothing to judge, nothing stale
-    previous = hysteresis.from_status(gpunode.status.get("conditions") or [])
+    previous = gpunode.conditions
     judged: list[tuple[model.Policy, model.NodeVerdict]] = []
     for policy in selecting:
         verdict = judge(ctx, policy, name, now)
@@ -178,7 +179,7 @@ async def _reconcile(ctx: context.Context, name: str, now: datetime.datetime) ->
 async def _condition_events(
     ctx: context.Context,
     name: str,
-    previous: dict[Condition, model.ConditionState],
+    previous: Mapping[Condition, model.ConditionState],
     verdict: model.NodeVerdict,
 ) -> None:
     """One Event per condition that turned True in this pass."""
@@ -286,7 +287,13 @@ async def _node_condition(
 
 
 def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
-    """Straggler scores per policy cohort (policies with a Straggler rule); the nodes whose score changed."""
+    """Straggler scores per policy cohort (policies with a Straggler rule); the nodes to judge again.
+
+    Those are the nodes whose score changed in a way a verdict reads (`judged_part`). An unflagged
+    node's numbers move whenever a peer reports (the cohort's median moves); they reach its
+    `status.straggler` the next time the node is reconciled anyway (its own report, the timer's full
+    pass), not as one status write per node per peer's report.
+    """
     before = dict(ctx.stragglers)
     ctx.stragglers.clear()
     for policy in ctx.cache.policies.values():
@@ -301,8 +308,9 @@ def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
         }
         members = {name: gpunode.status for name, gpunode in gpunodes.items()}
         ages = {name: gpunode.report_age(now) for name, gpunode in gpunodes.items()}
+        performance = {name: gpunode.performance for name, gpunode in gpunodes.items()}
         for name, score in stragglers.score_cohorts(
-            members, threshold, now, ages, ctx.agent_pods.nodes
+            members, threshold, now, ages, ctx.agent_pods.nodes, performance=performance
         ).items():
             agent = members[name].get("agent") or {}
             ctx.stragglers[(policy.name, name)] = stragglers.windowed(
@@ -314,6 +322,15 @@ def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
                 float(agent.get("heartbeatSeconds") or heartbeats.DEFAULT_HEARTBEAT_SECONDS),
                 threshold,
                 was_flagged=(was := before.get((policy.name, name))) is not None and was.flagged,
+                flagged_since=was.since if was is not None else None,
             )
     keys = before.keys() | ctx.stragglers.keys()
-    return {node for key in keys if before.get(key) != ctx.stragglers.get(key) for node in [key[1]]}
+    return {key[1] for key in keys if judged_part(before.get(key)) != judged_part(ctx.stragglers.get(key))}
+
+
+def judged_part(score: model.StragglerScore | None) -> object:
+    """What of a straggler score the verdict reads (`verdicts.straggler_signal`): whether there is
+    one, whether it is flagged, and a flagged one's numbers (they are in the condition's message)."""
+    if score is None:
+        return None
+    return score if score.flagged else False

@@ -118,6 +118,8 @@ class Result:
     gpu_hours_out: float = 0.0
     label_flaps: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    """CPU time of the replay (this process): on a shared machine, less than `seconds`."""
     records: int = 0
 
     def summary(self) -> dict[str, Any]:
@@ -138,6 +140,7 @@ class Result:
             "gpuHoursOutOfService": round(self.gpu_hours_out, 1),
             "labelFlaps": self.label_flaps,
             "replaySeconds": round(self.seconds, 2),
+            "replayCpuSeconds": round(self.cpu_seconds, 2),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -425,9 +428,10 @@ def run(trace: pathlib.Path, policy: dict[str, Any], tick_seconds: float = 30.0)
     logging.getLogger("gpuhealth_operator").setLevel(logging.ERROR)
     import time  # noqa: PLC0415
 
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     with traces.open_trace(trace) as (header, records):
         replay = Replay(policy, float(header["start"]), tick_seconds)
         result = asyncio.run(replay.run(records))
     result.seconds = time.perf_counter() - began
+    result.cpu_seconds = time.process_time() - cpu
     return result

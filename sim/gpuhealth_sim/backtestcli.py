@@ -2,6 +2,7 @@
 
 gpu-health-sim record --kubeconfig K --out TRACE [--max-seconds S] [--max-bytes B]
 gpu-health-sim trace generate --node-days N --seed S --out TRACE [--nodes K] [--sample-seconds P]
+    [--heartbeat-seconds H]
 gpu-health-sim backtest --policy P.yaml [--policy Q.yaml] --trace TRACE [--score] [-o json]
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 
 from kubernetes import client, config
 
+from gpuhealth_api import heartbeats
 from gpuhealth_sim import backtest, scoring, tracegen, tracerecord, traces
 
 INVALID_INPUT = 3
@@ -50,7 +52,17 @@ def add_commands(commands: Any) -> None:
     generate.add_argument("--out", type=pathlib.Path, required=True, help="trace file to write")
     generate.add_argument("--nodes", type=int, help="fleet size (default: from --node-days, 12 to 100)")
     generate.add_argument(
-        "--sample-seconds", type=float, default=60.0, help="agent heartbeat, one sample per node (default 60)"
+        "--sample-seconds",
+        type=float,
+        default=60.0,
+        help="how often each node's facts are sampled (default 60)",
+    )
+    generate.add_argument(
+        "--heartbeat-seconds",
+        type=float,
+        default=float(heartbeats.DEFAULT_HEARTBEAT_SECONDS),
+        help="the agent writes a sample on a significant change or after this long without a write "
+        f"(default {heartbeats.DEFAULT_HEARTBEAT_SECONDS}, the agent's); 0: every sample",
     )
 
     replay = commands.add_parser(
@@ -118,7 +130,12 @@ def _generate(args: argparse.Namespace) -> int:
     if args.node_days <= 0 or args.sample_seconds <= 0 or (args.nodes is not None and args.nodes < 1):
         print("gpu-health-sim: --node-days, --sample-seconds and --nodes must be positive", file=sys.stderr)
         return 2
-    options = tracegen.Options(args.node_days, args.seed, args.nodes, args.sample_seconds)
+    if args.heartbeat_seconds < 0:
+        print("gpu-health-sim: --heartbeat-seconds must be 0 or more", file=sys.stderr)
+        return 2
+    options = tracegen.Options(
+        args.node_days, args.seed, args.nodes, args.sample_seconds, args.heartbeat_seconds
+    )
     counts = tracegen.generate(options, args.out)
     print(
         f"{args.out}: {counts['nodes']} nodes, {counts['records']} records, {counts['truth']} truth records"

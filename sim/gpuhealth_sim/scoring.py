@@ -197,7 +197,9 @@ def baseline_flags(trace: pathlib.Path) -> list[Flag]:
     """The baseline rule's flags over the trace, one judgement per cohort per sample period."""
     flags: list[Flag] = []
     with traces.open_trace(trace) as (header, records):
-        period = float((header.get("generator") or {}).get("sampleSeconds") or 60.0)
+        generator = header.get("generator") or {}
+        # One round per heartbeat (every node has written once), or per sample if every sample is written.
+        period = float(generator.get("heartbeatSeconds") or generator.get("sampleSeconds") or 60.0)
         latest: dict[str, dict[str, Any]] = {}
         last: dict[str, dict[str, Any]] = {}
         boundary = period

@@ -1,8 +1,8 @@
 """Synthetic labelled fleet traces: a fleet's history with its ground truth, reproducible by seed.
 
 `generate` writes a trace (`traces`) of a mixed fleet (A100, H100, H200,
-L40S; some nodes time-sliced, some in MIG mode) sampled at the agent's
-heartbeat, with what a real fleet throws at the operator:
+L40S; some nodes time-sliced, some in MIG mode) with what a real fleet throws
+at the operator:
 
 - fatal faults: uncorrectable ECC (DBE), row-remap failure, XID 79/48/94/95,
   a lost GPU, a driver-requested recovery action; each held until a repair
@@ -19,8 +19,15 @@ heartbeat, with what a real fleet throws at the operator:
 The statuses are built directly as the agent writes them (the shape of
 `gpuhealth_api.status`, the fields the agent reports), not through the
 agent's collector: a thousand node-days are a million samples and the
-collector's simulated NVML path would take hours. Ground truth goes into
-`truth` records (docs/backtest.md), written after the header.
+collector's simulated NVML path would take hours. Each node's facts are
+sampled every `sample_seconds`, and a sample is written when the agent would
+write it: when a significant fact changed (the agent's own
+`changes.fingerprint`: counters, XIDs, throttle reasons, crossing the
+slowdown temperature, ...; not clocks, utilisation or a degree of
+temperature), after `heartbeat_seconds` without a write, and at the agent's
+start (the first sample, after an agent gap). `heartbeat_seconds` 0 writes
+every sample. Ground truth goes into `truth` records (docs/backtest.md),
+written after the header.
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ import random
 from collections.abc import Iterator
 from typing import Any, Final
 
-from gpuhealth_api import keys
+from gpuhealth_agent import changes
+from gpuhealth_api import heartbeats, keys
 from gpuhealth_sim import traces
 
 START: Final = datetime.datetime(2026, 1, 5, tzinfo=datetime.UTC)
@@ -93,6 +101,9 @@ class Options:
     seed: int
     nodes: int | None = None
     sample_seconds: float = 60.0
+    """How often each node's facts are sampled (the agent collects every 5 s; coarser is cheaper)."""
+    heartbeat_seconds: float = float(heartbeats.DEFAULT_HEARTBEAT_SECONDS)
+    """The agent's heartbeat: longest time without a write if nothing significant changed (0: write all)."""
 
 
 @dataclasses.dataclass
@@ -271,6 +282,9 @@ class _Sampler:
     def __init__(self, plan: NodePlan, rng: random.Random, period: float) -> None:
         self.plan = plan
         self.period = period
+        """The agent's heartbeat as it states it (`heartbeatSeconds`)."""
+        self.written: tuple[str, float] | None = None
+        """The fingerprint and time of the last write (None: the agent (re)started, it writes at once)."""
         self.rng = rng
         self.observed = [_time(0.0)] * plan.board.gpus
         self.faulted: dict[str, Any] | None = None
@@ -414,10 +428,12 @@ def generate(options: Options, out: pathlib.Path) -> dict[str, int]:
             "seed": options.seed,
             "nodes": len(plans),
             "sampleSeconds": options.sample_seconds,
+            "heartbeatSeconds": options.heartbeat_seconds,
         },
     }
     counts = {"nodes": len(plans), "records": 0, "truth": 0}
-    samplers = {p.name: _Sampler(p, random.Random(rng.random()), options.sample_seconds) for p in plans}
+    period = options.heartbeat_seconds or options.sample_seconds
+    samplers = {p.name: _Sampler(p, random.Random(rng.random()), period) for p in plans}
     with traces.Writer(out, header) as writer:
         for plan in plans:
             for truth in _truth(plan):
@@ -434,7 +450,9 @@ def generate(options: Options, out: pathlib.Path) -> dict[str, int]:
                 t = step * options.sample_seconds + plan.phase
                 if t >= duration:
                     continue
-                counts["records"] += _sample_node(writer, plan, samplers[plan.name], t, last, cordoned)
+                counts["records"] += _sample_node(
+                    writer, plan, samplers[plan.name], t, last, cordoned, options.heartbeat_seconds
+                )
     return counts
 
 
@@ -445,6 +463,7 @@ def _sample_node(  # noqa: PLR0917 - one sample's inputs
     t: float,
     last: dict[str, dict[str, Any]],
     cordoned: dict[str, bool],
+    heartbeat_seconds: float,
 ) -> int:
     written = 0
     human = any(e.kind == "humanCordon" and e.covers(t) for e in plan.episodes)
@@ -453,7 +472,8 @@ def _sample_node(  # noqa: PLR0917 - one sample's inputs
         writer.write({"kind": "node", "t": round(t, 3), "object": node_object(plan, human)})
         written += 1
     if any(e.kind == "agentGap" and e.covers(t) for e in plan.episodes):
-        return written  # the agent is down: no report
+        sampler.written = None  # the agent is down: no report; when it is back it writes at once
+        return written
     for episode in plan.episodes:
         if episode.kind in ("driverReload", "fatal") and episode.end <= t and not episode.detail.get("_done"):
             episode.detail["_done"] = True  # the repair (or the reload) resets volatile counters
@@ -461,6 +481,13 @@ def _sample_node(  # noqa: PLR0917 - one sample's inputs
             plan.ecc_corrected = 0
     status = sampler.sample(t)
     clean = {**status, "gpus": [{k: v for k, v in g.items() if k != "_view"} for g in status["gpus"]]}
+    if heartbeat_seconds > 0:
+        fingerprint = changes.fingerprint(clean)  # type: ignore[arg-type]  # the agent's status shape
+        if sampler.written is not None:
+            state = changes.WriteState(sampler.written[0], sampler.written[1])
+            if changes.write_reason(state, fingerprint, t, heartbeat_seconds) is None:
+                return written  # nothing significant changed and the heartbeat is not due: no write
+        sampler.written = (fingerprint, t)
     before = last.get(plan.name)
     if before is None:
         writer.write({"kind": "gpunode", "t": round(t, 3), "name": plan.name, "status": clean})

@@ -9,6 +9,10 @@ a stale agent makes every signal but AgentStale unknown, so conditions hold
 their last state instead of firing or clearing on old facts.
 
 Straggler is not here: it needs the whole cohort (see `stragglers`).
+
+Only AgentStale depends on the time; the others depend on the facts, the
+policy's XIDs and the GPUs the node should have, so a caller that keeps a
+`FactSignals` per version of the facts judges each version's GPUs once.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ FACT_CONDITIONS: Final[tuple[Condition, ...]] = (
 
 GPUFault = faults.GPUFault
 
+FactSignals = dict[tuple[frozenset[int], int | None], dict[Condition, model.Signal]]
+"""Signals of FACT_CONDITIONS per (policy XIDs, expected GPUs), for one version of a node's facts."""
+
 
 def raw_signals(
     facts: status.GPUNodeStatus,
@@ -52,11 +59,13 @@ def raw_signals(
     report_age_seconds: float = 0.0,
     *,
     agent_pod: liveness.AgentPod | None = None,
+    known: FactSignals | None = None,
 ) -> dict[Condition, model.Signal]:
     """One signal per condition of DESIGN.md's table except Straggler.
 
     `report_age_seconds`: how long ago the operator saw the agent's last new report (see `agent_stale`);
-    `agent_pod`: the node's agent pod as the operator last saw it (None: not known).
+    `agent_pod`: the node's agent pod as the operator last saw it (None: not known); `known`: the
+    fact signals already judged for these facts (module docstring), filled in here.
     """
     stale = agent_stale(facts, report_age_seconds, now, agent_pod)
     signals = {Condition.AGENT_STALE: stale}
@@ -64,6 +73,20 @@ def raw_signals(
         for condition in FACT_CONDITIONS:
             signals[condition] = model.Signal(condition, None, f"unknown: {stale.message}")
         return signals
+    if known is None:
+        return signals | fact_signals(facts, node, rule_xids)
+    key = (rule_xids, expected_gpus(facts, node))
+    judged = known.get(key)
+    if judged is None:
+        judged = known[key] = fact_signals(facts, node, rule_xids)
+    return signals | judged
+
+
+def fact_signals(
+    facts: status.GPUNodeStatus, node: model.NodeView, rule_xids: frozenset[int]
+) -> dict[Condition, model.Signal]:
+    """The signals of FACT_CONDITIONS of a node whose agent is not stale."""
+    signals: dict[Condition, model.Signal] = {}
     gpus = facts.get("gpus")
     if not isinstance(gpus, list):
         for condition in FACT_CONDITIONS:
@@ -112,7 +135,11 @@ def agent_stale(
     if by_pod is not None:
         message, since = by_pod
         return model.Signal(condition, True, message, observed_at=since)
-    return model.Signal(condition, False, f"last agent heartbeat at {times.render(heartbeat)}")
+    # Not the heartbeat's time: a message that changed with every report made the operator rewrite
+    # its status once per agent report (status.agent.lastHeartbeatTime says when, next to it).
+    return model.Signal(
+        condition, False, f"the agent reports (heartbeat every {heartbeat_seconds(agent):g}s)"
+    )
 
 
 def heartbeat_seconds(agent: Mapping[str, object]) -> float:

@@ -41,9 +41,16 @@ could be flagged for a sample. So the sustained condition is judged on the
 window (`windowed`): a node is flagged when at least WINDOW_QUANTILE of its
 z-scores of the last forSeconds are below -threshold, and held since the
 window's oldest sample (so a node seen for less than forSeconds still waits).
-A flagged node stays flagged while at least 1 - WINDOW_QUANTILE of them are
-below: a straggler close to the threshold keeps its label instead of
-flapping with the jitter.
+A flagged node stays flagged while the mean of its z-scores over the hold
+(the window, and at least its last HOLD_SAMPLES samples, none from before
+the evidence that flagged it) is below
+-HOLD_FRACTION * threshold (-1.75 at the default 3.5): a hysteresis band, so
+a straggler whose z sits on the set threshold (a one-GPU straggler of ~17 %,
+its node's score the minimum over jittery GPUs, z -3.3 on median with one
+sample in three above -2.5) keeps its label instead of flapping with the
+jitter, and only a node that came back towards its peers is cleared. A mean
+over several samples, because at the agent's 300 s heartbeat a forSeconds
+window holds only two or three.
 """
 
 from __future__ import annotations
@@ -69,6 +76,10 @@ _SLOWDOWN_REASONS: Final = status.THERMAL_REASONS | status.POWER_REASONS
 
 WINDOW_QUANTILE: Final = 0.7
 """Share of the window's z-scores that must be below -threshold."""
+HOLD_FRACTION: Final = 0.5
+"""A flagged node stays flagged while the mean z of its hold is below -HOLD_FRACTION * threshold."""
+HOLD_SAMPLES: Final = 6
+"""The hold covers at least this many heartbeats (the window, if longer)."""
 
 Cohort = tuple[str, str]
 """(GPU model, driver version)."""
@@ -80,25 +91,42 @@ def score_cohorts(
     now: datetime.datetime,
     report_ages: Mapping[str, float] | None = None,
     agent_pods: Mapping[str, liveness.AgentPod] | None = None,
+    *,
+    performance: Mapping[str, Performance] | None = None,
 ) -> dict[str, model.StragglerScore]:
     """A StragglerScore for every node that has a score, keyed by node name.
 
     `report_ages`: seconds since the operator saw each node's last new agent report
     (see `signals.agent_stale`); a node not in it counts as just seen. `agent_pods`: each
     node's agent pod as last seen (see `liveness`); a node not in it has none known.
+    `performance`: each node's `performance(facts)` if the caller keeps it (it changes only
+    with the facts); computed here for a node not in it.
     """
     cohorts: dict[Cohort, dict[str, float]] = defaultdict(dict)
     for name, facts in members.items():
         age = (report_ages or {}).get(name, 0.0)
-        if _excluded(facts, age, now, (agent_pods or {}).get(name)):
-            continue
-        key, score = cohort_of(facts), node_score(facts)
+        if signals.agent_stale(facts, age, now, (agent_pods or {}).get(name)).present:
+            continue  # its numbers are old
+        known = (performance or {}).get(name)
+        key, score = known if known is not None else performance_of(facts)
         if key is not None and score is not None:
             cohorts[key][name] = score
     result: dict[str, model.StragglerScore] = {}
     for scores in cohorts.values():
         result.update(_judge_cohort(scores, threshold))
     return result
+
+
+Performance = tuple[Cohort | None, float | None]
+"""A node's cohort and score as its facts say, (None, None) when they leave it out of the statistics."""
+
+
+def performance_of(facts: status.GPUNodeStatus) -> Performance:
+    """`cohort_of` and `node_score`; (None, None) for a node with a lost or missing GPU (its numbers are
+    meaningless). Depends on the facts alone: a caller may keep it per version of them."""
+    if _gpus_missing(facts):
+        return None, None
+    return cohort_of(facts), node_score(facts)
 
 
 def cohort_of(facts: status.GPUNodeStatus) -> Cohort | None:
@@ -151,14 +179,7 @@ def _number(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _excluded(
-    facts: status.GPUNodeStatus,
-    report_age_seconds: float,
-    now: datetime.datetime,
-    agent_pod: liveness.AgentPod | None = None,
-) -> bool:
-    if signals.agent_stale(facts, report_age_seconds, now, agent_pod).present:
-        return True
+def _gpus_missing(facts: status.GPUNodeStatus) -> bool:
     gpus = facts.get("gpus")
     if not isinstance(gpus, list):
         return True
@@ -200,18 +221,32 @@ def windowed(  # noqa: PLR0917 - one judgement's inputs
     threshold: float,
     *,
     was_flagged: bool = False,
+    flagged_since: datetime.datetime | None = None,
 ) -> model.StragglerScore:
     """`score` judged on the window: record its z once per sample, flag on the window (module docstring).
 
     The window keeps one heartbeat period more than `window_seconds`, so its
     oldest sample is forSeconds old once it is full and the rule can fire then.
+    `samples` keeps the hold (at least HOLD_SAMPLES heartbeats), which judges a
+    node that `was_flagged` on its samples since `flagged_since` (its flag's
+    `since`): the samples from before its slowdown began do not clear it.
     """
     if sampled_at is not None and (not samples or samples[-1][0] != sampled_at):
         samples.append((sampled_at, score.z_score))
-    horizon = now - datetime.timedelta(seconds=window_seconds + period_seconds)
-    while samples and samples[0][0] < horizon:
+    window = window_seconds + period_seconds
+    kept = now - datetime.timedelta(seconds=max(window, HOLD_SAMPLES * period_seconds))
+    while samples and samples[0][0] < kept:
         samples.popleft()
-    below = sum(1 for _, z in samples if z < -threshold)
-    share = WINDOW_QUANTILE if not was_flagged else 1 - WINDOW_QUANTILE
-    flagged = score.peers >= MIN_PEERS and bool(samples) and below >= share * len(samples)
-    return dataclasses.replace(score, flagged=flagged, since=samples[0][0] if flagged else None)
+    horizon = now - datetime.timedelta(seconds=window)
+    recent = [(at, z) for at, z in samples if at >= horizon]
+    if score.peers < MIN_PEERS or not recent:
+        flagged = False
+    elif was_flagged:
+        held = [z for at, z in samples if flagged_since is None or at >= flagged_since]
+        flagged = bool(held) and statistics.fmean(held) < -HOLD_FRACTION * threshold
+    else:
+        flagged = sum(1 for _, z in recent if z < -threshold) >= WINDOW_QUANTILE * len(recent)
+    since = None
+    if flagged:  # a held flag keeps its start; a new one starts at its window's oldest sample
+        since = (flagged_since if was_flagged else None) or recent[0][0]
+    return dataclasses.replace(score, flagged=flagged, since=since)

@@ -3,11 +3,19 @@
 Status fields are written by other processes (and by humans with kubectl), so
 a timestamp that does not parse is treated as absent rather than as an error:
 missing data is never a fault, and never a crash.
+
+Parsing and rendering are memoised (`CACHED`): every pass reads the same few
+timestamps per node (a heartbeat, the conditions' transition times) again.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
+from typing import Final
+
+CACHED: Final = 16_384
+"""Timestamps kept parsed and rendered (a few per node; datetimes are immutable, so sharing is safe)."""
 
 
 def parse(value: object) -> datetime.datetime | None:
@@ -17,6 +25,11 @@ def parse(value: object) -> datetime.datetime | None:
     """
     if not isinstance(value, str) or not value:
         return None
+    return _parse(value)
+
+
+@functools.lru_cache(maxsize=CACHED)
+def _parse(value: str) -> datetime.datetime | None:
     try:
         parsed = datetime.datetime.fromisoformat(value)
     except ValueError:
@@ -26,6 +39,7 @@ def parse(value: object) -> datetime.datetime | None:
     return parsed.astimezone(datetime.UTC)
 
 
+@functools.lru_cache(maxsize=CACHED)
 def render(value: datetime.datetime) -> str:
     """RFC 3339 in UTC with a `Z`; microseconds kept only when present, so round trips are exact."""
     utc = value.astimezone(datetime.UTC) if value.tzinfo else value.replace(tzinfo=datetime.UTC)

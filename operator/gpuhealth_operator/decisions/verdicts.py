@@ -59,14 +59,22 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
     report_age_seconds: float = 0.0,
     drill: model.Signal | None = None,
     agent_pod: liveness.AgentPod | None = None,
+    known_signals: signals.FactSignals | None = None,
 ) -> model.NodeVerdict:
     """`report_age_seconds`: how long ago, by the operator's clock, the agent's last new report was seen;
-    `agent_pod`: the node's agent pod as last seen (None: not known; see `liveness`).
+    `agent_pod`: the node's agent pod as last seen (None: not known; see `liveness`); `known_signals`:
+    the fact signals kept with this version of `facts` (see `signals.raw_signals`).
 
     `drill`: a fire drill's synthetic signal, which replaces the real one for its condition.
     """
     raw = signals.raw_signals(
-        facts, node, policies.rule_xids(policy), now, report_age_seconds, agent_pod=agent_pod
+        facts,
+        node,
+        policies.rule_xids(policy),
+        now,
+        report_age_seconds,
+        agent_pod=agent_pod,
+        known=known_signals,
     )
     stale = raw[Condition.AGENT_STALE].present is True
     raw[Condition.STRAGGLER] = straggler_signal(straggler, stale=stale)

@@ -282,3 +282,20 @@ def test_garbage_fields_are_no_fault() -> None:
     assert {c: s.present for c, s in got.items()} == dict.fromkeys(
         (*signals.FACT_CONDITIONS, Condition.AGENT_STALE), False
     )
+
+
+def test_kept_fact_signals_give_the_same_signals_and_only_the_agents_staleness_moves_with_time() -> None:
+    """A caller keeping the fact signals per version of the facts (the cache does) judges the same."""
+    facts = _facts(_gpu(0, ecc={"uncorrectedVolatile": 1}), _gpu(1))
+    node = model.NodeView(name="n", gpu_capacity=2)
+    known: signals.FactSignals = {}
+    fresh = signals.raw_signals(facts, node, XIDS, NOW)
+    assert signals.raw_signals(facts, node, XIDS, NOW, known=known) == fresh
+    assert len(known) == 1
+    assert signals.raw_signals(facts, node, XIDS, NOW, known=known) == fresh
+    other = signals.raw_signals(facts, node, frozenset({13}), NOW, known=known)
+    assert other == signals.raw_signals(facts, node, frozenset({13}), NOW), "kept per policy XIDs"
+    later = NOW + datetime.timedelta(hours=1)
+    stale = signals.raw_signals(facts, node, XIDS, later, 3600, known=known)
+    assert stale[Condition.AGENT_STALE].present is True
+    assert stale[Condition.ECC_UNCORRECTABLE].present is None, "a stale agent's facts are unknown"

@@ -52,3 +52,26 @@ def test_fleet_plan_mixes_episodes_and_keeps_major_ones_apart() -> None:
             assert a.end <= b.start
     faults = {e.detail["fault"] for p in plans for e in p.episodes if e.kind == "fatal"}
     assert len(faults) >= 5
+
+
+def test_the_agent_writes_on_a_significant_change_or_on_its_heartbeat(tmp_path: pathlib.Path) -> None:
+    """As the agent does (its changes.fingerprint): clock jitter is no reason to write, a fault is."""
+    path = tmp_path / "t.jsonl"
+    tracegen.generate(tracegen.Options(node_days=3, seed=18, nodes=12), path)
+    header, truth = traces.read_truth(path)
+    assert header["generator"]["heartbeatSeconds"] == 300
+    with traces.open_trace(path) as (_, records):
+        writes: dict[str, list[float]] = {}
+        for record in records:
+            if record["kind"] == "gpunode":
+                writes.setdefault(record["name"], []).append(record["t"])
+    heartbeats = 3 / 12 * 86_400 / 300  # the trace's length over the heartbeat
+    for times in writes.values():
+        assert heartbeats * 0.8 < len(times) < heartbeats * 1.5, "about one write per heartbeat"
+    fatal = next(t for t in truth if t["type"] == "fatal")
+    node = writes[fatal["node"]]
+    assert any(fatal["start"] <= t < fatal["start"] + 60 for t in node), "a fault is written within a sample"
+    every = tmp_path / "every.jsonl"
+    tracegen.generate(tracegen.Options(node_days=3, seed=18, nodes=12, heartbeat_seconds=0), every)
+    with traces.open_trace(every) as (_, records):
+        assert sum(r["kind"] == "gpunode" for r in records) > 4 * sum(len(t) for t in writes.values())
