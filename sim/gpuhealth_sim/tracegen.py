@@ -77,6 +77,9 @@ FATAL_FAULTS: Final = (
     "GPULost",
     "RecoveryAction",
 )
+DBE_XID: Final = 48
+ECC_XIDS: Final = frozenset({DBE_XID, 94, 95})
+"""XIDs the driver logs for an uncorrectable ECC error (48 double-bit; 94 contained, 95 uncontained)."""
 
 RATES: Final = {
     "fatal": 0.03,
@@ -304,7 +307,7 @@ class _Sampler:
         for index in range(board.gpus):
             gpu = self._gpu(index, t, idle, cap, kinds, straggler)
             if fatal is not None and index == fatal.detail["gpu"] % board.gpus:
-                self._fault(gpu, fatal, t)
+                apply_fault(gpu, fatal, t)
             gpus.append(gpu)
         for index, gpu in enumerate(gpus):
             view = (
@@ -401,20 +404,29 @@ class _Sampler:
             "lost": False,
         }
 
-    def _fault(self, gpu: dict[str, Any], fatal: Episode, t: float) -> None:
-        fault = fatal.detail["fault"]
-        began = _time(fatal.start)
-        if fault == "DBE":
-            gpu["ecc"]["uncorrectedVolatile"] = 1 + int((t - fatal.start) // 3600)
-        elif fault == "RowRemapFailure":
-            gpu["remappedRows"] = {"correctable": 3, "uncorrectable": 1, "pending": False, "failure": True}
-        elif fault.startswith("XID"):
-            gpu["xids"] = [{"code": int(fault[3:]), "count": 1, "lastSeen": began}]
-        elif fault == "GPULost":
-            gpu["lost"] = True
-            gpu.pop("utilizationPercent", None)
-        elif fault == "RecoveryAction":
-            gpu["recoveryAction"] = "GpuReset"
+
+def apply_fault(gpu: dict[str, Any], fatal: Episode, t: float) -> None:
+    """Write a fatal fault into one GPU's facts at trace time `t`, as the agent would read it."""
+    fault = fatal.detail["fault"]
+    began = _time(fatal.start)
+    if fault == "DBE":
+        gpu["ecc"]["uncorrectedVolatile"] = 1 + int((t - fatal.start) // 3600)
+    elif fault == "RowRemapFailure":
+        gpu["remappedRows"] = {"correctable": 3, "uncorrectable": 1, "pending": False, "failure": True}
+    elif fault.startswith("XID"):
+        code = int(fault[3:])
+        gpu["xids"] = [{"code": code, "count": 1, "lastSeen": began}]
+        if code in ECC_XIDS:
+            # The XID is the driver's log line of an uncorrectable ECC error: the volatile counter
+            # counts the same error, and a contained or uncontained one leaves a row to remap.
+            gpu["ecc"]["uncorrectedVolatile"] = 1
+            if code != DBE_XID:
+                gpu["remappedRows"] = {**gpu.get("remappedRows", {}), "pending": True}
+    elif fault == "GPULost":
+        gpu["lost"] = True
+        gpu.pop("utilizationPercent", None)
+    elif fault == "RecoveryAction":
+        gpu["recoveryAction"] = "GpuReset"
 
 
 def generate(options: Options, out: pathlib.Path) -> dict[str, int]:

@@ -3,8 +3,15 @@
 import hashlib
 import itertools
 import pathlib
+from typing import Any, cast
 
+import pytest
+import yaml
+
+from gpuhealth_api import faults, xid_catalogue
 from gpuhealth_sim import tracegen, traces
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 def digest(path: pathlib.Path) -> str:
@@ -75,3 +82,37 @@ def test_the_agent_writes_on_a_significant_change_or_on_its_heartbeat(tmp_path: 
     tracegen.generate(tracegen.Options(node_days=3, seed=18, nodes=12, heartbeat_seconds=0), every)
     with traces.open_trace(every) as (_, records):
         assert sum(r["kind"] == "gpunode" for r in records) > 4 * sum(len(t) for t in writes.values())
+
+
+def healthy_gpu() -> dict[str, Any]:
+    return {
+        "index": 0,
+        "ecc": {"correctedVolatile": 0, "uncorrectedVolatile": 0},
+        "remappedRows": {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False},
+        "xids": [],
+        "lost": False,
+    }
+
+
+@pytest.mark.parametrize("fault", tracegen.FATAL_FAULTS)
+def test_every_fatal_fault_reads_as_the_agent_would_show_it_and_the_default_policy_drains_it(
+    fault: str,
+) -> None:
+    """The truth calls these fatal: the facts a real GPU shows for them fire a default Drain rule."""
+    policy = yaml.safe_load((ROOT / "examples" / "default-policy.yaml").read_text())
+    draining = {r["condition"] for r in policy["spec"]["rules"] if r["action"] == "Drain"}
+    gpu = healthy_gpu()
+    assert not faults.gpu_faults(cast(Any, gpu), xid_catalogue.default_critical())
+    tracegen.apply_fault(gpu, tracegen.Episode("fatal", 0.0, 3600.0, {"fault": fault, "gpu": 0}), 60.0)
+    fired = faults.gpu_faults(cast(Any, gpu), xid_catalogue.default_critical())
+    assert set(fired) & draining, f"{fault}: {fired}"
+
+
+def test_an_ecc_xid_comes_with_the_uncorrectable_count_it_logs() -> None:
+    for code in (48, 94, 95):
+        gpu = healthy_gpu()
+        tracegen.apply_fault(
+            gpu, tracegen.Episode("fatal", 0.0, 60.0, {"fault": f"XID{code}", "gpu": 0}), 1.0
+        )
+        assert gpu["ecc"]["uncorrectedVolatile"] >= 1
+        assert gpu["remappedRows"]["pending"] is (code != 48)
