@@ -253,8 +253,29 @@ def desired_status(
     return desired
 
 
+STRAGGLER_STEPS = {"score": 0.02, "zScore": 1.0}
+"""How far a written straggler score must move before it alone is worth a status write: sample-to-sample
+jitter of a healthy cohort (a percent or two of clock) stays below, so steady heartbeats write nothing.
+The verdict does not read these numbers back (it keeps its own window), and any other change writes
+them as they are."""
+
+
+def _straggler_moved(current: object, desired: dict[str, Any]) -> bool:
+    if not isinstance(current, dict) or current.get("peers") != desired.get("peers"):
+        return True
+    for key, step in STRAGGLER_STEPS.items():
+        written = current.get(key)
+        if isinstance(written, bool) or not isinstance(written, int | float):
+            return True
+        if abs(float(desired[key]) - float(written)) >= step:
+            return True
+    return False
+
+
 def _differs(current: dict[str, Any], desired: dict[str, Any]) -> bool:
-    if any(current.get(k) != v for k, v in desired.items() if k != "conditions"):
+    if any(current.get(k) != v for k, v in desired.items() if k not in ("conditions", "straggler")):
+        return True
+    if "straggler" in desired and _straggler_moved(current.get("straggler"), desired["straggler"]):
         return True
     if "straggler" not in desired and current.get("straggler"):
         return True

@@ -112,7 +112,9 @@ def agent_stale(
     if by_pod is not None:
         message, since = by_pod
         return model.Signal(condition, True, message, observed_at=since)
-    return model.Signal(condition, False, f"last agent heartbeat at {times.render(heartbeat)}")
+    # Not the heartbeat's time either: an unchanged condition stays byte-identical, so a heartbeat
+    # writes no GPUNode status.
+    return model.Signal(condition, False, f"the agent reports every {heartbeat_seconds(agent):g}s")
 
 
 def heartbeat_seconds(agent: Mapping[str, object]) -> float:
