@@ -117,6 +117,12 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         "--tick-seconds", type=float, default=default.tick_seconds, help="period of the timer pass"
     )
     parser.add_argument(
+        "--full-pass-seconds",
+        type=float,
+        default=default.full_pass_seconds,
+        help="judge every node, due or not, this often (a safety net; default: 10)",
+    )
+    parser.add_argument(
         "--resync-seconds",
         type=float,
         default=default.resync_seconds,
@@ -141,6 +147,8 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         else args.lease_renew_seconds,
         retry_seconds=args.lease_retry_seconds,
     )
+    if args.full_pass_seconds <= 0:
+        parser.error("--full-pass-seconds must be positive")
     if args.resync_seconds <= 0:
         parser.error("--resync-seconds must be positive")
     if args.leader_elect and (problems := timing.problems()):
@@ -160,6 +168,7 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         agent_pod_selector=args.agent_pod_selector,
         node_selector=args.node_selector,
         tick_seconds=args.tick_seconds,
+        full_pass_seconds=args.full_pass_seconds,
         resync_seconds=args.resync_seconds,
         eviction_concurrency=args.eviction_concurrency,
         api_connections=args.api_connections,

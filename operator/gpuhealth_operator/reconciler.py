@@ -125,16 +125,44 @@ async def reconcile_node(
     """One pass for one node; errors are counted and logged, the next event or tick retries.
 
     The timer passes the `now` it judged the node at, so the pass reuses those verdicts.
+
+    The answer to our own GPUNode status write is stored in the cache, and it may already carry
+    an agent report that landed after the pass judged the node: that report's watch event then
+    finds the cache as new as itself and reconciles nothing. So a pass whose node now holds another
+    report than the one it judged runs again at once (`MAX_PASSES` in all), for the new report.
     """
     async with ctx.node_locks[name]:
-        try:
-            await _reconcile(ctx, name, now or ctx.clock())
-        except TRANSIENT_ERRORS as error:
-            if ctx.cache.node(name) is None or ctx.cache.gpunode(name) is None:
-                logger.debug("node %s was deleted during its reconcile: %s", name, error)
-                return  # gone (a write met 404): nothing left to do, nothing to retry
-            ctx.meters.reconcile_errors.labels(handler).inc()
-            logger.warning("reconcile of node %s failed (will retry): %s", name, error)
+        for _ in range(MAX_PASSES):
+            judged = ctx.cache.gpunode(name)
+            try:
+                await _reconcile(ctx, name, now or ctx.clock())
+            except TRANSIENT_ERRORS as error:
+                if ctx.cache.node(name) is None or ctx.cache.gpunode(name) is None:
+                    logger.debug("node %s was deleted during its reconcile: %s", name, error)
+                    return  # gone (a write met 404): nothing left to do, nothing to retry
+                ctx.meters.reconcile_errors.labels(handler).inc()
+                logger.warning("reconcile of node %s failed (will retry): %s", name, error)
+                return
+            current = ctx.cache.gpunode(name)
+            if judged is None or current is None or not new_report(judged, current):
+                return
+            now = None  # judge the new report by the clock, not at the timer's instant
+
+
+MAX_PASSES = 3
+"""Passes of one reconcile while reports keep landing under it; a later one's own event follows."""
+
+AGENT_FIELDS = ("agent", "summary", "gpus")
+"""The GPUNode status fields the agent writes (`gpuhealth_api.status`); the rest are ours."""
+
+
+def new_report(judged: cache.GPUNodeRecord, current: cache.GPUNodeRecord) -> bool:
+    """Whether `current` holds another agent report (or fire-drill annotation) than `judged`."""
+    if current is judged:
+        return False
+    if current.annotations != judged.annotations:
+        return True
+    return any(current.status.get(k) != judged.status.get(k) for k in AGENT_FIELDS)
 
 
 async def _reconcile(ctx: context.Context, name: str, now: datetime.datetime) -> None:
@@ -226,8 +254,29 @@ def desired_status(
     return desired
 
 
+STRAGGLER_STEPS = {"score": 0.02, "zScore": 1.0}
+"""How far a written straggler score must move before it alone is worth a status write: sample-to-sample
+jitter of a healthy cohort (a percent or two of clock) stays below, so steady heartbeats write nothing.
+The verdict does not read these numbers back (it keeps its own window), and any other change writes
+them as they are."""
+
+
+def _straggler_moved(current: object, desired: dict[str, Any]) -> bool:
+    if not isinstance(current, dict) or current.get("peers") != desired.get("peers"):
+        return True
+    for key, step in STRAGGLER_STEPS.items():
+        written = current.get(key)
+        if isinstance(written, bool) or not isinstance(written, int | float):
+            return True
+        if abs(float(desired[key]) - float(written)) >= step:
+            return True
+    return False
+
+
 def _differs(current: dict[str, Any], desired: dict[str, Any]) -> bool:
-    if any(current.get(k) != v for k, v in desired.items() if k != "conditions"):
+    if any(current.get(k) != v for k, v in desired.items() if k not in ("conditions", "straggler")):
+        return True
+    if "straggler" in desired and _straggler_moved(current.get("straggler"), desired["straggler"]):
         return True
     if "straggler" not in desired and current.get("straggler"):
         return True

@@ -110,7 +110,7 @@ async def remediate(
     if policy.dry_run:
         return await _dry_run(ctx, policy, name, verdict)
     verdict = await isolating.isolate(ctx, policy, name, verdict, now)  # isolated GPUs: off the node ladder
-    # Capacity first: a cordon is the latency-critical write (it carries the label changes with it).
+    # Capacity first: a cordon is the latency-critical write (it carries the label and taint changes).
     action = await _capacity(ctx, policy, name, verdict, now)
     await _labels(ctx, name, verdict, now)
     await _taint(ctx, name, verdict, now)
@@ -218,7 +218,12 @@ async def _cordon(
     if not await ctx.admission.admit(policy, name, ctx.cache, ctx.verdicts.wanting):
         return False
 
+    tainted = False
+
     def patch(record: cache.NodeRecord) -> Awaitable[kube.JsonObject]:
+        nonlocal tainted
+        # The verdict's taint rides along when a rule asks for one (a second request saved per cordon).
+        tainted = node_changes.our_taint(record) != verdict.wanted_taint
         return nodes.cordon(
             ctx.client,
             name,
@@ -227,6 +232,7 @@ async def _cordon(
             cordoned_at=times.render(now),
             drain_started=times.render(now) if verdict.wanted_action is Action.DRAIN else None,
             labels=node_changes.label_changes(record, verdict),
+            taints=nodes.with_taint(record.taints, verdict.wanted_taint) if tainted else None,
         )
 
     try:
@@ -236,6 +242,8 @@ async def _cordon(
         ctx.admission.release(policy, name)
     if patched is Patched.WRITTEN:
         _observe_latency(ctx, verdict, Action.CORDON.value, now)
+        if tainted and verdict.wanted_taint is not None:
+            _observe_latency(ctx, verdict, Action.TAINT.value, now)
     return patched is not Patched.CONFLICTED  # the caller announces it
 
 

@@ -60,6 +60,9 @@ class Settings:
     tick_seconds: float = 1.0
     """Period of the time-based pass: forSeconds, staleness, budget queue, recovery, stragglers."""
 
+    full_pass_seconds: float = 10.0
+    """How often the timer judges every node, due or not: a safety net under `ticker.is_due`."""
+
     resync_seconds: float = 300.0
     """How often the cache is checked against a fresh LIST (also done whenever a watch re-lists)."""
 

@@ -4,7 +4,7 @@ Watch events cover everything a change in the cluster causes; what time
 alone causes (a condition held for `forSeconds`, an agent going stale, the
 budget freeing up, `healthyForSeconds` of recovery, straggler cohorts
 shifting) needs a clock. Every `tick_seconds` this judges the nodes where a
-clock runs (`is_due`; every node every FULL_PASS_SECONDS), acts where a
+clock runs (`is_due`; every node every `full_pass_seconds`), acts where a
 verdict changed, and refreshes each policy's status counts. A pass that
 finds nothing to change sends no request. Each due node is judged once per
 pass: the reconcile reuses the verdicts judged for the budget's ranking.
@@ -25,10 +25,6 @@ from gpuhealth_operator.actions import status
 from gpuhealth_operator.decisions import model, signals, times
 
 logger = logging.getLogger(__name__)
-
-FULL_PASS_SECONDS = 10.0
-"""Every so often the timer judges every node, due or not: a safety net under `is_due`."""
-
 
 PASS_CHUNK = 250
 """Nodes judged (or reconciled) between two returns to the event loop in one pass: a full pass over
@@ -114,7 +110,7 @@ async def run(ctx: context.Context) -> None:
     last_full = float("-inf")
     while True:
         started = asyncio.get_running_loop().time()
-        full = started - last_full >= FULL_PASS_SECONDS
+        full = started - last_full >= ctx.config.full_pass_seconds
         if full:
             last_full = started
         try:

@@ -6,11 +6,19 @@ policy: once every node has reported and been judged Healthy, a 60 s window
 of the API server's audit log must hold no GPUNode write at all (agent or
 operator) and no write of the operator but its leader Lease. The issue's
 budget is at most one write per node per 5 minutes; the heartbeat is the one.
+
+The operator's side alone, with agents that do write: a fleet whose agents report
+every second with clocks jittering a little from sample to sample (no straggler,
+no fault) gets no write from the operator at all: an unchanged condition is
+byte-identical (no heartbeat time in a message) and straggler scores that only
+jitter are not rewritten.
 """
 
 import datetime
 import json
+import random
 import secrets
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +26,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+import gpunode_facts
 import operator_harness
 from gpuhealth_api import heartbeats, resources
 from gpuhealth_sim import controlplane, fleet, fleetfile, waiting
@@ -140,4 +149,77 @@ def test_a_quiet_fleet_writes_nothing_for_a_minute(
         assert turns >= NODES * WINDOW_SECONDS * 0.5, f"the agents kept collecting ({turns} turns)"
         assert in_window == [], f"writes in a quiet {WINDOW_SECONDS:g}s window: {in_window}"
     finally:
+        harness.cleanup()
+
+
+JITTER_NODES = 6
+JITTER_WINDOW_SECONDS = 20.0
+
+
+def jittery_report(rng: random.Random) -> dict[str, Any]:
+    """A healthy agent's report now: every GPU busy at a clock a fraction of a percent off its maximum."""
+    clocks = {i: {"smClockMHz": rng.randint(1968, 1980)} for i in range(8)}
+    return gpunode_facts.agent_status(overrides=clocks, heartbeat_seconds=5)
+
+
+def test_steady_jittery_heartbeats_get_no_operator_write(
+    crds: controlplane.ControlPlane,
+    k8s: client.ApiClient,
+    operator: operator_harness.OperatorProcess,
+    prefix: str,
+) -> None:
+    harness = operator_harness.Fleet(k8s, label=prefix)
+    names = [f"{prefix}-j{i}" for i in range(JITTER_NODES)]
+    harness.policy(
+        f"{prefix}-policy",
+        {
+            "rules": [
+                {"name": "straggler", "condition": "Straggler", "action": "Label", "forSeconds": 5},
+                {"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"},
+            ]
+        },
+    )
+    stop = threading.Event()
+    rng = random.Random(14)
+
+    def agents() -> None:
+        while not stop.is_set():
+            for name in names:
+                harness.report(name, jittery_report(rng))
+            stop.wait(1.0)  # the agents' pace, not a wait for the operator
+
+    try:
+        for name in names:
+            harness.add_node(name, report=False)
+        reporting = threading.Thread(target=agents, daemon=True)
+        reporting.start()
+        for name in names:
+            waiting.wait_until(
+                lambda n=name: (
+                    (s := harness.gpunode(n).get("status") or {}).get("health") == "Healthy"
+                    and "straggler" in s
+                ),
+                timeout_seconds=60,
+                message=f"{name} judged Healthy with a straggler score",
+            )
+        window_start = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=3)
+        waiting.wait_until(
+            lambda: (
+                datetime.datetime.now(datetime.UTC)
+                >= window_start + datetime.timedelta(seconds=JITTER_WINDOW_SECONDS)
+            ),
+            timeout_seconds=JITTER_WINDOW_SECONDS + 10,
+            message="the window passes",
+        )
+        stop.set()
+        reporting.join(timeout=10)
+        in_window = [w for e in writes(crds, window_start) if (w := ours(e, set(names)))]
+        by_agents = [w for w in in_window if "gpu-health-operator" not in w]
+        by_operator = [w for w in in_window if "gpu-health-operator" in w]
+        assert len(by_agents) >= JITTER_NODES * JITTER_WINDOW_SECONDS * 0.5, "the agents kept reporting"
+        assert by_operator == [], (
+            f"operator writes in a steady {JITTER_WINDOW_SECONDS:g}s window: {by_operator}"
+        )
+    finally:
+        stop.set()
         harness.cleanup()

@@ -9,7 +9,7 @@ overwrite. Each function returns the Node as the API server stored it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpuhealth_api import keys
@@ -59,12 +59,15 @@ async def cordon(
     cordoned_at: str,
     drain_started: str | None = None,
     labels: Mapping[str, str | None] | None = None,
+    taints: list[dict[str, Any]] | None = None,
 ) -> kube.JsonObject:
     """Mark the node unschedulable and record that `policy` did it, and when (`cordoned_at`).
 
     Fails with 409 if the node changed since `resource_version` (a human may
     have cordoned it meanwhile, and then it is not ours to claim). `labels`
-    rides along, so the verdict's labels land in the same write.
+    and `taints` (the whole new `spec.taints`, see `with_taint`; None leaves
+    them alone) ride along, so the verdict's labels and taint land in the
+    same write.
     """
     # A cordon on new evidence ends a human override: its baseline goes.
     annotations: dict[str, str | None] = {
@@ -77,7 +80,10 @@ async def cordon(
     metadata: dict[str, Any] = {"resourceVersion": resource_version, "annotations": annotations}
     if labels:
         metadata["labels"] = dict(labels)
-    body = {"metadata": metadata, "spec": {"unschedulable": True}}
+    spec: dict[str, Any] = {"unschedulable": True}
+    if taints is not None:
+        spec["taints"] = taints or None
+    body = {"metadata": metadata, "spec": spec}
     return await client.patch(node_path(name), body, urgent=True)
 
 
@@ -146,11 +152,19 @@ async def set_taint(
     `spec.taints` is replaced as a whole by any patch, so the new list is
     computed from the node at `resource_version` and the patch fails on change.
     """
-    kept = [t for t in taints if t.get("key") != keys.UNHEALTHY_TAINT]
+    body = {
+        "metadata": {"resourceVersion": resource_version},
+        "spec": {"taints": with_taint(taints, value) or None},
+    }
+    return await client.patch(node_path(name), body)
+
+
+def with_taint(taints: Iterable[Mapping[str, Any]], value: str | None) -> list[dict[str, Any]]:
+    """`taints` with our NoSchedule taint holding `value` (None: without it); other taints are kept."""
+    kept = [dict(t) for t in taints if t.get("key") != keys.UNHEALTHY_TAINT]
     if value is not None:
         kept.append({"key": keys.UNHEALTHY_TAINT, "value": value, "effect": TAINT_EFFECT})
-    body = {"metadata": {"resourceVersion": resource_version}, "spec": {"taints": kept or None}}
-    return await client.patch(node_path(name), body)
+    return kept
 
 
 async def set_condition(

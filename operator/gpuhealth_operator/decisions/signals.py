@@ -135,11 +135,9 @@ def agent_stale(
     if by_pod is not None:
         message, since = by_pod
         return model.Signal(condition, True, message, observed_at=since)
-    # Not the heartbeat's time: a message that changed with every report made the operator rewrite
-    # its status once per agent report (status.agent.lastHeartbeatTime says when, next to it).
-    return model.Signal(
-        condition, False, f"the agent reports (heartbeat every {heartbeat_seconds(agent):g}s)"
-    )
+    # Not the heartbeat's time either: an unchanged condition stays byte-identical, so a heartbeat
+    # writes no GPUNode status.
+    return model.Signal(condition, False, f"the agent reports every {heartbeat_seconds(agent):g}s")
 
 
 def heartbeat_seconds(agent: Mapping[str, object]) -> float:
