@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -541,7 +542,15 @@ def measure(plan: Plan, workdir: Path, results: dict[str, Any]) -> None:
 
         # -- a cold operator restart over the fleet ----------------------------------------------
         operator.stop()
-        errors = len(re.findall(r"reconcile of node .* failed", operator.log()))
+        first_log = operator.log()
+        Path("/tmp/gpuhealth-bench-scale-operator-1.log").write_text(first_log)
+        errors = len(re.findall(r"reconcile of node .* failed", first_log))
+        # What failed, by the error's kind (the text after "failed (will retry): ", first 60 characters).
+        results["reconcile_errors_by_kind"] = dict(
+            collections.Counter(
+                m[:60] for m in re.findall(r"reconcile of node \S+ failed \(will retry\): (.*)", first_log)
+            ).most_common(5)
+        )
         began = time.monotonic()
         operator = operator_harness.OperatorProcess(
             kubeconfig=Path(plane.kubeconfig), log_path=workdir / "operator-2.log", identity="bench-2"
