@@ -141,7 +141,7 @@ def agent_stale(
 
 
 def heartbeat_seconds(agent: Mapping[str, object]) -> float:
-    """The agent's heartbeat period: its own if valid, at most MAX_HEARTBEAT_SECONDS, else 60 s."""
+    """The agent's heartbeat period: its own if valid (at most MAX_HEARTBEAT_SECONDS), else the default."""
     period = agent.get("heartbeatSeconds")
     if isinstance(period, bool) or not isinstance(period, int | float) or period <= 0:
         return float(DEFAULT_HEARTBEAT_SECONDS)
