@@ -169,7 +169,7 @@ class EssenceDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         return super().build(body=kopf.Body(cast(kopf.RawBody, kept)), extra_fields=None)
 
 
-QUEUE_IDLE_SECONDS = 0.5
+QUEUE_IDLE_SECONDS = 0.1
 
 
 def configure(settings: kopf.OperatorSettings, agent_pod_selector: str = "", node_selector: str = "") -> None:
