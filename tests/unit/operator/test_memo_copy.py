@@ -2,8 +2,9 @@
 
 import asyncio
 
-from gpuhealth_operator import context, kube, metrics, settings
 from kopf._core.reactor import inventory
+
+from gpuhealth_operator import context, kube, metrics, settings
 
 
 def make() -> context.Context:
