@@ -172,6 +172,7 @@ def measure(nodes: int, workdir: Path, results: dict[str, Any]) -> None:
         time.sleep(SETTLE_SECONDS)
         results["cold_start_peak_rss_mib"] = round(sampler.peak, 1)
         results["cold_start_settled_rss_mib"] = round(operator_scale.rss_mib(operator.pid), 1)
+        results["cold_start_cpu_seconds"] = round(operator_scale.cpu_seconds(operator.pid), 1)
 
         sampler.reset()
         terms_began.append(time.time())
@@ -191,6 +192,7 @@ def measure(nodes: int, workdir: Path, results: dict[str, Any]) -> None:
         time.sleep(SETTLE_SECONDS)
         results["new_term_peak_rss_mib"] = round(sampler.peak, 1)
         results["new_term_settled_rss_mib"] = round(operator_scale.rss_mib(operator.pid), 1)
+        results["cpu_seconds_to_new_term_settled"] = round(operator_scale.cpu_seconds(operator.pid), 1)
         sampler.stop()
         results["peak_rss_mib_until_kopf_started_by_term"] = [
             round(p, 1) for p in primed_peaks(operator.log(), sampler.timeline, terms_began)

@@ -32,6 +32,7 @@ from gpuhealth_operator import (
     context,
     handlers,
     health,
+    heap,
     kube,
     leader,
     metrics,
@@ -382,6 +383,7 @@ async def _end_term(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    heap.tune_allocator()
     config = parse_args(argv)
     logging.basicConfig(
         level=config.log_level,

@@ -1,0 +1,23 @@
+"""kopf's per-object memory shares the one context instead of copying it for every Node and GPUNode."""
+
+import asyncio
+
+from kopf._core.reactor import inventory
+
+from gpuhealth_operator import context, kube, metrics, settings
+
+
+def make() -> context.Context:
+    client = kube.Kube(kube.Credentials("https://127.0.0.1:1", None, True, None, None, None))
+    return context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+
+
+def test_every_object_gets_the_same_context() -> None:
+    ctx = make()
+
+    async def recall() -> list[object]:
+        memories = inventory.ResourceMemories()
+        bodies = [{"metadata": {"uid": f"uid-{i}"}} for i in range(3)]
+        return [(await memories.recall(b, memobase=ctx)).memo for b in bodies]  # type: ignore[arg-type]
+
+    assert all(memo is ctx for memo in asyncio.run(recall()))
