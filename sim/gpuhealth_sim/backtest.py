@@ -44,6 +44,7 @@ import dataclasses
 import datetime
 import logging
 import pathlib
+from collections.abc import Mapping
 from typing import Any, Final, cast
 
 import kopf
@@ -101,6 +102,41 @@ class NodeState:
     drain: bool = False
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     taint: str | None = None
+
+
+def node_state(body: Mapping[str, Any], policy: str) -> NodeState:
+    """What of a Node version the report is about: the policy's claim, the drain, our labels and taint."""
+    meta, spec = body.get("metadata") or {}, body.get("spec") or {}
+    annotations = meta.get("annotations") or {}
+    unschedulable = bool(spec.get("unschedulable"))
+    return NodeState(
+        unschedulable=unschedulable,
+        ours=unschedulable and annotations.get(keys.CORDONED_BY_ANNOTATION) == policy,
+        drain=node_actions.DRAIN_STARTED_ANNOTATION in annotations,
+        labels={k: v for k, v in (meta.get("labels") or {}).items() if k in OUR_LABELS},
+        taint=next(
+            (t.get("value") for t in spec.get("taints") or [] if t.get("key") == keys.UNHEALTHY_TAINT), None
+        ),
+    )
+
+
+def node_changes(before: NodeState, after: NodeState) -> list[str]:
+    """The actions between two states of a Node, in the order the report lists them."""
+    found = []
+    if after.ours and not before.ours:
+        found.append("Drain" if after.drain else "Cordon")
+    elif before.ours and not after.ours:
+        found.append("Uncordon")
+    elif after.drain and not before.drain and after.ours:
+        found.append("Drain")
+    for label in OUR_LABELS:
+        old, new = before.labels.get(label), after.labels.get(label)
+        if old != new:
+            short = label.removeprefix(keys.PREFIX + "/")
+            found.append(f"Unlabel {short}" if new is None else f"Label {short}={new}")
+    if after.taint != before.taint:
+        found.append(f"Taint {after.taint}" if after.taint else "Untaint")
+    return found
 
 
 @dataclasses.dataclass
@@ -310,45 +346,24 @@ class Replay:
         if body is None:
             return
         before = self.states.get(name) or NodeState()
-        meta, spec = body.get("metadata") or {}, body.get("spec") or {}
-        annotations = meta.get("annotations") or {}
-        after = NodeState(
-            unschedulable=bool(spec.get("unschedulable")),
-            ours=annotations.get(keys.CORDONED_BY_ANNOTATION) == self.name
-            and bool(spec.get("unschedulable")),
-            drain=node_actions.DRAIN_STARTED_ANNOTATION in annotations,
-            labels={k: v for k, v in (meta.get("labels") or {}).items() if k in OUR_LABELS},
-            taint=next(
-                (t.get("value") for t in spec.get("taints") or [] if t.get("key") == keys.UNHEALTHY_TAINT),
-                None,
-            ),
-        )
-        self.states[name] = after
+        after = self.states[name] = node_state(body, self.name)
         reason = self._issues(name)
-        if after.ours and not before.ours:
-            self.result.actions.append(Action(self.t, name, "Drain" if after.drain else "Cordon", reason))
-            self.out_since[name] = self.t
-        elif before.ours and not after.ours:
-            self.result.actions.append(Action(self.t, name, "Uncordon", reason))
-            self._back_in_service(name)
-        elif after.drain and not before.drain and after.ours:
-            self.result.actions.append(Action(self.t, name, "Drain", reason))
+        for what in node_changes(before, after):
+            self.result.actions.append(Action(self.t, name, what, reason))
+            if what in ("Cordon", "Drain") and after.ours and not before.ours:
+                self.out_since[name] = self.t
+            elif what == "Uncordon":
+                self._back_in_service(name)
         for label in OUR_LABELS:
             old, new = before.labels.get(label), after.labels.get(label)
             if old == new:
                 continue
-            short = label.removeprefix(keys.PREFIX + "/")
             if new is None:
-                self.result.actions.append(Action(self.t, name, f"Unlabel {short}", reason))
                 self.label_cleared[(name, label)] = self.t
             else:
-                self.result.actions.append(Action(self.t, name, f"Label {short}={new}", reason))
                 cleared = self.label_cleared.pop((name, label), None)
                 if label != keys.HEALTH_LABEL and cleared is not None and self.t - cleared < FLAP_SECONDS:
                     self.result.label_flaps += 1
-        if after.taint != before.taint:
-            what = f"Taint {after.taint}" if after.taint else "Untaint"
-            self.result.actions.append(Action(self.t, name, what, reason))
 
     def _issues(self, name: str) -> str:
         gpunode = self.client.gpunodes.get(name)

@@ -21,12 +21,10 @@ first when they are less than `SAME_PASS_SECONDS` apart. Pure: dicts in, lists o
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from gpuhealth_api import keys
-from gpuhealth_operator.actions import nodes as node_actions
 from gpuhealth_operator.decisions import device_taints
 from gpuhealth_sim import backtest
 
@@ -34,56 +32,21 @@ SAME_PASS_SECONDS: Final = 0.5
 """An isolation and a health label this close were written in one pass (see the docstring)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class State:
-    ours: bool = False
-    drain: bool = False
-    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    taint: str | None = None
-
-
-def state_of(obj: Mapping[str, Any], policy: str) -> State:
-    """What of a Node version the backtest reports on: the claim, the drain, our labels and taint."""
-    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
-    annotations = meta.get("annotations") or {}
-    unschedulable = bool(spec.get("unschedulable"))
-    return State(
-        ours=unschedulable and annotations.get(keys.CORDONED_BY_ANNOTATION) == policy,
-        drain=node_actions.DRAIN_STARTED_ANNOTATION in annotations,
-        labels={k: v for k, v in (meta.get("labels") or {}).items() if k in backtest.OUR_LABELS},
-        taint=next(
-            (t.get("value") for t in spec.get("taints") or [] if t.get("key") == keys.UNHEALTHY_TAINT), None
-        ),
-    )
-
-
-def changes(t: float, node: str, before: State, after: State) -> list[backtest.Action]:
-    """The actions between two states of a Node, in the order the backtest lists them."""
-    found = []
-    if after.ours and not before.ours:
-        found.append("Drain" if after.drain else "Cordon")
-    elif before.ours and not after.ours:
-        found.append("Uncordon")
-    elif after.drain and not before.drain and after.ours:
-        found.append("Drain")
-    for label in backtest.OUR_LABELS:
-        old, new = before.labels.get(label), after.labels.get(label)
-        if old != new:
-            short = label.removeprefix(keys.PREFIX + "/")
-            found.append(f"Unlabel {short}" if new is None else f"Label {short}={new}")
-    if after.taint != before.taint:
-        found.append(f"Taint {after.taint}" if after.taint else "Untaint")
-    return [backtest.Action(t, node, what, "") for what in found]
+def changes(
+    t: float, node: str, before: backtest.NodeState, after: backtest.NodeState
+) -> list[backtest.Action]:
+    """The actions between two states of a Node, as the backtest lists them (`backtest.node_changes`)."""
+    return [backtest.Action(t, node, what, "") for what in backtest.node_changes(before, after)]
 
 
 def actions(versions: Iterable[tuple[float, Mapping[str, Any]]], policy: str) -> list[backtest.Action]:
     """Every change `policy` made to the Nodes, from their versions in the order they arrived."""
-    states: dict[str, State] = {}
+    states: dict[str, backtest.NodeState] = {}
     found: list[backtest.Action] = []
     for t, obj in versions:
         name = str((obj.get("metadata") or {}).get("name"))
-        after = state_of(obj, policy)
-        found += changes(t, name, states.get(name, State()), after)
+        after = backtest.node_state(obj, policy)
+        found += changes(t, name, states.get(name, backtest.NodeState()), after)
         states[name] = after
     return found
 
