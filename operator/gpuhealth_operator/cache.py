@@ -15,7 +15,7 @@ import datetime
 import functools
 import sys
 import types
-from collections.abc import Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 from gpuhealth_api import keys, status, vocabulary
@@ -59,7 +59,8 @@ class GPUNodeRecord:
     @functools.cached_property
     def conditions(self) -> Mapping[vocabulary.Condition, model.ConditionState]:
         """`status.conditions` parsed (`hysteresis.from_status`), once per stored version, read-only."""
-        return types.MappingProxyType(hysteresis.from_status(self.status.get("conditions") or []))
+        states = hysteresis.from_status(self.status.get("conditions") or [])
+        return types.MappingProxyType({k: SHARED.share(v) for k, v in states.items()})
 
     @functools.cached_property
     def fact_signals(self) -> signals.FactSignals:
@@ -145,11 +146,79 @@ GPU_FIELDS: Mapping[str, frozenset[str] | None] = {
 """Per-GPU facts the decision core reads (None: the whole value); the rest is not kept in memory."""
 
 
-def _intern(value: Any) -> Any:
-    return sys.intern(value) if isinstance(value, str) else value
+class SharedValues:
+    """One copy of each small value that many GPUs and nodes hold alike (a bounded table).
+
+    A healthy fleet reports the same `ecc`, `remappedRows` and `pcie` dicts, the
+    same empty `xids`, the same clocks and, per report, the same `observedTime`
+    on every GPU: stored once each, they cost a GPU a few pointers instead of
+    ~1 KiB. Shared values are why a cache record must never be mutated (no
+    reader does; they all build new objects). The table forgets everything
+    when it holds `limit` entries, so values that came and went (heartbeat
+    times) do not pile up; what is already shared stays shared. Keys carry
+    the values' types: 1, 1.0 and True are equal in Python, not in a fact.
+
+    Compaction runs for every report and every answer to our own status write,
+    so the common cases are single C calls (`dict.setdefault`), not a walk.
+    """
+
+    def __init__(self, limit: int = 20_000) -> None:
+        self.limit = limit
+        self.table: dict[Hashable, Any] = {}
+
+    def check(self) -> None:
+        """Forget every entry once the table is full (called once per record, not per value)."""
+        if len(self.table) >= self.limit:
+            self.table.clear()
+
+    def share(self, value: Hashable) -> Any:
+        """`value` or an equal one of the same type already held."""
+        return self.table.setdefault((type(value), value), value)
+
+    def value(self, value: Any) -> Any:
+        """A shared equal of a JSON value: strings, numbers, flat lists and flat dicts; others as they are."""
+        kind = type(value)
+        if kind is str:
+            return sys.intern(value) if len(value) <= INTERNED_LENGTH else self.table.setdefault(value, value)
+        if kind is int:  # CPython holds one copy of -5..256 already
+            return value if -5 <= value <= 256 else self.table.setdefault((int, value), value)
+        if kind is float:
+            return self.table.setdefault((float, value), value)
+        if kind is list:
+            return self.sequence(value) if value else _EMPTY_LIST
+        if kind is dict:
+            return self.mapping(value)
+        return value
+
+    def mapping(self, raw: Mapping[str, Any], keys: Iterable[str] | None = None) -> dict[str, Any]:
+        """A dict of `raw`'s `keys` (default all); one shared copy when its values are all scalars."""
+        kept = {k: raw[k] for k in (raw if keys is None else keys) if k in raw}
+        try:
+            return self.table.setdefault((dict, tuple(kept.items()), tuple(map(type, kept.values()))), kept)  # type: ignore[no-any-return]
+        except TypeError:  # a nested value: share the parts instead
+            return {sys.intern(k): self.value(v) for k, v in kept.items()}
+
+    def sequence(self, raw: list[Any]) -> list[Any]:
+        """One shared copy of a list of scalars; a list of records with shared parts otherwise."""
+        try:
+            return self.table.setdefault((list, tuple(raw), tuple(map(type, raw))), raw)  # type: ignore[no-any-return]
+        except TypeError:
+            return [self.value(v) for v in raw]
 
 
-_WHOLE = tuple(sys.intern(k) for k, wanted in GPU_FIELDS.items() if wanted is None)
+INTERNED_LENGTH = 24
+"""Short strings (models, reasons, enum values) go to Python's own table for good; longer ones (times)
+to `SharedValues`, which can forget them."""
+
+_EMPTY_LIST: list[Any] = []
+"""Every GPU's empty `xids` and `clockEventReasons` (read-only, as all cached facts)."""
+
+SHARED = SharedValues()
+"""The operator's one table: records of every node draw on it."""
+
+_UNIQUE = frozenset({"uuid"})
+"""GPU fields no two GPUs share: not worth a table entry."""
+_WHOLE = tuple(sys.intern(k) for k, wanted in GPU_FIELDS.items() if wanted is None and k not in _UNIQUE)
 _PARTS = tuple(
     (sys.intern(k), tuple(sys.intern(w) for w in sorted(wanted)))
     for k, wanted in GPU_FIELDS.items()
@@ -157,31 +226,38 @@ _PARTS = tuple(
 )
 
 
-def compact_gpu(gpu: Mapping[str, Any]) -> dict[str, Any]:
-    """The GPU facts the decisions need, with interned keys and names (one copy across the fleet).
+def compact_gpu(gpu: Mapping[str, Any], shared: SharedValues = SHARED) -> dict[str, Any]:
+    """The GPU facts the decisions need (GPU_FIELDS), their values shared across the fleet (`SharedValues`).
 
     Runs once per GPU per GPUNode version (every agent report and every answer to our status write),
     so it walks the few kept keys, not the many reported ones.
     """
-    kept: dict[str, Any] = {k: gpu[k] for k in _WHOLE if k in gpu}
+    value = shared.value
+    kept: dict[str, Any] = {k: value(gpu[k]) for k in _WHOLE if k in gpu}
+    for key in _UNIQUE:
+        if key in gpu:
+            kept[key] = gpu[key]
     for key, wanted in _PARTS:
         if key in gpu:
             raw = gpu[key]
-            kept[key] = {k: raw[k] for k in wanted if k in raw} if isinstance(raw, Mapping) else raw
-    for key, value in kept.items():  # replacing values of existing keys only
-        if isinstance(value, str):
-            kept[key] = sys.intern(value)
-        elif isinstance(value, list):
-            kept[key] = [_intern(v) for v in value]
+            kept[key] = shared.mapping(raw, wanted) if isinstance(raw, Mapping) else value(raw)
     return kept
+
+
+_SHARED_STATUS = ("conditions", "summary", "straggler", "health", "issues", "action")
+"""Status fields besides `gpus` whose values repeat across nodes (the operator's own words, mostly)."""
 
 
 def gpunode_record(body: Mapping[str, Any], report_seen_at: datetime.datetime | None = None) -> GPUNodeRecord:
     meta = body.get("metadata") or {}
     raw_status: status.GPUNodeStatus = dict(body.get("status") or {})  # type: ignore[assignment]
     gpus = raw_status.get("gpus")
+    SHARED.check()
     if isinstance(gpus, list):
         raw_status["gpus"] = [compact_gpu(g) if isinstance(g, Mapping) else g for g in gpus]  # type: ignore[misc]
+    for key in _SHARED_STATUS:
+        if key in raw_status:
+            raw_status[key] = SHARED.value(raw_status[key])  # type: ignore[literal-required]
     return GPUNodeRecord(
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),

@@ -1,0 +1,75 @@
+"""The cache shares facts that many GPUs report alike, and sharing never changes a verdict's input."""
+
+import datetime
+import json
+from typing import Any
+
+import gpunode_facts
+from gpuhealth_api import faults
+from gpuhealth_operator import cache
+
+NOW = datetime.datetime(2026, 11, 24, tzinfo=datetime.UTC)
+
+
+def body(name: str, status: dict[str, Any], version: int = 1) -> dict[str, Any]:
+    """A GPUNode as a watch event decodes it: every value a fresh object."""
+    raw = {
+        "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": str(version)},
+        "status": status,
+    }
+    decoded: dict[str, Any] = json.loads(json.dumps(raw))
+    return decoded
+
+
+def test_a_healthy_fleet_holds_one_copy_of_the_facts_its_gpus_share() -> None:
+    store = cache.ClusterCache()
+    observed = gpunode_facts.rfc3339(NOW)
+    first, second = (
+        store.put_gpunode(body(n, gpunode_facts.agent_status(observed=observed)), NOW) for n in ("a", "b")
+    )
+    gpu_a, gpu_b = first.status["gpus"][0], second.status["gpus"][3]
+    for field in ("ecc", "remappedRows", "pcie", "xids", "clockEventReasons", "observedTime"):
+        assert gpu_a[field] is gpu_b[field], field  # type: ignore[literal-required]
+    assert gpu_a["uuid"] == second.status["gpus"][0]["uuid"]  # the test's UUIDs repeat per node
+    assert first.status["summary"] is second.status["summary"]
+
+
+def test_a_shared_value_keeps_its_type() -> None:
+    """1 == True in Python; a fact reported as True on one node is not what another reported as 1."""
+    store = cache.ClusterCache()
+    failing = gpunode_facts.agent_status(overrides={0: {"remappedRows": {"failure": True}}})
+    odd = gpunode_facts.agent_status(overrides={0: {"remappedRows": {"failure": 1}}})
+    store.put_gpunode(body("a", failing), NOW)
+    record = store.put_gpunode(body("b", odd), NOW)
+    assert faults.row_remap_failure(record.status["gpus"][0]) is None
+    assert record.status["gpus"][0]["remappedRows"]["failure"] == 1
+    assert record.status["gpus"][0]["remappedRows"]["failure"] is not True
+
+
+def test_one_nodes_fault_is_not_seen_on_another_that_shares_its_healthy_facts() -> None:
+    store = cache.ClusterCache()
+    observed = gpunode_facts.rfc3339(NOW)
+    healthy = store.put_gpunode(body("a", gpunode_facts.agent_status(observed=observed)), NOW)
+    faulty = store.put_gpunode(
+        body(
+            "b",
+            gpunode_facts.agent_status(observed=observed, overrides={2: {"ecc": {"uncorrectedVolatile": 3}}}),
+        ),
+        NOW,
+    )
+    assert [faults.ecc_uncorrectable(g) for g in faulty.status["gpus"]][
+        2
+    ] == "3 uncorrectable volatile ECC errors"
+    assert all(faults.ecc_uncorrectable(g) is None for g in healthy.status["gpus"])
+    assert healthy.status["gpus"][2]["ecc"] == {"uncorrectedVolatile": 0}
+
+
+def test_the_table_forgets_rather_than_grows() -> None:
+    """Heartbeat times come and go: the table holds at most its limit, and what it shared stays equal."""
+    shared = cache.SharedValues(limit=50)
+    kept = []
+    for i in range(1000):
+        shared.check()
+        kept.append(shared.value(f"2026-11-24T00:00:{i:06d}Z"))
+    assert len(shared.table) <= 50
+    assert kept == [f"2026-11-24T00:00:{i:06d}Z" for i in range(1000)]
