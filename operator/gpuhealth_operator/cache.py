@@ -162,7 +162,7 @@ class SharedValues:
     so the common cases are single C calls (`dict.setdefault`), not a walk.
     """
 
-    def __init__(self, limit: int = 20_000) -> None:
+    def __init__(self, limit: int = 8192) -> None:
         self.limit = limit
         self.table: dict[Hashable, Any] = {}
 
@@ -194,14 +194,14 @@ class SharedValues:
         """A dict of `raw`'s `keys` (default all); one shared copy when its values are all scalars."""
         kept = {k: raw[k] for k in (raw if keys is None else keys) if k in raw}
         try:
-            return self.table.setdefault((dict, tuple(kept.items()), tuple(map(type, kept.values()))), kept)  # type: ignore[no-any-return]
+            return self.table.setdefault((dict, *kept, *kept.values(), *map(type, kept.values())), kept)  # type: ignore[no-any-return]
         except TypeError:  # a nested value: share the parts instead
             return {sys.intern(k): self.value(v) for k, v in kept.items()}
 
     def sequence(self, raw: list[Any]) -> list[Any]:
         """One shared copy of a list of scalars; a list of records with shared parts otherwise."""
         try:
-            return self.table.setdefault((list, tuple(raw), tuple(map(type, raw))), raw)  # type: ignore[no-any-return]
+            return self.table.setdefault((list, *raw, *map(type, raw)), raw)  # type: ignore[no-any-return]
         except TypeError:
             return [self.value(v) for v in raw]
 
