@@ -19,7 +19,16 @@ from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 from gpuhealth_api import keys, status, vocabulary
-from gpuhealth_operator.decisions import budget, hysteresis, model, policies, signals, stragglers, times
+from gpuhealth_operator.decisions import (
+    budget,
+    gpu_facts,
+    hysteresis,
+    model,
+    policies,
+    signals,
+    stragglers,
+    times,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,26 +133,8 @@ def node_record(body: Mapping[str, Any]) -> NodeRecord:
     )
 
 
-GPU_FIELDS: Mapping[str, frozenset[str] | None] = {
-    "index": None,
-    "uuid": None,
-    "model": None,
-    "temperatureCelsius": None,
-    "slowdownTemperatureCelsius": None,
-    "smClockMHz": None,
-    "maxSmClockMHz": None,
-    "utilizationPercent": None,
-    "ecc": frozenset({"uncorrectedVolatile"}),
-    "remappedRows": frozenset({"failure", "pending"}),
-    "xids": None,
-    "clockEventReasons": None,
-    "throttledSince": None,
-    "recoveryAction": None,
-    "pcie": frozenset({"generation", "maxGeneration", "width", "maxWidth"}),
-    "lost": None,
-    "observedTime": None,
-}
-"""Per-GPU facts the decision core reads (None: the whole value); the rest is not kept in memory."""
+GPU_FIELDS = gpu_facts.FIELDS
+"""Per-GPU facts the decision core reads (`gpu_facts`); the rest is not kept in memory."""
 
 
 class SharedValues:
@@ -216,32 +207,40 @@ _EMPTY_LIST: list[Any] = []
 SHARED = SharedValues()
 """The operator's one table: records of every node draw on it."""
 
-_UNIQUE = frozenset({"uuid"})
+_UNIQUE_FIELDS = frozenset({"uuid"})
 """GPU fields no two GPUs share: not worth a table entry."""
-_WHOLE = tuple(sys.intern(k) for k, wanted in GPU_FIELDS.items() if wanted is None and k not in _UNIQUE)
+_WHOLE = tuple(
+    (sys.intern(k), gpu_facts.setter(k))
+    for k, wanted in GPU_FIELDS.items()
+    if wanted is None and k not in _UNIQUE_FIELDS
+)
+_UNIQUE = tuple((k, gpu_facts.setter(k)) for k in _UNIQUE_FIELDS)
 _PARTS = tuple(
-    (sys.intern(k), tuple(sys.intern(w) for w in sorted(wanted)))
+    (sys.intern(k), gpu_facts.setter(k), tuple(sys.intern(w) for w in sorted(wanted)))
     for k, wanted in GPU_FIELDS.items()
     if wanted is not None
 )
 
 
-def compact_gpu(gpu: Mapping[str, Any], shared: SharedValues = SHARED) -> dict[str, Any]:
-    """The GPU facts the decisions need (GPU_FIELDS), their values shared across the fleet (`SharedValues`).
+def compact_gpu(gpu: Mapping[str, Any], shared: SharedValues = SHARED) -> gpu_facts.GPUFacts:
+    """The GPU facts the decisions need (GPU_FIELDS) in slots, their values shared across the fleet.
 
     Runs once per GPU per GPUNode version (every agent report and every answer to our status write),
-    so it walks the few kept keys, not the many reported ones.
+    so it walks the few kept keys, not the many reported ones, and fills the slots directly.
     """
     value = shared.value
-    kept: dict[str, Any] = {k: value(gpu[k]) for k in _WHOLE if k in gpu}
-    for key in _UNIQUE:
+    facts = gpu_facts.empty()
+    for key, put in _WHOLE:
         if key in gpu:
-            kept[key] = gpu[key]
-    for key, wanted in _PARTS:
+            put(facts, value(gpu[key]))
+    for key, put in _UNIQUE:
+        if key in gpu:
+            put(facts, gpu[key])
+    for key, put, wanted in _PARTS:
         if key in gpu:
             raw = gpu[key]
-            kept[key] = shared.mapping(raw, wanted) if isinstance(raw, Mapping) else value(raw)
-    return kept
+            put(facts, shared.mapping(raw, wanted) if isinstance(raw, Mapping) else value(raw))
+    return facts
 
 
 _SHARED_STATUS = ("conditions", "summary", "straggler", "health", "issues", "action")

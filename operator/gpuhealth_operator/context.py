@@ -21,6 +21,7 @@ import asyncio
 import collections
 import dataclasses
 import datetime
+import weakref
 from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
@@ -44,6 +45,19 @@ def _drop(mapping: MutableMapping[tuple[str, str], Any], name: str, position: in
     """Delete, in place, every (policy, node) key whose part at `position` is `name`."""
     for key in [k for k in mapping if k[position] == name]:
         del mapping[key]
+
+
+def _weakly(value: object) -> object:
+    """A weak reference to `value` where it takes one (records, policies); else `value` itself."""
+    try:
+        return weakref.ref(value)
+    except TypeError:  # str, datetime, None, tuples: small, or not worth a reference
+        return value
+
+
+def _strongly(value: object) -> object:
+    """The object `_weakly` kept (None once a referenced object is gone: never an input's identity)."""
+    return value() if isinstance(value, weakref.ref) else value
 
 
 class Verdicts(MutableMapping[tuple[str, str], model.NodeVerdict]):
@@ -85,9 +99,14 @@ class Verdicts(MutableMapping[tuple[str, str], model.NodeVerdict]):
         self.turned_unhealthy[key[0]].pop(key[1], None)
 
     def remember(self, key: tuple[str, str], verdict: model.NodeVerdict, inputs: tuple[object, ...]) -> None:
-        """Store a verdict with what it was judged from, so the same inputs are not judged twice."""
+        """Store a verdict with what it was judged from, so the same inputs are not judged twice.
+
+        The inputs are held by weak reference where they can be: a GPUNode version the cache has
+        already replaced can only fail the identity test, and holding it would keep a second copy
+        of every node's facts in memory (issue 14).
+        """
         self[key] = verdict
-        self._inputs[key] = inputs
+        self._inputs[key] = tuple(_weakly(i) for i in inputs)
 
     def amend(self, key: tuple[str, str], verdict: model.NodeVerdict) -> None:
         """Replace a stored verdict by its amended form (GPUs isolated), keeping what it was judged from."""
@@ -102,7 +121,7 @@ class Verdicts(MutableMapping[tuple[str, str], model.NodeVerdict]):
         if (
             known is None
             or len(known) != len(inputs)
-            or any(a is not b for a, b in zip(known, inputs, strict=True))
+            or any(_strongly(a) is not b for a, b in zip(known, inputs, strict=True))
         ):
             return None
         return self._all.get(key)

@@ -41,7 +41,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Final
 
 from gpuhealth_api import faults, status, vocabulary, xid_catalogue
-from gpuhealth_operator.decisions import device_taints, hysteresis, model, signals
+from gpuhealth_operator.decisions import device_taints, gpu_facts, hysteresis, model, signals
 
 Action = vocabulary.Action
 Condition = vocabulary.Condition
@@ -171,7 +171,7 @@ def attribute(
     """The GPUs showing a `wanted` condition (those of fired IsolateGPU rules), by the per-GPU predicates."""
     catalogue = catalogue or xid_catalogue.Catalogue.packaged()
     gpus = facts.get("gpus")
-    listed = [gpu for gpu in gpus if isinstance(gpu, dict)] if isinstance(gpus, list) else []
+    listed = [gpu for gpu in gpus if isinstance(gpu, gpu_facts.MAPPINGS)] if isinstance(gpus, list) else []
     found: list[GPUFault] = []
     for gpu in listed:
         shown = faults.gpu_faults(gpu, critical_xids)

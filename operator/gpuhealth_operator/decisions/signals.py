@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from gpuhealth_api import faults, heartbeats, status, vocabulary
-from gpuhealth_operator.decisions import liveness, model, times
+from gpuhealth_operator.decisions import gpu_facts, liveness, model, times
 
 Condition = vocabulary.Condition
 
@@ -164,7 +164,7 @@ def _per_gpu(
     found: list[str] = []
     observed: list[datetime.datetime] = []
     for gpu in gpus:
-        if not isinstance(gpu, dict):
+        if not isinstance(gpu, gpu_facts.MAPPINGS):
             continue
         fault = check(gpu)
         if fault is None:
@@ -202,7 +202,7 @@ def expected_gpus(facts: status.GPUNodeStatus, node: model.NodeView) -> int | No
 
 def _lost(facts: status.GPUNodeStatus, node: model.NodeView, gpus: list[status.GPUStatus]) -> model.Signal:
     condition = Condition.GPU_LOST
-    lost = [g for g in gpus if isinstance(g, dict) and faults.gpu_lost(g) is not None]
+    lost = [g for g in gpus if isinstance(g, gpu_facts.MAPPINGS) and faults.gpu_lost(g) is not None]
     found = [f"{gpu_name(g)}: {faults.gpu_lost(g)}" for g in lost]
     observed = [times.parse(g.get("observedTime")) for g in lost]
     missing = faults.missing_gpus(len(gpus), expected_gpus(facts, node))

@@ -64,7 +64,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from gpuhealth_api import faults, status
-from gpuhealth_operator.decisions import liveness, model, signals
+from gpuhealth_operator.decisions import gpu_facts, liveness, model, signals
 
 MIN_PEERS: Final = 4
 MAD_TO_SIGMA: Final = 0.6745
@@ -135,7 +135,9 @@ def cohort_of(facts: status.GPUNodeStatus) -> Cohort | None:
     gpu_model = summary.get("model") if isinstance(summary, dict) else None
     if not gpu_model:
         gpus = facts.get("gpus")
-        first = gpus[0] if isinstance(gpus, list) and gpus and isinstance(gpus[0], dict) else None
+        first = (
+            gpus[0] if isinstance(gpus, list) and gpus and isinstance(gpus[0], gpu_facts.MAPPINGS) else None
+        )
         gpu_model = first.get("model") if first is not None else None
     if not isinstance(gpu_model, str) or not gpu_model:
         return None
@@ -151,7 +153,7 @@ def node_score(facts: status.GPUNodeStatus) -> float | None:
     ratios: list[float] = []
     throttled = 0
     for gpu in gpus:
-        ratio = _clock_ratio(gpu) if isinstance(gpu, dict) else None
+        ratio = _clock_ratio(gpu) if isinstance(gpu, gpu_facts.MAPPINGS) else None
         if ratio is None:
             continue
         ratios.append(ratio)
@@ -183,7 +185,7 @@ def _gpus_missing(facts: status.GPUNodeStatus) -> bool:
     gpus = facts.get("gpus")
     if not isinstance(gpus, list):
         return True
-    if any(isinstance(g, dict) and g.get("lost") is True for g in gpus):
+    if any(isinstance(g, gpu_facts.MAPPINGS) and g.get("lost") is True for g in gpus):
         return True
     return faults.missing_gpus(len(gpus), faults.seen_by_agent(facts)) is not None
 

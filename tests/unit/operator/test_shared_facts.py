@@ -1,12 +1,18 @@
 """The cache shares facts that many GPUs report alike, and sharing never changes a verdict's input."""
 
+import copy
 import datetime
+import gc
 import json
+import pickle
+import weakref
 from typing import Any
+
+import pytest
 
 import gpunode_facts
 from gpuhealth_api import faults
-from gpuhealth_operator import cache
+from gpuhealth_operator import cache, context
 
 NOW = datetime.datetime(2026, 11, 24, tzinfo=datetime.UTC)
 
@@ -73,3 +79,38 @@ def test_the_table_forgets_rather_than_grows() -> None:
         kept.append(shared.value(f"2026-11-24T00:00:{i:06d}Z"))
     assert len(shared.table) <= 50
     assert kept == [f"2026-11-24T00:00:{i:06d}Z" for i in range(1000)]
+
+
+def test_cached_gpu_facts_read_like_the_reported_dict() -> None:
+    reported = gpunode_facts.healthy_gpu(3, observed="2026-11-24T00:00:00Z")
+    facts = cache.compact_gpu(json.loads(json.dumps(reported)))
+    kept = {k: reported[k] for k in cache.GPU_FIELDS if k in reported}
+    kept["ecc"] = {"uncorrectedVolatile": 0}
+    kept["remappedRows"] = {"failure": False, "pending": False}
+    kept["pcie"] = {"generation": 5, "maxGeneration": 5, "width": 16, "maxWidth": 16}
+    assert facts == kept and dict(facts) == kept and len(facts) == len(kept)
+    assert facts["smClockMHz"] == 1980
+    assert facts.get("throttledSince") is None and "throttledSince" not in facts
+    assert facts.get("pciBusId") is None and "pciBusId" not in facts  # reported, not kept
+    assert facts.get("keys") is None and facts.get("get", "absent") == "absent"  # a method's name is no field
+    with pytest.raises(KeyError):
+        facts["throttledSince"]
+    with pytest.raises(AttributeError):
+        facts.smClockMHz = 0  # type: ignore[attr-defined]
+    assert copy.deepcopy(facts) is facts and pickle.loads(pickle.dumps(facts)) == facts
+
+
+def test_a_verdict_does_not_keep_a_replaced_gpunode_version_alive() -> None:
+    """Each node's facts once in memory: the verdict's memo of its inputs lets an old version go."""
+    store = cache.ClusterCache()
+    verdicts = context.Verdicts()
+    old = store.put_gpunode(body("a", gpunode_facts.agent_status(), version=1), NOW)
+    inputs = ("policy", old, NOW)
+    verdicts.remember(("policy", "a"), gpunode_facts.verdict(node="a"), inputs)
+    assert verdicts.judged_from(("policy", "a"), inputs) is not None
+    gone = weakref.ref(old)
+    new = store.put_gpunode(body("a", gpunode_facts.agent_status(), version=2), NOW)
+    del old, inputs
+    gc.collect()
+    assert gone() is None
+    assert verdicts.judged_from(("policy", "a"), ("policy", new, NOW)) is None  # new facts: judged again

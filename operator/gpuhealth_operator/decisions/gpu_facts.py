@@ -1,0 +1,99 @@
+"""One GPU's facts as the operator keeps them: the fields the decisions read, in slots.
+
+A GPUNode reports ~30 fields per GPU; the decisions read 17 (FIELDS). Kept
+in a dict, those 17 cost a GPU ~650 bytes of hash table; in slots, 150. At
+8 GPUs a node and thousands of nodes that is most of the operator's memory
+(issue 14). `GPUFacts` reads like the dict it replaces (`get`, `[]`, `in`,
+iteration, equality with a dict): code that reads GPU facts accepts either,
+through `MAPPINGS`. It is read-only, as every cached fact is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Final
+
+FIELDS: Final[Mapping[str, frozenset[str] | None]] = {
+    "index": None,
+    "uuid": None,
+    "model": None,
+    "temperatureCelsius": None,
+    "slowdownTemperatureCelsius": None,
+    "smClockMHz": None,
+    "maxSmClockMHz": None,
+    "utilizationPercent": None,
+    "ecc": frozenset({"uncorrectedVolatile"}),
+    "remappedRows": frozenset({"failure", "pending"}),
+    "xids": None,
+    "clockEventReasons": None,
+    "throttledSince": None,
+    "recoveryAction": None,
+    "pcie": frozenset({"generation", "maxGeneration", "width", "maxWidth"}),
+    "lost": None,
+    "observedTime": None,
+}
+"""Per-GPU facts the decision core reads (None: the whole value; else the keys kept of a nested object)."""
+
+_NAMES: Final = frozenset(FIELDS)
+
+
+class GPUFacts(Mapping[str, Any]):
+    """The kept fields of one reported GPU; a field the agent did not report is absent, as in the dict."""
+
+    __slots__ = tuple(FIELDS)
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        """`values`: field → value, only fields of FIELDS (the cache compacts them first)."""
+        for key, value in values.items():
+            object.__setattr__(self, key, value)
+
+    def __setattr__(self, key: str, value: object) -> None:
+        raise AttributeError(f"GPU facts are read-only ({key})")
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in _NAMES:
+            raise KeyError(key)
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default) if key in _NAMES else default
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key in _NAMES and hasattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return (key for key in FIELDS if hasattr(self, key))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return f"GPUFacts({dict(self)!r})"
+
+    def __copy__(self) -> GPUFacts:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> GPUFacts:
+        return self
+
+    def __reduce__(self) -> tuple[type[GPUFacts], tuple[dict[str, Any]]]:
+        return GPUFacts, (dict(self),)
+
+
+def empty() -> GPUFacts:
+    """A GPUFacts with no field set, to fill through `setter`s (the cache's fast path)."""
+    return object.__new__(GPUFacts)
+
+
+def setter(field: str) -> Callable[[GPUFacts, Any], None]:
+    """The slot's own setter for `field`: one C call, past the read-only guard."""
+    put: Callable[[GPUFacts, Any], None] = getattr(GPUFacts, field).__set__
+    return put
+
+
+MAPPINGS: Final = (dict, GPUFacts)
+"""What a GPU's facts may be: as reported (dict) or as cached. An isinstance check on a tuple of
+concrete types, not on the Mapping ABC: it runs per GPU per judgement."""
