@@ -102,26 +102,32 @@ def _ours(annotations: object) -> dict[str, str]:
     return {str(k): str(v) for k, v in annotations.items() if str(k).startswith(keys.PREFIX)}
 
 
+_NO_KEYS: frozenset[str] = frozenset()
+
+
 def node_record(body: Mapping[str, Any]) -> NodeRecord:
+    """The Node as the decisions read it; label and condition strings shared across the fleet (`SHARED`)."""
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
-    taints = tuple(dict(t) for t in spec.get("taints") or [])
+    share = SHARED.value
+    SHARED.check()
+    taints = tuple(share(t) for t in spec.get("taints") or [] if isinstance(t, Mapping))
     capacity = (body.get("status") or {}).get("capacity") or {}
     condition = None
     for c in (body.get("status") or {}).get("conditions") or []:
         if c.get("type") == keys.NODE_CONDITION_TYPE:
             condition = NodeCondition(
-                status=str(c.get("status", "")),
-                reason=str(c.get("reason", "")),
-                message=str(c.get("message", "")),
-                last_transition_time=str(c.get("lastTransitionTime", "")),
+                status=share(str(c.get("status", ""))),
+                reason=share(str(c.get("reason", ""))),
+                message=share(str(c.get("message", ""))),
+                last_transition_time=share(str(c.get("lastTransitionTime", ""))),
             )
     view = model.NodeView(
         name=str(meta.get("name", "")),
-        labels=dict(meta.get("labels") or {}),
+        labels={sys.intern(str(k)): share(v) for k, v in (meta.get("labels") or {}).items()},
         annotations={k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(keys.PREFIX)},
         unschedulable=bool(spec.get("unschedulable", False)),
-        taint_keys=frozenset(str(t.get("key", "")) for t in taints),
+        taint_keys=frozenset(str(t.get("key", "")) for t in taints) if taints else _NO_KEYS,
         gpu_capacity=_int_or_none(capacity.get(keys.GPU_RESOURCE)),
     )
     return NodeRecord(
