@@ -37,6 +37,7 @@ async def on_node(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None
         return
     before = memo.cache.node(name)
     after = memo.cache.put_node(body)
+    release(body)
     if before is None and memo.config.node_selector and memo.cache.gpunode(name) is None:
         await fetch_gpunode(memo, name)  # its events were dropped while the Node was not in our pool
     if name in memo.drains:  # an exclude label stops a running drain at once
@@ -44,6 +45,23 @@ async def on_node(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None
     # Kubelet (or kwok) heartbeats change the Node every few seconds; only what we judge matters.
     if before is None or before.view != after.view:
         await reconciler.reconcile_node(memo, name, "node")
+
+
+def release(body: Mapping[str, Any]) -> None:
+    """Drop what the cache has taken from an event's body (its status and managedFields), in place.
+
+    kopf holds an event until its handler returns, and the handler then waits for the API
+    server: in a start-up flood thousands of handlers wait at once, each holding its whole
+    decoded body (~40 KB of objects for a GPUNode with managedFields). That was the
+    operator's peak memory, and the heap keeps its peak (issue 14). What stays is what kopf
+    and the other handlers read (kind, name, uid, labels, annotations).
+    """
+    if not isinstance(body, dict):
+        return  # not a decoded watch event: nothing held to release
+    body.pop("status", None)
+    metadata = body.get("metadata")
+    if isinstance(metadata, dict):
+        metadata.pop("managedFields", None)
 
 
 def in_pool(memo: context.Context, name: str) -> bool:
@@ -74,6 +92,7 @@ async def on_gpunode(event: kopf.RawEvent, memo: context.Context, **_: Any) -> N
         return
     before = memo.cache.gpunode(name)
     after = memo.cache.put_gpunode(body)
+    release(body)
     if before is None or before.resource_version != after.resource_version:
         await reconciler.reconcile_node(memo, name, "gpunode")
 

@@ -267,7 +267,7 @@ class Replay:
         self.gpus[name] = int(labels.get(keys.GPU_COUNT_LABEL) or capacity or 0)
         self.client.put_node(body)
         self.client.touched.add(name)
-        await handlers.on_node(_event("MODIFIED", body), memo=self.ctx)
+        await handlers.on_node(_event("MODIFIED", dict(body)), memo=self.ctx)  # a copy: the handler trims it
 
     async def _gpunode(self, record: dict[str, Any]) -> None:
         name = record["name"]
@@ -283,7 +283,7 @@ class Replay:
             created = self.client.put_gpunode(name, {})
             created["metadata"]["creationTimestamp"] = _render(self.now)
         body = self.client.put_gpunode(name, status)
-        await handlers.on_gpunode(_event("MODIFIED", body), memo=self.ctx)
+        await handlers.on_gpunode(_event("MODIFIED", dict(body)), memo=self.ctx)
 
     def _dra(self, record: dict[str, Any]) -> None:
         """What IsolateGPU reads: ResourceSlices, and whether DeviceTaintRules are served and acted on.
