@@ -29,7 +29,7 @@ from typing import Any
 import kopf
 
 from gpuhealth_api import resources
-from gpuhealth_operator import context, reconciler
+from gpuhealth_operator import context, kube, reconciler
 
 logger = logging.getLogger(__name__)
 
@@ -80,10 +80,13 @@ class Listing:
 async def list_names(ctx: context.Context, path: str, label_selector: str = "") -> Listing:
     """The names of a collection and the resourceVersion it was listed at (one snapshot across pages)."""
     names: set[str] = set()
-    params = {"limit": "500", **({"labelSelector": label_selector} if label_selector else {})}
+    params = {
+        "limit": str(kube.LIST_PAGE_SIZE),
+        **({"labelSelector": label_selector} if label_selector else {}),
+    }
     version = ""
     while True:
-        page = await ctx.client.get(path, params)
+        page = await ctx.client.list_metadata(path, params)  # names only: not 250 GPUNodes' facts at once
         meta = page.get("metadata") or {}
         version = version or str(meta.get("resourceVersion", ""))
         names.update(str((item.get("metadata") or {}).get("name", "")) for item in page.get("items") or [])

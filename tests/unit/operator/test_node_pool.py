@@ -54,6 +54,8 @@ class Cluster(kube.Kube):
             return gpunode(name)
         return {"metadata": meta, "items": []}
 
+    list_metadata = get  # names are all a resync reads
+
 
 def pooled(client: Cluster, selector: str = POOL) -> context.Context:
     config = settings.Settings(node_selector=selector, agent_pod_selector="")

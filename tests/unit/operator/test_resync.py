@@ -58,6 +58,8 @@ class Listed(kube.Kube):
             return {"metadata": {"resourceVersion": "100"}, "items": items[1:]}
         return {"metadata": {"resourceVersion": "100"}, "items": items}
 
+    list_metadata = get  # names are all a resync reads
+
 
 def node(name: str, cordoned: bool) -> dict[str, Any]:
     annotations = {keys.CORDONED_BY_ANNOTATION: "p"} if cordoned else {}
