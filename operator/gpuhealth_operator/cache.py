@@ -235,17 +235,15 @@ def compact_gpu(gpu: Mapping[str, Any], shared: SharedValues = SHARED) -> gpu_fa
     so it walks the few kept keys, not the many reported ones, and fills the slots directly.
     """
     value = shared.value
+    absent = gpu_facts.ABSENT
     facts = gpu_facts.empty()
     for key, put in _WHOLE:
-        if key in gpu:
-            put(facts, value(gpu[key]))
+        put(facts, value(gpu[key]) if key in gpu else absent)
     for key, put in _UNIQUE:
-        if key in gpu:
-            put(facts, gpu[key])
+        put(facts, gpu.get(key, absent))
     for key, put, wanted in _PARTS:
-        if key in gpu:
-            raw = gpu[key]
-            put(facts, shared.mapping(raw, wanted) if isinstance(raw, Mapping) else value(raw))
+        raw = gpu.get(key, absent)
+        put(facts, shared.mapping(raw, wanted) if isinstance(raw, Mapping) else value(raw))
     return facts
 
 

@@ -10,6 +10,7 @@ through `MAPPINGS`. It is read-only, as every cached fact is.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
@@ -35,6 +36,9 @@ FIELDS: Final[Mapping[str, frozenset[str] | None]] = {
 """Per-GPU facts the decision core reads (None: the whole value; else the keys kept of a nested object)."""
 
 _NAMES: Final = frozenset(FIELDS)
+ABSENT: Final = object()
+"""The value of a slot whose field the agent did not report (every slot is set: `__eq__` reads them in C)."""
+_ALL: Final = operator.attrgetter(*FIELDS)
 
 
 class GPUFacts(Mapping[str, Any]):
@@ -43,32 +47,42 @@ class GPUFacts(Mapping[str, Any]):
     __slots__ = tuple(FIELDS)
 
     def __init__(self, values: Mapping[str, Any]) -> None:
-        """`values`: field → value, only fields of FIELDS (the cache compacts them first)."""
-        for key, value in values.items():
-            object.__setattr__(self, key, value)
+        """`values`: field → value, only fields of FIELDS (the cache fills the slots itself, see `setter`)."""
+        for key in FIELDS:
+            object.__setattr__(self, key, values.get(key, ABSENT))
 
     def __setattr__(self, key: str, value: object) -> None:
         raise AttributeError(f"GPU facts are read-only ({key})")
 
     def __getitem__(self, key: str) -> Any:
-        if key not in _NAMES:
+        value = getattr(self, key) if key in _NAMES else ABSENT
+        if value is ABSENT:
             raise KeyError(key)
-        try:
-            return getattr(self, key)
-        except AttributeError:
-            raise KeyError(key) from None
+        return value
 
     def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key, default) if key in _NAMES else default
+        if key in _NAMES:
+            value = getattr(self, key)
+            if value is not ABSENT:
+                return value
+        return default
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and key in _NAMES and hasattr(self, key)
+        return isinstance(key, str) and key in _NAMES and getattr(self, key) is not ABSENT
 
     def __iter__(self) -> Iterator[str]:
-        return (key for key in FIELDS if hasattr(self, key))
+        return (key for key, value in zip(FIELDS, _ALL(self), strict=True) if value is not ABSENT)
 
     def __len__(self) -> int:
-        return sum(1 for _ in self)
+        return sum(1 for value in _ALL(self) if value is not ABSENT)
+
+    def __eq__(self, other: object) -> bool:
+        """Slot by slot between two GPUFacts, in C (each report is compared with the last one judged)."""
+        if type(other) is GPUFacts:
+            return bool(_ALL(self) == _ALL(other))
+        return super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]  # read-only, but holding dicts and lists
 
     def __repr__(self) -> str:
         return f"GPUFacts({dict(self)!r})"
@@ -84,7 +98,7 @@ class GPUFacts(Mapping[str, Any]):
 
 
 def empty() -> GPUFacts:
-    """A GPUFacts with no field set, to fill through `setter`s (the cache's fast path)."""
+    """A GPUFacts with no slot set: the cache fills every one through `setter` (ABSENT if unreported)."""
     return object.__new__(GPUFacts)
 
 
