@@ -247,8 +247,9 @@ def compact_gpu(gpu: Mapping[str, Any], shared: SharedValues = SHARED) -> gpu_fa
     return facts
 
 
-_SHARED_STATUS = ("conditions", "summary", "straggler", "health", "issues", "action")
-"""Status fields besides `gpus` whose values repeat across nodes (the operator's own words, mostly)."""
+_SHARED_STATUS = ("summary", "health", "issues", "action")
+"""Status fields besides `gpus` whose values repeat across nodes. Not `conditions`, `agent`, `straggler`:
+every node has its own times and scores there, so sharing them would only cost a table entry."""
 
 
 def gpunode_record(body: Mapping[str, Any], report_seen_at: datetime.datetime | None = None) -> GPUNodeRecord:
