@@ -3,8 +3,9 @@
 The operator talks to a handful of endpoints with plain dict bodies
 (merge/strategic patches, server-side apply, evictions, Events, Leases), so a
 typed model layer would only cost CPU and memory per node. Credentials come
-from the official client's config loaders (kubeconfig or in-cluster), which
-know every auth flavour; the requests go through one aiohttp session.
+from `kubeconfigs` (in-cluster, or a kubeconfig's token or client certificate)
+and, for exec plugins and auth-providers, from the official client's loader,
+imported only then; the requests go through one aiohttp session.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import aiohttp
-from kubernetes.aio import config as kconfig
-from kubernetes.aio.client import configuration as kconfiguration
+
+from gpuhealth_operator import kubeconfigs
 
 JsonObject = dict[str, Any]
 
@@ -87,17 +88,30 @@ class Credentials:
 
 
 async def load_credentials(kubeconfig: pathlib.Path | None) -> Credentials:
-    """Read credentials: the given kubeconfig, else in-cluster, else $KUBECONFIG/~/.kube/config."""
+    """Read credentials: the given kubeconfig, else in-cluster, else $KUBECONFIG/~/.kube/config.
+
+    Read by `kubeconfig` (no Kubernetes client imported: ~40 MiB); a kubeconfig user that
+    authenticates through an exec plugin or an auth-provider goes to the client's own loader.
+    """
+    try:
+        if kubeconfig is not None:
+            found = kubeconfigs.from_file(kubeconfig)
+        else:
+            found = kubeconfigs.in_cluster() or kubeconfigs.from_file(kubeconfigs.default_path())
+    except kubeconfigs.NeedsClientLoader:
+        return await _client_loader(kubeconfig)
+    return Credentials(**dataclasses.asdict(found))
+
+
+async def _client_loader(kubeconfig: pathlib.Path | None) -> Credentials:
+    """The Kubernetes client's kubeconfig loader, for what `kubeconfigs` does not read (exec plugins)."""
+    from kubernetes.aio import config as kconfig  # noqa: PLC0415 - ~40 MiB, only when needed
+    from kubernetes.aio.client import configuration as kconfiguration  # noqa: PLC0415
+
     cfg = kconfiguration.Configuration()
-    token_path: str | None = None
-    if kubeconfig is not None:
-        await kconfig.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)  # type: ignore[no-untyped-call]
-    else:
-        try:
-            kconfig.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-            token_path = IN_CLUSTER_TOKEN_PATH
-        except kconfig.ConfigException:
-            await kconfig.load_kube_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    await kconfig.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=str(kubeconfig) if kubeconfig is not None else None, client_configuration=cfg
+    )
     header = await cfg.get_api_key_with_prefix("BearerToken") or await cfg.get_api_key_with_prefix(
         "authorization"
     )
@@ -109,7 +123,6 @@ async def load_credentials(kubeconfig: pathlib.Path | None) -> Credentials:
         certificate_path=cfg.cert_file,
         private_key_path=cfg.key_file,
         token=token,
-        token_path=token_path,
     )
 
 
