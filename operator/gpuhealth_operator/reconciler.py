@@ -141,7 +141,10 @@ async def reconcile_node(
                     logger.debug("node %s was deleted during its reconcile: %s", name, error)
                     return  # gone (a write met 404): nothing left to do, nothing to retry
                 ctx.meters.reconcile_errors.labels(handler).inc()
-                logger.warning("reconcile of node %s failed (will retry): %s", name, error)
+                # A client timeout's text is empty: name it by its type.
+                logger.warning(
+                    "reconcile of node %s failed (will retry): %s", name, str(error) or repr(error)
+                )
                 return
             current = ctx.cache.gpunode(name)
             if judged is None or current is None or not new_report(judged, current):
