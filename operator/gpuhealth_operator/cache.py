@@ -21,6 +21,7 @@ from typing import Any
 from gpuhealth_api import keys, status, vocabulary
 from gpuhealth_operator.decisions import (
     budget,
+    clocks,
     gpu_facts,
     hysteresis,
     model,
@@ -49,6 +50,11 @@ class NodeRecord:
     taints: tuple[Mapping[str, Any], ...]
     condition: NodeCondition | None
     """Our GPUHealthy condition as the Node holds it."""
+
+    @functools.cached_property
+    def at_rest(self) -> bool:
+        """`clocks.node_at_rest` of this version: asked by the timer every tick, answered once."""
+        return clocks.node_at_rest(self.view)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,11 +87,38 @@ class GPUNodeRecord:
         """The straggler cohort and score of these facts (`stragglers.performance_of`), once per version."""
         return stragglers.performance_of(self.status)
 
+    @functools.cached_property
+    def at_rest(self) -> bool:
+        """`clocks.facts_at_rest` of this version: asked by the timer every tick, answered once."""
+        return clocks.facts_at_rest(self.status)
+
+    @functools.cached_property
+    def stale_limit(self) -> float | None:
+        """`clocks.stale_limit` of this version."""
+        return clocks.stale_limit(self.status)
+
+    def same_report(self, other: GPUNodeRecord) -> bool:
+        """Whether both versions hold the same agent report (AGENT_FIELDS): ours differ, say."""
+        return all(self.status.get(k) == other.status.get(k) for k in AGENT_FIELDS)
+
+    def inherit(self, older: GPUNodeRecord) -> None:
+        """Take over what was judged of `older`'s agent report, which this version holds too
+        (`same_report`): fact signals and straggler performance depend on nothing else."""
+        for derived in _FROM_REPORT:
+            if derived in older.__dict__:
+                self.__dict__[derived] = older.__dict__[derived]
+
     def report_age(self, now: datetime.datetime) -> float:
         """Seconds since this operator saw the agent's last new report (0 if not yet timed)."""
         if self.report_seen_at is None:
             return 0.0
         return max(0.0, times.seconds_between(self.report_seen_at, now))
+
+
+AGENT_FIELDS = ("agent", "summary", "gpus")
+"""The GPUNode status fields the agent writes (`gpuhealth_api.status`); the rest are ours."""
+_FROM_REPORT = ("fact_signals", "performance")
+"""GPUNodeRecord's cached properties that read the agent's report alone (AGENT_FIELDS)."""
 
 
 def _int_or_none(value: object) -> int | None:
@@ -232,8 +265,12 @@ def compact_gpu(gpu: Mapping[str, Any], shared: SharedValues = SHARED) -> gpu_fa
     """The GPU facts the decisions need (GPU_FIELDS) in slots, their values shared across the fleet.
 
     Runs once per GPU per GPUNode version (every agent report and every answer to our status write),
-    so it walks the few kept keys, not the many reported ones, and fills the slots directly.
+    so it walks the few kept keys, not the many reported ones, and fills the slots directly. Facts
+    already compact (read-only) are their own compaction: a backtest's in-memory cluster answers a
+    status write with the facts it was given.
     """
+    if type(gpu) is gpu_facts.GPUFacts:
+        return gpu
     value = shared.value
     absent = gpu_facts.ABSENT
     facts = gpu_facts.empty()
@@ -425,6 +462,8 @@ class ClusterCache:
             else:
                 seen = old.report_seen_at
             record = dataclasses.replace(record, report_seen_at=seen)
+            if old is not None and record.same_report(old):
+                record.inherit(old)  # the answer to our own status write: nothing to judge again
             self._gpunodes[record.name] = record
             if old is None:  # an agent appeared: its node now counts in the budgets that select it
                 self._select(record.name)

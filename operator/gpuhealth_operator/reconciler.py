@@ -24,6 +24,7 @@ the pass stops at the next look-up that finds it gone.
 from __future__ import annotations
 
 import asyncio
+import collections
 import datetime
 import logging
 from collections.abc import Mapping
@@ -39,6 +40,7 @@ from gpuhealth_operator.decisions import (
     model,
     overlap,
     policies,
+    signals,
     stragglers,
     times,
     verdicts,
@@ -155,9 +157,6 @@ async def reconcile_node(
 MAX_PASSES = 3
 """Passes of one reconcile while reports keep landing under it; a later one's own event follows."""
 
-AGENT_FIELDS = ("agent", "summary", "gpus")
-"""The GPUNode status fields the agent writes (`gpuhealth_api.status`); the rest are ours."""
-
 
 def new_report(judged: cache.GPUNodeRecord, current: cache.GPUNodeRecord) -> bool:
     """Whether `current` holds another agent report (or fire-drill annotation) than `judged`."""
@@ -165,7 +164,7 @@ def new_report(judged: cache.GPUNodeRecord, current: cache.GPUNodeRecord) -> boo
         return False
     if current.annotations != judged.annotations:
         return True
-    return any(current.status.get(k) != judged.status.get(k) for k in AGENT_FIELDS)
+    return not current.same_report(judged)
 
 
 async def _reconcile(ctx: context.Context, name: str, now: datetime.datetime) -> None:
@@ -353,18 +352,21 @@ def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
         if not rules:
             continue
         threshold = rules[0].threshold or policies.DEFAULT_STRAGGLER_THRESHOLD
-        gpunodes = {
-            name: gpunode
-            for name in sorted(ctx.cache.selection(policy).selected)  # a stable cohort order
-            if (gpunode := ctx.cache.gpunode(name)) is not None
-        }
-        members = {name: gpunode.status for name, gpunode in gpunodes.items()}
-        ages = {name: gpunode.report_age(now) for name, gpunode in gpunodes.items()}
-        performance = {name: gpunode.performance for name, gpunode in gpunodes.items()}
-        for name, score in stragglers.score_cohorts(
-            members, threshold, now, ages, ctx.agent_pods.nodes, performance=performance
-        ).items():
-            agent = members[name].get("agent") or {}
+        cohorts: dict[stragglers.Cohort, dict[str, float]] = collections.defaultdict(dict)
+        agents: dict[str, Mapping[str, Any]] = {}
+        pods = ctx.agent_pods.nodes
+        for name in sorted(ctx.cache.selection(policy).selected):  # a stable cohort order
+            gpunode = ctx.cache.gpunode(name)
+            if gpunode is None or signals.agent_is_stale(
+                gpunode.stale_limit, gpunode.report_age(now), now, pods.get(name)
+            ):
+                continue  # its numbers are old (`stragglers.score_cohorts`)
+            cohort, value = gpunode.performance
+            if cohort is not None and value is not None:
+                cohorts[cohort][name] = value
+                agents[name] = gpunode.status["agent"]  # a dict: a fresh agent's facts have one
+        for name, score in stragglers.judge_cohorts(cohorts, threshold).items():
+            agent = agents[name]
             ctx.stragglers[(policy.name, name)] = stragglers.windowed(
                 ctx.straggler_samples[(policy.name, name)],
                 score,

@@ -19,10 +19,10 @@ import datetime
 import logging
 from typing import Any
 
-from gpuhealth_api import heartbeats, keys, vocabulary
+from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import cache, context, heap, isolating, kube, metrics, pausing, reconciler
 from gpuhealth_operator.actions import status
-from gpuhealth_operator.decisions import model, signals, times
+from gpuhealth_operator.decisions import model, times
 
 logger = logging.getLogger(__name__)
 
@@ -42,38 +42,24 @@ def is_due(ctx: context.Context, name: str, now: datetime.datetime) -> bool:
     gpunode = ctx.cache.gpunode(name)
     if record is None or gpunode is None:
         return False  # gone: nothing to judge
-    facts = gpunode.status
-    if any(ctx.admission.waiting(policy, name) for policy in ctx.cache.policies) or name in ctx.drains:
-        return True
-    if facts.get("health") not in (None, vocabulary.Health.HEALTHY.value) or facts.get("action") not in (
-        None,
-        vocabulary.NodeAction.NONE.value,
+    if name in ctx.drains or (
+        ctx.admission.notified and any(ctx.admission.waiting(policy, name) for policy in ctx.cache.policies)
     ):
         return True
-    for condition in facts.get("conditions") or []:
-        if condition.get("status") != "False" or condition.get("observedSince"):
-            return True
-    view = record.view
-    if view.cordoned_by or keys.UNHEALTHY_TAINT in view.taint_keys:
-        return True
-    if view.labels.get(keys.HEALTH_LABEL) not in (None, "healthy") or any(
-        view.labels.get(label) for label in (keys.STRAGGLER_LABEL, keys.THERMAL_LABEL)
-    ):
-        return True
+    if not gpunode.at_rest or not record.at_rest:
+        return True  # a condition pending or held, an action, our label or cordon: a clock runs
     if ctx.agent_pods.not_ready(name):
         return True  # the agent's pod is not Ready: it turns stale after a grace (`decisions.liveness`)
-    agent = facts.get("agent") or {}
     # The timer wakes just before the agent turns stale, by the operator's clock (see `signals.agent_stale`).
-    stale_at_seconds = heartbeats.STALE_HEARTBEATS * signals.heartbeat_seconds(agent)
-    if (
-        times.parse(agent.get("lastHeartbeatTime")) is None
-        or gpunode.report_age(now) >= stale_at_seconds - 2 * ctx.config.tick_seconds
-    ):
+    limit = gpunode.stale_limit
+    if limit is None or gpunode.report_age(now) >= limit - 2 * ctx.config.tick_seconds:
         return True
     return not any((policy, name) in ctx.verdicts for policy in ctx.cache.policies)
 
 
-async def tick(ctx: context.Context, *, full: bool = False) -> None:
+async def tick(ctx: context.Context, *, full: bool = False, statuses: bool = True) -> None:
+    """One pass; `statuses=False` leaves the policies' status and gauges as they are (they only
+    report: no decision reads them), for a backtest that refreshes them on its full passes alone."""
     now = ctx.clock()
     moved = reconciler.score_stragglers(ctx, now)
     names = [
@@ -102,7 +88,8 @@ async def tick(ctx: context.Context, *, full: bool = False) -> None:
         elif isinstance(result, BaseException):
             raise result  # cancelled: the timer is stopping
     await pausing.announce(ctx, now)
-    await write_policy_statuses(ctx, now)
+    if statuses:
+        await write_policy_statuses(ctx, now)
 
 
 async def run(ctx: context.Context) -> None:

@@ -140,6 +140,21 @@ def agent_stale(
     return model.Signal(condition, False, f"the agent reports every {heartbeat_seconds(agent):g}s")
 
 
+def agent_is_stale(
+    stale_limit: float | None,
+    report_age_seconds: float,
+    now: datetime.datetime,
+    agent_pod: liveness.AgentPod | None = None,
+) -> bool:
+    """`agent_stale(...).present` without its message, for facts whose `clocks.stale_limit` is
+    `stale_limit` (the straggler statistics ask it of every cohort member every tick)."""
+    return (
+        stale_limit is None
+        or report_age_seconds > stale_limit
+        or liveness.pod_stale(agent_pod, report_age_seconds, now) is not None
+    )
+
+
 def heartbeat_seconds(agent: Mapping[str, object]) -> float:
     """The agent's heartbeat period: its own if valid (at most MAX_HEARTBEAT_SECONDS), else the default."""
     period = agent.get("heartbeatSeconds")

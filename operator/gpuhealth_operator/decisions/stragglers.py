@@ -111,6 +111,13 @@ def score_cohorts(
         key, score = known if known is not None else performance_of(facts)
         if key is not None and score is not None:
             cohorts[key][name] = score
+    return judge_cohorts(cohorts, threshold)
+
+
+def judge_cohorts(
+    cohorts: Mapping[Cohort, Mapping[str, float]], threshold: float
+) -> dict[str, model.StragglerScore]:
+    """`score_cohorts` for a caller that grouped the fresh nodes' scores by cohort itself."""
     result: dict[str, model.StragglerScore] = {}
     for scores in cohorts.values():
         result.update(_judge_cohort(scores, threshold))
@@ -251,4 +258,6 @@ def windowed(  # noqa: PLR0917 - one judgement's inputs
     since = None
     if flagged:  # a held flag keeps its start; a new one starts at its window's oldest sample
         since = (flagged_since if was_flagged else None) or recent[0][0]
+    if flagged == score.flagged and since == score.since:
+        return score  # the common case, a node flagged neither now nor on its window: no copy
     return dataclasses.replace(score, flagged=flagged, since=since)

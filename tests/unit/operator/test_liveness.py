@@ -7,12 +7,14 @@ stretches the heartbeat's own limit, and a node with no known pod goes by the he
 import datetime
 from typing import Any
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 import gpunode_facts
 from gpuhealth_api import vocabulary
 from gpuhealth_operator import agent_pods
-from gpuhealth_operator.decisions import liveness, model, signals, stragglers
+from gpuhealth_operator.decisions import clocks, liveness, model, signals, stragglers
 
 Condition = vocabulary.Condition
 NOW = datetime.datetime(2026, 11, 22, 1, 0, tzinfo=datetime.UTC)
@@ -125,3 +127,38 @@ def test_a_node_stale_by_its_pod_leaves_the_straggler_cohort() -> None:
     assert set(stragglers.score_cohorts(members, 3.5, NOW, ages)) == set(members)
     down = {"n0": liveness.AgentPod("ns/a", False, ago(GRACE + 5))}
     assert set(stragglers.score_cohorts(members, 3.5, NOW, ages, down)) == set(members) - {"n0"}
+
+
+@hypothesis.settings(max_examples=400, deadline=None)
+@hypothesis.given(
+    agent=st.one_of(
+        st.none(),
+        st.just("not an object"),
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "lastHeartbeatTime": st.sampled_from(["2026-11-22T00:50:00Z", "", "garbage", 7]),
+                "heartbeatSeconds": st.one_of(st.integers(-5, 4000), st.floats(0, 100), st.booleans()),
+            },
+        ),
+    ),
+    report_age_seconds=st.floats(0, 20_000),
+    pod=st.one_of(
+        st.none(),
+        st.builds(
+            liveness.AgentPod,
+            st.just("ns/a"),
+            st.booleans(),
+            st.integers(0, 3 * int(GRACE)).map(ago),
+            gone=st.booleans(),
+        ),
+    ),
+)
+def test_the_cheap_staleness_check_agrees_with_the_signal(
+    agent: object, report_age_seconds: float, pod: liveness.AgentPod | None
+) -> None:
+    """The straggler statistics ask `agent_is_stale` of every member each tick; it must say what the
+    AgentStale signal says, or a stale node's old numbers would move its cohort's median."""
+    facts_ = {"gpus": [{"index": 0}]} if agent is None else {"agent": agent, "gpus": [{"index": 0}]}
+    expected = signals.agent_stale(facts_, report_age_seconds, NOW, pod).present
+    assert signals.agent_is_stale(clocks.stale_limit(facts_), report_age_seconds, NOW, pod) is expected

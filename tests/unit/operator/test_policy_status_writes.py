@@ -41,3 +41,20 @@ def test_a_policy_deleted_meanwhile_does_not_stop_the_others_status() -> None:
     applied, written = asyncio.run(scenario())
     assert applied == ["a-first", "z-last"]
     assert written == {"a-first", "z-last"}
+
+
+def test_a_pass_without_statuses_writes_none_and_the_next_full_one_does() -> None:
+    """The backtest's ticks leave the policies' status alone (they only report) until its full pass."""
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        client = Client()
+        ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+        ctx.cache.put_policy(policy("a"))
+        await ticker.tick(ctx, statuses=False)
+        quiet = list(client.applied)
+        await ticker.tick(ctx, full=True)
+        return quiet, client.applied
+
+    quiet, applied = asyncio.run(scenario())
+    assert quiet == []
+    assert applied == ["a"]

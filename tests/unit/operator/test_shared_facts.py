@@ -98,6 +98,21 @@ def test_cached_gpu_facts_read_like_the_reported_dict() -> None:
     with pytest.raises(AttributeError):
         facts.smClockMHz = 0  # type: ignore[attr-defined]
     assert copy.deepcopy(facts) is facts and pickle.loads(pickle.dumps(facts)) == facts
+    assert cache.compact_gpu(facts) is facts, (
+        "already compact: nothing to do (a backtest's answers carry them)"
+    )
+
+
+def test_an_answer_carrying_cached_facts_stores_the_same_facts() -> None:
+    """A backtest's in-memory cluster answers our status write with the GPUs as cached: same verdict input."""
+    store = cache.ClusterCache()
+    first = store.put_gpunode(body("n", gpunode_facts.agent_status()), now=NOW)
+    answer = {"metadata": {"name": "n", "uid": "uid-n", "resourceVersion": "2"}, "status": dict(first.status)}
+    answer["status"]["health"] = "Healthy"
+    second = store.refresh_gpunode(answer)
+    assert second is not None and second.resource_version == "2"
+    assert second.status["gpus"] == first.status["gpus"]
+    assert all(a is b for a, b in zip(second.status["gpus"], first.status["gpus"], strict=True))
 
 
 def test_a_verdict_does_not_keep_a_replaced_gpunode_version_alive() -> None:
@@ -114,3 +129,21 @@ def test_a_verdict_does_not_keep_a_replaced_gpunode_version_alive() -> None:
     gc.collect()
     assert gone() is None
     assert verdicts.judged_from(("policy", "a"), ("policy", new, NOW)) is None  # new facts: judged again
+
+
+def test_our_own_status_write_keeps_what_was_judged_of_the_report_and_a_new_report_is_judged_anew() -> None:
+    """Fact signals are judged once per agent report: the answer to our status write (same report,
+    our fields changed) keeps them; any change in what the agent wrote starts afresh."""
+    store = cache.ClusterCache()
+    report = gpunode_facts.agent_status()
+    first = store.put_gpunode(body("n", report), now=NOW)
+    first.fact_signals[(frozenset(), 8)] = {}  # judged
+    assert first.performance[1] == 1.0  # scored
+    ours = body("n", {**report, "health": "Healthy", "action": "None"}, version=2)
+    second = store.put_gpunode(ours, now=NOW)
+    assert second.fact_signals is first.fact_signals
+    assert second.performance is first.performance
+    faulty = gpunode_facts.agent_status(overrides={3: {"ecc": {"uncorrectedVolatile": 1}}})
+    faulty["agent"] = report["agent"]  # the same heartbeat: the GPUs alone tell the reports apart
+    third = store.put_gpunode(body("n", {**faulty, "health": "Healthy"}, version=3), now=NOW)
+    assert third.fact_signals == {} and third.fact_signals is not first.fact_signals

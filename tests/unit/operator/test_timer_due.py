@@ -147,3 +147,44 @@ def test_a_full_pass_over_a_large_fleet_lets_other_work_run_between_chunks(monke
     assert len(ctx.verdicts) == count + 1, "every node judged by the pass"
     (judged_then, reconciled_then) = seen[0]
     assert 0 < judged_then < count and reconciled_then == 0, seen
+
+
+def test_a_new_version_of_a_quiet_node_is_asked_again() -> None:
+    """What a version says is answered once per version (cached), and a new version asks again."""
+    ctx = make_context({keys.HEALTH_LABEL: "healthy"}, fresh())
+    ctx.verdicts[("p", "n")] = gpunode_facts.verdict()
+    assert not ticker.is_due(ctx, "n", NOW)
+    ctx.cache.put_gpunode(
+        {"metadata": {"name": "n", "resourceVersion": "2"}, "status": fresh(health="Degraded")}
+    )
+    assert ticker.is_due(ctx, "n", NOW), "the facts' new version is degraded"
+    ctx.cache.put_gpunode({"metadata": {"name": "n", "resourceVersion": "3"}, "status": fresh()})
+    assert not ticker.is_due(ctx, "n", NOW)
+    ctx.cache.put_node(
+        {
+            "metadata": {"name": "n", "resourceVersion": "2", "labels": {keys.STRAGGLER_LABEL: "true"}},
+            "spec": {},
+        }
+    )
+    assert ticker.is_due(ctx, "n", NOW), "the Node's new version carries our straggler label"
+
+
+@pytest.mark.parametrize("agent", [None, {}, {"heartbeatSeconds": 60}, {"lastHeartbeatTime": "yesterday"}])
+def test_a_node_without_a_valid_heartbeat_is_due(agent: dict | None) -> None:
+    status = fresh()
+    if agent is None:
+        del status["agent"]
+    else:
+        status["agent"] = agent
+    ctx = make_context({keys.HEALTH_LABEL: "healthy"}, status)
+    ctx.verdicts[("p", "n")] = gpunode_facts.verdict()
+    assert ticker.is_due(ctx, "n", NOW)
+
+
+def test_a_node_waiting_for_the_budget_or_a_drain_is_due() -> None:
+    ctx = make_context({keys.HEALTH_LABEL: "healthy"}, fresh())
+    ctx.verdicts[("p", "n")] = gpunode_facts.verdict()
+    ctx.admission.start_waiting("p", "n")
+    assert ticker.is_due(ctx, "n", NOW)
+    ctx.admission.stop_waiting("p", "n")
+    assert not ticker.is_due(ctx, "n", NOW)
