@@ -51,7 +51,7 @@ import kopf
 import yaml
 
 from gpuhealth_api import keys, resources
-from gpuhealth_operator import context, handlers, metrics, settings, ticker
+from gpuhealth_operator import cache, context, handlers, metrics, settings, ticker
 from gpuhealth_operator.actions import nodes as node_actions
 from gpuhealth_sim import memcluster, traces
 
@@ -283,21 +283,17 @@ class Replay:
                 raise traces.TraceError(f"GPUNode {name}: a patch before any full status (t={record['t']})")
             status = traces.apply_status_patch(before, record["patch"])
         self.agent[name] = status
+        gpus = status.get("gpus")
+        if isinstance(gpus, list):
+            # Compacted once, here, by the operator's own `cache.compact_gpu`: what the cluster keeps
+            # is then what the operator caches, and the answers to its status writes are not compacted
+            # again. The raw report stays in `self.agent`, for the next patch.
+            status = {**status, "gpus": [cache.compact_gpu(g) if isinstance(g, Mapping) else g for g in gpus]}
         if name not in self.client.gpunodes:
             created = self.client.put_gpunode(name, {})
             created["metadata"]["creationTimestamp"] = _render(self.now)
         body = self.client.put_gpunode(name, status)
         await handlers.on_gpunode(_event("MODIFIED", dict(body)), memo=self.ctx)
-        stored, cached = self.client.gpunodes.get(name), self.ctx.cache.gpunode(name)
-        if (
-            stored is not None
-            and cached is not None
-            and cached.resource_version == stored["metadata"]["resourceVersion"]
-            and stored["status"].get("gpus") is status.get("gpus")
-        ):
-            # The cluster keeps the GPUs as the cache compacted them, so the answers to the operator's
-            # status writes are not compacted again (`cache.compact_gpu`): the same facts, half the work.
-            stored["status"]["gpus"] = cached.status.get("gpus")
 
     def _dra(self, record: dict[str, Any]) -> None:
         """What IsolateGPU reads: ResourceSlices, and whether DeviceTaintRules are served and acted on.
