@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
+import itertools
 import sys
 import types
 from collections.abc import Hashable, Iterable, Mapping
@@ -228,6 +229,19 @@ class SharedValues:
         except TypeError:  # a nested value: share the parts instead
             return {sys.intern(k): self.value(v) for k, v in kept.items()}
 
+    def part(self, raw: Mapping[str, Any], wanted: tuple[str, ...]) -> dict[str, Any]:
+        """`mapping(raw, wanted)` for a GPU's nested facts (`ecc`, `pcie`, ...), looked up in C calls."""
+        values = tuple(map(raw.get, wanted, itertools.repeat(_MISSING, len(wanted))))
+        try:
+            return self.table[(wanted, values, tuple(map(type, values)))]  # type: ignore[no-any-return]
+        except KeyError:
+            kept = {k: v for k, v in zip(wanted, values, strict=True) if v is not _MISSING}
+            shared = self.mapping(kept)
+            self.table[(wanted, values, tuple(map(type, values)))] = shared
+            return shared
+        except TypeError:  # a nested value
+            return self.mapping(raw, wanted)
+
     def sequence(self, raw: list[Any]) -> list[Any]:
         """One shared copy of a list of scalars; a list of records with shared parts otherwise."""
         try:
@@ -239,6 +253,9 @@ class SharedValues:
 INTERNED_LENGTH = 24
 """Short strings (models, reasons, enum values) go to Python's own table for good; longer ones (times)
 to `SharedValues`, which can forget them."""
+
+_MISSING: Any = object()
+"""A nested fact's key the agent did not report (None is a value)."""
 
 _EMPTY_LIST: list[Any] = []
 """Every GPU's empty `xids` and `clockEventReasons` (read-only, as all cached facts)."""
@@ -265,22 +282,35 @@ def compact_gpu(gpu: Mapping[str, Any], shared: SharedValues = SHARED) -> gpu_fa
     """The GPU facts the decisions need (GPU_FIELDS) in slots, their values shared across the fleet.
 
     Runs once per GPU per GPUNode version (every agent report and every answer to our status write),
-    so it walks the few kept keys, not the many reported ones, and fills the slots directly. Facts
-    already compact (read-only) are their own compaction: a backtest's in-memory cluster answers a
-    status write with the facts it was given.
+    so it walks the few kept keys, not the many reported ones, fills the slots directly, and shares
+    the common scalar types inline (`SharedValues.value` for the rest). Facts already compact
+    (read-only) are their own compaction: a backtest's in-memory cluster answers a status write with
+    the facts it was given.
     """
     if type(gpu) is gpu_facts.GPUFacts:
         return gpu
-    value = shared.value
-    absent = gpu_facts.ABSENT
+    table, value, absent, intern = shared.table, shared.value, gpu_facts.ABSENT, sys.intern
     facts = gpu_facts.empty()
+    get = gpu.get
     for key, put in _WHOLE:
-        put(facts, value(gpu[key]) if key in gpu else absent)
+        raw = get(key, absent)
+        kind = type(raw)
+        if kind is int:  # the commonest fact (counters, clocks, degrees)
+            put(facts, raw if -5 <= raw <= 256 else table.setdefault((int, raw), raw))
+        elif kind is str and len(raw) <= INTERNED_LENGTH:
+            put(facts, intern(raw))
+        elif raw is absent:
+            put(facts, absent)
+        elif kind is list and not raw:
+            put(facts, _EMPTY_LIST)
+        else:
+            put(facts, value(raw))
     for key, put in _UNIQUE:
-        put(facts, gpu.get(key, absent))
+        put(facts, get(key, absent))
+    part = shared.part
     for key, put, wanted in _PARTS:
-        raw = gpu.get(key, absent)
-        put(facts, shared.mapping(raw, wanted) if isinstance(raw, Mapping) else value(raw))
+        raw = get(key, absent)
+        put(facts, part(raw, wanted) if isinstance(raw, Mapping) else value(raw))
     return facts
 
 

@@ -173,7 +173,7 @@ class Context:
     """(policy, node) → straggler score from the latest cohort pass."""
 
     straggler_samples: collections.defaultdict[tuple[str, str], StragglerSamples] = dataclasses.field(
-        default_factory=lambda: collections.defaultdict(collections.deque)
+        default_factory=lambda: collections.defaultdict(stragglers.Samples)
     )
     """(policy, node) → its recent z-scores, the window a sustained Straggler is judged on."""
 

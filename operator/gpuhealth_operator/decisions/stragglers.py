@@ -216,12 +216,23 @@ def _judge_cohort(scores: Mapping[str, float], threshold: float) -> dict[str, mo
     return result
 
 
-Samples = collections.deque[tuple[datetime.datetime, float]]
-"""One node's recent (sample time, z-score), oldest first."""
+class Samples(collections.deque[tuple[datetime.datetime, float]]):
+    """One node's recent (sample time, z-score), oldest first, and the last judgement on them.
+
+    `windowed` runs for every cohort member on every timer tick, while a member's window moves only
+    when it reports (a new sample) or when time drops a sample out of it. `memo` keeps the last
+    judgement's inputs, its result and the instant until which time alone cannot change it.
+    """
+
+    __slots__ = ("memo",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.memo: tuple[object, datetime.datetime, tuple[bool, datetime.datetime | None]] | None = None
 
 
 def windowed(  # noqa: PLR0917 - one judgement's inputs
-    samples: Samples,
+    samples: collections.deque[tuple[datetime.datetime, float]],
     score: model.StragglerScore,
     sampled_at: datetime.datetime | None,
     now: datetime.datetime,
@@ -238,12 +249,50 @@ def windowed(  # noqa: PLR0917 - one judgement's inputs
     oldest sample is forSeconds old once it is full and the rule can fire then.
     `samples` keeps the hold (at least HOLD_SAMPLES heartbeats), which judges a
     node that `was_flagged` on its samples since `flagged_since` (its flag's
-    `since`): the samples from before its slowdown began do not clear it.
+    `since`): the samples from before its slowdown began do not clear it. Given
+    `Samples`, the judgement is remembered until a new sample or a sample's
+    ageing can change it.
     """
     if sampled_at is not None and (not samples or samples[-1][0] != sampled_at):
         samples.append((sampled_at, score.z_score))
+    memo = getattr(samples, "memo", None)
+    last = samples[-1] if samples else None
+    inputs = (
+        last,
+        score.peers >= MIN_PEERS,
+        window_seconds,
+        period_seconds,
+        threshold,
+        was_flagged,
+        flagged_since,
+    )
+    if memo is not None and memo[0] == inputs and now <= memo[1]:
+        flagged, since = memo[2]  # no new sample, none aged out: the window says what it said
+    else:
+        flagged, since, valid_until = _judge_window(
+            samples, score, now, window_seconds, period_seconds, threshold, was_flagged, flagged_since
+        )
+        if isinstance(samples, Samples):
+            samples.memo = (inputs, valid_until, (flagged, since))
+    if flagged == score.flagged and since == score.since:
+        return score  # the common case, a node flagged neither now nor on its window: no copy
+    return dataclasses.replace(score, flagged=flagged, since=since)
+
+
+def _judge_window(  # noqa: PLR0917 - `windowed`'s inputs
+    samples: collections.deque[tuple[datetime.datetime, float]],
+    score: model.StragglerScore,
+    now: datetime.datetime,
+    window_seconds: float,
+    period_seconds: float,
+    threshold: float,
+    was_flagged: bool,
+    flagged_since: datetime.datetime | None,
+) -> tuple[bool, datetime.datetime | None, datetime.datetime]:
+    """`windowed`'s judgement, and the last instant at which it holds with no new sample."""
     window = window_seconds + period_seconds
-    kept = now - datetime.timedelta(seconds=max(window, HOLD_SAMPLES * period_seconds))
+    keep = datetime.timedelta(seconds=max(window, HOLD_SAMPLES * period_seconds))
+    kept = now - keep
     while samples and samples[0][0] < kept:
         samples.popleft()
     horizon = now - datetime.timedelta(seconds=window)
@@ -258,6 +307,8 @@ def windowed(  # noqa: PLR0917 - one judgement's inputs
     since = None
     if flagged:  # a held flag keeps its start; a new one starts at its window's oldest sample
         since = (flagged_since if was_flagged else None) or recent[0][0]
-    if flagged == score.flagged and since == score.since:
-        return score  # the common case, a node flagged neither now nor on its window: no copy
-    return dataclasses.replace(score, flagged=flagged, since=since)
+    # Time alone changes the judgement only when it drops a sample: out of the kept ones, or out of
+    # the window (a sample already out of the window never comes back).
+    ends = [samples[0][0] + keep] if samples else []
+    ends += [min(at for at, _ in recent) + datetime.timedelta(seconds=window)] if recent else []
+    return flagged, since, min(ends, default=datetime.datetime.max.replace(tzinfo=datetime.UTC))

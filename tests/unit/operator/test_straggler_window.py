@@ -3,6 +3,9 @@
 import collections
 import datetime
 
+import hypothesis
+from hypothesis import strategies as st
+
 from gpuhealth_operator.decisions import model, stragglers
 
 T0 = datetime.datetime(2026, 1, 5, tzinfo=datetime.UTC)
@@ -100,3 +103,48 @@ def test_a_straggler_flagged_soon_after_it_slowed_down_is_not_cleared_by_its_hea
     )
     first = flags.index(True)
     assert all(flags[first:]), flags
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(
+    steps=st.lists(
+        st.tuples(
+            st.integers(1, 400),  # seconds to the next tick
+            st.booleans(),  # a new sample at this tick
+            st.floats(-8, 2, allow_nan=False),  # its z
+            st.integers(2, 12),  # the cohort's peers
+        ),
+        min_size=1,
+        max_size=60,
+    ),
+    window=st.sampled_from([60.0, 300.0, 900.0]),
+    period=st.sampled_from([30.0, 60.0, 300.0]),
+)
+def test_the_remembered_window_judges_as_the_window_itself(
+    steps: list[tuple[int, bool, float, int]], window: float, period: float
+) -> None:
+    """The timer asks every tick; the answer is remembered (`Samples.memo`) until a new sample or a
+    sample's ageing can change it. It must be the answer the window gives when asked afresh."""
+    remembered: stragglers.Samples = stragglers.Samples()
+    afresh: collections.deque[tuple[datetime.datetime, float]] = collections.deque()
+    now, sampled_at = T0, None
+    mine = theirs = None
+    for seconds, new_sample, z, peers in steps:
+        now += datetime.timedelta(seconds=seconds)
+        if new_sample:
+            sampled_at = now - datetime.timedelta(seconds=seconds / 2)
+        score = model.StragglerScore(score=0.8, z_score=round(z, 1), peers=peers, flagged=z < -3.5)
+        args = (score, sampled_at, now, window, period, 3.5)
+        mine = stragglers.windowed(
+            remembered,
+            *args,
+            was_flagged=mine is not None and mine.flagged,
+            flagged_since=mine.since if mine is not None else None,
+        )
+        theirs = stragglers.windowed(
+            afresh,
+            *args,
+            was_flagged=theirs is not None and theirs.flagged,
+            flagged_since=theirs.since if theirs is not None else None,
+        )
+        assert (mine.flagged, mine.since) == (theirs.flagged, theirs.since), now
