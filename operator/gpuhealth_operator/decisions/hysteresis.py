@@ -69,6 +69,8 @@ def _present(
     previous: model.ConditionState | None, signal: model.Signal, for_seconds: float, now: datetime.datetime
 ) -> model.ConditionState:
     if previous is not None and previous.status == TRUE:
+        if _unchanged(previous, signal, DETECTED) and previous.recovering_since is None:
+            return previous  # held, as it was: the common case of a fault's every later report
         return model.ConditionState(
             signal.condition,
             TRUE,
@@ -115,11 +117,25 @@ def _absent(
             observed_since=previous.observed_since,
             recovering_since=gone_since,
         )
+    if (
+        previous.status == FALSE
+        and previous.observed_since is None
+        and _unchanged(previous, signal, NOT_DETECTED)
+    ):
+        return previous  # absent, as it was: the common case of a healthy node's every report
     # A pending episode that ended restarts the recovery clock: the node was not healthy throughout.
     recovering_since = now if previous.observed_since is not None else previous.recovering_since
     transition = previous.last_transition_time if previous.status == FALSE else now
     return model.ConditionState(
         signal.condition, FALSE, NOT_DETECTED, signal.message, transition, recovering_since=recovering_since
+    )
+
+
+def _unchanged(previous: model.ConditionState, signal: model.Signal, reason: str) -> bool:
+    """Whether the state built from `signal` would equal `previous` in these fields (the rest are
+    checked by the caller): then `previous` itself is the new state, not a copy."""
+    return (
+        previous.reason == reason and previous.message == signal.message and previous.type is signal.condition
     )
 
 

@@ -78,19 +78,13 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
     )
     stale = raw[Condition.AGENT_STALE].present is True
     raw[Condition.STRAGGLER] = straggler_signal(straggler, stale=stale)
-    judged = severity.FATAL | {Condition.AGENT_STALE} | {r.condition for r in policy.rules}
     if drill is not None:
         raw[drill.condition] = drill
-        judged |= {drill.condition}
     states = {
         condition: hysteresis.advance(
-            previous.get(condition),
-            raw[condition],
-            for_seconds=min((r.for_seconds for r in policy.rules if r.condition is condition), default=0.0),
-            clear_seconds=policy.recovery_healthy_for_seconds if condition in severity.SUSTAINED else 0.0,
-            now=now,
+            previous.get(condition), raw[condition], for_seconds, clear_seconds, now
         )
-        for condition in severity.most_severe_first(judged)
+        for condition, for_seconds, clear_seconds in _clocks(policy, drill.condition if drill else None)
     }
     issues = severity.most_severe_first(c for c, s in states.items() if s.status == hysteresis.TRUE)
     health = _health(issues)
@@ -125,6 +119,35 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
         ),
     )
     return overrides.apply(policy, node, facts, verdict)
+
+
+_Clocks = tuple[tuple[Condition, float, float], ...]
+_CLOCKS: dict[tuple[int, Condition | None], tuple[model.Policy, _Clocks]] = {}
+"""`_clocks` per policy object (and drilled condition): a policy changes far less often than it judges."""
+
+
+def _clocks(policy: model.Policy, drilled: Condition | None) -> _Clocks:
+    """The conditions a policy judges, most severe first, each with its forSeconds and clear seconds:
+    every fatal one, AgentStale, those its rules name, and a fire drill's."""
+    key = (id(policy), drilled)
+    known = _CLOCKS.get(key)
+    if known is not None and known[0] is policy:
+        return known[1]
+    judged = severity.FATAL | {Condition.AGENT_STALE} | {r.condition for r in policy.rules}
+    if drilled is not None:
+        judged |= {drilled}
+    clocks = tuple(
+        (
+            condition,
+            min((r.for_seconds for r in policy.rules if r.condition is condition), default=0.0),
+            policy.recovery_healthy_for_seconds if condition in severity.SUSTAINED else 0.0,
+        )
+        for condition in severity.most_severe_first(judged)
+    )
+    if len(_CLOCKS) >= 256:
+        _CLOCKS.clear()  # policies come and go: never more than a few at once
+    _CLOCKS[key] = (policy, clocks)
+    return clocks
 
 
 def with_isolation(verdict: model.NodeVerdict, decision: isolation.NodeIsolation | None) -> model.NodeVerdict:

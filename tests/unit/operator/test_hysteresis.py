@@ -3,7 +3,9 @@
 import datetime
 from collections.abc import Sequence
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator.decisions import hysteresis, model, policies, times, verdicts
@@ -211,3 +213,68 @@ def test_from_status_tolerates_garbage_optional_fields() -> None:
     assert hysteresis.from_status(items) == {
         Condition.ECC_UNCORRECTABLE: model.ConditionState(Condition.ECC_UNCORRECTABLE, "True", "", "", at(0))
     }
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(
+    steps=st.lists(
+        st.tuples(st.integers(0, 120), st.sampled_from([True, False, None]), st.sampled_from(["a", "b"])),
+        min_size=1,
+        max_size=30,
+    ),
+    for_seconds=st.sampled_from([0.0, 30.0, 60.0]),
+    clear_seconds=st.sampled_from([0.0, 60.0]),
+    first=st.one_of(
+        st.none(),
+        st.builds(  # as read back from a status anyone may have written
+            model.ConditionState,
+            st.just(THERMAL),
+            st.sampled_from([hysteresis.TRUE, hysteresis.FALSE, hysteresis.UNKNOWN]),
+            st.sampled_from([hysteresis.DETECTED, hysteresis.NOT_DETECTED, hysteresis.PENDING]),
+            st.sampled_from(["a", "b"]),
+            st.just(T0),
+            observed_since=st.sampled_from([None, T0]),
+            recovering_since=st.sampled_from([None, T0]),
+        ),
+    ),
+)
+@hypothesis.example(  # read back pending-looking: absent now restarts its recovery clock
+    steps=[(10, False, "a")],
+    for_seconds=0.0,
+    clear_seconds=0.0,
+    first=model.ConditionState(
+        THERMAL, hysteresis.FALSE, hysteresis.NOT_DETECTED, "a", T0, observed_since=T0
+    ),
+)
+@hypothesis.example(  # read back held while recovering: present again ends the recovery
+    steps=[(10, True, "a")],
+    for_seconds=0.0,
+    clear_seconds=60.0,
+    first=model.ConditionState(THERMAL, hysteresis.TRUE, hysteresis.DETECTED, "a", T0, recovering_since=T0),
+)
+def test_a_state_carried_over_unchanged_equals_one_built_afresh(
+    steps: list[tuple[int, bool | None, str]],
+    for_seconds: float,
+    clear_seconds: float,
+    first: model.ConditionState | None,
+) -> None:
+    """A report that changes nothing keeps the previous state object (no copy per condition per
+    report); it must be the state the rules build, field for field, whatever came before."""
+    state = built = first
+    now = T0
+    for seconds, present, message in steps:
+        now += datetime.timedelta(seconds=seconds)
+        signal = model.Signal(THERMAL, present, message)
+        state = hysteresis.advance(state, signal, for_seconds, clear_seconds, now)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(hysteresis, "_unchanged", lambda *_: False)  # always build
+            built = hysteresis.advance(built, signal, for_seconds, clear_seconds, now)
+        assert state == built
+
+
+def test_a_healthy_report_and_a_held_fault_keep_their_state_object() -> None:
+    healthy = hysteresis.advance(None, sig(False), 0, 0, at(0))
+    assert hysteresis.advance(healthy, sig(False), 0, 0, at(60)) is healthy
+    held = hysteresis.advance(None, sig(True), 0, 0, at(0))
+    assert held.status == hysteresis.TRUE
+    assert hysteresis.advance(held, sig(True), 0, 0, at(60)) is held

@@ -434,3 +434,15 @@ def test_a_stale_agent_never_falls_back_to_a_drain() -> None:
     verdict = judge_run(ISOLATING, [(0, ECC), (1000, {**ECC, "heartbeat": at(0)})])
     assert verdict.health is Health.UNKNOWN
     assert verdict.wanted_action is None
+
+
+def test_an_edited_policy_judges_with_its_new_clocks_at_once() -> None:
+    """What a policy judges (its conditions, forSeconds, recovery) is kept per policy object: the
+    edited policy is another object, and its first judgement already runs on its own clocks."""
+    before = policy({"name": "hot", "condition": "ThermalThrottled", "action": "Label", "forSeconds": 600})
+    after = policy({"name": "hot", "condition": "ThermalThrottled", "action": "Label", "forSeconds": 30})
+    assert not judge_run(before, [(0, HOT), (60, HOT)]).fired_rules
+    assert [r.name for r in judge_run(after, [(0, HOT), (60, HOT)]).fired_rules] == ["hot"]
+    assert not judge_run(before, [(0, HOT), (60, HOT)]).fired_rules, "the old policy's clocks are its own"
+    without = policy()
+    assert Condition.THERMAL_THROTTLED not in judge_run(without, [(0, HOT)]).conditions
