@@ -256,15 +256,28 @@ def desired_status(
     return desired
 
 
-STRAGGLER_STEPS = {"score": 0.02, "zScore": 1.0}
-"""How far a written straggler score must move before it alone is worth a status write: sample-to-sample
-jitter of a healthy cohort (a percent or two of clock) stays below, so steady heartbeats write nothing.
-The verdict does not read these numbers back (it keeps its own window), and any other change writes
-them as they are."""
+STRAGGLER_STEPS = {"score": 0.1, "zScore": 3.0}
+"""How far a written straggler score must move before it alone is worth a status write: GPU Boost moves
+a busy GPU's clock by several percent from sample to sample, and a node's score (its slowest GPU) with
+it, so smaller steps wrote a status on about half of all agent reports of a healthy fleet (a 1,000
+node-day trace). A tenth of the clock is the scale a straggler is judged on. The verdict does not read
+these numbers back (it keeps its own window), and any other change writes them as they are."""
+
+STRAGGLER_PEERS_STEP = 0.25
+"""The fraction of the written `peers` a cohort must grow or shrink by before it alone is worth a write
+(and any move across `stragglers.MIN_PEERS`): one peer's agent going stale and back is no news."""
+
+
+def _peers_moved(written: object, desired: int) -> bool:
+    if isinstance(written, bool) or not isinstance(written, int):
+        return True
+    if (written < stragglers.MIN_PEERS) != (desired < stragglers.MIN_PEERS):
+        return True
+    return desired != written and abs(desired - written) >= STRAGGLER_PEERS_STEP * written
 
 
 def _straggler_moved(current: object, desired: dict[str, Any]) -> bool:
-    if not isinstance(current, dict) or current.get("peers") != desired.get("peers"):
+    if not isinstance(current, dict) or _peers_moved(current.get("peers"), desired["peers"]):
         return True
     for key, step in STRAGGLER_STEPS.items():
         written = current.get(key)

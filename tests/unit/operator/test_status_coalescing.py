@@ -28,9 +28,13 @@ def status(score: float = 0.99, z: float = -0.3, peers: int = 7) -> dict[str, An
     [
         (status(), False),
         (status(score=0.985, z=0.4), False),  # sample-to-sample jitter
-        (status(score=0.96), True),
-        (status(z=-1.4), True),
-        (status(peers=8), True),
+        (status(score=0.93, z=-2.1), False),  # GPU Boost: several percent of clock, sample to sample
+        (status(peers=8), False),  # one peer more: its agent back from a restart
+        (status(peers=6), False),
+        (status(score=0.88), True),  # a tenth of the clock: the straggler scale
+        (status(z=-3.3), True),
+        (status(peers=9), True),  # a quarter of the cohort
+        (status(peers=3), True),  # too few peers to judge anyone now
         ({**status(), "health": "Degraded"}, True),  # any other change writes the latest score too
     ],
 )
@@ -41,6 +45,13 @@ def test_straggler_jitter_alone_writes_no_status(desired: dict[str, Any], differ
 def test_a_status_without_a_valid_written_score_is_rewritten() -> None:
     assert reconciler._differs({**status(), "straggler": {"score": "x", "zScore": 0, "peers": 7}}, status())
     assert reconciler._differs({**status(), "straggler": None}, status())
+    no_peers = {"score": 0.99, "zScore": 0, "peers": True}
+    assert reconciler._differs({**status(), "straggler": no_peers}, status())
+
+
+def test_a_cohort_back_to_judging_size_is_written() -> None:
+    assert reconciler._differs(status(peers=3), status(peers=4))
+    assert not reconciler._differs(status(peers=0), status(peers=0))
 
 
 def test_the_agent_stale_message_does_not_change_with_each_heartbeat() -> None:
