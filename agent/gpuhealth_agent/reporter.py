@@ -8,12 +8,18 @@ survives API outages: a failed write is retried with capped, jittered
 exponential backoff while collection goes on, and the retry always sends
 the latest state, never a queue of stale ones. Nothing here ever raises to
 the loop: an API server that is down is a normal day.
+
+Each quiet period before a heartbeat write is drawn anew, up to HEARTBEAT_JITTER
+shorter than the heartbeat: agents a rollout or an outage started together
+drift apart instead of writing together every heartbeat for good, and none is
+ever later than the heartbeat the operator times staleness by.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import random
 from typing import Any, Final, Protocol
 
 from kubernetes import client as k8s
@@ -27,6 +33,8 @@ log = logging.getLogger(__name__)
 APPLY_PATCH: Final = "application/apply-patch+yaml"
 NOT_FOUND: Final = 404
 CONFLICT: Final = 409
+HEARTBEAT_JITTER: Final = 0.1
+"""The most a quiet period before a heartbeat write is shortened by, as a fraction of the heartbeat."""
 
 
 def physical_gpus(node: dict[str, Any]) -> int | None:
@@ -182,10 +190,13 @@ class Reporter:
         *,
         heartbeat_seconds: float,
         retry: backoff.Backoff | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.cluster = cluster
         self.heartbeat_seconds = heartbeat_seconds
         self.retry = retry or backoff.Backoff()
+        self._rng = rng or random.Random()
+        self._quiet_seconds = self._draw_quiet_period()
         self.state = changes.WriteState()
         self.ensured = False
         self.expected_gpus: int | None = None
@@ -223,7 +234,7 @@ class Reporter:
 
     def report(self, now: float, node_status: status.GPUNodeStatus) -> Outcome:
         current = changes.fingerprint(node_status)
-        reason = changes.write_reason(self.state, current, now, self.heartbeat_seconds)
+        reason = changes.write_reason(self.state, current, now, self._quiet_seconds)
         if reason is None:
             return Outcome(None)
         if not self.retry.ready(now):
@@ -248,7 +259,11 @@ class Reporter:
             log.info("GPUNode status written again after %d failed attempts", self.retry.failures)
         self.retry.succeeded()
         self.state = changes.WriteState(fingerprint=current, written_at=now, pending=False)
+        self._quiet_seconds = self._draw_quiet_period()
         return Outcome(reason, written=True)
+
+    def _draw_quiet_period(self) -> float:
+        return self.heartbeat_seconds * (1 - HEARTBEAT_JITTER * self._rng.random())
 
 
 def _describe(exc: BaseException) -> str:

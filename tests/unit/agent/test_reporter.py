@@ -218,3 +218,25 @@ def test_the_node_tells_its_physical_gpus_by_its_labels(
 ) -> None:
     node = {"metadata": {"labels": labels}, "status": {"capacity": {"nvidia.com/gpu": capacity}}}
     assert reporter.physical_gpus(node) == expected
+
+
+def heartbeat_times(seed: int, heartbeat: float = 300, until: int = 3600) -> list[float]:
+    cluster = FakeCluster()
+    rep = reporter.Reporter(cluster, heartbeat_seconds=heartbeat, rng=random.Random(seed))
+    written = []
+    for second in range(until):
+        if rep.report(float(second), node_status()).written:
+            written.append(float(second))
+    return written
+
+
+def test_agents_started_together_spread_their_heartbeats_and_none_is_late() -> None:
+    """A rollout (or an API outage every agent rode out) starts a fleet's agents within seconds:
+    with one fixed period their heartbeats would hit the API server together for good."""
+    fleet = [heartbeat_times(seed) for seed in range(20)]
+    for written in fleet:
+        gaps = [b - a for a, b in itertools.pairwise(written)]
+        assert gaps and all((1 - reporter.HEARTBEAT_JITTER) * 300 - 1 <= gap <= 300 for gap in gaps), (
+            gaps
+        )  # never later than the heartbeat the operator times staleness by
+    assert len({written[4] for written in fleet}) >= 10, "the fifth heartbeats still coincide"
