@@ -109,6 +109,13 @@ class GPUNodeRecord:
             if derived in older.__dict__:
                 self.__dict__[derived] = older.__dict__[derived]
 
+    def inherit_conditions(self, older: GPUNodeRecord) -> None:
+        """Take over `older`'s parsed `conditions` if this version holds the same ones: an agent's
+        report leaves the operator's conditions as they were, and parsing them is a time per clock."""
+        parsed = older.__dict__.get("conditions")
+        if parsed is not None and self.status.get("conditions") == older.status.get("conditions"):
+            self.__dict__["conditions"] = parsed
+
     def report_age(self, now: datetime.datetime) -> float:
         """Seconds since this operator saw the agent's last new report (0 if not yet timed)."""
         if self.report_seen_at is None:
@@ -492,8 +499,10 @@ class ClusterCache:
             else:
                 seen = old.report_seen_at
             record = dataclasses.replace(record, report_seen_at=seen)
-            if old is not None and record.same_report(old):
-                record.inherit(old)  # the answer to our own status write: nothing to judge again
+            if old is not None:
+                if record.same_report(old):
+                    record.inherit(old)  # the answer to our own status write: nothing to judge again
+                record.inherit_conditions(old)
             self._gpunodes[record.name] = record
             if old is None:  # an agent appeared: its node now counts in the budgets that select it
                 self._select(record.name)

@@ -147,3 +147,21 @@ def test_our_own_status_write_keeps_what_was_judged_of_the_report_and_a_new_repo
     faulty["agent"] = report["agent"]  # the same heartbeat: the GPUs alone tell the reports apart
     third = store.put_gpunode(body("n", {**faulty, "health": "Healthy"}, version=3), now=NOW)
     assert third.fact_signals == {} and third.fact_signals is not first.fact_signals
+
+
+def condition(kind: str, state: str, since: str) -> dict[str, Any]:
+    return {"type": kind, "status": state, "reason": kind, "message": "m", "lastTransitionTime": since}
+
+
+def test_a_new_report_keeps_our_parsed_conditions_and_our_new_conditions_are_parsed_anew() -> None:
+    store = cache.ClusterCache()
+    ours = [condition("ThermalThrottled", "False", "2026-11-24T00:00:00Z")]
+    first = store.put_gpunode(body("n", {**gpunode_facts.agent_status(), "conditions": ours}), now=NOW)
+    parsed = first.conditions
+    later = gpunode_facts.agent_status(heartbeat="2026-11-24T00:05:00Z")
+    second = store.put_gpunode(body("n", {**later, "conditions": ours}, version=2), now=NOW)
+    assert second.conditions is parsed  # the agent's report left our conditions as they were
+    changed = [condition("ThermalThrottled", "True", "2026-11-24T00:06:00Z")]
+    third = store.put_gpunode(body("n", {**later, "conditions": changed}, version=3), now=NOW)
+    assert third.conditions is not parsed
+    assert third.conditions[faults.Condition.THERMAL_THROTTLED].status == "True"
