@@ -200,6 +200,38 @@ async def isolate(
     return amended
 
 
+async def preview(
+    ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict
+) -> isolation.NodeIsolation | None:
+    """What `isolate` would decide for the node's faulty GPUs now, with reads only (a dry run's words).
+
+    Discovery stands in for the probe, which writes a rule: a cluster that serves DeviceTaintRules
+    but ignores them (feature gate off) shows here as isolating, and as the node ladder once the
+    policy acts and probes. None: no IsolateGPU rule fired, or the agent is stale.
+    """
+    wanted = {r.condition for r in verdict.fired_rules if r.action is Action.ISOLATE_GPU}
+    gpunode, record = ctx.cache.gpunode(name), ctx.cache.node(name)
+    if not wanted or gpunode is None or record is None or verdict.health is vocabulary.Health.UNKNOWN:
+        return None
+    known = ctx.isolation_support.get(policy.name)
+    if known is None or known.generation != policy.generation:
+        version = await device_rules.served_version(ctx.client)
+        known = isolation.Support(policy.generation, version, "discovery only (dry run)")
+        ctx.isolation_support[policy.name] = known
+    attribution = isolation.attribute(
+        gpunode.status, record.view, wanted, critical_xids=policies.rule_xids(policy)
+    )
+    devices = await device_rules.devices(ctx.client, name) if known.api_version is not None else {}
+    selected_gpus = sum(_gpu_count(ctx, node) for node in ctx.cache.selection(policy).selected)
+    return isolation.decide(
+        attribution,
+        devices=devices,
+        api_version=known.api_version,
+        max_gpus_per_node=policy.isolation_max_gpus_per_node,
+        budget_left=policies.resolve_max_unavailable_gpus(policy, selected_gpus),
+    )
+
+
 async def _pass(  # noqa: PLR0917 - one pass's inputs
     ctx: context.Context,
     policy: model.Policy,

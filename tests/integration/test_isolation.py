@@ -382,3 +382,42 @@ def test_max_unavailable_gpus_makes_the_next_gpu_wait_not_drain(fleet: operator_
         timeout_seconds=TIMEOUT,
         message="the waiting GPU isolated once the first is restored",
     )
+
+
+def _dry_run_said(fleet: operator_harness.Fleet, node: str) -> str:
+    said = [e["message"] for e in fleet.events(node, "DryRun")]
+    return said[-1] if said else ""
+
+
+def test_a_dry_run_says_it_would_isolate_the_gpu_and_changes_nothing(fleet: operator_harness.Fleet) -> None:
+    """What a week in dry run tells the operator must be what the policy will do once it acts: one
+    GPU isolated on a DRA node, the node ladder (with why) where the GPU is no DRA device."""
+    dra_node, plugin_node = f"{fleet.label}-dra", f"{fleet.label}-plugin"
+    for node in (dra_node, plugin_node):
+        fleet.add_node(node, gpus=GPUS)
+    _publish_slice(fleet, dra_node)
+    _policy(fleet, dryRun=True)
+    for node in (dra_node, plugin_node):
+        fleet.report(node, _ecc(1))
+    waiting.wait_until(
+        lambda: f"isolate GPU {FAULTY} ({_uuid(FAULTY)})" in _dry_run_said(fleet, dra_node),
+        timeout_seconds=TIMEOUT,
+        message="the DRA node's dry run names the GPU it would isolate",
+    )
+    assert "cordon" not in _dry_run_said(fleet, dra_node)
+    waiting.wait_until(
+        lambda: (
+            "cordon and drain" in _dry_run_said(fleet, plugin_node)
+            and "no DRA device" in _dry_run_said(fleet, plugin_node)
+        ),
+        timeout_seconds=TIMEOUT,
+        message="the plugin node's dry run says the node ladder and why",
+    )
+    waiting.holds(
+        lambda: (
+            _rules(fleet) == []
+            and not any(fleet.node(n)["spec"].get("unschedulable") for n in (dra_node, plugin_node))
+        ),
+        seconds=2,
+        message="a dry run isolates no GPU and cordons no node",
+    )

@@ -28,8 +28,8 @@ def rules_path(api_version: str, name: str | None = None) -> str:
     return f"{path}/{name}" if name else path
 
 
-async def probe(client: kube.Kube, policy: str, generation: int) -> isolation.Support:
-    """Discovery for the version serving devicetaintrules, then a probe rule the controller manager acks."""
+async def served_version(client: kube.Kube) -> str | None:
+    """Discovery alone (no write): the resource.k8s.io version serving devicetaintrules, if any."""
     serving = []
     for known in device_taints.KNOWN_VERSIONS:
         try:
@@ -40,7 +40,12 @@ async def probe(client: kube.Kube, policy: str, generation: int) -> isolation.Su
             raise
         if any(r.get("name") == device_taints.PLURAL for r in found.get("resources") or []):
             serving.append(known)
-    version = device_taints.served_version(serving)
+    return device_taints.served_version(serving)
+
+
+async def probe(client: kube.Kube, policy: str, generation: int) -> isolation.Support:
+    """Discovery for the version serving devicetaintrules, then a probe rule the controller manager acks."""
+    version = await served_version(client)
     if version is None:
         return isolation.Support(
             generation,

@@ -136,6 +136,32 @@ def test_an_isolated_gpu_carries_its_device() -> None:
     assert gpu.reason == f"GPU 3 is device gpu-3 of pool {NODE}"
 
 
+def test_a_dry_run_names_the_gpus_it_would_isolate_and_those_that_would_wait() -> None:
+    decided = isolation.decide(
+        isolation.Attribution((fault(3), fault(5))),
+        devices=DEVICES,
+        api_version="v1beta2",
+        max_gpus_per_node=2,
+        budget_left=1,
+    )
+    assert isolation.dry_run_changes(decided) == [
+        "isolate GPU 3 (GPU-3)",
+        "isolate GPU 5 (GPU-5) once maxUnavailableGPUs allows",
+    ]
+
+
+def test_a_dry_run_on_the_node_ladder_leaves_the_words_to_the_node_action() -> None:
+    decided = isolation.decide(
+        isolation.Attribution((fault(3),)),
+        devices={},
+        api_version="v1beta2",
+        max_gpus_per_node=2,
+        budget_left=1,
+    )
+    assert decided.node_ladder is not None
+    assert isolation.dry_run_changes(decided) == []
+
+
 def test_nothing_faulty_decides_nothing() -> None:
     decided = isolation.decide(
         isolation.Attribution(()), devices=DEVICES, api_version=None, max_gpus_per_node=2, budget_left=0
