@@ -60,11 +60,8 @@ def operator(
 def fleet(
     k8s: client.ApiClient, operator: operator_harness.OperatorProcess, label: str
 ) -> Iterator[operator_harness.Fleet]:
-    nodes = operator_harness.Fleet(k8s, label=label)
-    try:
+    with operator_harness.Fleet(k8s, label=label) as nodes:
         yield nodes
-    finally:
-        nodes.cleanup()
 
 
 def now() -> str:

@@ -53,20 +53,11 @@ COOL = {"temperatureCelsius": 80, "clockEventReasons": [], "smClockMHz": 1980}
 def operator(
     crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[operator_harness.OperatorProcess]:
-    operator_harness.ensure_namespace(k8s, "gpu-health")
-    process = operator_harness.OperatorProcess(
-        kubeconfig=Path(crds.kubeconfig),
-        log_path=tmp_path_factory.mktemp("operator") / "operator.log",
-        lease_name="gpu-health-operator-backtest",
-        identity="backtest-operator",
-        extra_args=[f"--tick-seconds={TICK}", "--lease-duration-seconds=5", "--lease-renew-seconds=1"],
-    ).start()
-    try:
-        waiting.wait_until(process.is_leading, timeout_seconds=30, message="operator leads")
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    with operator_harness.leading_operator(
+        crds.kubeconfig, k8s, log, "backtest", [f"--tick-seconds={TICK}", *operator_harness.QUICK_TIMER[1:]]
+    ) as process:
         yield process
-    finally:
-        process.stop()
-        print(process.log()[-20000:])
 
 
 class NodeVersions:

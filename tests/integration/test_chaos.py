@@ -61,11 +61,8 @@ OPERATOR_ARGS = [
 
 @pytest.fixture
 def fleet(k8s: client.ApiClient) -> Iterator[operator_harness.Fleet]:
-    nodes = operator_harness.Fleet(k8s, label=f"chaos-{secrets.token_hex(3)}")
-    try:
+    with operator_harness.Fleet(k8s, label=f"chaos-{secrets.token_hex(3)}") as nodes:
         yield nodes
-    finally:
-        nodes.cleanup()
 
 
 @pytest.fixture

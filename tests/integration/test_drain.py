@@ -16,7 +16,6 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,31 +40,17 @@ PAUSE = [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]
 def operator(
     crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[operator_harness.OperatorProcess]:
-    operator_harness.ensure_namespace(k8s, "gpu-health")
-    process = operator_harness.OperatorProcess(
-        kubeconfig=Path(crds.kubeconfig),
-        log_path=tmp_path_factory.mktemp("operator") / "operator.log",
-        lease_name="gpu-health-operator-drain-it",
-        identity="drain-it-operator",
-        extra_args=["--tick-seconds=0.5", "--lease-duration-seconds=5", "--lease-renew-seconds=1"],
-    ).start()
-    try:
-        waiting.wait_until(process.is_leading, timeout_seconds=30, message="operator leads")
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    with operator_harness.leading_operator(crds.kubeconfig, k8s, log, "drain-it") as process:
         yield process
-    finally:
-        process.stop()
-        print(process.log()[-20000:])
 
 
 @pytest.fixture
 def fleet(
     k8s: client.ApiClient, operator: operator_harness.OperatorProcess
 ) -> Iterator[operator_harness.Fleet]:
-    nodes = operator_harness.Fleet(k8s, label=f"drain-{secrets.token_hex(3)}")
-    try:
+    with operator_harness.Fleet(k8s, label=f"drain-{secrets.token_hex(3)}") as nodes:
         yield nodes
-    finally:
-        nodes.cleanup()
 
 
 @dataclasses.dataclass

@@ -16,7 +16,6 @@ ResourceSlice) with the same fault is cordoned and drained as before.
 import secrets
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,21 +39,9 @@ RULE_VERSION = "v1beta2"
 def operator(
     crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[operator_harness.OperatorProcess]:
-    operator_harness.ensure_namespace(k8s, "gpu-health")
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    process = operator_harness.OperatorProcess(
-        kubeconfig=Path(crds.kubeconfig),
-        log_path=log,
-        lease_name="gpu-health-operator-isolation",
-        identity="isolation-operator",
-        extra_args=["--tick-seconds=0.5", "--lease-duration-seconds=5", "--lease-renew-seconds=1"],
-    ).start()
-    try:
-        waiting.wait_until(process.is_leading, timeout_seconds=30, message="operator leads")
+    with operator_harness.leading_operator(crds.kubeconfig, k8s, log, "isolation") as process:
         yield process
-    finally:
-        process.stop()
-        print(process.log()[-20000:])
 
 
 @pytest.fixture

@@ -62,19 +62,9 @@ def api(plane: controlplane.ControlPlane) -> Iterator[client.ApiClient]:
 def operator(
     plane: controlplane.ControlPlane, api: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[operator_harness.OperatorProcess]:
-    operator_harness.ensure_namespace(api, "gpu-health")
-    process = operator_harness.OperatorProcess(
-        kubeconfig=Path(plane.kubeconfig),
-        log_path=tmp_path_factory.mktemp("operator") / "operator.log",
-        identity="fallback-operator",
-        extra_args=["--tick-seconds=0.5", "--lease-duration-seconds=5", "--lease-renew-seconds=1"],
-    ).start()
-    try:
-        waiting.wait_until(process.is_leading, timeout_seconds=30, message="operator leads")
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    with operator_harness.leading_operator(plane.kubeconfig, api, log, "fallback") as process:
         yield process
-    finally:
-        process.stop()
-        print(process.log()[-20000:])
 
 
 def _policy_condition(fleet: operator_harness.Fleet) -> dict[str, Any] | None:

@@ -215,11 +215,8 @@ def proxy(crds: controlplane.ControlPlane) -> Iterator[LeaseStallingProxy]:
 
 @pytest.fixture
 def fleet(k8s: client.ApiClient) -> Iterator[operator_harness.Fleet]:
-    nodes = operator_harness.Fleet(k8s, label=f"fence-{secrets.token_hex(3)}")
-    try:
+    with operator_harness.Fleet(k8s, label=f"fence-{secrets.token_hex(3)}") as nodes:
         yield nodes
-    finally:
-        nodes.cleanup()
 
 
 def test_a_leader_that_cannot_renew_stops_writing_before_the_standby_starts(

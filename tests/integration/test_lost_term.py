@@ -41,11 +41,8 @@ ECC = {0: {"ecc": {"uncorrectedVolatile": 1}}}
 
 @pytest.fixture
 def fleet(k8s: client.ApiClient) -> Iterator[operator_harness.Fleet]:
-    nodes = operator_harness.Fleet(k8s, label=f"term-{secrets.token_hex(3)}")
-    try:
+    with operator_harness.Fleet(k8s, label=f"term-{secrets.token_hex(3)}") as nodes:
         yield nodes
-    finally:
-        nodes.cleanup()
 
 
 def take_lease(api: client.ApiClient, name: str) -> None:

@@ -21,11 +21,8 @@ POOL_KEY = "gpuhealth.io/pool"
 
 @pytest.fixture
 def fleet(k8s: client.ApiClient) -> Iterator[operator_harness.Fleet]:
-    nodes = operator_harness.Fleet(k8s, label=f"pool-{secrets.token_hex(3)}")
-    try:
+    with operator_harness.Fleet(k8s, label=f"pool-{secrets.token_hex(3)}") as nodes:
         yield nodes
-    finally:
-        nodes.cleanup()
 
 
 def test_an_operator_judges_only_the_nodes_of_its_pool(

@@ -61,11 +61,8 @@ def operator(
 def fleet(
     k8s: client.ApiClient, operator: operator_harness.OperatorProcess
 ) -> Iterator[operator_harness.Fleet]:
-    nodes = operator_harness.Fleet(k8s, label=f"burst-{secrets.token_hex(2)}")
-    try:
+    with operator_harness.Fleet(k8s, label=f"burst-{secrets.token_hex(2)}") as nodes:
         yield nodes
-    finally:
-        nodes.cleanup()
 
 
 def cordoned(fleet: operator_harness.Fleet, name: str) -> bool:

@@ -11,7 +11,6 @@ ends the drill itself. One operator process serves the module.
 import re
 import secrets
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,20 +32,9 @@ DRAIN = {"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}
 def operator(
     crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[operator_harness.OperatorProcess]:
-    operator_harness.ensure_namespace(k8s, "gpu-health")
-    process = operator_harness.OperatorProcess(
-        kubeconfig=Path(crds.kubeconfig),
-        log_path=tmp_path_factory.mktemp("operator") / "operator.log",
-        lease_name="gpu-health-operator-drill-it",
-        identity="it-drill-operator",
-        extra_args=["--tick-seconds=0.5", "--lease-duration-seconds=5", "--lease-renew-seconds=1"],
-    ).start()
-    try:
-        waiting.wait_until(process.is_leading, timeout_seconds=30, message="operator leads")
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    with operator_harness.leading_operator(crds.kubeconfig, k8s, log, "drill-it") as process:
         yield process
-    finally:
-        process.stop()
-        print(process.log()[-20000:])
 
 
 @pytest.fixture
@@ -54,11 +42,8 @@ def fleet(
     request: pytest.FixtureRequest, k8s: client.ApiClient, operator: operator_harness.OperatorProcess
 ) -> Iterator[operator_harness.Fleet]:
     label = f"dr-{request.node.name[5:25].lower().replace('_', '-').strip('-')}-{secrets.token_hex(2)}"
-    nodes_ = operator_harness.Fleet(k8s, label=label)
-    try:
+    with operator_harness.Fleet(k8s, label=label) as nodes_:
         yield nodes_
-    finally:
-        nodes_.cleanup()
 
 
 def annotate(fleet: operator_harness.Fleet, name: str, annotations: dict[str, str | None]) -> None:

@@ -49,11 +49,8 @@ def replicas(
 
 @pytest.fixture
 def fleet(k8s: client.ApiClient) -> Iterator[operator_harness.Fleet]:
-    nodes = operator_harness.Fleet(k8s, label=f"leader-{secrets.token_hex(3)}")
-    try:
+    with operator_harness.Fleet(k8s, label=f"leader-{secrets.token_hex(3)}") as nodes:
         yield nodes
-    finally:
-        nodes.cleanup()
 
 
 def leaders(processes: list[operator_harness.OperatorProcess]) -> list[operator_harness.OperatorProcess]:

@@ -41,11 +41,8 @@ HOT = {4: {"temperatureCelsius": 93, "clockEventReasons": ["HwThermalSlowdown"],
 
 @pytest.fixture
 def fleet(k8s: client.ApiClient) -> Iterator[operator_harness.Fleet]:
-    nodes = operator_harness.Fleet(k8s, label=f"outage-{secrets.token_hex(3)}")
-    try:
+    with operator_harness.Fleet(k8s, label=f"outage-{secrets.token_hex(3)}") as nodes:
         yield nodes
-    finally:
-        nodes.cleanup()
 
 
 @pytest.fixture

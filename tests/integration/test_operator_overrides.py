@@ -11,7 +11,6 @@ drained again, and `Drained` means no evictable pod is left on it.
 
 import secrets
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,32 +36,17 @@ def ecc(count: int) -> dict[str, Any]:
 def operator(
     crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[operator_harness.OperatorProcess]:
-    operator_harness.ensure_namespace(k8s, "gpu-health")
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    process = operator_harness.OperatorProcess(
-        kubeconfig=Path(crds.kubeconfig),
-        log_path=log,
-        lease_name="gpu-health-operator-overrides",
-        identity="overrides-operator",
-        extra_args=["--tick-seconds=0.5", "--lease-duration-seconds=5", "--lease-renew-seconds=1"],
-    ).start()
-    try:
-        waiting.wait_until(process.is_leading, timeout_seconds=30, message="operator leads")
+    with operator_harness.leading_operator(crds.kubeconfig, k8s, log, "overrides") as process:
         yield process
-    finally:
-        process.stop()
-        print(process.log()[-20000:])
 
 
 @pytest.fixture
 def fleet(
     k8s: client.ApiClient, operator: operator_harness.OperatorProcess
 ) -> Iterator[operator_harness.Fleet]:
-    nodes = operator_harness.Fleet(k8s, label=f"ovr-{secrets.token_hex(3)}")
-    try:
+    with operator_harness.Fleet(k8s, label=f"ovr-{secrets.token_hex(3)}") as nodes:
         yield nodes
-    finally:
-        nodes.cleanup()
 
 
 def drain_policy(fleet: operator_harness.Fleet, max_unavailable: int = 1) -> None:

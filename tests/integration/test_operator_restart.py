@@ -26,11 +26,8 @@ ARGS = [
 
 @pytest.fixture
 def fleet(k8s: client.ApiClient) -> Iterator[operator_harness.Fleet]:
-    nodes = operator_harness.Fleet(k8s, label=f"restart-{secrets.token_hex(3)}")
-    try:
+    with operator_harness.Fleet(k8s, label=f"restart-{secrets.token_hex(3)}") as nodes:
         yield nodes
-    finally:
-        nodes.cleanup()
 
 
 def operator(crds: controlplane.ControlPlane, log: Path, lease: str) -> operator_harness.OperatorProcess:

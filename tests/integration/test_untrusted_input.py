@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from kubernetes import client
@@ -32,31 +31,17 @@ GPUS = 64
 def operator(
     crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[operator_harness.OperatorProcess]:
-    operator_harness.ensure_namespace(k8s, "gpu-health")
-    process = operator_harness.OperatorProcess(
-        kubeconfig=Path(crds.kubeconfig),
-        log_path=tmp_path_factory.mktemp("operator") / "operator.log",
-        lease_name="gpu-health-operator-input-it",
-        identity="input-it-operator",
-        extra_args=["--tick-seconds=0.5", "--lease-duration-seconds=5", "--lease-renew-seconds=1"],
-    ).start()
-    try:
-        waiting.wait_until(process.is_leading, timeout_seconds=30, message="operator leads")
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    with operator_harness.leading_operator(crds.kubeconfig, k8s, log, "input-it") as process:
         yield process
-    finally:
-        process.stop()
-        print(process.log()[-20000:])
 
 
 @pytest.fixture
 def fleet(
     k8s: client.ApiClient, operator: operator_harness.OperatorProcess
 ) -> Iterator[operator_harness.Fleet]:
-    nodes = operator_harness.Fleet(k8s, label=f"input-{secrets.token_hex(3)}")
-    try:
+    with operator_harness.Fleet(k8s, label=f"input-{secrets.token_hex(3)}") as nodes:
         yield nodes
-    finally:
-        nodes.cleanup()
 
 
 def test_a_36kb_condition_message_is_cut_and_escaped(

@@ -34,11 +34,8 @@ ECC = {3: {"ecc": {"uncorrectedVolatile": 1}}}
 
 @pytest.fixture
 def fleet(k8s: client.ApiClient) -> Iterator[operator_harness.Fleet]:
-    nodes = operator_harness.Fleet(k8s, label=f"gap-{secrets.token_hex(3)}")
-    try:
+    with operator_harness.Fleet(k8s, label=f"gap-{secrets.token_hex(3)}") as nodes:
         yield nodes
-    finally:
-        nodes.cleanup()
 
 
 @pytest.fixture

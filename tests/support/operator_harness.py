@@ -17,14 +17,14 @@ import pathlib
 import signal
 import sys
 import urllib.request
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Final
 
 from kubernetes import client
 
 import gpunode_facts
 from gpuhealth_api import keys, resources
-from gpuhealth_sim import nodes, ports, processes
+from gpuhealth_sim import nodes, ports, processes, waiting
 
 
 @dataclasses.dataclass
@@ -153,6 +153,12 @@ class Fleet:
         items: list[dict[str, Any]] = _json(response)["items"]
         return items
 
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.cleanup()
+
     def cleanup(self) -> None:
         for name in self.policies:
             with contextlib.suppress(client.ApiException):
@@ -262,3 +268,33 @@ class OperatorProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+QUICK_TIMER: Final = ("--tick-seconds=0.5", "--lease-duration-seconds=5", "--lease-renew-seconds=1")
+"""A timer pass every 0.5 s, a Lease another replica takes within 5 s: tests wait seconds, not minutes."""
+
+
+@contextlib.contextmanager
+def leading_operator(
+    kubeconfig: str | pathlib.Path,
+    api: client.ApiClient,
+    log_path: pathlib.Path,
+    name: str,
+    extra_args: Sequence[str] = QUICK_TIMER,
+) -> Iterator[OperatorProcess]:
+    """One operator process, leading its own Lease `gpu-health-operator-<name>`, for the block;
+    stopped at its end, and the tail of its log printed (pytest shows it for a failed test)."""
+    ensure_namespace(api, "gpu-health")
+    process = OperatorProcess(
+        kubeconfig=pathlib.Path(kubeconfig),
+        log_path=log_path,
+        lease_name=f"gpu-health-operator-{name}",
+        identity=f"{name}-operator",
+        extra_args=list(extra_args),
+    ).start()
+    try:
+        waiting.wait_until(process.is_leading, timeout_seconds=30, message="operator leads")
+        yield process
+    finally:
+        process.stop()
+        print(process.log()[-20000:])
