@@ -23,7 +23,7 @@ import logging
 from collections.abc import Sequence
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import context, kube, node_changes
+from gpuhealth_operator import context, isolating, kube
 from gpuhealth_operator.actions import events, gpunodes
 from gpuhealth_operator.decisions import budget, drill, hysteresis, model, times, verdicts
 
@@ -119,12 +119,16 @@ async def _judge(
             drill=synthetic,
             agent_pod=ctx.agent_pods.get(name),
         )
-        changes = node_changes.dry_run_changes(record, policy, verdict)
+        stand_in = drill.attribution(wanted, gpunode.status)
+        planned = await isolating.plan(
+            ctx, policy, record, verdict, attribution=stand_in, named=drill.STAND_IN
+        )
+        verdict, changes = planned.verdict, planned.changes
         wait = None
         disruptive = verdict.wanted_action in vocabulary.DISRUPTIVE_ACTIONS
         if disruptive and not policy.dry_run and not record.view.unschedulable:
             wait = drill.budget_wait(name, _budgets(ctx, policy))
-        message = drill.describe(policy, wanted, verdict, changes, wait)
+        message = drill.describe(policy, wanted, verdict, changes, wait) + planned.ladder_note
         if await _say(ctx, name, policy.name, message) and changes and verdict.wanted_action is not None:
             ctx.meters.drill_actions.labels(verdict.wanted_action.value, wanted.condition.value).inc()
         ctx.drill_health[(policy.name, name)] = verdict.health.value

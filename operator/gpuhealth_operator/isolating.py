@@ -21,13 +21,14 @@ Nodes with no fired IsolateGPU rule and nothing isolated cost no request.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import context, kube
+from gpuhealth_operator import cache, context, kube, node_changes
 from gpuhealth_operator.actions import device_rules, events
 from gpuhealth_operator.decisions import device_taints, isolation, model, policies, times, verdicts
 
@@ -201,13 +202,18 @@ async def isolate(
 
 
 async def preview(
-    ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict
+    ctx: context.Context,
+    policy: model.Policy,
+    name: str,
+    verdict: model.NodeVerdict,
+    attribution: isolation.Attribution | None = None,
 ) -> isolation.NodeIsolation | None:
     """What `isolate` would decide for the node's faulty GPUs now, with reads only (a dry run's words).
 
     Discovery stands in for the probe, which writes a rule: a cluster that serves DeviceTaintRules
     but ignores them (feature gate off) shows here as isolating, and as the node ladder once the
-    policy acts and probes. None: no IsolateGPU rule fired, or the agent is stale.
+    policy acts and probes. None: no IsolateGPU rule fired, or the agent is stale. `attribution`:
+    whose fault it is, if not the facts' (a drill's stand-in GPU).
     """
     wanted = {r.condition for r in verdict.fired_rules if r.action is Action.ISOLATE_GPU}
     gpunode, record = ctx.cache.gpunode(name), ctx.cache.node(name)
@@ -218,9 +224,10 @@ async def preview(
         version = await device_rules.served_version(ctx.client)
         known = isolation.Support(policy.generation, version, "discovery only (dry run)")
         ctx.isolation_support[policy.name] = known
-    attribution = isolation.attribute(
-        gpunode.status, record.view, wanted, critical_xids=policies.rule_xids(policy)
-    )
+    if attribution is None:
+        attribution = isolation.attribute(
+            gpunode.status, record.view, wanted, critical_xids=policies.rule_xids(policy)
+        )
     devices = await device_rules.devices(ctx.client, name) if known.api_version is not None else {}
     selected_gpus = sum(_gpu_count(ctx, node) for node in ctx.cache.selection(policy).selected)
     return isolation.decide(
@@ -229,6 +236,46 @@ async def preview(
         api_version=known.api_version,
         max_gpus_per_node=policy.isolation_max_gpus_per_node,
         budget_left=policies.resolve_max_unavailable_gpus(policy, selected_gpus),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What a policy would do to a node now, in words, with IsolateGPU decided (dry runs and drills)."""
+
+    verdict: model.NodeVerdict
+    """As judged, with IsolateGPU taken off the node ladder where its GPUs would be isolated."""
+    changes: list[str]
+    isolating: bool
+    """Whether an IsolateGPU rule fired (its GPUs are isolated, wait, or take the node ladder)."""
+    node_ladder: str | None = None
+    """Why IsolateGPU would cordon and drain the node instead, in words."""
+
+    @property
+    def ladder_note(self) -> str:
+        return f" IsolateGPU takes the node ladder: {self.node_ladder}." if self.node_ladder else ""
+
+
+async def plan(
+    ctx: context.Context,
+    policy: model.Policy,
+    record: cache.NodeRecord,
+    verdict: model.NodeVerdict,
+    *,
+    attribution: isolation.Attribution | None = None,
+    named: str | None = None,
+) -> Plan:
+    """`preview`, then the Node changes the verdict it leaves would make (`node_changes`)."""
+    decided = await preview(ctx, policy, record.view.name, verdict, attribution)
+    verdict = verdicts.with_isolation(verdict, decided)
+    changes = node_changes.dry_run_changes(record, policy, verdict)
+    if decided is None:
+        return Plan(verdict, changes, isolating=False)
+    return Plan(
+        verdict,
+        isolation.dry_run_changes(decided, named) + changes,
+        isolating=True,
+        node_ladder=decided.node_ladder,
     )
 
 
@@ -244,7 +291,8 @@ async def _pass(  # noqa: PLR0917 - one pass's inputs
     ours: Sequence[kube.JsonObject],
 ) -> isolation.NodeState:
     gpunode, record = ctx.cache.gpunode(name), ctx.cache.node(name)
-    assert gpunode is not None and record is not None
+    if gpunode is None or record is None:
+        return state  # deleted while the probe or the rule list was awaited: nothing left to isolate
     node_label = device_taints.label_value(name)
     here = {
         str(labels.get(keys.GPU_UUID_LABEL)): rule

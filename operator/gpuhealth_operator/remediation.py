@@ -33,7 +33,7 @@ from gpuhealth_operator import (
     stopping,
 )
 from gpuhealth_operator.actions import drain, events, nodes
-from gpuhealth_operator.decisions import isolation, model, times, verdicts
+from gpuhealth_operator.decisions import model, times, verdicts
 
 logger = logging.getLogger(__name__)
 
@@ -373,16 +373,12 @@ async def _dry_run(
     record = ctx.cache.node(name)
     if record is None:
         return NodeAction.NONE  # gone: nothing to say
-    isolating_gpus = await isolating.preview(ctx, policy, name, verdict)
-    verdict = verdicts.with_isolation(verdict, isolating_gpus)  # IsolateGPU off the node ladder if it can be
-    changes = node_changes.dry_run_changes(record, policy, verdict)
-    if isolating_gpus is not None:
-        changes = isolation.dry_run_changes(isolating_gpus) + changes
+    planned = await isolating.plan(ctx, policy, record, verdict)
+    verdict, changes = planned.verdict, planned.changes
     disruptive = verdict.wanted_action in vocabulary.DISRUPTIVE_ACTIONS
-    if changes and (disruptive or verdict.issues or isolating_gpus is not None):
+    if changes and (disruptive or verdict.issues or planned.isolating):
         message = f"Dry run: policy {policy.name} would {', '.join(changes)} ({_issues(verdict)})."
-        if isolating_gpus is not None and isolating_gpus.node_ladder is not None:
-            message += f" IsolateGPU takes the node ladder: {isolating_gpus.node_ladder}."
+        message += planned.ladder_note
         if ctx.dry_run_said.get(key) != message:
             ctx.dry_run_said[key] = message
             ctx.meters.actions.labels(vocabulary.NodeAction.DRY_RUN.value, _reason(verdict)).inc()

@@ -408,3 +408,44 @@ def test_a_dry_run_says_it_would_isolate_the_gpu_and_changes_nothing(fleet: oper
         seconds=2,
         message="a dry run isolates no GPU and cordons no node",
     )
+
+
+def _drill_said(fleet: operator_harness.Fleet, node: str) -> list[str]:
+    return [e["message"] for e in fleet.events(node, "Drill")]
+
+
+def test_a_fire_drill_rehearses_isolating_one_gpu_and_changes_nothing(fleet: operator_harness.Fleet) -> None:
+    """A drill of an IsolateGPU condition must rehearse what a real fault would get: on a DRA node one
+    GPU isolated and the node left in service; where no GPU is a DRA device, the node ladder and why."""
+    dra_node, plugin_node = f"{fleet.label}-dra", f"{fleet.label}-plugin"
+    for node in (dra_node, plugin_node):
+        fleet.add_node(node, gpus=GPUS)
+    _publish_slice(fleet, dra_node)
+    _policy(fleet)
+    for node in (dra_node, plugin_node):
+        fleet.report(node, gpunode_facts.agent_status(gpus=GPUS))
+        fleet.annotate_gpunode(node, {keys.DRILL_ANNOTATION: "EccUncorrectable"})
+
+    def said(node: str, *words: str) -> bool:
+        return any(all(w in m for w in words) for m in _drill_said(fleet, node))
+
+    waiting.wait_until(
+        lambda: said(dra_node, "would isolate the faulty GPU"),
+        timeout_seconds=TIMEOUT,
+        message="the DRA node's drill says one GPU would be isolated",
+    )
+    assert not said(dra_node, "cordon"), _drill_said(fleet, dra_node)
+    waiting.wait_until(
+        lambda: said(plugin_node, "cordon and drain", "no DRA device"),
+        timeout_seconds=TIMEOUT,
+        message="the plugin node's drill says the node ladder and why",
+    )
+    waiting.holds(
+        lambda: (
+            # The acting policy's probe rule (gpuhealth-probe-*) comes and goes; no GPU's rule may come.
+            [r for r in _rules(fleet) if keys.NODE_LABEL in r["metadata"]["labels"]] == []
+            and not any(fleet.node(n)["spec"].get("unschedulable") for n in (dra_node, plugin_node))
+        ),
+        seconds=2,
+        message="a drill isolates no GPU and cordons no node",
+    )

@@ -18,7 +18,7 @@ from kubernetes import client
 
 import gpunode_facts
 import operator_harness
-from gpuhealth_api import keys, resources
+from gpuhealth_api import keys
 from gpuhealth_sim import controlplane, waiting
 
 pytestmark = pytest.mark.integration
@@ -44,18 +44,6 @@ def fleet(
     label = f"dr-{request.node.name[5:25].lower().replace('_', '-').strip('-')}-{secrets.token_hex(2)}"
     with operator_harness.Fleet(k8s, label=label) as nodes_:
         yield nodes_
-
-
-def annotate(fleet: operator_harness.Fleet, name: str, annotations: dict[str, str | None]) -> None:
-    """What `kubectl annotate gpunode` does."""
-    fleet.custom.patch_cluster_custom_object(
-        resources.GROUP,
-        resources.VERSION,
-        resources.GPUNODE_PLURAL,
-        name,
-        {"metadata": {"annotations": annotations}},
-        _content_type="application/merge-patch+json",
-    )
 
 
 def action(fleet: operator_harness.Fleet, name: str) -> str | None:
@@ -132,7 +120,9 @@ def test_a_drill_says_cordon_and_drain_and_touches_nothing_until_its_ttl(
     )
     before = node_as_users_see_it(fleet, drilled)
 
-    annotate(fleet, drilled, {keys.DRILL_ANNOTATION: "EccUncorrectable", keys.DRILL_TTL_ANNOTATION: "12s"})
+    fleet.annotate_gpunode(
+        drilled, {keys.DRILL_ANNOTATION: "EccUncorrectable", keys.DRILL_TTL_ANNOTATION: "12s"}
+    )
     waiting.wait_until(
         lambda: any(
             m == f"Drill: policy {policy} would label gpuhealth.io/health=unhealthy, cordon and drain "
@@ -201,7 +191,7 @@ def test_an_unknown_condition_is_refused_and_a_removed_annotation_ends_the_drill
     fleet.policy(fleet.label, {"rules": [DRAIN], "maxUnavailable": 1})
     waiting.wait_until(lambda: action(fleet, name) == "None", timeout_seconds=TIMEOUT, message="judged")
 
-    annotate(fleet, name, {keys.DRILL_ANNOTATION: "EccUncorectable"})
+    fleet.annotate_gpunode(name, {keys.DRILL_ANNOTATION: "EccUncorectable"})
     waiting.wait_until(
         lambda: [e for e in fleet.events(name, "Drill") if e["type"] == "Warning"],
         timeout_seconds=TIMEOUT,
@@ -211,9 +201,9 @@ def test_an_unknown_condition_is_refused_and_a_removed_annotation_ends_the_drill
     assert "'EccUncorectable' is not a condition" in refusal and "EccUncorrectable, " in refusal
     waiting.holds(lambda: action(fleet, name) == "None", seconds=2, message="no drill runs")
 
-    annotate(fleet, name, {keys.DRILL_ANNOTATION: "GPULost"})
+    fleet.annotate_gpunode(name, {keys.DRILL_ANNOTATION: "GPULost"})
     waiting.wait_until(lambda: action(fleet, name) == "Drill", timeout_seconds=TIMEOUT, message="Drill")
-    annotate(fleet, name, {keys.DRILL_ANNOTATION: None})
+    fleet.annotate_gpunode(name, {keys.DRILL_ANNOTATION: None})
     waiting.wait_until(lambda: action(fleet, name) == "None", timeout_seconds=TIMEOUT, message="ended")
     assert any("annotation was removed" in m for m in drill_messages(fleet, name))
     waiting.wait_until(

@@ -107,6 +107,17 @@ class Fleet:
     def node(self, name: str) -> dict[str, Any]:
         return _json(self.core.read_node(name, _preload_content=False))
 
+    def annotate_gpunode(self, name: str, annotations: Mapping[str, str | None]) -> None:
+        """What `kubectl annotate gpunode` does (None removes the annotation)."""
+        self.custom.patch_cluster_custom_object(
+            resources.GROUP,
+            resources.VERSION,
+            resources.GPUNODE_PLURAL,
+            name,
+            {"metadata": {"annotations": dict(annotations)}},
+            _content_type="application/merge-patch+json",
+        )
+
     def gpunode(self, name: str) -> dict[str, Any]:
         return _json(
             self.custom.get_cluster_custom_object(

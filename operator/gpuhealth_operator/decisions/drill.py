@@ -21,8 +21,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator.decisions import budget, model, policies, times
+from gpuhealth_api import keys, status, vocabulary
+from gpuhealth_operator.decisions import budget, gpu_facts, isolation, model, policies, times
 
 Condition = vocabulary.Condition
 
@@ -104,6 +104,31 @@ def signal(drill: Drill, now: datetime.datetime) -> model.Signal:
         f"fire drill: {drill.condition.value} simulated ({keys.DRILL_ANNOTATION})",
         observed_at=drill.started or now,
     )
+
+
+def attribution(drill: Drill, facts: status.GPUNodeStatus) -> isolation.Attribution:
+    """Whose fault the drilled condition is, for IsolateGPU: a drill names no GPU, so the node's first
+    listed GPU stands in for the faulty one (`STAND_IN`); a node whose agent lists none has no GPU
+    to isolate, as with a real fault."""
+    gpus = facts.get("gpus")
+    listed = [g for g in gpus if isinstance(g, gpu_facts.MAPPINGS)] if isinstance(gpus, list) else []
+    if not listed:
+        return isolation.Attribution((), f"{drill.condition.value}: the agent lists no GPU to isolate")
+    first = listed[0]
+    index, uuid = first.get("index"), first.get("uuid")
+    return isolation.Attribution(
+        (
+            isolation.GPUFault(
+                index=index if isinstance(index, int) and not isinstance(index, bool) else None,
+                uuid=uuid if isinstance(uuid, str) and uuid else None,
+                conditions=(drill.condition,),
+            ),
+        )
+    )
+
+
+STAND_IN: Final = "the faulty GPU"
+"""How a drill's Event names the GPU IsolateGPU would isolate (`attribution`)."""
 
 
 def budget_wait(name: str, budgets: Sequence[budget.Budget]) -> str | None:

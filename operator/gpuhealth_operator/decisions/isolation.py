@@ -272,14 +272,15 @@ def decide(
     return NodeIsolation(tuple(sorted(decided, key=_order)))
 
 
-def dry_run_changes(decision: NodeIsolation) -> list[str]:
-    """What isolating would do, in the words of a dry run's Event (the node ladder says its own)."""
+def dry_run_changes(decision: NodeIsolation, named: str | None = None) -> list[str]:
+    """What isolating would do, in the words of a dry run's Event (the node ladder says its own);
+    `named`: how to name every GPU instead of by index and UUID (a drill's stand-in GPU)."""
     if decision.node_ladder is not None:
         return []
     words = {Outcome.ISOLATE: "isolate {}", Outcome.WAIT: "isolate {} once maxUnavailableGPUs allows"}
     return [
         words[gpu.outcome].format(
-            f"GPU {gpu.index} ({gpu.uuid})" if gpu.index is not None else f"GPU {gpu.uuid}"
+            named or (f"GPU {gpu.index} ({gpu.uuid})" if gpu.index is not None else f"GPU {gpu.uuid}")
         )
         for gpu in decision.gpus
         if gpu.outcome in words

@@ -6,7 +6,16 @@ import datetime
 import pytest
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator.decisions import budget, drill, hysteresis, model, policies, verdicts
+from gpuhealth_operator.decisions import (
+    budget,
+    device_taints,
+    drill,
+    hysteresis,
+    isolation,
+    model,
+    policies,
+    verdicts,
+)
 from gpunode_facts import agent_status, rfc3339
 
 Condition = vocabulary.Condition
@@ -137,3 +146,36 @@ def test_the_budget_check_takes_nothing_and_names_a_full_budget() -> None:
     assert drill.budget_wait("gpu-node-3", [free, other]) is None  # the full pool does not select the node
     itself = budget.Budget(DRAIN, {"a", "gpu-node-3"}, {"gpu-node-3"})
     assert drill.budget_wait("gpu-node-3", [itself]) is None
+
+
+def test_a_drill_of_an_isolating_rule_stands_in_one_gpu_the_cluster_decides_on() -> None:
+    """IsolateGPU needs a GPU to isolate and a drill names none: the first listed GPU stands in, so the
+    drill meets the same device, budget and node-ladder checks a real fault would."""
+    wanted = drill.Drill(Condition.ECC_UNCORRECTABLE, 600.0, NOW)
+    facts = agent_status(gpus=8)
+    found = drill.attribution(wanted, facts)
+    first = facts["gpus"][0]
+    assert found.unattributed is None
+    assert [(g.index, g.uuid, g.conditions) for g in found.gpus] == [
+        (0, first["uuid"], (Condition.ECC_UNCORRECTABLE,))
+    ]
+    device = device_taints.Device("gpu.nvidia.com", "node-a", "gpu-0")
+    decided = isolation.decide(
+        found, devices={first["uuid"]: device}, api_version="v1beta2", max_gpus_per_node=2, budget_left=1
+    )
+    assert isolation.dry_run_changes(decided, drill.STAND_IN) == ["isolate the faulty GPU"]
+    spent = isolation.decide(
+        found, devices={first["uuid"]: device}, api_version="v1beta2", max_gpus_per_node=2, budget_left=0
+    )
+    assert isolation.dry_run_changes(spent, drill.STAND_IN) == [
+        "isolate the faulty GPU once maxUnavailableGPUs allows"
+    ]
+    plugin = isolation.decide(found, devices={}, api_version="v1beta2", max_gpus_per_node=2, budget_left=1)
+    assert plugin.node_ladder is not None and "no DRA device" in plugin.node_ladder
+
+
+def test_a_drill_on_a_node_listing_no_gpu_takes_the_node_ladder() -> None:
+    wanted = drill.Drill(Condition.ECC_UNCORRECTABLE, 600.0, NOW)
+    found = drill.attribution(wanted, {"agent": {}, "gpus": []})
+    decided = isolation.decide(found, devices={}, api_version="v1beta2", max_gpus_per_node=2, budget_left=1)
+    assert decided.node_ladder is not None and "lists no GPU" in decided.node_ladder
