@@ -172,6 +172,22 @@ def gpu_checks(critical_xids: frozenset[int]) -> dict[Condition, GPUFault]:
     }
 
 
+READS: Final[Mapping[Condition, frozenset[str]]] = {
+    Condition.GPU_LOST: frozenset({"lost"}),
+    Condition.ECC_UNCORRECTABLE: frozenset({"ecc"}),
+    Condition.ROW_REMAP_FAILURE: frozenset({"remappedRows"}),
+    Condition.XID_CRITICAL: frozenset({"xids"}),
+    Condition.RECOVERY_REQUIRED: frozenset({"recoveryAction"}),
+    Condition.THERMAL_THROTTLED: frozenset(
+        {"clockEventReasons", "temperatureCelsius", "slowdownTemperatureCelsius"}
+    ),
+    Condition.POWER_THROTTLED: frozenset({"clockEventReasons"}),
+    Condition.PCIE_DEGRADED: frozenset({"utilizationPercent", "pcie"}),
+}
+"""The GPU fields each per-GPU predicate reads (`gpu_checks`): two GPUs alike in them get the same
+answer (property-tested), so a caller may keep an answer while they stay as they were."""
+
+
 def gpu_faults(gpu: status.GPUStatus, critical_xids: frozenset[int]) -> dict[Condition, str]:
     """The faults one GPU shows, by condition, most severe first."""
     found = {condition: check(gpu) for condition, check in gpu_checks(critical_xids).items()}

@@ -109,6 +109,13 @@ class GPUNodeRecord:
             if derived in older.__dict__:
                 self.__dict__[derived] = older.__dict__[derived]
 
+    def inherit_healthy_signals(self, older: GPUNodeRecord) -> None:
+        """Take over `older`'s fact signals, all healthy, if this report leaves them so
+        (`signals.still_healthy`): judging every GPU of every report is a time per report."""
+        judged = older.__dict__.get("fact_signals")
+        if judged and signals.still_healthy(judged, older.status, self.status):
+            self.__dict__["fact_signals"] = dict(judged)  # its own: a key judged later is this version's
+
     def inherit_conditions(self, older: GPUNodeRecord) -> None:
         """Take over `older`'s parsed `conditions` if this version holds the same ones: an agent's
         report leaves the operator's conditions as they were, and parsing them is a time per clock."""
@@ -502,6 +509,8 @@ class ClusterCache:
             if old is not None:
                 if record.same_report(old):
                     record.inherit(old)  # the answer to our own status write: nothing to judge again
+                else:
+                    record.inherit_healthy_signals(old)
                 record.inherit_conditions(old)
             self._gpunodes[record.name] = record
             if old is None:  # an agent appeared: its node now counts in the budgets that select it

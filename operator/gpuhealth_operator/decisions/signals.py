@@ -12,12 +12,14 @@ Straggler is not here: it needs the whole cohort (see `stragglers`).
 
 Only AgentStale depends on the time; the others depend on the facts, the
 policy's XIDs and the GPUs the node should have, so a caller that keeps a
-`FactSignals` per version of the facts judges each version's GPUs once.
+`FactSignals` per version of the facts judges each version's GPUs once, and
+`still_healthy` tells when a new version's healthy signals are the last one's.
 """
 
 from __future__ import annotations
 
 import datetime
+import operator
 from collections.abc import Mapping
 from typing import Final
 
@@ -97,6 +99,47 @@ def fact_signals(
             signals[condition] = _per_gpu(condition, gpus, check, rule_xids)
     signals[Condition.GPU_LOST] = _lost(facts, node, gpus)
     return signals
+
+
+_MOVING: Final = (faults.thermal_throttled, faults.pcie_degraded)
+"""The per-GPU predicates that read fields moving with every sample (temperature, utilization)."""
+_STEADY: Final = operator.attrgetter(
+    *sorted(
+        set().union(
+            *(
+                fields
+                for condition, fields in faults.READS.items()
+                if faults.gpu_checks(frozenset())[condition] not in _MOVING
+            )
+        )
+    )
+)
+"""The fields every other predicate reads (`faults.READS`), read from cached GPU facts in one C call."""
+
+
+def still_healthy(judged: FactSignals, older: status.GPUNodeStatus, newer: status.GPUNodeStatus) -> bool:
+    """Whether `newer` facts get the signals `judged` of `older`, all healthy, without judging them again.
+
+    A healthy GPU's report moves its clocks, temperature and utilization, not its faults: when each
+    GPU holds what `older`'s did in every field a predicate reads (`faults.READS`) but those that
+    move, and the predicates that read those find nothing, every answer is older's (and a healthy
+    signal's message is fixed). For the GPUs a cache keeps (`gpu_facts.GPUFacts`) only.
+    """
+    if not judged or any(s.present is not False for signals in judged.values() for s in signals.values()):
+        return False
+    gpus, before = newer.get("gpus"), older.get("gpus")
+    if not isinstance(gpus, list) or not isinstance(before, list) or len(gpus) != len(before):
+        return False
+    if faults.seen_by_agent(newer) != faults.seen_by_agent(older):
+        return False  # the GPUs the node should have (GPULost)
+    for gpu, was in zip(gpus, before, strict=True):
+        if gpu is was:
+            continue
+        if type(gpu) is not type(was) or type(was) is not gpu_facts.GPUFacts:
+            return False
+        if _STEADY(gpu) != _STEADY(was) or any(check(gpu) is not None for check in _MOVING):
+            return False
+    return True
 
 
 def agent_stale(

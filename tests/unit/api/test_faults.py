@@ -3,6 +3,8 @@
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuhealth_api import faults, keys, xid_catalogue
 
@@ -93,3 +95,70 @@ def test_missing_gpus() -> None:
     assert faults.missing_gpus(0, 1) == "0 of 1 GPU reported"
     assert faults.missing_gpus(8, 8) is None
     assert faults.missing_gpus(8, None) is None
+
+
+_ANY = st.one_of(
+    st.none(), st.booleans(), st.integers(-2, 300), st.floats(allow_nan=False), st.text(max_size=8)
+)
+_GPU_VALUES: dict[str, st.SearchStrategy[object]] = {
+    "index": st.integers(0, 7),
+    "uuid": st.sampled_from(["GPU-a", "GPU-b", ""]),
+    "lost": st.one_of(st.booleans(), _ANY),
+    "ecc": st.one_of(
+        st.fixed_dictionaries({"uncorrectedVolatile": st.one_of(st.integers(0, 3), _ANY)}), _ANY
+    ),
+    "remappedRows": st.one_of(
+        st.fixed_dictionaries({"failure": st.booleans(), "pending": st.one_of(st.booleans(), _ANY)}), _ANY
+    ),
+    "xids": st.one_of(
+        st.lists(
+            st.fixed_dictionaries(
+                {"code": st.sampled_from([13, 31, 48, 79, 94]), "count": st.integers(0, 3)}
+            ),
+            max_size=3,
+        ),
+        _ANY,
+    ),
+    "recoveryAction": st.one_of(st.sampled_from(["None", "GpuReset", "NodeReboot", "Drain"]), _ANY),
+    "clockEventReasons": st.one_of(
+        st.lists(
+            st.sampled_from(["HwSlowdown", "SwThermalSlowdown", "HwPowerBrakeSlowdown", "SwPowerCap", 5])
+        ),
+        _ANY,
+    ),
+    "temperatureCelsius": st.one_of(st.integers(20, 100), _ANY),
+    "slowdownTemperatureCelsius": st.one_of(st.integers(80, 95), _ANY),
+    "utilizationPercent": st.one_of(st.integers(0, 100), _ANY),
+    "pcie": st.one_of(
+        st.fixed_dictionaries(
+            {
+                "generation": st.integers(1, 5),
+                "maxGeneration": st.integers(1, 5),
+                "width": st.sampled_from([4, 8, 16]),
+                "maxWidth": st.sampled_from([8, 16]),
+            }
+        ),
+        _ANY,
+    ),
+    "observedTime": st.sampled_from(["2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"]),
+    "smClockMHz": st.integers(0, 2000),
+}
+_GPUS = st.fixed_dictionaries({}, optional=_GPU_VALUES)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    a=_GPUS,
+    b=_GPUS,
+    condition=st.sampled_from(sorted(faults.READS)),
+    critical=st.frozensets(st.sampled_from([48, 79, 94]), min_size=1),
+)
+def test_a_predicate_reads_only_the_fields_it_declares(
+    a: dict[str, object], b: dict[str, object], condition: faults.Condition, critical: frozenset[int]
+) -> None:
+    """`READS` lets the operator keep a GPU's answers while those fields stay as they were: a GPU that
+    takes another's values in every field a predicate reads gets that predicate's answer."""
+    reads = faults.READS[condition]
+    alike = {k: v for k, v in b.items() if k not in reads} | {k: v for k, v in a.items() if k in reads}
+    check = faults.gpu_checks(critical)[condition]
+    assert check(alike) == check(a)  # type: ignore[arg-type]

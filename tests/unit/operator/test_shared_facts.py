@@ -9,10 +9,13 @@ import weakref
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import gpunode_facts
 from gpuhealth_api import faults
 from gpuhealth_operator import cache, context
+from gpuhealth_operator.decisions import model, policies, signals
 
 NOW = datetime.datetime(2026, 11, 24, tzinfo=datetime.UTC)
 
@@ -165,3 +168,108 @@ def test_a_new_report_keeps_our_parsed_conditions_and_our_new_conditions_are_par
     third = store.put_gpunode(body("n", {**later, "conditions": changed}, version=3), now=NOW)
     assert third.conditions is not parsed
     assert third.conditions[faults.Condition.THERMAL_THROTTLED].status == "True"
+
+
+def _judge(record: cache.GPUNodeRecord, *, known: bool) -> dict[faults.Condition, Any]:
+    node = model.NodeView(name="n", labels={})
+    return signals.raw_signals(
+        record.status,
+        node,
+        policies.DEFAULT_CRITICAL_XIDS,
+        NOW,
+        known=record.fact_signals if known else None,
+    )
+
+
+def _report(heartbeat: str, overrides: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    return gpunode_facts.agent_status(heartbeat=heartbeat, overrides=overrides)
+
+
+def test_a_healthy_report_that_moves_clocks_keeps_the_signals_and_a_fault_is_judged_anew() -> None:
+    """A healthy fleet's reports move clocks, temperatures and utilization: their healthy signals
+    carry over. Anything a predicate could fire on is judged again."""
+    store = cache.ClusterCache()
+    first = store.put_gpunode(body("n", _report("2026-11-24T00:00:00Z", {})), now=NOW)
+    _judge(first, known=True)
+    moved = {
+        i: {"smClockMHz": 1700 + i, "temperatureCelsius": 60 + i, "utilizationPercent": 97} for i in range(8)
+    }
+    second = store.put_gpunode(body("n", _report("2026-11-24T00:05:00Z", moved), 2), now=NOW)
+    assert second.fact_signals == first.fact_signals and second.fact_signals is not first.fact_signals
+    for version, fault in enumerate(
+        (
+            {"ecc": {"uncorrectedVolatile": 1}},
+            {"temperatureCelsius": 95, "slowdownTemperatureCelsius": 90},
+            {
+                "utilizationPercent": 90,
+                "pcie": {"generation": 3, "maxGeneration": 5, "width": 16, "maxWidth": 16},
+            },
+            {"clockEventReasons": ["HwPowerBrakeSlowdown"]},
+            {"xids": [{"code": 79, "count": 1, "lastSeen": "2026-11-24T00:05:00Z"}]},
+        ),
+        start=1,
+    ):
+        _judge(second, known=True)
+        faulty = store.put_gpunode(
+            body("n", _report("2026-11-24T00:06:00Z", {3: fault}), 2 * version + 1), now=NOW
+        )
+        assert faulty.fact_signals == {}, fault
+        assert any(s.present for s in _judge(faulty, known=True).values()), fault
+        second = store.put_gpunode(
+            body("n", _report("2026-11-24T00:07:00Z", moved), 2 * version + 2), now=NOW
+        )
+
+
+_FIELD_VALUES = {
+    "smClockMHz": [0, 1410, 1980],
+    "temperatureCelsius": [30, 87, 88, 120],
+    "slowdownTemperatureCelsius": [87, None],
+    "utilizationPercent": [0, 10, 11, 100, None],
+    "pcie": [
+        {"generation": 5, "maxGeneration": 5, "width": 16, "maxWidth": 16},
+        {"generation": 4, "maxGeneration": 5, "width": 16, "maxWidth": 16},
+        {"generation": 5, "maxGeneration": 5, "width": 8, "maxWidth": 16},
+        None,
+    ],
+    "ecc": [{"uncorrectedVolatile": 0}, {"uncorrectedVolatile": 2}, None],
+    "remappedRows": [{"failure": False, "pending": False}, {"failure": False, "pending": True}],
+    "xids": [[], [{"code": 48, "count": 1}], [{"code": 13, "count": 4}]],
+    "recoveryAction": ["None", "GpuReset", None],
+    "clockEventReasons": [[], ["SwPowerCap"], ["HwSlowdown"], ["SwThermalSlowdown"]],
+    "lost": [False, True, None],
+    "observedTime": ["2026-11-24T00:00:00Z", "2026-11-24T00:01:00Z"],
+}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    changes=st.lists(
+        st.tuples(
+            st.integers(0, 7),
+            st.sampled_from(sorted(_FIELD_VALUES)).flatmap(
+                lambda k: st.tuples(st.just(k), st.sampled_from(_FIELD_VALUES[k]))
+            ),
+        ),
+        max_size=6,
+    ),
+    dropped=st.booleans(),
+    seen=st.sampled_from([None, 8, 9]),
+)
+def test_carried_signals_are_the_signals_judged_afresh(
+    changes: list[tuple[int, tuple[str, Any]]], dropped: bool, seen: int | None
+) -> None:
+    """Whatever the next report changes, the signals the cache carries over are those judging it
+    afresh would give: carrying them is a shortcut, never a different answer."""
+    store = cache.ClusterCache()
+    first = store.put_gpunode(body("n", _report("2026-11-24T00:00:00Z", {})), now=NOW)
+    _judge(first, known=True)
+    overrides: dict[int, dict[str, Any]] = {}
+    for index, (field, value) in changes:
+        overrides.setdefault(index, {})[field] = value
+    report = _report("2026-11-24T00:05:00Z", overrides)
+    if dropped:
+        report["gpus"] = report["gpus"][:-1]
+    if seen is not None:
+        report["agent"]["maxGpuCountSeen"] = seen
+    second = store.put_gpunode(body("n", report, 2), now=NOW)
+    assert _judge(second, known=True) == _judge(second, known=False)
