@@ -328,6 +328,40 @@ def compact_gpu(gpu: Mapping[str, Any], shared: SharedValues = SHARED) -> gpu_fa
     return facts
 
 
+_COMPACTIONS: dict[str, tuple[Any, Any]] = {
+    **{key: (put, None) for key, put in _WHOLE},
+    **{key: (put, False) for key, put in _UNIQUE},
+    **{key: (put, wanted) for key, put, wanted in _PARTS},
+}
+"""Per kept field, its slot's setter and how `compact_gpu` keeps it (shared whole, as is, or a part)."""
+_SETTERS = tuple(gpu_facts.setter(key) for key in GPU_FIELDS)
+
+
+def recompact_gpu(
+    previous: gpu_facts.GPUFacts, changed: Mapping[str, Any], shared: SharedValues = SHARED
+) -> gpu_facts.GPUFacts:
+    """`compact_gpu` of a GPU whose reported facts are `previous`'s but for `changed` (each changed
+    field's new value, `gpu_facts.ABSENT` if removed): the kept slots copied, the changed ones kept
+    as `compact_gpu` keeps them. For a caller that knows what changed (a replay applying a trace's
+    patches, where a healthy GPU's report moves two or three of its seventeen kept fields)."""
+    kept = [key for key in changed if key in _COMPACTIONS]
+    if not kept:
+        return previous
+    facts = gpu_facts.empty()
+    for put, value in zip(_SETTERS, gpu_facts.values(previous), strict=True):
+        put(facts, value)
+    for key in kept:
+        put, how = _COMPACTIONS[key]
+        raw = changed[key]
+        if how is False:
+            put(facts, raw)
+        elif how is not None and isinstance(raw, Mapping):
+            put(facts, shared.part(raw, how))
+        else:
+            put(facts, shared.value(raw))  # what compact_gpu's inline cases do for the common types
+    return facts
+
+
 _SHARED_STATUS = ("summary", "health", "issues", "action")
 """Status fields besides `gpus` whose values repeat across nodes. Not `conditions`, `agent`, `straggler`:
 every node has its own times and scores there, so sharing them would only cost a table entry."""

@@ -53,6 +53,7 @@ import yaml
 from gpuhealth_api import keys, resources
 from gpuhealth_operator import cache, context, handlers, metrics, settings, ticker
 from gpuhealth_operator.actions import nodes as node_actions
+from gpuhealth_operator.decisions import gpu_facts
 from gpuhealth_sim import memcluster, traces
 
 FULL_PASS_SECONDS: Final = 3600.0
@@ -210,6 +211,8 @@ class Replay:
         self.policy = policy
         self.name = str(policy["metadata"]["name"])
         self.agent: dict[str, dict[str, Any]] = {}
+        self.compacted: dict[str, list[Any]] = {}
+        """Each GPUNode's last report's GPUs as compacted (`_compact`)."""
         self.trace_unschedulable: dict[str, bool] = {}
         self.trace_claim: dict[str, str | None] = {}
         self.states: dict[str, NodeState] = {}
@@ -275,25 +278,56 @@ class Replay:
 
     async def _gpunode(self, record: dict[str, Any]) -> None:
         name = record["name"]
+        patch: dict[str, Any] | None = None
         if "status" in record:
             status = record["status"]
         else:
             before = self.agent.get(name)
             if before is None:
                 raise traces.TraceError(f"GPUNode {name}: a patch before any full status (t={record['t']})")
-            status = traces.apply_status_patch(before, record["patch"])
+            patch = record["patch"]
+            status = traces.apply_status_patch(before, patch)
         self.agent[name] = status
         gpus = status.get("gpus")
         if isinstance(gpus, list):
             # Compacted once, here, by the operator's own `cache.compact_gpu`: what the cluster keeps
             # is then what the operator caches, and the answers to its status writes are not compacted
             # again. The raw report stays in `self.agent`, for the next patch.
-            status = {**status, "gpus": [cache.compact_gpu(g) if isinstance(g, Mapping) else g for g in gpus]}
+            status = {**status, "gpus": self._compact(name, gpus, patch)}
+        else:
+            self.compacted.pop(name, None)
         if name not in self.client.gpunodes:
             created = self.client.put_gpunode(name, {})
             created["metadata"]["creationTimestamp"] = _render(self.now)
         body = self.client.put_gpunode(name, status)
         await handlers.on_gpunode(_event("MODIFIED", dict(body)), memo=self.ctx)
+
+    def _compact(self, name: str, gpus: list[Any], patch: Mapping[str, Any] | None) -> list[Any]:
+        """The report's GPUs as the operator keeps them. A patch that changed GPUs in place says
+        which fields: only those are compacted again (`cache.recompact_gpu`), the rest copied."""
+        before = self.compacted.get(name)
+        changes = patch.get("gpus") if patch is not None else None
+        if patch is not None and "gpus" not in patch and before is not None and len(before) == len(gpus):
+            compacted = list(before)  # the GPUs as they were
+        elif (
+            before is None
+            or not isinstance(changes, Mapping)
+            or len(before) != len(gpus)
+            or not all(isinstance(c, Mapping) and 0 <= int(k) < len(gpus) for k, c in changes.items())
+        ):
+            compacted = [cache.compact_gpu(g) if isinstance(g, Mapping) else g for g in gpus]
+        else:
+            compacted = list(before)
+            for key, change in changes.items():
+                position = int(key)
+                gpu, was = gpus[position], before[position]
+                if type(was) is not gpu_facts.GPUFacts or not isinstance(gpu, Mapping):
+                    compacted[position] = cache.compact_gpu(gpu) if isinstance(gpu, Mapping) else gpu
+                else:
+                    changed = {field: gpu.get(field, gpu_facts.ABSENT) for field in change}
+                    compacted[position] = cache.recompact_gpu(was, changed)
+        self.compacted[name] = compacted
+        return compacted
 
     def _dra(self, record: dict[str, Any]) -> None:
         """What IsolateGPU reads: ResourceSlices, and whether DeviceTaintRules are served and acted on.

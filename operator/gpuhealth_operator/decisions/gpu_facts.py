@@ -102,6 +102,11 @@ def empty() -> GPUFacts:
     return object.__new__(GPUFacts)
 
 
+def values(facts: GPUFacts) -> tuple[Any, ...]:
+    """Every slot's value in FIELDS order (ABSENT for an unreported field), in one C call."""
+    return _ALL(facts)
+
+
 def setter(field: str) -> Callable[[GPUFacts, Any], None]:
     """The slot's own setter for `field`: one C call, past the read-only guard."""
     put: Callable[[GPUFacts, Any], None] = getattr(GPUFacts, field).__set__

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 import gpunode_facts
 from gpuhealth_api import faults
 from gpuhealth_operator import cache, context
-from gpuhealth_operator.decisions import model, policies, signals
+from gpuhealth_operator.decisions import gpu_facts, model, policies, signals
+from gpuhealth_sim import traces
 
 NOW = datetime.datetime(2026, 11, 24, tzinfo=datetime.UTC)
 
@@ -273,3 +274,37 @@ def test_carried_signals_are_the_signals_judged_afresh(
         report["agent"]["maxGpuCountSeen"] = seen
     second = store.put_gpunode(body("n", report, 2), now=NOW)
     assert _judge(second, known=True) == _judge(second, known=False)
+
+
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-10, 3000),
+    st.floats(allow_nan=False, width=32),
+    st.text(max_size=30),
+    st.lists(st.sampled_from(["SwPowerCap", "HwSlowdown"]), max_size=2),
+    st.lists(st.fixed_dictionaries({"code": st.integers(1, 200), "count": st.integers(0, 5)}), max_size=2),
+    st.dictionaries(
+        st.sampled_from(
+            ["uncorrectedVolatile", "failure", "pending", "generation", "maxGeneration", "other"]
+        ),
+        st.one_of(st.none(), st.booleans(), st.integers(0, 5)),
+        max_size=4,
+    ),
+)
+_KEYS = st.sampled_from([*cache.GPU_FIELDS, "powerDrawWatts", "pciBusId"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    base=st.dictionaries(_KEYS, _VALUES.filter(lambda v: v is not None), max_size=12),
+    change=st.dictionaries(_KEYS, _VALUES, max_size=6),
+)
+def test_compacting_only_the_changed_fields_is_compacting_the_gpu(
+    base: dict[str, Any], change: dict[str, Any]
+) -> None:
+    """A replay compacts only the fields a trace's patch changed (`recompact_gpu`): the facts must be
+    those the operator would keep of the whole merged GPU (`compact_gpu`), whatever the patch holds."""
+    merged = traces.merge_patch(base, change)
+    changed = {k: merged.get(k, gpu_facts.ABSENT) for k in change}
+    assert cache.recompact_gpu(cache.compact_gpu(base), changed) == cache.compact_gpu(merged)
