@@ -273,7 +273,7 @@ class Replay:
         labels = body["metadata"].get("labels") or {}
         self.gpus[name] = int(labels.get(keys.GPU_COUNT_LABEL) or capacity or 0)
         self.client.put_node(body)
-        self.client.touched.add(name)
+        self.client.touched[name] = None
         await handlers.on_node(_event("MODIFIED", dict(body)), memo=self.ctx)  # a copy: the handler trims it
 
     async def _gpunode(self, record: dict[str, Any]) -> None:
@@ -362,7 +362,7 @@ class Replay:
 
     def _observe(self) -> None:
         """Turn the operator's new writes and Events into actions and fleet figures."""
-        touched = set(self.client.touched)
+        touched = list(self.client.touched)  # in the operator's order
         self.client.touched.clear()
         if len(self.client.rule_log) > self.seen_rules:
             self._isolations()  # first: the operator isolates before it labels the node

@@ -109,7 +109,8 @@ class MemoryKube:
         self.policies: dict[str, JsonObject] = {}
         self.events: dict[str, JsonObject] = {}
         self.event_log: list[JsonObject] = []
-        self.touched: set[str] = set()
+        self.touched: dict[str, None] = {}
+        """In the operator's write order (a set's order changes with each process's string hashing)."""
         self.requests_total = 0
         self._version = 0
         self._applied: dict[str, frozenset[str]] = {}
@@ -268,7 +269,7 @@ class MemoryKube:
             patch.get("metadata", {}).pop("resourceVersion", None)
             updated = merge_patch(copy.deepcopy(node), patch)
         self.nodes[name] = self.bump(updated)
-        self.touched.add(name)
+        self.touched[name] = None
         return copy.deepcopy(updated)
 
     def _apply_status(self, path: str, body: object) -> JsonObject:

@@ -2,7 +2,10 @@
 
 import datetime
 import json
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -223,3 +226,43 @@ def test_isolating_the_faulty_gpu_acts_on_the_fatal_fault(tmp_path: pathlib.Path
         out.write(json.dumps({**fault, "fault": "DBE"}) + "\n")
     fatal = scoring.score(trace, backtest.run(trace, isolating_policy()), baseline=False)["fatal"]
     assert (fatal["acted"], fatal["faults"], fatal["falseDisruptive"]) == (1, 1, 0), fatal
+
+
+def write_hot_trace(path: pathlib.Path) -> pathlib.Path:
+    """Ten nodes that turn thermally throttled in the same minute: the timer labels them in one pass."""
+    hot = {i: {"clockEventReasons": ["HwThermalSlowdown"]} for i in range(8)}
+    with traces.Writer(path, {"start": START.timestamp()}) as writer:
+        for name in NODES:
+            writer.write({"kind": "node", "t": 0, "object": node(name)})
+        for minute in range(6):
+            for name in NODES:
+                t = minute * 60.0
+                status = agent_status(
+                    heartbeat=stamp(t), observed=stamp(t), overrides=hot if minute else None
+                )
+                writer.write({"kind": "gpunode", "t": t, "name": name, "status": status})
+    return path
+
+
+SIM = [sys.executable, "-c", "import sys; from gpuhealth_sim import cli; sys.exit(cli.main(sys.argv[1:]))"]
+"""`gpu-health-sim` in a new process (one per string-hash seed)."""
+
+
+def test_the_same_trace_gives_the_same_report_in_every_run(tmp_path: pathlib.Path) -> None:
+    """Reports are compared and diffed: actions at one instant come in the order the operator took
+    them, not in an order Python's per-process string hashing picks."""
+    trace = write_hot_trace(tmp_path / "hot.jsonl")
+    reports = []
+    for seed in ("1", "2", "3"):
+        done = subprocess.run(
+            [*SIM, "backtest", "--policy", str(POLICY), "--trace", str(trace), "-o", "json"],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        report = json.loads(done.stdout)["policies"][0]
+        labels = [a["node"] for a in report["nodeActions"] if a["action"] == "Label thermal-throttled=true"]
+        assert sorted(labels) == NODES, "every node is labelled (in one pass)"
+        reports.append([(a["t"], a["node"], a["action"]) for a in report["nodeActions"]])
+    assert reports[0] == reports[1] == reports[2]
