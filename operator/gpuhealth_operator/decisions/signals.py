@@ -101,18 +101,13 @@ def fact_signals(
     return signals
 
 
-_MOVING: Final = (faults.thermal_throttled, faults.pcie_degraded)
+_MOVING: Final = {
+    Condition.THERMAL_THROTTLED: faults.thermal_throttled,
+    Condition.PCIE_DEGRADED: faults.pcie_degraded,
+}
 """The per-GPU predicates that read fields moving with every sample (temperature, utilization)."""
 _STEADY: Final = operator.attrgetter(
-    *sorted(
-        set().union(
-            *(
-                fields
-                for condition, fields in faults.READS.items()
-                if faults.gpu_checks(frozenset())[condition] not in _MOVING
-            )
-        )
-    )
+    *sorted(set().union(*(fields for condition, fields in faults.READS.items() if condition not in _MOVING)))
 )
 """The fields every other predicate reads (`faults.READS`), read from cached GPU facts in one C call."""
 
@@ -137,7 +132,7 @@ def still_healthy(judged: FactSignals, older: status.GPUNodeStatus, newer: statu
             continue
         if type(gpu) is not type(was) or type(was) is not gpu_facts.GPUFacts:
             return False
-        if _STEADY(gpu) != _STEADY(was) or any(check(gpu) is not None for check in _MOVING):
+        if _STEADY(gpu) != _STEADY(was) or any(check(gpu) is not None for check in _MOVING.values()):
             return False
     return True
 
