@@ -303,29 +303,26 @@ class Replay:
         await handlers.on_gpunode(_event("MODIFIED", dict(body)), memo=self.ctx)
 
     def _compact(self, name: str, gpus: list[Any], patch: Mapping[str, Any] | None) -> list[Any]:
-        """The report's GPUs as the operator keeps them. A patch that changed GPUs in place says
-        which fields: only those are compacted again (`cache.recompact_gpu`), the rest copied."""
+        """The report's GPUs as the operator keeps them. A patch that changed GPUs in place (or none)
+        says which fields: only those are compacted again (`cache.recompact_gpu`), the rest copied."""
         before = self.compacted.get(name)
-        changes = patch.get("gpus") if patch is not None else None
-        if patch is not None and "gpus" not in patch and before is not None and len(before) == len(gpus):
-            compacted = list(before)  # the GPUs as they were
-        elif (
+        changes = patch.get("gpus", {}) if patch is not None else None
+        if (
             before is None
             or not isinstance(changes, Mapping)
             or len(before) != len(gpus)
             or not all(isinstance(c, Mapping) and 0 <= int(k) < len(gpus) for k, c in changes.items())
         ):
-            compacted = [cache.compact_gpu(g) if isinstance(g, Mapping) else g for g in gpus]
+            compacted = [_compact_gpu(g) for g in gpus]
         else:
             compacted = list(before)
             for key, change in changes.items():
-                position = int(key)
-                gpu, was = gpus[position], before[position]
-                if type(was) is not gpu_facts.GPUFacts or not isinstance(gpu, Mapping):
-                    compacted[position] = cache.compact_gpu(gpu) if isinstance(gpu, Mapping) else gpu
-                else:
+                gpu, was = gpus[int(key)], before[int(key)]
+                if type(was) is gpu_facts.GPUFacts and isinstance(gpu, Mapping):
                     changed = {field: gpu.get(field, gpu_facts.ABSENT) for field in change}
-                    compacted[position] = cache.recompact_gpu(was, changed)
+                    compacted[int(key)] = cache.recompact_gpu(was, changed)
+                else:
+                    compacted[int(key)] = _compact_gpu(gpu)
         self.compacted[name] = compacted
         return compacted
 
@@ -439,6 +436,11 @@ def rule_action(what: str, rule: dict[str, Any]) -> tuple[str, str] | None:
     if not node or index is None:
         return None
     return str(node), f"{'Isolate' if what == 'created' else 'Restore'} GPU {index}"
+
+
+def _compact_gpu(gpu: Any) -> Any:
+    """One reported GPU as the operator caches it (`cache.compact_gpu`); a malformed entry as it is."""
+    return cache.compact_gpu(gpu) if isinstance(gpu, Mapping) else gpu
 
 
 def _event(kind: str, body: dict[str, Any]) -> kopf.RawEvent:
