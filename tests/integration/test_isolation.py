@@ -372,7 +372,7 @@ def test_max_unavailable_gpus_makes_the_next_gpu_wait_not_drain(fleet: operator_
 
 
 def _dry_run_said(fleet: operator_harness.Fleet, node: str) -> str:
-    said = [e["message"] for e in fleet.events(node, "DryRun")]
+    said = fleet.messages(node, "DryRun")
     return said[-1] if said else ""
 
 
@@ -410,10 +410,6 @@ def test_a_dry_run_says_it_would_isolate_the_gpu_and_changes_nothing(fleet: oper
     )
 
 
-def _drill_said(fleet: operator_harness.Fleet, node: str) -> list[str]:
-    return [e["message"] for e in fleet.events(node, "Drill")]
-
-
 def test_a_fire_drill_rehearses_isolating_one_gpu_and_changes_nothing(fleet: operator_harness.Fleet) -> None:
     """A drill of an IsolateGPU condition must rehearse what a real fault would get: on a DRA node one
     GPU isolated and the node left in service; where no GPU is a DRA device, the node ladder and why."""
@@ -427,14 +423,14 @@ def test_a_fire_drill_rehearses_isolating_one_gpu_and_changes_nothing(fleet: ope
         fleet.annotate_gpunode(node, {keys.DRILL_ANNOTATION: "EccUncorrectable"})
 
     def said(node: str, *words: str) -> bool:
-        return any(all(w in m for w in words) for m in _drill_said(fleet, node))
+        return any(all(w in m for w in words) for m in fleet.messages(node, "Drill"))
 
     waiting.wait_until(
         lambda: said(dra_node, "would isolate the faulty GPU"),
         timeout_seconds=TIMEOUT,
         message="the DRA node's drill says one GPU would be isolated",
     )
-    assert not said(dra_node, "cordon"), _drill_said(fleet, dra_node)
+    assert not said(dra_node, "cordon"), fleet.messages(dra_node, "Drill")
     waiting.wait_until(
         lambda: said(plugin_node, "cordon and drain", "no DRA device"),
         timeout_seconds=TIMEOUT,

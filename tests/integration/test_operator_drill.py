@@ -50,10 +50,6 @@ def action(fleet: operator_harness.Fleet, name: str) -> str | None:
     return (fleet.gpunode(name).get("status") or {}).get("action")
 
 
-def drill_messages(fleet: operator_harness.Fleet, name: str) -> list[str]:
-    return [e["message"] for e in fleet.events(name, "Drill")]
-
-
 def node_as_users_see_it(fleet: operator_harness.Fleet, name: str) -> dict[str, Any]:
     """Everything gpu-health could change on a Node (kwok's heartbeats aside)."""
     node = fleet.node(name)
@@ -127,12 +123,12 @@ def test_a_drill_says_cordon_and_drain_and_touches_nothing_until_its_ttl(
         lambda: any(
             m == f"Drill: policy {policy} would label gpuhealth.io/health=unhealthy, cordon and drain "
             "(EccUncorrectable)."
-            for m in drill_messages(fleet, drilled)
+            for m in fleet.messages(drilled, "Drill")
         ),
         timeout_seconds=TIMEOUT,
         message="a Drill Event naming cordon and drain",
     )
-    assert any(m.startswith("Drill started: EccUncorrectable") for m in drill_messages(fleet, drilled))
+    assert any(m.startswith("Drill started: EccUncorrectable") for m in fleet.messages(drilled, "Drill"))
     waiting.wait_until(lambda: action(fleet, drilled) == "Drill", timeout_seconds=TIMEOUT, message="Drill")
     status = fleet.gpunode(drilled)["status"]
     assert (status["health"], status["issues"]) == ("Healthy", ""), "the real verdict stays real"
@@ -148,7 +144,7 @@ def test_a_drill_says_cordon_and_drain_and_touches_nothing_until_its_ttl(
         message="the real fault cordoned",
     )
     waiting.wait_until(
-        lambda: any("budget has no free place" in m for m in drill_messages(fleet, drilled)),
+        lambda: any("budget has no free place" in m for m in fleet.messages(drilled, "Drill")),
         timeout_seconds=TIMEOUT,
         message="the drill now says it would wait for the budget",
     )
@@ -160,7 +156,7 @@ def test_a_drill_says_cordon_and_drain_and_touches_nothing_until_its_ttl(
 
     # At the TTL the drill ends by itself.
     waiting.wait_until(
-        lambda: any(m.startswith("Drill ended: its TTL of 12s") for m in drill_messages(fleet, drilled)),
+        lambda: any(m.startswith("Drill ended: its TTL of 12s") for m in fleet.messages(drilled, "Drill")),
         timeout_seconds=TIMEOUT,
         message="the drill ends at its TTL",
     )
@@ -197,7 +193,7 @@ def test_an_unknown_condition_is_refused_and_a_removed_annotation_ends_the_drill
         timeout_seconds=TIMEOUT,
         message="a Warning Drill Event",
     )
-    refusal = drill_messages(fleet, name)[0]
+    refusal = fleet.messages(name, "Drill")[0]
     assert "'EccUncorectable' is not a condition" in refusal and "EccUncorrectable, " in refusal
     waiting.holds(lambda: action(fleet, name) == "None", seconds=2, message="no drill runs")
 
@@ -205,7 +201,7 @@ def test_an_unknown_condition_is_refused_and_a_removed_annotation_ends_the_drill
     waiting.wait_until(lambda: action(fleet, name) == "Drill", timeout_seconds=TIMEOUT, message="Drill")
     fleet.annotate_gpunode(name, {keys.DRILL_ANNOTATION: None})
     waiting.wait_until(lambda: action(fleet, name) == "None", timeout_seconds=TIMEOUT, message="ended")
-    assert any("annotation was removed" in m for m in drill_messages(fleet, name))
+    assert any("annotation was removed" in m for m in fleet.messages(name, "Drill"))
     waiting.wait_until(
         lambda: (
             keys.DRILL_STARTED_ANNOTATION not in (fleet.gpunode(name)["metadata"].get("annotations") or {})

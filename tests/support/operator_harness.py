@@ -164,6 +164,10 @@ class Fleet:
         items: list[dict[str, Any]] = _json(response)["items"]
         return items
 
+    def messages(self, name: str, reason: str) -> list[str]:
+        """The messages of the Events of one reason about node `name`, as stored."""
+        return [e["message"] for e in self.events(name, reason)]
+
     def __enter__(self) -> Fleet:
         return self
 
