@@ -162,6 +162,8 @@ def scheduler_args(kubeconfig: Path, free: Ports, *, device_taint_rules: bool = 
         "--leader-elect=false",
         *dra_args(device_taint_rules),
         "--profiling=false",
+        # Level 2 logs why a pod does not fit and where it is bound: a pod left Pending explains itself.
+        "--v=2",
     ]
 
 

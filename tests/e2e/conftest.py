@@ -29,6 +29,7 @@ import json
 import os
 import re
 import secrets
+import subprocess
 import sys
 import urllib.request
 from collections.abc import Generator, Iterator, Mapping, Sequence
@@ -152,7 +153,20 @@ def node_manifest(name: str, labels: Mapping[str, str], *, gpus: int | None) -> 
 
 
 def create_nodes(cp: controlplane.ControlPlane, manifests: Sequence[dict[str, Any]]) -> None:
-    cp.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(manifests))
+    """Create kwok nodes with their capacity; they join the chart's selection (MISSION_LABEL) once Ready.
+
+    A real kubelet registers its Node, Ready and with its capacity, before any pod is bound to it. Here
+    the Node is created bare, and kwok and the status patch below fill it in: a DaemonSet pod created in
+    that instant once stayed Pending past the 60 s wait (CI, 2026-11-25), while every other agent pod ran
+    within 0.15 s. So the label the chart's DaemonSets select on is added only after kwok reports the
+    nodes Ready with their capacity.
+    """
+    joining = {m["metadata"]["name"]: m["metadata"]["labels"].get(MISSION_LABEL) for m in manifests}
+    bare = [
+        {**m, "metadata": {**m["metadata"], "labels": _without(m["metadata"]["labels"], MISSION_LABEL)}}
+        for m in manifests
+    ]
+    cp.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(bare))
     for manifest in manifests:
         gpus = manifest["metadata"]["labels"].get(keys.GPU_COUNT_LABEL)
         capacity = {**NODE_CAPACITY, **({keys.GPU_RESOURCE: gpus} if gpus else {})}
@@ -160,6 +174,18 @@ def create_nodes(cp: controlplane.ControlPlane, manifests: Sequence[dict[str, An
             "patch", "node", manifest["metadata"]["name"], "--subresource=status", "--type=merge",
             "-p", json.dumps({"status": {"capacity": capacity, "allocatable": capacity}}),
         )  # fmt: skip
+    names = [f"node/{name}" for name in joining]
+    cp.kubectl(
+        "wait", "--for=condition=Ready", f"--timeout={SETUP_TIMEOUT_SECONDS:g}s", *names,
+        timeout=SETUP_TIMEOUT_SECONDS + 30,
+    )  # fmt: skip
+    for name, value in joining.items():
+        if value is not None:
+            cp.kubectl("label", "node", name, f"{MISSION_LABEL}={value}")
+
+
+def _without(labels: Mapping[str, str], key: str) -> dict[str, str]:
+    return {k: v for k, v in labels.items() if k != key}
 
 
 def install_values(suffix: str) -> dict[str, Any]:
@@ -613,6 +639,46 @@ class Mission:
         ]
         return "\n".join(lines)
 
+    def agent_pods(self) -> dict[str, list[dict[str, Any]]]:
+        """This test's nodes -> the chart's agent pods bound or pinned to them."""
+        pods = self.release.pods("agent")
+        return {
+            node: [p for p in pods if p["spec"].get("nodeName") == node or _pinned_to(p) == node]
+            for node in self.nodes
+        }
+
+    def describe_agent_pods(self, placed: Mapping[str, list[dict[str, Any]]]) -> list[str]:
+        """Each agent pod's phase and unmet conditions (why a pod never ran)."""
+        lines = []
+        for node, pods in placed.items():
+            if not pods:
+                lines.append(f"{node}: no agent pod")
+            for pod in pods:
+                unmet = [
+                    f"{c['type']}={c['status']} {c.get('reason', '')} {c.get('message', '')}".rstrip()
+                    for c in pod["status"].get("conditions", [])
+                    if c.get("status") != "True"
+                ]
+                lines.append(
+                    f"{node}: {pod['metadata']['name']} phase={pod['status'].get('phase')}"
+                    f" bound={bool(pod['spec'].get('nodeName'))}"
+                    f" deleting={bool(pod['metadata'].get('deletionTimestamp'))} {unmet}"
+                )
+        return lines
+
+    def control_plane_lines(self, names: Sequence[str]) -> list[str]:
+        """Lines of the scheduler, the controller manager and kwok naming any of `names`."""
+        parts = []
+        for component in (controlplane.SCHEDULER, controlplane.CONTROLLER_MANAGER, controlplane.KWOK):
+            try:
+                text = self.cp.log_path(component).read_text(errors="replace")
+            except (OSError, controlplane.ControlPlaneError):
+                continue
+            lines = [line for line in text.splitlines() if any(name in line for name in names)]
+            parts += [f"----- {component} lines naming this test's nodes or agent pods -----"]
+            parts += lines[-LOG_TAIL_LINES:]
+        return parts
+
     def report(self) -> str:
         """Log tails of the operator (its lines about this test, then its last lines) and the agents."""
         operator = self.operator.process
@@ -621,11 +687,21 @@ class Mission:
         except OSError:
             text = ""
         ours = [line for line in text.splitlines() if self.label in line][-LOG_TAIL_LINES:]
+        try:
+            placed = self.agent_pods()
+        except (controlplane.CommandError, subprocess.TimeoutExpired) as error:
+            placed, pods = {}, [f"cannot list agent pods: {error}"]
+        else:
+            pods = self.describe_agent_pods(placed)
+        pod_names = [p["metadata"]["name"] for found in placed.values() for p in found]
         parts = [
             f"----- what the cluster shows for {self.label} -----",
             *(self.describe(node) for node in self.nodes),
+            f"----- the chart's agent pods on {self.label}'s nodes -----",
+            *pods,
             f"----- operator lines mentioning {self.label} -----",
             *ours,
+            *self.control_plane_lines([self.label, *pod_names]),
             log_tail(operator),
             *(log_tail(agent, 25) for agent in self.agents.values()),
         ]
@@ -691,6 +767,17 @@ def pytest_runtest_makereport(
     if report.when == "call" and report.failed and isinstance(test, Mission):
         report.sections.append(("gpu-health logs", test.report()))
     return report
+
+
+def _pinned_to(pod: Mapping[str, Any]) -> str | None:
+    """The node a DaemonSet pod is pinned to by its node affinity, before it is bound."""
+    affinity = pod["spec"].get("affinity", {}).get("nodeAffinity", {})
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution", {})
+    for term in required.get("nodeSelectorTerms", []):
+        for field in term.get("matchFields", []):
+            if field.get("key") == "metadata.name" and field.get("values"):
+                return str(field["values"][0])
+    return None
 
 
 def _json(response: object) -> dict[str, Any]:
