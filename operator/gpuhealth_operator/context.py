@@ -26,9 +26,17 @@ from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator import admission, agent_pods, breakers, cache, kube, metrics, settings
+from gpuhealth_operator import admission, agent_pods, breakers, cache, kube, metrics, recent, settings
 from gpuhealth_operator.actions import drain, events
-from gpuhealth_operator.decisions import breaker, budget, isolation, model, stragglers, verdicts
+from gpuhealth_operator.decisions import (
+    breaker,
+    budget,
+    device_taints,
+    isolation,
+    model,
+    stragglers,
+    verdicts,
+)
 
 POLICY, NODE = 0, 1
 """Positions in a (policy, node) key."""
@@ -210,6 +218,16 @@ class Context:
     isolations: dict[tuple[str, str], isolation.NodeState] = dataclasses.field(default_factory=dict)
     """(policy, node) → its GPUs' isolation: the last decision, the rules in place, the overrides."""
 
+    rules_read: recent.Recent[tuple[str, str], list[kube.JsonObject]] = dataclasses.field(
+        default_factory=recent.Recent
+    )
+    """(policy, DeviceTaintRule API version) → the policy's rules of nodes, as last listed (`isolating`)."""
+
+    devices_read: recent.Recent[str, dict[str, device_taints.Device]] = dataclasses.field(
+        default_factory=recent.Recent
+    )
+    """node → its DRA devices by GPU UUID, from its ResourceSlices as last listed (`isolating`)."""
+
     isolation_locks: collections.defaultdict[str, asyncio.Lock] = dataclasses.field(
         default_factory=lambda: collections.defaultdict(asyncio.Lock)
     )
@@ -269,6 +287,7 @@ class Context:
         _drop(self.drill_health, name, NODE)
         self.count_drills()
         _drop(self.isolations, name, NODE)
+        self.devices_read.drop(name)
         self.admission.forget_node(name)
         self.breakers.forget_node(name)
 
@@ -301,6 +320,7 @@ class Context:
         _drop(self.drill_health, name, POLICY)
         _drop(self.isolations, name, POLICY)
         self.isolation_support.pop(name, None)
+        self.rules_read.drop_where(lambda key: key[0] == name)
         lock = self.isolation_locks.get(name)
         if lock is not None and not lock.locked():
             del self.isolation_locks[name]

@@ -16,7 +16,9 @@ is: the GPU is not isolated again, and the node not drained for it, until
 new evidence (a new episode of its condition). What is isolated lives in
 GPUNode `status.isolatedGPUs`, so a restarted operator knows it too.
 
-Nodes with no fired IsolateGPU rule and nothing isolated cost no request.
+Nodes with no fired IsolateGPU rule and nothing isolated cost no request; a
+node whose GPU stays isolated costs the two LISTs once per `recent.SECONDS`,
+not once per timer pass.
 """
 
 from __future__ import annotations
@@ -189,8 +191,7 @@ async def isolate(
         return verdicts.with_isolation(verdict, state.decision)  # missing data changes nothing
     async with ctx.isolation_locks[policy.name]:
         found = await support(ctx, policy)
-        ours = await device_rules.ours(ctx.client, found.api_version, policy.name)
-        ours = [r for r in ours if keys.NODE_LABEL in ((r.get("metadata") or {}).get("labels") or {})]
+        ours = await _rules(ctx, policy.name, found.api_version, now)
         state = await _pass(ctx, policy, name, verdict, now, state, wanted, found, ours)
     if ctx.cache.gpunode(name) is None:
         return verdict
@@ -228,7 +229,7 @@ async def preview(
         attribution = isolation.attribute(
             gpunode.status, record.view, wanted, critical_xids=policies.rule_xids(policy)
         )
-    devices = await device_rules.devices(ctx.client, name) if known.api_version is not None else {}
+    devices = await _devices(ctx, name, ctx.clock()) if known.api_version is not None else {}
     selected_gpus = sum(_gpu_count(ctx, node) for node in ctx.cache.selection(policy).selected)
     return isolation.decide(
         attribution,
@@ -335,6 +336,7 @@ async def _pass(  # noqa: PLR0917 - one pass's inputs
         gpu = isolation.Isolated(index, uuid, rule["metadata"]["name"], entry.since if entry else since)
         if uuid not in faulty and restore and found.api_version is not None:
             await device_rules.delete(ctx.client, found.api_version, gpu.rule)
+            ctx.rules_read.drop((policy.name, found.api_version))
             ctx.meters.actions.labels("RestoreGPU", "Recovered").inc()
             await ctx.recorder.emit(
                 subject,
@@ -357,7 +359,7 @@ async def _pass(  # noqa: PLR0917 - one pass's inputs
             else isolation.NodeIsolation((), "no faulty GPU found to isolate in the agent's report")
         )
         return isolation.NodeState(decision, tuple(in_place.values()), tuple(overridden.values()))
-    devices = await device_rules.devices(ctx.client, name) if found.api_version is not None else {}
+    devices = await _devices(ctx, name, now) if found.api_version is not None else {}
     selected_gpus = sum(_gpu_count(ctx, node) for node in ctx.cache.selection(policy).selected)
     decision = isolation.decide(
         remaining,
@@ -397,7 +399,9 @@ async def _create(  # noqa: PLR0917
         effect=policy.isolation_effect,
     )
     rule = body["metadata"]["name"]
-    if not await device_rules.create(ctx.client, api_version, body):
+    created = await device_rules.create(ctx.client, api_version, body)
+    ctx.rules_read.drop((policy.name, api_version))  # the next pass counts it against the GPU budget
+    if not created:
         return isolation.Isolated(gpu.index, gpu.uuid, rule, since)  # already there (a lost response)
     if verdict.detected_at is not None:
         latency = max(0.0, times.seconds_between(verdict.detected_at, datetime.datetime.now(datetime.UTC)))
@@ -414,6 +418,36 @@ async def _create(  # noqa: PLR0917
         events.WARNING,
     )
     return isolation.Isolated(gpu.index, gpu.uuid, rule, since)
+
+
+async def _rules(
+    ctx: context.Context, policy: str, api_version: str | None, now: datetime.datetime
+) -> list[kube.JsonObject]:
+    """The policy's rules of nodes (not its probe's), listed at most once per `recent.SECONDS`.
+
+    Fresh after our own create or delete (they drop the entry), so the GPU budget never counts fewer
+    rules than there are; a rule deleted by someone else is seen as an override a little later.
+    """
+    if api_version is None:
+        return []
+    key = (policy, api_version)
+    rules = ctx.rules_read.get(key, now)
+    if rules is None:
+        listed = await device_rules.ours(ctx.client, api_version, policy)
+        rules = [r for r in listed if keys.NODE_LABEL in ((r.get("metadata") or {}).get("labels") or {})]
+        ctx.rules_read.put(key, rules, now)
+    return rules
+
+
+async def _devices(
+    ctx: context.Context, name: str, now: datetime.datetime
+) -> dict[str, device_taints.Device]:
+    """The node's DRA devices by GPU UUID, from its ResourceSlices listed once per `recent.SECONDS`."""
+    devices = ctx.devices_read.get(name, now)
+    if devices is None:
+        devices = await device_rules.devices(ctx.client, name)
+        ctx.devices_read.put(name, devices, now)
+    return devices
 
 
 def _gpu_count(ctx: context.Context, node: str) -> int:

@@ -445,3 +445,46 @@ def test_a_fire_drill_rehearses_isolating_one_gpu_and_changes_nothing(fleet: ope
         seconds=2,
         message="a drill isolates no GPU and cordons no node",
     )
+
+
+def _api_lists(plane: controlplane.ControlPlane, resource: str) -> float:
+    """LIST requests the API server has answered for `resource`, from its own /metrics."""
+    total = 0.0
+    for line in plane.kubectl("get", "--raw", "/metrics").stdout.splitlines():
+        labels = line.partition("}")[0]
+        if (
+            line.startswith("apiserver_request_total{")
+            and 'verb="LIST"' in labels
+            and (f'resource="{resource}"' in labels)
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_a_held_isolation_costs_no_api_read_per_timer_pass(
+    fleet: operator_harness.Fleet, crds: controlplane.ControlPlane
+) -> None:
+    """An isolated GPU stays faulty for hours (until it is repaired): the timer passes over its node
+    every tick meanwhile, and must not LIST the cluster's DeviceTaintRules and the node's ResourceSlices
+    each time (two LISTs per node per tick: with 50 isolated GPUs, 200 requests/s at rest)."""
+    node = f"{fleet.label}-dra"
+    fleet.add_node(node, gpus=GPUS)
+    _publish_slice(fleet, node)
+    _policy(fleet)
+    fleet.report(node, _ecc(1))
+    waiting.wait_until(
+        lambda: fleet.gpunode(node).get("status", {}).get("action") == "Isolated",
+        timeout_seconds=TIMEOUT,
+        message="GPU 3 isolated",
+    )
+    rule = device_taints.rule_name(node, FAULTY)
+
+    def held() -> bool:  # GETs only: the LISTs counted are the operator's
+        fleet.custom.get_cluster_custom_object(device_taints.GROUP, RULE_VERSION, device_taints.PLURAL, rule)
+        return bool(fleet.gpunode(node)["status"].get("action") == "Isolated")
+
+    before = {plural: _api_lists(crds, plural) for plural in ("resourceslices", device_taints.PLURAL)}
+    waiting.holds(held, seconds=6, message="GPU 3 stays isolated")  # 12 timer passes (--tick-seconds=0.5)
+    lists = {plural: _api_lists(crds, plural) - count for plural, count in before.items()}
+    assert lists["resourceslices"] <= 2, lists
+    assert lists[device_taints.PLURAL] <= 2, lists

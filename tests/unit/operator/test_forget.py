@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator import admission, breakers, context, kube, metrics, settings
+from gpuhealth_operator import admission, breakers, context, kube, metrics, recent, settings
 from gpuhealth_operator.actions import drain
 from gpuhealth_operator.decisions import breaker, isolation, model
 from gpunode_facts import verdict
@@ -52,6 +52,9 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.isolation_support[policy] = isolation.Support(1, None, "not served")
     ctx.isolations[(policy, node)] = isolation.NodeState()
     ctx.isolation_locks[policy]  # a defaultdict: looking a key up creates its lock
+    now = datetime.datetime.now(datetime.UTC)
+    ctx.rules_read.put((policy, "v1beta2"), [], now)
+    ctx.devices_read.put(node, {}, now)
 
 
 FILLED = {
@@ -72,6 +75,8 @@ FILLED = {
     "breakers",
     "isolation_support",
     "isolations",
+    "rules_read",
+    "devices_read",
     "isolation_locks",
 }
 """The Context fields `fill` puts a node and a policy into."""
@@ -87,7 +92,7 @@ def mentions(value: Any, name: str) -> bool:
         return any(mentions(v, name) for v in value)
     if isinstance(value, Mapping):
         return any(mentions(k, name) or mentions(v, name) for k, v in value.items())
-    if isinstance(value, context.Verdicts | admission.Admission | breakers.Breakers):
+    if isinstance(value, context.Verdicts | admission.Admission | breakers.Breakers | recent.Recent):
         return any(mentions(v, name) for v in vars(value).values())
     return False  # locks, tasks, results: leaves
 
@@ -116,6 +121,7 @@ def test_forget_node_empties_every_map_of_that_node_only() -> None:
         assert [name for name, value in state(ctx).items() if not mentions(value, "kept")] == [
             "policy_status_written",  # per policy only
             "isolation_support",
+            "rules_read",
             "isolation_locks",
         ]
         assert "gone" not in ctx.verdicts.wanting["p"]
@@ -154,7 +160,7 @@ def test_forget_policy_empties_every_map_of_that_policy_only() -> None:
             "policy_status_written",
             "breakers",
         }
-        per_policy |= {"isolation_support", "isolations", "isolation_locks"}
+        per_policy |= {"isolation_support", "isolations", "rules_read", "isolation_locks"}
         per_policy.add("drain_policies")  # the node's drain is "kept"'s (the last filled)
         assert {name for name, value in state(ctx).items() if mentions(value, "kept")} == per_policy
         ctx.drains["n"].cancel()
