@@ -193,8 +193,8 @@ async def isolate(
         found = await support(ctx, policy)
         ours = await _rules(ctx, policy.name, found.api_version, now)
         state = await _pass(ctx, policy, name, verdict, now, state, wanted, found, ours)
-    if ctx.cache.gpunode(name) is None:
-        return verdict
+    if ctx.cache.gpunode(name) is None or ctx.cache.node(name) is None:
+        return verdict  # deleted meanwhile and forgotten: keep no isolation of it (the policy counts them)
     ctx.isolations[key] = state
     amended = verdicts.with_isolation(verdict, state.decision)
     if amended is not verdict and key in ctx.verdicts:

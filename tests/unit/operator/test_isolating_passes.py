@@ -1,0 +1,149 @@
+"""IsolateGPU passes on the in-memory cluster, under a clock the test turns: what the cluster changes
+between and during passes (a Node deleted mid-pass, a rule deleted by a human) and what a held
+isolation costs in reads."""
+
+import asyncio
+import copy
+import datetime
+from typing import Any
+
+import kopf
+
+import gpunode_facts
+from gpuhealth_api import keys, resources
+from gpuhealth_operator import context, handlers, metrics, recent, settings, ticker
+from gpuhealth_operator.decisions import device_taints
+from gpuhealth_sim import dra, memcluster
+
+NODE = "dra-0"
+GPUS = 8
+FAULTY = 3
+VERSION = "v1beta2"
+POLICY = {
+    "apiVersion": resources.API_VERSION,
+    "kind": resources.POLICY_KIND,
+    "metadata": {"name": "iso", "generation": 1},
+    "spec": {
+        "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "IsolateGPU"}],
+        "isolation": {"maxGPUsPerNode": 2},
+        "recovery": {"uncordon": True, "healthyForSeconds": 2},
+    },
+}
+T0 = datetime.datetime(2026, 11, 25, 12, 0, tzinfo=datetime.UTC)
+
+
+def event(kind: str, body: dict[str, Any]) -> kopf.RawEvent:
+    return {"type": kind, "object": body}  # type: ignore[typeddict-item]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime.datetime:
+        return self.now
+
+
+class Cluster(memcluster.MemoryKube):
+    """The in-memory cluster, counting LISTs, with a hook run when the policy's rules are listed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lists: dict[str, int] = {"resourceslices": 0, "devicetaintrules": 0}
+        self.on_rules_list: Any = None
+
+    async def list_all(self, path: str, query: Any = None) -> list[Any]:
+        plural = path.rstrip("/").rsplit("/", 1)[1]
+        if plural in self.lists:
+            self.lists[plural] += 1
+        if plural == "devicetaintrules" and self.on_rules_list is not None:
+            hook, self.on_rules_list = self.on_rules_list, None
+            await hook()
+        return await super().list_all(path, query)
+
+
+async def faulty_dra_node(cluster: Cluster, clock: Clock) -> context.Context:
+    config = settings.Settings()
+    ctx = context.Context.create(config, cluster, metrics.Metrics.create(), instance="t")  # type: ignore[arg-type]
+    ctx.clock = clock
+    cluster.serve_device_taint_rules(VERSION)
+    await handlers.on_policy(event("ADDED", copy.deepcopy(POLICY)), memo=ctx)
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": NODE, "uid": "u1", "labels": {keys.GPU_COUNT_LABEL: str(GPUS)}},
+        "spec": {},
+        "status": {"capacity": {keys.GPU_RESOURCE: str(GPUS)}},
+    }
+    cluster.put_node(copy.deepcopy(node))
+    await handlers.on_node(event("ADDED", copy.deepcopy(node)), memo=ctx)
+    uuids = [gpunode_facts.healthy_gpu(i)["uuid"] for i in range(GPUS)]
+    cluster.put_slice(
+        {
+            "metadata": {"name": dra.slice_name(NODE)},
+            "spec": {
+                "driver": dra.DRIVER,
+                "nodeName": NODE,
+                "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+                "devices": [
+                    {"name": dra.device_name(i), "attributes": {"uuid": {"string": uuid}}}
+                    for i, uuid in enumerate(uuids)
+                ],
+            },
+        }
+    )
+    return ctx
+
+
+async def report_fault(cluster: Cluster, ctx: context.Context) -> None:
+    faulty = gpunode_facts.agent_status(gpus=GPUS, overrides={FAULTY: {"ecc": {"uncorrectedVolatile": 1}}})
+    stored = cluster.put_gpunode(NODE, faulty)
+    await handlers.on_gpunode(event("MODIFIED", copy.deepcopy(stored)), memo=ctx)
+
+
+def test_a_node_deleted_while_its_rules_are_listed_is_left_alone() -> None:
+    """The Node's deletion is handled while the isolation pass awaits the API server: the pass ends
+    without a rule, an error or memory of the node."""
+
+    async def scenario() -> None:
+        cluster, clock = Cluster(), Clock()
+        ctx = await faulty_dra_node(cluster, clock)
+
+        async def delete_node() -> None:
+            node = cluster.nodes.pop(NODE)
+            await handlers.on_node(event("DELETED", copy.deepcopy(node)), memo=ctx)
+
+        cluster.on_rules_list = delete_node
+        await report_fault(cluster, ctx)
+        assert cluster.on_rules_list is None, "the pass listed the rules"
+        assert cluster.rules == {}
+        assert not [key for key in ctx.isolations if key[1] == NODE]
+
+    asyncio.run(scenario())
+
+
+def test_a_held_isolation_lists_once_per_reuse_period_and_still_sees_a_human_delete_its_rule() -> None:
+    async def scenario() -> None:
+        cluster, clock = Cluster(), Clock()
+        ctx = await faulty_dra_node(cluster, clock)
+        await report_fault(cluster, ctx)
+        rule = device_taints.rule_name(NODE, FAULTY)
+        assert list(cluster.rules) == [rule]
+
+        cluster.lists = dict.fromkeys(cluster.lists, 0)
+        for _ in range(60):  # a minute of 1 s timer passes with the GPU still faulty
+            clock.now += datetime.timedelta(seconds=1)
+            await ticker.tick(ctx)
+        per_minute = 60 / recent.SECONDS
+        assert 0 < cluster.lists["devicetaintrules"] <= per_minute + 1, cluster.lists
+        assert cluster.lists["resourceslices"] <= per_minute + 1, cluster.lists
+
+        del cluster.rules[rule]  # a human takes the GPU back
+        deleted_at = clock.now
+        while not [e for e in cluster.event_log if e["reason"] == "OverriddenByUser"]:
+            clock.now += datetime.timedelta(seconds=1)
+            await ticker.tick(ctx)
+            assert (clock.now - deleted_at).total_seconds() <= recent.SECONDS + 1, "override not seen"
+        assert cluster.rules == {}, "not isolated again on the same evidence"
+
+    asyncio.run(scenario())
