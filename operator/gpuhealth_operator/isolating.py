@@ -397,6 +397,7 @@ async def _create(  # noqa: PLR0917
         device=gpu.device,
         condition=gpu.conditions[0],
         effect=policy.isolation_effect,
+        node_uid=record.uid if (record := ctx.cache.node(name)) is not None else None,
     )
     rule = body["metadata"]["name"]
     created = await device_rules.create(ctx.client, api_version, body)

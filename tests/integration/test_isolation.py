@@ -488,3 +488,32 @@ def test_a_held_isolation_costs_no_api_read_per_timer_pass(
     lists = {plural: _api_lists(crds, plural) - count for plural, count in before.items()}
     assert lists["resourceslices"] <= 2, lists
     assert lists[device_taints.PLURAL] <= 2, lists
+
+
+def test_a_deleted_node_takes_its_rule_with_it_and_frees_the_gpu_budget(
+    fleet: operator_harness.Fleet,
+) -> None:
+    """A node with an isolated GPU is often replaced, not repaired: its Node is deleted. Its rule must
+    not outlive it, or it counts against maxUnavailableGPUs for good and no GPU is isolated again."""
+    first, second = f"{fleet.label}-a", f"{fleet.label}-b"
+    for node in (first, second):
+        fleet.add_node(node, gpus=GPUS)
+        _publish_slice(fleet, node)
+    _policy(fleet, maxUnavailableGPUs=1)
+    fleet.report(first, _ecc(1))
+    waiting.wait_until(
+        lambda: [r["metadata"]["name"] for r in _rules(fleet)] == [device_taints.rule_name(first, FAULTY)],
+        timeout_seconds=TIMEOUT,
+        message="the first node's GPU isolated",
+    )
+    fleet.core.delete_node(first)
+    _delete_slice(fleet.custom, first)  # as the DRA driver's kubelet plugin does for a gone node
+    waiting.wait_until(
+        lambda: _rules(fleet) == [], timeout_seconds=TIMEOUT, message="the rule gone with its Node"
+    )
+    fleet.report(second, _ecc(1))
+    waiting.wait_until(
+        lambda: [r["metadata"]["name"] for r in _rules(fleet)] == [device_taints.rule_name(second, FAULTY)],
+        timeout_seconds=TIMEOUT,
+        message="the second node's GPU isolated: the budget is free again",
+    )

@@ -150,21 +150,29 @@ def device_taint_rule(
     device: Device,
     condition: vocabulary.Condition,
     effect: vocabulary.IsolationEffect,
+    node_uid: str | None = None,
 ) -> dict[str, Any]:
-    """The DeviceTaintRule isolating one GPU: selects exactly its device; labelled with policy and node."""
+    """The DeviceTaintRule isolating one GPU: selects exactly its device; labelled with policy and node.
+
+    Owned by its Node (`node_uid`), so the garbage collector deletes it with the Node: a replaced
+    machine's rule would otherwise count against the policy's maxUnavailableGPUs for good.
+    """
     _check_version(api_version)
+    metadata: dict[str, Any] = {
+        "name": rule_name(node, gpu_index),
+        "labels": {
+            keys.POLICY_LABEL: label_value(policy),
+            keys.NODE_LABEL: label_value(node),
+            keys.GPU_INDEX_LABEL: str(gpu_index),
+            keys.GPU_UUID_LABEL: gpu_uuid,
+        },
+    }
+    if node_uid:
+        metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}]
     return {
         "apiVersion": f"{GROUP}/{api_version}",
         "kind": KIND,
-        "metadata": {
-            "name": rule_name(node, gpu_index),
-            "labels": {
-                keys.POLICY_LABEL: label_value(policy),
-                keys.NODE_LABEL: label_value(node),
-                keys.GPU_INDEX_LABEL: str(gpu_index),
-                keys.GPU_UUID_LABEL: gpu_uuid,
-            },
-        },
+        "metadata": metadata,
         "spec": {
             "deviceSelector": {"driver": device.driver, "pool": device.pool, "device": device.name},
             "taint": {"key": keys.DEVICE_TAINT, "value": condition.value, "effect": effect.value},

@@ -90,6 +90,24 @@ def test_device_taint_rule_selects_exactly_the_device() -> None:
     }
 
 
+def test_device_taint_rule_is_owned_by_its_node() -> None:
+    """The garbage collector deletes it with the Node (a replaced machine frees the GPU budget)."""
+    rule = device_taints.device_taint_rule(
+        api_version="v1beta2",
+        policy="default",
+        node=NODE,
+        gpu_index=3,
+        gpu_uuid="GPU-3",
+        device=DEVICES["GPU-3"],
+        condition=Condition.ECC_UNCORRECTABLE,
+        effect=vocabulary.IsolationEffect.NO_EXECUTE,
+        node_uid="uid-1",
+    )
+    assert rule["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "uid-1"}
+    ]
+
+
 def test_device_taint_rule_refuses_an_unknown_version() -> None:
     with pytest.raises(ValueError, match=r"resource.k8s.io/v9 is not a version"):
         device_taints.device_taint_rule(
