@@ -187,21 +187,7 @@ def test_the_backtest_of_a_recorded_run_decides_what_the_live_operator_did(
 
 def _publish_slice(fleet: operator_harness.Fleet, node: str) -> None:
     """The node's ResourceSlice as the NVIDIA DRA driver publishes it (a device per GPU, by UUID)."""
-    devices = [
-        {"name": dra.device_name(i), "attributes": {"uuid": {"string": gpunode_facts.healthy_gpu(i)["uuid"]}}}
-        for i in range(8)
-    ]
-    body = {
-        "apiVersion": f"{dra.GROUP}/{dra.VERSION}",
-        "kind": "ResourceSlice",
-        "metadata": {"name": dra.slice_name(node)},
-        "spec": {
-            "driver": dra.DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": devices,
-        },
-    }
+    body = gpunode_facts.resource_slice(node, 8)
     fleet.custom.create_cluster_custom_object(dra.GROUP, dra.VERSION, "resourceslices", body)
 
 

@@ -66,26 +66,7 @@ def _publish_slice(fleet: operator_harness.Fleet, node: str) -> None:
     """The node's ResourceSlice and the DeviceClass, as the DRA driver publishes them."""
     for plural, body in (
         ("deviceclasses", dra.device_class()),
-        (
-            "resourceslices",
-            {
-                "apiVersion": f"{dra.GROUP}/{dra.VERSION}",
-                "kind": "ResourceSlice",
-                "metadata": {"name": dra.slice_name(node)},
-                "spec": {
-                    "driver": dra.DRIVER,
-                    "nodeName": node,
-                    "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                    "devices": [
-                        {
-                            "name": dra.device_name(i),
-                            "attributes": {"uuid": {"string": _uuid(i)}, "index": {"int": i}},
-                        }
-                        for i in range(GPUS)
-                    ],
-                },
-            },
-        ),
+        ("resourceslices", gpunode_facts.resource_slice(node, GPUS)),
     ):
         fleet.custom.patch_cluster_custom_object(
             dra.GROUP,
@@ -340,7 +321,8 @@ def test_a_device_plugin_node_is_cordoned_and_drained(fleet: operator_harness.Fl
     assert _rules(fleet) == []
 
 
-def test_max_unavailable_gpus_makes_the_next_gpu_wait_not_drain(fleet: operator_harness.Fleet) -> None:
+def _first_of_two_isolated(fleet: operator_harness.Fleet) -> tuple[str, str]:
+    """Two DRA nodes under maxUnavailableGPUs 1; the first's GPU 3 isolated (the budget spent)."""
     first, second = f"{fleet.label}-a", f"{fleet.label}-b"
     for node in (first, second):
         fleet.add_node(node, gpus=GPUS)
@@ -352,6 +334,11 @@ def test_max_unavailable_gpus_makes_the_next_gpu_wait_not_drain(fleet: operator_
         timeout_seconds=TIMEOUT,
         message="the first node's GPU isolated",
     )
+    return first, second
+
+
+def test_max_unavailable_gpus_makes_the_next_gpu_wait_not_drain(fleet: operator_harness.Fleet) -> None:
+    first, second = _first_of_two_isolated(fleet)
     fleet.report(second, _ecc(1))
     waiting.wait_until(
         lambda: fleet.gpunode(second).get("status", {}).get("action") == "Pending",
@@ -495,17 +482,7 @@ def test_a_deleted_node_takes_its_rule_with_it_and_frees_the_gpu_budget(
 ) -> None:
     """A node with an isolated GPU is often replaced, not repaired: its Node is deleted. Its rule must
     not outlive it, or it counts against maxUnavailableGPUs for good and no GPU is isolated again."""
-    first, second = f"{fleet.label}-a", f"{fleet.label}-b"
-    for node in (first, second):
-        fleet.add_node(node, gpus=GPUS)
-        _publish_slice(fleet, node)
-    _policy(fleet, maxUnavailableGPUs=1)
-    fleet.report(first, _ecc(1))
-    waiting.wait_until(
-        lambda: [r["metadata"]["name"] for r in _rules(fleet)] == [device_taints.rule_name(first, FAULTY)],
-        timeout_seconds=TIMEOUT,
-        message="the first node's GPU isolated",
-    )
+    first, second = _first_of_two_isolated(fleet)
     fleet.core.delete_node(first)
     _delete_slice(fleet.custom, first)  # as the DRA driver's kubelet plugin does for a gone node
     waiting.wait_until(

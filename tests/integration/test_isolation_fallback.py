@@ -87,23 +87,7 @@ def test_without_the_api_isolate_gpu_drains_and_the_policy_says_why(
             dra.GROUP,
             dra.VERSION,
             "resourceslices",
-            {
-                "apiVersion": f"{dra.GROUP}/{dra.VERSION}",
-                "kind": "ResourceSlice",
-                "metadata": {"name": dra.slice_name(node)},
-                "spec": {
-                    "driver": dra.DRIVER,
-                    "nodeName": node,
-                    "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                    "devices": [
-                        {
-                            "name": dra.device_name(i),
-                            "attributes": {"uuid": {"string": gpunode_facts.healthy_gpu(i)["uuid"]}},
-                        }
-                        for i in range(GPUS)
-                    ],
-                },
-            },
+            gpunode_facts.resource_slice(node, GPUS),
         )
         fleet.policy(
             fleet.label,

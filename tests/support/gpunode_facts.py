@@ -1,7 +1,8 @@
 """GPUNode facts as the agent reports them, and verdicts, for tests and benchmarks.
 
 Pure builders: a healthy GPU, an agent status with per-GPU overrides merged
-in, and a verdict on which no rule fired. Unit tests use them without a
+in, a verdict on which no rule fired, and the ResourceSlice a DRA driver
+publishes for those GPUs. Unit tests use them without a
 cluster; `operator_harness` writes them to a real API server.
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from gpuhealth_api import vocabulary
 from gpuhealth_operator.decisions.model import NodeVerdict
+from gpuhealth_sim import dra
 
 MODEL = "NVIDIA H100 80GB HBM3"
 DRIVER = "570.124.06"
@@ -112,4 +114,26 @@ def agent_status(
             "maxTemperatureCelsius": max((g.get("temperatureCelsius", 0) for g in items), default=0),
         },
         "gpus": items,
+    }
+
+
+def resource_slice(node: str, gpus: int) -> dict[str, Any]:
+    """The node's ResourceSlice as the NVIDIA DRA driver publishes it: one device per GPU, with the
+    UUID `healthy_gpu` reports for it."""
+    return {
+        "apiVersion": f"{dra.GROUP}/{dra.VERSION}",
+        "kind": "ResourceSlice",
+        "metadata": {"name": dra.slice_name(node)},
+        "spec": {
+            "driver": dra.DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": dra.device_name(i),
+                    "attributes": {"uuid": {"string": healthy_gpu(i)["uuid"]}, "index": {"int": i}},
+                }
+                for i in range(gpus)
+            ],
+        },
     }

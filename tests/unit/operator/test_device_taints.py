@@ -60,8 +60,8 @@ def test_devices_by_uuid() -> None:
 # --- the DeviceTaintRule ---------------------------------------------------------------------------
 
 
-def test_device_taint_rule_selects_exactly_the_device() -> None:
-    rule = device_taints.device_taint_rule(
+def gpu_3_rule(**extra: Any) -> dict[str, Any]:
+    return device_taints.device_taint_rule(
         api_version="v1beta2",
         policy="default",
         node=NODE,
@@ -70,8 +70,12 @@ def test_device_taint_rule_selects_exactly_the_device() -> None:
         device=DEVICES["GPU-3"],
         condition=Condition.ECC_UNCORRECTABLE,
         effect=vocabulary.IsolationEffect.NO_EXECUTE,
+        **extra,
     )
-    assert rule == {
+
+
+def test_device_taint_rule_selects_exactly_the_device() -> None:
+    assert gpu_3_rule() == {
         "apiVersion": "resource.k8s.io/v1beta2",
         "kind": "DeviceTaintRule",
         "metadata": {
@@ -92,18 +96,7 @@ def test_device_taint_rule_selects_exactly_the_device() -> None:
 
 def test_device_taint_rule_is_owned_by_its_node() -> None:
     """The garbage collector deletes it with the Node (a replaced machine frees the GPU budget)."""
-    rule = device_taints.device_taint_rule(
-        api_version="v1beta2",
-        policy="default",
-        node=NODE,
-        gpu_index=3,
-        gpu_uuid="GPU-3",
-        device=DEVICES["GPU-3"],
-        condition=Condition.ECC_UNCORRECTABLE,
-        effect=vocabulary.IsolationEffect.NO_EXECUTE,
-        node_uid="uid-1",
-    )
-    assert rule["metadata"]["ownerReferences"] == [
+    assert gpu_3_rule(node_uid="uid-1")["metadata"]["ownerReferences"] == [
         {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "uid-1"}
     ]
 

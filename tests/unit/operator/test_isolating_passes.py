@@ -13,7 +13,7 @@ import gpunode_facts
 from gpuhealth_api import keys, resources
 from gpuhealth_operator import context, handlers, metrics, recent, settings, ticker
 from gpuhealth_operator.decisions import device_taints
-from gpuhealth_sim import dra, memcluster
+from gpuhealth_sim import memcluster
 
 NODE = "dra-0"
 GPUS = 8
@@ -77,21 +77,7 @@ async def faulty_dra_node(cluster: Cluster, clock: Clock) -> context.Context:
     }
     cluster.put_node(copy.deepcopy(node))
     await handlers.on_node(event("ADDED", copy.deepcopy(node)), memo=ctx)
-    uuids = [gpunode_facts.healthy_gpu(i)["uuid"] for i in range(GPUS)]
-    cluster.put_slice(
-        {
-            "metadata": {"name": dra.slice_name(NODE)},
-            "spec": {
-                "driver": dra.DRIVER,
-                "nodeName": NODE,
-                "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
-                "devices": [
-                    {"name": dra.device_name(i), "attributes": {"uuid": {"string": uuid}}}
-                    for i, uuid in enumerate(uuids)
-                ],
-            },
-        }
-    )
+    cluster.put_slice(gpunode_facts.resource_slice(NODE, GPUS))
     return ctx
 
 
