@@ -335,8 +335,10 @@ async def _pass(  # noqa: PLR0917 - one pass's inputs
         entry = next((g for g in state.in_place if g.uuid == uuid), None)
         gpu = isolation.Isolated(index, uuid, rule["metadata"]["name"], entry.since if entry else since)
         if uuid not in faulty and restore and found.api_version is not None:
-            await device_rules.delete(ctx.client, found.api_version, gpu.rule)
-            ctx.rules_read.drop((policy.name, found.api_version))
+            try:
+                await device_rules.delete(ctx.client, found.api_version, gpu.rule)
+            finally:  # also when the answer is lost: the next pass lists what is there
+                ctx.rules_read.drop((policy.name, found.api_version))
             ctx.meters.actions.labels("RestoreGPU", "Recovered").inc()
             await ctx.recorder.emit(
                 subject,
@@ -400,8 +402,10 @@ async def _create(  # noqa: PLR0917
         node_uid=record.uid if (record := ctx.cache.node(name)) is not None else None,
     )
     rule = body["metadata"]["name"]
-    created = await device_rules.create(ctx.client, api_version, body)
-    ctx.rules_read.drop((policy.name, api_version))  # the next pass counts it against the GPU budget
+    try:
+        created = await device_rules.create(ctx.client, api_version, body)
+    finally:  # the next pass lists it and counts it against the GPU budget, even if the answer was lost
+        ctx.rules_read.drop((policy.name, api_version))
     if not created:
         return isolation.Isolated(gpu.index, gpu.uuid, rule, since)  # already there (a lost response)
     if verdict.detected_at is not None:

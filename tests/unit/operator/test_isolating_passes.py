@@ -11,7 +11,7 @@ import kopf
 
 import gpunode_facts
 from gpuhealth_api import keys, resources
-from gpuhealth_operator import context, handlers, metrics, recent, settings, ticker
+from gpuhealth_operator import context, handlers, kube, metrics, recent, settings, ticker
 from gpuhealth_operator.decisions import device_taints
 from gpuhealth_sim import memcluster
 
@@ -19,7 +19,7 @@ NODE = "dra-0"
 GPUS = 8
 FAULTY = 3
 VERSION = "v1beta2"
-POLICY = {
+POLICY: dict[str, Any] = {
     "apiVersion": resources.API_VERSION,
     "kind": resources.POLICY_KIND,
     "metadata": {"name": "iso", "generation": 1},
@@ -62,28 +62,32 @@ class Cluster(memcluster.MemoryKube):
         return await super().list_all(path, query)
 
 
-async def faulty_dra_node(cluster: Cluster, clock: Clock) -> context.Context:
+async def faulty_dra_node(cluster: Cluster, clock: Clock, *nodes: str, **spec: Any) -> context.Context:
+    """A context on `cluster` under `clock`, the IsolateGPU policy (with `spec`) and DRA nodes."""
     config = settings.Settings()
     ctx = context.Context.create(config, cluster, metrics.Metrics.create(), instance="t")  # type: ignore[arg-type]
     ctx.clock = clock
     cluster.serve_device_taint_rules(VERSION)
-    await handlers.on_policy(event("ADDED", copy.deepcopy(POLICY)), memo=ctx)
-    node = {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": NODE, "uid": "u1", "labels": {keys.GPU_COUNT_LABEL: str(GPUS)}},
-        "spec": {},
-        "status": {"capacity": {keys.GPU_RESOURCE: str(GPUS)}},
-    }
-    cluster.put_node(copy.deepcopy(node))
-    await handlers.on_node(event("ADDED", copy.deepcopy(node)), memo=ctx)
-    cluster.put_slice(gpunode_facts.resource_slice(NODE, GPUS))
+    policy = copy.deepcopy(POLICY)
+    policy["spec"].update(spec)
+    await handlers.on_policy(event("ADDED", policy), memo=ctx)
+    for name in nodes or (NODE,):
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "uid": f"uid-{name}", "labels": {keys.GPU_COUNT_LABEL: str(GPUS)}},
+            "spec": {},
+            "status": {"capacity": {keys.GPU_RESOURCE: str(GPUS)}},
+        }
+        cluster.put_node(copy.deepcopy(node))
+        await handlers.on_node(event("ADDED", copy.deepcopy(node)), memo=ctx)
+        cluster.put_slice(gpunode_facts.resource_slice(name, GPUS))
     return ctx
 
 
-async def report_fault(cluster: Cluster, ctx: context.Context) -> None:
+async def report_fault(cluster: Cluster, ctx: context.Context, node: str = NODE) -> None:
     faulty = gpunode_facts.agent_status(gpus=GPUS, overrides={FAULTY: {"ecc": {"uncorrectedVolatile": 1}}})
-    stored = cluster.put_gpunode(NODE, faulty)
+    stored = cluster.put_gpunode(node, faulty)
     await handlers.on_gpunode(event("MODIFIED", copy.deepcopy(stored)), memo=ctx)
 
 
@@ -131,5 +135,35 @@ def test_a_held_isolation_lists_once_per_reuse_period_and_still_sees_a_human_del
             await ticker.tick(ctx)
             assert (clock.now - deleted_at).total_seconds() <= recent.SECONDS + 1, "override not seen"
         assert cluster.rules == {}, "not isolated again on the same evidence"
+
+    asyncio.run(scenario())
+
+
+class LosingCluster(Cluster):
+    """Creates the first DeviceTaintRule, then loses the answer (a timeout after the server acted)."""
+
+    lost = False
+
+    async def create(self, path: str, body: Any) -> Any:
+        answer = await super().create(path, body)
+        if keys.NODE_LABEL in body["metadata"].get("labels", {}) and not self.lost:  # not the probe's
+            self.lost = True
+            raise kube.ApiError(504, "Gateway Timeout", "the answer was lost")
+        return answer
+
+
+def test_a_rule_whose_creation_answer_was_lost_still_counts_against_the_gpu_budget() -> None:
+    """maxUnavailableGPUs 1: the first GPU's rule was created though its answer never came; a second
+    node's GPU a moment later must wait, not be isolated on a rule list read before that create."""
+
+    async def scenario() -> None:
+        cluster, clock = LosingCluster(), Clock()
+        ctx = await faulty_dra_node(cluster, clock, "a", "b", maxUnavailableGPUs=1)
+        await report_fault(cluster, ctx, "a")  # the pass fails on the lost answer (logged, retried)
+        assert list(cluster.rules) == [device_taints.rule_name("a", FAULTY)]
+        clock.now += datetime.timedelta(seconds=1)
+        await report_fault(cluster, ctx, "b")
+        assert list(cluster.rules) == [device_taints.rule_name("a", FAULTY)], "the GPU budget exceeded"
+        assert cluster.gpunodes["b"]["status"].get("action") == "Pending"
 
     asyncio.run(scenario())
