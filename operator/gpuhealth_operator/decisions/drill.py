@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 from gpuhealth_api import keys, status, vocabulary
-from gpuhealth_operator.decisions import budget, gpu_facts, isolation, model, policies, times
+from gpuhealth_operator.decisions import budget, isolation, model, policies, times
 
 Condition = vocabulary.Condition
 
@@ -110,21 +110,10 @@ def attribution(drill: Drill, facts: status.GPUNodeStatus) -> isolation.Attribut
     """Whose fault the drilled condition is, for IsolateGPU: a drill names no GPU, so the node's first
     listed GPU stands in for the faulty one (`STAND_IN`); a node whose agent lists none has no GPU
     to isolate, as with a real fault."""
-    gpus = facts.get("gpus")
-    listed = [g for g in gpus if isinstance(g, gpu_facts.MAPPINGS)] if isinstance(gpus, list) else []
+    listed = isolation.listed_gpus(facts)
     if not listed:
         return isolation.Attribution((), f"{drill.condition.value}: the agent lists no GPU to isolate")
-    first = listed[0]
-    index, uuid = first.get("index"), first.get("uuid")
-    return isolation.Attribution(
-        (
-            isolation.GPUFault(
-                index=index if isinstance(index, int) and not isinstance(index, bool) else None,
-                uuid=uuid if isinstance(uuid, str) and uuid else None,
-                conditions=(drill.condition,),
-            ),
-        )
-    )
+    return isolation.Attribution((isolation.gpu_fault(listed[0], (drill.condition,)),))
 
 
 STAND_IN: Final = "the faulty GPU"

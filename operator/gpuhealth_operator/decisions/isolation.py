@@ -170,21 +170,14 @@ def attribute(
 ) -> Attribution:
     """The GPUs showing a `wanted` condition (those of fired IsolateGPU rules), by the per-GPU predicates."""
     catalogue = catalogue or xid_catalogue.Catalogue.packaged()
-    gpus = facts.get("gpus")
-    listed = [gpu for gpu in gpus if isinstance(gpu, gpu_facts.MAPPINGS)] if isinstance(gpus, list) else []
+    listed = listed_gpus(facts)
     found: list[GPUFault] = []
     for gpu in listed:
         shown = faults.gpu_faults(gpu, critical_xids)
         conditions = tuple(c for c in shown if c in wanted)
         if conditions:
-            index, uuid = gpu.get("index"), gpu.get("uuid")
             found.append(
-                GPUFault(
-                    index=index if isinstance(index, int) and not isinstance(index, bool) else None,
-                    uuid=uuid if isinstance(uuid, str) and uuid else None,
-                    conditions=conditions,
-                    node_wide=_node_wide(gpu, conditions, critical_xids, catalogue),
-                )
+                gpu_fault(gpu, conditions, node_wide=_node_wide(gpu, conditions, critical_xids, catalogue))
             )
     unattributed = None
     if Condition.GPU_LOST in wanted:
@@ -193,6 +186,25 @@ def attribute(
         if missing is not None:
             unattributed = f"GPULost: {missing}, and a GPU that is not listed has no device to taint"
     return Attribution(tuple(found), unattributed)
+
+
+def listed_gpus(facts: status.GPUNodeStatus) -> list[status.GPUStatus]:
+    """The GPUs the agent lists (malformed entries left out)."""
+    gpus = facts.get("gpus")
+    return [gpu for gpu in gpus if isinstance(gpu, gpu_facts.MAPPINGS)] if isinstance(gpus, list) else []
+
+
+def gpu_fault(
+    gpu: status.GPUStatus, conditions: tuple[Condition, ...], *, node_wide: str | None = None
+) -> GPUFault:
+    """`gpu`'s fault of `conditions`, named by its index and UUID where it reports valid ones."""
+    index, uuid = gpu.get("index"), gpu.get("uuid")
+    return GPUFault(
+        index=index if isinstance(index, int) and not isinstance(index, bool) else None,
+        uuid=uuid if isinstance(uuid, str) and uuid else None,
+        conditions=conditions,
+        node_wide=node_wide,
+    )
 
 
 def _node_wide(
