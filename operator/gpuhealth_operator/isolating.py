@@ -435,24 +435,19 @@ async def _rules(
     """
     if api_version is None:
         return []
-    key = (policy, api_version)
-    rules = ctx.rules_read.get(key, now)
-    if rules is None:
+
+    async def load() -> list[kube.JsonObject]:
         listed = await device_rules.ours(ctx.client, api_version, policy)
-        rules = [r for r in listed if keys.NODE_LABEL in ((r.get("metadata") or {}).get("labels") or {})]
-        ctx.rules_read.put(key, rules, now)
-    return rules
+        return [r for r in listed if keys.NODE_LABEL in ((r.get("metadata") or {}).get("labels") or {})]
+
+    return await ctx.rules_read.read((policy, api_version), now, load)
 
 
 async def _devices(
     ctx: context.Context, name: str, now: datetime.datetime
 ) -> dict[str, device_taints.Device]:
     """The node's DRA devices by GPU UUID, from its ResourceSlices listed once per `recent.SECONDS`."""
-    devices = ctx.devices_read.get(name, now)
-    if devices is None:
-        devices = await device_rules.devices(ctx.client, name)
-        ctx.devices_read.put(name, devices, now)
-    return devices
+    return await ctx.devices_read.read(name, now, lambda: device_rules.devices(ctx.client, name))
 
 
 def _gpu_count(ctx: context.Context, node: str) -> int:

@@ -15,7 +15,7 @@ entries as the live operator did.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Final, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -38,6 +38,14 @@ class Recent(Generic[K, V]):
         back counts as expired: better one read too many than a value of unknown age)."""
         entry = self._entries.get(key)
         return entry[1] if entry is not None and self._fresh(entry[0], now) else None
+
+    async def read(self, key: K, now: datetime.datetime, load: Callable[[], Awaitable[V]]) -> V:
+        """The fresh value for `key`, or `load()`'s, kept from `now` (a failed load keeps nothing)."""
+        value = self.get(key, now)
+        if value is None:
+            value = await load()
+            self.put(key, value, now)
+        return value
 
     def put(self, key: K, value: V, now: datetime.datetime) -> None:
         """Keep `value`, read at `now`; entries expired by then are let go."""

@@ -1,6 +1,9 @@
 """Reads kept for a few seconds (`recent.Recent`): reused while fresh, read again after."""
 
+import asyncio
 import datetime
+
+import pytest
 
 from gpuhealth_operator import recent
 
@@ -50,3 +53,26 @@ def test_expired_entries_are_let_go_when_another_is_kept() -> None:
         reads.put(f"node-{index}", index, at(0))
     reads.put("node-late", 1, at(30))
     assert len(reads) == 1
+
+
+def test_read_loads_once_while_fresh_and_keeps_nothing_when_the_load_fails() -> None:
+    reads: recent.Recent[str, int] = recent.Recent(10)
+    loads: list[str] = []
+
+    async def load() -> int:
+        loads.append("listed")
+        return len(loads)
+
+    async def failing() -> int:
+        raise OSError("connection refused")
+
+    async def scenario() -> None:
+        assert await reads.read("node-a", at(0), load) == 1
+        assert await reads.read("node-a", at(5), load) == 1
+        assert await reads.read("node-a", at(10), load) == 2
+        with pytest.raises(OSError, match="refused"):
+            await reads.read("node-b", at(0), failing)
+        assert reads.get("node-b", at(0)) is None
+
+    asyncio.run(scenario())
+    assert loads == ["listed", "listed"]
