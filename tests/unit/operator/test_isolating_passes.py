@@ -167,3 +167,54 @@ def test_a_rule_whose_creation_answer_was_lost_still_counts_against_the_gpu_budg
         assert cluster.gpunodes["b"]["status"].get("action") == "Pending"
 
     asyncio.run(scenario())
+
+
+def test_two_isolating_policies_over_one_node_isolate_its_gpu_once_and_see_no_override() -> None:
+    """A second policy selecting the same node: one rule for the GPU, no cordon, and none of the
+    rule-list reuse mistakes the other policy's rule for a human's deletion of its own."""
+
+    async def scenario() -> None:
+        cluster, clock = Cluster(), Clock()
+        ctx = await faulty_dra_node(cluster, clock)
+        second = copy.deepcopy(POLICY)
+        second["metadata"]["name"] = "iso-too"
+        await handlers.on_policy(event("ADDED", second), memo=ctx)
+        await report_fault(cluster, ctx)
+        for _ in range(30):
+            clock.now += datetime.timedelta(seconds=1)
+            await ticker.tick(ctx)
+        assert list(cluster.rules) == [device_taints.rule_name(NODE, FAULTY)]
+        assert not cluster.nodes[NODE]["spec"].get("unschedulable"), "isolated, not cordoned"
+        reasons = {e["reason"] for e in cluster.event_log}
+        assert "GPUIsolated" in reasons and "OverriddenByUser" not in reasons, reasons
+
+    asyncio.run(scenario())
+
+
+def node_rule_log(cluster: Cluster) -> list[tuple[str, str]]:
+    """Rules created and deleted, by name, but the probe's (a new leader probes again)."""
+    return [
+        (what, rule["metadata"]["name"])
+        for what, rule in cluster.rule_log
+        if keys.NODE_LABEL in rule["metadata"].get("labels", {})
+    ]
+
+
+def test_a_new_leader_reads_the_rules_in_place_and_adds_none() -> None:
+    """A second replica taking over starts with nothing reused: it lists the rule its predecessor made,
+    keeps the GPU isolated and neither creates a second rule nor calls the first an override."""
+
+    async def scenario() -> None:
+        cluster, clock = Cluster(), Clock()
+        await report_fault(cluster, await faulty_dra_node(cluster, clock))
+        before = node_rule_log(cluster)
+        successor = await faulty_dra_node(cluster, clock)  # the next term's context, same cluster
+        await report_fault(cluster, successor)
+        for _ in range(15):
+            clock.now += datetime.timedelta(seconds=1)
+            await ticker.tick(successor)
+        assert node_rule_log(cluster) == before, "no rule created or deleted by the new leader"
+        assert cluster.gpunodes[NODE]["status"].get("action") == "Isolated"
+        assert "OverriddenByUser" not in {e["reason"] for e in cluster.event_log}
+
+    asyncio.run(scenario())
