@@ -32,7 +32,7 @@ def add_commands(commands: Any) -> None:
         help="follow a cluster's Nodes and GPUNodes into a trace, until Ctrl-C or a bound",
         description="Follow the cluster's Nodes and GPUNodes (and, where served, the ResourceSlices and "
         "DeviceTaintRules IsolateGPU reads) and append every version to TRACE "
-        "(trace format 2, gzip if TRACE ends in .gz), flushed as it goes, until interrupted "
+        "(trace format 3, gzip if TRACE ends in .gz), flushed as it goes, until interrupted "
         "(Ctrl-C, SIGTERM) or a bound is reached; the file is complete either way.",
     )
     record.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")

@@ -1,4 +1,4 @@
-"""`gpu-health-sim record`: follow a live cluster's Nodes and GPUNodes into a trace (format 2).
+"""`gpu-health-sim record`: follow a live cluster's Nodes and GPUNodes into a trace (format 3).
 
 Two parts, kept apart. `Compactor` is pure: given each version of a Node or
 GPUNode as it arrives, it returns the trace record to append, or None when
@@ -12,7 +12,9 @@ on a cut stream; list again on 410 Gone) feed the compactor under a lock,
 and every record is written and flushed at once, with the time it arrived,
 until `stop()` or a bound (seconds, bytes of file) is reached. Closing the
 writer ends a gzip stream properly, so an interrupted recording is a valid
-trace. Deleted Nodes and GPUNodes are not recorded.
+trace. A deleted Node or GPUNode is recorded as its deletion (a node replaced
+rather than repaired leaves the fleet and frees the budget it held); one of
+the same name created later is written in full again.
 
 For IsolateGPU (DRA), where the cluster serves resource.k8s.io, two more
 followers: ResourceSlices (each kept as the operator reads it: driver, node,
@@ -171,7 +173,14 @@ class Compactor:
         return found
 
     def deleted(self, kind: str, name: str, at: float) -> list[dict[str, Any]]:
-        if self._objects.pop((kind, name), None) is None:
+        """An object's deletion (any record kind with an object); none for one never recorded."""
+        if kind == "node":
+            kept = self._nodes.pop(name, None)
+        elif kind == "gpunode":
+            kept = self._gpunodes.pop(name, None)
+        else:
+            kept = self._objects.pop((kind, name), None)
+        if kept is None:
             return []
         return [{"kind": kind, "t": self._t(at), "name": name, "deleted": True}]
 
@@ -264,8 +273,7 @@ class Recorder:
 
     def on_resource(self, kind: str, event: str, obj: dict[str, Any], at: float) -> None:
         if event == "DELETED":
-            name = str((obj.get("metadata") or {}).get("name") or "")
-            self._append_all(lambda: self._compactor.deleted(kind, name, at))
+            self._append_all(lambda: self._compactor.deleted(kind, _name(obj), at))
         else:
             self._append_all(lambda: self._compactor.resource(kind, obj, at))
 
@@ -278,11 +286,15 @@ class Recorder:
         return self
 
     def _on_node(self, kind: str, obj: dict[str, Any], at: float) -> None:
-        if kind != "DELETED":
+        if kind == "DELETED":
+            self._append_all(lambda: self._compactor.deleted("node", _name(obj), at))
+        else:
             self._append(lambda: self._compactor.node(obj, at))
 
     def _on_gpunode(self, kind: str, obj: dict[str, Any], at: float) -> None:
-        if kind != "DELETED":
+        if kind == "DELETED":
+            self._append_all(lambda: self._compactor.deleted("gpunode", _name(obj), at))
+        else:
             self._append(lambda: self._compactor.gpunode(obj, at))
 
     def write(self, record: dict[str, Any]) -> None:
@@ -353,3 +365,7 @@ def _handler(recorder: Recorder, kind: str) -> Callable[[str, dict[str, Any], fl
         recorder.on_resource(kind, event, obj, at)
 
     return handler
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")

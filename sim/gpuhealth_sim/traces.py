@@ -5,11 +5,13 @@ format is documented in docs/backtest.md). One JSON object per line; a path
 ending in `.gz` is gzip-compressed. The first line is the header; every other
 line is one record, in time order:
 
-    {"kind": "header", "format": "gpu-health-trace", "version": 2, "start": EPOCH, ...}
+    {"kind": "header", "format": "gpu-health-trace", "version": 3, "start": EPOCH, ...}
     {"kind": "node", "t": SECONDS, "object": {Node: metadata.name/labels/annotations,
                                                spec.unschedulable/taints, status.capacity}}
+    {"kind": "node", "t": SECONDS, "name": NAME, "deleted": true}
     {"kind": "gpunode", "t": SECONDS, "name": NAME, "status": {agent, summary, gpus}}
     {"kind": "gpunode", "t": SECONDS, "name": NAME, "patch": {merge patch of the previous status}}
+    {"kind": "gpunode", "t": SECONDS, "name": NAME, "deleted": true}
     {"kind": "resourceslice", "t": SECONDS, "object": {ResourceSlice: metadata.name, spec.driver,
                                                         spec.nodeName, spec.pool.name,
                                                         spec.devices[].name/attributes.uuid}}
@@ -20,7 +22,9 @@ line is one record, in time order:
     {"kind": "truth", ...}   (ground truth of a synthetic trace; see docs/backtest.md)
 
 Version 2 added the last four kinds before `truth` (DRA: what IsolateGPU
-reads); a version 1 trace is read as one without them.
+reads); a version 1 trace is read as one without them. Version 3 added the
+deletions of Nodes and GPUNodes (a node replaced rather than repaired leaves
+the fleet, and its budget); an older trace is read as one without them.
 
 `t` is seconds since the header's `start` (epoch seconds, UTC). A GPUNode
 `patch` is an RFC 7386 merge patch of the node's previous agent status, except
@@ -44,9 +48,9 @@ from collections.abc import Iterator, Mapping
 from typing import IO, Any, Final, cast
 
 FORMAT: Final = "gpu-health-trace"
-VERSION: Final = 2
-READS: Final = frozenset({1, 2})
-"""Format versions this module reads (2 only adds record kinds to 1)."""
+VERSION: Final = 3
+READS: Final = frozenset({1, 2, 3})
+"""Format versions this module reads (each only adds records to the one before)."""
 OBJECT_KINDS: Final = frozenset({"resourceslice", "devicetaintrule"})
 """Record kinds carrying an `object` (a version) or a `name` with `deleted: true` (its deletion)."""
 KINDS: Final = frozenset({"node", "gpunode", "cluster", "truth"}) | OBJECT_KINDS
@@ -160,15 +164,9 @@ def _check(record: object, where: str) -> dict[str, Any]:
     t = record.get("t")
     if isinstance(t, bool) or not isinstance(t, int | float):
         raise TraceError(f"{where}: {kind} record needs a number `t` (seconds since the header's start)")
-    if kind == "node":
-        name = (
-            (record.get("object") or {}).get("metadata", {}).get("name")
-            if isinstance(record.get("object"), dict)
-            else None
-        )
-        if not isinstance(name, str) or not name:
-            raise TraceError(f"{where}: node record needs an `object` with metadata.name")
-    elif kind in OBJECT_KINDS:
+    if kind != "cluster" and deletion(record):
+        return record  # a node, gpunode, resourceslice or devicetaintrule deleted
+    if kind == "node" or kind in OBJECT_KINDS:
         _check_object(record, kind, where)
     elif kind == "cluster":
         if not isinstance(record.get("deviceTaintRules"), dict):
@@ -176,8 +174,13 @@ def _check(record: object, where: str) -> dict[str, Any]:
     elif not isinstance(record.get("name"), str) or not record["name"]:
         raise TraceError(f"{where}: gpunode record needs a `name`")
     elif not isinstance(record.get("status"), dict) and not isinstance(record.get("patch"), dict):
-        raise TraceError(f"{where}: gpunode record needs a `status` or a `patch` object")
+        raise TraceError(f"{where}: gpunode record needs a `status` or a `patch` object, or `deleted: true`")
     return record
+
+
+def deletion(record: Mapping[str, Any]) -> bool:
+    """Whether a record is an object's deletion: a `name` and `deleted: true`."""
+    return record.get("deleted") is True and isinstance(record.get("name"), str) and bool(record["name"])
 
 
 def _check_object(record: dict[str, Any], kind: str, where: str) -> None:
@@ -186,8 +189,6 @@ def _check_object(record: dict[str, Any], kind: str, where: str) -> None:
         name = (obj.get("metadata") or {}).get("name") if isinstance(obj.get("metadata"), dict) else None
         if isinstance(name, str) and name:
             return
-    elif record.get("deleted") is True and isinstance(record.get("name"), str) and record["name"]:
-        return
     raise TraceError(
         f"{where}: {kind} record needs an `object` with metadata.name, or a `name` and `deleted: true`"
     )

@@ -5,7 +5,10 @@ change is handed over with the wall-clock time it arrived (a poll would
 blur that by its period). Watches are re-opened every few seconds
 (server-side timeout) so `stop()` returns promptly, resume from the last
 resourceVersion, and fall back to a fresh list when that has expired (410).
-Objects stay plain dicts: the view reads a few fields and needs no models.
+An object deleted while no watch was open is missing from that list: it is
+handed over as DELETED then (its name and namespace only), as an informer
+does, so a follower never keeps a deleted object. Objects stay plain dicts:
+the view reads a few fields and needs no models.
 """
 
 import json
@@ -38,6 +41,8 @@ class Follower:
         self._kwargs = list_kwargs
         self._stopped = threading.Event()
         self._synced = threading.Event()
+        self._known: set[tuple[str, str]] = set()
+        """(namespace, name) of every object handed over and not deleted since."""
         self._thread = threading.Thread(target=self._run, name=f"follow-{name}", daemon=True)
 
     def start(self) -> None:
@@ -62,7 +67,12 @@ class Follower:
         finally:
             response.release_conn()
         now = time.time()
-        for item in body.get("items") or []:
+        items = body.get("items") or []
+        listed = {_key(item) for item in items}
+        for namespace, name in sorted(self._known - listed):  # deleted while no watch was open
+            self._handler("DELETED", {"metadata": {"name": name, "namespace": namespace}}, now)
+        self._known = listed
+        for item in items:
             self._handler("ADDED", item, now)
         self._synced.set()
         return str(body.get("metadata", {}).get("resourceVersion", ""))
@@ -98,11 +108,20 @@ class Follower:
         for event in stream:
             kind, obj = event.get("type"), event.get("object") or {}
             version = str(obj.get("metadata", {}).get("resourceVersion", version))
+            if kind in ("ADDED", "MODIFIED"):
+                self._known.add(_key(obj))
+            elif kind == "DELETED":
+                self._known.discard(_key(obj))
             if kind in ("ADDED", "MODIFIED", "DELETED"):
                 self._handler(str(kind), obj, time.time())
             if self._stopped.is_set():
                 break
         return version
+
+
+def _key(obj: dict[str, Any]) -> tuple[str, str]:
+    metadata = obj.get("metadata") or {}
+    return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
 
 
 def _json(response: Any) -> dict[str, Any]:

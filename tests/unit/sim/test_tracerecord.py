@@ -165,6 +165,25 @@ def full_slice(node: str) -> dict:
     }
 
 
+def test_a_deleted_node_and_gpunode_are_recorded_and_one_created_again_is_written_in_full() -> None:
+    compactor = tracerecord.Compactor(START)
+    status = versions()[0]
+    assert compactor.node(k8s_node("n1"), START + 1) is not None
+    assert compactor.gpunode(gpunode("n1", status), START + 2) is not None
+    assert compactor.deleted("node", "n1", START + 3) == [
+        {"kind": "node", "t": 3.0, "name": "n1", "deleted": True}
+    ]
+    assert compactor.deleted("gpunode", "n1", START + 4) == [
+        {"kind": "gpunode", "t": 4.0, "name": "n1", "deleted": True}
+    ]
+    assert compactor.deleted("node", "n1", START + 5) == [], "a deletion is recorded once"
+    assert compactor.deleted("node", "n2", START + 5) == [], "a node never recorded: nothing to delete"
+    node_again = compactor.node(k8s_node("n1"), START + 6)
+    assert node_again is not None and node_again["object"]["metadata"]["name"] == "n1"
+    again = compactor.gpunode(gpunode("n1", status), START + 7)
+    assert again is not None and again["status"] == status, "in full: the replay forgot the old one"
+
+
 def test_resource_slices_keep_what_the_operator_reads_and_their_deletion() -> None:
     compactor = tracerecord.Compactor(START)
     [record] = compactor.resource("resourceslice", full_slice("n1"), START + 1)

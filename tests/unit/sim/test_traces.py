@@ -3,6 +3,7 @@
 import gzip
 import json
 import pathlib
+import re
 
 import pytest
 
@@ -81,3 +82,23 @@ def test_status_patches_round_trip() -> None:
     assert traces.apply_status_patch(before, patch) == after
     assert before["gpus"][0]["smClockMHz"] == 1, "the previous status is not changed"
     assert traces.apply_status_patch(after, traces.status_patch(after, before)) == before
+
+
+def test_deletions_of_nodes_and_gpunodes_read_back_and_a_record_without_its_object_is_named(
+    tmp_path: pathlib.Path,
+) -> None:
+    gone = [{"kind": kind, "t": 5, "name": "n1", "deleted": True} for kind in ("node", "gpunode")]
+    assert read_all(write(tmp_path / "t.jsonl", [line(HEADER), line(NODE), *map(line, gone)]))[1:] == gone
+    for record, said in (
+        ({"kind": "node", "t": 5, "name": "n1"}, "node record needs an `object`"),
+        ({"kind": "node", "t": 5, "name": "", "deleted": True}, "node record needs an `object`"),
+        ({"kind": "gpunode", "t": 5, "name": "n1", "deleted": "yes"}, "or `deleted: true`"),
+    ):
+        with pytest.raises(traces.TraceError, match=rf":2: .*{re.escape(said)}"):
+            read_all(write(tmp_path / "b.jsonl", [line(HEADER), line(record)]))
+
+
+@pytest.mark.parametrize("version", sorted(traces.READS))
+def test_every_older_version_still_reads(tmp_path: pathlib.Path, version: int) -> None:
+    path = write(tmp_path / "t.jsonl", [line({**HEADER, "version": version}), line(NODE)])
+    assert read_all(path) == [NODE]
