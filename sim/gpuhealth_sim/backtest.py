@@ -28,7 +28,9 @@ taint (keys under gpuhealth.io) stay as the replay made them; `unschedulable`
 is applied when it changed between two versions of the trace (someone
 cordoned or uncordoned), never otherwise, and not when the operator's
 `cordoned-by` annotation changed in the same version (the recorded operator's
-own cordon or uncordon, in a trace of an acting policy).
+own cordon or uncordon, in a trace of an acting policy). A Node's deletion
+(format 3) takes it out of the fleet, its figures and the budget, and the
+DeviceTaintRules it owns with it, as the cluster's garbage collector does.
 
 The result per policy: every change the operator made to a Node (cordon,
 drain, uncordon, labels, taint) with its time and the GPUNode's issues then,
@@ -219,6 +221,9 @@ class Replay:
         self.gpus: dict[str, int] = {}
         self.out_since: dict[str, float] = {}
         self.label_cleared: dict[tuple[str, str], float] = {}
+        self.gone_nodes: set[str] = set()
+        self.gone_node_seconds = 0.0
+        """Of the Nodes deleted: their names, and their seconds in the fleet (from the trace's start)."""
         self.seen_events = 0
         self.seen_rules = 0
         self.result = Result(self.name, bool(policy.get("spec", {}).get("dryRun")), 0.0, 0)
@@ -249,10 +254,14 @@ class Replay:
                 next_tick += self.tick_seconds
             self.now = max(self.now, at)
             self.result.records += 1
-            if kind == "node":
+            if kind == "node" and "object" in record:
                 await self._node(record["object"])
+            elif kind == "node":
+                await self._node_deleted(record["name"])
             elif kind in DRA_KINDS:
                 self._dra(record)
+            elif "deleted" in record:
+                await self._gpunode_deleted(record["name"])
             else:
                 await self._gpunode(record)
             self._observe()
@@ -275,6 +284,28 @@ class Replay:
         self.client.put_node(body)
         self.client.touched[name] = None
         await handlers.on_node(_event("MODIFIED", dict(body)), memo=self.ctx)  # a copy: the handler trims it
+
+    async def _node_deleted(self, name: str) -> None:
+        """A Node deleted, as a node replaced rather than repaired is: it leaves the fleet, its figures
+        and the budget it held, and the garbage collector takes the DeviceTaintRules it owns."""
+        self.trace_unschedulable.pop(name, None)
+        self.trace_claim.pop(name, None)
+        body = self.client.delete_node(name)
+        if body is None:
+            return
+        self._back_in_service(name)
+        self.states.pop(name, None)
+        self.label_cleared = {key: t for key, t in self.label_cleared.items() if key[0] != name}
+        self.gone_node_seconds += self.t
+        self.gone_nodes.add(name)
+        await handlers.on_node(_event("DELETED", body), memo=self.ctx)
+
+    async def _gpunode_deleted(self, name: str) -> None:
+        self.agent.pop(name, None)
+        self.compacted.pop(name, None)
+        body = self.client.delete_gpunode(name)
+        if body is not None:
+            await handlers.on_gpunode(_event("DELETED", body), memo=self.ctx)
 
     async def _gpunode(self, record: dict[str, Any]) -> None:
         name = record["name"]
@@ -418,8 +449,8 @@ class Replay:
     def _finish(self) -> None:
         for name in list(self.out_since):
             self._back_in_service(name)
-        self.result.nodes = len(self.client.nodes)
-        self.result.node_days = self.result.nodes * self.t / 86_400
+        self.result.nodes = len(self.client.nodes.keys() | self.gone_nodes)
+        self.result.node_days = (len(self.client.nodes) * self.t + self.gone_node_seconds) / 86_400
         policy = self.ctx.cache.policies.get(self.name)
         if policy is not None:
             from gpuhealth_operator.decisions import policies  # noqa: PLC0415 - only for the figure

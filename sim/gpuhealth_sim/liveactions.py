@@ -40,11 +40,15 @@ def changes(
 
 
 def actions(versions: Iterable[tuple[float, Mapping[str, Any]]], policy: str) -> list[backtest.Action]:
-    """Every change `policy` made to the Nodes, from their versions in the order they arrived."""
+    """Every change `policy` made to the Nodes, from their versions in the order they arrived; a
+    version with `deleted: true` is the Node's deletion (one of its name created later is new)."""
     states: dict[str, backtest.NodeState] = {}
     found: list[backtest.Action] = []
     for t, obj in versions:
         name = str((obj.get("metadata") or {}).get("name"))
+        if obj.get("deleted") is True:
+            states.pop(name, None)
+            continue
         after = backtest.node_state(obj, policy)
         found += changes(t, name, states.get(name, backtest.NodeState()), after)
         states[name] = after
@@ -59,8 +63,10 @@ def from_trace(records: Iterable[Mapping[str, Any]], policy: str) -> list[backte
     rules: dict[str, dict[str, Any]] = {}
     ours = device_taints.label_value(policy)
     for record in records:
-        if record.get("kind") == "node":
+        if record.get("kind") == "node" and "object" in record:
             versions.append((float(record["t"]), record["object"]))
+        elif record.get("kind") == "node":
+            versions.append((float(record["t"]), {"metadata": {"name": record["name"]}, "deleted": True}))
         elif record.get("kind") == "devicetaintrule":
             created = "object" in record
             rule = dict(record["object"]) if created else rules.pop(str(record["name"]), None)

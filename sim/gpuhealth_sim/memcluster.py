@@ -147,6 +147,22 @@ class MemoryKube:
         self.gpunodes[name] = self.bump(body)
         return body
 
+    def delete_node(self, name: str) -> JsonObject | None:
+        """The Node deleted (None: there was none); the garbage collector deletes the DeviceTaintRules
+        it owns, as the cluster's does (a collected rule is no operator action: not in `rule_log`)."""
+        body = self.nodes.pop(name, None)
+        if body is not None:
+            for rule_name, rule in list(self.rules.items()):
+                owners = rule["metadata"].get("ownerReferences") or []
+                if any(o.get("kind") == "Node" and o.get("name") == name for o in owners):
+                    del self.rules[rule_name]
+        return body
+
+    def delete_gpunode(self, name: str) -> JsonObject | None:
+        """The GPUNode deleted (None: there was none); one created later starts with no status."""
+        self._applied.pop(GPUNODES + name + "/status", None)
+        return self.gpunodes.pop(name, None)
+
     def put_slice(self, body: JsonObject) -> None:
         self.slices[body["metadata"]["name"]] = self.bump(copy.deepcopy(body))
 

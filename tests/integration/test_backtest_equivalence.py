@@ -70,9 +70,12 @@ class NodeVersions:
         self.follower = watches.Follower("test-nodes", client.CoreV1Api(api).list_node, self._on)
 
     def _on(self, kind: str, obj: dict[str, Any], at: float) -> None:
-        if kind != "DELETED" and obj["metadata"]["name"] in self.names:
-            with self._lock:
-                self.versions.append((at, obj))
+        name = obj["metadata"]["name"]
+        if name in self.names:
+            with self._lock:  # a deletion as `liveactions.actions` reads one
+                self.versions.append(
+                    (at, {"metadata": {"name": name}, "deleted": True} if kind == "DELETED" else obj)
+                )
 
 
 def test_the_backtest_of_a_recorded_run_decides_what_the_live_operator_did(
@@ -183,6 +186,94 @@ def test_the_backtest_of_a_recorded_run_decides_what_the_live_operator_did(
     assert liveactions.differences(live, replayed) == {}, (
         f"live: {liveactions.sequence(live)}\nreplayed: {liveactions.sequence(replayed)}"
     )
+
+
+def test_a_node_replaced_while_drained_frees_the_budget_live_and_in_the_backtest(
+    operator: operator_harness.OperatorProcess,
+    control_plane: controlplane.ControlPlane,
+    k8s: client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    # A node with a double-bit error is often replaced, not repaired: its Node is deleted while drained
+    # (the garbage collector takes its GPUNode). With maxUnavailable 1 the next fatal node is drained at
+    # once live; the replay must see the deletion too, or it leaves that node Pending behind a ghost.
+    fleet = operator_harness.Fleet(k8s, label=f"btr-{secrets.token_hex(3)}")
+    names = [f"{fleet.label}-{i}" for i in range(3)]
+    replaced, second = names[0], names[1]
+    trace = tmp_path / "replaced.jsonl.gz"
+    recorder_api = control_plane.api_client()
+    recorder = tracerecord.Recorder(recorder_api, trace).start()
+    seen = NodeVersions(k8s, set(names))
+    seen.follower.start()
+    assert seen.follower.wait_synced(30)
+    node = fleet.node
+
+    def wait(what: str, check: Any) -> None:
+        waiting.wait_until(check, timeout_seconds=TIMEOUT, message=what)
+
+    def collected(name: str) -> bool:
+        try:
+            fleet.custom.get_cluster_custom_object(
+                resources.GROUP, resources.VERSION, resources.GPUNODE_PLURAL, name
+            )
+        except client.ApiException as error:
+            return error.status == 404
+        return False
+
+    try:
+        fleet.policy(
+            fleet.label,
+            {
+                "maxUnavailable": 1,
+                "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}],
+                "drain": {"timeoutSeconds": 30, "force": True},
+            },
+        )
+        for name in names:
+            fleet.add_node(name)
+        wait(
+            "every node labelled healthy",
+            lambda: all(node(n)["metadata"]["labels"].get(keys.HEALTH_LABEL) == "healthy" for n in names),
+        )
+        fleet.report(replaced, gpunode_facts.agent_status(overrides={2: ECC}))
+        wait(f"{replaced} cordoned", lambda: node(replaced)["spec"].get("unschedulable"))
+        client.CoreV1Api(k8s).delete_node(replaced)
+        wait(f"{replaced}'s GPUNode garbage-collected", lambda: collected(replaced))
+        fleet.report(second, gpunode_facts.agent_status(overrides={5: ECC}))
+        wait(
+            f"{second} cordoned: the replaced node no longer holds the budget",
+            lambda: node(second)["spec"].get("unschedulable"),
+        )
+        written = recorder.records
+        for name in names[1:]:  # the agents' next heartbeats: the replay's clock runs up to here
+            fleet.report(name, gpunode_facts.agent_status(overrides={5: ECC} if name == second else None))
+        wait("the heartbeats recorded", lambda: recorder.records >= written + 2)
+    finally:
+        seen.follower.stop()
+        recorder.stop()
+        recorder_api.close()  # type: ignore[no-untyped-call]
+        policy = copy.deepcopy(
+            fleet.custom.get_cluster_custom_object(
+                resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, fleet.label
+            )
+        )
+        fleet.cleanup()
+
+    with traces.open_trace(trace) as (_, records):
+        deletions = [(r["kind"], r["name"]) for r in records if r.get("deleted")]
+    assert deletions == [("node", replaced), ("gpunode", replaced)], deletions
+    live = liveactions.actions(seen.versions, fleet.label)
+    did = liveactions.sequence(live)
+    assert did[replaced][:2] == ["Label health=healthy", "Drain"], did
+    assert "Drain" in did[second], did
+
+    policy.pop("status", None)
+    result = backtest.run(trace, policy, tick_seconds=TICK)
+    replayed = [a for a in result.actions if a.node in names]
+    assert liveactions.differences(live, replayed) == {}, (
+        f"live: {liveactions.sequence(live)}\nreplayed: {liveactions.sequence(replayed)}"
+    )
+    assert result.pending_nodes == set(), "no node waited for the budget in the replay"
 
 
 def _publish_slice(fleet: operator_harness.Fleet, node: str) -> None:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from gpuhealth_sim import backtest, cli, scoring, tracegen, traces
+from gpuhealth_sim import backtest, cli, dra, scoring, tracegen, traces
 from gpunode_facts import agent_status
 
 POLICY = pathlib.Path(__file__).parents[3] / "examples" / "default-policy.yaml"
@@ -30,9 +30,14 @@ def node(name: str, **labels: str) -> dict:
 
 
 def write_trace(
-    path: pathlib.Path, faults: dict[str, tuple[float, float]], minutes: int = 60
+    path: pathlib.Path,
+    faults: dict[str, tuple[float, float]],
+    minutes: int = 60,
+    deleted: dict[str, float] | None = None,
 ) -> pathlib.Path:
-    """Ten H100 nodes (n9 time-sliced) reporting every minute; `faults`: node → (DBE at, repaired at)."""
+    """Ten H100 nodes (n9 time-sliced) reporting every minute; `faults`: node → (DBE at, repaired at);
+    `deleted`: node → when its Node was deleted (the garbage collector's GPUNode deletion 1 s later)."""
+    gone = {t: name for name, t in (deleted or {}).items()}
     with traces.Writer(path, {"start": START.timestamp()}) as writer:
         for name, (start, end) in faults.items():
             writer.write(
@@ -42,8 +47,13 @@ def write_trace(
             labels = {"nvidia.com/gpu.replicas": "4"} if name == "n9" else {}
             writer.write({"kind": "node", "t": 0, "object": node(name, **labels)})
         for minute in range(minutes):
+            for t in sorted(t for t in gone if minute * 60 <= t < (minute + 1) * 60):
+                writer.write({"kind": "node", "t": t, "name": gone[t], "deleted": True})
+                writer.write({"kind": "gpunode", "t": t + 1, "name": gone[t], "deleted": True})
             for i, name in enumerate(NODES):
                 t = minute * 60 + i
+                if (deleted or {}).get(name, 1e9) <= t:
+                    continue
                 start, end = faults.get(name, (1e9, 1e9))
                 broken = {0: {"ecc": {"uncorrectedVolatile": 1}, "observedTime": stamp(start)}}
                 status = agent_status(
@@ -68,6 +78,43 @@ def test_every_dbe_node_is_drained_within_the_budget(tmp_path: pathlib.Path) -> 
     score = scoring.score(trace, result, baseline=False)
     assert score["fatal"]["recall"] == 1.0 and score["fatal"]["falseDisruptive"] == 0
     assert score["maxUnavailableRespected"]
+
+
+def test_a_node_deleted_while_drained_frees_the_budget_for_the_next_fault(tmp_path: pathlib.Path) -> None:
+    # A node with a DBE is often replaced rather than repaired: its Node is deleted while drained.
+    # Live, the next fatal node is drained at once; a replay that kept the deleted node cordoned
+    # left it Pending behind a node that no longer exists.
+    faults = {"n1": (600.0, 1e9), "n2": (1500.0, 1e9)}
+    trace = write_trace(tmp_path / "t.jsonl", faults, deleted={"n1": 1200.0})
+    result = backtest.run(trace, backtest.load_policy(POLICY))
+    drains = {a.node: a.t for a in result.actions if a.action == "Drain"}
+    assert drains.keys() == {"n1", "n2"}, result.actions
+    assert 1500 <= drains["n2"] < 1500 + 60, "drained at the first report of its fault"
+    assert result.pending_nodes == set(), "no node waited for the budget"
+    assert not [a for a in result.actions if a.node == "n1" and a.t >= 1200], "no action on a deleted node"
+    assert result.nodes == 10 and result.max_cordoned_by_policy == 1
+    end = 59 * 60 + 9  # the last report
+    out = (1200 - drains["n1"]) + (end - drains["n2"])
+    assert result.gpu_hours_out == pytest.approx(out / 3600 * 8), "n1's GPUs left service with it"
+    score = scoring.score(trace, result, baseline=False)
+    assert score["fatal"]["recall"] == 1.0 and score["fatal"]["falseDisruptive"] == 0
+
+
+def test_a_node_deleted_and_created_again_is_judged_as_a_new_one(tmp_path: pathlib.Path) -> None:
+    trace = write_trace(tmp_path / "t.jsonl", {"n1": (300.0, 1e9)}, minutes=20, deleted={"n1": 600.0})
+    with trace.open("a", encoding="utf-8") as out:  # the replacement joins under the same name, healthy
+        out.write(json.dumps({"kind": "node", "t": 1300, "object": node("n1")}) + "\n")
+        status = agent_status(heartbeat=stamp(1301), observed=stamp(1301))
+        out.write(json.dumps({"kind": "gpunode", "t": 1301, "name": "n1", "status": status}) + "\n")
+    result = backtest.run(trace, backtest.load_policy(POLICY))
+    on_n1 = [(a.action, a.t) for a in result.actions if a.node == "n1"]
+    assert [a for a, _ in on_n1] == [
+        "Label health=healthy",
+        "Drain",
+        "Label health=unhealthy",
+        "Label health=healthy",
+    ]
+    assert on_n1[-1][1] >= 1301, "the new node is labelled healthy, not uncordoned: it was never cordoned"
 
 
 def test_a_time_sliced_node_is_not_lost(tmp_path: pathlib.Path) -> None:
@@ -179,8 +226,11 @@ def dra_slice(name: str) -> dict:
     }
 
 
-def write_dra_trace(path: pathlib.Path, *, slices: bool, served: bool = True) -> pathlib.Path:
-    """Two nodes; GPU 3 of n1 has a DBE from 600 s to 1200 s; ResourceSlices of both if `slices`."""
+def write_dra_trace(
+    path: pathlib.Path, *, slices: bool, served: bool = True, replaced: bool = False
+) -> pathlib.Path:
+    """Two nodes; GPU 3 of n1 has a DBE from 600 s to 1200 s; ResourceSlices of both if `slices`;
+    if `replaced`, n1 is deleted at 900 s instead and GPU 3 of n0 has a DBE from 1200 s."""
     rules = {"version": "v1beta2" if served else None, "actedOn": True if served else None}
     with traces.Writer(path, {"start": START.timestamp()}) as writer:
         writer.write({"kind": "cluster", "t": 0, "deviceTaintRules": rules})
@@ -189,9 +239,15 @@ def write_dra_trace(path: pathlib.Path, *, slices: bool, served: bool = True) ->
             if slices:
                 writer.write({"kind": "resourceslice", "t": 0, "object": dra_slice(name)})
         for minute in range(40):
+            if replaced and minute == 15:
+                for kind in ("node", "gpunode", "resourceslice"):
+                    gone = dra.slice_name("n1") if kind == "resourceslice" else "n1"
+                    writer.write({"kind": kind, "t": 900, "name": gone, "deleted": True})
             for i, name in enumerate(("n0", "n1")):
                 t = minute * 60 + i
-                broken = name == "n1" and 600 <= t < 1200
+                if replaced and name == "n1" and t >= 900:
+                    continue
+                broken = (name == "n1" and 600 <= t < 1200) or (replaced and name == "n0" and t >= 1200)
                 overrides = {3: {"ecc": {"uncorrectedVolatile": 1}, "observedTime": stamp(600)}}
                 status = agent_status(
                     heartbeat=stamp(t), observed=stamp(0), overrides=overrides if broken else None
@@ -217,6 +273,16 @@ def test_without_dra_devices_or_rules_isolate_gpu_falls_back_to_the_node_ladder(
     result = backtest.run(trace, isolating_policy())
     on_n1 = [a.action for a in result.actions if a.node == "n1" and not a.action.startswith("Label")]
     assert on_n1 == ["Drain", "Uncordon"], result.actions
+
+
+def test_the_rule_of_a_deleted_node_goes_with_it_and_frees_the_gpu_budget(tmp_path: pathlib.Path) -> None:
+    policy = isolating_policy()
+    policy["spec"]["maxUnavailableGPUs"] = 1
+    result = backtest.run(write_dra_trace(tmp_path / "t.jsonl", slices=True, replaced=True), policy)
+    isolated = [(a.node, a.action, a.t) for a in result.actions if "GPU" in a.action]
+    assert [(n, a) for n, a, _ in isolated] == [("n1", "Isolate GPU 3"), ("n0", "Isolate GPU 3")], isolated
+    assert 1200 <= isolated[1][2] < 1260, "n0's GPU isolated at its first faulty report: n1's rule is gone"
+    assert not [a for a in result.actions if a.action in ("Cordon", "Drain")]
 
 
 def test_isolating_the_faulty_gpu_acts_on_the_fatal_fault(tmp_path: pathlib.Path) -> None:

@@ -41,3 +41,17 @@ def test_an_isolation_and_the_health_label_of_one_pass_compare_in_either_order()
     assert liveactions.differences(later, replayed) != {}, "not one pass: the order stands"
     first = [act(1, "Label health=healthy"), act(1.2, "Isolate GPU 3")]
     assert liveactions.sequence(first)["n1"] == ["Label health=healthy", "Isolate GPU 3"]
+
+
+def test_a_node_deleted_and_created_again_starts_afresh() -> None:
+    def version(*, cordoned: bool) -> dict:
+        annotations = {"gpuhealth.io/cordoned-by": "p"} if cordoned else {}
+        return {"metadata": {"name": "n1", "annotations": annotations}, "spec": {"unschedulable": cordoned}}
+
+    records = [
+        {"kind": "node", "t": 1.0, "object": version(cordoned=False)},
+        {"kind": "node", "t": 2.0, "object": version(cordoned=True)},
+        {"kind": "node", "t": 3.0, "name": "n1", "deleted": True},
+        {"kind": "node", "t": 4.0, "object": version(cordoned=False)},  # the replacement: never cordoned
+    ]
+    assert liveactions.sequence(liveactions.from_trace(records, "p")) == {"n1": ["Cordon"]}
