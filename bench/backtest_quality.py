@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from gpuhealth_operator.decisions import stragglers
-from gpuhealth_sim import backtest, backtestcli, scoring, tracegen
+from gpuhealth_sim import backtest, backtestcli, scoring, tracegen, traces
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 POLICY = ROOT / "examples" / "default-policy.yaml"
@@ -38,7 +38,7 @@ TARGETS = {
 def measure(node_days: float, seed: int, workdir: pathlib.Path, tick_seconds: float) -> dict[str, Any]:
     trace = workdir / f"bench-{node_days:g}nd-seed{seed}.jsonl.gz"
     generated = None
-    if not trace.exists():
+    if not trace.exists() or _revision(trace) != tracegen.REVISION:
         began = time.perf_counter()
         tracegen.generate(tracegen.Options(node_days, seed), trace)
         generated = time.perf_counter() - began
@@ -47,6 +47,15 @@ def measure(node_days: float, seed: int, workdir: pathlib.Path, tick_seconds: fl
     report = {**result.to_json(), "score": score}
     trace.with_suffix(".backtest.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
     return {"trace": trace, "generated": generated, "result": result, "score": score}
+
+
+def _revision(trace: pathlib.Path) -> object:
+    """The generator revision a cached trace was written by (None: unreadable or before revisions)."""
+    try:
+        with traces.open_trace(trace) as (header, _):
+            return (header.get("generator") or {}).get("revision")
+    except traces.TraceError:
+        return None
 
 
 def per_sample(trace: pathlib.Path, tick_seconds: float) -> dict[str, Any]:

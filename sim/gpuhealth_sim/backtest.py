@@ -221,9 +221,11 @@ class Replay:
         self.gpus: dict[str, int] = {}
         self.out_since: dict[str, float] = {}
         self.label_cleared: dict[tuple[str, str], float] = {}
+        self.joined: dict[str, float] = {}
+        """Each Node in the fleet: when it joined (`t`)."""
         self.gone_nodes: set[str] = set()
         self.gone_node_seconds = 0.0
-        """Of the Nodes deleted: their names, and their seconds in the fleet (from the trace's start)."""
+        """Of the Nodes deleted: their names, and their seconds in the fleet."""
         self.seen_events = 0
         self.seen_rules = 0
         self.result = Result(self.name, bool(policy.get("spec", {}).get("dryRun")), 0.0, 0)
@@ -282,6 +284,7 @@ class Replay:
         labels = body["metadata"].get("labels") or {}
         self.gpus[name] = int(labels.get(keys.GPU_COUNT_LABEL) or capacity or 0)
         self.client.put_node(body)
+        self.joined.setdefault(name, self.t)
         self.client.touched[name] = None
         await handlers.on_node(_event("MODIFIED", dict(body)), memo=self.ctx)  # a copy: the handler trims it
 
@@ -296,7 +299,7 @@ class Replay:
         self._back_in_service(name)
         self.states.pop(name, None)
         self.label_cleared = {key: t for key, t in self.label_cleared.items() if key[0] != name}
-        self.gone_node_seconds += self.t
+        self.gone_node_seconds += self.t - self.joined.pop(name, 0.0)
         self.gone_nodes.add(name)
         await handlers.on_node(_event("DELETED", body), memo=self.ctx)
 
@@ -450,7 +453,8 @@ class Replay:
         for name in list(self.out_since):
             self._back_in_service(name)
         self.result.nodes = len(self.client.nodes.keys() | self.gone_nodes)
-        self.result.node_days = (len(self.client.nodes) * self.t + self.gone_node_seconds) / 86_400
+        present = sum(self.t - self.joined.get(name, 0.0) for name in self.client.nodes)
+        self.result.node_days = (present + self.gone_node_seconds) / 86_400
         policy = self.ctx.cache.policies.get(self.name)
         if policy is not None:
             from gpuhealth_operator.decisions import policies  # noqa: PLC0415 - only for the figure

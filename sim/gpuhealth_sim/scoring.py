@@ -211,6 +211,10 @@ def baseline_flags(trace: pathlib.Path) -> list[Flag]:
                 latest = {}
                 boundary += period
             name = record["name"]
+            if record.get("deleted"):
+                last.pop(name, None)  # gone from the fleet (and from its cohort) before this round
+                latest.pop(name, None)
+                continue
             if "status" in record:
                 status = record["status"]
             else:

@@ -6,7 +6,8 @@ at the operator:
 
 - fatal faults: uncorrectable ECC (DBE), row-remap failure, XID 79/48/94/95,
   a lost GPU, a driver-requested recovery action; each held until a repair
-  (a driver reload that resets the volatile counters) hours later;
+  (a driver reload that resets the volatile counters) hours later, except a
+  row-remap failure or a lost GPU: that node is replaced (REPLACED_FAULTS);
 - real stragglers (one job's node 5-30 % slower for hours, under load);
 - thermal episodes (one or two GPUs at their slowdown temperature) and
   hardware power-brake episodes (minutes);
@@ -44,6 +45,9 @@ from gpuhealth_agent import changes
 from gpuhealth_api import heartbeats, keys
 from gpuhealth_sim import traces
 
+REVISION: Final = 2
+"""Of the generator, in each trace's header: a new one when the same seed writes a different trace
+(2: nodes with a row-remap failure or a lost GPU are replaced), so a cached trace is known stale."""
 START: Final = datetime.datetime(2026, 1, 5, tzinfo=datetime.UTC)
 """Traces start at a fixed instant, so the same seed writes the same bytes."""
 DAY: Final = 86_400.0
@@ -77,6 +81,12 @@ FATAL_FAULTS: Final = (
     "GPULost",
     "RecoveryAction",
 )
+REPLACED_FAULTS: Final = frozenset({"RowRemapFailure", "GPULost"})
+"""Faults whose node is replaced rather than repaired: a row-remap failure sends the GPU back to its
+maker, a GPU lost from the bus rarely returns without service. At the fault's end the Node and its
+GPUNode are deleted (the fault's `replacedBy` names the new node), and a new node of the same kind
+joins PROVISION_SECONDS later, with the rest of the old node's episodes."""
+PROVISION_SECONDS: Final = 900.0
 DBE_XID: Final = 48
 ECC_XIDS: Final = frozenset({DBE_XID, 94, 95})
 """XIDs the driver logs for an uncorrectable ECC error (48 double-bit; 94 contained, 95 uncontained)."""
@@ -130,6 +140,9 @@ class NodePlan:
     load: float = 0.9
     ecc_corrected: int = 0
     boot: int = 0
+    joins: float = 0.0
+    leaves: float = math.inf
+    """When the node is in the fleet: a replaced node leaves, its replacement joins (REPLACED_FAULTS)."""
 
 
 def default_nodes(node_days: float) -> int:
@@ -155,7 +168,23 @@ def plan_fleet(options: Options) -> tuple[list[NodePlan], float]:
         plans.append(
             NodePlan(name, board, sharing, rng.uniform(0, options.sample_seconds), _episodes(rng, duration))
         )
-    return plans, duration
+    return plans + [r for p in plans if (r := _replacement(p, duration)) is not None], duration
+
+
+def _replacement(plan: NodePlan, duration: float) -> NodePlan | None:
+    """The node that replaces `plan`'s after a fault in REPLACED_FAULTS, with the episodes after it
+    (None: no such fault, or its node is still faulty when the trace ends)."""
+    fatal = next(
+        (e for e in plan.episodes if e.kind == "fatal" and e.detail["fault"] in REPLACED_FAULTS), None
+    )
+    if fatal is None or fatal.end + PROVISION_SECONDS >= duration:
+        return None
+    new = dataclasses.replace(plan, name=f"{plan.name}-r", joins=fatal.end + PROVISION_SECONDS)
+    new.episodes = [e for e in plan.episodes if e.start >= new.joins]
+    plan.episodes = [e for e in plan.episodes if e.start < fatal.end]
+    plan.leaves = fatal.end
+    fatal.detail["replacedBy"] = new.name
+    return new
 
 
 def _pick_model(index: int, count: int) -> str:
@@ -433,17 +462,20 @@ def generate(options: Options, out: pathlib.Path) -> dict[str, int]:
     """Write the trace; counts of what it holds (records, nodes, truth records)."""
     rng = random.Random(options.seed + 1)
     plans, duration = plan_fleet(options)
+    present = {p.name for p in plans if p.joins == 0}
     header = {
         "start": START.timestamp(),
         "generator": {
+            "revision": REVISION,
             "nodeDays": options.node_days,
             "seed": options.seed,
-            "nodes": len(plans),
+            "nodes": len(present),
+            "replaced": len(plans) - len(present),
             "sampleSeconds": options.sample_seconds,
             "heartbeatSeconds": options.heartbeat_seconds,
         },
     }
-    counts = {"nodes": len(plans), "records": 0, "truth": 0}
+    counts = {"nodes": len(present), "records": 0, "truth": 0}
     period = options.heartbeat_seconds or options.sample_seconds
     samplers = {p.name: _Sampler(p, random.Random(rng.random()), period) for p in plans}
     with traces.Writer(out, header) as writer:
@@ -452,7 +484,8 @@ def generate(options: Options, out: pathlib.Path) -> dict[str, int]:
                 writer.write(truth)
                 counts["truth"] += 1
         for plan in plans:
-            writer.write({"kind": "node", "t": 0.0, "object": node_object(plan, False)})
+            if plan.name in present:
+                writer.write({"kind": "node", "t": 0.0, "object": node_object(plan, False)})
         order = sorted(plans, key=lambda p: p.phase)
         last: dict[str, dict[str, Any]] = {}
         cordoned: dict[str, bool] = {p.name: False for p in plans}
@@ -460,12 +493,31 @@ def generate(options: Options, out: pathlib.Path) -> dict[str, int]:
         for step in range(steps + 1):
             for plan in order:
                 t = step * options.sample_seconds + plan.phase
-                if t >= duration:
+                if t >= duration or t < plan.joins:
+                    continue
+                if t >= plan.leaves or plan.name not in present:
+                    counts["records"] += _join_or_leave(writer, plan, t, present)
+                if t >= plan.leaves:
                     continue
                 counts["records"] += _sample_node(
                     writer, plan, samplers[plan.name], t, last, cordoned, options.heartbeat_seconds
                 )
     return counts
+
+
+def _join_or_leave(writer: traces.Writer, plan: NodePlan, t: float, present: set[str]) -> int:
+    """A replacement's Node at its first sample; a replaced node's deletion (its Node, then the
+    garbage collector's of its GPUNode) at its first sample time after it left."""
+    if plan.name not in present and t < plan.leaves:
+        present.add(plan.name)
+        writer.write({"kind": "node", "t": round(t, 3), "object": node_object(plan, False)})
+        return 1
+    if plan.name in present and t >= plan.leaves:
+        present.discard(plan.name)
+        for kind in ("node", "gpunode"):
+            writer.write({"kind": kind, "t": round(t, 3), "name": plan.name, "deleted": True})
+        return 2
+    return 0
 
 
 def _sample_node(  # noqa: PLR0917 - one sample's inputs

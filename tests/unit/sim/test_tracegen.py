@@ -9,9 +9,10 @@ import pytest
 import yaml
 
 from gpuhealth_api import faults, xid_catalogue
-from gpuhealth_sim import tracegen, traces
+from gpuhealth_sim import backtest, scoring, tracegen, traces
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
+POLICY = ROOT / "examples" / "default-policy.yaml"
 
 
 def digest(path: pathlib.Path) -> str:
@@ -116,3 +117,29 @@ def test_an_ecc_xid_comes_with_the_uncorrectable_count_it_logs() -> None:
         )
         assert gpu["ecc"]["uncorrectedVolatile"] >= 1
         assert gpu["remappedRows"]["pending"] is (code != 48)
+
+
+def test_a_node_with_a_row_remap_failure_or_a_lost_gpu_is_replaced(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "t.jsonl.gz"
+    tracegen.generate(tracegen.Options(node_days=20, seed=33, nodes=12), path)  # a row-remap failure
+    header, truth = traces.read_truth(path)
+    [fault] = [t for t in truth if t["type"] == "fatal" and "replacedBy" in t]
+    assert fault["fault"] in tracegen.REPLACED_FAULTS and header["generator"]["replaced"] == 1
+    with traces.open_trace(path) as (_, records):
+        seen = [r for r in records if r["kind"] in ("node", "gpunode")]
+    old, new = fault["node"], fault["replacedBy"]
+    gone = [(r["kind"], r["t"]) for r in seen if r.get("name") == old and r.get("deleted")]
+    assert [k for k, _ in gone] == ["node", "gpunode"] and fault["end"] <= gone[0][1] < fault["end"] + 60
+    assert not [r for r in seen if r.get("name") == old and r["t"] > gone[0][1]], "nothing after it left"
+    joined = next(r for r in seen if r.get("object", {}).get("metadata", {}).get("name") == new)
+    assert joined["t"] >= fault["end"] + tracegen.PROVISION_SECONDS
+    models = {t["node"]: t["model"] for t in truth if t["type"] == "node"}
+    assert models[new] == models[old]
+
+    result = backtest.run(path, backtest.load_policy(POLICY))
+    on_old = [a for a in result.actions if a.node == old and a.action in ("Cordon", "Drain", "Uncordon")]
+    assert [a.action for a in on_old] == ["Drain"], "drained, then replaced: never uncordoned"
+    assert not [a for a in result.actions if a.node == old and a.t > gone[0][1]]
+    assert [a.action for a in result.actions if a.node == new] == ["Label health=healthy"]
+    score = scoring.score(path, result)  # the baseline rule's reading of the trace too
+    assert score["fatal"]["acted"] == score["fatal"]["faults"] and score["fatal"]["falseDisruptive"] == 0
