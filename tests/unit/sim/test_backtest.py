@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from gpuhealth_sim import backtest, cli, dra, scoring, tracegen, traces
+from gpuhealth_sim import backtest, backtestcli, cli, dra, scoring, tracegen, traces
 from gpunode_facts import agent_status
 
 POLICY = pathlib.Path(__file__).parents[3] / "examples" / "default-policy.yaml"
@@ -167,6 +167,42 @@ def test_the_commands_generate_and_backtest(
     (tmp_path / "bad.jsonl").write_text("{}\n")
     assert cli.main(["backtest", "--policy", str(POLICY), "--trace", str(tmp_path / "bad.jsonl")]) == 3
     assert "bad.jsonl:1: not a gpu-health trace" in capsys.readouterr().err
+
+
+def test_two_policies_are_replayed_side_by_side_as_each_alone(tmp_path: pathlib.Path) -> None:
+    trace = tmp_path / "g.jsonl.gz"
+    tracegen.generate(tracegen.Options(node_days=3, seed=18, nodes=12), trace)
+    dry = backtest.load_policy(POLICY)
+    dry["metadata"]["name"], dry["spec"]["dryRun"] = "dry", True
+    policies = [backtest.load_policy(POLICY), dry]
+    together = backtestcli.replay_all(trace, policies, 30.0, score=True)
+    alone = [backtestcli.replay(trace, p, 30.0, score=True, baseline=i == 0) for i, p in enumerate(policies)]
+    assert [r.policy for r, _ in together] == ["default", "dry"], "in the order given"
+    for (result, score), (expected, expected_score) in zip(together, alone, strict=True):
+        assert result.actions == expected.actions and result.events == expected.events
+        assert score == expected_score
+    assert together[0][1] is not None and "baselineStragglers" in together[0][1], "beside the first only"
+    assert together[1][1] is not None and "baselineStragglers" not in together[1][1]
+    assert [a.action for a in together[1][0].actions if a.action in ("Cordon", "Drain")] == []
+
+
+def test_a_bad_trace_is_named_when_policies_are_replayed_side_by_side(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "cut.jsonl").write_text(
+        '{"kind": "header", "format": "gpu-health-trace", "version": 3, "start": 0}\n{"kind"'
+    )
+    args = [
+        "backtest",
+        "--policy",
+        str(POLICY),
+        "--policy",
+        str(POLICY),
+        "--trace",
+        str(tmp_path / "cut.jsonl"),
+    ]
+    assert cli.main(args) == 3
+    assert "cut.jsonl:2: truncated trace" in capsys.readouterr().err
 
 
 def test_the_recorded_operators_own_cordon_is_not_replayed_as_a_humans(tmp_path: pathlib.Path) -> None:
