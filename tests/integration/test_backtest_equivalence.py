@@ -19,7 +19,6 @@ trace records the ResourceSlices it matches GPUs on and whether the cluster
 acts on rules, so the replay isolates the same GPU, not the node.
 """
 
-import copy
 import json
 import secrets
 import signal
@@ -27,7 +26,7 @@ import subprocess
 import sys
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +75,40 @@ class NodeVersions:
                 self.versions.append(
                     (at, {"metadata": {"name": name}, "deleted": True} if kind == "DELETED" else obj)
                 )
+
+
+def _heartbeats(
+    fleet: operator_harness.Fleet, recorder: tracerecord.Recorder, statuses: dict[str, Any]
+) -> None:
+    """The agents' next heartbeats, recorded: the replay's clock runs up to here."""
+    written = recorder.records
+    for name, status in statuses.items():
+        fleet.report(name, status)
+    waiting.wait_until(
+        lambda: recorder.records >= written + len(statuses),
+        timeout_seconds=TIMEOUT,
+        message="the heartbeats recorded",
+    )
+
+
+def _policy(fleet: operator_harness.Fleet) -> dict[str, Any]:
+    """The policy as the live operator read it, without its status (the replay writes its own)."""
+    policy: dict[str, Any] = fleet.custom.get_cluster_custom_object(
+        resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, fleet.label
+    )
+    policy.pop("status", None)
+    return policy
+
+
+def _replayed_as_live(
+    trace: Path, policy: dict[str, Any], live: list[backtest.Action], names: Collection[str]
+) -> backtest.Result:
+    result = backtest.run(trace, policy, tick_seconds=TICK)
+    replayed = [a for a in result.actions if a.node in names]
+    assert liveactions.differences(live, replayed) == {}, (
+        f"live: {liveactions.sequence(live)}\nreplayed: {liveactions.sequence(replayed)}"
+    )
+    return result
 
 
 def test_the_backtest_of_a_recorded_run_decides_what_the_live_operator_did(
@@ -148,19 +181,12 @@ def test_the_backtest_of_a_recorded_run_decides_what_the_live_operator_did(
             f"{ecc} labelled healthy again",
             lambda: node(ecc)["metadata"]["labels"].get(keys.HEALTH_LABEL) == "healthy",
         )
-        written = recorder.records
-        for name in names:  # the agents' next heartbeats: the replay's clock runs up to here
-            fleet.report(name, gpunode_facts.agent_status())
-        wait("the heartbeats recorded", lambda: recorder.records >= written + len(names))
+        _heartbeats(fleet, recorder, {name: gpunode_facts.agent_status() for name in names})
     finally:
         seen.follower.stop()
         recorder.stop()
         recorder_api.close()  # type: ignore[no-untyped-call]
-        policy = copy.deepcopy(
-            fleet.custom.get_cluster_custom_object(
-                resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, fleet.label
-            )
-        )
+        policy = _policy(fleet)
         fleet.cleanup()
 
     live = liveactions.actions(seen.versions, fleet.label)
@@ -180,12 +206,7 @@ def test_the_backtest_of_a_recorded_run_decides_what_the_live_operator_did(
         recorded = liveactions.from_trace(list(records), fleet.label)
     assert liveactions.differences(live, recorded) == {}, "the trace holds every Node change the watch saw"
 
-    policy.pop("status", None)
-    result = backtest.run(trace, policy, tick_seconds=TICK)
-    replayed = [a for a in result.actions if a.node in names]
-    assert liveactions.differences(live, replayed) == {}, (
-        f"live: {liveactions.sequence(live)}\nreplayed: {liveactions.sequence(replayed)}"
-    )
+    _replayed_as_live(trace, policy, live, names)
 
 
 def test_a_node_replaced_while_drained_frees_the_budget_live_and_in_the_backtest(
@@ -244,35 +265,24 @@ def test_a_node_replaced_while_drained_frees_the_budget_live_and_in_the_backtest
             f"{second} cordoned: the replaced node no longer holds the budget",
             lambda: node(second)["spec"].get("unschedulable"),
         )
-        written = recorder.records
-        for name in names[1:]:  # the agents' next heartbeats: the replay's clock runs up to here
-            fleet.report(name, gpunode_facts.agent_status(overrides={5: ECC} if name == second else None))
-        wait("the heartbeats recorded", lambda: recorder.records >= written + 2)
+        broken = gpunode_facts.agent_status(overrides={5: ECC})
+        _heartbeats(fleet, recorder, {names[2]: gpunode_facts.agent_status(), second: broken})
     finally:
         seen.follower.stop()
         recorder.stop()
         recorder_api.close()  # type: ignore[no-untyped-call]
-        policy = copy.deepcopy(
-            fleet.custom.get_cluster_custom_object(
-                resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, fleet.label
-            )
-        )
+        policy = _policy(fleet)
         fleet.cleanup()
 
     with traces.open_trace(trace) as (_, records):
-        deletions = [(r["kind"], r["name"]) for r in records if r.get("deleted")]
+        deletions = [(r["kind"], r["name"]) for r in records if r.get("deleted") and r["name"] in names]
     assert deletions == [("node", replaced), ("gpunode", replaced)], deletions
     live = liveactions.actions(seen.versions, fleet.label)
     did = liveactions.sequence(live)
     assert did[replaced][:2] == ["Label health=healthy", "Drain"], did
     assert "Drain" in did[second], did
 
-    policy.pop("status", None)
-    result = backtest.run(trace, policy, tick_seconds=TICK)
-    replayed = [a for a in result.actions if a.node in names]
-    assert liveactions.differences(live, replayed) == {}, (
-        f"live: {liveactions.sequence(live)}\nreplayed: {liveactions.sequence(replayed)}"
-    )
+    result = _replayed_as_live(trace, policy, live, names)
     assert result.pending_nodes == set(), "no node waited for the budget in the replay"
 
 
@@ -346,21 +356,11 @@ def test_the_backtest_isolates_the_gpu_the_live_operator_isolated_on_a_dra_node(
             fleet.report(name, gpunode_facts.agent_status())  # a driver reload reset the volatile counter
         wait(f"GPU 3 of {gpu_node} restored", lambda: rules() == [])
         wait(f"{plugin_node} uncordoned", lambda: not node(plugin_node)["spec"].get("unschedulable"))
-        written = recorder.records
-        for name in (
-            gpu_node,
-            plugin_node,
-        ):  # the agents' next heartbeats: the replay's clock runs up to here
-            fleet.report(name, gpunode_facts.agent_status())
-        wait("the heartbeats recorded", lambda: recorder.records >= written + 2)
+        _heartbeats(fleet, recorder, {name: gpunode_facts.agent_status() for name in (gpu_node, plugin_node)})
     finally:
         recorder.stop()
         recorder_api.close()  # type: ignore[no-untyped-call]
-        policy = copy.deepcopy(
-            fleet.custom.get_cluster_custom_object(
-                resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, fleet.label
-            )
-        )
+        policy = _policy(fleet)
         _delete_slice(fleet, gpu_node)
         fleet.cleanup()
 
@@ -373,12 +373,7 @@ def test_the_backtest_isolates_the_gpu_the_live_operator_isolated_on_a_dra_node(
     assert did[gpu_node] == ["Isolate GPU 3", "Restore GPU 3"], did
     assert did[plugin_node] == ["Drain", "Uncordon"], did
 
-    policy.pop("status", None)
-    result = backtest.run(trace, policy, tick_seconds=TICK)
-    replayed = [a for a in result.actions if a.node in (gpu_node, plugin_node)]
-    assert liveactions.differences(live, replayed) == {}, (
-        f"live: {liveactions.sequence(live)}\nreplayed: {liveactions.sequence(replayed)}"
-    )
+    _replayed_as_live(trace, policy, live, (gpu_node, plugin_node))
 
 
 def test_record_ends_with_a_complete_trace_on_ctrl_c_and_at_its_bounds(
