@@ -158,6 +158,8 @@ class Result:
     max_cordoned_by_policy: int = 0
     max_unavailable_limit: int = 0
     pending_nodes: set[str] = dataclasses.field(default_factory=set)
+    deleted_nodes: list[tuple[float, str]] = dataclasses.field(default_factory=list)
+    """(t, node) of each Node deleted during the trace (replaced, or scaled in): not an action."""
     gpu_hours_out: float = 0.0
     label_flaps: int = 0
     seconds: float = 0.0
@@ -180,6 +182,7 @@ class Result:
             "maxCordonedByPolicy": self.max_cordoned_by_policy,
             "maxUnavailable": self.max_unavailable_limit,
             "pendingNodes": sorted(self.pending_nodes),
+            "deletedNodes": [{"t": round(t, 3), "node": node} for t, node in self.deleted_nodes],
             "gpuHoursOutOfService": round(self.gpu_hours_out, 1),
             "labelFlaps": self.label_flaps,
             "replaySeconds": round(self.seconds, 2),
@@ -301,6 +304,7 @@ class Replay:
         self.label_cleared = {key: t for key, t in self.label_cleared.items() if key[0] != name}
         self.gone_node_seconds += self.t - self.joined.pop(name, 0.0)
         self.gone_nodes.add(name)
+        self.result.deleted_nodes.append((self.t, name))
         await handlers.on_node(_event("DELETED", body), memo=self.ctx)
 
     async def _gpunode_deleted(self, name: str) -> None:

@@ -199,9 +199,11 @@ def print_text(result: backtest.Result, score: dict[str, Any] | None) -> None:
     for action in result.actions:
         if not action.action.startswith("Label health="):
             per_node.setdefault(action.node, []).append(action)
+    for t, node in result.deleted_nodes:  # not the policy's doing, but why its actions stop there
+        per_node.setdefault(node, []).append(backtest.Action(t, node, "(Node deleted)", ""))
     for node in sorted(per_node):
         print(f"  {node}")
-        for action in per_node[node]:
+        for action in sorted(per_node[node], key=lambda a: a.t):
             reason = f" ({action.reason})" if action.reason else ""
             print(f"    {_clock(action.t)}  {action.action}{reason}")
     print(

@@ -80,7 +80,9 @@ def test_every_dbe_node_is_drained_within_the_budget(tmp_path: pathlib.Path) -> 
     assert score["maxUnavailableRespected"]
 
 
-def test_a_node_deleted_while_drained_frees_the_budget_for_the_next_fault(tmp_path: pathlib.Path) -> None:
+def test_a_node_deleted_while_drained_frees_the_budget_for_the_next_fault(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # A node with a DBE is often replaced rather than repaired: its Node is deleted while drained.
     # Live, the next fatal node is drained at once; a replay that kept the deleted node cordoned
     # left it Pending behind a node that no longer exists.
@@ -98,6 +100,10 @@ def test_a_node_deleted_while_drained_frees_the_budget_for_the_next_fault(tmp_pa
     assert result.gpu_hours_out == pytest.approx(out / 3600 * 8), "n1's GPUs left service with it"
     score = scoring.score(trace, result, baseline=False)
     assert score["fatal"]["recall"] == 1.0 and score["fatal"]["falseDisruptive"] == 0
+    assert result.summary()["deletedNodes"] == [{"t": 1200.0, "node": "n1"}]
+    backtestcli.print_text(result, None)
+    report = capsys.readouterr().out
+    assert report.index("Drain") < report.index("d0 00:20:00  (Node deleted)") < report.index("  n2")
 
 
 def test_a_node_deleted_and_created_again_is_judged_as_a_new_one(tmp_path: pathlib.Path) -> None:
