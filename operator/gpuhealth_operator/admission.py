@@ -53,6 +53,7 @@ class Admission:
         name: str,
         nodes: cache.ClusterCache,
         wanting: Mapping[str, Mapping[str, budget.Rank]],
+        now: datetime.datetime,
     ) -> bool:
         """Ask every acting policy that selects the node (`policy` first); if all admit it, it is in flight
         until `release`. `wanting` is policy → node → rank for the nodes each policy wants to cordon or drain.
@@ -61,18 +62,17 @@ class Admission:
             budgets = self._budgets(policy, name, nodes)
             if not budgets or not budget.admits_all(name, budgets, self._ranks(nodes, wanting)):
                 return False
-            if not self._breakers_admit(name, budgets):
+            if not self._breakers_admit(name, budgets, now):
                 return False
             self.in_flight.add(name)
             return True
 
-    def _breakers_admit(self, name: str, budgets: list[budget.Budget]) -> bool:
+    def _breakers_admit(self, name: str, budgets: list[budget.Budget], now: datetime.datetime) -> bool:
         """Every selecting policy's breaker, stepped to now, lets the disruption start.
 
         All are decided before any is changed, so a half-open breaker's one trial
         is not spent on a node another policy's breaker refuses.
         """
-        now = datetime.datetime.now(datetime.UTC)
         selecting = [b for b in budgets if name in b.selected]
         decided = [
             breaker.admit(

@@ -552,10 +552,10 @@ class ClusterCache:
             return record
         return old
 
-    def refresh_gpunode(self, body: Mapping[str, Any]) -> GPUNodeRecord | None:
+    def refresh_gpunode(self, body: Mapping[str, Any], now: datetime.datetime) -> GPUNodeRecord | None:
         """Store the API server's answer to our write; None (and nothing stored) if the GPUNode is gone."""
         name = str((body.get("metadata") or {}).get("name", ""))
-        return self.put_gpunode(body) if name in self._gpunodes else None
+        return self.put_gpunode(body, now) if name in self._gpunodes else None
 
     def remove_gpunode(self, name: str) -> None:
         if self._gpunodes.pop(name, None) is not None:

@@ -183,4 +183,4 @@ async def _annotate(ctx: context.Context, name: str, annotations: dict[str, str 
             await _say(ctx, name, NODE_KEY, message, events.WARNING)
             return False
         raise
-    return ctx.cache.refresh_gpunode(body) is not None
+    return ctx.cache.refresh_gpunode(body, ctx.clock()) is not None

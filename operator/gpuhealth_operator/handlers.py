@@ -78,7 +78,7 @@ async def fetch_gpunode(memo: context.Context, name: str) -> None:
             logger.warning("could not read GPUNode %s (its next report brings it): %s", name, error)
         return
     if memo.cache.node(name) is not None:
-        memo.cache.put_gpunode(body)
+        memo.cache.put_gpunode(body, memo.clock())
 
 
 async def on_gpunode(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None:
@@ -91,7 +91,7 @@ async def on_gpunode(event: kopf.RawEvent, memo: context.Context, **_: Any) -> N
         memo.forget_node(name)
         return
     before = memo.cache.gpunode(name)
-    after = memo.cache.put_gpunode(body)
+    after = memo.cache.put_gpunode(body, memo.clock())
     release(body)
     if before is None or before.resource_version != after.resource_version:
         await reconciler.reconcile_node(memo, name, "gpunode")
@@ -103,7 +103,7 @@ async def on_agent_pod(event: kopf.RawEvent, memo: context.Context, **_: Any) ->
     Turning NotReady changes no verdict at once (`decisions.liveness` gives a grace); the timer
     judges such a node every tick until then.
     """
-    now = reconciler.utcnow()
+    now = memo.clock()
     body = event["object"]
     if event["type"] == DELETED:
         node = memo.agent_pods.deleted(body, now)

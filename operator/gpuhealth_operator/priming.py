@@ -113,7 +113,7 @@ async def prime(ctx: context.Context) -> Primed:
         await reconciler.policy_deleted(ctx, name)
 
     if ctx.config.agent_pod_selector:
-        now = reconciler.utcnow()
+        now = ctx.clock()
         query = {"labelSelector": ctx.config.agent_pod_selector}
         count = 0
         async for items, _ in ctx.client.pages(PODS_PATH, query):

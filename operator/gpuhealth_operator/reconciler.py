@@ -24,7 +24,6 @@ the pass stops at the next look-up that finds it gone.
 from __future__ import annotations
 
 import asyncio
-import collections
 import datetime
 import logging
 from collections.abc import Mapping
@@ -60,10 +59,6 @@ NODE_CONDITION: dict[Health, str] = {
     Health.UNKNOWN: "Unknown",
 }
 """GPUHealthy status per health: Degraded GPUs still work, so other tools should not remediate them."""
-
-
-def utcnow() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
 
 
 def selecting_policies(ctx: context.Context, record: cache.NodeRecord) -> list[model.Policy]:
@@ -313,7 +308,7 @@ async def _write_status(
     desired = desired_status(ctx, policy, name, verdict, action)
     if gpunode is None or not _differs(dict(gpunode.status), desired):
         return
-    ctx.cache.refresh_gpunode(await status.apply_gpunode(ctx.client, name, desired))
+    ctx.cache.refresh_gpunode(await status.apply_gpunode(ctx.client, name, desired), ctx.clock())
 
 
 async def _node_condition(
@@ -365,7 +360,7 @@ def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
         if not rules:
             continue
         threshold = rules[0].threshold or policies.DEFAULT_STRAGGLER_THRESHOLD
-        cohorts: dict[stragglers.Cohort, dict[str, float]] = collections.defaultdict(dict)
+        performance: dict[str, stragglers.Performance] = {}
         agents: dict[str, Mapping[str, Any]] = {}
         pods = ctx.agent_pods.nodes
         for name in sorted(ctx.cache.selection(policy).selected):  # a stable cohort order
@@ -373,12 +368,10 @@ def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
             if gpunode is None or signals.agent_is_stale(
                 gpunode.stale_limit, gpunode.report_age(now), now, pods.get(name)
             ):
-                continue  # its numbers are old (`stragglers.score_cohorts`)
-            cohort, value = gpunode.performance
-            if cohort is not None and value is not None:
-                cohorts[cohort][name] = value
-                agents[name] = gpunode.status["agent"]  # a dict: a fresh agent's facts have one
-        for name, score in stragglers.judge_cohorts(cohorts, threshold).items():
+                continue  # its numbers are old: out of its cohort's statistics
+            performance[name] = gpunode.performance
+            agents[name] = gpunode.status.get("agent") or {}
+        for name, score in stragglers.judge_nodes(performance, threshold).items():
             agent = agents[name]
             ctx.stragglers[(policy.name, name)] = stragglers.windowed(
                 ctx.straggler_samples[(policy.name, name)],

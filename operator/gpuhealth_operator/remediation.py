@@ -215,7 +215,7 @@ async def _cordon(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict, now: datetime.datetime
 ) -> bool:
     """Cordon within the budget; False when the budget says wait (True too when the Node is gone)."""
-    if not await ctx.admission.admit(policy, name, ctx.cache, ctx.verdicts.wanting):
+    if not await ctx.admission.admit(policy, name, ctx.cache, ctx.verdicts.wanting, now):
         return False
 
     tainted = False

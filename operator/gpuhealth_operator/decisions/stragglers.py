@@ -64,7 +64,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from gpuhealth_api import faults, status
-from gpuhealth_operator.decisions import gpu_facts, liveness, model, signals
+from gpuhealth_operator.decisions import gpu_facts, model, signals
 
 MIN_PEERS: Final = 4
 MAD_TO_SIGMA: Final = 0.6745
@@ -85,39 +85,14 @@ Cohort = tuple[str, str]
 """(GPU model, driver version)."""
 
 
-def score_cohorts(
-    members: Mapping[str, status.GPUNodeStatus],
-    threshold: float,
-    now: datetime.datetime,
-    report_ages: Mapping[str, float] | None = None,
-    agent_pods: Mapping[str, liveness.AgentPod] | None = None,
-    *,
-    performance: Mapping[str, Performance] | None = None,
-) -> dict[str, model.StragglerScore]:
-    """A StragglerScore for every node that has a score, keyed by node name.
-
-    `report_ages`: seconds since the operator saw each node's last new agent report
-    (see `signals.agent_stale`); a node not in it counts as just seen. `agent_pods`: each
-    node's agent pod as last seen (see `liveness`); a node not in it has none known.
-    `performance`: each node's `performance(facts)` if the caller keeps it (it changes only
-    with the facts); computed here for a node not in it.
-    """
+def judge_nodes(performance: Mapping[str, Performance], threshold: float) -> dict[str, model.StragglerScore]:
+    """A StragglerScore for every node with a score, keyed by node name: each node's `performance`
+    (its facts' cohort and score, `performance_of`) judged against its cohort's. The caller leaves out
+    the nodes whose numbers are old (a stale agent, `signals.agent_is_stale`)."""
     cohorts: dict[Cohort, dict[str, float]] = defaultdict(dict)
-    for name, facts in members.items():
-        age = (report_ages or {}).get(name, 0.0)
-        if signals.agent_stale(facts, age, now, (agent_pods or {}).get(name)).present:
-            continue  # its numbers are old
-        known = (performance or {}).get(name)
-        key, score = known if known is not None else performance_of(facts)
+    for name, (key, score) in performance.items():
         if key is not None and score is not None:
             cohorts[key][name] = score
-    return judge_cohorts(cohorts, threshold)
-
-
-def judge_cohorts(
-    cohorts: Mapping[Cohort, Mapping[str, float]], threshold: float
-) -> dict[str, model.StragglerScore]:
-    """`score_cohorts` for a caller that grouped the fresh nodes' scores by cohort itself."""
     result: dict[str, model.StragglerScore] = {}
     for scores in cohorts.values():
         result.update(_judge_cohort(scores, threshold))

@@ -4,6 +4,8 @@ The rule only ever makes a node stale sooner than the heartbeat rule: a Ready po
 stretches the heartbeat's own limit, and a node with no known pod goes by the heartbeat alone.
 """
 
+import asyncio
+import copy
 import datetime
 from typing import Any
 
@@ -12,9 +14,10 @@ import pytest
 from hypothesis import strategies as st
 
 import gpunode_facts
-from gpuhealth_api import vocabulary
-from gpuhealth_operator import agent_pods
-from gpuhealth_operator.decisions import clocks, liveness, model, signals, stragglers
+from gpuhealth_api import resources, vocabulary
+from gpuhealth_operator import agent_pods, context, handlers, metrics, reconciler, settings
+from gpuhealth_operator.decisions import clocks, liveness, model, signals, times
+from gpuhealth_sim import memcluster
 
 Condition = vocabulary.Condition
 NOW = datetime.datetime(2026, 11, 22, 1, 0, tzinfo=datetime.UTC)
@@ -121,12 +124,46 @@ def test_a_first_sighting_dates_a_not_ready_pod_from_its_condition_at_the_latest
     assert pods.nodes["n2"].since == NOW, "a transition in the future counts as now"
 
 
-def test_a_node_stale_by_its_pod_leaves_the_straggler_cohort() -> None:
-    members = {f"n{i}": gpunode_facts.agent_status(heartbeat_seconds=300) for i in range(6)}
-    ages = dict.fromkeys(members, 600.0)
-    assert set(stragglers.score_cohorts(members, 3.5, NOW, ages)) == set(members)
-    down = {"n0": liveness.AgentPod("ns/a", False, ago(GRACE + 5))}
-    assert set(stragglers.score_cohorts(members, 3.5, NOW, ages, down)) == set(members) - {"n0"}
+def test_a_node_whose_agent_is_stale_leaves_its_straggler_cohort() -> None:
+    """The timer's straggler scoring leaves out a node whose agent is stale, by its pod or by its
+    heartbeat: its old numbers neither count in its peers' statistics nor get it flagged."""
+
+    async def scenario() -> None:
+        cluster = memcluster.MemoryKube()
+        ctx = context.Context.create(settings.Settings(), cluster, metrics.Metrics.create(), instance="t")  # type: ignore[arg-type]
+        clock = [NOW]
+        ctx.clock = lambda: clock[0]
+        rule = {"name": "straggler", "condition": "Straggler", "action": "Label", "forSeconds": 300}
+        policy = {"apiVersion": resources.API_VERSION, "kind": resources.POLICY_KIND}
+        policy |= {"metadata": {"name": "p", "generation": 1}, "spec": {"rules": [rule]}}
+        await handlers.on_policy({"type": "ADDED", "object": policy}, memo=ctx)  # type: ignore[typeddict-item]
+        names = [f"n{i}" for i in range(6)]
+
+        async def report(name: str) -> None:
+            status = gpunode_facts.agent_status(heartbeat=times.render(clock[0]), heartbeat_seconds=300)
+            stored = cluster.put_gpunode(name, status)
+            await handlers.on_gpunode({"type": "MODIFIED", "object": copy.deepcopy(stored)}, memo=ctx)  # type: ignore[typeddict-item]
+
+        for name in names:
+            node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": name}, "spec": {}}
+            cluster.put_node(copy.deepcopy(node))
+            await handlers.on_node({"type": "ADDED", "object": node}, memo=ctx)  # type: ignore[typeddict-item]
+            await report(name)
+
+        def scored(at: datetime.datetime) -> dict[str, int]:
+            reconciler.score_stragglers(ctx, at)
+            return {node: score.peers for (_, node), score in ctx.stragglers.items()}
+
+        assert scored(NOW) == dict.fromkeys(names, 5)
+        ctx.agent_pods.observe(pod("a0", "n0", False, times.render(NOW)), NOW)  # its agent died
+        later = NOW + datetime.timedelta(seconds=GRACE + 1)  # no report since: n0's numbers are old
+        assert scored(later) == dict.fromkeys(names[1:], 4), "n0: by its pod, long before its heartbeat"
+        clock[0] = NOW + datetime.timedelta(seconds=901)  # three 300 s heartbeats: all but n1 report
+        for name in names[2:]:
+            await report(name)
+        assert scored(clock[0]) == dict.fromkeys(names[2:], 3), "n1: its heartbeat"
+
+    asyncio.run(scenario())
 
 
 @hypothesis.settings(max_examples=400, deadline=None)

@@ -56,7 +56,7 @@ async def ask(
     wanting: Mapping[str, Mapping[str, budget.Rank]],
 ) -> bool:
     """What `remediation._cordon` asks before it cordons `name` for `asking`."""
-    return await memory.admit(asking, name, nodes, wanting)
+    return await memory.admit(asking, name, nodes, wanting, T0)
 
 
 # --- GPU-node budgets ------------------------------------------------------------------------------

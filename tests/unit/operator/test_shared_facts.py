@@ -113,7 +113,7 @@ def test_an_answer_carrying_cached_facts_stores_the_same_facts() -> None:
     first = store.put_gpunode(body("n", gpunode_facts.agent_status()), now=NOW)
     answer = {"metadata": {"name": "n", "uid": "uid-n", "resourceVersion": "2"}, "status": dict(first.status)}
     answer["status"]["health"] = "Healthy"
-    second = store.refresh_gpunode(answer)
+    second = store.refresh_gpunode(answer, NOW)
     assert second is not None and second.resource_version == "2"
     assert second.status["gpus"] == first.status["gpus"]
     assert all(a is b for a, b in zip(second.status["gpus"], first.status["gpus"], strict=True))

@@ -1,13 +1,11 @@
 """Stragglers: robust z-scores within (model, driver) cohorts; idle, stale and lost nodes are not judged."""
 
-import datetime
 from typing import Any
 
 import pytest
 
 from gpuhealth_operator.decisions import stragglers
 
-NOW = datetime.datetime(2026, 11, 22, 1, 0, 0, tzinfo=datetime.UTC)
 H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100-SXM4-80GB"
 
@@ -45,6 +43,11 @@ def node(
     return {"agent": agent, "summary": {"model": model, "gpuCount": gpus}, "gpus": gpu_list}
 
 
+def score(members: dict[str, Any]) -> dict[str, Any]:
+    """The timer's judgement of fresh nodes' facts (`reconciler.score_stragglers` leaves out stale ones)."""
+    return stragglers.judge_nodes({name: stragglers.performance_of(f) for name, f in members.items()}, 3.5)
+
+
 def flagged(scores: dict[str, Any]) -> set[str]:
     return {name for name, s in scores.items() if s.flagged}
 
@@ -52,7 +55,7 @@ def flagged(scores: dict[str, Any]) -> set[str]:
 def test_one_slow_node_among_eight_is_flagged_and_only_it() -> None:
     members = {f"n{i}": node(1980 - 5 * i) for i in range(7)}
     members["slow"] = node(slow_gpu_clock=1400)
-    scores = stragglers.score_cohorts(members, 3.5, NOW)
+    scores = score(members)
     assert flagged(scores) == {"slow"}
     assert set(scores) == set(members)
     assert scores["slow"].peers == 7
@@ -64,7 +67,7 @@ def test_throttle_share_lowers_the_score_even_at_full_clock() -> None:
     members = {f"n{i}": node() for i in range(7)}
     members["throttled"] = node(reasons=["HwThermalSlowdown"])
     members["capped"] = node(reasons=["SwPowerCap"])  # normal under full load
-    scores = stragglers.score_cohorts(members, 3.5, NOW)
+    scores = score(members)
     assert scores["throttled"].score == pytest.approx(7 / 8)
     assert scores["capped"].score == 1.0
     assert flagged(scores) == {"throttled"}
@@ -73,7 +76,7 @@ def test_throttle_share_lowers_the_score_even_at_full_clock() -> None:
 def test_idle_node_gets_no_score_and_is_never_a_straggler() -> None:
     members = {f"n{i}": node() for i in range(7)}
     members["idle"] = node(clock=210, utilization=0)
-    scores = stragglers.score_cohorts(members, 3.5, NOW)
+    scores = score(members)
     assert "idle" not in scores
     assert flagged(scores) == set()
     assert scores["n0"].peers == 6
@@ -83,7 +86,7 @@ def test_idle_node_gets_no_score_and_is_never_a_straggler() -> None:
 def test_fewer_than_four_peers_never_flags(peers: int) -> None:
     members = {f"n{i}": node() for i in range(peers)}
     members["slow"] = node(clock=500)
-    scores = stragglers.score_cohorts(members, 3.5, NOW)
+    scores = score(members)
     assert scores["slow"].peers == peers
     assert not scores["slow"].flagged
 
@@ -91,19 +94,19 @@ def test_fewer_than_four_peers_never_flags(peers: int) -> None:
 def test_four_peers_are_enough() -> None:
     members = {f"n{i}": node() for i in range(4)}
     members["slow"] = node(clock=1500)
-    assert flagged(stragglers.score_cohorts(members, 3.5, NOW)) == {"slow"}
+    assert flagged(score(members)) == {"slow"}
 
 
 def test_uniform_cohort_with_tiny_noise_flags_nobody() -> None:
     noise = [0, -3, 4, -8, 2, 9, -5, 1, -10, 6, -2, 3]  # within ±0.5 % of 1980 MHz
     members = {f"n{i}": node(1970 + n) for i, n in enumerate(noise)}
-    scores = stragglers.score_cohorts(members, 3.5, NOW)
+    scores = score(members)
     assert flagged(scores) == set()
     assert max(abs(s.z_score) for s in scores.values()) < 1
 
 
 def test_perfectly_uniform_cohort_has_zero_z() -> None:
-    scores = stragglers.score_cohorts({f"n{i}": node() for i in range(6)}, 3.5, NOW)
+    scores = score({f"n{i}": node() for i in range(6)})
     assert {s.z_score for s in scores.values()} == {0.0}
 
 
@@ -112,7 +115,7 @@ def test_mixed_models_and_drivers_are_separate_cohorts() -> None:
     # A100s run at their own (lower) ratio; compared with H100s they would all look slow.
     members |= {f"a{i}": node(1400, model=A100) for i in range(5)}
     members |= {f"d{i}": node(1500, driver="535.0") for i in range(3)}
-    scores = stragglers.score_cohorts(members, 3.5, NOW)
+    scores = score(members)
     assert flagged(scores) == set()
     assert scores["h0"].peers == 4
     assert scores["a0"].peers == 4
@@ -120,19 +123,19 @@ def test_mixed_models_and_drivers_are_separate_cohorts() -> None:
 
 
 @pytest.mark.parametrize(
-    ("excluded", "report_age_seconds"),
+    "excluded",
     [
-        (node(clock=500), 181.0),  # stale agent: no new report for 3 heartbeats by the operator's clock
-        (node(clock=500, lost=True), 0.0),
-        (node(clock=500, gpus=7, expected=8), 0.0),
-        ({"agent": {"lastHeartbeatTime": "2026-11-22T00:59:30Z"}}, 0.0),  # no GPUs reported
-        (node(clock=500, model=""), 0.0),
+        node(clock=500, lost=True),
+        node(clock=500, gpus=7, expected=8),
+        {"agent": {"lastHeartbeatTime": "2026-11-22T00:59:30Z"}},  # no GPUs reported
+        node(clock=500, model=""),
     ],
 )
-def test_stale_lost_and_unreported_nodes_are_left_out(excluded: Any, report_age_seconds: float) -> None:
+def test_lost_and_unreported_nodes_are_left_out(excluded: Any) -> None:
+    # A stale agent's node is left out by the timer (test_liveness: through `reconciler.score_stragglers`).
     members = {f"n{i}": node() for i in range(5)}
     members["x"] = excluded
-    scores = stragglers.score_cohorts(members, 3.5, NOW, {"x": report_age_seconds})
+    scores = score(members)
     assert "x" not in scores
     assert scores["n0"].peers == 4
 

@@ -34,9 +34,11 @@ def write_trace(
     faults: dict[str, tuple[float, float]],
     minutes: int = 60,
     deleted: dict[str, float] | None = None,
+    silent: dict[str, float] | None = None,
 ) -> pathlib.Path:
     """Ten H100 nodes (n9 time-sliced) reporting every minute; `faults`: node → (DBE at, repaired at);
-    `deleted`: node → when its Node was deleted (the garbage collector's GPUNode deletion 1 s later)."""
+    `deleted`: node → when its Node was deleted (the garbage collector's GPUNode deletion 1 s later);
+    `silent`: node → when its agent stopped reporting."""
     gone = {t: name for name, t in (deleted or {}).items()}
     with traces.Writer(path, {"start": START.timestamp()}) as writer:
         for name, (start, end) in faults.items():
@@ -52,7 +54,7 @@ def write_trace(
                 writer.write({"kind": "gpunode", "t": t + 1, "name": gone[t], "deleted": True})
             for i, name in enumerate(NODES):
                 t = minute * 60 + i
-                if (deleted or {}).get(name, 1e9) <= t:
+                if min((deleted or {}).get(name, 1e9), (silent or {}).get(name, 1e9)) <= t:
                     continue
                 start, end = faults.get(name, (1e9, 1e9))
                 broken = {0: {"ecc": {"uncorrectedVolatile": 1}, "observedTime": stamp(start)}}
@@ -121,6 +123,33 @@ def test_a_node_deleted_and_created_again_is_judged_as_a_new_one(tmp_path: pathl
         "Label health=healthy",
     ]
     assert on_n1[-1][1] >= 1301, "the new node is labelled healthy, not uncordoned: it was never cordoned"
+
+
+def test_an_agent_that_stops_reporting_is_judged_stale_as_live(tmp_path: pathlib.Path) -> None:
+    # Live, three missed heartbeats by the operator's clock make the agent stale (its node's health
+    # Unknown, nothing disruptive on its old facts). The replay's clock is the trace's, and the time a
+    # report was seen must be too: it was the machine's, so no agent ever went stale in a replay.
+    trace = write_trace(tmp_path / "t.jsonl", {}, minutes=30, silent={"n3": 600.0})
+    result = backtest.run(trace, backtest.load_policy(POLICY))
+    stale = [e["t"] for e in result.events if e["reason"] == "AgentStale"]
+    last_report = 9 * 60 + 3
+    assert len(stale) == 1 and last_report + 3 * 60 <= stale[0] <= last_report + 3 * 60 + 30, result.events
+    assert {e["node"] for e in result.events if e["reason"] == "AgentStale"} == {"n3"}
+
+
+def test_a_fault_storm_trips_the_breaker_in_the_replay_as_live(tmp_path: pathlib.Path) -> None:
+    # Four nodes Unhealthy within two minutes with maxNewUnhealthy 2 per 10 minutes: the breaker opens
+    # at the third and pauses new drains (the storm is a bad rollout more often than bad GPUs).
+    faults = {name: (600.0 + 30 * i, 1e9) for i, name in enumerate(("n1", "n2", "n3", "n4"))}
+    policy = backtest.load_policy(POLICY)
+    policy["spec"]["maxUnavailable"] = 5
+    policy["spec"]["breaker"] = {"maxNewUnhealthy": 2, "windowSeconds": 600}
+    result = backtest.run(write_trace(tmp_path / "t.jsonl", faults, minutes=20), policy)
+    drained = [a.node for a in result.actions if a.action == "Drain"]
+    assert drained == ["n1", "n2"], result.actions
+    assert any(e["reason"] == "RemediationPaused" for e in result.events), {
+        e["reason"] for e in result.events
+    }
 
 
 def test_a_time_sliced_node_is_not_lost(tmp_path: pathlib.Path) -> None:
