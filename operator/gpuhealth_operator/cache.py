@@ -525,9 +525,10 @@ class ClusterCache:
     def put_gpunode(self, body: Mapping[str, Any], now: datetime.datetime | None = None) -> GPUNodeRecord:
         """Store a GPUNode as a watch event shows it (an older resourceVersion is ignored).
 
-        The time the agent's report was seen (`report_seen_at`) moves to `now` (default: the
-        operator's clock) only when `lastHeartbeatTime` changed, so our own status writes do not
-        make a silent agent look alive.
+        The time the agent's report was seen (`report_seen_at`) moves to `now` only when
+        `lastHeartbeatTime` changed, so our own status writes do not make a silent agent look
+        alive. The operator passes its decision clock (`Context.clock`: a backtest's is the
+        trace's); the machine's clock is only a default for callers that judge nothing.
         """
         record = gpunode_record(body)
         old = self._gpunodes.get(record.name)
