@@ -522,18 +522,17 @@ class ClusterCache:
             self._selections[policy.name] = current
         return current
 
-    def put_gpunode(self, body: Mapping[str, Any], now: datetime.datetime | None = None) -> GPUNodeRecord:
+    def put_gpunode(self, body: Mapping[str, Any], now: datetime.datetime) -> GPUNodeRecord:
         """Store a GPUNode as a watch event shows it (an older resourceVersion is ignored).
 
         The time the agent's report was seen (`report_seen_at`) moves to `now` only when
         `lastHeartbeatTime` changed, so our own status writes do not make a silent agent look
-        alive. The operator passes its decision clock (`Context.clock`: a backtest's is the
-        trace's); the machine's clock is only a default for callers that judge nothing.
+        alive. `now` is the decision clock (`Context.clock`): a backtest's is the trace's, and the
+        machine's would leave a replayed silent agent fresh for ever.
         """
         record = gpunode_record(body)
         old = self._gpunodes.get(record.name)
         if old is None or _newer(old.resource_version, record.resource_version):
-            now = now or datetime.datetime.now(datetime.UTC)
             if old is None or old.report_seen_at is None:
                 seen = first_sighting(record.status, now)
             elif last_heartbeat(old.status) != last_heartbeat(record.status):

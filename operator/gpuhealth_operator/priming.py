@@ -89,7 +89,7 @@ async def prime(ctx: context.Context) -> Primed:
 
     def put_gpunode(body: Mapping[str, Any]) -> None:
         if handlers.in_pool(ctx, str((body.get("metadata") or {}).get("name", ""))):
-            ctx.cache.put_gpunode(body)
+            ctx.cache.put_gpunode(body, ctx.clock())
 
     names, pruned["gpunodes"] = await _converge(
         ctx, resync.GPUNODES_PATH, put_gpunode, lambda: resync.gpunode_versions(ctx)

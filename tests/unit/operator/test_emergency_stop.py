@@ -10,6 +10,7 @@ from gpuhealth_operator import cache, context, kube, metrics, settings, stopping
 from gpuhealth_operator.actions import drain
 from gpuhealth_operator.decisions import policies
 
+NOW = datetime.datetime(2026, 11, 26, tzinfo=datetime.UTC)
 OPTIONS = drain.Options(
     grace_period_seconds=None,
     delete_empty_dir_data=True,
@@ -98,7 +99,7 @@ def test_an_excluded_node_keeps_its_cordons_budget_slot() -> None:
     nodes.put_node(node("d", {"pool": "cpu", keys.EXCLUDE_LABEL: "true"}, cordoned_by="p"))  # not matched
     nodes.put_node(node("e", {"pool": "gpu", keys.EXCLUDE_LABEL: "true"}, cordoned_by="p"))  # no agent
     for name in "abcd":
-        nodes.put_gpunode({"metadata": {"name": name, "resourceVersion": "1"}, "status": {}})
+        nodes.put_gpunode({"metadata": {"name": name, "resourceVersion": "1"}, "status": {}}, NOW)
     selection = nodes.selection(POLICY)
     assert selection.selected == {"b"}
     assert selection.unavailable == {"a"}

@@ -67,7 +67,7 @@ def fleet() -> context.Context:
     }
     for name, (body, status, verdict) in nodes.items():
         ctx.cache.put_node(body)
-        ctx.cache.put_gpunode({"metadata": {"name": name, "resourceVersion": "1"}, "status": status})
+        ctx.cache.put_gpunode({"metadata": {"name": name, "resourceVersion": "1"}, "status": status}, NOW)
         if verdict is not None:
             ctx.verdicts[("p", name)] = dataclasses.replace(verdict, node=name)
     return ctx

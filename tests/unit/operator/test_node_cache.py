@@ -1,8 +1,12 @@
 """What the operator keeps of a Node, and that an older watch event never overwrites a newer write."""
 
+import datetime
+
 from gpuhealth_api import keys
 from gpuhealth_operator import cache
 from gpuhealth_operator.decisions import policies
+
+NOW = datetime.datetime(2026, 11, 26, tzinfo=datetime.UTC)
 
 
 def body(resource_version: str, **spec: object) -> dict:
@@ -67,7 +71,7 @@ def test_a_policys_selection_follows_node_changes_without_a_fleet_pass() -> None
     clusters = cache.ClusterCache()
     for i, pool in enumerate(["a", "a", "b"]):
         clusters.put_node(node(f"n{i}", 1, pool=pool))
-        clusters.put_gpunode(gpunode(f"n{i}"))
+        clusters.put_gpunode(gpunode(f"n{i}"), NOW)
     policy = policies.parse_policy("p", 1, {"nodeSelector": {"matchLabels": {"pool": "a"}}, "rules": []})
     clusters.put_policy(policy)
     selection = clusters.selection(policy)
@@ -94,19 +98,19 @@ def test_a_policys_selection_holds_the_nodes_with_an_agent_and_follows_gpunodes(
     clusters = cache.ClusterCache()
     clusters.put_node(node("cpu", 1, unschedulable=True))
     clusters.put_node(node("gpu", 1))
-    clusters.put_gpunode(gpunode("gpu"))
+    clusters.put_gpunode(gpunode("gpu"), NOW)
     everything = policies.parse_policy("all", 1, {"rules": []})  # an empty selector: every node with an agent
     clusters.put_policy(everything)
     selection = clusters.selection(everything)
     assert (selection.selected, selection.unavailable) == ({"gpu"}, set())
 
-    clusters.put_gpunode(gpunode("cpu"))  # an agent starts on the cordoned node: it counts now
+    clusters.put_gpunode(gpunode("cpu"), NOW)  # an agent starts on the cordoned node: it counts now
     assert (selection.selected, selection.unavailable) == ({"gpu", "cpu"}, {"cpu"})
-    clusters.put_gpunode(gpunode("cpu", 2))  # a status update changes nothing
+    clusters.put_gpunode(gpunode("cpu", 2), NOW)  # a status update changes nothing
     assert (selection.selected, selection.unavailable) == ({"gpu", "cpu"}, {"cpu"})
     clusters.remove_gpunode("cpu")  # and its GPUNode goes away again
     assert (selection.selected, selection.unavailable) == ({"gpu"}, set())
-    clusters.put_gpunode(gpunode("ghost"))  # a GPUNode whose Node is not (yet) seen selects nothing
+    clusters.put_gpunode(gpunode("ghost"), NOW)  # a GPUNode whose Node is not (yet) seen selects nothing
     assert selection.selected == {"gpu"}
     clusters.put_node(node("ghost", 1))
     assert selection.selected == {"gpu", "ghost"}

@@ -63,7 +63,7 @@ def kept_cache(client: Paged) -> context.Context:
     ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
     for name in ("kept", "deleted"):
         ctx.cache.put_node(node(name, "50"))
-        ctx.cache.put_gpunode(gpunode(name, "50"))
+        ctx.cache.put_gpunode(gpunode(name, "50"), ctx.clock())
     return context.Context.create(
         settings.Settings(), client, metrics.Metrics.create(), instance="t2", cluster=ctx.cache
     )

@@ -86,7 +86,7 @@ def test_resync_frees_the_budget_place_and_memory_of_a_node_deleted_unseen() -> 
         ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
         for name, cordoned in (("kept", False), ("other", False), ("deleted", True)):
             ctx.cache.put_node(node(name, cordoned))
-            ctx.cache.put_gpunode({"metadata": {"name": name, "resourceVersion": "50"}})
+            ctx.cache.put_gpunode({"metadata": {"name": name, "resourceVersion": "50"}}, ctx.clock())
         handlers.store_policy(
             ctx,
             {
@@ -127,7 +127,7 @@ def test_resync_keeps_a_policy_that_is_listed_and_frees_its_place() -> None:
         ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
         for name, cordoned in (("kept", False), ("deleted", True)):
             ctx.cache.put_node(node(name, cordoned))
-            ctx.cache.put_gpunode({"metadata": {"name": name, "resourceVersion": "50"}})
+            ctx.cache.put_gpunode({"metadata": {"name": name, "resourceVersion": "50"}}, ctx.clock())
         handlers.store_policy(
             ctx,
             {

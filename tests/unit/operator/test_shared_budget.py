@@ -70,7 +70,7 @@ def test_five_gpu_nodes_among_fifty_cpu_nodes_at_ten_percent_cordon_one_at_a_tim
     gpus = [f"gpu{i}" for i in range(5)]
     for name in gpus:
         nodes.put_node(node_body(name, 1, frozenset({"pool-a"})))
-        nodes.put_gpunode(gpunode_body(name))
+        nodes.put_gpunode(gpunode_body(name), T0)
     fleet = policy("fleet", None, "10%")  # an empty selector: nodes with an agent, not all 55
     nodes.put_policy(fleet)
     wanting = {"fleet": {name: (0, T0) for name in gpus}}
@@ -87,7 +87,7 @@ def test_an_unschedulable_node_without_an_agent_takes_no_place() -> None:
     nodes = cache.ClusterCache()
     nodes.put_node(node_body("cpu", 1, frozenset({"pool-a"}), unschedulable=True))
     nodes.put_node(node_body("gpu", 1, frozenset({"pool-a"})))
-    nodes.put_gpunode(gpunode_body("gpu"))
+    nodes.put_gpunode(gpunode_body("gpu"), T0)
     one = policy("one", "pool-a", 1)
     nodes.put_policy(one)
     assert asyncio.run(ask(admission.Admission(), nodes, one, "gpu", {"one": {"gpu": (0, T0)}}))
@@ -101,7 +101,7 @@ def test_two_policies_over_the_same_nodes_admit_one_cordon_between_them() -> Non
     names = [f"n{i}" for i in range(4)]
     for name in names:
         nodes.put_node(node_body(name, 1, frozenset({"pool-a"})))
-        nodes.put_gpunode(gpunode_body(name))
+        nodes.put_gpunode(gpunode_body(name), T0)
     first, second = policy("first", "pool-a", 1), policy("second", None, 1)
     nodes.put_policy(first)
     nodes.put_policy(second)
@@ -126,7 +126,7 @@ def test_a_node_waits_for_the_budget_of_a_policy_that_only_labels_it() -> None:
     nodes = cache.ClusterCache()
     for name, pools in [("held", {"pool-a", "pool-b"}), ("faulty", {"pool-a", "pool-b"}), ("x", {"pool-a"})]:
         nodes.put_node(node_body(name, 1, frozenset(pools), unschedulable=name == "held"))
-        nodes.put_gpunode(gpunode_body(name))
+        nodes.put_gpunode(gpunode_body(name), T0)
     drains, labels = policy("drains", "pool-a", 2), policy("labels", "pool-b", 1)
     dry = policy("dry", "pool-a", 1, dry_run=True)  # a dry run changes nothing, so it holds back nothing
     for each in (drains, labels, dry):
@@ -146,7 +146,7 @@ def test_a_verdict_judged_before_the_node_left_a_policy_keeps_no_place_in_anothe
     nodes = cache.ClusterCache()
     for name, pools in [("moved", {"pool-b"}), ("faulty", {"pool-b"}), ("spare", {"pool-a", "pool-b"})]:
         nodes.put_node(node_body(name, 1, frozenset(pools)))
-        nodes.put_gpunode(gpunode_body(name))
+        nodes.put_gpunode(gpunode_body(name), T0)
     pool_a, pool_b = policy("pool-a", "pool-a", 1), policy("pool-b", "pool-b", 1)
     nodes.put_policy(pool_a)
     nodes.put_policy(pool_b)
@@ -244,7 +244,7 @@ def test_interleaved_reconciles_of_overlapping_policies_never_exceed_any_budget(
     for i in range(count):
         world.put(nodes, i)
         if world.agents[i]:
-            nodes.put_gpunode(gpunode_body(f"n{i}"))
+            nodes.put_gpunode(gpunode_body(f"n{i}"), T0)
     for p in pols:
         nodes.put_policy(p)
 

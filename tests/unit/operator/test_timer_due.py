@@ -109,7 +109,7 @@ def test_the_timer_judges_a_node_once_per_pass(monkeypatch: pytest.MonkeyPatch) 
     first = reconciler.judge(ctx, policy, "n", NOW)
     assert reconciler.judge(ctx, policy, "n", NOW) is first
     assert len(calls) == 1
-    ctx.cache.put_gpunode({"metadata": {"name": "n", "resourceVersion": "2"}, "status": fresh()})
+    ctx.cache.put_gpunode({"metadata": {"name": "n", "resourceVersion": "2"}, "status": fresh()}, NOW)
     reconciler.judge(ctx, policy, "n", NOW)
     assert len(calls) == 2, "new facts: judged again"
     reconciler.judge(ctx, policy, "n", NOW + datetime.timedelta(seconds=1))
@@ -122,7 +122,7 @@ def test_a_full_pass_over_a_large_fleet_lets_other_work_run_between_chunks(monke
     count = 3 * ticker.PASS_CHUNK
     for i in range(count):
         ctx.cache.put_node({"metadata": {"name": f"n{i}", "resourceVersion": "1", "labels": {}}, "spec": {}})
-        ctx.cache.put_gpunode({"metadata": {"name": f"n{i}", "resourceVersion": "1"}, "status": fresh()})
+        ctx.cache.put_gpunode({"metadata": {"name": f"n{i}", "resourceVersion": "1"}, "status": fresh()}, NOW)
     reconciled: list[str] = []
 
     async def reconcile(ctx: context.Context, name: str, handler: str, now: datetime.datetime) -> None:
@@ -155,10 +155,10 @@ def test_a_new_version_of_a_quiet_node_is_asked_again() -> None:
     ctx.verdicts[("p", "n")] = gpunode_facts.verdict()
     assert not ticker.is_due(ctx, "n", NOW)
     ctx.cache.put_gpunode(
-        {"metadata": {"name": "n", "resourceVersion": "2"}, "status": fresh(health="Degraded")}
+        {"metadata": {"name": "n", "resourceVersion": "2"}, "status": fresh(health="Degraded")}, NOW
     )
     assert ticker.is_due(ctx, "n", NOW), "the facts' new version is degraded"
-    ctx.cache.put_gpunode({"metadata": {"name": "n", "resourceVersion": "3"}, "status": fresh()})
+    ctx.cache.put_gpunode({"metadata": {"name": "n", "resourceVersion": "3"}, "status": fresh()}, NOW)
     assert not ticker.is_due(ctx, "n", NOW)
     ctx.cache.put_node(
         {
