@@ -360,19 +360,17 @@ def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
         if not rules:
             continue
         threshold = rules[0].threshold or policies.DEFAULT_STRAGGLER_THRESHOLD
-        performance: dict[str, stragglers.Performance] = {}
-        agents: dict[str, Mapping[str, Any]] = {}
+        fresh: dict[str, cache.GPUNodeRecord] = {}
         pods = ctx.agent_pods.nodes
         for name in sorted(ctx.cache.selection(policy).selected):  # a stable cohort order
             gpunode = ctx.cache.gpunode(name)
-            if gpunode is None or signals.agent_is_stale(
+            if gpunode is not None and not signals.agent_is_stale(
                 gpunode.stale_limit, gpunode.report_age(now), now, pods.get(name)
             ):
-                continue  # its numbers are old: out of its cohort's statistics
-            performance[name] = gpunode.performance
-            agents[name] = gpunode.status.get("agent") or {}
+                fresh[name] = gpunode  # a stale agent's numbers are old: out of its cohort's statistics
+        performance = {name: gpunode.performance for name, gpunode in fresh.items()}
         for name, score in stragglers.judge_nodes(performance, threshold).items():
-            agent = agents[name]
+            agent: Mapping[str, Any] = fresh[name].status["agent"]  # a scored node's facts have one
             ctx.stragglers[(policy.name, name)] = stragglers.windowed(
                 ctx.straggler_samples[(policy.name, name)],
                 score,
