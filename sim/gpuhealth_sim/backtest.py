@@ -259,13 +259,14 @@ class Replay:
                 next_tick += self.tick_seconds
             self.now = max(self.now, at)
             self.result.records += 1
-            if kind == "node" and "object" in record:
-                await self._node(record["object"])
-            elif kind == "node":
-                await self._node_deleted(record["name"])
-            elif kind in DRA_KINDS:
+            gone = traces.deletion(record)
+            if kind in DRA_KINDS:
                 self._dra(record)
-            elif "deleted" in record:
+            elif kind == "node" and gone:
+                await self._node_deleted(record["name"])
+            elif kind == "node":
+                await self._node(record["object"])
+            elif gone:
                 await self._gpunode_deleted(record["name"])
             else:
                 await self._gpunode(record)

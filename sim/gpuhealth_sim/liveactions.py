@@ -26,7 +26,7 @@ from typing import Any, Final
 
 from gpuhealth_api import keys
 from gpuhealth_operator.decisions import device_taints
-from gpuhealth_sim import backtest
+from gpuhealth_sim import backtest, traces
 
 SAME_PASS_SECONDS: Final = 0.5
 """An isolation and a health label this close were written in one pass (see the docstring)."""
@@ -63,10 +63,10 @@ def from_trace(records: Iterable[Mapping[str, Any]], policy: str) -> list[backte
     rules: dict[str, dict[str, Any]] = {}
     ours = device_taints.label_value(policy)
     for record in records:
-        if record.get("kind") == "node" and "object" in record:
-            versions.append((float(record["t"]), record["object"]))
-        elif record.get("kind") == "node":
+        if record.get("kind") == "node" and traces.deletion(record):
             versions.append((float(record["t"]), {"metadata": {"name": record["name"]}, "deleted": True}))
+        elif record.get("kind") == "node":
+            versions.append((float(record["t"]), record["object"]))
         elif record.get("kind") == "devicetaintrule":
             created = "object" in record
             rule = dict(record["object"]) if created else rules.pop(str(record["name"]), None)

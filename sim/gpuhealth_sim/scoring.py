@@ -211,7 +211,7 @@ def baseline_flags(trace: pathlib.Path) -> list[Flag]:
                 latest = {}
                 boundary += period
             name = record["name"]
-            if record.get("deleted"):
+            if traces.deletion(record):
                 last.pop(name, None)  # gone from the fleet (and from its cohort) before this round
                 latest.pop(name, None)
                 continue
