@@ -23,6 +23,7 @@ from typing import Any
 from kubernetes import client, config
 
 from gpuhealth_api import heartbeats
+from gpuhealth_operator import settings
 from gpuhealth_sim import backtest, scoring, tracegen, tracerecord, traces
 
 INVALID_INPUT = 3
@@ -33,9 +34,9 @@ def add_commands(commands: Any) -> None:
     record = commands.add_parser(
         "record",
         help="follow a cluster's Nodes and GPUNodes into a trace, until Ctrl-C or a bound",
-        description="Follow the cluster's Nodes and GPUNodes (and, where served, the ResourceSlices and "
-        "DeviceTaintRules IsolateGPU reads) and append every version to TRACE "
-        "(trace format 3, gzip if TRACE ends in .gz), flushed as it goes, until interrupted "
+        description="Follow the cluster's Nodes, GPUNodes and agent pods (and, where served, the "
+        "ResourceSlices and DeviceTaintRules IsolateGPU reads) and append every version to TRACE "
+        "(trace format 4, gzip if TRACE ends in .gz), flushed as it goes, until interrupted "
         "(Ctrl-C, SIGTERM) or a bound is reached; the file is complete either way.",
     )
     record.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
@@ -43,6 +44,12 @@ def add_commands(commands: Any) -> None:
     record.add_argument("--out", type=pathlib.Path, required=True, help="trace file to write")
     record.add_argument("--max-seconds", type=float, help="stop after this many seconds")
     record.add_argument("--max-bytes", type=int, help="stop once the file is this large (checked per record)")
+    record.add_argument(
+        "--agent-pod-selector",
+        default=settings.DEFAULT_AGENT_POD_SELECTOR,
+        help="label selector of the agents' pods, the operator's --agent-pod-selector (default: the chart's, "
+        "%(default)s); an empty one records no pods",
+    )
     trace = commands.add_parser("trace", help="write synthetic labelled traces (docs/backtest.md)")
     actions = trace.add_subparsers(dest="trace_command", required=True)
     generate = actions.add_parser(
@@ -114,9 +121,15 @@ def _record(args: argparse.Namespace) -> int:
     api = client.ApiClient(configuration)
     try:
         recorder = tracerecord.Recorder(
-            api, args.out, max_seconds=args.max_seconds, max_bytes=args.max_bytes
+            api,
+            args.out,
+            max_seconds=args.max_seconds,
+            max_bytes=args.max_bytes,
+            agent_pod_selector=args.agent_pod_selector,
         ).start()
         print(f"recording to {args.out} (Ctrl-C stops)", file=sys.stderr, flush=True)
+        for warning in recorder.warnings:
+            print(f"gpu-health-sim: warning: {warning}", file=sys.stderr, flush=True)
         recorder.wait(stop)
     except OSError as error:
         print(f"gpu-health-sim: {args.out}: {error.strerror or error}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""`gpu-health-sim record`: follow a live cluster's Nodes and GPUNodes into a trace (format 3).
+"""`gpu-health-sim record`: follow a live cluster's Nodes and GPUNodes into a trace (format 4).
 
 Two parts, kept apart. `Compactor` is pure: given each version of a Node or
 GPUNode as it arrives, it returns the trace record to append, or None when
@@ -15,6 +15,13 @@ writer ends a gzip stream properly, so an interrupted recording is a valid
 trace. A deleted Node or GPUNode is recorded as its deletion (a node replaced
 rather than repaired leaves the fleet and frees the budget it held); one of
 the same name created later is written in full again.
+
+The agents' DaemonSet pods (those matching the operator's
+`--agent-pod-selector`, by default the chart's) are followed too: each pod's
+node and whether it is Ready, since when (`agent_pods.pod_readiness`, the
+operator's own reading), so a replay judges a dead agent stale as soon as the
+live operator did, not only once its heartbeat is three periods old. Without
+the right to list pods, record goes on without them and says so.
 
 For IsolateGPU (DRA), where the cluster serves resource.k8s.io, two more
 followers: ResourceSlices (each kept as the operator reads it: driver, node,
@@ -40,7 +47,8 @@ from typing import Any, Final, cast
 from kubernetes import client
 
 from gpuhealth_api import keys, resources
-from gpuhealth_operator.decisions import device_taints
+from gpuhealth_operator import agent_pods, settings
+from gpuhealth_operator.decisions import device_taints, times
 from gpuhealth_sim import traces, watches
 
 AGENT_STATUS_FIELDS: Final = ("agent", "summary", "gpus")
@@ -107,6 +115,16 @@ def rule_view(obj: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"metadata": {"name": metadata.get("name"), "labels": dict(labels)}, "spec": obj.get("spec") or {}}
 
 
+def agent_pod_view(obj: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """("namespace/name", its `agentpod` record's fields) of an agent pod; None before it is scheduled
+    (the operator reads nothing of it then)."""
+    seen = agent_pods.pod_readiness(obj)
+    if seen is None:
+        return None
+    node, name, ready, since = seen
+    return name, {"node": node, "ready": ready, "since": times.render(since) if since else None}
+
+
 class Compactor:
     """Turns object versions into trace records; None for a version that changed nothing recorded."""
 
@@ -146,6 +164,17 @@ class Compactor:
             if traces.apply_status_patch(before, patch) == status:
                 return {"kind": "gpunode", "t": self._t(at), "name": name, "patch": patch}
         return {"kind": "gpunode", "t": self._t(at), "name": name, "status": status}
+
+    def agent_pod(self, obj: Mapping[str, Any], at: float) -> dict[str, Any] | None:
+        """An agent pod's record when its node or readiness changed (not its other status)."""
+        seen = agent_pod_view(obj)
+        if seen is None:
+            return None
+        name, view = seen
+        if self._objects.get(("agentpod", name)) == view:
+            return None
+        self._objects[("agentpod", name)] = view
+        return {"kind": "agentpod", "t": self._t(at), "name": name, **view}
 
     def cluster(self, version: str | None, acted_on: bool | None, at: float) -> dict[str, Any]:
         """The `cluster` record: which version serves DeviceTaintRules, and whether they are acted on."""
@@ -196,6 +225,7 @@ class Recorder:
         max_seconds: float | None = None,
         max_bytes: int | None = None,
         generator: Mapping[str, Any] | None = None,
+        agent_pod_selector: str = settings.DEFAULT_AGENT_POD_SELECTOR,
     ) -> None:
         self.out = out
         self.started_at = time.time()
@@ -204,6 +234,8 @@ class Recorder:
         self.records = 0
         self.reason = ""
         """Why the recording ended: stopped, max-seconds or max-bytes."""
+        self.warnings: list[str] = []
+        """What the recording leaves out, and why (for the command to print)."""
         self.done = threading.Event()
         self._lock = threading.Lock()
         self._compactor = Compactor(self.started_at)
@@ -223,7 +255,31 @@ class Recorder:
             watches.Follower("record-nodes", core.list_node, self._on_node),
             watches.Follower("record-gpunodes", gpunodes, self._on_gpunode),
         ]
+        self._follow_agent_pods(core, agent_pod_selector)
         self._follow_dra(custom)
+
+    def _follow_agent_pods(self, core: client.CoreV1Api, selector: str) -> None:
+        """The agents' pods (module docstring); none with an empty selector or without the right to list."""
+        if not selector:
+            return
+        try:
+            core.list_pod_for_all_namespaces(label_selector=selector, limit=1)
+        except client.ApiException as error:
+            if error.status != 403:
+                raise
+            self.warnings.append(
+                f"agent pods ({selector}) are not recorded: listing pods is forbidden; a replay judges "
+                "agents by their heartbeat alone"
+            )
+            return
+        self._followers.append(
+            watches.Follower(
+                "record-agent-pods",
+                core.list_pod_for_all_namespaces,
+                self._on_agent_pod,
+                label_selector=selector,
+            )
+        )
 
     def _follow_dra(self, custom: client.CustomObjectsApi) -> None:
         """ResourceSlices and DeviceTaintRules, where resource.k8s.io serves them (module docstring)."""
@@ -297,6 +353,12 @@ class Recorder:
         else:
             self._append(lambda: self._compactor.gpunode(obj, at))
 
+    def _on_agent_pod(self, kind: str, obj: dict[str, Any], at: float) -> None:
+        if kind == "DELETED":
+            self._append_all(lambda: self._compactor.deleted("agentpod", _pod_name(obj), at))
+        else:
+            self._append(lambda: self._compactor.agent_pod(obj, at))
+
     def write(self, record: dict[str, Any]) -> None:
         """Append a record of the caller's (the demo's `truth`), in turn with the recorded ones."""
         self._append(lambda: record)
@@ -369,3 +431,9 @@ def _handler(recorder: Recorder, kind: str) -> Callable[[str, dict[str, Any], fl
 
 def _name(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("name") or "")
+
+
+def _pod_name(obj: Mapping[str, Any]) -> str:
+    """ "namespace/name", as `agent_pods.pod_readiness` names a pod."""
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"

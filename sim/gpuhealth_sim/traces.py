@@ -19,12 +19,18 @@ line is one record, in time order:
     {"kind": "devicetaintrule", "t": SECONDS, "object": {a DeviceTaintRule of gpu-health's}}
     {"kind": "devicetaintrule", "t": SECONDS, "name": NAME, "deleted": true}
     {"kind": "cluster", "t": SECONDS, "deviceTaintRules": {"version": V | null, "actedOn": B | null}}
+    {"kind": "agentpod", "t": SECONDS, "name": "NAMESPACE/POD", "node": NODE, "ready": B,
+                         "since": RFC3339 | null}
+    {"kind": "agentpod", "t": SECONDS, "name": "NAMESPACE/POD", "deleted": true}
     {"kind": "truth", ...}   (ground truth of a synthetic trace; see docs/backtest.md)
 
 Version 2 added the last four kinds before `truth` (DRA: what IsolateGPU
 reads); a version 1 trace is read as one without them. Version 3 added the
 deletions of Nodes and GPUNodes (a node replaced rather than repaired leaves
 the fleet, and its budget); an older trace is read as one without them.
+Version 4 added the agents' DaemonSet pods (`agentpod`: the node, whether the
+pod is Ready and since when, as the operator's liveness reads them); an older
+trace is read as one without pods, whose agents are judged by their heartbeat.
 
 `t` is seconds since the header's `start` (epoch seconds, UTC). A GPUNode
 `patch` is an RFC 7386 merge patch of the node's previous agent status, except
@@ -48,12 +54,12 @@ from collections.abc import Iterator, Mapping
 from typing import IO, Any, Final, cast
 
 FORMAT: Final = "gpu-health-trace"
-VERSION: Final = 3
-READS: Final = frozenset({1, 2, 3})
+VERSION: Final = 4
+READS: Final = frozenset({1, 2, 3, 4})
 """Format versions this module reads (each only adds records to the one before)."""
 OBJECT_KINDS: Final = frozenset({"resourceslice", "devicetaintrule"})
 """Record kinds carrying an `object` (a version) or a `name` with `deleted: true` (its deletion)."""
-KINDS: Final = frozenset({"node", "gpunode", "cluster", "truth"}) | OBJECT_KINDS
+KINDS: Final = frozenset({"node", "gpunode", "cluster", "agentpod", "truth"}) | OBJECT_KINDS
 
 
 class TraceError(Exception):
@@ -171,11 +177,29 @@ def _check(record: object, where: str) -> dict[str, Any]:
     elif kind == "cluster":
         if not isinstance(record.get("deviceTaintRules"), dict):
             raise TraceError(f"{where}: cluster record needs a `deviceTaintRules` object")
+    elif kind == "agentpod":
+        _check_agent_pod(record, where)
     elif not isinstance(record.get("name"), str) or not record["name"]:
         raise TraceError(f"{where}: gpunode record needs a `name`")
     elif not isinstance(record.get("status"), dict) and not isinstance(record.get("patch"), dict):
         raise TraceError(f"{where}: gpunode record needs a `status` or a `patch` object, or `deleted: true`")
     return record
+
+
+def _check_agent_pod(record: dict[str, Any], where: str) -> None:
+    name, node, since = record.get("name"), record.get("node"), record.get("since")
+    if (
+        not isinstance(name, str)
+        or not name
+        or not isinstance(node, str)
+        or not node
+        or not isinstance(record.get("ready"), bool)
+        or not (since is None or isinstance(since, str))
+    ):
+        raise TraceError(
+            f"{where}: agentpod record needs a `name`, a `node`, `ready` (true or false) and `since` "
+            "(a time or null), or a `name` and `deleted: true`"
+        )
 
 
 def deletion(record: Mapping[str, Any]) -> bool:

@@ -102,3 +102,19 @@ def test_deletions_of_nodes_and_gpunodes_read_back_and_a_record_without_its_obje
 def test_every_older_version_still_reads(tmp_path: pathlib.Path, version: int) -> None:
     path = write(tmp_path / "t.jsonl", [line({**HEADER, "version": version}), line(NODE)])
     assert read_all(path) == [NODE]
+
+
+def test_agent_pods_read_back_and_a_malformed_one_is_named(tmp_path: pathlib.Path) -> None:
+    pod = {
+        "kind": "agentpod",
+        "t": 3,
+        "name": "gpu-health/agent-x",
+        "node": "n1",
+        "ready": False,
+        "since": None,
+    }
+    gone = {"kind": "agentpod", "t": 4, "name": "gpu-health/agent-x", "deleted": True}
+    assert read_all(write(tmp_path / "t.jsonl", [line(HEADER), line(pod), line(gone)])) == [pod, gone]
+    for broken in ({**pod, "ready": "False"}, {**pod, "node": ""}, {**pod, "since": 5}):
+        with pytest.raises(traces.TraceError, match=r":2: agentpod record needs a `name`, a `node`"):
+            read_all(write(tmp_path / "b.jsonl", [line(HEADER), line(broken)]))
