@@ -32,6 +32,12 @@ own cordon or uncordon, in a trace of an acting policy). A Node's deletion
 (format 3) takes it out of the fleet, its figures and the budget, and the
 DeviceTaintRules it owns with it, as the cluster's garbage collector does.
 
+An `agentpod` record (format 4) is the agent's DaemonSet pod as the operator's
+pod watch delivers it, handed to its own handler (`handlers.on_agent_pod`): a
+NotReady or deleted pod makes the agent stale after the same grace as live. A
+trace without pods (older, or recorded without the right to list them) is
+judged by the heartbeat alone, as the operator judges agents outside Kubernetes.
+
 The result per policy: every change the operator made to a Node (cordon,
 drain, uncordon, labels, taint) with its time and the GPUNode's issues then,
 the Events it said (DryRun ones included), and fleet figures (most nodes
@@ -229,6 +235,8 @@ class Replay:
         self.gone_nodes: set[str] = set()
         self.gone_node_seconds = 0.0
         """Of the Nodes deleted: their names, and their seconds in the fleet."""
+        self.pod_nodes: dict[str, str] = {}
+        """Each agent pod in the trace ("namespace/name"): its node, for its deletion."""
         self.seen_events = 0
         self.seen_rules = 0
         self.result = Result(self.name, bool(policy.get("spec", {}).get("dryRun")), 0.0, 0)
@@ -262,6 +270,8 @@ class Replay:
             gone = traces.deletion(record)
             if kind in DRA_KINDS:
                 self._dra(record)
+            elif kind == "agentpod":
+                await self._agent_pod(record, gone)
             elif kind == "node" and gone:
                 await self._node_deleted(record["name"])
             elif kind == "node":
@@ -307,6 +317,27 @@ class Replay:
         self.gone_nodes.add(name)
         self.result.deleted_nodes.append((self.t, name))
         await handlers.on_node(_event("DELETED", body), memo=self.ctx)
+
+    async def _agent_pod(self, record: Mapping[str, Any], gone: bool) -> None:
+        """The agent pod's watch event, as the pod the operator would have seen (node, Ready since)."""
+        name = str(record["name"])
+        node = self.pod_nodes.pop(name, None) if gone else str(record["node"])
+        if node is None:
+            return  # a pod never seen: the operator knows nothing of it to forget
+        if not gone:
+            self.pod_nodes[name] = node
+        namespace, _, pod = name.rpartition("/")
+        ready = {"type": "Ready", "status": "True" if record.get("ready") is True else "False"}
+        if record.get("since"):
+            ready["lastTransitionTime"] = str(record["since"])
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"namespace": namespace, "name": pod},
+            "spec": {"nodeName": node},
+            "status": {"conditions": [ready]},
+        }
+        await handlers.on_agent_pod(_event("DELETED" if gone else "MODIFIED", body), memo=self.ctx)
 
     async def _gpunode_deleted(self, name: str) -> None:
         self.agent.pop(name, None)

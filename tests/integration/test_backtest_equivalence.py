@@ -19,6 +19,7 @@ trace records the ResourceSlices it matches GPUs on and whether the cluster
 acts on rules, so the replay isolates the same GPU, not the node.
 """
 
+import datetime
 import json
 import secrets
 import signal
@@ -35,7 +36,8 @@ from kubernetes import client
 
 import gpunode_facts
 import operator_harness
-from gpuhealth_api import keys, resources
+from gpuhealth_api import keys, resources, timestamps
+from gpuhealth_operator import settings
 from gpuhealth_operator.decisions import device_taints
 from gpuhealth_sim import backtest, controlplane, dra, liveactions, tracerecord, traces, waiting, watches
 
@@ -284,6 +286,119 @@ def test_a_node_replaced_while_drained_frees_the_budget_live_and_in_the_backtest
 
     result = _replayed_as_live(trace, policy, live, names)
     assert result.pending_nodes == set(), "no node waited for the budget in the replay"
+
+
+AGENT_LABELS = dict(label.split("=") for label in settings.DEFAULT_AGENT_POD_SELECTOR.split(","))
+"""The chart's agent pod labels: the operator's and record's default selector."""
+
+
+def _agent_pod(core: client.CoreV1Api, namespace: str, node: str) -> str:
+    """The node's agent pod, Ready (kwok keeps the status the test writes, as a kubelet's probe would)."""
+    name = f"agent-{node}"[:63]
+    body = {
+        "metadata": {
+            "name": name,
+            "labels": AGENT_LABELS,
+            "annotations": {controlplane.KWOK_STATUS_ANNOTATION: "custom"},
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+    core.create_namespaced_pod(namespace, body)
+    _set_ready(core, namespace, name, True)
+    return name
+
+
+def _set_ready(core: client.CoreV1Api, namespace: str, pod: str, ready: bool) -> None:
+    """What the kubelet writes when the readiness probe of the agent's /readyz passes or fails."""
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    value = "True" if ready else "False"
+    conditions = [
+        {"type": kind, "status": value, "lastTransitionTime": now} for kind in ("Ready", "ContainersReady")
+    ]
+    core.patch_namespaced_pod_status(
+        pod, namespace, {"status": {"phase": "Running", "conditions": conditions}}
+    )
+
+
+def test_an_agent_whose_pod_dies_is_judged_stale_when_the_live_operator_judged_it(
+    operator: operator_harness.OperatorProcess,
+    control_plane: controlplane.ControlPlane,
+    k8s: client.ApiClient,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    # Agents report every 5 minutes: by the heartbeat alone none turns stale during this test. Live,
+    # the operator watches their pods, and a hung agent's NotReady pod (or a deleted one) makes its node
+    # Unknown after a minute's grace (AgentStale; the Node keeps its labels: missing data moves nothing).
+    # The replay says the same, at the same time, only if the trace holds the pods.
+    fleet = operator_harness.Fleet(k8s, label=f"btp-{secrets.token_hex(3)}")
+    names = [f"{fleet.label}-{i}" for i in range(3)]
+    hung, gone = names[0], names[1]
+    trace = tmp_path / "pods.jsonl.gz"
+    recorder_api = control_plane.api_client()
+    recorder = tracerecord.Recorder(recorder_api, trace).start()
+    seen = NodeVersions(k8s, set(names))
+    seen.follower.start()
+    assert seen.follower.wait_synced(30)
+    core = fleet.core
+
+    def wait(what: str, check: Any, timeout: float = TIMEOUT) -> None:
+        waiting.wait_until(check, timeout_seconds=timeout, message=what)
+
+    def health(name: str) -> str | None:
+        return (fleet.gpunode(name).get("status") or {}).get("health")
+
+    def quiet() -> dict[str, Any]:
+        return gpunode_facts.agent_status(heartbeat_seconds=300)
+
+    try:
+        fleet.policy(
+            fleet.label,
+            {"rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}]},
+        )
+        pods = {}
+        for name in names:
+            fleet.add_node(name, report=False)
+            fleet.report(name, quiet())
+            pods[name] = _agent_pod(core, namespace, name)
+        wait("every node Healthy", lambda: all(health(n) == "Healthy" for n in names))
+        _set_ready(core, namespace, pods[hung], False)  # its probe fails: a hung NVML call
+        core.delete_namespaced_pod(pods[gone], namespace, grace_period_seconds=0)
+        for name in (hung, gone):
+            wait(f"{name} Unknown", lambda n=name: health(n) == "Unknown", timeout=120)
+        _set_ready(core, namespace, pods[hung], True)  # the agent is back
+        _heartbeats(fleet, recorder, {hung: quiet()})
+        wait(f"{hung} Healthy again", lambda: health(hung) == "Healthy")
+        _heartbeats(fleet, recorder, {names[2]: quiet()})
+        said = {name: fleet.events(name, "AgentStale") for name in names}
+    finally:
+        seen.follower.stop()
+        recorder.stop()
+        recorder_api.close()  # type: ignore[no-untyped-call]
+        policy = _policy(fleet)
+        fleet.cleanup()
+
+    with traces.open_trace(trace) as (_, records):
+        recorded = [(r["name"], r.get("ready"), r.get("deleted")) for r in records if r["kind"] == "agentpod"]
+    assert (f"{namespace}/{pods[hung]}", False, None) in recorded, recorded
+    assert (f"{namespace}/{pods[gone]}", None, True) in recorded, recorded
+    live = liveactions.actions(seen.versions, fleet.label)
+    assert {name: len(events) for name, events in said.items()} == {hung: 1, gone: 1, names[2]: 0}
+
+    result = _replayed_as_live(trace, policy, live, names)
+    replayed = {e["node"]: e["t"] for e in result.events if e["reason"] == "AgentStale"}
+    assert replayed.keys() == {hung, gone}, result.events
+    for name in (hung, gone):
+        at = timestamps.parse(said[name][0].get("eventTime") or said[name][0]["firstTimestamp"])
+        assert abs(at - recorder.started_at - replayed[name]) <= 2.0, (
+            name,
+            at - recorder.started_at,
+            replayed,
+        )
 
 
 def _publish_slice(fleet: operator_harness.Fleet, node: str) -> None:

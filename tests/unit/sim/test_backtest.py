@@ -35,11 +35,16 @@ def write_trace(
     minutes: int = 60,
     deleted: dict[str, float] | None = None,
     silent: dict[str, float] | None = None,
+    pods: dict[str, list[tuple[float, bool | None]]] | None = None,
 ) -> pathlib.Path:
     """Ten H100 nodes (n9 time-sliced) reporting every minute; `faults`: node → (DBE at, repaired at);
     `deleted`: node → when its Node was deleted (the garbage collector's GPUNode deletion 1 s later);
-    `silent`: node → when its agent stopped reporting."""
+    `silent`: node → when its agent stopped reporting; `pods`: node → its agent pod's changes (t, Ready,
+    or None: deleted), the pod Ready from the start."""
     gone = {t: name for name, t in (deleted or {}).items()}
+    pod_changes = sorted(
+        (t, name, ready) for name, changes in (pods or {}).items() for t, ready in [(0.0, True), *changes]
+    )
     with traces.Writer(path, {"start": START.timestamp()}) as writer:
         for name, (start, end) in faults.items():
             writer.write(
@@ -49,6 +54,15 @@ def write_trace(
             labels = {"nvidia.com/gpu.replicas": "4"} if name == "n9" else {}
             writer.write({"kind": "node", "t": 0, "object": node(name, **labels)})
         for minute in range(minutes):
+            for t, name, ready in [c for c in pod_changes if minute * 60 <= c[0] < (minute + 1) * 60]:
+                pod = {"name": f"gpu-health/agent-{name}"}
+                if ready is None:
+                    writer.write({"kind": "agentpod", "t": t, **pod, "deleted": True})
+                else:
+                    since = stamp(t)
+                    writer.write(
+                        {"kind": "agentpod", "t": t, **pod, "node": name, "ready": ready, "since": since}
+                    )
             for t in sorted(t for t in gone if minute * 60 <= t < (minute + 1) * 60):
                 writer.write({"kind": "node", "t": t, "name": gone[t], "deleted": True})
                 writer.write({"kind": "gpunode", "t": t + 1, "name": gone[t], "deleted": True})
@@ -135,6 +149,28 @@ def test_an_agent_that_stops_reporting_is_judged_stale_as_live(tmp_path: pathlib
     last_report = 9 * 60 + 3
     assert len(stale) == 1 and last_report + 3 * 60 <= stale[0] <= last_report + 3 * 60 + 30, result.events
     assert {e["node"] for e in result.events if e["reason"] == "AgentStale"} == {"n3"}
+
+
+def test_an_agent_whose_pod_turns_not_ready_is_judged_stale_after_the_grace_as_live(
+    tmp_path: pathlib.Path,
+) -> None:
+    # Live, the operator watches the agents' pods: a hung agent's NotReady pod (or a deleted one)
+    # makes its node Unknown after a 60 s grace, not only after three missed heartbeats. The trace
+    # records the pods, so the replay says AgentStale as soon as live did.
+    pods: dict[str, list[tuple[float, bool | None]]] = {
+        "n3": [(600.0, False)],
+        "n4": [(600.0, None)],
+        "n5": [(600.0, False), (630.0, True)],  # an agent restart, within the grace
+    }
+    silent = {"n3": 600.0, "n4": 600.0}
+    trace = write_trace(tmp_path / "t.jsonl", {}, minutes=30, silent=silent, pods=pods)
+    result = backtest.run(trace, backtest.load_policy(POLICY))
+    stale = {e["node"]: e for e in result.events if e["reason"] == "AgentStale"}
+    assert set(stale) == {"n3", "n4"}, result.events
+    for name in ("n3", "n4"):
+        assert 660 <= stale[name]["t"] <= 690, stale  # the grace past the last report, plus a tick
+    assert "is not Ready since" in stale["n3"]["message"], stale["n3"]
+    assert not any(a.action in ("Cordon", "Drain") for a in result.actions), "missing data is never a fault"
 
 
 def test_a_fault_storm_trips_the_breaker_in_the_replay_as_live(tmp_path: pathlib.Path) -> None:
