@@ -15,7 +15,11 @@ at the operator:
   percent from sample to sample, and software power caps lower a whole node's
   clocks for a few minutes;
 - load swings, idle stretches (GPUs idle, clocks down), agent gaps and
-  restarts, driver reloads on healthy nodes, and human cordons/uncordons.
+  restarts, driver reloads on healthy nodes, and human cordons/uncordons;
+- each node's agent pod (`agentpod`, as `record` writes the chart's
+  DaemonSet pods): Ready from the node's first sample, NotReady through an
+  agent gap (the agent is down, its readiness probe fails), deleted with a
+  replaced node.
 
 The statuses are built directly as the agent writes them (the shape of
 `gpuhealth_api.status`, the fields the agent reports), not through the
@@ -45,9 +49,11 @@ from gpuhealth_agent import changes
 from gpuhealth_api import heartbeats, keys
 from gpuhealth_sim import traces
 
-REVISION: Final = 2
+REVISION: Final = 3
 """Of the generator, in each trace's header: a new one when the same seed writes a different trace
-(2: nodes with a row-remap failure or a lost GPU are replaced), so a cached trace is known stale."""
+(2: nodes with a row-remap failure or a lost GPU are replaced; 3: agent pods), so a cached trace is
+known stale."""
+AGENT_POD_NAMESPACE: Final = "gpu-health"
 START: Final = datetime.datetime(2026, 1, 5, tzinfo=datetime.UTC)
 """Traces start at a fixed instant, so the same seed writes the same bytes."""
 DAY: Final = 86_400.0
@@ -486,6 +492,8 @@ def generate(options: Options, out: pathlib.Path) -> dict[str, int]:
         for plan in plans:
             if plan.name in present:
                 writer.write({"kind": "node", "t": 0.0, "object": node_object(plan, False)})
+        pods: dict[str, bool] = {}
+        """Each present node's agent pod: Ready or not."""
         order = sorted(plans, key=lambda p: p.phase)
         last: dict[str, dict[str, Any]] = {}
         cordoned: dict[str, bool] = {p.name: False for p in plans}
@@ -496,18 +504,21 @@ def generate(options: Options, out: pathlib.Path) -> dict[str, int]:
                 if t >= duration or t < plan.joins:
                     continue
                 if t >= plan.leaves or plan.name not in present:
-                    counts["records"] += _join_or_leave(writer, plan, t, present)
+                    counts["records"] += _join_or_leave(writer, plan, t, present, pods)
                 if t >= plan.leaves:
                     continue
+                counts["records"] += _agent_pod(writer, plan, t, pods)
                 counts["records"] += _sample_node(
                     writer, plan, samplers[plan.name], t, last, cordoned, options.heartbeat_seconds
                 )
     return counts
 
 
-def _join_or_leave(writer: traces.Writer, plan: NodePlan, t: float, present: set[str]) -> int:
+def _join_or_leave(
+    writer: traces.Writer, plan: NodePlan, t: float, present: set[str], pods: dict[str, bool]
+) -> int:
     """A replacement's Node at its first sample; a replaced node's deletion (its Node, then the
-    garbage collector's of its GPUNode) at its first sample time after it left."""
+    garbage collector's of its GPUNode and its agent pod) at its first sample time after it left."""
     if plan.name not in present and t < plan.leaves:
         present.add(plan.name)
         writer.write({"kind": "node", "t": round(t, 3), "object": node_object(plan, False)})
@@ -516,8 +527,26 @@ def _join_or_leave(writer: traces.Writer, plan: NodePlan, t: float, present: set
         present.discard(plan.name)
         for kind in ("node", "gpunode"):
             writer.write({"kind": kind, "t": round(t, 3), "name": plan.name, "deleted": True})
+        if pods.pop(plan.name, None) is not None:
+            writer.write({"kind": "agentpod", "t": round(t, 3), "name": _pod_name(plan), "deleted": True})
+            return 3
         return 2
     return 0
+
+
+def _agent_pod(writer: traces.Writer, plan: NodePlan, t: float, pods: dict[str, bool]) -> int:
+    """The node's agent pod when its readiness changes: Ready but during an agent gap."""
+    ready = not any(e.kind == "agentGap" and e.covers(t) for e in plan.episodes)
+    if pods.get(plan.name) == ready:
+        return 0
+    pods[plan.name] = ready
+    pod = {"name": _pod_name(plan), "node": plan.name, "ready": ready, "since": _time(t)}
+    writer.write({"kind": "agentpod", "t": round(t, 3), **pod})
+    return 1
+
+
+def _pod_name(plan: NodePlan) -> str:
+    return f"{AGENT_POD_NAMESPACE}/gpu-health-agent-{plan.name}"
 
 
 def _sample_node(  # noqa: PLR0917 - one sample's inputs

@@ -143,3 +143,36 @@ def test_a_node_with_a_row_remap_failure_or_a_lost_gpu_is_replaced(tmp_path: pat
     assert [a.action for a in result.actions if a.node == new] == ["Label health=healthy"]
     score = scoring.score(path, result)  # the baseline rule's reading of the trace too
     assert score["fatal"]["acted"] == score["fatal"]["faults"] and score["fatal"]["falseDisruptive"] == 0
+
+
+def test_an_agent_gap_is_a_not_ready_agent_pod_and_the_replay_says_the_agent_is_stale(
+    tmp_path: pathlib.Path,
+) -> None:
+    path = tmp_path / "t.jsonl.gz"
+    tracegen.generate(tracegen.Options(node_days=6, seed=4, nodes=12), path)  # two gaps of 8 minutes
+    _, truth = traces.read_truth(path)
+    gaps = [t for t in truth if t["type"] == "agentGap"]
+    assert gaps
+    with traces.open_trace(path) as (_, records):
+        pods = [r for r in records if r["kind"] == "agentpod"]
+    for name in {t["node"] for t in truth if t["type"] == "node"}:
+        mine = [(r["t"], r["ready"]) for r in pods if r["node"] == name]
+        assert mine[0][1] is True, "Ready from the node's first sample"
+        assert all(a[1] != b[1] for a, b in itertools.pairwise(mine)), "written when readiness changes"
+    for gap in gaps:
+        [down] = [r for r in pods if r["node"] == gap["node"] and gap["start"] <= r["t"] < gap["end"]]
+        assert down["ready"] is False and down["since"], down
+        assert any(r["node"] == gap["node"] and r["ready"] and r["t"] >= gap["end"] for r in pods)
+
+    result = backtest.run(path, backtest.load_policy(POLICY))
+    long_gaps = {(g["node"], g["start"]) for g in gaps if g["end"] - g["start"] > 120}
+    stale = [e for e in result.events if e["reason"] == "AgentStale"]
+    assert long_gaps and len(stale) >= len(long_gaps), (long_gaps, stale)
+    assert all("is not Ready since" in e["message"] for e in stale)
+    during = [
+        a
+        for a in result.actions
+        for g in gaps
+        if a.node == g["node"] and g["start"] <= a.t <= g["end"] and a.action in ("Cordon", "Drain")
+    ]
+    assert during == [], "missing data is never a fault"
