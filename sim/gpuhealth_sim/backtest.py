@@ -158,6 +158,9 @@ class Result:
     dry_run: bool
     node_days: float
     nodes: int
+    selected: set[str] = dataclasses.field(default_factory=set)
+    """The nodes the policy selected at some time in the trace (its pool): what it is scored on."""
+    selected_node_days: float = 0.0
     actions: list[Action] = dataclasses.field(default_factory=list)
     events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     max_unschedulable: int = 0
@@ -182,13 +185,17 @@ class Result:
             "dryRun": self.dry_run,
             "nodes": self.nodes,
             "nodeDays": round(self.node_days, 2),
+            "selectedNodes": len(self.selected),
+            "selectedNodeDays": round(self.selected_node_days, 2),
             "records": self.records,
             "actions": counts,
             "maxUnschedulable": self.max_unschedulable,
             "maxCordonedByPolicy": self.max_cordoned_by_policy,
             "maxUnavailable": self.max_unavailable_limit,
             "pendingNodes": sorted(self.pending_nodes),
-            "deletedNodes": [{"t": round(t, 3), "node": node} for t, node in self.deleted_nodes],
+            "deletedNodes": [
+                {"t": round(t, 3), "node": node} for t, node in self.deleted_nodes if node in self.selected
+            ],
             "gpuHoursOutOfService": round(self.gpu_hours_out, 1),
             "labelFlaps": self.label_flaps,
             "replaySeconds": round(self.seconds, 2),
@@ -232,9 +239,8 @@ class Replay:
         self.label_cleared: dict[tuple[str, str], float] = {}
         self.joined: dict[str, float] = {}
         """Each Node in the fleet: when it joined (`t`)."""
-        self.gone_nodes: set[str] = set()
-        self.gone_node_seconds = 0.0
-        """Of the Nodes deleted: their names, and their seconds in the fleet."""
+        self.gone_seconds: dict[str, float] = {}
+        """Each Node deleted: its seconds in the fleet (all its lives, if one of its name came back)."""
         self.pod_nodes: dict[str, str] = {}
         """Each agent pod in the trace ("namespace/name"): its node, for its deletion."""
         self.seen_events = 0
@@ -301,6 +307,7 @@ class Replay:
         self.joined.setdefault(name, self.t)
         self.client.touched[name] = None
         await handlers.on_node(_event("MODIFIED", dict(body)), memo=self.ctx)  # a copy: the handler trims it
+        self._note_selected(name)
 
     async def _node_deleted(self, name: str) -> None:
         """A Node deleted, as a node replaced rather than repaired is: it leaves the fleet, its figures
@@ -313,8 +320,7 @@ class Replay:
         self._back_in_service(name)
         self.states.pop(name, None)
         self.label_cleared = {key: t for key, t in self.label_cleared.items() if key[0] != name}
-        self.gone_node_seconds += self.t - self.joined.pop(name, 0.0)
-        self.gone_nodes.add(name)
+        self.gone_seconds[name] = self.gone_seconds.get(name, 0.0) + self.t - self.joined.pop(name, 0.0)
         self.result.deleted_nodes.append((self.t, name))
         await handlers.on_node(_event("DELETED", body), memo=self.ctx)
 
@@ -366,11 +372,20 @@ class Replay:
             status = {**status, "gpus": self._compact(name, gpus, patch)}
         else:
             self.compacted.pop(name, None)
-        if name not in self.client.gpunodes:
+        new = name not in self.client.gpunodes
+        if new:
             created = self.client.put_gpunode(name, {})
             created["metadata"]["creationTimestamp"] = _render(self.now)
         body = self.client.put_gpunode(name, status)
         await handlers.on_gpunode(_event("MODIFIED", dict(body)), memo=self.ctx)
+        if new:
+            self._note_selected(name)  # a node is selected once it has a GPUNode
+
+    def _note_selected(self, name: str) -> None:
+        """Keep `name` among the policy's nodes if it selects it now (its labels, its GPUNode)."""
+        policy = self.ctx.cache.policies.get(self.name)
+        if policy is not None and name in self.ctx.cache.selection(policy).selected:
+            self.result.selected.add(name)
 
     def _compact(self, name: str, gpus: list[Any], patch: Mapping[str, Any] | None) -> list[Any]:
         """The report's GPUs as the operator keeps them. A patch that changed GPUs in place (or none)
@@ -488,9 +503,12 @@ class Replay:
     def _finish(self) -> None:
         for name in list(self.out_since):
             self._back_in_service(name)
-        self.result.nodes = len(self.client.nodes.keys() | self.gone_nodes)
-        present = sum(self.t - self.joined.get(name, 0.0) for name in self.client.nodes)
-        self.result.node_days = (present + self.gone_node_seconds) / 86_400
+        self.result.nodes = len(self.client.nodes.keys() | self.gone_seconds.keys())
+        seconds = dict(self.gone_seconds)
+        for name in self.client.nodes:
+            seconds[name] = seconds.get(name, 0.0) + self.t - self.joined.get(name, 0.0)
+        self.result.node_days = sum(seconds.values()) / 86_400
+        self.result.selected_node_days = sum(seconds.get(n, 0.0) for n in self.result.selected) / 86_400
         policy = self.ctx.cache.policies.get(self.name)
         if policy is not None:
             from gpuhealth_operator.decisions import policies  # noqa: PLC0415 - only for the figure

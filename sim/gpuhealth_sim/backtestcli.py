@@ -207,13 +207,17 @@ def _backtest(args: argparse.Namespace) -> int:
 def print_text(result: backtest.Result, score: dict[str, Any] | None) -> None:
     summary = result.summary()
     mode = "dry run" if result.dry_run else "acting"
-    print(f"== policy {result.policy} ({mode}) on {summary['nodes']} nodes, {summary['nodeDays']} node-days")
+    print(
+        f"== policy {result.policy} ({mode}) selects {summary['selectedNodes']} of {summary['nodes']} nodes, "
+        f"{summary['selectedNodeDays']} of {summary['nodeDays']} node-days"
+    )
     per_node: dict[str, list[backtest.Action]] = {}
     for action in result.actions:
         if not action.action.startswith("Label health="):
             per_node.setdefault(action.node, []).append(action)
     for t, node in result.deleted_nodes:  # not the policy's doing, but why its actions stop there
-        per_node.setdefault(node, []).append(backtest.Action(t, node, "(Node deleted)", ""))
+        if node in result.selected:
+            per_node.setdefault(node, []).append(backtest.Action(t, node, "(Node deleted)", ""))
     for node in sorted(per_node):
         print(f"  {node}")
         for action in sorted(per_node[node], key=lambda a: a.t):

@@ -1,6 +1,8 @@
 """Scoring a backtest against a trace's ground truth, and the baseline straggler rule beside it.
 
-What is measured (docs/backtest.md has the reasoning):
+What is measured (docs/backtest.md has the reasoning), on the nodes the policy
+selected (`Result.selected`: a pool's policy answers for its pool, not for the
+faults of nodes it never selects):
 
 - fatal-fault recall: the share of `truth` fatal faults on whose node the
   policy cordoned or drained (or, in dry run, said it would) between the
@@ -245,8 +247,9 @@ def _baseline_round(latest: Mapping[str, Mapping[str, Any]], t: float) -> list[F
 
 def score(trace: pathlib.Path, result: backtest.Result, *, baseline: bool = True) -> dict[str, Any]:
     """The whole score of one policy's backtest (module docstring)."""
-    _, truth = traces.read_truth(trace)
-    node_days = max(result.node_days, 1e-9)
+    _, everything = traces.read_truth(trace)
+    truth = [r for r in everything if r.get("node") in result.selected]
+    node_days = max(result.selected_node_days, 1e-9)
     flaps = label_flaps(truth, result.actions)
     report: dict[str, Any] = {
         "policy": result.policy,
@@ -257,5 +260,6 @@ def score(trace: pathlib.Path, result: backtest.Result, *, baseline: bool = True
         "maxUnavailableRespected": result.max_cordoned_by_policy <= result.max_unavailable_limit,
     }
     if baseline:
-        report["baselineStragglers"] = score_stragglers(truth, baseline_flags(trace)).to_json()
+        flags = [f for f in baseline_flags(trace) if f.node in result.selected]
+        report["baselineStragglers"] = score_stragglers(truth, flags).to_json()
     return report

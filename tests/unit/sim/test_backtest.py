@@ -188,6 +188,26 @@ def test_a_fault_storm_trips_the_breaker_in_the_replay_as_live(tmp_path: pathlib
     }
 
 
+def test_a_pool_policy_is_scored_on_the_nodes_it_selects(tmp_path: pathlib.Path) -> None:
+    # A policy for one pool (here: every node but the time-sliced n9) says nothing of the other
+    # pools' faults: they are not its misses, and its report says how many nodes it selects.
+    policy = backtest.load_policy(POLICY)
+    policy["spec"]["nodeSelector"] = {
+        "matchExpressions": [{"key": "nvidia.com/gpu.replicas", "operator": "DoesNotExist"}]
+    }
+    trace = tmp_path / "t.jsonl"
+    with_truth = write_trace(
+        trace, {"n9": (300.0, 1e9), "n1": (600.0, 1e9)}, minutes=20, deleted={"n9": 900.0}
+    )
+    result = backtest.run(with_truth, policy)
+    assert [a.node for a in result.actions if a.action == "Drain"] == ["n1"]
+    summary = result.summary()
+    assert (summary["nodes"], summary["selectedNodes"]) == (10, 9), summary
+    assert summary["deletedNodes"] == [], "n9 is not the policy's: its deletion is not in the report"
+    fatal = scoring.score(trace, result)["fatal"]
+    assert (fatal["faults"], fatal["acted"], fatal["recall"]) == (1, 1, 1.0), fatal
+
+
 def test_a_time_sliced_node_is_not_lost(tmp_path: pathlib.Path) -> None:
     result = backtest.run(write_trace(tmp_path / "t.jsonl", {}, minutes=10), backtest.load_policy(POLICY))
     assert [a for a in result.actions if a.action in ("Cordon", "Drain")] == []
