@@ -26,6 +26,7 @@ from gpuhealth_api import heartbeats
 from gpuhealth_operator import settings
 from gpuhealth_sim import backtest, scoring, tracegen, tracerecord, traces
 
+USAGE_ERROR = 2
 INVALID_INPUT = 3
 
 
@@ -103,7 +104,7 @@ def _record(args: argparse.Namespace) -> int:
         args.max_bytes is not None and args.max_bytes <= 0
     ):
         print("gpu-health-sim: --max-seconds and --max-bytes must be positive", file=sys.stderr)
-        return 2
+        return USAGE_ERROR
     configuration = client.Configuration()
     try:
         config.load_kube_config(  # type: ignore[no-untyped-call]
@@ -111,7 +112,7 @@ def _record(args: argparse.Namespace) -> int:
         )
     except (OSError, config.ConfigException) as error:
         print(f"gpu-health-sim: cannot load the kubeconfig: {error}", file=sys.stderr)
-        return 2
+        return USAGE_ERROR
     stop = threading.Event()
 
     def on_signal(_signum: int, _frame: FrameType | None) -> None:
@@ -145,10 +146,10 @@ def _record(args: argparse.Namespace) -> int:
 def _generate(args: argparse.Namespace) -> int:
     if args.node_days <= 0 or args.sample_seconds <= 0 or (args.nodes is not None and args.nodes < 1):
         print("gpu-health-sim: --node-days, --sample-seconds and --nodes must be positive", file=sys.stderr)
-        return 2
+        return USAGE_ERROR
     if args.heartbeat_seconds < 0:
         print("gpu-health-sim: --heartbeat-seconds must be 0 or more", file=sys.stderr)
-        return 2
+        return USAGE_ERROR
     options = tracegen.Options(
         args.node_days, args.seed, args.nodes, args.sample_seconds, args.heartbeat_seconds
     )
@@ -186,6 +187,14 @@ def replay_all(
 def _backtest(args: argparse.Namespace) -> int:
     try:
         policies = [backtest.load_policy(p) for p in args.policy]
+        if args.score and not traces.has_truth(args.trace):
+            print(
+                f"gpu-health-sim: {args.trace} holds no ground truth (`truth` records), so --score has "
+                "nothing to score against: a recorded trace has none (the report without --score says what "
+                "each policy would have done); `trace generate` and the demo write it",
+                file=sys.stderr,
+            )
+            return USAGE_ERROR
         replayed = replay_all(args.trace, policies, args.tick_seconds, args.score)
     except (traces.TraceError, backtest.PolicyError) as error:
         print(f"gpu-health-sim: {error}", file=sys.stderr)

@@ -265,6 +265,20 @@ def _parse(text: str, where: str) -> Any:
         raise TraceError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from error
 
 
+def has_truth(path: pathlib.Path) -> bool:
+    """Whether the trace holds ground truth (a `truth` record); reads up to the first one, parsing only
+    the lines that may be one (a recorded trace has none, and is read to its end)."""
+    with open_trace(path):
+        pass  # the header, checked
+    with _open_text(path, "r") as handle:
+        for number, text in _lines(path, handle):
+            if '"truth"' in text:
+                record = _parse(text, f"{path}:{number}")
+                if isinstance(record, dict) and record.get("kind") == "truth":
+                    return True
+    return False
+
+
 def read_truth(path: pathlib.Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The header and the truth records of a trace (the whole trace is checked on the way)."""
     with open_trace(path) as (header, records):

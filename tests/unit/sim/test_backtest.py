@@ -260,6 +260,18 @@ def test_the_commands_generate_and_backtest(
     assert "bad.jsonl:1: not a gpu-health trace" in capsys.readouterr().err
 
 
+def test_scoring_a_recorded_trace_without_ground_truth_is_refused_not_scored_as_all_false(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A recorded week has no truth records: scored, every drain was "false" and every label wrong.
+    recorded = write_trace(tmp_path / "recorded.jsonl", {}, minutes=5)
+    args = ["backtest", "--policy", str(POLICY), "--trace", str(recorded)]
+    assert cli.main([*args, "--score"]) == 2
+    assert "recorded.jsonl holds no ground truth" in capsys.readouterr().err
+    assert cli.main(args) == 0, "the report itself needs no truth"
+    assert "== policy default" in capsys.readouterr().out
+
+
 def test_two_policies_are_replayed_side_by_side_as_each_alone(tmp_path: pathlib.Path) -> None:
     trace = tmp_path / "g.jsonl.gz"
     tracegen.generate(tracegen.Options(node_days=3, seed=18, nodes=12), trace)
