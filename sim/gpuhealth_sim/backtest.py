@@ -61,7 +61,7 @@ import yaml
 from gpuhealth_api import keys, resources
 from gpuhealth_operator import cache, context, handlers, metrics, settings, ticker
 from gpuhealth_operator.actions import nodes as node_actions
-from gpuhealth_operator.decisions import gpu_facts
+from gpuhealth_operator.decisions import gpu_facts, policies
 from gpuhealth_sim import memcluster, traces
 
 FULL_PASS_SECONDS: Final = 3600.0
@@ -88,9 +88,15 @@ def load_policy(path: pathlib.Path) -> dict[str, Any]:
         raise PolicyError(f"{path}: {error}") from error
     for document in documents:
         if isinstance(document, dict) and document.get("kind") == resources.POLICY_KIND:
-            metadata = document.setdefault("metadata", {})
+            metadata, spec = document.setdefault("metadata", {}), document.get("spec") or {}
+            if not isinstance(metadata, dict) or not isinstance(spec, dict):
+                raise PolicyError(f"{path}: the policy's metadata and spec must be mappings")
             metadata.setdefault("name", path.stem)
             metadata.setdefault("generation", 1)
+            try:  # the operator's own reading: live, it would refuse this policy and act on nothing
+                policies.parse_policy(str(metadata["name"]), 1, spec)
+            except ValueError as error:
+                raise PolicyError(f"{path}: policy {metadata['name']} is invalid: {error}") from error
             return document
     raise PolicyError(f"{path}: no {resources.POLICY_KIND} in this file")
 
@@ -511,8 +517,6 @@ class Replay:
         self.result.selected_node_days = sum(seconds.get(n, 0.0) for n in self.result.selected) / 86_400
         policy = self.ctx.cache.policies.get(self.name)
         if policy is not None:
-            from gpuhealth_operator.decisions import policies  # noqa: PLC0415 - only for the figure
-
             selected = len(self.ctx.cache.selection(policy).selected)
             self.result.max_unavailable_limit = policies.resolve_max_unavailable(policy, selected)
 

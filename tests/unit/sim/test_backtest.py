@@ -238,6 +238,19 @@ def test_a_policy_file_without_a_policy_is_refused(tmp_path: pathlib.Path) -> No
         backtest.load_policy(tmp_path / "p.yaml")
 
 
+def test_a_policy_the_operator_would_refuse_is_refused_naming_the_field(tmp_path: pathlib.Path) -> None:
+    # Live, the operator acts on nothing under an invalid policy; a replay of it said "selects 0 nodes".
+    text = POLICY.read_text().replace("action: Drain", "action: Explode", 1)
+    (tmp_path / "p.yaml").write_text(text)
+    with pytest.raises(
+        backtest.PolicyError, match=r"p\.yaml: policy .* is invalid: spec\.rules\[\d\]\.action"
+    ):
+        backtest.load_policy(tmp_path / "p.yaml")
+    (tmp_path / "q.yaml").write_text("kind: GPUHealthPolicy\nspec: [1]\n")
+    with pytest.raises(backtest.PolicyError, match="must be mappings"):
+        backtest.load_policy(tmp_path / "q.yaml")
+
+
 def test_the_commands_generate_and_backtest(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
