@@ -135,6 +135,9 @@ def _record(args: argparse.Namespace) -> int:
     except OSError as error:
         print(f"gpu-health-sim: {args.out}: {error.strerror or error}", file=sys.stderr)
         return INVALID_INPUT
+    except tracerecord.RecordError as error:
+        print(f"gpu-health-sim: {error}", file=sys.stderr)
+        return INVALID_INPUT
     finally:
         api.close()  # type: ignore[no-untyped-call]
         for number, handler in previous.items():

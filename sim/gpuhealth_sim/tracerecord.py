@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final, cast
 
+import urllib3
 from kubernetes import client
 
 from gpuhealth_api import keys, resources
@@ -214,6 +215,31 @@ class Compactor:
         return [{"kind": kind, "t": self._t(at), "name": name, "deleted": True}]
 
 
+class RecordError(Exception):
+    """The cluster cannot be recorded (unreachable, without gpu-health's CRDs, not allowed), and why."""
+
+
+HINTS: Final = {
+    401: "the kubeconfig's credentials were refused",
+    403: "the kubeconfig's user may not list them (record needs list and watch)",
+    404: "is gpu-health installed? its CRDs serve GPUNodes (helm install, or kubectl apply -f crds/)",
+}
+
+
+def preflight(listers: Mapping[str, Callable[..., Any]]) -> None:
+    """List one of each kind to follow, so a cluster that cannot be recorded says why at once (a
+    follower would retry for ever, and the trace would hold its header alone)."""
+    for what, lister in listers.items():
+        try:
+            lister(limit=1)
+        except client.ApiException as error:
+            hint = HINTS.get(error.status)
+            said = f"cannot list {what}: {error.status} {error.reason}"
+            raise RecordError(f"{said} ({hint})" if hint else said) from error
+        except urllib3.exceptions.HTTPError as error:
+            raise RecordError(f"cannot reach the cluster to list {what}: {error}") from error
+
+
 class Recorder:
     """Follows a cluster's Nodes and GPUNodes into a trace file until stopped or a bound is reached."""
 
@@ -239,10 +265,6 @@ class Recorder:
         self.done = threading.Event()
         self._lock = threading.Lock()
         self._compactor = Compactor(self.started_at)
-        tool = {"tool": "gpu-health-sim record", **(generator or {})}
-        header = {"start": self.started_at, "generator": tool}
-        self._writer: traces.Writer | None = traces.Writer(out, header)
-        self._writer.flush()
         core = client.CoreV1Api(api)
         custom = client.CustomObjectsApi(api)
 
@@ -251,6 +273,11 @@ class Recorder:
                 resources.GROUP, resources.VERSION, resources.GPUNODE_PLURAL, **kwargs
             )
 
+        preflight({"Nodes": core.list_node, "GPUNodes": gpunodes})  # before the file: no empty trace
+        tool = {"tool": "gpu-health-sim record", **(generator or {})}
+        header = {"start": self.started_at, "generator": tool}
+        self._writer: traces.Writer | None = traces.Writer(out, header)
+        self._writer.flush()
         self._followers = [
             watches.Follower("record-nodes", core.list_node, self._on_node),
             watches.Follower("record-gpunodes", gpunodes, self._on_gpunode),

@@ -2,6 +2,9 @@
 
 import copy
 import pathlib
+from collections.abc import Callable
+
+import pytest
 
 from gpuhealth_sim import tracerecord, traces
 from gpunode_facts import agent_status
@@ -249,3 +252,21 @@ def test_an_agent_pod_keeps_its_node_and_readiness_and_repeats_nothing() -> None
     assert compactor.deleted("agentpod", "gpu-health/agent-abcde", START + 5) == [
         {"kind": "agentpod", "t": 5.0, "name": "gpu-health/agent-abcde", "deleted": True}
     ]
+
+
+def test_a_cluster_that_cannot_be_recorded_says_why_before_any_file() -> None:
+    from kubernetes import client  # noqa: PLC0415 - its error type only
+
+    def refused(status: int, reason: str) -> Callable[..., object]:
+        def lister(**_: object) -> object:
+            raise client.ApiException(status=status, reason=reason)
+
+        return lister
+
+    def listed(**_: object) -> object:
+        return {"items": []}
+
+    tracerecord.preflight({"Nodes": listed, "GPUNodes": listed})
+    for status, said in ((404, "is gpu-health installed?"), (403, "may not list them")):
+        with pytest.raises(tracerecord.RecordError, match=rf"cannot list GPUNodes: {status} .*{said}"):
+            tracerecord.preflight({"Nodes": listed, "GPUNodes": refused(status, "x")})
