@@ -28,7 +28,10 @@ taint (keys under gpuhealth.io) stay as the replay made them; `unschedulable`
 is applied when it changed between two versions of the trace (someone
 cordoned or uncordoned), never otherwise, and not when the operator's
 `cordoned-by` annotation changed in the same version (the recorded operator's
-own cordon or uncordon, in a trace of an acting policy). A Node's deletion
+own cordon or uncordon, in a trace of an acting policy). A Node's first
+version is the cluster's state when the recording found it, the operator's
+marks included: a recording that starts on a policy's cordon replays it as
+that policy's (live, it uncordons the node once healthy). A Node's deletion
 (format 3) takes it out of the fleet, its figures and the budget, and the
 DeviceTaintRules it owns with it, as the cluster's garbage collector does.
 
@@ -309,6 +312,10 @@ class Replay:
         capacity = (body.get("status") or {}).get("capacity", {}).get(keys.GPU_RESOURCE)
         labels = body["metadata"].get("labels") or {}
         self.gpus[name] = int(labels.get(keys.GPU_COUNT_LABEL) or capacity or 0)
+        if current is None:  # as the node was when first seen: only what the replay changes is reported
+            self.states[name] = node_state(body, self.name)
+            if self.states[name].ours:
+                self.out_since[name] = self.t
         self.client.put_node(body)
         self.joined.setdefault(name, self.t)
         self.client.touched[name] = None
@@ -551,8 +558,13 @@ def _merge_node(
     """The Node after a trace version: others' fields from the trace, the operator's kept (see above)."""
     meta = obj.get("metadata") or {}
     name = meta["name"]
-    if current is None:
-        current = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": f"uid-node-{name}"}}
+    if current is None:  # its first version is the cluster's state then, the operator's marks included
+        current = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "uid": f"uid-node-{name}", **_ours(meta)},
+            "spec": {"taints": [t for t in (obj.get("spec") or {}).get("taints") or [] if _our_taint(t)]},
+        }
     old_meta = current.get("metadata") or {}
     # The operator's labels are its own three; others under the prefix (a policy's selector,
     # gpuhealth.io/exclude) are set by people and come from the trace.
@@ -564,8 +576,8 @@ def _merge_node(
     )
     spec = obj.get("spec") or {}
     old_spec = current.get("spec") or {}
-    taints = [t for t in spec.get("taints") or [] if t.get("key") != keys.UNHEALTHY_TAINT]
-    taints += [t for t in old_spec.get("taints") or [] if t.get("key") == keys.UNHEALTHY_TAINT]
+    taints = [t for t in spec.get("taints") or [] if not _our_taint(t)]
+    taints += [t for t in old_spec.get("taints") or [] if _our_taint(t)]
     unschedulable = spec.get("unschedulable") if apply_unschedulable else old_spec.get("unschedulable")
     status = dict(current.get("status") or {})
     status["capacity"] = (obj.get("status") or {}).get("capacity") or status.get("capacity") or {}
@@ -575,6 +587,20 @@ def _merge_node(
         "spec": {**old_spec, "unschedulable": bool(unschedulable), "taints": taints},
         "status": status,
     }
+
+
+def _ours(meta: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """The operator's labels and annotations of a Node's metadata."""
+    return {
+        "labels": {k: v for k, v in (meta.get("labels") or {}).items() if k in OUR_LABELS},
+        "annotations": {
+            k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(keys.PREFIX)
+        },
+    }
+
+
+def _our_taint(taint: Mapping[str, Any]) -> bool:
+    return taint.get("key") == keys.UNHEALTHY_TAINT
 
 
 def run(trace: pathlib.Path, policy: dict[str, Any], tick_seconds: float = 30.0) -> Result:

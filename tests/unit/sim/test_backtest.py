@@ -338,6 +338,43 @@ def test_the_recorded_operators_own_cordon_is_not_replayed_as_a_humans(tmp_path:
     assert result.max_unschedulable == 1, "only the human's cordon of n2 is replayed"
 
 
+def test_a_recording_that_starts_on_the_policys_cordon_replays_it_as_the_policys(
+    tmp_path: pathlib.Path,
+) -> None:
+    # `record` started while n1 was cordoned and drained by policy default (its GPU since repaired) and
+    # n2 cordoned by a person. Live, default uncordons n1 once healthy for healthyForSeconds (600 s)
+    # and leaves n2 alone. The first version of a Node is the cluster's state then, claims included.
+    path = write_trace(tmp_path / "t.jsonl", {}, minutes=15)
+    claimed = node("n1")
+    claimed["metadata"]["labels"]["gpuhealth.io/health"] = "unhealthy"
+    claimed["metadata"]["annotations"] = {
+        "gpuhealth.io/cordoned-by": "default",
+        "gpuhealth.io/cordoned-at": stamp(-3600),
+        "gpuhealth.io/drain-started": stamp(-3600),
+    }
+    claimed["spec"]["unschedulable"] = True
+    human = node("n2")
+    human["spec"]["unschedulable"] = True
+    first = {"n1": claimed, "n2": human}
+    lines = []
+    for text in path.read_text().splitlines():
+        record = json.loads(text)
+        name = record.get("object", {}).get("metadata", {}).get("name")
+        if record.get("kind") == "node" and record["t"] == 0 and name in first:
+            record["object"] = first[name]
+        lines.append(json.dumps(record))
+    path.write_text("\n".join(lines) + "\n")
+    result = backtest.run(path, backtest.load_policy(POLICY))
+    done = [
+        (a.node, a.action) for a in result.actions if a.node in first and not a.action.startswith("Label")
+    ]
+    assert done == [("n1", "Uncordon")], result.actions
+    [uncordon] = [a for a in result.actions if a.action == "Uncordon"]
+    assert 600 <= uncordon.t <= 700, uncordon
+    assert result.max_cordoned_by_policy == 1
+    assert result.gpu_hours_out == pytest.approx(8 * uncordon.t / 3600), "out of service from the start"
+
+
 def test_labels_people_set_under_the_prefix_come_from_the_trace(tmp_path: pathlib.Path) -> None:
     """gpuhealth.io/exclude (and a selector's gpuhealth.io/… label) are not the operator's to keep."""
     path = write_trace(tmp_path / "t.jsonl", {"n1": (120.0, 1e9)}, minutes=5)
