@@ -41,7 +41,9 @@ def changes(
 
 def actions(versions: Iterable[tuple[float, Mapping[str, Any]]], policy: str) -> list[backtest.Action]:
     """Every change `policy` made to the Nodes, from their versions in the order they arrived; a
-    version with `deleted: true` is the Node's deletion (one of its name created later is new)."""
+    version with `deleted: true` is the Node's deletion (one of its name created later is new). A
+    Node's first version is where it starts, as in a replay: a recording that began on a policy's
+    cordon holds no Cordon."""
     states: dict[str, backtest.NodeState] = {}
     found: list[backtest.Action] = []
     for t, obj in versions:
@@ -50,7 +52,9 @@ def actions(versions: Iterable[tuple[float, Mapping[str, Any]]], policy: str) ->
             states.pop(name, None)
             continue
         after = backtest.node_state(obj, policy)
-        found += changes(t, name, states.get(name, backtest.NodeState()), after)
+        before = states.get(name)
+        if before is not None:
+            found += changes(t, name, before, after)
         states[name] = after
     return found
 

@@ -288,6 +288,67 @@ def test_a_node_replaced_while_drained_frees_the_budget_live_and_in_the_backtest
     assert result.pending_nodes == set(), "no node waited for the budget in the replay"
 
 
+def test_a_recording_begun_on_a_policys_cordon_replays_the_uncordon_live_made(
+    operator: operator_harness.OperatorProcess,
+    control_plane: controlplane.ControlPlane,
+    k8s: client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    # `record` is started on a fleet where the policy already holds a node drained (its GPU about to be
+    # repaired): live, the policy uncordons it once healthy. The replay starts from the recording's first
+    # versions, the policy's claim included, and must uncordon it too, not leave it as a person's cordon.
+    fleet = operator_harness.Fleet(k8s, label=f"btm-{secrets.token_hex(3)}")
+    names = [f"{fleet.label}-{i}" for i in range(2)]
+    broken = names[0]
+    node = fleet.node
+
+    def wait(what: str, check: Any) -> None:
+        waiting.wait_until(check, timeout_seconds=TIMEOUT, message=what)
+
+    trace = tmp_path / "midway.jsonl.gz"
+    recorder_api = control_plane.api_client()
+    recorder: tracerecord.Recorder | None = None
+    seen = NodeVersions(k8s, set(names))
+    try:
+        fleet.policy(
+            fleet.label,
+            {
+                "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}],
+                "drain": {"timeoutSeconds": 30, "force": True},
+                "recovery": {"uncordon": True, "healthyForSeconds": 2},
+            },
+        )
+        for name in names:
+            fleet.add_node(name)
+        fleet.report(broken, gpunode_facts.agent_status(overrides={2: ECC}))
+        wait(
+            f"{broken} drained",
+            lambda: (
+                node(broken)["metadata"].get("annotations", {}).get(keys.CORDONED_BY_ANNOTATION)
+                == fleet.label
+            ),
+        )
+        recorder = tracerecord.Recorder(recorder_api, trace).start()  # the recording begins here
+        seen.follower.start()
+        assert seen.follower.wait_synced(30)
+        fleet.report(broken, gpunode_facts.agent_status())  # repaired: a driver reload reset the counter
+        wait(f"{broken} uncordoned", lambda: not node(broken)["spec"].get("unschedulable"))
+        _heartbeats(fleet, recorder, {name: gpunode_facts.agent_status() for name in names})
+    finally:
+        seen.follower.stop()
+        if recorder is not None:
+            recorder.stop()
+        recorder_api.close()  # type: ignore[no-untyped-call]
+        policy = _policy(fleet)
+        fleet.cleanup()
+
+    live = liveactions.actions(seen.versions, fleet.label)
+    did = liveactions.sequence(live)
+    assert did[broken] == ["Label health=healthy", "Uncordon"], did
+    result = _replayed_as_live(trace, policy, live, names)
+    assert result.max_cordoned_by_policy == 1 and result.gpu_hours_out > 0
+
+
 AGENT_LABELS = dict(label.split("=") for label in settings.DEFAULT_AGENT_POD_SELECTOR.split(","))
 """The chart's agent pod labels: the operator's and record's default selector."""
 
