@@ -389,6 +389,10 @@ class Replay:
         if new:
             created = self.client.put_gpunode(name, {})
             created["metadata"]["creationTimestamp"] = _render(self.now)
+            if isinstance(record.get("conditions"), list):
+                # The live operator's conditions when the recording found it: the replay goes on from
+                # them, as a restarted operator does (a condition held for an hour is not new).
+                created["status"]["conditions"] = record["conditions"]
         body = self.client.put_gpunode(name, status)
         await handlers.on_gpunode(_event("MODIFIED", dict(body)), memo=self.ctx)
         if new:

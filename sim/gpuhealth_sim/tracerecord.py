@@ -164,7 +164,11 @@ class Compactor:
             # A merge patch cannot set a value to null (null removes): then the whole status.
             if traces.apply_status_patch(before, patch) == status:
                 return {"kind": "gpunode", "t": self._t(at), "name": name, "patch": patch}
-        return {"kind": "gpunode", "t": self._t(at), "name": name, "status": status}
+        record = {"kind": "gpunode", "t": self._t(at), "name": name, "status": status}
+        conditions = (obj.get("status") or {}).get("conditions")
+        if before is None and conditions:
+            record["conditions"] = conditions  # the operator's, where the replay starts from (its first)
+        return record
 
     def agent_pod(self, obj: Mapping[str, Any], at: float) -> dict[str, Any] | None:
         """An agent pod's record when its node or readiness changed (not its other status)."""

@@ -9,7 +9,8 @@ line is one record, in time order:
     {"kind": "node", "t": SECONDS, "object": {Node: metadata.name/labels/annotations,
                                                spec.unschedulable/taints, status.capacity}}
     {"kind": "node", "t": SECONDS, "name": NAME, "deleted": true}
-    {"kind": "gpunode", "t": SECONDS, "name": NAME, "status": {agent, summary, gpus}}
+    {"kind": "gpunode", "t": SECONDS, "name": NAME, "status": {agent, summary, gpus},
+                        "conditions": [the operator's status.conditions, in a node's first record]}
     {"kind": "gpunode", "t": SECONDS, "name": NAME, "patch": {merge patch of the previous status}}
     {"kind": "gpunode", "t": SECONDS, "name": NAME, "deleted": true}
     {"kind": "resourceslice", "t": SECONDS, "object": {ResourceSlice: metadata.name, spec.driver,
@@ -31,6 +32,8 @@ the fleet, and its budget); an older trace is read as one without them.
 Version 4 added the agents' DaemonSet pods (`agentpod`: the node, whether the
 pod is Ready and since when, as the operator's liveness reads them); an older
 trace is read as one without pods, whose agents are judged by their heartbeat.
+It also keeps, in a GPUNode's first record, the conditions the live operator had
+written (`conditions`), which the replay goes on from as a restarted operator.
 
 `t` is seconds since the header's `start` (epoch seconds, UTC). A GPUNode
 `patch` is an RFC 7386 merge patch of the node's previous agent status, except
@@ -183,6 +186,8 @@ def _check(record: object, where: str) -> dict[str, Any]:
         raise TraceError(f"{where}: gpunode record needs a `name`")
     elif not isinstance(record.get("status"), dict) and not isinstance(record.get("patch"), dict):
         raise TraceError(f"{where}: gpunode record needs a `status` or a `patch` object, or `deleted: true`")
+    elif not isinstance(record.get("conditions", []), list):
+        raise TraceError(f"{where}: gpunode record's `conditions` must be a list")
     return record
 
 

@@ -375,6 +375,42 @@ def test_a_recording_that_starts_on_the_policys_cordon_replays_it_as_the_policys
     assert result.gpu_hours_out == pytest.approx(8 * uncordon.t / 3600), "out of service from the start"
 
 
+def test_a_recording_begun_on_a_held_label_keeps_it_as_live_does(tmp_path: pathlib.Path) -> None:
+    # n1 has been thermally throttled for an hour when `record` starts: labelled, its ThermalThrottled
+    # condition True in the GPUNode status the operator wrote. Live, the label stays. The replay starts
+    # as an operator restarted then (it reads its conditions back), so it neither drops the label for
+    # forSeconds nor counts the flap.
+    hot = {4: {"temperatureCelsius": 93, "clockEventReasons": ["HwThermalSlowdown"], "smClockMHz": 1400}}
+    held = {
+        "type": "ThermalThrottled",
+        "status": "True",
+        "reason": "ThermalThrottled",
+        "message": "GPU 4: HwThermalSlowdown",
+        "lastTransitionTime": stamp(-3600),
+    }
+    path = tmp_path / "t.jsonl"
+    with traces.Writer(path, {"start": START.timestamp()}) as writer:
+        for name in NODES[:6]:
+            first = node(name)
+            if name == "n1":
+                first["metadata"]["labels"]["gpuhealth.io/thermal-throttled"] = "true"
+                first["metadata"]["labels"]["gpuhealth.io/health"] = "degraded"
+            writer.write({"kind": "node", "t": 0, "object": first})
+        for minute in range(5):
+            for i, name in enumerate(NODES[:6]):
+                t = minute * 60 + i
+                status = agent_status(
+                    heartbeat=stamp(t), observed=stamp(0), overrides=hot if name == "n1" else None
+                )
+                record = {"kind": "gpunode", "t": t, "name": name, "status": status}
+                if minute == 0 and name == "n1":
+                    record["conditions"] = [held]  # the operator's, in the first version recorded
+                writer.write(record)
+    result = backtest.run(path, backtest.load_policy(POLICY))
+    assert [a for a in result.actions if a.node == "n1"] == [], result.actions
+    assert result.label_flaps == 0
+
+
 def test_labels_people_set_under_the_prefix_come_from_the_trace(tmp_path: pathlib.Path) -> None:
     """gpuhealth.io/exclude (and a selector's gpuhealth.io/… label) are not the operator's to keep."""
     path = write_trace(tmp_path / "t.jsonl", {"n1": (120.0, 1e9)}, minutes=5)

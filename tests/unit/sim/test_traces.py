@@ -118,3 +118,9 @@ def test_agent_pods_read_back_and_a_malformed_one_is_named(tmp_path: pathlib.Pat
     for broken in ({**pod, "ready": "False"}, {**pod, "node": ""}, {**pod, "since": 5}):
         with pytest.raises(traces.TraceError, match=r":2: agentpod record needs a `name`, a `node`"):
             read_all(write(tmp_path / "b.jsonl", [line(HEADER), line(broken)]))
+
+
+def test_a_gpunode_records_conditions_must_be_a_list(tmp_path: pathlib.Path) -> None:
+    record = {"kind": "gpunode", "t": 1, "name": "n1", "status": {}, "conditions": {"type": "Ready"}}
+    with pytest.raises(traces.TraceError, match=r":2: gpunode record's `conditions` must be a list"):
+        read_all(write(tmp_path / "c.jsonl", [line(HEADER), line(record)]))
