@@ -295,11 +295,13 @@ def test_a_recording_begun_on_a_policys_cordon_replays_the_uncordon_live_made(
     tmp_path: Path,
 ) -> None:
     # `record` is started on a fleet where the policy already holds a node drained (its GPU about to be
-    # repaired): live, the policy uncordons it once healthy. The replay starts from the recording's first
-    # versions, the policy's claim included, and must uncordon it too, not leave it as a person's cordon.
+    # repaired) and another labelled thermal-throttled (and still hot): live, the policy uncordons the
+    # first once healthy and leaves the label. The replay starts from the recording's first versions, the
+    # policy's claim and conditions included: it must uncordon the first too, not leave it as a person's
+    # cordon, and keep the label, not drop it for forSeconds as if the heat were new.
     fleet = operator_harness.Fleet(k8s, label=f"btm-{secrets.token_hex(3)}")
-    names = [f"{fleet.label}-{i}" for i in range(2)]
-    broken = names[0]
+    names = [f"{fleet.label}-{i}" for i in range(3)]
+    broken, hot = names[0], names[1]
     node = fleet.node
 
     def wait(what: str, check: Any) -> None:
@@ -313,13 +315,18 @@ def test_a_recording_begun_on_a_policys_cordon_replays_the_uncordon_live_made(
         fleet.policy(
             fleet.label,
             {
-                "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}],
+                "rules": [
+                    {"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"},
+                    {"name": "thermal", "condition": "ThermalThrottled", "action": "Label", "forSeconds": 2},
+                ],
                 "drain": {"timeoutSeconds": 30, "force": True},
                 "recovery": {"uncordon": True, "healthyForSeconds": 2},
             },
         )
         for name in names:
             fleet.add_node(name)
+        fleet.report(hot, gpunode_facts.agent_status(overrides={4: HOT}))
+        wait(f"{hot} labelled", lambda: keys.THERMAL_LABEL in node(hot)["metadata"]["labels"])
         fleet.report(broken, gpunode_facts.agent_status(overrides={2: ECC}))
         wait(
             f"{broken} drained",
@@ -333,7 +340,18 @@ def test_a_recording_begun_on_a_policys_cordon_replays_the_uncordon_live_made(
         assert seen.follower.wait_synced(30)
         fleet.report(broken, gpunode_facts.agent_status())  # repaired: a driver reload reset the counter
         wait(f"{broken} uncordoned", lambda: not node(broken)["spec"].get("unschedulable"))
-        _heartbeats(fleet, recorder, {name: gpunode_facts.agent_status() for name in names})
+
+        def still_hot() -> dict[str, Any]:
+            return {hot: gpunode_facts.agent_status(overrides={4: HOT})}  # a new heartbeat each time
+
+        healthy = {name: gpunode_facts.agent_status() for name in (broken, names[2])}
+        _heartbeats(fleet, recorder, {**healthy, **still_hot()})
+        waiting.holds(
+            lambda: keys.THERMAL_LABEL in node(hot)["metadata"]["labels"],
+            seconds=3 * TICK,
+            message=f"{hot} stays labelled while hot",
+        )
+        _heartbeats(fleet, recorder, still_hot())
     finally:
         seen.follower.stop()
         if recorder is not None:
@@ -345,6 +363,7 @@ def test_a_recording_begun_on_a_policys_cordon_replays_the_uncordon_live_made(
     live = liveactions.actions(seen.versions, fleet.label)
     did = liveactions.sequence(live)
     assert did[broken] == ["Label health=healthy", "Uncordon"], did
+    assert did.get(hot, []) == [], did
     result = _replayed_as_live(trace, policy, live, names)
     assert result.max_cordoned_by_policy == 1 and result.gpu_hours_out > 0
 
