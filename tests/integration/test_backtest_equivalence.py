@@ -79,6 +79,34 @@ class NodeVersions:
                 )
 
 
+class Recording:
+    """`record` into a trace beside a watch of the fleet's Nodes (what live did), from `start` to `stop`."""
+
+    def __init__(
+        self,
+        control_plane: controlplane.ControlPlane,
+        k8s: client.ApiClient,
+        trace: Path,
+        names: Collection[str],
+    ) -> None:
+        self.trace = trace
+        self._api = control_plane.api_client()
+        self.recorder: tracerecord.Recorder | None = None
+        self.seen = NodeVersions(k8s, set(names))
+
+    def start(self) -> tracerecord.Recorder:
+        self.recorder = tracerecord.Recorder(self._api, self.trace).start()
+        self.seen.follower.start()
+        assert self.seen.follower.wait_synced(30)
+        return self.recorder
+
+    def stop(self) -> None:
+        if self.recorder is not None:
+            self.seen.follower.stop()
+            self.recorder.stop()
+        self._api.close()  # type: ignore[no-untyped-call]
+
+
 def _heartbeats(
     fleet: operator_harness.Fleet, recorder: tracerecord.Recorder, statuses: dict[str, Any]
 ) -> None:
@@ -122,12 +150,8 @@ def test_the_backtest_of_a_recorded_run_decides_what_the_live_operator_did(
     fleet = operator_harness.Fleet(k8s, label=f"bt-{secrets.token_hex(3)}")
     names = [f"{fleet.label}-{i}" for i in range(5)]
     ecc, hot, human = names[1], names[2], names[3]
-    trace = tmp_path / "run.jsonl.gz"
-    recorder_api = control_plane.api_client()
-    recorder = tracerecord.Recorder(recorder_api, trace).start()
-    seen = NodeVersions(k8s, set(names))
-    seen.follower.start()
-    assert seen.follower.wait_synced(30)
+    recording = Recording(control_plane, k8s, tmp_path / "run.jsonl.gz", names)
+    recorder = recording.start()
     core = client.CoreV1Api(k8s)
     try:
         fleet.policy(
@@ -185,13 +209,11 @@ def test_the_backtest_of_a_recorded_run_decides_what_the_live_operator_did(
         )
         _heartbeats(fleet, recorder, {name: gpunode_facts.agent_status() for name in names})
     finally:
-        seen.follower.stop()
-        recorder.stop()
-        recorder_api.close()  # type: ignore[no-untyped-call]
+        recording.stop()
         policy = _policy(fleet)
         fleet.cleanup()
 
-    live = liveactions.actions(seen.versions, fleet.label)
+    live = liveactions.actions(recording.seen.versions, fleet.label)
     did = liveactions.sequence(live)
     healthy = "Label health=healthy"
     assert did[ecc] == [healthy, "Drain", "Label health=unhealthy", healthy, "Uncordon"], did
@@ -204,11 +226,11 @@ def test_the_backtest_of_a_recorded_run_decides_what_the_live_operator_did(
     ], did
     assert did[human] == [healthy], did
 
-    with traces.open_trace(trace) as (_, records):
+    with traces.open_trace(recording.trace) as (_, records):
         recorded = liveactions.from_trace(list(records), fleet.label)
     assert liveactions.differences(live, recorded) == {}, "the trace holds every Node change the watch saw"
 
-    _replayed_as_live(trace, policy, live, names)
+    _replayed_as_live(recording.trace, policy, live, names)
 
 
 def test_a_node_replaced_while_drained_frees_the_budget_live_and_in_the_backtest(
@@ -223,12 +245,8 @@ def test_a_node_replaced_while_drained_frees_the_budget_live_and_in_the_backtest
     fleet = operator_harness.Fleet(k8s, label=f"btr-{secrets.token_hex(3)}")
     names = [f"{fleet.label}-{i}" for i in range(3)]
     replaced, second = names[0], names[1]
-    trace = tmp_path / "replaced.jsonl.gz"
-    recorder_api = control_plane.api_client()
-    recorder = tracerecord.Recorder(recorder_api, trace).start()
-    seen = NodeVersions(k8s, set(names))
-    seen.follower.start()
-    assert seen.follower.wait_synced(30)
+    recording = Recording(control_plane, k8s, tmp_path / "replaced.jsonl.gz", names)
+    recorder = recording.start()
     node = fleet.node
 
     def wait(what: str, check: Any) -> None:
@@ -270,21 +288,19 @@ def test_a_node_replaced_while_drained_frees_the_budget_live_and_in_the_backtest
         broken = gpunode_facts.agent_status(overrides={5: ECC})
         _heartbeats(fleet, recorder, {names[2]: gpunode_facts.agent_status(), second: broken})
     finally:
-        seen.follower.stop()
-        recorder.stop()
-        recorder_api.close()  # type: ignore[no-untyped-call]
+        recording.stop()
         policy = _policy(fleet)
         fleet.cleanup()
 
-    with traces.open_trace(trace) as (_, records):
+    with traces.open_trace(recording.trace) as (_, records):
         deletions = [(r["kind"], r["name"]) for r in records if r.get("deleted") and r["name"] in names]
     assert deletions == [("node", replaced), ("gpunode", replaced)], deletions
-    live = liveactions.actions(seen.versions, fleet.label)
+    live = liveactions.actions(recording.seen.versions, fleet.label)
     did = liveactions.sequence(live)
     assert did[replaced][:2] == ["Label health=healthy", "Drain"], did
     assert "Drain" in did[second], did
 
-    result = _replayed_as_live(trace, policy, live, names)
+    result = _replayed_as_live(recording.trace, policy, live, names)
     assert result.pending_nodes == set(), "no node waited for the budget in the replay"
 
 
@@ -307,10 +323,7 @@ def test_a_recording_begun_on_a_policys_cordon_replays_the_uncordon_live_made(
     def wait(what: str, check: Any) -> None:
         waiting.wait_until(check, timeout_seconds=TIMEOUT, message=what)
 
-    trace = tmp_path / "midway.jsonl.gz"
-    recorder_api = control_plane.api_client()
-    recorder: tracerecord.Recorder | None = None
-    seen = NodeVersions(k8s, set(names))
+    recording = Recording(control_plane, k8s, tmp_path / "midway.jsonl.gz", names)
     try:
         fleet.policy(
             fleet.label,
@@ -335,9 +348,7 @@ def test_a_recording_begun_on_a_policys_cordon_replays_the_uncordon_live_made(
                 == fleet.label
             ),
         )
-        recorder = tracerecord.Recorder(recorder_api, trace).start()  # the recording begins here
-        seen.follower.start()
-        assert seen.follower.wait_synced(30)
+        recorder = recording.start()  # the recording begins here
         fleet.report(broken, gpunode_facts.agent_status())  # repaired: a driver reload reset the counter
         wait(f"{broken} uncordoned", lambda: not node(broken)["spec"].get("unschedulable"))
 
@@ -353,18 +364,15 @@ def test_a_recording_begun_on_a_policys_cordon_replays_the_uncordon_live_made(
         )
         _heartbeats(fleet, recorder, still_hot())
     finally:
-        seen.follower.stop()
-        if recorder is not None:
-            recorder.stop()
-        recorder_api.close()  # type: ignore[no-untyped-call]
+        recording.stop()
         policy = _policy(fleet)
         fleet.cleanup()
 
-    live = liveactions.actions(seen.versions, fleet.label)
+    live = liveactions.actions(recording.seen.versions, fleet.label)
     did = liveactions.sequence(live)
     assert did[broken] == ["Label health=healthy", "Uncordon"], did
     assert did.get(hot, []) == [], did
-    result = _replayed_as_live(trace, policy, live, names)
+    result = _replayed_as_live(recording.trace, policy, live, names)
     assert result.max_cordoned_by_policy == 1 and result.gpu_hours_out > 0
 
 
@@ -418,12 +426,8 @@ def test_an_agent_whose_pod_dies_is_judged_stale_when_the_live_operator_judged_i
     fleet = operator_harness.Fleet(k8s, label=f"btp-{secrets.token_hex(3)}")
     names = [f"{fleet.label}-{i}" for i in range(3)]
     hung, gone = names[0], names[1]
-    trace = tmp_path / "pods.jsonl.gz"
-    recorder_api = control_plane.api_client()
-    recorder = tracerecord.Recorder(recorder_api, trace).start()
-    seen = NodeVersions(k8s, set(names))
-    seen.follower.start()
-    assert seen.follower.wait_synced(30)
+    recording = Recording(control_plane, k8s, tmp_path / "pods.jsonl.gz", names)
+    recorder = recording.start()
     core = fleet.core
 
     def wait(what: str, check: Any, timeout: float = TIMEOUT) -> None:
@@ -456,20 +460,18 @@ def test_an_agent_whose_pod_dies_is_judged_stale_when_the_live_operator_judged_i
         _heartbeats(fleet, recorder, {names[2]: quiet()})
         said = {name: fleet.events(name, "AgentStale") for name in names}
     finally:
-        seen.follower.stop()
-        recorder.stop()
-        recorder_api.close()  # type: ignore[no-untyped-call]
+        recording.stop()
         policy = _policy(fleet)
         fleet.cleanup()
 
-    with traces.open_trace(trace) as (_, records):
+    with traces.open_trace(recording.trace) as (_, records):
         recorded = [(r["name"], r.get("ready"), r.get("deleted")) for r in records if r["kind"] == "agentpod"]
     assert (f"{namespace}/{pods[hung]}", False, None) in recorded, recorded
     assert (f"{namespace}/{pods[gone]}", None, True) in recorded, recorded
-    live = liveactions.actions(seen.versions, fleet.label)
+    live = liveactions.actions(recording.seen.versions, fleet.label)
     assert {name: len(events) for name, events in said.items()} == {hung: 1, gone: 1, names[2]: 0}
 
-    result = _replayed_as_live(trace, policy, live, names)
+    result = _replayed_as_live(recording.trace, policy, live, names)
     replayed = {e["node"]: e["t"] for e in result.events if e["reason"] == "AgentStale"}
     assert replayed.keys() == {hung, gone}, result.events
     for name in (hung, gone):
@@ -505,9 +507,8 @@ def test_the_backtest_isolates_the_gpu_the_live_operator_isolated_on_a_dra_node(
 ) -> None:
     fleet = operator_harness.Fleet(k8s, label=f"btd-{secrets.token_hex(3)}")
     gpu_node, plugin_node = f"{fleet.label}-dra", f"{fleet.label}-plugin"
-    trace = tmp_path / "dra.jsonl.gz"
-    recorder_api = control_plane.api_client()
-    recorder = tracerecord.Recorder(recorder_api, trace).start()
+    recording = Recording(control_plane, k8s, tmp_path / "dra.jsonl.gz", (gpu_node, plugin_node))
+    recorder = recording.start()
     node = fleet.node
 
     def wait(what: str, check: Any) -> None:
@@ -553,13 +554,12 @@ def test_the_backtest_isolates_the_gpu_the_live_operator_isolated_on_a_dra_node(
         wait(f"{plugin_node} uncordoned", lambda: not node(plugin_node)["spec"].get("unschedulable"))
         _heartbeats(fleet, recorder, {name: gpunode_facts.agent_status() for name in (gpu_node, plugin_node)})
     finally:
-        recorder.stop()
-        recorder_api.close()  # type: ignore[no-untyped-call]
+        recording.stop()
         policy = _policy(fleet)
         _delete_slice(fleet, gpu_node)
         fleet.cleanup()
 
-    with traces.open_trace(trace) as (_, records):
+    with traces.open_trace(recording.trace) as (_, records):
         recorded = list(records)
     assert any(r["kind"] == "resourceslice" and r["object"]["spec"]["nodeName"] == gpu_node for r in recorded)
     assert any(r["kind"] == "cluster" and r["deviceTaintRules"]["actedOn"] for r in recorded), recorded[:3]
@@ -568,7 +568,7 @@ def test_the_backtest_isolates_the_gpu_the_live_operator_isolated_on_a_dra_node(
     assert did[gpu_node] == ["Isolate GPU 3", "Restore GPU 3"], did
     assert did[plugin_node] == ["Drain", "Uncordon"], did
 
-    _replayed_as_live(trace, policy, live, (gpu_node, plugin_node))
+    _replayed_as_live(recording.trace, policy, live, (gpu_node, plugin_node))
 
 
 def test_record_ends_with_a_complete_trace_on_ctrl_c_and_at_its_bounds(
