@@ -38,6 +38,7 @@ resource.k8s.io records neither.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -278,15 +279,15 @@ class Recorder:
             )
 
         preflight({"Nodes": core.list_node, "GPUNodes": gpunodes})  # before the file: no empty trace
-        tool = {"tool": "gpu-health-sim record", **(generator or {})}
-        header = {"start": self.started_at, "generator": tool}
-        self._writer: traces.Writer | None = traces.Writer(out, header)
-        self._writer.flush()
         self._followers = [
             watches.Follower("record-nodes", core.list_node, self._on_node),
             watches.Follower("record-gpunodes", gpunodes, self._on_gpunode),
         ]
         self._follow_agent_pods(core, agent_pod_selector)
+        tool = {"tool": "gpu-health-sim record", **(generator or {})}
+        header = {"start": self.started_at, "generator": tool}
+        self._writer: traces.Writer | None = traces.Writer(out, header)
+        self._writer.flush()
         self._follow_dra(custom)
 
     def _follow_agent_pods(self, core: client.CoreV1Api, selector: str) -> None:
@@ -294,9 +295,11 @@ class Recorder:
         if not selector:
             return
         try:
-            core.list_pod_for_all_namespaces(label_selector=selector, limit=1)
-        except client.ApiException as error:
-            if error.status != 403:
+            preflight(
+                {"agent pods": functools.partial(core.list_pod_for_all_namespaces, label_selector=selector)}
+            )
+        except RecordError as error:
+            if not isinstance(error.__cause__, client.ApiException) or error.__cause__.status != 403:
                 raise
             self.warnings.append(
                 f"agent pods ({selector}) are not recorded: listing pods is forbidden; a replay judges "
