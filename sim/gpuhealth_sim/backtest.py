@@ -389,10 +389,10 @@ class Replay:
         if new:
             created = self.client.put_gpunode(name, {})
             created["metadata"]["creationTimestamp"] = _render(self.now)
-            if isinstance(record.get("conditions"), list):
-                # The live operator's conditions when the recording found it: the replay goes on from
-                # them, as a restarted operator does (a condition held for an hour is not new).
-                created["status"]["conditions"] = record["conditions"]
+            # What the live operator had written when the recording found it (its conditions' times, the
+            # GPUs it isolated): the replay goes on from there, as a restarted operator does.
+            resumed = record.get("operator") or {}
+            created["status"].update({k: resumed[k] for k in traces.RESUMED_STATUS_FIELDS if k in resumed})
         body = self.client.put_gpunode(name, status)
         await handlers.on_gpunode(_event("MODIFIED", dict(body)), memo=self.ctx)
         if new:
@@ -438,7 +438,9 @@ class Replay:
         live it probed a cluster that already answered so (the recording may start before).
         """
         kind = record["kind"]
-        if kind == "resourceslice":
+        if kind == "devicetaintrule" and record.get("existing") is True and "object" in record:
+            self.client.put_rule(record["object"])  # in place when the recording began: the replay's too
+        elif kind == "resourceslice":
             if record.get("deleted"):
                 self.client.delete_slice(record["name"])
             else:

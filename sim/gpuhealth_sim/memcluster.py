@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuhealth_api import resources
-from gpuhealth_operator import kube
+from gpuhealth_operator import isolating, kube
 from gpuhealth_operator.decisions import device_taints
 
 JsonObject = dict[str, Any]
@@ -44,7 +44,9 @@ POLICIES = f"/apis/{resources.GROUP}/{resources.VERSION}/{resources.POLICY_PLURA
 EVENTS = "/api/v1/namespaces/default/events"
 DRA = "/apis/resource.k8s.io/"
 DRA_VERSIONS = ("v1", "v1beta2", "v1beta1", "v1alpha3")
-OPERATOR_STATUS_FIELDS = frozenset({"health", "issues", "action", "conditions", "straggler"})
+OPERATOR_STATUS_FIELDS = frozenset(
+    {"health", "issues", "action", "conditions", "straggler", *isolating.STATUS_FIELDS}
+)
 
 
 def _not_found(path: str) -> kube.ApiError:
@@ -147,6 +149,16 @@ class MemoryKube:
         self.gpunodes[name] = self.bump(body)
         return body
 
+    def put_rule(self, body: Mapping[str, Any]) -> JsonObject:
+        """A DeviceTaintRule stored, acted on: the controller manager's acknowledgement, at once. Not an
+        operator action by itself (the API's create logs it; a rule in place when a trace began does not)."""
+        rule = copy.deepcopy(dict(body))
+        rule["metadata"]["generation"] = 1
+        condition = {"type": device_taints.EVICTION_CONDITION, "status": "False", "observedGeneration": 1}
+        rule["status"] = {"conditions": [condition]}
+        self.rules[rule["metadata"]["name"]] = self.bump(rule)
+        return rule
+
     def delete_node(self, name: str) -> JsonObject | None:
         """The Node deleted (None: there was none); the garbage collector deletes the DeviceTaintRules
         it owns, as the cluster's does (a collected rule is no operator action: not in `rule_log`)."""
@@ -247,11 +259,7 @@ class MemoryKube:
             name = rule["metadata"]["name"]
             if name in self.rules:
                 raise kube.ApiError(409, "Conflict", f"devicetaintrules {name} already exists")
-            rule["metadata"]["generation"] = 1
-            # Acted on: the controller manager's acknowledgement, at once.
-            condition = {"type": device_taints.EVICTION_CONDITION, "status": "False", "observedGeneration": 1}
-            rule["status"] = {"conditions": [condition]}
-            self.rules[name] = self.bump(rule)
+            rule = self.put_rule(rule)
             self.rule_log.append(("created", copy.deepcopy(rule)))
             return copy.deepcopy(rule)
         if method == "DELETE" and name in self.rules:

@@ -114,7 +114,10 @@ def rule_view(obj: Mapping[str, Any]) -> dict[str, Any] | None:
     labels = metadata.get("labels") or {}
     if keys.NODE_LABEL not in labels or keys.POLICY_LABEL not in labels:
         return None
-    return {"metadata": {"name": metadata.get("name"), "labels": dict(labels)}, "spec": obj.get("spec") or {}}
+    kept: dict[str, Any] = {"name": metadata.get("name"), "labels": dict(labels)}
+    if metadata.get("ownerReferences"):
+        kept["ownerReferences"] = metadata["ownerReferences"]  # its Node's: the garbage collector's reading
+    return {"metadata": kept, "spec": obj.get("spec") or {}}
 
 
 def agent_pod_view(obj: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
@@ -166,9 +169,10 @@ class Compactor:
             if traces.apply_status_patch(before, patch) == status:
                 return {"kind": "gpunode", "t": self._t(at), "name": name, "patch": patch}
         record = {"kind": "gpunode", "t": self._t(at), "name": name, "status": status}
-        conditions = (obj.get("status") or {}).get("conditions")
-        if before is None and conditions:
-            record["conditions"] = conditions  # the operator's, where the replay starts from (its first)
+        written = obj.get("status") or {}
+        resumed = {key: written[key] for key in traces.RESUMED_STATUS_FIELDS if written.get(key)}
+        if before is None and resumed:
+            record["operator"] = resumed  # where the replay goes on from, as a restarted operator
         return record
 
     def agent_pod(self, obj: Mapping[str, Any], at: float) -> dict[str, Any] | None:
@@ -187,8 +191,12 @@ class Compactor:
         self._rules = {"version": version, "actedOn": acted_on if version is not None else None}
         return {"kind": "cluster", "t": self._t(at), "deviceTaintRules": dict(self._rules)}
 
-    def resource(self, kind: str, obj: Mapping[str, Any], at: float) -> list[dict[str, Any]]:
-        """Records for a ResourceSlice or DeviceTaintRule version (kind: resourceslice | devicetaintrule)."""
+    def resource(
+        self, kind: str, obj: Mapping[str, Any], at: float, *, existing: bool = False
+    ) -> list[dict[str, Any]]:
+        """Records for a ResourceSlice or DeviceTaintRule version (kind: resourceslice | devicetaintrule);
+        `existing`: a rule in place when the recording began (the first list), marked so: the replay
+        starts with it, where a rule created later is the recorded operator's decision, not the replay's."""
         found: list[dict[str, Any]] = []
         if (
             kind == "devicetaintrule"
@@ -204,7 +212,10 @@ class Compactor:
             return found + self.deleted(kind, name, at)  # no longer one the operator reads
         if self._objects.get((kind, name)) != view:
             self._objects[(kind, name)] = view
-            found.append({"kind": kind, "t": self._t(at), "object": view})
+            record = {"kind": kind, "t": self._t(at), "object": view}
+            if existing and kind == "devicetaintrule":
+                record["existing"] = True
+            found.append(record)
         return found
 
     def deleted(self, kind: str, name: str, at: float) -> list[dict[str, Any]]:
@@ -339,9 +350,11 @@ class Recorder:
             (rules, device_taints.PLURAL, "devicetaintrule"),
         ):
             if wanted is not None:
-                lister = _lister(custom, wanted, plural)
-                handler = _handler(self, kind)
-                self._followers.append(watches.Follower(f"record-{plural}", lister, handler))
+                follower = watches.Follower(
+                    f"record-{plural}", _lister(custom, wanted, plural), lambda *_: None
+                )
+                follower.handler = _handler(self, kind, follower)
+                self._followers.append(follower)
 
     @staticmethod
     def _isolating(custom: client.CustomObjectsApi) -> bool | None:
@@ -361,11 +374,13 @@ class Recorder:
                     return True
         return None
 
-    def on_resource(self, kind: str, event: str, obj: dict[str, Any], at: float) -> None:
+    def on_resource(
+        self, kind: str, event: str, obj: dict[str, Any], at: float, *, existing: bool = False
+    ) -> None:
         if event == "DELETED":
             self._append_all(lambda: self._compactor.deleted(kind, _name(obj), at))
         else:
-            self._append_all(lambda: self._compactor.resource(kind, obj, at))
+            self._append_all(lambda: self._compactor.resource(kind, obj, at, existing=existing))
 
     def start(self, sync_timeout_seconds: float = 30) -> Recorder:
         """Start following; returns once both first lists are written (or the timeout passed)."""
@@ -456,9 +471,12 @@ def _lister(custom: client.CustomObjectsApi, version: str, plural: str) -> Calla
     return lister
 
 
-def _handler(recorder: Recorder, kind: str) -> Callable[[str, dict[str, Any], float], None]:
+def _handler(
+    recorder: Recorder, kind: str, follower: watches.Follower
+) -> Callable[[str, dict[str, Any], float], None]:
     def handler(event: str, obj: dict[str, Any], at: float) -> None:
-        recorder.on_resource(kind, event, obj, at)
+        # Before the first list is handed over, an object was there when the recording began.
+        recorder.on_resource(kind, event, obj, at, existing=not follower.synced)
 
     return handler
 

@@ -10,14 +10,15 @@ line is one record, in time order:
                                                spec.unschedulable/taints, status.capacity}}
     {"kind": "node", "t": SECONDS, "name": NAME, "deleted": true}
     {"kind": "gpunode", "t": SECONDS, "name": NAME, "status": {agent, summary, gpus},
-                        "conditions": [the operator's status.conditions, in a node's first record]}
+                        "operator": {conditions, isolatedGPUs: the operator's, in a node's first record}}
     {"kind": "gpunode", "t": SECONDS, "name": NAME, "patch": {merge patch of the previous status}}
     {"kind": "gpunode", "t": SECONDS, "name": NAME, "deleted": true}
     {"kind": "resourceslice", "t": SECONDS, "object": {ResourceSlice: metadata.name, spec.driver,
                                                         spec.nodeName, spec.pool.name,
                                                         spec.devices[].name/attributes.uuid}}
     {"kind": "resourceslice", "t": SECONDS, "name": NAME, "deleted": true}
-    {"kind": "devicetaintrule", "t": SECONDS, "object": {a DeviceTaintRule of gpu-health's}}
+    {"kind": "devicetaintrule", "t": SECONDS, "object": {a DeviceTaintRule of gpu-health's},
+                                "existing": true (in place when the recording began; else absent)}
     {"kind": "devicetaintrule", "t": SECONDS, "name": NAME, "deleted": true}
     {"kind": "cluster", "t": SECONDS, "deviceTaintRules": {"version": V | null, "actedOn": B | null}}
     {"kind": "agentpod", "t": SECONDS, "name": "NAMESPACE/POD", "node": NODE, "ready": B,
@@ -32,8 +33,10 @@ the fleet, and its budget); an older trace is read as one without them.
 Version 4 added the agents' DaemonSet pods (`agentpod`: the node, whether the
 pod is Ready and since when, as the operator's liveness reads them); an older
 trace is read as one without pods, whose agents are judged by their heartbeat.
-It also keeps, in a GPUNode's first record, the conditions the live operator had
-written (`conditions`), which the replay goes on from as a restarted operator.
+It also keeps, in a GPUNode's first record, what a restarted operator reads back
+of its own status (`operator`: conditions, isolatedGPUs), and marks the
+DeviceTaintRules in place when the recording began (`existing`): a replay goes
+on from there.
 
 `t` is seconds since the header's `start` (epoch seconds, UTC). A GPUNode
 `patch` is an RFC 7386 merge patch of the node's previous agent status, except
@@ -60,6 +63,10 @@ FORMAT: Final = "gpu-health-trace"
 VERSION: Final = 4
 READS: Final = frozenset({1, 2, 3, 4})
 """Format versions this module reads (each only adds records to the one before)."""
+RESUMED_STATUS_FIELDS: Final = ("conditions", "isolatedGPUs")
+"""Of the operator's part of a GPUNode status, what a restarted operator reads back (its conditions'
+times, the GPUs it isolated: `isolating.STATUS_FIELD`): a GPUNode's first record keeps them (`operator`),
+so a replay goes on from where the recording began."""
 OBJECT_KINDS: Final = frozenset({"resourceslice", "devicetaintrule"})
 """Record kinds carrying an `object` (a version) or a `name` with `deleted: true` (its deletion)."""
 KINDS: Final = frozenset({"node", "gpunode", "cluster", "agentpod", "truth"}) | OBJECT_KINDS
@@ -186,8 +193,8 @@ def _check(record: object, where: str) -> dict[str, Any]:
         raise TraceError(f"{where}: gpunode record needs a `name`")
     elif not isinstance(record.get("status"), dict) and not isinstance(record.get("patch"), dict):
         raise TraceError(f"{where}: gpunode record needs a `status` or a `patch` object, or `deleted: true`")
-    elif not isinstance(record.get("conditions", []), list):
-        raise TraceError(f"{where}: gpunode record's `conditions` must be a list")
+    elif not isinstance(record.get("operator", {}), dict):
+        raise TraceError(f"{where}: gpunode record's `operator` must be an object")
     return record
 
 

@@ -37,7 +37,7 @@ class Follower:
     def __init__(self, name: str, lister: Lister, handler: Handler, **list_kwargs: Any) -> None:
         self.name = name
         self._lister = lister
-        self._handler = handler
+        self.handler = handler
         self._kwargs = list_kwargs
         self._stopped = threading.Event()
         self._synced = threading.Event()
@@ -56,6 +56,11 @@ class Follower:
         self.request_stop()
         self._thread.join(timeout=WATCH_TIMEOUT_SECONDS + 5)
 
+    @property
+    def synced(self) -> bool:
+        """Whether the first list has been handed over (a handler called before that gets listed objects)."""
+        return self._synced.is_set()
+
     def wait_synced(self, timeout_seconds: float) -> bool:
         """True once the first list has been handed over."""
         return self._synced.wait(timeout_seconds)
@@ -70,10 +75,10 @@ class Follower:
         items = body.get("items") or []
         listed = {_key(item) for item in items}
         for namespace, name in sorted(self._known - listed):  # deleted while no watch was open
-            self._handler("DELETED", {"metadata": {"name": name, "namespace": namespace}}, now)
+            self.handler("DELETED", {"metadata": {"name": name, "namespace": namespace}}, now)
         self._known = listed
         for item in items:
-            self._handler("ADDED", item, now)
+            self.handler("ADDED", item, now)
         self._synced.set()
         return str(body.get("metadata", {}).get("resourceVersion", ""))
 
@@ -113,7 +118,7 @@ class Follower:
             elif kind == "DELETED":
                 self._known.discard(_key(obj))
             if kind in ("ADDED", "MODIFIED", "DELETED"):
-                self._handler(str(kind), obj, time.time())
+                self.handler(str(kind), obj, time.time())
             if self._stopped.is_set():
                 break
         return version

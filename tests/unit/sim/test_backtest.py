@@ -1,5 +1,6 @@
 """The backtest replays a trace through the operator's own code: what it does to Nodes, and when."""
 
+import asyncio
 import datetime
 import json
 import os
@@ -9,7 +10,7 @@ import sys
 
 import pytest
 
-from gpuhealth_sim import backtest, backtestcli, cli, dra, scoring, tracegen, traces
+from gpuhealth_sim import backtest, backtestcli, cli, dra, scoring, tracegen, tracerecord, traces
 from gpunode_facts import agent_status
 
 POLICY = pathlib.Path(__file__).parents[3] / "examples" / "default-policy.yaml"
@@ -404,7 +405,7 @@ def test_a_recording_begun_on_a_held_label_keeps_it_as_live_does(tmp_path: pathl
                 )
                 record = {"kind": "gpunode", "t": t, "name": name, "status": status}
                 if minute == 0 and name == "n1":
-                    record["conditions"] = [held]  # the operator's, in the first version recorded
+                    record["operator"] = {"conditions": [held]}  # the operator's, in the first one recorded
                 writer.write(record)
     result = backtest.run(path, backtest.load_policy(POLICY))
     assert [a for a in result.actions if a.node == "n1"] == [], result.actions
@@ -508,6 +509,51 @@ def test_the_rule_of_a_deleted_node_goes_with_it_and_frees_the_gpu_budget(tmp_pa
     assert [(n, a) for n, a, _ in isolated] == [("n1", "Isolate GPU 3"), ("n0", "Isolate GPU 3")], isolated
     assert 1200 <= isolated[1][2] < 1260, "n0's GPU isolated at its first faulty report: n1's rule is gone"
     assert not [a for a in result.actions if a.action in ("Cordon", "Drain")]
+
+
+def test_a_recording_begun_midway_goes_on_as_the_whole_run(tmp_path: pathlib.Path) -> None:
+    # `record` started on a running fleet writes the first version of everything: Nodes with the
+    # operator's labels, GPUNodes with the conditions and isolated GPUs it had written, the rules in
+    # place. That must be enough to go on: the second half of a run, replayed from what `record` would
+    # have found at its middle (here: GPU 3 of n1 isolated, about to be repaired), decides what the
+    # whole run decided in it. Without the rule and the isolation in place, it isolated GPU 3 again.
+    whole = write_dra_trace(tmp_path / "whole.jsonl", slices=True)
+    policy = isolating_policy()
+    expected = [(a.t - HALF, a.node, a.action) for a in backtest.run(whole, policy).actions if a.t >= HALF]
+    with traces.open_trace(whole) as (_, read):
+        records = list(read)
+    first_half = backtest.Replay(policy, START.timestamp(), 30.0)
+    asyncio.run(first_half.run(r for r in records if r["kind"] != "truth" and r["t"] < HALF))
+    assert [a.action for a in first_half.result.actions if "GPU" in a.action] == ["Isolate GPU 3"]
+
+    cluster, at = first_half.client, START.timestamp() + HALF
+    found = tracerecord.Compactor(at)
+    begun = [found.cluster("v1beta2", True, at)]
+    begun += [found.node(obj, at) for obj in cluster.nodes.values()]
+    begun += [r for obj in cluster.slices.values() for r in found.resource("resourceslice", obj, at)]
+    begun += [
+        r for obj in cluster.rules.values() for r in found.resource("devicetaintrule", obj, at, existing=True)
+    ]
+    for (
+        name,
+        body,
+    ) in cluster.gpunodes.items():  # as the API serves it: the agent's report, the operator's part
+        served = {**body, "status": {**body["status"], **first_half.agent[name]}}
+        begun.append(found.gpunode(served, at))
+    midway = tmp_path / "midway.jsonl"
+    with traces.Writer(midway, {"start": at}) as writer:
+        for record in [
+            *begun,
+            *({**r, "t": r["t"] - HALF} for r in records if r["kind"] != "truth" and r["t"] >= HALF),
+        ]:
+            assert record is not None
+            writer.write(record)
+    went_on = [(a.t, a.node, a.action) for a in backtest.run(midway, policy).actions]
+    assert went_on == expected
+    assert ("n1", "Restore GPU 3") in {(node, action) for _, node, action in went_on}
+
+
+HALF = 900.0
 
 
 def test_isolating_the_faulty_gpu_acts_on_the_fatal_fault(tmp_path: pathlib.Path) -> None:

@@ -70,14 +70,14 @@ def test_a_gpunode_is_recorded_in_full_once_then_as_patches_of_the_agent_part_on
     assert first is not None and second is not None
     assert first["status"] == statuses[0] and "health" not in first["status"]
     # The operator's conditions then, once: the replay goes on from them as a restarted operator.
-    assert first["conditions"] == [{"type": "Ready"}]
-    assert second["t"] == 10.0 and "conditions" not in second
+    assert first["operator"] == {"conditions": [{"type": "Ready"}]}
+    assert second["t"] == 10.0 and "operator" not in second
     assert second["patch"] == {
         "agent": {"lastHeartbeatTime": "2026-01-05T00:01:00Z"},
         "gpus": {"1": {"smClockMHz": 1860}},
     }
     last = records[-1]
-    assert last is not None and "status" in last and "conditions" not in last  # the null needs it whole
+    assert last is not None and "status" in last and "operator" not in last  # the null needs it whole
     # The operator's own status writes change nothing the agent reported: no record.
     assert compactor.gpunode(gpunode("n1", statuses[-1], health="Unhealthy"), START + 99) is None
 
@@ -224,6 +224,15 @@ def test_an_acknowledged_rule_says_the_cluster_acts_on_rules_and_ours_are_record
     rule = {"metadata": {"name": "gpuhealth-n1-gpu-3", "labels": labels}, "spec": {"taint": {}}}
     [ours] = compactor.resource("devicetaintrule", rule, START + 3)
     assert ours["object"]["metadata"] == {"name": "gpuhealth-n1-gpu-3", "labels": labels}
+    assert "existing" not in ours, "created while recording: the recorded operator's decision"
+    owner = [{"apiVersion": "v1", "kind": "Node", "name": "n2", "uid": "u2"}]
+    there = {
+        "metadata": {"name": "gpuhealth-n2-gpu-0", "labels": labels, "ownerReferences": owner},
+        "spec": {},
+    }
+    [found] = compactor.resource("devicetaintrule", there, START + 4, existing=True)
+    assert found["existing"] is True, "in place when the recording began: the replay starts with it"
+    assert found["object"]["metadata"]["ownerReferences"] == owner, "its Node's: collected with it"
 
 
 def agent_pod(node: str | None, ready: str, changed: str = "2026-01-05T00:00:00Z", **status: object) -> dict:

@@ -120,7 +120,10 @@ def test_agent_pods_read_back_and_a_malformed_one_is_named(tmp_path: pathlib.Pat
             read_all(write(tmp_path / "b.jsonl", [line(HEADER), line(broken)]))
 
 
-def test_a_gpunode_records_conditions_must_be_a_list(tmp_path: pathlib.Path) -> None:
-    record = {"kind": "gpunode", "t": 1, "name": "n1", "status": {}, "conditions": {"type": "Ready"}}
-    with pytest.raises(traces.TraceError, match=r":2: gpunode record's `conditions` must be a list"):
+def test_a_gpunode_records_operator_part_must_be_an_object(tmp_path: pathlib.Path) -> None:
+    from gpuhealth_operator import isolating  # noqa: PLC0415 - the field's own name
+
+    assert isolating.STATUS_FIELD in traces.RESUMED_STATUS_FIELDS
+    record = {"kind": "gpunode", "t": 1, "name": "n1", "status": {}, "operator": [{"type": "Ready"}]}
+    with pytest.raises(traces.TraceError, match=r":2: gpunode record's `operator` must be an object"):
         read_all(write(tmp_path / "c.jsonl", [line(HEADER), line(record)]))
