@@ -454,6 +454,11 @@ def test_an_agent_whose_pod_dies_is_judged_stale_when_the_live_operator_judged_i
         core.delete_namespaced_pod(pods[gone], namespace, grace_period_seconds=0)
         for name in (hung, gone):
             wait(f"{name} Unknown", lambda n=name: health(n) == "Unknown", timeout=120)
+        # The replay's timer steps by TICK on the trace's clock, not in phase with the live one: the agent
+        # must stay down for more than a tick after live judged it stale for the replay's timer to see it.
+        waiting.holds(
+            lambda: health(hung) == "Unknown", seconds=3 * TICK, message=f"{hung} stays Unknown while down"
+        )
         _set_ready(core, namespace, pods[hung], True)  # the agent is back
         _heartbeats(fleet, recorder, {hung: quiet()})
         wait(f"{hung} Healthy again", lambda: health(hung) == "Healthy")
