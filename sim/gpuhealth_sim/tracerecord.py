@@ -350,11 +350,7 @@ class Recorder:
             (rules, device_taints.PLURAL, "devicetaintrule"),
         ):
             if wanted is not None:
-                follower = watches.Follower(
-                    f"record-{plural}", _lister(custom, wanted, plural), lambda *_: None
-                )
-                follower.handler = _handler(self, kind, follower)
-                self._followers.append(follower)
+                self._followers.append(_resource_follower(self, kind, _lister(custom, wanted, plural)))
 
     @staticmethod
     def _isolating(custom: client.CustomObjectsApi) -> bool | None:
@@ -471,14 +467,15 @@ def _lister(custom: client.CustomObjectsApi, version: str, plural: str) -> Calla
     return lister
 
 
-def _handler(
-    recorder: Recorder, kind: str, follower: watches.Follower
-) -> Callable[[str, dict[str, Any], float], None]:
+def _resource_follower(recorder: Recorder, kind: str, lister: Callable[..., Any]) -> watches.Follower:
+    """A follower of ResourceSlices or DeviceTaintRules (`kind`) handing them to `recorder`."""
+
     def handler(event: str, obj: dict[str, Any], at: float) -> None:
         # Before the first list is handed over, an object was there when the recording began.
         recorder.on_resource(kind, event, obj, at, existing=not follower.synced)
 
-    return handler
+    follower = watches.Follower(f"record-{kind}s", lister, handler)
+    return follower
 
 
 def _name(obj: Mapping[str, Any]) -> str:

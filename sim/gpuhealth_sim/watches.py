@@ -37,7 +37,7 @@ class Follower:
     def __init__(self, name: str, lister: Lister, handler: Handler, **list_kwargs: Any) -> None:
         self.name = name
         self._lister = lister
-        self.handler = handler
+        self._handler = handler
         self._kwargs = list_kwargs
         self._stopped = threading.Event()
         self._synced = threading.Event()
@@ -75,10 +75,10 @@ class Follower:
         items = body.get("items") or []
         listed = {_key(item) for item in items}
         for namespace, name in sorted(self._known - listed):  # deleted while no watch was open
-            self.handler("DELETED", {"metadata": {"name": name, "namespace": namespace}}, now)
+            self._handler("DELETED", {"metadata": {"name": name, "namespace": namespace}}, now)
         self._known = listed
         for item in items:
-            self.handler("ADDED", item, now)
+            self._handler("ADDED", item, now)
         self._synced.set()
         return str(body.get("metadata", {}).get("resourceVersion", ""))
 
@@ -118,7 +118,7 @@ class Follower:
             elif kind == "DELETED":
                 self._known.discard(_key(obj))
             if kind in ("ADDED", "MODIFIED", "DELETED"):
-                self.handler(str(kind), obj, time.time())
+                self._handler(str(kind), obj, time.time())
             if self._stopped.is_set():
                 break
         return version
