@@ -255,11 +255,10 @@ class MemoryKube:
             return copy.deepcopy(self.rules[name])
         if method == "POST" and not name:
             assert isinstance(body, dict)
-            rule = copy.deepcopy(body)
-            name = rule["metadata"]["name"]
+            name = body["metadata"]["name"]
             if name in self.rules:
                 raise kube.ApiError(409, "Conflict", f"devicetaintrules {name} already exists")
-            rule = self.put_rule(rule)
+            rule = self.put_rule(body)
             self.rule_log.append(("created", copy.deepcopy(rule)))
             return copy.deepcopy(rule)
         if method == "DELETE" and name in self.rules:
