@@ -536,13 +536,18 @@ def _join_or_leave(
 
 def _agent_pod(writer: traces.Writer, plan: NodePlan, t: float, pods: dict[str, bool]) -> int:
     """The node's agent pod when its readiness changes: Ready but during an agent gap."""
-    ready = not any(e.kind == "agentGap" and e.covers(t) for e in plan.episodes)
+    ready = not _agent_down(plan, t)
     if pods.get(plan.name) == ready:
         return 0
     pods[plan.name] = ready
     pod = {"name": _pod_name(plan), "node": plan.name, "ready": ready, "since": _time(t)}
     writer.write({"kind": "agentpod", "t": round(t, 3), **pod})
     return 1
+
+
+def _agent_down(plan: NodePlan, t: float) -> bool:
+    """Whether the node's agent is down at `t` (an agent gap): no report, its pod NotReady."""
+    return any(e.kind == "agentGap" and e.covers(t) for e in plan.episodes)
 
 
 def _pod_name(plan: NodePlan) -> str:
@@ -564,7 +569,7 @@ def _sample_node(  # noqa: PLR0917 - one sample's inputs
         cordoned[plan.name] = human
         writer.write({"kind": "node", "t": round(t, 3), "object": node_object(plan, human)})
         written += 1
-    if any(e.kind == "agentGap" and e.covers(t) for e in plan.episodes):
+    if _agent_down(plan, t):
         sampler.written = None  # the agent is down: no report; when it is back it writes at once
         return written
     for episode in plan.episodes:
