@@ -16,6 +16,8 @@ from typing import Any, Final, Protocol
 
 import pynvml
 
+from gpuhealth_api import vocabulary
+
 # --- errors (pynvml's own classes, re-exported) -----------------------------------------------------------
 
 NVMLError: Final[type[Exception]] = pynvml.NVMLError
@@ -73,16 +75,13 @@ FI_DEV_GET_GPU_RECOVERY_ACTION: Final[int | None] = getattr(
 """Field id of the driver's recommended recovery action; None with bindings that predate it."""
 
 RECOVERY_ACTIONS: Final[dict[int, str]] = {
-    0: "None",
-    1: "GpuReset",
-    2: "NodeReboot",
-    3: "DrainP2P",
-    4: "DrainAndReset",
-    5: "RecoverImexDomain",
-    6: "BusReset",
-    7: "SystemReboot",
+    getattr(pynvml, f"NVML_GPU_RECOVERY_ACTION_{action.name}", code): action.value
+    for code, action in enumerate(vocabulary.RecoveryAction)
 }
-"""NVML_GPU_RECOVERY_ACTION_* values by name (the first five are gpuhealth_api.vocabulary.RecoveryAction)."""
+"""NVML_GPU_RECOVERY_ACTION_* values (pynvml's, where the binding defines them) by their contract name.
+
+gpuhealth_api.vocabulary.RecoveryAction lists NVML's actions in NVML's order, so a binding that
+predates one still decodes it; a code neither knows is reported as `Unknown<code>` (facts.decode)."""
 
 MEMORY_V2: Final[int | None] = getattr(pynvml, "nvmlMemory_v2", None)
 """Version tag of nvmlMemory_v2_t (`used` without the driver's reserved memory); None with older bindings."""

@@ -118,6 +118,32 @@ def recovery_required(gpu: status.GPUStatus) -> str | None:
     return f"driver asks for recovery action {action}"
 
 
+_GPU_RECOVERY: Final = frozenset(a.value for a in vocabulary.GPU_RECOVERY_ACTIONS)
+_P2P: Final = "peer-to-peer traffic on every GPU that talks to it"
+_NODE_WIDE_CURES: Final[Mapping[str, str]] = {
+    vocabulary.RecoveryAction.NODE_REBOOT.value: "a node reboot",
+    vocabulary.RecoveryAction.SYSTEM_REBOOT.value: "a system reboot",
+    vocabulary.RecoveryAction.RECOVER_IMEX_DOMAIN.value: "a recovery of the IMEX domain",
+    vocabulary.RecoveryAction.DRAIN_P2P.value: f"a drain of {_P2P}",
+    vocabulary.RecoveryAction.DRAIN_AND_RESET.value: f"a drain of {_P2P}, then a GPU reset",
+}
+
+
+def node_wide_recovery(gpu: status.GPUStatus) -> str | None:
+    """Why the GPU's recovery action needs the whole node, or None (no action, or one for this GPU alone).
+
+    Only a GPU reset or a reset of its PCIe bus touches one GPU (`vocabulary.GPU_RECOVERY_ACTIONS`);
+    an action this version does not know is node-wide: it is never safe to guess it is smaller.
+    """
+    action = gpu.get("recoveryAction")
+    if not isinstance(action, str) or action in _NO_RECOVERY or action in _GPU_RECOVERY:
+        return None
+    cure = _NODE_WIDE_CURES.get(action)
+    if cure is None:
+        return f"the driver asks for recovery action {action}, unknown to this version"
+    return f"the driver asks for {cure} (recovery action {action})"
+
+
 def _reasons(gpu: status.GPUStatus, wanted: Iterable[str]) -> list[str]:
     reasons = gpu.get("clockEventReasons")
     if not isinstance(reasons, list):

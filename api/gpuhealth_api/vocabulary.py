@@ -117,3 +117,16 @@ class RecoveryAction(enum.StrEnum):
     NODE_REBOOT = "NodeReboot"
     DRAIN_P2P = "DrainP2P"
     DRAIN_AND_RESET = "DrainAndReset"
+    RECOVER_IMEX_DOMAIN = "RecoverImexDomain"
+    BUS_RESET = "BusReset"
+    SYSTEM_REBOOT = "SystemReboot"
+
+
+GPU_RECOVERY_ACTIONS: frozenset[RecoveryAction] = frozenset(
+    {RecoveryAction.GPU_RESET, RecoveryAction.BUS_RESET}
+)
+"""Recovery actions whose cure touches the faulty GPU alone (a GPU reset, a reset of its PCIe bus).
+
+Every other action but None is node-wide: a reboot of the node or system, a recovery of the IMEX
+domain, or a drain of peer-to-peer traffic (DrainP2P, DrainAndReset: every process that talks to
+the GPU over P2P must stop, on whichever GPU it runs), so isolating one GPU does not cure it."""

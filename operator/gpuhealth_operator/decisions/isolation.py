@@ -213,10 +213,11 @@ def _node_wide(
     critical_xids: frozenset[int],
     catalogue: xid_catalogue.Catalogue,
 ) -> str | None:
-    if Condition.RECOVERY_REQUIRED in conditions and gpu.get("recoveryAction") == (
-        vocabulary.RecoveryAction.NODE_REBOOT.value
-    ):
-        return "the driver asks for a node reboot (recovery action NodeReboot)"
+    if Condition.RECOVERY_REQUIRED in conditions:
+        # Every recovery action NVML defines but a GPU or bus reset (faults.node_wide_recovery).
+        why = faults.node_wide_recovery(gpu)
+        if why is not None:
+            return why
     if Condition.XID_CRITICAL in conditions:
         for record in faults.matching_xids(gpu, critical_xids):
             info = catalogue.lookup(record["code"])

@@ -6,6 +6,7 @@ import pynvml
 import pytest
 
 from gpuhealth_agent import nvml, scenario, simulated
+from gpuhealth_api import vocabulary
 
 
 def test_errors_by_short_name_are_pynvmls_classes() -> None:
@@ -44,3 +45,14 @@ def test_same_device_compares_pointers_by_address() -> None:
     assert a is not b and nvml.same_device(a, b)
     assert not nvml.same_device(a, ctypes.pointer(ctypes.c_int(5)))
     assert nvml.same_device(simulated.Handle(1), simulated.Handle(1))
+
+
+def test_every_recovery_action_pynvml_defines_has_its_contract_name() -> None:
+    defined = {
+        getattr(pynvml, name): name for name in dir(pynvml) if name.startswith("NVML_GPU_RECOVERY_ACTION_")
+    }
+    assert len(defined) >= 8
+    assert set(nvml.RECOVERY_ACTIONS) == set(defined)
+    for code, name in defined.items():
+        expected = name.removeprefix("NVML_GPU_RECOVERY_ACTION_")
+        assert vocabulary.RecoveryAction[expected].value == nvml.RECOVERY_ACTIONS[code]

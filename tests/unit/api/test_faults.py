@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuhealth_api import faults, keys, xid_catalogue
+from gpuhealth_api import faults, keys, status, vocabulary, xid_catalogue
 
 PACKAGE = Path(__file__).resolve().parents[3] / "api" / "gpuhealth_api"
 RESET_OR_WORSE = frozenset({"RESET_GPU", "RESTART_BM", "WORKFLOW_XID_48", "WORKFLOW_NVLINK_ERR"})
@@ -162,3 +162,58 @@ def test_a_predicate_reads_only_the_fields_it_declares(
     alike = {k: v for k, v in b.items() if k not in reads} | {k: v for k, v in a.items() if k in reads}
     check = faults.gpu_checks(critical)[condition]
     assert check(alike) == check(a)  # type: ignore[arg-type]
+
+
+# --- recovery actions: which the driver means for one GPU, which for the whole node ----------------------
+
+PER_GPU_RECOVERY = {"GpuReset", "BusReset"}
+"""The only recovery actions that touch the faulty GPU alone (a GPU reset, a reset of its PCIe bus)."""
+
+
+def test_every_nvml_recovery_action_is_in_the_vocabulary() -> None:
+    # NVML_GPU_RECOVERY_ACTION_NONE .. SYSTEM_REBOOT (pynvml; cuda.bindings.nvml.DeviceGpuRecoveryAction).
+    assert [a.value for a in vocabulary.RecoveryAction] == [
+        "None",
+        "GpuReset",
+        "NodeReboot",
+        "DrainP2P",
+        "DrainAndReset",
+        "RecoverImexDomain",
+        "BusReset",
+        "SystemReboot",
+    ]
+
+
+@pytest.mark.parametrize("action", [a.value for a in vocabulary.RecoveryAction])
+def test_a_recovery_action_is_node_wide_unless_it_resets_the_gpu_alone(action: str) -> None:
+    gpu = status.GPUStatus(index=0, recoveryAction=action)
+    if action == "None":
+        assert faults.recovery_required(gpu) is None
+        assert faults.node_wide_recovery(gpu) is None
+        return
+    assert faults.recovery_required(gpu) is not None
+    reason = faults.node_wide_recovery(gpu)
+    if action in PER_GPU_RECOVERY:
+        assert reason is None
+    else:
+        assert reason is not None and action in reason
+
+
+def test_a_recovery_action_this_version_does_not_know_is_node_wide() -> None:
+    gpu = status.GPUStatus(index=0, recoveryAction="Unknown9")
+    assert faults.recovery_required(gpu) is not None
+    assert (
+        faults.node_wide_recovery(gpu)
+        == "the driver asks for recovery action Unknown9, unknown to this version"
+    )
+
+
+def test_malformed_recovery_actions_are_no_fault() -> None:
+    for value in (None, 3, ""):
+        gpu: status.GPUStatus = {"index": 0, "recoveryAction": value}  # type: ignore[typeddict-item]
+        assert faults.node_wide_recovery(gpu) is None
+
+
+def test_node_reboot_keeps_its_words() -> None:
+    gpu = status.GPUStatus(index=0, recoveryAction="NodeReboot")
+    assert faults.node_wide_recovery(gpu) == "the driver asks for a node reboot (recovery action NodeReboot)"
