@@ -22,7 +22,9 @@ def _stated_defaults() -> list[tuple[str, frozenset[int]]]:
 
 
 @pytest.mark.parametrize(("where", "codes"), _stated_defaults() or [("(none)", None)])
-def test_a_default_xid_set_stated_in_an_example_is_the_catalogues(where: str, codes: frozenset[int] | None) -> None:
+def test_a_default_xid_set_stated_in_an_example_is_the_catalogues(
+    where: str, codes: frozenset[int] | None
+) -> None:
     if codes is None:
         return
-    assert codes == xid_catalogue.default_critical(), f"{where} states a default XID set the catalogue does not have"
+    assert codes == xid_catalogue.default_critical(), f"{where}: not the catalogue's default XID set"
