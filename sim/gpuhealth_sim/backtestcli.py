@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import math
 import multiprocessing
 import os
 import pathlib
@@ -146,17 +147,30 @@ def _record(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(value: float) -> bool:
+    """A finite number above 0 (NaN compares false to everything, so `value <= 0` lets it through)."""
+    return math.isfinite(value) and value > 0
+
+
 def _generate(args: argparse.Namespace) -> int:
-    if args.node_days <= 0 or args.sample_seconds <= 0 or (args.nodes is not None and args.nodes < 1):
+    if (
+        not _positive(args.node_days)
+        or not _positive(args.sample_seconds)
+        or (args.nodes is not None and args.nodes < 1)
+    ):
         print("gpu-health-sim: --node-days, --sample-seconds and --nodes must be positive", file=sys.stderr)
         return USAGE_ERROR
-    if args.heartbeat_seconds < 0:
+    if not (math.isfinite(args.heartbeat_seconds) and args.heartbeat_seconds >= 0):
         print("gpu-health-sim: --heartbeat-seconds must be 0 or more", file=sys.stderr)
         return USAGE_ERROR
     options = tracegen.Options(
         args.node_days, args.seed, args.nodes, args.sample_seconds, args.heartbeat_seconds
     )
-    counts = tracegen.generate(options, args.out)
+    try:
+        counts = tracegen.generate(options, args.out)
+    except OSError as error:  # a missing directory, a directory, no permission, a full disk
+        print(f"gpu-health-sim: cannot write {args.out}: {error.strerror or error}", file=sys.stderr)
+        return INVALID_INPUT
     print(
         f"{args.out}: {counts['nodes']} nodes, {counts['records']} records, {counts['truth']} truth records"
     )
@@ -188,6 +202,12 @@ def replay_all(
 
 
 def _backtest(args: argparse.Namespace) -> int:
+    if not _positive(args.tick_seconds):  # 0 would never advance the simulated clock: a hang
+        print(
+            f"gpu-health-sim: --tick-seconds must be a positive number of seconds, not {args.tick_seconds:g}",
+            file=sys.stderr,
+        )
+        return USAGE_ERROR
     try:
         policies = [backtest.load_policy(p) for p in args.policy]
         if args.score and not traces.has_truth(args.trace):
