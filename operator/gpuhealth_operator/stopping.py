@@ -1,8 +1,9 @@
 """Emergency stops, and cordons a deleted policy left behind.
 
-Three things stop a running drain at once: the node labelled
-`gpuhealth.io/exclude=true`, its policy set to `dryRun: true`, and its policy
-deleted (or made invalid). Every drain asks `why_stop` right before each
+Four things stop a running drain at once: the node labelled
+`gpuhealth.io/exclude=true`, its policy set to `dryRun: true`, its policy
+deleted (or made invalid), and the policy no longer selecting the node (the
+node relabelled, the selector narrowed). Every drain asks `why_stop` right before each
 eviction request, so no request goes out once the watch event is in the
 cache; and the watch handlers call `stop_drains` as soon as they stored the
 event, which cancels the drain task there and then. The cordon stays (the
@@ -22,6 +23,7 @@ import logging
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import context, kube
 from gpuhealth_operator.actions import events, nodes, status
+from gpuhealth_operator.decisions import policies
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +44,8 @@ def why_stop(ctx: context.Context, policy: str, node: str) -> str | None:
         return f"policy {policy} was deleted"
     if current.dry_run:
         return f"policy {policy} is now in dry run"
+    if not policies.matches(current, record.view):  # relabelled, or the selector narrowed
+        return f"policy {policy} no longer selects the node"
     return None
 
 
@@ -53,6 +57,11 @@ def _release_hint(reason: str, node: str) -> str:
         )
     if "dry run" in reason:
         return "set dryRun: false to resume the drain"
+    if "no longer selects" in reason:
+        return (
+            "select the node again to resume the drain, or release it yourself (kubectl uncordon "
+            f"{node} && kubectl annotate node {node} {keys.CORDONED_BY_ANNOTATION}-)"
+        )
     return "a policy that selects the node adopts the cordon"
 
 

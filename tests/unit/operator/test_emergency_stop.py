@@ -3,10 +3,12 @@
 import asyncio
 import dataclasses
 import datetime
+import time
 from typing import Any
 
+import drain_cluster
 from gpuhealth_api import keys
-from gpuhealth_operator import cache, context, kube, metrics, settings, stopping
+from gpuhealth_operator import cache, context, handlers, kube, metrics, settings, stopping
 from gpuhealth_operator.actions import drain
 from gpuhealth_operator.decisions import policies
 
@@ -188,3 +190,66 @@ def test_a_cordon_is_not_adopted_while_its_policy_exists_even_if_the_cache_lags(
     ctx = adopting_context(cluster, owner="old")
     asyncio.run(stopping.adopt(ctx, "p", "n"))
     assert cluster.patches == [] and cluster.events == []
+
+
+def test_a_node_that_leaves_the_policys_selection_stops_its_drain_at_once() -> None:
+    """Relabelled out of the policy's selector: no eviction request after the change (issue 24, item 4)."""
+
+    async def scenario() -> None:
+        cluster = drain_cluster.DrainCluster()
+        ctx = await drain_cluster.start(
+            cluster, {"p": drain_cluster.drain_spec("gpu")}, {"n": {"pool": "gpu"}}
+        )
+        cluster.add_pod("n", "guarded")
+        cluster.guarded.add("work/guarded")
+        await drain_cluster.report(cluster, ctx, "n", ecc=1)
+        drain_task = ctx.drains["n"]
+        await waiting_for(lambda: len(cluster.evictions) >= 3)
+        await drain_cluster.node_changed(cluster, ctx, "n", pool="cpu")
+        changed = time.monotonic()
+        await asyncio.wait({drain_task}, timeout=2)
+        assert drain_task.done(), "the drain goes on after the policy stopped selecting the node"
+        after = [key for at, key in cluster.evictions if at > changed]
+        assert after == [], f"{len(after)} eviction requests after the node left the selection"
+        assert cluster.nodes["n"]["spec"]["unschedulable"] is True, "the cordon stays"
+        (paused,) = [e for e in cluster.event_log if e["reason"] == "RemediationPaused"]
+        assert "no longer selects the node" in paused["message"], paused["message"]
+
+    asyncio.run(scenario())
+
+
+def test_a_narrowed_selector_stops_the_drain_but_another_selecting_policy_may_drain() -> None:
+    """Two policies select the node; one narrows its selector: its drain stops, the other's path is intact."""
+
+    async def scenario() -> None:
+        cluster = drain_cluster.DrainCluster()
+        wide = drain_cluster.drain_spec("gpu", nodeSelector={"matchLabels": {"site": "a"}})
+        ctx = await drain_cluster.start(
+            cluster, {"p": drain_cluster.drain_spec("gpu"), "q": wide}, {"n": {"pool": "gpu", "site": "a"}}
+        )
+        cluster.add_pod("n", "guarded")
+        cluster.guarded.add("work/guarded")
+        await drain_cluster.report(cluster, ctx, "n", ecc=1)
+        first = ctx.drains["n"]
+        stopped_policy = ctx.drain_policies["n"]
+        await waiting_for(lambda: len(cluster.evictions) >= 2)
+        body = drain_cluster.policy_body(stopped_policy, drain_cluster.drain_spec("elsewhere"))
+        body["metadata"]["generation"] = 2
+        await handlers.on_policy(drain_cluster.event("MODIFIED", body), memo=ctx)
+        await asyncio.wait({first}, timeout=2)
+        assert first.done(), f"policy {stopped_policy} no longer selects the node but its drain goes on"
+        other = "q" if stopped_policy == "p" else "p"
+        assert stopping.why_stop(ctx, other, "n") is None, "the other policy still selects the node"
+        assert stopping.why_stop(ctx, stopped_policy, "n") is not None
+        for task in ctx.drains.values():
+            task.cancel()
+
+    asyncio.run(scenario())
+
+
+async def waiting_for(condition: Any, timeout: float = 5.0) -> None:
+    """Poll `condition` on the running loop (the drain runs on it) until true or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
