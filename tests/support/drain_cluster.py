@@ -10,8 +10,10 @@ the write). `faulty_node` builds a context with a policy and GPU nodes, and
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import time
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -135,7 +137,7 @@ def make_context(cluster: DrainCluster) -> context.Context:
 async def start(
     cluster: DrainCluster, policies: dict[str, dict[str, Any]], nodes: dict[str, dict[str, str]]
 ) -> context.Context:
-    """A context on `cluster` with these policies (name → spec) and Nodes (name → labels), healthy GPUNodes."""
+    """A context on `cluster` with these policies (name → spec) and Nodes (name → labels), all healthy."""
     ctx = make_context(cluster)
     for name, spec in policies.items():
         await handlers.on_policy(event("ADDED", policy_body(name, spec)), memo=ctx)
@@ -169,3 +171,11 @@ async def node_changed(cluster: DrainCluster, ctx: context.Context, name: str, *
 async def deliver(cluster: DrainCluster, ctx: context.Context, name: str) -> None:
     """The watch delivers the Node as the cluster holds it now."""
     await handlers.on_node(event("MODIFIED", copy.deepcopy(cluster.nodes[name])), memo=ctx)
+
+
+async def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
+    """Poll `condition` on the running loop (a drain runs on it) until it holds; fail after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)

@@ -204,7 +204,7 @@ def test_a_node_that_leaves_the_policys_selection_stops_its_drain_at_once() -> N
         cluster.guarded.add("work/guarded")
         await drain_cluster.report(cluster, ctx, "n", ecc=1)
         drain_task = ctx.drains["n"]
-        await waiting_for(lambda: len(cluster.evictions) >= 3)
+        await drain_cluster.until(lambda: len(cluster.evictions) >= 3)
         await drain_cluster.node_changed(cluster, ctx, "n", pool="cpu")
         changed = time.monotonic()
         await asyncio.wait({drain_task}, timeout=2)
@@ -232,7 +232,7 @@ def test_a_narrowed_selector_stops_the_drain_but_another_selecting_policy_may_dr
         await drain_cluster.report(cluster, ctx, "n", ecc=1)
         first = ctx.drains["n"]
         stopped_policy = ctx.drain_policies["n"]
-        await waiting_for(lambda: len(cluster.evictions) >= 2)
+        await drain_cluster.until(lambda: len(cluster.evictions) >= 2)
         body = drain_cluster.policy_body(stopped_policy, drain_cluster.drain_spec("elsewhere"))
         body["metadata"]["generation"] = 2
         await handlers.on_policy(drain_cluster.event("MODIFIED", body), memo=ctx)
@@ -245,11 +245,3 @@ def test_a_narrowed_selector_stops_the_drain_but_another_selecting_policy_may_dr
             task.cancel()
 
     asyncio.run(scenario())
-
-
-async def waiting_for(condition: Any, timeout: float = 5.0) -> None:
-    """Poll `condition` on the running loop (the drain runs on it) until true or `timeout` passes."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.01)
