@@ -21,11 +21,15 @@ import http.server
 import threading
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 import prometheus_client
 
 MISSED_INTERVALS: Final = 3
+IDLE_TIMEOUT_SECONDS: Final = 10.0
+"""How long a connection may send nothing before the server hangs up (a probe sends at once)."""
+MAX_CONNECTIONS: Final = 16
+"""Connections served at once; more are closed unanswered. The kubelet and Prometheus need a few."""
 
 
 @dataclasses.dataclass
@@ -67,8 +71,12 @@ class Liveness:
         return True, "ok"
 
 
-def _handler(registry: prometheus_client.CollectorRegistry | None, liveness: Liveness) -> type:
+def _handler(
+    registry: prometheus_client.CollectorRegistry | None, liveness: Liveness, idle_timeout_seconds: float
+) -> type:
     class Handler(http.server.BaseHTTPRequestHandler):
+        timeout = idle_timeout_seconds  # socket timeout of every read and write: an idle client is dropped
+
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path in ("/healthz", "/readyz"):
@@ -94,8 +102,39 @@ def _handler(registry: prometheus_client.CollectorRegistry | None, liveness: Liv
     return Handler
 
 
+class _BoundedServer(http.server.ThreadingHTTPServer):
+    """A thread per connection, at most `max_connections` at once; others are closed at once.
+
+    With the handler's socket timeout, a client that connects and sends nothing (or trickles)
+    holds a thread for at most the idle timeout per read, and never more than the bound in all:
+    the agent's memory and its probes' answers do not depend on who connects to it.
+    """
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type, max_connections: int) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(max_connections)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 class HealthServer:
-    """A small threaded HTTP server; port 0 picks a free port (see `.port`)."""
+    """A small threaded HTTP server, bounded (`_BoundedServer`); port 0 picks a free port (see `.port`)."""
 
     def __init__(
         self,
@@ -103,9 +142,13 @@ class HealthServer:
         liveness: Liveness,
         registry: prometheus_client.CollectorRegistry | None,
         host: str = "0.0.0.0",
+        *,
+        idle_timeout_seconds: float = IDLE_TIMEOUT_SECONDS,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
-        self.server = http.server.ThreadingHTTPServer((host, port), _handler(registry, liveness))
-        self.server.daemon_threads = True
+        self.server = _BoundedServer(
+            (host, port), _handler(registry, liveness, idle_timeout_seconds), max_connections
+        )
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, name="health-http", daemon=True)
 
