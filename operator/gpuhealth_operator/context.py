@@ -194,6 +194,10 @@ class Context:
     drain_checked: dict[str, float] = dataclasses.field(default_factory=dict)
     """node → when (monotonic) its pods were last looked at while Drained, so new ones are drained too."""
 
+    drained_unsaid: dict[str, str] = dataclasses.field(default_factory=dict)
+    """node → the NodeDrained message of a completed drain whose Event was refused: said again each
+    time the Drained node is looked at again. The node is Drained all the same (an Event is a report)."""
+
     drain_policies: dict[str, str] = dataclasses.field(default_factory=dict)
     """node → the policy whose drain runs (or ran) there: what `stopping` asks whether to stop it."""
 
@@ -304,6 +308,7 @@ class Context:
             task.cancel()
         self.drain_results.pop(name, None)
         self.drain_checked.pop(name, None)
+        self.drained_unsaid.pop(name, None)
         self.drain_policies.pop(name, None)
         self.announced_cordons.pop(name, None)
         lock = self.node_locks.get(name)

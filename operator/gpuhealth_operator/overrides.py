@@ -44,6 +44,7 @@ def forget_running_drain(ctx: context.Context, name: str) -> None:
         task.cancel()
     ctx.drain_results.pop(name, None)
     ctx.drain_checked.pop(name, None)
+    ctx.drained_unsaid.pop(name, None)
 
 
 async def forget_drain(ctx: context.Context, name: str) -> None:

@@ -261,13 +261,22 @@ async def _drain(ctx: context.Context, policy: model.Policy, name: str, now: dat
     previous_action = _status_action(ctx, name)
     if result is not None or (started is not None and previous_action == NodeAction.DRAINED):
         # Drained (here, or before a restart): Drained means empty, so look again now and then.
+        looked = ctx.drain_checked.get(name)
         if not await overrides.still_empty(ctx, name, _drain_options(ctx, policy)):
             deadline = now + datetime.timedelta(seconds=policy.drain_timeout_seconds)
             ctx.drain_results.pop(name, None)
+            ctx.drained_unsaid.pop(name, None)
             ctx.drains[name] = asyncio.create_task(
                 _run_drain(ctx, policy, name, now, deadline), name=f"drain-{name}"
             )
             return NodeAction.DRAINING
+        unsaid = ctx.drained_unsaid.get(name)
+        if (
+            unsaid is not None
+            and ctx.drain_checked.get(name) != looked  # once per look at the pods, not once per pass
+            and await announcements.drained(ctx, name, unsaid)
+        ):
+            ctx.drained_unsaid.pop(name, None)
         return NodeAction.DRAINED
     if started is None:
         started = now
@@ -324,8 +333,10 @@ async def _run_drain(
     subject = events.subject(ctx.cache, name)
     if result.completed:
         ctx.meters.drain_duration.labels("completed").observe(elapsed)
-        if not await announcements.drained(ctx, name, drain.drained_message(policy.name, result)):
-            return result  # not said, so no result kept: the next reconcile drains again and says it
+        message = drain.drained_message(policy.name, result)
+        if not await announcements.drained(ctx, name, message):
+            # Drained all the same: an Event is a report, not state. Said again when next looked at.
+            ctx.drained_unsaid[name] = message
     else:
         ctx.meters.drain_duration.labels("failed").observe(elapsed)
         await ctx.recorder.emit(
@@ -358,6 +369,7 @@ async def _uncordon(
     if task is not None:
         task.cancel()
     ctx.drain_results.pop(name, None)
+    ctx.drained_unsaid.pop(name, None)
     ctx.meters.actions.labels("Uncordon", "Recovered").inc()
     await ctx.recorder.emit(
         events.subject(ctx.cache, name),

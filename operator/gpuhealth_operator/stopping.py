@@ -143,6 +143,7 @@ async def adopt(ctx: context.Context, policy: str, name: str) -> None:
     if ctx.cache.refresh_node(body) is None:
         return
     ctx.drain_results.pop(name, None)  # the deleted policy's drain ended; the adopting policy drains anew
+    ctx.drained_unsaid.pop(name, None)
     await ctx.recorder.emit(
         events.subject(ctx.cache, name),
         vocabulary.EventReason.NODE_CORDONED,

@@ -38,6 +38,7 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.drains[node] = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
     ctx.drain_results[node] = drain.Result(completed=True, blocking=(), evicted=1, skipped=())
     ctx.drain_checked[node] = 1.0
+    ctx.drained_unsaid[node] = "Node drained by policy p."
     ctx.drain_policies[node] = policy
     ctx.announced_cordons[node] = "2026-01-01T00:00:00Z"
     ctx.dry_run_said[(policy, node)] = f"Dry run: policy {policy} would cordon"
@@ -66,6 +67,7 @@ FILLED = {
     "drains",
     "drain_results",
     "drain_checked",
+    "drained_unsaid",
     "drain_policies",
     "announced_cordons",
     "dry_run_said",
@@ -180,6 +182,7 @@ def test_forget_verdicts_keeps_the_nodes_own_memory() -> None:
             "drains",
             "drain_results",
             "drain_checked",
+            "drained_unsaid",
             "drain_policies",
             "announced_cordons",
         }
