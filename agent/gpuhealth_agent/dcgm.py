@@ -1,16 +1,33 @@
 """Optional DCGM facts from a dcgm-exporter beside the agent (`--dcgm-exporter-url`).
 
 Where a dcgm-exporter already runs, DCGM knows things NVML polling misses
-(the last XID even if our event thread was not running, violation time
-counters). We scrape its Prometheus text with prometheus_client's parser and
-fold five fields into the same per-GPU facts. NVML stays authoritative: DCGM
-can only add a fault (raise a count, set a flag, add a reason), never clear
-one. An unreachable exporter is counted and logged; the NVML facts are
-reported as usual.
+(an XID while our event thread was not watching, violation time counters).
+We scrape its Prometheus text with prometheus_client's parser and fold five
+fields into the same per-GPU facts. NVML stays authoritative: DCGM can only
+add a fault (raise a count, set a flag, add a reason), never clear one. An
+unreachable exporter is counted and logged; the NVML facts are reported as
+usual.
+
+Three rules keep DCGM from inventing faults:
+
+- **GPUs by UUID.** DCGM's `gpu` label is DCGM's own index, which need not
+  be NVML's; a record is folded into the NVML GPU with its `UUID`, and a
+  record without one, or of a GPU NVML does not list, is left out.
+- **The first value is a baseline.** `DCGM_FI_DEV_XID_ERRORS` is the GPU's
+  *last* XID, kept until DCGM restarts: the value at the first scrape of a
+  GPU is old news (an earlier agent counted it, and a repair may have cured
+  it since), so only a change after that is a new XID. Otherwise every agent
+  restart (a rollout) re-drained repaired nodes and undid human overrides.
+- **One XID is counted once.** The same XID usually arrives twice, as an
+  NVML event and, a collection later, as DCGM's new last XID. Each side's
+  XIDs of the last MATCH_SECONDS are kept per GPU and code; an XID the other
+  side already counted is dropped, whichever side saw it first.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import logging
 import urllib.error
@@ -34,10 +51,17 @@ FIELDS: Final = frozenset({XID, DBE_VOLATILE, ROW_REMAP_FAILURE, THERMAL_VIOLATI
 THERMAL_REASON: Final = "SwThermalSlowdown"
 POWER_REASON: Final = "SwPowerCap"
 
+MATCH_SECONDS: Final = 300.0
+"""How long an XID one side (NVML event, DCGM) counted waits to be matched by the other's report of it.
+
+Longer than dcgm-exporter's collection interval (30 s by default) with room for a slow scrape."""
+
 
 @dataclasses.dataclass
 class GpuFacts:
     uuid: str | None = None
+    index: int | None = None
+    """DCGM's index for the GPU (for logs only: NVML's may differ)."""
     last_xid: int | None = None
     dbe_volatile: int | None = None
     remap_failure: bool | None = None
@@ -46,21 +70,19 @@ class GpuFacts:
     power_violation: float | None = None
 
 
-def parse_text(text: str) -> dict[int, GpuFacts]:
-    """DCGM facts by GPU index from dcgm-exporter's Prometheus text."""
-    facts: dict[int, GpuFacts] = {}
+def parse_text(text: str) -> dict[str, GpuFacts]:
+    """DCGM facts by GPU UUID from dcgm-exporter's Prometheus text (records without a UUID left out)."""
+    facts: dict[str, GpuFacts] = {}
     for family in parser.text_string_to_metric_families(text):
         for sample in family.samples:
             # The parser names counter samples <family>_total; dcgm-exporter's names have no suffix.
             name = sample.name if sample.name in FIELDS else sample.name.removesuffix("_total")
-            if name not in FIELDS or "gpu" not in sample.labels:
+            uuid = sample.labels.get("UUID")
+            if name not in FIELDS or not uuid:
                 continue
-            try:
-                index = int(sample.labels["gpu"])
-            except ValueError:
-                continue
-            gpu = facts.setdefault(index, GpuFacts())
-            gpu.uuid = sample.labels.get("UUID", gpu.uuid)
+            gpu = facts.setdefault(uuid, GpuFacts(uuid=uuid))
+            with contextlib.suppress(ValueError):
+                gpu.index = int(sample.labels.get("gpu", ""))
             value = sample.value
             if name == XID:
                 gpu.last_xid = int(value)
@@ -76,18 +98,20 @@ def parse_text(text: str) -> dict[int, GpuFacts]:
 
 
 def fold(
-    gpus: list[status.GPUStatus],
-    now_facts: dict[int, GpuFacts],
-    before: dict[int, GpuFacts],
-    record_xid: Callable[[int, int], None],
-) -> None:
-    """Add DCGM's view to the NVML facts in place; `record_xid(index, code)` gets XIDs DCGM saw change."""
-    by_index = {g["index"]: g for g in gpus}
-    for index, facts in now_facts.items():
-        gpu = by_index.get(index)
+    gpus: list[status.GPUStatus], now_facts: dict[str, GpuFacts], before: dict[str, GpuFacts]
+) -> list[tuple[status.GPUStatus, int]]:
+    """Add DCGM's view to the NVML facts in place (matched by UUID); the XIDs DCGM saw change, by GPU.
+
+    `before` is the previous scrape's facts: a GPU not in it has no XID change yet (its first
+    value is the baseline, see the module docstring).
+    """
+    by_uuid = {g["uuid"]: g for g in gpus if g.get("uuid")}
+    changed: list[tuple[status.GPUStatus, int]] = []
+    for uuid, facts in now_facts.items():
+        gpu = by_uuid.get(uuid)
         if gpu is None or gpu.get("lost", False):
             continue
-        previous = before.get(index)
+        previous = before.get(uuid)
         if facts.dbe_volatile is not None:
             ecc = gpu.setdefault("ecc", {})
             ecc["uncorrectedVolatile"] = max(ecc.get("uncorrectedVolatile", 0), facts.dbe_volatile)
@@ -102,23 +126,50 @@ def fold(
                 reasons.append(reason)
         if reasons or "clockEventReasons" in gpu:
             gpu["clockEventReasons"] = reasons
-        # DCGM's XID field holds the last XID code; a new non-zero value is a new XID.
-        old_xid = previous.last_xid if previous else None
-        if facts.last_xid and facts.last_xid != old_xid:
-            record_xid(index, facts.last_xid)
+        # DCGM's XID field holds the last XID code; a new non-zero value after the baseline is a new XID.
+        if previous is not None and facts.last_xid and facts.last_xid != previous.last_xid:
+            changed.append((gpu, facts.last_xid))
+    return changed
+
+
+class _Counted:
+    """XIDs one side counted recently, per (GPU UUID, code), each with when: the other side's match."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, int], collections.deque[float]] = {}
+
+    def add(self, uuid: str, code: int, now: float) -> None:
+        self._seen.setdefault((uuid, code), collections.deque()).append(now)
+
+    def take(self, uuid: str, code: int, now: float) -> bool:
+        """Whether one was counted within MATCH_SECONDS (and forget it: it is matched now)."""
+        times = self._seen.get((uuid, code))
+        while times and now - times[0] > MATCH_SECONDS:
+            times.popleft()
+        if not times:
+            self._seen.pop((uuid, code), None)
+            return False
+        times.popleft()
+        return True
+
+    def expire(self, now: float) -> None:
+        for key in [k for k, times in self._seen.items() if times and now - times[-1] > MATCH_SECONDS]:
+            del self._seen[key]
 
 
 class DcgmSource:
-    """Scrapes one dcgm-exporter; remembers the previous scrape to see what changed."""
+    """Scrapes one dcgm-exporter; remembers the previous scrape to see what changed (module docstring)."""
 
     def __init__(self, url: str, timeout_seconds: float = 2.0) -> None:
         self.url = url
         self.timeout_seconds = timeout_seconds
-        self.previous: dict[int, GpuFacts] = {}
+        self.previous: dict[str, GpuFacts] = {}
         self.failures = 0
+        self._by_nvml = _Counted()
+        self._by_dcgm = _Counted()
 
-    def scrape(self) -> dict[int, GpuFacts] | None:
-        """Facts by GPU index, or None when the exporter cannot be read (counted, logged)."""
+    def scrape(self) -> dict[str, GpuFacts] | None:
+        """Facts by GPU UUID, or None when the exporter cannot be read (counted, logged)."""
         try:
             with urllib.request.urlopen(self.url, timeout=self.timeout_seconds) as response:
                 text = response.read().decode("utf-8", errors="replace")
@@ -128,11 +179,36 @@ class DcgmSource:
             log.warning("dcgm-exporter at %s unreachable or unreadable: %s", self.url, exc)
             return None
 
-    def apply(self, gpus: list[status.GPUStatus], record_xid: Callable[[int, int], None]) -> bool:
-        """Scrape and fold into `gpus`; False when the scrape failed."""
+    def claim_nvml_xid(self, uuid: str | None, code: int, now: float) -> bool:
+        """Whether an XID from an NVML event is new, not one DCGM reported already (then it is dropped)."""
+        if uuid is None:
+            return True  # no GPU to match it by: count it
+        if self._by_dcgm.take(uuid, code, now):
+            return False
+        self._by_nvml.add(uuid, code, now)
+        return True
+
+    def apply(
+        self,
+        gpus: list[status.GPUStatus],
+        record_xid: Callable[[int, str, int], None],
+        now: float,
+    ) -> bool:
+        """Scrape and fold into `gpus`; `record_xid(index, uuid, code)` gets each new XID (NVML's
+        index and UUID of the GPU). False when the scrape failed."""
         facts = self.scrape()
         if facts is None:
             return False
-        fold(gpus, facts, self.previous, record_xid)
-        self.previous = facts
+        for gpu, code in fold(gpus, facts, self.previous):
+            uuid = gpu["uuid"]
+            if self._by_nvml.take(uuid, code, now):
+                log.debug("XID %d on GPU %s from DCGM was an NVML event already", code, uuid)
+                continue
+            self._by_dcgm.add(uuid, code, now)
+            record_xid(gpu["index"], uuid, code)
+        # A GPU missing from this scrape keeps its last facts: the next value it shows is compared
+        # with them, not taken for a first one (a scrape that lists only some GPUs is no restart).
+        self.previous = {**self.previous, **facts}
+        self._by_nvml.expire(now)
+        self._by_dcgm.expire(now)
         return True

@@ -198,7 +198,8 @@ class Agent:
                     "critical" if info.critical else "not critical",
                     info.action,
                 )
-                self._record_xid(gpu, event.code, now)
+                if self.dcgm is None or self.dcgm.claim_nvml_xid(gpu.uuid, event.code, now):
+                    self._record_xid(gpu, event.code, now)
             else:
                 log.warning("double-bit ECC error on GPU %s", gpu.index)
                 self.collector.request_full_sample()
@@ -212,7 +213,7 @@ class Agent:
     def _enrich(self, gpus: list[status.GPUStatus], now: float) -> None:
         assert self.dcgm is not None
         ok = self.dcgm.apply(
-            gpus, lambda index, code: self._record_xid(self.collector.gpu_at(index), code, now)
+            gpus, lambda index, uuid, code: self._record_xid(collector.Gpu(index, uuid), code, now), now
         )
         self._dcgm_failed = self._dcgm_failed or not ok
 
