@@ -185,6 +185,11 @@ class Context:
     )
     """(policy, node) → its recent z-scores, the window a sustained Straggler is judged on."""
 
+    cordons_unknown: dict[str, str] = dataclasses.field(default_factory=dict)
+    """node → the resourceVersion its cordon was computed from, while that cordon's answer was lost
+    (a 504, a timeout): it may have landed, so the node stays in flight in the budget (`admission`)
+    until the cache holds a newer version (`remediation`)."""
+
     drains: dict[str, asyncio.Task[drain.Result]] = dataclasses.field(default_factory=dict)
     """node → the drain running in this process."""
 
@@ -231,6 +236,11 @@ class Context:
         default_factory=recent.Recent
     )
     """node → its DRA devices by GPU UUID, from its ResourceSlices as last listed (`isolating`)."""
+
+    isolation_discovery: recent.Recent[str, isolation.Support] = dataclasses.field(
+        default_factory=recent.Recent
+    )
+    """What discovery alone says of DeviceTaintRules, for dry runs and drills: never a probe's answer."""
 
     isolation_locks: collections.defaultdict[str, asyncio.Lock] = dataclasses.field(
         default_factory=lambda: collections.defaultdict(asyncio.Lock)
@@ -293,6 +303,7 @@ class Context:
         _drop(self.isolations, name, NODE)
         self.devices_read.drop(name)
         self.admission.forget_node(name)
+        self.cordons_unknown.pop(name, None)  # its in-flight place went with `admission.forget_node`
         self.breakers.forget_node(name)
 
     def forget_node(self, name: str) -> None:

@@ -21,6 +21,8 @@ import enum
 import logging
 from collections.abc import Awaitable, Callable
 
+import aiohttp
+
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import (
     announcements,
@@ -149,6 +151,7 @@ async def _taint(ctx: context.Context, name: str, verdict: model.NodeVerdict, no
 async def _capacity(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict, now: datetime.datetime
 ) -> NodeAction:
+    _settle_unknown_cordon(ctx, policy, name)
     await stopping.adopt(ctx, policy.name, name)  # a cordon left by a deleted policy becomes ours
     # A human uncordon first: it drops our claim (and budget place) before anything is decided.
     await overrides.react(ctx, policy, name, verdict, now)
@@ -215,13 +218,17 @@ async def _cordon(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict, now: datetime.datetime
 ) -> bool:
     """Cordon within the budget; False when the budget says wait (True too when the Node is gone)."""
+    for lost in list(ctx.cordons_unknown):  # almost always none: places the cluster has settled since
+        _settle_unknown_cordon(ctx, policy, lost)
     if not await ctx.admission.admit(policy, name, ctx.cache, ctx.verdicts.wanting, now):
         return False
 
     tainted = False
+    sent_from: str | None = None
 
     def patch(record: cache.NodeRecord) -> Awaitable[kube.JsonObject]:
-        nonlocal tainted
+        nonlocal tainted, sent_from
+        sent_from = record.resource_version
         # The verdict's taint rides along when a rule asks for one (a second request saved per cordon).
         tainted = node_changes.our_taint(record) != verdict.wanted_taint
         return nodes.cordon(
@@ -238,13 +245,49 @@ async def _cordon(
     try:
         # Someone else cordoned it meanwhile (settled): not ours to claim.
         patched = await _patch_with_retries(ctx, name, lambda record: record.view.unschedulable, patch)
-    finally:
-        ctx.admission.release(policy, name)
+    except BaseException as error:
+        if sent_from is not None and outcome_unknown(error):
+            # It may have landed: the node keeps its place (in flight) until the cluster says.
+            ctx.cordons_unknown[name] = sent_from
+        else:
+            _cordon_settled(ctx, policy, name)
+        raise
+    _cordon_settled(ctx, policy, name)
     if patched is Patched.WRITTEN:
         _observe_latency(ctx, verdict, Action.CORDON.value, now)
         if tainted and verdict.wanted_taint is not None:
             _observe_latency(ctx, verdict, Action.TAINT.value, now)
     return patched is not Patched.CONFLICTED  # the caller announces it
+
+
+def outcome_unknown(error: BaseException) -> bool:
+    """Whether a write that failed with `error` may still have been applied (or be applied yet).
+
+    A 4xx answer (but 408) says the API server refused the write, NotLeading that it was
+    never sent, a refused connection that it never left; a 5xx (a 504 from the API server's
+    own timeout, a proxy's 502), a timeout, a broken connection or a cancellation say nothing.
+    """
+    if isinstance(error, kube.ApiError):
+        return error.status >= 500 or error.status == 408
+    return not isinstance(error, aiohttp.ClientConnectorError)
+
+
+def _cordon_settled(ctx: context.Context, policy: model.Policy, name: str) -> None:
+    """The cordon's outcome is known (in the cache, or refused): its node is no longer in flight."""
+    ctx.cordons_unknown.pop(name, None)
+    ctx.admission.release(policy, name)
+
+
+def _settle_unknown_cordon(ctx: context.Context, policy: model.Policy, name: str) -> None:
+    """A cordon whose answer was lost holds its place until a newer Node version than the one it was
+    computed from is seen: its resourceVersion precondition means it cannot land after that, so that
+    version (cordoned, or not) is the truth the budget counts from then on."""
+    sent_from = ctx.cordons_unknown.get(name)
+    if sent_from is None:
+        return
+    record = ctx.cache.node(name)
+    if record is None or record.resource_version != sent_from:
+        _cordon_settled(ctx, policy, name)
 
 
 async def _drain(ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime) -> NodeAction:

@@ -148,9 +148,14 @@ async def start(
     return ctx
 
 
-async def report(cluster: DrainCluster, ctx: context.Context, name: str, *, ecc: int) -> None:
-    """The agent reports `ecc` uncorrectable errors on GPU 0 (0: healthy); the watch delivers it."""
-    facts = gpunode_facts.agent_status(overrides={0: {"ecc": {"uncorrectedVolatile": ecc}}})
+async def report(
+    cluster: DrainCluster, ctx: context.Context, name: str, *, ecc: int, observed: str | None = None
+) -> None:
+    """The agent reports `ecc` uncorrectable errors on GPU 0 (0: healthy), seen at `observed` (RFC 3339,
+    default now); the watch delivers it."""
+    facts = gpunode_facts.agent_status(
+        overrides={0: {"ecc": {"uncorrectedVolatile": ecc}}}, observed=observed
+    )
     stored = cluster.put_gpunode(name, facts)
     await handlers.on_gpunode(event("MODIFIED", copy.deepcopy(stored)), memo=ctx)
 

@@ -20,6 +20,7 @@ from gpuhealth_operator.decisions import breaker, isolation, model
 from gpunode_facts import verdict
 
 NOT_STATE = {"config", "client", "meters", "recorder", "cache", "agent_pods", "eviction_slots", "clock"}
+NOT_STATE |= {"isolation_discovery"}  # what discovery says of DeviceTaintRules, cluster-wide
 """Context fields that hold no per-node or per-policy memory (the cache and the agent pods, views of
 the cluster, are tested on their own)."""
 
@@ -27,6 +28,7 @@ the cluster, are tested on their own)."""
 def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.node_locks[node]  # a defaultdict: looking a key up creates its lock
     ctx.admission.in_flight.add(node)
+    ctx.cordons_unknown[node] = "41"
     ctx.admission.notified.add((policy, node))
     ctx.verdicts.remember(
         (policy, node),
@@ -61,6 +63,7 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
 FILLED = {
     "node_locks",
     "admission",
+    "cordons_unknown",
     "verdicts",
     "stragglers",
     "straggler_samples",
