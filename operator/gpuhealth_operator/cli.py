@@ -262,7 +262,7 @@ async def run(config: settings.Settings) -> int:
                 if term is None:
                     return 0
             liveness.leading = True
-            meters.leader.set(1)
+            meters.set_leading(True)  # a new term: the last term's fleet gauges cleared
             exit_code = await _lead(
                 config,
                 credentials,
@@ -278,7 +278,7 @@ async def run(config: settings.Settings) -> int:
             logger.warning("lost the leader Lease: stopped acting; campaigning again")
     finally:
         liveness.leading = False
-        meters.leader.set(0)
+        meters.set_leading(False)
         await liveness.stop()
         await elector.close()
 
@@ -332,7 +332,7 @@ async def _lead(
         tasks.add(primed)
     # Not leading from this moment (`_end_term` fences the writes next), even while its tasks stop.
     liveness.leading = False
-    meters.leader.set(0)
+    meters.set_leading(False)  # fleet gauges hidden: the last counts are stale
     exit_code: int | None = 0
     for task in done:
         if task.cancelled():  # kopf cancels, as it stops, every task started after it (and their waits)

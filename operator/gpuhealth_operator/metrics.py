@@ -7,6 +7,13 @@ series count does not grow with the fleet.
 The fleet SLIs (GPUs by policy and model, out of service by reason, GPU-hours
 lost) are set from per-policy tallies (`GPUTally`) that the timer's pass
 computes with the policies' status counts.
+
+The fleet gauges (what the leader's passes count: nodes by health, pending,
+isolated, drilled, breakers, failed drains, GPUs) are exported only while the
+replica leads (`set_leading`): a replica that lost the Lease would otherwise
+keep exporting its last term's numbers, and every `sum` over replicas would
+count them twice, an alert on them never resolving. Counters are each
+replica's own events and are always exported.
 """
 
 from __future__ import annotations
@@ -16,8 +23,10 @@ import contextlib
 import dataclasses
 import datetime
 import threading
+from collections.abc import Callable, Iterable
 
 import prometheus_client
+from prometheus_client import metrics_core
 
 from gpuhealth_api import vocabulary
 
@@ -56,36 +65,51 @@ LATENCY_BUCKETS_SECONDS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0
 DRAIN_BUCKETS_SECONDS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0)
 
 
+class FleetGauge(prometheus_client.Gauge):
+    """A gauge of the fleet's state as the leader counts it: collected only while `shown()` says so.
+
+    Still described (registered names, rule checks); a standby's scrape simply holds no samples of it.
+    """
+
+    shown: Callable[[], bool] = staticmethod(lambda: True)
+
+    def collect(self) -> Iterable[metrics_core.Metric]:
+        return super().collect() if self.shown() else []
+
+
 @dataclasses.dataclass
 class Metrics:
     registry: prometheus_client.CollectorRegistry
-    nodes: prometheus_client.Gauge
+    nodes: FleetGauge
     actions: prometheus_client.Counter
     evictions: prometheus_client.Counter
     drain_duration: prometheus_client.Histogram
-    budget_pending: prometheus_client.Gauge
-    isolated_gpus: prometheus_client.Gauge
+    budget_pending: FleetGauge
+    isolated_gpus: FleetGauge
     detection_to_action: prometheus_client.Histogram
     reconcile_errors: prometheus_client.Counter
     api_requests: prometheus_client.Counter
     leader: prometheus_client.Gauge
-    drill_nodes: prometheus_client.Gauge
+    drill_nodes: FleetGauge
     drill_actions: prometheus_client.Counter
-    breaker_open: prometheus_client.Gauge
-    gpus: prometheus_client.Gauge
-    gpus_healthy: prometheus_client.Gauge
-    gpus_out_of_service: prometheus_client.Gauge
+    breaker_open: FleetGauge
+    gpus: FleetGauge
+    gpus_healthy: FleetGauge
+    gpus_out_of_service: FleetGauge
     gpu_hours_lost: prometheus_client.Counter
+    drain_failed_nodes: FleetGauge
     _models: dict[str, set[str]] = dataclasses.field(default_factory=dict)
     """Models each policy's GPU series exist for (a model gone from the policy loses its series)."""
     _counted_at: dict[str, datetime.datetime] = dataclasses.field(default_factory=dict)
+    _standby: bool = False
+    """The Lease was lost: fleet gauges hidden (set_leading(True) clears and shows them again)."""
 
     @classmethod
     def create(cls) -> Metrics:
         registry = prometheus_client.CollectorRegistry(auto_describe=True)
         meters = cls(
             registry=registry,
-            nodes=prometheus_client.Gauge(
+            nodes=FleetGauge(
                 f"{PREFIX}_nodes",
                 "Nodes selected by a policy, by health.",
                 [LABEL_POLICY, LABEL_HEALTH],
@@ -110,13 +134,13 @@ class Metrics:
                 buckets=DRAIN_BUCKETS_SECONDS,
                 registry=registry,
             ),
-            budget_pending=prometheus_client.Gauge(
+            budget_pending=FleetGauge(
                 f"{PREFIX}_budget_pending_nodes",
                 "Nodes waiting for the policy's disruption budget (action Pending).",
                 [LABEL_POLICY],
                 registry=registry,
             ),
-            isolated_gpus=prometheus_client.Gauge(
+            isolated_gpus=FleetGauge(
                 f"{PREFIX}_isolated_gpus",
                 "GPUs the policy isolates with DeviceTaintRules (action IsolateGPU); 0 for other policies.",
                 [LABEL_POLICY],
@@ -147,7 +171,7 @@ class Metrics:
                 "1 while this replica holds the leader Lease and acts.",
                 registry=registry,
             ),
-            drill_nodes=prometheus_client.Gauge(
+            drill_nodes=FleetGauge(
                 f"{PREFIX}_drill_nodes",
                 "Nodes in a fire drill (GPUNode annotation gpuhealth.io/drill), by the health it judged.",
                 [LABEL_POLICY, LABEL_HEALTH],
@@ -159,25 +183,25 @@ class Metrics:
                 [LABEL_ACTION, LABEL_REASON],
                 registry=registry,
             ),
-            breaker_open=prometheus_client.Gauge(
+            breaker_open=FleetGauge(
                 f"{PREFIX}_breaker_open",
                 "1 while the policy's fleet circuit breaker holds new cordons and drains back.",
                 [LABEL_POLICY],
                 registry=registry,
             ),
-            gpus=prometheus_client.Gauge(
+            gpus=FleetGauge(
                 f"{PREFIX}_gpus",
                 "GPUs on the judged nodes a policy selects, by GPU model.",
                 [LABEL_POLICY, LABEL_MODEL],
                 registry=registry,
             ),
-            gpus_healthy=prometheus_client.Gauge(
+            gpus_healthy=FleetGauge(
                 f"{PREFIX}_gpus_healthy",
                 "GPUs on nodes judged Healthy and in service (not cordoned or isolated by the policy).",
                 [LABEL_POLICY, LABEL_MODEL],
                 registry=registry,
             ),
-            gpus_out_of_service=prometheus_client.Gauge(
+            gpus_out_of_service=FleetGauge(
                 f"{PREFIX}_gpus_out_of_service",
                 "GPUs a policy selects that are out of service, by reason (cordoned, isolated, unknown).",
                 [LABEL_POLICY, LABEL_MODEL, LABEL_REASON],
@@ -189,10 +213,46 @@ class Metrics:
                 [LABEL_POLICY, LABEL_MODEL],
                 registry=registry,
             ),
+            drain_failed_nodes=FleetGauge(
+                f"{PREFIX}_drain_failed_nodes",
+                "Nodes the policy cordoned whose drain timed out and that are still cordoned, waiting "
+                "for a human (the blocking pods moved, or the node uncordoned or repaired).",
+                [LABEL_POLICY],
+                registry=registry,
+            ),
         )
+        for gauge in meters.fleet_gauges():
+            gauge.shown = lambda: not meters._standby
         for handler in HANDLERS:
             meters.reconcile_errors.labels(handler)
         return meters
+
+    def fleet_gauges(self) -> tuple[FleetGauge, ...]:
+        return (
+            self.nodes,
+            self.budget_pending,
+            self.isolated_gpus,
+            self.drill_nodes,
+            self.breaker_open,
+            self.gpus,
+            self.gpus_healthy,
+            self.gpus_out_of_service,
+            self.drain_failed_nodes,
+        )
+
+    def set_leading(self, leading: bool) -> None:
+        """This replica leads (a term starts) or not (the Lease was lost, or it stops).
+
+        Losing the lead hides the fleet gauges at once, before the term's tasks stop (a pass still
+        running may set them). A new term clears what the last one left, a policy deleted meanwhile
+        included, and counts GPUs at its first pass.
+        """
+        if leading:
+            for gauge in self.fleet_gauges():
+                gauge.clear()
+            self._counted_at.clear()  # the time between terms is not lost GPU time this replica saw
+        self._standby = not leading
+        self.leader.set(1 if leading else 0)
 
     def forget_policy(self, name: str) -> None:
         """Drop a deleted policy's series, so its alerts resolve instead of firing on its last value."""
@@ -207,6 +267,8 @@ class Metrics:
             self.breaker_open.remove(name)
         with contextlib.suppress(KeyError):
             self.isolated_gpus.remove(name)
+        with contextlib.suppress(KeyError):
+            self.drain_failed_nodes.remove(name)
         self._forget_models(name, self._models.pop(name, set()))
         self._counted_at.pop(name, None)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import cache, context, heap, isolating, kube, metrics, pausing, reconciler
-from gpuhealth_operator.actions import status
+from gpuhealth_operator.actions import nodes, status
 from gpuhealth_operator.decisions import model, times
 
 logger = logging.getLogger(__name__)
@@ -114,6 +114,22 @@ async def run(ctx: context.Context) -> None:
         await asyncio.sleep(max(0.05, ctx.config.tick_seconds - elapsed))
 
 
+def _drain_failed(ctx: context.Context, record: cache.NodeRecord) -> bool:
+    """A node the policy cordoned whose drain timed out, waiting for a human (GPUHealthDrainFailed).
+
+    As remediation._drain keeps it: a failed result of this term, or (after a restart or a new
+    term, nothing in memory) a drain started before, no drain of this term, and status Cordoned.
+    """
+    name = record.view.name
+    result = ctx.drain_results.get(name)
+    if result is not None:
+        return not result.completed
+    if name in ctx.drains or nodes.DRAIN_STARTED_ANNOTATION not in record.view.annotations:
+        return False
+    gpunode = ctx.cache.gpunode(name)
+    return gpunode is not None and gpunode.status.get("action") == vocabulary.NodeAction.CORDONED
+
+
 def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> dict[str, Any]:
     previous = ctx.policy_status_written.get(name) or {}
     error = ctx.cache.policy_errors.get(name)
@@ -123,6 +139,7 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
     tally = metrics.GPUTally()
     count_gpus = policy is not None and ctx.meters.gpus_due(name, now)
     generation = 0
+    drain_failed = 0
     if policy is not None:
         generation = policy.generation
         for node in ctx.cache.selection(policy).selected:
@@ -139,11 +156,14 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
                     _tally_gpus(ctx, tally, name, record, verdict)
             if record.view.unschedulable and record.view.cordoned_by == name:
                 counts["cordonedNodes"] += 1
+                if _drain_failed(ctx, record):
+                    drain_failed += 1
             if ctx.admission.waiting(name, record.view.name):
                 counts["pendingNodes"] += 1
         for health in vocabulary.Health:
             ctx.meters.nodes.labels(name, health.value).set(health_counts[health.value])
         ctx.meters.budget_pending.labels(name).set(counts["pendingNodes"])
+        ctx.meters.drain_failed_nodes.labels(name).set(drain_failed)
         if count_gpus:
             ctx.meters.record_gpus(name, tally, now)
     if error is not None:
