@@ -54,6 +54,7 @@ def gpu_view(gpu: status.GPUStatus) -> dict[str, Any]:
         "hot": is_hot(gpu),
         "recoveryAction": gpu.get("recoveryAction"),
         "pcie": gpu.get("pcie"),
+        "unreadable": gpu.get("unreadable", []),
     }
 
 

@@ -81,6 +81,9 @@ def problems(gpu: status.GPUStatus, catalogue: xids.Catalogue) -> list[Problem]:
             found.append(Problem(Severity.FATAL, text, vocabulary.Condition.XID_CRITICAL))
         else:
             found.append(Problem(Severity.INFO, f"{text} (not critical)"))
+    unreadable = gpu.get("unreadable", [])
+    if unreadable:
+        found.append(Problem(Severity.WARNING, f"NVML keeps failing to read {', '.join(unreadable)}"))
     found.sort(key=_sort_key)
     return found
 

@@ -3,8 +3,10 @@
 The collector talks only to `nvml.Library`, so the same code reads real GPUs
 and simulated ones. Each NVML query stands alone: a query the GPU does not
 support leaves its field absent, a transient error keeps the field's last
-value (and is counted), `GPU_IS_LOST` marks that GPU lost, and nothing fails
-the sample as a whole.
+value (and is counted) for up to UNREADABLE_AFTER_FAILURES failed reads, after
+which the field is absent and named in the GPU's `unreadable` list (never a
+silent old value), `GPU_IS_LOST` marks that GPU lost, and nothing fails the
+sample as a whole.
 
 Queries come in three tiers to keep NVML traffic low (the agent must stay
 under 10 calls per GPU per second at a 1 s interval): *static* facts
@@ -32,6 +34,12 @@ from gpuhealth_agent import facts, history, nvml, xids
 from gpuhealth_api import faults, status
 
 log = logging.getLogger(__name__)
+
+UNREADABLE_AFTER_FAILURES: Final = 3
+"""Failed reads in a row after which a fact's last good value is no longer reported (it is `unreadable`).
+
+A single Timeout should not flap a field; a query that keeps failing must not report a healthy
+value read minutes ago: an ECC count that cannot be read is not a count of 0."""
 
 Partial = dict[str, Any]
 """A piece of a GPUStatus, possibly nested ({"ecc": {"uncorrectedVolatile": 1}}), merged into the whole."""
@@ -114,6 +122,8 @@ class _Track:
     identity: _Identity
     partials: dict[int, Partial] = dataclasses.field(default_factory=dict)
     """Last good result of each query (by position in QUERIES); {} when unsupported."""
+    failures: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Failed reads in a row of each query (by position) whose last read failed."""
     lost: bool = False
 
 
@@ -336,16 +346,24 @@ class Collector:
                 continue
             try:
                 track.partials[position] = query.read(self.lib, identity.handle)
+                track.failures.pop(position, None)
             except nvml.GpuIsLost:
                 errors[(query.function, "GpuIsLost")] += 1
                 lost = True
                 break
             except nvml.UNSUPPORTED:
                 track.partials[position] = {}
+                track.failures.pop(position, None)
             except nvml.NVMLError as exc:
-                # Transient: keep the last good value (if any) rather than flapping the field.
+                # Keep the last good value (if any) through a short outage rather than flapping the
+                # field; past UNREADABLE_AFTER_FAILURES the field is absent and listed as unreadable.
                 errors[(query.function, nvml.error_name(exc))] += 1
-                log.debug("%s failed on GPU %d: %s", query.function, identity.index, exc)
+                failed = track.failures[position] = track.failures.get(position, 0) + 1
+                if failed >= UNREADABLE_AFTER_FAILURES:
+                    track.partials.pop(position, None)
+                log.debug(
+                    "%s failed on GPU %d (%d in a row): %s", query.function, identity.index, failed, exc
+                )
         if lost:
             # Forget the handle set: the driver may re-enumerate when the GPU comes back.
             self._identities = None
@@ -357,6 +375,14 @@ class Collector:
             gpu["pciBusId"] = identity.pci_bus_id
         for position in range(len(QUERIES)):
             merge(gpu, track.partials.get(position, {}))
+        unreadable = sorted(
+            ".".join(fact.path)
+            for position in track.failures
+            if position not in track.partials
+            for fact in QUERIES[position].facts
+        )
+        if unreadable:
+            gpu["unreadable"] = unreadable
         result: status.GPUStatus = gpu  # type: ignore[assignment]
         self.history.note_reading(identity.uuid, result)
         track.lost = False
@@ -385,4 +411,5 @@ class Collector:
             gpu["pciBusId"] = identity.pci_bus_id
         track.lost = True
         track.partials.clear()
+        track.failures.clear()
         return track, gpu

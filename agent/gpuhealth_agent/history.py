@@ -29,10 +29,11 @@ def looks_reset(before: status.GPUStatus, after: status.GPUStatus) -> bool:
     if before.get("lost", False):
         return True
     old_ecc, new_ecc = before.get("ecc", {}), after.get("ecc", {})
-    if new_ecc.get("correctedVolatile", 0) < old_ecc.get("correctedVolatile", 0) or (
-        new_ecc.get("uncorrectedVolatile", 0) < old_ecc.get("uncorrectedVolatile", 0)
-    ):
-        return True
+    for counter in ("correctedVolatile", "uncorrectedVolatile"):
+        # Both read: a count that cannot be read now (absent, unreadable) is no count of 0.
+        old, new = old_ecc.get(counter), new_ecc.get(counter)
+        if old is not None and new is not None and new < old:
+            return True
     if (
         before.get("retiredPages", {}).get("pending")
         and after.get("retiredPages", {}).get("pending") is False

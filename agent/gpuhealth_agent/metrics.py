@@ -50,6 +50,12 @@ class AgentMetrics:
         self.lost = g(
             f"{PREFIX}_gpu_lost", "1 when the GPU fell off the bus or is missing.", GPU_LABELS, registry=r
         )
+        self.unreadable = g(
+            f"{PREFIX}_gpu_unreadable_facts",
+            "Facts of the GPU NVML keeps failing to read (absent from its status, not their last value).",
+            GPU_LABELS,
+            registry=r,
+        )
         # The agent's own health.
         self.gpus = g(f"{PREFIX}_gpus", "GPUs answering NVML.", registry=r)
         self.expected_gpus = g(f"{PREFIX}_expected_gpus", "GPUs the node should have.", registry=r)
@@ -123,6 +129,7 @@ class AgentMetrics:
     def _observe_gpu(self, gpu: status.GPUStatus) -> None:
         labels = (str(gpu["index"]), gpu.get("uuid", ""))
         self.lost.labels(*labels).set(1 if gpu.get("lost") else 0)
+        self.unreadable.labels(*labels).set(len(gpu.get("unreadable", [])))
         if gpu.get("lost"):
             return
         for fact in facts.FACTS:

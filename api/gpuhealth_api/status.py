@@ -66,6 +66,7 @@ class GPUStatus(TypedDict, total=False):
     recoveryAction: str  # vocabulary.RecoveryAction
     pcie: Pcie
     lost: bool
+    unreadable: list[str]  # facts (status paths) NVML keeps failing to read: absent, not their last value
     observedTime: str  # RFC 3339: when the agent last read a fact of this GPU that changed
 
 

@@ -2,9 +2,10 @@
 
 from typing import Any
 
+import prometheus_client
 import pytest
 
-from gpuhealth_agent import collector, history, scenario, simulated
+from gpuhealth_agent import check, collector, history, metrics, scenario, simulated, xids
 
 START = 1_800_000_000.0
 
@@ -255,6 +256,65 @@ def test_a_transient_error_keeps_the_last_value_and_is_counted() -> None:
     assert not recovered.errors
 
 
+def test_a_query_that_keeps_failing_is_no_longer_its_last_good_value() -> None:
+    """A persistent failure must not report a healthy old value for ever (issue 24, item 13):
+    after UNREADABLE_AFTER_FAILURES failed reads the fact is absent and listed in `unreadable`."""
+    _, col, clock = make(
+        "gpus: 2\ntimeline:\n"
+        "- {after: 3s, gpu: 1, fail: {function: nvmlDeviceGetTotalEccErrors, error: Unknown}}\n"
+    )
+    assert at(col, clock, 0).gpus[1]["ecc"]["uncorrectedVolatile"] == 0
+    for second in range(3, 3 + collector.UNREADABLE_AFTER_FAILURES - 1):
+        gpu = at(col, clock, second).gpus[1]
+        assert gpu["ecc"]["uncorrectedVolatile"] == 0  # a short outage keeps the last good value
+        assert "unreadable" not in gpu
+    gpu = at(col, clock, 3 + collector.UNREADABLE_AFTER_FAILURES - 1).gpus[1]
+    assert "uncorrectedVolatile" not in gpu.get("ecc", {})
+    assert gpu["unreadable"] == ["ecc.uncorrectedVolatile"]
+    healthy = at(col, clock, 9).gpus[0]
+    assert healthy["ecc"]["uncorrectedVolatile"] == 0 and "unreadable" not in healthy
+    # The slow ECC counters are read every slow period (10 s); they turn unreadable after as many reads.
+    for second in range(10, 10 + 10 * collector.UNREADABLE_AFTER_FAILURES, 5):
+        gpu = at(col, clock, second).gpus[1]
+    assert gpu.get("ecc", {}) == {}
+    assert gpu["unreadable"] == [
+        "ecc.correctedAggregate",
+        "ecc.correctedVolatile",
+        "ecc.uncorrectedAggregate",
+        "ecc.uncorrectedVolatile",
+    ]
+
+
+def test_an_unreadable_fact_comes_back_when_it_reads_again() -> None:
+    _, col, clock = make(
+        "gpus: 1\ntimeline:\n"
+        "- {after: 3s, gpu: 0, fail: {function: nvmlDeviceGetTemperatureV, error: Timeout, for: 10s}}\n"
+        "- {after: 3s, gpu: 0, fail: {function: nvmlDeviceGetTemperature, error: Timeout, for: 10s}}\n"
+        "- {after: 4s, gpu: 0, set: {temperatureCelsius: 91}}\n"
+    )
+    at(col, clock, 0)
+    for second in range(3, 10):
+        gpu = at(col, clock, second).gpus[0]
+    assert "temperatureCelsius" not in gpu and gpu["unreadable"] == ["temperatureCelsius"]
+    gpu = at(col, clock, 13).gpus[0]
+    assert gpu["temperatureCelsius"] == 91 and "unreadable" not in gpu
+
+
+def test_an_unreadable_volatile_count_is_no_sign_of_a_reset() -> None:
+    _, col, clock = make(
+        "gpus: 1\ntimeline:\n"
+        "- {after: 1s, gpu: 0, set: {eccUncorrectedVolatile: 2}}\n"
+        "- {after: 3s, gpu: 0, fail: {function: nvmlDeviceGetTotalEccErrors, error: Unknown}}\n"
+    )
+    at(col, clock, 0)
+    col.record_xid(col.gpu_at(0), 48, clock.epoch())
+    assert at(col, clock, 1).gpus[0]["ecc"]["uncorrectedVolatile"] == 2
+    for second in range(3, 40):
+        gpu = at(col, clock, second).gpus[0]
+    assert "uncorrectedVolatile" not in gpu.get("ecc", {})
+    assert [x["code"] for x in gpu["xids"]] == [48]  # still there: an unread count is not a count of 0
+
+
 def test_a_query_failing_from_the_start_is_absent_not_zero() -> None:
     _, col, clock = make(
         "gpus: 1\ntimeline:\n- {after: 0s, gpu: 0, fail: {function: nvmlDeviceGetRemappedRows}}\n"
@@ -428,8 +488,25 @@ def test_a_lost_gpu_does_not_make_the_others_reread_their_static_facts() -> None
         ({"remappedRows": {"pending": True}}, {}, False),  # unsupported/unknown now is not proof of a reset
         ({"recoveryAction": "GpuReset"}, {"recoveryAction": "None"}, True),
         ({"recoveryAction": "GpuReset"}, {}, False),
+        ({"ecc": {"uncorrectedVolatile": 2}}, {"ecc": {}}, False),  # unreadable now: no proof of a reset
+        ({"ecc": {"correctedVolatile": 9}}, {}, False),
         ({}, {}, False),
     ],
 )
 def test_reset_inference(before: Any, after: Any, reset: bool) -> None:
     assert history.looks_reset(before, after) is reset
+
+
+def test_unreadable_facts_are_said_by_check_and_the_metric() -> None:
+    _, col, clock = make(
+        "gpus: 1\ntimeline:\n"
+        "- {after: 0s, gpu: 0, fail: {function: nvmlDeviceGetPowerUsage, error: Unknown}}\n"
+    )
+    sample = at(col, clock, 0)
+    assert sample.gpus[0]["unreadable"] == ["powerWatts"]
+    problems = check.problems(sample.gpus[0], xids.Catalogue.packaged())
+    assert [p.render() for p in problems] == ["WARNING NVML keeps failing to read powerWatts"]
+    registry = prometheus_client.CollectorRegistry()
+    metrics.AgentMetrics(registry).observe(sample)
+    labels = {"gpu": "0", "uuid": sample.gpus[0]["uuid"]}
+    assert registry.get_sample_value("gpuhealth_agent_gpu_unreadable_facts", labels) == 1
