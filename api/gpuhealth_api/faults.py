@@ -144,6 +144,19 @@ def node_wide_recovery(gpu: status.GPUStatus) -> str | None:
     return f"the driver asks for {cure} (recovery action {action})"
 
 
+def unreadable(gpu: status.GPUStatus, fields: Iterable[str]) -> list[str]:
+    """The facts under `fields` (top-level GPU fields, as in READS) the agent reports it cannot read.
+
+    Such a fact is absent from the status (never its last good value), so a predicate that reads
+    it finds nothing: the caller must treat that as "cannot tell", not as "healthy".
+    """
+    listed = gpu.get("unreadable")
+    if not isinstance(listed, list):
+        return []
+    wanted = frozenset(fields)
+    return [path for path in listed if isinstance(path, str) and path.split(".", 1)[0] in wanted]
+
+
 def _reasons(gpu: status.GPUStatus, wanted: Iterable[str]) -> list[str]:
     reasons = gpu.get("clockEventReasons")
     if not isinstance(reasons, list):

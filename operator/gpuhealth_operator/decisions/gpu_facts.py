@@ -31,6 +31,7 @@ FIELDS: Final[Mapping[str, frozenset[str] | None]] = {
     "recoveryAction": None,
     "pcie": frozenset({"generation", "maxGeneration", "width", "maxWidth"}),
     "lost": None,
+    "unreadable": None,
     "observedTime": None,
 }
 """Per-GPU facts the decision core reads (None: the whole value; else the keys kept of a nested object)."""

@@ -107,9 +107,13 @@ _MOVING: Final = {
 }
 """The per-GPU predicates that read fields moving with every sample (temperature, utilization)."""
 _STEADY: Final = operator.attrgetter(
-    *sorted(set().union(*(fields for condition, fields in faults.READS.items() if condition not in _MOVING)))
+    *sorted(
+        set().union(*(fields for condition, fields in faults.READS.items() if condition not in _MOVING))
+        | {"unreadable"}
+    )
 )
-"""The fields every other predicate reads (`faults.READS`), read from cached GPU facts in one C call."""
+"""The fields every other predicate reads (`faults.READS`), and which facts the agent cannot read,
+read from cached GPU facts in one C call."""
 
 
 def still_healthy(judged: FactSignals, older: status.GPUNodeStatus, newer: status.GPUNodeStatus) -> bool:
@@ -228,6 +232,10 @@ def _per_gpu(
         if when is not None:
             observed.append(when)
     if not found:
+        unread = _unread(condition, gpus)
+        if unread:
+            # A fact that cannot be read is no evidence either way: the condition keeps its state.
+            return model.Signal(condition, None, f"unknown: {unread}")
         return model.Signal(condition, False, _HEALTHY_MESSAGES[condition])
     return model.Signal(condition, True, "; ".join(found), observed_at=min(observed, default=None))
 
@@ -246,6 +254,17 @@ _HEALTHY_MESSAGES: Final[dict[Condition, str]] = {
 def _xid_seen(gpu: status.GPUStatus, rule_xids: frozenset[int]) -> datetime.datetime | None:
     seen = (times.parse(x.get("lastSeen")) for x in faults.matching_xids(gpu, rule_xids))
     return min((t for t in seen if t is not None), default=None)
+
+
+def _unread(condition: Condition, gpus: list[status.GPUStatus]) -> str | None:
+    """Which GPUs cannot read a fact `condition` reads (`gpus[].unreadable`), or None."""
+    fields = faults.READS[condition]
+    found = [
+        f"{gpu_name(gpu)}: cannot read {', '.join(unread)}"
+        for gpu in gpus
+        if isinstance(gpu, gpu_facts.MAPPINGS) and (unread := faults.unreadable(gpu, fields))
+    ]
+    return "; ".join(found) or None
 
 
 def expected_gpus(facts: status.GPUNodeStatus, node: model.NodeView) -> int | None:
