@@ -26,6 +26,7 @@ from gpuhealth_operator.decisions import (
     gpu_facts,
     hysteresis,
     model,
+    overrides,
     policies,
     signals,
     stragglers,
@@ -51,6 +52,8 @@ class NodeRecord:
     taints: tuple[Mapping[str, Any], ...]
     condition: NodeCondition | None
     """Our GPUHealthy condition as the Node holds it."""
+    cordon_taken_over: bool = False
+    """Unschedulable, claimed by us, but the flag last set by someone else (`overrides.cordon_taken_over`)."""
 
     @functools.cached_property
     def at_rest(self) -> bool:
@@ -184,6 +187,7 @@ def node_record(body: Mapping[str, Any]) -> NodeRecord:
         resource_version=str(meta.get("resourceVersion", "")),
         taints=taints,
         condition=condition,
+        cordon_taken_over=view.unschedulable and overrides.cordon_taken_over(meta),
     )
 
 

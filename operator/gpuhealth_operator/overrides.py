@@ -60,11 +60,18 @@ async def forget_drain(ctx: context.Context, name: str) -> None:
 async def react(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict, now: datetime.datetime
 ) -> None:
-    """Someone else made a node we cordoned schedulable: drop the claim, keep the baseline, say so once."""
+    """Someone else made a node we cordoned schedulable: drop the claim, keep the baseline, say so once.
+
+    Also when they cordoned it again since, seen or not (`cordon_taken_over`): their uncordon overrode
+    us all the same, and the cordon now is theirs, never ours to lift.
+    """
     for _attempt in range(3):
         record = ctx.cache.node(name)
-        if record is None or record.view.unschedulable or record.view.cordoned_by is None:
+        if record is None or record.view.cordoned_by is None:
             return
+        if record.view.unschedulable and not record.cordon_taken_over:
+            return
+        recordoned = record.view.unschedulable
         claimant = record.view.cordoned_by
         found = _gathered(ctx, policy, name, verdict)
         baseline = evidence.render(found, now, claimant) if found.episodes else None
@@ -82,10 +89,16 @@ async def react(
         forget_running_drain(ctx, name)
         ctx.meters.actions.labels(vocabulary.NodeAction.OVERRIDDEN.value, "Uncordoned").inc()
         logger.info("node %s was made schedulable by someone else: policy %s's claim dropped", name, claimant)
+        what = (
+            "made schedulable and cordoned again by someone other than gpu-health (the cordon is theirs: "
+            "gpu-health never lifts it)"
+            if recordoned
+            else "made schedulable by someone other than gpu-health"
+        )
         await ctx.recorder.emit(
             events.subject(ctx.cache, name),
             vocabulary.EventReason.OVERRIDDEN_BY_USER,
-            f"Node made schedulable by someone other than gpu-health while cordoned by policy {claimant}: "
+            f"Node {what} while cordoned by policy {claimant}: "
             "gpu-health drops its claim (and its place in the disruption budget) and will not cordon the "
             "node again on the same evidence, only on new evidence (an error count growing, a new XID, a "
             "condition that clears and returns). Evidence still standing: "

@@ -395,12 +395,27 @@ async def _run_drain(
 async def _uncordon(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict
 ) -> None:
-    try:
-        body = await nodes.uncordon(ctx.client, name, policy=policy.name)
-    except kube.ApiError as error:
-        if error.status not in (409, 422):
-            raise
-        await _refresh(ctx, name)  # the annotation changed under us: it is no longer ours to lift
+    """Lift our cordon: only from a version of the Node that shows it ours, and only if still that version."""
+    body: kube.JsonObject | None = None
+    for _attempt in range(3):
+        record = ctx.cache.node(name)
+        if (
+            record is None
+            or not record.view.unschedulable
+            or record.view.cordoned_by != policy.name
+            or record.cordon_taken_over  # a human cordoned it again: theirs (`overrides.react` says so)
+        ):
+            return
+        try:
+            body = await nodes.uncordon(
+                ctx.client, name, policy=policy.name, resource_version=record.resource_version
+            )
+            break
+        except kube.ApiError as error:
+            if error.status not in (409, 422):
+                raise
+            await _refresh(ctx, name)  # changed under us: judged again from the version now stored
+    if body is None:
         return
     record = ctx.cache.refresh_node(body)
     bookkeeping = (nodes.DRAIN_STARTED_ANNOTATION, nodes.CORDONED_AT_ANNOTATION)

@@ -14,12 +14,14 @@ from typing import Any
 
 from gpuhealth_api import keys
 from gpuhealth_operator import kube
+from gpuhealth_operator.decisions import overrides
 
 DRAIN_STARTED_ANNOTATION = f"{keys.PREFIX}/drain-started"
 """RFC 3339 time our drain of the node began; the drain timeout survives operator restarts."""
 
-CORDONED_AT_ANNOTATION = f"{keys.PREFIX}/cordoned-at"
-"""RFC 3339 time of our cordon, written with it: the cordon's identity, which its Events announce once."""
+CORDONED_AT_ANNOTATION = overrides.CORDONED_AT_ANNOTATION
+"""RFC 3339 time of our cordon, written with it: the cordon's identity, which its Events announce once
+(and which a human's re-cordon leaves in place: `overrides.cordon_taken_over`)."""
 
 JSON_PATCH = "application/json-patch+json"
 
@@ -87,14 +89,21 @@ async def cordon(
     return await client.patch(node_path(name), body, urgent=True)
 
 
-async def uncordon(client: kube.Kube, name: str, *, policy: str) -> kube.JsonObject:
+async def uncordon(
+    client: kube.Kube, name: str, *, policy: str, resource_version: str | None = None
+) -> kube.JsonObject:
     """Make the node schedulable again, only if `policy` is the one that cordoned it.
 
     The JSON-patch `test` makes the API server refuse (422) when the annotation
-    names anyone else or is gone, so a human's cordon is never lifted.
+    names anyone else or is gone, so a human's cordon is never lifted; with
+    `resource_version`, also when the Node changed since the version the caller
+    found to be our cordon (a human's uncordon and cordon leave the annotation).
     """
     ours = f"/metadata/annotations/{_pointer(keys.CORDONED_BY_ANNOTATION)}"
-    ops: list[dict[str, Any]] = [
+    ops: list[dict[str, Any]] = []
+    if resource_version is not None:
+        ops.append({"op": "test", "path": "/metadata/resourceVersion", "value": resource_version})
+    ops += [
         {"op": "test", "path": ours, "value": policy},
         {"op": "replace", "path": "/spec/unschedulable", "value": False},
         {"op": "remove", "path": ours},

@@ -159,6 +159,47 @@ def apply(
     return dataclasses.replace(verdict, wanted_action=lesser[0] if lesser else None, overridden=True)
 
 
+CORDONED_AT_ANNOTATION = f"{keys.PREFIX}/cordoned-at"
+"""Our cordon's identity (`actions.nodes.CORDONED_AT_ANNOTATION`), written in the cordon's own patch."""
+
+
+def cordon_taken_over(metadata: Mapping[str, Any]) -> bool:
+    """Whether a Node's `spec.unschedulable` was last set by someone other than the writer of our claim.
+
+    Our cordon sets the flag and its identity (`cordoned-at`; before that annotation
+    existed, `cordoned-by`) in one write, so one field manager owns both. A human's
+    uncordon and cordon since (`kubectl`, whatever the operator saw of it: it may have
+    restarted in between) moves the flag to their manager and leaves our annotations
+    alone. Then the flag is theirs: the claim is stale, the cordon not ours to lift.
+    Without managedFields, or with no owner known for either, the flag alone decides
+    (False), as it did before.
+    """
+    annotations = metadata.get("annotations") or {}
+    if not isinstance(annotations, Mapping) or keys.CORDONED_BY_ANNOTATION not in annotations:
+        return False
+    identity = (
+        CORDONED_AT_ANNOTATION if CORDONED_AT_ANNOTATION in annotations else keys.CORDONED_BY_ANNOTATION
+    )
+    entries = metadata.get("managedFields")
+    if not isinstance(entries, list):
+        return False
+    claim: set[str] = set()
+    flag: set[str] = set()
+    for entry in entries:
+        fields = entry.get("fieldsV1") if isinstance(entry, Mapping) else None
+        if not isinstance(fields, Mapping):
+            continue
+        manager = str(entry.get("manager", ""))
+        meta = fields.get("f:metadata")
+        owned = meta.get("f:annotations") if isinstance(meta, Mapping) else None
+        if isinstance(owned, Mapping) and f"f:{identity}" in owned:
+            claim.add(manager)
+        spec = fields.get("f:spec")
+        if isinstance(spec, Mapping) and "f:unschedulable" in spec:
+            flag.add(manager)
+    return bool(claim and flag) and not claim & flag
+
+
 def render(evidence: Evidence, at: datetime.datetime, policy: str) -> str:
     """The annotation value: compact JSON, keys sorted so the same evidence renders the same."""
     body: dict[str, Any] = {"at": times.render(at), "policy": policy, "episodes": dict(evidence.episodes)}
