@@ -18,10 +18,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 
 from gpuhealth_operator import breakers, cache
-from gpuhealth_operator.decisions import breaker, budget, model, policies
+from gpuhealth_operator.decisions import breaker, budget, isolation, model, policies
 
 
 @dataclasses.dataclass
@@ -85,6 +85,34 @@ class Admission:
         for b, (state, _) in zip(selecting, decided, strict=True):
             self.breakers.states[b.policy.name] = state
         return True
+
+    async def admit_gpus(  # noqa: PLR0917 - the budgets come from the rules the caller listed
+        self,
+        policy: model.Policy,
+        name: str,
+        nodes: cache.ClusterCache,
+        gpu_budgets: Sequence[isolation.GPUBudget],
+        wanted: int,
+        now: datetime.datetime,
+    ) -> tuple[int, str | None]:
+        """How many of `wanted` new GPU isolations on the node may start now, and why fewer: the one GPU
+        budget over every isolating policy that selects it, then every selecting policy's breaker, as
+        for a cordon (an isolation is a disruption). Under the one lock; nothing is held after it
+        (the caller creates the rules before it lists them again, under its own isolation lock)."""
+        async with self.lock:
+            left, short = isolation.budget_left(name, gpu_budgets)
+            granted = min(wanted, left)
+            if granted <= 0:
+                return 0, short
+            budgets = self._budgets(policy, name, nodes)
+            if not budgets or not self._breakers_admit(name, budgets, now):
+                for b in budgets:
+                    paused = self.breakers.paused(b.policy.name)
+                    if name in b.selected and paused is not None:
+                        whose = "" if b.policy.name == policy.name else f"policy {b.policy.name}: "
+                        return 0, f"{whose}its fleet circuit breaker is {paused.state.value}: {paused.reason}"
+                return 0, "no acting policy admits a disruption of the node"
+            return granted, None
 
     def _turned(self, policy: str) -> MutableMapping[str, datetime.datetime]:
         turned = self.turned.get(policy)

@@ -238,9 +238,10 @@ class Context:
     """node → its DRA devices by GPU UUID, from its ResourceSlices as last listed (`isolating`)."""
 
     isolation_discovery: recent.Recent[str, isolation.Support] = dataclasses.field(
-        default_factory=recent.Recent
+        default_factory=lambda: recent.Recent(300.0)
     )
-    """What discovery alone says of DeviceTaintRules, for dry runs and drills: never a probe's answer."""
+    """What discovery alone says of DeviceTaintRules (a served version changes only with an API server
+    restart), for dry runs, drills and deleted policies' rules: never a probe's answer (`isolating`)."""
 
     isolation_locks: collections.defaultdict[str, asyncio.Lock] = dataclasses.field(
         default_factory=lambda: collections.defaultdict(asyncio.Lock)

@@ -129,6 +129,7 @@ async def _judge(
         if disruptive and not policy.dry_run and not record.view.unschedulable:
             wait = drill.budget_wait(name, _budgets(ctx, policy))
         message = drill.describe(policy, wanted, verdict, changes, wait) + planned.ladder_note
+        message += planned.probe_note
         if await _say(ctx, name, policy.name, message) and changes and verdict.wanted_action is not None:
             ctx.meters.drill_actions.labels(verdict.wanted_action.value, wanted.condition.value).inc()
         ctx.drill_health[(policy.name, name)] = verdict.health.value

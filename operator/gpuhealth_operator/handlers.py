@@ -136,9 +136,11 @@ async def on_policy(event: kopf.RawEvent, memo: context.Context, **_: Any) -> No
         return
     policy = store_policy(memo, body)
     await stopping.stop_drains(memo)  # dry run (or an invalid spec) stops the policy's drains at once
+    current = memo.cache.policies.get(name)
+    if current is not None:  # each term's start (kopf lists it), a change, an answer not yet known
+        await isolating.prepare(memo, current)  # does the cluster act on DeviceTaintRules?
     if policy is None:
         return
-    await isolating.prepare(memo, policy)  # at start and on change: does the cluster act on DeviceTaintRules?
     for node in [r.view.name for r in memo.cache.nodes.values() if policies.selects(policy, r.view)]:
         await reconciler.reconcile_node(memo, node, "policy")
 

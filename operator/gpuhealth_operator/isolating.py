@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import cache, context, kube, node_changes
+from gpuhealth_operator import cache, context, kube, node_changes, recent
 from gpuhealth_operator.actions import device_rules, events
 from gpuhealth_operator.decisions import device_taints, isolation, model, policies, times, verdicts
 
@@ -51,15 +51,40 @@ CONDITION: Final = "GPUIsolation"
 # --- does the cluster act on rules ----------------------------------------------------------------
 
 
+ALL: Final = ""
+"""The `isolation_locks` key of the one lock every isolating pass holds, of whatever policy: the GPU
+budget is one over all policies (a node's GPUs count in every policy that selects it), so rules are
+counted and created one pass at a time."""
+
+
 async def support(ctx: context.Context, policy: model.Policy) -> isolation.Support:
-    """Whether the cluster acts on DeviceTaintRules, probed once per generation of the policy."""
+    """Whether the cluster acts on DeviceTaintRules, probed once per generation of the policy (and in
+    each term: the context is the term's).
+
+    Only a real probe's answer is kept here (a drill or a dry run reads discovery apart, `preview`).
+    An answer that is not `definite` (transient errors) is probed again `recent.SECONDS` later.
+    """
     known = ctx.isolation_support.get(policy.name)
-    if known is not None and known.generation == policy.generation:
+    now = ctx.clock()
+    if (
+        known is not None
+        and known.generation == policy.generation
+        and (known.definite or _retry_later(known, now))
+    ):
         return known
     found = await device_rules.probe(ctx.client, policy.name, policy.generation)
+    if not found.definite:
+        found = dataclasses.replace(found, at=now)
     ctx.isolation_support[policy.name] = found
-    logger.info("policy %s: DeviceTaintRules: %s", policy.name, found.message)
+    if found.definite:
+        logger.info("policy %s: DeviceTaintRules: %s", policy.name, found.message)
+    else:
+        logger.warning("policy %s: DeviceTaintRules: %s", policy.name, found.message)
     return found
+
+
+def _retry_later(known: isolation.Support, now: datetime.datetime) -> bool:
+    return known.at is not None and 0 <= (now - known.at).total_seconds() < recent.SECONDS
 
 
 def isolates(policy: model.Policy) -> bool:
@@ -67,10 +92,16 @@ def isolates(policy: model.Policy) -> bool:
 
 
 async def prepare(ctx: context.Context, policy: model.Policy) -> None:
-    """Probe at once for a new or changed policy with an IsolateGPU rule, before any GPU needs it."""
-    if isolates(policy) and not policy.dry_run:
-        async with ctx.isolation_locks[policy.name]:
-            await support(ctx, policy)
+    """Probe, before any GPU needs it, for a policy with an IsolateGPU rule whose answer this term does
+    not know for its generation: at a term's start (kopf lists every policy), on a change, and
+    while the last probe met only transient errors. Cheap when known (no request)."""
+    if not isolates(policy) or policy.dry_run:
+        return
+    known = ctx.isolation_support.get(policy.name)
+    if known is not None and known.generation == policy.generation and known.definite:
+        return
+    async with ctx.isolation_locks[policy.name]:
+        await support(ctx, policy)
 
 
 def condition(ctx: context.Context, policy: model.Policy) -> dict[str, Any] | None:
@@ -92,6 +123,13 @@ def condition(ctx: context.Context, policy: model.Policy) -> dict[str, Any] | No
             "reason": "NotProbed",
             "message": "Whether the cluster acts on DeviceTaintRules is not known yet.",
         }
+    if not found.definite:
+        return {
+            "type": CONDITION,
+            "status": "Unknown",
+            "reason": "ProbeFailed",
+            "message": f"DeviceTaintRules: {found.message}; faulty GPUs wait (action Pending) meanwhile.",
+        }
     return {
         "type": CONDITION,
         "status": "True" if found.api_version else "False",
@@ -103,6 +141,107 @@ def condition(ctx: context.Context, policy: model.Policy) -> dict[str, Any] | No
 def isolated_gpus(ctx: context.Context, policy: str) -> int:
     """GPUs the policy isolates now, as of the last pass over each node."""
     return sum(len(state.in_place) for (owner, _), state in ctx.isolations.items() if owner == policy)
+
+
+# --- a deleted policy's rules --------------------------------------------------------------------
+
+
+async def sweep(ctx: context.Context, now: datetime.datetime) -> None:
+    """Rules of a policy that is gone (deleted, renamed, or deleted while no operator ran): each is
+    adopted by the first acting IsolateGPU policy (by name) that selects its node, which restores the
+    GPU once it has recovered, or else restored at once; never left to keep a GPU out for good.
+
+    Once per timer pass, on the rule list reused for `recent.SECONDS` (no request otherwise). A rule
+    of an invalid policy (still there) or of a node outside this operator's cache is left alone.
+    Errors are logged: the next pass tries again.
+    """
+    version = await _any_version(ctx, now)
+    if version is None:
+        return
+    try:
+        async with ctx.isolation_locks[ALL]:
+            await _sweep(ctx, version, now)
+    except device_rules.TRANSIENT as error:
+        logger.warning(
+            "could not restore or adopt the rules of deleted policies (next pass retries): %s", error
+        )
+
+
+async def _any_version(ctx: context.Context, now: datetime.datetime) -> str | None:
+    """The version rules are in: a probe's, else discovery's (gpu-health wrote none where none is served)."""
+    for known in ctx.isolation_support.values():
+        if known.definite and known.api_version is not None:
+            return known.api_version
+    try:
+        return (await _discovered_any(ctx, now)).api_version
+    except device_rules.TRANSIENT as error:
+        logger.warning("discovery of DeviceTaintRules failed (next pass retries): %s", error)
+        return None
+
+
+async def _discovered_any(ctx: context.Context, now: datetime.datetime) -> isolation.Support:
+    async def load() -> isolation.Support:
+        return isolation.Support(
+            0, await device_rules.served_version(ctx.client), DISCOVERY_ONLY, definite=False
+        )
+
+    return await ctx.isolation_discovery.read(ALL, now, load)
+
+
+async def _sweep(ctx: context.Context, version: str, now: datetime.datetime) -> None:
+    present = {device_taints.label_value(n) for n in (*ctx.cache.policies, *ctx.cache.policy_errors)}
+    nodes = {device_taints.label_value(n): n for n in ctx.cache.nodes}
+    for rule in await _rules(ctx, version, now):
+        owner = _owner(rule)
+        labels = rule["metadata"].get("labels") or {}
+        node = nodes.get(str(labels.get(keys.NODE_LABEL)))
+        if owner is None or owner in present or node is None:
+            continue
+        name = rule["metadata"]["name"]
+        index, uuid = _int(labels.get(keys.GPU_INDEX_LABEL)), str(labels.get(keys.GPU_UUID_LABEL))
+        gpu = _gpu_name(index, uuid)
+        adopter = next(
+            (
+                p
+                for p in sorted(ctx.cache.policies.values(), key=lambda p: p.name)
+                if isolates(p) and not p.dry_run and node in ctx.cache.selection(p).selected
+            ),
+            None,
+        )
+        try:
+            if adopter is not None:
+                adopted = await device_rules.adopt(
+                    ctx.client, version, name, deleted=owner, policy=device_taints.label_value(adopter.name)
+                )
+            else:
+                adopted = False
+                await device_rules.delete(ctx.client, version, name)
+        finally:
+            ctx.rules_read.drop((ALL, version))
+        subject = events.subject(ctx.cache, node)
+        if adopter is not None:
+            if not adopted:
+                continue  # deleted or adopted meanwhile: the next list says what is there
+            key = (adopter.name, node)
+            state = ctx.isolations.get(key) or isolation.NodeState()
+            if all(g.uuid != uuid for g in state.in_place):
+                taken = isolation.Isolated(index, uuid, name)
+                ctx.isolations[key] = dataclasses.replace(state, in_place=(*state.in_place, taken))
+            await ctx.recorder.emit(
+                subject,
+                vocabulary.EventReason.GPU_ISOLATED,
+                f"{gpu} stays isolated: policy {adopter.name} adopts DeviceTaintRule {name} of policy "
+                f"{owner}, which is gone, and restores the GPU once it has recovered.",
+            )
+            continue
+        ctx.meters.actions.labels("RestoreGPU", "PolicyDeleted").inc()
+        await ctx.recorder.emit(
+            subject,
+            vocabulary.EventReason.GPU_RESTORED,
+            f"{gpu} restored: DeviceTaintRule {name} deleted, as policy {owner} that isolated it was "
+            "deleted and no acting IsolateGPU policy selects the node.",
+            events.WARNING,
+        )
 
 
 # --- one node -------------------------------------------------------------------------------------
@@ -168,8 +307,8 @@ def node_action(
     )
     if not lesser or state is None:
         return action
-    if state.in_place:
-        return vocabulary.NodeAction.ISOLATED
+    if state.in_place or (state.decision is not None and state.decision.with_outcome(Outcome.ISOLATE)):
+        return vocabulary.NodeAction.ISOLATED  # isolated by this policy's rules, or another's
     waiting = state.decision is not None and state.decision.with_outcome(Outcome.WAIT)
     return vocabulary.NodeAction.PENDING if waiting else action
 
@@ -184,15 +323,16 @@ async def isolate(
     if gpunode is None or record is None:
         return verdict
     state = ctx.isolations.get(key) or from_status(gpunode.status.get(STATUS_FIELD))
-    if not wanted and not state.in_place and not state.overridden:
+    if not wanted and not state.in_place and not state.overridden and not _holds(ctx, policy, name, now):
         ctx.isolations.pop(key, None)
         return verdict
     if verdict.health is vocabulary.Health.UNKNOWN:
         return verdicts.with_isolation(verdict, state.decision)  # missing data changes nothing
     async with ctx.isolation_locks[policy.name]:
         found = await support(ctx, policy)
-        ours = await _rules(ctx, policy.name, found.api_version, now)
-        state = await _pass(ctx, policy, name, verdict, now, state, wanted, found, ours)
+    async with ctx.isolation_locks[ALL]:
+        rules = await _rules(ctx, found.api_version, now)
+        state = await _pass(ctx, policy, name, verdict, now, state, wanted, found, rules)
     if ctx.cache.gpunode(name) is None or ctx.cache.node(name) is None:
         return verdict  # deleted meanwhile and forgotten: keep no isolation of it (the policy counts them)
     ctx.isolations[key] = state
@@ -220,16 +360,21 @@ async def preview(
     gpunode, record = ctx.cache.gpunode(name), ctx.cache.node(name)
     if not wanted or gpunode is None or record is None or verdict.health is vocabulary.Health.UNKNOWN:
         return None
+    now = ctx.clock()
     known = ctx.isolation_support.get(policy.name)
     if known is None or known.generation != policy.generation:
-        version = await device_rules.served_version(ctx.client)
-        known = isolation.Support(policy.generation, version, "discovery only (dry run)")
-        ctx.isolation_support[policy.name] = known
+        # Not probed (a dry run never is; an acting policy not yet in this term): discovery, kept
+        # apart from the probe's answers, so a drill or a dry run never decides a real action.
+        known = await _discovered(ctx, policy, now)
     if attribution is None:
         attribution = isolation.attribute(
             gpunode.status, record.view, wanted, critical_xids=policies.rule_xids(policy)
         )
-    devices = await _devices(ctx, name, ctx.clock()) if known.api_version is not None else {}
+    if known.at is not None:  # a real probe that met only transient errors: a real fault would wait
+        return isolation.undecided(
+            attribution, f"whether the cluster acts on DeviceTaintRules is {known.message}"
+        )
+    devices = await _devices(ctx, name, now) if known.api_version is not None else {}
     selected_gpus = sum(_gpu_count(ctx, node) for node in ctx.cache.selection(policy).selected)
     return isolation.decide(
         attribution,
@@ -238,6 +383,22 @@ async def preview(
         max_gpus_per_node=policy.isolation_max_gpus_per_node,
         budget_left=policies.resolve_max_unavailable_gpus(policy, selected_gpus),
     )
+
+
+async def _discovered(
+    ctx: context.Context, policy: model.Policy, now: datetime.datetime
+) -> isolation.Support:
+    """What discovery alone says (no probe rule written), read once per `recent.SECONDS`; never `definite`."""
+    return dataclasses.replace(await _discovered_any(ctx, now), generation=policy.generation)
+
+
+DISCOVERY_ONLY: Final = "discovery only"
+
+
+def probed(ctx: context.Context, policy: model.Policy) -> bool:
+    """Whether this term has the probe's answer for the policy's generation (definite or not)."""
+    known = ctx.isolation_support.get(policy.name)
+    return known is not None and known.generation == policy.generation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,10 +412,23 @@ class Plan:
     """Whether an IsolateGPU rule fired (its GPUs are isolated, wait, or take the node ladder)."""
     node_ladder: str | None = None
     """Why IsolateGPU would cordon and drain the node instead, in words."""
+    unprobed: bool = False
+    """The acting policy's probe has no answer in this term yet: the plan rests on discovery alone."""
 
     @property
     def ladder_note(self) -> str:
         return f" IsolateGPU takes the node ladder: {self.node_ladder}." if self.node_ladder else ""
+
+    @property
+    def probe_note(self) -> str:
+        """For a drill: a plan of an acting policy that rests on discovery says what a real fault would
+        learn first (the probe), since a cluster may serve DeviceTaintRules and ignore them."""
+        if not self.unprobed:
+            return ""
+        return (
+            " Whether the cluster acts on DeviceTaintRules is not probed yet: a real fault probes first,"
+            " and takes the node ladder if the rules are ignored."
+        )
 
 
 async def plan(
@@ -277,6 +451,7 @@ async def plan(
         isolation.dry_run_changes(decided, named) + changes,
         isolating=True,
         node_ladder=decided.node_ladder,
+        unprobed=not policy.dry_run and not probed(ctx, policy),
     )
 
 
@@ -289,20 +464,27 @@ async def _pass(  # noqa: PLR0917 - one pass's inputs
     state: isolation.NodeState,
     wanted: set[vocabulary.Condition],
     found: isolation.Support,
-    ours: Sequence[kube.JsonObject],
+    rules: Sequence[kube.JsonObject],
 ) -> isolation.NodeState:
     gpunode, record = ctx.cache.gpunode(name), ctx.cache.node(name)
     if gpunode is None or record is None:
         return state  # deleted while the probe or the rule list was awaited: nothing left to isolate
-    node_label = device_taints.label_value(name)
-    here = {
-        str(labels.get(keys.GPU_UUID_LABEL)): rule
-        for rule in ours
-        if (labels := (rule.get("metadata") or {}).get("labels") or {}).get(keys.NODE_LABEL) == node_label
-    }
     attribution = isolation.attribute(
         gpunode.status, record.view, wanted, critical_xids=policies.rule_xids(policy)
     )
+    if not found.definite:  # no answer to act on: nothing created, restored or taken to the ladder
+        decision = isolation.undecided(attribution, f"DeviceTaintRules {found.message}") if wanted else None
+        return isolation.NodeState(decision, state.in_place, state.overridden)
+    node_label = device_taints.label_value(name)
+    policy_label = device_taints.label_value(policy.name)
+    on_node = {
+        str(labels.get(keys.GPU_UUID_LABEL)): rule
+        for rule in rules
+        if (labels := (rule.get("metadata") or {}).get("labels") or {}).get(keys.NODE_LABEL) == node_label
+    }
+    here = {uuid: rule for uuid, rule in on_node.items() if _owner(rule) == policy_label}
+    others = frozenset(on_node) - frozenset(here)
+    """GPUs of the node another policy's rule isolates: isolated, by no new rule or budget of ours."""
     faulty = {gpu.uuid: gpu for gpu in attribution.gpus if gpu.uuid is not None}
     since = _evidence_since(verdict)
     subject = events.subject(ctx.cache, name)
@@ -314,9 +496,9 @@ async def _pass(  # noqa: PLR0917 - one pass's inputs
         if gpu.uuid in faulty and (gpu.since is None or since is None or since <= gpu.since)
     }
     for gpu in state.in_place:
-        if gpu.uuid not in here and gpu.uuid in faulty and found.api_version is not None:
+        if gpu.uuid not in on_node and gpu.uuid in faulty and found.api_version is not None:
             if await device_rules.exists(ctx.client, found.api_version, gpu.rule):
-                continue  # another policy's rule of the same name isolates it: not deleted
+                continue  # created since the list was read (another policy's rule of the same name)
             overridden[gpu.uuid] = gpu
             await ctx.recorder.emit(
                 subject,
@@ -338,7 +520,7 @@ async def _pass(  # noqa: PLR0917 - one pass's inputs
             try:
                 await device_rules.delete(ctx.client, found.api_version, gpu.rule)
             finally:  # also when the answer is lost: the next pass lists what is there
-                ctx.rules_read.drop((policy.name, found.api_version))
+                ctx.rules_read.drop((ALL, found.api_version))
             ctx.meters.actions.labels("RestoreGPU", "Recovered").inc()
             await ctx.recorder.emit(
                 subject,
@@ -362,22 +544,75 @@ async def _pass(  # noqa: PLR0917 - one pass's inputs
         )
         return isolation.NodeState(decision, tuple(in_place.values()), tuple(overridden.values()))
     devices = await _devices(ctx, name, now) if found.api_version is not None else {}
-    selected_gpus = sum(_gpu_count(ctx, node) for node in ctx.cache.selection(policy).selected)
-    decision = isolation.decide(
-        remaining,
-        devices=devices,
-        api_version=found.api_version,
-        max_gpus_per_node=policy.isolation_max_gpus_per_node,
-        already_isolated=frozenset(in_place),
-        budget_left=policies.resolve_max_unavailable_gpus(policy, selected_gpus) - len(ours),
-    )
+    isolated = frozenset(in_place) | others
+
+    def decide(budget_left: int, wait_reason: str | None = None) -> isolation.NodeIsolation:
+        return isolation.decide(
+            remaining,
+            devices=devices,
+            api_version=found.api_version,
+            max_gpus_per_node=policy.isolation_max_gpus_per_node,
+            already_isolated=isolated,
+            budget_left=budget_left,
+            wait_reason=wait_reason,
+        )
+
+    # Isolating is a disruption: new rules only as the one GPU budget over all isolating policies and
+    # every selecting policy's fleet circuit breaker admit (`admission`, under its one lock).
+    decision = decide(len(remaining.gpus))  # room for all: which need a new rule, or the ladder
+    new = [gpu for gpu in decision.with_outcome(Outcome.ISOLATE) if gpu.uuid not in isolated]
+    if decision.node_ladder is None and new:
+        granted, why = await ctx.admission.admit_gpus(
+            policy, name, ctx.cache, _gpu_budgets(ctx, rules), len(new), now
+        )
+        if granted < len(new):
+            decision = decide(granted, why)
     if decision.node_ladder is None and found.api_version is not None:
         for wanted_gpu in decision.with_outcome(Outcome.ISOLATE):
-            new = wanted_gpu.uuid
-            if new is None or new in in_place or wanted_gpu.device is None or wanted_gpu.index is None:
+            new_uuid = wanted_gpu.uuid
+            if (
+                new_uuid is None
+                or new_uuid in isolated
+                or wanted_gpu.device is None
+                or wanted_gpu.index is None
+            ):
                 continue
-            in_place[new] = await _create(ctx, policy, name, verdict, found.api_version, wanted_gpu, since)
+            in_place[new_uuid] = await _create(
+                ctx, policy, name, verdict, found.api_version, wanted_gpu, since
+            )
     return isolation.NodeState(decision, tuple(in_place.values()), tuple(overridden.values()))
+
+
+def _owner(rule: Mapping[str, Any]) -> str | None:
+    """The `gpuhealth.io/policy` label of a rule: its policy's name as a label value."""
+    labels = (rule.get("metadata") or {}).get("labels") or {}
+    owner = labels.get(keys.POLICY_LABEL)
+    return owner if isinstance(owner, str) else None
+
+
+def _gpu_budgets(ctx: context.Context, rules: Sequence[kube.JsonObject]) -> list[isolation.GPUBudget]:
+    """maxUnavailableGPUs of every acting isolating policy, each counting the GPUs under a rule of
+    gpu-health (whichever policy's) on the nodes it selects, as a cordon counts in every budget."""
+    by_node: dict[str, int] = {}
+    for rule in rules:
+        node = ((rule.get("metadata") or {}).get("labels") or {}).get(keys.NODE_LABEL)
+        if isinstance(node, str):
+            by_node[node] = by_node.get(node, 0) + 1
+    budgets = []
+    for each in sorted(ctx.cache.policies.values(), key=lambda p: p.name):
+        if each.dry_run or not isolates(each):
+            continue
+        selected = ctx.cache.selection(each).selected
+        gpus = sum(_gpu_count(ctx, node) for node in selected)
+        budgets.append(
+            isolation.GPUBudget(
+                each.name,
+                frozenset(selected),
+                policies.resolve_max_unavailable_gpus(each, gpus),
+                sum(by_node.get(device_taints.label_value(node), 0) for node in selected),
+            )
+        )
+    return budgets
 
 
 async def _create(  # noqa: PLR0917
@@ -405,7 +640,7 @@ async def _create(  # noqa: PLR0917
     try:
         created = await device_rules.create(ctx.client, api_version, body)
     finally:  # the next pass lists it and counts it against the GPU budget, even if the answer was lost
-        ctx.rules_read.drop((policy.name, api_version))
+        ctx.rules_read.drop((ALL, api_version))
     if not created:
         return isolation.Isolated(gpu.index, gpu.uuid, rule, since)  # already there (a lost response)
     if verdict.detected_at is not None:
@@ -426,9 +661,9 @@ async def _create(  # noqa: PLR0917
 
 
 async def _rules(
-    ctx: context.Context, policy: str, api_version: str | None, now: datetime.datetime
+    ctx: context.Context, api_version: str | None, now: datetime.datetime
 ) -> list[kube.JsonObject]:
-    """The policy's rules of nodes (not its probe's), listed at most once per `recent.SECONDS`.
+    """Every policy's rules of nodes (not the probes'), listed at most once per `recent.SECONDS`.
 
     Fresh after our own create or delete (they drop the entry), so the GPU budget never counts fewer
     rules than there are; a rule deleted by someone else is seen as an override a little later.
@@ -437,10 +672,23 @@ async def _rules(
         return []
 
     async def load() -> list[kube.JsonObject]:
-        listed = await device_rules.ours(ctx.client, api_version, policy)
+        listed = await device_rules.of_nodes(ctx.client, api_version)
         return [r for r in listed if keys.NODE_LABEL in ((r.get("metadata") or {}).get("labels") or {})]
 
-    return await ctx.rules_read.read((policy, api_version), now, load)
+    return await ctx.rules_read.read((ALL, api_version), now, load)
+
+
+def _holds(ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime) -> bool:
+    """Whether the last rule list (no request) shows a rule of the policy on the node: one it adopted,
+    or one the status of another reporting policy does not list; its pass must restore it."""
+    known = ctx.isolation_support.get(policy.name)
+    listed = ctx.rules_read.get((ALL, known.api_version), now) if known and known.api_version else None
+    node_label, policy_label = device_taints.label_value(name), device_taints.label_value(policy.name)
+    return any(
+        _owner(rule) == policy_label
+        and ((rule.get("metadata") or {}).get("labels") or {}).get(keys.NODE_LABEL) == node_label
+        for rule in listed or ()
+    )
 
 
 async def _devices(

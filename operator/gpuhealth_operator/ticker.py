@@ -88,6 +88,7 @@ async def tick(ctx: context.Context, *, full: bool = False, statuses: bool = Tru
         elif isinstance(result, BaseException):
             raise result  # cancelled: the timer is stopping
     await pausing.announce(ctx, now)
+    await isolating.sweep(ctx, now)  # the DeviceTaintRules of deleted policies: adopted or restored
     if statuses:
         await write_policy_statuses(ctx, now)
 

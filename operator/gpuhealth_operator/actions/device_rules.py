@@ -10,15 +10,25 @@ when the DRADeviceTaintRules feature gate is off).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from typing import Any, Final
+
+import aiohttp
 
 from gpuhealth_api import keys
 from gpuhealth_operator import kube
 from gpuhealth_operator.decisions import device_taints, isolation
 
+logger = logging.getLogger(__name__)
+
 PROBE_TIMEOUT_SECONDS: Final = 15.0
 PROBE_POLL_SECONDS: Final = 0.25
+PROBE_ATTEMPTS: Final = 3
+PROBE_RETRY_SECONDS: Final = 1.0
+"""Wait before the second attempt of a probe that met a transient error (twice that before the third)."""
+TRANSIENT: Final = (kube.ApiError, aiohttp.ClientError, OSError, asyncio.TimeoutError)
+"""What a request may raise; an ApiError is transient only as `transient` says."""
 SLICE_VERSIONS: Final = ("v1", "v1beta2", "v1beta1")
 """resource.k8s.io versions to list ResourceSlices in, preferred first."""
 
@@ -44,7 +54,39 @@ async def served_version(client: kube.Kube) -> str | None:
 
 
 async def probe(client: kube.Kube, policy: str, generation: int) -> isolation.Support:
-    """Discovery for the version serving devicetaintrules, then a probe rule the controller manager acks."""
+    """Discovery for the version serving devicetaintrules, then a probe rule the controller manager acks.
+
+    A transient error (a timeout, 429, 5xx, a conflict with a probe rule still being deleted) is
+    retried up to `PROBE_ATTEMPTS` times; still no answer, the Support is not `definite`: IsolateGPU
+    must not fall back to the node ladder for good on one bad moment of the API server.
+    """
+    error: BaseException | None = None
+    for attempt in range(PROBE_ATTEMPTS):
+        if attempt:
+            await asyncio.sleep(PROBE_RETRY_SECONDS * attempt)
+        try:
+            return await _probe_once(client, policy, generation)
+        except TRANSIENT as caught:
+            if isinstance(caught, kube.ApiError) and not transient(caught):
+                raise
+            error = caught
+    what = (
+        f"{error.status} {error.reason}" if isinstance(error, kube.ApiError) else (str(error) or repr(error))
+    )
+    return isolation.Support(
+        generation,
+        None,
+        f"not known yet: the probe met a transient error {PROBE_ATTEMPTS} times ({what}); it is tried again",
+        definite=False,
+    )
+
+
+def transient(error: kube.ApiError) -> bool:
+    """An API error that says nothing about DeviceTaintRules: try again (409: a probe rule being deleted)."""
+    return error.status in (409, 429) or error.status >= 500
+
+
+async def _probe_once(client: kube.Kube, policy: str, generation: int) -> isolation.Support:
     version = await served_version(client)
     if version is None:
         return isolation.Support(
@@ -60,14 +102,19 @@ async def probe(client: kube.Kube, policy: str, generation: int) -> isolation.Su
         await client.create(rules_path(version), rule)
         acked = await _acknowledged(client, rules_path(version, name))
     except kube.ApiError as error:
+        if transient(error):
+            raise
         return isolation.Support(
             generation,
             None,
-            f"the probe DeviceTaintRule failed ({error.status} {error.reason}): "
+            f"the probe DeviceTaintRule was refused ({error.status} {error.reason}): "
             "IsolateGPU falls back to the node ladder",
         )
     finally:
-        await _delete(client, rules_path(version, name))
+        try:
+            await _delete(client, rules_path(version, name))
+        except TRANSIENT:
+            logger.warning("could not delete probe DeviceTaintRule %s (deleted at the next probe)", name)
     if not acked:
         return isolation.Support(
             generation,
@@ -134,6 +181,33 @@ async def ours(client: kube.Kube, api_version: str | None, policy: str) -> list[
         return []
     selector = f"{keys.POLICY_LABEL}={device_taints.label_value(policy)}"
     return await client.list_all(rules_path(api_version), {"labelSelector": selector})
+
+
+async def of_nodes(client: kube.Kube, api_version: str) -> list[kube.JsonObject]:
+    """The rules gpu-health wrote for nodes, every policy's (label `gpuhealth.io/node` set; the caller
+    keeps only those carrying it, for a server that would not filter by a label's existence)."""
+    return await client.list_all(rules_path(api_version), {"labelSelector": keys.NODE_LABEL})
+
+
+async def adopt(client: kube.Kube, api_version: str, name: str, *, deleted: str, policy: str) -> bool:
+    """Relabel the rule of a deleted policy as `policy`'s (label values); False if it is gone or was
+    relabelled meanwhile (the patch is conditional on the old label: a JSON patch `test`)."""
+    path = ["", "metadata", "labels", keys.POLICY_LABEL.replace("~", "~0").replace("/", "~1")]
+    pointer = "/".join(path)
+    try:
+        await client.patch(
+            rules_path(api_version, name),
+            [
+                {"op": "test", "path": pointer, "value": deleted},
+                {"op": "replace", "path": pointer, "value": policy},
+            ],
+            content_type="application/json-patch+json",
+        )
+    except kube.ApiError as error:
+        if error.not_found or error.status == 422:
+            return False
+        raise
+    return True
 
 
 async def devices(client: kube.Kube, node: str) -> dict[str, device_taints.Device]:

@@ -114,6 +114,11 @@ class Support:
     """The resource.k8s.io version rules are written in; None: IsolateGPU takes the node ladder."""
     message: str
     """The probe's finding in words (for the policy's status)."""
+    definite: bool = True
+    """False: no answer to act on (the probe met transient errors, or only discovery was read for a
+    dry run or a drill); IsolateGPU then neither isolates nor falls back, and the probe is tried again."""
+    at: datetime.datetime | None = None
+    """When an answer that is not `definite` was found (the probe is tried again a little later)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,13 +246,15 @@ def decide(
     max_gpus_per_node: int,
     already_isolated: Collection[str] = (),
     budget_left: int,
+    wait_reason: str | None = None,
 ) -> NodeIsolation:
     """Per faulty GPU: isolate, wait for the GPU budget, or the node ladder (module docstring).
 
     `api_version` is where rules are written, None when the cluster does not act on them;
     `already_isolated` are UUIDs of this node with a rule in place (they use no new budget);
-    `budget_left` is how many more GPUs the policy may isolate now (maxUnavailableGPUs minus
-    those isolated fleet-wide).
+    `budget_left` is how many more GPUs may be isolated now (the least room left under the
+    maxUnavailableGPUs of every isolating policy that selects the node, or 0 while a breaker holds
+    disruptions back); `wait_reason` says why a GPU waits when it is not maxUnavailableGPUs.
     """
     gpus = attribution.gpus
     if not gpus and attribution.unattributed is None:
@@ -280,9 +287,47 @@ def decide(
             reason = f"{_name(gpu)} is device {device.name} of pool {device.pool}"
             decided.append(GPUDecision(gpu.index, gpu.uuid, gpu.conditions, Outcome.ISOLATE, reason, device))
         else:
-            reason = "maxUnavailableGPUs reached: waits for an isolated GPU to recover"
+            reason = wait_reason or "maxUnavailableGPUs reached: waits for an isolated GPU to recover"
             decided.append(GPUDecision(gpu.index, gpu.uuid, gpu.conditions, Outcome.WAIT, reason, device))
     return NodeIsolation(tuple(sorted(decided, key=_order)))
+
+
+def undecided(attribution: Attribution, reason: str) -> NodeIsolation:
+    """Every faulty GPU waits: whether the cluster acts on DeviceTaintRules is not known yet (the probe
+    met only transient errors). Neither a rule nor the node ladder is taken on a guess."""
+    return NodeIsolation(
+        tuple(
+            GPUDecision(g.index, g.uuid, g.conditions, Outcome.WAIT, reason)
+            for g in sorted(attribution.gpus, key=_order)
+        )
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class GPUBudget:
+    """One isolating policy's maxUnavailableGPUs as it stands: GPUs of its selected nodes under a
+    DeviceTaintRule of gpu-health (any policy's), against its limit."""
+
+    policy: str
+    selected: frozenset[str]
+    limit: int
+    isolated: int
+
+
+def budget_left(name: str, budgets: Sequence[GPUBudget]) -> tuple[int, str | None]:
+    """How many more GPUs of node `name` may be isolated: the least room of every budget selecting it
+    (one budget over all policies, as for cordons), and, with none left, whose budget is spent."""
+    selecting = [b for b in budgets if name in b.selected]
+    if not selecting:
+        return 0, "no isolating policy selects the node"
+    tightest = min(selecting, key=lambda b: (b.limit - b.isolated, b.policy))
+    left = max(0, tightest.limit - tightest.isolated)
+    if left > 0:
+        return left, None
+    return 0, (
+        f"maxUnavailableGPUs of policy {tightest.policy} reached ({tightest.isolated} of its limit "
+        f"{tightest.limit} isolated): waits for an isolated GPU to recover"
+    )
 
 
 def dry_run_changes(decision: NodeIsolation, named: str | None = None) -> list[str]:
