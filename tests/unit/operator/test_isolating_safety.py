@@ -356,3 +356,50 @@ def test_a_deleted_policys_rule_is_adopted_by_another_isolating_policy_of_the_no
         assert cluster.node_rules() == {}, "the adopting policy restores the repaired GPU"
 
     asyncio.run(scenario())
+
+
+def test_an_invalid_policys_rule_is_neither_adopted_nor_restored() -> None:
+    """A policy edited into an invalid spec is still there (its error in status): its rules stay, as
+    its cordons do, even with another isolating policy selecting the node."""
+
+    async def scenario() -> None:
+        cluster, clock = Cluster(), Clock()
+        ctx = await start(cluster, clock, ("n",), policy_body("iso"))
+        await report(cluster, ctx, "n")
+        rule = device_taints.rule_name("n", FAULTY)
+        other = policy_body("other")
+        cluster.policies["other"] = other
+        await handlers.on_policy(event("ADDED", other), memo=ctx)
+        broken = policy_body("iso", maxUnavailableGPUs="0%")
+        broken["metadata"]["generation"] = 2
+        await handlers.on_policy(event("MODIFIED", broken), memo=ctx)
+        assert "iso" in ctx.cache.policy_errors
+        for _ in range(3):
+            clock.now += datetime.timedelta(seconds=1)
+            await ticker.tick(ctx)
+        assert cluster.node_rules() == {rule: "iso"}
+
+    asyncio.run(scenario())
+
+
+def test_an_open_breaker_names_itself_to_a_drill_and_a_new_isolation_waits_for_it() -> None:
+    """The breaker's reason reaches the GPU's decision (what a dry run or drill says)."""
+
+    async def scenario() -> None:
+        cluster, clock = Cluster(), Clock()
+        nodes = tuple(f"n{i}" for i in range(6))
+        ctx = await start(
+            cluster, clock, nodes, policy_body(maxUnavailableGPUs="100%", breaker={"maxNewUnhealthy": 1})
+        )
+        for name in nodes:
+            await report(cluster, ctx, name)
+        waiting = [
+            gpu.reason
+            for (_, node), state in ctx.isolations.items()
+            if state.decision is not None
+            for gpu in state.decision.gpus
+            if gpu.outcome == "Wait"
+        ]
+        assert waiting and all("circuit breaker" in reason for reason in waiting), waiting
+
+    asyncio.run(scenario())
