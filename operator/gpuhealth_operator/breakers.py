@@ -7,18 +7,21 @@ changed; the policy status shows it as the `Paused` condition, and the last
 manual reset acted on as `status.breakerReset` (the operator may only write
 a policy's status, so the annotation stays and its value is recorded).
 
-Nothing here must survive a restart: the times nodes turned Unhealthy are
-the fatal conditions' lastTransitionTime in GPUNode status, so the first
-judgements after a restart count a storm that began before it and the
-breaker trips again at the first admission (fail safe). A manual reset is
-forgotten by a restart within the window; annotate again.
+What must survive a restart is in the cluster: the times nodes turned
+Unhealthy are the fatal conditions' lastTransitionTime in GPUNode status (the
+first judgements after a restart count a storm that began before it); an
+open breaker is the policy's `Paused` condition (True, reason FaultStorm, since
+its lastTransitionTime), read back when the policy is first seen, so a storm
+that has not ended keeps it open across a restart or a change of leader
+instead of closing it because no node is new any more; the last manual reset
+acted on is `status.breakerReset`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Collection, Mapping, MutableMapping
 from typing import Any
 
 from gpuhealth_api import keys
@@ -53,8 +56,13 @@ class Breakers:
         selected: int,
         turned: MutableMapping[str, datetime.datetime],
         now: datetime.datetime,
+        held: Collection[datetime.datetime] | None = None,
     ) -> breaker.Breaker:
-        """The policy's breaker stepped to `now`; `turned`: node → when it turned Unhealthy (pruned here)."""
+        """The policy's breaker stepped to `now`; `turned`: node → when it turned Unhealthy (pruned here).
+
+        `held`: when each node the policy holds back turned Unhealthy (`breaker.step`); None (an
+        admission, which cannot tell) never moves an open breaker on.
+        """
         state = self.states.get(policy.name, breaker.Breaker())
         limit = breaker.resolve_limit(policy.breaker_max_new_unhealthy, selected)
         if state.state is breaker.State.CLOSED and limit >= selected:
@@ -63,7 +71,7 @@ class Breakers:
         for node in [n for n, t in turned.items() if t <= before]:
             del turned[node]  # out of every window; a node still Unhealthy is put back, still out of it
         count = breaker.new_unhealthy(turned.values(), now, policy.breaker_window_seconds, state.reset_at)
-        state = breaker.step(state, count, limit, policy.breaker_window_seconds, now)
+        state = breaker.step(state, count, limit, policy.breaker_window_seconds, now, held=held)
         self.states[policy.name] = state
         return state
 
@@ -73,20 +81,28 @@ class Breakers:
         return state if state is not None and state.paused else None
 
     def note_reset(self, policy: str, body: Mapping[str, Any]) -> None:
-        """Read a policy's reset request (its annotation) and, once per process, the reset it recorded.
+        """Read a policy's reset request (its annotation) and, once per process, what its status recorded.
 
         A value already acted on (recorded in `status.breakerReset`) is not acted on
         again, so the annotation may stay; a new value asks for a new reset. The
         recorded reset time survives a restart: nodes that turned Unhealthy before
-        it do not trip the breaker again.
+        it do not trip the breaker again. An open or half-open breaker recorded in
+        the `Paused` condition is taken up where it stood (see the module's doc).
         """
-        recorded = (body.get("status") or {}).get(STATUS_FIELD) or {}
+        status = body.get("status") or {}
+        recorded = status.get(STATUS_FIELD) or {}
         if policy not in self.acted and isinstance(recorded.get("value"), str):
             at = times.parse(recorded.get("time"))
             if at is not None:
                 self.acted[policy] = (recorded["value"], at)
-                if policy not in self.states:
-                    self.states[policy] = breaker.Breaker(reset_at=at)
+        if policy not in self.states:
+            acted = self.acted.get(policy)
+            reset_at = acted[1] if acted is not None else None
+            restored = _restored(status.get("conditions"), reset_at)
+            if restored is not None:
+                self.states[policy] = restored
+            elif reset_at is not None:
+                self.states[policy] = breaker.Breaker(reset_at=reset_at)
         value = ((body.get("metadata") or {}).get("annotations") or {}).get(keys.BREAKER_RESET_ANNOTATION)
         acted = self.acted.get(policy)
         if isinstance(value, str) and (acted is None or acted[0] != value[:63]):
@@ -130,3 +146,27 @@ class Breakers:
         self.announced.pop(name, None)
         self.resets.pop(name, None)
         self.acted.pop(name, None)
+
+
+_RESTORED_STATES = {"FaultStorm": breaker.State.OPEN, "HalfOpen": breaker.State.HALF_OPEN}
+"""The `Paused` condition's reasons (`Breakers.condition`) of a breaker that holds disruptions back."""
+
+
+def _restored(conditions: object, reset_at: datetime.datetime | None) -> breaker.Breaker | None:
+    """The breaker a policy's written `Paused` condition describes (None: closed, or nothing written).
+
+    A half-open one is taken up with its trial spent (whom it admitted is not recorded): it admits no
+    one else and closes a probe later unless the storm returns.
+    """
+    if not isinstance(conditions, list):
+        return None
+    paused = next((c for c in conditions if isinstance(c, dict) and c.get("type") == PAUSED), None)
+    if paused is None or paused.get("status") != "True":
+        return None
+    state = _RESTORED_STATES.get(str(paused.get("reason")))
+    since = times.parse(paused.get("lastTransitionTime"))
+    if state is None or since is None:
+        return None
+    reason = str(paused.get("message") or "").removesuffix(".")
+    trial_at = since if state is breaker.State.HALF_OPEN else None
+    return breaker.Breaker(state=state, since=since, reason=reason, trial_at=trial_at, reset_at=reset_at)

@@ -4,8 +4,9 @@ The breakers decide at admission (`admission`, `breakers`); time alone also
 moves them (open → half-open → closed), and a human may reset one. Each pass
 this acts on new `gpuhealth.io/breaker-reset` annotation values (closing the
 breaker; the value is recorded in the policy's status), steps every acting
-policy's breaker, exports `gpuhealth_operator_breaker_open`, and says each
-opening once with a `RemediationPaused` Event on the policy.
+policy's breaker with the nodes it holds back (only this step can tell whether
+a storm has ended, so only it half-opens an open breaker), exports
+`gpuhealth_operator_breaker_open`, and says each opening once with a `RemediationPaused` Event on the policy.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import datetime
 import logging
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import context
+from gpuhealth_operator import cache, context
 from gpuhealth_operator.actions import events
 from gpuhealth_operator.decisions import breaker
 
@@ -37,8 +38,10 @@ async def announce(ctx: context.Context, now: datetime.datetime) -> None:
         if request is not None:
             breakers.reset(name, request, now)
             logger.warning("policy %s: fleet circuit breaker reset by annotation (%s)", name, request[:63])
-        selected = len(ctx.cache.selection(policy).selected)
-        state = breakers.current(policy, selected, ctx.verdicts.turned_unhealthy[name], now)
+        selection = ctx.cache.selection(policy)
+        state = breakers.current(
+            policy, len(selection.selected), ctx.verdicts.turned_unhealthy[name], now, held(ctx, selection)
+        )
         ctx.meters.breaker_open.labels(name).set(1 if state.paused else 0)
         said = breakers.announced.get(name)
         if said is not None and said.state is state.state and said.since == state.since:
@@ -49,10 +52,26 @@ async def announce(ctx: context.Context, now: datetime.datetime) -> None:
                 events.policy_subject(name),
                 vocabulary.EventReason.REMEDIATION_PAUSED,
                 f"Policy {name} paused new cordons and drains: {state.reason}. Cordoned nodes stay and "
-                "running drains go on; it half-opens by itself after the window, or "
+                "running drains go on. It half-opens by itself after the window once the storm has ended "
+                "(fewer nodes than the limit still Unhealthy and held back), else it stays open until "
                 f"`kubectl annotate --overwrite ghp {name} {keys.BREAKER_RESET_ANNOTATION}=$(date +%s)` "
-                "resumes at once.",
+                "resumes it.",
                 events.WARNING,
             )
         elif said is not None:
             logger.info("policy %s: breaker %s: %s", name, state.state.value, state.reason)
+
+
+def held(ctx: context.Context, selection: cache.Selection) -> list[datetime.datetime]:
+    """When each node the policy holds back turned Unhealthy: Unhealthy now, wanting a cordon or drain,
+    neither unschedulable nor admitted (`breaker.step` tells the storm's from older ones by these times)."""
+    name = selection.policy.name
+    out = selection.unavailable | ctx.admission.in_flight
+    times = []
+    for node in ctx.verdicts.wanting.get(name, {}):
+        verdict = ctx.verdicts.get((name, node))
+        if node in selection.selected and node not in out and verdict is not None:
+            turned = breaker.turned_unhealthy(verdict)
+            if turned is not None:
+                times.append(turned)
+    return times

@@ -6,13 +6,21 @@ into a fleet-wide drain. The breaker counts the selected GPU nodes that turned
 Unhealthy within the policy's window and, when more than `maxNewUnhealthy` did,
 opens: no new Cordon or Drain (nodes already cordoned stay, running drains go on).
 
-It recovers by itself, like a classic circuit breaker:
+It recovers by itself once the storm has ended, like a classic circuit breaker:
 
     Closed   --more than the limit new in the window-->   Open
-    Open     --a window after opening, fewer than the limit new in the last window-->  HalfOpen
+    Open     --a window after opening, fewer than the limit new in the last window,
+               and fewer than the limit of the storm's nodes still held back Unhealthy-->  HalfOpen
     HalfOpen --one node admitted (the trial); PROBE later and no re-trip-->  Closed
     HalfOpen --more than the limit new in the window-->   Open
     any      --manual reset-->  Closed (nodes that turned Unhealthy before the reset no longer count)
+
+"New in the window" alone cannot tell a storm that ended from one that goes
+on: a bad driver rollout leaves its nodes Unhealthy, and a window later none
+of them is new. So an open breaker also counts the storm's nodes it still
+holds back (turned Unhealthy since the window before it opened, Unhealthy
+now, wanting a cordon or drain not yet made); while `limit` or more are, it
+stays open until a human resets it (annotation gpuhealth.io/breaker-reset).
 
 Pure: every function takes `now` and the times nodes turned Unhealthy, and
 returns a new `Breaker`; the same inputs give the same state.
@@ -28,7 +36,7 @@ import re
 from collections.abc import Iterable
 from typing import Final
 
-from gpuhealth_api import vocabulary
+from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator.decisions import model, severity
 
 DEFAULT_MAX_NEW_UNHEALTHY: Final = "5%"
@@ -114,8 +122,35 @@ def new_unhealthy(
     return sum(1 for t in turned if t > start and (reset_at is None or t > reset_at))
 
 
-def step(breaker: Breaker, count: int, limit: int, window_seconds: float, now: datetime.datetime) -> Breaker:
-    """The breaker after time has passed: `count` nodes turned Unhealthy in the window ending `now`."""
+def storm_held(
+    held: Iterable[datetime.datetime],
+    opened: datetime.datetime,
+    window_seconds: float,
+    reset_at: datetime.datetime | None = None,
+) -> int:
+    """How many of the held-back nodes (when each turned Unhealthy) belong to the storm that opened it.
+
+    The storm's nodes turned Unhealthy within the window before it opened, or
+    since: an older fault waiting for the budget is not the storm's.
+    """
+    return new_unhealthy(held, opened, window_seconds, reset_at)  # counts every time after the window's start
+
+
+def step(
+    breaker: Breaker,
+    count: int,
+    limit: int,
+    window_seconds: float,
+    now: datetime.datetime,
+    *,
+    held: Iterable[datetime.datetime] | None = None,
+) -> Breaker:
+    """The breaker after time has passed: `count` nodes turned Unhealthy in the window ending `now`.
+
+    `held`: when each node the policy holds back turned Unhealthy (Unhealthy now,
+    wanting a cordon or drain not yet made). None when the caller cannot tell:
+    an open breaker then stays open (the timer's next step decides).
+    """
     probe = min(PROBE_SECONDS, window_seconds)
     window = _words(window_seconds)
     if breaker.state is State.CLOSED or breaker.state is State.HALF_OPEN:
@@ -147,22 +182,31 @@ def step(breaker: Breaker, count: int, limit: int, window_seconds: float, now: d
                     ),
                 )
         return breaker
-    # Open: half-open once a whole window has passed since it opened and the storm has calmed down.
+    # Open: half-open once a whole window has passed since it opened and the storm has ended.
     opened = breaker.since or now
-    if _seconds(opened, now) >= window_seconds and count < limit:
-        return dataclasses.replace(
-            breaker,
-            state=State.HALF_OPEN,
-            since=now,
-            trial=None,
-            trial_at=None,
-            reason=(
-                f"half-open: {count} selected GPU nodes turned Unhealthy in the last {window}, fewer than "
-                f"maxNewUnhealthy={limit}; admitting one node, resuming {_words(probe)} later "
-                "unless the storm returns"
-            ),
+    if _seconds(opened, now) < window_seconds or count >= limit or held is None:
+        return breaker
+    still = storm_held(held, opened, window_seconds, breaker.reset_at)
+    if still >= limit:
+        reason = (
+            f"the fault storm has not ended: {still} of the selected GPU nodes that turned Unhealthy "
+            f"since it began are still Unhealthy and held back (maxNewUnhealthy={limit}); it stays "
+            f"open until fewer than {limit} are, or a human resumes it "
+            f"(annotation {keys.BREAKER_RESET_ANNOTATION})"
         )
-    return breaker
+        return breaker if reason == breaker.reason else dataclasses.replace(breaker, reason=reason)
+    return dataclasses.replace(
+        breaker,
+        state=State.HALF_OPEN,
+        since=now,
+        trial=None,
+        trial_at=None,
+        reason=(
+            f"half-open: {count} selected GPU nodes turned Unhealthy in the last {window} and {still} of the "
+            f"storm's nodes are still held back, fewer than maxNewUnhealthy={limit}; admitting one node, "
+            f"resuming {_words(probe)} later unless the storm returns"
+        ),
+    )
 
 
 def admit(breaker: Breaker, node: str, now: datetime.datetime) -> tuple[Breaker, bool]:

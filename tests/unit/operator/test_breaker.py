@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuhealth_api import vocabulary
+from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator.decisions import breaker, model, policies
 from gpunode_facts import verdict
 
@@ -20,11 +20,17 @@ def at(seconds: float) -> datetime.datetime:
     return T0 + datetime.timedelta(seconds=seconds)
 
 
-def run(events: list[tuple[float, int]], limit: int = 2, window: float = WINDOW) -> breaker.Breaker:
-    """Step a closed breaker through (time, count) pairs."""
+def run(
+    events: list[tuple[float, int]],
+    limit: int = 2,
+    window: float = WINDOW,
+    held: list[datetime.datetime] | None = None,
+) -> breaker.Breaker:
+    """Step a closed breaker through (time, count) pairs; `held`: the held-back nodes (default: none,
+    the storm's nodes recovered)."""
     state = breaker.Breaker()
     for seconds, count in events:
-        state = breaker.step(state, count, limit, window, at(seconds))
+        state = breaker.step(state, count, limit, window, at(seconds), held=[] if held is None else held)
     return state
 
 
@@ -89,6 +95,38 @@ def test_open_stays_open_after_the_window_while_the_storm_goes_on() -> None:
     assert run([(0, 3), (600, 5)]).state is State.OPEN
 
 
+def test_a_storm_that_has_not_ended_keeps_it_open_after_the_window() -> None:
+    """Issue 24: the storm's nodes stay Unhealthy, so none is new a window later; it must not half-open."""
+    storm = [at(s) for s in range(-20, 0)]  # 20 nodes turned Unhealthy in the 20 s before it opened
+    state = run([(0, 3), (660, 0), (6000, 0)], held=storm[2:])
+    assert state.state is State.OPEN
+    assert state.since == at(0)
+    assert "has not ended: 18 of the selected GPU nodes" in state.reason
+    assert keys.BREAKER_RESET_ANNOTATION in state.reason
+    assert breaker.admit(state, "n", at(6001)) == (state, False)
+    # One fewer than the limit still held back: the storm has ended, one node is tried.
+    assert run([(0, 3), (660, 0)], held=storm[:1]).state is State.HALF_OPEN
+
+
+def test_faults_older_than_the_storm_do_not_hold_it_open() -> None:
+    """Nodes that waited for the budget before the storm began are not the storm's."""
+    older = [at(-601), at(-700), at(-5000)]
+    assert run([(0, 3), (600, 0)], held=older).state is State.HALF_OPEN
+    assert run([(0, 3), (600, 0)], held=[*older, at(-599), at(300)]).state is State.OPEN  # the storm's two
+
+
+def test_the_storm_forgiven_by_a_reset_does_not_hold_it_open() -> None:
+    state = breaker.Breaker(state=State.OPEN, since=at(0), reset_at=at(-1))
+    assert breaker.step(state, 0, 2, WINDOW, at(600), held=[at(-10), at(-5), at(-2)]).state is State.HALF_OPEN
+
+
+def test_a_caller_that_cannot_tell_what_is_held_back_never_half_opens_it() -> None:
+    """An admission steps it without the held-back nodes; the timer's step decides."""
+    opened = run([(0, 3)])
+    assert breaker.step(opened, 0, 2, WINDOW, at(700)) == opened
+    assert breaker.step(opened, 0, 2, WINDOW, at(700), held=[]).state is State.HALF_OPEN
+
+
 def test_after_the_window_a_calm_breaker_half_opens() -> None:
     state = run([(0, 3), (600, 1)])
     assert state.state is State.HALF_OPEN
@@ -112,8 +150,8 @@ def test_half_open_admits_exactly_one_node_then_only_that_one() -> None:
 def test_half_open_closes_a_probe_after_the_trial_if_the_storm_did_not_return() -> None:
     state = run([(0, 3), (600, 0)])
     state, _ = breaker.admit(state, "a", at(610))
-    assert breaker.step(state, 1, 2, WINDOW, at(669)).state is State.HALF_OPEN
-    closed = breaker.step(state, 1, 2, WINDOW, at(670))
+    assert breaker.step(state, 1, 2, WINDOW, at(669), held=[]).state is State.HALF_OPEN
+    closed = breaker.step(state, 1, 2, WINDOW, at(670), held=[])
     assert closed.state is State.CLOSED
     assert closed.trial is None
     assert "resumed" in closed.reason
@@ -129,7 +167,7 @@ def test_half_open_without_a_trial_closes_a_probe_after_half_opening() -> None:
 def test_half_open_trips_again_if_the_storm_returns() -> None:
     state = run([(0, 3), (600, 0)])
     state, _ = breaker.admit(state, "a", at(601))
-    state = breaker.step(state, 3, 2, WINDOW, at(620))
+    state = breaker.step(state, 3, 2, WINDOW, at(620), held=[])
     assert state.state is State.OPEN
     assert state.since == at(620)
     assert state.trial is None
@@ -139,7 +177,7 @@ def test_the_probe_is_never_longer_than_the_window() -> None:
     state = run([(0, 3), (10, 0)], window=10)
     assert state.state is State.HALF_OPEN
     state, _ = breaker.admit(state, "a", at(11))
-    assert breaker.step(state, 0, 2, 10, at(21)).state is State.CLOSED
+    assert breaker.step(state, 0, 2, 10, at(21), held=[]).state is State.CLOSED
 
 
 # --- reset -----------------------------------------------------------------------------------------------
@@ -222,7 +260,7 @@ def walk(steps: list[tuple[float, int]], limit: int, window: float) -> list[brea
     state, now, seen = breaker.Breaker(), 0.0, []
     for gap, count in steps:
         now += gap
-        state = breaker.step(state, count, limit, window, at(now))
+        state = breaker.step(state, count, limit, window, at(now), held=[])
         state, _ = breaker.admit(state, f"n{count}", at(now))
         seen.append(state)
     return seen
@@ -273,7 +311,7 @@ def test_property_half_open_admits_at_most_one_node(
     for i, (gap, count) in enumerate(steps):
         now += gap
         before = state.state
-        state = breaker.step(state, count, limit, window, at(now))
+        state = breaker.step(state, count, limit, window, at(now), held=[])
         if state.state is not State.HALF_OPEN or before is not State.HALF_OPEN:
             admitted = set()
         for node in (f"a{i}", f"b{i}"):
@@ -299,3 +337,20 @@ def test_property_the_count_matches_a_plain_filter(turned: list[int], now: int) 
     """Times in milliseconds (datetime's resolution is a microsecond)."""
     expected = sum(1 for t in turned if now - WINDOW * 1000 < t)
     assert breaker.new_unhealthy([at(t / 1000) for t in turned], at(now / 1000), WINDOW) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(moments, st.integers(min_value=1, max_value=10), st.sampled_from([10.0, 60.0, 600.0]))
+def test_property_while_the_storm_holds_limit_nodes_back_it_never_leaves_open(
+    steps: list[tuple[float, int]], limit: int, window: float
+) -> None:
+    """However much time passes and however calm, an open breaker with `limit` of its storm's nodes
+    still held back stays open (until a human resets it)."""
+    state, now = breaker.Breaker(), 0.0
+    for gap, count in steps:
+        now += gap
+        storm = [at(now)] * limit if state.state is State.OPEN else []  # the storm's nodes, still Unhealthy
+        before = state.state
+        state = breaker.step(state, count, limit, window, at(now), held=storm)
+        if before is State.OPEN:
+            assert state.state is State.OPEN

@@ -1,9 +1,13 @@
 """Each policy's breaker at run time: reset requests are acted on once per value, and survive a restart."""
 
+import asyncio
+import copy
 import datetime
 
+import drain_cluster
+import gpunode_facts
 from gpuhealth_api import keys
-from gpuhealth_operator import breakers
+from gpuhealth_operator import breakers, context, handlers, ticker
 from gpuhealth_operator.decisions import breaker, model, times
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
@@ -76,3 +80,152 @@ def test_a_limit_of_every_selected_node_never_trips_and_costs_no_count() -> None
     everything = model.Policy(name="p", breaker_max_new_unhealthy="100%")
     turned = {f"n{i}": at(0) for i in range(10)}
     assert owner.current(everything, 10, turned, at(1)).state is breaker.State.CLOSED
+
+
+# --- a storm that does not end (issue 24, item 1) --------------------------------------------------------
+
+STORM_NODES = [f"n{i:02d}" for i in range(20)]
+STORM_SPEC = drain_cluster.drain_spec(
+    "gpu",
+    maxUnavailable="50%",
+    rules=[{"name": "ecc", "condition": "EccUncorrectable", "action": "Cordon"}],
+    breaker={"maxNewUnhealthy": 2, "windowSeconds": 600},
+)
+
+
+class Fleet:
+    """20 GPU nodes under one policy on the in-memory cluster, on a clock the test moves."""
+
+    def __init__(self) -> None:
+        self.cluster = drain_cluster.DrainCluster()
+        self.now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+        self.ecc: dict[str, int] = {}
+        self.ctx = self.new_context()
+
+    def new_context(self) -> context.Context:
+        ctx = drain_cluster.make_context(self.cluster)
+        ctx.clock = lambda: self.now
+        return ctx
+
+    async def start(self) -> None:
+        await self.policy()
+        for name in STORM_NODES:
+            self.cluster.put_node(drain_cluster.node_body(name, {"pool": "gpu"}))
+            await self.deliver_node(name)
+            await self.report(name, 0)
+
+    async def policy(self, **annotations: str) -> None:
+        """The policy as the watch delivers it: spec, annotations and the status the operator wrote."""
+        body = drain_cluster.policy_body("p", STORM_SPEC)
+        body["metadata"]["annotations"] = annotations
+        body["status"] = copy.deepcopy((self.cluster.policies.get("p") or {}).get("status") or {})
+        await handlers.on_policy(drain_cluster.event("MODIFIED", body), memo=self.ctx)
+
+    async def deliver_node(self, name: str) -> None:
+        body = copy.deepcopy(self.cluster.nodes[name])
+        await handlers.on_node(drain_cluster.event("MODIFIED", body), memo=self.ctx)
+
+    async def report(self, name: str, ecc: int) -> None:
+        """The node's agent reports (a fresh heartbeat) `ecc` uncorrectable errors on GPU 0."""
+        self.ecc[name] = ecc
+        stamp = gpunode_facts.rfc3339(self.now)
+        facts = gpunode_facts.agent_status(
+            overrides={0: {"ecc": {"uncorrectedVolatile": ecc}}}, heartbeat=stamp, observed=stamp
+        )
+        stored = self.cluster.put_gpunode(name, facts)
+        await handlers.on_gpunode(drain_cluster.event("MODIFIED", copy.deepcopy(stored)), memo=self.ctx)
+
+    async def later(self, seconds: float) -> None:
+        """Time passes: every agent reports again, then the operator's timer runs two passes."""
+        self.now += datetime.timedelta(seconds=seconds)
+        for name in STORM_NODES:
+            await self.report(name, self.ecc[name])
+        await ticker.tick(self.ctx, full=True)
+        await ticker.tick(self.ctx, full=True)
+
+    def cordoned(self) -> list[str]:
+        return sorted(n for n, body in self.cluster.nodes.items() if body["spec"].get("unschedulable"))
+
+    def paused(self) -> dict[str, object]:
+        conditions = (self.cluster.policies.get("p") or {}).get("status", {}).get("conditions") or []
+        return next(c for c in conditions if c["type"] == "Paused")
+
+
+async def storm(fleet: Fleet) -> None:
+    """Every node turns Unhealthy within a minute and stays so (a bad driver rollout)."""
+    await fleet.start()
+    for name in STORM_NODES:
+        fleet.now += datetime.timedelta(seconds=2)
+        await fleet.report(name, 1)
+    await fleet.later(1)
+    assert len(fleet.cordoned()) == 2
+    assert fleet.paused()["reason"] == "FaultStorm"
+
+
+def test_a_storm_that_has_not_ended_keeps_it_open_after_the_window() -> None:
+    """20 nodes turn Unhealthy and stay so: 2 cordoned, and no more however long the storm lasts."""
+
+    async def scenario() -> None:
+        fleet = Fleet()
+        await storm(fleet)
+        for _ in range(4):  # 11 minutes, then a probe's length, then more
+            await fleet.later(330)
+            assert len(fleet.cordoned()) == 2, "the breaker let the storm through"
+        paused = fleet.paused()
+        assert (paused["status"], paused["reason"]) == ("True", "FaultStorm")
+        assert "not ended" in str(paused["message"])
+        assert keys.BREAKER_RESET_ANNOTATION in str(paused["message"])
+
+    asyncio.run(scenario())
+
+
+def test_a_human_resumes_a_breaker_held_open_by_a_storm_that_has_not_ended() -> None:
+    async def scenario() -> None:
+        fleet = Fleet()
+        await storm(fleet)
+        await fleet.later(700)
+        assert len(fleet.cordoned()) == 2
+        await fleet.policy(**{keys.BREAKER_RESET_ANNOTATION: "oncall-ack"})
+        await fleet.later(1)
+        assert len(fleet.cordoned()) == 10, "the budget (50%) now decides"
+        assert fleet.paused()["status"] == "False"
+
+    asyncio.run(scenario())
+
+
+def test_once_the_storm_ends_it_half_opens_and_resumes_by_itself() -> None:
+    """All but one of the nodes it held back recover: the one left is a fault of its own."""
+
+    async def scenario() -> None:
+        fleet = Fleet()
+        await storm(fleet)
+        held = [n for n in STORM_NODES if n not in fleet.cordoned()]
+        for name in held[1:]:
+            await fleet.report(name, 0)
+        await fleet.later(600)
+        assert fleet.paused()["reason"] == "HalfOpen"
+        assert held[0] in fleet.cordoned(), "the trial"
+        await fleet.later(60)
+        assert fleet.paused()["status"] == "False"
+        assert len(fleet.cordoned()) == 3
+
+    asyncio.run(scenario())
+
+
+def test_a_restart_keeps_it_open_while_the_storm_goes_on() -> None:
+    """The open breaker is in the policy's status (Paused since ...): a new process holds it open too."""
+
+    async def scenario() -> None:
+        fleet = Fleet()
+        await storm(fleet)
+        await fleet.later(300)
+        fleet.ctx = fleet.new_context()  # a new process (or replica) over the same cluster
+        await fleet.policy()
+        for name in STORM_NODES:
+            await fleet.deliver_node(name)
+        await fleet.later(400)  # past the window since the storm began
+        await fleet.later(400)
+        assert len(fleet.cordoned()) == 2, "the restart forgot the storm"
+        assert fleet.paused()["reason"] == "FaultStorm"
+
+    asyncio.run(scenario())
