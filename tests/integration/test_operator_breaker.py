@@ -6,6 +6,8 @@ the policy starts no new cordon or drain, says so (condition Paused, Event
 RemediationPaused on the policy, metric gpuhealth_operator_breaker_open), and
 resumes by itself after the window (half-open: one node, then all) or at once
 when a human annotates the policy with gpuhealth.io/breaker-reset (a new value).
+It half-opens only once the storm has ended: while `maxNewUnhealthy` of its
+nodes are still Unhealthy and held back, only a human resumes it.
 
 Every policy here sets maxUnavailable 100%, so only the breaker limits cordons.
 """
@@ -172,9 +174,10 @@ def test_a_single_fault_in_a_calm_period_is_acted_on_at_full_speed(
 def test_after_the_window_it_half_opens_admits_one_node_then_resumes(
     fleet: operator_harness.Fleet,
 ) -> None:
-    """A 6 s window over 8 nodes (limit 1): 4 faults at once trip it; it lets one through, then the rest."""
-    names = make(fleet, 8, windowSeconds=6)
-    storm = names[:4]
+    """A 6 s window over 10 nodes (limit 3): 7 faults at once trip it; the storm ends (2 of the 4 nodes
+    it holds back recover, fewer than the limit are left); it lets one through, then the other."""
+    names = make(fleet, 10, maxNewUnhealthy=3, windowSeconds=6)
+    storm = names[:7]
     for name in storm:
         fleet.report(name, gpunode_facts.agent_status(overrides=ECC))
     waiting.wait_until(
@@ -182,24 +185,66 @@ def test_after_the_window_it_half_opens_admits_one_node_then_resumes(
     )
     # A cordon admitted just before the trip may still be landing: settle before counting.
     waiting.holds(
-        lambda: len(cordoned(fleet, names)) <= 1, seconds=1.5, message="at most one before the trip"
+        lambda: len(cordoned(fleet, names)) <= 3, seconds=1.5, message="at most three before the trip"
     )
     tripped_with = len(cordoned(fleet, names))
+    held = [n for n in storm if n not in cordoned(fleet, names)]
+    for name in held[: len(held) - 2]:
+        fleet.report(name, gpunode_facts.agent_status())  # recovered: the storm has ended
     seen: list[tuple[float, str, int]] = []
 
     def resumed() -> bool:
         seen.append((time.monotonic(), paused(fleet).get("reason", ""), len(cordoned(fleet, names))))
-        return seen[-1][1:] == ("BreakerClosed", len(storm))
+        return seen[-1][1:] == ("BreakerClosed", tripped_with + 2)
 
     waiting.wait_until(resumed, timeout_seconds=TIMEOUT + 12, interval_seconds=0.2, message="resumed")
     assert any(reason == "HalfOpen" for _, reason, _ in seen), f"never seen half-open: {seen}"
     # The status is written a timer pass after each transition, so judge by the cordons themselves:
-    # exactly one more node, alone for the probe (6 s), then all the rest at once.
+    # exactly one more node, alone for the probe (6 s), then the last one.
     counts = [count for _, _, count in seen]
-    assert sorted(set(counts)) == sorted({tripped_with, tripped_with + 1, len(storm)}), seen
+    assert sorted(set(counts)) == sorted({tripped_with, tripped_with + 1, tripped_with + 2}), seen
     trial = [at for at, _, count in seen if count == tripped_with + 1]
     assert trial[-1] - trial[0] >= 3.0, f"the trial node was not alone for the probe: {seen}"
     assert "resumed" in paused(fleet)["message"]
+
+
+def test_a_storm_that_has_not_ended_stays_open_across_windows_and_a_restart_until_a_human_resumes(
+    fleet: operator_harness.Fleet,
+    operator: operator_harness.OperatorProcess,
+    crds: controlplane.ControlPlane,
+) -> None:
+    """Issue 24: the storm's nodes stay Unhealthy (a bad rollout), so a window later none of them is new;
+    the breaker must not half-open and let them all through. It holds through a restart too."""
+    names = make(fleet, 8, windowSeconds=6)
+    storm = names[:4]
+    for name in storm:
+        fleet.report(name, gpunode_facts.agent_status(overrides=ECC))
+    waiting.wait_until(
+        lambda: paused(fleet).get("reason") == "FaultStorm", timeout_seconds=TIMEOUT, message="trip"
+    )
+    waiting.holds(lambda: len(cordoned(fleet, names)) <= 1, seconds=1.5, message="at most one")
+    before = cordoned(fleet, names)
+    waiting.holds(  # two windows and more
+        lambda: cordoned(fleet, names) == before and paused(fleet).get("reason") == "FaultStorm",
+        seconds=14,
+        message="held open while the storm goes on",
+    )
+    assert "has not ended" in paused(fleet)["message"]
+    operator.stop()
+    operator.start()
+    waiting.wait_until(operator.is_leading, timeout_seconds=30, message="the new process leads")
+    waiting.wait_until(
+        lambda: breaker_open(operator, fleet.label) == 1, timeout_seconds=TIMEOUT, message="open again"
+    )
+    waiting.holds(lambda: cordoned(fleet, names) == before, seconds=8, message="nothing new after a restart")
+    assert paused(fleet)["reason"] == "FaultStorm"
+    crds.kubectl(
+        "annotate", resources.POLICY_SHORT, fleet.label, f"{keys.BREAKER_RESET_ANNOTATION}=oncall-ack"
+    )
+    waiting.wait_until(
+        lambda: len(cordoned(fleet, names)) == len(storm), timeout_seconds=TIMEOUT, message="all cordoned"
+    )
+    assert paused(fleet)["status"] == "False"
 
 
 def test_a_manual_reset_resumes_at_once_and_is_recorded(

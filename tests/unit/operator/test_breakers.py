@@ -66,6 +66,47 @@ def test_after_a_restart_the_recorded_reset_is_neither_repeated_nor_forgotten() 
     assert restarted.current(POLICY, 10, {"a": at(4), "b": at(5)}, at(6)).state is breaker.State.OPEN
 
 
+def written(reason: str, status: str = "True", since: float = 0) -> dict[str, object]:
+    """A policy body whose status holds the Paused condition an earlier process wrote."""
+    condition = {
+        "type": "Paused",
+        "status": status,
+        "reason": reason,
+        "message": "why.",
+        "lastTransitionTime": times.render(at(since)),
+    }
+    return {**body(), "status": {"conditions": [{"type": "Ready", "status": "True"}, condition]}}
+
+
+def test_a_new_process_takes_up_an_open_breaker_from_the_policy_status() -> None:
+    restarted = breakers.Breakers()
+    restarted.note_reset("p", written("FaultStorm", since=5))
+    state = restarted.states["p"]
+    assert (state.state, state.since, state.reason) == (breaker.State.OPEN, at(5), "why")
+    # The storm's node is still held back a window later: it stays open; once it recovers, half-open.
+    assert restarted.current(POLICY, 10, {"a": at(0)}, at(700), held=[at(0)]).state is breaker.State.OPEN
+    assert restarted.current(POLICY, 10, {"a": at(0)}, at(701), held=[]).state is breaker.State.HALF_OPEN
+
+
+def test_a_new_process_takes_up_a_half_open_breaker_with_its_trial_spent() -> None:
+    restarted = breakers.Breakers()
+    restarted.note_reset("p", written("HalfOpen", since=5))
+    state = restarted.states["p"]
+    assert state.state is breaker.State.HALF_OPEN
+    assert breaker.admit(state, "n", at(6))[1] is False
+
+
+def test_a_closed_or_missing_paused_condition_takes_nothing_up_and_a_known_breaker_is_kept() -> None:
+    for closed in (written("BreakerClosed", status="False"), body()):
+        restarted = breakers.Breakers()
+        restarted.note_reset("p", closed)
+        assert "p" not in restarted.states
+    running = breakers.Breakers()
+    running.states["p"] = breaker.Breaker()
+    running.note_reset("p", written("FaultStorm"))  # our own older write, echoed by the watch
+    assert running.states["p"] == breaker.Breaker()
+
+
 def test_forgetting_a_node_keeps_the_trial_spent() -> None:
     owner = breakers.Breakers()
     owner.states["p"] = breaker.Breaker(state=breaker.State.HALF_OPEN, since=at(0), trial="n", trial_at=at(1))
