@@ -7,6 +7,7 @@ while the node still waited for a human).
 
 import asyncio
 import datetime
+from typing import Any
 
 import gpunode_facts
 from gpuhealth_api import keys
@@ -19,8 +20,8 @@ FAILED = drain.Result(completed=False, blocking=("ns/db (PodDisruptionBudget)",)
 COMPLETED = drain.Result(completed=True, blocking=(), evicted=3, skipped=())
 
 
-def node(name: str, *, cordoned_by: str | None = "p", drain_started: bool = True) -> dict:
-    annotations = {}
+def node(name: str, *, cordoned_by: str | None = "p", drain_started: bool = True) -> dict[str, Any]:
+    annotations: dict[str, str] = {}
     if cordoned_by:
         annotations[keys.CORDONED_BY_ANNOTATION] = cordoned_by
     if drain_started:
@@ -36,7 +37,7 @@ def node(name: str, *, cordoned_by: str | None = "p", drain_started: bool = True
     }
 
 
-def fleet(*bodies: tuple[dict, str]) -> context.Context:
+def fleet(*bodies: tuple[dict[str, Any], str]) -> context.Context:
     """Nodes with the GPUNode status.action each had; one drain policy `p` over them."""
     client = kube.Kube(kube.Credentials("https://127.0.0.1:1", None, True, None, None, None))
     ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
