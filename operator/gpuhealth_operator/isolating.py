@@ -168,10 +168,15 @@ async def sweep(ctx: context.Context, now: datetime.datetime) -> None:
 
 
 async def _any_version(ctx: context.Context, now: datetime.datetime) -> str | None:
-    """The version rules are in: a probe's, else discovery's (gpu-health wrote none where none is served)."""
+    """The version rules are in: a probe's, else discovery's (gpu-health wrote none where none is served);
+    None without a reason to look (after a restart, GPUNode status still lists the isolated GPUs)."""
     for known in ctx.isolation_support.values():
         if known.definite and known.api_version is not None:
             return known.api_version
+    if not any(isolates(p) for p in ctx.cache.policies.values()) and not any(
+        g.status.get(STATUS_FIELD) for g in ctx.cache.gpunodes.values()
+    ):
+        return None  # no isolating policy and no GPU said isolated: no rule of ours to look for
     try:
         return (await _discovered_any(ctx, now)).api_version
     except device_rules.TRANSIENT as error:
