@@ -336,13 +336,14 @@ def dry_run_changes(decision: NodeIsolation, named: str | None = None) -> list[s
     if decision.node_ladder is not None:
         return []
     words = {Outcome.ISOLATE: "isolate {}", Outcome.WAIT: "isolate {} once maxUnavailableGPUs allows"}
-    return [
-        words[gpu.outcome].format(
-            named or (f"GPU {gpu.index} ({gpu.uuid})" if gpu.index is not None else f"GPU {gpu.uuid}")
-        )
-        for gpu in decision.gpus
-        if gpu.outcome in words
-    ]
+    said = []
+    for gpu in decision.gpus:
+        name = named or (f"GPU {gpu.index} ({gpu.uuid})" if gpu.index is not None else f"GPU {gpu.uuid}")
+        if gpu.outcome is Outcome.WAIT and "maxUnavailableGPUs" not in gpu.reason:
+            said.append(f"wait to isolate {name} ({gpu.reason})")  # the probe's answer, a breaker
+        elif gpu.outcome in words:
+            said.append(words[gpu.outcome].format(name))
+    return said
 
 
 def _node_ladder(

@@ -403,3 +403,20 @@ def test_an_open_breaker_names_itself_to_a_drill_and_a_new_isolation_waits_for_i
         assert waiting and all("circuit breaker" in reason for reason in waiting), waiting
 
     asyncio.run(scenario())
+
+
+def test_a_drill_while_the_probe_has_no_answer_says_the_gpu_would_wait() -> None:
+    """The probe met only transient errors: a real fault would wait, and the drill says so."""
+
+    async def scenario() -> None:
+        cluster, clock = Cluster(probe_failures=1000), Clock()
+        ctx = await start(cluster, clock, ("n",), policy_body())
+        drill = {keys.DRILL_ANNOTATION: "EccUncorrectable", keys.DRILL_STARTED_ANNOTATION: times.render(T0)}
+        await report(cluster, ctx, "n", faulty=False, annotations=drill)
+        said = [
+            e["message"] for e in cluster.event_log if e["reason"] == "Drill" and "policy iso" in e["message"]
+        ]
+        assert said and "wait to isolate the faulty GPU" in said[-1] and "503" in said[-1], said
+        assert not ctx.isolation_support["iso"].definite, "the drill stored no answer"
+
+    asyncio.run(scenario())
