@@ -13,9 +13,13 @@ independently, with its own dry-run flag, except for the budget (a cordon
 needs every acting selecting policy's, see `admission`) and the Node's labels
 and taint: acting policies patch one combined wish (`decisions.overlap`), so
 they never undo each other. The GPUNode status
-and the GPUHealthy condition report the verdict of the first selecting
-policy by name (the "reporting" policy), and `cordoned-by` names the policy
-that cordoned first; only that policy ever uncordons the node.
+and the GPUHealthy condition report the acting policies' strongest verdict
+(`overlap.reported`: the most severe health, then the strongest action; a
+dry-run policy only where no acting one selects the node), so a dry-run
+preview or a policy with milder rules never hides a cordon made or waiting;
+with several selecting policies `status.policies` lists each one's verdict.
+`cordoned-by` names the policy that cordoned first; only that policy ever
+uncordons the node.
 
 A node whose Node or GPUNode is deleted during a pass leaves nothing to do:
 the pass stops at the next look-up that finds it gone.
@@ -24,9 +28,10 @@ the pass stops at the next look-up that finds it gone.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -185,18 +190,20 @@ async def _reconcile(ctx: context.Context, name: str, now: datetime.datetime) ->
         merged = overlap.combine([v for _, v in acting])
         combined = dict(zip((p.name for p, _ in acting), merged, strict=True))
         judged = [(p, combined.get(p.name, v)) for p, v in judged]
-    reported: tuple[model.Policy, model.NodeVerdict, vocabulary.NodeAction] | None = None
+    results: list[PolicyVerdict] = []
     for policy, verdict in judged:
         action = await remediation.remediate(ctx, policy, name, verdict, now)
         if ctx.cache.node(name) is None or ctx.cache.gpunode(name) is None:
             return  # deleted meanwhile: nothing left to do
-        if reported is None:
-            reported = (policy, verdict, action)
-    assert reported is not None
-    policy, verdict, action = reported
+        results.append((policy, verdict, action))
+    chosen = overlap.reported([(p.dry_run, v.health, a) for p, v, a in results])
+    policy, verdict, action = results[chosen]
+    if len(results) > 1:  # the others' conditions too: each policy's clocks are kept in the status
+        others = [v for i, (_, v, _) in enumerate(results) if i != chosen]
+        verdict = dataclasses.replace(verdict, conditions=overlap.shown_conditions(verdict, others))
     action = await drills.run(ctx, name, selecting, action, now)  # a fire drill, if the GPUNode asks for one
     await _condition_events(ctx, name, previous, verdict)
-    await _write_status(ctx, policy, name, verdict, action)
+    await _write_status(ctx, policy, name, verdict, action, results=results if len(results) > 1 else ())
     if not policy.dry_run:
         await _node_condition(ctx, name, verdict, now)
 
@@ -231,19 +238,46 @@ def straggler_status(score: model.StragglerScore | None) -> dict[str, Any] | Non
     return {"score": round(score.score, 3), "zScore": round(score.z_score, 2), "peers": score.peers}
 
 
+PolicyVerdict = tuple[model.Policy, model.NodeVerdict, vocabulary.NodeAction]
+"""One selecting policy's verdict on a node and the status action it led to."""
+
+POLICIES_FIELD = "policies"
+"""GPUNode status: each selecting policy's verdict, written when more than one policy selects the node."""
+
+
+def policy_verdicts(results: Sequence[PolicyVerdict]) -> list[dict[str, Any]]:
+    """`status.policies`: each selecting policy's own verdict, in policy-name order."""
+    return [
+        {
+            "policy": policy.name,
+            "dryRun": policy.dry_run,
+            "health": verdict.health.value,
+            "issues": ",".join(verdict.issues),
+            "action": action.value,
+        }
+        for policy, verdict, action in results
+    ]
+
+
 def desired_status(
     ctx: context.Context,
     policy: model.Policy,
     name: str,
     verdict: model.NodeVerdict,
     action: vocabulary.NodeAction,
+    *,
+    results: Sequence[PolicyVerdict] = (),
 ) -> dict[str, Any]:
+    """The operator's part of the GPUNode status: the reported verdict (`overlap.reported`), and with
+    several selecting policies (`results`) each one's own."""
     desired: dict[str, Any] = {
         "health": verdict.health.value,
         "issues": ",".join(verdict.issues),
         "action": action.value,
         "conditions": [dict(c) for c in hysteresis.to_status(verdict.conditions.values(), policy.generation)],
     }
+    if results:
+        desired[POLICIES_FIELD] = policy_verdicts(results)
     straggler = straggler_status(ctx.stragglers.get((policy.name, name)))
     if straggler is not None:
         desired["straggler"] = straggler
@@ -290,7 +324,7 @@ def _differs(current: dict[str, Any], desired: dict[str, Any]) -> bool:
         return True
     if "straggler" not in desired and current.get("straggler"):
         return True
-    if any(k not in desired and current.get(k) for k in isolating.STATUS_FIELDS):
+    if any(k not in desired and current.get(k) for k in (*isolating.STATUS_FIELDS, POLICIES_FIELD)):
         return True
     have = {c.get("type"): c for c in current.get("conditions") or []}
     want = {c.get("type"): c for c in desired["conditions"]}
@@ -303,9 +337,11 @@ async def _write_status(
     name: str,
     verdict: model.NodeVerdict,
     action: vocabulary.NodeAction,
+    *,
+    results: Sequence[PolicyVerdict] = (),
 ) -> None:
     gpunode = ctx.cache.gpunode(name)
-    desired = desired_status(ctx, policy, name, verdict, action)
+    desired = desired_status(ctx, policy, name, verdict, action, results=results)
     if gpunode is None or not _differs(dict(gpunode.status), desired):
         return
     ctx.cache.refresh_gpunode(await status.apply_gpunode(ctx.client, name, desired), ctx.clock())
@@ -374,7 +410,7 @@ def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
             ctx.stragglers[(policy.name, name)] = stragglers.windowed(
                 ctx.straggler_samples[(policy.name, name)],
                 score,
-                times.parse(agent.get("lastHeartbeatTime")),
+                fresh[name].report_seen_at,  # a sample per report, by its receipt (issue 24)
                 now,
                 rules[0].for_seconds,
                 float(agent.get("heartbeatSeconds") or heartbeats.DEFAULT_HEARTBEAT_SECONDS),
