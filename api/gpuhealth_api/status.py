@@ -112,6 +112,14 @@ class IsolatedGPUStatus(TypedDict, total=False):
     since: str
 
 
+class PolicyVerdictStatus(TypedDict, total=False):
+    policy: str
+    dryRun: bool
+    health: str
+    issues: str
+    action: str
+
+
 class GPUNodeStatus(TypedDict, total=False):
     agent: AgentInfo
     summary: Summary
@@ -120,6 +128,7 @@ class GPUNodeStatus(TypedDict, total=False):
     issues: str
     action: str
     conditions: list[ConditionStatus]
+    policies: list[PolicyVerdictStatus]  # each selecting policy's verdict, when more than one selects
     straggler: StragglerStatus
     isolatedGPUs: list[IsolatedGPUStatus]
     isolatedFraction: str
