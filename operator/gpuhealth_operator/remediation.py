@@ -402,7 +402,7 @@ async def _uncordon(
         if (
             record is None
             or not record.view.unschedulable
-            or record.view.cordoned_by != policy.name
+            or not verdicts.may_uncordon(policy, record.view, verdict)  # ours, selected (not excluded)
             or record.cordon_taken_over  # a human cordoned it again: theirs (`overrides.react` says so)
         ):
             return
