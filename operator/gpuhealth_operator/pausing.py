@@ -18,6 +18,7 @@ from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import cache, context
 from gpuhealth_operator.actions import events
 from gpuhealth_operator.decisions import breaker
+from gpuhealth_operator.decisions.isolation import Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -63,15 +64,21 @@ async def announce(ctx: context.Context, now: datetime.datetime) -> None:
 
 
 def held(ctx: context.Context, selection: cache.Selection) -> list[datetime.datetime]:
-    """When each node the policy holds back turned Unhealthy: Unhealthy now, wanting a cordon or drain,
-    neither unschedulable nor admitted (`breaker.step` tells the storm's from older ones by these times)."""
+    """When each node the policy holds back turned Unhealthy: Unhealthy now, and wanting a cordon or
+    drain (neither unschedulable nor admitted) or GPUs isolated that wait (`breaker.step` tells the
+    storm's nodes from older ones by these times)."""
     name = selection.policy.name
     out = selection.unavailable | ctx.admission.in_flight
+    nodes = {n for n in ctx.verdicts.wanting.get(name, {}) if n not in out}
+    nodes.update(
+        node
+        for (policy, node), state in ctx.isolations.items()
+        if policy == name and state.decision is not None and state.decision.with_outcome(Outcome.WAIT)
+    )
     times = []
-    for node in ctx.verdicts.wanting.get(name, {}):
+    for node in sorted(nodes & selection.selected):
         verdict = ctx.verdicts.get((name, node))
-        if node in selection.selected and node not in out and verdict is not None:
-            turned = breaker.turned_unhealthy(verdict)
-            if turned is not None:
-                times.append(turned)
+        turned = breaker.turned_unhealthy(verdict) if verdict is not None else None
+        if turned is not None:
+            times.append(turned)
     return times

@@ -3,6 +3,7 @@
 import asyncio
 import copy
 import datetime
+from typing import Any
 
 import drain_cluster
 import gpunode_facts
@@ -126,6 +127,7 @@ def test_a_limit_of_every_selected_node_never_trips_and_costs_no_count() -> None
 # --- a storm that does not end (issue 24, item 1) --------------------------------------------------------
 
 STORM_NODES = [f"n{i:02d}" for i in range(20)]
+DRA_VERSION = "v1beta2"
 STORM_SPEC = drain_cluster.drain_spec(
     "gpu",
     maxUnavailable="50%",
@@ -137,8 +139,9 @@ STORM_SPEC = drain_cluster.drain_spec(
 class Fleet:
     """20 GPU nodes under one policy on the in-memory cluster, on a clock the test moves."""
 
-    def __init__(self) -> None:
+    def __init__(self, spec: dict[str, Any] | None = None) -> None:
         self.cluster = drain_cluster.DrainCluster()
+        self.spec = STORM_SPEC if spec is None else spec
         self.now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
         self.ecc: dict[str, int] = {}
         self.ctx = self.new_context()
@@ -149,15 +152,17 @@ class Fleet:
         return ctx
 
     async def start(self) -> None:
+        self.cluster.serve_device_taint_rules(DRA_VERSION)
         await self.policy()
         for name in STORM_NODES:
             self.cluster.put_node(drain_cluster.node_body(name, {"pool": "gpu"}))
+            self.cluster.put_slice(gpunode_facts.resource_slice(name, 8))
             await self.deliver_node(name)
             await self.report(name, 0)
 
     async def policy(self, **annotations: str) -> None:
         """The policy as the watch delivers it: spec, annotations and the status the operator wrote."""
-        body = drain_cluster.policy_body("p", STORM_SPEC)
+        body = drain_cluster.policy_body("p", self.spec)
         body["metadata"]["annotations"] = annotations
         body["status"] = copy.deepcopy((self.cluster.policies.get("p") or {}).get("status") or {})
         await handlers.on_policy(drain_cluster.event("MODIFIED", body), memo=self.ctx)
@@ -192,14 +197,14 @@ class Fleet:
         return next(c for c in conditions if c["type"] == "Paused")
 
 
-async def storm(fleet: Fleet) -> None:
+async def storm(fleet: Fleet, *, cordons: int = 2) -> None:
     """Every node turns Unhealthy within a minute and stays so (a bad driver rollout)."""
     await fleet.start()
     for name in STORM_NODES:
         fleet.now += datetime.timedelta(seconds=2)
         await fleet.report(name, 1)
     await fleet.later(1)
-    assert len(fleet.cordoned()) == 2
+    assert len(fleet.cordoned()) == cordons
     assert fleet.paused()["reason"] == "FaultStorm"
 
 
@@ -216,6 +221,24 @@ def test_a_storm_that_has_not_ended_keeps_it_open_after_the_window() -> None:
         assert (paused["status"], paused["reason"]) == ("True", "FaultStorm")
         assert "not ended" in str(paused["message"])
         assert keys.BREAKER_RESET_ANNOTATION in str(paused["message"])
+
+    asyncio.run(scenario())
+
+
+def test_a_storm_of_faults_isolated_per_gpu_keeps_it_open_too() -> None:
+    """IsolateGPU is a disruption the breaker holds back: nodes whose GPUs wait for it are held back."""
+
+    async def scenario() -> None:
+        isolate = [{"name": "ecc", "condition": "EccUncorrectable", "action": "IsolateGPU"}]
+        fleet = Fleet({**STORM_SPEC, "rules": isolate, "maxUnavailableGPUs": "100%"})
+        await storm(fleet, cordons=0)
+        isolated = {rule["metadata"]["labels"][keys.NODE_LABEL] for rule in fleet.cluster.rules.values()}
+        assert 0 < len(isolated - {""}) <= 2
+        for _ in range(4):
+            await fleet.later(330)
+            now = {rule["metadata"]["labels"].get(keys.NODE_LABEL) for rule in fleet.cluster.rules.values()}
+            assert now == isolated, "the breaker let the storm's isolations through"
+        assert fleet.paused()["reason"] == "FaultStorm"
 
     asyncio.run(scenario())
 
