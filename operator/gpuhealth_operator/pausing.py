@@ -64,16 +64,18 @@ async def announce(ctx: context.Context, now: datetime.datetime) -> None:
 
 
 def held(ctx: context.Context, selection: cache.Selection) -> list[datetime.datetime]:
-    """When each node the policy holds back turned Unhealthy: Unhealthy now, and wanting a cordon or
-    drain (neither unschedulable nor admitted) or GPUs isolated that wait (`breaker.step` tells the
-    storm's nodes from older ones by these times)."""
+    """When each node the policy holds back turned Unhealthy (by its verdict): Unhealthy now, selected,
+    and wanting a cordon or drain (neither unschedulable nor admitted) or GPUs isolated that wait,
+    under any acting policy, since a disruption needs every selecting policy's breaker (`admission`).
+    `breaker.step` tells the storm's nodes from older ones by these times."""
     name = selection.policy.name
+    acting = {p for p, policy in ctx.cache.policies.items() if not policy.dry_run}
     out = selection.unavailable | ctx.admission.in_flight
-    nodes = {n for n in ctx.verdicts.wanting.get(name, {}) if n not in out}
+    nodes = {n for p in acting for n in ctx.verdicts.wanting.get(p, {}) if n not in out}
     nodes.update(
         node
         for (policy, node), state in ctx.isolations.items()
-        if policy == name and state.decision is not None and state.decision.with_outcome(Outcome.WAIT)
+        if policy in acting and state.decision is not None and state.decision.with_outcome(Outcome.WAIT)
     )
     times = []
     for node in sorted(nodes & selection.selected):

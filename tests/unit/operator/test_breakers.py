@@ -139,9 +139,13 @@ STORM_SPEC = drain_cluster.drain_spec(
 class Fleet:
     """20 GPU nodes under one policy on the in-memory cluster, on a clock the test moves."""
 
-    def __init__(self, spec: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, spec: dict[str, Any] | None = None, others: dict[str, dict[str, Any]] | None = None
+    ) -> None:
         self.cluster = drain_cluster.DrainCluster()
         self.spec = STORM_SPEC if spec is None else spec
+        self.others = others or {}
+        """More policies over the same nodes: name → spec."""
         self.now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
         self.ecc: dict[str, int] = {}
         self.ctx = self.new_context()
@@ -154,6 +158,9 @@ class Fleet:
     async def start(self) -> None:
         self.cluster.serve_device_taint_rules(DRA_VERSION)
         await self.policy()
+        for name, spec in self.others.items():
+            body = drain_cluster.policy_body(name, spec)
+            await handlers.on_policy(drain_cluster.event("ADDED", body), memo=self.ctx)
         for name in STORM_NODES:
             self.cluster.put_node(drain_cluster.node_body(name, {"pool": "gpu"}))
             self.cluster.put_slice(gpunode_facts.resource_slice(name, 8))
@@ -238,6 +245,23 @@ def test_a_storm_of_faults_isolated_per_gpu_keeps_it_open_too() -> None:
             await fleet.later(330)
             now = {rule["metadata"]["labels"].get(keys.NODE_LABEL) for rule in fleet.cluster.rules.values()}
             assert now == isolated, "the breaker let the storm's isolations through"
+        assert fleet.paused()["reason"] == "FaultStorm"
+
+    asyncio.run(scenario())
+
+
+def test_a_breaker_holding_back_another_policys_cordons_stays_open_while_the_storm_goes_on() -> None:
+    """`p` only labels ECC faults and trips on the storm; `pool` cordons them and never trips. A node
+    needs every selecting policy's breaker, so `p` holds `pool`'s cordons back: those are its storm."""
+
+    async def scenario() -> None:
+        label = [{"name": "ecc", "condition": "EccUncorrectable", "action": "Label"}]
+        pool = {**STORM_SPEC, "breaker": {"maxNewUnhealthy": "100%"}}
+        fleet = Fleet({**STORM_SPEC, "rules": label}, others={"pool": pool})
+        await storm(fleet)
+        for _ in range(4):
+            await fleet.later(330)
+            assert len(fleet.cordoned()) == 2, "the breaker let the storm through"
         assert fleet.paused()["reason"] == "FaultStorm"
 
     asyncio.run(scenario())
