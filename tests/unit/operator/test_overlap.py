@@ -9,7 +9,7 @@ from typing import Any
 import drain_cluster
 import gpunode_facts
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import handlers
+from gpuhealth_operator import handlers, ticker
 from gpuhealth_operator.decisions import model, overlap
 from gpunode_facts import verdict
 
@@ -252,5 +252,22 @@ def test_a_label_stays_when_another_policy_becomes_the_reported_one() -> None:
         status = fleet.status()
         assert (status["health"], status["action"]) == ("Unhealthy", "Cordoned")
         assert {c["type"]: c["status"] for c in status["conditions"]}["ThermalThrottled"] == "True"
+
+    asyncio.run(scenario())
+
+
+def test_the_per_policy_list_goes_when_one_policy_is_left() -> None:
+    async def scenario() -> None:
+        cluster = drain_cluster.DrainCluster()
+        policies_ = {"a-preview": spec(ECC_CORDON, dry_run=True), "fleet": spec(ECC_CORDON)}
+        ctx = await drain_cluster.start(cluster, policies_, {"n1": {"pool": "gpu"}})
+        await drain_cluster.report(cluster, ctx, "n1", ecc=1)
+        assert set(by_policy(cluster.gpunodes["n1"]["status"])) == {"a-preview", "fleet"}
+        body = drain_cluster.policy_body("a-preview", policies_["a-preview"])
+        await handlers.on_policy(drain_cluster.event("DELETED", body), memo=ctx)
+        await ticker.tick(ctx, full=True)
+        status = cluster.gpunodes["n1"]["status"]
+        assert "policies" not in status
+        assert (status["health"], status["action"]) == ("Unhealthy", "Cordoned")
 
     asyncio.run(scenario())
