@@ -334,6 +334,33 @@ def test_every_alert_has_a_firing_and_a_quiet_unit_test(rules: dict[str, Any]) -
     assert records <= tested, f"recording rules without a unit test: {records - tested}"
 
 
+TROUBLESHOOTING: Final = ROOT / "docs" / "troubleshooting.md"
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """GitHub's anchors of the Markdown headings: lower case, punctuation dropped, spaces to hyphens."""
+    anchors: set[str] = set()
+    for heading in re.findall(r"(?m)^#{1,6} (.+)$", markdown):
+        anchors.add(re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
+    return anchors
+
+
+def test_every_alert_links_its_runbook_section(rules: dict[str, Any]) -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    base = values["metrics"]["prometheusRule"]["runbookBaseUrl"]
+    assert base.endswith("/docs/troubleshooting.md"), base
+    anchors = heading_anchors(TROUBLESHOOTING.read_text())
+    problems: list[str] = []
+    for rule in rule_list(rules):
+        if "alert" not in rule:
+            continue
+        url = rule.get("annotations", {}).get("runbook_url", "")
+        page, _, anchor = url.partition("#")
+        if page != base or anchor != rule["alert"].lower() or anchor not in anchors:
+            problems.append(f"{rule['alert']}: runbook_url {url!r}")
+    assert not problems, "\n".join(problems)
+
+
 SERIES: Final = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?$")
 
 

@@ -444,3 +444,68 @@ def test_docs_values_table_is_current() -> None:
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True)
     doc = (ROOT / "docs" / "chart.md").read_text()
     assert result.stdout.strip() in doc, "docs/chart.md is stale: run hack/chart_values_table.py --write"
+
+
+# -- NetworkPolicies: who may reach the metrics endpoints ------------------------------------------
+
+
+def network_policies(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The rendered NetworkPolicies by the component of the pods they select."""
+    return {
+        p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"]: p
+        for p in by_kind(objects, "NetworkPolicy")
+    }
+
+
+def admitted(policy: dict[str, Any]) -> dict[int, list[dict[str, Any]] | None]:
+    """Port → the peers admitted to it (None: any source)."""
+    ports: dict[int, list[dict[str, Any]] | None] = {}
+    for rule in policy["spec"]["ingress"]:
+        for port in rule["ports"]:
+            assert port["protocol"] == "TCP"
+            ports[port["port"]] = rule.get("from")
+    return ports
+
+
+def test_default_install_admits_only_the_metrics_and_probe_ports(
+    control_plane: controlplane.ControlPlane,
+) -> None:
+    objects = render(control_plane)
+    (operator,) = by_kind(objects, "Deployment")
+    (agent,) = by_kind(objects, "DaemonSet")
+    policies = network_policies(objects)
+    assert set(policies) == {"operator", "agent"}, "on by default"
+    for workload, component in ((operator, "operator"), (agent, "agent")):
+        policy = policies[component]
+        assert policy["spec"]["podSelector"]["matchLabels"] == workload["spec"]["selector"]["matchLabels"]
+        assert policy["spec"]["policyTypes"] == ["Ingress"], "egress (the API server, DCGM) untouched"
+        (container,) = workload["spec"]["template"]["spec"]["containers"]
+        listening = {p["containerPort"] for p in container["ports"]}
+        assert set(admitted(policy)) == listening, "every port the pod serves, and nothing else"
+    # Nothing narrower configured: the metrics ports admit any source (a scrape from anywhere works).
+    assert admitted(policies["operator"]) == {8080: None, 8081: None}
+    assert admitted(policies["agent"]) == {9101: None}
+
+
+def test_metrics_from_narrows_the_metrics_ports_to_the_given_peers(
+    control_plane: controlplane.ControlPlane,
+) -> None:
+    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    objects = render(control_plane, "--set-json", f"networkPolicy.metrics.from=[{json.dumps(monitoring)}]")
+    policies = network_policies(objects)
+    assert admitted(policies["operator"]) == {8080: [monitoring], 8081: None}, "probes come from the kubelet"
+    assert admitted(policies["agent"]) == {9101: [monitoring]}
+
+
+def test_network_policies_can_be_turned_off(control_plane: controlplane.ControlPlane) -> None:
+    assert not by_kind(render(control_plane, "--set", "networkPolicy.enabled=false"), "NetworkPolicy")
+
+
+def test_the_monitoring_variant_admits_scrapes_from_its_prometheus_namespace_only(
+    control_plane: controlplane.ControlPlane,
+) -> None:
+    objects = render(control_plane, "-f", str(CHART / "ci" / "monitoring-values.yaml"))
+    policies = network_policies(objects)
+    for component, port in (("operator", 8080), ("agent", 9101)):
+        peers = admitted(policies[component])[port]
+        assert peers and all("namespaceSelector" in p for p in peers), peers
