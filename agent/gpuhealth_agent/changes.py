@@ -67,6 +67,7 @@ def fingerprint(node: status.GPUNodeStatus) -> str:
         "expectedGpuCount": agent.get("expectedGpuCount"),
         "maxGpuCountSeen": agent.get("maxGpuCountSeen"),
         "heartbeatSeconds": agent.get("heartbeatSeconds"),
+        "error": agent.get("error"),
         "gpuCount": summary.get("gpuCount"),
         "model": summary.get("model"),
         "gpus": [gpu_view(g) for g in node.get("gpus", [])],

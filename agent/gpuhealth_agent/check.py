@@ -22,6 +22,8 @@ from gpuhealth_agent import xids
 from gpuhealth_api import faults, status, vocabulary
 
 FATAL_EXIT: Final = 1
+AGENT_ERROR_EXIT: Final = 3
+"""The agent cannot judge the GPUs (`status.agent.error`, e.g. it sees none): neither healthy nor faulty."""
 
 
 class Severity(enum.StrEnum):
@@ -144,12 +146,16 @@ def table(node: status.GPUNodeStatus, catalogue: xids.Catalogue) -> str:
         + f", model {summary.get('model', 'unknown')}, driver {agent.get('driverVersion', 'unknown')}"
         + f", backend {agent.get('backend', '?')}"
     )
-    return "\n".join([head, *(p.render() for p in node_problems(node)), *lines]) + "\n"
+    error = agent.get("error")
+    said = [f"AGENT ERROR {error.get('reason')}: {error.get('message')}"] if error else []
+    return "\n".join([head, *said, *(p.render() for p in node_problems(node)), *lines]) + "\n"
 
 
 def render(node: status.GPUNodeStatus, catalogue: xids.Catalogue, output: str) -> tuple[int, str]:
     """The text to print and the exit code (1 on any fatal fault)."""
     code = FATAL_EXIT if has_fatal(node, catalogue) else 0
+    if node.get("agent", {}).get("error") and not code:
+        code = AGENT_ERROR_EXIT
     if output == "json":
         return code, json.dumps(node, indent=2, sort_keys=True) + "\n"
     return code, table(node, catalogue)

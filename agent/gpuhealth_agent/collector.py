@@ -147,6 +147,9 @@ class Sample:
     duration_seconds: float
     max_gpus_seen: int = 0
     """The most GPUs that answered at once, here or (restored) in an earlier agent's status."""
+    blind: bool = False
+    """No GPU answers and this process has never seen one: NVML cannot see the node's GPUs (a
+    container runtime that hides them). `gpus` is then empty: the agent cannot tell a GPU lost."""
 
 
 class Collector:
@@ -166,6 +169,8 @@ class Collector:
         self.expected_gpus = expected_gpus
         self.max_gpus_seen = 0
         """The most GPUs that answered at once (the runner restores it from the earlier status)."""
+        self.seen_here = 0
+        """The most GPUs that answered at once in this process (never restored)."""
         self.slow_period_seconds = slow_period_seconds
         self.history = history.History(xid_log)
         self.perf_counter = perf_counter
@@ -233,6 +238,23 @@ class Collector:
         started = self.perf_counter()
         errors: collections.Counter[tuple[str, str]] = collections.Counter()
         identities = self._refresh_identities(errors)
+        self.seen_here = max(self.seen_here, len(identities))
+        if not identities and self.seen_here == 0:
+            # Nothing answers and nothing ever did in this process: NVML cannot see the GPUs (a
+            # runtime that hides them, a count that fails). That says nothing about the GPUs, so
+            # none is reported, and none lost (not even one an earlier agent knew): the runner
+            # reports the agent's error instead (issue 24: this drained whole fleets as GPULost).
+            expected = min(faults.MAX_GPUS, max(self.expected_gpus or 0, self.max_gpus_seen))
+            return Sample(
+                time=now,
+                driver_version=self._driver_version,
+                gpus=[],
+                expected_gpus=expected,
+                errors=errors,
+                duration_seconds=self.perf_counter() - started,
+                max_gpus_seen=self.max_gpus_seen,
+                blind=True,
+            )
         slow = (
             self._slow_requested
             or self._last_slow is None

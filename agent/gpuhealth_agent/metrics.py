@@ -16,7 +16,7 @@ from typing import Any, Final
 import prometheus_client
 
 from gpuhealth_agent import collector, facts, outputs
-from gpuhealth_api import status
+from gpuhealth_api import status, vocabulary
 
 PREFIX: Final = "gpuhealth_agent"
 GPU_LABELS: Final = ("gpu", "uuid")
@@ -97,10 +97,21 @@ class AgentMetrics:
         self.events = c(
             f"{PREFIX}_nvml_events", "NVML events received, by type (xid|dbe).", (KIND,), registry=r
         )
+        self.error = g(
+            f"{PREFIX}_error",
+            "1 while the agent reports this error of its own (status.agent.error), e.g. NoGPUsVisible.",
+            (REASON,),
+            registry=r,
+        )
+        for reason in vocabulary.AgentErrorReason:
+            self.error.labels(reason.value).set(0)
 
     def export(self, turn: outputs.Turn) -> None:
         """Everything the turn tells (an outputs.Output): the sample, events, XIDs, the write outcome."""
         self.observe(turn.sample)
+        active = turn.status.get("agent", {}).get("error", {}).get("reason")
+        for reason in vocabulary.AgentErrorReason:
+            self.error.labels(reason.value).set(1 if reason.value == active else 0)
         self.nvml_calls.inc(turn.nvml_calls)
         for kind in turn.events:
             self.events.labels(str(kind)).inc()

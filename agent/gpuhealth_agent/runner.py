@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Final
 
 from gpuhealth_agent import changes, collector, dcgm, events, health, metrics, nvml, outputs, reporter, xids
-from gpuhealth_api import __version__, faults, heartbeats, status, timestamps
+from gpuhealth_api import __version__, faults, heartbeats, status, timestamps, vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,8 @@ class Agent:
         self.liveness = health.Liveness(settings.interval_seconds, clock=clock, started_at=clock())
         self._started = False
         self._threads: list[threading.Thread] = []
+        self._error_since: str | None = None
+        """When the agent's current error (`status.agent.error`) began, None while it has none."""
 
     # --- lifecycle ---------------------------------------------------------------------------------------
 
@@ -134,6 +136,7 @@ class Agent:
         if not self.settings.event_thread:
             self.watcher.poll()
         received = self._take_events(now)
+        self._expect_from_node()
         sample = self.collector.sample(now)
         self._watch_new_gpus()
         calls = self.nvml_counter.calls
@@ -152,12 +155,17 @@ class Agent:
             output.export(turn)
         if self.reporter is not None:
             self._restore()  # when the API was down at start, the GPUNode is first read here
-            if self.reporter.expected_gpus is not None and self.collector.expected_gpus is None:
-                self.collector.expected_gpus = self.reporter.expected_gpus
+            self._expect_from_node()
         if self.reporter is not None:  # a failed write or read leaves the backoff counting failures
             self.liveness.api_contact(self.reporter.retry.failures == 0, now)
         self.liveness.completed(self.clock())
         return TurnResult(sample, turn.status, turn.outcome, received)
+
+    def _expect_from_node(self) -> None:
+        """The GPUs the Node's labels say it has, once the reporter has read the Node (before a sample)."""
+        known = self.reporter.expected_gpus if self.reporter is not None else None
+        if known is not None and self.collector.expected_gpus is None:
+            self.collector.expected_gpus = known
 
     def _watch_new_gpus(self) -> None:
         """Register for events of GPUs that answer now but did not at start (one that came back)."""
@@ -231,7 +239,33 @@ class Agent:
             agent["maxGpuCountSeen"] = sample.max_gpus_seen
         if self.settings.boot_id:
             agent["bootId"] = self.settings.boot_id
+        error = self._error(sample)
+        if error is not None:
+            agent["error"] = error
         return status.GPUNodeStatus(agent=agent, summary=changes.summarize(sample.gpus), gpus=sample.gpus)
+
+    def _error(self, sample: collector.Sample) -> status.AgentError | None:
+        """The agent's own error for this sample (`status.agent.error`), or None; since when it holds."""
+        if not sample.blind:
+            self._error_since = None
+            return None
+        if self._error_since is None:
+            self._error_since = timestamps.rfc3339(sample.time)
+            log.error("NVML shows no GPU on this GPU node: reporting an agent error, no GPU as lost")
+        failed = sorted({error for function, error in sample.errors if function == "nvmlDeviceGetCount"})
+        seen = f"NVML cannot count GPUs ({', '.join(failed)})" if failed else "NVML lists no GPU"
+        should = (
+            f"the node has {sample.expected_gpus}" if sample.expected_gpus else "the agent runs on a GPU node"
+        )
+        return status.AgentError(
+            reason=vocabulary.AgentErrorReason.NO_GPUS_VISIBLE.value,
+            message=(
+                f"{seen} since the agent started, but {should}: the container runtime likely hides the "
+                "GPUs from the agent (check the agent pod's runtimeClassName, NVIDIA_VISIBLE_DEVICES and "
+                "device mounts). No GPU is judged until the agent sees them."
+            ),
+            since=self._error_since,
+        )
 
     # --- production loop -------------------------------------------------------------------------------
 

@@ -70,6 +70,12 @@ class GPUStatus(TypedDict, total=False):
     observedTime: str  # RFC 3339: when the agent last read a fact of this GPU that changed
 
 
+class AgentError(TypedDict, total=False):
+    reason: str  # vocabulary.AgentErrorReason
+    message: str
+    since: str  # RFC 3339: when this agent process first found the error
+
+
 class AgentInfo(TypedDict, total=False):
     version: str
     backend: str  # nvml | sim
@@ -79,6 +85,7 @@ class AgentInfo(TypedDict, total=False):
     expectedGpuCount: int  # GPUs the node physically has (faults.expected_gpu_count), if known
     maxGpuCountSeen: int  # the most GPUs the agent has seen answer at once on this node
     bootId: str  # the kernel's boot ID: a change means the node rebooted (and its GPUs were reset)
+    error: AgentError  # the agent cannot report its GPUs (it sees none): the node is Unknown, not faulty
 
 
 class Summary(TypedDict, total=False):

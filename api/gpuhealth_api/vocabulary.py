@@ -20,6 +20,14 @@ class Condition(enum.StrEnum):
     PCIE_DEGRADED = "PcieDegraded"
     STRAGGLER = "Straggler"
     AGENT_STALE = "AgentStale"
+    AGENT_ERROR = "AgentError"
+    """The agent reports it cannot do its job (`status.agent.error`): health Unknown, never a disruption.
+    Judged on every node like AgentStale; no policy rule names it."""
+
+
+RULE_CONDITIONS: tuple[Condition, ...] = tuple(c for c in Condition if c is not Condition.AGENT_ERROR)
+"""The conditions a policy rule may name (the policy CRD's enum): every one but AgentError, which the
+operator judges on every node and answers with health Unknown alone."""
 
 
 class Action(enum.StrEnum):
@@ -107,6 +115,14 @@ class EventReason(enum.StrEnum):
     """A DeviceTaintRule now isolates one faulty GPU (names its index and UUID)."""
     GPU_RESTORED = "GPURestored"
     """The DeviceTaintRule of a recovered GPU was deleted: the GPU is allocatable again."""
+
+
+class AgentErrorReason(enum.StrEnum):
+    """`status.agent.error.reason`: why the agent cannot report its node's GPUs."""
+
+    NO_GPUS_VISIBLE = "NoGPUsVisible"
+    """NVML shows the agent no GPU and it has seen none since it started: the container runtime hides
+    them (or NVML cannot count them). A configuration error of the agent, not a fault of the GPUs."""
 
 
 class RecoveryAction(enum.StrEnum):

@@ -356,7 +356,9 @@ async def _node_condition(
     state = NODE_CONDITION[verdict.health]
     reason = verdict.issues[0].value if verdict.issues else "GPUsHealthy"
     if verdict.health is Health.UNKNOWN:
-        reason = Condition.AGENT_STALE.value
+        # Why nothing is judged: the agent is stale, or it reports an error of its own (sees no GPU).
+        blind = Condition.AGENT_ERROR in verdict.issues and Condition.AGENT_STALE not in verdict.issues
+        reason = (Condition.AGENT_ERROR if blind else Condition.AGENT_STALE).value
     messages = [verdict.conditions[c].message for c in verdict.issues if c in verdict.conditions]
     message = "; ".join(m for m in messages if m) or (
         "All GPUs healthy." if verdict.health is Health.HEALTHY else verdict.health.value

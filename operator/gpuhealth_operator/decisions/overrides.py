@@ -59,7 +59,7 @@ def gather(verdict: model.NodeVerdict, facts: status.GPUNodeStatus, rule_xids: f
     episodes = {
         condition.value: times.render(state.last_transition_time)
         for condition, state in verdict.conditions.items()
-        if state.status == hysteresis.TRUE and condition is not Condition.AGENT_STALE
+        if state.status == hysteresis.TRUE and condition not in (Condition.AGENT_STALE, Condition.AGENT_ERROR)
     }
     ecc: dict[str, int] = {}
     xids: dict[str, dict[str, int]] = {}

@@ -26,6 +26,7 @@ ORDER: Final[tuple[Condition, ...]] = (
     Condition.XID_CRITICAL,
     Condition.RECOVERY_REQUIRED,
     Condition.AGENT_STALE,
+    Condition.AGENT_ERROR,
     Condition.THERMAL_THROTTLED,
     Condition.POWER_THROTTLED,
     Condition.PCIE_DEGRADED,

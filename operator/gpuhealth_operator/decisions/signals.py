@@ -70,10 +70,13 @@ def raw_signals(
     fact signals already judged for these facts (module docstring), filled in here.
     """
     stale = agent_stale(facts, report_age_seconds, now, agent_pod)
-    signals = {Condition.AGENT_STALE: stale}
-    if stale.present:
+    error = agent_error(facts, stale=stale.present is True)
+    signals = {Condition.AGENT_STALE: stale, Condition.AGENT_ERROR: error}
+    # A stale agent's facts are old; an agent in error (it sees no GPU) reports none to judge.
+    blind = stale if stale.present else error if error.present else None
+    if blind is not None:
         for condition in FACT_CONDITIONS:
-            signals[condition] = model.Signal(condition, None, f"unknown: {stale.message}")
+            signals[condition] = model.Signal(condition, None, f"unknown: {blind.message}")
         return signals
     if known is None:
         return signals | fact_signals(facts, node, rule_xids)
@@ -180,6 +183,19 @@ def agent_stale(
     # Not the heartbeat's time either: an unchanged condition stays byte-identical, so a heartbeat
     # writes no GPUNode status.
     return model.Signal(condition, False, f"the agent reports every {heartbeat_seconds(agent):g}s")
+
+
+def agent_error(facts: status.GPUNodeStatus, *, stale: bool = False) -> model.Signal:
+    """True while the agent reports an error of its own (`liveness.agent_error`): it cannot judge the
+    node's GPUs (it sees none), so health is Unknown and no fact condition is judged; unknown while
+    the agent is stale (its last report is old news)."""
+    condition = Condition.AGENT_ERROR
+    if stale:
+        return model.Signal(condition, None, "unknown: the agent is stale")
+    error = liveness.agent_error(facts)
+    if error is None:
+        return model.Signal(condition, False, "the agent reports no error of its own")
+    return model.Signal(condition, True, error)
 
 
 def agent_is_stale(

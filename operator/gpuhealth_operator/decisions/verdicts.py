@@ -76,7 +76,7 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
         agent_pod=agent_pod,
         known=known_signals,
     )
-    stale = raw[Condition.AGENT_STALE].present is True
+    stale = raw[Condition.AGENT_STALE].present is True or raw[Condition.AGENT_ERROR].present is True
     raw[Condition.STRAGGLER] = straggler_signal(straggler, stale=stale)
     if drill is not None:
         raw[drill.condition] = drill
@@ -133,7 +133,9 @@ def _clocks(policy: model.Policy, drilled: Condition | None) -> _Clocks:
     known = _CLOCKS.get(key)
     if known is not None and known[0] is policy:
         return known[1]
-    judged = severity.FATAL | {Condition.AGENT_STALE} | {r.condition for r in policy.rules}
+    judged = (
+        severity.FATAL | {Condition.AGENT_STALE, Condition.AGENT_ERROR} | {r.condition for r in policy.rules}
+    )
     if drilled is not None:
         judged |= {drilled}
     clocks = tuple(
@@ -220,7 +222,7 @@ def straggler_signal(score: model.StragglerScore | None, *, stale: bool = False)
 
 
 def _health(issues: tuple[Condition, ...]) -> Health:
-    if Condition.AGENT_STALE in issues:
+    if Condition.AGENT_STALE in issues or Condition.AGENT_ERROR in issues:
         return Health.UNKNOWN
     if any(c in severity.FATAL for c in issues):
         return Health.UNHEALTHY

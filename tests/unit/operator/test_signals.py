@@ -252,7 +252,8 @@ def test_stale_agent_makes_every_fact_unknown() -> None:
     }
     got = signals.raw_signals(facts, model.NodeView(name="n"), XIDS, NOW, 3600)
     assert got[Condition.AGENT_STALE].present is True
-    assert {c: s.present for c, s in got.items() if c is not Condition.AGENT_STALE} == dict.fromkeys(
+    agent = (Condition.AGENT_STALE, Condition.AGENT_ERROR)
+    assert {c: s.present for c, s in got.items() if c not in agent} == dict.fromkeys(
         signals.FACT_CONDITIONS, None
     )
 
@@ -280,7 +281,7 @@ def test_garbage_fields_are_no_fault() -> None:
     facts: Any = {"agent": _agent(), "gpus": [gpu, "not a gpu"]}
     got = signals.raw_signals(facts, model.NodeView(name="n"), XIDS, NOW)
     assert {c: s.present for c, s in got.items()} == dict.fromkeys(
-        (*signals.FACT_CONDITIONS, Condition.AGENT_STALE), False
+        (*signals.FACT_CONDITIONS, Condition.AGENT_STALE, Condition.AGENT_ERROR), False
     )
 
 

@@ -120,7 +120,7 @@ def test_healthy_node() -> None:
 
 def test_fatal_conditions_are_judged_without_rules() -> None:
     verdict = judge_run(policy(), [(0, {"lost": True})])
-    assert set(verdict.conditions) == severity.FATAL | {Condition.AGENT_STALE}
+    assert set(verdict.conditions) == severity.FATAL | {Condition.AGENT_STALE, Condition.AGENT_ERROR}
     assert verdict.health is Health.UNHEALTHY
     assert verdict.issues == (Condition.GPU_LOST,)
     assert verdict.wanted_action is None
@@ -130,6 +130,7 @@ def test_conditions_cover_fatal_plus_rule_conditions() -> None:
     verdict = judge_run(DEFAULT, [(0, {})])
     assert set(verdict.conditions) == severity.FATAL | {
         Condition.AGENT_STALE,
+        Condition.AGENT_ERROR,
         Condition.THERMAL_THROTTLED,
         Condition.STRAGGLER,
     }
