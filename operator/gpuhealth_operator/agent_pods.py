@@ -3,7 +3,10 @@
 Fed by a watch of the pods matching `--agent-pod-selector` (a server-side
 label selector, so the API server sends only agent pods, one per GPU node),
 read by the verdicts (`decisions.liveness`). `AgentPods` is the only writer
-of these records. A node no agent pod was ever seen on has no record: its
+of these records. Labels are anyone's to copy: only a pod that `is_agent`
+(in `--agent-pod-namespace`, controlled by a DaemonSet) is the agent, so a
+tenant's pod with the agent's labels can neither make a node Unknown (which
+never drains) nor keep a dead agent's node live. A node no agent pod was ever seen on has no record: its
 staleness falls back to the GPUNode heartbeat alone (agents run outside
 Kubernetes, as in the simulator).
 """
@@ -16,6 +19,26 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuhealth_operator.decisions import liveness, times
+
+
+def is_agent(body: Mapping[str, Any], namespace: str | None) -> bool:
+    """Whether a pod the selector matched is an agent: controlled by a DaemonSet (apps), and in
+    `namespace` (the chart's release namespace; None: any, for a replay of pods recorded as agents).
+
+    Creating pods in that namespace needs rights a tenant does not have; a tenant's own DaemonSet
+    lives in the tenant's namespace.
+    """
+    meta = body.get("metadata") or {}
+    if namespace is not None and meta.get("namespace") != namespace:
+        return False
+    owners = meta.get("ownerReferences")
+    return isinstance(owners, list) and any(
+        isinstance(owner, Mapping)
+        and owner.get("controller") is True
+        and owner.get("kind") == "DaemonSet"
+        and str(owner.get("apiVersion", "")).startswith("apps/")
+        for owner in owners
+    )
 
 
 def pod_readiness(body: Mapping[str, Any]) -> tuple[str, str, bool, datetime.datetime | None] | None:

@@ -108,6 +108,12 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         f"the GPUNode heartbeat alone (default: {default.agent_pod_selector})",
     )
     parser.add_argument(
+        "--agent-pod-namespace",
+        default=os.environ.get("POD_NAMESPACE"),
+        help="namespace of the agent DaemonSet: a pod the selector matches elsewhere, or not controlled by "
+        "a DaemonSet, is not an agent (default: $POD_NAMESPACE, the operator's own, else --lease-namespace)",
+    )
+    parser.add_argument(
         "--node-selector",
         default=default.node_selector,
         help="label selector of the Nodes this operator watches and judges (and their GPUNodes): one "
@@ -167,6 +173,7 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         lease_renew_seconds=timing.renew_seconds,
         lease_retry_seconds=timing.retry_seconds,
         agent_pod_selector=args.agent_pod_selector,
+        agent_pod_namespace=args.agent_pod_namespace or args.lease_namespace,
         node_selector=args.node_selector,
         tick_seconds=args.tick_seconds,
         full_pass_seconds=args.full_pass_seconds,

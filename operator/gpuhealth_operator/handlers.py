@@ -17,7 +17,7 @@ from typing import Any, cast
 import kopf
 
 from gpuhealth_api import resources
-from gpuhealth_operator import context, isolating, kube, reconciler, resync, stopping
+from gpuhealth_operator import agent_pods, context, isolating, kube, reconciler, resync, stopping
 from gpuhealth_operator.decisions import model, policies
 
 logger = logging.getLogger(__name__)
@@ -100,11 +100,15 @@ async def on_gpunode(event: kopf.RawEvent, memo: context.Context, **_: Any) -> N
 async def on_agent_pod(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None:
     """An agent pod changed: a node whose agent turned Ready or NotReady is judged again.
 
+    The selector matched its labels; only the agent DaemonSet's pods count (`agent_pods.is_agent`).
+
     Turning NotReady changes no verdict at once (`decisions.liveness` gives a grace); the timer
     judges such a node every tick until then.
     """
     now = memo.clock()
     body = event["object"]
+    if not agent_pods.is_agent(body, memo.config.agent_pod_namespace):
+        return  # the agent's labels on a pod of someone else's (issue 24): not our agent
     if event["type"] == DELETED:
         node = memo.agent_pods.deleted(body, now)
     else:
@@ -199,7 +203,8 @@ def configure(settings: kopf.OperatorSettings, agent_pod_selector: str = "", nod
         # The API server filters: a Node that stops matching arrives as DELETED (see `on_node`).
         settings.watching.label_selectors["", "v1", "nodes"] = node_selector
     if agent_pod_selector:
-        # Filtered by the API server: the operator hears of agent pods only, never of the workloads.
+        # Filtered by the API server: the operator hears of agent pods only, never of the workloads
+        # (and of pods that copy their labels: `on_agent_pod` ignores those).
         settings.watching.label_selectors["", "v1", "pods"] = agent_pod_selector
     # Leader election is ours (a Lease); kopf's peering would need its own CRDs and RBAC.
     settings.peering.standalone = True

@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpuhealth_operator import context, handlers, kube, reconciler, resync
+from gpuhealth_operator import agent_pods, context, handlers, kube, reconciler, resync
 
 logger = logging.getLogger(__name__)
 
@@ -118,8 +118,9 @@ async def prime(ctx: context.Context) -> Primed:
         count = 0
         async for items, _ in ctx.client.pages(PODS_PATH, query):
             for body in items:
-                ctx.agent_pods.observe(body, now)
-            count += len(items)
+                if agent_pods.is_agent(body, ctx.config.agent_pod_namespace):
+                    ctx.agent_pods.observe(body, now)
+                    count += 1
         listed["agent pods"] = count
     if any(pruned.values()):
         logger.warning(

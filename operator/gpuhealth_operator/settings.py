@@ -53,6 +53,11 @@ class Settings:
     """Label selector of the agents' DaemonSet pods, watched for liveness (`decisions.liveness`); "" turns
     the watch off (every node then goes by its GPUNode heartbeat alone)."""
 
+    agent_pod_namespace: str | None = "gpu-health"
+    """Namespace of the agents' DaemonSet (the chart's release namespace, the operator's own): a pod the
+    selector matches elsewhere, or not controlled by a DaemonSet, is not an agent (`agent_pods.is_agent`).
+    None accepts any namespace (a backtest replays the pods a recording kept as agents)."""
+
     node_selector: str = ""
     """Label selector of the Nodes this operator watches, caches and judges (with their GPUNodes, same
     names): one operator per node pool. "" is every Node."""

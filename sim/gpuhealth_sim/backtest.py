@@ -75,6 +75,8 @@ traces. The policies' status (output only) is refreshed on these passes, not eve
 OUR_LABELS: Final = (keys.HEALTH_LABEL, keys.STRAGGLER_LABEL, keys.THERMAL_LABEL)
 DRA_KINDS: Final = frozenset({"resourceslice", "devicetaintrule", "cluster"})
 """Trace records of what IsolateGPU reads (format 2); see `Replay._dra`."""
+AGENT_OWNER: Final = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "controller": True}
+"""A replayed agent pod's owner: a recording keeps only DaemonSet pods (`agent_pods.is_agent`)."""
 FLAP_SECONDS: Final = 3600.0
 """A label removed and set again within this long is a flap."""
 
@@ -227,7 +229,8 @@ class Replay:
         self.now = start
         self.tick_seconds = tick_seconds
         self.client = memcluster.MemoryKube()
-        config = settings.Settings()
+        # A trace's agent pods are those its recording kept as agents (`tracerecord`), in their namespace.
+        config = settings.Settings(agent_pod_namespace=None)
         self.ctx = context.Context.create(
             config,
             self.client,  # type: ignore[arg-type]  # the same interface as kube.Kube
@@ -352,7 +355,7 @@ class Replay:
         body = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"namespace": namespace, "name": pod},
+            "metadata": {"namespace": namespace, "name": pod, "ownerReferences": [AGENT_OWNER]},
             "spec": {"nodeName": node},
             "status": {"conditions": [ready]},
         }

@@ -122,7 +122,10 @@ def rule_view(obj: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def agent_pod_view(obj: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
     """("namespace/name", its `agentpod` record's fields) of an agent pod; None before it is scheduled
-    (the operator reads nothing of it then)."""
+    (the operator reads nothing of it then), or for a pod no DaemonSet controls (not an agent, whatever
+    its labels: `agent_pods.is_agent`)."""
+    if not agent_pods.is_agent(obj, None):
+        return None
     seen = agent_pods.pod_readiness(obj)
     if seen is None:
         return None

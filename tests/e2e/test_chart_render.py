@@ -131,6 +131,7 @@ def test_default_install_is_hardened_and_wired(control_plane: controlplane.Contr
     # The operator watches exactly this DaemonSet's pods.
     (selector,) = [a.split("=", 1)[1] for a in op_container["args"] if a.startswith("--agent-pod-selector=")]
     assert dict(pair.split("=") for pair in selector.split(",")) == agent["spec"]["selector"]["matchLabels"]
+    assert f"--agent-pod-namespace={agent['metadata']['namespace']}" in op_container["args"]
     # The agent watches every GPU without taking one from the workloads.
     for amounts in ag_container["resources"].values():
         assert "nvidia.com/gpu" not in amounts

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import gpunode_facts
 from gpuhealth_api import resources, vocabulary
-from gpuhealth_operator import agent_pods, context, handlers, metrics, reconciler, settings
+from gpuhealth_operator import agent_pods, cli, context, handlers, metrics, reconciler, settings, ticker
 from gpuhealth_operator.decisions import clocks, liveness, model, signals, times
 from gpuhealth_sim import memcluster
 
@@ -199,3 +199,106 @@ def test_the_cheap_staleness_check_agrees_with_the_signal(
     facts_ = {"gpus": [{"index": 0}]} if agent is None else {"agent": agent, "gpus": [{"index": 0}]}
     expected = signals.agent_stale(facts_, report_age_seconds, NOW, pod).present
     assert signals.agent_is_stale(clocks.stale_limit(facts_), report_age_seconds, NOW, pod) is expected
+
+
+AGENT_NAMESPACE = settings.Settings().agent_pod_namespace or ""
+DAEMONSET = {
+    "apiVersion": "apps/v1",
+    "kind": "DaemonSet",
+    "name": "gpu-health-agent",
+    "uid": "ds",
+    "controller": True,
+}
+
+
+def owned_pod(name: str, node: str, ready: bool, namespace: str = "", owners: Any = None) -> Any:
+    """An agent-labelled pod (the watch's selector matched it) in `namespace`, owned by `owners`."""
+    body = pod(name, node, ready, times.render(NOW))
+    body["metadata"]["namespace"] = namespace or AGENT_NAMESPACE
+    body["metadata"]["ownerReferences"] = [DAEMONSET] if owners is None else owners
+    return body
+
+
+@pytest.mark.parametrize(
+    ("namespace", "owners", "agent"),
+    [
+        ("", None, True),  # the chart's DaemonSet's pod, in the operator's namespace
+        ("tenant", None, False),  # a tenant's own DaemonSet with the agent's labels
+        ("", [], False),  # a bare pod in our namespace with the agent's labels
+        ("", [{**DAEMONSET, "kind": "ReplicaSet"}], False),
+        ("", [{**DAEMONSET, "controller": False}], False),  # not its controller
+        ("", [{**DAEMONSET, "apiVersion": "example.com/v1"}], False),  # a DaemonSet of another API
+    ],
+)
+def test_only_the_daemonsets_pods_in_the_agents_namespace_are_the_agent(
+    namespace: str, owners: Any, agent: bool
+) -> None:
+    cluster: Any = memcluster.MemoryKube()
+    ctx = context.Context.create(settings.Settings(), cluster, metrics.Metrics.create(), instance="t")
+    ctx.clock = lambda: NOW
+    body = owned_pod("a", "n1", True, namespace, owners)
+    asyncio.run(handlers.on_agent_pod({"type": "MODIFIED", "object": body}, memo=ctx))  # type: ignore[typeddict-item]
+    assert (ctx.agent_pods.get("n1") is not None) is agent
+    assert agent_pods.is_agent(body, AGENT_NAMESPACE) is agent
+
+
+def test_a_tenant_pod_with_the_agents_labels_turning_not_ready_does_not_hide_a_fault() -> None:
+    """Issue 24, 6: a tenant's pod carrying the agent's labels, in its own namespace, turns Ready then
+    NotReady on a faulty node. It is not the agent: the node is not made Unknown (which never drains),
+    its sustained fault is acted on after forSeconds. Nor does a tenant's Ready pod keep the node live
+    while the real agent's pod is NotReady."""
+
+    async def scenario() -> None:
+        cluster = memcluster.MemoryKube()
+        ctx = context.Context.create(settings.Settings(), cluster, metrics.Metrics.create(), instance="t")  # type: ignore[arg-type]
+        clock = [NOW]
+        ctx.clock = lambda: clock[0]
+        rule = {"name": "hot", "condition": "ThermalThrottled", "action": "Cordon", "forSeconds": 120}
+        policy = {"apiVersion": resources.API_VERSION, "kind": resources.POLICY_KIND}
+        policy |= {"metadata": {"name": "p", "generation": 1}, "spec": {"rules": [rule], "maxUnavailable": 2}}
+        await handlers.on_policy({"type": "ADDED", "object": policy}, memo=ctx)  # type: ignore[typeddict-item]
+        hot = {0: {"temperatureCelsius": 95, "clockEventReasons": ["HwThermalSlowdown"]}}
+        for name in ("faulty", "quiet"):
+            node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": name}, "spec": {}}
+            cluster.put_node(copy.deepcopy(node))
+            await handlers.on_node({"type": "ADDED", "object": node}, memo=ctx)  # type: ignore[typeddict-item]
+            status = gpunode_facts.agent_status(
+                heartbeat=times.render(NOW),
+                heartbeat_seconds=300,
+                observed=times.render(NOW),
+                overrides=hot if name == "faulty" else None,
+            )
+            stored = cluster.put_gpunode(name, status)
+            await handlers.on_gpunode({"type": "MODIFIED", "object": copy.deepcopy(stored)}, memo=ctx)  # type: ignore[typeddict-item]
+
+        async def event(body: Any) -> None:
+            await handlers.on_agent_pod({"type": "MODIFIED", "object": body}, memo=ctx)  # type: ignore[typeddict-item]
+
+        # On "faulty": a tenant's bare pod and a tenant's DaemonSet pod, Ready then NotReady.
+        for tenant in (
+            owned_pod("t1", "faulty", True, "tenant", []),
+            owned_pod("t2", "faulty", True, "tenant"),
+        ):
+            await event(tenant)
+            tenant["status"]["conditions"][0]["status"] = "False"
+            await event(tenant)
+        # On "quiet": the real agent's pod NotReady, a tenant's Ready pod beside it.
+        await event(owned_pod("agent-quiet", "quiet", False))
+        await event(owned_pod("t3", "quiet", True, "tenant"))
+
+        clock[0] = NOW + datetime.timedelta(seconds=121)
+        await ticker.tick(ctx, full=True)
+        faulty = cluster.gpunodes["faulty"]["status"]
+        assert faulty["health"] != "Unknown", faulty.get("conditions")
+        assert cluster.nodes["faulty"]["spec"].get("unschedulable") is True, "the fault is acted on"
+        assert cluster.gpunodes["quiet"]["status"]["health"] == "Unknown", "its own agent is down"
+
+    asyncio.run(scenario())
+
+
+def test_the_agents_namespace_is_the_operators_own_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POD_NAMESPACE", "release-ns")
+    assert cli.parse_args([]).agent_pod_namespace == "release-ns"
+    assert cli.parse_args(["--agent-pod-namespace=agents"]).agent_pod_namespace == "agents"
+    monkeypatch.delenv("POD_NAMESPACE")
+    assert cli.parse_args(["--lease-namespace=ops"]).agent_pod_namespace == "ops"

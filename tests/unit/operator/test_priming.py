@@ -153,3 +153,26 @@ def test_kopf_lists_in_pages_too() -> None:
     kopf_settings = kopf.OperatorSettings()
     handlers.configure(kopf_settings)
     assert kopf_settings.watching.chunk_size == kube.LIST_PAGE_SIZE
+
+
+def test_priming_takes_only_the_agent_daemonsets_pods_in_its_namespace() -> None:
+    """A tenant's pod with the agent's labels, listed at the start of a term, is not an agent."""
+
+    def agent_pod(namespace: str, node_name: str, owner: str) -> dict[str, Any]:
+        owners = [{"apiVersion": "apps/v1", "kind": owner, "name": "x", "uid": "u", "controller": True}]
+        return {
+            "metadata": {"namespace": namespace, "name": f"a-{node_name}", "ownerReferences": owners},
+            "spec": {"nodeName": node_name},
+            "status": {"conditions": [{"type": "Ready", "status": "False"}]},
+        }
+
+    async def scenario() -> None:
+        ours = settings.Settings().agent_pod_namespace or ""
+        pods = [agent_pod(ours, "n1", "DaemonSet"), agent_pod("tenant", "n2", "DaemonSet")]
+        pods.append(agent_pod(ours, "n3", "ReplicaSet"))
+        ctx = kept_cache(Paged({priming.PODS_PATH: pods}))
+        primed = await priming.prime(ctx)
+        assert primed.listed["agent pods"] == 1
+        assert set(ctx.agent_pods.nodes) == {"n1"}
+
+    asyncio.run(scenario())

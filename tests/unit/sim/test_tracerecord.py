@@ -237,7 +237,14 @@ def test_an_acknowledged_rule_says_the_cluster_acts_on_rules_and_ours_are_record
 
 def agent_pod(node: str | None, ready: str, changed: str = "2026-01-05T00:00:00Z", **status: object) -> dict:
     return {
-        "metadata": {"namespace": "gpu-health", "name": "agent-abcde", "resourceVersion": "9"},
+        "metadata": {
+            "namespace": "gpu-health",
+            "name": "agent-abcde",
+            "resourceVersion": "9",
+            "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "a", "controller": True}
+            ],
+        },
         "spec": {"nodeName": node} if node else {},
         "status": {
             "conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": changed}],
@@ -263,6 +270,9 @@ def test_an_agent_pod_keeps_its_node_and_readiness_and_repeats_nothing() -> None
     assert compactor.deleted("agentpod", "gpu-health/agent-abcde", START + 5) == [
         {"kind": "agentpod", "t": 5.0, "name": "gpu-health/agent-abcde", "deleted": True}
     ]
+    bare = agent_pod("n2", "True")
+    bare["metadata"]["ownerReferences"] = []
+    assert compactor.agent_pod(bare, START + 6) is None, "the agent's labels on a pod no DaemonSet controls"
 
 
 def test_a_cluster_that_cannot_be_recorded_says_why_before_any_file() -> None:
