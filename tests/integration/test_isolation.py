@@ -23,7 +23,7 @@ from kubernetes import client
 
 import gpunode_facts
 import operator_harness
-from gpuhealth_api import keys
+from gpuhealth_api import keys, resources
 from gpuhealth_operator.decisions import device_taints
 from gpuhealth_sim import controlplane, dra, waiting
 
@@ -494,3 +494,56 @@ def test_a_deleted_node_takes_its_rule_with_it_and_frees_the_gpu_budget(
         timeout_seconds=TIMEOUT,
         message="the second node's GPU isolated: the budget is free again",
     )
+
+
+def _rules_of(fleet: operator_harness.Fleet, node: str) -> dict[str, str]:
+    """The node's rules (any policy's): name → its gpuhealth.io/policy label."""
+    found = fleet.custom.list_cluster_custom_object(
+        device_taints.GROUP,
+        RULE_VERSION,
+        device_taints.PLURAL,
+        label_selector=f"{keys.NODE_LABEL}={device_taints.label_value(node)}",
+    )
+    return {r["metadata"]["name"]: r["metadata"]["labels"][keys.POLICY_LABEL] for r in found["items"]}
+
+
+def test_a_deleted_policys_rule_is_adopted_by_another_policy_of_the_node_then_restored(
+    fleet: operator_harness.Fleet,
+) -> None:
+    """Renamed (a copy created, the original deleted): the copy adopts the rule (its label relabelled
+    on the real API server) and the GPU stays isolated; the copy deleted too, no isolating policy
+    selects the node and the rule is deleted: the GPU is not kept out of service for good."""
+    node = f"{fleet.label}-dra"
+    fleet.add_node(node, gpus=GPUS)
+    _publish_slice(fleet, node)
+    _policy(fleet)
+    fleet.report(node, _ecc(1))
+    rule = device_taints.rule_name(node, FAULTY)
+    waiting.wait_until(
+        lambda: _rules_of(fleet, node) == {rule: fleet.label}, timeout_seconds=TIMEOUT, message="isolated"
+    )
+    renamed = f"{fleet.label}-renamed"
+    fleet.policy(
+        renamed,
+        {
+            "maxUnavailableGPUs": 2,
+            "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "IsolateGPU"}],
+            "recovery": {"uncordon": True, "healthyForSeconds": 2},
+        },
+    )
+    fleet.custom.delete_cluster_custom_object(
+        resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, fleet.label
+    )
+    waiting.wait_until(
+        lambda: _rules_of(fleet, node) == {rule: renamed},
+        timeout_seconds=TIMEOUT,
+        message="the renamed policy adopts the rule",
+    )
+    assert not fleet.node(node)["spec"].get("unschedulable"), "still isolated, not drained"
+    fleet.custom.delete_cluster_custom_object(
+        resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, renamed
+    )
+    waiting.wait_until(
+        lambda: _rules_of(fleet, node) == {}, timeout_seconds=TIMEOUT, message="restored: no policy is left"
+    )
+    assert any("was deleted" in m for m in fleet.messages(node, "GPURestored"))
