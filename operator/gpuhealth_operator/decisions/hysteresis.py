@@ -8,6 +8,11 @@ way restarts the respective clock, so a temperature oscillating around the
 threshold neither sets nor clears the condition. An unknown signal (stale
 agent, missing facts) changes nothing: missing data is neither fault nor cure.
 
+Every clock here is the operator's: `observed_since` starts at the receipt of
+the first report showing the evidence (or a `Signal.observed_at` of the
+operator's own clock), never at the agent's `observedTime`, so an agent whose
+clock runs minutes slow cannot turn one sample into forSeconds of evidence.
+
 Both timestamps are stored in GPUNode `status.conditions[]` (observedSince,
 recoveringSince) through `to_status`/`from_status`, so an operator restart
 resumes every clock where it stood.
@@ -81,7 +86,8 @@ def _present(
         )
     since = previous.observed_since if previous is not None else None
     if since is None:
-        # Count from when the agent saw it, not from when we did; a future timestamp is clock skew.
+        # From when the operator received the evidence (`now`, the report's receipt), or since when it
+        # holds by the operator's clock (`observed_at`): never the agent's clock (issue 24).
         since = min(signal.observed_at or now, now)
     if times.seconds_between(since, now) >= for_seconds:
         return model.ConditionState(

@@ -90,7 +90,8 @@ class Signal:
     present: bool | None
     message: str
     observed_at: datetime.datetime | None = None
-    """When the agent observed the evidence (GPU observedTime, XID lastSeen), if known."""
+    """Since when the evidence holds by the operator's clock (a stale agent's, a straggler's window, a
+    drill's start); None: from now, its receipt. Never the agent's stamps: its clock may be off."""
 
 
 class ConditionRecord(status.ConditionStatus, total=False):

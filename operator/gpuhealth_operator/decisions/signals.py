@@ -99,7 +99,7 @@ def fact_signals(
         return signals
     for condition, check in faults.gpu_checks(rule_xids).items():
         if condition is not Condition.GPU_LOST:  # per GPU and per node: _lost
-            signals[condition] = _per_gpu(condition, gpus, check, rule_xids)
+            signals[condition] = _per_gpu(condition, gpus, check)
     signals[Condition.GPU_LOST] = _lost(facts, node, gpus)
     return signals
 
@@ -231,11 +231,8 @@ def gpu_name(gpu: status.GPUStatus) -> str:
     return label
 
 
-def _per_gpu(
-    condition: Condition, gpus: list[status.GPUStatus], check: GPUFault, rule_xids: frozenset[int]
-) -> model.Signal:
+def _per_gpu(condition: Condition, gpus: list[status.GPUStatus], check: GPUFault) -> model.Signal:
     found: list[str] = []
-    observed: list[datetime.datetime] = []
     for gpu in gpus:
         if not isinstance(gpu, gpu_facts.MAPPINGS):
             continue
@@ -243,17 +240,15 @@ def _per_gpu(
         if fault is None:
             continue
         found.append(f"{gpu_name(gpu)}: {fault}")
-        when = _xid_seen(gpu, rule_xids) if condition is Condition.XID_CRITICAL else None
-        when = when or times.parse(gpu.get("observedTime"))
-        if when is not None:
-            observed.append(when)
     if not found:
         unread = _unread(condition, gpus)
         if unread:
             # A fact that cannot be read is no evidence either way: the condition keeps its state.
             return model.Signal(condition, None, f"unknown: {unread}")
         return model.Signal(condition, False, _HEALTHY_MESSAGES[condition])
-    return model.Signal(condition, True, "; ".join(found), observed_at=min(observed, default=None))
+    # No observed_at: the agent's stamps (observedTime, XID lastSeen) are its clock, which may be
+    # minutes off; forSeconds counts from when the operator received the evidence (issue 24).
+    return model.Signal(condition, True, "; ".join(found))
 
 
 _HEALTHY_MESSAGES: Final[dict[Condition, str]] = {
@@ -265,11 +260,6 @@ _HEALTHY_MESSAGES: Final[dict[Condition, str]] = {
     Condition.POWER_THROTTLED: "no hardware power brake or slowdown",
     Condition.PCIE_DEGRADED: "PCIe links at full generation and width under load",
 }
-
-
-def _xid_seen(gpu: status.GPUStatus, rule_xids: frozenset[int]) -> datetime.datetime | None:
-    seen = (times.parse(x.get("lastSeen")) for x in faults.matching_xids(gpu, rule_xids))
-    return min((t for t in seen if t is not None), default=None)
 
 
 def _unread(condition: Condition, gpus: list[status.GPUStatus]) -> str | None:
@@ -292,12 +282,9 @@ def _lost(facts: status.GPUNodeStatus, node: model.NodeView, gpus: list[status.G
     condition = Condition.GPU_LOST
     lost = [g for g in gpus if isinstance(g, gpu_facts.MAPPINGS) and faults.gpu_lost(g) is not None]
     found = [f"{gpu_name(g)}: {faults.gpu_lost(g)}" for g in lost]
-    observed = [times.parse(g.get("observedTime")) for g in lost]
     missing = faults.missing_gpus(len(gpus), expected_gpus(facts, node))
     if missing is not None:
         found.append(missing)
     if not found:
         return model.Signal(condition, False, "all GPUs present")
-    return model.Signal(
-        condition, True, "; ".join(found), observed_at=min((t for t in observed if t), default=None)
-    )
+    return model.Signal(condition, True, "; ".join(found))  # timed by receipt, as `_per_gpu`'s

@@ -76,7 +76,8 @@ def test_advance(
     assert run(samples, for_seconds, clear_seconds) == expected
 
 
-def test_for_seconds_counts_from_when_the_agent_observed_it() -> None:
+def test_for_seconds_counts_from_the_signals_own_start_by_the_operators_clock() -> None:
+    """E.g. a stale agent's (its last report) or a straggler's window (its oldest sample's receipt)."""
     state = hysteresis.advance(None, sig(True, observed_at=-50), 60, 600, at(0))
     assert state.status == "False"
     assert state.observed_since == at(-50)

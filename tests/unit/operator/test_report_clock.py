@@ -1,8 +1,17 @@
 """Staleness is timed by the operator's clock: when it saw the agent's lastHeartbeatTime change."""
 
+import asyncio
+import copy
 import datetime
+from collections.abc import Mapping
+from typing import Any, Final
 
-from gpuhealth_operator import cache
+import pytest
+
+import gpunode_facts
+from gpuhealth_api import keys, resources
+from gpuhealth_operator import cache, context, handlers, metrics, settings, ticker
+from gpuhealth_sim import memcluster
 
 T0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 
@@ -61,3 +70,143 @@ def test_after_a_restart_a_fresh_agent_is_timed_from_the_first_sighting() -> Non
     fresh = {"type": "AgentStale", "status": "False", "lastTransitionTime": "2026-01-01T11:00:00Z"}
     record = cache.ClusterCache().put_gpunode(body(1, "2026-01-01T10:00:00Z", conditions=[fresh]), now=at(0))
     assert record.report_age(at(0)) == 0
+
+
+# Issue 24, 9: the agent's clock decides no window. An agent whose clock is 10 or 20 minutes slow (or
+# ahead) stamps its reports (lastHeartbeatTime, observedTime) that far off; the operator times forSeconds,
+# the straggler window and the budget queue by its own clock of receipt.
+
+SKEWS = [-1200.0, -600.0, 600.0]
+"""The agent's clock against the operator's: 20 and 10 minutes slow, 10 minutes ahead."""
+
+
+class Fleet:
+    """Nodes, their agents' reports and one policy, judged by the operator's own handlers and timer on
+    an in-memory cluster under a test clock (the operator's)."""
+
+    def __init__(self, rule: dict[str, Any]) -> None:
+        self.cluster: Any = memcluster.MemoryKube()
+        self.ctx = context.Context.create(
+            settings.Settings(), self.cluster, metrics.Metrics.create(), instance="t"
+        )
+        self.now = T0
+        self.ctx.clock = lambda: self.now
+        spec = {"rules": [rule], "maxUnavailable": "100%"}
+        self.policy = {"apiVersion": resources.API_VERSION, "kind": resources.POLICY_KIND}
+        self.policy |= {"metadata": {"name": "p", "generation": 1}, "spec": spec}
+
+    async def start(self, names: list[str]) -> None:
+        await handlers.on_policy({"type": "ADDED", "object": self.policy}, memo=self.ctx)  # type: ignore[typeddict-item]
+        for name in names:
+            node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": name}, "spec": {}}
+            self.cluster.put_node(copy.deepcopy(node))
+            await handlers.on_node({"type": "ADDED", "object": node}, memo=self.ctx)  # type: ignore[typeddict-item]
+
+    async def report(
+        self, name: str, skew: float, gpu: Mapping[str, Any], observed: datetime.datetime
+    ) -> None:
+        """A report sent now, stamped by an agent clock `skew` seconds off; `observed`: the operator's time
+        of the fact, stamped by the agent's clock too."""
+        agent_now = self.now + datetime.timedelta(seconds=skew)
+        status = gpunode_facts.agent_status(
+            heartbeat=gpunode_facts.rfc3339(agent_now),
+            heartbeat_seconds=60,
+            observed=gpunode_facts.rfc3339(observed + datetime.timedelta(seconds=skew)),
+            overrides=dict.fromkeys(range(8), gpu),
+        )
+        stored = self.cluster.put_gpunode(name, status)
+        await handlers.on_gpunode({"type": "MODIFIED", "object": copy.deepcopy(stored)}, memo=self.ctx)  # type: ignore[typeddict-item]
+
+    async def tick(self, seconds: float) -> None:
+        self.now += datetime.timedelta(seconds=seconds)
+        await ticker.tick(self.ctx, full=True)
+
+    def cordoned(self, name: str) -> bool:
+        return bool(self.cluster.nodes[name]["spec"].get("unschedulable"))
+
+    def labels(self, name: str) -> Mapping[str, str]:
+        return self.cluster.nodes[name]["metadata"].get("labels") or {}
+
+
+HOT: Final = {"temperatureCelsius": 95, "clockEventReasons": ["HwThermalSlowdown"]}
+
+
+@pytest.mark.parametrize("skew", SKEWS)
+def test_one_sample_of_a_sustained_fault_is_not_a_cordon_whatever_the_agents_clock(skew: float) -> None:
+    """forSeconds 300 counts from when the operator received the first report showing the fault."""
+
+    async def scenario() -> None:
+        rule = {"name": "hot", "condition": "ThermalThrottled", "action": "Cordon", "forSeconds": 300}
+        fleet = Fleet(rule)
+        await fleet.start(["n"])
+        first = fleet.now
+        await fleet.report("n", skew, HOT, first)
+        await fleet.tick(1)
+        assert not fleet.cordoned("n"), "one sample, not 300 s of the fault"
+        for _ in range(4):  # a report a minute, the fault held, the agent's observedTime unchanged
+            await fleet.tick(59)
+            await fleet.report("n", skew, HOT, first)
+            await fleet.tick(1)
+            assert not fleet.cordoned("n"), f"{(fleet.now - first).total_seconds():g} s of the fault"
+        await fleet.tick(60)
+        assert fleet.cordoned("n"), "300 s of the fault by the operator's clock"
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("skew", SKEWS)
+def test_a_real_straggler_is_labelled_after_forseconds_whatever_its_agents_clock(skew: float) -> None:
+    """The straggler window holds the samples the operator received in the last forSeconds."""
+
+    async def scenario() -> None:
+        rule = {"name": "slow", "condition": "Straggler", "action": "Label", "forSeconds": 300}
+        fleet = Fleet(rule)
+        names = ["slow", *(f"peer{i}" for i in range(5))]
+        await fleet.start(names)
+        slow = {"smClockMHz": 1400}
+        labelled_at = None
+        start = fleet.now
+        for _ in range(12):
+            for name in names:
+                await fleet.report(
+                    name, skew if name == "slow" else 0.0, slow if name == "slow" else {}, fleet.now
+                )
+            await fleet.tick(60)
+            if labelled_at is None and fleet.labels("slow").get(keys.STRAGGLER_LABEL):
+                labelled_at = (fleet.now - start).total_seconds()
+        assert labelled_at is not None, "a real straggler is labelled"
+        assert 300 <= labelled_at <= 420, f"labelled after {labelled_at:g} s: forSeconds is 300 s"
+        assert not any(fleet.labels(n).get(keys.STRAGGLER_LABEL) for n in names[1:])
+
+    asyncio.run(scenario())
+
+
+def test_the_budget_queue_serves_the_fault_received_first_not_the_one_stamped_earliest() -> None:
+    """Two nodes wait for one place in the budget: the one whose fault the operator received first goes
+    first, though the other's agent, 20 minutes slow, stamped its fault earlier."""
+
+    async def scenario() -> None:
+        rule = {"name": "ecc", "condition": "EccUncorrectable", "action": "Cordon"}
+        fleet = Fleet(rule)
+        fleet.policy["spec"] |= {"maxUnavailable": 1, "breaker": {"maxNewUnhealthy": "100%"}}
+        await fleet.start(["held", "first", "second"])
+        for name in ("held", "first", "second"):
+            await fleet.report(name, 0.0, {}, fleet.now)
+        human = copy.deepcopy(fleet.cluster.nodes["held"])
+        human["spec"]["unschedulable"] = True  # a human's cordon takes the budget's one place
+        fleet.cluster.put_node(human)
+        await handlers.on_node({"type": "MODIFIED", "object": copy.deepcopy(human)}, memo=fleet.ctx)  # type: ignore[typeddict-item]
+        ecc = {"ecc": {"uncorrectedVolatile": 2}}
+        await fleet.tick(10)
+        await fleet.report("first", 0.0, ecc, fleet.now)
+        await fleet.tick(10)
+        await fleet.report("second", -1200.0, ecc, fleet.now)
+        await fleet.tick(10)
+        assert not fleet.cordoned("first") and not fleet.cordoned("second"), "both wait for the budget"
+        human["spec"]["unschedulable"] = False
+        fleet.cluster.put_node(copy.deepcopy(human))
+        await handlers.on_node({"type": "MODIFIED", "object": copy.deepcopy(human)}, memo=fleet.ctx)  # type: ignore[typeddict-item]
+        await fleet.tick(1)
+        assert (fleet.cordoned("first"), fleet.cordoned("second")) == (True, False)
+
+    asyncio.run(scenario())
