@@ -49,7 +49,7 @@ CLOCK_EVENT_REASON_NAMES: Final[frozenset[str]] = frozenset(facts.REASON_BITS)
 RECOVERY_ACTION_NAMES: Final[frozenset[str]] = frozenset(nvml.RECOVERY_ACTIONS.values())
 
 TOP_LEVEL_KEYS: Final[frozenset[str]] = frozenset(
-    {"gpus", "expectedGpus", "model", "driverVersion", "defaults", "timeline", "description"}
+    {"gpus", "expectedGpus", "visibleGpus", "model", "driverVersion", "defaults", "timeline", "description"}
 )
 ENTRY_KEYS: Final[frozenset[str]] = frozenset({"after", "gpu", "set", "xid", "reset", "notSupported", "fail"})
 ENTRY_ACTIONS: Final[frozenset[str]] = ENTRY_KEYS - {"after", "gpu"}
@@ -102,6 +102,9 @@ class Scenario:
     """Queries no GPU supports (from `defaults.notSupported`)."""
     timeline: tuple[Entry, ...]
     """Sorted by time; entries at the same time keep file order."""
+    visible_gpus: int = MAX_GPUS
+    """How many of the GPUs NVML enumerates to the agent (`visibleGpus`; fewer: a container runtime
+    that hides them, 0 hiding all); at most `gpus`."""
 
     @property
     def end_seconds(self) -> float:
@@ -223,7 +226,10 @@ class _Validator:
         entries = [self.entry(i, raw, gpus) for i, raw in enumerate(raw_timeline)]
         timeline = tuple(sorted(entries, key=lambda e: e.after_seconds))
         self.counters_only_grow(defaults, timeline, gpus)
-        return Scenario(self.where, gpus, expected, model, driver, defaults, not_supported, timeline)
+        visible = self.integer(data.get("visibleGpus", gpus), "visibleGpus", minimum=0, maximum=gpus)
+        return Scenario(
+            self.where, gpus, expected, model, driver, defaults, not_supported, timeline, visible_gpus=visible
+        )
 
     def entry(self, index: int, raw: object, gpus: int) -> Entry:
         line = self.lines[index] if index < len(self.lines) else None

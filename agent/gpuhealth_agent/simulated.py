@@ -202,8 +202,9 @@ class SimulatedNvml:
         return gpu.facts
 
     def _visible(self) -> list[int]:
-        """GPU indexes the driver enumerates: all (a lost GPU stays enumerated, as with the driver)."""
-        return list(range(len(self._gpus)))
+        """GPU indexes the driver enumerates: all (a lost GPU stays enumerated, as with the driver),
+        but no more than the container runtime shows the agent (`visibleGpus`)."""
+        return list(range(min(len(self._gpus), self.plan.visible_gpus)))
 
     # --- system --------------------------------------------------------------------------------------
 

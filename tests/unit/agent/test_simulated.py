@@ -235,3 +235,16 @@ def test_a_gpu_that_answers_later_is_registered_once() -> None:
 def simulated_library(sim: simulated.SimulatedNvml) -> nvml.Library:
     lib: nvml.Library = sim
     return lib
+
+
+def test_visible_gpus_is_what_a_runtime_that_hides_gpus_shows() -> None:
+    """`visibleGpus: 0`: the container runtime hides every GPU from the agent (NVML counts none)."""
+    hidden = simulated.SimulatedNvml(
+        scenario.parse("gpus: 8\nvisibleGpus: 0\n"), clock=lambda: 0.0, start=0.0
+    )
+    assert hidden.nvmlDeviceGetCount() == 0
+    some = simulated.SimulatedNvml(scenario.parse("gpus: 8\nvisibleGpus: 2\n"), clock=lambda: 0.0, start=0.0)
+    assert some.nvmlDeviceGetCount() == 2
+    assert scenario.parse("gpus: 8\n").visible_gpus == 8
+    with pytest.raises(scenario.ScenarioError, match="visibleGpus"):
+        scenario.parse("gpus: 2\nvisibleGpus: 3\n")
