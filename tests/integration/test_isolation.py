@@ -547,3 +547,65 @@ def test_a_deleted_policys_rule_is_adopted_by_another_policy_of_the_node_then_re
         lambda: _rules_of(fleet, node) == {}, timeout_seconds=TIMEOUT, message="restored: no policy is left"
     )
     assert any("was deleted" in m for m in fleet.messages(node, "GPURestored"))
+
+
+def _dra_nodes(fleet: operator_harness.Fleet, count: int) -> list[str]:
+    names = [f"{fleet.label}-{i}" for i in range(count)]
+    for node in names:
+        fleet.add_node(node, gpus=GPUS)
+        _publish_slice(fleet, node)
+    return names
+
+
+def _all_rules(fleet: operator_harness.Fleet, nodes: list[str]) -> list[str]:
+    return sorted(name for node in nodes for name in _rules_of(fleet, node))
+
+
+def test_overlapping_policies_isolate_no_more_gpus_than_each_allows(fleet: operator_harness.Fleet) -> None:
+    """Two IsolateGPU policies over the same two nodes, each with maxUnavailableGPUs 1: one GPU is
+    isolated between them; the other waits (Pending), neither isolated nor drained."""
+    first, second = _dra_nodes(fleet, 2)
+    _policy(fleet, maxUnavailableGPUs=1)
+    fleet.policy(
+        f"{fleet.label}-too",
+        {
+            "maxUnavailableGPUs": 1,
+            "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "IsolateGPU"}],
+            "recovery": {"uncordon": True, "healthyForSeconds": 2},
+        },
+    )
+    fleet.report(first, _ecc(1))
+    waiting.wait_until(
+        lambda: _all_rules(fleet, [first, second]) == [device_taints.rule_name(first, FAULTY)],
+        timeout_seconds=TIMEOUT,
+        message="the first GPU isolated",
+    )
+    fleet.report(second, _ecc(1))
+    waiting.wait_until(
+        lambda: fleet.gpunode(second).get("status", {}).get("action") == "Pending",
+        timeout_seconds=TIMEOUT,
+        message="the second GPU waits for the budget both policies share",
+    )
+    waiting.holds(
+        lambda: (
+            len(_all_rules(fleet, [first, second])) == 1
+            and not fleet.node(second)["spec"].get("unschedulable")
+        ),
+        seconds=3,
+        message="one GPU isolated in all, and the waiting node not drained",
+    )
+
+
+def test_an_open_breaker_holds_new_isolations_back(fleet: operator_harness.Fleet) -> None:
+    """A storm on 4 DRA nodes under a breaker that allows 1 new Unhealthy node: at most 1 rule."""
+    nodes = _dra_nodes(fleet, 4)
+    _policy(fleet, maxUnavailableGPUs="100%", breaker={"maxNewUnhealthy": 1})
+    for node in nodes:
+        fleet.report(node, _ecc(1))
+    waiting.wait_until(
+        lambda: sum(fleet.gpunode(n).get("status", {}).get("action") == "Pending" for n in nodes) >= 3,
+        timeout_seconds=TIMEOUT,
+        message="the storm's later GPUs wait for the breaker",
+    )
+    assert len(_all_rules(fleet, nodes)) <= 1
+    assert not any(fleet.node(n)["spec"].get("unschedulable") for n in nodes)
