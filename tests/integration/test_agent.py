@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client, watch
 
+import operator_harness
 from gpuhealth_agent import reporter, runner, scenario, simulated
 from gpuhealth_api import keys, resources
 from gpuhealth_sim import controlplane, waiting
@@ -333,3 +334,66 @@ def test_a_time_sliced_node_beyond_64_replicas_keeps_reporting_its_8_gpus(
     assert not any(g.get("lost") for g in status["gpus"])
     assert status["agent"]["expectedGpuCount"] == 8
     assert status["agent"]["maxGpuCountSeen"] == 8
+
+
+def test_an_agent_that_sees_no_gpu_makes_its_node_unknown_and_nothing_is_cordoned(
+    crds: controlplane.ControlPlane, k8s: client.ApiClient, node: str, tmp_path: Path
+) -> None:
+    """Issue 24, item 16: the container runtime hides the GPUs from the agent (`visibleGpus: 0`)
+    on a Node labelled with 8 GPUs. Before, the agent reported 8 lost GPUs and the operator drained
+    the node (GPULost) - on every node at once. Now the agent reports its own error and the node is
+    Unknown (condition AgentError) while the operator drains a real fault beside it."""
+    core = client.CoreV1Api(k8s)
+    custom = client.CustomObjectsApi(k8s)
+    selector = {"gpuhealth.io/test-blind": node[-40:]}
+    faulty = f"{node[:50]}-ctl"
+    core.create_node(body=node_manifest(faulty))
+    labels = {keys.GPU_COUNT_LABEL: "8", **selector}
+    for name in (node, faulty):
+        core.patch_node(name, {"metadata": {"labels": labels}})
+    policy = f"blind-{abs(hash(node)) % 10**6}"
+    spec = {
+        "nodeSelector": {"matchLabels": selector},
+        "maxUnavailable": 2,
+        "breaker": {"maxNewUnhealthy": "100%"},
+        "rules": [
+            {"name": "lost", "condition": "GPULost", "action": "Drain"},
+            {"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"},
+        ],
+    }
+    body = {"apiVersion": resources.API_VERSION, "kind": resources.POLICY_KIND, "metadata": {"name": policy}}
+    custom.create_cluster_custom_object(
+        resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, {**body, "spec": spec}
+    )
+    blind = HEALTHY + "visibleGpus: 0\n"
+    ecc = HEALTHY + "timeline:\n- {after: 1s, gpu: 2, set: {eccUncorrectedVolatile: 1}}\n"
+    try:
+        with (
+            operator_harness.leading_operator(crds.kubeconfig, k8s, tmp_path / "operator.log", "blind"),
+            InProcessAgent(k8s, node, blind, interval=0.5, heartbeat=60, count_from_scenario=False),
+            InProcessAgent(k8s, faulty, ecc, interval=0.5, heartbeat=60, count_from_scenario=False),
+        ):
+            waiting.wait_until(
+                lambda: core.read_node(faulty).spec.unschedulable,
+                timeout_seconds=60,
+                message=f"the operator cordons {faulty} for its ECC fault",
+            )
+            found = waiting.wait_until(
+                lambda: (g := gpunode(k8s, node)) and g.get("status", {}).get("health") == "Unknown" and g,
+                timeout_seconds=30,
+                message=f"GPUNode {node} Unknown",
+            )
+            status = found["status"]
+            assert status["agent"]["error"]["reason"] == "NoGPUsVisible"
+            assert status["gpus"] == []
+            conditions = {c["type"]: c["status"] for c in status["conditions"]}
+            assert conditions["AgentError"] == "True"
+            assert conditions.get("GPULost") != "True"
+            blind_node = core.read_node(node)
+            assert not blind_node.spec.unschedulable
+            assert keys.CORDONED_BY_ANNOTATION not in (blind_node.metadata.annotations or {})
+    finally:
+        custom.delete_cluster_custom_object(
+            resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, policy
+        )
+        core.delete_node(faulty)
