@@ -11,7 +11,11 @@ them. Through Prometheus's HTTP API the test watches:
   (GPUHealthAgentsStale) and its /metrics stops answering
   (GPUHealthAgentScrapeDown), each pending then firing;
 - recovery (the GPU replaced, the agent resumed): all three resolve;
-- every expression of the Grafana dashboard returns data.
+- every expression of the Grafana dashboard returns data, and every series it
+  reads (through the recording rules too) exists: a panel whose only data is
+  a rule's `or vector(0)` fallback fails. kube-state-metrics'
+  `kube_node_spec_unschedulable` (the cordon and idle records) comes from a
+  stand-in that serves it from the Nodes' `spec.unschedulable`.
 
 Timings: the chart's `for:` values are rendered at their minimum (1 minute,
 `metrics.prometheusRule.*ForMinutes=1`); rule groups are evaluated every
@@ -21,14 +25,18 @@ second instead of the chart's 1 m for the recording rules. Without
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import re
 import shutil
 import signal
+import threading
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Iterator
+from http import server
 from pathlib import Path
 from typing import Any, Final
 
@@ -76,6 +84,78 @@ def scenario(timeline: list[dict[str, Any]] | None = None) -> str:
         },
         sort_keys=False,
     )
+
+
+TOKEN: Final = re.compile(
+    r'"(?:[^"\\]|\\.)*"|[a-zA-Z_:][a-zA-Z0-9_:]*|\d+[smhdwy]|[0-9.]+(?:e[+-]?\d+)?|=~|!~|!=|==|>=|<=|\S'
+)
+GROUPING: Final = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
+PROMQL_WORDS: Final = GROUPING | {"bool", "and", "or", "unless", "offset"}
+
+
+def series_read(expr: str, records: dict[str, str]) -> set[str]:
+    """The raw series `expr` reads, through the recording rules it names (`records`: record → its
+    expression): names neither called nor PromQL words, outside label matchers, ranges and groupings
+    (test_alert_rules.py's reader, cut down)."""
+    tokens = TOKEN.findall(expr)
+    names: set[str] = set()
+    i = 0
+    while i < len(tokens):
+        token, following = tokens[i], tokens[i + 1] if i + 1 < len(tokens) else ""
+        if token in ("[", "{"):  # a range, or a selector's matchers
+            i = tokens.index("]" if token == "[" else "}", i) + 1
+            continue
+        if token in GROUPING and following == "(":
+            i = tokens.index(")", i) + 1
+            continue
+        named = re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", token) and token not in PROMQL_WORDS
+        if named and following != "(" and following not in GROUPING:
+            names |= series_read(records[token], records) if token in records else {token}
+        i += 1
+    return names
+
+
+def test_series_read_follows_the_records_and_skips_words_and_strings() -> None:
+    records = {"a:b:sum": 'sum(x_total{y="z"}) or vector(0)'}
+    read = series_read("sum by (le) (rate(h_bucket[5m])) * on (node) group_left () a:b:sum > bool 1", records)
+    assert read == {"h_bucket", "x_total"}
+
+
+class KubeStateMetrics:
+    """A stand-in for kube-state-metrics: `kube_node_spec_unschedulable` of the mission's Nodes."""
+
+    def __init__(self, cordoned: Callable[[str], bool], nodes: list[str]) -> None:
+        metrics = self
+
+        class Handler(server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = metrics.exposition().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.cordoned, self.nodes = cordoned, nodes
+        self.http = server.ThreadingHTTPServer((ports.LOOPBACK, 0), Handler)
+        self.port = self.http.server_address[1]
+
+    def exposition(self) -> str:
+        lines = ["# TYPE kube_node_spec_unschedulable gauge"]
+        lines += [f'kube_node_spec_unschedulable{{node="{n}"}} {int(self.cordoned(n))}' for n in self.nodes]
+        return "\n".join(lines) + "\n"
+
+    def serving(self) -> Iterator[None]:
+        thread = threading.Thread(target=self.http.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            self.http.shutdown()
+            self.http.server_close()
 
 
 def chart_rules(helm: Path) -> dict[str, Any]:
@@ -174,6 +254,7 @@ def test_alerts_fire_and_resolve_and_every_dashboard_query_has_data(
     )
     for node in (hung, spare):
         mission.start_agent(node, scenario(), metrics_port=agent_ports[node])
+    state_metrics = KubeStateMetrics(mission.cordoned, [sick, hung, spare])
 
     config = {
         "global": {"scrape_interval": INTERVAL, "scrape_timeout": INTERVAL, "evaluation_interval": INTERVAL},
@@ -190,12 +271,18 @@ def test_alerts_fire_and_resolve_and_every_dashboard_query_has_data(
                 "job_name": f"{RELEASE}-gpu-health-operator-metrics",
                 "static_configs": [{"targets": [f"{ports.LOOPBACK}:{mission.operator.metrics_port}"]}],
             },
+            {
+                "job_name": "kube-state-metrics",
+                "static_configs": [{"targets": [f"{ports.LOOPBACK}:{state_metrics.port}"]}],
+            },
         ],
     }
     prometheus = Prometheus(prometheus_binary, tmp_path, config, rules)
     prometheus.process.start()
+    serving = contextlib.contextmanager(state_metrics.serving)
     try:
-        run(mission, prometheus, policy, sick, hung, agent_ports)
+        with serving():
+            run(mission, prometheus, policy, sick, hung, agent_ports, rules)
     except BaseException:
         print(f"----- prometheus ({prometheus.process.log_path}) -----\n{prometheus.process.log_tail(30)}")
         raise
@@ -204,7 +291,13 @@ def test_alerts_fire_and_resolve_and_every_dashboard_query_has_data(
 
 
 def run(
-    mission: Any, prometheus: Prometheus, policy: str, sick: str, hung: str, agent_ports: dict[str, int]
+    mission: Any,
+    prometheus: Prometheus,
+    policy: str,
+    sick: str,
+    hung: str,
+    agent_ports: dict[str, int],
+    rules: dict[str, Any],
 ) -> None:
     def wait(predicate: Any, message: str, timeout: float = SETTLE_TIMEOUT_SECONDS) -> Any:
         def check() -> Any:
@@ -219,9 +312,9 @@ def run(
     assert {r["health"] for g in groups for r in g["rules"]} <= {"ok", "unknown"}, groups
     wait(
         lambda: (
-            len([t for t in prometheus.get("/api/v1/targets")["activeTargets"] if t["health"] == "up"]) == 4
+            len([t for t in prometheus.get("/api/v1/targets")["activeTargets"] if t["health"] == "up"]) == 5
         ),
-        "every agent and the operator scraped",
+        "every agent, the operator and kube-state-metrics scraped",
     )
 
     # A DBE: the node is Unhealthy, the alert goes pending (for: 1m), then fires; nothing else fires.
@@ -284,11 +377,12 @@ def run(
     ):
         wait(lambda name=name, labels=labels: prometheus.state(name, **labels) is None, f"{name} resolved")
 
-    # Every dashboard query, its variables substituted as Grafana would, returns data.
-    check_dashboard(prometheus, wait)
+    # Every dashboard query, its variables substituted as Grafana would, returns data from real series.
+    records = {r["record"]: r["expr"] for g in rules["groups"] for r in g["rules"] if "record" in r}
+    check_dashboard(prometheus, wait, records)
 
 
-def check_dashboard(prometheus: Prometheus, wait: Any) -> None:
+def check_dashboard(prometheus: Prometheus, wait: Any, records: dict[str, str]) -> None:
     board = json.loads(DASHBOARD.read_text())
     variables: dict[str, str] = {}
     for variable in board["templating"]["list"]:
@@ -314,3 +408,10 @@ def check_dashboard(prometheus: Prometheus, wait: Any) -> None:
         except TimeoutError:
             empty[expr] = query
     assert not empty, f"dashboard queries without data: {empty}"
+    # Data is not enough: `or vector(0)` in a record answers 0 with none of its series scraped.
+    missing = {
+        expr: sorted(name for name in series_read(expr, records) if not prometheus.query(f"group({name})"))
+        for expr in exprs
+    }
+    missing = {expr: names for expr, names in missing.items() if names}
+    assert not missing, f"dashboard queries whose series Prometheus does not have: {missing}"
