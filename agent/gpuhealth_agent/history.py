@@ -29,9 +29,11 @@ def looks_reset(before: status.GPUStatus, after: status.GPUStatus) -> bool:
     if before.get("lost", False):
         return True
     old_ecc, new_ecc = before.get("ecc", {}), after.get("ecc", {})
-    for counter in ("correctedVolatile", "uncorrectedVolatile"):
-        # Both read: a count that cannot be read now (absent, unreadable) is no count of 0.
-        old, new = old_ecc.get(counter), new_ecc.get(counter)
+    # Both read: a count that cannot be read now (absent, unreadable) is no count of 0.
+    for old, new in (
+        (old_ecc.get("correctedVolatile"), new_ecc.get("correctedVolatile")),
+        (old_ecc.get("uncorrectedVolatile"), new_ecc.get("uncorrectedVolatile")),
+    ):
         if old is not None and new is not None and new < old:
             return True
     if (
