@@ -76,6 +76,10 @@ async def support(ctx: context.Context, policy: model.Policy) -> isolation.Suppo
     if not found.definite:
         found = dataclasses.replace(found, at=now)
     ctx.isolation_support[policy.name] = found
+    if found.api_version is not None:  # the version discovery served: `sweep` finds rules by it later
+        ctx.isolation_discovery.put(
+            ALL, isolation.Support(0, found.api_version, DISCOVERY_ONLY, definite=False), now
+        )
     if found.definite:
         logger.info("policy %s: DeviceTaintRules: %s", policy.name, found.message)
     else:
@@ -169,12 +173,19 @@ async def sweep(ctx: context.Context, now: datetime.datetime) -> None:
 
 async def _any_version(ctx: context.Context, now: datetime.datetime) -> str | None:
     """The version rules are in: a probe's, else discovery's (gpu-health wrote none where none is served);
-    None without a reason to look (after a restart, GPUNode status still lists the isolated GPUs)."""
+    None without a reason to look: after the term's first look, an isolating policy, a recent probe
+    (the last isolating policy was just deleted) or a GPUNode status listing isolated GPUs."""
     for known in ctx.isolation_support.values():
         if known.definite and known.api_version is not None:
             return known.api_version
-    if not any(isolates(p) for p in ctx.cache.policies.values()) and not any(
-        g.status.get(STATUS_FIELD) for g in ctx.cache.gpunodes.values()
+    seen = ctx.isolation_discovery.get(ALL, now)  # also what the last probe found (`support`)
+    if seen is not None:
+        return seen.api_version
+    first = not len(ctx.isolation_discovery) and bool(ctx.cache.gpunodes)  # the term's first look
+    if (
+        not first
+        and not any(isolates(p) for p in ctx.cache.policies.values())
+        and not any(g.status.get(STATUS_FIELD) for g in ctx.cache.gpunodes.values())
     ):
         return None  # no isolating policy and no GPU said isolated: no rule of ours to look for
     try:

@@ -420,3 +420,39 @@ def test_a_drill_while_the_probe_has_no_answer_says_the_gpu_would_wait() -> None
         assert not ctx.isolation_support["iso"].definite, "the drill stored no answer"
 
     asyncio.run(scenario())
+
+
+def drain_policy() -> dict[str, Any]:
+    body = policy_body("drain")
+    body["spec"]["rules"] = [{"name": "xid", "condition": "XidCritical", "action": "Drain"}]
+    return body
+
+
+@pytest.mark.parametrize("restarted", [False, True])
+def test_the_last_isolating_policy_deleted_beside_another_policy_has_its_rule_restored(
+    restarted: bool,
+) -> None:
+    """A Drain policy selects the node too and rewrites its GPUNode status (no isolated GPUs listed
+    any more) before the sweep: the rule is still found, live and after a restart."""
+
+    async def scenario() -> None:
+        cluster, clock = Cluster(), Clock()
+        ctx = await start(cluster, clock, ("n",), policy_body("iso"), drain_policy())
+        await report(cluster, ctx, "n")
+        assert cluster.node_rules()
+        if restarted:
+            cluster.policies.pop("iso")
+            ctx = new_context(cluster, clock)
+            await handlers.on_policy(event("ADDED", cluster.policies["drain"]), memo=ctx)
+            await handlers.on_node(event("ADDED", cluster.nodes["n"]), memo=ctx)
+            await handlers.on_gpunode(event("ADDED", cluster.gpunodes["n"]), memo=ctx)
+        else:
+            await delete_policy(cluster, ctx, "iso")
+        for _ in range(3):
+            clock.now += datetime.timedelta(seconds=1)
+            await report(cluster, ctx, "n")
+            await ticker.tick(ctx, full=True)
+        assert not cluster.gpunodes["n"]["status"].get(isolating.STATUS_FIELD)
+        assert cluster.node_rules() == {}
+
+    asyncio.run(scenario())
