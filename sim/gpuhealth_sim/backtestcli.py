@@ -3,6 +3,7 @@
 gpu-health-sim record --kubeconfig K --out TRACE [--max-seconds S] [--max-bytes B]
 gpu-health-sim trace generate --node-days N --seed S --out TRACE [--nodes K] [--sample-seconds P]
     [--heartbeat-seconds H]
+gpu-health-sim trace import --prometheus URL --since 14d [--step 60s] --out TRACE
 gpu-health-sim backtest --policy P.yaml [--policy Q.yaml] --trace TRACE [--score] [-o json]
 """
 
@@ -18,17 +19,20 @@ import pathlib
 import signal
 import sys
 import threading
+import time
 from types import FrameType
 from typing import Any
 
 from kubernetes import client, config
 
-from gpuhealth_api import heartbeats
+from gpuhealth_api import heartbeats, timestamps
 from gpuhealth_operator import settings
-from gpuhealth_sim import backtest, scoring, tracegen, tracerecord, traces
+from gpuhealth_sim import backtest, progress, prometheus_import, scoring, tracegen, tracerecord, traces
 
 USAGE_ERROR = 2
 INVALID_INPUT = 3
+PROGRESS_SECONDS = 5.0
+"""At most this often a progress line of `record` and `trace import` on stderr (`--quiet`: none)."""
 
 
 def add_commands(commands: Any) -> None:
@@ -52,7 +56,10 @@ def add_commands(commands: Any) -> None:
         help="label selector of the agents' pods, the operator's --agent-pod-selector (default: the chart's, "
         "%(default)s); an empty one records no pods",
     )
-    trace = commands.add_parser("trace", help="write synthetic labelled traces (docs/backtest.md)")
+    record.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    trace = commands.add_parser(
+        "trace", help="write synthetic labelled traces, or import one from Prometheus (docs/backtest.md)"
+    )
     actions = trace.add_subparsers(dest="trace_command", required=True)
     generate = actions.add_parser(
         "generate",
@@ -76,6 +83,7 @@ def add_commands(commands: Any) -> None:
         help="the agent writes a sample on a significant change or after this long without a write "
         f"(default {heartbeats.DEFAULT_HEARTBEAT_SECONDS}, the agent's); 0: every sample",
     )
+    add_import(actions)
 
     replay = commands.add_parser(
         "backtest",
@@ -92,9 +100,53 @@ def add_commands(commands: Any) -> None:
     )
 
 
+def add_import(actions: Any) -> None:
+    """`trace import`: a trace from the agent's (or dcgm-exporter's) series in Prometheus."""
+    imported = actions.add_parser(
+        "import",
+        help="build a trace from the series Prometheus holds (backtest without having recorded)",
+        description="Read the agent's per-GPU series (or dcgm-exporter's) from Prometheus' HTTP API at every "
+        "--step over the window and write a trace of each node's GPUNode facts (no agent pods, no ground "
+        "truth; docs/backtest.md, \"From Prometheus\").",
+    )
+    imported.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus' base URL")
+    imported.add_argument("--out", type=pathlib.Path, required=True, help="trace file to write")
+    imported.add_argument("--since", default="7d", help="window length before --until (default 7d; e.g. 14d)")
+    imported.add_argument("--until", help="window end: epoch seconds or RFC 3339 (default: now)")
+    imported.add_argument(
+        "--step", default="60s", help="sampling resolution: one value per series per step (default 60s)"
+    )
+    imported.add_argument(
+        "--source",
+        choices=[prometheus_import.AGENT, prometheus_import.DCGM],
+        default=prometheus_import.AGENT,
+        help="whose series: the gpu-health agent's (default) or dcgm-exporter's (DCGM_FI_DEV_*)",
+    )
+    imported.add_argument("--selector", default="", help='extra label matchers for every query, e.g. job="x"')
+    imported.add_argument(
+        "--node-label",
+        help=f"label naming a series' node (default: first of {', '.join(prometheus_import.NODE_LABELS)})",
+    )
+    imported.add_argument(
+        "--node-labels",
+        default="",
+        help="labels every imported Node gets, K=V,... (so a policy's nodeSelector selects them)",
+    )
+    imported.add_argument(
+        "--heartbeat-seconds",
+        type=float,
+        default=float(heartbeats.DEFAULT_HEARTBEAT_SECONDS),
+        help="write a status on a significant change or after this long, as the agent does "
+        f"(default {heartbeats.DEFAULT_HEARTBEAT_SECONDS}); 0: every step",
+    )
+    imported.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.command == "record":
         return _record(args)
+    if args.command == "trace" and args.trace_command == "import":
+        return _import(args)
     if args.command == "trace":
         return _generate(args)
     return _backtest(args)
@@ -132,6 +184,8 @@ def _record(args: argparse.Namespace) -> int:
         print(f"recording to {args.out} (Ctrl-C stops)", file=sys.stderr, flush=True)
         for warning in recorder.warnings:
             print(f"gpu-health-sim: warning: {warning}", file=sys.stderr, flush=True)
+        if not args.quiet:
+            _report_progress(recorder, args.max_seconds)
         recorder.wait(stop)
     except OSError as error:
         print(f"gpu-health-sim: {args.out}: {error.strerror or error}", file=sys.stderr)
@@ -144,6 +198,79 @@ def _record(args: argparse.Namespace) -> int:
         for number, handler in previous.items():
             signal.signal(number, handler)
     print(f"{args.out}: {recorder.records} records ({recorder.reason})")
+    return 0
+
+
+def _report_progress(recorder: tracerecord.Recorder, max_seconds: float | None) -> None:
+    """Records written and time covered on stderr, every few seconds until the recording ends."""
+    shown = progress.Progress(every_seconds=PROGRESS_SECONDS)
+
+    def report() -> None:
+        while not recorder.done.wait(1.0):
+            shown.update(recorder.records, time.time() - recorder.started_at, max_seconds)
+
+    threading.Thread(target=report, name="record-progress", daemon=True).start()
+
+
+def _window(args: argparse.Namespace) -> tuple[float, float, float, dict[str, str]] | str:
+    """(start, end, step, node labels) of `trace import`, or what is wrong with its flags."""
+    try:
+        since = prometheus_import.parse_duration(args.since)
+        step = prometheus_import.parse_duration(args.step)
+    except ValueError as error:
+        return f"--since/--step: {error}"
+    end = time.time()
+    if args.until is not None:
+        try:
+            end = float(args.until)
+        except ValueError:
+            try:
+                end = timestamps.parse(args.until)
+            except ValueError:
+                return f"--until: not epoch seconds or an RFC 3339 time: {args.until!r}"
+    if not math.isfinite(end) or end - since < 0:
+        return f"--until {args.until} with --since {args.since} starts before 1970"
+    if not (math.isfinite(args.heartbeat_seconds) and args.heartbeat_seconds >= 0):
+        return "--heartbeat-seconds must be 0 or more"
+    labels: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in args.node_labels.split(","))):
+        key, equals, value = item.partition("=")
+        if not equals or not key:
+            return f"--node-labels: {item!r} is not KEY=VALUE"
+        labels[key] = value
+    return end - since, end, step, labels
+
+
+def _import(args: argparse.Namespace) -> int:
+    window = _window(args)
+    if isinstance(window, str):
+        print(f"gpu-health-sim: {window}", file=sys.stderr)
+        return USAGE_ERROR
+    start, end, step, labels = window
+    options = prometheus_import.Options(
+        url=args.prometheus,
+        start=start,
+        end=end,
+        step=step,
+        source=args.source,
+        selector=args.selector,
+        node_label=args.node_label,
+        node_labels=labels,
+        heartbeat_seconds=args.heartbeat_seconds,
+    )
+    shown = None if args.quiet else progress.Progress(every_seconds=PROGRESS_SECONDS)
+    try:
+        counts = prometheus_import.run(options, args.out, prometheus_import.HttpFetch(args.prometheus), shown)
+    except prometheus_import.PrometheusError as error:
+        print(f"gpu-health-sim: {error}", file=sys.stderr)
+        return INVALID_INPUT
+    except OSError as error:
+        print(f"gpu-health-sim: cannot write {args.out}: {error.strerror or error}", file=sys.stderr)
+        return INVALID_INPUT
+    print(
+        f"{args.out}: {counts.nodes} nodes, {counts.records} records, {counts.steps} steps of {step:g}s "
+        f"from {timestamps.rfc3339(start)} ({counts.queries} queries)"
+    )
     return 0
 
 
