@@ -24,6 +24,7 @@ COPY api/ api/
 COPY agent/ agent/
 COPY operator/ operator/
 COPY sim/ sim/
+COPY plugin/ plugin/
 RUN pip wheel --wheel-dir /wheels . \
  && python -m venv /opt/gpu-health \
  && /opt/gpu-health/bin/pip install --no-index --find-links /wheels gpu-health \

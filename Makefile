@@ -54,7 +54,7 @@ e2e: venv testbin ## Run end-to-end tests (helm chart, real processes)
 .PHONY: lint
 lint: venv ## ruff, mypy, import-linter, helm lint, promtool check rules
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check api agent operator sim
+	$(BIN)/ruff format --check api agent operator sim plugin
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(MAKE) --no-print-directory lint-chart
@@ -67,7 +67,7 @@ lint-chart: venv testbin ## helm lint every chart values variant; CRD copy not d
 
 .PHONY: fmt
 fmt: venv ## Format the code
-	$(BIN)/ruff format api agent operator sim tests bench
+	$(BIN)/ruff format api agent operator sim plugin tests bench
 	$(BIN)/ruff check --fix .
 
 .PHONY: bench

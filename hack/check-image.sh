@@ -52,7 +52,7 @@ if [[ "${KEEP_TMP:-0}" != 1 ]]; then trap 'rm -rf "${tmp}"' EXIT; else echo "scr
 # so a file missing from the context fails here as it would in `docker build`.
 mkdir -p "${tmp}/src"
 (cd "${root}" && tar --exclude='__pycache__' --exclude='*.pyc' --exclude='*.egg-info' \
-   -cf - pyproject.toml README.md api agent operator sim) | tar -xf - -C "${tmp}/src"
+   -cf - pyproject.toml README.md api agent operator sim plugin) | tar -xf - -C "${tmp}/src"
 if (cd "${tmp}/src" && "${python}" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "${tmp}/wheels" .); then
   for wheel in "${tmp}"/wheels/*.whl; do echo "  wheel: ${wheel##*/}"; done
 else

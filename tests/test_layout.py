@@ -8,6 +8,7 @@ SOURCE_ROOTS = {
     "agent": "gpuhealth_agent",
     "operator": "gpuhealth_operator",
     "sim": "gpuhealth_sim",
+    "plugin": "gpuhealth_kubectl",
 }
 
 

@@ -1,0 +1,147 @@
+"""The plugin's only I/O: read and patch gpu-health's objects through the Kubernetes client.
+
+Bodies are read raw (`_preload_content=False`) and returned as plain dicts: the
+rendering in `views` is pure and sees exactly what `kubectl get -o json` shows.
+A kubeconfig that cannot be loaded and an API server that cannot be reached
+raise `Unreachable`, which the CLI turns into one line and exit code 3.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Final
+
+import urllib3.exceptions
+import yaml
+from kubernetes import client, config
+
+from gpuhealth_api import resources
+
+TIMEOUT: Final = (5.0, 30.0)
+"""Connect and read timeouts of every request: an unreachable cluster is said in seconds, not minutes."""
+
+Body = dict[str, Any]
+
+
+class Unreachable(Exception):
+    """No usable kubeconfig, or the API server does not answer (or refuses our credentials)."""
+
+
+class NotFound(Exception):
+    """The named object does not exist."""
+
+
+class ApiError(Exception):
+    """The API server answered with an error other than 404 (RBAC, validation, conflict)."""
+
+
+class Cluster:
+    """One API server, as the kubeconfig's (or `--context`'s) context names it."""
+
+    def __init__(self, kubeconfig: str | None = None, context: str | None = None) -> None:
+        configuration = client.Configuration()
+        try:
+            # None: $KUBECONFIG (every listed file, merged as kubectl does), else ~/.kube/config.
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, context=context, client_configuration=configuration
+            )
+        except (config.ConfigException, yaml.YAMLError, OSError, ValueError, TypeError, KeyError) as error:
+            where = kubeconfig or "$KUBECONFIG or ~/.kube/config"
+            raise Unreachable(f"cannot load kubeconfig ({where}): {_one_line(error)}") from error
+        configuration.retries = 0
+        self.server: str = configuration.host
+        self._api = client.ApiClient(configuration)
+        self._core = client.CoreV1Api(self._api)
+        self._custom = client.CustomObjectsApi(self._api)
+
+    def close(self) -> None:
+        self._api.close()  # type: ignore[no-untyped-call]
+
+    # Reads.
+
+    def policies(self) -> list[Body]:
+        return self._items(self._custom.list_cluster_custom_object, *_crd(resources.POLICY_PLURAL))
+
+    def policy(self, name: str) -> Body:
+        return self._call(self._custom.get_cluster_custom_object, *_crd(resources.POLICY_PLURAL), name)
+
+    def gpunodes(self) -> list[Body]:
+        return self._items(self._custom.list_cluster_custom_object, *_crd(resources.GPUNODE_PLURAL))
+
+    def gpunode(self, name: str) -> Body | None:
+        try:
+            return self._call(self._custom.get_cluster_custom_object, *_crd(resources.GPUNODE_PLURAL), name)
+        except NotFound:
+            return None
+
+    def nodes(self) -> list[Body]:
+        return self._items(self._core.list_node)
+
+    def node(self, name: str) -> Body | None:
+        try:
+            return self._call(self._core.read_node, name)
+        except NotFound:
+            return None
+
+    def events(self, name: str) -> list[Body]:
+        """Events about the Node or the GPUNode `name`, in every namespace (the operator posts in default)."""
+        return self._items(
+            self._core.list_event_for_all_namespaces, field_selector=f"involvedObject.name={name}"
+        )
+
+    # Writes: merge patches of exactly the fields the docs tell a human to change.
+
+    def patch_policy(self, name: str, patch: Mapping[str, Any]) -> Body:
+        return self._call(
+            self._custom.patch_cluster_custom_object,
+            *_crd(resources.POLICY_PLURAL),
+            name,
+            dict(patch),
+            _content_type="application/merge-patch+json",
+        )
+
+    def annotate_gpunode(self, name: str, annotations: Mapping[str, str | None]) -> Body:
+        return self._call(
+            self._custom.patch_cluster_custom_object,
+            *_crd(resources.GPUNODE_PLURAL),
+            name,
+            {"metadata": {"annotations": dict(annotations)}},
+            _content_type="application/merge-patch+json",
+        )
+
+    def _items(self, method: Any, *args: Any, **kwargs: Any) -> list[Body]:
+        items: list[Body] = self._call(method, *args, **kwargs).get("items") or []
+        return items
+
+    def _call(self, method: Any, *args: Any, **kwargs: Any) -> Body:
+        try:
+            response = method(*args, _preload_content=False, _request_timeout=TIMEOUT, **kwargs)
+        except client.ApiException as error:
+            if error.status == 404:
+                raise NotFound(_message(error)) from error
+            if error.status == 401:
+                raise Unreachable(f"the API server at {self.server} refused our credentials (401)") from error
+            raise ApiError(f"the API server said {error.status}: {_message(error)}") from error
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            raise Unreachable(f"cannot reach the API server at {self.server}: {_one_line(error)}") from error
+        body: Body = json.loads(response.data)
+        return body
+
+
+def _crd(plural: str) -> tuple[str, str, str]:
+    return resources.GROUP, resources.VERSION, plural
+
+
+def _message(error: Any) -> str:
+    """The Status message of an API error, else its reason."""
+    try:
+        message = json.loads(error.body).get("message")
+    except (TypeError, ValueError, AttributeError):
+        message = None
+    return str(message or error.reason)
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text[:300] if text else type(error).__name__
