@@ -54,7 +54,8 @@ async def announce(ctx: context.Context, now: datetime.datetime) -> None:
                 vocabulary.EventReason.REMEDIATION_PAUSED,
                 f"Policy {name} paused new cordons and drains: {state.reason}. Cordoned nodes stay and "
                 "running drains go on. It half-opens by itself after the window once the storm has ended "
-                "(fewer nodes than the limit still Unhealthy and held back), else it stays open until "
+                "(no more of its nodes than the limit still Unhealthy and held back), else it stays open "
+                "until "
                 f"`kubectl annotate --overwrite ghp {name} {keys.BREAKER_RESET_ANNOTATION}=$(date +%s)` "
                 "resumes it.",
                 events.WARNING,

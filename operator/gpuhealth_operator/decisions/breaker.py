@@ -10,7 +10,7 @@ It recovers by itself once the storm has ended, like a classic circuit breaker:
 
     Closed   --more than the limit new in the window-->   Open
     Open     --a window after opening, fewer than the limit new in the last window,
-               and fewer than the limit of the storm's nodes still held back Unhealthy-->  HalfOpen
+               and no more than the limit of the storm's nodes still held back Unhealthy-->  HalfOpen
     HalfOpen --one node admitted (the trial); PROBE later and no re-trip-->  Closed
     HalfOpen --more than the limit new in the window-->   Open
     any      --manual reset-->  Closed (nodes that turned Unhealthy before the reset no longer count)
@@ -19,8 +19,12 @@ It recovers by itself once the storm has ended, like a classic circuit breaker:
 on: a bad driver rollout leaves its nodes Unhealthy, and a window later none
 of them is new. So an open breaker also counts the storm's nodes it still
 holds back (turned Unhealthy since the window before it opened, Unhealthy
-now, wanting a cordon or drain not yet made); while `limit` or more are, it
-stays open until a human resets it (annotation gpuhealth.io/breaker-reset).
+now, wanting a cordon, drain or isolation not yet made); while more than
+`limit` are, it stays open until a human resets it (annotation
+gpuhealth.io/breaker-reset). Up to `limit` may be let go: a closed breaker
+lets that many turn Unhealthy in a window and be acted on at once, so a small
+storm (`limit` 1 on a fleet under 40 nodes at the default 5 %: two faults in
+ten minutes) does not wait for a human because its second node is still faulty.
 
 Pure: every function takes `now` and the times nodes turned Unhealthy, and
 returns a new `Breaker`; the same inputs give the same state.
@@ -187,11 +191,11 @@ def step(
     if _seconds(opened, now) < window_seconds or count >= limit or held is None:
         return breaker
     still = storm_held(held, opened, window_seconds, breaker.reset_at)
-    if still >= limit:
+    if still > limit:
         reason = (
             f"the fault storm has not ended: {still} of the selected GPU nodes that turned Unhealthy "
-            f"since it began are still Unhealthy and held back (maxNewUnhealthy={limit}); it stays "
-            f"open until fewer than {limit} are, or a human resumes it "
+            f"since it began are still Unhealthy and held back, more than maxNewUnhealthy={limit}; it "
+            f"stays open until no more than {limit} are, or a human resumes it "
             f"(annotation {keys.BREAKER_RESET_ANNOTATION})"
         )
         return breaker if reason == breaker.reason else dataclasses.replace(breaker, reason=reason)
@@ -203,7 +207,7 @@ def step(
         trial_at=None,
         reason=(
             f"half-open: {count} selected GPU nodes turned Unhealthy in the last {window} and {still} of the "
-            f"storm's nodes are still held back, fewer than maxNewUnhealthy={limit}; admitting one node, "
+            f"storm's nodes are still held back (maxNewUnhealthy={limit}); admitting one node, "
             f"resuming {_words(probe)} later unless the storm returns"
         ),
     )

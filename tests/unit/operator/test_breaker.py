@@ -104,20 +104,25 @@ def test_a_storm_that_has_not_ended_keeps_it_open_after_the_window() -> None:
     assert "has not ended: 18 of the selected GPU nodes" in state.reason
     assert keys.BREAKER_RESET_ANNOTATION in state.reason
     assert breaker.admit(state, "n", at(6001)) == (state, False)
-    # One fewer than the limit still held back: the storm has ended, one node is tried.
-    assert run([(0, 3), (660, 0)], held=storm[:1]).state is State.HALF_OPEN
+    assert run([(0, 3), (660, 0)], held=storm[:3]).state is State.OPEN
+    # No more than the limit still held back (what a closed breaker lets through at once): it has ended.
+    assert run([(0, 3), (660, 0)], held=storm[:2]).state is State.HALF_OPEN
 
 
 def test_faults_older_than_the_storm_do_not_hold_it_open() -> None:
     """Nodes that waited for the budget before the storm began are not the storm's."""
     older = [at(-601), at(-700), at(-5000)]
     assert run([(0, 3), (600, 0)], held=older).state is State.HALF_OPEN
-    assert run([(0, 3), (600, 0)], held=[*older, at(-599), at(300)]).state is State.OPEN  # the storm's two
+    assert run([(0, 3), (600, 0)], held=[*older, at(-599), at(300)]).state is State.HALF_OPEN  # 2: the limit
+    assert run([(0, 3), (600, 0)], held=[*older, at(-599), at(0), at(300)]).state is State.OPEN  # 3 of it
 
 
 def test_the_storm_forgiven_by_a_reset_does_not_hold_it_open() -> None:
     state = breaker.Breaker(state=State.OPEN, since=at(0), reset_at=at(-1))
-    assert breaker.step(state, 0, 2, WINDOW, at(600), held=[at(-10), at(-5), at(-2)]).state is State.HALF_OPEN
+    held = [at(-10), at(-5), at(-2)]
+    assert breaker.step(state, 0, 2, WINDOW, at(600), held=held).state is State.HALF_OPEN
+    unforgiven = dataclasses.replace(state, reset_at=None)
+    assert breaker.step(unforgiven, 0, 2, WINDOW, at(600), held=held).state is State.OPEN
 
 
 def test_a_caller_that_cannot_tell_what_is_held_back_never_half_opens_it() -> None:
@@ -344,12 +349,12 @@ def test_property_the_count_matches_a_plain_filter(turned: list[int], now: int) 
 def test_property_while_the_storm_holds_limit_nodes_back_it_never_leaves_open(
     steps: list[tuple[float, int]], limit: int, window: float
 ) -> None:
-    """However much time passes and however calm, an open breaker with `limit` of its storm's nodes
-    still held back stays open (until a human resets it)."""
+    """However much time passes and however calm, an open breaker with more than `limit` of its storm's
+    nodes still held back stays open (until a human resets it)."""
     state, now = breaker.Breaker(), 0.0
     for gap, count in steps:
         now += gap
-        storm = [at(now)] * limit if state.state is State.OPEN else []  # the storm's nodes, still Unhealthy
+        storm = [at(now)] * (limit + 1) if state.state is State.OPEN else []  # the storm's, still Unhealthy
         before = state.state
         state = breaker.step(state, count, limit, window, at(now), held=storm)
         if before is State.OPEN:

@@ -84,8 +84,10 @@ def test_a_new_process_takes_up_an_open_breaker_from_the_policy_status() -> None
     restarted.note_reset("p", written("FaultStorm", since=5))
     state = restarted.states["p"]
     assert (state.state, state.since, state.reason) == (breaker.State.OPEN, at(5), "why")
-    # The storm's node is still held back a window later: it stays open; once it recovers, half-open.
-    assert restarted.current(POLICY, 10, {"a": at(0)}, at(700), held=[at(0)]).state is breaker.State.OPEN
+    # The storm's nodes are still held back a window later: it stays open; once they recover, half-open.
+    assert (
+        restarted.current(POLICY, 10, {"a": at(0)}, at(700), held=[at(0), at(1)]).state is breaker.State.OPEN
+    )
     assert restarted.current(POLICY, 10, {"a": at(0)}, at(701), held=[]).state is breaker.State.HALF_OPEN
 
 
