@@ -47,7 +47,8 @@ def candidates(words: Sequence[str], names: Names) -> list[str]:
     if command in {"why", "drill"} and argument == 0:
         return _matching(names("nodes"), current)
     if command == "drill" and argument == 1:
-        return _matching([c.value for c in vocabulary.Condition], current)
+        # Any case, as `drill` accepts it: "ecc" completes to EccUncorrectable.
+        return [c.value for c in vocabulary.Condition if c.value.lower().startswith(current.lower())]
     if command in {"pause", "resume"} and argument == 0:
         return _matching(names("policies"), current)
     if command == "completion" and argument == 0:

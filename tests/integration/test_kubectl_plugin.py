@@ -139,6 +139,8 @@ def test_drill_starts_the_operators_fire_drill_and_stops_it(
     refused = plugin("drill", name, "NoSuchCondition", check=False)
     assert refused.returncode == 1 and "EccUncorrectable" in refused.stderr
     assert plugin("drill", name, "EccUncorrectable", "--ttl", "0s", check=False).returncode == 1
+    gone = plugin("drill", f"{fleet.label}-nope", "EccUncorrectable", check=False)
+    assert gone.returncode == 1 and "no GPUNode named" in gone.stderr
     assert keys.DRILL_ANNOTATION not in (fleet.gpunode(name)["metadata"].get("annotations") or {})
 
     said = json.loads(plugin("drill", name, "eccuncorrectable", "--ttl", "5m", "-o", "json").stdout)

@@ -23,6 +23,7 @@ def names(kind: str) -> list[str]:
         (["why", "gpu"], ["gpu-a", "gpu-b"]),
         (["--kubeconfig", "/k", "why", ""], ["gpu-a", "gpu-b", "cpu-x"]),
         (["drill", "gpu-a", "Ecc"], ["EccUncorrectable"]),
+        (["drill", "gpu-a", "ecc"], ["EccUncorrectable"]),
         (
             ["drill", "gpu-a", "EccUncorrectable", "--"],
             ["--kubeconfig", "--context", "--output", "--ttl", "--stop"],
@@ -102,3 +103,43 @@ def test_the_console_scripts_are_installed_beside_python() -> None:
     bin_dir = pathlib.Path(sys.executable).parent
     for script in ("kubectl-gpuhealth", "kubectl_complete-gpuhealth"):
         assert (bin_dir / script).exists(), f"{script}: run pip install -e ."
+
+
+def test_bash_completion_end_to_end_through_the_installed_script(tmp_path: pathlib.Path) -> None:
+    bin_dir = pathlib.Path(sys.executable).parent
+    script = tmp_path / "completion.bash"
+    script.write_text(completion.BASH)
+    probe = f"""
+source {script}
+COMP_WORDS=(kubectl-gpuhealth drill node-1 Gpu); COMP_CWORD=3
+_kubectl_gpuhealth
+printf '%s\\n' "${{COMPREPLY[@]}}"
+"""
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "KUBECONFIG": str(tmp_path / "none")}
+    done = subprocess.run(
+        ["bash", "-c", probe], env=env, capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.split() == ["GPULost"]
+
+
+def test_kubectl_complete_speaks_cobras_format(tmp_path: pathlib.Path) -> None:
+    bin_dir = pathlib.Path(sys.executable).parent
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "KUBECONFIG": str(tmp_path / "none")}
+    done = subprocess.run(
+        [str(bin_dir / "kubectl_complete-gpuhealth"), "re"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.splitlines() == ["resume", ":4"]
+    done = subprocess.run(
+        [str(bin_dir / "kubectl_complete-gpuhealth"), "--kubeconfig", ""],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.splitlines() == [":0"]  # a file name: the shell completes it
