@@ -1,14 +1,14 @@
 """Agent liveness from its pod's readiness: a dead agent is Unknown within 90 s on a 5-minute heartbeat.
 
-One agent pod per kwok node, as the chart's DaemonSet would run it; kwok keeps
-the Ready condition the test writes (the pods carry kwok's status annotation),
-standing in for the kubelet's readiness probe of the agent's /readyz. Every
-GPUNode reports once, with a 300 s heartbeat, and then stays quiet: by the
-heartbeat alone none would turn stale for 15 minutes. The operator watches the
-pods through `--agent-pod-selector`.
+The agents run as the chart runs them: a DaemonSet, one pod per kwok node (its
+controller creates them, the scheduler binds them); kwok keeps the Ready
+condition the test writes (the pods carry kwok's status annotation), standing
+in for the kubelet's readiness probe of the agent's /readyz. Every GPUNode
+reports once, with a 300 s heartbeat, and then stays quiet: by the heartbeat
+alone none would turn stale for 15 minutes. The operator watches the pods
+through `--agent-pod-selector`, in `--agent-pod-namespace`.
 """
 
-import datetime
 import secrets
 import time
 from collections.abc import Iterator
@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+import agent_daemonset
 import gpunode_facts
 import operator_harness
 from gpuhealth_api import keys
@@ -28,7 +29,8 @@ pytestmark = pytest.mark.integration
 DETECT_SECONDS = 90.0
 """The issue's bound: a dead agent is detected within this long."""
 AGENT_LABEL = "gpuhealth.io/test-agent"
-PAUSE = [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}]
+GRACE_SECONDS = 60.0
+"""`liveness.NOT_READY_GRACE_SECONDS`: how long a NotReady agent pod is given."""
 
 
 @pytest.fixture
@@ -38,7 +40,7 @@ def label() -> str:
 
 @pytest.fixture
 def operator(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path: Path, label: str
+    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path: Path, label: str, namespace: str
 ) -> Iterator[operator_harness.OperatorProcess]:
     operator_harness.ensure_namespace(k8s, "gpu-health")
     process = operator_harness.OperatorProcess(
@@ -46,7 +48,11 @@ def operator(
         log_path=tmp_path / "operator.log",
         lease_name=f"gpu-health-liveness-{secrets.token_hex(2)}",
         identity=f"liveness-{secrets.token_hex(2)}",
-        extra_args=["--tick-seconds=0.5", f"--agent-pod-selector={AGENT_LABEL}={label}"],
+        extra_args=[
+            "--tick-seconds=0.5",
+            f"--agent-pod-selector={AGENT_LABEL}={label}",
+            f"--agent-pod-namespace={namespace}",
+        ],
     ).start()
     try:
         waiting.wait_until(process.is_leading, timeout_seconds=30, message="operator leads")
@@ -58,40 +64,24 @@ def operator(
 
 @pytest.fixture
 def fleet(
-    k8s: client.ApiClient, operator: operator_harness.OperatorProcess, label: str
+    k8s: client.ApiClient, operator: operator_harness.OperatorProcess, label: str, namespace: str
 ) -> Iterator[operator_harness.Fleet]:
+    """The test's nodes, and the agent DaemonSet on them in the operator's agent namespace."""
+    agent_daemonset.create(
+        k8s, namespace, "agent", {AGENT_LABEL: label}, {operator_harness.Fleet.LABEL_KEY: label}
+    )
     with operator_harness.Fleet(k8s, label=label) as nodes:
         yield nodes
 
 
-def now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def set_ready(core: client.CoreV1Api, namespace: str, pod: str, ready: bool) -> None:
-    """What the kubelet writes when the readiness probe of the agent's /readyz passes or fails."""
-    value = "True" if ready else "False"
-    conditions = [
-        {"type": kind, "status": value, "lastTransitionTime": now()} for kind in ("Ready", "ContainersReady")
-    ]
-    core.patch_namespaced_pod_status(
-        pod, namespace, {"status": {"phase": "Running", "conditions": conditions}}
-    )
-
-
 def agent_pod(core: client.CoreV1Api, namespace: str, node: str, label: str) -> str:
-    name = f"agent-{node}"[:63]
-    body: dict[str, Any] = {
-        "metadata": {
-            "name": name,
-            "labels": {AGENT_LABEL: label},
-            "annotations": {controlplane.KWOK_STATUS_ANNOTATION: "custom"},
-        },
-        "spec": {"nodeName": node, "containers": PAUSE, "terminationGracePeriodSeconds": 0},
-    }
-    core.create_namespaced_pod(namespace, body)
-    set_ready(core, namespace, name, True)
+    """The node's agent pod, Ready."""
+    name = agent_daemonset.pod_on(core, namespace, f"{AGENT_LABEL}={label}", node)
+    agent_daemonset.set_ready(core, namespace, name, True)
     return name
+
+
+set_ready = agent_daemonset.set_ready
 
 
 def health(fleet: operator_harness.Fleet, name: str) -> str | None:
@@ -145,3 +135,81 @@ def test_a_not_ready_or_gone_agent_pod_turns_its_node_unknown_a_ready_one_keeps_
     waiting.wait_until(
         lambda: health(fleet, names["notready"]) == "Healthy", timeout_seconds=30, message="Healthy again"
     )
+
+
+@pytest.fixture
+def tenant(k8s: client.ApiClient) -> Iterator[str]:
+    """Another namespace, a tenant's, where the operator's agents do not run."""
+    core = client.CoreV1Api(k8s)
+    name = f"tenant-{secrets.token_hex(3)}"
+    core.create_namespace(body={"metadata": {"name": name}})
+    waiting.wait_until(
+        lambda: core.read_namespaced_service_account("default", name),
+        timeout_seconds=30,
+        message=f"service account default in namespace {name}",
+    )
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name)
+
+
+def test_a_tenants_pods_with_the_agents_labels_are_not_the_agent(
+    fleet: operator_harness.Fleet, namespace: str, tenant: str, label: str
+) -> None:
+    """Issue 24, 6: pods of a tenant's, in its own namespace, carry the agent's labels (a bare pod and a
+    DaemonSet of its own) and turn Ready, then NotReady. They are not the agent: the faulty node is not
+    made Unknown (which never cordons), its sustained fault is acted on after forSeconds, and a quiet
+    node whose own agent is Ready stays Healthy past the 60 s grace."""
+    core = fleet.core
+    faulty, quiet = f"{label}-faulty", f"{label}-quiet"
+    hot = {0: {"temperatureCelsius": 95, "clockEventReasons": ["HwThermalSlowdown"]}}
+    for name in (faulty, quiet):
+        fleet.add_node(name, report=False)
+        agent_pod(core, namespace, name, label)  # the real agent, Ready
+    # The tenant's DaemonSet selects on a label of its own too, so it does not adopt the bare pod.
+    tenant_labels = {AGENT_LABEL: label, "app": "lookalike"}
+    agent_daemonset.create(
+        fleet.api, tenant, "lookalike", tenant_labels, {operator_harness.Fleet.LABEL_KEY: label}
+    )
+    bare: dict[str, Any] = {
+        "metadata": {
+            "name": "lookalike-bare",
+            "labels": {AGENT_LABEL: label},
+            "annotations": {controlplane.KWOK_STATUS_ANNOTATION: "custom"},
+        },
+        "spec": {"nodeName": faulty, "containers": agent_daemonset.PAUSE, "terminationGracePeriodSeconds": 0},
+    }
+    core.create_namespaced_pod(tenant, bare)
+    lookalikes = [
+        "lookalike-bare",
+        *(
+            agent_daemonset.pod_on(core, tenant, f"{AGENT_LABEL}={label},app=lookalike", n)
+            for n in (faulty, quiet)
+        ),
+    ]
+    for pod in lookalikes:
+        set_ready(core, tenant, pod, True)
+    rule = {"name": "hot", "condition": "ThermalThrottled", "action": "Cordon", "forSeconds": 90}
+    fleet.policy(f"{label}-policy", {"rules": [rule], "maxUnavailable": 2})
+    for name, overrides in ((faulty, hot), (quiet, None)):
+        fleet.report(
+            name, gpunode_facts.agent_status(heartbeat_seconds=300, overrides=overrides)
+        )  # then silence
+    for pod in lookalikes:
+        set_ready(core, tenant, pod, False)
+    went = time.monotonic()
+
+    waiting.wait_until(
+        lambda: bool(fleet.node(faulty)["spec"].get("unschedulable")),
+        timeout_seconds=150,
+        message="the faulty node is cordoned after forSeconds",
+    )
+    assert time.monotonic() - went > GRACE_SECONDS, "after the grace the lookalikes would have had"
+    waiting.wait_until(
+        lambda: health(fleet, faulty) == "Degraded", timeout_seconds=10, message="the faulty node is Degraded"
+    )
+    waiting.holds(
+        lambda: health(fleet, quiet) == "Healthy", seconds=10, message="the quiet node stays Healthy"
+    )
+    assert "AgentStale" not in {e["reason"] for e in fleet.events(faulty) + fleet.events(quiet)}
