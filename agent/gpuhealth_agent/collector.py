@@ -244,17 +244,7 @@ class Collector:
             # runtime that hides them, a count that fails). That says nothing about the GPUs, so
             # none is reported, and none lost (not even one an earlier agent knew): the runner
             # reports the agent's error instead (issue 24: this drained whole fleets as GPULost).
-            expected = min(faults.MAX_GPUS, max(self.expected_gpus or 0, self.max_gpus_seen))
-            return Sample(
-                time=now,
-                driver_version=self._driver_version,
-                gpus=[],
-                expected_gpus=expected,
-                errors=errors,
-                duration_seconds=self.perf_counter() - started,
-                max_gpus_seen=self.max_gpus_seen,
-                blind=True,
-            )
+            return self.blind(now, errors, started)
         slow = (
             self._slow_requested
             or self._last_slow is None
@@ -295,6 +285,22 @@ class Collector:
             errors=errors,
             duration_seconds=self.perf_counter() - started,
             max_gpus_seen=self.max_gpus_seen,
+        )
+
+    def blind(
+        self, now: float, errors: collections.Counter[tuple[str, str]], started: float | None = None
+    ) -> Sample:
+        """A sample of no GPU, none lost, marked `blind`: NVML cannot see the node's GPUs (or start)."""
+        expected = min(faults.MAX_GPUS, max(self.expected_gpus or 0, self.max_gpus_seen))
+        return Sample(
+            time=now,
+            driver_version=self._driver_version,
+            gpus=[],
+            expected_gpus=expected,
+            errors=errors,
+            duration_seconds=0.0 if started is None else self.perf_counter() - started,
+            max_gpus_seen=self.max_gpus_seen,
+            blind=True,
         )
 
     def _call(

@@ -9,6 +9,7 @@ double-bit ECC error, and a clean exit on SIGTERM.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import threading
@@ -95,24 +96,51 @@ class Agent:
         self._started = False
         self._threads: list[threading.Thread] = []
         self._error_since: str | None = None
+        self._nvml_ready = False
+        self._nvml_failure: str | None = None
+        """The pynvml error name of the last failed nvmlInit, None once NVML started."""
         """When the agent's current error (`status.agent.error`) began, None while it has none."""
 
     # --- lifecycle ---------------------------------------------------------------------------------------
 
     def start(self, now: float | None = None) -> None:
-        """Initialise NVML, read the GPUs once and subscribe to their events."""
+        """Initialise NVML, read the GPUs once and subscribe to their events.
+
+        With a GPUNode to report to, an NVML that cannot start (no library injected, no driver
+        loaded) is the agent's error, said on the GPUNode and retried every turn; exiting only
+        restarted the pod in a loop, and the node went stale with no word of why. Without one
+        (`check`), it raises.
+        """
         if self._started:
             return
-        self.lib.nvmlInit()
-        self._started = True
         now = self.clock() if now is None else now
+        self._start_nvml(now)
+        self._started = True
+        if self.reporter is not None and self.reporter.try_prepare(now):
+            self._restore()
+
+    def _start_nvml(self, now: float) -> bool:
+        """nvmlInit, learn the GPUs, subscribe to their events; False (and `_nvml_failure`) if it fails."""
+        if self._nvml_ready:
+            return True
+        try:
+            self.lib.nvmlInit()
+        except nvml.NVMLError as exc:
+            if self.reporter is None:
+                raise
+            if self._nvml_failure is None:
+                log.error("cannot use NVML: %s; reporting an agent error and trying again each turn", exc)
+            self._nvml_failure = nvml.error_name(exc)
+            return False
+        if self._nvml_failure is not None:
+            log.info("NVML started after failing with %s", self._nvml_failure)
+        self._nvml_ready, self._nvml_failure = True, None
         self.collector.sample(now)  # learn the GPUs (handles) before registering for their events
         registered = self.watcher.open(self.collector.handles())
         log.info("watching %d GPUs for XID and double-bit ECC events", registered)
-        if self.reporter is not None and self.reporter.try_prepare(now):
-            self._restore()
         if self.settings.event_thread:
             self._threads.append(self.watcher.start_thread(self.stop))
+        return True
 
     def close(self) -> None:
         self.stop.set()
@@ -120,7 +148,8 @@ class Agent:
         for thread in self._threads:
             thread.join(timeout=2 * events.WAIT_MILLISECONDS / 1000)
         self.watcher.close()
-        if self._started:
+        if self._started and self._nvml_ready:
+            self._nvml_ready = False
             try:
                 self.lib.nvmlShutdown()
             except nvml.NVMLError as exc:
@@ -133,11 +162,18 @@ class Agent:
         now = self.clock() if now is None else now
         if not self._started:
             self.start(now)
+        elif not self._nvml_ready:
+            self._start_nvml(now)
         if not self.settings.event_thread:
             self.watcher.poll()
         received = self._take_events(now)
         self._expect_from_node()
-        sample = self.collector.sample(now)
+        if self._nvml_ready:
+            sample = self.collector.sample(now)
+        else:
+            sample = self.collector.blind(
+                now, collections.Counter({("nvmlInit", self._nvml_failure or "?"): 1})
+            )
         self._watch_new_gpus()
         calls = self.nvml_counter.calls
         turn = outputs.Turn(
@@ -254,6 +290,8 @@ class Agent:
             log.error("NVML shows no GPU on this GPU node: reporting an agent error, no GPU as lost")
         failed = sorted({error for function, error in sample.errors if function == "nvmlDeviceGetCount"})
         seen = f"NVML cannot count GPUs ({', '.join(failed)})" if failed else "NVML lists no GPU"
+        if self._nvml_failure is not None:
+            seen = f"NVML cannot start ({self._nvml_failure})"
         should = (
             f"the node has {sample.expected_gpus}" if sample.expected_gpus else "the agent runs on a GPU node"
         )

@@ -132,3 +132,45 @@ def test_check_says_the_agent_cannot_see_a_gpu_and_exits_non_zero() -> None:
     code, text = check.render(node, xids.Catalogue.packaged(), "table")
     assert code == check.AGENT_ERROR_EXIT
     assert "AGENT ERROR NoGPUsVisible: NVML sees no GPU" in text
+
+
+class NoNvml(Hidden):
+    """A runtime that did not inject NVML at all (`NVML Shared Library Not Found`) until `shown`."""
+
+    def nvmlInit(self) -> None:
+        if not self.shown:
+            raise simulated.nvml.error("LibraryNotFound")
+        super().nvmlInit()
+
+
+def test_an_agent_whose_nvml_cannot_start_reports_an_error_and_keeps_trying() -> None:
+    """Was: the agent exited (CrashLoopBackOff): the node went stale, with no word of why."""
+    cluster = Cluster()
+    moment = [0.0]
+    lib = NoNvml(scenario.parse("gpus: 8\n"), clock=lambda: moment[0], start=0.0, identity_seed="n")
+    agent = runner.Agent(
+        runner.Settings("n", runner.BACKEND_NVML, interval_seconds=1, event_thread=False),
+        lib,
+        report=reporter.Reporter(cluster, heartbeat_seconds=60),  # type: ignore[arg-type]
+        clock=lambda: START + moment[0],
+    )
+    report = agent.run_once().status
+    assert report["gpus"] == []
+    assert report["agent"]["error"]["reason"] == NO_GPUS
+    assert "NVML cannot start (LibraryNotFound)" in report["agent"]["error"]["message"]
+    assert agent.liveness.check()[0]  # alive: a restart would not help, the error is said instead
+    lib.shown = True  # the driver came up
+    moment[0] = 1
+    report = agent.run_once().status
+    assert "error" not in report["agent"] and len(report["gpus"]) == 8
+    agent.close()
+
+
+def test_without_a_cluster_to_tell_an_nvml_that_cannot_start_still_fails_the_command() -> None:
+    lib = NoNvml(scenario.parse("gpus: 1\n"), clock=lambda: 0.0, start=0.0)
+    agent = runner.Agent(runner.Settings("n", runner.BACKEND_NVML, event_thread=False), lib)
+    try:
+        agent.run_once()
+    except simulated.nvml.NVMLError:
+        return
+    raise AssertionError("check (no reporter) must fail when NVML cannot start")
