@@ -47,7 +47,12 @@ def add_commands(commands: Any) -> None:
     )
     record.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
     record.add_argument("--context", help="kubeconfig context (default: the current one)")
-    record.add_argument("--out", type=pathlib.Path, required=True, help="trace file to write")
+    record.add_argument(
+        "--out",
+        type=pathlib.Path,
+        required=True,
+        help="trace file to write; {start} in it is replaced by the UTC start time (20260105T000000Z)",
+    )
     record.add_argument("--max-seconds", type=float, help="stop after this many seconds")
     record.add_argument("--max-bytes", type=int, help="stop once the file is this large (checked per record)")
     record.add_argument(
@@ -107,7 +112,7 @@ def add_import(actions: Any) -> None:
         help="build a trace from the series Prometheus holds (backtest without having recorded)",
         description="Read the agent's per-GPU series (or dcgm-exporter's) from Prometheus' HTTP API at every "
         "--step over the window and write a trace of each node's GPUNode facts (no agent pods, no ground "
-        "truth; docs/backtest.md, \"From Prometheus\").",
+        'truth; docs/backtest.md, "From Prometheus").',
     )
     imported.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus' base URL")
     imported.add_argument("--out", type=pathlib.Path, required=True, help="trace file to write")
@@ -164,8 +169,11 @@ def _record(args: argparse.Namespace) -> int:
             config_file=args.kubeconfig, context=args.context, client_configuration=configuration
         )
     except (OSError, config.ConfigException) as error:
-        print(f"gpu-health-sim: cannot load the kubeconfig: {error}", file=sys.stderr)
-        return USAGE_ERROR
+        if not _in_cluster(args, configuration):
+            print(f"gpu-health-sim: cannot load the kubeconfig: {error}", file=sys.stderr)
+            return USAGE_ERROR
+    # `{start}` in --out: the recording's start (the chart's recorder names each file so).
+    args.out = pathlib.Path(str(args.out).replace("{start}", time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())))
     stop = threading.Event()
 
     def on_signal(_signum: int, _frame: FrameType | None) -> None:
@@ -199,6 +207,17 @@ def _record(args: argparse.Namespace) -> int:
             signal.signal(number, handler)
     print(f"{args.out}: {recorder.records} records ({recorder.reason})")
     return 0
+
+
+def _in_cluster(args: argparse.Namespace, configuration: client.Configuration) -> bool:
+    """In a pod and given no kubeconfig: its service account's credentials (the chart's recorder)."""
+    if args.kubeconfig or os.environ.get("KUBECONFIG") or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return False
+    try:
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        return False
+    return True
 
 
 def _report_progress(recorder: tracerecord.Recorder, max_seconds: float | None) -> None:
