@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+import agent_daemonset
 import gpunode_facts
 import operator_harness
 from gpuhealth_api import keys, resources, timestamps
@@ -380,22 +381,16 @@ AGENT_LABELS = dict(label.split("=") for label in settings.DEFAULT_AGENT_POD_SEL
 """The chart's agent pod labels: the operator's and record's default selector."""
 
 
+AGENT_NAMESPACE = settings.Settings().agent_pod_namespace or "gpu-health"
+"""The operator's agent namespace here (its --lease-namespace, no $POD_NAMESPACE): only a DaemonSet's pods
+there are agents (`agent_pods.is_agent`)."""
+
+
 def _agent_pod(core: client.CoreV1Api, namespace: str, node: str) -> str:
-    """The node's agent pod, Ready (kwok keeps the status the test writes, as a kubelet's probe would)."""
-    name = f"agent-{node}"[:63]
-    body = {
-        "metadata": {
-            "name": name,
-            "labels": AGENT_LABELS,
-            "annotations": {controlplane.KWOK_STATUS_ANNOTATION: "custom"},
-        },
-        "spec": {
-            "nodeName": node,
-            "containers": [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}],
-            "terminationGracePeriodSeconds": 0,
-        },
-    }
-    core.create_namespaced_pod(namespace, body)
+    """The node's agent pod (the agent DaemonSet's), Ready (kwok keeps the status the test writes, as a
+    kubelet's probe would)."""
+    selector = ",".join(f"{k}={v}" for k, v in AGENT_LABELS.items())
+    name = agent_daemonset.pod_on(core, namespace, selector, node)
     _set_ready(core, namespace, name, True)
     return name
 
@@ -425,6 +420,10 @@ def test_an_agent_whose_pod_dies_is_judged_stale_when_the_live_operator_judged_i
     # The replay says the same, at the same time, only if the trace holds the pods.
     fleet = operator_harness.Fleet(k8s, label=f"btp-{secrets.token_hex(3)}")
     names = [f"{fleet.label}-{i}" for i in range(3)]
+    namespace = AGENT_NAMESPACE  # the agents run where the operator takes them for agents
+    operator_harness.ensure_namespace(k8s, namespace)
+    daemonset = f"agent-{fleet.label}"
+    agent_daemonset.create(k8s, namespace, daemonset, AGENT_LABELS, {fleet.LABEL_KEY: fleet.label})
     hung, gone = names[0], names[1]
     recording = Recording(control_plane, k8s, tmp_path / "pods.jsonl.gz", names)
     recorder = recording.start()
@@ -467,6 +466,7 @@ def test_an_agent_whose_pod_dies_is_judged_stale_when_the_live_operator_judged_i
     finally:
         recording.stop()
         policy = _policy(fleet)
+        agent_daemonset.delete(k8s, namespace, daemonset)
         fleet.cleanup()
 
     with traces.open_trace(recording.trace) as (_, records):
