@@ -148,8 +148,9 @@ class Metrics:
             ),
             detection_to_action=prometheus_client.Histogram(
                 f"{PREFIX}_detection_to_action_seconds",
-                "From the agent's observation of the fact (GPUNode status observedTime) to the Node patch, "
-                "by action and condition (the worst one the verdict holds).",
+                "From the operator's receipt of the report that showed the fact (for sustained conditions "
+                "the start of the episode) to the Node patch, by action and condition (the worst one the "
+                "verdict holds).",
                 [LABEL_ACTION, LABEL_CONDITION],
                 buckets=LATENCY_BUCKETS_SECONDS,
                 registry=registry,
