@@ -14,7 +14,8 @@ is cordoned and drained as before.
 A rule of ours that someone else deletes is an override, as a human uncordon
 is: the GPU is not isolated again, and the node not drained for it, until
 new evidence (a new episode of its condition). What is isolated lives in
-GPUNode `status.isolatedGPUs`, so a restarted operator knows it too.
+GPUNode `status.isolatedGPUs` (every policy's GPUs of the node, whichever
+policy's verdict the status reports), so a restarted operator knows it too.
 
 Nodes with no fired IsolateGPU rule and nothing isolated cost no request; a
 node whose GPU stays isolated costs the two LISTs once per `recent.SECONDS`,
@@ -40,7 +41,7 @@ Action = vocabulary.Action
 Outcome = isolation.Outcome
 
 STATUS_FIELD: Final = "isolatedGPUs"
-"""GPUNode status field (operator-owned) listing the isolated GPUs of the reporting policy."""
+"""GPUNode status field (operator-owned) listing the node's isolated GPUs, whichever policy's."""
 FRACTION_FIELD: Final = "isolatedFraction"
 """GPUNode status field (operator-owned): `1/8`, isolated GPUs of the node's, for `kubectl get -o wide`."""
 STATUS_FIELDS: Final = (STATUS_FIELD, FRACTION_FIELD)
@@ -297,14 +298,16 @@ def to_status(state: isolation.NodeState | None) -> list[dict[str, Any]]:
     return rendered
 
 
-def status_fields(ctx: context.Context, policy: str, name: str) -> dict[str, Any]:
-    """The GPUNode status fields of isolation under the reporting policy (empty when nothing to say)."""
-    state = ctx.isolations.get((policy, name))
+def status_fields(ctx: context.Context, name: str) -> dict[str, Any]:
+    """The GPUNode status fields of isolation (empty when nothing to say): every policy's GPUs of the
+    node, not only the reported policy's, so a GPU stays listed while another policy's verdict (a
+    drain) is shown, and a restarted operator reads it back (`from_status`)."""
+    state = isolation.of_node([s for (_, node), s in sorted(ctx.isolations.items()) if node == name])
     listed = to_status(state)
     if not listed:
         return {}
     fields: dict[str, Any] = {STATUS_FIELD: listed}
-    if state is not None and state.in_place:
+    if state.in_place:
         fields[FRACTION_FIELD] = f"{len(state.in_place)}/{_gpu_count(ctx, name) or '?'}"
     return fields
 
@@ -338,7 +341,11 @@ async def isolate(
     gpunode, record = ctx.cache.gpunode(name), ctx.cache.node(name)
     if gpunode is None or record is None:
         return verdict
-    state = ctx.isolations.get(key) or from_status(gpunode.status.get(STATUS_FIELD))
+    # After a restart the status says what is isolated; it lists every policy's GPUs of the node, so
+    # only a policy with IsolateGPU reads it (`_pass` keeps its own rules), one without probes nothing.
+    state = ctx.isolations.get(key) or (
+        from_status(gpunode.status.get(STATUS_FIELD)) if isolates(policy) else isolation.NodeState()
+    )
     if not wanted and not state.in_place and not state.overridden and not _holds(ctx, policy, name, now):
         ctx.isolations.pop(key, None)
         return verdict

@@ -281,7 +281,7 @@ def desired_status(
     straggler = straggler_status(ctx.stragglers.get((policy.name, name)))
     if straggler is not None:
         desired["straggler"] = straggler
-    desired.update(isolating.status_fields(ctx, policy.name, name))
+    desired.update(isolating.status_fields(ctx, name))  # every policy's isolated GPUs
     return desired
 
 

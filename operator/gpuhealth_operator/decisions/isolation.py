@@ -142,6 +142,24 @@ class NodeState:
     """GPUs whose rule someone else deleted: not isolated again on the same evidence."""
 
 
+def of_node(states: Sequence[NodeState]) -> NodeState:
+    """A node's GPUs isolated (or overridden) under any of its policies, each GPU once, in the order
+    given: what its GPUNode lists whichever policy's verdict the status reports. A GPU has one rule
+    (its name is the node's and the GPU's), so one policy's own; isolated wins over overridden."""
+    in_place: dict[str, Isolated] = {}
+    overridden: dict[str, Isolated] = {}
+    for state in states:
+        for gpu in state.in_place:
+            in_place.setdefault(gpu.uuid, gpu)
+        for gpu in state.overridden:
+            overridden.setdefault(gpu.uuid, gpu)
+    return NodeState(
+        None,
+        tuple(in_place.values()),
+        tuple(gpu for uuid, gpu in overridden.items() if uuid not in in_place),
+    )
+
+
 def may_restore(policy: model.Policy, verdict: model.NodeVerdict, now: datetime.datetime) -> bool:
     """Whether isolated GPUs free of fault may be given back: the policy's IsolateGPU conditions recovered.
 
