@@ -144,6 +144,7 @@ async def report(
     dbe: bool = False,
     xid: bool = False,
     hot: bool = False,
+    xid_code: int = 79,
     after: float = 1,
 ) -> None:
     """`after` seconds later, the agent's report, then a full timer pass."""
@@ -152,7 +153,7 @@ async def report(
     if dbe:
         overrides[DBE] = {"ecc": {"uncorrectedVolatile": 1}}
     if xid:
-        overrides[XID] = {"xids": [{"code": 79, "count": 1}]}
+        overrides[XID] = {"xids": [{"code": xid_code, "count": 1}]}
     if hot:
         overrides[HOT] = {"temperatureCelsius": 95, "slowdownTemperatureCelsius": 90}
     stored = cluster.put_gpunode("n", gpunode_facts.agent_status(gpus=GPUS, overrides=overrides))
@@ -319,5 +320,69 @@ def test_deleting_the_drain_policy_keeps_the_isolation_listed() -> None:
         assert cluster.status()["action"] == "Drained"
         assert_isolated(cluster)
         assert len(cluster.reasons("GPUIsolated")) == 1
+
+    asyncio.run(scenario())
+
+
+ISOLATE_XID = policy_body(
+    "iso-xid",
+    [{"name": "xid", "condition": "XidCritical", "action": "IsolateGPU", "xids": [48]}],
+    maxUnavailableGPUs=2,
+)
+"""A second isolating policy (Xid 48, a GPU's own DBE, on GPU 5), sorting after `iso`; room for both."""
+
+
+def test_two_isolating_policies_gpus_are_both_listed_and_each_restored_by_its_own_policy() -> None:
+    async def scenario() -> None:
+        cluster, clock = Cluster(), Clock()
+        ctx = await start(
+            cluster, clock, {**ISOLATE, "spec": {**ISOLATE["spec"], "maxUnavailableGPUs": 2}}, ISOLATE_XID
+        )
+        await report(cluster, ctx, clock, dbe=True, xid=True, xid_code=48)
+        xid_rule = device_taints.rule_name("n", XID)
+        want = [(DBE, RULE, "Isolated"), (XID, xid_rule, "Isolated")]
+        assert cluster.node_rules() == {RULE: "iso", xid_rule: "iso-xid"}
+        assert isolated(cluster.status()) == want
+        assert cluster.status().get(isolating.FRACTION_FIELD) == f"2/{GPUS}"
+        assert cluster.status()["action"] == "Isolated"
+
+        ctx = await restart(cluster, clock)
+        for _ in range(3):
+            await report(cluster, ctx, clock, dbe=True, xid=True, xid_code=48)
+        assert cluster.node_rules() == {RULE: "iso", xid_rule: "iso-xid"}
+        assert isolated(cluster.status()) == want
+        assert len(cluster.reasons("GPUIsolated")) == 2
+        assert cluster.reasons("OverriddenByUser") == [] and cluster.reasons("GPURestored") == []
+
+        for _ in range(5):  # the Xid GPU is repaired, the DBE one is not
+            await report(cluster, ctx, clock, dbe=True)
+        assert cluster.node_rules() == {RULE: "iso"}
+        assert isolated(cluster.status()) == [(DBE, RULE, "Isolated")]
+        assert cluster.status().get(isolating.FRACTION_FIELD) == f"1/{GPUS}"
+
+    asyncio.run(scenario())
+
+
+def test_a_rule_a_human_deletes_while_the_drain_is_shown_is_listed_overridden_once() -> None:
+    async def scenario() -> None:
+        cluster, clock = Cluster(), Clock()
+        ctx = await start(cluster, clock, ISOLATE, DRAIN)
+        await report(cluster, ctx, clock, dbe=True, xid=True)
+        assert_isolated(cluster)
+        del cluster.rules[RULE]  # kubectl delete devicetaintrule
+        for _ in range(12):  # the rule list is read again within 10 s
+            await report(cluster, ctx, clock, dbe=True, xid=True)
+        assert cluster.node_rules() == {}, "isolated again on the same evidence"
+        status = cluster.status()
+        assert isolated(status) == [(DBE, RULE, "Overridden")]
+        assert isolating.FRACTION_FIELD not in status
+        assert len(cluster.reasons("OverriddenByUser")) == 1
+
+        ctx = await restart(cluster, clock)
+        for _ in range(3):
+            await report(cluster, ctx, clock, dbe=True, xid=True)
+        assert cluster.node_rules() == {}, "isolated again after a restart on the same evidence"
+        assert isolated(cluster.status()) == [(DBE, RULE, "Overridden")]
+        assert len(cluster.reasons("OverriddenByUser")) == 1
 
     asyncio.run(scenario())
