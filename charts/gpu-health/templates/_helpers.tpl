@@ -108,8 +108,13 @@ app.kubernetes.io/component: agent
 {{- default (printf "%s-scenario" (include "gpu-health.agent.fullname" .)) .Values.agent.sim.existingConfigMap }}
 {{- end }}
 
+{{/* The one image of every container: repository@digest when image.digest is set (the tag is then ignored), else repository:tag, the tag defaulting to appVersion. */}}
 {{- define "gpu-health.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
 {{- end }}
 
 {{/* The Prometheus job label of the agent scrape, as the chart's monitors produce it. */}}
