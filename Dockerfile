@@ -19,7 +19,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 # Only what the wheel is built from (see .dockerignore), metadata first.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY api/ api/
 COPY agent/ agent/
 COPY operator/ operator/
