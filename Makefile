@@ -9,6 +9,10 @@ PY := $(BIN)/python
 PYTEST_FLAGS ?=
 # Control-plane binaries: $KUBEBUILDER_ASSETS if set, else built once by hack/testbin.sh.
 TESTBIN = $(shell hack/testbin.sh)
+# make chart: where the package goes, the image digest it pins, the OCI registry it is pushed to.
+CHART_DIST ?= dist
+IMAGE_DIGEST ?=
+CHART_REGISTRY ?=
 
 ##@ Quick start
 
@@ -98,8 +102,12 @@ image-check: ## Without Docker: lint the Dockerfile, build the wheel, install it
 	hack/check-image.sh
 
 .PHONY: image
-image: ## Build the image gpu-health:VERSION (docker, else podman on a cached Debian base) and check it runs
+image: ## Build the image gpu-health:VERSION for this machine's arch and check it runs; PLATFORMS=linux/amd64,linux/arm64 for a multi-arch manifest (docs/release.md)
 	hack/build-image.sh
+
+.PHONY: chart
+chart: testbin ## Package the chart into dist/ (IMAGE_DIGEST=sha256:... pins the image); CHART_REGISTRY=oci://... also pushes it
+	HELM="$(TESTBIN)/helm" CHART_DIST="$(CHART_DIST)" IMAGE_DIGEST="$(IMAGE_DIGEST)" CHART_REGISTRY="$(CHART_REGISTRY)" hack/package-chart.sh
 
 .PHONY: clean
 clean: ## Remove the virtualenv and caches (not the testbin cache)
