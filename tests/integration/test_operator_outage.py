@@ -198,6 +198,11 @@ def test_an_api_outage_longer_than_the_lease_costs_no_restart_and_loses_no_actio
         message="the workload runs",
     )
     pid = operator.process.pid if operator.process else None
+    waiting.wait_until(
+        lambda: "gpuhealth_operator_nodes{" in operator.metrics(),
+        timeout_seconds=TIMEOUT,
+        message="the leader exports the fleet gauges",
+    )
 
     crds.stop_apiserver()
     restarted = False
@@ -217,6 +222,10 @@ def test_an_api_outage_longer_than_the_lease_costs_no_restart_and_loses_no_actio
         stopped_leading_after = time.monotonic() - stopped_at
         assert operator.alive(), "losing the Lease costs no restart"
         assert operator.healthz(), "health and metrics keep serving while it campaigns"
+        # Its last term's counts are stale: summed with a new leader's they would double-count.
+        scraped = operator.metrics()
+        assert "gpuhealth_operator_leader 0.0" in scraped, scraped
+        assert "gpuhealth_operator_nodes{" not in scraped, "a standby exports no fleet gauges"
         # The outage itself lasts this long (a scenario duration, not a synchronisation).
         time.sleep(max(0.0, OUTAGE_SECONDS - (time.monotonic() - stopped_at)))
 
