@@ -131,6 +131,30 @@ def test_why_and_status_explain_a_drained_node(fleet: operator_harness.Fleet, pl
     assert missing.returncode == 1 and "no Node and no GPUNode" in missing.stderr
 
 
+def test_kubectl_runs_it_as_kubectl_gpuhealth(crds: controlplane.ControlPlane) -> None:
+    """kubectl finds `kubectl-gpuhealth` on PATH: `kubectl gpuhealth status` is the plugin."""
+    env = crds.env()
+    env["PATH"] = f"{pathlib.Path(PLUGIN).parent}{os.pathsep}{env['PATH']}"
+    done = subprocess.run(
+        [str(crds.binaries / "kubectl"), "gpuhealth", "-o", "json", "status"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert "policies" in json.loads(done.stdout)
+    listed = subprocess.run(
+        [str(crds.binaries / "kubectl"), "plugin", "list"],
+        env=env,
+        check=False,  # exit 1 on a warning about another plugin on PATH
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "kubectl-gpuhealth" in listed.stdout
+
+
 def test_drill_starts_the_operators_fire_drill_and_stops_it(
     fleet: operator_harness.Fleet, plugin: Any
 ) -> None:
