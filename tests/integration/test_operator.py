@@ -428,7 +428,10 @@ def test_dry_run_records_decisions_and_changes_no_node(fleet: operator_harness.F
 
 
 def test_pdb_blocked_drain_fails_after_timeout_and_node_stays_cordoned(
-    fleet: operator_harness.Fleet, k8s: client.ApiClient, namespace: str
+    fleet: operator_harness.Fleet,
+    k8s: client.ApiClient,
+    namespace: str,
+    operator: operator_harness.OperatorProcess,
 ) -> None:
     name = node_name(fleet, "pdb")
     fleet.add_node(name)
@@ -474,6 +477,19 @@ def test_pdb_blocked_drain_fails_after_timeout_and_node_stays_cordoned(
         message="action Cordoned",
     )
     assert "NodeDrained" not in reasons(fleet, name)
+    # GPUHealthDrainFailed's gauge: 1 for as long as the node stays stuck, 0 once a human moved it on.
+    stuck = f'gpuhealth_operator_drain_failed_nodes{{policy="{fleet.label}"}} '
+
+    def failed_drains() -> float | None:
+        line = next((x for x in operator.metrics().splitlines() if x.startswith(stuck)), None)
+        return None if line is None else float(line.split()[-1])
+
+    waiting.wait_until(lambda: failed_drains() == 1, timeout_seconds=TIMEOUT, message="drain_failed_nodes 1")
+    waiting.holds(
+        lambda: failed_drains() == 1, seconds=3, interval_seconds=0.5, message="still stuck: still 1"
+    )
+    fleet.core.patch_node(name, {"spec": {"unschedulable": False}})  # a human takes over: kubectl uncordon
+    waiting.wait_until(lambda: failed_drains() == 0, timeout_seconds=TIMEOUT, message="drain_failed_nodes 0")
 
 
 def test_human_cordoned_node_is_not_uncordoned_on_recovery(fleet: operator_harness.Fleet) -> None:
