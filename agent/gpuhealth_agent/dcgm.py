@@ -115,6 +115,7 @@ def fold(
         if facts.dbe_volatile is not None:
             ecc = gpu.setdefault("ecc", {})
             ecc["uncorrectedVolatile"] = max(ecc.get("uncorrectedVolatile", 0), facts.dbe_volatile)
+            _read(gpu, "ecc.uncorrectedVolatile")  # NVML could not read it; DCGM did
         if facts.remap_failure:
             gpu.setdefault("remappedRows", {})["failure"] = True
         reasons = list(gpu.get("clockEventReasons", []))
@@ -130,6 +131,15 @@ def fold(
         if previous is not None and facts.last_xid and facts.last_xid != previous.last_xid:
             changed.append((gpu, facts.last_xid))
     return changed
+
+
+def _read(gpu: status.GPUStatus, path: str) -> None:
+    """`path` has a value now: no longer one of the GPU's unreadable facts."""
+    unreadable = [p for p in gpu.get("unreadable", []) if p != path]
+    if unreadable:
+        gpu["unreadable"] = unreadable
+    else:
+        gpu.pop("unreadable", None)
 
 
 class _Counted:

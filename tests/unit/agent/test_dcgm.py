@@ -268,3 +268,13 @@ def sim_agent(plan: str, exporter: dcgm.DcgmSource) -> tuple[runner.Agent, list[
 def agent_metrics(agent: runner.Agent) -> prometheus_client.CollectorRegistry:
     found = [o for o in agent.outputs if isinstance(o, metrics.AgentMetrics)]
     return found[0].registry
+
+
+def test_a_count_nvml_cannot_read_but_dcgm_can_is_read() -> None:
+    facts = [status.GPUStatus(index=0, uuid="GPU-aaa", unreadable=["ecc.uncorrectedVolatile", "powerWatts"])]
+    dcgm.fold(facts, dcgm.parse_text(EXPORTER_TEXT), {})
+    assert facts[0]["ecc"]["uncorrectedVolatile"] == 2
+    assert facts[0]["unreadable"] == ["powerWatts"]
+    only = [status.GPUStatus(index=0, uuid="GPU-aaa", unreadable=["ecc.uncorrectedVolatile"])]
+    dcgm.fold(only, dcgm.parse_text(EXPORTER_TEXT), {})
+    assert "unreadable" not in only[0]
