@@ -13,8 +13,13 @@ Then, as a user would: `gpu-health-sim trace import --prometheus URL
 --since 14d --step 15m` (two query_range chunks per series), and
 `gpu-health-sim backtest` of the trace under a draining policy: it drains
 `sick` on day 10 and uncordons it after the repair, and leaves `well` alone.
-Without `prometheus` or `promtool` installed the test skips, except on CI,
-where it fails.
+A second test takes the live path: two simulated agents serve /metrics (no
+API server: their writes fail, their metrics do not), Prometheus scrapes them
+every second, one GPU reports the error a few scrapes in, and `trace import
+--since 2m --step 1s` of what Prometheus stored backtests to the same drain.
+
+Without `prometheus` or `promtool` installed the tests skip, except on CI,
+where they fail.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import pytest
 import yaml
 
 from gpuhealth_agent import metrics
-from gpuhealth_sim import waiting
+from gpuhealth_sim import ports, processes, waiting
 
 pytestmark = pytest.mark.e2e
 
@@ -218,4 +223,101 @@ def test_two_weeks_in_prometheus_import_as_a_trace_whose_backtest_drains_the_fau
     assert FAULT_AT <= drained[0] <= FAULT_AT + SAMPLE_SECONDS + 60, actions  # at the first step showing it
     uncordoned = [t for node, action, t in actions if (node, action) == ("sick", "Uncordon")]
     assert uncordoned and uncordoned[0] >= REPAIRED_AT + 600, actions
+    assert not [a for a in actions if a[0] == "well"], actions
+
+
+UNREACHABLE_KUBECONFIG: Final = """apiVersion: v1
+kind: Config
+clusters: [{name: none, cluster: {server: "http://127.0.0.1:1"}}]
+users: [{name: none, user: {token: none}}]
+contexts: [{name: none, context: {cluster: none, user: none}}]
+current-context: none
+"""
+"""The agents only serve /metrics here: their GPUNode writes fail (and are retried), their metrics do not."""
+
+
+def scenario(timeline: list[dict[str, Any]]) -> str:
+    defaults = {"temperatureCelsius": 45, "smClockMHz": 1980, "maxSmClockMHz": 1980, "powerWatts": 520}
+    return yaml.safe_dump(
+        {
+            "gpus": GPUS,
+            "model": "NVIDIA H100 80GB HBM3",
+            "driverVersion": "570.124.06",
+            "defaults": {**defaults, "utilizationPercent": 96},
+            "timeline": timeline,
+        }
+    )
+
+
+def test_live_scrapes_of_real_agents_import_and_backtest_to_the_drain(tmp_path: Path) -> None:
+    binary = tool("prometheus")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(UNREACHABLE_KUBECONFIG)
+    agent_ports = dict(zip(NODES, ports.free_ports(len(NODES)), strict=True))
+    agents = []
+    for node, port in agent_ports.items():
+        # The DBE comes a few scrapes in, so Prometheus has seen the GPU healthy first.
+        timeline = (
+            [{"after": "12s", "gpu": 1, "set": {"eccUncorrectedVolatile": 1}}] if node == "sick" else []
+        )
+        (tmp_path / f"{node}.yaml").write_text(scenario(timeline))
+        argv = [
+            str(BIN / "gpu-health-agent"), "run", f"--node-name={node}", "--backend=sim",
+            f"--sim-scenario={tmp_path / f'{node}.yaml'}", "--interval=1", f"--metrics-port={port}",
+            f"--kubeconfig={kubeconfig}", "--log-level=ERROR",
+        ]  # fmt: skip
+        agents.append(processes.ManagedProcess(f"agent-{node}", argv, tmp_path / f"agent-{node}.log"))
+    config = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+        "scrape_configs": [
+            {
+                "job_name": "gpu-health-agent",
+                # The node label the chart's ServiceMonitor relabels from the pod's node.
+                "static_configs": [
+                    {"targets": [f"{ports.LOOPBACK}:{port}"], "labels": {"node": node}}
+                    for node, port in agent_ports.items()
+                ],
+            }
+        ],
+    }
+    prometheus = _prometheus_module().Prometheus(binary, tmp_path, config, {"groups": []})
+    dbe = 'gpuhealth_agent_gpu_ecc_errors{node="sick",gpu="1",kind="uncorrected",scope="volatile"}'
+    trace = tmp_path / "scraped.jsonl"
+    for agent in agents:
+        agent.start()
+    prometheus.process.start()
+    try:
+        waiting.wait_until(prometheus.ready, timeout_seconds=60, message="Prometheus ready")
+        # Twenty seconds of the error scraped (the replay's drain needs a few samples of it).
+        waiting.wait_until(
+            lambda: prometheus.query(f"count_over_time(({dbe} == 1)[5m:1s]) >= 20"),
+            timeout_seconds=120,
+            interval_seconds=1,
+            message="20 s of the DBE in Prometheus",
+        )
+        imported = sim(
+            "trace", "import", "--prometheus", prometheus.url, "--since", "2m", "--step", "1s",
+            "--heartbeat-seconds", "10", "--selector", 'job="gpu-health-agent"', "--out", str(trace),
+            timeout=120,
+        )  # fmt: skip
+        assert imported.returncode == 0, imported.stderr
+        assert "2 nodes" in imported.stdout, imported.stdout
+    except BaseException:
+        print(f"----- prometheus ({prometheus.process.log_path}) -----\n{prometheus.process.log_tail(30)}")
+        raise
+    finally:
+        prometheus.process.stop(grace_seconds=10)
+        for agent in agents:
+            agent.stop(grace_seconds=5)
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(POLICY))
+    replayed = sim(
+        "backtest", "--policy", str(policy), "--trace", str(trace), "--tick-seconds", "1", "-o", "json",
+        timeout=120,
+    )  # fmt: skip
+    assert replayed.returncode == 0, replayed.stderr
+    (report,) = json.loads(replayed.stdout)["policies"]
+    actions = [(a["node"], a["action"]) for a in report["nodeActions"] if not a["action"].startswith("Label")]
+    assert ("sick", "Drain") in actions, actions
     assert not [a for a in actions if a[0] == "well"], actions
