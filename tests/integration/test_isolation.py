@@ -609,3 +609,78 @@ def test_an_open_breaker_holds_new_isolations_back(fleet: operator_harness.Fleet
     )
     assert len(_all_rules(fleet, nodes)) <= 1
     assert not any(fleet.node(n)["spec"].get("unschedulable") for n in nodes)
+
+
+def test_an_isolated_gpu_stays_listed_and_held_beside_a_drain_policy_across_an_operator_restart(
+    fleet: operator_harness.Fleet, operator: operator_harness.OperatorProcess
+) -> None:
+    """IsolateGPU and a second acting policy (Drain on Xid 79) over one DRA node (issue 24 item 7): GPU
+    3's DBE is isolated; an Xid on GPU 5 drains the node, so the drain's verdict is the one shown;
+    the GPUNode still lists GPU 3 isolated. The operator restarts: it neither isolates GPU 3 again nor
+    loses it. The GPUs recover: the rule goes (GPURestored) and the list with it."""
+    node = f"{fleet.label}-dra"
+    fleet.add_node(node, gpus=GPUS)
+    _publish_slice(fleet, node)
+    _policy(fleet)
+    fleet.policy(
+        f"{fleet.label}-drain",
+        {
+            "maxUnavailable": 1,
+            "rules": [{"name": "xid", "condition": "XidCritical", "action": "Drain", "xids": [79]}],
+            "drain": {"timeoutSeconds": 30, "force": True},
+            "recovery": {"uncordon": True, "healthyForSeconds": 2},
+        },
+    )
+    rule = device_taints.rule_name(node, FAULTY)
+    listed = [(FAULTY, rule, "Isolated")]
+
+    def isolated() -> list[tuple[int, str, str]]:
+        status = fleet.gpunode(node).get("status", {})
+        return [(g.get("index"), g["rule"], g["state"]) for g in status.get("isolatedGPUs") or []]
+
+    fleet.report(node, _ecc(1))
+    waiting.wait_until(
+        lambda: fleet.gpunode(node).get("status", {}).get("action") == "Isolated" and isolated() == listed,
+        timeout_seconds=TIMEOUT,
+        message="GPU 3 isolated",
+    )
+    xid = {"xids": [{"code": 79, "count": 1, "lastSeen": gpunode_facts.rfc3339()}]}
+    fleet.report(
+        node,
+        gpunode_facts.agent_status(
+            gpus=GPUS, overrides={FAULTY: {"ecc": {"uncorrectedVolatile": 1}}, 5: xid}
+        ),
+    )
+    waiting.wait_until(
+        lambda: fleet.gpunode(node).get("status", {}).get("action") == "Drained",
+        timeout_seconds=TIMEOUT,
+        message="the Xid drains the node: the drain policy's verdict is shown",
+    )
+    status = fleet.gpunode(node)["status"]
+    assert isolated() == listed, status
+    assert status.get("isolatedFraction") == f"1/{GPUS}", "kubectl get gpunodes -o wide: ISOLATED 1/8"
+
+    operator.stop()
+    operator.start()
+    waiting.wait_until(operator.is_leading, timeout_seconds=30, message="the restarted operator leads")
+    waiting.holds(
+        lambda: _rules_of(fleet, node) == {rule: fleet.label} and isolated() == listed,
+        seconds=3,
+        message="the restarted operator keeps GPU 3 isolated and listed",
+    )
+    (event,) = fleet.events(node, "GPUIsolated")
+    assert event.get("count", 1) == 1, "GPU 3 isolated again after the restart"
+    assert fleet.events(node, "GPURestored") == [] and fleet.events(node, "OverriddenByUser") == []
+
+    fleet.report(node, _ecc(0))  # both GPUs repaired (a reboot)
+    waiting.wait_until(
+        lambda: _rules_of(fleet, node) == {}, timeout_seconds=TIMEOUT, message="the rule deleted on recovery"
+    )
+    waiting.wait_until(
+        lambda: fleet.events(node, "GPURestored"), timeout_seconds=TIMEOUT, message="GPURestored Event"
+    )
+    waiting.wait_until(
+        lambda: not {"isolatedGPUs", "isolatedFraction"} & set(fleet.gpunode(node).get("status", {})),
+        timeout_seconds=TIMEOUT,
+        message="status.isolatedGPUs cleared",
+    )
