@@ -26,8 +26,9 @@ API (`/api/v1/query_range`, urllib only) and writes a trace (`traces`) that
   agent's `looks_reset`).
 
 Long ranges are cut into queries of at most `POINTS_PER_QUERY` steps
-(Prometheus refuses more than 11,000 points per series) and converted one
-chunk at a time, so memory stays bounded by a chunk. A request that fails on
+(Prometheus refuses more than 11,000 points per series), fewer for a large
+fleet (`GPU_STEPS_PER_CHUNK`), and converted one chunk at a time, so memory
+stays bounded by a chunk. A request that fails on
 the network or with a 5xx is retried a few times with backoff; then, as for
 any 4xx, `PrometheusError` says what Prometheus (or the network) said.
 """
@@ -55,6 +56,12 @@ POINTS_PER_QUERY: Final = 1_000
 """Steps per query_range: well under Prometheus' 11,000 points per series, and a chunk of a large
 fleet (series by steps) fits in memory."""
 MAX_POINTS: Final = 11_000
+GPU_STEPS_PER_CHUNK: Final = 100_000
+"""GPU statuses (GPUs by steps) converted at once: about 150 MB; a 100-node fleet of 8 GPUs is read in
+chunks of 125 steps."""
+FIRST_CHUNK_STEPS: Final = 100
+"""The first query's steps, before the fleet's size is known."""
+MIN_STEPS_PER_CHUNK: Final = 10
 """Prometheus' own limit of points per series in one query."""
 RETRIES: Final = 3
 """Attempts after the first for a request that failed on the network or with a 5xx."""
@@ -106,6 +113,7 @@ class Options:
     """The agent's heartbeat: a status is written on a significant change or after this long (0: every
     step)."""
     points_per_query: int = POINTS_PER_QUERY
+    gpu_steps_per_chunk: int = GPU_STEPS_PER_CHUNK
 
 
 @dataclasses.dataclass
@@ -322,6 +330,8 @@ class Converter:
         self.writer = writer
         self.nodes: dict[str, _NodeMemory] = {}
         self.counts = Counts()
+        self.gpus_seen = 0
+        """The most GPUs at one step so far (the next chunk's size follows)."""
         self.heartbeat = max(options.heartbeat_seconds, options.step)
         """What each status states as `heartbeatSeconds`: never less than a step, or a replayed agent
         would go stale between two samples."""
@@ -354,6 +364,9 @@ class Converter:
                     else:
                         gpu = gpus.setdefault(key, {"index": key[0], **({"uuid": key[1]} if key[1] else {})})
                         family.apply(gpu, labels, value)
+        self.gpus_seen = max(
+            [self.gpus_seen, *(sum(len(g) for g, _ in nodes.values()) for nodes in samples.values())]
+        )
         for t in sorted(samples):
             for node in sorted(samples[t]):
                 gpus, agent = samples[t][node]
@@ -475,14 +488,11 @@ def families(source: str) -> tuple[Family, ...]:
     return AGENT_FAMILIES if source == AGENT else DCGM_FAMILIES
 
 
-def chunks(start: float, end: float, step: float, points: int) -> list[tuple[float, float]]:
-    """[first step, last step] of each query: at most `points` steps each, on the same step grid."""
-    out: list[tuple[float, float]] = []
-    total = int((end - start) // step) + 1
-    for first in range(0, total, points):
-        last = min(first + points, total) - 1
-        out.append((start + first * step, start + last * step))
-    return out
+def steps_per_chunk(options: Options, gpus: int) -> int:
+    """Steps of the next query: at most `points_per_query`, fewer for a large fleet (GPUS_STEPS_PER_CHUNK
+    GPU statuses per chunk: a chunk is converted in memory), at least MIN_STEPS_PER_CHUNK."""
+    budget = options.gpu_steps_per_chunk // max(1, gpus)
+    return max(MIN_STEPS_PER_CHUNK, min(options.points_per_query, MAX_POINTS, budget))
 
 
 def header(options: Options) -> dict[str, Any]:
@@ -521,24 +531,33 @@ def run(
     file."""
     fetch = fetch or HttpFetch(options.url)
     wanted = families(options.source)
-    spans = chunks(options.start, options.end, options.step, min(options.points_per_query, MAX_POINTS))
     matchers = f"{{{options.selector}}}" if options.selector else ""
-    first = _query(fetch, wanted, matchers, spans[0], options.step)  # before creating the file
+    total_steps = int((options.end - options.start) // options.step) + 1
+
+    def span(first: int, steps: int) -> tuple[float, float]:
+        last = min(first + steps, total_steps) - 1
+        return options.start + first * options.step, options.start + last * options.step
+
+    steps = min(FIRST_CHUNK_STEPS, steps_per_chunk(options, 0))
+    results = _query(fetch, wanted, matchers, span(0, steps), options.step)  # before creating the file
     counts = Counts(queries=len(wanted))
-    if not any(result for _, result in first) and len(spans) == 1:
+    if not any(result for _, result in results) and steps >= total_steps:
         raise PrometheusError(_none_found(options))
     with traces.Writer(out, header(options)) as writer:
         converter = Converter(options, writer)
         converter.counts = counts
-        total = options.end - options.start
-        for index, (begin, last) in enumerate(spans):
-            results = first if index == 0 else _query(fetch, wanted, matchers, (begin, last), options.step)
-            if index:
-                counts.queries += len(wanted)
+        first = 0
+        while True:
             converter.chunk(results)
             writer.flush()
             if progress is not None:
-                progress.update(counts.records, counts.covered_seconds, total)
+                progress.update(counts.records, counts.covered_seconds, options.end - options.start)
+            first += steps
+            if first >= total_steps:
+                break
+            steps = steps_per_chunk(options, converter.gpus_seen)
+            results = _query(fetch, wanted, matchers, span(first, steps), options.step)
+            counts.queries += len(wanted)
     if counts.nodes == 0:
         out.unlink(missing_ok=True)
         raise PrometheusError(_none_found(options))

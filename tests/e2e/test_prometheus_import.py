@@ -10,7 +10,7 @@ ServiceMonitor adds. On day 10 one GPU of `sick` reports an uncorrectable
 ECC error, until a repair six hours later resets it.
 
 Then, as a user would: `gpu-health-sim trace import --prometheus URL
---since 14d --step 15m` (two query_range chunks per series), and
+--since 14d --step 15m` (three query_range chunks per series), and
 `gpu-health-sim backtest` of the trace under a draining policy: it drains
 `sick` on day 10 and uncordons it after the repair, and leaves `well` alone.
 A second test takes the live path: two simulated agents serve /metrics (no

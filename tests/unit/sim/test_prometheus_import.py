@@ -295,12 +295,29 @@ def test_a_long_range_is_read_in_queries_prometheus_accepts_without_a_step_lost_
     steps = days * 1440 + 1
     assert counts.steps == steps
     temperature = [c for c in prom.calls if c["query"].startswith(P + "gpu_temperature_celsius")]
-    assert len(temperature) == -(-steps // prometheus_import.POINTS_PER_QUERY)
+    # One GPU: after the first (the fleet's size unknown), chunks as long as allowed.
+    first = prometheus_import.FIRST_CHUNK_STEPS
+    assert len(temperature) == 1 + -(-(steps - first) // prometheus_import.POINTS_PER_QUERY)
     covered = [(float(c["start"]), float(c["end"])) for c in temperature]
     assert covered[0][0] == START and covered[-1][1] == START + days * 86_400
     assert all(b[0] - a[1] == 60 for a, b in itertools.pairwise(covered))
     _header, records = read(out)
     assert records[-1]["t"] == days * 86_400  # the last step, written (a heartbeat falls on it)
+
+
+def test_a_large_fleet_is_read_in_shorter_chunks_so_a_chunk_fits_in_memory(tmp_path: pathlib.Path) -> None:
+    prom = fleet()  # 4 GPUs
+    opts = options(seconds=3000, step=1, gpu_steps_per_chunk=200)
+    counts = prometheus_import.run(opts, tmp_path / "t.jsonl", prom)
+    assert counts.steps == 3001
+    spans = [
+        round((float(c["end"]) - float(c["start"])) / 1) + 1
+        for c in prom.calls
+        if c["query"].startswith(P + "gpu_temperature_celsius")
+    ]
+    assert spans[0] == prometheus_import.FIRST_CHUNK_STEPS
+    assert set(spans[1:-1]) == {50}  # 200 GPU statuses / 4 GPUs
+    assert sum(spans) == 3001
 
 
 def test_a_selector_narrows_every_query(tmp_path: pathlib.Path) -> None:
