@@ -9,7 +9,8 @@ raise `Unreachable`, which the CLI turns into one line and exit code 3.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import urllib3.exceptions
@@ -20,6 +21,10 @@ from gpuhealth_api import resources
 
 TIMEOUT: Final = (5.0, 30.0)
 """Connect and read timeouts of every request: an unreachable cluster is said in seconds, not minutes."""
+
+RETRIES_429: Final = 5
+MAX_RETRY_AFTER: Final = 2.0
+"""Seconds to wait at most before trying a 429 again, whatever Retry-After says: a CLI, not a controller."""
 
 Body = dict[str, Any]
 
@@ -34,6 +39,11 @@ class NotFound(Exception):
 
 class ApiError(Exception):
     """The API server answered with an error other than 404 (RBAC, validation, conflict)."""
+
+    def __init__(self, message: str, status: int = 0, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
 
 
 class Cluster:
@@ -51,6 +61,7 @@ class Cluster:
             raise Unreachable(f"cannot load kubeconfig ({where}): {_one_line(error)}") from error
         configuration.retries = 0
         self.server: str = configuration.host
+        self.sleep: Callable[[float], None] = time.sleep
         self._api = client.ApiClient(configuration)
         self._core = client.CoreV1Api(self._api)
         self._custom = client.CustomObjectsApi(self._api)
@@ -115,6 +126,18 @@ class Cluster:
         return items
 
     def _call(self, method: Any, *args: Any, **kwargs: Any) -> Body:
+        # 429 (a busy server, or a new CRD's storage still initializing): wait as told and try again,
+        # as kubectl does; the last answer is the error.
+        for attempt in range(RETRIES_429 + 1):
+            try:
+                return self._once(method, *args, **kwargs)
+            except ApiError as error:
+                if error.status != 429 or attempt == RETRIES_429:
+                    raise
+                self.sleep(min(MAX_RETRY_AFTER, max(0.1, error.retry_after or 1.0)))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _once(self, method: Any, *args: Any, **kwargs: Any) -> Body:
         try:
             response = method(*args, _preload_content=False, _request_timeout=TIMEOUT, **kwargs)
         except client.ApiException as error:
@@ -122,7 +145,9 @@ class Cluster:
                 raise NotFound(_message(error)) from error
             if error.status == 401:
                 raise Unreachable(f"the API server at {self.server} refused our credentials (401)") from error
-            raise ApiError(f"the API server said {error.status}: {_message(error)}") from error
+            raise ApiError(
+                f"the API server said {error.status}: {_message(error)}", error.status, _retry_after(error)
+            ) from error
         except (urllib3.exceptions.HTTPError, OSError) as error:
             raise Unreachable(f"cannot reach the API server at {self.server}: {_one_line(error)}") from error
         body: Body = json.loads(response.data)
@@ -140,6 +165,13 @@ def _message(error: Any) -> str:
     except (TypeError, ValueError, AttributeError):
         message = None
     return str(message or error.reason)
+
+
+def _retry_after(error: Any) -> float | None:
+    try:
+        return float(str((error.headers or {}).get("Retry-After")))
+    except (TypeError, ValueError, AttributeError):
+        return None
 
 
 def _one_line(error: BaseException) -> str:

@@ -141,8 +141,9 @@ def test_kubectl_runs_it_as_kubectl_gpuhealth(crds: controlplane.ControlPlane) -
         capture_output=True,
         text=True,
         timeout=60,
-        check=True,
+        check=False,
     )
+    assert done.returncode == 0, done.stderr
     assert "policies" in json.loads(done.stdout)
     listed = subprocess.run(
         [str(crds.binaries / "kubectl"), "plugin", "list"],
@@ -153,6 +154,16 @@ def test_kubectl_runs_it_as_kubectl_gpuhealth(crds: controlplane.ControlPlane) -
         timeout=60,
     )
     assert "kubectl-gpuhealth" in listed.stdout
+    # `kubectl gpuhealth <TAB>`: kubectl asks kubectl_complete-gpuhealth (kubectl 1.26+).
+    completed = subprocess.run(
+        [str(crds.binaries / "kubectl"), "__complete", "gpuhealth", "drill", "any-node", "ecc"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert completed.stdout.splitlines()[:2] == ["EccUncorrectable", ":4"]
 
 
 def test_drill_starts_the_operators_fire_drill_and_stops_it(

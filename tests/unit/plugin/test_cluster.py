@@ -13,6 +13,7 @@ from gpuhealth_kubectl import cluster
 def kube() -> cluster.Cluster:
     plain = object.__new__(cluster.Cluster)
     plain.server = "https://api.example:6443"
+    plain.sleep = lambda _: None
     return plain
 
 
@@ -65,3 +66,39 @@ def test_a_missing_gpunode_or_node_reads_as_none() -> None:
     plain._core = type("Core", (), {"read_node": staticmethod(raising(api_error(404, "nope")))})()
     assert plain.gpunode("x") is None
     assert plain.node("x") is None
+
+
+class Answers:
+    """A client method that answers with each of `answers` in turn (an exception is raised)."""
+
+    def __init__(self, *answers: Any) -> None:
+        self.answers = list(answers)
+        self.calls = 0
+
+    def __call__(self, *_: Any, **__: Any) -> Any:
+        self.calls += 1
+        answer = self.answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+
+class Response:
+    data = b'{"items": []}'
+
+
+def test_a_busy_server_is_asked_again_as_retry_after_says() -> None:
+    """A CRD just established answers 429 "storage is (re)initializing" for a moment."""
+    plain = kube()
+    waits: list[float] = []
+    plain.sleep = waits.append
+    busy = api_error(429, "storage is (re)initializing")
+    busy.headers = {"Retry-After": "1"}
+    method = Answers(busy, busy, Response())
+    assert plain._call(method) == {"items": []}
+    assert method.calls == 3 and waits == [1.0, 1.0]
+
+    always = Answers(*[busy] * (cluster.RETRIES_429 + 1))
+    with pytest.raises(cluster.ApiError, match="429: storage is"):
+        plain._call(always)
+    assert always.calls == cluster.RETRIES_429 + 1
