@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 BACKEND_NVML: Final = "nvml"
 BACKEND_SIM: Final = "sim"
+_IDENTITY_READS: Final = frozenset({"nvmlDeviceGetHandleByIndex", "nvmlDeviceGetUUID"})
+"""The reads that make a GPU known to the agent: a GPU none of them answers for is not seen."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,9 +291,14 @@ class Agent:
             self._error_since = timestamps.rfc3339(sample.time)
             log.error("NVML shows no GPU on this GPU node: reporting an agent error, no GPU as lost")
         failed = sorted({error for function, error in sample.errors if function == "nvmlDeviceGetCount"})
-        seen = f"NVML cannot count GPUs ({', '.join(failed)})" if failed else "NVML lists no GPU"
+        unread = sorted({error for function, error in sample.errors if function in _IDENTITY_READS})
+        seen = "NVML lists no GPU"
         if self._nvml_failure is not None:
             seen = f"NVML cannot start ({self._nvml_failure})"
+        elif failed:
+            seen = f"NVML cannot count GPUs ({', '.join(failed)})"
+        elif unread:
+            seen = f"NVML lists GPUs but cannot open any ({', '.join(unread)})"
         should = (
             f"the node has {sample.expected_gpus}" if sample.expected_gpus else "the agent runs on a GPU node"
         )

@@ -174,3 +174,23 @@ def test_without_a_cluster_to_tell_an_nvml_that_cannot_start_still_fails_the_com
     except simulated.nvml.NVMLError:
         return
     raise AssertionError("check (no reporter) must fail when NVML cannot start")
+
+
+def test_gpus_listed_but_none_readable_say_so() -> None:
+    cluster = Cluster()
+    moment = [0.0]
+    plan = scenario.parse(
+        "gpus: 2\ntimeline:\n"
+        "- {after: 0s, gpu: 0, fail: {function: nvmlDeviceGetUUID, error: NoPermission}}\n"
+        "- {after: 0s, gpu: 1, fail: {function: nvmlDeviceGetUUID, error: NoPermission}}\n"
+    )
+    lib = simulated.SimulatedNvml(plan, clock=lambda: moment[0], start=0.0, identity_seed="n")
+    agent = runner.Agent(
+        runner.Settings("n", runner.BACKEND_NVML, event_thread=False),
+        lib,
+        report=reporter.Reporter(cluster, heartbeat_seconds=60),  # type: ignore[arg-type]
+        clock=lambda: START + moment[0],
+    )
+    error = agent.run_once().status["agent"]["error"]
+    assert error["reason"] == NO_GPUS
+    assert error["message"].startswith("NVML lists GPUs but cannot open any (NoPermission)")
