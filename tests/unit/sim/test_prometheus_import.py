@@ -19,6 +19,7 @@ import itertools
 import json
 import pathlib
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from http import server
 from typing import Any, Final
@@ -117,7 +118,7 @@ def node_series(node: str) -> dict[tuple[str, frozenset[tuple[str, str]]], Value
 
 
 def fleet(**b0: Value) -> FakePrometheus:
-    series = {}
+    series: dict[tuple[str, frozenset[tuple[str, str]]], Value] = {}
     for node in ("a", "b"):
         series |= node_series(node)
         for gpu in (0, 1):
@@ -230,7 +231,7 @@ def test_a_dbe_in_the_series_is_written_at_its_step_and_the_backtest_drains_that
 def test_an_xid_is_the_counter_growing_in_the_window_and_one_counted_before_is_not_in_the_trace(
     tmp_path: pathlib.Path,
 ) -> None:
-    series = {}
+    series: dict[tuple[str, frozenset[tuple[str, str]]], Value] = {}
     for node in ("a", "b"):
         series |= node_series(node)
         for gpu in (0, 1):
@@ -434,7 +435,7 @@ def test_a_failing_prometheus_is_retried_a_bounded_number_of_times() -> None:
 def test_an_unreachable_prometheus_exits_3_with_one_line_and_no_file(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(prometheus_import.time, "sleep", lambda _s: None)
+    monkeypatch.setattr(time, "sleep", lambda _s: None)  # the retries' backoff
     (port,) = ports.free_ports(1)
     out = tmp_path / "t.jsonl"
     argv = [
