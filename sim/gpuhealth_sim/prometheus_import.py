@@ -543,21 +543,27 @@ def run(
     counts = Counts(queries=len(wanted))
     if not any(result for _, result in results) and steps >= total_steps:
         raise PrometheusError(_none_found(options))
-    with traces.Writer(out, header(options)) as writer:
-        converter = Converter(options, writer)
-        converter.counts = counts
-        first = 0
-        while True:
-            converter.chunk(results)
-            writer.flush()
-            if progress is not None:
-                progress.update(counts.records, counts.covered_seconds, options.end - options.start)
-            first += steps
-            if first >= total_steps:
-                break
-            steps = steps_per_chunk(options, converter.gpus_seen)
-            results = _query(fetch, wanted, matchers, span(first, steps), options.step)
-            counts.queries += len(wanted)
+    writer = traces.Writer(out, header(options))  # an unwritable `out` raises OSError here
+    try:
+        with writer:
+            converter = Converter(options, writer)
+            converter.counts = counts
+            first = 0
+            while True:
+                converter.chunk(results)
+                writer.flush()
+                if progress is not None:
+                    progress.update(counts.records, counts.covered_seconds, options.end - options.start)
+                first += steps
+                if first >= total_steps:
+                    break
+                steps = steps_per_chunk(options, converter.gpus_seen)
+                results = _query(fetch, wanted, matchers, span(first, steps), options.step)
+                counts.queries += len(wanted)
+    except BaseException:
+        # A trace that stops short of its header's `until` would read as a quiet fleet: none at all.
+        out.unlink(missing_ok=True)
+        raise
     if counts.nodes == 0:
         out.unlink(missing_ok=True)
         raise PrometheusError(_none_found(options))

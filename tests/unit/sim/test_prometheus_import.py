@@ -500,3 +500,30 @@ def test_the_command_line_imports_and_prints_what_it_wrote(
 
     assert cli.main([*argv, "--quiet"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_prometheus_failing_midway_leaves_no_trace_that_would_read_as_a_quiet_fleet(
+    tmp_path: pathlib.Path,
+) -> None:
+    prom = fleet()
+
+    def failing(path: str, params: Mapping[str, str]) -> Any:
+        if float(params["start"]) >= START + 2000:  # the third chunk on
+            raise prometheus_import.PrometheusError(
+                "cannot read Prometheus at http://p (/api/v1/query_range)"
+            )
+        return prom(path, params)
+
+    out = tmp_path / "t.jsonl.gz"
+    opts = options(seconds=3000, step=1, gpu_steps_per_chunk=4000)  # chunks of 1,000 steps
+    with pytest.raises(prometheus_import.PrometheusError):
+        prometheus_import.run(opts, out, failing)
+    assert not out.exists()
+
+
+def test_an_out_that_cannot_be_written_is_an_os_error_and_nothing_is_deleted(tmp_path: pathlib.Path) -> None:
+    directory = tmp_path / "a-directory"
+    directory.mkdir()
+    with pytest.raises(OSError):
+        prometheus_import.run(options(), directory, fleet())
+    assert directory.is_dir()
