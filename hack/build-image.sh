@@ -52,7 +52,7 @@ esac
 archs=()
 if [[ -n "${PLATFORMS:-}" ]]; then
   IFS=',' read -ra requested <<<"${PLATFORMS}"
-  for platform in "${requested[@]}"; do
+  for platform in ${requested[@]+"${requested[@]}"}; do
     case "${platform}" in
       linux/amd64 | linux/arm64) ;;
       *)
@@ -61,6 +61,7 @@ if [[ -n "${PLATFORMS:-}" ]]; then
     esac
     [[ " ${archs[*]+${archs[*]}} " == *" ${platform#linux/} "* ]] || archs+=("${platform#linux/}")
   done
+  [[ ${#archs[@]} -gt 0 ]] || { echo "PLATFORMS names no platform: '${PLATFORMS}'" >&2; exit 2; }
   echo "platforms: $(printf 'linux/%s ' "${archs[@]}")(this machine: linux/${host_arch})"
 else
   echo "platforms: linux/${host_arch} (this machine)"
@@ -107,6 +108,10 @@ for arch in ${archs[@]+"${archs[@]}"}; do
       missing+=("linux/${arch}: binfmt_misc is not mounted at ${binfmt} (mount -t binfmt_misc binfmt_misc ${binfmt})")
     elif ! grep -qsx enabled "${binfmt}/${qemu}" "${binfmt}/${qemu}-static"; then
       missing+=("linux/${arch}: no enabled binfmt_misc entry ${qemu} in ${binfmt}")
+    elif ! grep -qsE '^flags: *[A-Z]*F' "${binfmt}/${qemu}" "${binfmt}/${qemu}-static"; then
+      # Without F (fix binary) the kernel looks the interpreter up inside the
+      # build's root filesystem, where it is not: every RUN step fails.
+      missing+=("linux/${arch}: ${binfmt}/${qemu} lacks the F flag (qemu-user-static registers with it; qemu-user does not)")
     fi
   fi
 done

@@ -241,7 +241,7 @@ QEMU = {"amd64": "qemu-x86_64", "arm64": "qemu-aarch64"}
 
 
 def build_image(
-    tmp_path: Path, platforms: str | None, binfmt: dict[str, str] | None, **extra: str
+    tmp_path: Path, platforms: str | None, binfmt: dict[str, str] | None, flags: str = "POCF", **extra: str
 ) -> subprocess.CompletedProcess[str]:
     """hack/build-image.sh in dry-run mode with podman and a stand-in binfmt_misc directory."""
     binfmt_dir = tmp_path / "binfmt_misc"
@@ -249,7 +249,7 @@ def build_image(
     if binfmt is not None:
         (binfmt_dir / "status").write_text("enabled\n")
         for name, state in binfmt.items():
-            entry = f"{state}\ninterpreter /usr/libexec/qemu-binfmt/{name}\nflags: F\n"
+            entry = f"{state}\ninterpreter /usr/libexec/qemu-binfmt/{name}\nflags: {flags}\n"
             (binfmt_dir / name).write_text(entry)
     env = {
         "PATH": os.environ["PATH"],
@@ -278,12 +278,22 @@ def test_default_build_is_the_builders_arch_only(tmp_path: Path) -> None:
 
 @pytest_host
 def test_a_foreign_arch_without_emulation_is_refused_saying_what_is_missing(tmp_path: Path) -> None:
-    for binfmt in (None, {}, {QEMU[FOREIGN_ARCH]: "disabled"}):
-        result = build_image(tmp_path, f"linux/{HOST_ARCH},linux/{FOREIGN_ARCH}", binfmt=binfmt)
+    platforms = f"linux/{HOST_ARCH},linux/{FOREIGN_ARCH}"
+    cases: list[tuple[dict[str, str] | None, str, str]] = [
+        (None, "POCF", "binfmt_misc is not mounted"),
+        ({}, "POCF", f"no enabled binfmt_misc entry {QEMU[FOREIGN_ARCH]}"),
+        ({QEMU[FOREIGN_ARCH]: "disabled"}, "POCF", f"no enabled binfmt_misc entry {QEMU[FOREIGN_ARCH]}"),
+        # Registered without F: the interpreter is looked up inside the build's chroot.
+        ({QEMU[FOREIGN_ARCH]: "enabled"}, "OC", "lacks the F flag"),
+    ]
+    for binfmt, flags, reason in cases:
+        result = build_image(tmp_path, platforms, binfmt=binfmt, flags=flags)
         assert result.returncode == 2, (binfmt, result.stdout, result.stderr)
-        assert f"linux/{FOREIGN_ARCH}" in result.stderr
+        assert f"linux/{FOREIGN_ARCH}: " in result.stderr and reason in result.stderr, result.stderr
         assert "qemu-user-static" in result.stderr, result.stderr
         assert "podman build" not in result.stdout
+        for entry in (tmp_path / "binfmt_misc").iterdir():
+            entry.unlink()
 
 
 @pytest_host
@@ -323,7 +333,9 @@ def test_push_needs_a_multi_arch_build_and_prints_the_digest_step(tmp_path: Path
     assert "--digestfile" in pushed.stdout
 
 
-@pytest.mark.parametrize("platforms", ["arm64", "linux/riscv64", "linux/amd64,,linux/arm64", "windows/amd64"])
+@pytest.mark.parametrize(
+    "platforms", ["arm64", "linux/riscv64", "linux/amd64,,linux/arm64", "windows/amd64", ","]
+)
 def test_an_unknown_platform_is_refused(tmp_path: Path, platforms: str) -> None:
     result = build_image(tmp_path, platforms, binfmt={})
     assert result.returncode == 2, result.stdout + result.stderr
