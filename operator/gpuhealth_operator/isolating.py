@@ -172,16 +172,22 @@ async def sweep(ctx: context.Context, now: datetime.datetime) -> None:
         )
 
 
-async def _any_version(ctx: context.Context, now: datetime.datetime) -> str | None:
-    """The version rules are in: a probe's, else discovery's (gpu-health wrote none where none is served);
-    None without a reason to look: after the term's first look, an isolating policy, a recent probe
-    (the last isolating policy was just deleted) or a GPUNode status listing isolated GPUs."""
+def _known_version(ctx: context.Context, now: datetime.datetime) -> str | None:
+    """The version rules are in as this term knows it, with no request: a probe's, else discovery's."""
     for known in ctx.isolation_support.values():
         if known.definite and known.api_version is not None:
             return known.api_version
     seen = ctx.isolation_discovery.get(ALL, now)  # also what the last probe found (`support`)
-    if seen is not None:
-        return seen.api_version
+    return seen.api_version if seen is not None else None
+
+
+async def _any_version(ctx: context.Context, now: datetime.datetime) -> str | None:
+    """The version rules are in: a probe's, else discovery's (gpu-health wrote none where none is served);
+    None without a reason to look: after the term's first look, an isolating policy, a recent probe
+    (the last isolating policy was just deleted) or a GPUNode status listing isolated GPUs."""
+    known = _known_version(ctx, now)
+    if known is not None or ctx.isolation_discovery.get(ALL, now) is not None:
+        return known  # None: discovery serves no version, so no rule of ours is anywhere
     first = not len(ctx.isolation_discovery) and bool(ctx.cache.gpunodes)  # the term's first look
     if (
         not first
@@ -703,9 +709,10 @@ async def _rules(
 
 def _holds(ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime) -> bool:
     """Whether the last rule list (no request) shows a rule of the policy on the node: one it adopted,
-    or one the status of another reporting policy does not list; its pass must restore it."""
-    known = ctx.isolation_support.get(policy.name)
-    listed = ctx.rules_read.get((ALL, known.api_version), now) if known and known.api_version else None
+    or one of a policy that lost its IsolateGPU rule (it neither reads the status back after a
+    restart nor is probed); its pass must restore it. Any version known will do (the sweep's)."""
+    version = _known_version(ctx, now)
+    listed = ctx.rules_read.get((ALL, version), now) if version is not None else None
     node_label, policy_label = device_taints.label_value(name), device_taints.label_value(policy.name)
     return any(
         _owner(rule) == policy_label

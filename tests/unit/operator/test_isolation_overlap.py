@@ -386,3 +386,31 @@ def test_a_rule_a_human_deletes_while_the_drain_is_shown_is_listed_overridden_on
         assert len(cluster.reasons("OverriddenByUser")) == 1
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("restarted", [False, True])
+def test_a_policy_edited_to_drop_isolategpu_restores_its_gpu_live_and_after_a_restart(
+    restarted: bool,
+) -> None:
+    """`iso` loses its IsolateGPU rule (now it only labels the fault) beside the drain policy: its rule
+    is restored as it is live, also when the operator restarts in between (its GPU is listed in the
+    status it no longer reads back as its own)."""
+
+    async def scenario() -> None:
+        cluster, clock = Cluster(), Clock()
+        ctx = await start(cluster, clock, ISOLATE, DRAIN)
+        await report(cluster, ctx, clock, dbe=True)
+        assert_isolated(cluster)
+        edited = policy_body("iso", [{"name": "ecc", "condition": "EccUncorrectable", "action": "Label"}])
+        edited["metadata"]["generation"] = 2
+        cluster.policies["iso"] = edited
+        if restarted:
+            ctx = await restart(cluster, clock)
+        else:
+            await handlers.on_policy(event("MODIFIED", edited), memo=ctx)
+        for _ in range(4):
+            await report(cluster, ctx, clock, dbe=True)
+        assert_restored(cluster)
+        assert len(cluster.reasons("GPURestored")) == 1
+
+    asyncio.run(scenario())
