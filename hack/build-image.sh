@@ -120,7 +120,8 @@ if [[ ${#missing[@]} -gt 0 ]]; then
     echo "cannot build for an arch other than this machine's (linux/${host_arch}) here:"
     printf '  %s\n' "${missing[@]}"
     echo "Foreign arches build through QEMU user emulation registered with binfmt_misc:"
-    echo "  Debian/Ubuntu: apt-get install qemu-user-static binfmt-support (registers ${qemu} and the others)"
+    echo "  Debian/Ubuntu: apt-get install qemu-user-static (systemd registers ${qemu} and the others at boot;"
+    echo "    where systemd does not run, e.g. in a container: /lib/systemd/systemd-binfmt /usr/lib/binfmt.d/${qemu}.conf)"
     echo "  any Linux with privileged containers: podman run --rm --privileged docker.io/tonistiigi/binfmt --install all"
     echo "or build on a machine of that arch. Without PLATFORMS, make image builds linux/${host_arch} only."
   } >&2
@@ -209,7 +210,7 @@ else
       if [[ -z "${dry}" ]]; then
         # A list left by another build would keep that build's images beside
         # this one's; a single-arch image of the name would refuse the list.
-        if podman manifest exists "${manifest}"; then podman manifest rm "${manifest}" >/dev/null; fi
+        if podman manifest exists "${manifest}" 2>/dev/null; then podman manifest rm "${manifest}" >/dev/null; fi
         if podman image exists "${manifest}"; then podman rmi "${manifest}" >/dev/null; fi
       fi
       for arch in "${archs[@]}"; do
