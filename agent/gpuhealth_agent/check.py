@@ -1,9 +1,12 @@
 """`gpu-health-agent check`: read the GPUs once and say, in plain words, what is wrong.
 
 For a human at a node's shell (or a pre-flight script): a table with one row
-per GPU and its problems, or `-o json` for exactly the status the agent would
-report. Exit code 1 when any GPU has a fatal fault, so `check && run-job`
-works. Touches no cluster.
+per GPU and its problems, or `-o json` for the status the agent would report
+plus a `verdict` (the health of the node and of each GPU, and the conditions
+behind it). Exit codes (EXIT_CODES): 0 healthy (warnings included), 1 a fatal
+fault, 2 a bad command line, 3 the GPUs could not be read, so `check &&
+run-job` works and a script can tell a broken GPU from a broken agent.
+Touches no cluster.
 
 Every problem is one of the operator's conditions, judged by the same
 predicates (`gpuhealth_api.faults`) with the catalogue's critical XIDs, so
@@ -21,9 +24,18 @@ from typing import Final
 from gpuhealth_agent import xids
 from gpuhealth_api import faults, status, vocabulary
 
+HEALTHY_EXIT: Final = 0
 FATAL_EXIT: Final = 1
-AGENT_ERROR_EXIT: Final = 3
-"""The agent cannot judge the GPUs (`status.agent.error`, e.g. it sees none): neither healthy nor faulty."""
+USAGE_EXIT: Final = 2
+CANNOT_READ_EXIT: Final = 3
+"""The agent cannot judge the GPUs (NVML cannot start, `status.agent.error` such as no GPU visible, a
+dcgm-exporter given but unreadable): neither healthy nor faulty."""
+AGENT_ERROR_EXIT: Final = CANNOT_READ_EXIT
+EXIT_CODES: Final = (
+    "exit codes: 0 healthy (warnings included); 1 a fault (a fatal condition on a GPU or the node); "
+    "2 usage (a bad command line or scenario file); 3 cannot read (NVML cannot start, no GPU visible, "
+    "or the --dcgm-exporter-url cannot be read)"
+)
 
 
 class Severity(enum.StrEnum):
@@ -151,11 +163,68 @@ def table(node: status.GPUNodeStatus, catalogue: xids.Catalogue) -> str:
     return "\n".join([head, *said, *(p.render() for p in node_problems(node)), *lines]) + "\n"
 
 
+def _health(found: list[Problem]) -> vocabulary.Health:
+    """As the operator judges a node: a fatal condition is Unhealthy, any other condition Degraded."""
+    judged = {p.condition for p in found if p.condition is not None}
+    if judged & faults.FATAL:
+        return vocabulary.Health.UNHEALTHY
+    return vocabulary.Health.DEGRADED if judged else vocabulary.Health.HEALTHY
+
+
+def _said(found: list[Problem]) -> list[dict[str, str]]:
+    return [
+        {"severity": str(p.severity), "text": p.text}
+        | ({"condition": str(p.condition)} if p.condition else {})
+        for p in found
+    ]
+
+
+def _conditions(found: list[Problem]) -> list[str]:
+    return sorted({str(p.condition) for p in found if p.condition is not None})
+
+
+def exit_code(node: status.GPUNodeStatus, catalogue: xids.Catalogue) -> int:
+    """1 on any fatal fault; else 3 when the agent could not judge the GPUs; else 0."""
+    if has_fatal(node, catalogue):
+        return FATAL_EXIT
+    return CANNOT_READ_EXIT if node.get("agent", {}).get("error") else HEALTHY_EXIT
+
+
+def verdict(node: status.GPUNodeStatus, catalogue: xids.Catalogue) -> dict[str, object]:
+    """`-o json`'s answer: health and conditions of the node and of each GPU, by the table's predicates.
+
+    The node's health is Unknown when the agent could not judge the GPUs (as the operator judges
+    an AgentError) and no fatal fault is seen anyway.
+    """
+    per_gpu = [(gpu, problems(gpu, catalogue)) for gpu in node.get("gpus", [])]
+    on_node = node_problems(node)
+    everything = on_node + [p for _, found in per_gpu for p in found]
+    code = exit_code(node, catalogue)
+    health = vocabulary.Health.UNKNOWN if code == CANNOT_READ_EXIT else _health(everything)
+    error = node.get("agent", {}).get("error")
+    return {
+        "health": str(health),
+        "exitCode": code,
+        "conditions": _conditions(everything),
+        "problems": _said(on_node),
+        **({"agentError": {"reason": error.get("reason"), "message": error.get("message")}} if error else {}),
+        "gpus": [
+            {
+                "index": gpu["index"],
+                "uuid": gpu.get("uuid"),
+                "health": str(_health(found)),
+                "conditions": _conditions(found),
+                "problems": _said(found),
+            }
+            for gpu, found in per_gpu
+        ],
+    }
+
+
 def render(node: status.GPUNodeStatus, catalogue: xids.Catalogue, output: str) -> tuple[int, str]:
-    """The text to print and the exit code (1 on any fatal fault)."""
-    code = FATAL_EXIT if has_fatal(node, catalogue) else 0
-    if node.get("agent", {}).get("error") and not code:
-        code = AGENT_ERROR_EXIT
+    """The text to print and the exit code (`exit_code`)."""
+    code = exit_code(node, catalogue)
     if output == "json":
-        return code, json.dumps(node, indent=2, sort_keys=True) + "\n"
+        answer = {**node, "verdict": verdict(node, catalogue)}
+        return code, json.dumps(answer, indent=2, sort_keys=True) + "\n"
     return code, table(node, catalogue)

@@ -2,8 +2,9 @@
 
 This module wires settings to parts (NVML or a scenario, the Kubernetes
 client, metrics, the health endpoint) and is the only place that turns
-errors into exit codes: 2 for a bad command line or scenario file, 1 when
-NVML cannot start (run) or a GPU has a fatal fault (check).
+errors into exit codes: 2 for a bad command line, scenario file or
+kubeconfig, 1 when NVML cannot start (run); `check` answers 0 healthy, 1 a
+fault, 2 usage, 3 cannot read (`check.EXIT_CODES`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Final
 import prometheus_client
 
 from gpuhealth_agent import check, dcgm, health, metrics, nvml, reporter, runner, scenario, simulated, xids
-from gpuhealth_api import __version__, heartbeats
+from gpuhealth_api import __version__, heartbeats, kubeconfig_check, logformat
 
 if TYPE_CHECKING:
     from kubernetes import client as k8s
@@ -52,6 +53,7 @@ def _common(parser: argparse.ArgumentParser, log_level: str) -> None:
         "--dcgm-exporter-url", metavar="URL", help="also fold in facts from this dcgm-exporter"
     )
     parser.add_argument("--log-level", default=log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    logformat.add_argument(parser)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -79,7 +81,13 @@ def parser() -> argparse.ArgumentParser:
         help="port for /metrics and /healthz (default 9101; 0 = any free)",
     )
     run.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
-    chk = sub.add_parser("check", help="read the GPUs once and print their health")
+    chk = sub.add_parser(
+        "check",
+        help="read the GPUs once and print their health",
+        description="Read the GPUs once and print their health: a table, or with -o json the status "
+        "the agent would report and its verdict.",
+        epilog=check.EXIT_CODES,
+    )
     _common(chk, "ERROR")  # the table says it all; logs would only interleave with it
     chk.add_argument("-o", "--output", choices=["table", "json"], default="table")
     chk.add_argument(
@@ -106,9 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         args_list.insert(0, "run")
     args = parser().parse_args(args_list)
-    logging.basicConfig(
-        level=getattr(logging, args.log_level), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logformat.configure(args.log_level, args.log_format)
     plan = None
     if args.backend == runner.BACKEND_SIM:
         if not args.sim_scenario:
@@ -136,7 +142,8 @@ def _check(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
         settings = runner.Settings(
             node, runner.BACKEND_SIM, expected_gpus=plan.expected_gpus, event_thread=False
         )
-        agent = runner.Agent(settings, lib, clock=lambda: base + moment[0])
+        dcgm_source = _dcgm(args)
+        agent = runner.Agent(settings, lib, clock=lambda: base + moment[0], dcgm_source=dcgm_source)
         agent.start(base)
         # Step through the timeline as a running agent would, so resets, recoveries and
         # throttledSince come out as they would have been observed live.
@@ -151,15 +158,24 @@ def _check(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
             agent.close()
     else:
         settings = runner.Settings(node, runner.BACKEND_NVML, event_thread=False)
-        agent = runner.Agent(settings, nvml.real(), dcgm_source=_dcgm(args))
+        dcgm_source = _dcgm(args)
+        agent = runner.Agent(settings, nvml.real(), dcgm_source=dcgm_source)
         try:
             agent.start(base)
             turn = agent.run_once()
         except nvml.NVMLError as exc:
             print(f"gpu-health-agent: cannot use NVML: {exc}", file=sys.stderr)
-            return STARTUP_ERROR
+            return check.CANNOT_READ_EXIT
         finally:
             agent.close()
+    if dcgm_source is not None and dcgm_source.last_error is not None:
+        # Asked for and not read: a verdict without its facts would say healthy on half the evidence.
+        print(
+            f"gpu-health-agent: cannot read the dcgm-exporter at {dcgm_source.url}: "
+            f"{kubeconfig_check.one_line(dcgm_source.last_error)}",
+            file=sys.stderr,
+        )
+        return check.CANNOT_READ_EXIT
     code, text = check.render(turn.status, xids.Catalogue.packaged(), args.output)
     sys.stdout.write(text)
     return code
@@ -175,13 +191,25 @@ def _api_client(kubeconfig: str | None) -> k8s.ApiClient:
 
     configuration = k8s.Configuration()
     if kubeconfig:
+        _usable(kubeconfig)
         k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
         try:
             k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         except k8s_config.ConfigException:
+            _usable(str(kubeconfig_check.default_path()))
             k8s_config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     return k8s.ApiClient(configuration)
+
+
+class KubeconfigError(Exception):
+    """A kubeconfig that cannot be used, said in one line that names the file."""
+
+
+def _usable(path: str) -> None:
+    problem = kubeconfig_check.problem(path)
+    if problem is not None:
+        raise KubeconfigError(problem)
 
 
 def _run(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
@@ -217,7 +245,8 @@ def _run(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
     try:
         api_client = _api_client(args.kubeconfig)
     except Exception as exc:  # missing file, bad YAML, no in-cluster token: all end the same way
-        print(f"gpu-health-agent: no usable Kubernetes configuration: {exc}", file=sys.stderr)
+        said = kubeconfig_check.one_line(exc)
+        print(f"gpu-health-agent: no usable Kubernetes configuration: {said}", file=sys.stderr)
         return USAGE_ERROR
     cluster = reporter.GPUNodeClient(api_client, args.node_name)
     agent = runner.Agent(

@@ -175,6 +175,8 @@ class DcgmSource:
         self.timeout_seconds = timeout_seconds
         self.previous: dict[str, GpuFacts] = {}
         self.failures = 0
+        self.last_error: str | None = None
+        """Why the last scrape failed (None after a good one): `check` says it."""
         self._by_nvml = _Counted()
         self._by_dcgm = _Counted()
 
@@ -183,11 +185,14 @@ class DcgmSource:
         try:
             with urllib.request.urlopen(self.url, timeout=self.timeout_seconds) as response:
                 text = response.read().decode("utf-8", errors="replace")
-            return parse_text(text)
+            facts = parse_text(text)
         except (OSError, urllib.error.URLError, ValueError) as exc:
             self.failures += 1
+            self.last_error = str(exc)
             log.warning("dcgm-exporter at %s unreachable or unreadable: %s", self.url, exc)
             return None
+        self.last_error = None
+        return facts
 
     def claim_nvml_xid(self, uuid: str | None, code: int, now: float) -> bool:
         """Whether an XID from an NVML event is new, not one DCGM reported already (then it is dropped)."""

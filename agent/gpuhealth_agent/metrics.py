@@ -11,12 +11,13 @@ code seen, clock-event reasons one per reason (9 at most).
 
 from __future__ import annotations
 
+import platform
 from typing import Any, Final
 
 import prometheus_client
 
 from gpuhealth_agent import collector, facts, outputs
-from gpuhealth_api import status, vocabulary
+from gpuhealth_api import __version__, status, vocabulary
 
 PREFIX: Final = "gpuhealth_agent"
 GPU_LABELS: Final = ("gpu", "uuid")
@@ -105,6 +106,13 @@ class AgentMetrics:
         )
         for reason in vocabulary.AgentErrorReason:
             self.error.labels(reason.value).set(0)
+        self.build_info = g(
+            f"{PREFIX}_build_info",
+            "Always 1: the agent's version and Python version, as labels (which agents run which release).",
+            ("version", "python"),
+            registry=r,
+        )
+        self.build_info.labels(__version__, platform.python_version()).set(1)
 
     def export(self, turn: outputs.Turn) -> None:
         """Everything the turn tells (an outputs.Output): the sample, events, XIDs, the write outcome."""

@@ -116,7 +116,7 @@ def test_json_output_is_the_status_the_agent_would_report(capsys: pytest.Capture
     )
     assert code == 1
     node = json.loads(out)
-    assert set(node) == {"agent", "summary", "gpus"}
+    assert set(node) == {"agent", "summary", "gpus", "verdict"}  # the status, and check's verdict
     assert node["agent"]["backend"] == "sim"
     assert node["gpus"][3]["ecc"]["uncorrectedVolatile"] == 1
     assert node["gpus"][3]["xids"][0]["code"] == 48
@@ -196,7 +196,7 @@ def test_check_without_nvml_says_so(
 
     monkeypatch.setattr(pynvml, "nvmlInit", no_library)
     code, out, err = run(capsys, "check")
-    assert code == 1
+    assert code == 3  # cannot read: not a GPU fault (was 1)
     assert out == ""
     assert "cannot use NVML: NVML Shared Library Not Found" in err
 
