@@ -50,6 +50,12 @@ MIG_STRATEGY_LABEL: Final = "nvidia.com/mig.strategy"
 """GFD: `single` or `mixed` on a node whose GPUs are split into MIG devices (`none` otherwise)."""
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 
+# Labels the GPU Operator sets while it works on a node's GPUs (see docs/operations.md, "GPU Operator").
+GPU_DRIVER_UPGRADE_STATE_LABEL: Final = "nvidia.com/gpu-driver-upgrade-state"
+"""The GPU Operator's driver upgrade controller (k8s-operator-libs): where the node is in the upgrade."""
+MIG_CONFIG_STATE_LABEL: Final = "nvidia.com/mig.config.state"
+"""mig-manager: `pending`/`rebooting` while it applies `nvidia.com/mig.config`, then `success`/`failed`."""
+
 # On the DeviceTaintRules of IsolateGPU (resource.k8s.io): one rule per isolated GPU.
 DEVICE_TAINT: Final = UNHEALTHY_TAINT
 """The device taint's key on an isolated GPU (the same key as the node taint); its value is the condition."""

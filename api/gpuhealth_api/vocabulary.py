@@ -23,11 +23,17 @@ class Condition(enum.StrEnum):
     AGENT_ERROR = "AgentError"
     """The agent reports it cannot do its job (`status.agent.error`): health Unknown, never a disruption.
     Judged on every node like AgentStale; no policy rule names it."""
+    GPU_OPERATOR_MAINTENANCE = "GPUOperatorMaintenance"
+    """The GPU Operator upgrades the node's driver or reconfigures its MIG devices (its node labels say so):
+    the GPUs come and go on purpose, so health is Unknown and nothing is disrupted. Judged on every node;
+    no policy rule names it."""
 
 
-RULE_CONDITIONS: tuple[Condition, ...] = tuple(c for c in Condition if c is not Condition.AGENT_ERROR)
-"""The conditions a policy rule may name (the policy CRD's enum): every one but AgentError, which the
-operator judges on every node and answers with health Unknown alone."""
+RULE_CONDITIONS: tuple[Condition, ...] = tuple(
+    c for c in Condition if c not in (Condition.AGENT_ERROR, Condition.GPU_OPERATOR_MAINTENANCE)
+)
+"""The conditions a policy rule may name (the policy CRD's enum): every one but AgentError and
+GPUOperatorMaintenance, which the operator judges on every node and answers with health Unknown alone."""
 
 
 class Action(enum.StrEnum):

@@ -228,7 +228,7 @@ async def _condition_events(
                 events.subject(ctx.cache, name),
                 condition.value,
                 state.message or condition.value,
-                events.WARNING,
+                events.NORMAL if condition is Condition.GPU_OPERATOR_MAINTENANCE else events.WARNING,
             )
 
 
@@ -356,9 +356,8 @@ async def _node_condition(
     state = NODE_CONDITION[verdict.health]
     reason = verdict.issues[0].value if verdict.issues else "GPUsHealthy"
     if verdict.health is Health.UNKNOWN:
-        # Why nothing is judged: the agent is stale, or it reports an error of its own (sees no GPU).
-        blind = Condition.AGENT_ERROR in verdict.issues and Condition.AGENT_STALE not in verdict.issues
-        reason = (Condition.AGENT_ERROR if blind else Condition.AGENT_STALE).value
+        # Why nothing is judged: GPU Operator maintenance, a stale agent, or an agent in error.
+        reason = verdicts.unknown_reason(verdict).value
     messages = [verdict.conditions[c].message for c in verdict.issues if c in verdict.conditions]
     message = "; ".join(m for m in messages if m) or (
         "All GPUs healthy." if verdict.health is Health.HEALTHY else verdict.health.value

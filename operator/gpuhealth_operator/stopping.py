@@ -23,7 +23,7 @@ import logging
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import context, kube
 from gpuhealth_operator.actions import events, nodes, status
-from gpuhealth_operator.decisions import policies
+from gpuhealth_operator.decisions import policies, signals
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,9 @@ def why_stop(ctx: context.Context, policy: str, node: str) -> str | None:
         return "the node is gone"
     if record.view.labels.get(keys.EXCLUDE_LABEL) == "true":
         return f"the node is labelled {keys.EXCLUDE_LABEL}=true"
+    maintenance = signals.gpu_operator_maintenance(record.view.labels)
+    if maintenance is not None:  # its upgrade controller drains (or waits for jobs) by its own policy
+        return maintenance
     current = ctx.cache.policies.get(policy)
     if current is None:
         if policy in ctx.cache.policy_errors:
@@ -57,6 +60,11 @@ def _release_hint(reason: str, node: str) -> str:
         )
     if "dry run" in reason:
         return "set dryRun: false to resume the drain"
+    if "GPU Operator" in reason:
+        return (
+            "the drain resumes once the GPU Operator is done with the node if the fault is still there; the "
+            "node stays ours to uncordon once recovered"
+        )
     if "no longer selects" in reason:
         return (
             "select the node again to resume the drain, or release it yourself (kubectl uncordon "

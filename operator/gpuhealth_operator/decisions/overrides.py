@@ -29,6 +29,8 @@ from gpuhealth_operator.decisions import hysteresis, model, policies, times
 
 Condition = vocabulary.Condition
 _NAMES = frozenset(c.value for c in Condition)
+_NO_EVIDENCE = frozenset({Condition.AGENT_STALE, Condition.AGENT_ERROR, Condition.GPU_OPERATOR_MAINTENANCE})
+"""Conditions that say why nothing is judged, never a fault: no new evidence after an override."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +61,7 @@ def gather(verdict: model.NodeVerdict, facts: status.GPUNodeStatus, rule_xids: f
     episodes = {
         condition.value: times.render(state.last_transition_time)
         for condition, state in verdict.conditions.items()
-        if state.status == hysteresis.TRUE and condition not in (Condition.AGENT_STALE, Condition.AGENT_ERROR)
+        if state.status == hysteresis.TRUE and condition not in _NO_EVIDENCE
     }
     ecc: dict[str, int] = {}
     xids: dict[str, dict[str, int]] = {}

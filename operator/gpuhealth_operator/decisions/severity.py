@@ -27,6 +27,7 @@ ORDER: Final[tuple[Condition, ...]] = (
     Condition.RECOVERY_REQUIRED,
     Condition.AGENT_STALE,
     Condition.AGENT_ERROR,
+    Condition.GPU_OPERATOR_MAINTENANCE,
     Condition.THERMAL_THROTTLED,
     Condition.POWER_THROTTLED,
     Condition.PCIE_DEGRADED,

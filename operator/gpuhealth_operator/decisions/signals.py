@@ -23,7 +23,7 @@ import operator
 from collections.abc import Mapping
 from typing import Final
 
-from gpuhealth_api import faults, heartbeats, status, vocabulary
+from gpuhealth_api import faults, heartbeats, keys, status, vocabulary
 from gpuhealth_operator.decisions import gpu_facts, liveness, model, times
 
 Condition = vocabulary.Condition
@@ -49,6 +49,26 @@ FACT_CONDITIONS: Final[tuple[Condition, ...]] = (
 
 GPUFault = faults.GPUFault
 
+DRIVER_UPGRADE_MAINTENANCE: Final = frozenset(
+    {
+        "cordon-required",
+        "wait-for-jobs-required",
+        "pod-deletion-required",
+        "drain-required",
+        "node-maintenance-required",
+        "post-maintenance-required",
+        "pod-restart-required",
+        "validation-required",
+        "uncordon-required",
+    }
+)
+"""`nvidia.com/gpu-driver-upgrade-state` values (k8s-operator-libs) while the upgrade controller works on the
+node. Not `upgrade-required` (queued: the node may wait hours for its turn, its GPUs untouched), nor
+`upgrade-done`, nor `upgrade-failed` (nobody brings the GPUs back: the node is judged as any other)."""
+MIG_MAINTENANCE: Final = frozenset({"pending", "rebooting"})
+"""`nvidia.com/mig.config.state` values while mig-manager applies a MIG configuration (not `success`,
+`failed`)."""
+
 FactSignals = dict[tuple[frozenset[int], int | None], dict[Condition, model.Signal]]
 """Signals of FACT_CONDITIONS per (policy XIDs, expected GPUs), for one version of a node's facts."""
 
@@ -71,9 +91,15 @@ def raw_signals(
     """
     stale = agent_stale(facts, report_age_seconds, now, agent_pod)
     error = agent_error(facts, stale=stale.present is True)
-    signals = {Condition.AGENT_STALE: stale, Condition.AGENT_ERROR: error}
-    # A stale agent's facts are old; an agent in error (it sees no GPU) reports none to judge.
-    blind = stale if stale.present else error if error.present else None
+    maintenance = gpu_operator_signal(node)
+    signals = {
+        Condition.AGENT_STALE: stale,
+        Condition.AGENT_ERROR: error,
+        Condition.GPU_OPERATOR_MAINTENANCE: maintenance,
+    }
+    # GPUs the GPU Operator takes away on purpose are no fault; a stale agent's facts are old; an agent in
+    # error (it sees no GPU) reports none to judge.
+    blind = next((s for s in (maintenance, stale, error) if s.present), None)
     if blind is not None:
         for condition in FACT_CONDITIONS:
             signals[condition] = model.Signal(condition, None, f"unknown: {blind.message}")
@@ -196,6 +222,29 @@ def agent_error(facts: status.GPUNodeStatus, *, stale: bool = False) -> model.Si
     if error is None:
         return model.Signal(condition, False, "the agent reports no error of its own")
     return model.Signal(condition, True, error)
+
+
+def gpu_operator_maintenance(labels: Mapping[str, str]) -> str | None:
+    """Why the GPU Operator is working on the node's GPUs, from its labels; None when it is not.
+
+    During a driver upgrade or a MIG reconfiguration the GPUs vanish and come back by design.
+    """
+    upgrade = labels.get(keys.GPU_DRIVER_UPGRADE_STATE_LABEL)
+    if upgrade in DRIVER_UPGRADE_MAINTENANCE:
+        return f"the GPU Operator is upgrading the driver ({keys.GPU_DRIVER_UPGRADE_STATE_LABEL}={upgrade})"
+    mig = labels.get(keys.MIG_CONFIG_STATE_LABEL)
+    if mig in MIG_MAINTENANCE:
+        return f"the GPU Operator is reconfiguring MIG ({keys.MIG_CONFIG_STATE_LABEL}={mig})"
+    return None
+
+
+def gpu_operator_signal(node: model.NodeView) -> model.Signal:
+    """GPUOperatorMaintenance: True while the node's labels say the GPU Operator works on its GPUs."""
+    condition = Condition.GPU_OPERATOR_MAINTENANCE
+    why = gpu_operator_maintenance(node.labels)
+    if why is None:
+        return model.Signal(condition, False, "no GPU Operator driver upgrade or MIG reconfiguration")
+    return model.Signal(condition, True, why)
 
 
 def agent_is_stale(

@@ -41,6 +41,9 @@ Condition = vocabulary.Condition
 Action = vocabulary.Action
 Health = vocabulary.Health
 
+BLIND: Final = frozenset({Condition.AGENT_STALE, Condition.AGENT_ERROR, Condition.GPU_OPERATOR_MAINTENANCE})
+"""Conditions under which no fact is judged: health Unknown, conditions hold, no disruptive action."""
+
 _CONDITION_LABELS: Final[Mapping[Condition, str]] = {
     Condition.STRAGGLER: keys.STRAGGLER_LABEL,
     Condition.THERMAL_THROTTLED: keys.THERMAL_LABEL,
@@ -76,7 +79,7 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
         agent_pod=agent_pod,
         known=known_signals,
     )
-    stale = raw[Condition.AGENT_STALE].present is True or raw[Condition.AGENT_ERROR].present is True
+    stale = any(raw[c].present is True for c in BLIND)
     raw[Condition.STRAGGLER] = straggler_signal(straggler, stale=stale)
     if drill is not None:
         raw[drill.condition] = drill
@@ -133,9 +136,7 @@ def _clocks(policy: model.Policy, drilled: Condition | None) -> _Clocks:
     known = _CLOCKS.get(key)
     if known is not None and known[0] is policy:
         return known[1]
-    judged = (
-        severity.FATAL | {Condition.AGENT_STALE, Condition.AGENT_ERROR} | {r.condition for r in policy.rules}
-    )
+    judged = severity.FATAL | BLIND | {r.condition for r in policy.rules}
     if drilled is not None:
         judged |= {drilled}
     clocks = tuple(
@@ -194,6 +195,15 @@ def may_uncordon(policy: model.Policy, node: model.NodeView, verdict: model.Node
     )
 
 
+def unknown_reason(verdict: model.NodeVerdict) -> Condition:
+    """Why an Unknown verdict judges nothing (the GPUHealthy Node condition's reason): the GPU Operator's
+    maintenance first (it explains the rest), then a stale agent, then an agent in error."""
+    for condition in (Condition.GPU_OPERATOR_MAINTENANCE, Condition.AGENT_STALE, Condition.AGENT_ERROR):
+        if condition in verdict.issues:
+            return condition
+    return Condition.AGENT_STALE
+
+
 def budget_rank(verdict: model.NodeVerdict) -> int:
     """Severity rank of the worst condition behind a wanted Cordon/Drain (budget ordering)."""
     return severity.worst_rank(
@@ -222,7 +232,7 @@ def straggler_signal(score: model.StragglerScore | None, *, stale: bool = False)
 
 
 def _health(issues: tuple[Condition, ...]) -> Health:
-    if Condition.AGENT_STALE in issues or Condition.AGENT_ERROR in issues:
+    if BLIND.intersection(issues):
         return Health.UNKNOWN
     if any(c in severity.FATAL for c in issues):
         return Health.UNHEALTHY

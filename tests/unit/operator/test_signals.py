@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator.decisions import model, policies, signals
+from gpuhealth_operator.decisions import model, policies, signals, verdicts
 
 Condition = vocabulary.Condition
 NOW = datetime.datetime(2026, 11, 22, 1, 0, 0, tzinfo=datetime.UTC)
@@ -252,7 +252,7 @@ def test_stale_agent_makes_every_fact_unknown() -> None:
     }
     got = signals.raw_signals(facts, model.NodeView(name="n"), XIDS, NOW, 3600)
     assert got[Condition.AGENT_STALE].present is True
-    agent = (Condition.AGENT_STALE, Condition.AGENT_ERROR)
+    agent = (Condition.AGENT_STALE, Condition.AGENT_ERROR, Condition.GPU_OPERATOR_MAINTENANCE)
     assert {c: s.present for c, s in got.items() if c not in agent} == dict.fromkeys(
         signals.FACT_CONDITIONS, None
     )
@@ -281,7 +281,8 @@ def test_garbage_fields_are_no_fault() -> None:
     facts: Any = {"agent": _agent(), "gpus": [gpu, "not a gpu"]}
     got = signals.raw_signals(facts, model.NodeView(name="n"), XIDS, NOW)
     assert {c: s.present for c, s in got.items()} == dict.fromkeys(
-        (*signals.FACT_CONDITIONS, Condition.AGENT_STALE, Condition.AGENT_ERROR), False
+        (*signals.FACT_CONDITIONS, *verdicts.BLIND),
+        False,
     )
 
 

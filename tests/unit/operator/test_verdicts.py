@@ -120,7 +120,7 @@ def test_healthy_node() -> None:
 
 def test_fatal_conditions_are_judged_without_rules() -> None:
     verdict = judge_run(policy(), [(0, {"lost": True})])
-    assert set(verdict.conditions) == severity.FATAL | {Condition.AGENT_STALE, Condition.AGENT_ERROR}
+    assert set(verdict.conditions) == severity.FATAL | verdicts.BLIND
     assert verdict.health is Health.UNHEALTHY
     assert verdict.issues == (Condition.GPU_LOST,)
     assert verdict.wanted_action is None
@@ -131,6 +131,7 @@ def test_conditions_cover_fatal_plus_rule_conditions() -> None:
     assert set(verdict.conditions) == severity.FATAL | {
         Condition.AGENT_STALE,
         Condition.AGENT_ERROR,
+        Condition.GPU_OPERATOR_MAINTENANCE,
         Condition.THERMAL_THROTTLED,
         Condition.STRAGGLER,
     }
