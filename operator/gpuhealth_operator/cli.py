@@ -27,6 +27,7 @@ from typing import Any
 
 import kopf
 
+from gpuhealth_api import __version__, logformat
 from gpuhealth_operator import (
     cache,
     context,
@@ -34,6 +35,7 @@ from gpuhealth_operator import (
     health,
     heap,
     kube,
+    kubeconfigs,
     leader,
     metrics,
     priming,
@@ -45,6 +47,8 @@ from gpuhealth_operator import (
 logger = logging.getLogger("gpuhealth_operator")
 
 EXIT_FAILED = 1
+EXIT_USAGE = 2
+"""Exit status of a bad command line or an unusable kubeconfig (as argparse's own errors)."""
 """Exit status when a part of the operator failed (a lost Lease is not a failure: we campaign again)."""
 STOP_SECONDS = 5.0
 """How long the tasks of an ended term get to finish before they are cancelled."""
@@ -56,6 +60,7 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         description="Judge GPUNode facts against GPUHealthPolicy resources and act on Nodes.",
     )
     default = settings.Settings()
+    parser.add_argument("--version", action="version", version=f"gpu-health-operator {__version__}")
     parser.add_argument(
         "--kubeconfig", type=pathlib.Path, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)"
     )
@@ -143,6 +148,7 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
     parser.add_argument(
         "--log-level", default=default.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
+    logformat.add_argument(parser, default.log_format)
     args = parser.parse_args(argv)
     timing = leader.Timing(
         duration_seconds=args.lease_duration_seconds,
@@ -181,6 +187,7 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         eviction_concurrency=args.eviction_concurrency,
         api_connections=args.api_connections,
         log_level=args.log_level,
+        log_format=args.log_format,
     )
 
 
@@ -392,14 +399,16 @@ async def _end_term(
 def main(argv: Sequence[str] | None = None) -> None:
     heap.tune_allocator()
     config = parse_args(argv)
-    logging.basicConfig(
-        level=config.log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logformat.configure(config.log_level, config.log_format)
     if config.log_level != "DEBUG":
         # kopf logs every handler call at INFO; at fleet scale that is one line per watch event.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    sys.exit(asyncio.run(run(config)))
+    try:
+        sys.exit(asyncio.run(run(config)))
+    except kubeconfigs.ConfigError as error:
+        # A missing file, bad YAML, an unknown context: one line that names the file, not a traceback.
+        print(f"gpu-health-operator: {error}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from gpuhealth_api import kubeconfig_check
+
 IN_CLUSTER_DIR = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -71,6 +73,9 @@ def default_path(env: Mapping[str, str] = os.environ) -> pathlib.Path:
 
 def from_file(path: pathlib.Path) -> Found:
     """The current context of the kubeconfig at `path`."""
+    problem = kubeconfig_check.problem(path)  # the same one-line words as the agent's and the simulator's
+    if problem is not None:
+        raise ConfigError(problem)
     try:
         config = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as error:

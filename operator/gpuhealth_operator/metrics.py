@@ -22,13 +22,14 @@ import collections
 import contextlib
 import dataclasses
 import datetime
+import platform
 import threading
 from collections.abc import Callable, Iterable
 
 import prometheus_client
 from prometheus_client import metrics_core
 
-from gpuhealth_api import vocabulary
+from gpuhealth_api import __version__, vocabulary
 
 PREFIX = "gpuhealth_operator"
 
@@ -226,6 +227,13 @@ class Metrics:
             gauge.shown = lambda: not meters._standby
         for handler in HANDLERS:
             meters.reconcile_errors.labels(handler)
+        # Every replica's, leading or not: which release and Python each one runs.
+        prometheus_client.Gauge(
+            f"{PREFIX}_build_info",
+            "Always 1: the operator's version and Python version, as labels.",
+            ["version", "python"],
+            registry=registry,
+        ).labels(__version__, platform.python_version()).set(1)
         return meters
 
     def fleet_gauges(self) -> tuple[FleetGauge, ...]:

@@ -88,3 +88,6 @@ class Settings:
 
     log_level: str = "INFO"
     """Python logging level name."""
+
+    log_format: str = "text"
+    """`text` (lines for people) or `json` (one JSON object per line: `gpuhealth_api.logformat`)."""
