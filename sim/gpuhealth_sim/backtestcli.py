@@ -23,11 +23,21 @@ import time
 from types import FrameType
 from typing import Any
 
+import yaml
 from kubernetes import client, config
 
 from gpuhealth_api import heartbeats, timestamps
 from gpuhealth_operator import settings
-from gpuhealth_sim import backtest, progress, prometheus_import, scoring, tracegen, tracerecord, traces
+from gpuhealth_sim import (
+    backtest,
+    kubeconfigs,
+    progress,
+    prometheus_import,
+    scoring,
+    tracegen,
+    tracerecord,
+    traces,
+)
 
 USAGE_ERROR = 2
 INVALID_INPUT = 3
@@ -164,13 +174,18 @@ def _record(args: argparse.Namespace) -> int:
         print("gpu-health-sim: --max-seconds and --max-bytes must be positive", file=sys.stderr)
         return USAGE_ERROR
     configuration = client.Configuration()
+    if args.kubeconfig and (problem := kubeconfigs.unusable(args.kubeconfig, args.context)) is not None:
+        print(f"gpu-health-sim: cannot load the {problem}", file=sys.stderr)  # one line, no traceback
+        return USAGE_ERROR
     try:
         config.load_kube_config(  # type: ignore[no-untyped-call]
             config_file=args.kubeconfig, context=args.context, client_configuration=configuration
         )
-    except (OSError, config.ConfigException) as error:
+    except (OSError, yaml.YAMLError, config.ConfigException) as error:
         if not _in_cluster(args, configuration):
-            print(f"gpu-health-sim: cannot load the kubeconfig: {error}", file=sys.stderr)
+            problem = kubeconfigs.unusable(args.kubeconfig, args.context)
+            said = f"the {problem}" if problem else f"the kubeconfig: {' '.join(str(error).split())}"
+            print(f"gpu-health-sim: cannot load {said}", file=sys.stderr)
             return USAGE_ERROR
     # `{start}` in --out: the recording's start (the chart's recorder names each file so).
     args.out = pathlib.Path(str(args.out).replace("{start}", time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())))

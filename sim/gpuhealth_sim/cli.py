@@ -20,7 +20,8 @@ from types import FrameType
 
 from kubernetes import client, config
 
-from gpuhealth_sim import backtestcli, demo, fleet, fleetfile
+from gpuhealth_api import __version__, logformat
+from gpuhealth_sim import backtestcli, demo, fleet, fleetfile, kubeconfigs
 
 USAGE_ERROR = 2
 INVALID_FLEET = 3
@@ -31,6 +32,7 @@ def parser() -> argparse.ArgumentParser:
         prog="gpu-health-sim",
         description="Simulated GPU nodes running the real gpu-health agent (no GPU needed).",
     )
+    top.add_argument("--version", action="version", version=f"gpu-health-sim {__version__}")
     commands = top.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser(
@@ -52,6 +54,7 @@ def parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--delete-nodes", action="store_true", help="delete the fleet's Nodes when stopping")
     run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    logformat.add_argument(run)
 
     show = commands.add_parser(
         "demo",
@@ -96,7 +99,10 @@ def _api_client(kubeconfig: str | None, context: str | None, workers: int) -> cl
 
 
 def _run(args: argparse.Namespace, spec: fleetfile.Fleet) -> int:
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if (problem := kubeconfigs.unusable(args.kubeconfig, args.context)) is not None:
+        print(f"gpu-health-sim: cannot load the {problem}", file=sys.stderr)  # one line, no traceback
+        return USAGE_ERROR
+    logformat.configure(args.log_level, args.log_format)
     log = logging.getLogger("gpu-health-sim")
     workers = args.workers or spec.workers or fleet.default_workers(len(spec.nodes))
     stop = threading.Event()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 
+from gpuhealth_api import kubeconfig_check
 from gpuhealth_sim import pki
 
 CLUSTER_NAME = "gpu-health-local"
@@ -42,6 +43,12 @@ def write(
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     path.chmod(0o600)
     return path
+
+
+def unusable(kubeconfig: str | Path | None, context: str | None = None) -> str | None:
+    """What is wrong with the kubeconfig the client's loader would read (`kubeconfig`, else $KUBECONFIG,
+    else ~/.kube/config) for `context`, in one line naming the file; None when it looks usable."""
+    return kubeconfig_check.problem(kubeconfig or kubeconfig_check.default_path(), context)
 
 
 def _b64(path: Path) -> str:
