@@ -183,14 +183,18 @@ def _conditions(found: list[Problem]) -> list[str]:
     return sorted({str(p.condition) for p in found if p.condition is not None})
 
 
-def exit_code(node: status.GPUNodeStatus, catalogue: xids.Catalogue) -> int:
-    """1 on any fatal fault; else 3 when the agent could not judge the GPUs; else 0."""
+def exit_code(node: status.GPUNodeStatus, catalogue: xids.Catalogue, cannot_read: str | None = None) -> int:
+    """1 on any fatal fault (what was read is enough); else 3 when the agent could not judge the GPUs
+    or a source it was given (`cannot_read`: the dcgm-exporter) could not be read; else 0."""
     if has_fatal(node, catalogue):
         return FATAL_EXIT
-    return CANNOT_READ_EXIT if node.get("agent", {}).get("error") else HEALTHY_EXIT
+    unread = cannot_read or node.get("agent", {}).get("error")
+    return CANNOT_READ_EXIT if unread else HEALTHY_EXIT
 
 
-def verdict(node: status.GPUNodeStatus, catalogue: xids.Catalogue) -> dict[str, object]:
+def verdict(
+    node: status.GPUNodeStatus, catalogue: xids.Catalogue, cannot_read: str | None = None
+) -> dict[str, object]:
     """`-o json`'s answer: health and conditions of the node and of each GPU, by the table's predicates.
 
     The node's health is Unknown when the agent could not judge the GPUs (as the operator judges
@@ -199,7 +203,7 @@ def verdict(node: status.GPUNodeStatus, catalogue: xids.Catalogue) -> dict[str, 
     per_gpu = [(gpu, problems(gpu, catalogue)) for gpu in node.get("gpus", [])]
     on_node = node_problems(node)
     everything = on_node + [p for _, found in per_gpu for p in found]
-    code = exit_code(node, catalogue)
+    code = exit_code(node, catalogue, cannot_read)
     health = vocabulary.Health.UNKNOWN if code == CANNOT_READ_EXIT else _health(everything)
     error = node.get("agent", {}).get("error")
     return {
@@ -207,6 +211,7 @@ def verdict(node: status.GPUNodeStatus, catalogue: xids.Catalogue) -> dict[str, 
         "exitCode": code,
         "conditions": _conditions(everything),
         "problems": _said(on_node),
+        **({"cannotRead": cannot_read} if cannot_read else {}),
         **({"agentError": {"reason": error.get("reason"), "message": error.get("message")}} if error else {}),
         "gpus": [
             {
@@ -221,10 +226,13 @@ def verdict(node: status.GPUNodeStatus, catalogue: xids.Catalogue) -> dict[str, 
     }
 
 
-def render(node: status.GPUNodeStatus, catalogue: xids.Catalogue, output: str) -> tuple[int, str]:
-    """The text to print and the exit code (`exit_code`)."""
-    code = exit_code(node, catalogue)
+def render(
+    node: status.GPUNodeStatus, catalogue: xids.Catalogue, output: str, cannot_read: str | None = None
+) -> tuple[int, str]:
+    """The text to print and the exit code (`exit_code`); `cannot_read` says which source failed."""
+    code = exit_code(node, catalogue, cannot_read)
     if output == "json":
-        answer = {**node, "verdict": verdict(node, catalogue)}
+        answer = {**node, "verdict": verdict(node, catalogue, cannot_read)}
         return code, json.dumps(answer, indent=2, sort_keys=True) + "\n"
-    return code, table(node, catalogue)
+    text = table(node, catalogue)
+    return code, text if cannot_read is None else f"CANNOT READ {cannot_read}\n{text}"

@@ -168,15 +168,15 @@ def _check(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
             return check.CANNOT_READ_EXIT
         finally:
             agent.close()
+    cannot_read = None
     if dcgm_source is not None and dcgm_source.last_error is not None:
-        # Asked for and not read: a verdict without its facts would say healthy on half the evidence.
-        print(
-            f"gpu-health-agent: cannot read the dcgm-exporter at {dcgm_source.url}: "
-            f"{kubeconfig_check.one_line(dcgm_source.last_error)}",
-            file=sys.stderr,
+        # Asked for and not read: "healthy" on half the evidence would be a lie (exit 3, not 0);
+        # a fatal fault NVML shows is still a fault (exit 1).
+        cannot_read = (
+            f"the dcgm-exporter at {dcgm_source.url}: {kubeconfig_check.one_line(dcgm_source.last_error)}"
         )
-        return check.CANNOT_READ_EXIT
-    code, text = check.render(turn.status, xids.Catalogue.packaged(), args.output)
+        print(f"gpu-health-agent: cannot read {cannot_read}", file=sys.stderr)
+    code, text = check.render(turn.status, xids.Catalogue.packaged(), args.output, cannot_read)
     sys.stdout.write(text)
     return code
 

@@ -13,6 +13,8 @@ import argparse
 import json
 import logging
 import sys
+import threading
+from types import TracebackType
 from typing import Final, TextIO
 
 from gpuhealth_api import timestamps
@@ -57,6 +59,25 @@ def configure(level: str | int, log_format: str = TEXT, stream: TextIO | None = 
     handler = logging.StreamHandler(sys.stderr if stream is None else stream)
     handler.setFormatter(formatter(log_format))
     logging.basicConfig(level=level, handlers=[handler], force=True)
+    if log_format == JSON:
+        # A crash is a log line too: its traceback in `exception`, not plain text among the JSON.
+        sys.excepthook = _log_uncaught
+        threading.excepthook = lambda hook: _log_uncaught(
+            hook.exc_type, hook.exc_value or hook.exc_type(), hook.exc_traceback, hook.thread
+        )
+
+
+def _log_uncaught(
+    kind: type[BaseException],
+    error: BaseException,
+    trace: TracebackType | None,
+    thread: threading.Thread | None = None,
+) -> None:
+    if issubclass(kind, KeyboardInterrupt):
+        sys.__excepthook__(kind, error, trace)
+        return
+    where = f" in thread {thread.name}" if thread is not None else ""
+    logging.getLogger("uncaught").critical("uncaught exception%s", where, exc_info=(kind, error, trace))
 
 
 def add_argument(parser: argparse.ArgumentParser, default: str = TEXT) -> None:

@@ -109,3 +109,20 @@ def test_the_help_documents_the_exit_codes() -> None:
     text = " ".join(done.stdout.split())
     for said in ("0 healthy", "1 a fault", "2 usage", "3 cannot read"):
         assert said in text, text
+
+
+def test_a_fatal_fault_is_still_exit_one_when_the_dcgm_exporter_cannot_be_read() -> None:
+    url = f"http://127.0.0.1:{_closed_port()}/metrics"
+    done = sim_check("ecc-uncorrectable.yaml", "--dcgm-exporter-url", url, "-o", "json")
+    assert done.returncode == 1, done.stderr  # what NVML read is enough to say the GPU is broken
+    verdict = json.loads(done.stdout)["verdict"]
+    assert verdict["health"] == "Unhealthy" and url in verdict["cannotRead"]
+    assert f"cannot read the dcgm-exporter at {url}" in done.stderr
+
+
+def test_json_says_unknown_when_the_dcgm_exporter_cannot_be_read() -> None:
+    url = f"http://127.0.0.1:{_closed_port()}/metrics"
+    done = sim_check("healthy.yaml", "--dcgm-exporter-url", url, "-o", "json")
+    assert done.returncode == 3
+    verdict = json.loads(done.stdout)["verdict"]
+    assert (verdict["health"], verdict["exitCode"]) == ("Unknown", 3)

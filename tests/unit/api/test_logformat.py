@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import logging
+import sys
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -16,6 +18,7 @@ from gpuhealth_api import logformat
 def stream() -> Iterator[io.StringIO]:
     root = logging.getLogger()
     saved = (root.level, list(root.handlers))
+    hooks = (sys.excepthook, threading.excepthook)
     out = io.StringIO()
     logformat.configure("INFO", logformat.JSON, out)
     try:
@@ -23,6 +26,7 @@ def stream() -> Iterator[io.StringIO]:
     finally:
         root.handlers[:] = saved[1]
         root.setLevel(saved[0])
+        sys.excepthook, threading.excepthook = hooks
 
 
 def test_a_record_is_one_json_line_with_time_level_logger_message(stream: io.StringIO) -> None:
@@ -52,3 +56,13 @@ def test_text_stays_the_default_and_unknown_formats_are_refused() -> None:
     assert not isinstance(logformat.formatter(logformat.TEXT), logformat.JsonFormatter)
     with pytest.raises(ValueError, match="yaml"):
         logformat.configure("INFO", "yaml")
+
+
+def test_an_uncaught_exception_is_a_json_line_too(stream: io.StringIO) -> None:
+    assert sys.excepthook is not sys.__excepthook__  # the fixture's JSON setup installed ours
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError as error:
+        sys.excepthook(RuntimeError, error, error.__traceback__)
+    record = json.loads(stream.getvalue().splitlines()[-1])
+    assert record["level"] == "CRITICAL" and "RuntimeError: boom" in record["exception"]
