@@ -140,7 +140,10 @@ def test_a_full_pass_over_a_large_fleet_lets_other_work_run_between_chunks(monke
         seen.append((len(ctx.verdicts), len(reconciled)))
 
     async def run() -> None:
-        await asyncio.gather(ticker.tick(ctx, full=True), event())
+        try:
+            await asyncio.gather(ticker.tick(ctx, full=True), event())
+        finally:
+            await ctx.client.close()  # a pass may open the session (a term's first sweep asks for rules)
 
     asyncio.run(run())
     assert len(reconciled) == count + 1
