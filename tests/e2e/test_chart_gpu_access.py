@@ -155,8 +155,9 @@ def test_privileged_mode_is_privileged_and_nothing_more(control_plane: controlpl
             ["--set", "agent.gpuAccess.mode=hostDriver", "--set", "agent.gpuAccess.hostDriverPath=relative"],
             "hostDriverPath",
         ),
+        (["--set", "agent.securityContext.privileged=true"], "set agent.gpuAccess.mode=privileged"),
     ],
-    ids=["unknown-mode", "bad-cdi-device", "relative-driver-path"],
+    ids=["unknown-mode", "bad-cdi-device", "relative-driver-path", "privileged-by-hand"],
 )
 def test_bad_gpu_access_values_are_refused(
     control_plane: controlplane.ControlPlane, args: list[str], message: str
