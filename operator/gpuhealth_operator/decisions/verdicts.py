@@ -44,6 +44,10 @@ Health = vocabulary.Health
 BLIND: Final = frozenset({Condition.AGENT_STALE, Condition.AGENT_ERROR, Condition.GPU_OPERATOR_MAINTENANCE})
 """Conditions under which no fact is judged: health Unknown, conditions hold, no disruptive action."""
 
+MAINTENANCE_GRACE_SECONDS: Final = 60.0
+"""How long GPUOperatorMaintenance holds after the GPU Operator's label left its maintenance states: the
+label and the agent's report of the GPUs back come through two watches, in either order."""
+
 _CONDITION_LABELS: Final[Mapping[Condition, str]] = {
     Condition.STRAGGLER: keys.STRAGGLER_LABEL,
     Condition.THERMAL_THROTTLED: keys.THERMAL_LABEL,
@@ -79,6 +83,7 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
         agent_pod=agent_pod,
         known=known_signals,
     )
+    _hold_after_maintenance(raw, previous.get(Condition.GPU_OPERATOR_MAINTENANCE), now)
     stale = any(raw[c].present is True for c in BLIND)
     raw[Condition.STRAGGLER] = straggler_signal(straggler, stale=stale)
     if drill is not None:
@@ -143,7 +148,11 @@ def _clocks(policy: model.Policy, drilled: Condition | None) -> _Clocks:
         (
             condition,
             min((r.for_seconds for r in policy.rules if r.condition is condition), default=0.0),
-            policy.recovery_healthy_for_seconds if condition in severity.SUSTAINED else 0.0,
+            policy.recovery_healthy_for_seconds
+            if condition in severity.SUSTAINED
+            else MAINTENANCE_GRACE_SECONDS
+            if condition is Condition.GPU_OPERATOR_MAINTENANCE
+            else 0.0,
         )
         for condition in severity.most_severe_first(judged)
     )
@@ -151,6 +160,21 @@ def _clocks(policy: model.Policy, drilled: Condition | None) -> _Clocks:
         _CLOCKS.clear()  # policies come and go: never more than a few at once
     _CLOCKS[key] = (policy, clocks)
     return clocks
+
+
+def _hold_after_maintenance(
+    raw: dict[Condition, model.Signal], previous: model.ConditionState | None, now: datetime.datetime
+) -> None:
+    """In the grace after a maintenance (`MAINTENANCE_GRACE_SECONDS`), the facts stay unknown, in place:
+    they may still be the ones the agent sent while the GPUs were away."""
+    signal = raw[Condition.GPU_OPERATOR_MAINTENANCE]
+    if signal.present is not False or previous is None or previous.status != hysteresis.TRUE:
+        return
+    state = hysteresis.advance(previous, signal, 0.0, MAINTENANCE_GRACE_SECONDS, now)
+    if state.status != hysteresis.TRUE:
+        return
+    for condition in signals.FACT_CONDITIONS:
+        raw[condition] = model.Signal(condition, None, f"unknown: {state.message}")
 
 
 def with_isolation(verdict: model.NodeVerdict, decision: isolation.NodeIsolation | None) -> model.NodeVerdict:

@@ -175,6 +175,35 @@ def test_once_the_upgrade_is_done_and_the_gpus_are_back_the_node_is_healthy_and_
     asyncio.run(scenario())
 
 
+def test_the_label_that_ends_the_upgrade_seen_before_the_report_of_the_gpus_back_is_no_fault() -> None:
+    """The label and the agent's report come through two watches, in either order: for a grace after
+    the maintenance the facts stay unknown; GPUs still lost after it are judged."""
+
+    async def scenario() -> None:
+        fleet = Fleet()
+        await fleet.start(["n", "m"])
+        for name in ("n", "m"):
+            await fleet.label(name, {UPGRADE: "pod-restart-required"})
+            await fleet.report(name, gpus=8, lost=True)
+        await fleet.tick(30)
+        for name in ("n", "m"):
+            await fleet.label(name, {UPGRADE: "upgrade-done"})  # seen before the report of the GPUs back
+        await fleet.tick(1)
+        assert fleet.health("n") == "Unknown"
+        assert not fleet.cordoned("n")
+        await fleet.report("n")
+        await fleet.tick(30)
+        await fleet.report("m", gpus=8, lost=True)  # still lost after the driver upgrade
+        await fleet.tick(30)
+        assert fleet.health("n") == "Healthy"
+        assert not fleet.cordoned("n")
+        assert fleet.turned_unhealthy().keys() == {"m"}
+        assert fleet.health("m") == "Unhealthy"
+        assert fleet.cordoned("m"), "lost GPUs after the grace are judged as any node's"
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize(("label", "state"), [(UPGRADE, "upgrade-failed"), (MIG, "failed")])
 def test_a_failed_upgrade_whose_gpus_are_lost_is_judged_as_any_node(label: str, state: str) -> None:
     """A failed upgrade is no maintenance: nobody is going to bring the GPUs back, the node is broken."""

@@ -1,0 +1,146 @@
+"""A GPU Operator driver upgrade across the fleet against a real API server: maintenance, not a fault storm.
+
+Issue 30, item 3. The GPU Operator's upgrade controller labels each node it works on with
+`nvidia.com/gpu-driver-upgrade-state`; while the driver reloads, the agent sees its GPUs lost. Six nodes
+upgraded at once under a breaker that trips at two must stay schedulable, Unknown (GPUHealthy Unknown,
+reason GPUOperatorMaintenance), and trip nothing; a node outside the upgrade losing its GPUs is still
+drained, which shows the operator was acting all along.
+"""
+
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+import gpunode_facts
+import operator_harness
+from gpuhealth_api import keys, resources
+from gpuhealth_operator.decisions import verdicts
+from gpuhealth_sim import controlplane, waiting
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 30.0
+LOST = {index: {"lost": True} for index in range(8)}
+
+
+@pytest.fixture(scope="module")
+def operator(
+    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[operator_harness.OperatorProcess]:
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    with operator_harness.leading_operator(crds.kubeconfig, k8s, log, "gpu-operator-it") as process:
+        yield process
+
+
+@pytest.fixture
+def fleet(
+    request: pytest.FixtureRequest, k8s: client.ApiClient, operator: operator_harness.OperatorProcess
+) -> Iterator[operator_harness.Fleet]:
+    label = f"gpuop-{secrets.token_hex(3)}"
+    with operator_harness.Fleet(k8s, label=label) as nodes_:
+        yield nodes_
+
+
+def label(fleet: operator_harness.Fleet, name: str, value: str) -> None:
+    """What the GPU Operator's upgrade controller does to the node."""
+    fleet.core.patch_node(name, {"metadata": {"labels": {keys.GPU_DRIVER_UPGRADE_STATE_LABEL: value}}})
+
+
+def gpuhealthy(fleet: operator_harness.Fleet, name: str) -> dict[str, Any]:
+    conditions = fleet.node(name).get("status", {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == keys.NODE_CONDITION_TYPE), {})
+
+
+def policy_status(fleet: operator_harness.Fleet) -> dict[str, Any]:
+    policy = fleet.custom.get_cluster_custom_object(
+        resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, fleet.label
+    )
+    assert isinstance(policy, dict)
+    return policy.get("status") or {}
+
+
+def paused(fleet: operator_harness.Fleet) -> dict[str, Any]:
+    return next((c for c in policy_status(fleet).get("conditions") or [] if c.get("type") == "Paused"), {})
+
+
+def breaker_events(fleet: operator_harness.Fleet) -> list[Any]:
+    selector = (
+        f"involvedObject.name={fleet.label},involvedObject.kind={resources.POLICY_KIND},"
+        "reason=RemediationPaused"
+    )
+    return list(fleet.core.list_event_for_all_namespaces(field_selector=selector).items)
+
+
+def test_six_nodes_in_a_driver_upgrade_at_once_are_unknown_and_trip_nothing(
+    fleet: operator_harness.Fleet,
+) -> None:
+    upgrading = [f"{fleet.label}-up{i}" for i in range(6)]
+    control = f"{fleet.label}-control"
+    for name in [*upgrading, control]:
+        fleet.add_node(name)
+    fleet.policy(
+        fleet.label,
+        {
+            "maxUnavailable": "100%",
+            "rules": [{"name": "lost", "condition": "GPULost", "action": "Drain"}],
+            "recovery": {"uncordon": True, "healthyForSeconds": 1},
+            "breaker": {"maxNewUnhealthy": 2, "windowSeconds": 600},
+        },
+    )
+    for name in [*upgrading, control]:
+        waiting.wait_until(
+            lambda n=name: gpuhealthy(fleet, n).get("status") == "True",
+            timeout_seconds=TIMEOUT,
+            message=f"{name} judged healthy",
+        )
+
+    # The upgrade controller takes all six at once (maxParallelUpgrades 0): it labels them (cordon-required
+    # comes minutes before the driver unloads), then the driver unloads and the agents see their GPUs lost.
+    for name in upgrading:
+        label(fleet, name, "pod-restart-required")
+    for name in upgrading:
+        waiting.wait_until(
+            lambda n=name: (
+                (gpuhealthy(fleet, n).get("status"), gpuhealthy(fleet, n).get("reason"))
+                == ("Unknown", "GPUOperatorMaintenance")
+            ),
+            timeout_seconds=TIMEOUT,
+            message=f"{name}: GPUHealthy Unknown, reason GPUOperatorMaintenance",
+        )
+    for name in upgrading:
+        fleet.report(name, gpunode_facts.agent_status(overrides=LOST))
+    for name in upgrading:
+        waiting.wait_until(
+            lambda n=name: "lost" in str(fleet.gpunode(n)["status"].get("gpus")),
+            timeout_seconds=TIMEOUT,
+            message=f"{name}: the lost GPUs stored",
+        )
+        assert fleet.gpunode(name)["status"]["health"] == "Unknown"
+
+    # A node outside the upgrade loses its GPUs: it is drained, so the operator acts on this fleet.
+    fleet.report(control, gpunode_facts.agent_status(overrides=LOST))
+    waiting.wait_until(
+        lambda: fleet.node(control)["spec"].get("unschedulable") is True,
+        timeout_seconds=TIMEOUT,
+        message="the control node is cordoned",
+    )
+    assert [n for n in upgrading if fleet.node(n)["spec"].get("unschedulable")] == []
+    assert paused(fleet).get("status") != "True", paused(fleet)
+    assert breaker_events(fleet) == []
+
+    # The upgrade is done, the GPUs are back: healthy, nothing happened to them.
+    for name in upgrading:
+        fleet.report(name, gpunode_facts.agent_status())
+        label(fleet, name, "upgrade-done")
+    for name in upgrading:
+        waiting.wait_until(
+            lambda n=name: gpuhealthy(fleet, n).get("status") == "True",
+            timeout_seconds=verdicts.MAINTENANCE_GRACE_SECONDS + 2 * TIMEOUT,  # held for the grace
+            message=f"{name} healthy after the upgrade",
+        )
+    assert [n for n in upgrading if fleet.node(n)["spec"].get("unschedulable")] == []
+    assert paused(fleet).get("status") != "True", paused(fleet)
+    assert breaker_events(fleet) == []
