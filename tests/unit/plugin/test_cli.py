@@ -111,7 +111,7 @@ def test_bash_completion_end_to_end_through_the_installed_script(tmp_path: pathl
     script.write_text(completion.BASH)
     probe = f"""
 source {script}
-COMP_WORDS=(kubectl-gpuhealth drill node-1 Gpu); COMP_CWORD=3
+COMP_WORDS=(kubectl-gpuhealth drill node-1 GpuL); COMP_CWORD=3
 _kubectl_gpuhealth
 printf '%s\\n' "${{COMPREPLY[@]}}"
 """
