@@ -22,7 +22,19 @@ from typing import TYPE_CHECKING, Final
 
 import prometheus_client
 
-from gpuhealth_agent import check, dcgm, health, metrics, nvml, reporter, runner, scenario, simulated, xids
+from gpuhealth_agent import (
+    check,
+    dcgm,
+    dcgm_discovery,
+    health,
+    metrics,
+    nvml,
+    reporter,
+    runner,
+    scenario,
+    simulated,
+    xids,
+)
 from gpuhealth_api import __version__, heartbeats, kubeconfig_check, logformat
 
 if TYPE_CHECKING:
@@ -51,6 +63,32 @@ def _common(parser: argparse.ArgumentParser, log_level: str) -> None:
     parser.add_argument("--sim-scenario", metavar="FILE", help="scenario file for --backend sim")
     parser.add_argument(
         "--dcgm-exporter-url", metavar="URL", help="also fold in facts from this dcgm-exporter"
+    )
+    parser.add_argument(
+        "--dcgm-exporter",
+        choices=["auto"],
+        help="auto: find the dcgm-exporter pod on this node through the API and fold in its facts "
+        "(needs list pods; see --dcgm-exporter-selector)",
+    )
+    parser.add_argument(
+        "--dcgm-exporter-selector",
+        default=dcgm_discovery.DEFAULT_SELECTOR,
+        metavar="LABELS",
+        help="label selector of the exporter pods "
+        f"(default: {dcgm_discovery.DEFAULT_SELECTOR}, the GPU Operator's)",
+    )
+    parser.add_argument(
+        "--dcgm-exporter-namespace",
+        default="",
+        metavar="NAMESPACE",
+        help="namespace of the exporter pods (default: all namespaces)",
+    )
+    parser.add_argument(
+        "--dcgm-exporter-port",
+        type=int,
+        default=dcgm_discovery.DEFAULT_PORT,
+        metavar="PORT",
+        help=f"port of the exporter's /metrics on the pod IP (default {dcgm_discovery.DEFAULT_PORT})",
     )
     parser.add_argument("--log-level", default=log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     logformat.add_argument(parser)
@@ -125,6 +163,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         except scenario.ScenarioError as exc:
             print(f"gpu-health-agent: bad scenario: {exc}", file=sys.stderr)
             return USAGE_ERROR
+    if args.dcgm_exporter_url and args.dcgm_exporter:
+        print("gpu-health-agent: give --dcgm-exporter-url or --dcgm-exporter auto, not both", file=sys.stderr)
+        return USAGE_ERROR
+    if plan is not None and (args.dcgm_exporter_url or args.dcgm_exporter):
+        # Simulated GPUs have made-up UUIDs: a real exporter's records match none of them.
+        print(
+            "gpu-health-agent: warning: --backend sim with a dcgm-exporter: only records whose UUID "
+            "is a simulated GPU's are folded in (a real exporter's are not)",
+            file=sys.stderr,
+        )
     if args.command == "check":
         return _check(args, plan)
     return _run(args, plan)
@@ -132,6 +180,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _check(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
     node = args.node_name or "localhost"
+    try:
+        source = _dcgm(args, node_name=node)
+    except Exception as exc:  # --dcgm-exporter auto without a usable Kubernetes configuration
+        said = kubeconfig_check.one_line(exc)
+        print(f"gpu-health-agent: cannot look up the dcgm-exporter: {said}", file=sys.stderr)
+        return check.CANNOT_READ_EXIT
     base = time.time()
     if plan is not None:
         at = plan.end_seconds if args.at is None else args.at
@@ -142,7 +196,7 @@ def _check(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
         settings = runner.Settings(
             node, runner.BACKEND_SIM, expected_gpus=plan.expected_gpus, event_thread=False
         )
-        dcgm_source = _dcgm(args)
+        dcgm_source = source
         agent = runner.Agent(settings, lib, clock=lambda: base + moment[0], dcgm_source=dcgm_source)
         agent.start(base)
         # Step through the timeline as a running agent would, so resets, recoveries and
@@ -158,7 +212,7 @@ def _check(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
             agent.close()
     else:
         settings = runner.Settings(node, runner.BACKEND_NVML, event_thread=False)
-        dcgm_source = _dcgm(args)
+        dcgm_source = source
         agent = runner.Agent(settings, nvml.real(), dcgm_source=dcgm_source)
         try:
             agent.start(base)
@@ -181,7 +235,20 @@ def _check(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
     return code
 
 
-def _dcgm(args: argparse.Namespace) -> dcgm.DcgmSource | None:
+def _dcgm(
+    args: argparse.Namespace, api_client: k8s.ApiClient | None = None, node_name: str = ""
+) -> dcgm.DcgmSource | None:
+    if args.dcgm_exporter == "auto":
+        if api_client is None:
+            api_client = _api_client(getattr(args, "kubeconfig", None))
+        locator = dcgm_discovery.Locator(
+            dcgm_discovery.ApiPodLister(api_client),
+            node_name or args.node_name,
+            selector=args.dcgm_exporter_selector,
+            namespace=args.dcgm_exporter_namespace or None,
+            port=args.dcgm_exporter_port,
+        )
+        return dcgm.DcgmSource(locator=locator)
     return dcgm.DcgmSource(args.dcgm_exporter_url) if args.dcgm_exporter_url else None
 
 
@@ -254,7 +321,7 @@ def _run(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
         lib,
         report=reporter.Reporter(cluster, heartbeat_seconds=args.heartbeat),
         agent_metrics=metrics.AgentMetrics(registry),
-        dcgm_source=_dcgm(args),
+        dcgm_source=_dcgm(args, api_client, args.node_name),
     )
     server = health.HealthServer(args.metrics_port, agent.liveness, registry).start()
     log.info(

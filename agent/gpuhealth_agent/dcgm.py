@@ -1,4 +1,5 @@
-"""Optional DCGM facts from a dcgm-exporter beside the agent (`--dcgm-exporter-url`).
+"""Optional DCGM facts from a dcgm-exporter beside the agent (`--dcgm-exporter-url`, or found
+through the API with `--dcgm-exporter auto`: dcgm_discovery).
 
 Where a dcgm-exporter already runs, DCGM knows things NVML polling misses
 (an XID while our event thread was not watching, violation time counters).
@@ -37,6 +38,7 @@ from typing import Final
 
 from prometheus_client import parser
 
+from gpuhealth_agent import dcgm_discovery
 from gpuhealth_api import status
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,9 @@ ROW_REMAP_FAILURE: Final = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
 THERMAL_VIOLATION: Final = "DCGM_FI_DEV_THERMAL_VIOLATION"
 POWER_VIOLATION: Final = "DCGM_FI_DEV_POWER_VIOLATION"
 FIELDS: Final = frozenset({XID, DBE_VOLATILE, ROW_REMAP_FAILURE, THERMAL_VIOLATION, POWER_VIOLATION})
+
+COUNTER_SET: Final = "examples/gpu-operator/dcgm-exporter-counters.yaml"
+"""The dcgm-exporter counter set that has every field in FIELDS (the stock one lacks three)."""
 
 THERMAL_REASON: Final = "SwThermalSlowdown"
 POWER_REASON: Final = "SwPowerCap"
@@ -133,6 +138,20 @@ def fold(
     return changed
 
 
+_ATTRIBUTE: Final = {
+    XID: "last_xid",
+    DBE_VOLATILE: "dbe_volatile",
+    ROW_REMAP_FAILURE: "remap_failure",
+    THERMAL_VIOLATION: "thermal_violation",
+    POWER_VIOLATION: "power_violation",
+}
+
+
+def _value(facts: GpuFacts, field: str) -> object:
+    value: object = getattr(facts, _ATTRIBUTE[field])
+    return value
+
+
 def _read(gpu: status.GPUStatus, path: str) -> None:
     """`path` has a value now: no longer one of the GPU's unreadable facts."""
     unreadable = [p for p in gpu.get("unreadable", []) if p != path]
@@ -170,8 +189,20 @@ class _Counted:
 class DcgmSource:
     """Scrapes one dcgm-exporter; remembers the previous scrape to see what changed (module docstring)."""
 
-    def __init__(self, url: str, timeout_seconds: float = 2.0) -> None:
-        self.url = url
+    def __init__(
+        self,
+        url: str | None = None,
+        timeout_seconds: float = 2.0,
+        *,
+        locator: dcgm_discovery.Locator | None = None,
+    ) -> None:
+        if url is None and locator is None:
+            raise ValueError("a dcgm-exporter URL or a locator is needed")
+        self.url = url if url is not None else f"<{locator.describe() if locator else ''}>"
+        """The URL last scraped (with a locator: the pod found, or what was looked for)."""
+        self.locator = locator
+        self._said: str | None = None
+        """The last warning about the exporter's content (said once, not every collection)."""
         self.timeout_seconds = timeout_seconds
         self.previous: dict[str, GpuFacts] = {}
         self.failures = 0
@@ -182,17 +213,46 @@ class DcgmSource:
 
     def scrape(self) -> dict[str, GpuFacts] | None:
         """Facts by GPU UUID, or None when the exporter cannot be read (counted, logged)."""
+        if self.locator is not None:
+            try:
+                self.url = self.locator.url()
+            except dcgm_discovery.NotFoundError as exc:
+                return self._failed(str(exc), f"no dcgm-exporter found: {exc}")
         try:
             with urllib.request.urlopen(self.url, timeout=self.timeout_seconds) as response:
                 text = response.read().decode("utf-8", errors="replace")
             facts = parse_text(text)
         except (OSError, urllib.error.URLError, ValueError) as exc:
-            self.failures += 1
-            self.last_error = str(exc)
-            log.warning("dcgm-exporter at %s unreachable or unreadable: %s", self.url, exc)
-            return None
+            if self.locator is not None:
+                self.locator.forget()  # the pod may have been replaced: look it up again next time
+            return self._failed(str(exc), f"dcgm-exporter at {self.url} unreachable or unreadable: {exc}")
         self.last_error = None
         return facts
+
+    def _failed(self, error: str, line: str) -> None:
+        self.failures += 1
+        self.last_error = error
+        log.warning("%s", line)
+
+    def _check_content(self, gpus: list[status.GPUStatus], facts: dict[str, GpuFacts]) -> None:
+        """Say (once) when the exporter's facts cannot help: none of our GPUs, or fields not enabled."""
+        ours = {g["uuid"] for g in gpus if g.get("uuid")} & set(facts)
+        said: str | None = None
+        if facts and not ours:
+            said = (
+                f"dcgm-exporter at {self.url} lists none of this node's GPUs ({len(facts)} others): "
+                "nothing folded in (another node's exporter, or --backend sim)"
+            )
+        elif ours:
+            missing = sorted(f for f in FIELDS if all(_value(facts[u], f) is None for u in ours))
+            if missing:
+                said = (
+                    f"dcgm-exporter at {self.url} does not export {', '.join(missing)}: "
+                    f"enable the counter set in {COUNTER_SET}"
+                )
+        if said is not None and said != self._said:
+            log.warning("%s", said)
+        self._said = said
 
     def claim_nvml_xid(self, uuid: str | None, code: int, now: float) -> bool:
         """Whether an XID from an NVML event is new, not one DCGM reported already (then it is dropped)."""
@@ -214,6 +274,7 @@ class DcgmSource:
         facts = self.scrape()
         if facts is None:
             return False
+        self._check_content(gpus, facts)
         for gpu, code in fold(gpus, facts, self.previous):
             uuid = gpu["uuid"]
             if self._by_nvml.take(uuid, code, now):
