@@ -115,15 +115,25 @@ def breaker(policy: Body) -> Report:
 def _verdict(gpunode: Body, policy: str) -> Body:
     """A policy's own verdict on the node: `status.policies[]` when several select it, else the status."""
     own = _status(gpunode)
-    for entry in own.get("policies") or []:
-        if entry.get("policy") == policy:
-            return dict(entry)
+    verdicts = _policy_verdicts(gpunode)
+    if policy in verdicts:
+        return dict(verdicts[policy])
+    if verdicts:  # several policies judged the node, not this one yet: the status reports another's
+        return {"policy": policy, "health": None, "issues": None, "action": None}
     return {
         "policy": policy,
         "health": own.get("health"),
         "issues": own.get("issues"),
         "action": own.get("action"),
     }
+
+
+def _policy_verdicts(gpunode: Body) -> dict[str, Body]:
+    """policy → its verdict in `status.policies[]` (empty when one policy or none selects the node)."""
+    entries = _status(gpunode).get("policies")
+    if not isinstance(entries, list):
+        return {}
+    return {str(e["policy"]): e for e in entries if isinstance(e, Mapping) and e.get("policy")}
 
 
 # --- status: the fleet at a glance -----------------------------------------------------------------
@@ -437,7 +447,22 @@ def why_report(
             entry = rules_for(parsed, conditions, now)
             entry["verdict"] = _verdict(gpunode or {}, parsed.name)
             entry["breaker"] = breaker(body)
+            entry["listed"] = True
             selecting.append(entry)
+    # A verdict the operator wrote for a policy not matched above (deleted since, not readable, or
+    # its selector no longer matches the Node): still one of the node's verdicts, shown as written.
+    shown = {str(entry["policy"]) for entry in selecting}
+    for policy_name, written in _policy_verdicts(gpunode or {}).items():
+        if policy_name not in shown:
+            selecting.append(
+                {
+                    "policy": policy_name,
+                    "dryRun": bool(written.get("dryRun")),
+                    "verdict": dict(written),
+                    "listed": False,
+                }
+            )
+    selecting.sort(key=lambda entry: str(entry["policy"]))
     report: Report = {
         "node": name,
         "nodeExists": node is not None,
@@ -585,12 +610,20 @@ def render_why(report: Report, now: datetime.datetime) -> str:
         if p.get("error"):
             lines.append(f"  policy {p['policy']}: invalid, not acting ({p['error']})")
             continue
-        mode = " (dryRun: decides and says, changes nothing)" if p["dryRun"] else ""
         verdict = p.get("verdict") or {}
+        dry_run = verdict.get("dryRun", p["dryRun"])  # as judged; the spec may have changed since
+        mode = " (dryRun: decides and says, changes nothing)" if dry_run else ""
+        issues = f" ({verdict['issues']})" if verdict.get("issues") else ""
         lines.append(
-            f"  policy {p['policy']}{mode}: {verdict.get('health') or '-'},"
+            f"  policy {p['policy']}{mode}: {verdict.get('health') or 'not judged yet'}{issues},"
             f" action {verdict.get('action') or '-'}"
         )
+        if not p.get("listed", True):
+            lines.append(
+                "    not among the policies listed (deleted, not readable, or no longer selecting"
+                " the Node): the operator's last verdict"
+            )
+            continue
         for r in p["fired"]:
             won = "  <- wins" if r == p["wins"] else ""
             lines.append(f"    rule {r['rule']}: {r['condition']} -> {r['action']} fired{won}")

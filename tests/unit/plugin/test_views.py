@@ -185,7 +185,10 @@ def test_why_names_each_selecting_policy_by_its_own_verdict_and_skips_the_others
     assert [p["policy"] for p in report["policies"]] == ["p", "q"]
     assert report["policies"][1]["verdict"]["action"] == "DryRun"
     text = views.render_why(report, NOW)
-    assert "policy q (dryRun: decides and says, changes nothing): Unhealthy, action DryRun" in text
+    assert (
+        "policy q (dryRun: decides and says, changes nothing): Unhealthy (EccUncorrectable), action DryRun"
+        in text
+    )
     assert "none (Events expire" in text
 
 
@@ -304,3 +307,67 @@ def test_age_reads_rfc3339_and_tolerates_garbage() -> None:
     assert views.age(t(7200), NOW) == "2h"
     assert views.age("yesterday", NOW) == "-"
     assert views.age(None, NOW) == "-"
+
+
+def test_why_lists_every_verdict_in_status_policies_with_its_issues() -> None:
+    """Each selecting policy's own verdict, issues included, and one the plugin cannot match to a
+    listed policy (deleted since, or selecting by labels the Node no longer has) is still shown."""
+    n, g = drained_node()
+    g["status"]["policies"] = [
+        {
+            "policy": "gone",
+            "dryRun": False,
+            "health": "Degraded",
+            "issues": "PcieDegraded",
+            "action": "Labeled",
+        },
+        {
+            "policy": "p",
+            "dryRun": False,
+            "health": "Unhealthy",
+            "issues": "EccUncorrectable",
+            "action": "Drained",
+        },
+        {
+            "policy": "q",
+            "dryRun": True,
+            "health": "Unhealthy",
+            "issues": "EccUncorrectable",
+            "action": "DryRun",
+        },
+    ]
+    report = views.why_report(
+        "n1", n, g, policy_bodies=[policy("q", dry_run=True), policy("p")], events=[], now=NOW
+    )
+    assert [p["policy"] for p in report["policies"]] == ["gone", "p", "q"]
+    gone = report["policies"][0]
+    assert gone["verdict"] == g["status"]["policies"][0] and gone["listed"] is False
+    text = views.render_why(report, NOW)
+    assert "policy p: Unhealthy (EccUncorrectable), action Drained" in text
+    assert (
+        "policy q (dryRun: decides and says, changes nothing): Unhealthy (EccUncorrectable), action DryRun"
+        in text
+    )
+    assert "policy gone: Degraded (PcieDegraded), action Labeled" in text
+    assert "not among the policies listed" in text
+    json.dumps(report)
+
+
+def test_status_does_not_count_another_policys_verdict_for_a_policy_status_policies_lacks() -> None:
+    """status.policies present without q (q began selecting the node since the operator last wrote):
+    q has no verdict there yet; the reported one is p's, not q's."""
+    n1, g1 = drained_node()
+    g1["status"]["policies"] = [
+        {
+            "policy": "p",
+            "dryRun": False,
+            "health": "Unhealthy",
+            "issues": "EccUncorrectable",
+            "action": "Drained",
+        },
+        {"policy": "r", "dryRun": False, "health": "Healthy", "issues": "", "action": "None"},
+    ]
+    report = views.status_report([policy("p"), policy("q")], [g1, gpunode("n2")], [n1, node("n2")], NOW)
+    p, q = report["policies"]
+    assert p["health"] == {"Healthy": 1, "Unhealthy": 1}
+    assert q["health"] == {"Healthy": 1, "Unknown": 1}
