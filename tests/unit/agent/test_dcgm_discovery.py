@@ -304,3 +304,61 @@ def cli_check(argv: list[str]) -> str:
         check=False,
     )
     return done.stderr
+
+
+# -- the chart ---------------------------------------------------------------------------------------
+
+
+def helm_template(*values: str) -> list[dict[str, Any]]:
+    import os  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    assets = os.environ.get("KUBEBUILDER_ASSETS", "")
+    helm = Path(assets) / "helm"
+    if not assets or not helm.exists():
+        pytest.skip("helm not in $KUBEBUILDER_ASSETS")
+    done = subprocess.run(
+        [
+            str(helm),
+            "template",
+            "t",
+            str(ROOT / "charts" / "gpu-health"),
+            "--kube-version",
+            "1.31.0",
+            *values,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def agent_objects(objects: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    [daemonset] = [o for o in objects if o["kind"] == "DaemonSet"]
+    [container] = [c for c in daemonset["spec"]["template"]["spec"]["containers"] if c["name"] == "agent"]
+    [role] = [o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("-agent")]
+    return container["args"], role["rules"]
+
+
+def test_the_chart_gives_discovery_its_flags_and_list_pods_only_when_enabled() -> None:
+    args, rules = agent_objects(helm_template())
+    assert not any("pods" in r["resources"] for r in rules)
+    assert not any(a.startswith("--dcgm-exporter") for a in args)
+    args, rules = agent_objects(
+        helm_template(
+            "--set",
+            "agent.dcgmExporterDiscovery.enabled=true",
+            "--set",
+            "agent.dcgmExporterDiscovery.namespace=gpu-operator",
+        )
+    )
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]} in rules
+    parsed = cli.parser().parse_args(["run", *args])
+    assert (parsed.dcgm_exporter, parsed.dcgm_exporter_namespace, parsed.dcgm_exporter_port) == (
+        "auto",
+        "gpu-operator",
+        9400,
+    )
+    assert parsed.dcgm_exporter_selector == dcgm_discovery.DEFAULT_SELECTOR
