@@ -217,7 +217,8 @@ class DcgmSource:
             try:
                 self.url = self.locator.url()
             except dcgm_discovery.NotFoundError as exc:
-                return self._failed(str(exc), f"no dcgm-exporter found: {exc}")
+                self._failed(str(exc), f"no dcgm-exporter found: {exc}")
+                return None
         try:
             with urllib.request.urlopen(self.url, timeout=self.timeout_seconds) as response:
                 text = response.read().decode("utf-8", errors="replace")
@@ -225,7 +226,8 @@ class DcgmSource:
         except (OSError, urllib.error.URLError, ValueError) as exc:
             if self.locator is not None:
                 self.locator.forget()  # the pod may have been replaced: look it up again next time
-            return self._failed(str(exc), f"dcgm-exporter at {self.url} unreachable or unreadable: {exc}")
+            self._failed(str(exc), f"dcgm-exporter at {self.url} unreachable or unreadable: {exc}")
+            return None
         self.last_error = None
         return facts
 
