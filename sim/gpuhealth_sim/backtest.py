@@ -224,13 +224,21 @@ class Result:
 class Replay:
     """One policy's replay of one trace (module docstring)."""
 
-    def __init__(self, policy: dict[str, Any], start: float, tick_seconds: float) -> None:
+    def __init__(
+        self,
+        policy: dict[str, Any],
+        start: float,
+        tick_seconds: float,
+        *,
+        agent_pod_namespace: str | None = None,
+    ) -> None:
         self.start = start
         self.now = start
         self.tick_seconds = tick_seconds
         self.client = memcluster.MemoryKube()
-        # A trace's agent pods are those its recording kept as agents (`tracerecord`), in their namespace.
-        config = settings.Settings(agent_pod_namespace=None)
+        # Agent pods are judged by the operator's rule (`agent_pods.is_agent`) in the namespace the
+        # recording names (header `agentPodNamespace`); None (an older trace): any namespace.
+        config = settings.Settings(agent_pod_namespace=agent_pod_namespace)
         self.ctx = context.Context.create(
             config,
             self.client,  # type: ignore[arg-type]  # the same interface as kube.Kube
@@ -619,7 +627,13 @@ def run(trace: pathlib.Path, policy: dict[str, Any], tick_seconds: float = 30.0)
 
     began, cpu = time.perf_counter(), time.process_time()
     with traces.open_trace(trace) as (header, records):
-        replay = Replay(policy, float(header["start"]), tick_seconds)
+        namespace = header.get("agentPodNamespace")
+        replay = Replay(
+            policy,
+            float(header["start"]),
+            tick_seconds,
+            agent_pod_namespace=namespace if isinstance(namespace, str) and namespace else None,
+        )
         result = asyncio.run(replay.run(records))
     result.seconds = time.perf_counter() - began
     result.cpu_seconds = time.process_time() - cpu

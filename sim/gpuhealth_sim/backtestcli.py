@@ -71,6 +71,13 @@ def add_commands(commands: Any) -> None:
         help="label selector of the agents' pods, the operator's --agent-pod-selector (default: the chart's, "
         "%(default)s); an empty one records no pods",
     )
+    record.add_argument(
+        "--agent-pod-namespace",
+        default=tracerecord.DEFAULT_AGENT_POD_NAMESPACE,
+        help="namespace of the agent DaemonSet, the operator's --agent-pod-namespace: a pod the selector "
+        "matches elsewhere (a tenant's DaemonSet with the agent's labels) is not recorded "
+        "(default: %(default)s, the README's helm install -n; the chart's recorder passes its own)",
+    )
     record.add_argument("--quiet", action="store_true", help="no progress on stderr")
     trace = commands.add_parser(
         "trace", help="write synthetic labelled traces, or import one from Prometheus (docs/backtest.md)"
@@ -203,6 +210,7 @@ def _record(args: argparse.Namespace) -> int:
             max_seconds=args.max_seconds,
             max_bytes=args.max_bytes,
             agent_pod_selector=args.agent_pod_selector,
+            agent_pod_namespace=args.agent_pod_namespace,
         ).start()
         print(f"recording to {args.out} (Ctrl-C stops)", file=sys.stderr, flush=True)
         for warning in recorder.warnings:

@@ -17,11 +17,14 @@ rather than repaired leaves the fleet and frees the budget it held); one of
 the same name created later is written in full again.
 
 The agents' DaemonSet pods (those matching the operator's
-`--agent-pod-selector`, by default the chart's) are followed too: each pod's
+`--agent-pod-selector`, by default the chart's, in `--agent-pod-namespace`,
+the operator's rule `agent_pods.is_agent`) are followed too: each pod's
 node and whether it is Ready, since when (`agent_pods.pod_readiness`, the
 operator's own reading), so a replay judges a dead agent stale as soon as the
-live operator did, not only once its heartbeat is three periods old. Without
-the right to list pods, record goes on without them and says so.
+live operator did, not only once its heartbeat is three periods old. A
+tenant's own DaemonSet with the agent's labels, in another namespace, is not
+recorded; the header's `agentPodNamespace` tells the replay the same rule.
+Without the right to list pods, record goes on without them and says so.
 
 For IsolateGPU (DRA), where the cluster serves resource.k8s.io, two more
 followers: ResourceSlices (each kept as the operator reads it: driver, node,
@@ -120,11 +123,22 @@ def rule_view(obj: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"metadata": kept, "spec": obj.get("spec") or {}}
 
 
-def agent_pod_view(obj: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+DEFAULT_AGENT_POD_NAMESPACE: Final = "gpu-health"
+"""The README's `helm install ... -n gpu-health`; in the cluster the chart passes its release namespace."""
+
+
+def trace_header(start: float, generator: Mapping[str, Any], agent_pod_namespace: str) -> dict[str, Any]:
+    """A recording's header: when, by what, and where its agents ran (the replay judges pods by it)."""
+    return {"start": start, "generator": dict(generator), "agentPodNamespace": agent_pod_namespace}
+
+
+def agent_pod_view(
+    obj: Mapping[str, Any], namespace: str = DEFAULT_AGENT_POD_NAMESPACE
+) -> tuple[str, dict[str, Any]] | None:
     """("namespace/name", its `agentpod` record's fields) of an agent pod; None before it is scheduled
-    (the operator reads nothing of it then), or for a pod no DaemonSet controls (not an agent, whatever
-    its labels: `agent_pods.is_agent`)."""
-    if not agent_pods.is_agent(obj, None):
+    (the operator reads nothing of it then), or for a pod that is not the agent whatever its labels:
+    outside the agent's namespace or controlled by no DaemonSet (`agent_pods.is_agent`)."""
+    if not agent_pods.is_agent(obj, namespace):
         return None
     seen = agent_pods.pod_readiness(obj)
     if seen is None:
@@ -136,8 +150,9 @@ def agent_pod_view(obj: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
 class Compactor:
     """Turns object versions into trace records; None for a version that changed nothing recorded."""
 
-    def __init__(self, start: float) -> None:
+    def __init__(self, start: float, agent_pod_namespace: str = DEFAULT_AGENT_POD_NAMESPACE) -> None:
         self.start = start
+        self.agent_pod_namespace = agent_pod_namespace
         self._nodes: dict[str, dict[str, Any]] = {}
         self._gpunodes: dict[str, dict[str, Any]] = {}
         self._objects: dict[tuple[str, str], dict[str, Any]] = {}
@@ -180,7 +195,7 @@ class Compactor:
 
     def agent_pod(self, obj: Mapping[str, Any], at: float) -> dict[str, Any] | None:
         """An agent pod's record when its node or readiness changed (not its other status)."""
-        seen = agent_pod_view(obj)
+        seen = agent_pod_view(obj, self.agent_pod_namespace)
         if seen is None:
             return None
         name, view = seen
@@ -271,6 +286,7 @@ class Recorder:
         max_bytes: int | None = None,
         generator: Mapping[str, Any] | None = None,
         agent_pod_selector: str = settings.DEFAULT_AGENT_POD_SELECTOR,
+        agent_pod_namespace: str = DEFAULT_AGENT_POD_NAMESPACE,
     ) -> None:
         self.out = out
         self.started_at = time.time()
@@ -283,7 +299,7 @@ class Recorder:
         """What the recording leaves out, and why (for the command to print)."""
         self.done = threading.Event()
         self._lock = threading.Lock()
-        self._compactor = Compactor(self.started_at)
+        self._compactor = Compactor(self.started_at, agent_pod_namespace)
         core = client.CoreV1Api(api)
         custom = client.CustomObjectsApi(api)
 
@@ -299,7 +315,7 @@ class Recorder:
         ]
         self._follow_agent_pods(core, agent_pod_selector)
         tool = {"tool": "gpu-health-sim record", **(generator or {})}
-        header = {"start": self.started_at, "generator": tool}
+        header = trace_header(self.started_at, tool, agent_pod_namespace)
         self._writer: traces.Writer | None = traces.Writer(out, header)
         self._writer.flush()
         self._follow_dra(custom)

@@ -291,3 +291,51 @@ def test_a_cluster_that_cannot_be_recorded_says_why_before_any_file() -> None:
     for status, said in ((404, "is gpu-health installed?"), (403, "may not list them")):
         with pytest.raises(tracerecord.RecordError, match=rf"cannot list GPUNodes: {status} .*{said}"):
             tracerecord.preflight({"Nodes": listed, "GPUNodes": refused(status, "x")})
+
+
+def test_a_tenant_daemonset_pod_with_the_agents_labels_is_not_recorded() -> None:
+    # Labels are anyone's to copy: as the operator (`agent_pods.is_agent`), only a DaemonSet pod in
+    # the agent's namespace (record --agent-pod-namespace, the chart's release namespace) is the agent.
+    compactor = tracerecord.Compactor(START)
+    tenant = agent_pod("n1", "False")
+    tenant["metadata"]["namespace"] = "tenant"
+    assert compactor.agent_pod(tenant, START + 1) is None, "a tenant's DaemonSet is not the agent"
+    assert compactor.deleted("agentpod", "tenant/agent-abcde", START + 2) == []
+    assert compactor.agent_pod(agent_pod("n1", "True"), START + 3) is not None
+
+    elsewhere = tracerecord.Compactor(START, agent_pod_namespace="gpu-system")
+    assert elsewhere.agent_pod(agent_pod("n1", "True"), START + 1) is None
+    moved = agent_pod("n1", "True")
+    moved["metadata"]["namespace"] = "gpu-system"
+    assert elsewhere.agent_pod(moved, START + 1) is not None
+
+
+def test_record_defaults_to_the_readmes_namespace() -> None:
+    from gpuhealth_sim import cli  # noqa: PLC0415
+
+    parser = cli.parser()
+    assert parser.parse_args(["record", "--out", "t.jsonl"]).agent_pod_namespace == "gpu-health"
+    given = ["record", "--out", "t.jsonl", "--agent-pod-namespace", "gpu-system"]
+    assert parser.parse_args(given).agent_pod_namespace == "gpu-system"
+
+
+def test_a_replay_judges_agent_pods_by_the_recorded_namespace() -> None:
+    # A trace says where its agents ran (header agentPodNamespace): the replay judges pods by the
+    # operator's own rule, so a tenant pod in an older trace cannot make a node Unknown or live.
+    import asyncio  # noqa: PLC0415
+
+    from gpuhealth_sim import backtest  # noqa: PLC0415
+
+    policy = backtest.load_policy(pathlib.Path(__file__).parents[3] / "examples" / "default-policy.yaml")
+    replay = backtest.Replay(policy, START, 30.0, agent_pod_namespace="gpu-health")
+    since = "2026-01-05T00:00:00Z"
+    tenant = {"name": "tenant/agent-x", "node": "n1", "ready": False, "since": since}
+    asyncio.run(replay._agent_pod(tenant, gone=False))
+    assert replay.ctx.agent_pods.get("n1") is None
+    agent = {"name": "gpu-health/agent-y", "node": "n1", "ready": True, "since": since}
+    asyncio.run(replay._agent_pod(agent, gone=False))
+    known = replay.ctx.agent_pods.get("n1")
+    assert known is not None and known.ready
+
+    header = tracerecord.trace_header(START, {"version": "x"}, "gpu-health")
+    assert header["agentPodNamespace"] == "gpu-health"
