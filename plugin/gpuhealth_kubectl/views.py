@@ -436,7 +436,7 @@ def why_report(
     gpunode_annotations = _meta(gpunode or {}).get("annotations") or {}
     view = _node_view(node, name)
     conditions = [dict(c) for c in own.get("conditions") or []]
-    selecting = []
+    selecting: list[Report] = []
     for body in sorted(policy_bodies, key=_name):
         parsed, error = parsed_policy(body)
         if parsed is None:
