@@ -34,7 +34,7 @@ AGENT_ERROR_EXIT: Final = CANNOT_READ_EXIT
 EXIT_CODES: Final = (
     "exit codes: 0 healthy (warnings included); 1 a fault (a fatal condition on a GPU or the node); "
     "2 usage (a bad command line or scenario file); 3 cannot read (NVML cannot start, no GPU visible, "
-    "or the --dcgm-exporter-url cannot be read)"
+    "or the dcgm-exporter given cannot be found or read)"
 )
 
 
