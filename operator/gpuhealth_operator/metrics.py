@@ -59,6 +59,17 @@ GPU_SLI_SECONDS = 10.0
 
 HEALTHS = tuple(h.value for h in vocabulary.Health)
 
+UNKNOWN_REASONS = tuple(
+    c.value
+    for c in (
+        vocabulary.Condition.AGENT_STALE,
+        vocabulary.Condition.AGENT_ERROR,
+        vocabulary.Condition.GPU_OPERATOR_MAINTENANCE,
+    )
+)
+"""Why a node is Unknown (the GPUHealthy Node condition's reason): only a stale agent is what
+GPUHealthAgentsStale pages for; an agent in error and the GPU Operator's maintenance are not."""
+
 HANDLERS = ("node", "gpunode", "policy", "timer")
 """The `handler` label's values: error series exist from the start, so a rate over them is 0, not empty."""
 
@@ -82,6 +93,7 @@ class FleetGauge(prometheus_client.Gauge):
 class Metrics:
     registry: prometheus_client.CollectorRegistry
     nodes: FleetGauge
+    unknown_nodes: FleetGauge
     actions: prometheus_client.Counter
     evictions: prometheus_client.Counter
     drain_duration: prometheus_client.Histogram
@@ -114,6 +126,13 @@ class Metrics:
                 f"{PREFIX}_nodes",
                 "Nodes selected by a policy, by health.",
                 [LABEL_POLICY, LABEL_HEALTH],
+                registry=registry,
+            ),
+            unknown_nodes=FleetGauge(
+                f"{PREFIX}_unknown_nodes",
+                "Nodes selected by a policy that are Unknown, by why (AgentStale, AgentError, "
+                "GPUOperatorMaintenance; one reason per node).",
+                [LABEL_POLICY, LABEL_REASON],
                 registry=registry,
             ),
             actions=prometheus_client.Counter(
@@ -239,6 +258,7 @@ class Metrics:
     def fleet_gauges(self) -> tuple[FleetGauge, ...]:
         return (
             self.nodes,
+            self.unknown_nodes,
             self.budget_pending,
             self.isolated_gpus,
             self.drill_nodes,
@@ -270,6 +290,9 @@ class Metrics:
                 self.nodes.remove(name, health)
             with contextlib.suppress(KeyError):
                 self.drill_nodes.remove(name, health)
+        for reason in UNKNOWN_REASONS:
+            with contextlib.suppress(KeyError):
+                self.unknown_nodes.remove(name, reason)
         with contextlib.suppress(KeyError):
             self.budget_pending.remove(name)
         with contextlib.suppress(KeyError):

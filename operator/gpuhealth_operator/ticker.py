@@ -22,7 +22,7 @@ from typing import Any
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import cache, context, heap, isolating, kube, metrics, pausing, reconciler
 from gpuhealth_operator.actions import nodes, status
-from gpuhealth_operator.decisions import model, times
+from gpuhealth_operator.decisions import model, times, verdicts
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +137,7 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
     policy = ctx.cache.policies.get(name)
     counts = {"selectedNodes": 0, "unhealthyNodes": 0, "cordonedNodes": 0, "pendingNodes": 0}
     health_counts: collections.Counter[str] = collections.Counter()
+    unknown_counts: collections.Counter[str] = collections.Counter()
     tally = metrics.GPUTally()
     count_gpus = policy is not None and ctx.meters.gpus_due(name, now)
     generation = 0
@@ -153,6 +154,8 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
                 health_counts[verdict.health.value] += 1
                 if verdict.health is vocabulary.Health.UNHEALTHY:
                     counts["unhealthyNodes"] += 1
+                elif verdict.health is vocabulary.Health.UNKNOWN:
+                    unknown_counts[verdicts.unknown_reason(verdict).value] += 1
                 if count_gpus:
                     _tally_gpus(ctx, tally, name, record, verdict)
             if record.view.unschedulable and record.view.cordoned_by == name:
@@ -163,6 +166,8 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
                 counts["pendingNodes"] += 1
         for health in vocabulary.Health:
             ctx.meters.nodes.labels(name, health.value).set(health_counts[health.value])
+        for reason in metrics.UNKNOWN_REASONS:
+            ctx.meters.unknown_nodes.labels(name, reason).set(unknown_counts[reason])
         ctx.meters.budget_pending.labels(name).set(counts["pendingNodes"])
         ctx.meters.drain_failed_nodes.labels(name).set(drain_failed)
         if count_gpus:
