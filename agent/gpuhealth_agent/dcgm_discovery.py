@@ -11,6 +11,8 @@ adds one small LIST per node every few minutes, not one per collection.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 from collections.abc import Callable
 from typing import Any, Final, Protocol
@@ -93,7 +95,7 @@ class Locator:
         try:
             pods = self.pods.list_pods(self.namespace, self.selector, f"spec.nodeName={self.node_name}")
         except Exception as exc:  # an API error of any kind: said, retried at the next scrape
-            raise NotFoundError(f"cannot list {self.describe()}: {exc}") from exc
+            raise NotFoundError(f"cannot list {self.describe()}: {_describe(exc)}") from exc
         chosen = pick(pods)
         if chosen is None:
             raise NotFoundError(
@@ -101,6 +103,17 @@ class Locator:
                 "(is the GPU Operator's dcgm-exporter enabled? see --dcgm-exporter-selector)"
             )
         return str(chosen["status"]["podIP"])
+
+
+def _describe(exc: Exception) -> str:
+    """One line: an API refusal as its HTTP status and the server's message (RBAC says what is missing)."""
+    status, reason = getattr(exc, "status", None), getattr(exc, "reason", None)
+    if status is None:
+        return f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300]
+    message = ""
+    with contextlib.suppress(ValueError, TypeError):
+        message = str(json.loads(getattr(exc, "body", None) or "{}").get("message", ""))
+    return f"HTTP {status} {reason}" + (f": {message}" if message else "")
 
 
 class ApiPodLister:

@@ -156,3 +156,21 @@ def test_the_agent_scrapes_the_exporter_pod_on_its_own_node(
     )
     with pytest.raises(dcgm_discovery.NotFoundError):
         elsewhere.url()
+
+
+def test_an_agent_without_list_pods_is_told_what_rbac_is_missing(
+    crds: controlplane.ControlPlane, namespace: str, nodes: tuple[str, str]
+) -> None:
+    # A chart installed without agent.dcgmExporterDiscovery.enabled, an agent run with
+    # --dcgm-exporter auto: its ServiceAccount may not list pods (impersonated here).
+    api = crds.api_client()
+    api.set_default_header("Impersonate-User", f"system:serviceaccount:{namespace}:default")
+    try:
+        source = dcgm.DcgmSource(locator=dcgm_discovery.Locator(dcgm_discovery.ApiPodLister(api), nodes[0]))
+        assert source.scrape() is None
+    finally:
+        api.close()
+    assert source.last_error is not None
+    assert "HTTP 403 Forbidden" in source.last_error
+    assert 'cannot list resource "pods"' in source.last_error
+    assert "\n" not in source.last_error

@@ -165,6 +165,32 @@ def test_an_api_error_is_a_clear_error() -> None:
         dcgm_discovery.Locator(pods, "n").url()
 
 
+class Forbidden(Exception):
+    """What the Kubernetes client raises when RBAC refuses (an ApiException's attributes)."""
+
+    status = 403
+    reason = "Forbidden"
+    body = (
+        '{"kind":"Status","message":"pods is forbidden: User '
+        '\\"system:serviceaccount:gpu-health:agent\\" cannot list resource \\"pods\\""}'
+    )
+
+    def __str__(self) -> str:
+        return (
+            "(403)\nReason: Forbidden\nHTTP response headers: HTTPHeaderDict({...})\nHTTP response body: ..."
+        )
+
+
+def test_an_rbac_refusal_is_one_line_that_says_what_is_missing() -> None:
+    pods = Pods()
+    pods.error = Forbidden()
+    with pytest.raises(dcgm_discovery.NotFoundError) as caught:
+        dcgm_discovery.Locator(pods, "n").url()
+    said = str(caught.value)
+    assert "\n" not in said
+    assert "HTTP 403 Forbidden" in said and 'cannot list resource "pods"' in said
+
+
 def test_it_looks_again_after_a_while_and_when_told_the_pod_failed() -> None:
     now = [0.0]
     pods = Pods(pod("a", "10.0.0.1"))
