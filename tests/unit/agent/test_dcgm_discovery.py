@@ -388,3 +388,36 @@ def test_the_chart_gives_discovery_its_flags_and_list_pods_only_when_enabled() -
         9400,
     )
     assert parsed.dcgm_exporter_selector == dcgm_discovery.DEFAULT_SELECTOR
+
+
+def run_cli(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+    import os  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuhealth_agent.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+    return done.returncode, done.stderr
+
+
+def test_a_url_and_auto_together_is_a_usage_error() -> None:
+    code, err = run_cli(["check", "--dcgm-exporter-url", "http://x:9400/metrics", "--dcgm-exporter", "auto"])
+    assert code == 2 and "not both" in err
+
+
+def test_check_auto_without_a_cluster_cannot_read(tmp_path: Path) -> None:
+    plan = tmp_path / "s.yaml"
+    plan.write_text("gpus: 1\n")
+    code, err = run_cli(
+        ["check", "--backend", "sim", "--sim-scenario", str(plan), "--dcgm-exporter", "auto"],
+        env={"KUBECONFIG": str(tmp_path / "missing"), "KUBERNETES_SERVICE_HOST": ""},
+    )
+    assert code == 3, err
+    assert "cannot look up the dcgm-exporter" in err
