@@ -34,12 +34,52 @@ class XidRecord(TypedDict):
     lastSeen: str  # RFC 3339
 
 
+class PcieAer(TypedDict, total=False):
+    """PCIe Advanced Error Reporting totals of the GPU's PCI function (sysfs aer_dev_*; since boot)."""
+
+    fatal: int
+    nonFatal: int
+    correctable: int
+
+
 class Pcie(TypedDict, total=False):
     generation: int
     maxGeneration: int
     width: int
     maxWidth: int
     replayCounter: int
+    aer: PcieAer
+
+
+class NvLink(TypedDict, total=False):
+    """NVLink of one GPU (NVML); absent on boards without NVLink. Counters are summed over active links."""
+
+    linksUp: int
+    linksDown: int
+    crcErrors: int
+    replayErrors: int
+    recoveryErrors: int
+
+
+class Fabric(TypedDict, total=False):
+    """NVML GPU fabric info (NVSwitch / NVL72 systems); absent where NVML does not support it."""
+
+    state: str  # NotSupported | NotStarted | InProgress | Completed
+    status: str  # NVML's return name of the registration (Success, ...)
+    cliqueId: int
+
+
+class Nic(TypedDict, total=False):
+    """One InfiniBand/RoCE port from sysfs (/sys/class/infiniband/<name>/ports/<port>)."""
+
+    name: str
+    port: int
+    state: str  # ACTIVE | DOWN | INIT | ARMED | ...
+    physState: str  # LinkUp | Disabled | Polling | ...
+    rateGbps: float
+    linkDowned: int
+    symbolErrors: int
+    rcvErrors: int
 
 
 class GPUStatus(TypedDict, total=False):
@@ -65,6 +105,8 @@ class GPUStatus(TypedDict, total=False):
     throttledSince: str  # RFC 3339: when any clock-event reason other than idle began
     recoveryAction: str  # vocabulary.RecoveryAction
     pcie: Pcie
+    nvlink: NvLink
+    fabric: Fabric
     lost: bool
     unreadable: list[str]  # facts (status paths) NVML keeps failing to read: absent, not their last value
     observedTime: str  # RFC 3339: when the agent last read a fact of this GPU that changed
@@ -131,6 +173,7 @@ class GPUNodeStatus(TypedDict, total=False):
     agent: AgentInfo
     summary: Summary
     gpus: list[GPUStatus]
+    nics: list[Nic]  # node-level InfiniBand/RoCE ports; absent without /sys/class/infiniband
     health: str
     issues: str
     action: str
