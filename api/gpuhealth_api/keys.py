@@ -36,6 +36,12 @@ BREAKER_RESET_ANNOTATION: Final = f"{PREFIX}/breaker-reset"
 EXCLUDE_LABEL: Final = f"{PREFIX}/exclude"
 """"true" opts a node out of every policy (maintenance, debugging)."""
 
+DOMAIN_DEGRADED_LABEL: Final = f"{PREFIX}/domain-degraded"
+""""true" while the node's topology domain (`spec.topology.domains`) is degraded."""
+
+DOMAIN_DEGRADED_TAINT: Final = DOMAIN_DEGRADED_LABEL
+"""NoSchedule taint on a degraded domain's nodes for a domain action Taint (value "true")."""
+
 NODE_CONDITION_TYPE: Final = "GPUHealthy"
 """Node condition with the operator's verdict, for NHC, autoscalers and humans."""
 

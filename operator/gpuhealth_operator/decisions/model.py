@@ -34,6 +34,34 @@ class LabelSelectorRequirement:
 
 
 @dataclasses.dataclass(frozen=True)
+class TopologyBudget:
+    """`spec.topology.budgets[]`: at most `max_unavailable` unschedulable nodes per value of label `key`."""
+
+    key: str
+    max_unavailable: int | str
+    """An int, or a percent string of the domain's selected GPU nodes; at least 1 either way."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TopologyDomain:
+    """`spec.topology.domains[]`: a domain (a value of `key`) with `unhealthy` Unhealthy nodes is degraded."""
+
+    key: str
+    unhealthy: int | str
+    """An int, or a percent string of the domain's selected GPU nodes."""
+    action: vocabulary.Action = vocabulary.Action.LABEL
+    """Label or Taint (`vocabulary.DOMAIN_ACTIONS`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """`spec.topology`: budgets and actions per failure domain; empty when the policy has none."""
+
+    budgets: tuple[TopologyBudget, ...] = ()
+    domains: tuple[TopologyDomain, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class Policy:
     name: str
     generation: int = 0
@@ -59,6 +87,8 @@ class Policy:
     breaker_max_new_unhealthy: int | str = "5%"
     """The fleet circuit breaker: an int, or a percent string of the selected GPU nodes; at least 1."""
     breaker_window_seconds: float = 600.0
+    topology: Topology = Topology()
+    """`spec.topology`: per-domain budgets (on top of max_unavailable) and domain actions."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,6 +34,10 @@ _E = TypeVar("_E", vocabulary.Condition, vocabulary.Action, vocabulary.Isolation
 DEFAULT_MAX_GPUS_PER_NODE: Final = 2
 MAX_GPUS_PER_NODE_LIMIT: Final = 64
 """The CRD's maximum for spec.isolation.maxGPUsPerNode."""
+MAX_TOPOLOGY_ENTRIES: Final = 8
+"""The CRD's maxItems for spec.topology.budgets and spec.topology.domains."""
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 def parse_policy(name: str, generation: int, spec: Mapping[str, Any]) -> model.Policy:
@@ -88,6 +92,7 @@ def parse_policy(name: str, generation: int, spec: Mapping[str, Any]) -> model.P
             minimum=1,
             integer=True,
         ),
+        topology=_topology(spec.get("topology")),
     )
 
 
@@ -146,6 +151,13 @@ def _resolve_budget(value: int | str, selected_count: int) -> int:
     if match is None:  # parse_policy only lets ints, digit strings and percents through
         return max(1, int(value)) if value.isdigit() else 1
     return max(1, math.floor(max(0, selected_count) * int(match.group(1)) / 100))
+
+
+def resolve_topology_budget(entry: model.TopologyBudget, domain_count: int) -> int:
+    """How many of a domain's selected GPU nodes may be unschedulable at once under a topology budget
+    (`domain_count`: the policy's selected GPU nodes with that value of the label): the rule of
+    `resolve_max_unavailable` (rounded down, at least 1)."""
+    return _resolve_budget(entry.max_unavailable, domain_count)
 
 
 def rule_xids(policy: model.Policy) -> frozenset[int]:
@@ -215,6 +227,62 @@ def _rules(value: object) -> tuple[model.Rule, ...]:
             )
         )
     return tuple(rules)
+
+
+def _topology(value: object) -> model.Topology:
+    raw = _mapping(value, "spec.topology")
+    budgets: list[model.TopologyBudget] = []
+    for i, item in enumerate(_list(raw.get("budgets"), "spec.topology.budgets")):
+        where = f"spec.topology.budgets[{i}]"
+        entry = _mapping(item, where)
+        key = _label_key(entry.get("key"), f"{where}.key")
+        if any(b.key == key for b in budgets):
+            raise ValueError(f"{where}.key: duplicate key {key!r}")
+        if "maxUnavailable" not in entry:
+            raise ValueError(f"{where}.maxUnavailable: required")
+        budgets.append(
+            model.TopologyBudget(
+                key=key, max_unavailable=_max_unavailable(entry["maxUnavailable"], f"{where}.maxUnavailable")
+            )
+        )
+    domains: list[model.TopologyDomain] = []
+    for i, item in enumerate(_list(raw.get("domains"), "spec.topology.domains")):
+        where = f"spec.topology.domains[{i}]"
+        entry = _mapping(item, where)
+        key = _label_key(entry.get("key"), f"{where}.key")
+        if any(d.key == key for d in domains):
+            raise ValueError(f"{where}.key: duplicate key {key!r}")
+        if "unhealthy" not in entry:
+            raise ValueError(f"{where}.unhealthy: required")
+        action = _enum(vocabulary.Action, entry.get("action", "Label"), f"{where}.action")
+        if action not in vocabulary.DOMAIN_ACTIONS:
+            raise ValueError(f"{where}.action: must be one of Label, Taint, got {action.value!r}")
+        domains.append(
+            model.TopologyDomain(
+                key=key, unhealthy=_max_unavailable(entry["unhealthy"], f"{where}.unhealthy"), action=action
+            )
+        )
+    return model.Topology(budgets=tuple(budgets), domains=tuple(domains))
+
+
+def _list(value: object, where: str) -> Sequence[object]:
+    if value is None:
+        return ()
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        raise ValueError(f"{where}: must be a list")
+    if len(value) > MAX_TOPOLOGY_ENTRIES:
+        raise ValueError(f"{where}: must have at most {MAX_TOPOLOGY_ENTRIES} items")
+    return value
+
+
+def _label_key(value: object, where: str) -> str:
+    """A Kubernetes label key: an optional DNS subdomain prefix (at most 253) and '/', a name (at most 63)."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{where}: required, a label key")
+    prefix, slash, label = value.rpartition("/")
+    if not _LABEL_NAME.match(label) or (slash and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix))):
+        raise ValueError(f"{where}: must be a label key like 'topology.kubernetes.io/zone', got {value!r}")
+    return value
 
 
 def _xids(value: object, where: str) -> frozenset[int]:
