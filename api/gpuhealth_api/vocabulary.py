@@ -126,6 +126,8 @@ class EventReason(enum.StrEnum):
     """The DeviceTaintRule of a recovered GPU was deleted: the GPU is allocatable again."""
     DOMAIN_DEGRADED = "DomainDegraded"
     """A topology domain (`spec.topology.domains`) has too many Unhealthy nodes: its nodes are marked."""
+    DOMAIN_RECOVERED = "DomainRecovered"
+    """A degraded topology domain was below its threshold for recovery.healthyForSeconds: marks lifted."""
 
 
 class AgentErrorReason(enum.StrEnum):
