@@ -18,6 +18,12 @@ after an XID or double-bit ECC event, and every sample on a GPU with a pending
 page retirement or row remap (`awaits_reset`). Which facts exist, and in
 which tier, is the fact table's (`facts.py`); what the agent remembers
 beyond the last reading (XIDs, resets, time stamps) is `history.py`'s.
+
+Facts outside the table: NVLink (`links.py`: one field-values call per GPU
+per sample, links counted once) and fabric info (slow tier), PCIe AER per GPU
+(`sysfs.py`, slow tier) and the node's InfiniBand/RoCE ports (`sysfs.py`,
+every sample: a port going down is worth a write at once). Sysfs facts need
+a `sysfs_root`; without one (the fleet simulator's default) they are absent.
 """
 
 from __future__ import annotations
@@ -28,9 +34,10 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final
 
-from gpuhealth_agent import facts, history, nvml, xids
+from gpuhealth_agent import facts, history, links, nvml, sysfs, xids
 from gpuhealth_api import faults, status
 
 log = logging.getLogger(__name__)
@@ -83,6 +90,12 @@ def _queries() -> tuple[Query, ...]:
 
 
 QUERIES: Final[tuple[Query, ...]] = _queries()
+EXTRAS: Final[dict[str, str]] = {
+    "nvlink": "nvmlDeviceGetFieldValues",
+    "fabric": "nvmlDeviceGetGpuFabricInfo",
+    "aer": "sysfs",
+}
+"""Facts outside the fact table (module doc), in merge order, with the call that reads them."""
 
 
 def awaits_reset(gpu: status.GPUStatus) -> bool:
@@ -125,6 +138,11 @@ class _Track:
     failures: dict[int, int] = dataclasses.field(default_factory=dict)
     """Failed reads in a row of each query (by position) whose last read failed."""
     lost: bool = False
+    nvlink: links.NvLinkReader | None = None
+    """The GPU's links (counted once per handle); None until counted."""
+    extra: dict[str, Partial] = dataclasses.field(default_factory=dict)
+    """Last good reading of each fact outside the table (nvlink, fabric, aer); {} when unsupported."""
+    extra_failures: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +168,8 @@ class Sample:
     blind: bool = False
     """No GPU answers and this process has never seen one: NVML cannot see the node's GPUs (a
     container runtime that hides them). `gpus` is then empty: the agent cannot tell a GPU lost."""
+    nics: list[status.Nic] | None = None
+    """The node's InfiniBand/RoCE ports; None without a sysfs root or /sys/class/infiniband."""
 
 
 class Collector:
@@ -164,6 +184,7 @@ class Collector:
         xid_log: xids.XidLog | None = None,
         perf_counter: Callable[[], float] = time.perf_counter,
         enrich: Callable[[list[status.GPUStatus], float], None] | None = None,
+        sysfs_root: Path | None = None,
     ) -> None:
         self.lib = lib
         self.expected_gpus = expected_gpus
@@ -175,6 +196,8 @@ class Collector:
         self.history = history.History(xid_log)
         self.perf_counter = perf_counter
         self.enrich = enrich
+        self.sysfs_root = sysfs_root
+        """Where sysfs is (`/sys`, a test's or the simulation's tree); None: no sysfs facts."""
         """Called with the raw facts of each sample before they are stamped (DCGM folds in here)."""
         self._identities: list[_Identity] | None = None
         self._answering: list[_Identity] = []
@@ -238,13 +261,16 @@ class Collector:
         started = self.perf_counter()
         errors: collections.Counter[tuple[str, str]] = collections.Counter()
         identities = self._refresh_identities(errors)
+        nics = None if self.sysfs_root is None else sysfs.read_nics(self.sysfs_root)
         self.seen_here = max(self.seen_here, len(identities))
         if not identities and self.seen_here == 0:
             # Nothing answers and nothing ever did in this process: NVML cannot see the GPUs (a
             # runtime that hides them, a count that fails). That says nothing about the GPUs, so
             # none is reported, and none lost (not even one an earlier agent knew): the runner
             # reports the agent's error instead (issue 24: this drained whole fleets as GPULost).
-            return self.blind(now, errors, started)
+            blind = self.blind(now, errors, started)
+            blind.nics = nics
+            return blind
         slow = (
             self._slow_requested
             or self._last_slow is None
@@ -285,6 +311,7 @@ class Collector:
             errors=errors,
             duration_seconds=self.perf_counter() - started,
             max_gpus_seen=self.max_gpus_seen,
+            nics=nics,
         )
 
     def blind(
@@ -392,6 +419,8 @@ class Collector:
                 log.debug(
                     "%s failed on GPU %d (%d in a row): %s", query.function, identity.index, failed, exc
                 )
+        if not lost:
+            lost = self._sample_extras(track, fresh, slow, errors)
         if lost:
             # Forget the handle set: the driver may re-enumerate when the GPU comes back.
             self._identities = None
@@ -403,11 +432,16 @@ class Collector:
             gpu["pciBusId"] = identity.pci_bus_id
         for position in range(len(QUERIES)):
             merge(gpu, track.partials.get(position, {}))
+        for name in EXTRAS:
+            merge(gpu, track.extra.get(name, {}))
         unreadable = sorted(
-            ".".join(fact.path)
-            for position in track.failures
-            if position not in track.partials
-            for fact in QUERIES[position].facts
+            [
+                ".".join(fact.path)
+                for position in track.failures
+                if position not in track.partials
+                for fact in QUERIES[position].facts
+            ]
+            + [name for name in track.extra_failures if name not in track.extra]
         )
         if unreadable:
             gpu["unreadable"] = unreadable
@@ -440,4 +474,68 @@ class Collector:
         track.lost = True
         track.partials.clear()
         track.failures.clear()
+        track.nvlink = None
+        track.extra.clear()
+        track.extra_failures.clear()
         return track, gpu
+
+    def _sample_extras(
+        self, track: _Track, fresh: bool, slow: bool, errors: collections.Counter[tuple[str, str]]
+    ) -> bool:
+        """Read NVLink, fabric and AER into `track.extra` (module doc); True if the GPU is lost."""
+        identity = track.identity
+        handle = identity.handle
+        try:
+            if fresh or track.nvlink is None:
+                track.nvlink = None
+                count = self._call("nvmlDeviceGetNvLinkState", errors, links.discover, self.lib, handle)
+                track.nvlink = links.NvLinkReader(count)
+        except nvml.GpuIsLost:
+            return True
+        except nvml.NVMLError:
+            pass  # counted; tried again next sample
+        reader = track.nvlink
+        if reader is not None and reader.links:
+            lost = self._extra(track, "nvlink", errors, lambda: reader.read(self.lib, handle, slow))
+            if lost:
+                return True
+        if slow or fresh or "fabric" not in track.extra:
+            lost = self._extra(track, "fabric", errors, lambda: links.read_fabric(self.lib, handle))
+            if lost:
+                return True
+        if (
+            self.sysfs_root is not None
+            and identity.pci_bus_id
+            and (slow or fresh or "aer" not in track.extra)
+        ):
+            aer = sysfs.read_aer(self.sysfs_root, identity.pci_bus_id)
+            track.extra["aer"] = {} if aer is None else {"pcie": {"aer": aer}}
+        return False
+
+    def _extra(
+        self,
+        track: _Track,
+        name: str,
+        errors: collections.Counter[tuple[str, str]],
+        read: Callable[[], Any],
+    ) -> bool:
+        """One read of a fact outside the table, kept as a query's is; True if the GPU is lost."""
+        function = EXTRAS[name]
+        try:
+            value = read()
+        except nvml.GpuIsLost:
+            errors[(function, "GpuIsLost")] += 1
+            return True
+        except nvml.UNSUPPORTED:
+            track.extra[name] = {}
+            track.extra_failures.pop(name, None)
+            return False
+        except nvml.NVMLError as exc:
+            errors[(function, nvml.error_name(exc))] += 1
+            failed = track.extra_failures[name] = track.extra_failures.get(name, 0) + 1
+            if failed >= UNREADABLE_AFTER_FAILURES:
+                track.extra.pop(name, None)
+            return False
+        track.extra[name] = {} if value is None else {name: value}
+        track.extra_failures.pop(name, None)
+        return False

@@ -13,7 +13,25 @@ from typing import Any, Final
 
 from gpuhealth_agent import facts
 
-DEFAULT_FACTS: Final[Mapping[str, Any]] = {f.key: f.default for f in facts.FACTS if f.default is not None}
+EXTRA_FACTS: Final[Mapping[str, Any]] = {
+    "nvlinks": 18,
+    "nvlinkLinksDown": 0,
+    "nvlinkCrcErrors": 0,
+    "nvlinkReplayErrors": 0,
+    "nvlinkRecoveryErrors": 0,
+    "fabricState": "NotSupported",
+    "fabricStatus": "Success",
+    "fabricCliqueId": 0,
+    "pcieAerFatal": 0,
+    "pcieAerNonFatal": 0,
+    "pcieAerCorrectable": 0,
+}
+"""Scenario facts outside the fact table (NVLink, fabric, PCIe AER; see links.py, sysfs.py): an H100
+SXM has 18 NVLinks; fabric info is NOT_SUPPORTED unless a scenario says otherwise (`fabricState`)."""
+DEFAULT_FACTS: Final[Mapping[str, Any]] = {
+    **{f.key: f.default for f in facts.FACTS if f.default is not None},
+    **EXTRA_FACTS,
+}
 """What a healthy, idle GPU reports when the scenario says nothing (an H100 SXM)."""
 
 MODEL_FACTS: Final[tuple[tuple[frozenset[str], Mapping[str, Any]], ...]] = (
@@ -30,14 +48,24 @@ MODEL_FACTS: Final[tuple[tuple[frozenset[str], Mapping[str, Any]], ...]] = (
             "memoryTotalMiB": 81920,
             "pcieGeneration": 4,
             "pcieMaxGeneration": 4,
+            "nvlinks": 12,
         },
     ),
-    (frozenset({"A100", "PCIE"}), {"powerLimitWatts": 300.0}),
+    (frozenset({"A100", "PCIE"}), {"powerLimitWatts": 300.0, "nvlinks": 0}),
     (frozenset({"A100", "40GB"}), {"memoryTotalMiB": 40960}),
-    (frozenset({"H100", "PCIE"}), {"smClockMHz": 1755, "maxSmClockMHz": 1755, "powerLimitWatts": 350.0}),
+    (
+        frozenset({"H100", "PCIE"}),
+        {"smClockMHz": 1755, "maxSmClockMHz": 1755, "powerLimitWatts": 350.0, "nvlinks": 0},
+    ),
     (
         frozenset({"H100", "NVL"}),
-        {"smClockMHz": 1785, "maxSmClockMHz": 1785, "powerLimitWatts": 400.0, "memoryTotalMiB": 95830},
+        {
+            "smClockMHz": 1785,
+            "maxSmClockMHz": 1785,
+            "powerLimitWatts": 400.0,
+            "memoryTotalMiB": 95830,
+            "nvlinks": 0,  # PCIe cards; an NVLink bridge pairs them, which a scenario can say
+        },
     ),
     (frozenset({"H200"}), {"memoryTotalMiB": 143771}),
     (
@@ -50,6 +78,7 @@ MODEL_FACTS: Final[tuple[tuple[frozenset[str], Mapping[str, Any]], ...]] = (
             "memoryTotalMiB": 23034,
             "pcieGeneration": 4,
             "pcieMaxGeneration": 4,
+            "nvlinks": 0,
         },
     ),
     (
@@ -62,6 +91,7 @@ MODEL_FACTS: Final[tuple[tuple[frozenset[str], Mapping[str, Any]], ...]] = (
             "memoryTotalMiB": 46068,
             "pcieGeneration": 4,
             "pcieMaxGeneration": 4,
+            "nvlinks": 0,
         },
     ),
 )

@@ -26,6 +26,7 @@ FunctionNotFound: Final[type[Exception]] = pynvml.NVMLError_FunctionNotFound
 NoPermission: Final[type[Exception]] = pynvml.NVMLError_NoPermission
 GpuIsLost: Final[type[Exception]] = pynvml.NVMLError_GpuIsLost
 Timeout: Final[type[Exception]] = pynvml.NVMLError_Timeout
+InvalidArgument: Final[type[Exception]] = pynvml.NVMLError_InvalidArgument
 Unknown: Final[type[Exception]] = pynvml.NVMLError_Unknown
 ArgumentVersionMismatch: Final[type[Exception]] = getattr(
     pynvml, "NVMLError_ArgumentVersionMismatch", pynvml.NVMLError_FunctionNotFound
@@ -52,6 +53,21 @@ def error_name(exc: BaseException) -> str:
     return type(exc).__name__.removeprefix(_ERROR_PREFIX)
 
 
+def return_name(code: int) -> str:
+    """An nvmlReturn_t as its short name: `Success`, or the error class's (`NotReady`, `Unknown`, ...)."""
+    if code == SUCCESS:
+        return "Success"
+    return error_name(NVMLError(code))
+
+
+def return_code(name: str) -> int:
+    """The nvmlReturn_t of a short name (the inverse of `return_name`, for the simulated backend)."""
+    if name == "Success":
+        return SUCCESS
+    code: int = getattr(error(name), "value")  # noqa: B009 - pynvml sets it in __new__, untyped
+    return code
+
+
 # --- constants -------------------------------------------------------------------------------------------
 
 TEMPERATURE_GPU: Final[int] = pynvml.NVML_TEMPERATURE_GPU
@@ -69,6 +85,30 @@ EVENT_TYPE_DOUBLE_BIT_ECC_ERROR: Final[int] = pynvml.nvmlEventTypeDoubleBitEccEr
 SUCCESS: Final[int] = pynvml.NVML_SUCCESS
 ERROR_NOT_SUPPORTED: Final[int] = pynvml.NVML_ERROR_NOT_SUPPORTED
 
+NVLINK_MAX_LINKS: Final[int] = getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)
+NVLINK_ERROR_DL_REPLAY: Final[int] = pynvml.NVML_NVLINK_ERROR_DL_REPLAY
+NVLINK_ERROR_DL_RECOVERY: Final[int] = pynvml.NVML_NVLINK_ERROR_DL_RECOVERY
+NVLINK_ERROR_DL_CRC_FLIT: Final[int] = pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT
+FI_DEV_NVLINK_GET_STATE: Final[int | None] = getattr(pynvml, "NVML_FI_DEV_NVLINK_GET_STATE", None)
+"""Field id of one link's state (scopeId = link); None with bindings that predate it."""
+FI_DEV_NVLINK_ERROR_DL_REPLAY: Final[int | None] = getattr(pynvml, "NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY", None)
+FI_DEV_NVLINK_ERROR_DL_RECOVERY: Final[int | None] = getattr(
+    pynvml, "NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY", None
+)
+FI_DEV_NVLINK_ERROR_DL_CRC: Final[int | None] = getattr(pynvml, "NVML_FI_DEV_NVLINK_ERROR_DL_CRC", None)
+NVLINK_STATES_UP: Final[frozenset[int]] = frozenset(
+    {getattr(pynvml, "NVML_NVLINK_STATE_ACTIVE", 1), getattr(pynvml, "NVML_NVLINK_STATE_SLEEP", 2)}
+)
+"""NVML_FI_DEV_NVLINK_GET_STATE values of a link that is up (a sleeping link is up, in low power)."""
+FEATURE_ENABLED: Final[int] = pynvml.NVML_FEATURE_ENABLED
+"""nvmlDeviceGetNvLinkState's answer for an active link."""
+FABRIC_STATES: Final[dict[int, str]] = {
+    getattr(pynvml, "NVML_GPU_FABRIC_STATE_NOT_SUPPORTED", 0): "NotSupported",
+    getattr(pynvml, "NVML_GPU_FABRIC_STATE_NOT_STARTED", 1): "NotStarted",
+    getattr(pynvml, "NVML_GPU_FABRIC_STATE_IN_PROGRESS", 2): "InProgress",
+    getattr(pynvml, "NVML_GPU_FABRIC_STATE_COMPLETED", 3): "Completed",
+}
+"""nvmlGpuFabricState_t values by their contract name (`gpus[].fabric.state`)."""
 FI_DEV_GET_GPU_RECOVERY_ACTION: Final[int | None] = getattr(
     pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None
 )
@@ -139,6 +179,24 @@ class EventData(Protocol):
     def eventData(self) -> int: ...
 
 
+class FabricInfo(Protocol):
+    """nvmlGpuFabricInfo_t: the collector passes one by reference and reads these fields back."""
+
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def cliqueId(self) -> int: ...
+
+    @property
+    def state(self) -> int: ...
+
+
+def fabric_info() -> Any:
+    """An empty nvmlGpuFabricInfo_t for nvmlDeviceGetGpuFabricInfo to fill (pass `ctypes.byref` of it)."""
+    return pynvml.c_nvmlGpuFabricInfo_t()
+
+
 class Library(Protocol):
     """The pynvml functions the agent calls (same names and signatures as pynvml).
 
@@ -171,12 +229,17 @@ class Library(Protocol):
     def nvmlDeviceGetRemappedRows(self, device: Any) -> tuple[int, int, int, int]: ...
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int: ...
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int: ...
-    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[int]) -> Sequence[FieldValue]: ...
+    def nvmlDeviceGetFieldValues(
+        self, handle: Any, fieldIds: Sequence[int | tuple[int, int]]
+    ) -> Sequence[FieldValue]: ...
     def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int: ...
     def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any) -> int: ...
     def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any) -> int: ...
     def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any) -> int: ...
     def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any) -> int: ...
+    def nvmlDeviceGetNvLinkState(self, device: Any, link: int) -> int: ...
+    def nvmlDeviceGetNvLinkErrorCounter(self, device: Any, link: int, counter: int) -> int: ...
+    def nvmlDeviceGetGpuFabricInfo(self, device: Any, gpuFabricInfo: Any) -> int: ...
     def nvmlEventSetCreate(self) -> Any: ...
     def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None: ...
     def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> EventData: ...

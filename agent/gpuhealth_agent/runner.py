@@ -15,9 +15,22 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Final
 
-from gpuhealth_agent import changes, collector, dcgm, events, health, metrics, nvml, outputs, reporter, xids
+from gpuhealth_agent import (
+    changes,
+    collector,
+    dcgm,
+    events,
+    health,
+    metrics,
+    nvml,
+    outputs,
+    reporter,
+    simulated,
+    xids,
+)
 from gpuhealth_api import __version__, faults, heartbeats, status, timestamps, vocabulary
 
 log = logging.getLogger(__name__)
@@ -46,6 +59,9 @@ class Settings:
     """Wait for NVML events on a thread (production); False: poll for them each turn (fleet simulator)."""
     boot_id: str | None = None
     """The kernel's boot ID; a different one in the earlier status means the node rebooted since."""
+    sysfs_root: str | None = None
+    """Where to read PCIe AER and InfiniBand ports (`/sys` in production); None: the simulated
+    backend's own tree if it has one (simulated.sysfs_root), else no sysfs facts."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +106,7 @@ class Agent:
             expected_gpus=settings.expected_gpus,
             slow_period_seconds=settings.slow_period_seconds,
             enrich=self._enrich if dcgm_source is not None else None,
+            sysfs_root=Path(settings.sysfs_root) if settings.sysfs_root else simulated.sysfs_root(lib),
         )
         self.wake = threading.Event()
         self.stop = threading.Event()
@@ -280,7 +297,10 @@ class Agent:
         error = self._error(sample)
         if error is not None:
             agent["error"] = error
-        return status.GPUNodeStatus(agent=agent, summary=changes.summarize(sample.gpus), gpus=sample.gpus)
+        node = status.GPUNodeStatus(agent=agent, summary=changes.summarize(sample.gpus), gpus=sample.gpus)
+        if sample.nics is not None:
+            node["nics"] = sample.nics
+        return node
 
     def _error(self, sample: collector.Sample) -> status.AgentError | None:
         """The agent's own error for this sample (`status.agent.error`), or None; since when it holds."""

@@ -29,30 +29,103 @@ def _keys(*types: facts.Type) -> frozenset[str]:
     return frozenset(fact.key for fact in facts.FACTS if fact.type in types)
 
 
-INT_FIELDS: Final = _keys(facts.Type.INT)
+EXTRA_COUNTERS: Final[frozenset[str]] = frozenset(
+    {
+        "nvlinkCrcErrors",
+        "nvlinkReplayErrors",
+        "nvlinkRecoveryErrors",
+        "pcieAerFatal",
+        "pcieAerNonFatal",
+        "pcieAerCorrectable",
+    }
+)
+"""Scenario facts outside the fact table that only grow (NVLink error counters summed over the
+GPU's links, PCIe AER totals)."""
+EXTRA_INTS: Final[frozenset[str]] = frozenset({"nvlinks", "nvlinkLinksDown", "fabricCliqueId"})
+"""`nvlinks`: how many NVLinks the GPU has (0: a PCIe board, NVLink NOT_SUPPORTED); `nvlinkLinksDown`:
+how many of them are down (the last ones)."""
+FABRIC_STATE_NAMES: Final[frozenset[str]] = frozenset(nvml.FABRIC_STATES.values())
+FABRIC_STATUS_NAMES: Final[frozenset[str]] = nvml.ERROR_NAMES | {"Success"}
+EXTRA_STRS: Final[dict[str, frozenset[str]]] = {
+    "fabricState": FABRIC_STATE_NAMES,
+    "fabricStatus": FABRIC_STATUS_NAMES,
+}
+"""Fabric info (nvmlDeviceGetGpuFabricInfo): state by name (`NotSupported` makes the call answer
+NOT_SUPPORTED), status by nvmlReturn_t name."""
+
+INT_FIELDS: Final = _keys(facts.Type.INT) | EXTRA_INTS
 FLOAT_FIELDS: Final = _keys(facts.Type.FLOAT)
-COUNTER_FIELDS: Final = _keys(*facts.COUNTING_TYPES)
+COUNTER_FIELDS: Final = _keys(*facts.COUNTING_TYPES) | EXTRA_COUNTERS
 """Counters only grow; a `set` that lowers one is rejected (volatile ECC counts excepted after a reset)."""
 BOOL_FIELDS: Final = _keys(facts.Type.BOOL)
 STR_FIELDS: Final = _keys(facts.Type.STR)
-SETTABLE_FIELDS: Final[frozenset[str]] = frozenset(facts.BY_KEY)
+SETTABLE_FIELDS: Final[frozenset[str]] = (
+    frozenset(facts.BY_KEY) | EXTRA_INTS | EXTRA_COUNTERS | frozenset(EXTRA_STRS)
+)
 AFTER_RESET: Final[Mapping[str, Any]] = {
     f.key: f.after_reset for f in facts.FACTS if f.after_reset is not None
 }
 """What a GPU reset (`reset: true`) sets: volatile ECC counts, pending flags, the recovery action."""
 VOLATILE_COUNTERS: Final[frozenset[str]] = frozenset(AFTER_RESET) & COUNTER_FIELDS
 
-OPTIONAL_FIELDS: Final[frozenset[str]] = facts.GROUPS
+EXTRA_GROUPS: Final[dict[str, tuple[str, ...]]] = {
+    "nvlink": ("nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkErrorCounter"),
+    "fabric": ("nvmlDeviceGetGpuFabricInfo",),
+}
+"""`notSupported` names outside the fact table and the NVML functions they silence (NVLink's
+field values answer NOT_SUPPORTED per field too)."""
+OPTIONAL_FIELDS: Final[frozenset[str]] = facts.GROUPS | frozenset(EXTRA_GROUPS)
 """Names usable in `notSupported`: each maps to the NVML queries that then raise NOT_SUPPORTED."""
+
+NIC_STATES: Final[dict[str, int]] = {"DOWN": 1, "INIT": 2, "ARMED": 3, "ACTIVE": 4, "ACTIVE_DEFER": 5}
+"""InfiniBand port states as sysfs `state` shows them (`4: ACTIVE`)."""
+NIC_PHYS_STATES: Final[dict[str, int]] = {
+    "Sleep": 1,
+    "Polling": 2,
+    "Disabled": 3,
+    "PortConfigurationTraining": 4,
+    "LinkUp": 5,
+    "LinkErrorRecovery": 6,
+    "PhyTest": 7,
+}
+"""Physical port states as sysfs `phys_state` shows them (`5: LinkUp`)."""
+NIC_COUNTERS: Final[frozenset[str]] = frozenset({"linkDowned", "symbolErrors", "rcvErrors"})
+NIC_SETTABLE: Final[frozenset[str]] = frozenset({"state", "physState", "rateGbps"}) | NIC_COUNTERS
+NIC_KEYS: Final[frozenset[str]] = frozenset({"name", "port"}) | NIC_SETTABLE
+NIC_DEFAULTS: Final[Mapping[str, Any]] = {
+    "state": "ACTIVE",
+    "physState": "LinkUp",
+    "rateGbps": 400.0,
+    "linkDowned": 0,
+    "symbolErrors": 0,
+    "rcvErrors": 0,
+}
+"""A healthy NDR port; a scenario's `nics:` entries override these."""
+DOWN_PHYS_STATE: Final = "Polling"
+"""The physical state a port set to anything but ACTIVE gets when the entry does not say (a pulled
+cable or a dead peer: the port polls for a link)."""
 
 CLOCK_EVENT_REASON_NAMES: Final[frozenset[str]] = frozenset(facts.REASON_BITS)
 RECOVERY_ACTION_NAMES: Final[frozenset[str]] = frozenset(nvml.RECOVERY_ACTIONS.values())
 
 TOP_LEVEL_KEYS: Final[frozenset[str]] = frozenset(
-    {"gpus", "expectedGpus", "visibleGpus", "model", "driverVersion", "defaults", "timeline", "description"}
+    {
+        "gpus",
+        "expectedGpus",
+        "visibleGpus",
+        "model",
+        "driverVersion",
+        "defaults",
+        "timeline",
+        "description",
+        "nics",
+    }
 )
-ENTRY_KEYS: Final[frozenset[str]] = frozenset({"after", "gpu", "set", "xid", "reset", "notSupported", "fail"})
-ENTRY_ACTIONS: Final[frozenset[str]] = ENTRY_KEYS - {"after", "gpu"}
+ENTRY_KEYS: Final[frozenset[str]] = frozenset(
+    {"after", "gpu", "set", "xid", "reset", "notSupported", "fail", "nic", "port"}
+)
+ENTRY_ACTIONS: Final[frozenset[str]] = ENTRY_KEYS - {"after", "gpu", "nic", "port"}
+NIC_ENTRY_KEYS: Final[frozenset[str]] = frozenset({"after", "nic", "port", "set"})
 FAIL_KEYS: Final[frozenset[str]] = frozenset({"function", "error", "for"})
 
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?(?:(\d+)ms)?$")
@@ -87,6 +160,20 @@ class Entry:
     line: int | None = None
     index: int | None = None
     """Position in the file's `timeline:` list, kept because entries are sorted by time."""
+    nic: str | None = None
+    """A node-level entry for this InfiniBand device's ports (then `gpu` is -1 and `set` holds port facts)."""
+    port: int | None = None
+    """With `nic`: only this port (None: every port of the device)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Nic:
+    """One simulated InfiniBand/RoCE port at the start (`nics:`); the timeline changes it by `nic`/`port`."""
+
+    name: str
+    port: int
+    facts: Mapping[str, Any]
+    """state, physState, rateGbps, linkDowned, symbolErrors, rcvErrors (NIC_DEFAULTS overlaid)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +192,18 @@ class Scenario:
     visible_gpus: int = MAX_GPUS
     """How many of the GPUs NVML enumerates to the agent (`visibleGpus`; fewer: a container runtime
     that hides them, 0 hiding all); at most `gpus`."""
+    nics: tuple[Nic, ...] = ()
+    """The node's InfiniBand/RoCE ports (`nics:`), written to the simulation's sysfs tree."""
+
+    @property
+    def uses_sysfs(self) -> bool:
+        """Whether the simulation writes a sysfs tree: the scenario has NICs or says anything of AER."""
+        aer = {"pcieAerFatal", "pcieAerNonFatal", "pcieAerCorrectable"}
+        said = set(self.defaults_said) | {key for entry in self.timeline for key in entry.set}
+        return bool(self.nics) or bool(aer & said)
+
+    defaults_said: frozenset[str] = frozenset()
+    """The keys the file's `defaults:` names (not the model's defaults)."""
 
     @property
     def end_seconds(self) -> float:
@@ -223,15 +322,105 @@ class _Validator:
             raise self.fail(
                 "timeline", "a list of entries like {after: 5s, gpu: 0, set: {...}}", raw_timeline
             )
-        entries = [self.entry(i, raw, gpus) for i, raw in enumerate(raw_timeline)]
+        nics = self.nics(data.get("nics") or [])
+        entries = [self.entry(i, raw, gpus, nics) for i, raw in enumerate(raw_timeline)]
         timeline = tuple(sorted(entries, key=lambda e: e.after_seconds))
         self.counters_only_grow(defaults, timeline, gpus)
+        self.nic_counters_only_grow(nics, timeline)
         visible = self.integer(data.get("visibleGpus", gpus), "visibleGpus", minimum=0, maximum=gpus)
+        said = frozenset(k for k in raw_defaults if k != "notSupported")
         return Scenario(
-            self.where, gpus, expected, model, driver, defaults, not_supported, timeline, visible_gpus=visible
+            self.where,
+            gpus,
+            expected,
+            model,
+            driver,
+            defaults,
+            not_supported,
+            timeline,
+            visible_gpus=visible,
+            nics=nics,
+            defaults_said=said,
         )
 
-    def entry(self, index: int, raw: object, gpus: int) -> Entry:
+    def nics(self, raw: object) -> tuple[Nic, ...]:
+        if not isinstance(raw, list):
+            raise self.fail("nics", "a list of ports like {name: mlx5_0, port: 1, rateGbps: 400}", raw)
+        found: list[Nic] = []
+        for i, item in enumerate(raw):
+            at = f"nics[{i}]"
+            if not isinstance(item, dict):
+                raise self.fail(at, "a mapping like {name: mlx5_0, port: 1, rateGbps: 400}", item)
+            self.unknown_keys(item, NIC_KEYS, at)
+            name = self.string(item.get("name"), f"{at}.name")
+            if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+                raise self.fail(f"{at}.name", "a device name like mlx5_0", name)
+            port = self.integer(item.get("port", 1), f"{at}.port", minimum=1, maximum=255)
+            if any(n.name == name and n.port == port for n in found):
+                raise self.fail(at, f"one entry per port; {name} port {port} is listed twice")
+            values = dict(NIC_DEFAULTS)
+            for key in NIC_SETTABLE & item.keys():
+                values[key] = self.nic_fact(key, item[key], f"{at}.{key}")
+            found.append(Nic(name, port, values))
+        return tuple(found)
+
+    def nic_fact(self, key: str, value: object, at: str) -> Any:
+        if key in NIC_COUNTERS:
+            return self.integer(value, at, minimum=0)
+        if key == "rateGbps":
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise self.fail(at, "a non-negative number of Gb/s", value)
+            return float(value)
+        names = NIC_STATES if key == "state" else NIC_PHYS_STATES
+        if value not in names:
+            raise self.fail(at, f"one of {', '.join(names)}", value)
+        return value
+
+    def nic_entry(self, raw: dict[Any, Any], at: str, after: float, nics: tuple[Nic, ...]) -> Entry:
+        self.unknown_keys(raw, NIC_ENTRY_KEYS, at)
+        name = raw["nic"]
+        known = sorted({n.name for n in nics})
+        if name not in known:
+            raise self.fail(
+                f"{at}.nic", f"a device listed under `nics:` ({', '.join(known) or 'none'})", name
+            )
+        port = None
+        if "port" in raw:
+            port = self.integer(raw["port"], f"{at}.port", minimum=1, maximum=255)
+            if not any(n.name == name and n.port == port for n in nics):
+                raise self.fail(f"{at}.port", f"a port of {name} listed under `nics:`", port)
+        raw_set = raw.get("set")
+        if not isinstance(raw_set, dict) or not raw_set:
+            raise self.fail(
+                f"{at}.set", f"a mapping of port facts ({', '.join(sorted(NIC_SETTABLE))})", raw_set
+            )
+        values: dict[str, Any] = {}
+        for key, value in raw_set.items():
+            if key not in NIC_SETTABLE:
+                raise self.fail(f"{at}.set.{key}", f"a port fact ({', '.join(sorted(NIC_SETTABLE))})")
+            values[key] = self.nic_fact(key, value, f"{at}.set.{key}")
+        if "state" in values and "physState" not in values:
+            values["physState"] = "LinkUp" if values["state"] == "ACTIVE" else DOWN_PHYS_STATE
+        return Entry(after, -1, values, nic=name, port=port)
+
+    def nic_counters_only_grow(self, nics: tuple[Nic, ...], timeline: tuple[Entry, ...]) -> None:
+        current = {(n.name, n.port): dict(n.facts) for n in nics}
+        for entry in timeline:
+            if entry.nic is None:
+                continue
+            for (name, port), values in current.items():
+                if name != entry.nic or (entry.port is not None and port != entry.port):
+                    continue
+                for key in NIC_COUNTERS & entry.set.keys():
+                    if entry.set[key] < values[key]:
+                        raise self.fail(
+                            f"{_entry_at(entry.index, entry.line)}.set.{key}",
+                            f"a value >= {values[key]} on {name} port {port} (counters only grow)",
+                            entry.set[key],
+                        )
+                    values[key] = entry.set[key]
+
+    def entry(self, index: int, raw: object, gpus: int, nics: tuple[Nic, ...] = ()) -> Entry:
         line = self.lines[index] if index < len(self.lines) else None
         at = _entry_at(index, line)
         if not isinstance(raw, dict):
@@ -243,6 +432,13 @@ class _Validator:
             after = parse_duration(raw["after"])
         except ValueError as exc:
             raise self.fail(f"{at}.after", str(exc), raw["after"]) from None
+        if "nic" in raw:
+            if "gpu" in raw:
+                raise self.fail(at, "either `gpu:` (a GPU's facts) or `nic:` (a port's facts), not both")
+            entry = self.nic_entry(raw, at, after, nics)
+            return dataclasses.replace(entry, line=line, index=index)
+        if "port" in raw:
+            raise self.fail(f"{at}.port", "`port:` only with `nic:`")
         if "gpu" not in raw:
             raise self.fail(f"{at}.gpu", f"a GPU index 0..{gpus - 1}; the key is missing")
         gpu = self.integer(raw["gpu"], f"{at}.gpu", minimum=0, maximum=gpus - 1)
@@ -278,6 +474,10 @@ class _Validator:
             return self.boolean(value, field)
         if key in STR_FIELDS:
             return self.string(value, field)
+        if key in EXTRA_STRS:
+            if value not in EXTRA_STRS[key]:
+                raise self.fail(field, f"one of {', '.join(sorted(EXTRA_STRS[key]))}", value)
+            return value
         if key == "clockEventReasons":
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise self.fail(field, "a list of clock-event reason names", value)
@@ -321,6 +521,8 @@ class _Validator:
     def counters_only_grow(self, defaults: Mapping[str, Any], timeline: tuple[Entry, ...], gpus: int) -> None:
         current = [{k: defaults[k] for k in COUNTER_FIELDS} for _ in range(gpus)]
         for entry in timeline:
+            if entry.nic is not None:
+                continue
             counters = current[entry.gpu]
             if entry.reset:
                 for key in VOLATILE_COUNTERS:
@@ -367,6 +569,8 @@ class _Validator:
 
 
 SIMULATED_FUNCTIONS: Final[frozenset[str]] = (
-    frozenset({"nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetPciInfo"}) | facts.FUNCTIONS
+    frozenset({"nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetPciInfo"})
+    | facts.FUNCTIONS
+    | frozenset(f for functions in EXTRA_GROUPS.values() for f in functions)
 )
 """Per-device functions a scenario's `fail` may target."""

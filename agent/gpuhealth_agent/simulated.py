@@ -12,26 +12,40 @@ What each call answers comes from the fact table (`facts.py`): a function
 whose answer is one fact's value is served by `__getattr__`, and struct or
 tuple answers (memory, utilisation, remapped rows, field values) have a
 method each that assembles the facts' parts, encoded as the driver does.
+
+NVLink (`nvlinks`, `nvlinkLinksDown`, `nvlink*Errors`) and fabric info
+(`fabric*`) are answered per link and by struct, as NVML does (links.py reads
+them). PCIe AER (`pcieAer*`) and the scenario's InfiniBand ports (`nics:`)
+live in sysfs, not NVML: the simulation writes the files the kernel would
+into a temporary tree (`sysfs_root`), which the agent's sysfs reader reads
+as it reads `/sys` (sysfs.py), so one code path serves both.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import tempfile
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Final
 
-from gpuhealth_agent import facts, nvml, scenario
+from gpuhealth_agent import facts, nvml, scenario, sysfs
 
 _BUS_IDS: Final = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
 _XID_GPU_LOST: Final = 79
 
 _GROUP_BY_FUNCTION: Final[dict[str, str]] = {
-    name: fact.group
-    for fact in facts.FACTS
-    if fact.type is not facts.Type.RECOVERY  # field values answer NOT_SUPPORTED per field instead
-    for name in (fact.function, nvml.OLDER_NAMES.get(fact.function, fact.function))
+    **{
+        name: fact.group
+        for fact in facts.FACTS
+        if fact.type is not facts.Type.RECOVERY  # field values answer NOT_SUPPORTED per field instead
+        for name in (fact.function, nvml.OLDER_NAMES.get(fact.function, fact.function))
+    },
+    **{function: group for group, functions in scenario.EXTRA_GROUPS.items() for function in functions},
 }
 """Which `notSupported` name silences which NVML function."""
 _PLAIN: Final = frozenset(
@@ -84,6 +98,28 @@ class FieldValue:
     fieldId: int
     nvmlReturn: int
     value: Value
+    scopeId: int = 0
+
+
+_NVLINK_FIELDS: Final[dict[int | None, str]] = {
+    nvml.FI_DEV_NVLINK_ERROR_DL_CRC: "nvlinkCrcErrors",
+    nvml.FI_DEV_NVLINK_ERROR_DL_REPLAY: "nvlinkReplayErrors",
+    nvml.FI_DEV_NVLINK_ERROR_DL_RECOVERY: "nvlinkRecoveryErrors",
+}
+"""Per-link NVLink error-counter field ids (scopeId = link) and the scenario counter each reads."""
+_NVLINK_COUNTERS: Final[dict[int, str]] = {
+    nvml.NVLINK_ERROR_DL_CRC_FLIT: "nvlinkCrcErrors",
+    nvml.NVLINK_ERROR_DL_REPLAY: "nvlinkReplayErrors",
+    nvml.NVLINK_ERROR_DL_RECOVERY: "nvlinkRecoveryErrors",
+}
+"""nvmlDeviceGetNvLinkErrorCounter counters and the scenario counter each reads."""
+_FABRIC_CODES: Final[dict[str, int]] = {name: code for code, name in nvml.FABRIC_STATES.items()}
+_AER: Final[tuple[tuple[str, str, str], ...]] = (
+    ("pcieAerFatal", "aer_dev_fatal", "TOTAL_ERR_FATAL"),
+    ("pcieAerNonFatal", "aer_dev_nonfatal", "TOTAL_ERR_NONFATAL"),
+    ("pcieAerCorrectable", "aer_dev_correctable", "TOTAL_ERR_COR"),
+)
+"""Scenario AER counter, its sysfs file and the file's total line (the kernel's names)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +171,11 @@ class SimulatedNvml:
         self.initialized = False
         self._events: list[EventData] = []
         self._first_set_created = False
+        self.sysfs_root: Path | None = None
+        """The simulation's sysfs tree (PCIe AER, InfiniBand ports); None when the scenario has neither."""
+        if plan.uses_sysfs:
+            self.sysfs_root = Path(tempfile.mkdtemp(prefix="gpu-health-sim-sysfs-"))
+            weakref.finalize(self, shutil.rmtree, self.sysfs_root, True)
         self._reset()
 
     # --- timeline replay -----------------------------------------------------------------------------
@@ -147,6 +188,8 @@ class SimulatedNvml:
         self._next_entry = 0
         self._applied_until = float("-inf")
         self._events.clear()
+        self._nics = {(n.name, n.port): dict(n.facts) for n in self.plan.nics}
+        self._write_sysfs()
 
     def now_seconds(self) -> float:
         """Scenario time: seconds since start by the injected clock."""
@@ -157,13 +200,22 @@ class SimulatedNvml:
         if now < self._applied_until:  # the clock went backwards (a test rewound it): replay from scratch
             self._reset()
         timeline = self.plan.timeline
+        applied = False
         while self._next_entry < len(timeline) and timeline[self._next_entry].after_seconds <= now:
             self._apply(timeline[self._next_entry])
             self._next_entry += 1
+            applied = True
         self._applied_until = now
+        if applied:
+            self._write_sysfs()
         return now
 
     def _apply(self, entry: scenario.Entry) -> None:
+        if entry.nic is not None:
+            for (name, port), values in self._nics.items():
+                if name == entry.nic and entry.port in (None, port):
+                    values.update(entry.set)
+            return
         gpu = self._gpus[entry.gpu]
         if entry.reset:
             gpu.facts.update(scenario.AFTER_RESET)
@@ -266,9 +318,70 @@ class SimulatedNvml:
 
     def nvmlDeviceGetPciInfo(self, handle: Handle) -> PciInfo:
         self._device(handle, "nvmlDeviceGetPciInfo")
-        bus = _BUS_IDS[handle.gpu % len(_BUS_IDS)]
-        domain = handle.gpu // len(_BUS_IDS)
-        return PciInfo(busId=f"{domain:08X}:{bus}:00.0")
+        return PciInfo(busId=bus_id(handle.gpu))
+
+    # --- sysfs (AER, InfiniBand): the files the kernel would show -------------------------------------
+
+    def _write_sysfs(self) -> None:
+        """Write the current AER totals and port facts where sysfs.py reads them (only what changed)."""
+        root = self.sysfs_root
+        if root is None:
+            return
+        for index, gpu in enumerate(self._gpus):
+            name = sysfs.sysfs_bus_id(bus_id(index))
+            assert name is not None
+            device = root.joinpath(*sysfs.PCI_DEVICES, name)
+            for key, filename, total in _AER:
+                _write(device / filename, f"Undefined 0\n{total} {gpu.facts.get(key, 0)}\n")
+        for (name, port), values in self._nics.items():
+            port_dir = root.joinpath(*sysfs.INFINIBAND, name, "ports", str(port))
+            _write(port_dir / "state", f"{scenario.NIC_STATES[values['state']]}: {values['state']}\n")
+            phys = values["physState"]
+            _write(port_dir / "phys_state", f"{scenario.NIC_PHYS_STATES[phys]}: {phys}\n")
+            _write(port_dir / "rate", f"{values['rateGbps']:g} Gb/sec (4X)\n")
+            for key, filename in sysfs.NIC_COUNTERS:
+                _write(port_dir / "counters" / filename, f"{values[key]}\n")
+
+    # --- NVLink and fabric ------------------------------------------------------------------------------
+
+    def _link_state(self, current: dict[str, Any], link: int) -> bool:
+        """Whether `link` is up; raises what NVML raises for a link the board does not have."""
+        links = int(current.get("nvlinks", 0))
+        if links == 0:
+            raise nvml.error("NotSupported")
+        if not 0 <= link < links:
+            raise nvml.error("InvalidArgument")
+        return link < links - min(links, int(current.get("nvlinkLinksDown", 0)))
+
+    def _link_counter(self, current: dict[str, Any], link: int, key: str) -> int:
+        """A link's share of the GPU's counter: all of it on the first link that is up."""
+        up = self._link_state(current, link)
+        first_up = 0 if self._link_state(current, 0) else None
+        return int(current.get(key, 0)) if up and link == first_up else 0
+
+    def nvmlDeviceGetNvLinkState(self, device: Handle, link: int) -> int:
+        current = self._device(device, "nvmlDeviceGetNvLinkState")
+        return nvml.FEATURE_ENABLED if self._link_state(current, link) else 0
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, device: Handle, link: int, counter: int) -> int:
+        current = self._device(device, "nvmlDeviceGetNvLinkErrorCounter")
+        key = _NVLINK_COUNTERS.get(counter)
+        if key is None:
+            self._link_state(current, link)
+            return 0  # a counter the agent does not read (CRC data, ECC)
+        return self._link_counter(current, link, key)
+
+    def nvmlDeviceGetGpuFabricInfo(self, device: Handle, gpuFabricInfo: Any) -> int:
+        """Fills the nvmlGpuFabricInfo_t passed (by `ctypes.byref` or as is), as the driver does."""
+        current = self._device(device, "nvmlDeviceGetGpuFabricInfo")
+        state = current.get("fabricState", "NotSupported")
+        if state == "NotSupported":
+            raise nvml.error("NotSupported")
+        info = getattr(gpuFabricInfo, "_obj", gpuFabricInfo)
+        info.state = _FABRIC_CODES[state]
+        info.status = nvml.return_code(current.get("fabricStatus", "Success"))
+        info.cliqueId = int(current.get("fabricCliqueId", 0))
+        return nvml.SUCCESS
 
     # --- facts ---------------------------------------------------------------------------------------
 
@@ -312,12 +425,18 @@ class SimulatedNvml:
         parts = self._parts("nvmlDeviceGetRemappedRows", device, ())
         return parts[0], parts[1], parts[2], parts[3]  # correctable, uncorrectable, pending, failure
 
-    def nvmlDeviceGetFieldValues(self, handle: Handle, fieldIds: list[int]) -> Sequence[FieldValue]:
-        """Each field's value or its own NOT_SUPPORTED, as the driver answers field values."""
+    def nvmlDeviceGetFieldValues(
+        self, handle: Handle, fieldIds: Sequence[int | tuple[int, int]]
+    ) -> Sequence[FieldValue]:
+        """Each field's value or its own error, as the driver answers field values (ids or (id, scope))."""
         current = self._device(handle, "nvmlDeviceGetFieldValues")
         not_supported = self._gpus[handle.gpu].not_supported
         values = []
-        for field_id in fieldIds:
+        for requested in fieldIds:
+            field_id, scope = requested if isinstance(requested, tuple) else (requested, 0)
+            if field_id == nvml.FI_DEV_NVLINK_GET_STATE or field_id in _NVLINK_FIELDS:
+                values.append(self._nvlink_field(current, "nvlink" in not_supported, field_id, scope))
+                continue
             found = [
                 f
                 for f in facts.answered_by("nvmlDeviceGetFieldValues", (field_id,))
@@ -329,6 +448,22 @@ class SimulatedNvml:
             else:
                 values.append(FieldValue(field_id, nvml.ERROR_NOT_SUPPORTED, Value(0)))
         return values
+
+    def _nvlink_field(
+        self, current: dict[str, Any], unsupported: bool, field_id: int, link: int
+    ) -> FieldValue:
+        """One link's state (NVML_NVLINK_STATE_*) or error counter, or the error the driver gives."""
+        try:
+            if unsupported:
+                raise nvml.error("NotSupported")
+            if field_id == nvml.FI_DEV_NVLINK_GET_STATE:
+                value = 1 if self._link_state(current, link) else 0  # NVML_NVLINK_STATE_ACTIVE/INACTIVE
+            else:
+                value = self._link_counter(current, link, _NVLINK_FIELDS[field_id])
+        except nvml.NVMLError as exc:
+            code: int = getattr(exc, "value")  # noqa: B009 - set by pynvml, untyped
+            return FieldValue(field_id, code, Value(0), link)
+        return FieldValue(field_id, nvml.SUCCESS, Value(value), link)
 
     # --- events --------------------------------------------------------------------------------------
 
@@ -383,6 +518,30 @@ class SimulatedNvml:
     def nvmlEventSetFree(self, eventSet: EventSet) -> None:
         self.calls += 1
         eventSet.freed = True
+
+
+def bus_id(gpu: int) -> str:
+    """NVML's PCI bus id of simulated GPU `gpu` (`00000000:18:00.0`)."""
+    bus = _BUS_IDS[gpu % len(_BUS_IDS)]
+    domain = gpu // len(_BUS_IDS)
+    return f"{domain:08X}:{bus}:00.0"
+
+
+def _write(path: Path, text: str) -> None:
+    """Write a sysfs-like file if its text changed (the agent may be reading the tree meanwhile)."""
+    try:
+        if path.read_text() == text:
+            return
+    except OSError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(f".{path.name}.tmp")
+    scratch.write_text(text)
+    scratch.replace(path)
+
+
+def sysfs_root(lib: object) -> Path | None:
+    """The sysfs tree of a simulated library (None for the real one, or a scenario without one)."""
+    return lib.sysfs_root if isinstance(lib, SimulatedNvml) else None
 
 
 def gpu_uuid(identity_seed: str, gpu: int) -> str:

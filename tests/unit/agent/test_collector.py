@@ -205,6 +205,8 @@ OPTIONAL_ABSENT = {
     "recoveryAction": ["recoveryAction"],
     "pcieReplayCounter": ["pcie.replayCounter"],
     "pcieLink": ["pcie.generation", "pcie.maxGeneration", "pcie.width", "pcie.maxWidth"],
+    "nvlink": ["nvlink"],
+    "fabric": ["fabric"],
 }
 
 
@@ -222,7 +224,10 @@ def _has(gpu: Any, path: str) -> bool:
 
 @pytest.mark.parametrize("name", sorted(OPTIONAL_ABSENT))
 def test_not_supported_leaves_only_that_field_absent(name: str) -> None:
-    _, col, clock = make(f"gpus: 2\ntimeline:\n- {{after: 0s, gpu: 1, notSupported: [{name}]}}\n")
+    _, col, clock = make(
+        "gpus: 2\ndefaults: {fabricState: Completed}\n"  # fabric info is NOT_SUPPORTED by default
+        f"timeline:\n- {{after: 0s, gpu: 1, notSupported: [{name}]}}\n"
+    )
     sample = at(col, clock, 0)
     healthy, limited = sample.gpus
     for path in OPTIONAL_ABSENT[name]:
@@ -471,8 +476,9 @@ def test_a_lost_gpu_does_not_make_the_others_reread_their_static_facts() -> None
     at(col, clock, 5)
     before = sim.calls
     at(col, clock, 6)
-    # Fast tier (7 calls) for 7 GPUs, plus re-reading the identities (count, and up to 4 per GPU).
-    assert sim.calls - before <= 7 * 7 + 1 + 4 * 8
+    # Fast tier (7 calls, and 1 for NVLink states) for 7 GPUs, plus re-reading the identities (count,
+    # and up to 4 per GPU).
+    assert sim.calls - before <= 7 * 8 + 1 + 4 * 8
 
 
 @pytest.mark.parametrize(
