@@ -7,6 +7,14 @@ fact changes (counters, lost, XIDs, throttle state, crossing the slowdown
 threshold, recovery action, PCIe link, GPU identity) and otherwise refreshes
 everything on the heartbeat. The same view stamps `observedTime`, so it marks
 the moment a fault was first read, not the last wiggle.
+
+Wave 3's facts: an NVLink going down or up, any change of fabric info, a
+PCIe AER fatal or non-fatal count, and a NIC port's state, physical state,
+rate or link-down count (a flap between two samples shows only there) write
+at once. Counters that grow in normal operation and are judged as a rate
+per hour (NVLink CRC/replay/recovery errors, AER correctable, NIC symbol and
+receive errors) wait for the heartbeat: a rate over an hour loses nothing by
+a minute's delay, and a noisy link must not turn every sample into a write.
 """
 
 from __future__ import annotations
@@ -53,9 +61,36 @@ def gpu_view(gpu: status.GPUStatus) -> dict[str, Any]:
         "throttle": throttle_reasons(gpu),
         "hot": is_hot(gpu),
         "recoveryAction": gpu.get("recoveryAction"),
-        "pcie": gpu.get("pcie"),
+        "pcie": pcie_view(gpu),
+        "nvlinkDown": gpu.get("nvlink", {}).get("linksDown"),
+        "nvlinkUp": gpu.get("nvlink", {}).get("linksUp"),
+        "fabric": gpu.get("fabric"),
         "unreadable": gpu.get("unreadable", []),
     }
+
+
+def pcie_view(gpu: status.GPUStatus) -> dict[str, Any] | None:
+    """The PCIe facts worth a write: link and replays as before, AER fatal and non-fatal (not correctable)."""
+    pcie = gpu.get("pcie")
+    if pcie is None:
+        return None
+    view: dict[str, Any] = {k: v for k, v in pcie.items() if k != "aer"}
+    aer = pcie.get("aer")
+    if aer is not None:
+        view["aer"] = {"fatal": aer.get("fatal"), "nonFatal": aer.get("nonFatal")}
+    return view
+
+
+def nic_view(nic: status.Nic) -> tuple[Any, ...]:
+    """The port facts worth a write (module doc): not its error counters."""
+    return (
+        nic.get("name"),
+        nic.get("port"),
+        nic.get("state"),
+        nic.get("physState"),
+        nic.get("rateGbps"),
+        nic.get("linkDowned"),
+    )
 
 
 def fingerprint(node: status.GPUNodeStatus) -> str:
@@ -71,6 +106,7 @@ def fingerprint(node: status.GPUNodeStatus) -> str:
         "gpuCount": summary.get("gpuCount"),
         "model": summary.get("model"),
         "gpus": [gpu_view(g) for g in node.get("gpus", [])],
+        "nics": [nic_view(n) for n in node.get("nics", [])] if "nics" in node else None,
     }
     return json.dumps(view, sort_keys=True, default=str)
 

@@ -125,9 +125,55 @@ def _cell(value: object, unit: str = "") -> str:
     return "-" if value is None else f"{value}{unit}"
 
 
+def links_cell(gpu: status.GPUStatus) -> str:
+    """`18/18` NVLinks up of all, with error counts when any (`16/18 crc 40`); `-` without NVLink."""
+    nvlink = gpu.get("nvlink")
+    if nvlink is None:
+        return "-"
+    up, down = nvlink.get("linksUp", 0), nvlink.get("linksDown", 0)
+    counts = [
+        f"{word} {nvlink[key]}"  # type: ignore[literal-required]
+        for key, word in (("crcErrors", "crc"), ("replayErrors", "replay"), ("recoveryErrors", "recovery"))
+        if nvlink.get(key)
+    ]
+    return " ".join([f"{up}/{up + down}", *counts])
+
+
+def fabric_cell(gpu: status.GPUStatus) -> str:
+    """`Completed` (with the status when it is not Success) and the clique; `-` where not supported."""
+    fabric = gpu.get("fabric")
+    if fabric is None:
+        return "-"
+    state = fabric.get("state", "?")
+    said = state if fabric.get("status", "Success") == "Success" else f"{state}/{fabric.get('status')}"
+    return f"{said} clique {fabric.get('cliqueId', '?')}"
+
+
+def aer_cell(gpu: status.GPUStatus) -> str:
+    """AER totals `fatal/nonFatal/correctable`; `-` where sysfs shows none."""
+    aer = gpu.get("pcie", {}).get("aer")
+    if aer is None:
+        return "-"
+    return "/".join(_cell(aer.get(k)) for k in ("fatal", "nonFatal", "correctable"))
+
+
+def nic_lines(node: status.GPUNodeStatus) -> list[str]:
+    """One line per InfiniBand/RoCE port, under the GPU table."""
+    lines = []
+    for nic in node.get("nics", []):
+        rate = nic.get("rateGbps")
+        lines.append(
+            f"NIC {nic.get('name')} port {nic.get('port')}: {nic.get('state', '?')} "
+            f"({nic.get('physState', '?')}), {_cell(rate, ' Gb/s')}, "
+            f"link downed {_cell(nic.get('linkDowned'))}, "
+            f"symbol errors {_cell(nic.get('symbolErrors'))}, rcv errors {_cell(nic.get('rcvErrors'))}"
+        )
+    return lines
+
+
 def table(node: status.GPUNodeStatus, catalogue: xids.Catalogue) -> str:
-    """A plain-text table, one row per GPU; problems joined with '; '."""
-    header = ("GPU", "UUID", "TEMP", "POWER", "SM CLOCK", "STATUS")
+    """A plain-text table, one row per GPU; problems joined with '; '; then one line per NIC port."""
+    header = ("GPU", "UUID", "TEMP", "POWER", "SM CLOCK", "NVLINK", "FABRIC", "AER F/NF/C", "STATUS")
     rows: list[tuple[str, ...]] = []
     for gpu in node.get("gpus", []):
         found = problems(gpu, catalogue)
@@ -141,6 +187,9 @@ def table(node: status.GPUNodeStatus, catalogue: xids.Catalogue) -> str:
                 _cell(gpu.get("temperatureCelsius"), "C"),
                 _cell(gpu.get("powerWatts"), "W"),
                 f"{_cell(clock)}/{_cell(max_clock)} MHz" if clock is not None else "-",
+                links_cell(gpu),
+                fabric_cell(gpu),
+                aer_cell(gpu),
                 verdict,
             )
         )
@@ -160,7 +209,9 @@ def table(node: status.GPUNodeStatus, catalogue: xids.Catalogue) -> str:
     )
     error = agent.get("error")
     said = [f"AGENT ERROR {error.get('reason')}: {error.get('message')}"] if error else []
-    return "\n".join([head, *said, *(p.render() for p in node_problems(node)), *lines]) + "\n"
+    return (
+        "\n".join([head, *said, *(p.render() for p in node_problems(node)), *lines, *nic_lines(node)]) + "\n"
+    )
 
 
 def _health(found: list[Problem]) -> vocabulary.Health:

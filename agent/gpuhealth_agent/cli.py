@@ -33,6 +33,7 @@ from gpuhealth_agent import (
     runner,
     scenario,
     simulated,
+    sysfs,
     xids,
 )
 from gpuhealth_api import __version__, heartbeats, kubeconfig_check, logformat
@@ -89,6 +90,13 @@ def _common(parser: argparse.ArgumentParser, log_level: str) -> None:
         default=dcgm_discovery.DEFAULT_PORT,
         metavar="PORT",
         help=f"port of the exporter's /metrics on the pod IP (default {dcgm_discovery.DEFAULT_PORT})",
+    )
+    parser.add_argument(
+        "--sysfs-root",
+        default=sysfs.DEFAULT_ROOT,
+        metavar="DIR",
+        help=f"where sysfs is, for PCIe AER and InfiniBand ports (default {sysfs.DEFAULT_ROOT}; "
+        "'' reads none; --backend sim uses its own tree)",
     )
     parser.add_argument("--log-level", default=log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     logformat.add_argument(parser)
@@ -211,7 +219,9 @@ def _check(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
         finally:
             agent.close()
     else:
-        settings = runner.Settings(node, runner.BACKEND_NVML, event_thread=False)
+        settings = runner.Settings(
+            node, runner.BACKEND_NVML, event_thread=False, sysfs_root=args.sysfs_root or None
+        )
         dcgm_source = source
         agent = runner.Agent(settings, nvml.real(), dcgm_source=dcgm_source)
         try:
@@ -307,6 +317,7 @@ def _run(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
         # The simulation is single-threaded by design; poll its events each turn instead.
         event_thread=plan is None,
         boot_id=_boot_id(),
+        sysfs_root=(args.sysfs_root or None) if plan is None else None,
     )
     registry = prometheus_client.CollectorRegistry()
     try:

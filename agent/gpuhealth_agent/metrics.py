@@ -6,7 +6,10 @@ coexist in one process; the fleet simulator passes no metrics at all.
 Per-GPU series are labelled by `gpu` (index) and `uuid`: that is one series
 per GPU per metric, bounded by the GPUs in the node. The per-fact families
 come from the fact table (`facts.py`: a row's `metric` and `labels`). XIDs add one series per
-code seen, clock-event reasons one per reason (9 at most).
+code seen, clock-event reasons one per reason (9 at most). NVLink, fabric and
+AER add a few series per GPU (kind/state labels of fixed values); InfiniBand
+ports are labelled `device` and `port`, bounded by the node's ports (at most
+sysfs.MAX_NICS).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any, Final
 
 import prometheus_client
 
-from gpuhealth_agent import collector, facts, outputs
+from gpuhealth_agent import collector, facts, nvml, outputs
 from gpuhealth_api import __version__, status, vocabulary
 
 PREFIX: Final = "gpuhealth_agent"
@@ -28,6 +31,14 @@ ERROR: Final = "error"
 REASON: Final = "reason"
 CODE: Final = "code"
 KIND: Final = "kind"
+STATE: Final = "state"
+DEVICE: Final = "device"
+PORT: Final = "port"
+NIC_LABELS: Final = (DEVICE, PORT)
+NVLINK_ERRORS: Final = (("crcErrors", "crc"), ("replayErrors", "replay"), ("recoveryErrors", "recovery"))
+AER_ERRORS: Final = (("fatal", "fatal"), ("nonFatal", "nonfatal"), ("correctable", "correctable"))
+NIC_ERRORS: Final = (("linkDowned", "link_downed"), ("symbolErrors", "symbol"), ("rcvErrors", "rcv"))
+FABRIC_CODES: Final = {name: code for code, name in nvml.FABRIC_STATES.items()}
 
 
 class AgentMetrics:
@@ -55,6 +66,56 @@ class AgentMetrics:
             f"{PREFIX}_gpu_unreadable_facts",
             "Facts of the GPU NVML keeps failing to read (absent from its status, not their last value).",
             GPU_LABELS,
+            registry=r,
+        )
+        self.nvlink_links = g(
+            f"{PREFIX}_gpu_nvlink_links",
+            "NVLinks of the GPU by state (up|down); absent on boards without NVLink.",
+            (*GPU_LABELS, STATE),
+            registry=r,
+        )
+        self.nvlink_errors = g(
+            f"{PREFIX}_gpu_nvlink_errors",
+            "NVLink data-link error counts summed over the links that are up (kind: crc|replay|recovery). "
+            "A gauge: a link going down takes its count out of the sum.",
+            (*GPU_LABELS, KIND),
+            registry=r,
+        )
+        self.fabric_state = g(
+            f"{PREFIX}_gpu_fabric_state",
+            "NVML GPU fabric state (1 NotStarted, 2 InProgress, 3 Completed); absent where not supported.",
+            GPU_LABELS,
+            registry=r,
+        )
+        self.fabric_ok = g(
+            f"{PREFIX}_gpu_fabric_status_success",
+            "1 when the GPU's fabric registration status is Success, 0 when it reports an error.",
+            GPU_LABELS,
+            registry=r,
+        )
+        self.aer_errors = g(
+            f"{PREFIX}_gpu_pcie_aer_errors",
+            "PCIe AER error totals of the GPU since boot, from sysfs (kind: fatal|nonfatal|correctable).",
+            (*GPU_LABELS, KIND),
+            registry=r,
+        )
+        self.nic_active = g(
+            f"{PREFIX}_nic_port_active",
+            "1 when the InfiniBand/RoCE port's state is ACTIVE.",
+            NIC_LABELS,
+            registry=r,
+        )
+        self.nic_link_up = g(
+            f"{PREFIX}_nic_port_link_up",
+            "1 when the port's physical state is LinkUp.",
+            NIC_LABELS,
+            registry=r,
+        )
+        self.nic_rate = g(f"{PREFIX}_nic_port_rate_gbps", "The port's current rate.", NIC_LABELS, registry=r)
+        self.nic_errors = g(
+            f"{PREFIX}_nic_port_errors",
+            "The port's sysfs counters (kind: link_downed|symbol|rcv), as the kernel reports them.",
+            (*NIC_LABELS, KIND),
             registry=r,
         )
         # The agent's own health.
@@ -144,6 +205,43 @@ class AgentMetrics:
             self.nvml_errors.labels(function, error).inc(count)
         for gpu in sample.gpus:
             self._observe_gpu(gpu)
+            self._observe_links(gpu)
+        for nic in sample.nics or []:
+            self._observe_nic(nic)
+
+    def _observe_links(self, gpu: status.GPUStatus) -> None:
+        """NVLink, fabric and AER series of a GPU; a fact the GPU does not have leaves its series unset."""
+        if gpu.get("lost"):
+            return
+        labels = (str(gpu["index"]), gpu.get("uuid", ""))
+        nvlink = gpu.get("nvlink")
+        if nvlink is not None:
+            self.nvlink_links.labels(*labels, "up").set(nvlink.get("linksUp", 0))
+            self.nvlink_links.labels(*labels, "down").set(nvlink.get("linksDown", 0))
+            for key, kind in NVLINK_ERRORS:
+                if key in nvlink:
+                    self.nvlink_errors.labels(*labels, kind).set(nvlink[key])  # type: ignore[literal-required]
+        fabric = gpu.get("fabric")
+        if fabric is not None:
+            self.fabric_state.labels(*labels).set(FABRIC_CODES.get(fabric.get("state", ""), -1))
+            self.fabric_ok.labels(*labels).set(1 if fabric.get("status") == "Success" else 0)
+        aer = gpu.get("pcie", {}).get("aer")
+        if aer is not None:
+            for key, kind in AER_ERRORS:
+                if key in aer:
+                    self.aer_errors.labels(*labels, kind).set(aer[key])  # type: ignore[literal-required]
+
+    def _observe_nic(self, nic: status.Nic) -> None:
+        labels = (nic.get("name", ""), str(nic.get("port", "")))
+        if "state" in nic:
+            self.nic_active.labels(*labels).set(1 if nic["state"] == "ACTIVE" else 0)
+        if "physState" in nic:
+            self.nic_link_up.labels(*labels).set(1 if nic["physState"] == "LinkUp" else 0)
+        if "rateGbps" in nic:
+            self.nic_rate.labels(*labels).set(nic["rateGbps"])
+        for key, kind in NIC_ERRORS:
+            if key in nic:
+                self.nic_errors.labels(*labels, kind).set(nic[key])  # type: ignore[literal-required]
 
     def _observe_gpu(self, gpu: status.GPUStatus) -> None:
         labels = (str(gpu["index"]), gpu.get("uuid", ""))

@@ -27,7 +27,9 @@ def test_healthy_node_prints_ok_rows_and_exits_zero(capsys: pytest.CaptureFixtur
     assert code == 0
     lines = out.splitlines()
     assert lines[0].startswith("8 GPU(s) answering of 8 expected, model NVIDIA H100 80GB HBM3")
-    assert lines[1].split() == ["GPU", "UUID", "TEMP", "POWER", "SM", "CLOCK", "STATUS"]
+    assert lines[1].split() == [
+        *("GPU", "UUID", "TEMP", "POWER", "SM", "CLOCK", "NVLINK", "FABRIC", "AER", "F/NF/C", "STATUS")
+    ]
     assert len(lines) == 10
     assert all(line.endswith("ok") for line in lines[2:])
 
