@@ -18,7 +18,7 @@ The node-level fact is the GPU count the node physically has
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Final
+from typing import Final, Protocol, cast
 
 from gpuhealth_api import keys, status, vocabulary
 
@@ -37,6 +37,8 @@ FATAL: Final[frozenset[Condition]] = frozenset(
         Condition.ROW_REMAP_FAILURE,
         Condition.XID_CRITICAL,
         Condition.RECOVERY_REQUIRED,
+        Condition.FABRIC_UNHEALTHY,
+        Condition.PCIE_ERRORS,
     }
 )
 """Hardware faults whose evidence only a GPU reset or a reboot clears: they make a node
@@ -46,6 +48,29 @@ MIG_STRATEGIES: Final[frozenset[str]] = frozenset({"single", "mixed"})
 """Values of GFD's `nvidia.com/mig.strategy` label on a node whose GPUs are split into MIG devices."""
 
 _NO_RECOVERY: Final = frozenset({"", vocabulary.RecoveryAction.NONE.value})
+
+TREND_WINDOW_SECONDS: Final = 3600.0
+"""A counter's growth per hour is its growth over the last hour the operator saw (less if it has seen
+less, never divided by less than the hour): a burst just after the operator started is no high rate."""
+
+DEFAULT_THRESHOLDS: Final[Mapping[Condition, float]] = {
+    Condition.NVLINK_DEGRADED: 100.0,
+    Condition.NIC_DEGRADED: 100.0,
+    Condition.PCIE_ERRORS: 0.0,
+    Condition.MEMORY_DEGRADING: 10.0,
+}
+"""Per hour: the growth of a trend condition's counters it tolerates when its rule gives no `threshold`.
+NVLink CRC/replay/recovery errors and InfiniBand symbol/receive errors/link-downs: 100 (a healthy link
+counts a few errors a day; a failing one thousands an hour); PCIe non-fatal AER errors: any growth;
+corrected ECC errors and correctable row remaps: 10 (a healthy HBM stack counts none for days)."""
+
+FABRIC_PENDING: Final = frozenset({"NotStarted", "InProgress"})
+"""NVML fabric states of a registration not completed (`gpus[].fabric.state`)."""
+FABRIC_COMPLETED: Final = "Completed"
+FABRIC_SUCCESS: Final = "Success"
+NIC_ACTIVE: Final = "ACTIVE"
+MEMORY_DEGRADING_XID: Final = 92
+"""XID 92: high single-bit ECC error rate (the driver's own pre-failure warning)."""
 
 GPUFault = Callable[[status.GPUStatus], str | None]
 """A per-GPU predicate: a description of the fault, or None."""
@@ -197,18 +222,216 @@ def pcie_degraded(gpu: status.GPUStatus) -> str | None:
     return f"{', '.join(parts)} at {utilization}% utilization"
 
 
-def gpu_checks(critical_xids: frozenset[int]) -> dict[Condition, GPUFault]:
-    """Every per-GPU predicate by condition, most severe first; XidCritical acts on `critical_xids`."""
+# --- trends: what the operator remembers of earlier reports ------------------------------------------------
+
+
+class Trend(Protocol):
+    """What earlier reports said of one GPU or one NIC port (the operator's memory, `decisions.trends`).
+
+    `check` reads one report and remembers nothing (`NO_TREND`): the trend parts of a predicate never
+    fire there, only the parts one report shows."""
+
+    def most(self, path: str) -> float | None:
+        """The highest value of a PEAKS fact (`nvlink.linksUp`, `rateGbps`, `active`) seen; None: never."""
+        ...
+
+    def per_hour(self, path: str) -> float | None:
+        """A COUNTERS fact's growth over the last TREND_WINDOW_SECONDS, per hour; None: not tracked.
+
+        A counter that went down (a GPU reset, a reboot, a driver reload) starts over: no growth."""
+        ...
+
+
+class _NoTrend:
+    def most(self, path: str) -> float | None:
+        return None
+
+    def per_hour(self, path: str) -> float | None:
+        return None
+
+
+NO_TREND: Final[Trend] = _NoTrend()
+"""Nothing remembered: a single report (`check`, the first report the operator sees)."""
+
+History = Callable[[status.GPUStatus], Trend]
+"""A GPU's trend, looked up by the GPU's facts (its UUID or index)."""
+
+
+def no_history(gpu: status.GPUStatus) -> Trend:
+    return NO_TREND
+
+
+GPU_COUNTERS: Final[Mapping[Condition, tuple[str, ...]]] = {
+    Condition.NVLINK_DEGRADED: ("nvlink.crcErrors", "nvlink.replayErrors", "nvlink.recoveryErrors"),
+    Condition.PCIE_ERRORS: ("pcie.aer.nonFatal",),
+    Condition.MEMORY_DEGRADING: (
+        "ecc.correctedVolatile",
+        "ecc.correctedAggregate",
+        "remappedRows.correctable",
+    ),
+}
+"""Per trend condition, the GPU counters whose growth per hour it judges against the rule's threshold."""
+GPU_PEAKS: Final = ("nvlink.linksUp",)
+"""GPU facts whose highest value the operator remembers."""
+NIC_COUNTERS: Final = ("linkDowned", "symbolErrors", "rcvErrors")
+NIC_PEAKS: Final = ("active", "rateGbps")
+"""NIC port facts whose highest value the operator remembers; `active` is 1 while the state is ACTIVE."""
+
+
+def fact(record: Mapping[str, object], path: str) -> int | float | None:
+    """A numeric fact at a dotted path (`nvlink.crcErrors`); None when absent or not a number.
+
+    `active` of a NIC port is 1 while its state is ACTIVE, else 0 (absent without a state)."""
+    if path == "active":
+        state = record.get("state")
+        return None if not isinstance(state, str) else int(state == NIC_ACTIVE)
+    value: object = record
+    for part in path.split("."):
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(part)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value
+
+
+def _growing(record: Mapping[str, object], trend: Trend, paths: Iterable[str], threshold: float) -> list[str]:
+    found = []
+    for path in paths:
+        rate = trend.per_hour(path)
+        if rate is not None and rate > threshold:
+            found.append(f"{path.rsplit('.', 1)[-1]} +{rate:g}/h (over {threshold:g}/h)")
+    return found
+
+
+def nvlink_degraded(gpu: status.GPUStatus, trend: Trend = NO_TREND, threshold: float = 100.0) -> str | None:
+    """NvLinkDegraded: a link down that the operator saw up (fewer links up than the most seen, with links
+    down), or CRC/replay/recovery errors growing faster than `threshold` per hour."""
+    nvlink = gpu.get("nvlink")
+    if not isinstance(nvlink, dict):
+        return None  # no NVLink on this board (NOT_SUPPORTED is absent)
+    parts = []
+    up, down, most = _int(nvlink.get("linksUp")), _int(nvlink.get("linksDown")), trend.most("nvlink.linksUp")
+    if up is not None and down is not None and down > 0 and most is not None and up < most:
+        parts.append(f"{plural(down, 'link')} down ({up} of {most:g} up)")
+    parts += _growing(gpu, trend, GPU_COUNTERS[Condition.NVLINK_DEGRADED], threshold)
+    return ", ".join(parts) or None
+
+
+def fabric_unhealthy(gpu: status.GPUStatus) -> str | None:
+    """FabricUnhealthy: NVSwitch fabric registration completed with a failure, or not completed (the rule's
+    forSeconds says how long that may last). Absent or NotSupported: no fabric, no fault."""
+    fabric = gpu.get("fabric")
+    if not isinstance(fabric, dict):
+        return None
+    state = fabric.get("state")
+    if state == FABRIC_COMPLETED:
+        result = fabric.get("status")
+        if isinstance(result, str) and result and result != FABRIC_SUCCESS:
+            return f"fabric registration failed ({result})"
+        return None
+    if state in FABRIC_PENDING:
+        return f"fabric registration not completed ({state})"
+    return None
+
+
+def pcie_errors(gpu: status.GPUStatus, trend: Trend = NO_TREND, threshold: float = 0.0) -> str | None:
+    """PcieErrors: a fatal AER error since boot, or non-fatal AER errors growing faster than `threshold`/h."""
+    pcie = gpu.get("pcie")
+    aer = pcie.get("aer") if isinstance(pcie, dict) else None
+    if not isinstance(aer, dict):
+        return None  # no AER reporting for this function
+    parts = []
+    fatal = _int(aer.get("fatal"))
+    if fatal is not None and fatal > 0:
+        parts.append(plural(fatal, "fatal AER error"))
+    parts += [
+        f"non-fatal AER {p}" for p in _growing(gpu, trend, GPU_COUNTERS[Condition.PCIE_ERRORS], threshold)
+    ]
+    return ", ".join(parts) or None
+
+
+def memory_degrading(gpu: status.GPUStatus, trend: Trend = NO_TREND, threshold: float = 10.0) -> str | None:
+    """MemoryDegrading (pre-failure): XID 92, retired pages pending, or corrected ECC errors or correctable
+    row remaps growing faster than `threshold` per hour."""
+    parts = []
+    if matching_xids(gpu, frozenset({MEMORY_DEGRADING_XID})):
+        parts.append(f"XID {MEMORY_DEGRADING_XID} (high single-bit ECC rate)")
+    pages = gpu.get("retiredPages")
+    if isinstance(pages, dict) and pages.get("pending") is True:
+        parts.append("retired pages pending")
+    parts += _growing(gpu, trend, GPU_COUNTERS[Condition.MEMORY_DEGRADING], threshold)
+    return ", ".join(parts) or None
+
+
+def nic_degraded(nic: status.Nic, trend: Trend = NO_TREND, threshold: float = 100.0) -> str | None:
+    """NicDegraded on one port: down after the operator saw it ACTIVE, a rate below the highest seen, or
+    link-down / symbol / receive errors growing faster than `threshold` per hour."""
+    parts = []
+    state = nic.get("state")
+    if isinstance(state, str) and state != NIC_ACTIVE and trend.most("active") == 1:
+        parts.append(f"{state} (was {NIC_ACTIVE})")
+    rate, most = fact(nic, "rateGbps"), trend.most("rateGbps")
+    if state == NIC_ACTIVE and rate is not None and most is not None and rate < most:
+        parts.append(f"{rate:g} Gb/s of {most:g}")
+    parts += _growing(nic, trend, NIC_COUNTERS, threshold)
+    return ", ".join(parts) or None
+
+
+def nic_name(nic: status.Nic) -> str:
+    """`mlx5_0/1`: the device and port, as in /sys/class/infiniband."""
+    return f"{nic.get('name', '?')}/{nic.get('port', '?')}"
+
+
+Thresholds = Mapping[Condition, float]
+"""Per trend condition, the growth per hour it tolerates (the policy's rules; DEFAULT_THRESHOLDS else)."""
+
+
+def _threshold(thresholds: Thresholds, condition: Condition) -> float:
+    return thresholds.get(condition, DEFAULT_THRESHOLDS[condition])
+
+
+def gpu_checks(
+    critical_xids: frozenset[int], thresholds: Thresholds | None = None, history: History = no_history
+) -> dict[Condition, GPUFault]:
+    """Every per-GPU predicate by condition, most severe first; XidCritical acts on `critical_xids`, the
+    trend conditions on `thresholds` and each GPU's `history` (none: what one report shows)."""
+    limits = thresholds or {}
+    nvlink, pcie, memory = (
+        _threshold(limits, c)
+        for c in (Condition.NVLINK_DEGRADED, Condition.PCIE_ERRORS, Condition.MEMORY_DEGRADING)
+    )
     return {
         Condition.GPU_LOST: gpu_lost,
         Condition.ECC_UNCORRECTABLE: ecc_uncorrectable,
         Condition.ROW_REMAP_FAILURE: row_remap_failure,
         Condition.XID_CRITICAL: lambda gpu: xid_critical(gpu, critical_xids),
         Condition.RECOVERY_REQUIRED: recovery_required,
+        Condition.FABRIC_UNHEALTHY: fabric_unhealthy,
+        Condition.PCIE_ERRORS: lambda gpu: pcie_errors(gpu, history(gpu), pcie),
+        Condition.NVLINK_DEGRADED: lambda gpu: nvlink_degraded(gpu, history(gpu), nvlink),
         Condition.THERMAL_THROTTLED: thermal_throttled,
         Condition.POWER_THROTTLED: power_throttled,
         Condition.PCIE_DEGRADED: pcie_degraded,
+        Condition.MEMORY_DEGRADING: lambda gpu: memory_degrading(gpu, history(gpu), memory),
     }
+
+
+def nic_faults(
+    nics: object, thresholds: Thresholds | None = None, history: Callable[[status.Nic], Trend] | None = None
+) -> list[str]:
+    """NicDegraded of the node: one `mlx5_0/1: ...` per degraded port of `status.nics`."""
+    if not isinstance(nics, list):
+        return []
+    threshold = _threshold(thresholds or {}, Condition.NIC_DEGRADED)
+    found = []
+    for nic in nics:
+        if isinstance(nic, dict):
+            port = cast(status.Nic, nic)  # read from the cluster: each field is checked where read
+            fault = nic_degraded(port, history(port) if history else NO_TREND, threshold)
+            if fault is not None:
+                found.append(f"{nic_name(port)}: {fault}")
+    return found
 
 
 READS: Final[Mapping[Condition, frozenset[str]]] = {
@@ -222,6 +445,10 @@ READS: Final[Mapping[Condition, frozenset[str]]] = {
     ),
     Condition.POWER_THROTTLED: frozenset({"clockEventReasons"}),
     Condition.PCIE_DEGRADED: frozenset({"utilizationPercent", "pcie"}),
+    Condition.FABRIC_UNHEALTHY: frozenset({"fabric"}),
+    Condition.PCIE_ERRORS: frozenset({"pcie"}),
+    Condition.NVLINK_DEGRADED: frozenset({"nvlink"}),
+    Condition.MEMORY_DEGRADING: frozenset({"xids", "retiredPages", "ecc", "remappedRows"}),
 }
 """The GPU fields each per-GPU predicate reads (`gpu_checks`): two GPUs alike in them get the same
 answer (property-tested), so a caller may keep an answer while they stay as they were."""

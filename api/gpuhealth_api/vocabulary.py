@@ -18,6 +18,19 @@ class Condition(enum.StrEnum):
     THERMAL_THROTTLED = "ThermalThrottled"
     POWER_THROTTLED = "PowerThrottled"
     PCIE_DEGRADED = "PcieDegraded"
+    NVLINK_DEGRADED = "NvLinkDegraded"
+    """A GPU's NVLink lost a link it had up, or its CRC/replay/recovery errors grow faster than the rule's
+    threshold per hour."""
+    FABRIC_UNHEALTHY = "FabricUnhealthy"
+    """A GPU's NVSwitch fabric registration failed, or is not completed (for the rule's forSeconds)."""
+    NIC_DEGRADED = "NicDegraded"
+    """An InfiniBand/RoCE port of the node went down after being up, runs below its highest rate seen, or
+    its link-down / error counters grow faster than the rule's threshold per hour."""
+    PCIE_ERRORS = "PcieErrors"
+    """A GPU's PCIe function logged a fatal AER error, or its non-fatal AER errors grow."""
+    MEMORY_DEGRADING = "MemoryDegrading"
+    """Pre-failure: corrected ECC errors or correctable row remaps grow faster than the rule's threshold per
+    hour, XID 92 (high single-bit ECC rate), or retired pages pending."""
     STRAGGLER = "Straggler"
     AGENT_STALE = "AgentStale"
     AGENT_ERROR = "AgentError"

@@ -31,6 +31,7 @@ from gpuhealth_operator.decisions import (
     signals,
     stragglers,
     times,
+    trends,
 )
 
 
@@ -87,6 +88,12 @@ class GPUNodeRecord:
         return {}
 
     @functools.cached_property
+    def memory(self) -> trends.Trends:
+        """What the operator remembers of the node's reports up to this one (`decisions.trends`): advanced
+        by `ClusterCache.put_gpunode` for each new report; a version stored otherwise starts afresh."""
+        return trends.advance(None, self.status, self.report_seen_at or datetime.datetime.now(datetime.UTC))
+
+    @functools.cached_property
     def performance(self) -> stragglers.Performance:
         """The straggler cohort and score of these facts (`stragglers.performance_of`), once per version."""
         return stragglers.performance_of(self.status)
@@ -133,9 +140,9 @@ class GPUNodeRecord:
         return max(0.0, times.seconds_between(self.report_seen_at, now))
 
 
-AGENT_FIELDS = ("agent", "summary", "gpus")
+AGENT_FIELDS = ("agent", "summary", "gpus", "nics")
 """The GPUNode status fields the agent writes (`gpuhealth_api.status`); the rest are ours."""
-_FROM_REPORT = ("fact_signals", "performance")
+_FROM_REPORT = ("fact_signals", "performance", "memory")
 """GPUNodeRecord's cached properties that read the agent's report alone (AGENT_FIELDS)."""
 
 
@@ -549,6 +556,7 @@ class ClusterCache:
                     record.inherit(old)  # the answer to our own status write: nothing to judge again
                 else:
                     record.inherit_healthy_signals(old)
+                    record.__dict__["memory"] = trends.advance(old.memory, record.status, now)
                 record.inherit_conditions(old)
             self._gpunodes[record.name] = record
             if old is None:  # an agent appeared: its node now counts in the budgets that select it

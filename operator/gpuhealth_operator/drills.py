@@ -118,6 +118,7 @@ async def _judge(
             report_age_seconds=gpunode.report_age(now),
             drill=synthetic,
             agent_pod=ctx.agent_pods.get(name),
+            memory=gpunode.memory,
         )
         stand_in = drill.attribution(wanted, gpunode.status)
         planned = await isolating.plan(

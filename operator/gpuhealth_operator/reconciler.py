@@ -104,6 +104,7 @@ def judge(
         report_age_seconds=gpunode.report_age(now),
         agent_pod=agent_pod,
         known_signals=gpunode.fact_signals,
+        memory=gpunode.memory,
     )
     isolated = ctx.isolations.get(key)
     verdict = verdicts.with_isolation(verdict, isolated.decision if isolated else None)

@@ -89,7 +89,20 @@ CASES: dict[str, tuple[str, set[Condition]]] = {
     "ecc-aggregate-only": (at_once("{eccUncorrectedAggregate: 3}"), set()),
     "remap-failure": (at_once("{remappedRowsFailure: true}"), {Condition.ROW_REMAP_FAILURE}),
     "remap-pending": (at_once("{remappedRowsPending: true}"), {Condition.ROW_REMAP_FAILURE}),
-    "retired-page-pending": (at_once("{retiredPagesPending: true}"), set()),
+    "retired-page-pending": (at_once("{retiredPagesPending: true}"), {Condition.MEMORY_DEGRADING}),
+    # One report cannot show a trend: errors or a link down that was up need the operator's memory.
+    "corrected-ecc-once": (at_once("{eccCorrectedVolatile: 5000}"), set()),
+    "nvlink-errors-once": (at_once("{nvlinkCrcErrors: 5000, nvlinkLinksDown: 2}"), set()),
+    "pcie-board-no-nvlink": (at_once("{nvlinks: 0}"), set()),
+    "fabric-failed": (
+        at_once("{fabricState: Completed, fabricStatus: Unknown}"),
+        {Condition.FABRIC_UNHEALTHY},
+    ),
+    "fabric-pending": (at_once("{fabricState: InProgress}"), {Condition.FABRIC_UNHEALTHY}),
+    "fabric-done": (at_once("{fabricState: Completed, fabricStatus: Success}"), set()),
+    "fabric-not-supported": (at_once("{fabricState: NotSupported}"), set()),
+    "aer-fatal": (at_once("{pcieAerFatal: 1}"), {Condition.PCIE_ERRORS}),
+    "aer-non-fatal-once": (at_once("{pcieAerNonFatal: 7, pcieAerCorrectable: 90}"), set()),
     "recovery": (at_once("{recoveryAction: NodeReboot}"), {Condition.RECOVERY_REQUIRED}),
     "missing-gpu": ("gpus: 7\nexpectedGpus: 8\n", {Condition.GPU_LOST}),
     "thermal-reason": (at_once("{clockEventReasons: [SwThermalSlowdown]}"), {Condition.THERMAL_THROTTLED}),
@@ -117,6 +130,8 @@ def xid_expectation(code: int) -> set[Condition]:
     expected = {Condition.XID_CRITICAL} if CATALOGUE.lookup(code).critical else set()
     if code == 79:  # the simulated GPU falls off the bus with it, as a real one does
         expected.add(Condition.GPU_LOST)
+    if code == 92:  # high single-bit ECC rate: the driver's own pre-failure warning
+        expected.add(Condition.MEMORY_DEGRADING)
     return expected
 
 

@@ -21,7 +21,8 @@ class Rule:
     for_seconds: float = 0.0
     """How long the condition must hold before the rule fires (hysteresis on the way in)."""
     threshold: float | None = None
-    """Straggler only: robust z-score below the cohort median that flags a node."""
+    """Straggler: robust z-score below the cohort median that flags a node. NvLinkDegraded, NicDegraded,
+    PcieErrors, MemoryDegrading: the growth per hour of their counters tolerated (None: the default)."""
     xids: frozenset[int] = frozenset()
     """XidCritical only: the XID codes this rule treats as critical."""
 

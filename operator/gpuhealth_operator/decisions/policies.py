@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, TypeVar
 
-from gpuhealth_api import keys, vocabulary, xid_catalogue
+from gpuhealth_api import faults, keys, vocabulary, xid_catalogue
 from gpuhealth_operator.decisions import breaker, model
 
 Condition = vocabulary.Condition
@@ -213,6 +213,9 @@ def _rules(value: object) -> tuple[model.Rule, ...]:
             threshold = _number(raw.get("threshold", DEFAULT_STRAGGLER_THRESHOLD), f"{where}.threshold")
             if threshold <= 0:
                 raise ValueError(f"{where}.threshold: must be greater than 0")
+        elif condition in faults.DEFAULT_THRESHOLDS and raw.get("threshold") is not None:
+            # growth per hour the trend tolerates; omitted: faults.DEFAULT_THRESHOLDS
+            threshold = _number(raw["threshold"], f"{where}.threshold", minimum=0)
         xids: frozenset[int] = frozenset()
         if condition is Condition.XID_CRITICAL:
             xids = _xids(raw.get("xids"), f"{where}.xids")

@@ -25,12 +25,17 @@ ORDER: Final[tuple[Condition, ...]] = (
     Condition.ROW_REMAP_FAILURE,
     Condition.XID_CRITICAL,
     Condition.RECOVERY_REQUIRED,
+    Condition.FABRIC_UNHEALTHY,
+    Condition.PCIE_ERRORS,
     Condition.AGENT_STALE,
     Condition.AGENT_ERROR,
     Condition.GPU_OPERATOR_MAINTENANCE,
     Condition.THERMAL_THROTTLED,
     Condition.POWER_THROTTLED,
     Condition.PCIE_DEGRADED,
+    Condition.NVLINK_DEGRADED,
+    Condition.NIC_DEGRADED,
+    Condition.MEMORY_DEGRADING,
     Condition.STRAGGLER,
 )
 """Most severe first. A lost GPU outranks the faults it is often the end of."""
@@ -43,6 +48,9 @@ SUSTAINED: Final[frozenset[Condition]] = frozenset(
         Condition.THERMAL_THROTTLED,
         Condition.POWER_THROTTLED,
         Condition.PCIE_DEGRADED,
+        Condition.NVLINK_DEGRADED,
+        Condition.NIC_DEGRADED,
+        Condition.MEMORY_DEGRADING,
         Condition.STRAGGLER,
     }
 )

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from gpuhealth_api import faults, heartbeats, keys, status, vocabulary
-from gpuhealth_operator.decisions import gpu_facts, liveness, model, times
+from gpuhealth_operator.decisions import gpu_facts, liveness, model, times, trends
 
 Condition = vocabulary.Condition
 
@@ -44,8 +44,13 @@ FACT_CONDITIONS: Final[tuple[Condition, ...]] = (
     Condition.THERMAL_THROTTLED,
     Condition.POWER_THROTTLED,
     Condition.PCIE_DEGRADED,
+    Condition.NVLINK_DEGRADED,
+    Condition.FABRIC_UNHEALTHY,
+    Condition.NIC_DEGRADED,
+    Condition.PCIE_ERRORS,
+    Condition.MEMORY_DEGRADING,
 )
-"""Conditions judged from one node's facts alone (AgentStale aside)."""
+"""Conditions judged from one node's facts (and its `trends`) alone (AgentStale aside)."""
 
 GPUFault = faults.GPUFault
 
@@ -69,8 +74,9 @@ MIG_MAINTENANCE: Final = frozenset({"pending", "rebooting"})
 """`nvidia.com/mig.config.state` values while mig-manager applies a MIG configuration (not `success`,
 `failed`)."""
 
-FactSignals = dict[tuple[frozenset[int], int | None], dict[Condition, model.Signal]]
-"""Signals of FACT_CONDITIONS per (policy XIDs, expected GPUs), for one version of a node's facts."""
+FactSignals = dict[tuple[frozenset[int], int | None, trends.Thresholds], dict[Condition, model.Signal]]
+"""Signals of FACT_CONDITIONS per (policy XIDs, expected GPUs, trend thresholds), for one version of a
+node's facts (and the trends remembered with it)."""
 
 
 def raw_signals(
@@ -82,12 +88,16 @@ def raw_signals(
     *,
     agent_pod: liveness.AgentPod | None = None,
     known: FactSignals | None = None,
+    thresholds: trends.Thresholds = (),
+    memory: trends.Trends | None = None,
 ) -> dict[Condition, model.Signal]:
     """One signal per condition of DESIGN.md's table except Straggler.
 
     `report_age_seconds`: how long ago the operator saw the agent's last new report (see `agent_stale`);
     `agent_pod`: the node's agent pod as the operator last saw it (None: not known); `known`: the
-    fact signals already judged for these facts (module docstring), filled in here.
+    fact signals already judged for these facts (module docstring), filled in here; `thresholds`: the
+    policy's trend thresholds (`trends.thresholds`); `memory`: what the operator remembers of the
+    node's earlier reports as of these facts (None: nothing, as `check`).
     """
     stale = agent_stale(facts, report_age_seconds, now, agent_pod)
     error = agent_error(facts, stale=stale.present is True)
@@ -105,16 +115,20 @@ def raw_signals(
             signals[condition] = model.Signal(condition, None, f"unknown: {blind.message}")
         return signals
     if known is None:
-        return signals | fact_signals(facts, node, rule_xids)
-    key = (rule_xids, expected_gpus(facts, node))
+        return signals | fact_signals(facts, node, rule_xids, thresholds, memory)
+    key = (rule_xids, expected_gpus(facts, node), thresholds)
     judged = known.get(key)
     if judged is None:
-        judged = known[key] = fact_signals(facts, node, rule_xids)
+        judged = known[key] = fact_signals(facts, node, rule_xids, thresholds, memory)
     return signals | judged
 
 
 def fact_signals(
-    facts: status.GPUNodeStatus, node: model.NodeView, rule_xids: frozenset[int]
+    facts: status.GPUNodeStatus,
+    node: model.NodeView,
+    rule_xids: frozenset[int],
+    thresholds: trends.Thresholds = (),
+    memory: trends.Trends | None = None,
 ) -> dict[Condition, model.Signal]:
     """The signals of FACT_CONDITIONS of a node whose agent is not stale."""
     signals: dict[Condition, model.Signal] = {}
@@ -123,11 +137,25 @@ def fact_signals(
         for condition in FACT_CONDITIONS:
             signals[condition] = model.Signal(condition, None, "unknown: the agent has not reported GPUs yet")
         return signals
-    for condition, check in faults.gpu_checks(rule_xids).items():
+    limits = dict(thresholds)
+    history = memory.gpu if memory is not None else faults.no_history
+    for condition, check in faults.gpu_checks(rule_xids, limits, history).items():
         if condition is not Condition.GPU_LOST:  # per GPU and per node: _lost
             signals[condition] = _per_gpu(condition, gpus, check)
     signals[Condition.GPU_LOST] = _lost(facts, node, gpus)
+    signals[Condition.NIC_DEGRADED] = _nics(facts, limits, memory)
     return signals
+
+
+def _nics(
+    facts: status.GPUNodeStatus, limits: faults.Thresholds, memory: trends.Trends | None
+) -> model.Signal:
+    """NicDegraded: the node's InfiniBand/RoCE ports (`status.nics`); a node without any has none degraded."""
+    condition = Condition.NIC_DEGRADED
+    found = faults.nic_faults(facts.get("nics"), limits, memory.nic if memory is not None else None)
+    if not found:
+        return model.Signal(condition, False, _HEALTHY_MESSAGES[condition])
+    return model.Signal(condition, True, "; ".join(found))
 
 
 _MOVING: Final = {
@@ -160,6 +188,8 @@ def still_healthy(judged: FactSignals, older: status.GPUNodeStatus, newer: statu
         return False
     if faults.seen_by_agent(newer) != faults.seen_by_agent(older):
         return False  # the GPUs the node should have (GPULost)
+    if newer.get("nics") != older.get("nics"):
+        return False  # NicDegraded
     for gpu, was in zip(gpus, before, strict=True):
         if gpu is was:
             continue
@@ -308,6 +338,11 @@ _HEALTHY_MESSAGES: Final[dict[Condition, str]] = {
     Condition.THERMAL_THROTTLED: "no thermal slowdown",
     Condition.POWER_THROTTLED: "no hardware power brake or slowdown",
     Condition.PCIE_DEGRADED: "PCIe links at full generation and width under load",
+    Condition.NVLINK_DEGRADED: "no NVLink down or with errors growing",
+    Condition.FABRIC_UNHEALTHY: "no fabric registration failed or pending",
+    Condition.NIC_DEGRADED: "no InfiniBand/RoCE port down, slowed or with errors growing",
+    Condition.PCIE_ERRORS: "no fatal or growing non-fatal PCIe AER errors",
+    Condition.MEMORY_DEGRADING: "no corrected-memory-error trend, XID 92 or pending page retirement",
 }
 
 

@@ -35,6 +35,7 @@ from gpuhealth_operator.decisions import (
     policies,
     severity,
     signals,
+    trends,
 )
 
 Condition = vocabulary.Condition
@@ -67,10 +68,12 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
     drill: model.Signal | None = None,
     agent_pod: liveness.AgentPod | None = None,
     known_signals: signals.FactSignals | None = None,
+    memory: trends.Trends | None = None,
 ) -> model.NodeVerdict:
     """`report_age_seconds`: how long ago, by the operator's clock, the agent's last new report was seen;
     `agent_pod`: the node's agent pod as last seen (None: not known; see `liveness`); `known_signals`:
-    the fact signals kept with this version of `facts` (see `signals.raw_signals`).
+    the fact signals kept with this version of `facts` (see `signals.raw_signals`); `memory`: what the
+    operator remembers of the node's earlier reports (`trends`; None: nothing, as `check`).
 
     `drill`: a fire drill's synthetic signal, which replaces the real one for its condition.
     """
@@ -82,6 +85,8 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
         report_age_seconds,
         agent_pod=agent_pod,
         known=known_signals,
+        thresholds=trends.thresholds(policy),
+        memory=memory,
     )
     _hold_after_maintenance(raw, previous.get(Condition.GPU_OPERATOR_MAINTENANCE), now)
     stale = any(raw[c].present is True for c in BLIND)

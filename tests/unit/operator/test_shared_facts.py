@@ -71,7 +71,11 @@ def test_one_nodes_fault_is_not_seen_on_another_that_shares_its_healthy_facts() 
         2
     ] == "3 uncorrectable volatile ECC errors"
     assert all(faults.ecc_uncorrectable(g) is None for g in healthy.status["gpus"])
-    assert healthy.status["gpus"][2]["ecc"] == {"uncorrectedVolatile": 0}
+    assert healthy.status["gpus"][2]["ecc"] == {
+        "uncorrectedVolatile": 0,
+        "correctedVolatile": 0,
+        "correctedAggregate": 0,
+    }
 
 
 def test_the_table_forgets_rather_than_grows() -> None:
@@ -89,8 +93,9 @@ def test_cached_gpu_facts_read_like_the_reported_dict() -> None:
     reported = gpunode_facts.healthy_gpu(3, observed="2026-11-24T00:00:00Z")
     facts = cache.compact_gpu(json.loads(json.dumps(reported)))
     kept = {k: reported[k] for k in cache.GPU_FIELDS if k in reported}
-    kept["ecc"] = {"uncorrectedVolatile": 0}
-    kept["remappedRows"] = {"failure": False, "pending": False}
+    kept["ecc"] = {"uncorrectedVolatile": 0, "correctedVolatile": 0, "correctedAggregate": 0}
+    kept["remappedRows"] = {"failure": False, "pending": False, "correctable": 0}
+    kept["retiredPages"] = {"pending": False}
     kept["pcie"] = {"generation": 5, "maxGeneration": 5, "width": 16, "maxWidth": 16}
     assert facts == kept and dict(facts) == kept and len(facts) == len(kept)
     assert facts["smClockMHz"] == 1980

@@ -1,0 +1,183 @@
+"""Trends: what the operator remembers of a node's earlier reports, for the conditions one report cannot show.
+
+NvLinkDegraded, NicDegraded, PcieErrors and MemoryDegrading ask two questions of the past
+(`faults.Trend`): the most a fact has been (NVLink links up, a NIC port's rate and whether it was
+ACTIVE: `faults.GPU_PEAKS`, `faults.NIC_PEAKS`), and how fast a counter grew over the last
+`faults.TREND_WINDOW_SECONDS` (`faults.GPU_COUNTERS`, `faults.NIC_COUNTERS`).
+
+The memory is bounded: per node, one `Track` per GPU (by UUID, else index) and per NIC port it
+reports now (a GPU or port that vanished is forgotten); per counter, the points where its value
+changed in the window plus the last one before it, at most MAX_POINTS (changes closer together are
+merged into the newer value, which can only understate a rate). A counter that goes down (a GPU
+reset, a reboot) starts over: a reset is no growth. The memory lives with the cached GPUNode
+(`cache.GPUNodeRecord.trends`) and is advanced once per agent report, timed by the operator's
+clock; a restarted operator starts from nothing (as its first report, it can only fire what one
+report shows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Mapping
+from typing import Final
+
+from gpuhealth_api import faults, status, vocabulary
+from gpuhealth_operator.decisions import gpu_facts, model
+
+Condition = vocabulary.Condition
+
+WINDOW: Final = faults.TREND_WINDOW_SECONDS
+MAX_POINTS: Final = 16
+"""The most change points one counter keeps; closer than WINDOW / MAX_POINTS apart they merge."""
+_SPACING: Final = WINDOW / MAX_POINTS
+_GPU_COUNTERS: Final = tuple(p for paths in faults.GPU_COUNTERS.values() for p in paths)
+TREND_CONDITIONS: Final = frozenset(faults.DEFAULT_THRESHOLDS)
+"""The conditions whose rules may name a `threshold` of growth per hour."""
+
+Points = tuple[tuple[float, float], ...]
+"""A counter's (time, value) change points, oldest first; the last value is the latest seen."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Track:
+    """One GPU's or NIC port's remembered facts."""
+
+    peaks: Mapping[str, float]
+    counters: Mapping[str, Points]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class View:
+    """`faults.Trend` of one Track, as of the report last tracked (`at`, seconds)."""
+
+    track: Track
+    at: float
+
+    def most(self, path: str) -> float | None:
+        return self.track.peaks.get(path)
+
+    def per_hour(self, path: str) -> float | None:
+        points = self.track.counters.get(path)
+        if not points:
+            return None
+        start = self.at - WINDOW
+        base = points[0][1]
+        for time, value in points:
+            if time > start:
+                break
+            base = value
+        return (points[-1][1] - base) * 3600.0 / WINDOW
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Trends:
+    """One node's memory: a Track per GPU key (`gpu_key`) and per NIC key (`nic_key`), as of `at`."""
+
+    at: float
+    gpus: Mapping[str, Track]
+    nics: Mapping[str, Track]
+
+    def gpu(self, gpu: status.GPUStatus) -> faults.Trend:
+        track = self.gpus.get(gpu_key(gpu))
+        return faults.NO_TREND if track is None else View(track, self.at)
+
+    def nic(self, nic: status.Nic) -> faults.Trend:
+        track = self.nics.get(nic_key(nic))
+        return faults.NO_TREND if track is None else View(track, self.at)
+
+
+def gpu_key(gpu: status.GPUStatus) -> str:
+    uuid = gpu.get("uuid")
+    return uuid if isinstance(uuid, str) and uuid else f"#{gpu.get('index')}"
+
+
+def nic_key(nic: status.Nic) -> str:
+    return faults.nic_name(nic)
+
+
+def _seconds(now: datetime.datetime) -> float:
+    return now.timestamp()
+
+
+def _series(points: Points | None, value: float, at: float) -> Points:
+    if not points or value < points[-1][1]:
+        return ((at, value),)  # new, or the counter went down: it starts over
+    if value != points[-1][1]:
+        if len(points) >= 2 and points[-1][0] > at - _SPACING:
+            points = (*points[:-1], (points[-1][0], value))  # merged into the newer value
+        else:
+            points = (*points, (at, value))
+    start = at - WINDOW
+    first = 0
+    while first + 1 < len(points) and points[first + 1][0] <= start:
+        first += 1  # a point before the window that another before the window follows
+    if first:
+        points = points[first:]
+    return points[-MAX_POINTS:]
+
+
+def _track(
+    previous: Track | None,
+    record: Mapping[str, object],
+    peaks: tuple[str, ...],
+    counters: tuple[str, ...],
+    at: float,
+) -> Track | None:
+    new_peaks = dict(previous.peaks) if previous else {}
+    new_counters = dict(previous.counters) if previous else {}
+    for path in peaks:
+        value = faults.fact(record, path)
+        counted = path != "rateGbps" or record.get("state") == faults.NIC_ACTIVE  # a down port's rate is none
+        if value is not None and counted and value > new_peaks.get(path, float("-inf")):
+            new_peaks[path] = float(value)
+    for path in counters:
+        value = faults.fact(record, path)
+        if value is None:
+            new_counters.pop(path, None)
+        else:
+            new_counters[path] = _series(new_counters.get(path), float(value), at)
+    if not new_peaks and not new_counters:
+        return None
+    if previous is not None and new_peaks == previous.peaks and new_counters == previous.counters:
+        return previous
+    return Track(new_peaks, new_counters)
+
+
+def advance(previous: Trends | None, facts: status.GPUNodeStatus, now: datetime.datetime) -> Trends:
+    """The memory after a new agent report `facts`, received `now` (the operator's clock)."""
+    at = _seconds(now)
+    gpus: dict[str, Track] = {}
+    for gpu in facts.get("gpus") or []:
+        if isinstance(gpu, gpu_facts.MAPPINGS):
+            key = gpu_key(gpu)
+            track = _track(
+                previous.gpus.get(key) if previous else None, gpu, faults.GPU_PEAKS, _GPU_COUNTERS, at
+            )
+            if track is not None:
+                gpus[key] = track
+    nics: dict[str, Track] = {}
+    raw_nics = facts.get("nics")
+    for nic in raw_nics if isinstance(raw_nics, list) else []:
+        if isinstance(nic, dict):
+            key = nic_key(nic)
+            track = _track(
+                previous.nics.get(key) if previous else None, nic, faults.NIC_PEAKS, faults.NIC_COUNTERS, at
+            )
+            if track is not None:
+                nics[key] = track
+    return Trends(at, gpus, nics)
+
+
+Thresholds = tuple[tuple[Condition, float], ...]
+"""Per trend condition its rules name, their lowest `threshold` (hashable: a key of judged signals)."""
+
+
+def thresholds(policy: model.Policy) -> Thresholds:
+    """The growth per hour each trend condition of `policy` tolerates: its rules' lowest `threshold`
+    (the most sensitive rule decides the condition, as the shortest forSeconds does)."""
+    found: dict[Condition, float] = {}
+    for rule in policy.rules:
+        if rule.condition in TREND_CONDITIONS and rule.threshold is not None:
+            found[rule.condition] = min(rule.threshold, found.get(rule.condition, rule.threshold))
+    return tuple(sorted(found.items()))
