@@ -56,7 +56,7 @@ from gpuhealth_operator import agent_pods, settings
 from gpuhealth_operator.decisions import device_taints, times
 from gpuhealth_sim import traces, watches
 
-AGENT_STATUS_FIELDS: Final = ("agent", "summary", "gpus")
+AGENT_STATUS_FIELDS: Final = ("agent", "summary", "gpus", "nics")
 """The agent's part of a GPUNode status; the rest (health, issues, conditions...) is the operator's."""
 
 
