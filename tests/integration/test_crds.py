@@ -668,6 +668,7 @@ def test_policy_columns(crds: controlplane.ControlPlane, k8s: client.ApiClient, 
         "CORDONED",
         "PENDING",
         "PAUSED",
+        "DEGRADED",
         "DRYRUN",
         "AGE",
     ]
@@ -679,6 +680,7 @@ def test_policy_columns(crds: controlplane.ControlPlane, k8s: client.ApiClient, 
         "CORDONED": "1",
         "PENDING": "2",
         "PAUSED": "True",
+        "DEGRADED": "",  # no degraded domain: kubectl prints an empty cell
         "DRYRUN": "true",
     }
 

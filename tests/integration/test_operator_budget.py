@@ -142,6 +142,6 @@ def test_a_percentage_is_of_the_gpu_nodes_not_of_every_node_selected(
 
     waiting.wait_until(lambda: selected() == 5, timeout_seconds=TIMEOUT, message="5 GPU nodes selected")
     table = crds.kubectl("get", "ghp", fleet.label).stdout.split()
-    header = ["NAME", "SELECTED", "UNHEALTHY", "CORDONED", "PENDING", "PAUSED", "DRYRUN", "AGE"]
-    assert table[:9] == [*header, fleet.label]
-    assert table[9] == "5", table
+    header = ["NAME", "SELECTED", "UNHEALTHY", "CORDONED", "PENDING", "PAUSED", "DEGRADED", "DRYRUN", "AGE"]
+    assert table[:10] == [*header, fleet.label]
+    assert table[10] == "5", table

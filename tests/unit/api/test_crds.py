@@ -165,6 +165,8 @@ def test_policy_printer_columns() -> None:
         ("CORDONED", ".status.cordonedNodes", "integer", 0),
         ("PENDING", ".status.pendingNodes", "integer", 0),
         ("PAUSED", '.status.conditions[?(@.type=="Paused")].status', "string", 0),
+        ("DEGRADED", ".status.topology.degraded[*].value", "string", 0),
+        ("ATBUDGET", ".status.topology.atBudget[*].value", "string", 1),
         ("DRYRUN", ".spec.dryRun", "boolean", 0),
         ("AGE", ".metadata.creationTimestamp", "date", 0),
     ]
