@@ -18,10 +18,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 
 from gpuhealth_operator import breakers, cache
-from gpuhealth_operator.decisions import breaker, budget, isolation, model, policies
+from gpuhealth_operator.decisions import breaker, budget, isolation, model
 
 
 @dataclasses.dataclass
@@ -156,12 +156,15 @@ class Admission:
         whose = (
             "" if first.policy.name == policy.name else f"policy {first.policy.name}, which also selects it: "
         )
-        limit = policies.resolve_max_unavailable(first.policy, len(first.selected))
+        if first.domain is not None:
+            whose += f"topology budget {first.domain}: "
+        limit = first.limit
         holders = sorted(first.unavailable)
+        words = "selected GPU nodes" if first.domain is None else "selected GPU nodes in the domain"
         if len(holders) >= limit:
             views = [record.view for n in holders if (record := nodes.node(n)) is not None]
             return (
-                f"{whose}{len(holders)} of its {len(first.selected)} selected GPU nodes are already "
+                f"{whose}{len(holders)} of its {len(first.selected)} {words} are already "
                 f"unschedulable (maxUnavailable={limit}): {budget.holders_text(first.policy, views)}"
             )
         free = limit - len(holders)
@@ -170,7 +173,10 @@ class Admission:
         )
 
     def _budgets(self, policy: model.Policy, name: str, nodes: cache.ClusterCache) -> list[budget.Budget]:
-        """Every acting policy's budget, the asking policy's first; none if it does not select the node."""
+        """Every acting policy's budget, the asking policy's first; none if it does not select the node.
+
+        Each policy's `maxUnavailable`, then one budget per domain of each of its topology budgets.
+        """
         asking = nodes.selection(policy)
         if policy.dry_run or name not in asking.selected:
             return []
@@ -178,8 +184,17 @@ class Admission:
             (p for p in nodes.policies.values() if p.name != policy.name and not p.dry_run),
             key=lambda p: p.name,
         )
-        selections = [asking, *(nodes.selection(p) for p in others)]
-        return [budget.Budget(s.policy, s.selected, self.holders(s.policy, s)) for s in selections]
+        return self.budgets([policy, *others], nodes)
+
+    def budgets(self, acting: Sequence[model.Policy], nodes: cache.ClusterCache) -> list[budget.Budget]:
+        """The budgets of these policies: each one's `maxUnavailable`, then its topology budgets' domains."""
+        result: list[budget.Budget] = []
+        for each in acting:
+            selection = nodes.selection(each)
+            own = budget.Budget(each, selection.selected, self.holders(each, selection))
+            result.append(own)
+            result.extend(budget.domain_budgets(each, own.selected, own.unavailable, _labels(nodes)))
+        return result
 
     @staticmethod
     def _ranks(nodes: cache.ClusterCache, wanting: Mapping[str, Mapping[str, budget.Rank]]) -> budget.Ranks:
@@ -198,3 +213,11 @@ class Admission:
     def forget_policy(self, name: str) -> None:
         """The policy is gone: its waiting nodes (its budget was the nodes' own state, nothing to forget)."""
         self.notified.difference_update({k for k in self.notified if k[0] == name})
+
+
+def _labels(nodes: cache.ClusterCache) -> Callable[[str], Mapping[str, str] | None]:
+    def labels(name: str) -> Mapping[str, str] | None:
+        record = nodes.node(name)
+        return record.view.labels if record is not None else None
+
+    return labels

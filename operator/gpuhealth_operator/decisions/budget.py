@@ -20,6 +20,13 @@ must be allowed to finish or resume after a restart); so are wanting nodes
 that are unschedulable for another reason, since acting on them takes nothing
 more away. The rest queue by severity, then detection time, then name, so the
 worst and oldest faults go first and the order is deterministic.
+
+Topology budgets (`spec.topology.budgets`, issue 28) are more budgets of the
+same kind (`domain_budgets`): one per value of each budget's label among the
+policy's nodes, counting what the policy's budget counts, limited by
+`policies.resolve_topology_budget`. A node is admitted only if every budget
+that selects it admits it, domain budgets included; a node without the label
+is in no domain of that key.
 """
 
 from __future__ import annotations
@@ -96,14 +103,77 @@ def admits(
 
 
 @dataclasses.dataclass(frozen=True)
+class Domain:
+    """One domain of a topology budget: the policy's nodes whose label `entry.key` has `value`."""
+
+    entry: model.TopologyBudget
+    value: str
+
+    def __str__(self) -> str:
+        return f"{self.entry.key}={self.value}"
+
+
+@dataclasses.dataclass(frozen=True)
 class Budget:
-    """One acting policy's budget, from the indexes the caller keeps current."""
+    """One acting policy's budget, or one domain of a topology budget of it, from the caller's indexes."""
 
     policy: model.Policy
     selected: Set[str]
-    """The GPU nodes the policy selects."""
+    """The GPU nodes the policy selects (of the domain, for a domain budget)."""
     unavailable: Set[str]
     """What `counted` returns for them, in-flight cordons included."""
+    domain: Domain | None = None
+    """None: the policy's `maxUnavailable`; else the domain of a topology budget this budget bounds."""
+
+    @property
+    def limit(self) -> int:
+        """How many of `selected` may be unschedulable at once."""
+        if self.domain is None:
+            return policies.resolve_max_unavailable(self.policy, len(self.selected))
+        return policies.resolve_topology_budget(self.domain.entry, len(self.selected))
+
+    def describe(self) -> str:
+        """In words: "maxUnavailable=2", or "topology budget example.com/rack=r1 (maxUnavailable=1)"."""
+        if self.domain is None:
+            return f"maxUnavailable={self.limit}"
+        return f"topology budget {self.domain} (maxUnavailable={self.limit})"
+
+
+def domain_budgets(
+    policy: model.Policy,
+    selected: Set[str],
+    unavailable: Set[str],
+    labels: Callable[[str], Mapping[str, str] | None],
+) -> list[Budget]:
+    """The policy's topology budgets, one `Budget` per domain, from its budget's own sets.
+
+    `selected` and `unavailable` are the policy's (what `Budget` holds for its
+    `maxUnavailable`), `labels` a node's current labels (None: unknown, in no
+    domain). A node is in the domain of its label's value, whatever the value
+    (an empty one too); a node without the label is in no domain of that key.
+    A domain's percentage is of its selected nodes. Domains in label order, keys
+    in the policy's order.
+    """
+    result: list[Budget] = []
+    if not policy.topology.budgets:
+        return result
+    values = {name: labels(name) or {} for name in selected | unavailable}
+    for entry in policy.topology.budgets:
+        members: dict[str, tuple[set[str], set[str]]] = {}
+        for name, node_labels in values.items():
+            value = node_labels.get(entry.key)
+            if value is None:
+                continue
+            domain_selected, domain_unavailable = members.setdefault(value, (set(), set()))
+            if name in selected:
+                domain_selected.add(name)
+            if name in unavailable:
+                domain_unavailable.add(name)
+        result.extend(
+            Budget(policy, frozenset(sel), frozenset(unav), Domain(entry, value))
+            for value, (sel, unav) in sorted(members.items())
+        )
+    return result
 
 
 def admits_all(name: str, budgets: Sequence[Budget], wanting: Ranks) -> bool:
@@ -125,7 +195,7 @@ def refusing(name: str, budgets: Sequence[Budget], wanting: Ranks) -> list[Budge
     """
     if name not in wanting:
         return [b for b in budgets if name in b.selected]
-    free = [policies.resolve_max_unavailable(b.policy, len(b.selected)) - len(b.unavailable) for b in budgets]
+    free = [b.limit - len(b.unavailable) for b in budgets]
     full = [b for b, room in zip(budgets, free, strict=True) if room <= 0]
 
     def blocked(node: str) -> bool:
