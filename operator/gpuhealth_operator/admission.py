@@ -73,7 +73,7 @@ class Admission:
         All are decided before any is changed, so a half-open breaker's one trial
         is not spent on a node another policy's breaker refuses.
         """
-        selecting = [b for b in budgets if name in b.selected]
+        selecting = [b for b in budgets if b.domain is None and name in b.selected]  # one per policy
         decided = [
             breaker.admit(
                 self.breakers.current(b.policy, len(b.selected), self._turned(b.policy.name), now), name, now
@@ -98,13 +98,15 @@ class Admission:
         """How many of `wanted` new GPU isolations on the node may start now, and why fewer: the one GPU
         budget over every isolating policy that selects it, then every selecting policy's breaker, as
         for a cordon (an isolation is a disruption). Under the one lock; nothing is held after it
-        (the caller creates the rules before it lists them again, under its own isolation lock)."""
+        (the caller creates the rules before it lists them again, under its own isolation lock).
+        Topology budgets do not apply: they count unschedulable nodes, and an isolation leaves its node
+        schedulable (a fallback to Cordon/Drain goes through `admit`, and so through them)."""
         async with self.lock:
             left, short = isolation.budget_left(name, gpu_budgets)
             granted = min(wanted, left)
             if granted <= 0:
                 return 0, short
-            budgets = self._budgets(policy, name, nodes)
+            budgets = self._budgets(policy, name, nodes, domains=False)
             if not budgets or not self._breakers_admit(name, budgets, now):
                 for b in budgets:
                     paused = self.breakers.paused(b.policy.name)
@@ -172,10 +174,13 @@ class Admission:
             f"{whose}the {free} free place(s) under maxUnavailable={limit} go to worse or older faults first"
         )
 
-    def _budgets(self, policy: model.Policy, name: str, nodes: cache.ClusterCache) -> list[budget.Budget]:
+    def _budgets(
+        self, policy: model.Policy, name: str, nodes: cache.ClusterCache, *, domains: bool = True
+    ) -> list[budget.Budget]:
         """Every acting policy's budget, the asking policy's first; none if it does not select the node.
 
-        Each policy's `maxUnavailable`, then one budget per domain of each of its topology budgets.
+        Each policy's `maxUnavailable`, then (unless `domains` is False) one budget per domain of each
+        of its topology budgets.
         """
         asking = nodes.selection(policy)
         if policy.dry_run or name not in asking.selected:
@@ -184,16 +189,19 @@ class Admission:
             (p for p in nodes.policies.values() if p.name != policy.name and not p.dry_run),
             key=lambda p: p.name,
         )
-        return self.budgets([policy, *others], nodes)
+        return self.budgets([policy, *others], nodes, domains=domains)
 
-    def budgets(self, acting: Sequence[model.Policy], nodes: cache.ClusterCache) -> list[budget.Budget]:
+    def budgets(
+        self, acting: Sequence[model.Policy], nodes: cache.ClusterCache, *, domains: bool = True
+    ) -> list[budget.Budget]:
         """The budgets of these policies: each one's `maxUnavailable`, then its topology budgets' domains."""
         result: list[budget.Budget] = []
         for each in acting:
             selection = nodes.selection(each)
             own = budget.Budget(each, selection.selected, self.holders(each, selection))
             result.append(own)
-            result.extend(budget.domain_budgets(each, own.selected, own.unavailable, _labels(nodes)))
+            if domains:
+                result.extend(budget.domain_budgets(each, own.selected, own.unavailable, _labels(nodes)))
         return result
 
     @staticmethod

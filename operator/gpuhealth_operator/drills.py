@@ -139,13 +139,10 @@ async def _judge(
 
 
 def _budgets(ctx: context.Context, policy: model.Policy) -> list[budget.Budget]:
-    """The budgets a real cordon would need: this policy's and every other acting policy's."""
+    """The budgets a real cordon would need: this policy's and every other acting policy's, with the
+    domains of their topology budgets."""
     others = sorted((p for p in ctx.cache.policies.values() if not p.dry_run), key=lambda p: p.name)
-    result = []
-    for each in {p.name: p for p in (policy, *others)}.values():
-        selection = ctx.cache.selection(each)
-        result.append(budget.Budget(each, selection.selected, ctx.admission.holders(each, selection)))
-    return result
+    return ctx.admission.budgets(list({p.name: p for p in (policy, *others)}.values()), ctx.cache)
 
 
 def _running(ctx: context.Context, name: str) -> bool:

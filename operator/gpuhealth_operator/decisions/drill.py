@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 from gpuhealth_api import keys, status, vocabulary
-from gpuhealth_operator.decisions import budget, isolation, model, policies, times
+from gpuhealth_operator.decisions import budget, isolation, model, times
 
 Condition = vocabulary.Condition
 
@@ -130,9 +130,15 @@ def budget_wait(name: str, budgets: Sequence[budget.Budget]) -> str | None:
     for each in budgets:
         if name not in each.selected:
             continue
-        limit = policies.resolve_max_unavailable(each.policy, len(each.selected))
+        limit = each.limit
         holders = set(each.unavailable) - {name}
         if len(holders) >= limit:
+            if each.domain is not None:
+                return (
+                    f"policy {each.policy.name}'s topology budget {each.domain} has no free place "
+                    f"({len(holders)} of its {len(each.selected)} selected GPU nodes in the domain are "
+                    f"unschedulable, maxUnavailable={limit})"
+                )
             return (
                 f"policy {each.policy.name}'s budget has no free place ({len(holders)} of its "
                 f"{len(each.selected)} selected GPU nodes are unschedulable, maxUnavailable={limit})"

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuhealth_operator import admission, cache
-from gpuhealth_operator.decisions import budget, model, policies
+from gpuhealth_operator.decisions import budget, drill, model, policies
 
 T0 = datetime.datetime(2026, 11, 26, 12, 0, 0, tzinfo=datetime.UTC)
 RACK, ZONE = "example.com/rack", "topology.kubernetes.io/zone"
@@ -242,3 +242,13 @@ def test_a_relabelled_node_counts_in_its_new_rack_from_its_next_version() -> Non
     assert asyncio.run(memory.admit(p, "b", nodes, wanting, T0))
     assert not asyncio.run(memory.admit(p, "c", nodes, wanting, T0))
     assert f"{RACK}=r2" in memory.wait_reason(p, "c", nodes, wanting)
+
+
+def test_a_drill_names_a_full_rack() -> None:
+    table = {"a": {RACK: "r1"}, "b": {RACK: "r1"}, "c": {RACK: "r2"}}
+    found = budgets_for(policy(budgets={RACK: 1}), table, frozenset({"a"}))
+    assert drill.budget_wait("b", found) == (
+        f"policy p's topology budget {RACK}=r1 has no free place (1 of its 2 selected GPU nodes in the "
+        "domain are unschedulable, maxUnavailable=1)"
+    )
+    assert drill.budget_wait("c", found) is None
