@@ -125,10 +125,17 @@ def node_manifest(gpus: int) -> str:
     )
 
 
-def scenario(gpus: int) -> str:
+def scenario(gpus: int, facts: str = "all") -> str:
+    """A healthy busy node; `all` turns every optional fact on (issue 27): 18 NVLinks per GPU, fabric
+    info, PCIe AER in sysfs and one 400G InfiniBand port per GPU; `core` the NVML facts of before."""
+    defaults = "temperatureCelsius: 48, utilizationPercent: 97, powerWatts: 540"
+    nics = ""
+    if facts == "all":
+        defaults += ", fabricState: Completed, fabricCliqueId: 1, pcieAerCorrectable: 0"
+        nics = "nics:\n" + "".join(f"- {{name: mlx5_{i}, port: 1, rateGbps: 400}}\n" for i in range(gpus))
     return (
         f"description: agent overhead benchmark, healthy busy node\ngpus: {gpus}\n"
-        "defaults: {temperatureCelsius: 48, utilizationPercent: 97, powerWatts: 540}\ntimeline: []\n"
+        f"defaults: {{{defaults}}}\n{nics}timeline: []\n"
     )
 
 
@@ -137,7 +144,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     with cluster(args.kubeconfig) as (kubeconfig, plane), tempfile.TemporaryDirectory() as scratch:
         kubectl(kubeconfig, plane, "apply", "-f", "-", stdin=node_manifest(args.gpus))
         plan = Path(scratch) / "scenario.yaml"
-        plan.write_text(scenario(args.gpus))
+        plan.write_text(scenario(args.gpus, args.facts))
         port = free_port()
         command = [
             sys.executable, "-m", "gpuhealth_agent.cli", "run", "--node-name", NODE,
@@ -181,6 +188,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     return {
         "duration_seconds": round(wall, 1),
         "gpus": args.gpus,
+        "facts": args.facts,
         "interval_seconds": args.interval,
         "heartbeat_seconds": args.heartbeat,
         "rss_mib_mean": round(sum(rss_samples) / len(rss_samples) / PAGE, 1),
@@ -221,7 +229,8 @@ def markdown(result: dict[str, object], argv: list[str]) -> str:
         "",
         f"- machine: {machine}",
         f"- command: `python bench/agent_overhead.py {' '.join(argv)}`",
-        f"- setup: simulated {result['gpus']} GPUs, interval {result['interval_seconds']} s, heartbeat "
+        f"- setup: simulated {result['gpus']} GPUs ({result['facts']} facts), "
+        f"interval {result['interval_seconds']} s, heartbeat "
         f"{result['heartbeat_seconds']} s, real kube-apiserver, "
         f"measured window {result['duration_seconds']} s after warm-up",
         "",
@@ -247,6 +256,12 @@ def main() -> int:
         "--warmup", type=float, default=10.0, help="seconds after the first write before measuring"
     )
     cli.add_argument("--gpus", type=int, default=8)
+    cli.add_argument(
+        "--facts",
+        choices=["all", "core"],
+        default="all",
+        help="all: NVLink, fabric, PCIe AER and InfiniBand ports too (default); core: the NVML facts only",
+    )
     cli.add_argument("--interval", type=float, default=1.0)
     cli.add_argument("--heartbeat", type=float, default=60.0)
     cli.add_argument("--kubeconfig", help="use this cluster (CRDs installed) instead of starting one")
