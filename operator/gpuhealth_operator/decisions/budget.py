@@ -176,6 +176,12 @@ def domain_budgets(
     return result
 
 
+def at_budget(budgets: Iterable[Budget]) -> list[Budget]:
+    """The domain budgets among `budgets` with no free place (unschedulable nodes reach the limit), in order:
+    what a policy's status lists as at its budget (only those, so it stays short)."""
+    return [b for b in budgets if b.domain is not None and len(b.unavailable) >= b.limit]
+
+
 def admits_all(name: str, budgets: Sequence[Budget], wanting: Ranks) -> bool:
     """Whether every budget that selects `name` admits it; False if none selects it (see `refusing`)."""
     return any(name in b.selected for b in budgets) and not refusing(name, budgets, wanting)

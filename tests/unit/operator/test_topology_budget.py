@@ -90,6 +90,16 @@ def budgets_for(
     return [own, *budget.domain_budgets(p, own.selected, own.unavailable, labels_of(table))]
 
 
+def test_at_budget_lists_the_full_domains_only() -> None:
+    table = {"a": {RACK: "r1"}, "b": {RACK: "r1"}, "c": {RACK: "r2"}, "d": {RACK: "r3"}}
+    found = budgets_for(policy(max_unavailable=1, budgets={RACK: 1}), table, frozenset({"a", "d"}))
+    full = budget.at_budget(found)
+    assert [(str(b.domain), len(b.unavailable), b.limit, len(b.selected)) for b in full] == [
+        (f"{RACK}=r1", 1, 1, 2),
+        (f"{RACK}=r3", 1, 1, 1),
+    ]
+
+
 def test_one_node_per_rack_on_top_of_max_unavailable() -> None:
     table = {"a": {RACK: "r1"}, "b": {RACK: "r1"}, "c": {RACK: "r2"}, "x": {}}
     wanting = ranks("a", "b", "c", "x")
