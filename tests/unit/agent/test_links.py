@@ -8,13 +8,15 @@ simulation writes, so these tests cover the production code path.
 """
 
 import ctypes
+import json
 from pathlib import Path
 from typing import Any
 
+import prometheus_client
 import pynvml
 import pytest
 
-from gpuhealth_agent import changes, check, collector, links, nvml, scenario, simulated, xids
+from gpuhealth_agent import changes, check, cli, collector, links, metrics, nvml, scenario, simulated, xids
 
 START = 1_800_000_000.0
 
@@ -371,8 +373,6 @@ def test_which_nic_changes_write_at_once(after: dict[str, Any], significant: boo
 
 
 def test_check_shows_links_fabric_aer_and_nics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from gpuhealth_agent import cli  # noqa: PLC0415
-
     plan = tmp_path / "s.yaml"
     plan.write_text(NVL)
     assert cli.main(["check", "--backend", "sim", "--sim-scenario", str(plan)]) in (0, 1)
@@ -385,8 +385,38 @@ def test_check_shows_links_fabric_aer_and_nics(tmp_path: Path, capsys: pytest.Ca
         "NIC mlx5_0 port 1: DOWN (Polling), 400.0 Gb/s, link downed 1, symbol errors 0, rcv errors 0"
     )
     assert cli.main(["check", "--backend", "sim", "--sim-scenario", str(plan), "-o", "json"]) in (0, 1)
-    answer = __import__("json").loads(capsys.readouterr().out)
+    answer = json.loads(capsys.readouterr().out)
     assert answer["nics"][0]["state"] == "DOWN"
     assert answer["gpus"][1]["nvlink"]["linksDown"] == 2
     assert answer["gpus"][0]["pcie"]["aer"]["fatal"] == 1
     assert answer["gpus"][0]["fabric"] == {"state": "InProgress", "status": "Success", "cliqueId": 4}
+
+
+# --- metrics -----------------------------------------------------------------------------------------------
+
+
+def test_metrics_show_links_fabric_aer_and_ports_and_nothing_for_a_pcie_board() -> None:
+    registry = prometheus_client.CollectorRegistry()
+    exported = metrics.AgentMetrics(registry)
+    _, col, clock = make(NVL)
+    col.request_full_sample()
+    at(col, clock, 0)
+    exported.observe(at(col, clock, 10))
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(f"gpuhealth_agent_{name}", labels)
+
+    assert value("gpu_nvlink_links", gpu="1", uuid=simulated.gpu_uuid("node-a", 1), state="down") == 2
+    assert value("gpu_nvlink_errors", gpu="1", uuid=simulated.gpu_uuid("node-a", 1), kind="crc") == 40
+    assert value("gpu_fabric_state", gpu="0", uuid=simulated.gpu_uuid("node-a", 0)) == 2
+    assert value("gpu_pcie_aer_errors", gpu="0", uuid=simulated.gpu_uuid("node-a", 0), kind="fatal") == 1
+    assert value("nic_port_active", device="mlx5_0", port="1") == 0
+    assert value("nic_port_rate_gbps", device="mlx5_0", port="1") == 400
+    assert value("nic_port_errors", device="mlx5_0", port="1", kind="link_downed") == 1
+
+    pcie_registry = prometheus_client.CollectorRegistry()
+    pcie = metrics.AgentMetrics(pcie_registry)
+    _, col, clock = make("gpus: 1\nmodel: NVIDIA H100 PCIe\n")
+    pcie.observe(at(col, clock, 0))
+    names = {s.name for family in pcie_registry.collect() for s in family.samples}
+    assert not {n for n in names if "nvlink" in n or "fabric" in n or "aer" in n or "nic_port" in n}
