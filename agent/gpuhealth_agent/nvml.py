@@ -193,8 +193,13 @@ class FabricInfo(Protocol):
 
 
 def fabric_info() -> Any:
-    """An empty nvmlGpuFabricInfo_t for nvmlDeviceGetGpuFabricInfo to fill (pass `ctypes.byref` of it)."""
-    return pynvml.c_nvmlGpuFabricInfo_t()
+    """An empty nvmlGpuFabricInfo_t for nvmlDeviceGetGpuFabricInfo to fill (pass `ctypes.byref` of it).
+
+    Raises FunctionNotFound with bindings that predate fabric info (as the call itself would)."""
+    struct = getattr(pynvml, "c_nvmlGpuFabricInfo_t", None)
+    if struct is None:
+        raise error("FunctionNotFound")
+    return struct()
 
 
 class Library(Protocol):
