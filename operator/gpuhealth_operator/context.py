@@ -26,7 +26,17 @@ from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator import admission, agent_pods, breakers, cache, kube, metrics, recent, settings
+from gpuhealth_operator import (
+    admission,
+    agent_pods,
+    breakers,
+    cache,
+    domain_states,
+    kube,
+    metrics,
+    recent,
+    settings,
+)
 from gpuhealth_operator.actions import drain, events
 from gpuhealth_operator.decisions import (
     breaker,
@@ -254,6 +264,9 @@ class Context:
     breakers: breakers.Breakers = dataclasses.field(default_factory=breakers.Breakers)
     """policy → its fleet circuit breaker; admission asks it (the same object) under its lock."""
 
+    domains: domain_states.DomainStates = dataclasses.field(default_factory=domain_states.DomainStates)
+    """policy → its degraded topology domains, and what they last counted of each node (`domain_actions`)."""
+
     def __post_init__(self) -> None:
         self.admission.breakers = self.breakers
         self.admission.turned = self.verdicts.turned_unhealthy
@@ -306,6 +319,7 @@ class Context:
         self.admission.forget_node(name)
         self.cordons_unknown.pop(name, None)  # its in-flight place went with `admission.forget_node`
         self.breakers.forget_node(name)
+        self.domains.forget_node(name)
 
     def forget_node(self, name: str) -> None:
         """The node (its Node or GPUNode) is gone: nothing in memory refers to it any more.
@@ -343,6 +357,7 @@ class Context:
             del self.isolation_locks[name]
         self.admission.forget_policy(name)
         self.breakers.forget_policy(name)
+        self.domains.forget_policy(name)
         self.policy_status_written.pop(name, None)
         self.meters.forget_policy(name)
         for node in [n for n, policy in self.drain_policies.items() if policy == name]:

@@ -17,7 +17,16 @@ from typing import Any, cast
 import kopf
 
 from gpuhealth_api import resources
-from gpuhealth_operator import agent_pods, context, isolating, kube, reconciler, resync, stopping
+from gpuhealth_operator import (
+    agent_pods,
+    context,
+    domain_actions,
+    isolating,
+    kube,
+    reconciler,
+    resync,
+    stopping,
+)
 from gpuhealth_operator.decisions import model, policies
 
 logger = logging.getLogger(__name__)
@@ -45,6 +54,7 @@ async def on_node(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None
     # Kubelet (or kwok) heartbeats change the Node every few seconds; only what we judge matters.
     if before is None or before.view != after.view:
         await reconciler.reconcile_node(memo, name, "node")
+        await domain_actions.node_changed(memo, name)  # its health or domain label moved: judged again
 
 
 def release(body: Mapping[str, Any]) -> None:
@@ -95,6 +105,7 @@ async def on_gpunode(event: kopf.RawEvent, memo: context.Context, **_: Any) -> N
     release(body)
     if before is None or before.resource_version != after.resource_version:
         await reconciler.reconcile_node(memo, name, "gpunode")
+        await domain_actions.node_changed(memo, name)
 
 
 async def on_agent_pod(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None:
@@ -123,6 +134,7 @@ def store_policy(memo: context.Context, body: Mapping[str, Any]) -> model.Policy
     name = meta.get("name", "")
     generation = int(str(meta.get("generation") or 0))
     memo.breakers.note_reset(name, body)
+    memo.domains.note_status(name, body)
     try:
         policy = policies.parse_policy(name, generation, body.get("spec") or {})
     except ValueError as error:
@@ -137,6 +149,7 @@ async def on_policy(event: kopf.RawEvent, memo: context.Context, **_: Any) -> No
     name = body.get("metadata", {}).get("name", "")
     if event["type"] == DELETED:
         await reconciler.policy_deleted(memo, name)
+        await domain_actions.evaluate(memo, memo.clock())  # the marks only it wanted go
         return
     policy = store_policy(memo, body)
     await stopping.stop_drains(memo)  # dry run (or an invalid spec) stops the policy's drains at once
@@ -144,9 +157,12 @@ async def on_policy(event: kopf.RawEvent, memo: context.Context, **_: Any) -> No
     if current is not None:  # each term's start (kopf lists it), a change, an answer not yet known
         await isolating.prepare(memo, current)  # does the cluster act on DeviceTaintRules?
     if policy is None:
+        if name in memo.domains.states and name not in memo.cache.policies:
+            await domain_actions.evaluate(memo, memo.clock())  # invalid now: its marks go
         return
     for node in [r.view.name for r in memo.cache.nodes.values() if policies.selects(policy, r.view)]:
         await reconciler.reconcile_node(memo, node, "policy")
+    await domain_actions.evaluate(memo, memo.clock())
 
 
 async def login(memo: context.Context, **_: Any) -> kopf.ConnectionInfo:

@@ -42,6 +42,8 @@ LABEL_HANDLER = "handler"
 LABEL_VERB = "verb"
 LABEL_MODEL = "model"
 LABEL_CONDITION = "condition"
+LABEL_KEY = "key"
+LABEL_VALUE = "value"
 
 OUT_OF_SERVICE_REASONS = ("cordoned", "isolated", "unknown")
 """Why GPUs a policy selects are out of service: on a node the policy cordoned; on a node kept free of
@@ -111,9 +113,12 @@ class Metrics:
     gpus_out_of_service: FleetGauge
     gpu_hours_lost: prometheus_client.Counter
     drain_failed_nodes: FleetGauge
+    domain_degraded: FleetGauge
     _models: dict[str, set[str]] = dataclasses.field(default_factory=dict)
     """Models each policy's GPU series exist for (a model gone from the policy loses its series)."""
     _counted_at: dict[str, datetime.datetime] = dataclasses.field(default_factory=dict)
+    _domains: dict[str, set[tuple[str, str]]] = dataclasses.field(default_factory=dict)
+    """Degraded domains (key, value) each policy's `domain_degraded` series exist for."""
     _standby: bool = False
     """The Lease was lost: fleet gauges hidden (set_leading(True) clears and shows them again)."""
 
@@ -241,6 +246,13 @@ class Metrics:
                 [LABEL_POLICY],
                 registry=registry,
             ),
+            domain_degraded=FleetGauge(
+                f"{PREFIX}_topology_domain_degraded",
+                "1 for each topology domain (spec.topology.domains: key and value of the Node label) the "
+                "policy judges degraded; no series for any other domain.",
+                [LABEL_POLICY, LABEL_KEY, LABEL_VALUE],
+                registry=registry,
+            ),
         )
         for gauge in meters.fleet_gauges():
             gauge.shown = lambda: not meters._standby
@@ -267,6 +279,7 @@ class Metrics:
             self.gpus_healthy,
             self.gpus_out_of_service,
             self.drain_failed_nodes,
+            self.domain_degraded,
         )
 
     def set_leading(self, leading: bool) -> None:
@@ -280,6 +293,7 @@ class Metrics:
             for gauge in self.fleet_gauges():
                 gauge.clear()
             self._counted_at.clear()  # the time between terms is not lost GPU time this replica saw
+            self._domains.clear()
         self._standby = not leading
         self.leader.set(1 if leading else 0)
 
@@ -303,6 +317,21 @@ class Metrics:
             self.drain_failed_nodes.remove(name)
         self._forget_models(name, self._models.pop(name, set()))
         self._counted_at.pop(name, None)
+        self.set_degraded_domains(name, ())
+
+    def set_degraded_domains(self, policy: str, degraded: Iterable[tuple[str, str]]) -> None:
+        """The policy's degraded domains are `degraded` (key, value): 1 for each, and the series of a
+        domain that recovered removed, so the gauge has series only for domains in trouble."""
+        now = set(degraded)
+        for key, value in self._domains.get(policy, set()) - now:
+            with contextlib.suppress(KeyError):
+                self.domain_degraded.remove(policy, key, value)
+        for key, value in now:
+            self.domain_degraded.labels(policy, key, value).set(1)
+        if now:
+            self._domains[policy] = now
+        else:
+            self._domains.pop(policy, None)
 
     def _forget_models(self, policy: str, models: set[str]) -> None:
         for model in models:

@@ -20,7 +20,17 @@ import logging
 from typing import Any
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import cache, context, heap, isolating, kube, metrics, pausing, reconciler
+from gpuhealth_operator import (
+    cache,
+    context,
+    domain_actions,
+    heap,
+    isolating,
+    kube,
+    metrics,
+    pausing,
+    reconciler,
+)
 from gpuhealth_operator.actions import nodes, status
 from gpuhealth_operator.decisions import model, times, verdicts
 
@@ -89,6 +99,7 @@ async def tick(ctx: context.Context, *, full: bool = False, statuses: bool = Tru
             raise result  # cancelled: the timer is stopping
     await pausing.announce(ctx, now)
     await isolating.sweep(ctx, now)  # the DeviceTaintRules of deleted policies: adopted or restored
+    await domain_actions.on_timer(ctx, now, full=full)  # recovery holds, and marks drifted meanwhile
     if statuses:
         await write_policy_statuses(ctx, now)
 
@@ -206,7 +217,13 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
         condition["observedGeneration"] = generation
     if policy is not None and not policy.dry_run:  # the breaker keeps its own transition times
         conditions.append({**ctx.breakers.condition(name, now), "observedGeneration": generation})
-    return {"observedGeneration": generation, **counts, **ctx.breakers.status(name), "conditions": conditions}
+    return {
+        "observedGeneration": generation,
+        **counts,
+        **ctx.breakers.status(name),
+        **domain_actions.status(ctx, name),
+        "conditions": conditions,
+    }
 
 
 def _tally_gpus(

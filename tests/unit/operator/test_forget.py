@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator import admission, breakers, context, kube, metrics, recent, settings
+from gpuhealth_operator import admission, breakers, context, domain_states, kube, metrics, recent, settings
 from gpuhealth_operator.actions import drain
 from gpuhealth_operator.decisions import breaker, isolation, model
 from gpunode_facts import verdict
@@ -58,6 +58,9 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     now = datetime.datetime.now(datetime.UTC)
     ctx.rules_read.put((policy, "v1beta2"), [], now)
     ctx.devices_read.put(node, {}, now)
+    ctx.domains.states[policy] = {}
+    ctx.domains.recorded[policy] = [{"key": "rack", "value": "r1"}]
+    ctx.domains.seen[(policy, node)] = ("Unhealthy", ("r1",))
 
 
 FILLED = {
@@ -83,6 +86,7 @@ FILLED = {
     "rules_read",
     "devices_read",
     "isolation_locks",
+    "domains",
 }
 """The Context fields `fill` puts a node and a policy into."""
 
@@ -97,7 +101,14 @@ def mentions(value: Any, name: str) -> bool:
         return any(mentions(v, name) for v in value)
     if isinstance(value, Mapping):
         return any(mentions(k, name) or mentions(v, name) for k, v in value.items())
-    if isinstance(value, context.Verdicts | admission.Admission | breakers.Breakers | recent.Recent):
+    if isinstance(
+        value,
+        context.Verdicts
+        | admission.Admission
+        | breakers.Breakers
+        | recent.Recent
+        | domain_states.DomainStates,
+    ):
         return any(mentions(v, name) for v in vars(value).values())
     return False  # locks, tasks, results: leaves
 
@@ -165,7 +176,7 @@ def test_forget_policy_empties_every_map_of_that_policy_only() -> None:
             "policy_status_written",
             "breakers",
         }
-        per_policy |= {"isolation_support", "isolations", "rules_read", "isolation_locks"}
+        per_policy |= {"isolation_support", "isolations", "rules_read", "isolation_locks", "domains"}
         per_policy.add("drain_policies")  # the node's drain is "kept"'s (the last filled)
         assert {name for name, value in state(ctx).items() if mentions(value, "kept")} == per_policy
         ctx.drains["n"].cancel()
