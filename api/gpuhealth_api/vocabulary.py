@@ -42,6 +42,65 @@ class Condition(enum.StrEnum):
     no policy rule names it."""
 
 
+NODE_CONDITION_PREFIX = "Node:"
+"""How another tool's Node condition is named among ours (`status.issues`, `status.conditions`, Events)."""
+
+
+class NodeCondition(str):
+    """Another tool's Node condition a rule names (`nodeCondition: {type, status}`), keyed as ours are:
+    `Node:KernelDeadlock` when the rule matches status "True", `Node:Ready=False` for another status.
+
+    A `str` (as `Condition` values are) with `value` (as an enum member has), so it goes wherever a
+    condition's name goes: the GPUNode's conditions and issues, Events, metric labels."""
+
+    __slots__ = ()
+
+    @property
+    def value(self) -> str:
+        return str(self)
+
+    @property
+    def node_type(self) -> str:
+        """The Node condition's `type` (`KernelDeadlock`)."""
+        return self.removeprefix(NODE_CONDITION_PREFIX).split("=", 1)[0]
+
+    @property
+    def status(self) -> str:
+        """The Node condition `status` that makes it true ("True" unless the name says otherwise)."""
+        _, _, status = self.partition("=")
+        return status or "True"
+
+    @property
+    def label_value(self) -> str:
+        """The name as a label or taint value can hold it (no ':' or '='): `Node.KernelDeadlock`."""
+        return self.replace(":", ".").replace("=", ".")[:63].rstrip("-_.")
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+
+NODE_CONDITION_STATUSES: tuple[str, ...] = ("True", "False", "Unknown")
+
+
+def node_condition(node_type: str, status: str = "True") -> NodeCondition:
+    """The key of a rule's `nodeCondition: {type: node_type, status: status}`."""
+    suffix = "" if status == "True" else f"={status}"
+    return NodeCondition(f"{NODE_CONDITION_PREFIX}{node_type}{suffix}")
+
+
+def parse_node_condition(name: str) -> NodeCondition | None:
+    """A `Node:...` name as `node_condition` writes it; None for anything else."""
+    if not name.startswith(NODE_CONDITION_PREFIX):
+        return None
+    key = NodeCondition(name)
+    if not key.node_type or key.status not in NODE_CONDITION_STATUSES:
+        return None
+    return key
+
+
+ConditionKey = Condition | NodeCondition
+"""What a rule matches and a verdict holds: one of our conditions, or another tool's Node condition."""
+
 RULE_CONDITIONS: tuple[Condition, ...] = tuple(
     c for c in Condition if c not in (Condition.AGENT_ERROR, Condition.GPU_OPERATOR_MAINTENANCE)
 )

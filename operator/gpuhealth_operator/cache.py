@@ -77,7 +77,7 @@ class GPUNodeRecord:
     """The `gpuhealth.io/` annotations only (a fire drill's, see `decisions.drill`)."""
 
     @functools.cached_property
-    def conditions(self) -> Mapping[vocabulary.Condition, model.ConditionState]:
+    def conditions(self) -> Mapping[vocabulary.ConditionKey, model.ConditionState]:
         """`status.conditions` parsed (`hysteresis.from_status`), once per stored version, read-only."""
         states = hysteresis.from_status(self.status.get("conditions") or [])
         return types.MappingProxyType({k: SHARED.share(v) for k, v in states.items()})
@@ -172,7 +172,12 @@ def node_record(body: Mapping[str, Any]) -> NodeRecord:
     taints = tuple(share(t) for t in spec.get("taints") or [] if isinstance(t, Mapping))
     capacity = (body.get("status") or {}).get("capacity") or {}
     condition = None
+    others: dict[str, str] = {}
     for c in (body.get("status") or {}).get("conditions") or []:
+        if not isinstance(c, Mapping):
+            continue
+        if c.get("type") != keys.NODE_CONDITION_TYPE and isinstance(c.get("type"), str):
+            others[sys.intern(c["type"])] = share(str(c.get("status", "")))
         if c.get("type") == keys.NODE_CONDITION_TYPE:
             condition = NodeCondition(
                 status=share(str(c.get("status", ""))),
@@ -187,6 +192,7 @@ def node_record(body: Mapping[str, Any]) -> NodeRecord:
         unschedulable=bool(spec.get("unschedulable", False)),
         taint_keys=frozenset(str(t.get("key", "")) for t in taints) if taints else _NO_KEYS,
         gpu_capacity=_int_or_none(capacity.get(keys.GPU_RESOURCE)),
+        conditions=SHARED.mapping(others),  # most nodes hold the same few conditions alike: one copy
     )
     return NodeRecord(
         view=view,

@@ -491,7 +491,7 @@ async def _pass(  # noqa: PLR0917 - one pass's inputs
     verdict: model.NodeVerdict,
     now: datetime.datetime,
     state: isolation.NodeState,
-    wanted: set[vocabulary.Condition],
+    wanted: set[vocabulary.ConditionKey],
     found: isolation.Support,
     rules: Sequence[kube.JsonObject],
 ) -> isolation.NodeState:

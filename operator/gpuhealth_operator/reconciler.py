@@ -212,7 +212,7 @@ async def _reconcile(ctx: context.Context, name: str, now: datetime.datetime) ->
 async def _condition_events(
     ctx: context.Context,
     name: str,
-    previous: Mapping[Condition, model.ConditionState],
+    previous: Mapping[vocabulary.ConditionKey, model.ConditionState],
     verdict: model.NodeVerdict,
 ) -> None:
     """One Event per condition that turned True in this pass."""

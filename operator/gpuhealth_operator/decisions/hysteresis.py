@@ -141,7 +141,7 @@ def _unchanged(previous: model.ConditionState, signal: model.Signal, reason: str
     """Whether the state built from `signal` would equal `previous` in these fields (the rest are
     checked by the caller): then `previous` itself is the new state, not a copy."""
     return (
-        previous.reason == reason and previous.message == signal.message and previous.type is signal.condition
+        previous.reason == reason and previous.message == signal.message and previous.type == signal.condition
     )
 
 
@@ -172,14 +172,14 @@ def to_status(states: Iterable[model.ConditionState], generation: int) -> list[m
     return records
 
 
-def from_status(items: object) -> dict[vocabulary.Condition, model.ConditionState]:
+def from_status(items: object) -> dict[vocabulary.ConditionKey, model.ConditionState]:
     """Condition states from `status.conditions[]`; items that do not parse are dropped.
 
     A dropped item simply restarts that condition's hysteresis from the next
     signal, which is safe: fatal conditions re-detect at once, sustained ones
     wait their forSeconds again.
     """
-    states: dict[vocabulary.Condition, model.ConditionState] = {}
+    states: dict[vocabulary.ConditionKey, model.ConditionState] = {}
     if not isinstance(items, list | tuple):
         return states
     for item in items:
@@ -191,9 +191,13 @@ def from_status(items: object) -> dict[vocabulary.Condition, model.ConditionStat
 
 def _state(item: Mapping[str, Any]) -> model.ConditionState | None:
     kind = item.get("type")
-    if not isinstance(kind, str) or kind not in _CONDITIONS:
+    if not isinstance(kind, str):
         return None
-    condition = vocabulary.Condition(kind)
+    condition: vocabulary.ConditionKey | None = (
+        vocabulary.Condition(kind) if kind in _CONDITIONS else vocabulary.parse_node_condition(kind)
+    )
+    if condition is None:
+        return None
     status, transition = item.get("status"), times.parse(item.get("lastTransitionTime"))
     if status not in _STATUSES or transition is None:
         return None

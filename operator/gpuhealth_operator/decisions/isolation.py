@@ -186,7 +186,7 @@ def may_restore(policy: model.Policy, verdict: model.NodeVerdict, now: datetime.
 def attribute(
     facts: status.GPUNodeStatus,
     node: model.NodeView,
-    wanted: Collection[Condition],
+    wanted: Collection[vocabulary.ConditionKey],
     *,
     critical_xids: frozenset[int],
     catalogue: xid_catalogue.Catalogue | None = None,

@@ -16,7 +16,8 @@ from gpuhealth_api import keys, status, vocabulary
 @dataclasses.dataclass(frozen=True)
 class Rule:
     name: str
-    condition: vocabulary.Condition
+    condition: vocabulary.ConditionKey
+    """One of our conditions (`condition`), or another tool's Node condition (`nodeCondition`)."""
     action: vocabulary.Action
     for_seconds: float = 0.0
     """How long the condition must hold before the rule fires (hysteresis on the way in)."""
@@ -103,6 +104,9 @@ class NodeView:
     taint_keys: frozenset[str] = frozenset()
     gpu_capacity: int | None = None
     """`nvidia.com/gpu` capacity the node advertises, if any."""
+    conditions: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """The Node's `status.conditions` by type → status (other tools' too: node-problem-detector's,
+    a cloud's maintenance conditions), but our own GPUHealthy; what `nodeCondition` rules match."""
 
     @property
     def cordoned_by(self) -> str | None:
@@ -117,7 +121,7 @@ class Signal:
     reported): unknown is neither fault nor health, and keeps the previous state.
     """
 
-    condition: vocabulary.Condition
+    condition: vocabulary.ConditionKey
     present: bool | None
     message: str
     observed_at: datetime.datetime | None = None
@@ -141,7 +145,7 @@ class ConditionState:
     of its absence while the condition is still held True.
     """
 
-    type: vocabulary.Condition
+    type: vocabulary.ConditionKey
     status: str  # "True" | "False" | "Unknown"
     reason: str
     message: str
@@ -169,9 +173,9 @@ class NodeVerdict:
     """The judgement of one node under one policy at one instant."""
 
     node: str
-    conditions: Mapping[vocabulary.Condition, ConditionState]
+    conditions: Mapping[vocabulary.ConditionKey, ConditionState]
     health: vocabulary.Health
-    issues: tuple[vocabulary.Condition, ...]
+    issues: tuple[vocabulary.ConditionKey, ...]
     """True conditions, most severe first."""
     fired_rules: tuple[Rule, ...]
     """Rules whose condition holds (after forSeconds), strongest action first."""

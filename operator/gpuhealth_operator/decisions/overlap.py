@@ -107,7 +107,7 @@ def reported(judged: Sequence[tuple[bool, vocabulary.Health, vocabulary.NodeActi
 
 def shown_conditions(
     reported_verdict: model.NodeVerdict, others: Sequence[model.NodeVerdict]
-) -> dict[vocabulary.Condition, model.ConditionState]:
+) -> dict[vocabulary.ConditionKey, model.ConditionState]:
     """The conditions a node's status holds: the reported verdict's, and each condition only other
     policies judge as the first of them (by name) judged it.
 
@@ -116,7 +116,7 @@ def shown_conditions(
     start its clocks afresh on every pass, and its sustained conditions would never set, or would
     clear and set again (flapping labels) as the reported policy changes.
     """
-    shown: dict[vocabulary.Condition, model.ConditionState] = {}
+    shown: dict[vocabulary.ConditionKey, model.ConditionState] = {}
     for verdict in others:
         for condition, state in verdict.conditions.items():
             shown.setdefault(condition, state)

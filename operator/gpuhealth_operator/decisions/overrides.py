@@ -85,14 +85,16 @@ def gather(verdict: model.NodeVerdict, facts: status.GPUNodeStatus, rule_xids: f
     return Evidence(episodes=episodes, ecc=ecc, xids=xids)
 
 
-def driving(verdict: model.NodeVerdict) -> tuple[Condition, ...]:
+def driving(verdict: model.NodeVerdict) -> tuple[vocabulary.ConditionKey, ...]:
     """The conditions behind the verdict's wanted Cordon or Drain."""
     return tuple(
         dict.fromkeys(r.condition for r in verdict.fired_rules if r.action in vocabulary.DISRUPTIVE_ACTIONS)
     )
 
 
-def new_evidence(baseline: Evidence, current: Evidence, conditions: Iterable[Condition]) -> list[str]:
+def new_evidence(
+    baseline: Evidence, current: Evidence, conditions: Iterable[vocabulary.ConditionKey]
+) -> list[str]:
     """What, among the evidence for `conditions`, is new since `baseline`, in words (empty: nothing new)."""
     found: list[str] = []
     for condition in conditions:
@@ -122,9 +124,9 @@ def new_evidence(baseline: Evidence, current: Evidence, conditions: Iterable[Con
 def still_stands(baseline: Evidence, verdict: model.NodeVerdict) -> bool:
     """Whether any condition of the baseline is still True (else the override has nothing left to hold)."""
     return any(
-        (state := verdict.conditions.get(Condition(name))) is not None and state.status == hysteresis.TRUE
+        (state := verdict.conditions.get(key)) is not None and state.status == hysteresis.TRUE
         for name in baseline.episodes
-        if name in _NAMES
+        if (key := Condition(name) if name in _NAMES else vocabulary.parse_node_condition(name)) is not None
     )
 
 

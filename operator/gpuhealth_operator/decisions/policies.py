@@ -198,7 +198,13 @@ def _rules(value: object) -> tuple[model.Rule, ...]:
         if rule_name in seen:
             raise ValueError(f"{where}.name: duplicate rule name {rule_name!r}")
         seen.add(rule_name)
-        condition = _enum(vocabulary.Condition, raw.get("condition"), f"{where}.condition")
+        condition: vocabulary.ConditionKey
+        if raw.get("nodeCondition") is not None:
+            if raw.get("condition") is not None:
+                raise ValueError(f"{where}: exactly one of condition or nodeCondition")
+            condition = _node_condition(raw["nodeCondition"], f"{where}.nodeCondition")
+        else:
+            condition = _enum(vocabulary.Condition, raw.get("condition"), f"{where}.condition")
         action = _enum(vocabulary.Action, raw.get("action"), f"{where}.action")
         if condition is Condition.AGENT_STALE and action not in _STALE_ACTIONS:
             raise ValueError(f"{where}.action: must be Event or Label when condition is AgentStale")
@@ -286,6 +292,24 @@ def _label_key(value: object, where: str) -> str:
     if not _LABEL_NAME.match(label) or (slash and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix))):
         raise ValueError(f"{where}: must be a label key like 'topology.kubernetes.io/zone', got {value!r}")
     return value
+
+
+_NODE_CONDITION_TYPE = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+
+
+def _node_condition(value: object, where: str) -> vocabulary.NodeCondition:
+    """A rule's `nodeCondition: {type, status}` (status default "True"): another tool's Node condition."""
+    raw = _mapping(value, where)
+    kind, wanted = raw.get("type"), raw.get("status", "True")
+    if not isinstance(kind, str) or not _NODE_CONDITION_TYPE.match(kind):
+        raise ValueError(f"{where}.type: required, a Node condition type (for example KernelDeadlock)")
+    if kind == keys.NODE_CONDITION_TYPE:
+        raise ValueError(f"{where}.type: {kind} is gpu-health's own Node condition")
+    if wanted not in vocabulary.NODE_CONDITION_STATUSES:
+        raise ValueError(f"{where}.status: must be True, False or Unknown")
+    return vocabulary.node_condition(kind, wanted)
 
 
 def _xids(value: object, where: str) -> frozenset[int]:

@@ -56,19 +56,24 @@ SUSTAINED: Final[frozenset[Condition]] = frozenset(
 )
 """Conditions that make a node Degraded and clear only after healthyForSeconds."""
 
-LOWEST: Final = len(ORDER)
+NODE_CONDITION_RANK: Final = len(ORDER)
+"""Rank of another tool's Node condition a rule names (`vocabulary.NodeCondition`): after all of ours,
+which know the GPUs; among themselves by name."""
+LOWEST: Final = len(ORDER) + 1
 """Rank of 'no condition' (sorts after every real condition)."""
 
+_RANKS: Final[dict[str, int]] = {c: i for i, c in enumerate(ORDER)}
 
-def rank(condition: Condition) -> int:
+
+def rank(condition: vocabulary.ConditionKey) -> int:
     """0 for the most severe condition, larger for milder ones."""
-    return ORDER.index(condition)
+    return _RANKS.get(condition, NODE_CONDITION_RANK)
 
 
-def most_severe_first(conditions: Iterable[Condition]) -> tuple[Condition, ...]:
-    return tuple(sorted(set(conditions), key=rank))
+def most_severe_first(conditions: Iterable[vocabulary.ConditionKey]) -> tuple[vocabulary.ConditionKey, ...]:
+    return tuple(sorted(set(conditions), key=lambda c: (rank(c), str(c))))
 
 
-def worst_rank(conditions: Iterable[Condition]) -> int:
+def worst_rank(conditions: Iterable[vocabulary.ConditionKey]) -> int:
     """Rank of the most severe of `conditions`; LOWEST when there are none."""
     return min((rank(c) for c in conditions), default=LOWEST)

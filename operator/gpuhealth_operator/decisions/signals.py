@@ -90,7 +90,7 @@ def raw_signals(
     known: FactSignals | None = None,
     thresholds: trends.Thresholds = (),
     memory: trends.Trends | None = None,
-) -> dict[Condition, model.Signal]:
+) -> dict[vocabulary.ConditionKey, model.Signal]:
     """One signal per condition of DESIGN.md's table except Straggler.
 
     `report_age_seconds`: how long ago the operator saw the agent's last new report (see `agent_stale`);
@@ -102,7 +102,7 @@ def raw_signals(
     stale = agent_stale(facts, report_age_seconds, now, agent_pod)
     error = agent_error(facts, stale=stale.present is True)
     maintenance = gpu_operator_signal(node)
-    signals = {
+    signals: dict[vocabulary.ConditionKey, model.Signal] = {
         Condition.AGENT_STALE: stale,
         Condition.AGENT_ERROR: error,
         Condition.GPU_OPERATOR_MAINTENANCE: maintenance,
@@ -145,6 +145,16 @@ def fact_signals(
     signals[Condition.GPU_LOST] = _lost(facts, node, gpus)
     signals[Condition.NIC_DEGRADED] = _nics(facts, limits, memory)
     return signals
+
+
+def node_condition_signal(node: model.NodeView, condition: vocabulary.NodeCondition) -> model.Signal:
+    """Another tool's Node condition a rule names: True while the Node holds it with the rule's status.
+    A Node without the condition (its tool not installed, not yet reporting) shows no fault."""
+    status_now = node.conditions.get(condition.node_type)
+    if status_now is None:
+        return model.Signal(condition, False, f"the Node has no {condition.node_type} condition")
+    present = status_now == condition.status
+    return model.Signal(condition, present, f"the Node's {condition.node_type} condition is {status_now}")
 
 
 def _nics(

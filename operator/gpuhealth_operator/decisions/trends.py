@@ -178,6 +178,7 @@ def thresholds(policy: model.Policy) -> Thresholds:
     (the most sensitive rule decides the condition, as the shortest forSeconds does)."""
     found: dict[Condition, float] = {}
     for rule in policy.rules:
-        if rule.condition in TREND_CONDITIONS and rule.threshold is not None:
-            found[rule.condition] = min(rule.threshold, found.get(rule.condition, rule.threshold))
+        condition = rule.condition
+        if isinstance(condition, Condition) and condition in TREND_CONDITIONS and rule.threshold is not None:
+            found[condition] = min(rule.threshold, found.get(condition, rule.threshold))
     return tuple(sorted(found.items()))

@@ -60,7 +60,7 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
     policy: model.Policy,
     node: model.NodeView,
     facts: status.GPUNodeStatus,
-    previous: Mapping[Condition, model.ConditionState],
+    previous: Mapping[vocabulary.ConditionKey, model.ConditionState],
     straggler: model.StragglerScore | None,
     now: datetime.datetime,
     *,
@@ -91,6 +91,9 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
     _hold_after_maintenance(raw, previous.get(Condition.GPU_OPERATOR_MAINTENANCE), now)
     stale = any(raw[c].present is True for c in BLIND)
     raw[Condition.STRAGGLER] = straggler_signal(straggler, stale=stale)
+    for rule in policy.rules:
+        if isinstance(rule.condition, vocabulary.NodeCondition):
+            raw[rule.condition] = signals.node_condition_signal(node, rule.condition)
     if drill is not None:
         raw[drill.condition] = drill
     states = {
@@ -134,25 +137,26 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
     return overrides.apply(policy, node, facts, verdict)
 
 
-_Clocks = tuple[tuple[Condition, float, float], ...]
-_CLOCKS: dict[tuple[int, Condition | None], tuple[model.Policy, _Clocks]] = {}
+_Clocks = tuple[tuple[vocabulary.ConditionKey, float, float], ...]
+_CLOCKS: dict[tuple[int, vocabulary.ConditionKey | None], tuple[model.Policy, _Clocks]] = {}
 """`_clocks` per policy object (and drilled condition): a policy changes far less often than it judges."""
 
 
-def _clocks(policy: model.Policy, drilled: Condition | None) -> _Clocks:
+def _clocks(policy: model.Policy, drilled: vocabulary.ConditionKey | None) -> _Clocks:
     """The conditions a policy judges, most severe first, each with its forSeconds and clear seconds:
-    every fatal one, AgentStale, those its rules name, and a fire drill's."""
+    every fatal one, AgentStale, those its rules name, and a fire drill's. Another tool's Node condition
+    clears as soon as the Node says so: that tool has its own hysteresis."""
     key = (id(policy), drilled)
     known = _CLOCKS.get(key)
     if known is not None and known[0] is policy:
         return known[1]
-    judged = severity.FATAL | BLIND | {r.condition for r in policy.rules}
+    judged: set[vocabulary.ConditionKey] = {*severity.FATAL, *BLIND, *(r.condition for r in policy.rules)}
     if drilled is not None:
         judged |= {drilled}
     clocks = tuple(
         (
             condition,
-            min((r.for_seconds for r in policy.rules if r.condition is condition), default=0.0),
+            min((r.for_seconds for r in policy.rules if r.condition == condition), default=0.0),
             policy.recovery_healthy_for_seconds
             if condition in severity.SUSTAINED
             else MAINTENANCE_GRACE_SECONDS
@@ -168,7 +172,9 @@ def _clocks(policy: model.Policy, drilled: Condition | None) -> _Clocks:
 
 
 def _hold_after_maintenance(
-    raw: dict[Condition, model.Signal], previous: model.ConditionState | None, now: datetime.datetime
+    raw: dict[vocabulary.ConditionKey, model.Signal],
+    previous: model.ConditionState | None,
+    now: datetime.datetime,
 ) -> None:
     """In the grace after a maintenance (`MAINTENANCE_GRACE_SECONDS`), the facts stay unknown, in place:
     they may still be the ones the agent sent while the GPUs were away."""
@@ -260,12 +266,14 @@ def straggler_signal(score: model.StragglerScore | None, *, stale: bool = False)
     return model.Signal(condition, False, "performance in line with peers of the same GPU model")
 
 
-def _health(issues: tuple[Condition, ...]) -> Health:
+def _health(issues: tuple[vocabulary.ConditionKey, ...]) -> Health:
+    """Unknown when blind, Unhealthy on a fatal condition, Degraded on a sustained one or another tool's
+    Node condition (not a GPU fault: the GPUHealthy Node condition stays True for other tools)."""
     if BLIND.intersection(issues):
         return Health.UNKNOWN
     if any(c in severity.FATAL for c in issues):
         return Health.UNHEALTHY
-    if any(c in severity.SUSTAINED for c in issues):
+    if any(c in severity.SUSTAINED or isinstance(c, vocabulary.NodeCondition) for c in issues):
         return Health.DEGRADED
     return Health.HEALTHY
 
@@ -284,7 +292,7 @@ def _labels(health: Health, fired: list[model.Rule]) -> dict[str, str | None]:
         labels[keys.HEALTH_LABEL] = health.value.lower()
     for condition, label in _CONDITION_LABELS.items():
         labelled = any(
-            r.condition is condition
+            r.condition == condition
             and vocabulary.ACTION_ORDER[r.action] >= vocabulary.ACTION_ORDER[Action.LABEL]
             for r in fired
         )
@@ -295,12 +303,15 @@ def _labels(health: Health, fired: list[model.Rule]) -> dict[str, str | None]:
 def _taint(fired: list[model.Rule]) -> str | None:
     """The most severe condition of a fired Taint rule (Cordon and Drain do not taint)."""
     tainting = severity.most_severe_first(r.condition for r in fired if r.action is Action.TAINT)
-    return tainting[0].value if tainting else None
+    if not tainting:
+        return None
+    worst = tainting[0]
+    return worst.label_value if isinstance(worst, vocabulary.NodeCondition) else worst.value
 
 
 def _recovered(
     health: Health,
-    states: Mapping[Condition, model.ConditionState],
+    states: Mapping[vocabulary.ConditionKey, model.ConditionState],
     healthy_for_seconds: float,
     now: datetime.datetime,
 ) -> bool:
