@@ -21,8 +21,9 @@ beyond the last reading (XIDs, resets, time stamps) is `history.py`'s.
 
 Facts outside the table: NVLink (`links.py`: one field-values call per GPU
 per sample, links counted once) and fabric info (slow tier), PCIe AER per GPU
-(`sysfs.py`, slow tier) and the node's InfiniBand/RoCE ports (`sysfs.py`,
-every sample: a port going down is worth a write at once). Sysfs facts need
+(`sysfs.py`, slow tier) and the node's InfiniBand/RoCE ports (`sysfs.py`:
+each port's state every sample, a port going down is worth a write at once;
+the rest on the slow tier). Sysfs facts need
 a `sysfs_root`; without one (the fleet simulator's default) they are absent.
 """
 
@@ -198,6 +199,7 @@ class Collector:
         self.enrich = enrich
         self.sysfs_root = sysfs_root
         """Where sysfs is (`/sys`, a test's or the simulation's tree); None: no sysfs facts."""
+        self._nics = None if sysfs_root is None else sysfs.NicReader(sysfs_root)
         """Called with the raw facts of each sample before they are stamped (DCGM folds in here)."""
         self._identities: list[_Identity] | None = None
         self._answering: list[_Identity] = []
@@ -261,7 +263,7 @@ class Collector:
         started = self.perf_counter()
         errors: collections.Counter[tuple[str, str]] = collections.Counter()
         identities = self._refresh_identities(errors)
-        nics = None if self.sysfs_root is None else sysfs.read_nics(self.sysfs_root)
+        nics = None if self._nics is None else self._nics.read(full=self._slow_due(now))
         self.seen_here = max(self.seen_here, len(identities))
         if not identities and self.seen_here == 0:
             # Nothing answers and nothing ever did in this process: NVML cannot see the GPUs (a
@@ -271,11 +273,7 @@ class Collector:
             blind = self.blind(now, errors, started)
             blind.nics = nics
             return blind
-        slow = (
-            self._slow_requested
-            or self._last_slow is None
-            or now - self._last_slow >= self.slow_period_seconds
-        )
+        slow = self._slow_due(now)
         if slow:
             self._last_slow = now
             self._slow_requested = False
@@ -312,6 +310,14 @@ class Collector:
             duration_seconds=self.perf_counter() - started,
             max_gpus_seen=self.max_gpus_seen,
             nics=nics,
+        )
+
+    def _slow_due(self, now: float) -> bool:
+        """Whether this sample reads the slow tier (see the module doc)."""
+        return (
+            self._slow_requested
+            or self._last_slow is None
+            or now - self._last_slow >= self.slow_period_seconds
         )
 
     def blind(

@@ -113,6 +113,8 @@ _NVLINK_COUNTERS: Final[dict[int, str]] = {
     nvml.NVLINK_ERROR_DL_RECOVERY: "nvlinkRecoveryErrors",
 }
 """nvmlDeviceGetNvLinkErrorCounter counters and the scenario counter each reads."""
+_NOT_SUPPORTED: Final = nvml.return_code("NotSupported")
+_INVALID_ARGUMENT: Final = nvml.return_code("InvalidArgument")
 _FABRIC_CODES: Final[dict[str, int]] = {name: code for code, name in nvml.FABRIC_STATES.items()}
 _AER: Final[tuple[tuple[str, str, str], ...]] = (
     ("pcieAerFatal", "aer_dev_fatal", "TOTAL_ERR_FATAL"),
@@ -452,17 +454,18 @@ class SimulatedNvml:
     def _nvlink_field(
         self, current: dict[str, Any], unsupported: bool, field_id: int, link: int
     ) -> FieldValue:
-        """One link's state (NVML_NVLINK_STATE_*) or error counter, or the error the driver gives."""
-        try:
-            if unsupported:
-                raise nvml.error("NotSupported")
-            if field_id == nvml.FI_DEV_NVLINK_GET_STATE:
-                value = 1 if self._link_state(current, link) else 0  # NVML_NVLINK_STATE_ACTIVE/INACTIVE
-            else:
-                value = self._link_counter(current, link, _NVLINK_FIELDS[field_id])
-        except nvml.NVMLError as exc:
-            code: int = getattr(exc, "value")  # noqa: B009 - set by pynvml, untyped
-            return FieldValue(field_id, code, Value(0), link)
+        """One link's state (NVML_NVLINK_STATE_*) or error counter, or the error the driver gives
+        (the same answers as _link_state and _link_counter, without raising on the common path)."""
+        links = int(current.get("nvlinks", 0))
+        if unsupported or links == 0:
+            return FieldValue(field_id, _NOT_SUPPORTED, Value(0), link)
+        if not 0 <= link < links:
+            return FieldValue(field_id, _INVALID_ARGUMENT, Value(0), link)
+        up = link < links - min(links, int(current.get("nvlinkLinksDown", 0)))
+        if field_id == nvml.FI_DEV_NVLINK_GET_STATE:
+            value = 1 if up else 0  # NVML_NVLINK_STATE_ACTIVE / _INACTIVE
+        else:
+            value = int(current.get(_NVLINK_FIELDS[field_id], 0)) if up and link == 0 else 0
         return FieldValue(field_id, nvml.SUCCESS, Value(value), link)
 
     # --- events --------------------------------------------------------------------------------------

@@ -57,7 +57,8 @@ def sysfs_bus_id(pci_bus_id: str) -> str | None:
 
 def _read(path: Path) -> str | None:
     try:
-        return path.read_text()
+        with open(path, "rb") as file:  # noqa: PTH123 - a fifth of Path.read_text's cost, read every second
+            return file.read(4096).decode()
     except (OSError, UnicodeDecodeError):
         return None
 
@@ -130,14 +131,14 @@ def read_port(port_dir: Path, name: str, port: int) -> status.Nic:
     return nic
 
 
-def read_nics(root: Path) -> list[status.Nic] | None:
-    """Every InfiniBand/RoCE port, sorted by device and port; None without /sys/class/infiniband."""
+def _ports(root: Path) -> list[tuple[Path, str, int]] | None:
+    """Every port directory with its device and number, sorted; None without /sys/class/infiniband."""
     base = root.joinpath(*INFINIBAND)
     try:
-        devices = sorted(p for p in base.iterdir())
+        devices = sorted(base.iterdir())
     except OSError:
         return None
-    nics: list[status.Nic] = []
+    found: list[tuple[Path, str, int]] = []
     for device in devices:
         try:
             ports = sorted(
@@ -145,6 +146,44 @@ def read_nics(root: Path) -> list[status.Nic] | None:
             )
         except OSError:
             continue
-        for port_dir in ports:
-            nics.append(read_port(port_dir, device.name, int(port_dir.name)))
-    return nics[:MAX_NICS]
+        found += [(port_dir, device.name, int(port_dir.name)) for port_dir in ports]
+    return found[:MAX_NICS]
+
+
+def read_nics(root: Path) -> list[status.Nic] | None:
+    """Every InfiniBand/RoCE port, sorted by device and port; None without /sys/class/infiniband."""
+    ports = _ports(root)
+    return None if ports is None else [read_port(port_dir, name, port) for port_dir, name, port in ports]
+
+
+class NicReader:
+    """The node's ports, cheaply: the port list and every file on full reads, only `state` in between.
+
+    A port going down shows in its logical state at the next sample; the physical state, rate and
+    counters (judged over minutes) can wait for the next full read (the collector's slow tier). A
+    node has a handful of ports: reading six files of each every second cost the agent more CPU
+    than all of NVML.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._ports: list[tuple[Path, str, int]] = []
+        self._last: list[status.Nic] | None = None
+
+    def read(self, full: bool) -> list[status.Nic] | None:
+        if full or self._last is None:
+            ports = _ports(self.root)
+            self._ports = ports or []
+            self._last = None if ports is None else [read_port(p, name, port) for p, name, port in ports]
+            return self._last
+        nics = []
+        for (port_dir, _, _), last in zip(self._ports, self._last, strict=True):
+            nic = status.Nic(last)
+            state = _named(_read(port_dir / "state"))
+            if state is None:
+                nic.pop("state", None)
+            else:
+                nic["state"] = state
+            nics.append(nic)
+        self._last = nics
+        return nics

@@ -153,6 +153,7 @@ def test_link_fabric_aer_and_nic_faults_reach_the_gpunode_without_a_heartbeat(
                 and gpus[0].get("pcie", {}).get("aer", {}).get("fatal") == 1
                 and gpus[0].get("fabric", {}).get("state") == "InProgress"
                 and nics.get("mlx5_1", {}).get("state") == "DOWN"
+                and nics.get("mlx5_1", {}).get("linkDowned") == 1  # the port's counters: slow tier
             )
             return status if seen else None
 

@@ -217,8 +217,11 @@ def test_scripted_faults_reach_the_sample() -> None:
     assert later.gpus[0]["pcie"]["aer"]["fatal"] == 1
     assert later.gpus[0]["fabric"]["state"] == "InProgress"
     down = at(col, clock, 10)
-    assert down.nics is not None
-    assert (down.nics[0]["state"], down.nics[0]["physState"], down.nics[0]["linkDowned"]) == (
+    assert down.nics is not None and down.nics[0]["state"] == "DOWN", "a port's state: every sample"
+    assert down.nics[0]["linkDowned"] == 0, "the rest of the port's files: on the slow tier"
+    full = at(col, clock, 15)
+    assert full.nics is not None
+    assert (full.nics[0]["state"], full.nics[0]["physState"], full.nics[0]["linkDowned"]) == (
         "DOWN",
         "Polling",
         1,
