@@ -103,12 +103,17 @@ def problems(gpu: status.GPUStatus, catalogue: xids.Catalogue) -> list[Problem]:
 
 
 def node_problems(node: status.GPUNodeStatus) -> list[Problem]:
-    """Node-level faults: fewer GPUs reported than the node has (the agent's count; no Node labels here)."""
+    """Node-level faults: fewer GPUs reported than the node has (the agent's count; no Node labels here),
+    and InfiniBand/RoCE ports the operator would judge NicDegraded on first sight (no history: a port
+    down since before `check` ran is shown in the table, not judged, as a fresh operator would not)."""
     gpus = node.get("gpus", [])
     expected = faults.expected_gpu_count({}, None, faults.seen_by_agent(node))
     missing = faults.missing_gpus(len(gpus), expected)
-    condition = vocabulary.Condition.GPU_LOST
-    return [] if missing is None else [Problem(_severity(condition), missing, condition)]
+    lost = vocabulary.Condition.GPU_LOST
+    found = [] if missing is None else [Problem(_severity(lost), missing, lost)]
+    nic = vocabulary.Condition.NIC_DEGRADED
+    found += [Problem(_severity(nic), text, nic) for text in faults.nic_faults(node.get("nics"))]
+    return found
 
 
 def conditions(node: status.GPUNodeStatus, catalogue: xids.Catalogue) -> set[vocabulary.Condition]:
