@@ -196,6 +196,32 @@ MALFORMED: list[tuple[str, Mutation, str]] = [
         "spec.rules[0].threshold",
     ),
     (
+        "threshold-on-fabric",
+        rule(name="f", condition=C.FABRIC_UNHEALTHY, action=A.DRAIN, threshold=1),
+        "spec.rules[0].threshold",
+    ),
+    (
+        "condition-and-node-condition",
+        rule(name="k", condition=C.GPU_LOST, nodeCondition={"type": "KernelDeadlock"}, action=A.DRAIN),
+        "spec.rules[0].condition",
+    ),
+    ("neither-condition-nor-node-condition", rule(name="k", action=A.DRAIN), "spec.rules[0].condition"),
+    (
+        "node-condition-ours",
+        rule(name="k", nodeCondition={"type": "GPUHealthy"}, action=A.DRAIN),
+        "spec.rules[0].nodeCondition.type",
+    ),
+    (
+        "node-condition-bad-status",
+        rule(name="k", nodeCondition={"type": "KernelDeadlock", "status": "Yes"}, action=A.DRAIN),
+        "spec.rules[0].nodeCondition.status",
+    ),
+    (
+        "node-condition-isolate-gpu",
+        rule(name="k", nodeCondition={"type": "KernelDeadlock"}, action=A.ISOLATE_GPU),
+        "spec.rules[0].action",
+    ),
+    (
         "xids-on-ecc",
         rule(name="e", condition=C.ECC_UNCORRECTABLE, action=A.DRAIN, xids=[79]),
         "spec.rules[0].xids",
@@ -408,13 +434,19 @@ def test_every_condition_and_action_of_the_vocabulary_is_accepted(crds: controlp
             extra: dict[str, Any] = {}
             if condition == C.STRAGGLER:
                 extra["threshold"] = 3.5
+            if condition in (C.NVLINK_DEGRADED, C.NIC_DEGRADED, C.PCIE_ERRORS, C.MEMORY_DEGRADING):
+                extra["threshold"] = 0  # growth per hour: 0 is any growth
             if condition == C.XID_CRITICAL:
                 extra["xids"] = [79]
             name = f"{condition.lower()}-{action.lower()}"
             rules.append({"name": name, "condition": condition.value, "action": action.value, **extra})
-    assert len(rules) == 52
-    apply(crds, policy("crds-vocabulary", rules=rules[:32]), "--dry-run=server")
-    apply(crds, policy("crds-vocabulary", rules=rules[32:]), "--dry-run=server")
+    rules.append({"name": "kernel-deadlock", "nodeCondition": {"type": "KernelDeadlock"}, "action": A.DRAIN})
+    rules.append(
+        {"name": "not-ready", "nodeCondition": {"type": "Ready", "status": "False"}, "action": A.TAINT}
+    )
+    assert len(rules) == 79
+    for first in range(0, len(rules), 32):
+        apply(crds, policy("crds-vocabulary", rules=rules[first : first + 32]), "--dry-run=server")
 
 
 # A GPUNode as the agent reports it: GPU 3 of two has a double-bit ECC error.
