@@ -178,7 +178,7 @@ class NicReader:
             return self._last
         nics = []
         for (port_dir, _, _), last in zip(self._ports, self._last, strict=True):
-            nic = status.Nic(last)
+            nic = status.Nic(**last)
             state = _named(_read(port_dir / "state"))
             if state is None:
                 nic.pop("state", None)
