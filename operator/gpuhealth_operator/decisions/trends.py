@@ -35,6 +35,12 @@ _GPU_COUNTERS: Final = tuple(p for paths in faults.GPU_COUNTERS.values() for p i
 TREND_CONDITIONS: Final = frozenset(faults.DEFAULT_THRESHOLDS)
 """The conditions whose rules may name a `threshold` of growth per hour."""
 
+RESTART_WITH: Final[dict[str, tuple[str, ...]]] = {
+    "nvlink.linksUp": faults.GPU_COUNTERS[Condition.NVLINK_DEGRADED],
+}
+"""Counters that start over when another fact changes: the agent sums NVLink errors over the links that are
+up, so a link going down takes its count out of the sum and coming back puts it in again: no growth."""
+
 Points = tuple[tuple[float, float], ...]
 """A counter's (time, value) change points, oldest first; the last value is the latest seen."""
 
@@ -45,6 +51,8 @@ class Track:
 
     peaks: Mapping[str, float]
     counters: Mapping[str, Points]
+    last: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """The last value of each RESTART_WITH fact."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -126,6 +134,15 @@ def _track(
 ) -> Track | None:
     new_peaks = dict(previous.peaks) if previous else {}
     new_counters = dict(previous.counters) if previous else {}
+    new_last = dict(previous.last) if previous else {}
+    for path, restarted in RESTART_WITH.items():
+        value = faults.fact(record, path)
+        if value is None or path not in peaks:
+            continue
+        if new_last.get(path, value) != value:
+            for counter in restarted:
+                new_counters.pop(counter, None)
+        new_last[path] = float(value)
     for path in peaks:
         value = faults.fact(record, path)
         counted = path != "rateGbps" or record.get("state") == faults.NIC_ACTIVE  # a down port's rate is none
@@ -139,9 +156,14 @@ def _track(
             new_counters[path] = _series(new_counters.get(path), float(value), at)
     if not new_peaks and not new_counters:
         return None
-    if previous is not None and new_peaks == previous.peaks and new_counters == previous.counters:
+    if (
+        previous is not None
+        and new_peaks == previous.peaks
+        and new_counters == previous.counters
+        and new_last == previous.last
+    ):
         return previous
-    return Track(new_peaks, new_counters)
+    return Track(new_peaks, new_counters, new_last)
 
 
 def advance(previous: Trends | None, facts: status.GPUNodeStatus, now: datetime.datetime) -> Trends:

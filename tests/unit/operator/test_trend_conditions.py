@@ -246,6 +246,22 @@ def test_a_counter_reset_by_a_gpu_reset_is_no_growth() -> None:
     assert node.report(status({"nvlink": {**NVLINK, "crcErrors": 3}}), minutes(20)) == set()
 
 
+def test_a_link_back_up_brings_its_count_back_without_growth() -> None:
+    """The agent sums NVLink errors over the links up: a link leaving and rejoining is no growth."""
+    node = Node()
+    node.report(status({"nvlink": {**NVLINK, "crcErrors": 5000}}), minutes(0))
+    down = {**NVLINK, "linksUp": 17, "linksDown": 1, "crcErrors": 1000}
+    assert node.report(status({"nvlink": down}), minutes(1)) == {Condition.NVLINK_DEGRADED}  # the link
+    back = status({"nvlink": {**NVLINK, "crcErrors": 5001}})
+    node.report(back, minutes(2))
+    memory = node.store.gpunode("n").memory  # type: ignore[union-attr]
+    assert memory.gpu(back["gpus"][0]).per_hour("nvlink.crcErrors") == 0
+    signal = signals.fact_signals(back, NODE, frozenset(), memory=memory)[Condition.NVLINK_DEGRADED]  # type: ignore[arg-type]
+    assert (
+        signal.present is False
+    )  # the evidence is gone; the sustained condition clears after healthyForSeconds
+
+
 def test_growth_older_than_the_window_is_forgotten() -> None:
     node = Node()
     node.report(status(), minutes(0))
