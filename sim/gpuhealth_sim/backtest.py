@@ -41,6 +41,11 @@ NotReady or deleted pod makes the agent stale after the same grace as live. A
 trace without pods (older, or recorded without the right to list them) is
 judged by the heartbeat alone, as the operator judges agents outside Kubernetes.
 
+A policy's topology domain actions (`spec.topology.domains`) are the same
+code's: they show as the label and taint `gpuhealth.io/domain-degraded` set and
+removed on each node of the domain, and the transitions (`DomainDegraded`,
+`DomainRecovered`, Events on the policy) as actions under the policy's name.
+
 The result per policy: every change the operator made to a Node (cordon,
 drain, uncordon, labels, taint) with its time and the GPUNode's issues then,
 the Events it said (DryRun ones included), and fleet figures (most nodes
@@ -61,7 +66,7 @@ from typing import Any, Final, cast
 import kopf
 import yaml
 
-from gpuhealth_api import keys, resources
+from gpuhealth_api import keys, resources, vocabulary
 from gpuhealth_operator import cache, context, handlers, metrics, settings, ticker
 from gpuhealth_operator.actions import nodes as node_actions
 from gpuhealth_operator.decisions import gpu_facts, policies
@@ -72,7 +77,13 @@ FULL_PASS_SECONDS: Final = 3600.0
 a lost watch event left unjudged; a replay loses no event, so its net is hourly: at 100 nodes and every
 600 s it judged more nodes than all the reports together, and changed no action on the benchmark's
 traces. The policies' status (output only) is refreshed on these passes, not every tick."""
-OUR_LABELS: Final = (keys.HEALTH_LABEL, keys.STRAGGLER_LABEL, keys.THERMAL_LABEL)
+OUR_LABELS: Final = (keys.HEALTH_LABEL, keys.STRAGGLER_LABEL, keys.THERMAL_LABEL, keys.DOMAIN_DEGRADED_LABEL)
+OUR_TAINTS: Final = (keys.UNHEALTHY_TAINT, keys.DOMAIN_DEGRADED_TAINT)
+DOMAIN_REASONS: Final = frozenset(
+    {vocabulary.EventReason.DOMAIN_DEGRADED, vocabulary.EventReason.DOMAIN_RECOVERED}
+)
+"""Events on the policy that are actions on a whole topology domain (`domain_actions`): listed among the
+actions under the policy's name, the domain's nodes' label and taint changes under each node's."""
 DRA_KINDS: Final = frozenset({"resourceslice", "devicetaintrule", "cluster"})
 """Trace records of what IsolateGPU reads (format 2); see `Replay._dra`."""
 AGENT_OWNER: Final = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "controller": True}
@@ -108,7 +119,8 @@ def load_policy(path: pathlib.Path) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class Action:
-    """One change the operator made to a Node (or said it would, in dry run)."""
+    """One change the operator made to a Node (or said it would, in dry run), or to a whole topology domain
+    (`node` then names the policy)."""
 
     t: float
     node: str
@@ -126,6 +138,8 @@ class NodeState:
     drain: bool = False
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     taint: str | None = None
+    domain_taint: bool = False
+    """The NoSchedule taint gpuhealth.io/domain-degraded (a degraded topology domain, action Taint)."""
 
 
 def node_state(body: Mapping[str, Any], policy: str) -> NodeState:
@@ -141,6 +155,7 @@ def node_state(body: Mapping[str, Any], policy: str) -> NodeState:
         taint=next(
             (t.get("value") for t in spec.get("taints") or [] if t.get("key") == keys.UNHEALTHY_TAINT), None
         ),
+        domain_taint=any(t.get("key") == keys.DOMAIN_DEGRADED_TAINT for t in spec.get("taints") or []),
     )
 
 
@@ -160,6 +175,9 @@ def node_changes(before: NodeState, after: NodeState) -> list[str]:
             found.append(f"Unlabel {short}" if new is None else f"Label {short}={new}")
     if after.taint != before.taint:
         found.append(f"Taint {after.taint}" if after.taint else "Untaint")
+    if after.domain_taint != before.domain_taint:
+        short = keys.DOMAIN_DEGRADED_TAINT.removeprefix(keys.PREFIX + "/")
+        found.append(f"Taint {short}" if after.domain_taint else f"Untaint {short}")
     return found
 
 
@@ -489,8 +507,8 @@ class Replay:
             )
             if event["reason"] == "DisruptionBudgetExceeded":
                 self.result.pending_nodes.add(node)
-            if event["reason"] == "DryRun":
-                self.result.actions.append(Action(self.t, node, "DryRun", event["message"]))
+            if event["reason"] in ("DryRun", *DOMAIN_REASONS):
+                self.result.actions.append(Action(self.t, node, event["reason"], event["message"]))
         if touched:
             unschedulable = sum(1 for s in self.states.values() if s.unschedulable)
             ours = sum(1 for s in self.states.values() if s.ours)
@@ -617,7 +635,7 @@ def _ours(meta: Mapping[str, Any]) -> dict[str, dict[str, str]]:
 
 
 def _our_taint(taint: Mapping[str, Any]) -> bool:
-    return taint.get("key") == keys.UNHEALTHY_TAINT
+    return taint.get("key") in OUR_TAINTS
 
 
 def run(trace: pathlib.Path, policy: dict[str, Any], tick_seconds: float = 30.0) -> Result:
