@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import drain_cluster
 from gpuhealth_operator import admission, cache
 from gpuhealth_operator.decisions import budget, drill, model, policies
 
@@ -262,3 +263,52 @@ def test_a_drill_names_a_full_rack() -> None:
         "domain are unschedulable, maxUnavailable=1)"
     )
     assert drill.budget_wait("c", found) is None
+
+
+# --- a freed place is given at once, not at the next timer pass ------------------------------------------
+
+
+def cordon_spec() -> dict:
+    return {
+        "nodeSelector": {"matchLabels": {"pool": "a"}},
+        "maxUnavailable": 10,
+        "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Cordon"}],
+        "breaker": {"maxNewUnhealthy": "100%"},
+        "topology": {"budgets": [{"key": RACK, "maxUnavailable": 1}]},
+    }
+
+
+def test_a_human_uncordon_in_the_rack_admits_the_waiting_node_without_a_timer_pass() -> None:
+    async def run() -> None:
+        cluster = drain_cluster.DrainCluster()
+        nodes = {"a1": {"pool": "a", RACK: "r1"}, "a2": {"pool": "a", RACK: "r1"}}
+        ctx = await drain_cluster.start(cluster, {"p": cordon_spec()}, nodes)
+        await drain_cluster.report(cluster, ctx, "a1", ecc=1)
+        await drain_cluster.report(cluster, ctx, "a2", ecc=1)
+        assert cluster.nodes["a1"]["spec"].get("unschedulable") is True
+        assert not cluster.nodes["a2"]["spec"].get("unschedulable")
+        assert ctx.admission.waiting("p", "a2")
+        cluster.nodes["a1"]["spec"]["unschedulable"] = False  # kubectl uncordon a1
+        cluster.put_node(cluster.nodes["a1"])
+        await drain_cluster.deliver(cluster, ctx, "a1")
+        assert cluster.nodes["a2"]["spec"].get("unschedulable") is True
+        assert not cluster.nodes["a1"]["spec"].get("unschedulable"), "the human's uncordon stands"
+
+    asyncio.run(run())
+
+
+def test_a_cordoned_node_relabelled_into_another_rack_frees_its_old_racks_place_at_once() -> None:
+    async def run() -> None:
+        cluster = drain_cluster.DrainCluster()
+        nodes = {n: {"pool": "a", RACK: "r1"} for n in ("a1", "a2")} | {"b1": {"pool": "a", RACK: "r2"}}
+        ctx = await drain_cluster.start(cluster, {"p": cordon_spec()}, nodes)
+        await drain_cluster.report(cluster, ctx, "a1", ecc=1)
+        await drain_cluster.report(cluster, ctx, "a2", ecc=1)
+        assert not cluster.nodes["a2"]["spec"].get("unschedulable")
+        await drain_cluster.node_changed(cluster, ctx, "a1", **{RACK: "r2"})
+        assert cluster.nodes["a2"]["spec"].get("unschedulable") is True
+        await drain_cluster.report(cluster, ctx, "b1", ecc=1)
+        assert not cluster.nodes["b1"]["spec"].get("unschedulable"), "a1 holds r2 now"
+        assert cluster.nodes["a1"]["spec"].get("unschedulable") is True
+
+    asyncio.run(run())
