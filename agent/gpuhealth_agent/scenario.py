@@ -194,6 +194,8 @@ class Scenario:
     that hides them, 0 hiding all); at most `gpus`."""
     nics: tuple[Nic, ...] = ()
     """The node's InfiniBand/RoCE ports (`nics:`), written to the simulation's sysfs tree."""
+    defaults_said: frozenset[str] = frozenset()
+    """The keys the file's `defaults:` names (not the model's defaults)."""
 
     @property
     def uses_sysfs(self) -> bool:
@@ -201,9 +203,6 @@ class Scenario:
         aer = {"pcieAerFatal", "pcieAerNonFatal", "pcieAerCorrectable"}
         said = set(self.defaults_said) | {key for entry in self.timeline for key in entry.set}
         return bool(self.nics) or bool(aer & said)
-
-    defaults_said: frozenset[str] = frozenset()
-    """The keys the file's `defaults:` names (not the model's defaults)."""
 
     @property
     def end_seconds(self) -> float:
