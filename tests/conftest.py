@@ -1,5 +1,8 @@
 """Shared fixtures: one local Kubernetes control plane for the whole test session.
 
+`make test` runs the suite in parallel workers (pytest-xdist, `--dist loadfile`): each worker is its
+own session with its own control plane on free loopback ports, and a test file runs on one worker.
+
 Fixtures are lazy: a session that selects only unit tests starts nothing.
 When the binaries are missing the fixtures fail with what to do (never skip):
 a silently skipped integration tier is worse than a red one.
