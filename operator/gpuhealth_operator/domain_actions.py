@@ -36,7 +36,7 @@ from gpuhealth_api import vocabulary
 from gpuhealth_operator import cache, context, kube
 from gpuhealth_operator.actions import domains as marks_patch
 from gpuhealth_operator.actions import events, nodes
-from gpuhealth_operator.decisions import domains, model, policies
+from gpuhealth_operator.decisions import budget, domains, model, policies
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +227,31 @@ async def _mark(ctx: context.Context, name: str, want: domains.Marks) -> None:
         return
 
 
-def status(ctx: context.Context, policy: str) -> dict[str, object]:
-    """The policy's `status.topology` field ({} while no domain of it is degraded)."""
-    degraded = ctx.domains.status(policy, STATUS_LIMIT)
-    return {"topology": {"degraded": degraded}} if degraded else {}
+def status(ctx: context.Context, name: str) -> dict[str, object]:
+    """The policy's `status.topology` field: its degraded domains and its topology budget domains with no
+    free place (`budget.at_budget`, counted as admission counts them); {} while there is neither. Sets
+    the at-budget gauge on the way (the degraded one is set by `evaluate`)."""
+    topology: dict[str, object] = {}
+    degraded = ctx.domains.status(name, STATUS_LIMIT)
+    if degraded:
+        topology["degraded"] = degraded
+    policy = ctx.cache.policies.get(name)
+    full: list[tuple[str, str, budget.Budget]] = []
+    if policy is not None and policy.topology.budgets:
+        for each in budget.at_budget(ctx.admission.budgets([policy], ctx.cache)):
+            if each.domain is not None:
+                full.append((each.domain.entry.key, each.domain.value, each))
+    full.sort(key=lambda item: item[:2])
+    ctx.meters.set_domains_at_budget(name, [(key, value) for key, value, _ in full])
+    if full:
+        topology["atBudget"] = [
+            {
+                "key": key,
+                "value": value,
+                "unavailable": len(each.unavailable),
+                "maxUnavailable": each.limit,
+                "nodes": len(each.selected),
+            }
+            for key, value, each in full[:STATUS_LIMIT]
+        ]
+    return {"topology": topology} if topology else {}

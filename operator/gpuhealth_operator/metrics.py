@@ -114,11 +114,12 @@ class Metrics:
     gpu_hours_lost: prometheus_client.Counter
     drain_failed_nodes: FleetGauge
     domain_degraded: FleetGauge
+    domain_at_budget: FleetGauge
     _models: dict[str, set[str]] = dataclasses.field(default_factory=dict)
     """Models each policy's GPU series exist for (a model gone from the policy loses its series)."""
     _counted_at: dict[str, datetime.datetime] = dataclasses.field(default_factory=dict)
-    _domains: dict[str, set[tuple[str, str]]] = dataclasses.field(default_factory=dict)
-    """Degraded domains (key, value) each policy's `domain_degraded` series exist for."""
+    _domains: dict[tuple[str, str], set[tuple[str, str]]] = dataclasses.field(default_factory=dict)
+    """(which gauge, policy) → the domains (key, value) its `domain_*` series exist for."""
     _standby: bool = False
     """The Lease was lost: fleet gauges hidden (set_leading(True) clears and shows them again)."""
 
@@ -253,6 +254,13 @@ class Metrics:
                 [LABEL_POLICY, LABEL_KEY, LABEL_VALUE],
                 registry=registry,
             ),
+            domain_at_budget=FleetGauge(
+                f"{PREFIX}_topology_domain_at_budget",
+                "1 for each topology budget domain (spec.topology.budgets: key and value of the Node "
+                "label) whose unschedulable selected nodes reach its maxUnavailable; no other has a series.",
+                [LABEL_POLICY, LABEL_KEY, LABEL_VALUE],
+                registry=registry,
+            ),
         )
         for gauge in meters.fleet_gauges():
             gauge.shown = lambda: not meters._standby
@@ -280,6 +288,7 @@ class Metrics:
             self.gpus_out_of_service,
             self.drain_failed_nodes,
             self.domain_degraded,
+            self.domain_at_budget,
         )
 
     def set_leading(self, leading: bool) -> None:
@@ -318,20 +327,31 @@ class Metrics:
         self._forget_models(name, self._models.pop(name, set()))
         self._counted_at.pop(name, None)
         self.set_degraded_domains(name, ())
+        self.set_domains_at_budget(name, ())
 
     def set_degraded_domains(self, policy: str, degraded: Iterable[tuple[str, str]]) -> None:
         """The policy's degraded domains are `degraded` (key, value): 1 for each, and the series of a
         domain that recovered removed, so the gauge has series only for domains in trouble."""
-        now = set(degraded)
-        for key, value in self._domains.get(policy, set()) - now:
+        self._set_domains(self.domain_degraded, "degraded", policy, degraded)
+
+    def set_domains_at_budget(self, policy: str, full: Iterable[tuple[str, str]]) -> None:
+        """The policy's topology budget domains with no free place are `full` (key, value), as above."""
+        self._set_domains(self.domain_at_budget, "at_budget", policy, full)
+
+    def _set_domains(
+        self, gauge: FleetGauge, which: str, policy: str, domains: Iterable[tuple[str, str]]
+    ) -> None:
+        index = (which, policy)
+        now = set(domains)
+        for key, value in self._domains.get(index, set()) - now:
             with contextlib.suppress(KeyError):
-                self.domain_degraded.remove(policy, key, value)
+                gauge.remove(policy, key, value)
         for key, value in now:
-            self.domain_degraded.labels(policy, key, value).set(1)
+            gauge.labels(policy, key, value).set(1)
         if now:
-            self._domains[policy] = now
+            self._domains[index] = now
         else:
-            self._domains.pop(policy, None)
+            self._domains.pop(index, None)
 
     def _forget_models(self, policy: str, models: set[str]) -> None:
         for model in models:

@@ -158,6 +158,8 @@ def test_five_of_eight_degrade_the_clique_and_it_recovers_after_the_hold(
     series = f'key="{CLIQUE}",policy="{fleet.label}",value="{fleet.label}-a"'
     metric = f"gpuhealth_operator_topology_domain_degraded{{{series}}} 1.0"
     waiting.wait_until(lambda: metric in operator.metrics(), timeout_seconds=TIMEOUT, message="the gauge")
+    table = crds.kubectl("get", "ghp", fleet.label).stdout.splitlines()
+    assert table[0].split()[6] == "DEGRADED" and table[1].split()[6] == f"{fleet.label}-a", table
 
     healing = time.monotonic()  # the domain cannot be below its threshold before this
     heal(fleet, [*a, *b, loose])
@@ -208,6 +210,40 @@ def test_taint_overlapping_policies_keep_marks_until_neither_wants_them(
     heal(fleet, a)
     waiting.wait_until(lambda: not marked(fleet, a), timeout_seconds=TIMEOUT, message="marks lifted")
     waiting.wait_until(lambda: not unschedulable(fleet, a), timeout_seconds=TIMEOUT, message="uncordoned")
+
+
+def test_status_lists_a_clique_at_its_budget(
+    fleet: operator_harness.Fleet, crds: controlplane.ControlPlane, operator: operator_harness.OperatorProcess
+) -> None:
+    """A clique budget of 1: two faults, one cordon; the clique is at its budget in the status, the
+    `-o wide` column and the gauge, and no longer once the cordon is lifted."""
+    a = clique(fleet, "a", 4)
+    budgets = {"budgets": [{"key": CLIQUE, "maxUnavailable": 1}]}
+    fleet.policy(fleet.label, {**spec(), "topology": budgets})
+    judged(fleet, a, "healthy")
+    fault(fleet, a[:2])
+    waiting.wait_until(lambda: unschedulable(fleet, a), timeout_seconds=TIMEOUT, message="a cordon")
+
+    def at_budget() -> list[dict[str, Any]]:
+        body = fleet.custom.get_cluster_custom_object(
+            resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, fleet.label
+        )
+        assert isinstance(body, dict)
+        return list(((body.get("status") or {}).get("topology") or {}).get("atBudget") or [])
+
+    full = waiting.wait_until(at_budget, timeout_seconds=TIMEOUT, message="status.topology.atBudget")
+    assert full == [
+        {"key": CLIQUE, "value": f"{fleet.label}-a", "unavailable": 1, "maxUnavailable": 1, "nodes": 4}
+    ]
+    wide = crds.kubectl("get", "ghp", fleet.label, "-o", "wide").stdout.splitlines()
+    assert "ATBUDGET" in wide[0].split() and f"{fleet.label}-a" in wide[1].split(), wide
+    series = f'key="{CLIQUE}",policy="{fleet.label}",value="{fleet.label}-a"'
+    metric = f"gpuhealth_operator_topology_domain_at_budget{{{series}}} 1.0"
+    waiting.wait_until(lambda: metric in operator.metrics(), timeout_seconds=TIMEOUT, message="the gauge")
+    assert len(unschedulable(fleet, a)) == 1
+    heal(fleet, a)
+    waiting.wait_until(lambda: not at_budget(), timeout_seconds=3 * TIMEOUT, message="budget free again")
+    waiting.wait_until(lambda: metric not in operator.metrics(), timeout_seconds=TIMEOUT, message="no series")
 
 
 def test_a_node_relabelled_into_another_clique_loses_the_mark(fleet: operator_harness.Fleet) -> None:
