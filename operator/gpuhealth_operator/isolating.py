@@ -58,24 +58,31 @@ budget is one over all policies (a node's GPUs count in every policy that select
 counted and created one pass at a time."""
 
 
+PROBE_FALLBACK_SECONDS: Final = 120.0
+"""How long faulty GPUs wait (Pending) on a probe that meets only transient errors before their nodes
+take the node ladder: longer than an API server's leader change or restart, short enough that a webhook
+or an API server refusing the probe for good does not leave a faulty GPU in service."""
+
+
 async def support(ctx: context.Context, policy: model.Policy) -> isolation.Support:
     """Whether the cluster acts on DeviceTaintRules, probed once per generation of the policy (and in
     each term: the context is the term's).
 
     Only a real probe's answer is kept here (a drill or a dry run reads discovery apart, `preview`).
-    An answer that is not `definite` (transient errors) is probed again `recent.SECONDS` later.
+    An answer that is not `definite` (transient errors) is probed again `recent.SECONDS` later; after
+    `PROBE_FALLBACK_SECONDS` of such answers the node ladder is taken until a probe answers.
     """
     known = ctx.isolation_support.get(policy.name)
     now = ctx.clock()
     if (
         known is not None
         and known.generation == policy.generation
-        and (known.definite or _retry_later(known, now))
+        and ((known.definite and not known.timed_out) or _retry_later(known, now))
     ):
         return known
     found = await device_rules.probe(ctx.client, policy.name, policy.generation)
     if not found.definite:
-        found = dataclasses.replace(found, at=now)
+        found = _failing(found, known, now)
     ctx.isolation_support[policy.name] = found
     if found.api_version is not None:  # the version discovery served: `sweep` finds rules by it later
         ctx.isolation_discovery.put(
@@ -92,6 +99,26 @@ def _retry_later(known: isolation.Support, now: datetime.datetime) -> bool:
     return known.at is not None and 0 <= (now - known.at).total_seconds() < recent.SECONDS
 
 
+def _failing(
+    found: isolation.Support, known: isolation.Support | None, now: datetime.datetime
+) -> isolation.Support:
+    """A probe without an answer, dated; past `PROBE_FALLBACK_SECONDS` of them, the node ladder."""
+    since = now
+    if known is not None and known.generation == found.generation and known.failing_since is not None:
+        since = known.failing_since
+    found = dataclasses.replace(found, at=now, failing_since=since)
+    waited = (now - since).total_seconds()
+    if waited < PROBE_FALLBACK_SECONDS:
+        return found
+    return dataclasses.replace(
+        found,
+        definite=True,
+        timed_out=True,
+        message=f"{found.message}; no answer for {waited:.0f}s, so IsolateGPU takes the node ladder "
+        "(Drain) until a probe answers",
+    )
+
+
 def isolates(policy: model.Policy) -> bool:
     return any(r.action is Action.ISOLATE_GPU for r in policy.rules)
 
@@ -103,7 +130,7 @@ async def prepare(ctx: context.Context, policy: model.Policy) -> None:
     if not isolates(policy) or policy.dry_run:
         return
     known = ctx.isolation_support.get(policy.name)
-    if known is not None and known.generation == policy.generation and known.definite:
+    if known is not None and known.generation == policy.generation and known.definite and not known.timed_out:
         return
     async with ctx.isolation_locks[policy.name]:
         await support(ctx, policy)
@@ -133,7 +160,15 @@ def condition(ctx: context.Context, policy: model.Policy) -> dict[str, Any] | No
             "type": CONDITION,
             "status": "Unknown",
             "reason": "ProbeFailed",
-            "message": f"DeviceTaintRules: {found.message}; faulty GPUs wait (action Pending) meanwhile.",
+            "message": f"DeviceTaintRules: {found.message}; faulty GPUs wait (action Pending) meanwhile, "
+            f"for at most {PROBE_FALLBACK_SECONDS:g}s, then their nodes take the node ladder.",
+        }
+    if found.timed_out:
+        return {
+            "type": CONDITION,
+            "status": "False",
+            "reason": "ProbeTimedOut",
+            "message": f"DeviceTaintRules: {found.message}.",
         }
     return {
         "type": CONDITION,

@@ -119,6 +119,11 @@ class Support:
     dry run or a drill); IsolateGPU then neither isolates nor falls back, and the probe is tried again."""
     at: datetime.datetime | None = None
     """When an answer that is not `definite` was found (the probe is tried again a little later)."""
+    failing_since: datetime.datetime | None = None
+    """When the probes of this generation began to meet only transient errors (None: not failing)."""
+    timed_out: bool = False
+    """The probe has failed for longer than the operator waits: the node ladder is taken meanwhile
+    (`definite`, no `api_version`), and the probe is still tried again."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -242,6 +242,38 @@ def test_a_probe_that_keeps_failing_leaves_the_answer_unknown_and_the_node_waiti
     asyncio.run(scenario())
 
 
+def test_a_probe_that_fails_for_longer_than_its_limit_takes_the_node_ladder_until_it_answers() -> None:
+    """Waiting on an unknown answer is bounded: a faulty GPU is not left in service for as long as a
+    webhook or an API server keeps refusing the probe. After `PROBE_FALLBACK_SECONDS` of failures the
+    node is drained (the ladder works without DRA) and the policy says why; the probe is still tried,
+    and once it answers, isolation resumes."""
+
+    async def scenario() -> None:
+        cluster, clock = Cluster(probe_failures=1000), Clock()
+        ctx = await start(cluster, clock, ("n",), policy_body())
+        await report(cluster, ctx, "n")
+        assert not cluster.nodes["n"]["spec"].get("unschedulable"), "no fallback on one bad moment"
+        for _ in range(int(isolating.PROBE_FALLBACK_SECONDS // 10) + 2):
+            clock.now += datetime.timedelta(seconds=10)
+            await ticker.tick(ctx)
+        assert cluster.nodes["n"]["spec"].get("unschedulable"), "the faulty GPU's node was left in service"
+        assert not cluster.node_rules()
+        condition = isolating.condition(ctx, ctx.cache.policies["iso"])
+        assert condition is not None and condition["reason"] == "ProbeTimedOut", condition
+        assert "503" in condition["message"] and "node ladder" in condition["message"]
+        cluster.probe_failures = 0
+        for _ in range(3):
+            clock.now += datetime.timedelta(seconds=10)
+            await ticker.tick(ctx)
+        condition = isolating.condition(ctx, ctx.cache.policies["iso"])
+        assert condition is not None and condition["reason"] == "DeviceTaintRules", condition
+        # The answer came: the faulty GPU gets its rule, and the drained node is not handed back while faulty.
+        assert list(cluster.node_rules()) == [device_taints.rule_name("n", FAULTY)]
+        assert cluster.nodes["n"]["spec"].get("unschedulable")
+
+    asyncio.run(scenario())
+
+
 # --- item 3: isolation is a disruption: the breaker and one budget over all policies -------------
 
 
