@@ -133,7 +133,46 @@ async def reconcile_node(
     an agent report that landed after the pass judged the node: that report's watch event then
     finds the cache as new as itself and reconciles nothing. So a pass whose node now holds another
     report than the one it judged runs again at once (`MAX_PASSES` in all), for the new report.
+
+    A pass that uncordoned the node freed a budget place: the waiting nodes ask again at once
+    (`wake_waiting`), after the node's lock is let go.
     """
+    before = ctx.cache.node(name)
+    await _passes(ctx, name, handler, now)
+    if before is not None and before.view.unschedulable and ctx.admission.notified:
+        after = ctx.cache.node(name)
+        if after is None or not after.view.unschedulable:
+            await wake_waiting(ctx, name)
+
+
+async def wake_waiting(ctx: context.Context, freed: str) -> None:
+    """A budget place may be free (`freed` turned schedulable, left a domain or is gone): the nodes told to
+    wait for one ask again now, not at the next timer pass.
+
+    Only the first of a budget's queue is admitted, whichever asks first (`budget.refusing`), so their
+    order does not matter; the rest stay Pending and are not told again. The freed node is judged
+    first: one a human uncordoned (an override) wants no place any more.
+    """
+    names = sorted({node for _, node in ctx.admission.notified} - {freed})
+    if not names:
+        return
+    record = ctx.cache.node(freed)
+    if record is not None:
+        now = ctx.clock()
+        for policy in selecting_policies(ctx, record):
+            judge(ctx, policy, freed, now)
+    results = await asyncio.gather(
+        *(reconcile_node(ctx, name, "node") for name in names), return_exceptions=True
+    )
+    for name, result in zip(names, results, strict=True):
+        if isinstance(result, Exception):
+            ctx.meters.reconcile_errors.labels("node").inc()
+            logger.error("reconcile of node %s failed", name, exc_info=result)
+        elif isinstance(result, BaseException):
+            raise result  # cancelled: the operator is stopping
+
+
+async def _passes(ctx: context.Context, name: str, handler: str, now: datetime.datetime | None) -> None:
     async with ctx.node_locks[name]:
         for _ in range(MAX_PASSES):
             judged = ctx.cache.gpunode(name)
@@ -406,22 +445,38 @@ def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
                 gpunode.stale_limit, gpunode.report_age(now), now, pods.get(name)
             ):
                 fresh[name] = gpunode  # a stale agent's numbers are old: out of its cohort's statistics
-        performance = {name: gpunode.performance for name, gpunode in fresh.items()}
+        performance = {
+            name: stragglers.smoothed(  # its recent reports' score (a sample per report, by its receipt)
+                ctx.straggler_samples[(policy.name, name)],
+                gpunode.performance,
+                gpunode.status,
+                gpunode.report_seen_at,
+                now,
+                _heartbeat_seconds(gpunode),
+            )
+            if gpunode.performance[1] is not None
+            else gpunode.performance
+            for name, gpunode in fresh.items()
+        }
         for name, score in stragglers.judge_nodes(performance, threshold).items():
-            agent: Mapping[str, Any] = fresh[name].status["agent"]  # a scored node's facts have one
             ctx.stragglers[(policy.name, name)] = stragglers.windowed(
                 ctx.straggler_samples[(policy.name, name)],
                 score,
                 fresh[name].report_seen_at,  # a sample per report, by its receipt (issue 24)
                 now,
                 rules[0].for_seconds,
-                float(agent.get("heartbeatSeconds") or heartbeats.DEFAULT_HEARTBEAT_SECONDS),
+                _heartbeat_seconds(fresh[name]),
                 threshold,
                 was_flagged=(was := before.get((policy.name, name))) is not None and was.flagged,
                 flagged_since=was.since if was is not None else None,
             )
     keys = before.keys() | ctx.stragglers.keys()
     return {key[1] for key in keys if judged_part(before.get(key)) != judged_part(ctx.stragglers.get(key))}
+
+
+def _heartbeat_seconds(gpunode: cache.GPUNodeRecord) -> float:
+    agent: Mapping[str, Any] = gpunode.status.get("agent") or {}  # a scored node's facts have one
+    return float(agent.get("heartbeatSeconds") or heartbeats.DEFAULT_HEARTBEAT_SECONDS)
 
 
 def judged_part(score: model.StragglerScore | None) -> object:

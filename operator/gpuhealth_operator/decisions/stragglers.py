@@ -5,12 +5,25 @@ version (`status.summary.model`, `status.agent.driverVersion`): different
 boards or drivers boost differently, and a mixed cohort would flag the slower
 model, not the sick node.
 
-Score. For each busy GPU (utilization above signals.BUSY_UTILIZATION_PERCENT)
-with both clocks reported, the SM clock relative to its max clock, capped at 1.
-The node's score is
+Score. For each busy GPU (utilization above signals.BUSY_UTILIZATION_PERCENT;
+a GPU in MIG mode, for which NVML has no utilization, when its clock event
+reasons do not say GpuIdle) with both clocks reported, the SM clock relative
+to its max clock, capped at 1. On one report the node's score is
 
     score = min over busy GPUs (smClockMHz / maxSmClockMHz)
             * (1 - share of busy GPUs with a thermal or power slowdown reason)
+
+Smoothed. The timer judges each node on its reports of the last
+CLOCK_WINDOW_SAMPLES heartbeats (30 minutes at the agent's 300 s, `smoothed`):
+each GPU's median clock ratio over them, the node's score the minimum of those
+times (1 - the median throttle share). GPU Boost moves every busy GPU's clock
+by several percent from report to report, so on one report a healthy node's
+slowest of eight GPUs sits about 1.4 jitters (5 %) below their typical clock,
+and a GPU that is really 13 % slow stood only ~8 % below its peers' scores: a
+15 % one-GPU straggler was never flagged (issue 27). The median over reports
+takes the jitter out (a healthy node's slowest median is ~2.5 % below) and
+keeps a real straggler's slow GPU where it is; a median, so one report caught
+in a short power-brake or thermal burst does not move it.
 
 The worst GPU, not the mean, because a synchronous job (data-parallel
 training, collectives) runs at the pace of its slowest GPU. The throttle share
@@ -24,8 +37,11 @@ Robust z-score. Within a cohort, z = 0.6745 * (score - median) / MAD, the
 robust analogue of a z-score that one or two sick nodes cannot drag. MAD has
 a floor of MAD_FLOOR_FRACTION of the median: a healthy cohort of identical
 nodes is nearly uniform, its MAD near 0, and without a floor a 0.1 % wobble
-would be dozens of "standard deviations". With the 2 % floor and the default
-threshold 3.5, a node must be about 10 % below the median to be flagged.
+would be dozens of "standard deviations". With the 1.5 % floor and the
+default threshold 3.5, a node must be about 7.8 % below the median to be
+flagged (1 - 3.5 * 0.015 / 0.6745), under the 9.1 % lower clock of a 10 %
+straggler (a 2 % floor asked for 10.4 %: a 10 % straggler could never be
+flagged, even without jitter).
 
 Flagged when z < -threshold and the cohort has at least MIN_PEERS other
 scored nodes; with fewer, a median says little. Stale agents and nodes with a
@@ -60,7 +76,7 @@ import dataclasses
 import datetime
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from gpuhealth_api import faults, status
@@ -69,10 +85,12 @@ from gpuhealth_operator.decisions import gpu_facts, model, signals
 MIN_PEERS: Final = 4
 MAD_TO_SIGMA: Final = 0.6745
 """Φ⁻¹(0.75): makes MAD comparable to a standard deviation for normal data."""
-MAD_FLOOR_FRACTION: Final = 0.02
+MAD_FLOOR_FRACTION: Final = 0.015
 MAD_FLOOR_ABSOLUTE: Final = 1e-3
 """Floor when the median itself is ~0 (a cohort of stalled nodes)."""
 _SLOWDOWN_REASONS: Final = status.THERMAL_REASONS | status.POWER_REASONS
+IDLE_REASON: Final = "GpuIdle"
+"""NVML's clock event reason for a GPU with nothing running (its clocks dropping to idle)."""
 
 WINDOW_QUANTILE: Final = 0.7
 """Share of the window's z-scores that must be below -threshold."""
@@ -80,6 +98,8 @@ HOLD_FRACTION: Final = 0.5
 """A flagged node stays flagged while the mean z of its hold is below -HOLD_FRACTION * threshold."""
 HOLD_SAMPLES: Final = 6
 """The hold covers at least this many heartbeats (the window, if longer)."""
+CLOCK_WINDOW_SAMPLES: Final = 6
+"""The score is each GPU's median clock over the reports of this many heartbeats (`smoothed`)."""
 
 Cohort = tuple[str, str]
 """(GPU model, driver version)."""
@@ -128,35 +148,101 @@ def cohort_of(facts: status.GPUNodeStatus) -> Cohort | None:
 
 
 def node_score(facts: status.GPUNodeStatus) -> float | None:
-    """The node's performance score in [0, 1] (module docstring); None when no GPU is busy."""
+    """The node's performance score in [0, 1] on this one report (module docstring); None when no GPU is
+    busy. The timer judges the score of a node's recent reports (`smoothed`)."""
+    clocks = clocks_of(facts)
+    return None if clocks is None else _score((clocks,))
+
+
+Clocks = tuple[tuple[float | None, ...], float]
+"""One report's clock ratio of each GPU by position (None: not busy, or no clocks) and its throttle share
+(the share of busy GPUs with a thermal or power slowdown reason)."""
+
+
+def clocks_of(facts: status.GPUNodeStatus) -> Clocks | None:
+    """The report's `Clocks`; None when no GPU is busy."""
     gpus = facts.get("gpus")
     if not isinstance(gpus, list):
         return None
-    ratios: list[float] = []
-    throttled = 0
+    ratios: list[float | None] = []
+    busy = throttled = 0
     for gpu in gpus:
         ratio = _clock_ratio(gpu) if isinstance(gpu, gpu_facts.MAPPINGS) else None
+        ratios.append(ratio)
         if ratio is None:
             continue
-        ratios.append(ratio)
+        busy += 1
         reasons = gpu.get("clockEventReasons")
         if isinstance(reasons, list) and _SLOWDOWN_REASONS.intersection(
             r for r in reasons if isinstance(r, str)
         ):
             throttled += 1
-    if not ratios:
+    if not busy:
         return None
-    return min(ratios) * (1 - throttled / len(ratios))
+    return tuple(ratios), throttled / busy
+
+
+def _score(window: Sequence[Clocks]) -> float | None:
+    """min over GPUs of the GPU's median clock ratio over `window`, times (1 - the median throttle
+    share); a single report's score is its slowest busy GPU's ratio times (1 - its throttle share)."""
+    medians = []
+    for position in range(max(len(ratios) for ratios, _ in window)):
+        seen = [r for ratios, _ in window if position < len(ratios) and (r := ratios[position]) is not None]
+        if seen:
+            medians.append(statistics.median(seen))
+    if not medians:
+        return None
+    return min(medians) * (1 - statistics.median(share for _, share in window))
+
+
+def smoothed(  # noqa: PLR0917 - one report's inputs
+    samples: Samples,
+    performance: Performance,
+    facts: status.GPUNodeStatus,
+    sampled_at: datetime.datetime | None,
+    now: datetime.datetime,
+    period_seconds: float,
+) -> Performance:
+    """The node's `performance` with the score of its reports of the last CLOCK_WINDOW_SAMPLES heartbeats
+    (module docstring, "Smoothed"), kept in `samples.clocks`: a report's clocks are added once, by its
+    receipt time `sampled_at`, and the score is worked out again only when the window moves."""
+    cohort, score = performance
+    if cohort is None or score is None:
+        return performance
+    window = samples.clocks
+    if sampled_at is not None and (not window or window[-1][0] != sampled_at):
+        clocks = clocks_of(facts)
+        if clocks is not None:
+            window.append((sampled_at, clocks))
+            samples.smoothed_score = None
+    kept = now - datetime.timedelta(seconds=CLOCK_WINDOW_SAMPLES * period_seconds)
+    while window and window[0][0] < kept:
+        window.popleft()
+        samples.smoothed_score = None
+    if not window:
+        return performance
+    if samples.smoothed_score is None:
+        samples.smoothed_score = _score([clocks for _, clocks in window])
+    return cohort, samples.smoothed_score if samples.smoothed_score is not None else score
 
 
 def _clock_ratio(gpu: status.GPUStatus) -> float | None:
-    utilization = _number(gpu.get("utilizationPercent"))
     clock, max_clock = _number(gpu.get("smClockMHz")), _number(gpu.get("maxSmClockMHz"))
-    if gpu.get("lost") is True or utilization is None or clock is None or max_clock is None:
+    if gpu.get("lost") is True or clock is None or max_clock is None or not _busy(gpu):
         return None
-    if utilization <= signals.BUSY_UTILIZATION_PERCENT or max_clock <= 0 or clock < 0:
+    if max_clock <= 0 or clock < 0:
         return None
     return min(1.0, clock / max_clock)
+
+
+def _busy(gpu: status.GPUStatus) -> bool:
+    """Utilization above signals.BUSY_UTILIZATION_PERCENT; where the board reports none (a GPU in MIG
+    mode: NVML has no utilization for it), a GPU whose clock event reasons do not say GpuIdle."""
+    utilization = _number(gpu.get("utilizationPercent"))
+    if utilization is not None:
+        return utilization > signals.BUSY_UTILIZATION_PERCENT
+    reasons = gpu.get("clockEventReasons")
+    return isinstance(reasons, list) and IDLE_REASON not in reasons
 
 
 def _number(value: object) -> float | None:
@@ -199,11 +285,15 @@ class Samples(collections.deque[tuple[datetime.datetime, float]]):
     judgement's inputs, its result and the instant until which time alone cannot change it.
     """
 
-    __slots__ = ("memo",)
+    __slots__ = ("clocks", "memo", "smoothed_score")
 
     def __init__(self) -> None:
         super().__init__()
         self.memo: tuple[object, datetime.datetime, tuple[bool, datetime.datetime | None]] | None = None
+        self.clocks: collections.deque[tuple[datetime.datetime, Clocks]] = collections.deque()
+        """The node's recent reports' clocks (`smoothed`), oldest first."""
+        self.smoothed_score: float | None = None
+        """`_score` of `clocks`; None: to work out again."""
 
 
 def windowed(  # noqa: PLR0917 - one judgement's inputs

@@ -1,0 +1,115 @@
+"""A one-GPU straggler in a small cohort is found through GPU-Boost jitter (issue 27's missed episode).
+
+On a seed of `trace generate` not tuned on, a 15 % straggler on one GPU of an H200 node (3.7 h) was
+never labelled: the node's score was its slowest GPU on each report, and a healthy node's slowest of
+eight jittering GPUs sits about 1.4 jitters below their typical clock, so the sick GPU stood only ~8 %
+below its peers' scores, under the 2 % MAD floor's ~10 %. These tests drive the timer's own scoring
+(`reconciler.score_stragglers`) with agent reports at the agent's 300 s heartbeat.
+"""
+
+import asyncio
+import copy
+import datetime
+import random
+from typing import Any
+
+import pytest
+
+import gpunode_facts
+from gpuhealth_api import resources
+from gpuhealth_operator import context, handlers, metrics, reconciler, settings
+from gpuhealth_operator.decisions import stragglers, times
+from gpuhealth_sim import memcluster
+
+NOW = datetime.datetime(2026, 11, 22, 1, 0, tzinfo=datetime.UTC)
+H200 = "NVIDIA H200"
+MAX_CLOCK = 1980
+JITTER = 0.035
+"""GPU Boost: a busy GPU's clock from report to report, as a fraction of its max (the trace generator's)."""
+HEARTBEAT = 300
+
+
+def clock(rng: random.Random, factor: float = 1.0) -> int:
+    ratio = min(1.0, max(0.82, 0.975 + rng.gauss(0, JITTER))) * factor
+    return round(MAX_CLOCK * ratio / 15) * 15
+
+
+def flags_over_time(seed: int, slow_factor: float, peers: int = 4, rounds: int = 18) -> dict[str, list[bool]]:
+    """Each node's Straggler flag after each round of reports: `peers` healthy H200 nodes and `slow`,
+    whose GPU 0 runs at `slow_factor` of the others' clock."""
+    rng = random.Random(seed)
+    names = [f"h200-{i}" for i in range(peers)] + ["slow"]
+    flags: dict[str, list[bool]] = {name: [] for name in names}
+
+    async def scenario() -> None:
+        cluster = memcluster.MemoryKube()
+        ctx = context.Context.create(settings.Settings(), cluster, metrics.Metrics.create(), instance="t")  # type: ignore[arg-type]
+        now = [NOW]
+        ctx.clock = lambda: now[0]
+        rule = {"name": "straggler", "condition": "Straggler", "action": "Label", "forSeconds": 300}
+        policy: dict[str, Any] = {"apiVersion": resources.API_VERSION, "kind": resources.POLICY_KIND}
+        policy |= {"metadata": {"name": "p", "generation": 1}, "spec": {"rules": [rule]}}
+        await handlers.on_policy({"type": "ADDED", "object": policy}, memo=ctx)  # type: ignore[typeddict-item]
+        for name in names:
+            node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": name}, "spec": {}}
+            cluster.put_node(copy.deepcopy(node))
+            await handlers.on_node({"type": "ADDED", "object": node}, memo=ctx)  # type: ignore[typeddict-item]
+        for _ in range(rounds):
+            for name in names:
+                clocks = {
+                    i: {"smClockMHz": clock(rng, slow_factor if name == "slow" and i == 0 else 1.0)}
+                    for i in range(8)
+                }
+                status = gpunode_facts.agent_status(
+                    model=H200, overrides=clocks, heartbeat=times.render(now[0]), heartbeat_seconds=HEARTBEAT
+                )
+                stored = cluster.put_gpunode(name, status)
+                await handlers.on_gpunode({"type": "MODIFIED", "object": copy.deepcopy(stored)}, memo=ctx)  # type: ignore[typeddict-item]
+            reconciler.score_stragglers(ctx, now[0])
+            for name in names:
+                score = ctx.stragglers.get(("p", name))
+                flags[name].append(score is not None and score.flagged)
+            now[0] += datetime.timedelta(seconds=HEARTBEAT)
+
+    asyncio.run(scenario())
+    return flags
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_15_percent_straggler_on_one_gpu_of_eight_in_a_cohort_of_five_is_flagged_within_the_hour(
+    seed: int,
+) -> None:
+    """The missed episode's shape: one GPU of eight at 1/1.15 of its peers' clock, four peers (the fewest
+    that judge), reports every 300 s. Flagged within an hour and held to the end; no peer flagged."""
+    flags = flags_over_time(seed, 1 / 1.15)
+    assert any(flags["slow"][:12]), flags["slow"]
+    first = flags["slow"].index(True)
+    assert all(flags["slow"][first:]), flags["slow"]
+    assert not any(any(f) for name, f in flags.items() if name != "slow"), flags
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_cohort_of_healthy_jittering_nodes_flags_nobody(seed: int) -> None:
+    flags = flags_over_time(seed, 1.0, peers=7, rounds=24)
+    assert not any(any(f) for f in flags.values()), flags
+
+
+def mig_facts(clock_mhz: int, reasons: list[str]) -> Any:
+    """A node in MIG mode: NVML reports no utilization for its GPUs."""
+    overrides = {i: {"smClockMHz": clock_mhz, "clockEventReasons": reasons} for i in range(8)}
+    facts = gpunode_facts.agent_status(model=H200, overrides=overrides)
+    for gpu in facts["gpus"]:
+        gpu.pop("utilizationPercent", None)
+    return facts
+
+
+def test_a_busy_gpu_in_mig_mode_is_scored_by_its_clock_event_reasons() -> None:
+    """Without utilization, a GPU that does not report GpuIdle is busy: a MIG node's straggler is judged
+    (the missed 25 % all-GPU straggler of seed 101 was on a MIG node), an idle MIG node is not."""
+    assert stragglers.node_score(mig_facts(1485, [])) == pytest.approx(1485 / MAX_CLOCK, abs=1e-3)
+    assert stragglers.node_score(mig_facts(1485, ["SwPowerCap"])) == pytest.approx(1485 / MAX_CLOCK, abs=1e-3)
+    assert stragglers.node_score(mig_facts(345, ["GpuIdle"])) is None
+    no_reasons = mig_facts(1485, [])
+    for gpu in no_reasons["gpus"]:
+        del gpu["clockEventReasons"]
+    assert stragglers.node_score(no_reasons) is None, "neither utilization nor reasons: not judged"
