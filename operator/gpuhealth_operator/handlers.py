@@ -10,7 +10,6 @@ a Node by accident.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
@@ -46,7 +45,7 @@ async def on_node(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None
         memo.agent_pods.forget_node(name)
         memo.forget_node(name)
         if gone is not None and gone.view.unschedulable:
-            await wake_waiting(memo, name)
+            await reconciler.wake_waiting(memo, name)
         return
     before = memo.cache.node(name)
     after = memo.cache.put_node(body)
@@ -60,7 +59,7 @@ async def on_node(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None
         await reconciler.reconcile_node(memo, name, "node")
         await domain_actions.node_changed(memo, name)  # its health or domain label moved: judged again
         if before is not None and frees_a_place(memo, before.view, after.view):
-            await wake_waiting(memo, name)
+            await reconciler.wake_waiting(memo, name)
 
 
 def frees_a_place(memo: context.Context, before: model.NodeView, after: model.NodeView) -> bool:
@@ -72,31 +71,6 @@ def frees_a_place(memo: context.Context, before: model.NodeView, after: model.No
         return False
     domain_keys = {b.key for p in memo.cache.policies.values() for b in p.topology.budgets}
     return any(before.labels.get(k) != after.labels.get(k) for k in domain_keys)
-
-
-async def wake_waiting(memo: context.Context, freed: str) -> None:
-    """A budget place may be free: the nodes told to wait for one ask again now, not at the next tick.
-
-    Only the first of a budget's queue is admitted, whichever asks first (`budget.refusing`), so their
-    order does not matter; the rest stay Pending and are not told again.
-    """
-    names = sorted({node for _, node in memo.admission.notified} - {freed})
-    if not names:
-        return
-    record = memo.cache.node(freed)
-    if record is not None:  # judged again first: a node a human uncordoned (an override) wants no place now
-        now = memo.clock()
-        for policy in reconciler.selecting_policies(memo, record):
-            reconciler.judge(memo, policy, freed, now)
-    results = await asyncio.gather(
-        *(reconciler.reconcile_node(memo, name, "node") for name in names), return_exceptions=True
-    )
-    for name, result in zip(names, results, strict=True):
-        if isinstance(result, Exception):
-            memo.meters.reconcile_errors.labels("node").inc()
-            logger.error("reconcile of node %s failed", name, exc_info=result)
-        elif isinstance(result, BaseException):
-            raise result  # cancelled: the operator is stopping
 
 
 def release(body: Mapping[str, Any]) -> None:

@@ -312,3 +312,19 @@ def test_a_cordoned_node_relabelled_into_another_rack_frees_its_old_racks_place_
         assert cluster.nodes["a1"]["spec"].get("unschedulable") is True
 
     asyncio.run(run())
+
+
+def test_our_uncordon_of_a_recovered_node_admits_the_waiting_node_without_a_timer_pass() -> None:
+    async def run() -> None:
+        cluster = drain_cluster.DrainCluster()
+        nodes = {"a1": {"pool": "a", RACK: "r1"}, "a2": {"pool": "a", RACK: "r1"}}
+        spec = {**cordon_spec(), "recovery": {"uncordon": True, "healthyForSeconds": 0}}
+        ctx = await drain_cluster.start(cluster, {"p": spec}, nodes)
+        await drain_cluster.report(cluster, ctx, "a1", ecc=1)
+        await drain_cluster.report(cluster, ctx, "a2", ecc=1)
+        assert not cluster.nodes["a2"]["spec"].get("unschedulable")
+        await drain_cluster.report(cluster, ctx, "a1", ecc=0)  # repaired: uncordoned by its own pass
+        assert not cluster.nodes["a1"]["spec"].get("unschedulable")
+        assert cluster.nodes["a2"]["spec"].get("unschedulable") is True
+
+    asyncio.run(run())
