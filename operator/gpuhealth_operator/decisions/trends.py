@@ -9,7 +9,8 @@ The memory is bounded: per node, one `Track` per GPU (by UUID, else index) and p
 reports now (a GPU or port that vanished is forgotten); per counter, the points where its value
 changed in the window plus the last one before it, at most MAX_POINTS (changes closer together are
 merged into the newer value, which can only understate a rate). A counter that goes down (a GPU
-reset, a reboot) starts over: a reset is no growth. The memory lives with the cached GPUNode
+reset, a reboot) starts over: a reset is no growth. Tracks alike (a healthy fleet's) are one shared
+copy, so a node costs its memory little more than two small dicts. The memory lives with the cached GPUNode
 (`cache.GPUNodeRecord.trends`) and is advanced once per agent report, timed by the operator's
 clock; a restarted operator starts from nothing (as its first report, it can only fire what one
 report shows).
@@ -108,9 +109,20 @@ def _seconds(now: datetime.datetime) -> float:
     return now.timestamp()
 
 
+_FIRST: dict[float, Points] = {}
+"""The one-point series of each value (time 0: the first value counts as older than any window, since
+growth is divided by the whole window anyway): a healthy fleet's counters share a handful of them."""
+
+
+def _first(value: float) -> Points:
+    if len(_FIRST) >= 4096:
+        _FIRST.clear()
+    return _FIRST.setdefault(value, ((0.0, value),))
+
+
 def _series(points: Points | None, value: float, at: float) -> Points:
     if not points or value < points[-1][1]:
-        return ((at, value),)  # new, or the counter went down: it starts over
+        return _first(value)  # new, or the counter went down: it starts over
     if value != points[-1][1]:
         if len(points) >= 2 and points[-1][0] > at - _SPACING:
             points = (*points[:-1], (points[-1][0], value))  # merged into the newer value
@@ -163,7 +175,19 @@ def _track(
         and new_last == previous.last
     ):
         return previous
-    return Track(new_peaks, new_counters, new_last)
+    return _shared(Track(new_peaks, new_counters, new_last))
+
+
+_TRACKS: dict[tuple[object, ...], Track] = {}
+"""One copy of each Track many GPUs or ports hold alike (healthy ones: the same peaks, the same constant
+counters); forgotten when full, as `cache.SharedValues`."""
+
+
+def _shared(track: Track) -> Track:
+    key = (*track.peaks.items(), None, *track.counters.items(), None, *track.last.items())
+    if len(_TRACKS) >= 8192:
+        _TRACKS.clear()
+    return _TRACKS.setdefault(key, track)
 
 
 def advance(previous: Trends | None, facts: status.GPUNodeStatus, now: datetime.datetime) -> Trends:

@@ -285,6 +285,19 @@ def test_memory_stays_bounded() -> None:
     assert len(node.store.gpunode("n").memory.gpus) == 1  # type: ignore[union-attr]  # GPU 1 is forgotten
 
 
+def test_healthy_gpus_share_one_track() -> None:
+    node = Node()
+    for i in range(3):
+        node.report(status({"nvlink": NVLINK}), minutes(i))
+    other = Node()
+    other.report(status({"nvlink": NVLINK}), minutes(7))
+    tracks = [*node.store.gpunode("n").memory.gpus.values(), *other.store.gpunode("n").memory.gpus.values()]  # type: ignore[union-attr]
+    assert len(tracks) == 4 and tracks[0] is not tracks[1]  # GPU 0 has NVLink, GPU 1 not
+    assert (
+        tracks[0] is tracks[2] and tracks[1] is tracks[3]
+    )  # the same facts on another node, at another time
+
+
 def test_nic_down_after_active_slow_and_flapping() -> None:
     node = Node()
     assert node.report(status(nics=[{**NIC, "state": "DOWN"}]), minutes(0)) == set()  # never seen up
