@@ -99,17 +99,27 @@ def turned_unhealthy(verdict: model.NodeVerdict) -> datetime.datetime | None:
     The transition times are kept in GPUNode status, so after an operator
     restart the first judgement gives the same times and a storm that began
     before the restart still counts. None when the node is not Unhealthy.
+
+    Another tool's Node condition (a `nodeCondition` rule) makes a node Degraded, not Unhealthy, but
+    when a Cordon or Drain rule fires on it the node counts too: a storm of them (a bad rollout of
+    that tool) trips the breaker as a storm of ours does.
     """
-    if verdict.health is not vocabulary.Health.UNHEALTHY:
-        return None
-    return min(
-        (
+    times: list[datetime.datetime] = []
+    if verdict.health is vocabulary.Health.UNHEALTHY:
+        times += (
             state.last_transition_time
             for condition, state in verdict.conditions.items()
             if condition in severity.FATAL and state.status == "True"
-        ),
-        default=None,
-    )
+        )
+    for rule in verdict.fired_rules:
+        state = verdict.conditions.get(rule.condition)
+        if (
+            isinstance(rule.condition, vocabulary.NodeCondition)
+            and rule.action in vocabulary.DISRUPTIVE_ACTIONS
+            and state is not None
+        ):
+            times.append(state.last_transition_time)
+    return min(times, default=None)
 
 
 def new_unhealthy(

@@ -9,7 +9,7 @@ import pytest
 import gpunode_facts
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import cache
-from gpuhealth_operator.decisions import hysteresis, model, policies, severity, verdicts
+from gpuhealth_operator.decisions import breaker, hysteresis, model, policies, severity, verdicts
 
 NOW = datetime.datetime(2026, 11, 24, tzinfo=datetime.UTC)
 DEADLOCK = vocabulary.node_condition("KernelDeadlock")
@@ -110,3 +110,12 @@ def test_the_cache_keeps_the_nodes_conditions_but_ours() -> None:
     }
     record = cache.node_record(body)
     assert dict(record.view.conditions) == {"Ready": "True", "KernelDeadlock": "True"}
+
+
+@pytest.mark.parametrize(("action", "counted"), [("Drain", True), ("Cordon", True), ("Taint", False)])
+def test_a_disruptive_node_condition_rule_counts_for_the_breaker(action: str, counted: bool) -> None:
+    """A bad rollout of another tool that marks every node must trip the breaker as a storm of ours does."""
+    p = policy({"name": "kd", "nodeCondition": {"type": "KernelDeadlock"}, "action": action})
+    verdict = judge(p, node(KernelDeadlock="True"))
+    assert (breaker.turned_unhealthy(verdict) == NOW) is counted
+    assert breaker.turned_unhealthy(judge(p, node(KernelDeadlock="False"))) is None
