@@ -343,3 +343,18 @@ def test_memory_degrading_is_degraded_not_unhealthy() -> None:
         POLICY, NODE, record.status, node.previous, None, minutes(0), memory=record.memory
     )
     assert verdict.health is vocabulary.Health.DEGRADED
+
+
+def test_a_registration_in_progress_is_a_fault_only_after_the_rules_for_seconds() -> None:
+    policy = policies.parse_policy(
+        "p",
+        1,
+        {"rules": [{"name": "f", "condition": "FabricUnhealthy", "action": "Drain", "forSeconds": 600}]},
+    )
+    node = Node(policy)
+    pending = status({"fabric": {"state": "InProgress"}})
+    assert node.report(pending, minutes(0)) == set()
+    assert node.report(pending, minutes(9)) == set()
+    assert node.report(pending, minutes(10.1)) == {Condition.FABRIC_UNHEALTHY}
+    done = status({"fabric": {"state": "Completed", "status": "Success", "cliqueId": 4}})
+    assert node.report(done, minutes(11)) == set()  # fatal: clears with its evidence
