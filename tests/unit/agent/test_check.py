@@ -164,10 +164,8 @@ def test_problems_are_sorted_worst_first() -> None:
     assert [(p.severity, p.condition) for p in found] == [
         (check.Severity.FATAL, Condition.ECC_UNCORRECTABLE),
         (check.Severity.WARNING, Condition.THERMAL_THROTTLED),
-        (
-            check.Severity.INFO,
-            None,
-        ),  # XID 13: the application's fault; a pending retired page is no condition
+        (check.Severity.WARNING, Condition.MEMORY_DEGRADING),  # a pending retired page: pre-failure
+        (check.Severity.INFO, None),  # XID 13: the application's fault
     ]
 
 
