@@ -42,6 +42,11 @@ RESTART_WITH: Final[dict[str, tuple[str, ...]]] = {
 """Counters that start over when another fact changes: the agent sums NVLink errors over the links that are
 up, so a link going down takes its count out of the sum and coming back puts it in again: no growth."""
 
+_GPU_FIELDS: Final = tuple(
+    sorted({p.split(".", 1)[0] for p in (*_GPU_COUNTERS, *faults.GPU_PEAKS, *RESTART_WITH)})
+)
+"""The GPU fields the tracked paths read."""
+
 Points = tuple[tuple[float, float], ...]
 """A counter's (time, value) change points, oldest first; the last value is the latest seen."""
 
@@ -54,6 +59,10 @@ class Track:
     counters: Mapping[str, Points]
     last: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """The last value of each RESTART_WITH fact."""
+    source: tuple[object, ...] = ()
+    """The facts it was last advanced from (the top-level fields read): a report that leaves them equal
+    (as nearly every report does; the cache shares equal nested facts, so most compare by identity)
+    changes nothing and costs one comparison."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -137,13 +146,18 @@ def _series(points: Points | None, value: float, at: float) -> Points:
     return points[-MAX_POINTS:]
 
 
-def _track(
+def _track(  # noqa: PLR0917 - one GPU's or port's paths
     previous: Track | None,
     record: Mapping[str, object],
     peaks: tuple[str, ...],
     counters: tuple[str, ...],
     at: float,
+    fields: tuple[str, ...] | None,
 ) -> Track | None:
+    """`fields`: the top-level fields the paths read (None: the whole record, a NIC port)."""
+    source = (record,) if fields is None else tuple(map(record.get, fields))
+    if previous is not None and previous.source == source:
+        return previous
     new_peaks = dict(previous.peaks) if previous else {}
     new_counters = dict(previous.counters) if previous else {}
     new_last = dict(previous.last) if previous else {}
@@ -175,7 +189,7 @@ def _track(
         and new_last == previous.last
     ):
         return previous
-    return _shared(Track(new_peaks, new_counters, new_last))
+    return _shared(Track(new_peaks, new_counters, new_last, source))
 
 
 _TRACKS: dict[tuple[object, ...], Track] = {}
@@ -184,7 +198,7 @@ counters); forgotten when full, as `cache.SharedValues`."""
 
 
 def _shared(track: Track) -> Track:
-    key = (*track.peaks.items(), None, *track.counters.items(), None, *track.last.items())
+    key = (*track.peaks.items(), None, *track.counters.items(), None, *track.last.items())  # not `source`
     if len(_TRACKS) >= 8192:
         _TRACKS.clear()
     return _TRACKS.setdefault(key, track)
@@ -198,7 +212,12 @@ def advance(previous: Trends | None, facts: status.GPUNodeStatus, now: datetime.
         if isinstance(gpu, gpu_facts.MAPPINGS):
             key = gpu_key(gpu)
             track = _track(
-                previous.gpus.get(key) if previous else None, gpu, faults.GPU_PEAKS, _GPU_COUNTERS, at
+                previous.gpus.get(key) if previous else None,
+                gpu,
+                faults.GPU_PEAKS,
+                _GPU_COUNTERS,
+                at,
+                _GPU_FIELDS,
             )
             if track is not None:
                 gpus[key] = track
@@ -208,7 +227,12 @@ def advance(previous: Trends | None, facts: status.GPUNodeStatus, now: datetime.
         if isinstance(nic, dict):
             key = nic_key(nic)
             track = _track(
-                previous.nics.get(key) if previous else None, nic, faults.NIC_PEAKS, faults.NIC_COUNTERS, at
+                previous.nics.get(key) if previous else None,
+                nic,
+                faults.NIC_PEAKS,
+                faults.NIC_COUNTERS,
+                at,
+                None,
             )
             if track is not None:
                 nics[key] = track
