@@ -358,3 +358,21 @@ def test_a_registration_in_progress_is_a_fault_only_after_the_rules_for_seconds(
     assert node.report(pending, minutes(10.1)) == {Condition.FABRIC_UNHEALTHY}
     done = status({"fabric": {"state": "Completed", "status": "Success", "cliqueId": 4}})
     assert node.report(done, minutes(11)) == set()  # fatal: clears with its evidence
+
+
+COUNTERS = [(condition, path) for condition, paths in faults.GPU_COUNTERS.items() for path in paths]
+
+
+@pytest.mark.parametrize(("condition", "path"), COUNTERS, ids=[p for _, p in COUNTERS])
+def test_every_tracked_counter_is_kept_by_the_cache_and_judged(condition: Condition, path: str) -> None:
+    """Each counter a trend reads, grown by 1000 in an hour, fires its condition through the cache."""
+
+    def at(value: int) -> dict[str, Any]:
+        nested: dict[str, Any] = {path.rsplit(".", 1)[-1]: value}
+        for part in reversed(path.split(".")[:-1]):
+            nested = {part: nested}
+        return gpunode_facts.merge({"nvlink": NVLINK, "pcie": {"aer": {"fatal": 0, "nonFatal": 0}}}, nested)
+
+    node = Node()
+    assert node.report(status(at(0)), minutes(0)) == set()
+    assert node.report(status(at(1000)), minutes(30)) == {condition}
