@@ -166,7 +166,7 @@ _ClusterCache = cache.ClusterCache
 @dataclasses.dataclass
 class Context:
     config: settings.Settings
-    client: kube.Kube
+    client: kube.Client
     meters: metrics.Metrics
     recorder: events.Recorder
     cache: cache.ClusterCache = dataclasses.field(default_factory=cache.ClusterCache)
@@ -279,7 +279,7 @@ class Context:
     def create(
         cls,
         config: settings.Settings,
-        client: kube.Kube,
+        client: kube.Client,
         meters: metrics.Metrics,
         instance: str,
         cluster: _ClusterCache | None = None,

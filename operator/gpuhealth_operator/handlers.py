@@ -183,6 +183,7 @@ async def on_policy(event: kopf.RawEvent, memo: context.Context, **_: Any) -> No
 
 async def login(memo: context.Context, **_: Any) -> kopf.ConnectionInfo:
     """kopf's watches use the same credentials as our own client."""
+    assert isinstance(memo.client, kube.Kube), "kopf logs in only where the operator talks HTTP"
     credentials = memo.client.credentials
     return kopf.ConnectionInfo(
         server=credentials.server,

@@ -20,7 +20,7 @@ import time
 import types
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -132,6 +132,51 @@ class _Guarded:
 
     method: str
     path: str
+
+
+class Client(Protocol):
+    """What the operator's decisions and actions ask of the API server.
+
+    `Kube` implements it over HTTP; the in-memory cluster of the replay and the unit tests
+    (`gpuhealth_sim.memcluster.MemoryKube`) implements it in memory, and mypy holds both to it,
+    so the code the replay runs is the code production runs. The leader election and the CLI
+    keep the concrete `Kube` (its fence and credentials are not part of this seam).
+    """
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: object = None,
+        content_type: str = "application/json",
+        urgent: bool = False,
+        exempt: bool = False,
+        accept: str = "application/json",
+    ) -> JsonObject: ...
+
+    async def get(self, path: str, query: Mapping[str, str] | None = None) -> JsonObject: ...
+
+    async def list_metadata(self, path: str, query: Mapping[str, str] | None = None) -> JsonObject: ...
+
+    async def create(self, path: str, body: object) -> JsonObject: ...
+
+    async def patch(
+        self, path: str, body: object, content_type: str = MERGE_PATCH, *, urgent: bool = False
+    ) -> JsonObject: ...
+
+    async def apply(self, path: str, body: object, field_manager: str) -> JsonObject: ...
+
+    async def delete(self, path: str) -> JsonObject: ...
+
+    def pages(
+        self, path: str, query: Mapping[str, str] | None = None
+    ) -> AsyncIterator[tuple[list[JsonObject], str]]: ...
+
+    async def list_all(self, path: str, query: Mapping[str, str] | None = None) -> list[JsonObject]: ...
+
+    async def close(self) -> None: ...
 
 
 class Kube:

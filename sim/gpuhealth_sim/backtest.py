@@ -259,7 +259,7 @@ class Replay:
         config = settings.Settings(agent_pod_namespace=agent_pod_namespace)
         self.ctx = context.Context.create(
             config,
-            self.client,  # type: ignore[arg-type]  # the same interface as kube.Kube
+            self.client,
             metrics.Metrics.create(),
             instance="backtest",
         )

@@ -1,7 +1,7 @@
 """An in-memory cluster that answers the operator's requests: the backtest's API server.
 
-`MemoryKube` has the interface of `gpuhealth_operator.kube.Kube` (request,
-get, create, patch, apply, delete, list_all) over plain dicts, with the
+`MemoryKube` implements `gpuhealth_operator.kube.Client`, the operator's
+side of the API server (checked by mypy), over plain dicts, with the
 semantics the operator relies on, and no more:
 
 - Nodes: JSON merge patch (with the `metadata.resourceVersion` precondition
@@ -29,7 +29,7 @@ when.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from gpuhealth_api import resources
@@ -197,7 +197,7 @@ class MemoryKube:
         self.rule_version = version
         return changed
 
-    # The operator's side: kube.Kube's interface.
+    # The operator's side: kube.Client.
     async def request(
         self,
         method: str,
@@ -208,6 +208,7 @@ class MemoryKube:
         content_type: str = "application/json",
         urgent: bool = False,
         exempt: bool = False,
+        accept: str = "application/json",
     ) -> JsonObject:
         self.requests_total += 1
         if path.startswith(DRA):
@@ -341,6 +342,17 @@ class MemoryKube:
 
     async def delete(self, path: str) -> JsonObject:
         return await self.request("DELETE", path)
+
+    async def list_metadata(self, path: str, query: Mapping[str, str] | None = None) -> JsonObject:
+        """The whole objects: a caller of a metadata list reads only their metadata."""
+        return await self.get(path, query)
+
+    async def pages(
+        self, path: str, query: Mapping[str, str] | None = None
+    ) -> AsyncIterator[tuple[list[JsonObject], str]]:
+        """One page: the whole collection, at the cluster's resourceVersion."""
+        found = await self.get(path, query)
+        yield list(found.get("items") or []), str((found.get("metadata") or {}).get("resourceVersion", ""))
 
     async def list_all(self, path: str, query: Mapping[str, str] | None = None) -> list[JsonObject]:
         return list((await self.get(path, query)).get("items") or [])

@@ -38,7 +38,7 @@ def rules_path(api_version: str, name: str | None = None) -> str:
     return f"{path}/{name}" if name else path
 
 
-async def served_version(client: kube.Kube) -> str | None:
+async def served_version(client: kube.Client) -> str | None:
     """Discovery alone (no write): the resource.k8s.io version serving devicetaintrules, if any."""
     serving = []
     for known in device_taints.KNOWN_VERSIONS:
@@ -53,7 +53,7 @@ async def served_version(client: kube.Kube) -> str | None:
     return device_taints.served_version(serving)
 
 
-async def probe(client: kube.Kube, policy: str, generation: int) -> isolation.Support:
+async def probe(client: kube.Client, policy: str, generation: int) -> isolation.Support:
     """Discovery for the version serving devicetaintrules, then a probe rule the controller manager acks.
 
     A transient error (a timeout, 429, 5xx, a conflict with a probe rule still being deleted) is
@@ -86,7 +86,7 @@ def transient(error: kube.ApiError) -> bool:
     return error.status in (409, 429) or error.status >= 500
 
 
-async def _probe_once(client: kube.Kube, policy: str, generation: int) -> isolation.Support:
+async def _probe_once(client: kube.Client, policy: str, generation: int) -> isolation.Support:
     version = await served_version(client)
     if version is None:
         return isolation.Support(
@@ -127,7 +127,7 @@ async def _probe_once(client: kube.Kube, policy: str, generation: int) -> isolat
     )
 
 
-async def _acknowledged(client: kube.Kube, path: str) -> bool:
+async def _acknowledged(client: kube.Client, path: str) -> bool:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + PROBE_TIMEOUT_SECONDS
     while True:
@@ -138,7 +138,7 @@ async def _acknowledged(client: kube.Kube, path: str) -> bool:
         await asyncio.sleep(PROBE_POLL_SECONDS)
 
 
-async def _delete(client: kube.Kube, path: str) -> bool:
+async def _delete(client: kube.Client, path: str) -> bool:
     """Delete; False if it was not there."""
     try:
         await client.delete(path)
@@ -149,12 +149,12 @@ async def _delete(client: kube.Kube, path: str) -> bool:
     return True
 
 
-async def delete(client: kube.Kube, api_version: str, name: str) -> bool:
+async def delete(client: kube.Client, api_version: str, name: str) -> bool:
     """Delete a rule; False if it was not there."""
     return await _delete(client, rules_path(api_version, name))
 
 
-async def exists(client: kube.Kube, api_version: str, name: str) -> bool:
+async def exists(client: kube.Client, api_version: str, name: str) -> bool:
     try:
         await client.get(rules_path(api_version, name))
     except kube.ApiError as error:
@@ -164,7 +164,7 @@ async def exists(client: kube.Kube, api_version: str, name: str) -> bool:
     return True
 
 
-async def create(client: kube.Kube, api_version: str, body: Mapping[str, Any]) -> bool:
+async def create(client: kube.Client, api_version: str, body: Mapping[str, Any]) -> bool:
     """Create a rule; False if one of its name is there already."""
     try:
         await client.create(rules_path(api_version), body)
@@ -175,7 +175,7 @@ async def create(client: kube.Kube, api_version: str, body: Mapping[str, Any]) -
     return True
 
 
-async def ours(client: kube.Kube, api_version: str | None, policy: str) -> list[kube.JsonObject]:
+async def ours(client: kube.Client, api_version: str | None, policy: str) -> list[kube.JsonObject]:
     """The rules of a policy (its label), every node's."""
     if api_version is None:
         return []
@@ -183,13 +183,13 @@ async def ours(client: kube.Kube, api_version: str | None, policy: str) -> list[
     return await client.list_all(rules_path(api_version), {"labelSelector": selector})
 
 
-async def of_nodes(client: kube.Kube, api_version: str) -> list[kube.JsonObject]:
+async def of_nodes(client: kube.Client, api_version: str) -> list[kube.JsonObject]:
     """The rules gpu-health wrote for nodes, every policy's (label `gpuhealth.io/node` set; the caller
     keeps only those carrying it, for a server that would not filter by a label's existence)."""
     return await client.list_all(rules_path(api_version), {"labelSelector": keys.NODE_LABEL})
 
 
-async def adopt(client: kube.Kube, api_version: str, name: str, *, deleted: str, policy: str) -> bool:
+async def adopt(client: kube.Client, api_version: str, name: str, *, deleted: str, policy: str) -> bool:
     """Relabel the rule of a deleted policy as `policy`'s (label values); False if it is gone or was
     relabelled meanwhile (the patch is conditional on the old label: a JSON patch `test`)."""
     path = ["", "metadata", "labels", keys.POLICY_LABEL.replace("~", "~0").replace("/", "~1")]
@@ -210,7 +210,7 @@ async def adopt(client: kube.Kube, api_version: str, name: str, *, deleted: str,
     return True
 
 
-async def devices(client: kube.Kube, node: str) -> dict[str, device_taints.Device]:
+async def devices(client: kube.Client, node: str) -> dict[str, device_taints.Device]:
     """GPU UUID → DRA device, from the node's ResourceSlices (empty: no DRA driver publishes the node)."""
     for version in SLICE_VERSIONS:
         try:

@@ -36,7 +36,7 @@ def with_marks(taints: Iterable[Mapping[str, Any]], tainted: bool) -> list[dict[
 
 
 async def mark(
-    client: kube.Kube,
+    client: kube.Client,
     name: str,
     *,
     label: bool,

@@ -138,11 +138,11 @@ def classify(pods: list[kube.JsonObject], options: Options) -> Selection:
     return selection
 
 
-async def list_pods(client: kube.Kube, node: str) -> list[kube.JsonObject]:
+async def list_pods(client: kube.Client, node: str) -> list[kube.JsonObject]:
     return await client.list_all("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"})
 
 
-async def evict(client: kube.Kube, pod: kube.JsonObject, options: Options) -> tuple[str, str]:
+async def evict(client: kube.Client, pod: kube.JsonObject, options: Options) -> tuple[str, str]:
     """One eviction attempt: ('evicted' | 'blocked' (429) | 'gone' | 'error', what the API server said)."""
     meta = pod["metadata"]
     body: dict[str, Any] = {
@@ -188,7 +188,7 @@ def _blocking(pod: kube.JsonObject, refusals: dict[str, str]) -> str:
 
 
 async def drain(
-    client: kube.Kube,
+    client: kube.Client,
     node: str,
     *,
     options: Options,

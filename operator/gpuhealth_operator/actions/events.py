@@ -79,7 +79,7 @@ def _now() -> str:
 class Recorder:
     """Posts Events for one operator instance; remembers counts of what it posted."""
 
-    client: kube.Kube
+    client: kube.Client
     instance: str
     """reportingInstance: this replica's identity."""
     counts: dict[str, int] = dataclasses.field(default_factory=dict)

@@ -17,6 +17,6 @@ def gpunode_path(name: str) -> str:
     return f"/apis/{resources.GROUP}/{resources.VERSION}/{resources.GPUNODE_PLURAL}/{name}"
 
 
-async def annotate(client: kube.Kube, name: str, annotations: Mapping[str, str | None]) -> kube.JsonObject:
+async def annotate(client: kube.Client, name: str, annotations: Mapping[str, str | None]) -> kube.JsonObject:
     """Set (or, with None, remove) annotations on the GPUNode; the GPUNode as written."""
     return await client.patch(gpunode_path(name), {"metadata": {"annotations": dict(annotations)}})

@@ -37,7 +37,7 @@ def _pointer(key: str) -> str:
 
 
 async def patch_metadata(
-    client: kube.Kube,
+    client: kube.Client,
     name: str,
     *,
     labels: Mapping[str, str | None] | None = None,
@@ -53,7 +53,7 @@ async def patch_metadata(
 
 
 async def cordon(
-    client: kube.Kube,
+    client: kube.Client,
     name: str,
     *,
     policy: str,
@@ -90,7 +90,7 @@ async def cordon(
 
 
 async def uncordon(
-    client: kube.Kube, name: str, *, policy: str, resource_version: str | None = None
+    client: kube.Client, name: str, *, policy: str, resource_version: str | None = None
 ) -> kube.JsonObject:
     """Make the node schedulable again, only if `policy` is the one that cordoned it.
 
@@ -112,7 +112,7 @@ async def uncordon(
 
 
 async def drop_claim(
-    client: kube.Kube, name: str, *, resource_version: str, baseline: str | None
+    client: kube.Client, name: str, *, resource_version: str, baseline: str | None
 ) -> kube.JsonObject:
     """After a human override: remove our claim and drain bookkeeping, keep the evidence `baseline`.
 
@@ -129,7 +129,7 @@ async def drop_claim(
 
 
 async def adopt_cordon(
-    client: kube.Kube, name: str, *, deleted: str, policy: str, drain_started: bool
+    client: kube.Client, name: str, *, deleted: str, policy: str, drain_started: bool
 ) -> kube.JsonObject:
     """Make `policy` the owner of a cordon whose `cordoned-by` names the deleted policy `deleted`.
 
@@ -149,12 +149,12 @@ async def adopt_cordon(
     return await client.patch(node_path(name), ops, content_type=JSON_PATCH)
 
 
-async def set_drain_started(client: kube.Kube, name: str, value: str | None) -> kube.JsonObject:
+async def set_drain_started(client: kube.Client, name: str, value: str | None) -> kube.JsonObject:
     return await patch_metadata(client, name, annotations={DRAIN_STARTED_ANNOTATION: value})
 
 
 async def set_taint(
-    client: kube.Kube, name: str, *, taints: list[dict[str, Any]], value: str | None, resource_version: str
+    client: kube.Client, name: str, *, taints: list[dict[str, Any]], value: str | None, resource_version: str
 ) -> kube.JsonObject:
     """Hold our NoSchedule taint with `value` (None removes it); other taints are kept.
 
@@ -177,7 +177,7 @@ def with_taint(taints: Iterable[Mapping[str, Any]], value: str | None) -> list[d
 
 
 async def set_condition(
-    client: kube.Kube, name: str, *, status: str, reason: str, message: str, transition_time: str, now: str
+    client: kube.Client, name: str, *, status: str, reason: str, message: str, transition_time: str, now: str
 ) -> kube.JsonObject:
     """Upsert the GPUHealthy Node condition (strategic merge keys conditions by type)."""
     condition = {

@@ -25,7 +25,7 @@ def policy_status_path(name: str) -> str:
     return f"{policy_path(name)}/status"
 
 
-async def apply_gpunode(client: kube.Kube, name: str, status: dict[str, Any]) -> kube.JsonObject:
+async def apply_gpunode(client: kube.Client, name: str, status: dict[str, Any]) -> kube.JsonObject:
     """Apply the operator's part of a GPUNode status (health, issues, action, conditions, straggler)."""
     body = {
         "apiVersion": resources.API_VERSION,
@@ -36,7 +36,7 @@ async def apply_gpunode(client: kube.Kube, name: str, status: dict[str, Any]) ->
     return await client.apply(gpunode_status_path(name), body, resources.OPERATOR_FIELD_MANAGER)
 
 
-async def apply_policy(client: kube.Kube, name: str, status: dict[str, Any]) -> kube.JsonObject:
+async def apply_policy(client: kube.Client, name: str, status: dict[str, Any]) -> kube.JsonObject:
     body = {
         "apiVersion": resources.API_VERSION,
         "kind": resources.POLICY_KIND,
