@@ -48,7 +48,7 @@ def _seeds(text: str) -> list[int]:
 def _trace(node_days: float, seed: int, workdir: pathlib.Path) -> pathlib.Path:
     trace = workdir / f"stragglers-{node_days:g}nd-seed{seed}.jsonl.gz"
     if not trace.exists() or _revision(trace) != tracegen.REVISION:
-        partial = trace.with_suffix(".partial.gz")
+        partial = trace.with_suffix(f".partial-{os.getpid()}.gz")  # two runs may generate the same seed
         tracegen.generate(tracegen.Options(node_days, seed), partial)
         partial.rename(trace)
     return trace

@@ -105,6 +105,12 @@ def add_commands(commands: Any) -> None:
         help="the agent writes a sample on a significant change or after this long without a write "
         f"(default {heartbeats.DEFAULT_HEARTBEAT_SECONDS}, the agent's); 0: every sample",
     )
+    generate.add_argument(
+        "--node-faults",
+        action="store_true",
+        help="also NVLink, fabric, NIC and PCIe AER facts and faults, and memory failures preceded by "
+        "growing corrected errors (issue 27; off: the trace the seed always wrote)",
+    )
     add_import(actions)
 
     replay = commands.add_parser(
@@ -333,7 +339,7 @@ def _generate(args: argparse.Namespace) -> int:
         print("gpu-health-sim: --heartbeat-seconds must be 0 or more", file=sys.stderr)
         return USAGE_ERROR
     options = tracegen.Options(
-        args.node_days, args.seed, args.nodes, args.sample_seconds, args.heartbeat_seconds
+        args.node_days, args.seed, args.nodes, args.sample_seconds, args.heartbeat_seconds, args.node_faults
     )
     try:
         counts = tracegen.generate(options, args.out)
@@ -444,6 +450,16 @@ def score_line(score: dict[str, Any]) -> str:
         f"recall {_pct(ours['recall'])}, flaps/node-day {score['labelFlapsPerNodeDay']}, "
         f"maxUnavailable {'kept' if score['maxUnavailableRespected'] else 'EXCEEDED'}"
     )
+    early = score.get("earlyWarnings") or {}
+    degraded = early.get("degradedEpisodes") or {}
+    if early.get("withWarningPhase") or any(d["episodes"] for d in degraded.values()):
+        # A trace with issue 27's faults (`trace generate --node-faults`): how early memory failed.
+        line += (
+            f", fatal memory faults warned by MemoryDegrading {early['warned']}/{early['memoryFaults']} "
+            f"(of those with a warning phase {early['withWarningPhaseWarned']}/{early['withWarningPhase']}, "
+            f"median lead {_secs(early['leadSecondsP50'])})"
+        )
+        line += "".join(f", {k} episodes found {d['found']}/{d['episodes']}" for k, d in degraded.items())
     base = score.get("baselineStragglers")
     if base is not None:
         line += (

@@ -15,6 +15,14 @@ faults of nodes it never selects):
   in a real straggler episode (any slowdown) and wrong when it falls where
   nothing slowed the node (labels during thermal or power-brake episodes,
   where the node was in fact slowed, count neither way);
+- early warnings (issue 27): of the fatal memory faults (MEMORY_FAULTS), the
+  share whose node had a MemoryDegrading label (any Node change while its
+  issues named MemoryDegrading) before the fault, within WARNING_LOOKBACK or
+  the truth's warning phase, and the median lead time from that label to the
+  fault; the same for the faults whose truth had a warning phase at all (a
+  fault with none gave the facts nothing to warn on); and how many of the
+  non-fatal NVLink and NIC episodes got their condition (NvLinkDegraded,
+  NicDegraded) into the node's issues while they lasted;
 - label flaps per node-day: a straggler or thermal label removed and set
   again within backtest.FLAP_SECONDS with no new episode (truth) on the node
   in between to explain it; and whether maxUnavailable was ever exceeded.
@@ -43,6 +51,13 @@ RECOVERY_SLACK: Final = 1200.0
 EXPLAINED_SLACK: Final = 600.0
 BASELINE_CV: Final = 0.1
 DISRUPTIVE: Final = frozenset({"Cordon", "Drain"})
+MEMORY_FAULTS: Final = frozenset({"DBE", "RowRemapFailure", "XID48", "XID94", "XID95"})
+"""Fatal faults of a GPU's memory (`tracegen.MEMORY_FAULTS`): the ones MemoryDegrading should precede."""
+WARNING_CONDITION: Final = "MemoryDegrading"
+WARNING_LOOKBACK: Final = 86_400.0
+"""How far before a memory fault without a warning phase in the truth a MemoryDegrading label counts."""
+DEGRADED_EPISODES: Final = {"nvlink": "NvLinkDegraded", "nic": "NicDegraded"}
+"""Non-fatal truth episodes and the condition that should name them."""
 ISOLATE: Final = "Isolate GPU "
 """A replay's action isolating one GPU (`Isolate GPU 3`): acts on a fatal fault of that GPU."""
 
@@ -111,6 +126,7 @@ def score_fatal(truth: list[dict[str, Any]], actions: list[backtest.Action]) -> 
             isolated.setdefault(action.node, []).append(action)
     delays: list[float] = []
     missed: list[str] = []
+    by_fault: dict[str, dict[str, int]] = {}
     for fault in faults:
         # Isolating the faulty GPU (IsolateGPU on a DRA node) acts on the fault too; it disrupts no node.
         gpu = fault.get("gpu")
@@ -122,8 +138,11 @@ def score_fatal(truth: list[dict[str, Any]], actions: list[backtest.Action]) -> 
         hits = [
             a.t for a in per_node.get(fault["node"], []) + isolations if fault["start"] <= a.t <= fault["end"]
         ]
+        counts = by_fault.setdefault(str(fault.get("fault")), {"faults": 0, "acted": 0})
+        counts["faults"] += 1
         if hits:
             delays.append(min(hits) - fault["start"])
+            counts["acted"] += 1
         else:
             missed.append(f"{fault['node']} {fault.get('fault')} at {fault['start']:.0f}s")
     false_actions = [
@@ -135,12 +154,55 @@ def score_fatal(truth: list[dict[str, Any]], actions: list[backtest.Action]) -> 
     return {
         "faults": len(faults),
         "acted": len(delays),
+        "byFault": dict(sorted(by_fault.items())),
         "recall": _round(len(delays) / len(faults)) if faults else None,
         "secondsToActionP50": _round(percentile(delays, 0.5)),
         "secondsToActionP99": _round(percentile(delays, 0.99)),
         "missed": missed,
         "falseDisruptive": len(false_actions),
         "falseDisruptiveActions": [a.to_json() for a in false_actions[:20]],
+    }
+
+
+def score_early_warnings(truth: list[dict[str, Any]], actions: list[backtest.Action]) -> dict[str, Any]:
+    """MemoryDegrading before fatal memory faults, and the non-fatal NVLink and NIC episodes found
+    (module docstring)."""
+    memory = [r for r in truth if r.get("type") == "fatal" and r.get("fault") in MEMORY_FAULTS]
+    phases = {(r["node"], r["end"]): r for r in truth if r.get("type") == "memoryDegrading"}
+    warned_at: dict[str, list[float]] = {}
+    for action in actions:
+        if WARNING_CONDITION in action.reason.split(","):
+            warned_at.setdefault(action.node, []).append(action.t)
+    leads: list[float] = []
+    phased = phased_warned = 0
+    for fault in memory:
+        phase = phases.get((fault["node"], fault["start"]))
+        since = phase["start"] if phase is not None else fault["start"] - WARNING_LOOKBACK
+        before = [t for t in warned_at.get(fault["node"], []) if since <= t <= fault["start"]]
+        phased += phase is not None
+        if before:
+            leads.append(fault["start"] - min(before))
+            phased_warned += phase is not None
+    degraded: dict[str, dict[str, int]] = {}
+    for kind, condition in DEGRADED_EPISODES.items():
+        episodes = [r for r in truth if r.get("type") == kind]
+        found = sum(
+            1
+            for e in episodes
+            if any(
+                a.node == e["node"] and condition in a.reason.split(",") and e["start"] <= a.t <= e["end"]
+                for a in actions
+            )
+        )
+        degraded[kind] = {"episodes": len(episodes), "found": found}
+    return {
+        "memoryFaults": len(memory),
+        "warned": len(leads),
+        "share": _round(len(leads) / len(memory)) if memory else None,
+        "withWarningPhase": phased,
+        "withWarningPhaseWarned": phased_warned,
+        "leadSecondsP50": _round(percentile(leads, 0.5)),
+        "degradedEpisodes": degraded,
     }
 
 
@@ -254,6 +316,7 @@ def score(trace: pathlib.Path, result: backtest.Result, *, baseline: bool = True
     report: dict[str, Any] = {
         "policy": result.policy,
         "fatal": score_fatal(truth, result.actions),
+        "earlyWarnings": score_early_warnings(truth, result.actions),
         "stragglers": score_stragglers(truth, our_straggler_flags(result.actions)).to_json(),
         "labelFlapsPerNodeDay": round(len(flaps) / node_days, 4),
         "labelFlaps": [a.to_json() for a in flaps[:20]],

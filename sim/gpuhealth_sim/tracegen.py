@@ -61,6 +61,7 @@ DAY: Final = 86_400.0
 
 @dataclasses.dataclass(frozen=True)
 class Board:
+    kind: str
     model: str
     gpus: int
     max_clock: int
@@ -70,10 +71,10 @@ class Board:
 
 
 BOARDS: Final = {
-    "H100": Board("NVIDIA H100 80GB HBM3", 8, 1980, 345, 87, "570.124.06"),
-    "H200": Board("NVIDIA H200", 8, 1980, 345, 87, "570.124.06"),
-    "A100": Board("NVIDIA A100-SXM4-80GB", 8, 1410, 210, 85, "550.127.05"),
-    "L40S": Board("NVIDIA L40S", 4, 2520, 210, 88, "550.127.05"),
+    "H100": Board("H100", "NVIDIA H100 80GB HBM3", 8, 1980, 345, 87, "570.124.06"),
+    "H200": Board("H200", "NVIDIA H200", 8, 1980, 345, 87, "570.124.06"),
+    "A100": Board("A100", "NVIDIA A100-SXM4-80GB", 8, 1410, 210, 85, "550.127.05"),
+    "L40S": Board("L40S", "NVIDIA L40S", 4, 2520, 210, 88, "550.127.05"),
 }
 MIX: Final = (("H100", 0.4), ("H200", 0.25), ("A100", 0.2), ("L40S", 0.15))
 
@@ -96,6 +97,21 @@ PROVISION_SECONDS: Final = 900.0
 DBE_XID: Final = 48
 ECC_XIDS: Final = frozenset({DBE_XID, 94, 95})
 """XIDs the driver logs for an uncorrectable ECC error (48 double-bit; 94 contained, 95 uncontained)."""
+
+NODE_FATAL_FAULTS: Final = ("FabricFailed", "PcieFatal")
+"""With `Options.node_faults` (issue 27), fatal faults around the GPU core: NVSwitch fabric registration
+failed (boards with fabric info only), a fatal PCIe AER error."""
+MEMORY_FAULTS: Final = frozenset({"DBE", "RowRemapFailure", "XID48", "XID94", "XID95"})
+"""Fatal faults of the GPU's memory: with `Options.node_faults`, WARNED_SHARE of them are preceded by a
+MemoryDegrading phase (corrected ECC errors and correctable row remaps growing, XID 92 in some)."""
+WARNED_SHARE: Final = 0.6
+NODE_FAULT_RATES: Final = {"nvlink": 0.03, "nic": 0.04}
+"""With `Options.node_faults`: non-fatal NVLink and NIC episodes per node-day."""
+NVLINKS: Final = {"H100": 18, "H200": 18, "A100": 12}
+"""NVLinks per GPU of the SXM boards (an L40S has none: its facts carry no `nvlink`)."""
+FABRIC_BOARDS: Final = frozenset({"H100", "H200"})
+"""Boards whose NVML reports fabric info (NVSwitch systems)."""
+NIC_RATE_GBPS: Final = {"H100": 400.0, "H200": 400.0, "A100": 200.0, "L40S": 100.0}
 
 RATES: Final = {
     "fatal": 0.03,
@@ -123,6 +139,9 @@ class Options:
     """How often each node's facts are sampled (the agent collects every 5 s; coarser is cheaper)."""
     heartbeat_seconds: float = float(heartbeats.DEFAULT_HEARTBEAT_SECONDS)
     """The agent's heartbeat: longest time without a write if nothing significant changed (0: write all)."""
+    node_faults: bool = False
+    """Issue 27's faults and facts: NVLink, fabric, NICs, PCIe AER, memory trends before memory failures.
+    Off by default, so a seed writes the trace it wrote before (the benchmarks' figures stay comparable)."""
 
 
 @dataclasses.dataclass
@@ -144,6 +163,7 @@ class NodePlan:
     phase: float
     episodes: list[Episode]
     load: float = 0.9
+    node_faults: bool = False
     ecc_corrected: int = 0
     boot: int = 0
     joins: float = 0.0
@@ -171,9 +191,9 @@ def plan_fleet(options: Options) -> tuple[list[NodePlan], float]:
         elif index % 23 == 11 and kind in ("A100", "H100"):
             sharing = "mig"
         name = f"gpu-{kind.lower()}-{index:03d}"
-        plans.append(
-            NodePlan(name, board, sharing, rng.uniform(0, options.sample_seconds), _episodes(rng, duration))
-        )
+        phase = rng.uniform(0, options.sample_seconds)
+        episodes = _episodes(rng, duration, board if options.node_faults else None)
+        plans.append(NodePlan(name, board, sharing, phase, episodes, node_faults=options.node_faults))
     return plans + [r for p in plans if (r := _replacement(p, duration)) is not None], duration
 
 
@@ -202,8 +222,10 @@ def _pick_model(index: int, count: int) -> str:
     return MIX[-1][0]
 
 
-def _episodes(rng: random.Random, duration: float) -> list[Episode]:
-    """A node's episodes: major ones (fatal, straggler, idle, gap, cordon, reload) never overlap."""
+def _episodes(rng: random.Random, duration: float, board: Board | None = None) -> list[Episode]:
+    """A node's episodes: major ones (fatal, straggler, idle, gap, cordon, reload) never overlap. With a
+    `board` (`Options.node_faults`), its fatal faults include NODE_FATAL_FAULTS and memory warnings,
+    and NVLink and NIC episodes come on top."""
     days = duration / DAY
     major: list[Episode] = []
     wanted = []
@@ -218,16 +240,19 @@ def _episodes(rng: random.Random, duration: float) -> list[Episode]:
         if any(start < b + 1800 and a - 1800 < end for a, b in taken):
             continue  # keep a half hour between major episodes so every one is judged on its own
         taken.append((start, end))
-        major.append(Episode(kind, start, end, _detail(rng, kind)))
+        major.append(Episode(kind, start, end, _detail(rng, kind, board)))
     major.sort(key=lambda e: e.start)
     minor: list[Episode] = []
-    for kind in ("thermal", "powerBrake", "powerCap"):
-        for _ in range(_poisson(rng, RATES[kind] * days)):
+    kinds = ["thermal", "powerBrake", "powerCap"]
+    if board is not None:
+        kinds += [k for k in NODE_FAULT_RATES if k != "nvlink" or board.kind in NVLINKS]
+    for kind in kinds:
+        for _ in range(_poisson(rng, {**RATES, **NODE_FAULT_RATES}[kind] * days)):
             start = rng.uniform(0, duration)
             end = start + _length(rng, kind)
             if any(e.start - 600 < end and start < e.end + 600 for e in major):
                 continue  # minor episodes on a node otherwise quiet, so the truth stays unambiguous
-            minor.append(Episode(kind, start, end, _detail(rng, kind)))
+            minor.append(Episode(kind, start, end, _detail(rng, kind, board)))
     return sorted(major + minor, key=lambda e: e.start)
 
 
@@ -250,13 +275,35 @@ def _length(rng: random.Random, kind: str) -> float:
         "thermal": (2, 15),
         "powerBrake": (1, 3),
         "powerCap": (1, 4),
+        "nvlink": (30, 240),
+        "nic": (10, 120),
     }[kind]
     return rng.uniform(*minutes) * 60
 
 
-def _detail(rng: random.Random, kind: str) -> dict[str, Any]:
+def _detail(rng: random.Random, kind: str, board: Board | None = None) -> dict[str, Any]:
+    if kind == "fatal" and board is not None:
+        extra = NODE_FATAL_FAULTS if board.kind in FABRIC_BOARDS else NODE_FATAL_FAULTS[1:]
+        detail: dict[str, Any] = {"fault": rng.choice(FATAL_FAULTS + extra), "gpu": rng.randrange(4)}
+        if detail["fault"] in MEMORY_FAULTS and rng.random() < WARNED_SHARE:
+            # Corrected errors climbing for hours before the uncorrectable one (the share and the rates
+            # are this generator's choice; published fleet studies see most such failures preceded so).
+            detail["warning"] = {
+                "seconds": round(rng.uniform(1, 12) * 3600, 3),
+                "correctedPerHour": rng.randrange(30, 300),
+                "xid92": rng.random() < 0.5,
+            }
+        return detail
     if kind == "fatal":
         return {"fault": rng.choice(FATAL_FAULTS), "gpu": rng.randrange(4)}
+    if kind == "nvlink":
+        return {"gpu": rng.randrange(8), "mode": rng.choice(("linkDown", "crcErrors")), "perHour": 2000}
+    if kind == "nic":
+        return {
+            "port": rng.randrange(2),
+            "mode": rng.choice(("down", "rate", "symbolErrors")),
+            "perHour": 2000,
+        }
     if kind == "straggler":
         return {"slowdown": round(rng.uniform(0.05, 0.30), 3), "gpus": rng.choice(("one", "all"))}
     if kind == "thermal":
@@ -310,8 +357,19 @@ def _truth(plan: NodePlan) -> Iterator[dict[str, Any]]:
             "node": plan.name,
             "start": round(episode.start, 3),
             "end": round(episode.end, 3),
-            **episode.detail,
+            **{k: v for k, v in episode.detail.items() if k != "warning"},
         }
+        warning = episode.detail.get("warning")
+        if warning is not None:
+            yield {
+                "kind": "truth",
+                "type": "memoryDegrading",
+                "node": plan.name,
+                "start": round(max(0.0, episode.start - warning["seconds"]), 3),
+                "end": round(episode.start, 3),
+                "gpu": episode.detail["gpu"],
+                "fault": episode.detail["fault"],
+            }
 
 
 class _Sampler:
@@ -341,6 +399,8 @@ class _Sampler:
         gpus = []
         for index in range(board.gpus):
             gpu = self._gpu(index, t, idle, cap, kinds, straggler)
+            if plan.node_faults:
+                add_node_facts(gpu, plan, index, t)
             if fatal is not None and index == fatal.detail["gpu"] % board.gpus:
                 apply_fault(gpu, fatal, t)
             gpus.append(gpu)
@@ -376,6 +436,8 @@ class _Sampler:
             },
             "gpus": gpus,
         }
+        if plan.node_faults:
+            status["nics"] = nics(plan, t)
         self.previous = status
         return status
 
@@ -462,6 +524,82 @@ def apply_fault(gpu: dict[str, Any], fatal: Episode, t: float) -> None:
         gpu.pop("utilizationPercent", None)
     elif fault == "RecoveryAction":
         gpu["recoveryAction"] = "GpuReset"
+    elif fault == "FabricFailed":
+        gpu["fabric"] = {**gpu.get("fabric", {}), "state": "Completed", "status": "Failure"}
+    elif fault == "PcieFatal":
+        gpu["pcie"]["aer"] = {**gpu["pcie"].get("aer", {}), "fatal": 1, "nonFatal": 2}
+
+
+def _grown(per_hour: float, start: float, end: float, t: float) -> int:
+    """A counter that grew at `per_hour` from `start` to `end` (and kept its value after), at `t`."""
+    return 0 if t < start else int(per_hour * (min(t, end) - start) / 3600)
+
+
+def add_node_facts(gpu: dict[str, Any], plan: NodePlan, index: int, t: float) -> None:
+    """Issue 27's facts of one GPU (`Options.node_faults`): NVLink on SXM boards, fabric info on NVSwitch
+    ones, PCIe AER everywhere, with the NVLink episodes and memory warnings of `plan` written in."""
+    kind = plan.board.kind
+    if kind in NVLINKS:
+        nvlink = {
+            "linksUp": NVLINKS[kind],
+            "linksDown": 0,
+            "crcErrors": 0,
+            "replayErrors": 0,
+            "recoveryErrors": 0,
+        }
+        for episode in plan.episodes:
+            if episode.kind != "nvlink" or episode.detail["gpu"] % plan.board.gpus != index:
+                continue
+            if episode.detail["mode"] == "linkDown" and episode.covers(t):
+                nvlink["linksUp"], nvlink["linksDown"] = NVLINKS[kind] - 1, 1
+            elif episode.detail["mode"] == "crcErrors":
+                nvlink["crcErrors"] += _grown(episode.detail["perHour"], episode.start, episode.end, t)
+        gpu["nvlink"] = nvlink
+    if kind in FABRIC_BOARDS:
+        gpu["fabric"] = {"state": "Completed", "status": "Success", "cliqueId": 0}
+    gpu["pcie"]["aer"] = {"fatal": 0, "nonFatal": 0, "correctable": 0}
+    for episode in plan.episodes:
+        warning = episode.detail.get("warning") if episode.kind == "fatal" else None
+        if warning is None or episode.detail["gpu"] % plan.board.gpus != index:
+            continue
+        began = episode.start - warning["seconds"]
+        if not began <= t < episode.end:
+            continue
+        grown = _grown(warning["correctedPerHour"], began, episode.start, t)
+        gpu["ecc"]["correctedVolatile"] += grown
+        gpu["remappedRows"]["correctable"] += grown // 50
+        if warning["xid92"] and t >= began + warning["seconds"] / 2:
+            gpu["xids"] = [{"code": 92, "count": 1, "lastSeen": _time(began + warning["seconds"] / 2)}]
+
+
+def nics(plan: NodePlan, t: float) -> list[dict[str, Any]]:
+    """The node's two InfiniBand/RoCE ports (`Options.node_faults`), with its NIC episodes written in."""
+    ports = []
+    for port in range(2):
+        nic: dict[str, Any] = {
+            "name": f"mlx5_{port}",
+            "port": 1,
+            "state": "ACTIVE",
+            "physState": "LinkUp",
+            "rateGbps": NIC_RATE_GBPS[plan.board.kind],
+            "linkDowned": 0,
+            "symbolErrors": 0,
+            "rcvErrors": 0,
+        }
+        for episode in plan.episodes:
+            if episode.kind != "nic" or episode.detail["port"] != port or t < episode.start:
+                continue
+            mode = episode.detail["mode"]
+            if mode == "down":
+                nic["linkDowned"] += 1
+                if episode.covers(t):
+                    nic["state"], nic["physState"] = "DOWN", "Disabled"
+            elif mode == "rate" and episode.covers(t):
+                nic["rateGbps"] /= 2
+            elif mode == "symbolErrors":
+                nic["symbolErrors"] += _grown(episode.detail["perHour"], episode.start, episode.end, t)
+        ports.append(nic)
+    return ports
 
 
 def generate(options: Options, out: pathlib.Path) -> dict[str, int]:
@@ -473,6 +611,7 @@ def generate(options: Options, out: pathlib.Path) -> dict[str, int]:
         "start": START.timestamp(),
         "generator": {
             "revision": REVISION,
+            **({"nodeFaults": True} if options.node_faults else {}),
             "nodeDays": options.node_days,
             "seed": options.seed,
             "nodes": len(present),
