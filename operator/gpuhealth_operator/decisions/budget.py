@@ -182,6 +182,19 @@ def at_budget(budgets: Iterable[Budget]) -> list[Budget]:
     return [b for b in budgets if b.domain is not None and len(b.unavailable) >= b.limit]
 
 
+def busy_domain(name: str, budgets: Iterable[Budget], busy: Set[str]) -> Budget | None:
+    """The first domain budget of `name` whose limit the `busy` nodes of the domain already reach, or None.
+
+    For a step that is only ever taken on nodes holding a place (a repair runs on a node we cordoned):
+    the places bound it already, except where a domain is over its budget (a cordoned node relabelled
+    into it); then at most `limit` of the domain's nodes are busy at once all the same.
+    """
+    for b in budgets:
+        if b.domain is not None and name in b.selected and len((busy & b.selected) - {name}) >= b.limit:
+            return b
+    return None
+
+
 def admits_all(name: str, budgets: Sequence[Budget], wanting: Ranks) -> bool:
     """Whether every budget that selects `name` admits it; False if none selects it (see `refusing`)."""
     return any(name in b.selected for b in budgets) and not refusing(name, budgets, wanting)

@@ -101,6 +101,18 @@ def test_at_budget_lists_the_full_domains_only() -> None:
     ]
 
 
+def test_a_busy_domain_holds_a_second_step_in_it_back() -> None:
+    """Two cordoned nodes of one rack (one relabelled into it): one may be repaired at a time."""
+    table = {"a": {RACK: "r1"}, "moved": {RACK: "r1"}, "c": {RACK: "r2"}, "x": {}}
+    found = budgets_for(policy(budgets={RACK: 1}), table, frozenset({"a", "moved", "c", "x"}))
+    assert budget.busy_domain("a", found, set()) is None
+    assert budget.busy_domain("a", found, {"a"}) is None  # itself
+    held = budget.busy_domain("moved", found, {"a"})
+    assert held is not None and str(held.domain) == f"{RACK}=r1"
+    assert budget.busy_domain("c", found, {"a"}) is None
+    assert budget.busy_domain("x", found, {"a", "moved", "c"}) is None  # in no rack
+
+
 def test_one_node_per_rack_on_top_of_max_unavailable() -> None:
     table = {"a": {RACK: "r1"}, "b": {RACK: "r1"}, "c": {RACK: "r2"}, "x": {}}
     wanting = ranks("a", "b", "c", "x")
