@@ -35,12 +35,14 @@ TARGETS = {
 }
 
 
-def measure(node_days: float, seed: int, workdir: pathlib.Path, tick_seconds: float) -> dict[str, Any]:
-    trace = workdir / f"bench-{node_days:g}nd-seed{seed}.jsonl.gz"
+def measure(
+    node_days: float, seed: int, workdir: pathlib.Path, tick_seconds: float, node_faults: bool = False
+) -> dict[str, Any]:
+    trace = workdir / f"bench-{node_days:g}nd-seed{seed}{'-nodefaults' if node_faults else ''}.jsonl.gz"
     generated = None
     if not trace.exists() or _revision(trace) != tracegen.REVISION:
         began = time.perf_counter()
-        tracegen.generate(tracegen.Options(node_days, seed), trace)
+        tracegen.generate(tracegen.Options(node_days, seed, node_faults=node_faults), trace)
         generated = time.perf_counter() - began
     result = backtest.run(trace, backtest.load_policy(POLICY), tick_seconds)
     score = scoring.score(trace, result)
@@ -97,7 +99,7 @@ def section(args: argparse.Namespace, run: dict[str, Any], before: dict[str, Any
     ]
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     size = " --quick" if args.quick else f" --node-days {args.node_days:g}"
-    command = "python bench/backtest_quality.py" + size
+    command = "python bench/backtest_quality.py" + size + (" --node-faults" if args.node_faults else "")
     lines = [
         f"## backtest_quality — {now}{' (quick)' if args.quick else ''}",
         "",
@@ -116,6 +118,23 @@ def section(args: argparse.Namespace, run: dict[str, Any], before: dict[str, Any
         lines.append(f"| {name} | {value} | {baseline} | {TARGETS.get(name.split(' p50')[0], '—')} |")
     if fatal["missed"]:
         lines += ["", f"- missed fatal faults: {', '.join(fatal['missed'])}"]
+    early = score["earlyWarnings"]
+    if args.node_faults:
+        lead = "n/a" if early["leadSecondsP50"] is None else f"{early['leadSecondsP50'] / 3600:.1f} h"
+        by_fault = ", ".join(f"{k} {v['acted']}/{v['faults']}" for k, v in fatal["byFault"].items())
+        degraded = ", ".join(
+            f"{k} {v['found']}/{v['episodes']}" for k, v in early["degradedEpisodes"].items()
+        )
+        lines += [
+            "",
+            f"- fatal faults acted on, by fault: {by_fault}",
+            "- fatal memory faults preceded by a MemoryDegrading label: "
+            f"{early['warned']}/{early['memoryFaults']} ({_pct(early['share'])}); "
+            "of those whose truth has a warning phase "
+            f"{early['withWarningPhaseWarned']}/{early['withWarningPhase']}; median lead "
+            f"{lead}",
+            f"- non-fatal episodes whose condition named the node while they lasted: {degraded}",
+        ]
     lines += ["", "- " + backtestcli.score_line(score)]
     if before is not None:
         old = before["stragglers"]
@@ -138,13 +157,18 @@ def main() -> int:
     top.add_argument("--workdir", type=pathlib.Path, default=pathlib.Path("/tmp/gpu-health-bench"))
     top.add_argument("--record", action="store_true", help="append the result to bench/RESULTS.md")
     top.add_argument(
+        "--node-faults",
+        action="store_true",
+        help="a trace with issue 27's faults (trace generate --node-faults)",
+    )
+    top.add_argument(
         "--per-sample", action="store_true", help="also score the Straggler rule as judged before the window"
     )
     args = top.parse_args()
     if args.quick:
         args.node_days = 100.0
     args.workdir.mkdir(parents=True, exist_ok=True)
-    run = measure(args.node_days, args.seed, args.workdir, args.tick_seconds)
+    run = measure(args.node_days, args.seed, args.workdir, args.tick_seconds, args.node_faults)
     before = per_sample(run["trace"], args.tick_seconds) if args.per_sample else None
     text = section(args, run, before)
     print(text)
