@@ -2,10 +2,10 @@
 
 Nothing of the operator is re-implemented here. Each trace record becomes the
 watch event the operator would have received, handed to its own kopf handlers
-(`handlers.on_node`, `handlers.on_gpunode`, `handlers.on_policy`) with a
-`Context` whose client is an in-memory cluster (`memcluster.MemoryKube`) and
-whose clock is the trace's time; between records the operator's own timer
-pass (`ticker.tick`) runs every `tick_seconds` of simulated time. So the
+through its replay entry point (`gpuhealth_operator.replay.Operator`), a term
+of the operator whose client is an in-memory cluster (`memcluster.MemoryKube`)
+and whose clock is the trace's time; between records the operator's own timer
+pass (`Operator.tick`) runs every `tick_seconds` of simulated time. So the
 signals, hysteresis, stragglers, the budget, the action ladder, recovery and
 the human-override rules are the ones the live operator runs, whatever they
 become.
@@ -36,7 +36,7 @@ that policy's (live, it uncordons the node once healthy). A Node's deletion
 DeviceTaintRules it owns with it, as the cluster's garbage collector does.
 
 An `agentpod` record (format 4) is the agent's DaemonSet pod as the operator's
-pod watch delivers it, handed to its own handler (`handlers.on_agent_pod`): a
+pod watch delivers it, handed to its own handler (`Operator.agent_pod_event`): a
 NotReady or deleted pod makes the agent stale after the same grace as live. A
 trace without pods (older, or recorded without the right to list them) is
 judged by the heartbeat alone, as the operator judges agents outside Kubernetes.
@@ -61,14 +61,12 @@ import datetime
 import logging
 import pathlib
 from collections.abc import Mapping
-from typing import Any, Final, cast
+from typing import Any, Final
 
-import kopf
 import yaml
 
 from gpuhealth_api import keys, resources, vocabulary
-from gpuhealth_operator import cache, context, handlers, metrics, settings, ticker
-from gpuhealth_operator.actions import nodes as node_actions
+from gpuhealth_operator import replay
 from gpuhealth_operator.decisions import gpu_facts, policies
 from gpuhealth_sim import memcluster, traces
 
@@ -150,7 +148,7 @@ def node_state(body: Mapping[str, Any], policy: str) -> NodeState:
     return NodeState(
         unschedulable=unschedulable,
         ours=unschedulable and annotations.get(keys.CORDONED_BY_ANNOTATION) == policy,
-        drain=node_actions.DRAIN_STARTED_ANNOTATION in annotations,
+        drain=replay.DRAIN_STARTED_ANNOTATION in annotations,
         labels={k: v for k, v in (meta.get("labels") or {}).items() if k in OUR_LABELS},
         taint=next(
             (t.get("value") for t in spec.get("taints") or [] if t.get("key") == keys.UNHEALTHY_TAINT), None
@@ -254,16 +252,11 @@ class Replay:
         self.now = start
         self.tick_seconds = tick_seconds
         self.client = memcluster.MemoryKube()
-        # Agent pods are judged by the operator's rule (`agent_pods.is_agent`) in the namespace the
+        # Agent pods are judged by the operator's rule (`replay.is_agent_pod`) in the namespace the
         # recording names (header `agentPodNamespace`); None (an older trace): any namespace.
-        config = settings.Settings(agent_pod_namespace=agent_pod_namespace)
-        self.ctx = context.Context.create(
-            config,
-            self.client,
-            metrics.Metrics.create(),
-            instance="backtest",
+        self.operator = replay.Operator(
+            self.client, self.clock, agent_pod_namespace=agent_pod_namespace, instance="backtest"
         )
-        self.ctx.clock = self.clock
         self.policy = policy
         self.name = str(policy["metadata"]["name"])
         self.agent: dict[str, dict[str, Any]] = {}
@@ -293,7 +286,7 @@ class Replay:
         return self.now - self.start
 
     async def run(self, records: Any) -> Result:
-        await handlers.on_policy(_event("ADDED", self.policy), memo=self.ctx)
+        await self.operator.policy_event("ADDED", self.policy)
         next_tick = self.start + self.tick_seconds
         last_full = self.start
         for record in records:
@@ -306,7 +299,7 @@ class Replay:
                 full = next_tick - last_full >= FULL_PASS_SECONDS
                 if full:
                     last_full = next_tick
-                await ticker.tick(self.ctx, full=full, statuses=full)
+                await self.operator.tick(full=full, statuses=full)
                 self._observe()
                 next_tick += self.tick_seconds
             self.now = max(self.now, at)
@@ -348,7 +341,7 @@ class Replay:
         self.client.put_node(body)
         self.joined.setdefault(name, self.t)
         self.client.touched[name] = None
-        await handlers.on_node(_event("MODIFIED", dict(body)), memo=self.ctx)  # a copy: the handler trims it
+        await self.operator.node_event("MODIFIED", dict(body))  # a copy: the handler trims it
         self._note_selected(name)
 
     async def _node_deleted(self, name: str) -> None:
@@ -364,7 +357,7 @@ class Replay:
         self.label_cleared = {key: t for key, t in self.label_cleared.items() if key[0] != name}
         self.gone_seconds[name] = self.gone_seconds.get(name, 0.0) + self.t - self.joined.pop(name, 0.0)
         self.result.deleted_nodes.append((self.t, name))
-        await handlers.on_node(_event("DELETED", body), memo=self.ctx)
+        await self.operator.node_event("DELETED", body)
 
     async def _agent_pod(self, record: Mapping[str, Any], gone: bool) -> None:
         """The agent pod's watch event, as the pod the operator would have seen (node, Ready since)."""
@@ -385,14 +378,14 @@ class Replay:
             "spec": {"nodeName": node},
             "status": {"conditions": [ready]},
         }
-        await handlers.on_agent_pod(_event("DELETED" if gone else "MODIFIED", body), memo=self.ctx)
+        await self.operator.agent_pod_event("DELETED" if gone else "MODIFIED", body)
 
     async def _gpunode_deleted(self, name: str) -> None:
         self.agent.pop(name, None)
         self.compacted.pop(name, None)
         body = self.client.delete_gpunode(name)
         if body is not None:
-            await handlers.on_gpunode(_event("DELETED", body), memo=self.ctx)
+            await self.operator.gpunode_event("DELETED", body)
 
     async def _gpunode(self, record: dict[str, Any]) -> None:
         name = record["name"]
@@ -408,7 +401,7 @@ class Replay:
         self.agent[name] = status
         gpus = status.get("gpus")
         if isinstance(gpus, list):
-            # Compacted once, here, by the operator's own `cache.compact_gpu`: what the cluster keeps
+            # Compacted once, here, by the operator's own `replay.compact_gpu`: what the cluster keeps
             # is then what the operator caches, and the answers to its status writes are not compacted
             # again. The raw report stays in `self.agent`, for the next patch.
             status = {**status, "gpus": self._compact(name, gpus, patch)}
@@ -423,19 +416,18 @@ class Replay:
             resumed = record.get("operator") or {}
             created["status"].update({k: resumed[k] for k in traces.RESUMED_STATUS_FIELDS if k in resumed})
         body = self.client.put_gpunode(name, status)
-        await handlers.on_gpunode(_event("MODIFIED", dict(body)), memo=self.ctx)
+        await self.operator.gpunode_event("MODIFIED", dict(body))
         if new:
             self._note_selected(name)  # a node is selected once it has a GPUNode
 
     def _note_selected(self, name: str) -> None:
         """Keep `name` among the policy's nodes if it selects it now (its labels, its GPUNode)."""
-        policy = self.ctx.cache.policies.get(self.name)
-        if policy is not None and name in self.ctx.cache.selection(policy).selected:
+        if self.operator.selects(self.name, name):
             self.result.selected.add(name)
 
     def _compact(self, name: str, gpus: list[Any], patch: Mapping[str, Any] | None) -> list[Any]:
         """The report's GPUs as the operator keeps them. A patch that changed GPUs in place (or none)
-        says which fields: only those are compacted again (`cache.recompact_gpu`), the rest copied."""
+        says which fields: only those are compacted again (`replay.recompact_gpu`), the rest copied."""
         before = self.compacted.get(name)
         changes = patch.get("gpus", {}) if patch is not None else None
         if (
@@ -451,7 +443,7 @@ class Replay:
                 gpu, was = gpus[int(key)], before[int(key)]
                 if type(was) is gpu_facts.GPUFacts and isinstance(gpu, Mapping):
                     changed = {field: gpu.get(field, gpu_facts.ABSENT) for field in change}
-                    compacted[int(key)] = cache.recompact_gpu(was, changed)
+                    compacted[int(key)] = replay.recompact_gpu(was, changed)
                 else:
                     compacted[int(key)] = _compact_gpu(gpu)
         self.compacted[name] = compacted
@@ -478,7 +470,7 @@ class Replay:
             rules = record["deviceTaintRules"]
             version = rules.get("version") if rules.get("actedOn") is True else None
             if self.client.serve_device_taint_rules(version if isinstance(version, str) else None):
-                self.ctx.isolation_support.clear()
+                self.operator.cluster_dra_changed()
 
     def _isolations(self) -> None:
         """The DeviceTaintRules the operator created or deleted since the last look, as actions."""
@@ -557,10 +549,9 @@ class Replay:
             seconds[name] = seconds.get(name, 0.0) + self.t - self.joined.get(name, 0.0)
         self.result.node_days = sum(seconds.values()) / 86_400
         self.result.selected_node_days = sum(seconds.get(n, 0.0) for n in self.result.selected) / 86_400
-        policy = self.ctx.cache.policies.get(self.name)
-        if policy is not None:
-            selected = len(self.ctx.cache.selection(policy).selected)
-            self.result.max_unavailable_limit = policies.resolve_max_unavailable(policy, selected)
+        limit = self.operator.max_unavailable(self.name)
+        if limit is not None:
+            self.result.max_unavailable_limit = limit
 
 
 def rule_action(what: str, rule: dict[str, Any]) -> tuple[str, str] | None:
@@ -574,13 +565,8 @@ def rule_action(what: str, rule: dict[str, Any]) -> tuple[str, str] | None:
 
 
 def _compact_gpu(gpu: Any) -> Any:
-    """One reported GPU as the operator caches it (`cache.compact_gpu`); a malformed entry as it is."""
-    return cache.compact_gpu(gpu) if isinstance(gpu, Mapping) else gpu
-
-
-def _event(kind: str, body: dict[str, Any]) -> kopf.RawEvent:
-    """The watch event kopf would hand the operator's handler."""
-    return cast(kopf.RawEvent, {"type": kind, "object": body})
+    """One reported GPU as the operator caches it (`replay.compact_gpu`); a malformed entry as it is."""
+    return replay.compact_gpu(gpu) if isinstance(gpu, Mapping) else gpu
 
 
 def _render(epoch: float) -> str:

@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from gpuhealth_api import resources
-from gpuhealth_operator import isolating, kube, reconciler
+from gpuhealth_operator import kube, replay
 from gpuhealth_operator.decisions import device_taints
 
 JsonObject = dict[str, Any]
@@ -44,17 +44,7 @@ POLICIES = f"/apis/{resources.GROUP}/{resources.VERSION}/{resources.POLICY_PLURA
 EVENTS = "/api/v1/namespaces/default/events"
 DRA = "/apis/resource.k8s.io/"
 DRA_VERSIONS = ("v1", "v1beta2", "v1beta1", "v1alpha3")
-OPERATOR_STATUS_FIELDS = frozenset(
-    {
-        "health",
-        "issues",
-        "action",
-        "conditions",
-        "straggler",
-        reconciler.POLICIES_FIELD,
-        *isolating.STATUS_FIELDS,
-    }
-)
+OPERATOR_STATUS_FIELDS = replay.OPERATOR_STATUS_FIELDS
 """What `reconciler.desired_status` writes (tests/unit/sim/test_memcluster_fields.py derives it): kept
 across an agent report, as server-side apply keeps another manager's fields."""
 

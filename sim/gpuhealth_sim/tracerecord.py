@@ -18,8 +18,8 @@ the same name created later is written in full again.
 
 The agents' DaemonSet pods (those matching the operator's
 `--agent-pod-selector`, by default the chart's, in `--agent-pod-namespace`,
-the operator's rule `agent_pods.is_agent`) are followed too: each pod's
-node and whether it is Ready, since when (`agent_pods.pod_readiness`, the
+the operator's rule `replay.is_agent_pod`) are followed too: each pod's
+node and whether it is Ready, since when (`replay.pod_readiness`, the
 operator's own reading), so a replay judges a dead agent stale as soon as the
 live operator did, not only once its heartbeat is three periods old. A
 tenant's own DaemonSet with the agent's labels, in another namespace, is not
@@ -52,7 +52,7 @@ import urllib3
 from kubernetes import client
 
 from gpuhealth_api import keys, resources
-from gpuhealth_operator import agent_pods, settings
+from gpuhealth_operator import replay, settings
 from gpuhealth_operator.decisions import device_taints, times
 from gpuhealth_sim import traces, watches
 
@@ -137,10 +137,10 @@ def agent_pod_view(
 ) -> tuple[str, dict[str, Any]] | None:
     """("namespace/name", its `agentpod` record's fields) of an agent pod; None before it is scheduled
     (the operator reads nothing of it then), or for a pod that is not the agent whatever its labels:
-    outside the agent's namespace or controlled by no DaemonSet (`agent_pods.is_agent`)."""
-    if not agent_pods.is_agent(obj, namespace):
+    outside the agent's namespace or controlled by no DaemonSet (`replay.is_agent_pod`)."""
+    if not replay.is_agent_pod(obj, namespace):
         return None
-    seen = agent_pods.pod_readiness(obj)
+    seen = replay.pod_readiness(obj)
     if seen is None:
         return None
     node, name, ready, since = seen
@@ -502,6 +502,6 @@ def _name(obj: Mapping[str, Any]) -> str:
 
 
 def _pod_name(obj: Mapping[str, Any]) -> str:
-    """ "namespace/name", as `agent_pods.pod_readiness` names a pod."""
+    """ "namespace/name", as `replay.pod_readiness` names a pod."""
     meta = obj.get("metadata") or {}
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"

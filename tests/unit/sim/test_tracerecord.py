@@ -331,11 +331,10 @@ def test_a_replay_judges_agent_pods_by_the_recorded_namespace() -> None:
     since = "2026-01-05T00:00:00Z"
     tenant = {"name": "tenant/agent-x", "node": "n1", "ready": False, "since": since}
     asyncio.run(replay._agent_pod(tenant, gone=False))
-    assert replay.ctx.agent_pods.get("n1") is None
+    assert replay.operator.agent_ready("n1") is None
     agent = {"name": "gpu-health/agent-y", "node": "n1", "ready": True, "since": since}
     asyncio.run(replay._agent_pod(agent, gone=False))
-    known = replay.ctx.agent_pods.get("n1")
-    assert known is not None and known.ready
+    assert replay.operator.agent_ready("n1") is True
 
     header = tracerecord.trace_header(START, {"version": "x"}, "gpu-health")
     assert header["agentPodNamespace"] == "gpu-health"

@@ -1,0 +1,138 @@
+"""The operator as a library for a replay: the one entry point of the simulator's backtest.
+
+A replay (`gpuhealth_sim.backtest`) runs the live operator's own code, not a
+copy of it: `Operator` is one term of the operator over any `kube.Client`
+(the in-memory cluster, in a backtest) with the replay's clock instead of the
+wall clock. The replay hands it the watch events kopf would have delivered
+(Node, GPUNode, GPUHealthPolicy, agent Pod), runs the timer's pass when its
+simulated clock says so, and reads back what it reports on: which nodes a
+policy selects, the budget it resolved, whether a node's agent pod is Ready.
+What the operator wrote, it reads from its cluster client.
+
+The simulator imports of the operator only this module, `kube`, `settings`
+and the pure `decisions` (an import contract holds it to that), so the
+handlers, the timer, the cache and the context can change shape without the
+replay following them. The few names a replay needs from the operator's own
+modules (an annotation it writes, the status fields it owns, how it knows an
+agent pod, how it keeps a reported GPU) are re-exported here.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from typing import Any, Final, Literal, cast
+
+import kopf
+
+from gpuhealth_operator import (
+    agent_pods,
+    cache,
+    context,
+    handlers,
+    isolating,
+    kube,
+    metrics,
+    reconciler,
+    settings,
+    ticker,
+)
+from gpuhealth_operator.actions import nodes as node_actions
+from gpuhealth_operator.decisions import policies
+
+EventType = Literal["ADDED", "MODIFIED", "DELETED"]
+"""A watch event's type, as kopf hands it to a handler."""
+Clock = Callable[[], datetime.datetime]
+"""What time it is for the operator: the replay's simulated clock."""
+
+DRAIN_STARTED_ANNOTATION: Final = node_actions.DRAIN_STARTED_ANNOTATION
+"""The Node annotation the operator sets when it starts a drain (and removes on uncordon)."""
+OPERATOR_STATUS_FIELDS: Final = frozenset(
+    {
+        "health",
+        "issues",
+        "action",
+        "conditions",
+        "straggler",
+        reconciler.POLICIES_FIELD,
+        *isolating.STATUS_FIELDS,
+    }
+)
+"""The GPUNode status fields the operator writes (`reconciler.desired_status`), the agent's being the rest:
+a cluster keeps them across an agent's report, as server-side apply keeps another manager's fields."""
+
+is_agent_pod = agent_pods.is_agent
+"""Whether a pod is an agent pod in a namespace (None: any), by the operator's own rule."""
+pod_readiness = agent_pods.pod_readiness
+"""(node, namespace/name, Ready, since) of a pod, as the operator reads it; None if unscheduled."""
+compact_gpu = cache.compact_gpu
+"""One reported GPU as the operator keeps it (`gpu_facts.GPUFacts`)."""
+recompact_gpu = cache.recompact_gpu
+"""`compact_gpu` of a GPU whose reported facts changed only in the fields given (a trace's patch)."""
+
+
+class Operator:
+    """One term of the operator over `client`, at `clock`'s time; driven by its caller, never by kopf.
+
+    `agent_pod_namespace`: where agent pods count (the recording's namespace; None: any namespace).
+    `instance`: the reporting instance of its Events.
+    """
+
+    def __init__(
+        self,
+        client: kube.Client,
+        clock: Clock,
+        *,
+        agent_pod_namespace: str | None = None,
+        instance: str = "replay",
+    ) -> None:
+        config = settings.Settings(agent_pod_namespace=agent_pod_namespace)
+        self._ctx = context.Context.create(config, client, metrics.Metrics.create(), instance=instance)
+        self._ctx.clock = clock
+
+    async def policy_event(self, kind: EventType, body: dict[str, Any]) -> None:
+        """A GPUHealthPolicy watch event."""
+        await handlers.on_policy(_event(kind, body), memo=self._ctx)
+
+    async def node_event(self, kind: EventType, body: dict[str, Any]) -> None:
+        """A Node watch event; the handler may trim `body`: pass a copy of what the cluster keeps."""
+        await handlers.on_node(_event(kind, body), memo=self._ctx)
+
+    async def gpunode_event(self, kind: EventType, body: dict[str, Any]) -> None:
+        """A GPUNode watch event (the agent's report, or its deletion)."""
+        await handlers.on_gpunode(_event(kind, body), memo=self._ctx)
+
+    async def agent_pod_event(self, kind: EventType, body: dict[str, Any]) -> None:
+        """An agent Pod watch event (its node and Ready condition): the agent's liveness."""
+        await handlers.on_agent_pod(_event(kind, body), memo=self._ctx)
+
+    async def tick(self, *, full: bool, statuses: bool) -> None:
+        """One timer pass (`ticker.tick`): `full` judges every node, `statuses` refreshes the policies'."""
+        await ticker.tick(self._ctx, full=full, statuses=statuses)
+
+    def cluster_dra_changed(self) -> None:
+        """The cluster's answer on DeviceTaintRules changed: the next isolation pass probes it again."""
+        self._ctx.isolation_support.clear()
+
+    def selects(self, policy: str, node: str) -> bool:
+        """Whether the policy named `policy` (if known) selects `node` now (its labels, its GPUNode)."""
+        known = self._ctx.cache.policies.get(policy)
+        return known is not None and node in self._ctx.cache.selection(known).selected
+
+    def max_unavailable(self, policy: str) -> int | None:
+        """How many of its selected nodes the policy named `policy` may take out of service now; None if
+        it is unknown."""
+        known = self._ctx.cache.policies.get(policy)
+        if known is None:
+            return None
+        return policies.resolve_max_unavailable(known, len(self._ctx.cache.selection(known).selected))
+
+    def agent_ready(self, node: str) -> bool | None:
+        """Whether `node`'s agent pod is Ready, as the operator knows it; None: no agent pod known."""
+        known = self._ctx.agent_pods.get(node)
+        return None if known is None else known.ready
+
+
+def _event(kind: EventType, body: dict[str, Any]) -> kopf.RawEvent:
+    """The watch event kopf would hand the operator's handler."""
+    return cast(kopf.RawEvent, {"type": kind, "object": body})
