@@ -204,11 +204,11 @@ def test_lists_merge_by_key_so_two_field_managers_can_apply() -> None:
         "spec.rules": (policy, ["name"]),
         "status.conditions ": (policy, ["type"]),
     }
-    for path, (schema, keys) in keyed.items():
+    for path, (schema, map_keys) in keyed.items():
         node = at(schema, path.strip())
         assert node["x-kubernetes-list-type"] == "map", path
-        assert node["x-kubernetes-list-map-keys"] == keys, path
-        assert set(keys) <= set(node["items"]["required"]), path
+        assert node["x-kubernetes-list-map-keys"] == map_keys, path
+        assert set(map_keys) <= set(node["items"]["required"]), path
 
 
 def python_fields(shape: Any) -> dict[str, Any]:
