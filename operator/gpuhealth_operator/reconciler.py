@@ -459,10 +459,12 @@ def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
             for name, gpunode in fresh.items()
         }
         for name, score in stragglers.judge_nodes(performance, threshold).items():
+            samples = ctx.straggler_samples[(policy.name, name)]
             ctx.stragglers[(policy.name, name)] = stragglers.windowed(
-                ctx.straggler_samples[(policy.name, name)],
+                samples,
                 score,
-                fresh[name].report_seen_at,  # a sample per report, by its receipt (issue 24)
+                # A sample per report, by its receipt (issue 24), once its score rests on a few reports.
+                fresh[name].report_seen_at if stragglers.settled(samples) else None,
                 now,
                 rules[0].for_seconds,
                 _heartbeat_seconds(fresh[name]),

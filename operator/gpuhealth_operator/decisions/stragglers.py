@@ -16,7 +16,8 @@ to its max clock, capped at 1. On one report the node's score is
 Smoothed. The timer judges each node on its reports of the last
 CLOCK_WINDOW_SAMPLES heartbeats (30 minutes at the agent's 300 s, `smoothed`):
 each GPU's median clock ratio over them, the node's score the minimum of those
-times (1 - the median throttle share). GPU Boost moves every busy GPU's clock
+times (1 - the median throttle share); its z-scores are evidence once it rests
+on SETTLED_SAMPLES reports (`settled`). GPU Boost moves every busy GPU's clock
 by several percent from report to report, so on one report a healthy node's
 slowest of eight GPUs sits about 1.4 jitters (5 %) below their typical clock,
 and a GPU that is really 13 % slow stood only ~8 % below its peers' scores: a
@@ -100,6 +101,8 @@ HOLD_SAMPLES: Final = 6
 """The hold covers at least this many heartbeats (the window, if longer)."""
 CLOCK_WINDOW_SAMPLES: Final = 6
 """The score is each GPU's median clock over the reports of this many heartbeats (`smoothed`)."""
+SETTLED_SAMPLES: Final = 3
+"""A node's score counts as evidence (a z-score in its window) once it rests on this many reports."""
 
 Cohort = tuple[str, str]
 """(GPU model, driver version)."""
@@ -193,6 +196,14 @@ def _score(window: Sequence[Clocks]) -> float | None:
     if not medians:
         return None
     return min(medians) * (1 - statistics.median(share for _, share in window))
+
+
+def settled(samples: Samples) -> bool:
+    """Whether the node's smoothed score rests on SETTLED_SAMPLES reports or more. A node back from an
+    idle stretch (or new) has a score of one or two reports, the minimum over GPUs of fewer samples than
+    its peers', so lower by GPU-Boost jitter alone: it counts among its peers, but its z-scores are not
+    evidence until it settles (the timer then gives `windowed` no sample time)."""
+    return len(samples.clocks) >= SETTLED_SAMPLES
 
 
 def smoothed(  # noqa: PLR0917 - one report's inputs

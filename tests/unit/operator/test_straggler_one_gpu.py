@@ -11,6 +11,7 @@ import asyncio
 import copy
 import datetime
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -34,9 +35,15 @@ def clock(rng: random.Random, factor: float = 1.0) -> int:
     return round(MAX_CLOCK * ratio / 15) * 15
 
 
-def flags_over_time(seed: int, slow_factor: float, peers: int = 4, rounds: int = 18) -> dict[str, list[bool]]:
+def flags_over_time(
+    seed: int,
+    slow_factor: float,
+    peers: int = 4,
+    rounds: int = 18,
+    idle: Callable[[int], bool] = lambda _: False,
+) -> dict[str, list[bool]]:
     """Each node's Straggler flag after each round of reports: `peers` healthy H200 nodes and `slow`,
-    whose GPU 0 runs at `slow_factor` of the others' clock."""
+    whose GPU 0 runs at `slow_factor` of the others' clock, idle in the rounds `idle` says."""
     rng = random.Random(seed)
     names = [f"h200-{i}" for i in range(peers)] + ["slow"]
     flags: dict[str, list[bool]] = {name: [] for name in names}
@@ -54,12 +61,14 @@ def flags_over_time(seed: int, slow_factor: float, peers: int = 4, rounds: int =
             node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": name}, "spec": {}}
             cluster.put_node(copy.deepcopy(node))
             await handlers.on_node({"type": "ADDED", "object": node}, memo=ctx)  # type: ignore[typeddict-item]
-        for _ in range(rounds):
+        for round_ in range(rounds):
             for name in names:
                 clocks = {
                     i: {"smClockMHz": clock(rng, slow_factor if name == "slow" and i == 0 else 1.0)}
                     for i in range(8)
                 }
+                if name == "slow" and idle(round_):
+                    clocks = {i: {"smClockMHz": 345, "utilizationPercent": 0} for i in range(8)}
                 status = gpunode_facts.agent_status(
                     model=H200, overrides=clocks, heartbeat=times.render(now[0]), heartbeat_seconds=HEARTBEAT
                 )
@@ -92,6 +101,15 @@ def test_a_15_percent_straggler_on_one_gpu_of_eight_in_a_cohort_of_five_is_flagg
 def test_a_cohort_of_healthy_jittering_nodes_flags_nobody(seed: int) -> None:
     flags = flags_over_time(seed, 1.0, peers=7, rounds=24)
     assert not any(any(f) for f in flags.values()), flags
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_healthy_node_back_from_idle_is_not_flagged_on_its_first_reports(seed: int) -> None:
+    """Back from an idle stretch longer than the clock window, a node's score rests on one or two reports
+    (the slowest of eight GPUs on fewer samples than its peers', lower by jitter alone): it is not
+    evidence until it rests on `stragglers.SETTLED_SAMPLES` (a false label of seed 110 before)."""
+    flags = flags_over_time(seed, 1.0, peers=7, rounds=40, idle=lambda r: r % 10 < 7)
+    assert not any(flags["slow"]), flags["slow"]
 
 
 def mig_facts(clock_mhz: int, reasons: list[str]) -> Any:
