@@ -114,7 +114,13 @@ def exposition(node: str, t: float) -> list[Any]:
     agent = metrics.AgentMetrics(registry)
     gpus = [gpu_status(node, i, t) for i in range(GPUS)]
     sample = types.SimpleNamespace(
-        time=t, gpus=gpus, expected_gpus=GPUS, errors=Counter(), duration_seconds=0.01, driver_version=None
+        time=t,
+        gpus=gpus,
+        nics=None,
+        expected_gpus=GPUS,
+        errors=Counter(),
+        duration_seconds=0.01,
+        driver_version=None,
     )
     agent.observe(sample)  # type: ignore[arg-type]  # the fields observe reads
     return list(registry.collect())
