@@ -435,3 +435,57 @@ def test_kubectl_get_gpunodes_shows_the_documented_columns(mission: Any) -> None
     # The short name works too, and -o json carries the same verdicts.
     short = json.loads(mission.cp.kubectl("get", "gn", sick, "-o", "json").stdout)
     assert short["status"]["action"] == "Drained"
+
+
+def test_nvlink_aer_and_nic_faults_reach_the_node_through_the_real_agent(mission: Any) -> None:
+    """Issue 27's facts end to end: the real agent (sim backend: pynvml's NVLink and fabric calls, a
+    sysfs tree the production reader reads) reports them, and the chart's operator acts on the Node."""
+    links, aer, nic, board = mission.add_nodes("links", "aer", "nic", "pcie-board")
+    mission.policy(
+        **policy_spec(
+            {"name": "nvlink", "condition": "NvLinkDegraded", "action": "Taint"},
+            {"name": "aer", "condition": "PcieErrors", "action": "Cordon"},
+            {"name": "nic", "condition": "NicDegraded", "action": "Label"},
+            maxUnavailable=4,
+        )
+    )
+    nics = [{"name": f"mlx5_{i}", "rateGbps": 400} for i in range(2)]
+    mission.start_agents(
+        {
+            links: scenario([{"after": "2s", "gpu": 4, "set": {"nvlinkLinksDown": 2}}]),
+            aer: scenario([{"after": "2s", "gpu": 6, "set": {"pcieAerFatal": 1}}]),
+            nic: yaml.safe_dump(
+                {
+                    **yaml.safe_load(HEALTHY),
+                    "nics": nics,
+                    "timeline": [{"after": "2s", "nic": "mlx5_1", "set": {"state": "DOWN", "linkDowned": 1}}],
+                },
+                sort_keys=False,
+            ),
+            board: scenario(defaults={"nvlinks": 0}),  # a PCIe board: no NVLink, no fabric
+        }
+    )
+
+    def tainted(name: str) -> str | None:
+        taints = mission.node(name)["spec"].get("taints") or []
+        return next((t.get("value") for t in taints if t["key"] == keys.UNHEALTHY_TAINT), None)
+
+    mission.wait(lambda: tainted(links) == "NvLinkDegraded", "NvLinkDegraded taint", ACTION_TIMEOUT_SECONDS)
+    mission.wait(lambda: mission.cordoned(aer), "the AER node cordoned", ACTION_TIMEOUT_SECONDS)
+    mission.wait(
+        lambda: "NicDegraded" in (mission.gpunode_status(nic).get("issues") or "").split(","),
+        "NicDegraded on the NIC node",
+        ACTION_TIMEOUT_SECONDS,
+    )
+    assert mission.labels(nic).get(keys.HEALTH_LABEL) == "degraded"
+    assert not mission.cordoned(links) and not mission.cordoned(nic), "taint and label rules cordon nothing"
+    assert "PcieErrors" in mission.gpunode_status(aer)["issues"].split(",")
+    assert {"NvLinkDegraded"} <= mission.reasons(links)
+    assert {"PcieErrors", "NodeCordoned"} <= mission.reasons(aer)
+    # The board without the features reports none of them and stays healthy.
+    status = mission.wait(
+        lambda: mission.gpunode_status(board).get("health") and mission.gpunode_status(board), "board"
+    )
+    assert status["health"] == vocabulary.Health.HEALTHY, status
+    assert all("nvlink" not in gpu and "fabric" not in gpu for gpu in status["gpus"]), status["gpus"][0]
+    assert not mission.cordoned(board) and tainted(board) is None
