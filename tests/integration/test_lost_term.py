@@ -48,12 +48,18 @@ def fleet(k8s: client.ApiClient) -> Iterator[operator_harness.Fleet]:
 def take_lease(api: client.ApiClient, name: str) -> None:
     """Another holder takes the Lease and never renews it (3 s): the operator's term ends."""
     coordination = client.CoordinationV1Api(api)
-    lease = coordination.read_namespaced_lease(name, "gpu-health")
-    now = datetime.datetime.now(datetime.UTC)
-    lease.spec.holder_identity = "someone-else"
-    lease.spec.lease_duration_seconds = 3
-    lease.spec.renew_time = now
-    coordination.replace_namespaced_lease(name, "gpu-health", lease)
+    for _ in range(20):  # the operator renews between our read and our write: 409, read again
+        lease = coordination.read_namespaced_lease(name, "gpu-health")
+        lease.spec.holder_identity = "someone-else"
+        lease.spec.lease_duration_seconds = 3
+        lease.spec.renew_time = datetime.datetime.now(datetime.UTC)
+        try:
+            coordination.replace_namespaced_lease(name, "gpu-health", lease)
+            return
+        except client.ApiException as error:
+            if error.status != 409:
+                raise
+    raise AssertionError(f"could not take Lease {name}: 20 conflicts with its holder's renewals")
 
 
 def node_patches(plane: controlplane.ControlPlane, since: datetime.datetime, node: str) -> list[str]:
