@@ -73,3 +73,21 @@ GPU_INDEX_LABEL: Final = f"{PREFIX}/gpu-index"
 """The isolated GPU's index on its node, as NVML numbers it."""
 GPU_UUID_LABEL: Final = f"{PREFIX}/gpu-uuid"
 """The isolated GPU's UUID (`GPU-…`, 40 characters, a valid label value)."""
+
+# Repair (`spec.repair`): state that a restarted or new leader resumes from, and the Jobs it runs.
+NEEDS_REPAIR_LABEL: Final = f"{PREFIX}/needs-repair"
+"""`manual`: repair retired the node; it stays cordoned until a human returns it."""
+NEEDS_REPAIR_MANUAL: Final = "manual"
+REPAIR_ANNOTATION: Final = f"{PREFIX}/repair"
+"""On a Node: JSON of the repair cycle in progress (policy, cycle, step, phase, since, GPUs, bootId);
+absent when no repair runs. Written before a step's Job is created, so a new leader derives its name."""
+REPAIR_ACTION_LABEL: Final = f"{PREFIX}/repair-action"
+"""On a repair Job and its pods: `ResetGPU`, `RebootNode` or `Validation`."""
+REPAIR_CYCLE_LABEL: Final = f"{PREFIX}/repair-cycle"
+"""On a repair Job and its pods: the node's repair cycle number."""
+REPAIR_NODE_ENV: Final = "GPUHEALTH_NODE"
+"""Environment variable in every container of a repair Job: the node's name."""
+REPAIR_GPUS_ENV: Final = "GPUHEALTH_GPU_UUIDS"
+"""Environment variable in every container of a repair Job: the step's GPU UUIDs, comma-separated
+(all the node's GPUs for RebootNode and Validation). Commands use it as `$(GPUHEALTH_GPU_UUIDS)`."""
+REPAIR_ACTION_ENV: Final = "GPUHEALTH_REPAIR_ACTION"

@@ -5,6 +5,7 @@ the cluster and serialise without ceremony.
 """
 
 import enum
+from typing import Final
 
 
 class Condition(enum.StrEnum):
@@ -175,6 +176,12 @@ class NodeAction(enum.StrEnum):
     """A fire drill runs on the node (GPUNode annotation `gpuhealth.io/drill`): said, not done."""
     ISOLATED = "Isolated"
     """GPUs of the node are isolated by DeviceTaintRules; the node itself stays schedulable."""
+    REPAIRING = "Repairing"
+    """A repair step (`spec.repair.steps`) runs on the drained node, or its effect is awaited."""
+    VALIDATING = "Validating"
+    """The repaired node's validation Job runs; a pass returns it to service at once."""
+    RETIRED = "Retired"
+    """Repair gave up (no step left, or too many cycles): cordoned with `gpuhealth.io/needs-repair=manual`."""
 
 
 class EventReason(enum.StrEnum):
@@ -200,6 +207,44 @@ class EventReason(enum.StrEnum):
     """A topology domain (`spec.topology.domains`) has too many Unhealthy nodes: its nodes are marked."""
     DOMAIN_RECOVERED = "DomainRecovered"
     """A degraded topology domain was below its threshold for recovery.healthyForSeconds: marks lifted."""
+    REPAIR_STARTED = "RepairStarted"
+    """A repair step's Job was created (names the step, its action and the GPUs)."""
+    REPAIR_SUCCEEDED = "RepairSucceeded"
+    """A repair cycle ended with a passed validation: the node is back in service."""
+    REPAIR_FAILED = "RepairFailed"
+    """A step failed (Job failed, could not be created, timed out, or its effect was not seen)."""
+    VALIDATION_PASSED = "ValidationPassed"
+    VALIDATION_FAILED = "ValidationFailed"
+    NODE_RETIRED = "NodeRetired"
+    """Repair gave up on the node: it stays cordoned with `gpuhealth.io/needs-repair=manual`."""
+
+
+class RepairAction(enum.StrEnum):
+    """`spec.repair.steps[].action`: what a repair step does (each runs as a Job on the node)."""
+
+    RESET_GPU = "ResetGPU"
+    """Reset the faulty GPUs only (`nvidia-smi --gpu-reset -i UUID`); effect: their volatile counters and
+    XIDs read clean in the agent's next report."""
+    REBOOT_NODE = "RebootNode"
+    """Reboot through the host; effect: the agent reports a new `bootId`."""
+
+
+VALIDATION_JOB: Final = "Validation"
+"""The template key (and Job label value) of the validation that follows a successful step."""
+
+
+class RepairResult(enum.StrEnum):
+    """`status.repairs[].result` on a GPUNode."""
+
+    STARTED = "Started"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    TIMED_OUT = "TimedOut"
+    NO_EFFECT = "NoEffect"
+    CANCELLED = "Cancelled"
+    VALIDATION_PASSED = "ValidationPassed"
+    VALIDATION_FAILED = "ValidationFailed"
+    RETIRED = "Retired"
 
 
 class AgentErrorReason(enum.StrEnum):
