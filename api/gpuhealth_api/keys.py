@@ -91,3 +91,16 @@ REPAIR_GPUS_ENV: Final = "GPUHEALTH_GPU_UUIDS"
 """Environment variable in every container of a repair Job: the step's GPU UUIDs, comma-separated
 (all the node's GPUs for RebootNode and Validation). Commands use it as `$(GPUHEALTH_GPU_UUIDS)`."""
 REPAIR_ACTION_ENV: Final = "GPUHEALTH_REPAIR_ACTION"
+
+# The operator's bookkeeping on a Node it cordoned (with CORDONED_BY_ANNOTATION).
+DRAIN_STARTED_ANNOTATION: Final = f"{PREFIX}/drain-started"
+"""RFC 3339 time our drain of the node began; the drain timeout survives operator restarts."""
+CORDONED_AT_ANNOTATION: Final = f"{PREFIX}/cordoned-at"
+"""RFC 3339 time of our cordon, written with it: the cordon's identity, which its Events announce once
+(and which a human's re-cordon leaves in place)."""
+
+NODE_FLAG_LABELS: Final = (STRAGGLER_LABEL, THERMAL_LABEL)
+"""The labels that say "true" while their condition holds (a fired Label-or-stronger rule)."""
+OPERATOR_LABELS: Final = (HEALTH_LABEL, *NODE_FLAG_LABELS, DOMAIN_DEGRADED_LABEL)
+"""The Node labels the operator owns and sets or removes by itself, in the order reports list them
+(not `NEEDS_REPAIR_LABEL`, which a human removes, nor `EXCLUDE_LABEL`, which a human sets)."""
