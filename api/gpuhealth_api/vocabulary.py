@@ -276,3 +276,36 @@ GPU_RECOVERY_ACTIONS: frozenset[RecoveryAction] = frozenset(
 Every other action but None is node-wide: a reboot of the node or system, a recovery of the IMEX
 domain, or a drain of peer-to-peer traffic (DrainP2P, DrainAndReset: every process that talks to
 the GPU over P2P must stop, on whichever GPU it runs), so isolating one GPU does not cure it."""
+
+
+class PolicyConditionType(enum.StrEnum):
+    """`status.conditions[].type` on a GPUHealthPolicy."""
+
+    READY = "Ready"
+    """True when the spec was accepted (reasons ACCEPTED / INVALID_SPEC)."""
+    PAUSED = "Paused"
+    """True while the fleet circuit breaker holds new disruptions back (FAULT_STORM / HALF_OPEN /
+    BREAKER_CLOSED)."""
+    GPU_ISOLATION = "GPUIsolation"
+    """A policy with IsolateGPU: whether GPUs are isolated by DeviceTaintRules or fall back to the node
+    ladder (DRY_RUN / NOT_PROBED / PROBE_FAILED / PROBE_TIMED_OUT / DEVICE_TAINT_RULES /
+    NODE_LADDER_FALLBACK)."""
+
+
+class PolicyConditionReason(enum.StrEnum):
+    """`status.conditions[].reason` on a GPUHealthPolicy (the type each belongs to in the comments)."""
+
+    # Ready
+    ACCEPTED = "Accepted"
+    INVALID_SPEC = "InvalidSpec"
+    # Paused
+    FAULT_STORM = "FaultStorm"
+    HALF_OPEN = "HalfOpen"
+    BREAKER_CLOSED = "BreakerClosed"
+    # GPUIsolation
+    DRY_RUN = "DryRun"
+    NOT_PROBED = "NotProbed"
+    PROBE_FAILED = "ProbeFailed"
+    PROBE_TIMED_OUT = "ProbeTimedOut"
+    DEVICE_TAINT_RULES = "DeviceTaintRules"
+    NODE_LADDER_FALLBACK = "NodeLadderFallback"
