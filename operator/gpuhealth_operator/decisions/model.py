@@ -64,6 +64,30 @@ class Topology:
 
 
 @dataclasses.dataclass(frozen=True)
+class RepairStep:
+    """`spec.repair.steps[]`: one repair step, run as a Job on the node from its action's template."""
+
+    name: str
+    action: vocabulary.RepairAction
+    timeout_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RepairSpec:
+    """`spec.repair`: the steps tried in order on a node the policy cordoned and drained, then validation."""
+
+    steps: tuple[RepairStep, ...]
+    validation_timeout_seconds: float | None = None
+    """None: no validation Job (a successful step returns the node after recovery.healthyForSeconds)."""
+    validation_new_nodes: bool = False
+    max_concurrent: int | str = 1
+    """Repairs in progress at once, all policies together: an int, or a percent string of the policy's
+    selected GPU nodes (rounded down, at least 1)."""
+    max_attempts: int = 3
+    attempt_window_seconds: float = 604800.0
+
+
+@dataclasses.dataclass(frozen=True)
 class Policy:
     name: str
     generation: int = 0
@@ -91,6 +115,8 @@ class Policy:
     breaker_window_seconds: float = 600.0
     topology: Topology = Topology()
     """`spec.topology`: per-domain budgets (on top of max_unavailable) and domain actions."""
+    repair: RepairSpec | None = None
+    """`spec.repair`: None (omitted) keeps a drained node cordoned until recovery.healthyForSeconds."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,7 +30,9 @@ _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _SELECTOR_OPERATORS: Final = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
 _STALE_ACTIONS: Final = frozenset({vocabulary.Action.EVENT, vocabulary.Action.LABEL})
 """Missing data is never a reason to disrupt a node (the CRD enforces the same)."""
-_E = TypeVar("_E", vocabulary.Condition, vocabulary.Action, vocabulary.IsolationEffect)
+_E = TypeVar(
+    "_E", vocabulary.Condition, vocabulary.Action, vocabulary.IsolationEffect, vocabulary.RepairAction
+)
 DEFAULT_MAX_GPUS_PER_NODE: Final = 2
 MAX_GPUS_PER_NODE_LIMIT: Final = 64
 """The CRD's maximum for spec.isolation.maxGPUsPerNode."""
@@ -93,6 +95,7 @@ def parse_policy(name: str, generation: int, spec: Mapping[str, Any]) -> model.P
             integer=True,
         ),
         topology=_topology(spec.get("topology")),
+        repair=_repair(spec.get("repair")),
     )
 
 
@@ -272,6 +275,75 @@ def _topology(value: object) -> model.Topology:
             )
         )
     return model.Topology(budgets=tuple(budgets), domains=tuple(domains))
+
+
+DEFAULT_STEP_TIMEOUTS: Final[Mapping[vocabulary.RepairAction, float]] = {
+    vocabulary.RepairAction.RESET_GPU: 300.0,
+    vocabulary.RepairAction.REBOOT_NODE: 1800.0,
+}
+DEFAULT_VALIDATION_TIMEOUT: Final = 900.0
+MAX_REPAIR_STEPS: Final = 4
+_STEP_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def _repair(value: object) -> model.RepairSpec | None:
+    """`spec.repair`; None when omitted (today's behaviour: no repair)."""
+    if value is None:
+        return None
+    raw = _mapping(value, "spec.repair")
+    items = raw.get("steps")
+    if not isinstance(items, Sequence) or isinstance(items, str) or not items:
+        raise ValueError("spec.repair.steps: required, a list of 1 to 4 steps")
+    if len(items) > MAX_REPAIR_STEPS:
+        raise ValueError(f"spec.repair.steps: must have at most {MAX_REPAIR_STEPS} items")
+    steps: list[model.RepairStep] = []
+    for i, item in enumerate(items):
+        where = f"spec.repair.steps[{i}]"
+        entry = _mapping(item, where)
+        name = entry.get("name")
+        if not isinstance(name, str) or not _STEP_NAME.match(name):
+            raise ValueError(f"{where}.name: required, a lowercase DNS label like 'reset', got {name!r}")
+        if any(s.name == name for s in steps):
+            raise ValueError(f"{where}.name: duplicate name {name!r}")
+        action = _enum(vocabulary.RepairAction, entry.get("action"), f"{where}.action")
+        timeout = _number(
+            entry.get("timeoutSeconds", DEFAULT_STEP_TIMEOUTS[action]),
+            f"{where}.timeoutSeconds",
+            minimum=1,
+            integer=True,
+        )
+        steps.append(model.RepairStep(name=name, action=action, timeout_seconds=timeout))
+    validation: float | None = None
+    new_nodes = False
+    if raw.get("validation") is not None:
+        checks = _mapping(raw.get("validation"), "spec.repair.validation")
+        validation = _number(
+            checks.get("timeoutSeconds", DEFAULT_VALIDATION_TIMEOUT),
+            "spec.repair.validation.timeoutSeconds",
+            minimum=1,
+            integer=True,
+        )
+        new_nodes = _boolean(checks.get("newNodes", False), "spec.repair.validation.newNodes")
+    return model.RepairSpec(
+        steps=tuple(steps),
+        validation_timeout_seconds=validation,
+        validation_new_nodes=new_nodes,
+        max_concurrent=_max_unavailable(raw.get("maxConcurrent", 1), "spec.repair.maxConcurrent"),
+        max_attempts=int(
+            _number(raw.get("maxAttempts", 3), "spec.repair.maxAttempts", minimum=1, integer=True)
+        ),
+        attempt_window_seconds=_number(
+            raw.get("attemptWindowSeconds", 604800),
+            "spec.repair.attemptWindowSeconds",
+            minimum=60,
+            integer=True,
+        ),
+    )
+
+
+def resolve_max_concurrent(spec: model.RepairSpec, selected_count: int) -> int:
+    """`spec.repair.maxConcurrent` in nodes: an int, or a percent of the selected GPU nodes; at least 1."""
+    return _resolve_budget(spec.max_concurrent, selected_count)
 
 
 def _list(value: object, where: str) -> Sequence[object]:

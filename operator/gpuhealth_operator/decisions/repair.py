@@ -1,0 +1,363 @@
+"""Repair (`spec.repair`): the pure part of the cycle drained → step → effect → validation → return or retire.
+
+No I/O: `repairing` reads the cluster (the Node's repair annotation, the step's Job, the agent's report,
+GPUNode `status.repairs[]`) into the plain values here, asks what comes next, and does it.
+
+The state of a cycle in progress lives on the Node (`keys.REPAIR_ANNOTATION`, JSON), written before a
+step's Job is created; with the deterministic Job name (`job_name`) a restarted or new leader finds the
+Job it would create and adopts it instead of starting a second one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from gpuhealth_api import vocabulary
+from gpuhealth_operator.decisions import model, times
+
+RepairAction = vocabulary.RepairAction
+Result = vocabulary.RepairResult
+
+HISTORY_LIMIT: Final = 20
+"""GPUNode `status.repairs[]` keeps the last this many entries."""
+JOB_PREFIX: Final = "gpuhealth-repair-"
+NODE_PART: Final = 28
+MAX_NAME: Final = 63
+REBOOT_GRACE_SECONDS: Final = 30.0
+"""A failed RebootNode Job fails its step once the agent reports this long after it without a new boot."""
+
+
+class Phase(enum.StrEnum):
+    STEP = "step"
+    VALIDATE = "validate"
+
+
+@dataclasses.dataclass(frozen=True)
+class State:
+    """The cycle in progress on a node (the Node annotation)."""
+
+    policy: str
+    cycle: int
+    step: int
+    """Index into `spec.repair.steps` of the step running, or validated (phase validate)."""
+    phase: Phase
+    since: datetime.datetime
+    """When this phase began (its Job's creation): its timeout counts from here."""
+    gpus: tuple[str, ...]
+    boot_id: str | None
+    """The agent's bootId when the step began: a RebootNode's effect is another one."""
+    job: str
+    started: datetime.datetime | None = None
+    """When the cycle began (its first step), for the cycle's duration."""
+
+
+def parse(text: str | None) -> State | None:
+    """The annotation's state; None when absent or unreadable (a hand-edited value is not trusted)."""
+    if not text:
+        return None
+    try:
+        raw = json.loads(text)
+        since = times.parse(raw["since"])
+        if since is None or not isinstance(raw["policy"], str) or not isinstance(raw["job"], str):
+            return None
+        cycle, step = raw["cycle"], raw["step"]
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in (cycle, step)):
+            return None
+        gpus = raw.get("gpus") or []
+        if not isinstance(gpus, list) or not all(isinstance(g, str) for g in gpus):
+            return None
+        boot_id = raw.get("bootId")
+        return State(
+            policy=raw["policy"],
+            cycle=cycle,
+            step=step,
+            phase=Phase(raw["phase"]),
+            since=since,
+            gpus=tuple(gpus),
+            boot_id=boot_id if isinstance(boot_id, str) and boot_id else None,
+            job=raw["job"],
+            started=times.parse(raw.get("started")) or since,
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def render(state: State) -> str:
+    body: dict[str, Any] = {
+        "policy": state.policy,
+        "cycle": state.cycle,
+        "step": state.step,
+        "phase": state.phase.value,
+        "since": times.render(state.since),
+        "gpus": list(state.gpus),
+        "bootId": state.boot_id or "",
+        "job": state.job,
+        "started": times.render(state.started or state.since),
+    }
+    return json.dumps(body, separators=(",", ":"))
+
+
+def job_name(node: str, cycle: int, step: int, *, validation: bool = False) -> str:
+    """`gpuhealth-repair-<node[:28]>-<sha1(node)[:6]>-c<cycle>-<step|v<step>>`: deterministic, <= 63.
+
+    The node part is lowercased with dots as dashes (a Job name is a label value of its pods); the hash
+    keeps two long node names with the same first 28 characters apart.
+    """
+    digest = hashlib.sha1(node.encode(), usedforsecurity=False).hexdigest()[:6]
+    tail = f"-{digest}-c{cycle}-{'v' if validation else ''}{step}"
+    room = MAX_NAME - len(JOB_PREFIX) - len(tail)
+    part = node.lower().replace(".", "-")[: max(0, min(NODE_PART, room))].strip("-")
+    name = f"{JOB_PREFIX}{part}{tail}" if part else f"{JOB_PREFIX.rstrip('-')}{tail}"
+    return name[:MAX_NAME]
+
+
+def next_step(spec: model.RepairSpec, start: int, gpus: Sequence[str]) -> int | None:
+    """The first step at or after `start` that applies: ResetGPU only with faulty GPU UUIDs known."""
+    for index in range(start, len(spec.steps)):
+        if spec.steps[index].action is RepairAction.RESET_GPU and not gpus:
+            continue
+        return index
+    return None
+
+
+# --- may a cycle start -------------------------------------------------------------------------------
+
+
+def cycles_in_window(
+    history: Sequence[Mapping[str, Any]], now: datetime.datetime, window_seconds: float
+) -> int:
+    """Repair cycles started within the window: distinct cycle numbers of entries dated in it."""
+    since = now - datetime.timedelta(seconds=window_seconds)
+    cycles: set[int] = set()
+    for entry in history:
+        when = times.parse(entry.get("time"))
+        cycle = entry.get("cycle")
+        if when is None or not isinstance(cycle, int) or entry.get("result") == Result.RETIRED:
+            continue
+        if when >= since:
+            cycles.add(cycle)
+    return len(cycles)
+
+
+def next_cycle(history: Sequence[Mapping[str, Any]]) -> int:
+    """One more than the highest cycle in the history (1 for the first)."""
+    known = [e.get("cycle") for e in history]
+    return max((c for c in known if isinstance(c, int) and not isinstance(c, bool)), default=0) + 1
+
+
+class Start(enum.StrEnum):
+    GO = "go"
+    WAIT = "wait"
+    """maxConcurrent repairs are in progress: the node waits, drained."""
+    RETIRE = "retire"
+    """maxAttempts cycles within the window already: one more fault retires the node."""
+    NOTHING = "nothing"
+    """No step applies (only ResetGPU steps, no faulty GPU known): retire too, said differently."""
+
+
+def may_start(
+    spec: model.RepairSpec,
+    *,
+    history: Sequence[Mapping[str, Any]],
+    in_progress: int,
+    limit: int,
+    gpus: Sequence[str],
+    now: datetime.datetime,
+) -> Start:
+    """Whether a new cycle may start on a drained faulty node (the caller checked everything else)."""
+    if cycles_in_window(history, now, spec.attempt_window_seconds) >= spec.max_attempts:
+        return Start.RETIRE
+    if next_step(spec, 0, gpus) is None:
+        return Start.NOTHING
+    if in_progress >= limit:
+        return Start.WAIT
+    return Start.GO
+
+
+# --- observing a Job and the agent's report ---------------------------------------------------------
+
+
+class JobPhase(enum.StrEnum):
+    ACTIVE = "active"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    MISSING = "missing"
+
+
+@dataclasses.dataclass(frozen=True)
+class JobView:
+    phase: JobPhase
+    finished_at: datetime.datetime | None = None
+    message: str = ""
+
+
+def job_view(body: Mapping[str, Any] | None) -> JobView:
+    """A Job as the decision needs it: running, succeeded or failed (and when, why), or gone."""
+    if body is None:
+        return JobView(JobPhase.MISSING, message="the Job is gone")
+    status = body.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("status") != "True":
+            continue
+        kind = condition.get("type")
+        when = times.parse(condition.get("lastTransitionTime"))
+        if kind == "Complete":
+            return JobView(JobPhase.SUCCEEDED, times.parse(status.get("completionTime")) or when)
+        if kind == "Failed":
+            why = condition.get("message") or condition.get("reason") or "the Job failed"
+            return JobView(JobPhase.FAILED, when, str(why))
+    return JobView(JobPhase.ACTIVE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """The agent's latest report as far as repair reads it."""
+
+    seen_at: datetime.datetime | None
+    """When the operator saw it (its clock)."""
+    boot_id: str | None
+    fault_gone: bool
+    """Its verdict no longer wants Cordon/Drain (and is not Unknown)."""
+
+
+class Outcome(enum.StrEnum):
+    WAIT = "wait"
+    EFFECT = "effect"
+    """The step worked: validate (or return the node)."""
+    FAILED = "failed"
+    """The step failed (`Transition.result` says how): the next step, or retire."""
+    PASSED = "passed"
+    """The validation passed: the node returns to service."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Transition:
+    outcome: Outcome
+    result: Result | None = None
+    message: str = ""
+
+
+WAIT: Final = Transition(Outcome.WAIT)
+
+
+def observe_step(
+    state: State, step: model.RepairStep, job: JobView, report: Report, now: datetime.datetime
+) -> Transition:
+    """What a running step's Job and the agent's report mean now."""
+    reboot = step.action is RepairAction.REBOOT_NODE
+    rebooted = (
+        reboot
+        and report.boot_id is not None
+        and report.boot_id != state.boot_id
+        and report.seen_at is not None
+        and report.seen_at > state.since
+    )
+    if rebooted:  # the node came back: the Job's pod died with it, its outcome does not matter
+        if report.fault_gone:
+            return Transition(
+                Outcome.EFFECT, Result.SUCCEEDED, f"the node rebooted (bootId {report.boot_id})"
+            )
+        return Transition(
+            Outcome.FAILED,
+            Result.NO_EFFECT,
+            f"the node rebooted (bootId {report.boot_id}) but the fault stays",
+        )
+    if job.phase is JobPhase.FAILED and not reboot:
+        return Transition(Outcome.FAILED, Result.FAILED, f"Job {state.job} failed: {job.message}")
+    if job.phase is JobPhase.MISSING:
+        return Transition(Outcome.FAILED, Result.FAILED, f"Job {state.job} is gone (deleted by someone else)")
+    if job.phase is JobPhase.SUCCEEDED and not reboot:
+        done = job.finished_at or state.since
+        if report.seen_at is not None and report.seen_at > done:
+            if report.fault_gone:
+                return Transition(Outcome.EFFECT, Result.SUCCEEDED, "the agent reports the fault gone")
+            return Transition(
+                Outcome.FAILED, Result.NO_EFFECT, "the Job succeeded but the agent still reports the fault"
+            )
+    if (
+        job.phase is JobPhase.FAILED
+        and reboot
+        and report.seen_at is not None
+        and report.seen_at - (job.finished_at or state.since)
+        >= datetime.timedelta(seconds=REBOOT_GRACE_SECONDS)
+    ):  # a reboot's pod may die failed with its node; a report well after that, same boot, says it did not
+        return Transition(
+            Outcome.FAILED,
+            Result.FAILED,
+            f"Job {state.job} failed and the node did not reboot: {job.message}",
+        )
+    if times.seconds_between(state.since, now) >= step.timeout_seconds:
+        return Transition(
+            Outcome.FAILED,
+            Result.TIMED_OUT,
+            f"no effect seen within {step.timeout_seconds:g}s"
+            + (" (no new bootId)" if reboot else " (no agent report without the fault after the Job)"),
+        )
+    return WAIT
+
+
+def observe_validation(
+    state: State, timeout_seconds: float, job: JobView, now: datetime.datetime
+) -> Transition:
+    """What the running validation Job means now."""
+    if job.phase is JobPhase.SUCCEEDED:
+        return Transition(Outcome.PASSED, Result.VALIDATION_PASSED, f"validation Job {state.job} succeeded")
+    if job.phase is JobPhase.FAILED:
+        return Transition(
+            Outcome.FAILED, Result.VALIDATION_FAILED, f"validation Job {state.job} failed: {job.message}"
+        )
+    if job.phase is JobPhase.MISSING:
+        return Transition(
+            Outcome.FAILED,
+            Result.VALIDATION_FAILED,
+            f"validation Job {state.job} is gone (deleted by someone else)",
+        )
+    if times.seconds_between(state.since, now) >= timeout_seconds:
+        return Transition(
+            Outcome.FAILED, Result.VALIDATION_FAILED, f"validation did not finish within {timeout_seconds:g}s"
+        )
+    return WAIT
+
+
+# --- history -----------------------------------------------------------------------------------------
+
+
+def entry(
+    now: datetime.datetime,
+    *,
+    cycle: int,
+    step: str,
+    action: str,
+    gpus: Sequence[str],
+    result: Result,
+    message: str,
+) -> dict[str, Any]:
+    """One `status.repairs[]` item."""
+    return {
+        "time": times.render(now),
+        "cycle": cycle,
+        "step": step,
+        "action": action,
+        "gpus": list(gpus)[:64],
+        "result": result.value,
+        "message": message[:4096],
+    }
+
+
+def with_entry(history: Sequence[Mapping[str, Any]], item: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The history with `item` appended, the last HISTORY_LIMIT kept."""
+    return [dict(e) for e in [*history, item]][-HISTORY_LIMIT:]
+
+
+def gpu_words(indexed: Sequence[tuple[int | None, str]]) -> str:
+    """`GPU 3 (GPU-…)`, `GPUs 1 (GPU-…), 3 (GPU-…)`; `all GPUs` when none is named."""
+    if not indexed:
+        return "all GPUs"
+    named = ", ".join(f"{i} ({u})" if i is not None else u for i, u in indexed)
+    return f"GPU {named}" if len(indexed) == 1 else f"GPUs {named}"

@@ -1,0 +1,338 @@
+"""#26 repair: the pure cycle (decisions.repair) and `spec.repair` parsing, without a cluster."""
+
+from __future__ import annotations
+
+import datetime
+import re
+
+import pytest
+
+from gpuhealth_api import vocabulary
+from gpuhealth_operator.decisions import model, policies, repair
+
+RepairAction = vocabulary.RepairAction
+Result = vocabulary.RepairResult
+T0 = datetime.datetime(2026, 11, 26, 12, 0, tzinfo=datetime.UTC)
+
+
+def _at(seconds: float) -> datetime.datetime:
+    return T0 + datetime.timedelta(seconds=seconds)
+
+
+_PARSED = policies.parse_policy(
+    "p",
+    1,
+    {
+        "repair": {
+            "steps": [{"name": "reset", "action": "ResetGPU"}, {"name": "reboot", "action": "RebootNode"}],
+            "validation": {},
+        }
+    },
+).repair
+assert _PARSED is not None
+SPEC: model.RepairSpec = _PARSED
+RESET, REBOOT = SPEC.steps
+
+
+def _state(step: int = 0, phase: repair.Phase = repair.Phase.STEP, boot: str | None = "b1") -> repair.State:
+    return repair.State(
+        policy="p", cycle=1, step=step, phase=phase, since=T0, gpus=("GPU-a",), boot_id=boot, job="j"
+    )
+
+
+# --- spec.repair parsing ------------------------------------------------------------------------------
+
+
+def test_repair_omitted_is_none() -> None:
+    assert policies.parse_policy("p", 1, {}).repair is None
+
+
+def test_repair_defaults() -> None:
+    assert SPEC.steps == (
+        model.RepairStep("reset", RepairAction.RESET_GPU, 300.0),
+        model.RepairStep("reboot", RepairAction.REBOOT_NODE, 1800.0),
+    )
+    assert SPEC.validation_timeout_seconds == 900.0
+    assert not SPEC.validation_new_nodes
+    assert (SPEC.max_concurrent, SPEC.max_attempts, SPEC.attempt_window_seconds) == (1, 3, 604800.0)
+    bare = policies.parse_policy(
+        "p", 1, {"repair": {"steps": [{"name": "r", "action": "RebootNode"}]}}
+    ).repair
+    assert bare is not None and bare.validation_timeout_seconds is None  # no validation Job
+
+
+def test_repair_explicit_values() -> None:
+    spec = policies.parse_policy(
+        "p",
+        1,
+        {
+            "repair": {
+                "steps": [{"name": "reset", "action": "ResetGPU", "timeoutSeconds": 5}],
+                "validation": {"timeoutSeconds": 10, "newNodes": True},
+                "maxConcurrent": "20%",
+                "maxAttempts": 1,
+                "attemptWindowSeconds": 3600,
+            }
+        },
+    ).repair
+    assert spec is not None
+    assert spec.steps[0].timeout_seconds == 5.0
+    assert (spec.validation_timeout_seconds, spec.validation_new_nodes) == (10.0, True)
+    assert (spec.max_concurrent, spec.max_attempts, spec.attempt_window_seconds) == ("20%", 1, 3600.0)
+    assert policies.resolve_max_concurrent(spec, 10) == 2
+    assert policies.resolve_max_concurrent(spec, 3) == 1  # rounded down, at least 1
+
+
+@pytest.mark.parametrize(
+    ("repair_spec", "field"),
+    [
+        ({}, "spec.repair.steps"),
+        ({"steps": []}, "spec.repair.steps"),
+        ({"steps": [{"name": f"s{i}", "action": "ResetGPU"} for i in range(5)]}, "spec.repair.steps"),
+        ({"steps": [{"name": "Reset", "action": "ResetGPU"}]}, "spec.repair.steps[0].name"),
+        ({"steps": [{"action": "ResetGPU"}]}, "spec.repair.steps[0].name"),
+        (
+            {"steps": [{"name": "a", "action": "ResetGPU"}, {"name": "a", "action": "RebootNode"}]},
+            "spec.repair.steps[1].name",
+        ),
+        ({"steps": [{"name": "a", "action": "Pray"}]}, "spec.repair.steps[0].action"),
+        (
+            {"steps": [{"name": "a", "action": "ResetGPU", "timeoutSeconds": 0}]},
+            "spec.repair.steps[0].timeoutSeconds",
+        ),
+        ({"steps": [{"name": "a", "action": "ResetGPU"}], "maxConcurrent": 0}, "spec.repair.maxConcurrent"),
+        ({"steps": [{"name": "a", "action": "ResetGPU"}], "maxAttempts": 0}, "spec.repair.maxAttempts"),
+        (
+            {"steps": [{"name": "a", "action": "ResetGPU"}], "attemptWindowSeconds": 59},
+            "spec.repair.attemptWindowSeconds",
+        ),
+        (
+            {"steps": [{"name": "a", "action": "ResetGPU"}], "validation": {"timeoutSeconds": 0}},
+            "spec.repair.validation.timeoutSeconds",
+        ),
+        (
+            {"steps": [{"name": "a", "action": "ResetGPU"}], "validation": {"newNodes": "yes"}},
+            "spec.repair.validation.newNodes",
+        ),
+        ("steps", "spec.repair"),
+    ],
+)
+def test_invalid_repair_names_the_field(repair_spec: object, field: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{re.escape(field)}:"):
+        policies.parse_policy("p", 1, {"repair": repair_spec})
+
+
+# --- the annotation -----------------------------------------------------------------------------------
+
+
+def test_state_round_trips() -> None:
+    state = repair.State(
+        policy="p",
+        cycle=3,
+        step=1,
+        phase=repair.Phase.VALIDATE,
+        since=_at(5),
+        gpus=("GPU-a", "GPU-b"),
+        boot_id="boot-1",
+        job="gpuhealth-repair-x",
+        started=T0,
+    )
+    assert repair.parse(repair.render(state)) == state
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        None,
+        "",
+        "{",
+        "[]",
+        '{"policy": "p"}',
+        '{"policy":"p","cycle":-1,"step":0,"phase":"step","since":"2026-11-26T12:00:00Z","job":"j"}',
+        '{"policy":"p","cycle":1,"step":0,"phase":"nap","since":"2026-11-26T12:00:00Z","job":"j"}',
+    ],
+)
+def test_unreadable_state_is_none(text: str | None) -> None:
+    assert repair.parse(text) is None
+
+
+# --- job names ----------------------------------------------------------------------------------------
+
+
+def test_job_name_is_deterministic_and_short() -> None:
+    name = repair.job_name("gpu-node-0001", 2, 1)
+    assert name == repair.job_name("gpu-node-0001", 2, 1)
+    assert re.fullmatch(r"gpuhealth-repair-gpu-node-0001-[0-9a-f]{6}-c2-1", name)
+    assert repair.job_name("gpu-node-0001", 2, 1, validation=True).endswith("-c2-v1")
+    long_a = "ip-10-0-12-34.us-west-2.compute.internal.example.com"
+    long_b = long_a.replace("example", "elpmaxe")
+    for node in (long_a, long_b, "A" * 253):
+        made = repair.job_name(node, 123456, 3, validation=True)
+        assert len(made) <= 63
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", made), made
+    assert repair.job_name(long_a, 1, 0) != repair.job_name(long_b, 1, 0)  # same first 28: the hash differs
+
+
+# --- steps and starting -------------------------------------------------------------------------------
+
+
+def test_reset_is_skipped_without_faulty_gpus() -> None:
+    assert repair.next_step(SPEC, 0, ["GPU-a"]) == 0
+    assert repair.next_step(SPEC, 0, []) == 1
+    assert repair.next_step(SPEC, 1, ["GPU-a"]) == 1
+    assert repair.next_step(SPEC, 2, ["GPU-a"]) is None
+
+
+def _history(*cycles_at: tuple[int, float]) -> list[dict[str, object]]:
+    return [
+        repair.entry(
+            _at(t), cycle=c, step="reset", action="ResetGPU", gpus=[], result=Result.STARTED, message=""
+        )
+        for c, t in cycles_at
+    ]
+
+
+def test_may_start_go_wait_retire() -> None:
+    now = _at(1000)
+    kwargs = {"in_progress": 0, "limit": 1, "gpus": ["GPU-a"], "now": now}
+    assert repair.may_start(SPEC, history=[], **kwargs) is repair.Start.GO  # type: ignore[arg-type]
+    assert repair.may_start(SPEC, history=[], **{**kwargs, "in_progress": 1}) is repair.Start.WAIT  # type: ignore[arg-type]
+    three = _history((1, 0), (1, 10), (2, 100), (3, 200))
+    assert repair.may_start(SPEC, history=three, **kwargs) is repair.Start.RETIRE  # type: ignore[arg-type]
+    # cycles older than the window do not count
+    old = _history((1, -700000), (2, 100), (3, 200))
+    assert repair.cycles_in_window(old, now, SPEC.attempt_window_seconds) == 2
+    assert repair.may_start(SPEC, history=old, **kwargs) is repair.Start.GO  # type: ignore[arg-type]
+    assert repair.next_cycle(old) == 4
+    assert repair.next_cycle([]) == 1
+    only_reset = model.RepairSpec(steps=(RESET,))
+    assert repair.may_start(only_reset, history=[], **{**kwargs, "gpus": []}) is repair.Start.NOTHING  # type: ignore[arg-type]
+
+
+# --- observing ----------------------------------------------------------------------------------------
+
+
+def _job(phase: repair.JobPhase, at: float | None = None) -> repair.JobView:
+    return repair.JobView(phase, _at(at) if at is not None else None, "BackoffLimitExceeded")
+
+
+def _report(at: float | None, boot: str | None = "b1", *, gone: bool) -> repair.Report:
+    return repair.Report(_at(at) if at is not None else None, boot, gone)
+
+
+def test_reset_effect_needs_a_report_newer_than_the_job() -> None:
+    state = _state()
+    done = _job(repair.JobPhase.SUCCEEDED, 20)
+    assert (
+        repair.observe_step(state, RESET, done, _report(15, gone=True), _at(21)).outcome
+        is repair.Outcome.WAIT
+    )
+    effect = repair.observe_step(state, RESET, done, _report(25, gone=True), _at(26))
+    assert (effect.outcome, effect.result) == (repair.Outcome.EFFECT, Result.SUCCEEDED)
+    none = repair.observe_step(state, RESET, done, _report(25, gone=False), _at(26))
+    assert (none.outcome, none.result) == (repair.Outcome.FAILED, Result.NO_EFFECT)
+
+
+def test_failed_missing_and_timed_out_steps() -> None:
+    state = _state()
+    failed = repair.observe_step(
+        state, RESET, _job(repair.JobPhase.FAILED, 5), _report(1, gone=False), _at(6)
+    )
+    assert (failed.outcome, failed.result) == (repair.Outcome.FAILED, Result.FAILED)
+    assert "BackoffLimitExceeded" in failed.message
+    gone = repair.observe_step(state, RESET, _job(repair.JobPhase.MISSING), _report(1, gone=False), _at(6))
+    assert gone.result is Result.FAILED
+    running = _job(repair.JobPhase.ACTIVE)
+    assert repair.observe_step(state, RESET, running, _report(1, gone=False), _at(299)) is repair.WAIT
+    late = repair.observe_step(state, RESET, running, _report(1, gone=False), _at(300))
+    assert (late.outcome, late.result) == (repair.Outcome.FAILED, Result.TIMED_OUT)
+
+
+def test_reboot_counts_a_new_boot_id_not_the_job() -> None:
+    state = _state(step=1)
+    running = _job(repair.JobPhase.ACTIVE)
+    # the Job's success alone is not the effect: a new bootId is
+    done = _job(repair.JobPhase.SUCCEEDED, 10)
+    assert repair.observe_step(state, REBOOT, done, _report(20, gone=True), _at(21)) is repair.WAIT
+    back = repair.observe_step(state, REBOOT, running, _report(60, "b2", gone=True), _at(61))
+    assert (back.outcome, back.result) == (repair.Outcome.EFFECT, Result.SUCCEEDED)
+    still = repair.observe_step(state, REBOOT, running, _report(60, "b2", gone=False), _at(61))
+    assert (still.outcome, still.result) == (repair.Outcome.FAILED, Result.NO_EFFECT)
+    # a pod that died with its node is no failure; a report well after it with the old boot is
+    died = _job(repair.JobPhase.FAILED, 10)
+    assert repair.observe_step(state, REBOOT, died, _report(20, gone=False), _at(21)) is repair.WAIT
+    refused = repair.observe_step(state, REBOOT, died, _report(41, gone=False), _at(42))
+    assert refused.result is Result.FAILED
+    assert (
+        repair.observe_step(state, REBOOT, running, _report(1, gone=False), _at(1800)).result
+        is Result.TIMED_OUT
+    )
+
+
+def test_validation() -> None:
+    state = _state(phase=repair.Phase.VALIDATE)
+    passed = repair.observe_validation(state, 900, _job(repair.JobPhase.SUCCEEDED, 3), _at(4))
+    assert (passed.outcome, passed.result) == (repair.Outcome.PASSED, Result.VALIDATION_PASSED)
+    failed = repair.observe_validation(state, 900, _job(repair.JobPhase.FAILED, 3), _at(4))
+    assert (failed.outcome, failed.result) == (repair.Outcome.FAILED, Result.VALIDATION_FAILED)
+    assert repair.observe_validation(state, 900, _job(repair.JobPhase.ACTIVE), _at(899)) is repair.WAIT
+    assert repair.observe_validation(state, 900, _job(repair.JobPhase.ACTIVE), _at(900)).result is (
+        Result.VALIDATION_FAILED
+    )
+
+
+def test_job_view() -> None:
+    assert repair.job_view(None).phase is repair.JobPhase.MISSING
+    assert repair.job_view({"status": {"active": 1}}).phase is repair.JobPhase.ACTIVE
+    done = repair.job_view(
+        {
+            "status": {
+                "completionTime": "2026-11-26T12:00:20Z",
+                "conditions": [
+                    {"type": "SuccessCriteriaMet", "status": "True"},
+                    {"type": "Complete", "status": "True", "lastTransitionTime": "2026-11-26T12:00:21Z"},
+                ],
+            }
+        }
+    )
+    assert done == repair.JobView(repair.JobPhase.SUCCEEDED, _at(20))
+    failed = repair.job_view(
+        {
+            "status": {
+                "conditions": [
+                    {
+                        "type": "Failed",
+                        "status": "True",
+                        "reason": "DeadlineExceeded",
+                        "lastTransitionTime": "2026-11-26T12:00:30Z",
+                    }
+                ]
+            }
+        }
+    )
+    assert failed == repair.JobView(repair.JobPhase.FAILED, _at(30), "DeadlineExceeded")
+
+
+def test_history_keeps_the_last_20() -> None:
+    history: list[dict[str, object]] = []
+    for i in range(25):
+        history = repair.with_entry(
+            history,
+            repair.entry(
+                _at(i),
+                cycle=i,
+                step="s",
+                action="ResetGPU",
+                gpus=["GPU-a"],
+                result=Result.STARTED,
+                message="m",
+            ),
+        )
+    assert len(history) == 20
+    assert [e["cycle"] for e in history] == list(range(5, 25))
+
+
+def test_gpu_words() -> None:
+    assert repair.gpu_words([(3, "GPU-x")]) == "GPU 3 (GPU-x)"
+    assert repair.gpu_words([(1, "GPU-a"), (3, "GPU-b")]) == "GPUs 1 (GPU-a), 3 (GPU-b)"
+    assert repair.gpu_words([]) == "all GPUs"
