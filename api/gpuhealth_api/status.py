@@ -169,6 +169,16 @@ class PolicyVerdictStatus(TypedDict, total=False):
     action: str
 
 
+class RepairStatus(TypedDict, total=False):
+    time: str  # RFC 3339
+    cycle: int
+    step: str  # spec.repair.steps[].name
+    action: str  # ResetGPU | RebootNode | Validation
+    gpus: list[str]  # GPU UUIDs
+    result: str  # vocabulary.RepairResult
+    message: str
+
+
 class GPUNodeStatus(TypedDict, total=False):
     agent: AgentInfo
     summary: Summary
@@ -182,6 +192,7 @@ class GPUNodeStatus(TypedDict, total=False):
     straggler: StragglerStatus
     isolatedGPUs: list[IsolatedGPUStatus]
     isolatedFraction: str
+    repairs: list[RepairStatus]  # repair history (spec.repair), oldest first, the last 20
 
 
 # Clock-event reason names as the agent reports them (NVML nvmlClocksEventReason*).

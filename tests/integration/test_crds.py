@@ -144,6 +144,20 @@ def expression(**requirement: Any) -> Mutation:
     return setting("nodeSelector", {"matchExpressions": [requirement]})
 
 
+def step(**fields: Any) -> dict[str, Any]:
+    """A repair step; keyword arguments override its fields."""
+    return {"name": "reset", "action": vocabulary.RepairAction.RESET_GPU, **fields}
+
+
+def repair(**fields: Any) -> Mutation:
+    """Set spec.repair to one valid step plus these fields (None drops a field)."""
+
+    def mutate(spec: dict[str, Any]) -> None:
+        spec["repair"] = {k: v for k, v in {"steps": [step()], **fields}.items() if v is not None}
+
+    return mutate
+
+
 ECC = {"name": "ecc", "condition": C.ECC_UNCORRECTABLE, "action": A.DRAIN}
 
 # (id, change to a valid spec, the field the error must name)
@@ -265,6 +279,31 @@ MALFORMED: list[tuple[str, Mutation, str]] = [
     ("negative-healthy-for", setting("recovery.healthyForSeconds", -1), "spec.recovery.healthyForSeconds"),
     ("dry-run-not-boolean", setting("dryRun", "maybe"), "spec.dryRun"),
     ("typo-in-field-name", rule(**ECC, forSecond=60), "spec.rules[0].forSecond"),
+    ("repair-bad-action", repair(steps=[step(action="Reimage")]), "spec.repair.steps[0].action"),
+    (
+        "repair-step-timeout-zero",
+        repair(steps=[step(timeoutSeconds=0)]),
+        "spec.repair.steps[0].timeoutSeconds",
+    ),
+    ("repair-max-attempts-zero", repair(maxAttempts=0), "spec.repair.maxAttempts"),
+    (
+        "repair-duplicate-step-names",
+        repair(steps=[step(), step(action="RebootNode")]),
+        "spec.repair.steps[1]",
+    ),
+    ("repair-bad-step-name", repair(steps=[step(name="Reset_GPU")]), "spec.repair.steps[0].name"),
+    ("repair-no-steps", repair(steps=[]), "spec.repair.steps"),
+    ("repair-missing-steps", repair(steps=None), "spec.repair.steps"),
+    ("repair-five-steps", repair(steps=[step(name=f"s{i}") for i in range(5)]), "spec.repair.steps"),
+    (
+        "repair-validation-timeout-zero",
+        repair(validation={"timeoutSeconds": 0}),
+        "spec.repair.validation.timeoutSeconds",
+    ),
+    ("repair-new-nodes-word", repair(validation={"newNodes": "yes"}), "spec.repair.validation.newNodes"),
+    ("repair-max-concurrent-zero", repair(maxConcurrent=0), "spec.repair.maxConcurrent"),
+    ("repair-max-concurrent-150-percent", repair(maxConcurrent="150%"), "spec.repair.maxConcurrent"),
+    ("repair-window-59s", repair(attemptWindowSeconds=59), "spec.repair.attemptWindowSeconds"),
 ]
 
 
@@ -382,6 +421,7 @@ SERVER_SIDE_FIELD = {
     "duplicate-rule-names": "spec.rules",
     "duplicate-xids": 'spec.rules[name="x"].xids',
     "typo-in-field-name": 'spec.rules[name="ecc"].forSecond',
+    "repair-duplicate-step-names": "spec.repair.steps",
 }
 
 
@@ -404,6 +444,52 @@ def test_malformed_policy_is_rejected_naming_the_field(
     expected = SERVER_SIDE_FIELD.get(case, field) if server_side else field
     assert names_field(result.stderr, expected), result.stderr
     assert not exists(k8s, resources.POLICY_PLURAL, policy_name), "a rejected policy must not be stored"
+
+
+REPAIR = {
+    "steps": [
+        {"name": "reset", "action": "ResetGPU", "timeoutSeconds": 300},
+        {"name": "reboot", "action": "RebootNode", "timeoutSeconds": 1800},
+    ],
+    "validation": {"timeoutSeconds": 900, "newNodes": True},
+    "maxConcurrent": "10%",
+    "maxAttempts": 3,
+    "attemptWindowSeconds": 604800,
+}
+
+
+def test_repair_is_kept_as_written(crds: controlplane.ControlPlane, policy_name: str) -> None:
+    # Nothing of spec.repair may be pruned: the operator reads every field.
+    apply(crds, policy(policy_name, repair=REPAIR))
+    assert get(crds, resources.POLICY_PLURAL, policy_name)["spec"]["repair"] == REPAIR
+
+
+def test_repair_defaults(crds: controlplane.ControlPlane, policy_name: str) -> None:
+    apply(crds, policy(policy_name, repair={"steps": [step()], "validation": {}}))
+    stored = get(crds, resources.POLICY_PLURAL, policy_name)["spec"]
+    # A step's timeout has no schema default: the operator picks 300 s for ResetGPU, 1800 s for RebootNode.
+    assert stored["repair"] == {
+        "steps": [{"name": "reset", "action": "ResetGPU"}],
+        "validation": {"timeoutSeconds": 900, "newNodes": False},
+        "maxConcurrent": 1,
+        "maxAttempts": 3,
+        "attemptWindowSeconds": 604800,
+    }
+
+
+def test_repair_is_absent_unless_written(crds: controlplane.ControlPlane, policy_name: str) -> None:
+    # Omitted spec.repair means no repair at all, so the schema must not default it into existence.
+    apply(crds, policy(policy_name))
+    assert "repair" not in get(crds, resources.POLICY_PLURAL, policy_name)["spec"]
+
+
+@pytest.mark.parametrize("value", [1, 4, "1%", "25%", "100%"])
+def test_repair_max_concurrent_accepts_counts_and_percentages(
+    crds: controlplane.ControlPlane, value: int | str
+) -> None:
+    body = policy("crds-repair-max-concurrent", repair={"steps": [step()], "maxConcurrent": value})
+    stored = json.loads(apply(crds, body, "--dry-run=server", "-o", "json").stdout)
+    assert stored["spec"]["repair"]["maxConcurrent"] == value
 
 
 def test_rejected_update_leaves_the_stored_policy_whole(
@@ -635,8 +721,20 @@ def test_operator_update_keeps_agent_facts_and_drops_its_own_stale_conditions(
         ({"conditions": [{"type": "GPULost", "status": "Yes"}]}, "status.conditions[0].status"),
         ({"gpus": [{"index": 0, "xids": [{"code": 79}]}]}, "status.gpus[0].xids[0].count"),
         ({"agent": {"heartbeatSeconds": 601}}, "status.agent.heartbeatSeconds"),
+        ({"repairs": [{"time": "2026-11-26T10:00:00Z", "result": "Done"}]}, "status.repairs[0].result"),
+        ({"repairs": [{"time": "2026-11-26T10:00:00Z", "result": "Started"}] * 21}, "status.repairs"),
+        ({"repairs": [{"time": "yesterday", "result": "Started"}]}, "status.repairs[0].time"),
     ],
-    ids=["health", "action", "condition-status", "xid-without-count", "heartbeat-beyond-600s"],
+    ids=[
+        "health",
+        "action",
+        "condition-status",
+        "xid-without-count",
+        "heartbeat-beyond-600s",
+        "repair-result",
+        "repairs-beyond-20",
+        "repair-time",
+    ],
 )
 def test_malformed_gpunode_status_is_rejected_naming_the_field(
     crds: controlplane.ControlPlane,
@@ -650,6 +748,41 @@ def test_malformed_gpunode_status_is_rejected_naming_the_field(
         apply_status(k8s, gpunode_name, resources.OPERATOR_FIELD_MANAGER, status)
     assert rejected.value.status == 422
     assert names_field(str(rejected.value.body), field), rejected.value.body
+
+
+REPAIRS = [
+    {
+        "time": "2026-11-26T10:00:00Z",
+        "cycle": 1,
+        "step": "reset",
+        "action": "ResetGPU",
+        "gpus": ["GPU-3f1c2a9e-0000-4000-8000-000000000003"],
+        "result": "Started",
+        "message": "step reset (ResetGPU) on GPU 3",
+    },
+    {
+        "time": "2026-11-26T10:00:40Z",
+        "cycle": 1,
+        "step": "reset",
+        "action": "Validation",
+        "gpus": ["GPU-3f1c2a9e-0000-4000-8000-000000000003"],
+        "result": "ValidationFailed",
+        "message": "dcgmi diag -r 2 exited 226",
+    },
+    {"time": "2026-11-26T10:01:00Z", "cycle": 1, "result": "Retired", "message": "no step left"},
+]
+
+
+@pytest.mark.parametrize("action", ["Repairing", "Validating", "Retired"])
+def test_repair_status_is_kept_and_printed(
+    crds: controlplane.ControlPlane, k8s: client.ApiClient, gpunode_name: str, action: str
+) -> None:
+    create_gpunode(crds, gpunode_name)
+    apply_status(k8s, gpunode_name, resources.OPERATOR_FIELD_MANAGER, {"action": action, "repairs": REPAIRS})
+    stored = get(crds, resources.GPUNODE_PLURAL, gpunode_name)["status"]
+    assert stored == {"action": action, "repairs": REPAIRS}
+    (row,) = table(crds.kubectl("get", resources.GPUNODE_PLURAL, gpunode_name).stdout)
+    assert row["ACTION"] == action
 
 
 def test_policy_columns(crds: controlplane.ControlPlane, k8s: client.ApiClient, policy_name: str) -> None:

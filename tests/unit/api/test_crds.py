@@ -119,6 +119,12 @@ def test_gpunode_health_and_action_enums_are_the_vocabulary() -> None:
     assert at(schema, "status.health")["enum"] == [h.value for h in vocabulary.Health]
     assert at(schema, "status.action")["enum"] == [a.value for a in vocabulary.NodeAction]
     assert at(schema, "status.conditions[].status")["enum"] == ["True", "False", "Unknown"]
+    assert at(schema, "status.repairs[].result")["enum"] == [r.value for r in vocabulary.RepairResult]
+
+
+def test_repair_step_actions_are_the_vocabulary() -> None:
+    schema = schema_of(load(POLICY_CRD))
+    assert at(schema, "spec.repair.steps[].action")["enum"] == [a.value for a in vocabulary.RepairAction]
 
 
 def test_cel_rules_only_name_conditions_and_actions_of_the_vocabulary() -> None:
@@ -279,6 +285,7 @@ def test_timestamps_are_date_times() -> None:
         "status.gpus[].throttledSince",
         "status.gpus[].xids[].lastSeen",
         "status.conditions[].lastTransitionTime",
+        "status.repairs[].time",
         *(f"status.conditions[].{extra}" for extra in sorted(CONDITION_EXTRAS)),
     ):
         assert at(schema, path)["format"] == "date-time", path
