@@ -19,6 +19,7 @@ from typing import Any, Final
 import yaml
 
 from gpuhealth_agent import facts, models, nvml
+from gpuhealth_api import vocabulary
 
 DEFAULT_MODEL: Final = "NVIDIA H100 80GB HBM3"
 DEFAULT_DRIVER_VERSION: Final = "570.124.06"
@@ -119,6 +120,7 @@ TOP_LEVEL_KEYS: Final[frozenset[str]] = frozenset(
         "timeline",
         "description",
         "nics",
+        "repair",
     }
 )
 ENTRY_KEYS: Final[frozenset[str]] = frozenset(
@@ -128,11 +130,40 @@ ENTRY_ACTIONS: Final[frozenset[str]] = ENTRY_KEYS - {"after", "gpu", "nic", "por
 NIC_ENTRY_KEYS: Final[frozenset[str]] = frozenset({"after", "nic", "port", "set"})
 FAIL_KEYS: Final[frozenset[str]] = frozenset({"function", "error", "for"})
 
+STEP_OUTCOMES: Final = ("fixes", "fails", "noEffect")
+"""What a repair step's Job does on a simulated node: its effect (a GPU reset, a reboot), or it fails
+(exit 1), or it succeeds and changes nothing."""
+VALIDATION_OUTCOMES: Final = ("pass", "fail")
+VALIDATION_KEY: Final = "validation"
+REPAIR_KEYS: Final[tuple[str, ...]] = (*(a.value for a in vocabulary.RepairAction), VALIDATION_KEY)
+
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?(?:(\d+)ms)?$")
 
 
 class ScenarioError(ValueError):
     """A scenario file is not valid; the message says where and what was expected."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Repair:
+    """How the node answers gpu-health's repair Jobs (`repair:`), played by the fleet simulator.
+
+    Per key, the outcome of each attempt in turn; the last one holds for every later attempt.
+    The agent itself ignores this (a real node's repairs are real).
+    """
+
+    outcomes: Mapping[str, tuple[str, ...]] = dataclasses.field(
+        default_factory=lambda: {
+            **{a.value: ("fixes",) for a in vocabulary.RepairAction},
+            VALIDATION_KEY: ("pass",),
+        }
+    )
+    """By step action (ResetGPU, RebootNode) or `validation`: fixes|fails|noEffect, pass|fail."""
+
+    def outcome(self, key: str, attempt: int) -> str:
+        """The outcome of attempt `attempt` (0 = the first) of a step action or of `validation`."""
+        found = self.outcomes[key]
+        return found[min(attempt, len(found) - 1)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +227,8 @@ class Scenario:
     """The node's InfiniBand/RoCE ports (`nics:`), written to the simulation's sysfs tree."""
     defaults_said: frozenset[str] = frozenset()
     """The keys the file's `defaults:` names (not the model's defaults)."""
+    repair: Repair = dataclasses.field(default_factory=Repair)
+    """How repair Jobs on the node turn out (`repair:`; default: every step fixes, validation passes)."""
 
     @property
     def uses_sysfs(self) -> bool:
@@ -328,6 +361,7 @@ class _Validator:
         self.nic_counters_only_grow(nics, timeline)
         visible = self.integer(data.get("visibleGpus", gpus), "visibleGpus", minimum=0, maximum=gpus)
         said = frozenset(k for k in raw_defaults if k != "notSupported")
+        repair = self.repair(data.get("repair"))
         return Scenario(
             self.where,
             gpus,
@@ -340,7 +374,32 @@ class _Validator:
             visible_gpus=visible,
             nics=nics,
             defaults_said=said,
+            repair=repair,
         )
+
+    def repair(self, raw: object) -> Repair:
+        """`repair: {ResetGPU: fixes, RebootNode: [fails, fixes], validation: pass}` (a list: per attempt)."""
+        if raw is None:
+            return Repair()
+        example = "a mapping like {ResetGPU: fixes, RebootNode: fails, validation: pass}"
+        if not isinstance(raw, dict):
+            raise self.fail("repair", example, raw)
+        for key in raw:
+            if key not in REPAIR_KEYS:
+                raise self.fail(f"repair.{key}", f"one of the keys {', '.join(REPAIR_KEYS)}")
+        outcomes = dict(Repair().outcomes)
+        for key, value in raw.items():
+            allowed = VALIDATION_OUTCOMES if key == VALIDATION_KEY else STEP_OUTCOMES
+            what = f"one of {', '.join(allowed)}, or a list of them (one per attempt, the last repeats)"
+            items = value if isinstance(value, list) else [value]
+            if not items:
+                raise self.fail(f"repair.{key}", what, value)
+            for i, item in enumerate(items):
+                if item not in allowed:
+                    at = f"repair.{key}[{i}]" if isinstance(value, list) else f"repair.{key}"
+                    raise self.fail(at, what, item)
+            outcomes[key] = tuple(items)
+        return Repair(outcomes)
 
     def nics(self, raw: object) -> tuple[Nic, ...]:
         if not isinstance(raw, list):

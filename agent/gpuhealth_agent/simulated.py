@@ -173,6 +173,8 @@ class SimulatedNvml:
         self.initialized = False
         self._events: list[EventData] = []
         self._first_set_created = False
+        self._resets: list[tuple[float, frozenset[int]]] = []
+        """GPU resets done from outside (`reset_gpus`) at scenario times, replayed with the timeline."""
         self.sysfs_root: Path | None = None
         """The simulation's sysfs tree (PCIe AER, InfiniBand ports); None when the scenario has neither."""
         if plan.uses_sysfs:
@@ -188,6 +190,7 @@ class SimulatedNvml:
             for _ in range(self.plan.gpus)
         ]
         self._next_entry = 0
+        self._next_reset = 0
         self._applied_until = float("-inf")
         self._events.clear()
         self._nics = {(n.name, n.port): dict(n.facts) for n in self.plan.nics}
@@ -201,11 +204,20 @@ class SimulatedNvml:
         now = self.now_seconds()
         if now < self._applied_until:  # the clock went backwards (a test rewound it): replay from scratch
             self._reset()
-        timeline = self.plan.timeline
+        timeline, resets = self.plan.timeline, self._resets
         applied = False
-        while self._next_entry < len(timeline) and timeline[self._next_entry].after_seconds <= now:
-            self._apply(timeline[self._next_entry])
-            self._next_entry += 1
+        while True:
+            entry = timeline[self._next_entry] if self._next_entry < len(timeline) else None
+            reset = resets[self._next_reset] if self._next_reset < len(resets) else None
+            if reset is not None and reset[0] <= now and (entry is None or reset[0] < entry.after_seconds):
+                for index in reset[1]:
+                    self._reset_gpu(self._gpus[index])
+                self._next_reset += 1
+            elif entry is not None and entry.after_seconds <= now:
+                self._apply(entry)
+                self._next_entry += 1
+            else:
+                break
             applied = True
         self._applied_until = now
         if applied:
@@ -234,6 +246,30 @@ class SimulatedNvml:
         if entry.fail is not None:
             until = None if entry.fail.for_seconds is None else entry.after_seconds + entry.fail.for_seconds
             gpu.failures[entry.fail.function] = (entry.fail.error, until)
+
+    @staticmethod
+    def _reset_gpu(gpu: _Gpu) -> None:
+        """What a GPU reset does: volatile ECC counts, pending retirements/remaps and the recovery action
+        reset (scenario.AFTER_RESET), a lost GPU back, scripted NVML failures over. Aggregate counters,
+        retired pages and remapped rows stay, as on a real GPU."""
+        gpu.facts.update(scenario.AFTER_RESET)
+        gpu.lost = False
+        gpu.failures.clear()
+
+    def reset_gpus(self, gpus: Sequence[int] | None = None) -> None:
+        """Reset GPUs now (by scenario index; None: all), as `nvidia-smi --gpu-reset` or a reboot would.
+
+        The fleet simulator's repair executor calls this for a repair Job's effect. A rewound clock
+        replays it at the scenario time it happened. NVML has no reset event: the agent infers the reset
+        from its next reading (history.looks_reset).
+        """
+        now = self._advance()
+        chosen = frozenset(range(len(self._gpus)) if gpus is None else gpus)
+        unknown = sorted(i for i in chosen if not 0 <= i < len(self._gpus))
+        if unknown:
+            raise ValueError(f"no simulated GPU {unknown[0]} (the node has {len(self._gpus)})")
+        self._resets.append((now, chosen))
+        self._advance()
 
     def _event(self, entry: scenario.Entry, event_type: int, data: int) -> None:
         self._events.append(EventData(Handle(entry.gpu), event_type, data, entry.after_seconds))

@@ -13,6 +13,7 @@ onto the parsed scenario; the XID catalogue is parsed once for the fleet.
 """
 
 import threading
+import uuid
 from typing import Any
 
 from kubernetes import client
@@ -50,9 +51,20 @@ class Builder:
                 parsed = self._parsed[key] = scenario.from_data(plan.scenario, plan.scenario_source)
         return baselines.apply_to(parsed, plan.spread, baselines.node_rng(self.fleet.seed, plan.name))
 
-    def build(self, plan: fleetfile.NodePlan) -> runner.Agent:
+    def library(self, plan: fleetfile.NodePlan) -> simulated.SimulatedNvml:
+        """The node's simulated GPUs (one per node for the fleet's life: a reboot keeps them)."""
+        return simulated.SimulatedNvml(
+            self.scenario_for(plan), identity_seed=plan.name, start=self.started_at
+        )
+
+    def build(
+        self, plan: fleetfile.NodePlan, lib: simulated.SimulatedNvml | None = None, boots: int = 0
+    ) -> runner.Agent:
+        """The node's agent over `lib` (default: new simulated GPUs), as started after boot `boots`
+        (0: the first; each reboot of the node counts one more and gives the agent a new bootId)."""
         node_scenario = self.scenario_for(plan)
-        lib = simulated.library(node_scenario, identity_seed=plan.name, start=self.started_at)
+        if lib is None:
+            lib = self.library(plan)
         settings = runner.Settings(
             node_name=plan.name,
             backend=runner.BACKEND_SIM,
@@ -60,12 +72,19 @@ class Builder:
             heartbeat_seconds=self.fleet.heartbeat_seconds,
             expected_gpus=node_scenario.expected_gpus,
             event_thread=False,
+            boot_id=boot_id(plan.name, boots),
         )
         cluster = reporter.GPUNodeClient(
             self.api_client, plan.name, request_timeout_seconds=self.request_timeout_seconds
         )
         report = reporter.Reporter(cluster, heartbeat_seconds=self.fleet.heartbeat_seconds)
         return runner.Agent(settings, lib, report=report, catalogue=self._catalogue)
+
+
+def boot_id(node: str, boots: int) -> str:
+    """A simulated node's kernel boot ID after `boots` reboots: stable per node and boot (a fleet
+    restarted over the same Nodes is the same boot, so the agents carry their XIDs over)."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpu-health-sim/{node}/boot/{boots}"))
 
 
 def nvml_calls(agent: runner.Agent) -> int:

@@ -12,8 +12,11 @@ lateness is counted (`Stats`) so a benchmark can tell whether the fleet
 keeps up.
 
 All agents share one Kubernetes ApiClient (its connection pool sized for
-the workers). `stop()` lets running turns finish and returns; Nodes are
-left in place unless `delete_nodes()` is called.
+the workers). Things done to a node from outside (a repair Job's GPU reset
+or reboot, `reset_gpus`, `reboot`) wait for the node's next turn and run in
+it, before the agent reads its GPUs, so they never race the agent.
+`stop()` lets running turns finish and returns; Nodes are left in place
+unless `delete_nodes()` is called.
 """
 
 import concurrent.futures
@@ -22,11 +25,11 @@ import heapq
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from kubernetes import client
 
-from gpuhealth_agent import runner
+from gpuhealth_agent import runner, scenario, simulated
 from gpuhealth_sim import agents, dra, fleetfile, nodes
 
 log = logging.getLogger(__name__)
@@ -109,6 +112,12 @@ class Fleet:
         """Scenario time 0 (epoch seconds): when start() was called."""
         self.agents: list[runner.Agent | None] = []
         """One per node, built by a worker on the node's first turn (so the first nodes report at once)."""
+        self.libs: list[simulated.SimulatedNvml | None] = []
+        """Each node's simulated GPUs, built with its first agent; a reboot keeps them."""
+        self.boots: list[int] = []
+        """Reboots of each node so far (its agent's bootId follows, agents.boot_id)."""
+        self._index = {plan.name: i for i, plan in enumerate(spec.nodes)}
+        self._pending: dict[int, list[tuple[str, Sequence[int] | None, concurrent.futures.Future[None]]]] = {}
         self._builder: agents.Builder | None = None
         self.stats = Stats()
         self._schedule = Schedule()
@@ -146,6 +155,8 @@ class Fleet:
         self._builder = agents.Builder(self.spec, self.api_client, started_at=self.started_at)
         count = len(self.spec.nodes)
         self.agents = [None] * count
+        self.libs = [None] * count
+        self.boots = [0] * count
         interval = self.spec.interval_seconds
         with self._lock:
             for index in range(count):
@@ -168,6 +179,11 @@ class Fleet:
         for thread in self._threads:
             thread.join(timeout=max(0.1, deadline - time.monotonic()))
         self._threads = []
+        with self._lock:
+            abandoned = [done for asked in self._pending.values() for _, _, done in asked]
+            self._pending.clear()
+        for done in abandoned:
+            done.set_exception(RuntimeError("the fleet stopped"))
         for agent in self.agents:
             if agent is None:
                 continue
@@ -182,6 +198,63 @@ class Fleet:
             agent.reporter.state.written_at if agent is not None and agent.reporter is not None else None
             for agent in list(self.agents)
         ]
+
+    def has_node(self, node: str) -> bool:
+        return node in self._index
+
+    def scenario(self, node: str) -> scenario.Scenario:
+        """The node's scenario as its agent replays it (its `repair` says how repair Jobs turn out)."""
+        if self._builder is None:
+            raise RuntimeError("the fleet is not running")
+        return self._builder.scenario_for(self.spec.nodes[self._index[node]])
+
+    def reset_gpus(self, node: str, gpus: Sequence[int]) -> concurrent.futures.Future[None]:
+        """Reset these GPUs (scenario indexes) of `node` at its next turn, as `nvidia-smi --gpu-reset`;
+        the future is done once the reset is in place (the agent reads it in that very turn)."""
+        return self._enqueue(node, "reset", gpus)
+
+    def reboot(self, node: str) -> concurrent.futures.Future[None]:
+        """Reboot `node` at its next turn: every GPU reset, its agent restarted with a new bootId."""
+        return self._enqueue(node, "reboot", None)
+
+    def _enqueue(self, node: str, what: str, gpus: Sequence[int] | None) -> concurrent.futures.Future[None]:
+        index = self._index[node]  # KeyError: not a node of this fleet
+        if not self._threads:
+            raise RuntimeError("the fleet is not running")
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        with self._lock:
+            self._pending.setdefault(index, []).append((what, gpus, done))
+        return done
+
+    def _perform(self, index: int) -> None:
+        """Run what was asked of the node since its last turn (called by the worker that owns it now)."""
+        with self._lock:
+            asked = self._pending.pop(index, [])
+        for what, gpus, done in asked:
+            try:
+                lib = self._lib(index)
+                if what == "reset":
+                    lib.reset_gpus(gpus)
+                else:
+                    old = self.agents[index]
+                    if old is not None:
+                        old.close()
+                    lib.reset_gpus(None)
+                    self.boots[index] += 1
+                    assert self._builder is not None
+                    self.agents[index] = self._builder.build(self.spec.nodes[index], lib, self.boots[index])
+                    log.info("%s rebooted (boot %d)", self.spec.nodes[index].name, self.boots[index])
+            except Exception as error:
+                done.set_exception(error)
+            else:
+                done.set_result(None)
+
+    def _lib(self, index: int) -> simulated.SimulatedNvml:
+        lib = self.libs[index]
+        if lib is None:
+            assert self._builder is not None
+            lib = self.libs[index] = self._builder.library(self.spec.nodes[index])
+        return lib
 
     def running(self) -> bool:
         return any(thread.is_alive() for thread in self._threads)
@@ -203,10 +276,13 @@ class Fleet:
             began = self.clock()
             failed = written = write_failed = False
             try:
+                self._perform(index)
                 agent = self.agents[index]
                 if agent is None:
                     assert self._builder is not None
-                    agent = self.agents[index] = self._builder.build(self.spec.nodes[index])
+                    plan = self.spec.nodes[index]
+                    agent = self._builder.build(plan, self._lib(index), self.boots[index])
+                    self.agents[index] = agent
                 result = agent.run_once(began)
                 if result.outcome is not None:
                     written = result.outcome.written

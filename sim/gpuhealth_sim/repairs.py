@@ -1,0 +1,298 @@
+"""The simulated fleet's repair executor: what a GPU node does with gpu-health's repair Jobs.
+
+The operator repairs a node by running Jobs on it (a GPU reset, a reboot, a
+validation; DESIGN.md "Repair"). On the local control plane no kubelet runs
+their containers: kwok starts their pods (Running) but, unlike other Job
+pods, does not complete them (kwok-stages.yaml leaves pods labelled
+`gpuhealth.io/repair-action` alone). This executor plays the node instead.
+It polls the repair namespace for such pods on a node of its fleet; once one
+has been Running for the step's simulated duration it looks up the node
+scenario's `repair:` outcome for that attempt and
+
+- `fixes`: does the step's effect on the simulated GPUs at the node's next
+  agent turn (`ResetGPU`: the GPUs named in `GPUHEALTH_GPU_UUIDS` reset, as
+  `nvidia-smi --gpu-reset` would: volatile ECC counts, pending retirements
+  and the recovery action cleared, a lost GPU back, while aggregate counters,
+  retired pages and remapped rows stay; `RebootNode`: every GPU reset and the
+  agent restarted with a new bootId), and only then ends the pod Succeeded,
+  as a real reset finishes before its container exits;
+- `fails`: ends the pod Failed (exit code 1, reason Error), nothing changes;
+- `noEffect`: ends the pod Succeeded, nothing changes;
+- validation `pass` / `fail`: Succeeded (exit 0) / Failed (exit 1).
+
+A ResetGPU pod naming a UUID that is not a GPU of the node fails as
+nvidia-smi would (exit 1). The pod's end is written through the API server
+(pods/status, a JSON merge patch of phase, conditions and containerStatuses),
+so the Job controller sees it as from a kubelet. Each pod is played once;
+attempts are counted per node and action, so `ResetGPU: [fails, fixes]`
+fails the first reset of a node and fixes the second.
+
+`decide` (the outcome of one pod) and `terminal_status` (the status it
+ends with) are pure; `Executor` is the I/O.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+from kubernetes import client
+
+from gpuhealth_agent import scenario, simulated
+from gpuhealth_api import keys, timestamps, vocabulary
+from gpuhealth_sim import fleet
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NAMESPACE: Final = "gpu-health"
+"""Where the operator creates repair Jobs unless told otherwise (its --repair-namespace default)."""
+DEFAULT_SECONDS: Final[Mapping[str, float]] = {
+    vocabulary.RepairAction.RESET_GPU.value: 1.0,
+    vocabulary.RepairAction.REBOOT_NODE.value: 2.0,
+    vocabulary.VALIDATION_JOB: 2.0,
+}
+"""How long each kind of repair pod runs before the executor ends it (simulated time of the work)."""
+POLL_SECONDS: Final = 0.25
+EFFECT_TIMEOUT_SECONDS: Final = 30.0
+"""How long to wait for the node's agent turn that performs a reset or reboot."""
+FIXES, FAILS, NO_EFFECT = scenario.STEP_OUTCOMES
+PASS, FAIL = scenario.VALIDATION_OUTCOMES
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How one repair pod ends, and what it does to the node first."""
+
+    succeeded: bool
+    exit_code: int
+    message: str
+    reset: tuple[int, ...] = ()
+    """GPUs (scenario indexes) to reset before the pod ends."""
+    reboot: bool = False
+    """Reboot the node before the pod ends (every GPU reset, a new bootId)."""
+
+    @property
+    def phase(self) -> str:
+        return "Succeeded" if self.succeeded else "Failed"
+
+
+def scenario_key(action: str) -> str | None:
+    """The `repair:` key that says how a pod with this repair-action label ends (None: not ours)."""
+    if action == vocabulary.VALIDATION_JOB:
+        return scenario.VALIDATION_KEY
+    return action if action in {a.value for a in vocabulary.RepairAction} else None
+
+
+def decide(
+    repair: scenario.Repair,
+    action: str,
+    attempt: int,
+    requested: Sequence[str],
+    node_uuids: Sequence[str],
+) -> Outcome:
+    """The outcome of attempt `attempt` (0: the node's first) of a repair pod doing `action`.
+
+    `requested`: the UUIDs in its GPUHEALTH_GPU_UUIDS; `node_uuids`: the node's GPUs, by scenario index.
+    """
+    key = scenario_key(action)
+    if key is None:
+        raise ValueError(f"not a repair action: {action!r}")
+    said = repair.outcome(key, attempt)
+    if key == scenario.VALIDATION_KEY:
+        if said == PASS:
+            return Outcome(True, 0, "simulated validation passed")
+        return Outcome(False, 1, "simulated validation failed")
+    if action == vocabulary.RepairAction.RESET_GPU:
+        unknown = [u for u in requested if u not in node_uuids]
+        if unknown:
+            return Outcome(False, 1, f"no GPU {unknown[0]} on this node (nvidia-smi: not found)")
+    if said == FAILS:
+        return Outcome(False, 1, f"simulated {action} failed")
+    if said == NO_EFFECT:
+        return Outcome(True, 0, f"simulated {action} ran and changed nothing")
+    if action == vocabulary.RepairAction.REBOOT_NODE:
+        return Outcome(True, 0, "simulated reboot: every GPU reset, a new boot", reboot=True)
+    gpus = tuple(sorted({node_uuids.index(u) for u in requested}))
+    said_gpus = ", ".join(str(g) for g in gpus) or "none named"
+    return Outcome(True, 0, f"simulated reset of GPU {said_gpus}", reset=gpus)
+
+
+def requested_gpus(pod: Mapping[str, Any]) -> list[str]:
+    """The UUIDs in the first GPUHEALTH_GPU_UUIDS of the pod's containers (comma-separated)."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for env in container.get("env") or []:
+            if env.get("name") == keys.REPAIR_GPUS_ENV:
+                return [u.strip() for u in str(env.get("value") or "").split(",") if u.strip()]
+    return []
+
+
+def terminal_status(pod: Mapping[str, Any], outcome: Outcome, now: float) -> dict[str, Any]:
+    """The pod's status as a kubelet writes it when its (restartPolicy Never) containers exited."""
+    stamp = timestamps.rfc3339(now)
+    status = pod.get("status") or {}
+    started = {
+        c.get("name"): ((c.get("state") or {}).get("running") or {}).get("startedAt")
+        for c in status.get("containerStatuses") or []
+    }
+    reason = "Completed" if outcome.succeeded else "Error"
+    containers = [
+        {
+            "name": c["name"],
+            "image": c.get("image", ""),
+            "imageID": "",
+            "ready": False,
+            "started": False,
+            "restartCount": 0,
+            "state": {
+                "terminated": {
+                    "exitCode": outcome.exit_code,
+                    "reason": reason,
+                    "message": outcome.message,
+                    "startedAt": started.get(c["name"]) or status.get("startTime") or stamp,
+                    "finishedAt": stamp,
+                }
+            },
+        }
+        for c in (pod.get("spec") or {}).get("containers") or []
+    ]
+    ended = "PodCompleted" if outcome.succeeded else "PodFailed"
+    conditions = [
+        c for c in status.get("conditions") or [] if c.get("type") not in {"Ready", "ContainersReady"}
+    ] + [
+        {"type": kind, "status": "False", "reason": ended, "lastTransitionTime": stamp}
+        for kind in ("Ready", "ContainersReady")
+    ]
+    return {"status": {"phase": outcome.phase, "conditions": conditions, "containerStatuses": containers}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Played:
+    """A repair pod the executor ended (for tests, benchmarks and the demo)."""
+
+    time: float
+    node: str
+    pod: str
+    action: str
+    attempt: int
+    outcome: Outcome
+
+
+class Executor:
+    """Plays the fleet's nodes for their repair pods (module docstring); a thread, `start`/`stop`."""
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        sim: fleet.Fleet,
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        seconds: Mapping[str, float] | None = None,
+        poll_seconds: float = POLL_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.core = client.CoreV1Api(api_client)
+        self.sim = sim
+        self.namespace = namespace
+        self.seconds = {**DEFAULT_SECONDS, **(seconds or {})}
+        self.poll_seconds = poll_seconds
+        self.clock = clock
+        self.played: list[Played] = []
+        self.errors = 0
+        """Pods the executor could not end (an API error, an effect that did not happen): logged."""
+        self._seen: dict[str, float] = {}
+        """Pod UID → when it was first seen Running."""
+        self._taken: set[str] = set()
+        self._attempts: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="sim-repairs")
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("the repair executor is already running")
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="sim-repairs", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll_once()
+            except Exception as error:  # the API server may be down a moment; try again next poll
+                log.warning("listing repair pods in %s failed: %s", self.namespace, error)
+            self._stop.wait(self.poll_seconds)
+
+    def poll_once(self) -> int:
+        """Look at the repair pods once; start ending each that has run its time. Returns how many."""
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=keys.REPAIR_ACTION_LABEL)
+        now = self.clock()
+        started = 0
+        for item in pods.items:
+            pod = self.core.api_client.sanitize_for_serialization(item)
+            uid = pod["metadata"].get("uid", "")
+            node = (pod.get("spec") or {}).get("nodeName")
+            action = (pod["metadata"].get("labels") or {}).get(keys.REPAIR_ACTION_LABEL, "")
+            phase = (pod.get("status") or {}).get("phase")
+            if (
+                phase != "Running"
+                or not node
+                or not self.sim.has_node(node)
+                or scenario_key(action) is None
+                or pod["metadata"].get("deletionTimestamp")
+            ):
+                continue
+            with self._lock:
+                if uid in self._taken:
+                    continue
+                seen = self._seen.setdefault(uid, now)
+                if now - seen < self.seconds.get(action, 0.0):
+                    continue
+                self._taken.add(uid)
+            self._pool.submit(self._end, pod, node, action)
+            started += 1
+        return started
+
+    def _end(self, pod: dict[str, Any], node: str, action: str) -> None:
+        name = pod["metadata"]["name"]
+        key = scenario_key(action)
+        assert key is not None
+        with self._lock:
+            attempt = self._attempts[(node, key)]
+            self._attempts[(node, key)] += 1
+        try:
+            plan = self.sim.scenario(node)
+            uuids = [simulated.gpu_uuid(node, i) for i in range(plan.gpus)]
+            outcome = decide(plan.repair, action, attempt, requested_gpus(pod), uuids)
+            if outcome.reboot:
+                self.sim.reboot(node).result(timeout=EFFECT_TIMEOUT_SECONDS)
+            elif outcome.reset:
+                self.sim.reset_gpus(node, outcome.reset).result(timeout=EFFECT_TIMEOUT_SECONDS)
+            now = self.clock()
+            self.core.patch_namespaced_pod_status(
+                name,
+                self.namespace,
+                terminal_status(pod, outcome, now),
+                _content_type="application/merge-patch+json",
+            )
+        except Exception as error:
+            with self._lock:
+                self.errors += 1
+            log.error("could not end repair pod %s/%s on %s: %s", self.namespace, name, node, error)
+            return
+        log.info("repair pod %s on %s (%s, attempt %d): %s", name, node, action, attempt + 1, outcome.message)
+        with self._lock:
+            self.played.append(Played(now, node, name, action, attempt, outcome))
