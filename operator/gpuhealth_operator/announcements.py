@@ -10,15 +10,15 @@ repeated after a crash (it finds the node empty) does not say Drained twice.
 
 from __future__ import annotations
 
-from gpuhealth_api import vocabulary
+from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import cache, context
-from gpuhealth_operator.actions import events, nodes
+from gpuhealth_operator.actions import events
 
 
 def cordon_id(record: cache.NodeRecord) -> str | None:
     """Our cordon's identity: when it was made (a cordon older than that annotation: its drain's start)."""
     annotations = record.view.annotations
-    return annotations.get(nodes.CORDONED_AT_ANNOTATION) or annotations.get(nodes.DRAIN_STARTED_ANNOTATION)
+    return annotations.get(keys.CORDONED_AT_ANNOTATION) or annotations.get(keys.DRAIN_STARTED_ANNOTATION)
 
 
 async def cordoned(ctx: context.Context, policy: str, name: str, issues: str, draining: bool) -> None:
@@ -30,10 +30,10 @@ async def cordoned(ctx: context.Context, policy: str, name: str, issues: str, dr
     record = ctx.cache.node(name)
     if record is None or not record.view.unschedulable or record.view.cordoned_by != policy:
         return
-    cordoned_at = record.view.annotations.get(nodes.CORDONED_AT_ANNOTATION)
+    cordoned_at = record.view.annotations.get(keys.CORDONED_AT_ANNOTATION)
     if cordoned_at is None or ctx.announced_cordons.get(name) == cordoned_at:
         return  # announced by this process, or a cordon from before cordons had an identity
-    draining = draining or nodes.DRAIN_STARTED_ANNOTATION in record.view.annotations
+    draining = draining or keys.DRAIN_STARTED_ANNOTATION in record.view.annotations
     what = "cordoned and will be drained" if draining else "cordoned"
     if await ctx.recorder.announce(
         events.subject(ctx.cache, name),

@@ -22,12 +22,12 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections.abc import Collection, Mapping, MutableMapping
-from typing import Any
+from typing import Any, Final
 
-from gpuhealth_api import keys
+from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator.decisions import breaker, model, times
 
-PAUSED = "Paused"
+PAUSED: Final = vocabulary.PolicyConditionType.PAUSED.value
 """The policy status condition: True while the breaker holds new disruptions back."""
 
 STATUS_FIELD = "breakerReset"
@@ -125,9 +125,9 @@ class Breakers:
             "type": PAUSED,
             "status": "True" if state.paused else "False",
             "reason": {
-                breaker.State.OPEN: "FaultStorm",
-                breaker.State.HALF_OPEN: "HalfOpen",
-            }.get(state.state, "BreakerClosed"),
+                breaker.State.OPEN: vocabulary.PolicyConditionReason.FAULT_STORM.value,
+                breaker.State.HALF_OPEN: vocabulary.PolicyConditionReason.HALF_OPEN.value,
+            }.get(state.state, vocabulary.PolicyConditionReason.BREAKER_CLOSED.value),
             "message": (state.reason or "no fault storm: new disruptions are admitted") + ".",
             "lastTransitionTime": times.render(state.since or now),
         }
@@ -148,7 +148,10 @@ class Breakers:
         self.acted.pop(name, None)
 
 
-_RESTORED_STATES = {"FaultStorm": breaker.State.OPEN, "HalfOpen": breaker.State.HALF_OPEN}
+_RESTORED_STATES = {
+    vocabulary.PolicyConditionReason.FAULT_STORM.value: breaker.State.OPEN,
+    vocabulary.PolicyConditionReason.HALF_OPEN.value: breaker.State.HALF_OPEN,
+}
 """The `Paused` condition's reasons (`Breakers.condition`) of a breaker that holds disruptions back."""
 
 

@@ -64,7 +64,8 @@ async def run(
             await _annotate(ctx, name, {keys.DRILL_STARTED_ANNOTATION: None})
         if _running(ctx, name):
             await _end(ctx, name)
-            await _say(ctx, name, NODE_KEY, "Drill ended: the gpuhealth.io/drill annotation was removed.")
+            ended = f"Drill ended: the {keys.DRILL_ANNOTATION} annotation was removed."
+            await _say(ctx, name, NODE_KEY, ended)
         return action
     if wanted.started is None:
         if not await _annotate(ctx, name, {keys.DRILL_STARTED_ANNOTATION: times.render(now)}):

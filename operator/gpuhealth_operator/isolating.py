@@ -45,7 +45,7 @@ STATUS_FIELD: Final = "isolatedGPUs"
 FRACTION_FIELD: Final = "isolatedFraction"
 """GPUNode status field (operator-owned): `1/8`, isolated GPUs of the node's, for `kubectl get -o wide`."""
 STATUS_FIELDS: Final = (STATUS_FIELD, FRACTION_FIELD)
-CONDITION: Final = "GPUIsolation"
+CONDITION: Final = vocabulary.PolicyConditionType.GPU_ISOLATION.value
 """The policy status condition saying whether IsolateGPU isolates GPUs or falls back to the node ladder."""
 
 
@@ -145,21 +145,21 @@ def condition(ctx: context.Context, policy: model.Policy) -> dict[str, Any] | No
         return {
             "type": CONDITION,
             "status": "Unknown",
-            "reason": "DryRun",
+            "reason": vocabulary.PolicyConditionReason.DRY_RUN.value,
             "message": "A dry-run policy isolates no GPU; the cluster is probed once it acts.",
         }
     if found is None or found.generation != policy.generation:
         return {
             "type": CONDITION,
             "status": "Unknown",
-            "reason": "NotProbed",
+            "reason": vocabulary.PolicyConditionReason.NOT_PROBED.value,
             "message": "Whether the cluster acts on DeviceTaintRules is not known yet.",
         }
     if not found.definite:
         return {
             "type": CONDITION,
             "status": "Unknown",
-            "reason": "ProbeFailed",
+            "reason": vocabulary.PolicyConditionReason.PROBE_FAILED.value,
             "message": f"DeviceTaintRules: {found.message}; faulty GPUs wait (action Pending) meanwhile, "
             f"for at most {PROBE_FALLBACK_SECONDS:g}s, then their nodes take the node ladder.",
         }
@@ -167,13 +167,17 @@ def condition(ctx: context.Context, policy: model.Policy) -> dict[str, Any] | No
         return {
             "type": CONDITION,
             "status": "False",
-            "reason": "ProbeTimedOut",
+            "reason": vocabulary.PolicyConditionReason.PROBE_TIMED_OUT.value,
             "message": f"DeviceTaintRules: {found.message}.",
         }
     return {
         "type": CONDITION,
         "status": "True" if found.api_version else "False",
-        "reason": "DeviceTaintRules" if found.api_version else "NodeLadderFallback",
+        "reason": (
+            vocabulary.PolicyConditionReason.DEVICE_TAINT_RULES
+            if found.api_version
+            else vocabulary.PolicyConditionReason.NODE_LADDER_FALLBACK
+        ).value,
         "message": f"DeviceTaintRules: {found.message}.",
     }
 

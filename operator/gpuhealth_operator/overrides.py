@@ -53,7 +53,7 @@ async def forget_drain(ctx: context.Context, name: str) -> None:
     if record is None or record.view.unschedulable:
         return
     forget_running_drain(ctx, name)
-    if nodes.DRAIN_STARTED_ANNOTATION in record.view.annotations:
+    if keys.DRAIN_STARTED_ANNOTATION in record.view.annotations:
         ctx.cache.refresh_node(await nodes.set_drain_started(ctx.client, name, None))
 
 

@@ -25,6 +25,7 @@ from typing import Any, Final, Literal, cast
 
 import kopf
 
+from gpuhealth_api import keys
 from gpuhealth_operator import (
     agent_pods,
     cache,
@@ -37,7 +38,6 @@ from gpuhealth_operator import (
     settings,
     ticker,
 )
-from gpuhealth_operator.actions import nodes as node_actions
 from gpuhealth_operator.decisions import policies
 
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
@@ -45,7 +45,7 @@ EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 Clock = Callable[[], datetime.datetime]
 """What time it is for the operator: the replay's simulated clock."""
 
-DRAIN_STARTED_ANNOTATION: Final = node_actions.DRAIN_STARTED_ANNOTATION
+DRAIN_STARTED_ANNOTATION: Final = keys.DRAIN_STARTED_ANNOTATION
 """The Node annotation the operator sets when it starts a drain (and removes on uncordon)."""
 OPERATOR_STATUS_FIELDS: Final = frozenset(
     {

@@ -141,7 +141,7 @@ async def adopt(ctx: context.Context, policy: str, name: str) -> None:
         if not error.not_found:
             raise
     try:
-        started = nodes.DRAIN_STARTED_ANNOTATION in record.view.annotations
+        started = keys.DRAIN_STARTED_ANNOTATION in record.view.annotations
         body = await nodes.adopt_cordon(ctx.client, name, deleted=owner, policy=policy, drain_started=started)
     except kube.ApiError as error:
         if error.status not in (409, 422):

@@ -31,7 +31,7 @@ from gpuhealth_operator import (
     pausing,
     reconciler,
 )
-from gpuhealth_operator.actions import nodes, status
+from gpuhealth_operator.actions import status
 from gpuhealth_operator.decisions import model, times, verdicts
 
 logger = logging.getLogger(__name__)
@@ -136,7 +136,7 @@ def _drain_failed(ctx: context.Context, record: cache.NodeRecord) -> bool:
     result = ctx.drain_results.get(name)
     if result is not None:
         return not result.completed
-    if name in ctx.drains or nodes.DRAIN_STARTED_ANNOTATION not in record.view.annotations:
+    if name in ctx.drains or keys.DRAIN_STARTED_ANNOTATION not in record.view.annotations:
         return False
     gpunode = ctx.cache.gpunode(name)
     return gpunode is not None and gpunode.status.get("action") == vocabulary.NodeAction.CORDONED
@@ -186,9 +186,9 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
     if error is not None:
         generation = error[0]
         ready: dict[str, Any] = {
-            "type": "Ready",
+            "type": vocabulary.PolicyConditionType.READY.value,
             "status": "False",
-            "reason": "InvalidSpec",
+            "reason": vocabulary.PolicyConditionReason.INVALID_SPEC.value,
             "message": error[1],
         }
     else:
@@ -196,9 +196,9 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
             "dry run: decisions are recorded, no Node is changed" if policy and policy.dry_run else "acting"
         )
         ready = {
-            "type": "Ready",
+            "type": vocabulary.PolicyConditionType.READY.value,
             "status": "True",
-            "reason": "Accepted",
+            "reason": vocabulary.PolicyConditionReason.ACCEPTED.value,
             "message": f"Policy accepted ({mode}).",
         }
     written: list[dict[str, Any]] = previous.get("conditions") or []  # type: ignore[assignment]

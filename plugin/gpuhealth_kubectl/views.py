@@ -18,18 +18,13 @@ from typing import Any, Final
 
 from gpuhealth_api import keys, status, timestamps, vocabulary
 from gpuhealth_operator.decisions import isolation, model, policies, severity
-from gpuhealth_operator.decisions.overrides import CORDONED_AT_ANNOTATION
 
 Body = Mapping[str, Any]
 Report = dict[str, Any]
 
-DOMAIN_DEGRADED_LABEL: Final = f"{keys.PREFIX}/domain-degraded"
-"""DESIGN.md wave 3 (topology domains): "true" while the node's domain is degraded."""
-NEEDS_REPAIR_LABEL: Final = f"{keys.PREFIX}/needs-repair"
-"""DESIGN.md wave 3 (repair): "manual" on a node repair retired."""
 REPAIR_ACTIONS: Final = frozenset({"Repairing", "Validating", "Retired"})
-PAUSED_CONDITION: Final = "Paused"
-READY_CONDITION: Final = "Ready"
+PAUSED_CONDITION: Final = vocabulary.PolicyConditionType.PAUSED.value
+READY_CONDITION: Final = vocabulary.PolicyConditionType.READY.value
 HEALTH_ORDER: Final = tuple(h.value for h in vocabulary.Health)
 
 
@@ -103,7 +98,7 @@ def breaker(policy: Body) -> Report:
     reason = str(paused.get("reason") or "")
     state = "Closed"
     if paused.get("status") == "True":
-        state = "HalfOpen" if reason == "HalfOpen" else "Open"
+        state = "HalfOpen" if reason == vocabulary.PolicyConditionReason.HALF_OPEN else "Open"
     return {
         "state": state,
         "reason": reason,
@@ -227,7 +222,7 @@ def _repairs(gpunodes: Sequence[Body], node_by_name: Mapping[str, Body]) -> list
     for g in sorted(gpunodes, key=_name):
         history = _status(g).get("repairs") or []
         action = _status(g).get("action") or ""
-        label = (_meta(node_by_name.get(_name(g)) or {}).get("labels") or {}).get(NEEDS_REPAIR_LABEL)
+        label = (_meta(node_by_name.get(_name(g)) or {}).get("labels") or {}).get(keys.NEEDS_REPAIR_LABEL)
         if history or action in REPAIR_ACTIONS or label:
             entry: Report = {"node": _name(g), "action": action, "attempts": len(history)}
             if history:
@@ -240,7 +235,7 @@ def _repairs(gpunodes: Sequence[Body], node_by_name: Mapping[str, Body]) -> list
 
 def _degraded_domains(policy_bodies: Sequence[Body], nodes: Sequence[Body]) -> list[Report]:
     """Nodes labelled domain-degraded, grouped by the domain keys the policies name (else one group)."""
-    degraded = [n for n in nodes if (_meta(n).get("labels") or {}).get(DOMAIN_DEGRADED_LABEL) == "true"]
+    degraded = [n for n in nodes if (_meta(n).get("labels") or {}).get(keys.DOMAIN_DEGRADED_LABEL) == "true"]
     if not degraded:
         return []
     domain_keys = sorted(
@@ -470,7 +465,7 @@ def why_report(
         "schedulable": not view.unschedulable,
         "excluded": policies.excluded(view),
         "cordonedBy": annotations.get(keys.CORDONED_BY_ANNOTATION),
-        "cordonedAt": annotations.get(CORDONED_AT_ANNOTATION),
+        "cordonedAt": annotations.get(keys.CORDONED_AT_ANNOTATION),
         "labels": {k: v for k, v in sorted(labels.items()) if k.startswith(f"{keys.PREFIX}/")},
         "annotations": {k: v for k, v in sorted(annotations.items()) if k.startswith(f"{keys.PREFIX}/")},
         "taints": [
@@ -555,7 +550,7 @@ def render_why(report: Report, now: datetime.datetime) -> str:
             if report["cordonedAt"]:
                 state += f" {age(report['cordonedAt'], now)} ago"
         elif not report["schedulable"]:
-            state += " by someone else (no gpuhealth.io/cordoned-by)"
+            state += f" by someone else (no {keys.CORDONED_BY_ANNOTATION})"
         lines.append(f"  Node: {state}")
         if report["excluded"]:
             lines.append(f"  excluded: {keys.EXCLUDE_LABEL}=true, no policy judges or acts on it")

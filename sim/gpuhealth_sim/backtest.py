@@ -75,7 +75,7 @@ FULL_PASS_SECONDS: Final = 3600.0
 a lost watch event left unjudged; a replay loses no event, so its net is hourly: at 100 nodes and every
 600 s it judged more nodes than all the reports together, and changed no action on the benchmark's
 traces. The policies' status (output only) is refreshed on these passes, not every tick."""
-OUR_LABELS: Final = (keys.HEALTH_LABEL, keys.STRAGGLER_LABEL, keys.THERMAL_LABEL, keys.DOMAIN_DEGRADED_LABEL)
+OUR_LABELS: Final = keys.OPERATOR_LABELS
 OUR_TAINTS: Final = (keys.UNHEALTHY_TAINT, keys.DOMAIN_DEGRADED_TAINT)
 DOMAIN_REASONS: Final = frozenset(
     {vocabulary.EventReason.DOMAIN_DEGRADED, vocabulary.EventReason.DOMAIN_RECOVERED}

@@ -107,7 +107,7 @@ class Summary:
         }
 
 
-OUR_LABELS = (keys.THERMAL_LABEL, keys.STRAGGLER_LABEL, keys.HEALTH_LABEL)
+OUR_LABELS = keys.OPERATOR_LABELS
 
 
 def build(

@@ -51,7 +51,7 @@ from typing import Any, Final, cast
 import urllib3
 from kubernetes import client
 
-from gpuhealth_api import keys, resources
+from gpuhealth_api import keys, resources, vocabulary
 from gpuhealth_operator import replay, settings
 from gpuhealth_operator.decisions import device_taints, times
 from gpuhealth_sim import traces, watches
@@ -87,7 +87,7 @@ def agent_status(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 SLICE_VERSIONS: Final = ("v1", "v1beta2", "v1beta1")
 """resource.k8s.io versions to follow ResourceSlices in, preferred first (the operator's order)."""
-ISOLATION_CONDITION: Final = "GPUIsolation"
+ISOLATION_CONDITION: Final = vocabulary.PolicyConditionType.GPU_ISOLATION.value
 
 
 def slice_view(obj: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -14,14 +14,13 @@ from typing import Any
 
 from gpuhealth_api import keys
 from gpuhealth_operator import kube
-from gpuhealth_operator.decisions import overrides
 
-DRAIN_STARTED_ANNOTATION = f"{keys.PREFIX}/drain-started"
-"""RFC 3339 time our drain of the node began; the drain timeout survives operator restarts."""
+DRAIN_STARTED_ANNOTATION = keys.DRAIN_STARTED_ANNOTATION
+"""Alias of `keys.DRAIN_STARTED_ANNOTATION` (remediation reads it here)."""
 
-CORDONED_AT_ANNOTATION = overrides.CORDONED_AT_ANNOTATION
-"""RFC 3339 time of our cordon, written with it: the cordon's identity, which its Events announce once
-(and which a human's re-cordon leaves in place: `overrides.cordon_taken_over`)."""
+CORDONED_AT_ANNOTATION = keys.CORDONED_AT_ANNOTATION
+"""Alias of `keys.CORDONED_AT_ANNOTATION` (remediation reads it here; a human's re-cordon leaves it in
+place: `overrides.cordon_taken_over`)."""
 
 JSON_PATCH = "application/json-patch+json"
 
@@ -74,11 +73,11 @@ async def cordon(
     # A cordon on new evidence ends a human override: its baseline goes.
     annotations: dict[str, str | None] = {
         keys.CORDONED_BY_ANNOTATION: policy,
-        CORDONED_AT_ANNOTATION: cordoned_at,
+        keys.CORDONED_AT_ANNOTATION: cordoned_at,
         keys.OVERRIDDEN_EVIDENCE_ANNOTATION: None,
     }
     if drain_started is not None:
-        annotations[DRAIN_STARTED_ANNOTATION] = drain_started
+        annotations[keys.DRAIN_STARTED_ANNOTATION] = drain_started
     metadata: dict[str, Any] = {"resourceVersion": resource_version, "annotations": annotations}
     if labels:
         metadata["labels"] = dict(labels)
@@ -120,8 +119,8 @@ async def drop_claim(
     """
     annotations = {
         keys.CORDONED_BY_ANNOTATION: None,
-        CORDONED_AT_ANNOTATION: None,
-        DRAIN_STARTED_ANNOTATION: None,
+        keys.CORDONED_AT_ANNOTATION: None,
+        keys.DRAIN_STARTED_ANNOTATION: None,
         keys.OVERRIDDEN_EVIDENCE_ANNOTATION: baseline,
     }
     body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
@@ -145,12 +144,14 @@ async def adopt_cordon(
         {"op": "replace", "path": ours, "value": policy},
     ]
     if drain_started:
-        ops.append({"op": "remove", "path": f"/metadata/annotations/{_pointer(DRAIN_STARTED_ANNOTATION)}"})
+        ops.append(
+            {"op": "remove", "path": f"/metadata/annotations/{_pointer(keys.DRAIN_STARTED_ANNOTATION)}"}
+        )
     return await client.patch(node_path(name), ops, content_type=JSON_PATCH)
 
 
 async def set_drain_started(client: kube.Client, name: str, value: str | None) -> kube.JsonObject:
-    return await patch_metadata(client, name, annotations={DRAIN_STARTED_ANNOTATION: value})
+    return await patch_metadata(client, name, annotations={keys.DRAIN_STARTED_ANNOTATION: value})
 
 
 async def set_taint(

@@ -13,7 +13,7 @@ from gpuhealth_operator.decisions import model, signals, times
 
 _HEALTHY = (None, vocabulary.Health.HEALTHY.value)
 _NO_ACTION = (None, vocabulary.NodeAction.NONE.value)
-_OUR_FLAGS = (keys.STRAGGLER_LABEL, keys.THERMAL_LABEL)
+_OUR_FLAGS = keys.NODE_FLAG_LABELS
 
 
 def facts_at_rest(facts: status.GPUNodeStatus) -> bool:

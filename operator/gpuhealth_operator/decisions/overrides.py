@@ -163,10 +163,6 @@ def apply(
     return dataclasses.replace(verdict, wanted_action=lesser[0] if lesser else None, overridden=True)
 
 
-CORDONED_AT_ANNOTATION = f"{keys.PREFIX}/cordoned-at"
-"""Our cordon's identity (`actions.nodes.CORDONED_AT_ANNOTATION`), written in the cordon's own patch."""
-
-
 def cordon_taken_over(metadata: Mapping[str, Any]) -> bool:
     """Whether a Node's `spec.unschedulable` was last set by someone other than the writer of our claim.
 
@@ -182,7 +178,9 @@ def cordon_taken_over(metadata: Mapping[str, Any]) -> bool:
     if not isinstance(annotations, Mapping) or keys.CORDONED_BY_ANNOTATION not in annotations:
         return False
     identity = (
-        CORDONED_AT_ANNOTATION if CORDONED_AT_ANNOTATION in annotations else keys.CORDONED_BY_ANNOTATION
+        keys.CORDONED_AT_ANNOTATION
+        if keys.CORDONED_AT_ANNOTATION in annotations
+        else keys.CORDONED_BY_ANNOTATION
     )
     entries = metadata.get("managedFields")
     if not isinstance(entries, list):

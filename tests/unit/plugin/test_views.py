@@ -246,8 +246,8 @@ def test_status_counts_health_budget_and_breaker_per_policy() -> None:
 
 def test_status_shows_repairs_and_degraded_domains_only_when_present() -> None:
     nodes = [
-        node("n1", labels={views.DOMAIN_DEGRADED_LABEL: "true", "rack": "r1"}),
-        node("n2", labels={views.NEEDS_REPAIR_LABEL: "manual"}),
+        node("n1", labels={keys.DOMAIN_DEGRADED_LABEL: "true", "rack": "r1"}),
+        node("n2", labels={keys.NEEDS_REPAIR_LABEL: "manual"}),
     ]
     g1 = gpunode(
         "n1", "Unhealthy", "EccUncorrectable", "Repairing", repairs=[{"step": "reset", "result": "Running"}]
