@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 import prometheus_client
 from prometheus_client import metrics_core
 
-from gpuhealth_api import __version__, vocabulary
+from gpuhealth_api import __version__, keys, vocabulary
 
 PREFIX = "gpuhealth_operator"
 
@@ -200,7 +200,8 @@ class Metrics:
             ),
             drill_nodes=FleetGauge(
                 f"{PREFIX}_drill_nodes",
-                "Nodes in a fire drill (GPUNode annotation gpuhealth.io/drill), by the health it judged.",
+                f"Nodes in a fire drill (GPUNode annotation {keys.DRILL_ANNOTATION}), "
+                "by the health it judged.",
                 [LABEL_POLICY, LABEL_HEALTH],
                 registry=registry,
             ),
