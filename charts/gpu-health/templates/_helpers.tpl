@@ -127,3 +127,28 @@ app.kubernetes.io/component: agent
 {{- printf "%s/%s" .Release.Namespace (include "gpu-health.agent.fullname" .) }}
 {{- end }}
 {{- end }}
+
+{{/* Repair (policy spec.repair): the templates' ConfigMap and the namespace the Jobs run in. */}}
+{{- define "gpu-health.repair.templatesName" -}}
+{{- printf "%s-repair-templates" (include "gpu-health.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpu-health.repair.namespace" -}}
+{{- default .Release.Namespace .Values.repair.namespace }}
+{{- end }}
+
+{{/*
+One repair Job manifest as YAML: (list root template image) -> the template with repair.runtimeClassName on
+its pod and, when image is set, that image in every container. Unset knobs leave the template as written.
+*/}}
+{{- define "gpu-health.repair.job" -}}
+{{- $root := index . 0 -}}
+{{- $job := deepCopy (index . 1) -}}
+{{- $image := index . 2 -}}
+{{- $pod := $job.spec.template.spec -}}
+{{- if $image }}
+{{- range $pod.containers }}{{ $_ := set . "image" $image }}{{ end }}
+{{- end }}
+{{- with $root.Values.repair.runtimeClassName }}{{ $_ := set $pod "runtimeClassName" . }}{{ end }}
+{{- toYaml $job }}
+{{- end }}
