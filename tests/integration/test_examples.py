@@ -58,3 +58,11 @@ def test_example_policy_is_accepted(crds: controlplane.ControlPlane, path: Path)
     assert all("forSeconds" in r for r in applied["spec"]["rules"])
     assert applied["spec"]["drain"]["timeoutSeconds"] >= 1
     assert "healthyForSeconds" in applied["spec"]["recovery"]
+    if "repair" in expected["spec"]:
+        # Nothing of spec.repair is pruned: every field written is kept as written.
+        kept = applied["spec"]["repair"]
+        assert {k: kept[k] for k in expected["spec"]["repair"]} == expected["spec"]["repair"]
+
+
+def test_a_repair_example_is_applied() -> None:
+    assert [p for p in _policy_files() if "repair" in yaml.safe_load(p.read_text())["spec"]]
