@@ -22,10 +22,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from gpuhealth_api import status
+from gpuhealth_api import conditions, status
 
 BENIGN_CLOCK_EVENT_REASONS: Final[frozenset[str]] = frozenset(
     {"GpuIdle", "ApplicationsClocksSetting", "SyncBoost", "DisplayClockSetting"}
@@ -46,29 +46,6 @@ def is_hot(gpu: status.GPUStatus) -> bool | None:
     return temperature >= threshold
 
 
-def gpu_view(gpu: status.GPUStatus) -> dict[str, Any]:
-    """The facts of one GPU whose change is worth a write (and a new observedTime)."""
-    return {
-        "index": gpu.get("index"),
-        "uuid": gpu.get("uuid"),
-        "model": gpu.get("model"),
-        "pciBusId": gpu.get("pciBusId"),
-        "lost": gpu.get("lost", False),
-        "ecc": gpu.get("ecc"),
-        "retiredPages": gpu.get("retiredPages"),
-        "remappedRows": gpu.get("remappedRows"),
-        "xids": [(x["code"], x["count"]) for x in gpu.get("xids", [])],
-        "throttle": throttle_reasons(gpu),
-        "hot": is_hot(gpu),
-        "recoveryAction": gpu.get("recoveryAction"),
-        "pcie": pcie_view(gpu),
-        "nvlinkDown": gpu.get("nvlink", {}).get("linksDown"),
-        "nvlinkUp": gpu.get("nvlink", {}).get("linksUp"),
-        "fabric": gpu.get("fabric"),
-        "unreadable": gpu.get("unreadable", []),
-    }
-
-
 def pcie_view(gpu: status.GPUStatus) -> dict[str, Any] | None:
     """The PCIe facts worth a write: link and replays as before, AER fatal and non-fatal (not correctable)."""
     pcie = gpu.get("pcie")
@@ -81,16 +58,82 @@ def pcie_view(gpu: status.GPUStatus) -> dict[str, Any] | None:
     return view
 
 
+def _xids_view(gpu: status.GPUStatus) -> list[tuple[int, int]]:
+    return [(x["code"], x["count"]) for x in gpu.get("xids", [])]
+
+
+def _lost_view(gpu: status.GPUStatus) -> bool:
+    return gpu.get("lost", False)
+
+
+def _unreadable_view(gpu: status.GPUStatus) -> list[str]:
+    return gpu.get("unreadable", [])
+
+
+IDENTITY: Final[tuple[tuple[str, Callable[[status.GPUStatus], Any]], ...]] = (
+    ("index", lambda gpu: gpu.get("index")),
+    ("uuid", lambda gpu: gpu.get("uuid")),
+    ("model", lambda gpu: gpu.get("model")),
+    ("pciBusId", lambda gpu: gpu.get("pciBusId")),
+    ("unreadable", _unreadable_view),
+)
+"""GPU facts whose change is worth a write whatever the conditions read: which GPU it is, what it cannot
+read."""
+
+PROJECTIONS: Final[Mapping[str, Callable[[status.GPUStatus], Any]]] = {
+    "lost": _lost_view,
+    "xids": _xids_view,
+    "clockEventReasons": throttle_reasons,
+    "temperatureCelsius": is_hot,
+    "slowdownTemperatureCelsius": is_hot,
+    "pcie": pcie_view,
+}
+"""Where less than a field's whole value is significant: an XID's count, not when it was last seen; the
+clock-event reasons that slow the GPU; a temperature's side of the slowdown threshold; the PCIe link and its
+AER fatal and non-fatal counts. Any other field a condition reads (`conditions.SIGNIFICANT_GPU_PATHS`) is
+compared whole, or by the keys its rows do not leave for the heartbeat."""
+
+
+def _nested(field: str, keys: frozenset[str]) -> Callable[[status.GPUStatus], Any]:
+    ordered = sorted(keys)
+
+    def view(gpu: status.GPUStatus) -> Any:
+        value = gpu.get(field)
+        found = value if isinstance(value, Mapping) else {}
+        return {key: found.get(key) for key in ordered}
+
+    return view
+
+
+def _whole(field: str) -> Callable[[status.GPUStatus], Any]:
+    return lambda gpu: gpu.get(field)
+
+
+_VIEWS: Final[tuple[tuple[str, Callable[[status.GPUStatus], Any]], ...]] = (
+    *IDENTITY,
+    *(
+        (
+            field,
+            PROJECTIONS.get(field) or (_whole(field) if keys is None else _nested(field, keys)),
+        )
+        for field, keys in conditions.SIGNIFICANT_GPU_PATHS.items()
+    ),
+)
+
+
+def gpu_view(gpu: status.GPUStatus) -> dict[str, Any]:
+    """The facts of one GPU whose change is worth a write (and a new observedTime): its identity, and every
+    fact a condition reads but those its row leaves for the heartbeat (`conditions.ROWS`)."""
+    return {field: view(gpu) for field, view in _VIEWS}
+
+
+NIC_IDENTITY: Final = ("name", "port", "physState")
+
+
 def nic_view(nic: status.Nic) -> tuple[Any, ...]:
-    """The port facts worth a write (module doc): not its error counters."""
-    return (
-        nic.get("name"),
-        nic.get("port"),
-        nic.get("state"),
-        nic.get("physState"),
-        nic.get("rateGbps"),
-        nic.get("linkDowned"),
-    )
+    """The port facts worth a write (module doc): its name, physical state and what NicDegraded reads but
+    its error counters (`conditions.SIGNIFICANT_NIC_FIELDS`)."""
+    return tuple(nic.get(key) for key in (*NIC_IDENTITY, *conditions.SIGNIFICANT_NIC_FIELDS))
 
 
 def fingerprint(node: status.GPUNodeStatus) -> str:

@@ -22,6 +22,7 @@ import json
 from typing import Final
 
 from gpuhealth_agent import xids
+from gpuhealth_api import conditions as condition_table
 from gpuhealth_api import faults, status, vocabulary
 
 HEALTHY_EXIT: Final = 0
@@ -40,7 +41,7 @@ EXIT_CODES: Final = (
 
 class Severity(enum.StrEnum):
     FATAL = "fatal"
-    """A fatal condition (`faults.FATAL`): the node is Unhealthy, `check` exits 1."""
+    """A fatal condition (`conditions.FATAL`): the node is Unhealthy, `check` exits 1."""
     WARNING = "warning"
     """Any other condition (thermal, power, PCIe): the node is Degraded."""
     INFO = "info"
@@ -48,7 +49,7 @@ class Severity(enum.StrEnum):
 
 
 SEVERITY_ORDER: Final = {s: i for i, s in enumerate(Severity)}
-CONDITION_ORDER: Final = {c: i for i, c in enumerate(faults.gpu_checks(frozenset()))}
+CONDITION_ORDER: Final = {c: i for i, c in enumerate(condition_table.gpu_checks(frozenset()))}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +67,7 @@ class Problem:
 
 
 def _severity(condition: vocabulary.Condition) -> Severity:
-    return Severity.FATAL if condition in faults.FATAL else Severity.WARNING
+    return Severity.FATAL if condition in condition_table.FATAL else Severity.WARNING
 
 
 def _sort_key(problem: Problem) -> tuple[int, int]:
@@ -81,7 +82,7 @@ def problems(gpu: status.GPUStatus, catalogue: xids.Catalogue) -> list[Problem]:
     does; every XID is listed with its meaning and NVIDIA's action.
     """
     found: list[Problem] = []
-    for condition, text in faults.gpu_faults(gpu, catalogue.critical).items():
+    for condition, text in condition_table.gpu_faults(gpu, catalogue.critical).items():
         if condition is not vocabulary.Condition.XID_CRITICAL:  # one line per XID below
             found.append(Problem(_severity(condition), text, condition))
     critical = {x["code"] for x in faults.matching_xids(gpu, catalogue.critical)}
@@ -123,7 +124,7 @@ def conditions(node: status.GPUNodeStatus, catalogue: xids.Catalogue) -> set[voc
 
 
 def has_fatal(node: status.GPUNodeStatus, catalogue: xids.Catalogue) -> bool:
-    return bool(conditions(node, catalogue) & faults.FATAL)
+    return bool(conditions(node, catalogue) & condition_table.FATAL)
 
 
 def _cell(value: object, unit: str = "") -> str:
@@ -222,7 +223,7 @@ def table(node: status.GPUNodeStatus, catalogue: xids.Catalogue) -> str:
 def _health(found: list[Problem]) -> vocabulary.Health:
     """As the operator judges a node: a fatal condition is Unhealthy, any other condition Degraded."""
     judged = {p.condition for p in found if p.condition is not None}
-    if judged & faults.FATAL:
+    if judged & condition_table.FATAL:
         return vocabulary.Health.UNHEALTHY
     return vocabulary.Health.DEGRADED if judged else vocabulary.Health.HEALTHY
 

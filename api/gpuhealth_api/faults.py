@@ -2,7 +2,8 @@
 
 `gpu-health-agent check` on a node and the operator in the cluster read the
 same facts (GPUNode status, `status.py`) and must never give two answers to
-them. So each fault is one pure predicate here, and both call it: a per-GPU
+them. So each fault is one pure predicate here, and both call it (through its row in
+`conditions`, which says what else is known of each condition): a per-GPU
 predicate returns a short description of the fault, or None when the GPU does
 not show it.
 
@@ -30,20 +31,6 @@ BUSY_UTILIZATION_PERCENT: Final = 10
 MAX_GPUS: Final = 64
 """The most GPUs one node's status lists (the CRD's maxItems for `status.gpus`)."""
 
-FATAL: Final[frozenset[Condition]] = frozenset(
-    {
-        Condition.GPU_LOST,
-        Condition.ECC_UNCORRECTABLE,
-        Condition.ROW_REMAP_FAILURE,
-        Condition.XID_CRITICAL,
-        Condition.RECOVERY_REQUIRED,
-        Condition.FABRIC_UNHEALTHY,
-        Condition.PCIE_ERRORS,
-    }
-)
-"""Hardware faults whose evidence only a GPU reset or a reboot clears: they make a node
-Unhealthy (operator) and `gpu-health-agent check` exit 1."""
-
 MIG_STRATEGIES: Final[frozenset[str]] = frozenset({"single", "mixed"})
 """Values of GFD's `nvidia.com/mig.strategy` label on a node whose GPUs are split into MIG devices."""
 
@@ -53,16 +40,14 @@ TREND_WINDOW_SECONDS: Final = 3600.0
 """A counter's growth per hour is its growth over the last hour the operator saw (less if it has seen
 less, never divided by less than the hour): a burst just after the operator started is no high rate."""
 
-DEFAULT_THRESHOLDS: Final[Mapping[Condition, float]] = {
-    Condition.NVLINK_DEGRADED: 100.0,
-    Condition.NIC_DEGRADED: 100.0,
-    Condition.PCIE_ERRORS: 0.0,
-    Condition.MEMORY_DEGRADING: 10.0,
-}
-"""Per hour: the growth of a trend condition's counters it tolerates when its rule gives no `threshold`.
-NVLink CRC/replay/recovery errors and InfiniBand symbol/receive errors/link-downs: 100 (a healthy link
-counts a few errors a day; a failing one thousands an hour); PCIe non-fatal AER errors: any growth;
-corrected ECC errors and correctable row remaps: 10 (a healthy HBM stack counts none for days)."""
+NVLINK_THRESHOLD: Final = 100.0
+NIC_THRESHOLD: Final = 100.0
+"""Per hour, the default growth tolerated (`conditions.DEFAULT_THRESHOLDS`): a healthy link counts a few
+errors a day; a failing one thousands an hour."""
+PCIE_ERRORS_THRESHOLD: Final = 0.0
+"""Non-fatal AER errors: any growth."""
+MEMORY_THRESHOLD: Final = 10.0
+"""Corrected ECC errors and correctable row remaps: a healthy HBM stack counts none for days."""
 
 FABRIC_PENDING: Final = frozenset({"NotStarted", "InProgress"})
 """NVML fabric states of a registration not completed (`gpus[].fabric.state`)."""
@@ -170,7 +155,7 @@ def node_wide_recovery(gpu: status.GPUStatus) -> str | None:
 
 
 def unreadable(gpu: status.GPUStatus, fields: Iterable[str]) -> list[str]:
-    """The facts under `fields` (top-level GPU fields, as in READS) the agent reports it cannot read.
+    """The facts under `fields` (top-level GPU fields, `conditions.READS`) the agent reports it cannot read.
 
     Such a fact is absent from the status (never its last good value), so a predicate that reads
     it finds nothing: the caller must treat that as "cannot tell", not as "healthy".
@@ -261,16 +246,10 @@ def no_history(gpu: status.GPUStatus) -> Trend:
     return NO_TREND
 
 
-GPU_COUNTERS: Final[Mapping[Condition, tuple[str, ...]]] = {
-    Condition.NVLINK_DEGRADED: ("nvlink.crcErrors", "nvlink.replayErrors", "nvlink.recoveryErrors"),
-    Condition.PCIE_ERRORS: ("pcie.aer.nonFatal",),
-    Condition.MEMORY_DEGRADING: (
-        "ecc.correctedVolatile",
-        "ecc.correctedAggregate",
-        "remappedRows.correctable",
-    ),
-}
-"""Per trend condition, the GPU counters whose growth per hour it judges against the rule's threshold."""
+NVLINK_COUNTERS: Final = ("nvlink.crcErrors", "nvlink.replayErrors", "nvlink.recoveryErrors")
+PCIE_ERROR_COUNTERS: Final = ("pcie.aer.nonFatal",)
+MEMORY_COUNTERS: Final = ("ecc.correctedVolatile", "ecc.correctedAggregate", "remappedRows.correctable")
+"""The GPU counters whose growth per hour a trend predicate judges against the rule's threshold."""
 GPU_PEAKS: Final = ("nvlink.linksUp",)
 """GPU facts whose highest value the operator remembers."""
 NIC_COUNTERS: Final = ("linkDowned", "symbolErrors", "rcvErrors")
@@ -304,7 +283,9 @@ def _growing(record: Mapping[str, object], trend: Trend, paths: Iterable[str], t
     return found
 
 
-def nvlink_degraded(gpu: status.GPUStatus, trend: Trend = NO_TREND, threshold: float = 100.0) -> str | None:
+def nvlink_degraded(
+    gpu: status.GPUStatus, trend: Trend = NO_TREND, threshold: float = NVLINK_THRESHOLD
+) -> str | None:
     """NvLinkDegraded: a link down that the operator saw up (fewer links up than the most seen, with links
     down), or CRC/replay/recovery errors growing faster than `threshold` per hour."""
     nvlink = gpu.get("nvlink")
@@ -314,7 +295,7 @@ def nvlink_degraded(gpu: status.GPUStatus, trend: Trend = NO_TREND, threshold: f
     up, down, most = _int(nvlink.get("linksUp")), _int(nvlink.get("linksDown")), trend.most("nvlink.linksUp")
     if up is not None and down is not None and down > 0 and most is not None and up < most:
         parts.append(f"{plural(down, 'link')} down ({up} of {most:g} up)")
-    parts += _growing(gpu, trend, GPU_COUNTERS[Condition.NVLINK_DEGRADED], threshold)
+    parts += _growing(gpu, trend, NVLINK_COUNTERS, threshold)
     return ", ".join(parts) or None
 
 
@@ -335,7 +316,9 @@ def fabric_unhealthy(gpu: status.GPUStatus) -> str | None:
     return None
 
 
-def pcie_errors(gpu: status.GPUStatus, trend: Trend = NO_TREND, threshold: float = 0.0) -> str | None:
+def pcie_errors(
+    gpu: status.GPUStatus, trend: Trend = NO_TREND, threshold: float = PCIE_ERRORS_THRESHOLD
+) -> str | None:
     """PcieErrors: a fatal AER error since boot, or non-fatal AER errors growing faster than `threshold`/h."""
     pcie = gpu.get("pcie")
     aer = pcie.get("aer") if isinstance(pcie, dict) else None
@@ -345,13 +328,13 @@ def pcie_errors(gpu: status.GPUStatus, trend: Trend = NO_TREND, threshold: float
     fatal = _int(aer.get("fatal"))
     if fatal is not None and fatal > 0:
         parts.append(plural(fatal, "fatal AER error"))
-    parts += [
-        f"non-fatal AER {p}" for p in _growing(gpu, trend, GPU_COUNTERS[Condition.PCIE_ERRORS], threshold)
-    ]
+    parts += [f"non-fatal AER {p}" for p in _growing(gpu, trend, PCIE_ERROR_COUNTERS, threshold)]
     return ", ".join(parts) or None
 
 
-def memory_degrading(gpu: status.GPUStatus, trend: Trend = NO_TREND, threshold: float = 10.0) -> str | None:
+def memory_degrading(
+    gpu: status.GPUStatus, trend: Trend = NO_TREND, threshold: float = MEMORY_THRESHOLD
+) -> str | None:
     """MemoryDegrading (pre-failure): XID 92, retired pages pending, or corrected ECC errors or correctable
     row remaps growing faster than `threshold` per hour."""
     parts = []
@@ -360,11 +343,11 @@ def memory_degrading(gpu: status.GPUStatus, trend: Trend = NO_TREND, threshold: 
     pages = gpu.get("retiredPages")
     if isinstance(pages, dict) and pages.get("pending") is True:
         parts.append("retired pages pending")
-    parts += _growing(gpu, trend, GPU_COUNTERS[Condition.MEMORY_DEGRADING], threshold)
+    parts += _growing(gpu, trend, MEMORY_COUNTERS, threshold)
     return ", ".join(parts) or None
 
 
-def nic_degraded(nic: status.Nic, trend: Trend = NO_TREND, threshold: float = 100.0) -> str | None:
+def nic_degraded(nic: status.Nic, trend: Trend = NO_TREND, threshold: float = NIC_THRESHOLD) -> str | None:
     """NicDegraded on one port: down after the operator saw it ACTIVE, a rate below the highest seen, or
     link-down / symbol / receive errors growing faster than `threshold` per hour."""
     parts = []
@@ -383,47 +366,12 @@ def nic_name(nic: status.Nic) -> str:
     return f"{nic.get('name', '?')}/{nic.get('port', '?')}"
 
 
-Thresholds = Mapping[Condition, float]
-"""Per trend condition, the growth per hour it tolerates (the policy's rules; DEFAULT_THRESHOLDS else)."""
-
-
-def _threshold(thresholds: Thresholds, condition: Condition) -> float:
-    return thresholds.get(condition, DEFAULT_THRESHOLDS[condition])
-
-
-def gpu_checks(
-    critical_xids: frozenset[int], thresholds: Thresholds | None = None, history: History = no_history
-) -> dict[Condition, GPUFault]:
-    """Every per-GPU predicate by condition, most severe first; XidCritical acts on `critical_xids`, the
-    trend conditions on `thresholds` and each GPU's `history` (none: what one report shows)."""
-    limits = thresholds or {}
-    nvlink, pcie, memory = (
-        _threshold(limits, c)
-        for c in (Condition.NVLINK_DEGRADED, Condition.PCIE_ERRORS, Condition.MEMORY_DEGRADING)
-    )
-    return {
-        Condition.GPU_LOST: gpu_lost,
-        Condition.ECC_UNCORRECTABLE: ecc_uncorrectable,
-        Condition.ROW_REMAP_FAILURE: row_remap_failure,
-        Condition.XID_CRITICAL: lambda gpu: xid_critical(gpu, critical_xids),
-        Condition.RECOVERY_REQUIRED: recovery_required,
-        Condition.FABRIC_UNHEALTHY: fabric_unhealthy,
-        Condition.PCIE_ERRORS: lambda gpu: pcie_errors(gpu, history(gpu), pcie),
-        Condition.NVLINK_DEGRADED: lambda gpu: nvlink_degraded(gpu, history(gpu), nvlink),
-        Condition.THERMAL_THROTTLED: thermal_throttled,
-        Condition.POWER_THROTTLED: power_throttled,
-        Condition.PCIE_DEGRADED: pcie_degraded,
-        Condition.MEMORY_DEGRADING: lambda gpu: memory_degrading(gpu, history(gpu), memory),
-    }
-
-
 def nic_faults(
-    nics: object, thresholds: Thresholds | None = None, history: Callable[[status.Nic], Trend] | None = None
+    nics: object, threshold: float = NIC_THRESHOLD, history: Callable[[status.Nic], Trend] | None = None
 ) -> list[str]:
     """NicDegraded of the node: one `mlx5_0/1: ...` per degraded port of `status.nics`."""
     if not isinstance(nics, list):
         return []
-    threshold = _threshold(thresholds or {}, Condition.NIC_DEGRADED)
     found = []
     for nic in nics:
         if isinstance(nic, dict):
@@ -432,32 +380,6 @@ def nic_faults(
             if fault is not None:
                 found.append(f"{nic_name(port)}: {fault}")
     return found
-
-
-READS: Final[Mapping[Condition, frozenset[str]]] = {
-    Condition.GPU_LOST: frozenset({"lost"}),
-    Condition.ECC_UNCORRECTABLE: frozenset({"ecc"}),
-    Condition.ROW_REMAP_FAILURE: frozenset({"remappedRows"}),
-    Condition.XID_CRITICAL: frozenset({"xids"}),
-    Condition.RECOVERY_REQUIRED: frozenset({"recoveryAction"}),
-    Condition.THERMAL_THROTTLED: frozenset(
-        {"clockEventReasons", "temperatureCelsius", "slowdownTemperatureCelsius"}
-    ),
-    Condition.POWER_THROTTLED: frozenset({"clockEventReasons"}),
-    Condition.PCIE_DEGRADED: frozenset({"utilizationPercent", "pcie"}),
-    Condition.FABRIC_UNHEALTHY: frozenset({"fabric"}),
-    Condition.PCIE_ERRORS: frozenset({"pcie"}),
-    Condition.NVLINK_DEGRADED: frozenset({"nvlink"}),
-    Condition.MEMORY_DEGRADING: frozenset({"xids", "retiredPages", "ecc", "remappedRows"}),
-}
-"""The GPU fields each per-GPU predicate reads (`gpu_checks`): two GPUs alike in them get the same
-answer (property-tested), so a caller may keep an answer while they stay as they were."""
-
-
-def gpu_faults(gpu: status.GPUStatus, critical_xids: frozenset[int]) -> dict[Condition, str]:
-    """The faults one GPU shows, by condition, most severe first."""
-    found = {condition: check(gpu) for condition, check in gpu_checks(critical_xids).items()}
-    return {condition: text for condition, text in found.items() if text is not None}
 
 
 # --- per node -----------------------------------------------------------------------------------------------

@@ -9,7 +9,9 @@ from typing import Final
 
 
 class Condition(enum.StrEnum):
-    """A fact-derived condition a policy rule can match (DESIGN.md table)."""
+    """A fact-derived condition a policy rule can match (DESIGN.md table). What each means and how it is
+    judged is its row in `conditions.ROWS` (which derives the conditions a rule may name, and those
+    IsolateGPU may answer)."""
 
     ECC_UNCORRECTABLE = "EccUncorrectable"
     ROW_REMAP_FAILURE = "RowRemapFailure"
@@ -102,12 +104,6 @@ def parse_node_condition(name: str) -> NodeCondition | None:
 ConditionKey = Condition | NodeCondition
 """What a rule matches and a verdict holds: one of our conditions, or another tool's Node condition."""
 
-RULE_CONDITIONS: tuple[Condition, ...] = tuple(
-    c for c in Condition if c not in (Condition.AGENT_ERROR, Condition.GPU_OPERATOR_MAINTENANCE)
-)
-"""The conditions a policy rule may name (the policy CRD's enum): every one but AgentError and
-GPUOperatorMaintenance, which the operator judges on every node and answers with health Unknown alone."""
-
 
 class Action(enum.StrEnum):
     """What a rule asks for, least to most disruptive."""
@@ -126,17 +122,6 @@ ACTION_ORDER: dict[Action, int] = {a: i for i, a in enumerate(Action)}
 
 DISRUPTIVE_ACTIONS: frozenset[Action] = frozenset({Action.CORDON, Action.DRAIN})
 """Actions that take capacity away and so count against maxUnavailable."""
-
-PER_GPU_CONDITIONS: frozenset[Condition] = frozenset(
-    {
-        Condition.ECC_UNCORRECTABLE,
-        Condition.ROW_REMAP_FAILURE,
-        Condition.XID_CRITICAL,
-        Condition.GPU_LOST,
-        Condition.RECOVERY_REQUIRED,
-    }
-)
-"""Fatal conditions a fault of one GPU can cause: the only ones a rule may answer with IsolateGPU."""
 
 DOMAIN_ACTIONS: frozenset[Action] = frozenset({Action.LABEL, Action.TAINT})
 """What `spec.topology.domains[].action` may ask for a degraded domain: never a cordon or drain."""

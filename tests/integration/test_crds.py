@@ -23,7 +23,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from gpuhealth_api import resources, vocabulary
+from gpuhealth_api import conditions, resources, vocabulary
 from gpuhealth_sim import controlplane
 
 pytestmark = pytest.mark.integration
@@ -511,11 +511,11 @@ def test_rejected_update_leaves_the_stored_policy_whole(
 
 def test_every_condition_and_action_of_the_vocabulary_is_accepted(crds: controlplane.ControlPlane) -> None:
     rules = []
-    for condition in vocabulary.RULE_CONDITIONS:  # no rule names AgentError or GPUOperatorMaintenance
+    for condition in conditions.RULE_CONDITIONS:  # no rule names AgentError or GPUOperatorMaintenance
         for action in vocabulary.Action:
             if condition == C.AGENT_STALE and action not in (A.EVENT, A.LABEL):
                 continue
-            if action == A.ISOLATE_GPU and condition not in vocabulary.PER_GPU_CONDITIONS:
+            if action == A.ISOLATE_GPU and condition not in conditions.PER_GPU_CONDITIONS:
                 continue
             extra: dict[str, Any] = {}
             if condition == C.STRAGGLER:

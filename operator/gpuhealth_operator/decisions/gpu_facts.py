@@ -1,6 +1,6 @@
 """One GPU's facts as the operator keeps them: the fields the decisions read, in slots.
 
-A GPUNode reports ~30 fields per GPU; the decisions read 17 (FIELDS). Kept
+A GPUNode reports ~30 fields per GPU; the decisions read 21 (FIELDS). Kept
 in a dict, those 17 cost a GPU ~650 bytes of hash table; in slots, 150. At
 8 GPUs a node and thousands of nodes that is most of the operator's memory
 (issue 14). `GPUFacts` reads like the dict it replaces (`get`, `[]`, `in`,
@@ -14,30 +14,21 @@ import operator
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
+from gpuhealth_api import conditions, status
+
+OTHER_FIELDS: Final = frozenset(
+    {"index", "uuid", "model", "smClockMHz", "maxSmClockMHz", "throttledSince", "unreadable", "observedTime"}
+)
+"""Per-GPU facts read beside the conditions' predicates: the GPU's name, the straggler score's clocks,
+when throttling began, which facts the agent cannot read, when a fact last changed."""
 FIELDS: Final[Mapping[str, frozenset[str] | None]] = {
-    "index": None,
-    "uuid": None,
-    "model": None,
-    "temperatureCelsius": None,
-    "slowdownTemperatureCelsius": None,
-    "smClockMHz": None,
-    "maxSmClockMHz": None,
-    "utilizationPercent": None,
-    "ecc": frozenset({"uncorrectedVolatile", "correctedVolatile", "correctedAggregate"}),
-    "retiredPages": frozenset({"pending"}),
-    "remappedRows": frozenset({"failure", "pending", "correctable"}),
-    "xids": None,
-    "clockEventReasons": None,
-    "throttledSince": None,
-    "recoveryAction": None,
-    "pcie": frozenset({"generation", "maxGeneration", "width", "maxWidth", "aer"}),
-    "nvlink": frozenset({"linksUp", "linksDown", "crcErrors", "replayErrors", "recoveryErrors"}),
-    "fabric": frozenset({"state", "status"}),
-    "lost": None,
-    "unreadable": None,
-    "observedTime": None,
+    field: conditions.GPU_PATHS.get(field)
+    for field in status.GPUStatus.__annotations__
+    if field in conditions.GPU_PATHS or field in OTHER_FIELDS
 }
-"""Per-GPU facts the decision core reads (None: the whole value; else the keys kept of a nested object)."""
+"""Per-GPU facts the decision core reads (None: the whole value; else the keys kept of a nested object):
+what every condition's predicate reads (`conditions.GPU_PATHS`, so none can be forgotten) and
+OTHER_FIELDS, in the order of `status.GPUStatus`."""
 
 _NAMES: Final = frozenset(FIELDS)
 ABSENT: Final = object()

@@ -40,6 +40,7 @@ import enum
 from collections.abc import Collection, Mapping, Sequence
 from typing import Final
 
+from gpuhealth_api import conditions as condition_table
 from gpuhealth_api import faults, status, vocabulary, xid_catalogue
 from gpuhealth_operator.decisions import device_taints, gpu_facts, hysteresis, model, signals
 
@@ -201,7 +202,7 @@ def attribute(
     listed = listed_gpus(facts)
     found: list[GPUFault] = []
     for gpu in listed:
-        shown = faults.gpu_faults(gpu, critical_xids)
+        shown = condition_table.gpu_faults(gpu, critical_xids)
         conditions = tuple(c for c in shown if c in wanted)
         if conditions:
             found.append(

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, TypeVar
 
-from gpuhealth_api import faults, keys, vocabulary, xid_catalogue
+from gpuhealth_api import conditions, keys, vocabulary, xid_catalogue
 from gpuhealth_operator.decisions import breaker, model
 
 Condition = vocabulary.Condition
@@ -211,7 +211,7 @@ def _rules(value: object) -> tuple[model.Rule, ...]:
         action = _enum(vocabulary.Action, raw.get("action"), f"{where}.action")
         if condition is Condition.AGENT_STALE and action not in _STALE_ACTIONS:
             raise ValueError(f"{where}.action: must be Event or Label when condition is AgentStale")
-        if action is vocabulary.Action.ISOLATE_GPU and condition not in vocabulary.PER_GPU_CONDITIONS:
+        if action is vocabulary.Action.ISOLATE_GPU and condition not in conditions.PER_GPU_CONDITIONS:
             raise ValueError(
                 f"{where}.action: IsolateGPU needs a fault of one GPU (condition EccUncorrectable, "
                 "RowRemapFailure, XidCritical, GPULost or RecoveryRequired)"
@@ -222,8 +222,8 @@ def _rules(value: object) -> tuple[model.Rule, ...]:
             threshold = _number(raw.get("threshold", DEFAULT_STRAGGLER_THRESHOLD), f"{where}.threshold")
             if threshold <= 0:
                 raise ValueError(f"{where}.threshold: must be greater than 0")
-        elif condition in faults.DEFAULT_THRESHOLDS and raw.get("threshold") is not None:
-            # growth per hour the trend tolerates; omitted: faults.DEFAULT_THRESHOLDS
+        elif condition in conditions.DEFAULT_THRESHOLDS and raw.get("threshold") is not None:
+            # growth per hour the trend tolerates; omitted: conditions.DEFAULT_THRESHOLDS
             threshold = _number(raw["threshold"], f"{where}.threshold", minimum=0)
         xids: frozenset[int] = frozenset()
         if condition is Condition.XID_CRITICAL:

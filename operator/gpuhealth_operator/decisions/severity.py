@@ -15,45 +15,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from gpuhealth_api import faults, vocabulary
+from gpuhealth_api import conditions, vocabulary
 
 Condition = vocabulary.Condition
 
-ORDER: Final[tuple[Condition, ...]] = (
-    Condition.GPU_LOST,
-    Condition.ECC_UNCORRECTABLE,
-    Condition.ROW_REMAP_FAILURE,
-    Condition.XID_CRITICAL,
-    Condition.RECOVERY_REQUIRED,
-    Condition.FABRIC_UNHEALTHY,
-    Condition.PCIE_ERRORS,
-    Condition.AGENT_STALE,
-    Condition.AGENT_ERROR,
-    Condition.GPU_OPERATOR_MAINTENANCE,
-    Condition.THERMAL_THROTTLED,
-    Condition.POWER_THROTTLED,
-    Condition.PCIE_DEGRADED,
-    Condition.NVLINK_DEGRADED,
-    Condition.NIC_DEGRADED,
-    Condition.MEMORY_DEGRADING,
-    Condition.STRAGGLER,
-)
-"""Most severe first. A lost GPU outranks the faults it is often the end of."""
+ORDER: Final = conditions.ORDER
+"""Most severe first (`conditions.ROWS`): a lost GPU outranks the faults it is often the end of."""
 
-FATAL: Final[frozenset[Condition]] = faults.FATAL
+FATAL: Final = conditions.FATAL
 """Conditions that make a node Unhealthy; computed whatever the rules say (one list with `check`'s exit 1)."""
 
-SUSTAINED: Final[frozenset[Condition]] = frozenset(
-    {
-        Condition.THERMAL_THROTTLED,
-        Condition.POWER_THROTTLED,
-        Condition.PCIE_DEGRADED,
-        Condition.NVLINK_DEGRADED,
-        Condition.NIC_DEGRADED,
-        Condition.MEMORY_DEGRADING,
-        Condition.STRAGGLER,
-    }
-)
+SUSTAINED: Final = conditions.SUSTAINED
 """Conditions that make a node Degraded and clear only after healthyForSeconds."""
 
 NODE_CONDITION_RANK: Final = len(ORDER)

@@ -23,7 +23,7 @@ import operator
 from collections.abc import Mapping
 from typing import Final
 
-from gpuhealth_api import faults, heartbeats, keys, status, vocabulary
+from gpuhealth_api import conditions, faults, heartbeats, keys, status, vocabulary
 from gpuhealth_operator.decisions import gpu_facts, liveness, model, times, trends
 
 Condition = vocabulary.Condition
@@ -35,21 +35,7 @@ MAX_HEARTBEAT_SECONDS: Final = heartbeats.MAX_HEARTBEAT_SECONDS
 
 BUSY_UTILIZATION_PERCENT: Final = faults.BUSY_UTILIZATION_PERCENT
 
-FACT_CONDITIONS: Final[tuple[Condition, ...]] = (
-    Condition.ECC_UNCORRECTABLE,
-    Condition.ROW_REMAP_FAILURE,
-    Condition.XID_CRITICAL,
-    Condition.GPU_LOST,
-    Condition.RECOVERY_REQUIRED,
-    Condition.THERMAL_THROTTLED,
-    Condition.POWER_THROTTLED,
-    Condition.PCIE_DEGRADED,
-    Condition.NVLINK_DEGRADED,
-    Condition.FABRIC_UNHEALTHY,
-    Condition.NIC_DEGRADED,
-    Condition.PCIE_ERRORS,
-    Condition.MEMORY_DEGRADING,
-)
+FACT_CONDITIONS: Final = conditions.FACT_CONDITIONS
 """Conditions judged from one node's facts (and its `trends`) alone (AgentStale aside)."""
 
 GPUFault = faults.GPUFault
@@ -139,7 +125,7 @@ def fact_signals(
         return signals
     limits = dict(thresholds)
     history = memory.gpu if memory is not None else faults.no_history
-    for condition, check in faults.gpu_checks(rule_xids, limits, history).items():
+    for condition, check in conditions.gpu_checks(rule_xids, limits, history).items():
         if condition is not Condition.GPU_LOST:  # per GPU and per node: _lost
             signals[condition] = _per_gpu(condition, gpus, check)
     signals[Condition.GPU_LOST] = _lost(facts, node, gpus)
@@ -158,28 +144,31 @@ def node_condition_signal(node: model.NodeView, condition: vocabulary.NodeCondit
 
 
 def _nics(
-    facts: status.GPUNodeStatus, limits: faults.Thresholds, memory: trends.Trends | None
+    facts: status.GPUNodeStatus, limits: Mapping[Condition, float], memory: trends.Trends | None
 ) -> model.Signal:
     """NicDegraded: the node's InfiniBand/RoCE ports (`status.nics`); a node without any has none degraded."""
     condition = Condition.NIC_DEGRADED
-    found = faults.nic_faults(facts.get("nics"), limits, memory.nic if memory is not None else None)
+    threshold = conditions.threshold(limits, condition)
+    found = faults.nic_faults(facts.get("nics"), threshold, memory.nic if memory is not None else None)
     if not found:
         return model.Signal(condition, False, _HEALTHY_MESSAGES[condition])
     return model.Signal(condition, True, "; ".join(found))
 
 
 _MOVING: Final = {
-    Condition.THERMAL_THROTTLED: faults.thermal_throttled,
-    Condition.PCIE_DEGRADED: faults.pcie_degraded,
+    condition: check
+    for condition, check in conditions.gpu_checks(frozenset()).items()
+    if conditions.BY_CONDITION[condition].moving
 }
-"""The per-GPU predicates that read fields moving with every sample (temperature, utilization)."""
+"""The per-GPU predicates that read fields moving with every sample (temperature, utilization: their rows'
+`moving`); none of them reads a trend or the policy's XIDs."""
 _STEADY: Final = operator.attrgetter(
     *sorted(
-        set().union(*(fields for condition, fields in faults.READS.items() if condition not in _MOVING))
+        set().union(*(fields for condition, fields in conditions.READS.items() if condition not in _MOVING))
         | {"unreadable"}
     )
 )
-"""The fields every other predicate reads (`faults.READS`), and which facts the agent cannot read,
+"""The fields every other predicate reads (`conditions.READS`), and which facts the agent cannot read,
 read from cached GPU facts in one C call."""
 
 
@@ -187,7 +176,7 @@ def still_healthy(judged: FactSignals, older: status.GPUNodeStatus, newer: statu
     """Whether `newer` facts get the signals `judged` of `older`, all healthy, without judging them again.
 
     A healthy GPU's report moves its clocks, temperature and utilization, not its faults: when each
-    GPU holds what `older`'s did in every field a predicate reads (`faults.READS`) but those that
+    GPU holds what `older`'s did in every field a predicate reads (`conditions.READS`) but those that
     move, and the predicates that read those find nothing, every answer is older's (and a healthy
     signal's message is fixed). For the GPUs a cache keeps (`gpu_facts.GPUFacts`) only.
     """
@@ -340,25 +329,12 @@ def _per_gpu(condition: Condition, gpus: list[status.GPUStatus], check: GPUFault
     return model.Signal(condition, True, "; ".join(found))
 
 
-_HEALTHY_MESSAGES: Final[dict[Condition, str]] = {
-    Condition.ECC_UNCORRECTABLE: "no uncorrectable volatile ECC errors",
-    Condition.ROW_REMAP_FAILURE: "no row-remapping failure or pending remap",
-    Condition.XID_CRITICAL: "no critical XID since the last GPU reset",
-    Condition.RECOVERY_REQUIRED: "no GPU asks for a recovery action",
-    Condition.THERMAL_THROTTLED: "no thermal slowdown",
-    Condition.POWER_THROTTLED: "no hardware power brake or slowdown",
-    Condition.PCIE_DEGRADED: "PCIe links at full generation and width under load",
-    Condition.NVLINK_DEGRADED: "no NVLink down or with errors growing",
-    Condition.FABRIC_UNHEALTHY: "no fabric registration failed or pending",
-    Condition.NIC_DEGRADED: "no InfiniBand/RoCE port down, slowed or with errors growing",
-    Condition.PCIE_ERRORS: "no fatal or growing non-fatal PCIe AER errors",
-    Condition.MEMORY_DEGRADING: "no corrected-memory-error trend, XID 92 or pending page retirement",
-}
+_HEALTHY_MESSAGES: Final = conditions.HEALTHY_MESSAGES
 
 
 def _unread(condition: Condition, gpus: list[status.GPUStatus]) -> str | None:
     """Which GPUs cannot read a fact `condition` reads (`gpus[].unreadable`), or None."""
-    fields = faults.READS[condition]
+    fields = conditions.READS[condition]
     found = [
         f"{gpu_name(gpu)}: cannot read {', '.join(unread)}"
         for gpu in gpus
@@ -380,5 +356,5 @@ def _lost(facts: status.GPUNodeStatus, node: model.NodeView, gpus: list[status.G
     if missing is not None:
         found.append(missing)
     if not found:
-        return model.Signal(condition, False, "all GPUs present")
+        return model.Signal(condition, False, _HEALTHY_MESSAGES[condition])
     return model.Signal(condition, True, "; ".join(found))  # timed by receipt, as `_per_gpu`'s

@@ -3,7 +3,7 @@
 NvLinkDegraded, NicDegraded, PcieErrors and MemoryDegrading ask two questions of the past
 (`faults.Trend`): the most a fact has been (NVLink links up, a NIC port's rate and whether it was
 ACTIVE: `faults.GPU_PEAKS`, `faults.NIC_PEAKS`), and how fast a counter grew over the last
-`faults.TREND_WINDOW_SECONDS` (`faults.GPU_COUNTERS`, `faults.NIC_COUNTERS`).
+`faults.TREND_WINDOW_SECONDS` (the `counters` of their rows in `conditions.ROWS`).
 
 The memory is bounded: per node, one `Track` per GPU (by UUID, else index) and per NIC port it
 reports now (a GPU or port that vanished is forgotten); per counter, the points where its value
@@ -23,7 +23,7 @@ import datetime
 from collections.abc import Mapping
 from typing import Final
 
-from gpuhealth_api import faults, status, vocabulary
+from gpuhealth_api import conditions, faults, status, vocabulary
 from gpuhealth_operator.decisions import gpu_facts, model
 
 Condition = vocabulary.Condition
@@ -32,12 +32,12 @@ WINDOW: Final = faults.TREND_WINDOW_SECONDS
 MAX_POINTS: Final = 16
 """The most change points one counter keeps; closer than WINDOW / MAX_POINTS apart they merge."""
 _SPACING: Final = WINDOW / MAX_POINTS
-_GPU_COUNTERS: Final = tuple(p for paths in faults.GPU_COUNTERS.values() for p in paths)
-TREND_CONDITIONS: Final = frozenset(faults.DEFAULT_THRESHOLDS)
+_GPU_COUNTERS: Final = tuple(p for paths in conditions.GPU_COUNTERS.values() for p in paths)
+TREND_CONDITIONS: Final = frozenset(conditions.DEFAULT_THRESHOLDS)
 """The conditions whose rules may name a `threshold` of growth per hour."""
 
 RESTART_WITH: Final[dict[str, tuple[str, ...]]] = {
-    "nvlink.linksUp": faults.GPU_COUNTERS[Condition.NVLINK_DEGRADED],
+    "nvlink.linksUp": faults.NVLINK_COUNTERS,
 }
 """Counters that start over when another fact changes: the agent sums NVLink errors over the links that are
 up, so a link going down takes its count out of the sum and coming back puts it in again: no growth."""

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuhealth_api import keys, resources, status, vocabulary
+from gpuhealth_api import conditions, keys, resources, status, vocabulary
 
 ROOT = Path(__file__).resolve().parents[3]
 POLICY_CRD = ROOT / "crds" / "gpuhealth.io_gpuhealthpolicies.yaml"
@@ -110,7 +110,7 @@ def test_names_scope_and_version_follow_the_contract(path: Path, kind: str, plur
 
 def test_policy_condition_and_action_enums_are_the_vocabulary() -> None:
     schema = schema_of(load(POLICY_CRD))
-    assert at(schema, "spec.rules[].condition")["enum"] == [c.value for c in vocabulary.RULE_CONDITIONS]
+    assert at(schema, "spec.rules[].condition")["enum"] == [c.value for c in conditions.RULE_CONDITIONS]
     assert at(schema, "spec.rules[].action")["enum"] == [a.value for a in vocabulary.Action]
 
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuhealth_api import faults, keys, status, vocabulary, xid_catalogue
+from gpuhealth_api import conditions, faults, keys, status, vocabulary, xid_catalogue
 
 PACKAGE = Path(__file__).resolve().parents[3] / "api" / "gpuhealth_api"
 RESET_OR_WORSE = frozenset({"RESET_GPU", "RESTART_BM", "WORKFLOW_XID_48", "WORKFLOW_NVLINK_ERR"})
@@ -150,17 +150,17 @@ _GPUS = st.fixed_dictionaries({}, optional=_GPU_VALUES)
 @given(
     a=_GPUS,
     b=_GPUS,
-    condition=st.sampled_from(sorted(faults.READS)),
+    condition=st.sampled_from(sorted(conditions.READS)),
     critical=st.frozensets(st.sampled_from([48, 79, 94]), min_size=1),
 )
 def test_a_predicate_reads_only_the_fields_it_declares(
-    a: dict[str, object], b: dict[str, object], condition: faults.Condition, critical: frozenset[int]
+    a: dict[str, object], b: dict[str, object], condition: vocabulary.Condition, critical: frozenset[int]
 ) -> None:
     """`READS` lets the operator keep a GPU's answers while those fields stay as they were: a GPU that
     takes another's values in every field a predicate reads gets that predicate's answer."""
-    reads = faults.READS[condition]
+    reads = conditions.READS[condition]
     alike = {k: v for k, v in b.items() if k not in reads} | {k: v for k, v in a.items() if k in reads}
-    check = faults.gpu_checks(critical)[condition]
+    check = conditions.gpu_checks(critical)[condition]
     assert check(alike) == check(a)  # type: ignore[arg-type]
 
 

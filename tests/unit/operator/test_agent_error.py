@@ -8,7 +8,7 @@ whole fleet was drained for a configuration error.
 import datetime
 from typing import Any
 
-from gpuhealth_api import keys, vocabulary
+from gpuhealth_api import conditions, keys, vocabulary
 from gpuhealth_operator.decisions import model, overrides, policies, signals, times, verdicts
 
 Condition = vocabulary.Condition
@@ -93,4 +93,4 @@ def test_an_agent_error_is_no_new_evidence_after_a_human_override() -> None:
 
 
 def test_no_policy_rule_names_agent_error() -> None:
-    assert Condition.AGENT_ERROR not in vocabulary.RULE_CONDITIONS
+    assert Condition.AGENT_ERROR not in conditions.RULE_CONDITIONS

@@ -17,7 +17,7 @@ from typing import Any, cast
 import pytest
 
 import gpunode_facts
-from gpuhealth_api import keys, resources, vocabulary
+from gpuhealth_api import conditions, keys, resources, vocabulary
 from gpuhealth_operator import context, handlers, metrics, settings, stopping, ticker
 from gpuhealth_operator.decisions import model, overrides, policies, signals, verdicts
 from gpuhealth_sim import memcluster
@@ -342,7 +342,7 @@ def test_maintenance_is_no_new_evidence_after_a_human_override_and_no_rule_names
     assert verdict.conditions[Condition.GPU_OPERATOR_MAINTENANCE].status == "True"
     evidence = overrides.gather(verdict, facts(), frozenset())
     assert Condition.GPU_OPERATOR_MAINTENANCE.value not in evidence.episodes
-    assert Condition.GPU_OPERATOR_MAINTENANCE not in vocabulary.RULE_CONDITIONS
+    assert Condition.GPU_OPERATOR_MAINTENANCE not in conditions.RULE_CONDITIONS
 
 
 def test_a_lost_gpu_held_from_before_the_maintenance_stays_as_it_was() -> None:

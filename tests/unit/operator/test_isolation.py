@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gpuhealth_api import keys, vocabulary
+from gpuhealth_api import conditions, keys, vocabulary
 from gpuhealth_operator.decisions import device_taints, isolation, model, policies, verdicts
 
 Condition = vocabulary.Condition
@@ -241,7 +241,7 @@ def test_a_gpu_missing_from_the_list_is_nobody_to_isolate() -> None:
 
 def test_missing_data_attributes_nothing() -> None:
     found = isolation.attribute(
-        {}, GPU_NODE, vocabulary.PER_GPU_CONDITIONS - {Condition.GPU_LOST}, critical_xids=CRITICAL
+        {}, GPU_NODE, conditions.PER_GPU_CONDITIONS - {Condition.GPU_LOST}, critical_xids=CRITICAL
     )
     assert found == isolation.Attribution(())
 

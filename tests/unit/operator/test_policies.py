@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from gpuhealth_api import keys, vocabulary
+from gpuhealth_api import conditions, keys, vocabulary
 from gpuhealth_operator.decisions import model, policies
 
 Condition = vocabulary.Condition
@@ -63,7 +63,7 @@ def test_isolation_fields_parse_and_default() -> None:
     assert policy.isolation_effect is vocabulary.IsolationEffect.NO_SCHEDULE
 
 
-@pytest.mark.parametrize("condition", sorted(vocabulary.PER_GPU_CONDITIONS))
+@pytest.mark.parametrize("condition", sorted(conditions.PER_GPU_CONDITIONS))
 def test_isolate_gpu_is_accepted_for_every_per_gpu_fault(condition: Condition) -> None:
     spec = {"rules": [{"name": "one-gpu", "condition": condition.value, "action": "IsolateGPU"}]}
     (rule,) = policies.parse_policy("p", 1, spec).rules

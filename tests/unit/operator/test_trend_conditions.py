@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import gpunode_facts
-from gpuhealth_api import faults, vocabulary
+from gpuhealth_api import conditions, faults, vocabulary
 from gpuhealth_operator import cache
 from gpuhealth_operator.decisions import gpu_facts, model, policies, severity, signals, trends, verdicts
 
@@ -128,14 +128,14 @@ def test_severity_classes() -> None:
 
 @pytest.mark.parametrize("condition", NEW)
 def test_every_new_condition_has_every_table_row(condition: Condition) -> None:
-    assert condition in vocabulary.RULE_CONDITIONS
+    assert condition in conditions.RULE_CONDITIONS
     assert condition in signals.FACT_CONDITIONS
     assert condition in severity.ORDER
     assert (condition in severity.FATAL) != (condition in severity.SUSTAINED)
     assert condition in signals._HEALTHY_MESSAGES
     if condition is not Condition.NIC_DEGRADED:  # node-level: status.nics, kept whole
-        assert condition in faults.gpu_checks(frozenset())
-        assert faults.READS[condition] <= set(gpu_facts.FIELDS)
+        assert condition in conditions.gpu_checks(frozenset())
+        assert conditions.READS[condition] <= set(gpu_facts.FIELDS)
 
 
 # --- every new condition through the cache to a verdict --------------------------------------------------
@@ -360,7 +360,7 @@ def test_a_registration_in_progress_is_a_fault_only_after_the_rules_for_seconds(
     assert node.report(done, minutes(11)) == set()  # fatal: clears with its evidence
 
 
-COUNTERS = [(condition, path) for condition, paths in faults.GPU_COUNTERS.items() for path in paths]
+COUNTERS = [(condition, path) for condition, paths in conditions.GPU_COUNTERS.items() for path in paths]
 
 
 @pytest.mark.parametrize(("condition", "path"), COUNTERS, ids=[p for _, p in COUNTERS])

@@ -8,7 +8,7 @@ how early MemoryDegrading came before a fatal memory fault, and which NVLink and
 import pathlib
 from typing import Any
 
-from gpuhealth_api import faults, vocabulary
+from gpuhealth_api import conditions, faults, vocabulary
 from gpuhealth_sim import backtest, scoring, tracegen, traces
 
 A = backtest.Action
@@ -86,7 +86,8 @@ def test_a_warned_gpu_grows_corrected_errors_faster_than_the_default_threshold()
         gpus.append(gpu)
     counts = [g["ecc"]["correctedVolatile"] for g in gpus]
     assert (
-        counts[0] == 0 and counts[1] == 53 > faults.DEFAULT_THRESHOLDS[vocabulary.Condition.MEMORY_DEGRADING]
+        counts[0] == 0
+        and counts[1] == 53 > conditions.DEFAULT_THRESHOLDS[vocabulary.Condition.MEMORY_DEGRADING]
     )
     assert not gpus[1].get("xids") and gpus[2]["xids"][0]["code"] == faults.MEMORY_DEGRADING_XID
 

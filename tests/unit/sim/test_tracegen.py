@@ -8,7 +8,7 @@ from typing import Any, cast
 import pytest
 import yaml
 
-from gpuhealth_api import faults, xid_catalogue
+from gpuhealth_api import conditions, xid_catalogue
 from gpuhealth_sim import backtest, scoring, tracegen, traces
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -103,9 +103,9 @@ def test_every_fatal_fault_reads_as_the_agent_would_show_it_and_the_default_poli
     policy = yaml.safe_load((ROOT / "examples" / "default-policy.yaml").read_text())
     draining = {r["condition"] for r in policy["spec"]["rules"] if r["action"] == "Drain"}
     gpu = healthy_gpu()
-    assert not faults.gpu_faults(cast(Any, gpu), xid_catalogue.default_critical())
+    assert not conditions.gpu_faults(cast(Any, gpu), xid_catalogue.default_critical())
     tracegen.apply_fault(gpu, tracegen.Episode("fatal", 0.0, 3600.0, {"fault": fault, "gpu": 0}), 60.0)
-    fired = faults.gpu_faults(cast(Any, gpu), xid_catalogue.default_critical())
+    fired = conditions.gpu_faults(cast(Any, gpu), xid_catalogue.default_critical())
     assert set(fired) & draining, f"{fault}: {fired}"
 
 
