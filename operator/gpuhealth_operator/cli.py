@@ -146,6 +146,18 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         "--api-connections", type=int, default=default.api_connections, help="connections to the API server"
     )
     parser.add_argument(
+        "--repair-templates",
+        default=None,
+        metavar="NAMESPACE/NAME",
+        help="ConfigMap of the repair Job templates (keys ResetGPU, RebootNode, Validation) for policies "
+        "with spec.repair (default: the templates packaged with the operator)",
+    )
+    parser.add_argument(
+        "--repair-namespace",
+        default=None,
+        help="namespace the repair Jobs run in (default: the templates ConfigMap's, else gpu-health)",
+    )
+    parser.add_argument(
         "--log-level", default=default.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
     logformat.add_argument(parser, default.log_format)
@@ -164,6 +176,8 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         parser.error("--full-pass-seconds must be positive")
     if args.resync_seconds <= 0:
         parser.error("--resync-seconds must be positive")
+    if args.repair_templates is not None and len(args.repair_templates.split("/")) != 2:
+        parser.error("--repair-templates must be NAMESPACE/NAME")
     if args.leader_elect and (problems := timing.problems()):
         parser.error("; ".join(problems))
     return settings.Settings(
@@ -186,6 +200,8 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         resync_seconds=args.resync_seconds,
         eviction_concurrency=args.eviction_concurrency,
         api_connections=args.api_connections,
+        repair_templates=args.repair_templates,
+        repair_namespace=args.repair_namespace,
         log_level=args.log_level,
         log_format=args.log_format,
     )

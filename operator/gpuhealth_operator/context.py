@@ -267,6 +267,15 @@ class Context:
     domains: domain_states.DomainStates = dataclasses.field(default_factory=domain_states.DomainStates)
     """policy → its degraded topology domains, and what they last counted of each node (`domain_actions`)."""
 
+    repair_history: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    """node → its GPUNode `status.repairs[]` as this process last made it (`repairing`), written with
+    the node's next status; absent: the status as stored is the history."""
+
+    repair_templates: recent.Recent[str, dict[str, dict[str, Any]]] = dataclasses.field(
+        default_factory=lambda: recent.Recent(30.0)
+    )
+    """The repair Job templates as last read (one key: the ConfigMap, or the packaged file)."""
+
     def __post_init__(self) -> None:
         self.admission.breakers = self.breakers
         self.admission.turned = self.verdicts.turned_unhealthy
@@ -337,6 +346,7 @@ class Context:
         self.drained_unsaid.pop(name, None)
         self.drain_policies.pop(name, None)
         self.announced_cordons.pop(name, None)
+        self.repair_history.pop(name, None)
         lock = self.node_locks.get(name)
         if lock is not None and not lock.locked():
             del self.node_locks[name]

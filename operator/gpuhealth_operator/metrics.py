@@ -77,6 +77,7 @@ HANDLERS = ("node", "gpunode", "policy", "timer")
 
 LATENCY_BUCKETS_SECONDS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 DRAIN_BUCKETS_SECONDS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0)
+REPAIR_BUCKETS_SECONDS = (10.0, 30.0, 45.0, 60.0, 75.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0)
 
 
 class FleetGauge(prometheus_client.Gauge):
@@ -115,6 +116,9 @@ class Metrics:
     drain_failed_nodes: FleetGauge
     domain_degraded: FleetGauge
     domain_at_budget: FleetGauge
+    repairs: prometheus_client.Counter
+    nodes_retired: FleetGauge
+    repair_duration: prometheus_client.Histogram
     _models: dict[str, set[str]] = dataclasses.field(default_factory=dict)
     """Models each policy's GPU series exist for (a model gone from the policy loses its series)."""
     _counted_at: dict[str, datetime.datetime] = dataclasses.field(default_factory=dict)
@@ -262,6 +266,29 @@ class Metrics:
                 [LABEL_POLICY, LABEL_KEY, LABEL_VALUE],
                 registry=registry,
             ),
+            repairs=prometheus_client.Counter(
+                f"{PREFIX}_repairs_total",
+                "Repair steps and validations (spec.repair), by action (ResetGPU, RebootNode, Validation) "
+                "and result (Started, Succeeded, Failed, TimedOut, NoEffect, Cancelled, ValidationPassed, "
+                "ValidationFailed; Retired with action none).",
+                [LABEL_ACTION, LABEL_RESULT],
+                registry=registry,
+            ),
+            nodes_retired=FleetGauge(
+                f"{PREFIX}_nodes_retired",
+                f"Nodes the policy selects that repair retired ({keys.NEEDS_REPAIR_LABEL}="
+                f"{keys.NEEDS_REPAIR_MANUAL}): cordoned until a human returns them.",
+                [LABEL_POLICY],
+                registry=registry,
+            ),
+            repair_duration=prometheus_client.Histogram(
+                f"{PREFIX}_repair_duration_seconds",
+                "From a repair cycle's first step to the node back in service (result returned) or retired "
+                "(result retired), or the cycle cancelled (result cancelled).",
+                [LABEL_RESULT],
+                buckets=REPAIR_BUCKETS_SECONDS,
+                registry=registry,
+            ),
         )
         for gauge in meters.fleet_gauges():
             gauge.shown = lambda: not meters._standby
@@ -289,6 +316,7 @@ class Metrics:
             self.gpus_out_of_service,
             self.drain_failed_nodes,
             self.domain_degraded,
+            self.nodes_retired,
             self.domain_at_budget,
         )
 
@@ -319,6 +347,8 @@ class Metrics:
                 self.unknown_nodes.remove(name, reason)
         with contextlib.suppress(KeyError):
             self.budget_pending.remove(name)
+        with contextlib.suppress(KeyError):
+            self.nodes_retired.remove(name)
         with contextlib.suppress(KeyError):
             self.breaker_open.remove(name)
         with contextlib.suppress(KeyError):

@@ -37,7 +37,7 @@ from typing import Any
 import aiohttp
 
 from gpuhealth_api import heartbeats, vocabulary
-from gpuhealth_operator import cache, context, drills, isolating, kube, remediation, stopping
+from gpuhealth_operator import cache, context, drills, isolating, kube, remediation, repairing, stopping
 from gpuhealth_operator.actions import events, nodes, status
 from gpuhealth_operator.decisions import (
     hysteresis,
@@ -322,6 +322,7 @@ def desired_status(
     if straggler is not None:
         desired["straggler"] = straggler
     desired.update(isolating.status_fields(ctx, name))  # every policy's isolated GPUs
+    desired.update(repairing.status_fields(ctx, name))  # the repair history (ours: kept in every write)
     return desired
 
 
@@ -364,7 +365,8 @@ def _differs(current: dict[str, Any], desired: dict[str, Any]) -> bool:
         return True
     if "straggler" not in desired and current.get("straggler"):
         return True
-    if any(k not in desired and current.get(k) for k in (*isolating.STATUS_FIELDS, POLICIES_FIELD)):
+    owned = (*isolating.STATUS_FIELDS, POLICIES_FIELD, repairing.STATUS_FIELD)
+    if any(k not in desired and current.get(k) for k in owned):
         return True
     have = {c.get("type"): c for c in current.get("conditions") or []}
     want = {c.get("type"): c for c in desired["conditions"]}

@@ -32,6 +32,7 @@ from gpuhealth_operator import (
     kube,
     node_changes,
     overrides,
+    repairing,
     stopping,
 )
 from gpuhealth_operator.actions import drain, events, nodes
@@ -158,6 +159,13 @@ async def _capacity(
     await overrides.forget_drain(ctx, name)
     await overrides.expire(ctx, name, verdict)
     verdict = overrides.judged_after(ctx, policy, name, verdict)
+    # A repair in progress owns the node until it returns it, retires it, or is cancelled; a retired
+    # node stays cordoned until a human returns it (no request unless the Node carries either).
+    handled = await repairing.take(ctx, policy, name, verdict, now)
+    if handled is not None:
+        if handled.returned and await _uncordon(ctx, policy, name, verdict, validated=True):
+            return LESSER_ACTIONS.get(verdict.wanted_action, NodeAction.NONE)
+        return handled.action
     record = ctx.cache.node(name)
     if record is None:
         return NodeAction.NONE  # gone: nothing left to do
@@ -173,7 +181,10 @@ async def _capacity(
         await announcements.cordoned(ctx, policy.name, name, _issues(verdict), wanted is Action.DRAIN)
         if wanted is Action.CORDON or record.view.cordoned_by is None:
             return NodeAction.CORDONED  # cordoned by someone else: theirs to drain and lift, never ours
-        return await _drain(ctx, policy, name, now)
+        drained = await _drain(ctx, policy, name, now)
+        if drained is NodeAction.DRAINED and policy.repair is not None:
+            return await repairing.begin(ctx, policy, name, verdict, now)  # a repair cycle, or it waits
+        return drained
 
     ctx.admission.stop_waiting(policy.name, name)
     if record.view.unschedulable and record.view.cordoned_by == policy.name:
@@ -393,19 +404,29 @@ async def _run_drain(
 
 
 async def _uncordon(
-    ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict
-) -> None:
-    """Lift our cordon: only from a version of the Node that shows it ours, and only if still that version."""
+    ctx: context.Context,
+    policy: model.Policy,
+    name: str,
+    verdict: model.NodeVerdict,
+    *,
+    validated: bool = False,
+) -> bool:
+    """Lift our cordon: only from a version of the Node that shows it ours, and only if still that version.
+
+    `validated`: a repair's validation passed (`repairing`): no healthyForSeconds wait
+    (`verdicts.may_return_validated`), every other condition the same. True when uncordoned.
+    """
+    allowed = verdicts.may_return_validated if validated else verdicts.may_uncordon
     body: kube.JsonObject | None = None
     for _attempt in range(3):
         record = ctx.cache.node(name)
         if (
             record is None
             or not record.view.unschedulable
-            or not verdicts.may_uncordon(policy, record.view, verdict)  # ours, selected (not excluded)
+            or not allowed(policy, record.view, verdict)  # ours, selected (not excluded)
             or record.cordon_taken_over  # a human cordoned it again: theirs (`overrides.react` says so)
         ):
-            return
+            return False
         try:
             body = await nodes.uncordon(
                 ctx.client, name, policy=policy.name, resource_version=record.resource_version
@@ -416,9 +437,9 @@ async def _uncordon(
                 raise
             await _refresh(ctx, name)  # changed under us: judged again from the version now stored
     if body is None:
-        return
+        return False
     record = ctx.cache.refresh_node(body)
-    bookkeeping = (nodes.DRAIN_STARTED_ANNOTATION, nodes.CORDONED_AT_ANNOTATION)
+    bookkeeping = (nodes.DRAIN_STARTED_ANNOTATION, nodes.CORDONED_AT_ANNOTATION, keys.REPAIR_ANNOTATION)
     if record is not None and any(key in record.view.annotations for key in bookkeeping):
         ctx.cache.refresh_node(
             await nodes.patch_metadata(ctx.client, name, annotations=dict.fromkeys(bookkeeping))
@@ -428,12 +449,18 @@ async def _uncordon(
         task.cancel()
     ctx.drain_results.pop(name, None)
     ctx.drained_unsaid.pop(name, None)
-    ctx.meters.actions.labels("Uncordon", "Recovered").inc()
+    ctx.meters.actions.labels("Uncordon", "Validated" if validated else "Recovered").inc()
+    why = (
+        "repaired and validated (spec.repair)"
+        if validated
+        else f"healthy for {policy.recovery_healthy_for_seconds:g}s"
+    )
     await ctx.recorder.emit(
         events.subject(ctx.cache, name),
         vocabulary.EventReason.NODE_UNCORDONED,
-        f"Node uncordoned by policy {policy.name}: healthy for {policy.recovery_healthy_for_seconds:g}s.",
+        f"Node uncordoned by policy {policy.name}: {why}.",
     )
+    return True
 
 
 async def _dry_run(
@@ -449,6 +476,8 @@ async def _dry_run(
     if changes and (disruptive or verdict.issues or planned.isolating):
         message = f"Dry run: policy {policy.name} would {', '.join(changes)} ({_issues(verdict)})."
         message += planned.ladder_note
+        if disruptive:
+            message += repairing.dry_run_note(ctx, policy, name, verdict)
         if ctx.dry_run_said.get(key) != message:
             ctx.dry_run_said[key] = message
             ctx.meters.actions.labels(vocabulary.NodeAction.DRY_RUN.value, _reason(verdict)).inc()

@@ -86,6 +86,13 @@ class Settings:
     request_timeout_seconds: float = 30.0
     """Timeout of one request to the API server (watches excluded)."""
 
+    repair_templates: str | None = None
+    """`NAMESPACE/NAME` of the ConfigMap of repair Job templates (`spec.repair`); None: the packaged
+    defaults (`repair-templates.yaml`, the chart's ConfigMap holds the same)."""
+
+    repair_namespace: str | None = None
+    """Namespace the repair Jobs run in; None: the templates' ConfigMap's namespace, else `gpu-health`."""
+
     log_level: str = "INFO"
     """Python logging level name."""
 

@@ -30,6 +30,7 @@ from gpuhealth_operator import (
     metrics,
     pausing,
     reconciler,
+    repairing,
 )
 from gpuhealth_operator.actions import status
 from gpuhealth_operator.decisions import model, times, verdicts
@@ -98,6 +99,7 @@ async def tick(ctx: context.Context, *, full: bool = False, statuses: bool = Tru
         elif isinstance(result, BaseException):
             raise result  # cancelled: the timer is stopping
     await pausing.announce(ctx, now)
+    await repairing.sweep(ctx, now)  # repairs of nodes excluded, deselected, or of deleted/dry-run policies
     await isolating.sweep(ctx, now)  # the DeviceTaintRules of deleted policies: adopted or restored
     await domain_actions.on_timer(ctx, now, full=full)  # recovery holds, and marks drifted meanwhile
     if statuses:
@@ -153,6 +155,7 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
     count_gpus = policy is not None and ctx.meters.gpus_due(name, now)
     generation = 0
     drain_failed = 0
+    retired = 0
     if policy is not None:
         generation = policy.generation
         for node in ctx.cache.selection(policy).selected:
@@ -175,12 +178,15 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
                     drain_failed += 1
             if ctx.admission.waiting(name, record.view.name):
                 counts["pendingNodes"] += 1
+            if record.view.labels.get(keys.NEEDS_REPAIR_LABEL) == keys.NEEDS_REPAIR_MANUAL:
+                retired += 1
         for health in vocabulary.Health:
             ctx.meters.nodes.labels(name, health.value).set(health_counts[health.value])
         for reason in metrics.UNKNOWN_REASONS:
             ctx.meters.unknown_nodes.labels(name, reason).set(unknown_counts[reason])
         ctx.meters.budget_pending.labels(name).set(counts["pendingNodes"])
         ctx.meters.drain_failed_nodes.labels(name).set(drain_failed)
+        ctx.meters.nodes_retired.labels(name).set(retired)
         if count_gpus:
             ctx.meters.record_gpus(name, tally, now)
     if error is not None:

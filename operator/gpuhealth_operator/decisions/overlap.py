@@ -85,6 +85,9 @@ ACTION_STRENGTH: Final[dict[vocabulary.NodeAction, int]] = {
     _NodeAction.CORDONED: 7,
     _NodeAction.DRAINING: 8,
     _NodeAction.DRAINED: 9,
+    _NodeAction.REPAIRING: 10,
+    _NodeAction.VALIDATING: 10,
+    _NodeAction.RETIRED: 11,
 }
 """How much a status action says about the node: a cordon waiting for the budget (Pending) says more
 than a label, a cordon made more than one waited for, a drain more than its cordon."""

@@ -230,6 +230,22 @@ def may_uncordon(policy: model.Policy, node: model.NodeView, verdict: model.Node
     )
 
 
+def may_return_validated(policy: model.Policy, node: model.NodeView, verdict: model.NodeVerdict) -> bool:
+    """Whether `policy` may uncordon `node` whose repair validation just passed (`spec.repair`): as
+    `may_uncordon`, but the verdict need not have been healthy for recovery.healthyForSeconds; it must
+    want no Cordon/Drain and not be Unknown or Unhealthy (the agent's report after the repair shows
+    the fault gone). The validation Job's pass stands in for the wait."""
+    return (
+        policy.recovery_uncordon
+        and policy.repair is not None
+        and node.cordoned_by == policy.name
+        and verdict.node == node.name
+        and verdict.wanted_action not in vocabulary.DISRUPTIVE_ACTIONS
+        and verdict.health in (Health.HEALTHY, Health.DEGRADED)
+        and policies.selects(policy, node)
+    )
+
+
 def unknown_reason(verdict: model.NodeVerdict) -> Condition:
     """Why an Unknown verdict judges nothing (the GPUHealthy Node condition's reason): the GPU Operator's
     maintenance first (it explains the rest), then a stale agent, then an agent in error."""

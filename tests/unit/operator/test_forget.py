@@ -21,6 +21,7 @@ from gpunode_facts import verdict
 
 NOT_STATE = {"config", "client", "meters", "recorder", "cache", "agent_pods", "eviction_slots", "clock"}
 NOT_STATE |= {"isolation_discovery"}  # what discovery says of DeviceTaintRules, cluster-wide
+NOT_STATE |= {"repair_templates"}  # the repair Job templates, cluster-wide
 """Context fields that hold no per-node or per-policy memory (the cache and the agent pods, views of
 the cluster, are tested on their own)."""
 
@@ -43,6 +44,7 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.drained_unsaid[node] = "Node drained by policy p."
     ctx.drain_policies[node] = policy
     ctx.announced_cordons[node] = "2026-01-01T00:00:00Z"
+    ctx.repair_history[node] = [{"cycle": 1, "result": "Started"}]
     ctx.dry_run_said[(policy, node)] = f"Dry run: policy {policy} would cordon"
     ctx.drill_said[(policy, node)] = f"Drill: policy {policy} would cordon"
     ctx.drill_health[(policy, node)] = "Unhealthy"
@@ -65,6 +67,7 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
 
 FILLED = {
     "node_locks",
+    "repair_history",
     "admission",
     "cordons_unknown",
     "verdicts",
@@ -199,6 +202,7 @@ def test_forget_verdicts_keeps_the_nodes_own_memory() -> None:
             "drained_unsaid",
             "drain_policies",
             "announced_cordons",
+            "repair_history",
         }
         assert not ctx.drains["n"].cancelled()
         ctx.drains["n"].cancel()

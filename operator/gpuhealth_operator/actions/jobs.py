@@ -1,0 +1,215 @@
+"""Requests for repair (`spec.repair`): the Job templates, a step's Job (fill in, create, read, delete),
+and the Node's repair annotation and retire label.
+
+A template is a Job manifest (YAML) under the key of its action (`ResetGPU`, `RebootNode`,
+`Validation`) in a ConfigMap (`--repair-templates NAMESPACE/NAME`), or in the packaged
+`repair-templates.yaml` (the chart ships the same defaults). `fill` makes a template the Job of one
+step on one node: our labels, `nodeName` (the scheduler, and so our own cordon, is bypassed),
+a toleration of every taint, the environment the commands read, no retries and the step's deadline.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.resources
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import yaml
+
+from gpuhealth_api import keys, vocabulary
+from gpuhealth_operator import kube
+
+PACKAGED: Final = "repair-templates.yaml"
+TEMPLATE_KEYS: Final = (
+    vocabulary.RepairAction.RESET_GPU.value,
+    vocabulary.RepairAction.REBOOT_NODE.value,
+    vocabulary.VALIDATION_JOB,
+)
+MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY: Final = "gpu-health"
+TTL_AFTER_FINISHED_SECONDS: Final = 3600
+DEFAULT_NAMESPACE: Final = "gpu-health"
+
+
+class TemplateError(ValueError):
+    """The templates cannot be read or a template is not a Job manifest (the message says why)."""
+
+
+def parse_templates(data: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Templates by key from a ConfigMap's `data` (YAML text per key), or a mapping of manifests.
+
+    A ConfigMap manifest as a whole (the packaged file may be one) is read from its `data`.
+    """
+    if data.get("kind") == "ConfigMap":
+        data = data.get("data") or {}
+    templates: dict[str, dict[str, Any]] = {}
+    for key in TEMPLATE_KEYS:
+        raw = data.get(key)
+        if raw is None:
+            continue
+        try:
+            manifest = yaml.safe_load(raw) if isinstance(raw, str) else raw
+        except yaml.YAMLError as error:
+            raise TemplateError(f"template {key}: not YAML: {error}") from None
+        if not isinstance(manifest, Mapping) or not isinstance(manifest.get("spec"), Mapping):
+            raise TemplateError(f"template {key}: not a Job manifest (no spec)")
+        templates[key] = dict(manifest)
+    return templates
+
+
+def packaged_templates() -> dict[str, dict[str, Any]]:
+    """The defaults packaged with the operator (the chart's ConfigMap holds the same)."""
+    resource = importlib.resources.files("gpuhealth_operator").joinpath(PACKAGED)
+    try:
+        text = resource.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TemplateError(f"the packaged {PACKAGED} is missing") from None
+    loaded = yaml.safe_load(text)
+    if not isinstance(loaded, Mapping):
+        raise TemplateError(f"the packaged {PACKAGED} is not a mapping")
+    return parse_templates(loaded)
+
+
+def configmap_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/configmaps/{name}"
+
+
+async def read_templates(client: kube.Client, namespace: str, name: str) -> dict[str, dict[str, Any]]:
+    """The templates of ConfigMap NAMESPACE/NAME; TemplateError naming the refusal (404, 403)."""
+    try:
+        body = await client.get(configmap_path(namespace, name))
+    except kube.ApiError as error:
+        if 400 <= error.status < 500:
+            raise TemplateError(
+                f"cannot read ConfigMap {namespace}/{name} of repair templates: {error.status} {error.reason}"
+            ) from None
+        raise
+    return parse_templates(body.get("data") or {})
+
+
+def jobs_path(namespace: str, name: str | None = None) -> str:
+    path = f"/apis/batch/v1/namespaces/{namespace}/jobs"
+    return f"{path}/{name}" if name else path
+
+
+def fill(
+    template: Mapping[str, Any],
+    *,
+    name: str,
+    namespace: str,
+    node: str,
+    policy: str,
+    cycle: int,
+    action: str,
+    gpus: Sequence[str],
+    timeout_seconds: float,
+) -> dict[str, Any]:
+    """The Job of one step (or validation) on one node from its template."""
+    job = copy.deepcopy(dict(template))
+    job["apiVersion"] = "batch/v1"
+    job["kind"] = "Job"
+    labels = {
+        keys.REPAIR_ACTION_LABEL: action,
+        keys.REPAIR_CYCLE_LABEL: str(cycle),
+        keys.POLICY_LABEL: policy,
+        keys.NODE_LABEL: node,
+        MANAGED_BY_LABEL: MANAGED_BY,
+    }
+    metadata = dict(job.get("metadata") or {})
+    metadata.pop("generateName", None)
+    metadata.pop("resourceVersion", None)
+    metadata["name"] = name
+    metadata["namespace"] = namespace
+    metadata["labels"] = {**(metadata.get("labels") or {}), **labels}
+    job["metadata"] = metadata
+    spec = dict(job.get("spec") or {})
+    spec["backoffLimit"] = 0
+    spec["activeDeadlineSeconds"] = max(1, int(timeout_seconds))
+    spec["ttlSecondsAfterFinished"] = TTL_AFTER_FINISHED_SECONDS
+    pod = dict(spec.get("template") or {})
+    pod_meta = dict(pod.get("metadata") or {})
+    pod_meta["labels"] = {**(pod_meta.get("labels") or {}), **labels}
+    pod["metadata"] = pod_meta
+    pod_spec = dict(pod.get("spec") or {})
+    pod_spec["nodeName"] = node
+    pod_spec["restartPolicy"] = "Never"
+    pod_spec["tolerations"] = [*(pod_spec.get("tolerations") or []), {"operator": "Exists"}]
+    env = [
+        {"name": keys.REPAIR_NODE_ENV, "value": node},
+        {"name": keys.REPAIR_GPUS_ENV, "value": ",".join(gpus)},
+        {"name": keys.REPAIR_ACTION_ENV, "value": action},
+    ]
+    ours = {e["name"] for e in env}
+    for field in ("containers", "initContainers"):
+        containers = []
+        for container in pod_spec.get(field) or []:
+            filled = dict(container)
+            filled["env"] = [*(e for e in filled.get("env") or [] if e.get("name") not in ours), *env]
+            containers.append(filled)
+        if field in pod_spec:
+            pod_spec[field] = containers
+    pod["spec"] = pod_spec
+    spec["template"] = pod
+    job["spec"] = spec
+    job.pop("status", None)
+    return job
+
+
+async def create(client: kube.Client, job: Mapping[str, Any]) -> tuple[kube.JsonObject, bool]:
+    """Create the Job; (the Job, True) when created, (the Job found, False) when it existed (adopted)."""
+    namespace = job["metadata"]["namespace"]
+    try:
+        return await client.create(jobs_path(namespace), job), True
+    except kube.ApiError as error:
+        if error.status != 409:
+            raise
+    return await client.get(jobs_path(namespace, job["metadata"]["name"])), False
+
+
+async def read(client: kube.Client, namespace: str, name: str) -> kube.JsonObject | None:
+    """The Job, or None when it does not exist."""
+    try:
+        return await client.get(jobs_path(namespace, name))
+    except kube.ApiError as error:
+        if error.not_found:
+            return None
+        raise
+
+
+async def delete(client: kube.Client, namespace: str, name: str) -> bool:
+    """Delete the Job and (in the background) its pods; False when it was gone already."""
+    try:
+        await client.request("DELETE", jobs_path(namespace, name), query={"propagationPolicy": "Background"})
+    except kube.ApiError as error:
+        if error.not_found:
+            return False
+        raise
+    return True
+
+
+async def set_state(
+    client: kube.Client,
+    node: str,
+    *,
+    value: str | None,
+    resource_version: str,
+    retired: bool = False,
+) -> kube.JsonObject:
+    """Write (or remove: None) the Node's repair annotation, only on the version it was decided from
+    (409 otherwise); `retired` also sets the needs-repair label."""
+    metadata: dict[str, Any] = {
+        "resourceVersion": resource_version,
+        "annotations": {keys.REPAIR_ANNOTATION: value},
+    }
+    if retired:
+        metadata["labels"] = {keys.NEEDS_REPAIR_LABEL: keys.NEEDS_REPAIR_MANUAL}
+    return await client.patch(f"/api/v1/nodes/{node}", {"metadata": metadata})
+
+
+async def clear_retired(client: kube.Client, node: str) -> kube.JsonObject:
+    """A human returned a retired node: the needs-repair label (and any repair state) goes."""
+    body = {
+        "metadata": {"labels": {keys.NEEDS_REPAIR_LABEL: None}, "annotations": {keys.REPAIR_ANNOTATION: None}}
+    }
+    return await client.patch(f"/api/v1/nodes/{node}", body)

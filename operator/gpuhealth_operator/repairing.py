@@ -1,0 +1,795 @@
+"""Repair (`spec.repair`, DESIGN.md "Repair", safety rule 8): drained → step → effect → validation → return.
+
+Once a policy's own drain of a node completed (status Drained) and the fault still wants the drain,
+`begin` starts a repair cycle: under the admission lock it counts the repairs in progress (every
+node with the repair annotation, all policies) against maxConcurrent and the node's cycles in the
+attempt window (GPUNode `status.repairs[]`) against maxAttempts, writes the cycle's state on the Node
+(`keys.REPAIR_ANNOTATION`, resourceVersion precondition) and creates the step's Job. From then on
+`take` owns the node, on every pass (the timer visits a cordoned node every tick, and reads the
+Job each time: polling, not a Job watch): it reads the Job and the agent's latest report, asks
+`decisions.repair` what they mean and does it — the next step, the validation Job, a validated
+return (remediation uncordons at once, no healthyForSeconds wait), or retire (label
+`gpuhealth.io/needs-repair=manual`, still cordoned, Event NodeRetired).
+
+A cycle is cancelled (its Job deleted, the annotation removed, Event RemediationPaused) when a human
+makes the node schedulable (an override), the node is excluded, the policy is deleted, switched to
+dry run, stops selecting the node or loses `spec.repair` (`sweep`, every timer pass, and `take`).
+No step's Job is created on a node with an evictable pod, or while the policy's fleet circuit
+breaker holds disruptions back (a running step is still observed). A Job that cannot be created
+(4xx: RBAC, quota, admission, an invalid template) fails its step with the API server's words and
+the cycle moves to the next step: each step is tried once per cycle, so it never loops.
+
+A restarted or new leader resumes from the annotation: the Job's name is derived from the node,
+the cycle and the step (`repair.job_name`), so it adopts the Job it finds (a create meets 409)
+and never starts a second one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from gpuhealth_api import keys, vocabulary
+from gpuhealth_operator import context, kube, stopping
+from gpuhealth_operator.actions import drain, events, jobs
+from gpuhealth_operator.decisions import isolation, model, policies, repair, times
+
+logger = logging.getLogger(__name__)
+
+NodeAction = vocabulary.NodeAction
+Result = vocabulary.RepairResult
+Phase = repair.Phase
+STATUS_FIELD: Final = "repairs"
+PACKAGED_KEY: Final = ""
+"""The `repair_templates` key of the packaged templates."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Handled:
+    """Repair owns the node this pass: the status action; `returned`: validated, uncordon it now."""
+
+    action: NodeAction
+    returned: bool = False
+
+
+# --- reading -----------------------------------------------------------------------------------------
+
+
+def state_of(ctx: context.Context, name: str) -> repair.State | None:
+    record = ctx.cache.node(name)
+    return repair.parse(record.view.annotations.get(keys.REPAIR_ANNOTATION)) if record is not None else None
+
+
+def history(ctx: context.Context, name: str) -> list[dict[str, Any]]:
+    """The node's `status.repairs[]`: as this process last made it, else as stored."""
+    made = ctx.repair_history.get(name)
+    if made is not None:
+        return made
+    gpunode = ctx.cache.gpunode(name)
+    stored = gpunode.status.get(STATUS_FIELD) if gpunode is not None else None
+    return [dict(e) for e in stored if isinstance(e, Mapping)] if isinstance(stored, list) else []
+
+
+def status_fields(ctx: context.Context, name: str) -> dict[str, Any]:
+    """The GPUNode status field of repair (kept in every status write: it is ours under server-side apply)."""
+    listed = history(ctx, name)
+    return {STATUS_FIELD: listed} if listed else {}
+
+
+def in_progress(ctx: context.Context) -> int:
+    """Repairs in progress, all policies: nodes with the repair annotation."""
+    return sum(1 for r in ctx.cache.nodes.values() if keys.REPAIR_ANNOTATION in r.view.annotations)
+
+
+def namespace(ctx: context.Context) -> str:
+    if ctx.config.repair_namespace:
+        return ctx.config.repair_namespace
+    if ctx.config.repair_templates:
+        return ctx.config.repair_templates.split("/", 1)[0]
+    return jobs.DEFAULT_NAMESPACE
+
+
+async def templates(ctx: context.Context, now: datetime.datetime) -> dict[str, dict[str, Any]]:
+    """The Job templates (`--repair-templates`, else packaged); TemplateError says why none."""
+    where = ctx.config.repair_templates
+    if not where:
+        return await ctx.repair_templates.read(PACKAGED_KEY, now, _packaged)
+    ns, name = where.split("/", 1)
+    return await ctx.repair_templates.read(where, now, lambda: jobs.read_templates(ctx.client, ns, name))
+
+
+async def _packaged() -> dict[str, dict[str, Any]]:
+    return jobs.packaged_templates()
+
+
+def faulty_gpus(
+    ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict
+) -> list[tuple[int | None, str]]:
+    """(index, UUID) of the GPUs showing the conditions of the fired Cordon/Drain rules."""
+    record = ctx.cache.node(name)
+    gpunode = ctx.cache.gpunode(name)
+    if record is None or gpunode is None:
+        return []
+    wanted = {r.condition for r in verdict.fired_rules if r.action in vocabulary.DISRUPTIVE_ACTIONS} or set(
+        verdict.issues
+    )
+    found = isolation.attribute(gpunode.status, record.view, wanted, critical_xids=policies.rule_xids(policy))
+    return sorted(
+        ((g.index, g.uuid) for g in found.gpus if g.uuid is not None),
+        key=lambda g: (g[0] is None, g[0] or 0, g[1]),
+    )
+
+
+def all_gpus(ctx: context.Context, name: str) -> tuple[str, ...]:
+    """UUIDs of every GPU the agent lists on the node."""
+    gpunode = ctx.cache.gpunode(name)
+    listed = isolation.listed_gpus(gpunode.status) if gpunode is not None else []
+    return tuple(u for g in listed if isinstance(u := g.get("uuid"), str) and u)
+
+
+def report(ctx: context.Context, name: str, verdict: model.NodeVerdict) -> repair.Report:
+    gpunode = ctx.cache.gpunode(name)
+    agent: Mapping[str, Any] = (gpunode.status.get("agent") or {}) if gpunode is not None else {}
+    boot = agent.get("bootId") if isinstance(agent, Mapping) else None
+    return repair.Report(
+        seen_at=gpunode.report_seen_at if gpunode is not None else None,
+        boot_id=boot if isinstance(boot, str) and boot else None,
+        fault_gone=verdict.wanted_action not in vocabulary.DISRUPTIVE_ACTIONS
+        and verdict.health is not vocabulary.Health.UNKNOWN,
+    )
+
+
+def _boot_id(ctx: context.Context, name: str) -> str | None:
+    gpunode = ctx.cache.gpunode(name)
+    agent = (gpunode.status.get("agent") or {}) if gpunode is not None else {}
+    boot = agent.get("bootId") if isinstance(agent, Mapping) else None
+    return boot if isinstance(boot, str) and boot else None
+
+
+def cancel_reason(ctx: context.Context, state: repair.State, name: str) -> str | None:
+    """Why the cycle in progress must stop now (None: it goes on)."""
+    record = ctx.cache.node(name)
+    if record is None:
+        return "the node is gone"
+    view = record.view
+    if not view.unschedulable or view.cordoned_by != state.policy or record.cordon_taken_over:
+        return "the node was made schedulable by someone other than gpu-health"
+    why = stopping.why_stop(ctx, state.policy, name)
+    if why is not None:
+        return why
+    current = ctx.cache.policies.get(state.policy)
+    if current is None or current.repair is None:
+        return f"policy {state.policy} no longer has spec.repair"
+    return None
+
+
+# --- the action protocol: a step's Job ---------------------------------------------------------------
+
+
+class JobStep:
+    """One repair step (or validation) as a Job on the node (`actions.protocol.Action[repair.JobView]`)."""
+
+    def __init__(
+        self,
+        ctx: context.Context,
+        policy: model.Policy,
+        node: str,
+        state: repair.State,
+        *,
+        key: str,
+        timeout_seconds: float,
+        words: str,
+    ) -> None:
+        self.ctx = ctx
+        self.policy = policy
+        self.node = node
+        self.state = state
+        self.key = key
+        self.timeout_seconds = timeout_seconds
+        self._words = words
+        self.namespace = namespace(ctx)
+
+    @property
+    def name(self) -> str:
+        return self._words
+
+    async def decide(self, now: datetime.datetime) -> str | None:
+        """Why no Job may be created now: the breaker holds disruptions back, or an evictable pod."""
+        paused = self.ctx.breakers.paused(self.policy.name)
+        if paused is not None:
+            return f"the policy's fleet circuit breaker is {paused.state.value}: {paused.reason}"
+        options = drain.Options(
+            grace_period_seconds=self.policy.drain_grace_period_seconds,
+            delete_empty_dir_data=self.policy.drain_delete_empty_dir_data,
+            force=self.policy.drain_force,
+            exclude_namespaces=self.policy.drain_exclude_namespaces,
+            backoff_initial_seconds=self.ctx.config.eviction_backoff_initial_seconds,
+            backoff_max_seconds=self.ctx.config.eviction_backoff_max_seconds,
+        )
+        wanted = drain.classify(await drain.list_pods(self.ctx.client, self.node), options).wanted
+        if wanted:
+            return f"{len(wanted)} evictable pod(s) on the node"
+        return None
+
+    async def start(self, now: datetime.datetime) -> bool:
+        """Create the Job from its template; False: it existed (adopted). TemplateError, ApiError."""
+        found = await templates(self.ctx, now)
+        template = found.get(self.key)
+        if template is None:
+            raise jobs.TemplateError(f"no {self.key} template")
+        # ResetGPU: the faulty GPUs; RebootNode and Validation: every GPU the agent lists.
+        gpus = (
+            self.state.gpus
+            if self.key == vocabulary.RepairAction.RESET_GPU
+            else all_gpus(self.ctx, self.node)
+        )
+        body = jobs.fill(
+            template,
+            name=self.state.job,
+            namespace=self.namespace,
+            node=self.node,
+            policy=self.policy.name,
+            cycle=self.state.cycle,
+            action=self.key,
+            gpus=gpus,
+            timeout_seconds=self.timeout_seconds,
+        )
+        _, created = await jobs.create(self.ctx.client, body)
+        return created
+
+    async def observe(self) -> repair.JobView:
+        return repair.job_view(await jobs.read(self.ctx.client, self.namespace, self.state.job))
+
+    async def undo(self) -> bool:
+        return await jobs.delete(self.ctx.client, self.namespace, self.state.job)
+
+
+def _step_of(
+    ctx: context.Context, policy: model.Policy, spec: model.RepairSpec, name: str, state: repair.State
+) -> JobStep:
+    step = spec.steps[state.step]
+    if state.phase is Phase.VALIDATE:
+        return JobStep(
+            ctx,
+            policy,
+            name,
+            state,
+            key=vocabulary.VALIDATION_JOB,
+            timeout_seconds=spec.validation_timeout_seconds or 0.0,
+            words=f"validation after step {step.name} ({step.action.value})",
+        )
+    return JobStep(
+        ctx,
+        policy,
+        name,
+        state,
+        key=step.action.value,
+        timeout_seconds=step.timeout_seconds,
+        words=_step_words(step, state),
+    )
+
+
+def _step_words(
+    step: model.RepairStep, state: repair.State, indexed: Sequence[tuple[int | None, str]] = ()
+) -> str:
+    if step.action is vocabulary.RepairAction.RESET_GPU:
+        named = indexed or [(None, u) for u in state.gpus]
+        return f"step {step.name} ({step.action.value}) on {repair.gpu_words(named)}"
+    return f"step {step.name} ({step.action.value})"
+
+
+# --- writing -----------------------------------------------------------------------------------------
+
+
+async def _write_state(
+    ctx: context.Context, name: str, state: repair.State | None, *, retired: bool = False
+) -> bool:
+    """Write the node's repair state (None: remove it) on the cached version; False on a conflict."""
+    record = ctx.cache.node(name)
+    if record is None:
+        return False
+    try:
+        body = await jobs.set_state(
+            ctx.client,
+            name,
+            value=repair.render(state) if state is not None else None,
+            resource_version=record.resource_version,
+            retired=retired,
+        )
+    except kube.ApiError as error:
+        if not error.conflict:
+            raise
+        ctx.cache.refresh_node(await ctx.client.get(f"/api/v1/nodes/{name}"))
+        return False
+    return ctx.cache.refresh_node(body) is not None
+
+
+def _note(
+    ctx: context.Context,
+    name: str,
+    now: datetime.datetime,
+    state: repair.State,
+    *,
+    step: str,
+    action: str,
+    result: Result,
+    message: str,
+) -> None:
+    item = repair.entry(
+        now, cycle=state.cycle, step=step, action=action, gpus=state.gpus, result=result, message=message
+    )
+    ctx.repair_history[name] = repair.with_entry(history(ctx, name), item)
+    ctx.meters.repairs.labels(action or "none", result.value).inc()
+
+
+def _started(ctx: context.Context, name: str, state: repair.State) -> bool:
+    """Whether this state's Job was created (its Started entry names it)."""
+    return any(
+        e.get("result") == Result.STARTED and state.job in str(e.get("message") or "")
+        for e in history(ctx, name)
+    )
+
+
+def _observe_duration(ctx: context.Context, state: repair.State, result: str, now: datetime.datetime) -> None:
+    started = state.started or state.since
+    ctx.meters.repair_duration.labels(result).observe(max(0.0, times.seconds_between(started, now)))
+
+
+# --- the cycle ---------------------------------------------------------------------------------------
+
+
+async def take(
+    ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict, now: datetime.datetime
+) -> Handled | None:
+    """Before the node ladder: a retired node stays so; a cycle of this policy in progress goes on.
+
+    None: repair does not own the node this pass (the ladder decides as without repair).
+    """
+    record = ctx.cache.node(name)
+    if record is None:
+        return None
+    view = record.view
+    if view.labels.get(keys.NEEDS_REPAIR_LABEL) == keys.NEEDS_REPAIR_MANUAL:
+        if not view.unschedulable:  # a human returned it: the mark goes
+            ctx.cache.refresh_node(await jobs.clear_retired(ctx.client, name))
+            logger.info(
+                "retired node %s was made schedulable by a human: label %s removed",
+                name,
+                keys.NEEDS_REPAIR_LABEL,
+            )
+            return None
+        return Handled(NodeAction.RETIRED) if view.cordoned_by == policy.name else None
+    state = repair.parse(view.annotations.get(keys.REPAIR_ANNOTATION))
+    if state is None or state.policy != policy.name:
+        return None  # none, or another policy's (`sweep` cancels it when that policy is gone)
+    why = cancel_reason(ctx, state, name)
+    if why is not None:
+        await cancel(ctx, name, state, why, now)
+        return None
+    assert policy.repair is not None  # cancel_reason checked it
+    return await _advance(ctx, policy, policy.repair, name, state, verdict, now)
+
+
+async def begin(
+    ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict, now: datetime.datetime
+) -> NodeAction:
+    """The policy drained the node for a fault that still wants the drain: start a repair cycle, wait for
+    maxConcurrent (Drained), or retire the node (maxAttempts cycles in the window, or no step applies)."""
+    spec = policy.repair
+    record = ctx.cache.node(name)
+    if spec is None or record is None or verdict.wanted_action is not vocabulary.Action.DRAIN:
+        return NodeAction.DRAINED
+    if keys.REPAIR_ANNOTATION in record.view.annotations or record.view.cordoned_by != policy.name:
+        return NodeAction.DRAINED  # another policy's cycle, or not ours
+    if policy.dry_run or stopping.why_stop(ctx, policy.name, name) is not None:
+        return NodeAction.DRAINED
+    if ctx.breakers.paused(policy.name) is not None:
+        return NodeAction.DRAINED  # no new step while the breaker holds disruptions back
+    indexed = faulty_gpus(ctx, policy, name, verdict)
+    gpus = tuple(u for _, u in indexed)
+    past = history(ctx, name)
+    first = repair.next_step(spec, 0, gpus)
+    state: repair.State | None = None
+    if first is not None:
+        cycle = repair.next_cycle(past)
+        state = repair.State(
+            policy=policy.name,
+            cycle=cycle,
+            step=first,
+            phase=Phase.STEP,
+            since=now,
+            gpus=gpus,
+            boot_id=_boot_id(ctx, name),
+            job=repair.job_name(name, cycle, first),
+            started=now,
+        )
+        why = await _step_of(ctx, policy, spec, name, state).decide(now)
+        if why is not None:
+            logger.info("repair of node %s by policy %s waits: %s", name, policy.name, why)
+            return NodeAction.DRAINED
+    async with ctx.admission.lock:  # one count of repairs in progress at a time, with the budgets'
+        selected = len(ctx.cache.selection(policy).selected)
+        decision = repair.may_start(
+            spec,
+            history=past,
+            in_progress=in_progress(ctx),
+            limit=policies.resolve_max_concurrent(spec, selected),
+            gpus=gpus,
+            now=now,
+        )
+        written = decision is repair.Start.GO and state is not None and await _write_state(ctx, name, state)
+    if decision is repair.Start.RETIRE:
+        count = repair.cycles_in_window(past, now, spec.attempt_window_seconds)
+        return (
+            await _retire(
+                ctx,
+                policy,
+                name,
+                None,
+                f"a fault again after {count} repair cycle(s) within {spec.attempt_window_seconds:g}s "
+                f"(maxAttempts {spec.max_attempts})",
+                now,
+            )
+        ).action
+    if decision is repair.Start.NOTHING:
+        why = "no step applies: ResetGPU needs the faulty GPUs' UUIDs and none is known (a node-wide fault)"
+        return (await _retire(ctx, policy, name, None, why, now)).action
+    if not written or state is None:
+        return NodeAction.DRAINED  # maxConcurrent repairs in progress (or the Node changed): it waits
+    handled = await _launch(ctx, policy, spec, name, state, verdict, now, indexed=indexed)
+    return handled.action if handled is not None else NodeAction.DRAINED
+
+
+async def _advance(  # noqa: PLR0917 - one pass's inputs
+    ctx: context.Context,
+    policy: model.Policy,
+    spec: model.RepairSpec,
+    name: str,
+    state: repair.State,
+    verdict: model.NodeVerdict,
+    now: datetime.datetime,
+) -> Handled | None:
+    if state.step >= len(spec.steps):
+        return await _retire(
+            ctx, policy, name, state, "the policy's repair steps changed under the cycle", now
+        )
+    step = spec.steps[state.step]
+    action = _step_of(ctx, policy, spec, name, state)
+    job = await action.observe()
+    if job.phase is repair.JobPhase.MISSING and not _started(ctx, name, state):
+        return await _launch(ctx, policy, spec, name, state, verdict, now)  # written, never created
+    seen = report(ctx, name, verdict)
+    if state.phase is Phase.STEP:
+        transition = repair.observe_step(state, step, job, seen, now)
+    else:
+        transition = repair.observe_validation(state, spec.validation_timeout_seconds or 0.0, job, now)
+        if transition.outcome is repair.Outcome.PASSED and not seen.fault_gone:
+            transition = repair.Transition(
+                repair.Outcome.FAILED,
+                Result.VALIDATION_FAILED,
+                f"{transition.message}, but the agent reports the fault again",
+            )
+    kind = action.key
+    subject = events.subject(ctx.cache, name)
+    if transition.outcome is repair.Outcome.WAIT:
+        return Handled(NodeAction.REPAIRING if state.phase is Phase.STEP else NodeAction.VALIDATING)
+    if transition.outcome is repair.Outcome.EFFECT:
+        _note(
+            ctx,
+            name,
+            now,
+            state,
+            step=step.name,
+            action=kind,
+            result=Result.SUCCEEDED,
+            message=transition.message,
+        )
+        if spec.validation_timeout_seconds is None:
+            if await _write_state(ctx, name, None):
+                _observe_duration(ctx, state, "returned", now)
+                await ctx.recorder.emit(
+                    subject,
+                    vocabulary.EventReason.REPAIR_SUCCEEDED,
+                    f"Repair cycle {state.cycle} by policy {policy.name}: {action.name} worked "
+                    f"({transition.message}); no validation is configured, so the node returns to service "
+                    f"after {policy.recovery_healthy_for_seconds:g}s of health.",
+                )
+            return None
+        validating = dataclasses.replace(
+            state,
+            phase=Phase.VALIDATE,
+            since=now,
+            boot_id=_boot_id(ctx, name),
+            job=repair.job_name(name, state.cycle, state.step, validation=True),
+        )
+        if not await _write_state(ctx, name, validating):
+            return Handled(NodeAction.REPAIRING)
+        launched = await _launch(ctx, policy, spec, name, validating, verdict, now)
+        return launched if launched is not None else Handled(NodeAction.VALIDATING)
+    if transition.outcome is repair.Outcome.PASSED:
+        _note(
+            ctx,
+            name,
+            now,
+            state,
+            step=step.name,
+            action=kind,
+            result=Result.VALIDATION_PASSED,
+            message=transition.message,
+        )
+        await ctx.recorder.emit(
+            subject,
+            vocabulary.EventReason.VALIDATION_PASSED,
+            f"Validation after step {step.name} ({step.action.value}) passed: {transition.message}.",
+        )
+        _observe_duration(ctx, state, "returned", now)
+        await ctx.recorder.emit(
+            subject,
+            vocabulary.EventReason.REPAIR_SUCCEEDED,
+            f"Repair cycle {state.cycle} by policy {policy.name} succeeded: step {step.name} "
+            f"({step.action.value}) and validation; the node returns to service now.",
+        )
+        return Handled(NodeAction.VALIDATING, returned=True)
+    return await _failed(ctx, policy, spec, name, state, verdict, transition, now)
+
+
+async def _failed(  # noqa: PLR0917 - one failure's context
+    ctx: context.Context,
+    policy: model.Policy,
+    spec: model.RepairSpec,
+    name: str,
+    state: repair.State,
+    verdict: model.NodeVerdict,
+    transition: repair.Transition,
+    now: datetime.datetime,
+) -> Handled | None:
+    """A step or validation failed: say so, then the next step, or retire."""
+    step = spec.steps[state.step] if state.step < len(spec.steps) else None
+    validating = state.phase is Phase.VALIDATE
+    kind = vocabulary.VALIDATION_JOB if validating else (step.action.value if step else "")
+    result = transition.result or (Result.VALIDATION_FAILED if validating else Result.FAILED)
+    _note(
+        ctx,
+        name,
+        now,
+        state,
+        step=step.name if step else "",
+        action=kind,
+        result=result,
+        message=transition.message,
+    )
+    what = (
+        f"Validation after step {step.name}"
+        if validating and step
+        else (f"Repair step {step.name} ({kind})" if step else "Repair step")
+    )
+    indexed = faulty_gpus(ctx, policy, name, verdict)
+    gpus = tuple(u for _, u in indexed) or state.gpus
+    following = repair.next_step(spec, state.step + 1, gpus)
+    then = (
+        f"next: step {spec.steps[following].name} ({spec.steps[following].action.value})"
+        if following is not None
+        else "no step left: the node is retired"
+    )
+    await ctx.recorder.emit(
+        events.subject(ctx.cache, name),
+        vocabulary.EventReason.VALIDATION_FAILED if validating else vocabulary.EventReason.REPAIR_FAILED,
+        f"{what} failed ({result.value}): {transition.message}; {then}.",
+        events.WARNING,
+    )
+    if following is None:
+        return await _retire(ctx, policy, name, state, f"{what.lower()} failed and no step is left", now)
+    nxt = repair.State(
+        policy=policy.name,
+        cycle=state.cycle,
+        step=following,
+        phase=Phase.STEP,
+        since=now,
+        gpus=gpus,
+        boot_id=_boot_id(ctx, name),
+        job=repair.job_name(name, state.cycle, following),
+        started=state.started,
+    )
+    if not await _write_state(ctx, name, nxt):
+        return Handled(NodeAction.REPAIRING)
+    return await _launch(ctx, policy, spec, name, nxt, verdict, now, indexed=indexed)
+
+
+async def _launch(  # noqa: PLR0917 - one launch's inputs
+    ctx: context.Context,
+    policy: model.Policy,
+    spec: model.RepairSpec,
+    name: str,
+    state: repair.State,
+    verdict: model.NodeVerdict,
+    now: datetime.datetime,
+    *,
+    indexed: Sequence[tuple[int | None, str]] = (),
+) -> Handled | None:
+    """Create the state's Job (written on the Node already) when the node is safe for it."""
+    action = _step_of(ctx, policy, spec, name, state)
+    phase = NodeAction.REPAIRING if state.phase is Phase.STEP else NodeAction.VALIDATING
+    why = await action.decide(now)
+    if why is not None:
+        logger.info("repair of node %s: %s waits: %s", name, action.name, why)
+        if "evictable" in why and verdict.wanted_action is vocabulary.Action.DRAIN:
+            return None  # the ladder drains the node again; the Job is created once it is empty
+        return Handled(phase)
+    if state.phase is Phase.STEP and indexed:
+        action = JobStep(
+            ctx,
+            policy,
+            name,
+            state,
+            key=action.key,
+            timeout_seconds=action.timeout_seconds,
+            words=_step_words(spec.steps[state.step], state, indexed),
+        )
+    step = spec.steps[state.step]
+    try:
+        created = await action.start(now)
+    except jobs.TemplateError as error:
+        return await _failed(
+            ctx,
+            policy,
+            spec,
+            name,
+            state,
+            verdict,
+            repair.Transition(repair.Outcome.FAILED, Result.FAILED, f"no Job could be made: {error}"),
+            now,
+        )
+    except kube.ApiError as error:
+        if not 400 <= error.status < 500 or error.status in (408, 429):
+            raise  # transient: the next pass creates it (or adopts it)
+        return await _failed(
+            ctx,
+            policy,
+            spec,
+            name,
+            state,
+            verdict,
+            repair.Transition(
+                repair.Outcome.FAILED,
+                Result.FAILED,
+                f"Job {action.namespace}/{state.job} could not be created: {error.status} {error.reason}: "
+                f"{_api_message(error)}",
+            ),
+            now,
+        )
+    _note(
+        ctx,
+        name,
+        now,
+        state,
+        step=step.name,
+        action=action.key,
+        result=Result.STARTED,
+        message=f"Job {action.namespace}/{state.job} {'created' if created else 'adopted'}",
+    )
+    if state.phase is Phase.STEP:
+        await ctx.recorder.emit(
+            events.subject(ctx.cache, name),
+            vocabulary.EventReason.REPAIR_STARTED,
+            f"Repair cycle {state.cycle} by policy {policy.name}: {action.name} started (Job "
+            f"{action.namespace}/{state.job}, timeout {action.timeout_seconds:g}s).",
+        )
+    else:
+        logger.info("node %s: %s started (Job %s/%s)", name, action.name, action.namespace, state.job)
+    return Handled(phase)
+
+
+def _api_message(error: kube.ApiError) -> str:
+    import json  # noqa: PLC0415 - only for a refused create
+
+    try:
+        body = json.loads(error.body)
+    except ValueError:
+        return error.body[:300]
+    return str(body.get("message") or error.body)[:300] if isinstance(body, dict) else error.body[:300]
+
+
+async def _retire(  # noqa: PLR0917 - one retire's inputs
+    ctx: context.Context,
+    policy: model.Policy,
+    name: str,
+    state: repair.State | None,
+    why: str,
+    now: datetime.datetime,
+) -> Handled:
+    """Give up: label needs-repair=manual, the cordon stays, the repair state goes; say so."""
+    if not await _write_state(ctx, name, None, retired=True):
+        return Handled(NodeAction.REPAIRING if state is not None else NodeAction.DRAINED)
+    cycle = state.cycle if state is not None else repair.next_cycle(history(ctx, name)) - 1
+    record = repair.State(
+        policy=policy.name,
+        cycle=max(cycle, 0),
+        step=0,
+        phase=Phase.STEP,
+        since=now,
+        gpus=state.gpus if state is not None else (),
+        boot_id=None,
+        job="",
+    )
+    _note(ctx, name, now, record, step="", action="", result=Result.RETIRED, message=why)
+    if state is not None:
+        _observe_duration(ctx, state, "retired", now)
+    await ctx.recorder.emit(
+        events.subject(ctx.cache, name),
+        vocabulary.EventReason.NODE_RETIRED,
+        f"Repair by policy {policy.name} gave up on the node: {why}. It stays cordoned with label "
+        f"{keys.NEEDS_REPAIR_LABEL}={keys.NEEDS_REPAIR_MANUAL} until a human returns it "
+        f"(kubectl uncordon {name}).",
+        events.WARNING,
+    )
+    return Handled(NodeAction.RETIRED)
+
+
+async def cancel(
+    ctx: context.Context, name: str, state: repair.State, why: str, now: datetime.datetime
+) -> None:
+    """Stop the cycle: delete its Job, remove the state, record Cancelled, say so."""
+    ns = namespace(ctx)
+    deleted = await jobs.delete(ctx.client, ns, state.job)
+    if not await _write_state(ctx, name, None):
+        return  # changed meanwhile: the next pass decides again
+    kind = vocabulary.VALIDATION_JOB if state.phase is Phase.VALIDATE else ""
+    policy = ctx.cache.policies.get(state.policy)
+    if (
+        not kind
+        and policy is not None
+        and policy.repair is not None
+        and state.step < len(policy.repair.steps)
+    ):
+        kind = policy.repair.steps[state.step].action.value
+    _note(ctx, name, now, state, step="", action=kind, result=Result.CANCELLED, message=f"cancelled: {why}")
+    _observe_duration(ctx, state, "cancelled", now)
+    gone = "deleted" if deleted else "already gone"
+    await ctx.recorder.emit(
+        events.subject(ctx.cache, name),
+        vocabulary.EventReason.REMEDIATION_PAUSED,
+        f"Repair cycle {state.cycle} by policy {state.policy} cancelled: {why}. Its Job {ns}/{state.job} "
+        f"is {gone}; no further repair step runs.",
+        events.WARNING,
+    )
+
+
+async def sweep(ctx: context.Context, now: datetime.datetime) -> None:
+    """Cancel every cycle that must stop (the timer's pass): nodes a reconcile no longer reaches
+    (excluded, no longer selected, the policy deleted or in dry run) included."""
+    for name, record in list(ctx.cache.nodes.items()):
+        if keys.REPAIR_ANNOTATION not in record.view.annotations:
+            continue
+        async with ctx.node_locks[name]:
+            state = state_of(ctx, name)
+            if state is None:
+                continue
+            why = cancel_reason(ctx, state, name)
+            if why is not None:
+                try:
+                    await cancel(ctx, name, state, why, now)
+                except kube.ApiError:
+                    logger.warning(
+                        "cancelling the repair of node %s failed (will retry)", name, exc_info=True
+                    )
+
+
+def dry_run_note(ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict) -> str:
+    """What repair would do after the drain a dry run describes ("" when nothing)."""
+    spec = policy.repair
+    if spec is None or verdict.wanted_action is not vocabulary.Action.DRAIN:
+        return ""
+    indexed = faulty_gpus(ctx, policy, name, verdict)
+    first = repair.next_step(spec, 0, [u for _, u in indexed])
+    if first is None:
+        return " Repair would retire the node: no step applies (no faulty GPU's UUID is known)."
+    step = spec.steps[first]
+    if step.action is vocabulary.RepairAction.RESET_GPU:
+        doing = f"reset {repair.gpu_words(indexed)}"
+    else:
+        doing = "reboot the node"
+    then = ", then validate" if spec.validation_timeout_seconds is not None else ""
+    return f" Repair would then {doing} (step {step.name}, {step.action.value}){then}."
