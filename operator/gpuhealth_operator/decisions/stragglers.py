@@ -23,8 +23,14 @@ slowest of eight GPUs sits about 1.4 jitters (5 %) below their typical clock,
 and a GPU that is really 13 % slow stood only ~8 % below its peers' scores: a
 15 % one-GPU straggler was never flagged (issue 27). The median over reports
 takes the jitter out (a healthy node's slowest median is ~2.5 % below) and
-keeps a real straggler's slow GPU where it is; a median, so one report caught
-in a short power-brake or thermal burst does not move it.
+keeps a real straggler's slow GPU where it is. A GPU's clock on a report that
+gives it a thermal or power slowdown reason is the slowdown's, which the
+throttle share judges: it stays out of that GPU's median (unless the GPU was
+throttled on every report of the window). A median alone does not keep a
+burst out: three throttled reports of eight move it by rank, and on seed 27
+(1,000 node-days) a node whose two GPUs were throttled for 15 minutes (its
+ThermalThrottled label) stood 9.5 % below max on median and was labelled
+Straggler 11 minutes after the burst, for 35 minutes at full clock.
 
 The worst GPU, not the mean, because a synchronous job (data-parallel
 training, collectives) runs at the pace of its slowest GPU. The throttle share
@@ -55,9 +61,14 @@ sample, so a real straggler's z wanders around its median and a healthy
 node's dips now and then. Judged per sample, one sample above the threshold
 would restart the forSeconds clock of a real straggler, and a healthy node
 could be flagged for a sample. So the sustained condition is judged on the
-window (`windowed`): a node is flagged when at least WINDOW_QUANTILE of its
-z-scores of the last forSeconds are below -threshold, and held since the
-window's oldest sample (so a node seen for less than forSeconds still waits).
+window (`windowed`): a node is flagged when its z-scores of the last
+forSeconds span forSeconds (less SPAN_SLACK of a heartbeat) and at least
+WINDOW_QUANTILE of them are below -threshold, held since the window's oldest
+sample, so the rule fires then, on that evidence. Without the span, a node
+back from idle whose one settled z was below the threshold was flagged on it
+alone, and at the agent's 300 s heartbeat the rule's forSeconds (300) ran out
+as its next report came in, before the timer judged that report: it was
+labelled on one sample (seed 27, 1,000 node-days, a healthy gpu-h100-001).
 A flagged node stays flagged while the mean of its z-scores over the hold
 (the window, and at least its last HOLD_SAMPLES samples, none from before
 the evidence that flagged it) is below
@@ -103,6 +114,9 @@ CLOCK_WINDOW_SAMPLES: Final = 6
 """The score is each GPU's median clock over the reports of this many heartbeats (`smoothed`)."""
 SETTLED_SAMPLES: Final = 3
 """A node's score counts as evidence (a z-score in its window) once it rests on this many reports."""
+SPAN_SLACK: Final = 0.1
+"""A new flag's samples span forSeconds less this share of a heartbeat: the agent draws each quiet period
+up to 10 % short of its heartbeat (the agent's HEARTBEAT_JITTER)."""
 
 Cohort = tuple[str, str]
 """(GPU model, driver version)."""
@@ -157,9 +171,9 @@ def node_score(facts: status.GPUNodeStatus) -> float | None:
     return None if clocks is None else _score((clocks,))
 
 
-Clocks = tuple[tuple[float | None, ...], float]
-"""One report's clock ratio of each GPU by position (None: not busy, or no clocks) and its throttle share
-(the share of busy GPUs with a thermal or power slowdown reason)."""
+Clocks = tuple[tuple[float | None, ...], float, tuple[int, ...]]
+"""One report's clock ratio of each GPU by position (None: not busy, or no clocks), its throttle share
+(the share of busy GPUs with a thermal or power slowdown reason) and those GPUs' positions."""
 
 
 def clocks_of(facts: status.GPUNodeStatus) -> Clocks | None:
@@ -168,8 +182,9 @@ def clocks_of(facts: status.GPUNodeStatus) -> Clocks | None:
     if not isinstance(gpus, list):
         return None
     ratios: list[float | None] = []
-    busy = throttled = 0
-    for gpu in gpus:
+    busy = 0
+    throttled: list[int] = []
+    for position, gpu in enumerate(gpus):
         ratio = _clock_ratio(gpu) if isinstance(gpu, gpu_facts.MAPPINGS) else None
         ratios.append(ratio)
         if ratio is None:
@@ -179,23 +194,29 @@ def clocks_of(facts: status.GPUNodeStatus) -> Clocks | None:
         if isinstance(reasons, list) and _SLOWDOWN_REASONS.intersection(
             r for r in reasons if isinstance(r, str)
         ):
-            throttled += 1
+            throttled.append(position)
     if not busy:
         return None
-    return tuple(ratios), throttled / busy
+    return tuple(ratios), len(throttled) / busy, tuple(throttled)
 
 
 def _score(window: Sequence[Clocks]) -> float | None:
-    """min over GPUs of the GPU's median clock ratio over `window`, times (1 - the median throttle
-    share); a single report's score is its slowest busy GPU's ratio times (1 - its throttle share)."""
+    """min over GPUs of the GPU's median clock ratio over `window` (its reports without a slowdown reason
+    for it, if any), times (1 - the median throttle share); a single report's score is its slowest busy
+    GPU's ratio times (1 - its throttle share)."""
     medians = []
-    for position in range(max(len(ratios) for ratios, _ in window)):
-        seen = [r for ratios, _ in window if position < len(ratios) and (r := ratios[position]) is not None]
+    for position in range(max(len(ratios) for ratios, _, _ in window)):
+        seen = [
+            (r, position in throttled)
+            for ratios, _, throttled in window
+            if position < len(ratios) and (r := ratios[position]) is not None
+        ]
+        clear = [r for r, hot in seen if not hot]
         if seen:
-            medians.append(statistics.median(seen))
+            medians.append(statistics.median(clear or [r for r, _ in seen]))
     if not medians:
         return None
-    return min(medians) * (1 - statistics.median(share for _, share in window))
+    return min(medians) * (1 - statistics.median(share for _, share, _ in window))
 
 
 def settled(samples: Samples) -> bool:
@@ -379,7 +400,9 @@ def _judge_window(  # noqa: PLR0917 - `windowed`'s inputs
         held = [z for at, z in samples if flagged_since is None or at >= flagged_since]
         flagged = bool(held) and statistics.fmean(held) < -HOLD_FRACTION * threshold
     else:
-        flagged = sum(1 for _, z in recent if z < -threshold) >= WINDOW_QUANTILE * len(recent)
+        spans = (recent[-1][0] - recent[0][0]).total_seconds() >= window_seconds - SPAN_SLACK * period_seconds
+        below = sum(1 for _, z in recent if z < -threshold)
+        flagged = spans and below >= WINDOW_QUANTILE * len(recent)
     since = None
     if flagged:  # a held flag keeps its start; a new one starts at its window's oldest sample
         since = (flagged_since if was_flagged else None) or recent[0][0]

@@ -41,9 +41,12 @@ def flags_over_time(
     peers: int = 4,
     rounds: int = 18,
     idle: Callable[[int], bool] = lambda _: False,
+    thermal: Callable[[int], bool] = lambda _: False,
 ) -> dict[str, list[bool]]:
     """Each node's Straggler flag after each round of reports: `peers` healthy H200 nodes and `slow`,
-    whose GPU 0 runs at `slow_factor` of the others' clock, idle in the rounds `idle` says."""
+    whose GPU 0 runs at `slow_factor` of the others' clock, idle in the rounds `idle` says, and whose
+    GPUs 2 and 3 are at their slowdown temperature in the rounds `thermal` says (SwThermalSlowdown,
+    clock at 0.85, as the trace generator's thermal episodes)."""
     rng = random.Random(seed)
     names = [f"h200-{i}" for i in range(peers)] + ["slow"]
     flags: dict[str, list[bool]] = {name: [] for name in names}
@@ -69,6 +72,10 @@ def flags_over_time(
                 }
                 if name == "slow" and idle(round_):
                     clocks = {i: {"smClockMHz": 345, "utilizationPercent": 0} for i in range(8)}
+                if name == "slow" and thermal(round_):
+                    for i in (2, 3):
+                        hot = round(clocks[i]["smClockMHz"] * 0.85 / 15) * 15
+                        clocks[i] = {"smClockMHz": hot, "clockEventReasons": ["SwThermalSlowdown"]}
                 status = gpunode_facts.agent_status(
                     model=H200, overrides=clocks, heartbeat=times.render(now[0]), heartbeat_seconds=HEARTBEAT
                 )
@@ -110,6 +117,51 @@ def test_a_healthy_node_back_from_idle_is_not_flagged_on_its_first_reports(seed:
     evidence until it rests on `stragglers.SETTLED_SAMPLES` (a false label of seed 110 before)."""
     flags = flags_over_time(seed, 1.0, peers=7, rounds=40, idle=lambda r: r % 10 < 7)
     assert not any(flags["slow"]), flags["slow"]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_thermal_burst_does_not_label_its_node_a_straggler_after_it_ends(seed: int) -> None:
+    """Seed 27's 1,000 node-day gpu-h100-039: two GPUs throttled for three reports (15 min), then back at
+    full clock. Their throttled clocks stayed in the 30-minute clock window, and three low samples of
+    seven moved the GPU's median by rank (with one jittery report, 9.5 % below max): the node was
+    labelled Straggler 11 minutes after the burst, for 35 minutes at full speed. A throttled report's
+    clock is the slowdown's, which the throttle share judges (ThermalThrottled labels the burst): it
+    stays out of that GPU's clock median."""
+    flags = flags_over_time(seed, 1.0, peers=7, rounds=48, thermal=lambda r: r % 12 in {4, 5, 6})
+    assert not any(flags["slow"]), flags["slow"]
+
+
+def test_a_thermal_bursts_clocks_stay_out_of_the_gpus_median() -> None:
+    """gpu-h100-039's GPU 3 in the eight reports of its clock window 11 minutes after the burst (seed 27,
+    receipt times and clocks from the trace; the other GPUs at max): three throttled reports of eight put
+    its median at 1,792 MHz, 9.5 % below max (z -3.8 in its cohort); without them it is 1,890."""
+    reports = [
+        (567822.5, 1980, False),
+        (568122.5, 1860, False),
+        (568242.5, 1635, True),
+        (568542.5, 1680, True),
+        (568842.5, 1680, True),
+        (569022.5, 1890, False),
+        (569322.5, 1725, False),
+        (569622.5, 1980, False),
+    ]
+    samples = stragglers.Samples()
+    performance: stragglers.Performance = (None, None)
+    for seconds, gpu3, throttled in reports:
+        at = NOW + datetime.timedelta(seconds=seconds - 569622.5)
+        overrides = {3: {"smClockMHz": gpu3, "clockEventReasons": ["SwThermalSlowdown"] if throttled else []}}
+        facts: Any = gpunode_facts.agent_status(model=H200, overrides=overrides, heartbeat_seconds=HEARTBEAT)
+        performance = stragglers.smoothed(samples, stragglers.performance_of(facts), facts, at, at, HEARTBEAT)
+    assert len(samples.clocks) == len(reports)
+    assert performance[1] == pytest.approx(1890 / MAX_CLOCK, abs=1e-3)
+
+
+def test_a_gpu_throttled_in_every_report_keeps_its_throttled_clock_and_its_share() -> None:
+    """A chronically throttled GPU is still judged (its only clocks are throttled ones), and the node's
+    throttle share counts: such a node is slow whenever it runs."""
+    hot = {i: {"smClockMHz": 1680, "clockEventReasons": ["SwThermalSlowdown"]} for i in (0,)}
+    facts = gpunode_facts.agent_status(model=H200, overrides=hot)
+    assert stragglers.node_score(facts) == pytest.approx(1680 / MAX_CLOCK * (1 - 1 / 8), abs=1e-3)
 
 
 def mig_facts(clock_mhz: int, reasons: list[str]) -> Any:

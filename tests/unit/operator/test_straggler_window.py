@@ -45,10 +45,38 @@ def test_a_healthy_node_dipping_for_one_sample_is_not_flagged() -> None:
     assert not judged.flagged
 
 
-def test_a_short_run_is_held_only_since_its_first_sample() -> None:
-    """Two flagged samples are evidence since the first one: forSeconds still has to pass."""
-    judged, _ = run([-6.0, -6.0])
-    assert judged.flagged and judged.since == T0
+def test_a_run_is_flagged_once_its_samples_span_for_seconds_and_held_since_its_first() -> None:
+    """Samples a minute apart: flagged once they span forSeconds (300 s, the sixth), since the first one,
+    so the rule fires then and on that evidence."""
+    flags: list[bool] = []
+    judged, _ = run([-6.0] * 7, flags=flags)
+    assert flags == [False] * 5 + [True] * 2
+    assert judged.since == T0
+
+
+def test_one_sample_below_the_threshold_is_not_a_window() -> None:
+    """Seed 27's 1,000 node-day gpu-h100-001, back from idle: its first settled z (-3.6) was the only
+    sample in its window, flagged since it; the rule fired forSeconds later, when the next report came
+    (z -2.0), before the timer judged it, and the node was labelled Straggler for 20 minutes. At the
+    agent's heartbeat forSeconds 300 spans two reports: a window must span forSeconds to flag."""
+    flags: list[bool] = []
+    run([-3.6, -2.0, -0.6, -0.4], period=300.0, flags=flags)
+    assert flags == [False] * 4
+    flags = []
+    judged, _ = run([-3.6, -4.0, -3.9], period=300.0, flags=flags)
+    assert flags == [False, True, True] and judged.since == T0
+
+
+def test_reports_drawn_short_by_the_agents_jitter_span_the_window() -> None:
+    """The agent draws each quiet period up to 10 % short of its heartbeat: two reports 275 s apart
+    span forSeconds 300 at a 300 s heartbeat."""
+    samples: collections.deque[tuple[datetime.datetime, float]] = collections.deque()
+    judged = None
+    for i in range(2):
+        now = T0 + datetime.timedelta(seconds=275 * i)
+        score = model.StragglerScore(score=0.85, z_score=-5.0, peers=10, flagged=True)
+        judged = stragglers.windowed(samples, score, now, now, 300.0, 300.0, 3.5)
+    assert judged is not None and judged.flagged and judged.since == T0
 
 
 def test_samples_older_than_the_window_are_dropped() -> None:
