@@ -15,6 +15,11 @@ at once. Counters that grow in normal operation and are judged as a rate
 per hour (NVLink CRC/replay/recovery errors, AER correctable, NIC symbol and
 receive errors) wait for the heartbeat: a rate over an hour loses nothing by
 a minute's delay, and a noisy link must not turn every sample into a write.
+
+Which facts those are is not written here: every fact a condition's row reads
+(`gpuhealth_api.conditions`) is significant unless its row says it waits for
+the heartbeat, so a new condition's facts are written at once without an edit
+here; `PROJECTIONS` only says where less than a field's whole value counts.
 """
 
 from __future__ import annotations
