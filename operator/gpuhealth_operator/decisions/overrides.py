@@ -24,12 +24,12 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuhealth_api import keys, status, vocabulary
+from gpuhealth_api import conditions, keys, status, vocabulary
 from gpuhealth_operator.decisions import hysteresis, model, policies, times
 
 Condition = vocabulary.Condition
 _NAMES = frozenset(c.value for c in Condition)
-_NO_EVIDENCE = frozenset({Condition.AGENT_STALE, Condition.AGENT_ERROR, Condition.GPU_OPERATOR_MAINTENANCE})
+_NO_EVIDENCE = conditions.BLIND
 """Conditions that say why nothing is judged, never a fault: no new evidence after an override."""
 
 

@@ -25,7 +25,7 @@ import datetime
 from collections.abc import Mapping
 from typing import Final
 
-from gpuhealth_api import keys, status, vocabulary
+from gpuhealth_api import conditions, keys, status, vocabulary
 from gpuhealth_operator.decisions import (
     hysteresis,
     isolation,
@@ -42,7 +42,7 @@ Condition = vocabulary.Condition
 Action = vocabulary.Action
 Health = vocabulary.Health
 
-BLIND: Final = frozenset({Condition.AGENT_STALE, Condition.AGENT_ERROR, Condition.GPU_OPERATOR_MAINTENANCE})
+BLIND: Final = conditions.BLIND
 """Conditions under which no fact is judged: health Unknown, conditions hold, no disruptive action."""
 
 MAINTENANCE_GRACE_SECONDS: Final = 60.0
