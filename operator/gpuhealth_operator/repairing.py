@@ -209,7 +209,11 @@ class JobStep:
             backoff_initial_seconds=self.ctx.config.eviction_backoff_initial_seconds,
             backoff_max_seconds=self.ctx.config.eviction_backoff_max_seconds,
         )
-        wanted = drain.classify(await drain.list_pods(self.ctx.client, self.node), options).wanted
+        wanted = [
+            pod
+            for pod in drain.classify(await drain.list_pods(self.ctx.client, self.node), options).wanted
+            if keys.REPAIR_ACTION_LABEL not in ((pod.get("metadata") or {}).get("labels") or {})
+        ]  # a repair Job's own pod (one that outlived its node's reboot, say) is not a workload
         if wanted:
             return f"{len(wanted)} evictable pod(s) on the node"
         return None
@@ -476,6 +480,8 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
     subject = events.subject(ctx.cache, name)
     if transition.outcome is repair.Outcome.WAIT:
         return Handled(NodeAction.REPAIRING if state.phase is Phase.STEP else NodeAction.VALIDATING)
+    if job.phase is repair.JobPhase.ACTIVE:
+        await action.undo()  # timed out, or a reboot's pod that outlived the boot: never beside the next Job
     if transition.outcome is repair.Outcome.EFFECT:
         _note(
             ctx,

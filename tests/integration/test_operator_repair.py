@@ -1,0 +1,483 @@
+"""#26 repair against a real API server: drained → Job → effect → validation → back in service, or retired.
+
+The operator runs with `--repair-templates` naming a ConfigMap in a namespace of this module; its Job
+templates' pods carry `kwok.x-k8s.io/status: custom`, so kwok leaves them alone and the test plays the
+node: it ends a pod (pods/status: phase and terminated containers, as a kubelet writes them), the
+Job controller (kube-controller-manager) marks the Job Complete or Failed, and the test writes the
+agent's next report (the GPU's fault gone, a new bootId) as the agent would.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+import gpunode_facts
+import operator_harness
+from gpuhealth_api import keys
+from gpuhealth_sim import repairs, waiting
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 30.0
+TEMPLATES = "repair-templates"
+BOOT = "boot-1"
+
+
+def _template(action: str, *, image: str | None = "registry.k8s.io/pause:3.10") -> str:
+    container: dict[str, Any] = {"name": "step", "command": ["sh", "-c", "echo $(GPUHEALTH_GPU_UUIDS)"]}
+    if image is not None:
+        container["image"] = image
+    return yaml.safe_dump(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"labels": {"template": action}},
+            "spec": {
+                "template": {
+                    "metadata": {"annotations": {"kwok.x-k8s.io/status": "custom"}},
+                    "spec": {"containers": [container]},
+                }
+            },
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def jobs_namespace(k8s: client.ApiClient) -> Iterator[str]:
+    name = f"repair-it-{secrets.token_hex(3)}"
+    core = client.CoreV1Api(k8s)
+    core.create_namespace(body={"metadata": {"name": name}})
+    waiting.wait_until(
+        lambda: core.read_namespaced_service_account("default", name),
+        timeout_seconds=30,
+        message="service account default",
+    )
+    data = {key: _template(key) for key in ("ResetGPU", "RebootNode", "Validation")}
+    core.create_namespaced_config_map(name, {"metadata": {"name": TEMPLATES}, "data": data})
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name)
+
+
+@pytest.fixture(scope="module")
+def operator(
+    crds: Any, k8s: client.ApiClient, jobs_namespace: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[operator_harness.OperatorProcess]:
+    with operator_harness.leading_operator(
+        crds.kubeconfig,
+        k8s,
+        tmp_path_factory.mktemp("operator") / "operator.log",
+        f"repair-{secrets.token_hex(2)}",
+        extra_args=[*operator_harness.QUICK_TIMER, f"--repair-templates={jobs_namespace}/{TEMPLATES}"],
+    ) as process:
+        yield process
+
+
+@pytest.fixture
+def fleet(
+    k8s: client.ApiClient, operator: operator_harness.OperatorProcess
+) -> Iterator[operator_harness.Fleet]:
+    nodes = operator_harness.Fleet(k8s, label=f"rep-{secrets.token_hex(3)}")
+    try:
+        yield nodes
+    finally:
+        if not operator.alive():
+            print(operator.log()[-20000:])
+        nodes.cleanup()
+
+
+# --- the agent, the node and the cluster as the test plays them ---------------------------------------
+
+
+def report(fleet: operator_harness.Fleet, name: str, *, faulty: bool, boot: str = BOOT) -> None:
+    overrides = {0: {"ecc": {"uncorrectedVolatile": 2}}} if faulty else {}
+    facts = gpunode_facts.agent_status(overrides=overrides)
+    facts["agent"]["bootId"] = boot
+    fleet.report(name, facts)
+
+
+def policy(fleet: operator_harness.Fleet, name: str, *, dry_run: bool = False, **repair: Any) -> None:
+    spec: dict[str, Any] = {
+        "steps": [
+            {"name": "reset", "action": "ResetGPU", "timeoutSeconds": 120},
+            {"name": "reboot", "action": "RebootNode", "timeoutSeconds": 120},
+        ],
+        "validation": {"timeoutSeconds": 120},
+        "maxConcurrent": 1,
+    }
+    spec.update(repair)
+    fleet.policy(
+        name,
+        {
+            "dryRun": dry_run,
+            "maxUnavailable": "100%",
+            "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}],
+            "drain": {"timeoutSeconds": 30, "force": True},
+            # Long: a validated node returns at once, never after this wait.
+            "recovery": {"uncordon": True, "healthyForSeconds": 3600},
+            "repair": spec,
+        },
+    )
+
+
+def status(fleet: operator_harness.Fleet, name: str) -> dict[str, Any]:
+    return fleet.gpunode(name).get("status") or {}
+
+
+def wait_action(fleet: operator_harness.Fleet, name: str, action: str, timeout: float = TIMEOUT) -> None:
+    waiting.wait_until(
+        lambda: status(fleet, name).get("action") == action,
+        timeout_seconds=timeout,
+        message=f"{name}: action {action} (now {status(fleet, name).get('action')})",
+    )
+
+
+def jobs(k8s: client.ApiClient, namespace: str, node: str) -> list[dict[str, Any]]:
+    listed = client.BatchV1Api(k8s).list_namespaced_job(
+        namespace, label_selector=f"{keys.NODE_LABEL}={node}", _preload_content=False
+    )
+    items: list[dict[str, Any]] = yaml.safe_load(listed.data)["items"]
+    return [j for j in items if not (j["metadata"].get("deletionTimestamp"))]
+
+
+def wait_job(k8s: client.ApiClient, namespace: str, node: str, action: str) -> dict[str, Any]:
+    """The node's Job of `action` (ResetGPU, RebootNode, Validation) once it exists, and its pod."""
+
+    def found() -> dict[str, Any] | None:
+        return next(
+            (
+                j
+                for j in jobs(k8s, namespace, node)
+                if j["metadata"]["labels"][keys.REPAIR_ACTION_LABEL] == action
+            ),
+            None,
+        )
+
+    waiting.wait_until(found, timeout_seconds=TIMEOUT, message=f"{node}: a {action} Job")
+    job = found()
+    assert job is not None
+    return job
+
+
+def job_pod(k8s: client.ApiClient, namespace: str, job: dict[str, Any]) -> dict[str, Any]:
+    selector = f"job-name={job['metadata']['name']}"
+
+    def found() -> list[dict[str, Any]]:
+        listed = client.CoreV1Api(k8s).list_namespaced_pod(
+            namespace, label_selector=selector, _preload_content=False
+        )
+        items: list[dict[str, Any]] = yaml.safe_load(listed.data)["items"]
+        return items
+
+    waiting.wait_until(found, timeout_seconds=TIMEOUT, message=f"a pod of Job {job['metadata']['name']}")
+    return found()[0]
+
+
+def end(k8s: client.ApiClient, namespace: str, job: dict[str, Any], *, ok: bool) -> None:
+    """Play the node: the Job's pod exits (0 or 1), then wait for the Job controller to finish the Job."""
+    pod = job_pod(k8s, namespace, job)
+    outcome = repairs.Outcome(ok, 0 if ok else 1, "played by the test")
+    client.CoreV1Api(k8s).patch_namespaced_pod_status(
+        pod["metadata"]["name"],
+        namespace,
+        repairs.terminal_status(pod, outcome, time.time()),
+        _content_type="application/merge-patch+json",
+    )
+    wanted = "Complete" if ok else "Failed"
+
+    def finished() -> bool:
+        current = client.BatchV1Api(k8s).read_namespaced_job_status(job["metadata"]["name"], namespace)
+        return any(c.type == wanted and c.status == "True" for c in (current.status.conditions or []))
+
+    waiting.wait_until(finished, timeout_seconds=TIMEOUT, message=f"Job {job['metadata']['name']} {wanted}")
+
+
+def results(fleet: operator_harness.Fleet, name: str) -> list[tuple[str, str]]:
+    return [(e.get("action", ""), e["result"]) for e in status(fleet, name).get("repairs") or []]
+
+
+def cordoned(fleet: operator_harness.Fleet, name: str) -> bool:
+    return bool(fleet.node(name)["spec"].get("unschedulable"))
+
+
+def annotations(fleet: operator_harness.Fleet, name: str) -> dict[str, str]:
+    return fleet.node(name)["metadata"].get("annotations") or {}
+
+
+def faulty_and_drained(fleet: operator_harness.Fleet, name: str, **repair: Any) -> None:
+    fleet.add_node(name, report=False)
+    report(fleet, name, faulty=False)
+    policy(fleet, fleet.label, **repair)
+    report(fleet, name, faulty=True)
+
+
+# --- the cases ----------------------------------------------------------------------------------------
+
+
+def test_reset_then_validation_returns_the_node_at_once(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str
+) -> None:
+    name = f"{fleet.label}-a"
+    faulty_and_drained(fleet, name)
+    job = wait_job(k8s, jobs_namespace, name, "ResetGPU")
+    wait_action(fleet, name, "Repairing")
+    assert cordoned(fleet, name)
+    pod_spec = job["spec"]["template"]["spec"]
+    assert pod_spec["nodeName"] == name
+    assert {"operator": "Exists"} in pod_spec["tolerations"]
+    env = {e["name"]: e["value"] for e in pod_spec["containers"][0]["env"]}
+    uuid = gpunode_facts.healthy_gpu(0)["uuid"]
+    assert env == {"GPUHEALTH_NODE": name, "GPUHEALTH_GPU_UUIDS": uuid, "GPUHEALTH_REPAIR_ACTION": "ResetGPU"}
+    assert job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["activeDeadlineSeconds"] == 120
+    assert job["metadata"]["labels"][keys.POLICY_LABEL] == fleet.label
+    (started,) = fleet.messages(name, "RepairStarted")
+    assert f"GPU 0 ({uuid})" in started, started
+
+    end(k8s, jobs_namespace, job, ok=True)
+    report(fleet, name, faulty=False)  # the agent's next report: the GPU's volatile ECC count reset
+    validation = wait_job(k8s, jobs_namespace, name, "Validation")
+    wait_action(fleet, name, "Validating")
+    assert cordoned(fleet, name), "validation runs on the cordoned node"
+    end(k8s, jobs_namespace, validation, ok=True)
+
+    waiting.wait_until(lambda: not cordoned(fleet, name), timeout_seconds=TIMEOUT, message="uncordoned")
+    for reason in ("ValidationPassed", "RepairSucceeded", "NodeUncordoned"):
+        waiting.wait_until(lambda r=reason: fleet.events(name, r), timeout_seconds=TIMEOUT, message=reason)
+    assert "validated" in fleet.messages(name, "NodeUncordoned")[0]
+    assert keys.REPAIR_ANNOTATION not in annotations(fleet, name)
+    assert keys.CORDONED_BY_ANNOTATION not in annotations(fleet, name)
+    waiting.wait_until(
+        lambda: (
+            results(fleet, name)
+            == [
+                ("ResetGPU", "Started"),
+                ("ResetGPU", "Succeeded"),
+                ("Validation", "Started"),
+                ("Validation", "ValidationPassed"),
+            ]
+        ),
+        timeout_seconds=TIMEOUT,
+        message=f"history (now {results(fleet, name)})",
+    )
+    assert not fleet.events(name, "RepairFailed")
+
+
+def test_reset_without_effect_then_reboot_with_a_new_boot_id(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str
+) -> None:
+    name = f"{fleet.label}-a"
+    faulty_and_drained(fleet, name)
+    reset = wait_job(k8s, jobs_namespace, name, "ResetGPU")
+    end(k8s, jobs_namespace, reset, ok=True)
+    report(fleet, name, faulty=True)  # a report after the Job: the fault stays
+    reboot = wait_job(k8s, jobs_namespace, name, "RebootNode")
+    (failed,) = fleet.messages(name, "RepairFailed")
+    assert "NoEffect" in failed and "reboot" in failed, failed
+    env = {e["name"]: e["value"] for e in reboot["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert len(env["GPUHEALTH_GPU_UUIDS"].split(",")) == 8, "RebootNode: every GPU of the node"
+    report(fleet, name, faulty=False, boot="boot-2")  # the node came back: its pod died with it
+    validation = wait_job(k8s, jobs_namespace, name, "Validation")
+    end(k8s, jobs_namespace, validation, ok=True)
+    waiting.wait_until(lambda: not cordoned(fleet, name), timeout_seconds=TIMEOUT, message="uncordoned")
+    assert ("RebootNode", "Succeeded") in results(fleet, name)
+    assert ("ResetGPU", "NoEffect") in results(fleet, name)
+
+
+def test_validation_failing_on_the_last_step_retires_the_node(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str
+) -> None:
+    name = f"{fleet.label}-a"
+    faulty_and_drained(fleet, name, steps=[{"name": "reset", "action": "ResetGPU", "timeoutSeconds": 120}])
+    reset = wait_job(k8s, jobs_namespace, name, "ResetGPU")
+    end(k8s, jobs_namespace, reset, ok=True)
+    report(fleet, name, faulty=False)
+    validation = wait_job(k8s, jobs_namespace, name, "Validation")
+    end(k8s, jobs_namespace, validation, ok=False)
+
+    wait_action(fleet, name, "Retired")
+    node = fleet.node(name)
+    assert node["metadata"]["labels"].get(keys.NEEDS_REPAIR_LABEL) == "manual"
+    assert node["spec"].get("unschedulable"), "a retired node stays cordoned"
+    assert keys.REPAIR_ANNOTATION not in annotations(fleet, name)
+    waiting.wait_until(
+        lambda: fleet.events(name, "NodeRetired"), timeout_seconds=TIMEOUT, message="NodeRetired"
+    )
+    (event,) = fleet.events(name, "NodeRetired")
+    assert event["type"] == "Warning"
+    assert fleet.events(name, "ValidationFailed")
+    waiting.wait_until(
+        lambda: results(fleet, name)[-1:] == [("", "Retired")],
+        timeout_seconds=TIMEOUT,
+        message="Retired entry",
+    )
+    time.sleep(2)  # a retired node with the fault gone must not be uncordoned (a negative: sampled)
+    assert cordoned(fleet, name)
+
+    fleet.core.patch_node(name, {"spec": {"unschedulable": False}})  # only a human returns it
+    waiting.wait_until(
+        lambda: keys.NEEDS_REPAIR_LABEL not in fleet.node(name)["metadata"]["labels"],
+        timeout_seconds=TIMEOUT,
+        message="needs-repair label removed after the human's uncordon",
+    )
+
+
+def test_max_concurrent_one_repairs_one_node_at_a_time(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str
+) -> None:
+    first, second = f"{fleet.label}-a", f"{fleet.label}-b"
+    for name in (first, second):
+        fleet.add_node(name, report=False)
+        report(fleet, name, faulty=False)
+    policy(fleet, fleet.label)
+    report(fleet, first, faulty=True)
+    wait_job(k8s, jobs_namespace, first, "ResetGPU")
+    report(fleet, second, faulty=True)
+    wait_action(fleet, second, "Drained")
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:  # sampled: never a second repair while the first runs
+        assert not jobs(k8s, jobs_namespace, second), "maxConcurrent 1: the second node waits, drained"
+        time.sleep(0.2)
+    assert status(fleet, second).get("action") == "Drained"
+
+    reset = wait_job(k8s, jobs_namespace, first, "ResetGPU")
+    end(k8s, jobs_namespace, reset, ok=True)
+    report(fleet, first, faulty=False)
+    end(k8s, jobs_namespace, wait_job(k8s, jobs_namespace, first, "Validation"), ok=True)
+    waiting.wait_until(lambda: not cordoned(fleet, first), timeout_seconds=TIMEOUT, message="first returned")
+    wait_job(k8s, jobs_namespace, second, "ResetGPU")  # its turn now
+
+
+def test_a_human_uncordon_cancels_the_repair(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str
+) -> None:
+    name = f"{fleet.label}-a"
+    faulty_and_drained(fleet, name)
+    wait_job(k8s, jobs_namespace, name, "ResetGPU")
+    fleet.core.patch_node(name, {"spec": {"unschedulable": False}})  # kubectl uncordon
+    waiting.wait_until(
+        lambda: not jobs(k8s, jobs_namespace, name), timeout_seconds=TIMEOUT, message="the Job deleted"
+    )
+    waiting.wait_until(
+        lambda: fleet.events(name, "OverriddenByUser"), timeout_seconds=TIMEOUT, message="OverriddenByUser"
+    )
+    waiting.wait_until(
+        lambda: any("cancelled" in m for m in fleet.messages(name, "RemediationPaused")),
+        timeout_seconds=TIMEOUT,
+        message="the cancel said",
+    )
+    assert keys.REPAIR_ANNOTATION not in annotations(fleet, name)
+    waiting.wait_until(
+        lambda: ("ResetGPU", "Cancelled") in results(fleet, name),
+        timeout_seconds=TIMEOUT,
+        message="Cancelled",
+    )
+    assert not cordoned(fleet, name)
+
+
+def test_excluding_the_node_cancels_the_repair(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str
+) -> None:
+    name = f"{fleet.label}-a"
+    faulty_and_drained(fleet, name)
+    wait_job(k8s, jobs_namespace, name, "ResetGPU")
+    fleet.core.patch_node(name, {"metadata": {"labels": {keys.EXCLUDE_LABEL: "true"}}})
+    waiting.wait_until(
+        lambda: not jobs(k8s, jobs_namespace, name), timeout_seconds=TIMEOUT, message="the Job deleted"
+    )
+    waiting.wait_until(
+        lambda: any(
+            keys.EXCLUDE_LABEL in m and "cancelled" in m for m in fleet.messages(name, "RemediationPaused")
+        ),
+        timeout_seconds=TIMEOUT,
+        message="the cancel said, naming the exclusion",
+    )
+    assert keys.REPAIR_ANNOTATION not in annotations(fleet, name)
+    assert cordoned(fleet, name), "the cordon stays: excluded means left alone"
+
+
+def test_a_job_that_cannot_be_created_fails_its_step_and_moves_on_never_loops(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str
+) -> None:
+    core = client.CoreV1Api(k8s)
+    quota = f"no-jobs-{secrets.token_hex(2)}"
+    core.create_namespaced_resource_quota(
+        jobs_namespace, {"metadata": {"name": quota}, "spec": {"hard": {"count/jobs.batch": "0"}}}
+    )
+    try:
+        waiting.wait_until(
+            lambda: core.read_namespaced_resource_quota(quota, jobs_namespace).status.hard or {},
+            timeout_seconds=TIMEOUT,
+            message="quota counted",
+        )
+        name = f"{fleet.label}-a"
+        faulty_and_drained(fleet, name)
+        wait_action(fleet, name, "Retired")
+        failed = fleet.messages(name, "RepairFailed")
+        assert len(failed) == 2, failed  # reset, then reboot: each tried once
+        assert all("could not be created" in m and "403" in m and "quota" in m for m in failed), failed
+        assert any("next: step reboot" in m for m in failed), failed
+        time.sleep(3)  # no loop: nothing more is tried on the retired node
+        assert len(fleet.messages(name, "RepairFailed")) == 2
+        assert not jobs(k8s, jobs_namespace, name)
+    finally:
+        core.delete_namespaced_resource_quota(quota, jobs_namespace)
+
+
+def test_dry_run_says_what_it_would_reset_and_creates_no_job(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str
+) -> None:
+    name = f"{fleet.label}-a"
+    fleet.add_node(name, report=False)
+    report(fleet, name, faulty=False)
+    policy(fleet, fleet.label, dry_run=True)
+    report(fleet, name, faulty=True)
+    uuid = gpunode_facts.healthy_gpu(0)["uuid"]
+    waiting.wait_until(
+        lambda: any(f"would then reset GPU 0 ({uuid})" in m for m in fleet.messages(name, "DryRun")),
+        timeout_seconds=TIMEOUT,
+        message=f"DryRun naming the reset (now {fleet.messages(name, 'DryRun')})",
+    )
+    time.sleep(2)
+    assert not jobs(k8s, jobs_namespace, name)
+    assert not cordoned(fleet, name)
+
+
+def test_a_restarted_operator_adopts_the_running_job(
+    fleet: operator_harness.Fleet,
+    k8s: client.ApiClient,
+    jobs_namespace: str,
+    operator: operator_harness.OperatorProcess,
+) -> None:
+    name = f"{fleet.label}-a"
+    faulty_and_drained(fleet, name)
+    job = wait_job(k8s, jobs_namespace, name, "ResetGPU")
+    operator.kill()  # mid-step, no cleanup
+    operator.start()
+    waiting.wait_until(operator.is_leading, timeout_seconds=30, message="the operator leads again")
+    time.sleep(2)
+    (only,) = jobs(k8s, jobs_namespace, name)
+    assert only["metadata"]["uid"] == job["metadata"]["uid"], "the same Job: adopted, never a second"
+    end(k8s, jobs_namespace, job, ok=True)
+    report(fleet, name, faulty=False)
+    end(k8s, jobs_namespace, wait_job(k8s, jobs_namespace, name, "Validation"), ok=True)
+    waiting.wait_until(lambda: not cordoned(fleet, name), timeout_seconds=TIMEOUT, message="uncordoned")
+    assert (
+        len(
+            [
+                j
+                for j in jobs(k8s, jobs_namespace, name)
+                if j["metadata"]["labels"][keys.REPAIR_ACTION_LABEL] == "ResetGPU"
+            ]
+        )
+        == 1
+    )
+    assert len(fleet.messages(name, "RepairStarted")) == 1
