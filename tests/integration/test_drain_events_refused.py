@@ -7,7 +7,6 @@ pass, waiting for an Event to be accepted). Once the refusal is lifted, the
 `NodeDrained` Event is said, once.
 """
 
-import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,8 +14,9 @@ import pytest
 from kubernetes import client
 
 import gpunode_facts
+import operator_fixtures
 import operator_harness
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
 
 pytestmark = pytest.mark.integration
 
@@ -24,21 +24,8 @@ TIMEOUT = 30.0
 REFUSAL = "gpu-health-test-no-events"
 
 
-@pytest.fixture(scope="module")
-def operator(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[operator_harness.OperatorProcess]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator_harness.leading_operator(crds.kubeconfig, k8s, log, "events-refused") as process:
-        yield process
-
-
-@pytest.fixture
-def fleet(
-    k8s: client.ApiClient, operator: operator_harness.OperatorProcess
-) -> Iterator[operator_harness.Fleet]:
-    with operator_harness.Fleet(k8s, label=f"noev-{secrets.token_hex(3)}") as nodes:
-        yield nodes
+operator = operator_fixtures.operator_fixture("events-refused")
+fleet = operator_fixtures.fleet_fixture("noev")
 
 
 @pytest.fixture

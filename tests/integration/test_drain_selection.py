@@ -7,16 +7,15 @@ the policy no longer selects the node), no eviction request follows, and the
 cordon stays.
 """
 
-import secrets
 import time
-from collections.abc import Iterator
 
 import pytest
 from kubernetes import client
 
 import gpunode_facts
+import operator_fixtures
 import operator_harness
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
 
 pytestmark = pytest.mark.integration
 
@@ -24,21 +23,8 @@ TIMEOUT = 20.0
 ECC = {"ecc": {"uncorrectedVolatile": 1}}
 
 
-@pytest.fixture(scope="module")
-def operator(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[operator_harness.OperatorProcess]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator_harness.leading_operator(crds.kubeconfig, k8s, log, "selection") as process:
-        yield process
-
-
-@pytest.fixture
-def fleet(
-    k8s: client.ApiClient, operator: operator_harness.OperatorProcess
-) -> Iterator[operator_harness.Fleet]:
-    with operator_harness.Fleet(k8s, label=f"sel-{secrets.token_hex(3)}") as nodes:
-        yield nodes
+operator = operator_fixtures.operator_fixture("selection")
+fleet = operator_fixtures.fleet_fixture("sel")
 
 
 def guarded_pod(k8s: client.ApiClient, namespace: str, pod: str, node: str) -> None:

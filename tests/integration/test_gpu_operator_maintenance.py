@@ -7,18 +7,16 @@ reason GPUOperatorMaintenance), and trip nothing; a node outside the upgrade los
 drained, which shows the operator was acting all along.
 """
 
-import secrets
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes import client
 
 import gpunode_facts
+import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys, resources
 from gpuhealth_operator.decisions import verdicts
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
 
 pytestmark = pytest.mark.integration
 
@@ -26,22 +24,8 @@ TIMEOUT = 30.0
 LOST = {index: {"lost": True} for index in range(8)}
 
 
-@pytest.fixture(scope="module")
-def operator(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[operator_harness.OperatorProcess]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator_harness.leading_operator(crds.kubeconfig, k8s, log, "gpu-operator-it") as process:
-        yield process
-
-
-@pytest.fixture
-def fleet(
-    request: pytest.FixtureRequest, k8s: client.ApiClient, operator: operator_harness.OperatorProcess
-) -> Iterator[operator_harness.Fleet]:
-    label = f"gpuop-{secrets.token_hex(3)}"
-    with operator_harness.Fleet(k8s, label=label) as nodes_:
-        yield nodes_
+operator = operator_fixtures.operator_fixture("gpu-operator-it")
+fleet = operator_fixtures.fleet_fixture("gpuop")
 
 
 def label(fleet: operator_harness.Fleet, name: str, value: str) -> None:

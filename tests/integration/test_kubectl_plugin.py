@@ -11,16 +11,14 @@ resets an open circuit breaker. One operator process serves the module.
 import json
 import os
 import pathlib
-import secrets
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes import client
 
 import gpunode_facts
+import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys, resources
 from gpuhealth_sim import controlplane, waiting
@@ -34,22 +32,8 @@ CORDON = {"name": "ecc-cordon", "condition": "EccUncorrectable", "action": "Cord
 PLUGIN = str(pathlib.Path(sys.executable).parent / "kubectl-gpuhealth")
 
 
-@pytest.fixture(scope="module")
-def operator(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[operator_harness.OperatorProcess]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator_harness.leading_operator(crds.kubeconfig, k8s, log, "plugin-it") as process:
-        yield process
-
-
-@pytest.fixture
-def fleet(
-    request: pytest.FixtureRequest, k8s: client.ApiClient, operator: operator_harness.OperatorProcess
-) -> Iterator[operator_harness.Fleet]:
-    label = f"kp-{request.node.name[5:25].lower().replace('_', '-').strip('-')}-{secrets.token_hex(2)}"
-    with operator_harness.Fleet(k8s, label=label) as nodes_:
-        yield nodes_
+operator = operator_fixtures.operator_fixture("plugin-it")
+fleet = operator_fixtures.fleet_fixture("kp")
 
 
 @pytest.fixture
