@@ -190,8 +190,12 @@ def test_a_whole_template_may_be_replaced(control_plane: controlplane.ControlPla
         named(render(control_plane, "-f", str(values)), "ConfigMap", "-repair-templates")
     )
     # Helm merges maps: keys the user's manifest leaves out keep the default's (here metadata, backoffLimit).
-    container = templates["Validation"]["spec"]["template"]["spec"]["containers"]
-    assert container == mine["spec"]["template"]["spec"]["containers"]  # type: ignore[index]
+    validation = templates["Validation"]
+    assert (
+        validation["spec"]["template"]["spec"]["containers"] == mine["spec"]["template"]["spec"]["containers"]
+    )
+    assert validation["spec"]["backoffLimit"] == 0
+    assert validation["metadata"]["labels"]["app.kubernetes.io/component"] == "repair"
     assert templates["ResetGPU"] == yaml.safe_load(PACKAGED.read_text())["ResetGPU"]
 
 
