@@ -35,6 +35,13 @@ that policy's (live, it uncordons the node once healthy). A Node's deletion
 (format 3) takes it out of the fleet, its figures and the budget, and the
 DeviceTaintRules it owns with it, as the cluster's garbage collector does.
 
+A `job` record (format 5) is the end of one of the recorded operator's repair
+Jobs: the replay's operator creates its own Jobs in the in-memory cluster, where
+none runs, and one of the same name (derived from the node, the cycle and the
+step) ends as the recorded one did, when it did. A trace without them (older, or
+recorded without the right to list Jobs) leaves a replay's repair Jobs running:
+each step times out, and only a reboot's new bootId in the trace counts.
+
 An `agentpod` record (format 4) is the agent's DaemonSet pod as the operator's
 pod watch delivers it, handed to its own handler (`Operator.agent_pod_event`): a
 NotReady or deleted pod makes the agent stale after the same grace as live. A
@@ -65,7 +72,7 @@ from typing import Any, Final
 
 import yaml
 
-from gpuhealth_api import keys, resources, vocabulary
+from gpuhealth_api import keys, resources, timestamps, vocabulary
 from gpuhealth_operator import replay
 from gpuhealth_operator.decisions import gpu_facts, policies
 from gpuhealth_sim import memcluster, traces
@@ -75,7 +82,9 @@ FULL_PASS_SECONDS: Final = 3600.0
 a lost watch event left unjudged; a replay loses no event, so its net is hourly: at 100 nodes and every
 600 s it judged more nodes than all the reports together, and changed no action on the benchmark's
 traces. The policies' status (output only) is refreshed on these passes, not every tick."""
-OUR_LABELS: Final = keys.OPERATOR_LABELS
+OUR_LABELS: Final = (*keys.OPERATOR_LABELS, keys.NEEDS_REPAIR_LABEL)
+"""The operator's own labels, and repair's retirement mark (set by the operator; a human's uncordon
+makes the operator remove it, so in a replay it is the replay's, like the others)."""
 OUR_TAINTS: Final = (keys.UNHEALTHY_TAINT, keys.DOMAIN_DEGRADED_TAINT)
 DOMAIN_REASONS: Final = frozenset(
     {vocabulary.EventReason.DOMAIN_DEGRADED, vocabulary.EventReason.DOMAIN_RECOVERED}
@@ -251,7 +260,7 @@ class Replay:
         self.start = start
         self.now = start
         self.tick_seconds = tick_seconds
-        self.client = memcluster.MemoryKube()
+        self.client = memcluster.MemoryKube(clock=lambda: self.now)
         # Agent pods are judged by the operator's rule (`replay.is_agent_pod`) in the namespace the
         # recording names (header `agentPodNamespace`); None (an older trace): any namespace.
         self.operator = replay.Operator(
@@ -309,6 +318,8 @@ class Replay:
                 self._dra(record)
             elif kind == "agentpod":
                 await self._agent_pod(record, gone)
+            elif kind == "job":
+                self._job(record)
             elif kind == "node" and gone:
                 await self._node_deleted(record["name"])
             elif kind == "node":
@@ -343,6 +354,17 @@ class Replay:
         self.client.touched[name] = None
         await self.operator.node_event("MODIFIED", dict(body))  # a copy: the handler trims it
         self._note_selected(name)
+
+    def _job(self, record: Mapping[str, Any]) -> None:
+        """A repair Job of the recorded operator ended (format 5): the replay's Job of that name ends so,
+        at the time it did (or when the replay creates it, if later). A trace holds no pods: without
+        these records a replay's repair Jobs never end."""
+        name = str(record["name"]).rsplit("/", 1)[-1]
+        try:
+            at = timestamps.parse(str(record["at"]))
+        except ValueError:
+            at = self.now
+        self.client.end_job(name, record["ended"] == "Succeeded", at)
 
     async def _node_deleted(self, name: str) -> None:
         """A Node deleted, as a node replaced rather than repaired is: it leaves the fleet, its figures

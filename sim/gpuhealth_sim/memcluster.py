@@ -12,6 +12,10 @@ semantics the operator relies on, and no more:
   removed, and the agent's fields are never touched;
 - Events: created and bumped (kept for the report);
 - pods: none (a trace holds no pods, so every drain completes at once);
+- Jobs (repair steps, batch/v1): created (409 when one of the name exists, as the operator's
+  adoption expects), read, listed and deleted; none runs. A Job ends when the backtest says the
+  recorded one of its name ended (`end_job`, from the trace's `job` records: at that time, or at
+  the Job's creation if that is later); `job_log` keeps every Job created, in order;
 - DRA (resource.k8s.io): the ResourceSlices the trace recorded, listed by
   `spec.nodeName` in any version; DeviceTaintRules in the version the trace
   says the cluster serves and acts on (`serve_device_taint_rules`), created,
@@ -29,7 +33,8 @@ when.
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator, Mapping
+import datetime
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from gpuhealth_api import resources
@@ -44,9 +49,11 @@ POLICIES = f"/apis/{resources.GROUP}/{resources.VERSION}/{resources.POLICY_PLURA
 EVENTS = "/api/v1/namespaces/default/events"
 DRA = "/apis/resource.k8s.io/"
 DRA_VERSIONS = ("v1", "v1beta2", "v1beta1", "v1alpha3")
-OPERATOR_STATUS_FIELDS = replay.OPERATOR_STATUS_FIELDS
+JOBS = "/apis/batch/v1/namespaces/"
+OPERATOR_STATUS_FIELDS = replay.OPERATOR_STATUS_FIELDS | {"repairs"}
 """What `reconciler.desired_status` writes (tests/unit/sim/test_memcluster_fields.py derives it): kept
-across an agent report, as server-side apply keeps another manager's fields."""
+across an agent report, as server-side apply keeps another manager's fields. `repairs` (the repair
+history, `repairing.STATUS_FIELD`) is written with every status since #26; replay's set lacks it yet."""
 
 
 def _not_found(path: str) -> kube.ApiError:
@@ -91,6 +98,14 @@ def json_patch(target: JsonObject, ops: list[Mapping[str, Any]]) -> JsonObject:
     return result
 
 
+def _rfc3339(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _epoch(stamp: str) -> float:
+    return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC).timestamp()
+
+
 def _selector(text: str | None) -> list[tuple[str, str]]:
     """`a=b,c=d` (the equality selectors the operator sends) as pairs."""
     pairs = [part.split("=", 1) for part in (text or "").split(",") if "=" in part]
@@ -105,7 +120,14 @@ def _labelled(obj: JsonObject, pairs: list[tuple[str, str]]) -> bool:
 class MemoryKube:
     """The operator's client, answered from dicts (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        self.clock = clock
+        """Epoch seconds now (the replay's clock), for the times a Job is created and ends at."""
+        self.jobs: dict[str, JsonObject] = {}
+        """By "namespace/name"."""
+        self.job_log: list[JsonObject] = []
+        self.job_ends: dict[str, tuple[bool, float]] = {}
+        """Job name → (succeeded, epoch seconds): how the recorded operator saw it end (`end_job`)."""
         self.nodes: dict[str, JsonObject] = {}
         self.gpunodes: dict[str, JsonObject] = {}
         self.policies: dict[str, JsonObject] = {}
@@ -187,6 +209,61 @@ class MemoryKube:
         self.rule_version = version
         return changed
 
+    def end_job(self, name: str, succeeded: bool, at: float) -> None:
+        """The Job of this name (in any namespace) ends so, at `at` or at once if created later."""
+        self.job_ends[name] = (succeeded, at)
+        for job in self.jobs.values():
+            if job["metadata"]["name"] == name:
+                self._end(job)
+
+    def _end(self, job: JsonObject) -> None:
+        ending = self.job_ends.get(job["metadata"]["name"])
+        if ending is None or job.get("status", {}).get("conditions"):
+            return
+        succeeded, at = ending
+        created = job["metadata"].get("creationTimestamp")
+        when = max(at, _epoch(created)) if isinstance(created, str) else at
+        stamp = _rfc3339(when)
+        kind = "Complete" if succeeded else "Failed"
+        job["status"] = {
+            "conditions": [{"type": kind, "status": "True", "lastTransitionTime": stamp}],
+            **({"succeeded": 1, "completionTime": stamp} if succeeded else {"failed": 1}),
+        }
+        self.bump(job)
+
+    def _jobs(self, method: str, path: str, body: object) -> JsonObject:
+        """batch/v1 Jobs, as the operator's repair calls them (module docstring)."""
+        namespace, _, rest = path[len(JOBS) :].partition("/")
+        plural, _, name = rest.partition("/")
+        if plural != "jobs":
+            raise _not_found(path)
+        if method == "GET" and not name:
+            listed = [j for j in self.jobs.values() if j["metadata"].get("namespace") == namespace]
+            return {"items": copy.deepcopy(listed), "metadata": {}}
+        if method == "POST" and not name:
+            assert isinstance(body, dict)
+            job = copy.deepcopy(body)
+            name = job["metadata"]["name"]
+            if f"{namespace}/{name}" in self.jobs:
+                raise kube.ApiError(409, "Conflict", f"jobs.batch {name} already exists")
+            job["metadata"].update(namespace=namespace, uid=f"uid-job-{namespace}-{name}")
+            if self.clock is not None:
+                job["metadata"]["creationTimestamp"] = _rfc3339(self.clock())
+            job["status"] = {}
+            self.jobs[f"{namespace}/{name}"] = self.bump(job)
+            self.job_log.append(copy.deepcopy(job))
+            self._end(job)
+            return copy.deepcopy(job)
+        found = self.jobs.get(f"{namespace}/{name}")
+        if found is None:
+            raise _not_found(path)
+        if method == "GET":
+            return copy.deepcopy(found)
+        if method == "DELETE":
+            del self.jobs[f"{namespace}/{name}"]
+            return copy.deepcopy(found)
+        raise kube.ApiError(405, "Method Not Allowed", f"the backtest cluster does not serve {method} {path}")
+
     # The operator's side: kube.Client.
     async def request(
         self,
@@ -203,6 +280,8 @@ class MemoryKube:
         self.requests_total += 1
         if path.startswith(DRA):
             return self._dra(method, path, query, body)
+        if path.startswith(JOBS):
+            return self._jobs(method, path, body)
         if method == "GET":
             return self._get(path, query)
         if method == "POST" and path == EVENTS:

@@ -26,6 +26,12 @@ tenant's own DaemonSet with the agent's labels, in another namespace, is not
 recorded; the header's `agentPodNamespace` tells the replay the same rule.
 Without the right to list pods, record goes on without them and says so.
 
+gpu-health's repair Jobs (labelled `gpuhealth.io/repair-action`, any
+namespace) are followed too: each one's end, once, as the operator reads it
+(`decisions.repair.job_view`: succeeded or failed, and when), so a replay's own
+Job of that name ends so. Without the right to list Jobs, record goes on
+without them and says so.
+
 For IsolateGPU (DRA), where the cluster serves resource.k8s.io, two more
 followers: ResourceSlices (each kept as the operator reads it: driver, node,
 pool and the devices' names and `uuid` attributes; deletions recorded) and
@@ -51,9 +57,9 @@ from typing import Any, Final, cast
 import urllib3
 from kubernetes import client
 
-from gpuhealth_api import keys, resources, vocabulary
+from gpuhealth_api import keys, resources, timestamps, vocabulary
 from gpuhealth_operator import replay, settings
-from gpuhealth_operator.decisions import device_taints, times
+from gpuhealth_operator.decisions import device_taints, repair, times
 from gpuhealth_sim import traces, watches
 
 AGENT_STATUS_FIELDS: Final = ("agent", "summary", "gpus", "nics")
@@ -193,6 +199,29 @@ class Compactor:
             record["operator"] = resumed  # where the replay goes on from, as a restarted operator
         return record
 
+    def job(self, obj: Mapping[str, Any], at: float) -> dict[str, Any] | None:
+        """A repair Job's `job` record the first time a version shows it ended; None before and after."""
+        meta = obj.get("metadata") or {}
+        name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        view = repair.job_view(obj)
+        if view.phase not in (repair.JobPhase.SUCCEEDED, repair.JobPhase.FAILED):
+            return None
+        key = ("job", str(meta.get("uid") or name))
+        if key in self._objects:
+            return None
+        labels = meta.get("labels") or {}
+        ended = "Succeeded" if view.phase is repair.JobPhase.SUCCEEDED else "Failed"
+        self._objects[key] = {}
+        return {
+            "kind": "job",
+            "t": self._t(at),
+            "name": name,
+            "node": str(labels.get(keys.NODE_LABEL) or ""),
+            "action": str(labels.get(keys.REPAIR_ACTION_LABEL) or ""),
+            "ended": ended,
+            "at": times.render(view.finished_at) if view.finished_at else timestamps.rfc3339(at),
+        }
+
     def agent_pod(self, obj: Mapping[str, Any], at: float) -> dict[str, Any] | None:
         """An agent pod's record when its node or readiness changed (not its other status)."""
         seen = agent_pod_view(obj, self.agent_pod_namespace)
@@ -314,6 +343,7 @@ class Recorder:
             watches.Follower("record-gpunodes", gpunodes, self._on_gpunode),
         ]
         self._follow_agent_pods(core, agent_pod_selector)
+        self._follow_repair_jobs(client.BatchV1Api(api))
         tool = {"tool": "gpu-health-sim record", **(generator or {})}
         header = trace_header(self.started_at, tool, agent_pod_namespace)
         self._writer: traces.Writer | None = traces.Writer(out, header)
@@ -344,6 +374,31 @@ class Recorder:
                 label_selector=selector,
             )
         )
+
+    def _follow_repair_jobs(self, batch: client.BatchV1Api) -> None:
+        """gpu-health's repair Jobs, any namespace (module docstring); none without the right to list."""
+        lister = functools.partial(batch.list_job_for_all_namespaces, label_selector=keys.REPAIR_ACTION_LABEL)
+        try:
+            preflight({"repair Jobs": lister})
+        except RecordError as error:
+            if not isinstance(error.__cause__, client.ApiException) or error.__cause__.status != 403:
+                raise
+            self.warnings.append(
+                "repair Jobs are not recorded: listing Jobs is forbidden; a replay's repair Jobs never end"
+            )
+            return
+        self._followers.append(
+            watches.Follower(
+                "record-repair-jobs",
+                batch.list_job_for_all_namespaces,
+                self._on_job,
+                label_selector=keys.REPAIR_ACTION_LABEL,
+            )
+        )
+
+    def _on_job(self, kind: str, obj: dict[str, Any], at: float) -> None:
+        if kind != "DELETED":
+            self._append(lambda: self._compactor.job(obj, at))
 
     def _follow_dra(self, custom: client.CustomObjectsApi) -> None:
         """ResourceSlices and DeviceTaintRules, where resource.k8s.io serves them (module docstring)."""

@@ -24,6 +24,8 @@ line is one record, in time order:
     {"kind": "agentpod", "t": SECONDS, "name": "NAMESPACE/POD", "node": NODE, "ready": B,
                          "since": RFC3339 | null}
     {"kind": "agentpod", "t": SECONDS, "name": "NAMESPACE/POD", "deleted": true}
+    {"kind": "job", "t": SECONDS, "name": "NAMESPACE/JOB", "node": NODE, "action": ACTION,
+                    "ended": "Succeeded" | "Failed", "at": RFC3339}
     {"kind": "truth", ...}   (ground truth of a synthetic trace; see docs/backtest.md)
 
 Version 2 added the last four kinds before `truth` (DRA: what IsolateGPU
@@ -36,7 +38,10 @@ trace is read as one without pods, whose agents are judged by their heartbeat.
 It also keeps, in a GPUNode's first record, what a restarted operator reads back
 of its own status (`operator`: conditions, isolatedGPUs), and marks the
 DeviceTaintRules in place when the recording began (`existing`): a replay goes
-on from there.
+on from there. Version 5 added the end of each repair Job (`job`: gpu-health's
+Jobs labelled with a repair action, once each, when it succeeded or failed and
+at what time the Job says), so a replay's own Job of that name ends so; an
+older trace is read as one without them, where a replay's repair Jobs never end.
 
 `t` is seconds since the header's `start` (epoch seconds, UTC). A GPUNode
 `patch` is an RFC 7386 merge patch of the node's previous agent status, except
@@ -60,8 +65,8 @@ from collections.abc import Iterator, Mapping
 from typing import IO, Any, Final, cast
 
 FORMAT: Final = "gpu-health-trace"
-VERSION: Final = 4
-READS: Final = frozenset({1, 2, 3, 4})
+VERSION: Final = 5
+READS: Final = frozenset({1, 2, 3, 4, 5})
 """Format versions this module reads (each only adds records to the one before)."""
 RESUMED_STATUS_FIELDS: Final = ("conditions", "isolatedGPUs")
 """Of the operator's part of a GPUNode status, what a restarted operator reads back (its conditions'
@@ -69,7 +74,8 @@ times, the GPUs it isolated: `isolating.STATUS_FIELD`): a GPUNode's first record
 so a replay goes on from where the recording began."""
 OBJECT_KINDS: Final = frozenset({"resourceslice", "devicetaintrule"})
 """Record kinds carrying an `object` (a version) or a `name` with `deleted: true` (its deletion)."""
-KINDS: Final = frozenset({"node", "gpunode", "cluster", "agentpod", "truth"}) | OBJECT_KINDS
+KINDS: Final = frozenset({"node", "gpunode", "cluster", "agentpod", "job", "truth"}) | OBJECT_KINDS
+JOB_ENDINGS: Final = ("Succeeded", "Failed")
 
 
 class TraceError(Exception):
@@ -189,6 +195,8 @@ def _check(record: object, where: str) -> dict[str, Any]:
             raise TraceError(f"{where}: cluster record needs a `deviceTaintRules` object")
     elif kind == "agentpod":
         _check_agent_pod(record, where)
+    elif kind == "job":
+        _check_job(record, where)
     elif not isinstance(record.get("name"), str) or not record["name"]:
         raise TraceError(f"{where}: gpunode record needs a `name`")
     elif not isinstance(record.get("status"), dict) and not isinstance(record.get("patch"), dict):
@@ -211,6 +219,15 @@ def _check_agent_pod(record: dict[str, Any], where: str) -> None:
         raise TraceError(
             f"{where}: agentpod record needs a `name`, a `node`, `ready` (true or false) and `since` "
             "(a time or null), or a `name` and `deleted: true`"
+        )
+
+
+def _check_job(record: dict[str, Any], where: str) -> None:
+    fields = [record.get(k) for k in ("name", "node", "action", "at")]
+    if not all(isinstance(v, str) and v for v in fields) or record.get("ended") not in JOB_ENDINGS:
+        raise TraceError(
+            f"{where}: job record needs a `name` (NAMESPACE/JOB), a `node`, an `action`, `ended` "
+            f"({' or '.join(JOB_ENDINGS)}) and `at` (a time)"
         )
 
 

@@ -25,7 +25,7 @@ CRD = pathlib.Path(__file__).parents[3] / "charts/gpu-health/crds/gpuhealth.io_g
 
 def _everything_written() -> dict[str, Any]:
     """The operator's GPUNode status with every optional field present: several selecting policies,
-    a straggler score, an isolated GPU."""
+    a straggler score, an isolated GPU, a repair history."""
     name = "n"
     ctx = types.SimpleNamespace(
         stragglers={("a", name): model.StragglerScore(score=0.8, z_score=-4.0, peers=8, flagged=True)},
@@ -36,6 +36,7 @@ def _everything_written() -> dict[str, Any]:
             )
         },
         cache=types.SimpleNamespace(gpunode=lambda _: None),
+        repair_history={name: [{"time": "2026-11-26T15:00:00Z", "cycle": 1, "result": "Started"}]},
     )
     policy_a, policy_b = model.Policy(name="a"), model.Policy(name="b", dry_run=True)
     judged = verdict(node=name)
@@ -60,7 +61,7 @@ def _crd_status_fields() -> set[str]:
 
 def test_every_field_the_operator_writes_survives_an_agent_report() -> None:
     written = _everything_written()
-    assert {reconciler.POLICIES_FIELD, "straggler", *isolating.STATUS_FIELDS} <= set(written)
+    assert {reconciler.POLICIES_FIELD, "straggler", "repairs", *isolating.STATUS_FIELDS} <= set(written)
     assert set(written) <= memcluster.OPERATOR_STATUS_FIELDS
 
     cluster = memcluster.MemoryKube()

@@ -3,13 +3,15 @@ the status it ends with, and what a simulated GPU reset clears (and what it keep
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
 from gpuhealth_agent import runner, scenario, simulated
-from gpuhealth_api import keys
-from gpuhealth_sim import fleetfile, repairs
+from gpuhealth_api import keys, timestamps
+from gpuhealth_operator import kube
+from gpuhealth_sim import fleetfile, memcluster, repairs, tracerecord, traces
 
 NODE = "gpu-node-3"
 UUIDS = [simulated.gpu_uuid(NODE, i) for i in range(8)]
@@ -245,3 +247,67 @@ def test_the_agent_reads_a_reset_gpu_clean_and_forgets_its_xids() -> None:
         assert not gpu.get("lost") and not gpu.get("xids"), gpu
     finally:
         agent.close()
+
+
+# --- the backtest's side: Jobs in the in-memory cluster, ending as the trace says ----------------------
+
+
+def _job(name: str) -> dict[str, Any]:
+    labels = {keys.REPAIR_ACTION_LABEL: "ResetGPU", keys.NODE_LABEL: NODE}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "labels": labels}}
+
+
+def test_the_in_memory_cluster_keeps_jobs_and_ends_them_as_the_trace_says() -> None:
+    now = [1_000.0]
+    cluster = memcluster.MemoryKube(clock=lambda: now[0])
+    path = "/apis/batch/v1/namespaces/gpu-health/jobs"
+    created = asyncio.run(cluster.create(path, _job("a")))
+    assert created["metadata"]["namespace"] == "gpu-health" and created["status"] == {}
+    with pytest.raises(kube.ApiError) as conflict:  # the operator adopts on 409
+        asyncio.run(cluster.create(path, _job("a")))
+    assert conflict.value.status == 409
+    cluster.end_job("a", True, 1_005.0)
+    done = asyncio.run(cluster.get(f"{path}/a"))
+    assert done["status"]["conditions"][0]["type"] == "Complete"
+    assert done["status"]["completionTime"] == "1970-01-01T00:16:45Z"
+    # An ending known before the replay creates its Job: it ends when created, not before.
+    cluster.end_job("b", False, 990.0)
+    now[0] = 1_010.0
+    failed = asyncio.run(cluster.create(path, _job("b")))
+    assert failed["status"]["conditions"][0] == {
+        "type": "Failed",
+        "status": "True",
+        "lastTransitionTime": "1970-01-01T00:16:50Z",
+    }
+    assert [j["metadata"]["name"] for j in cluster.job_log] == ["a", "b"]
+    asyncio.run(cluster.delete(f"{path}/a"))
+    with pytest.raises(kube.ApiError) as gone:
+        asyncio.run(cluster.get(f"{path}/a"))
+    assert gone.value.status == 404
+
+
+def test_a_recording_writes_each_repair_jobs_end_once() -> None:
+    compactor = tracerecord.Compactor(start=1_000.0)
+    job = _job("gpuhealth-repair-x-c1-0")
+    job["metadata"].update(namespace="gpu-health", uid="u1")
+    assert compactor.job(job, 1_001.0) is None  # running
+    job["status"] = {
+        "conditions": [{"type": "Complete", "status": "True", "lastTransitionTime": "2026-11-26T15:00:03Z"}],
+        "completionTime": "2026-11-26T15:00:02Z",
+    }
+    record = compactor.job(job, 1_004.0)
+    assert record is not None
+    assert timestamps.parse(record.pop("at")) == timestamps.parse("2026-11-26T15:00:02Z")  # completionTime
+    assert record == {
+        "kind": "job",
+        "t": 4.0,
+        "name": "gpu-health/gpuhealth-repair-x-c1-0",
+        "node": NODE,
+        "action": "ResetGPU",
+        "ended": "Succeeded",
+    }
+    assert compactor.job(job, 1_005.0) is None  # once
+    record["at"] = "2026-11-26T15:00:02Z"
+    traces._check(record, "trace:2")
+    with pytest.raises(traces.TraceError, match="job record needs"):
+        traces._check({**record, "ended": "Maybe"}, "trace:3")
