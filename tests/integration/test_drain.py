@@ -22,8 +22,9 @@ import pytest
 from kubernetes import client
 
 import gpunode_facts
+import operator_fixtures
 import operator_harness
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
 
 pytestmark = pytest.mark.integration
 
@@ -36,21 +37,8 @@ ECC = {"ecc": {"uncorrectedVolatile": 1}}
 PAUSE = [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]
 
 
-@pytest.fixture(scope="module")
-def operator(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[operator_harness.OperatorProcess]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator_harness.leading_operator(crds.kubeconfig, k8s, log, "drain-it") as process:
-        yield process
-
-
-@pytest.fixture
-def fleet(
-    k8s: client.ApiClient, operator: operator_harness.OperatorProcess
-) -> Iterator[operator_harness.Fleet]:
-    with operator_harness.Fleet(k8s, label=f"drain-{secrets.token_hex(3)}") as nodes:
-        yield nodes
+operator = operator_fixtures.operator_fixture("drain-it")
+fleet = operator_fixtures.fleet_fixture("drain")
 
 
 @dataclasses.dataclass

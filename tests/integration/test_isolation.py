@@ -22,6 +22,7 @@ import pytest
 from kubernetes import client
 
 import gpunode_facts
+import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys, resources
 from gpuhealth_operator.decisions import device_taints
@@ -35,13 +36,7 @@ FAULTY = 3
 RULE_VERSION = "v1beta2"
 
 
-@pytest.fixture(scope="module")
-def operator(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[operator_harness.OperatorProcess]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator_harness.leading_operator(crds.kubeconfig, k8s, log, "isolation") as process:
-        yield process
+operator = operator_fixtures.operator_fixture("isolation")
 
 
 @pytest.fixture

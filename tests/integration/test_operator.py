@@ -10,18 +10,17 @@ labels, taints, cordon, pods, Events, GPUNode and policy status.
 
 import contextlib
 import datetime
-import secrets
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 import gpunode_facts
+import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys, resources
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
 
 pytestmark = pytest.mark.integration
 
@@ -33,27 +32,8 @@ TTL_ANNOTATION = "node.alpha.kubernetes.io/ttl"
 """Set on every new Node by kube-controller-manager's TTL controller, shortly after it is created."""
 
 
-@pytest.fixture(scope="module")
-def operator(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[operator_harness.OperatorProcess]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator_harness.leading_operator(crds.kubeconfig, k8s, log, "it") as process:
-        yield process
-
-
-@pytest.fixture
-def fleet(
-    request: pytest.FixtureRequest, k8s: client.ApiClient, operator: operator_harness.OperatorProcess
-) -> Iterator[operator_harness.Fleet]:
-    label = f"op-{request.node.name[5:25].lower().replace('_', '-').strip('-')}-{secrets.token_hex(2)}"
-    nodes = operator_harness.Fleet(k8s, label=label)
-    try:
-        yield nodes
-    finally:
-        if not operator.alive():
-            print(operator.log()[-20000:])
-        nodes.cleanup()
+operator = operator_fixtures.operator_fixture("it")
+fleet = operator_fixtures.fleet_fixture("op")
 
 
 def policy_spec(*rules: dict[str, Any], **spec: Any) -> dict[str, Any]:
