@@ -12,15 +12,13 @@ nodes are still Unhealthy and held back, only a human resumes it.
 Every policy here sets maxUnavailable 100%, so only the breaker limits cordons.
 """
 
-import secrets
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes import client
 
 import gpunode_facts
+import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys, resources
 from gpuhealth_sim import controlplane, waiting
@@ -32,22 +30,8 @@ ECC = {0: {"ecc": {"uncorrectedVolatile": 1}}}
 CORDON = {"name": "ecc", "condition": "EccUncorrectable", "action": "Cordon"}
 
 
-@pytest.fixture(scope="module")
-def operator(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[operator_harness.OperatorProcess]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator_harness.leading_operator(crds.kubeconfig, k8s, log, "breaker-it") as process:
-        yield process
-
-
-@pytest.fixture
-def fleet(
-    request: pytest.FixtureRequest, k8s: client.ApiClient, operator: operator_harness.OperatorProcess
-) -> Iterator[operator_harness.Fleet]:
-    label = f"br-{request.node.name[5:25].lower().replace('_', '-').strip('-')}-{secrets.token_hex(2)}"
-    with operator_harness.Fleet(k8s, label=label) as nodes_:
-        yield nodes_
+operator = operator_fixtures.operator_fixture("breaker-it")
+fleet = operator_fixtures.fleet_fixture("br")
 
 
 def make(fleet: operator_harness.Fleet, count: int, **breaker: Any) -> list[str]:

@@ -7,14 +7,13 @@ serves the module, as in test_operator.py; each test makes its own kwok Nodes
 with a label unique to the test.
 """
 
-import secrets
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 import gpunode_facts
+import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys, resources
 from gpuhealth_sim import controlplane, nodes, waiting
@@ -26,22 +25,8 @@ ECC = {"ecc": {"uncorrectedVolatile": 1}}
 CORDON = {"name": "ecc", "condition": "EccUncorrectable", "action": "Cordon"}
 
 
-@pytest.fixture(scope="module")
-def operator(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[operator_harness.OperatorProcess]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator_harness.leading_operator(crds.kubeconfig, k8s, log, "budget-it") as process:
-        yield process
-
-
-@pytest.fixture
-def fleet(
-    request: pytest.FixtureRequest, k8s: client.ApiClient, operator: operator_harness.OperatorProcess
-) -> Iterator[operator_harness.Fleet]:
-    label = f"bu-{request.node.name[5:25].lower().replace('_', '-').strip('-')}-{secrets.token_hex(2)}"
-    with operator_harness.Fleet(k8s, label=label) as nodes_:
-        yield nodes_
+operator = operator_fixtures.operator_fixture("budget-it")
+fleet = operator_fixtures.fleet_fixture("bu")
 
 
 def spec(**fields: Any) -> dict[str, Any]:

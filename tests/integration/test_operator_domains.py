@@ -11,15 +11,13 @@ the module, as in test_operator_budget.py.
 """
 
 import json
-import secrets
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes import client
 
 import gpunode_facts
+import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys, resources
 from gpuhealth_sim import controlplane, waiting
@@ -35,22 +33,8 @@ HOLD = 8
 """recovery.healthyForSeconds: long enough that the marks are seen held after a burst of reports."""
 
 
-@pytest.fixture(scope="module")
-def operator(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[operator_harness.OperatorProcess]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator_harness.leading_operator(crds.kubeconfig, k8s, log, "domains-it") as process:
-        yield process
-
-
-@pytest.fixture
-def fleet(
-    request: pytest.FixtureRequest, k8s: client.ApiClient, operator: operator_harness.OperatorProcess
-) -> Iterator[operator_harness.Fleet]:
-    label = f"do-{request.node.name[5:25].lower().replace('_', '-').strip('-')}-{secrets.token_hex(2)}"
-    with operator_harness.Fleet(k8s, label=label) as nodes_:
-        yield nodes_
+operator = operator_fixtures.operator_fixture("domains-it")
+fleet = operator_fixtures.fleet_fixture("do")
 
 
 def spec(unhealthy: int | str = 5, action: str = "Label", **fields: Any) -> dict[str, Any]:
