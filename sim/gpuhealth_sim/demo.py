@@ -5,7 +5,9 @@ scheduler, kwok), installs the CRDs and a demo policy with short timers,
 creates 12 simulated H100 nodes running a training Deployment guarded by a
 PodDisruptionBudget, has "a human" cordon one node, then starts the real
 operator as a subprocess and the simulated fleet (real agent code) with
-scripted faults. While the story plays out it shows the fleet live; at the
+scripted faults, and the simulator's repair executor, which plays the nodes'
+side of the policy's repair Jobs (a GPU reset, a reboot, a validation) as
+their scenarios say. While the story plays out it shows the fleet live; at the
 end it prints what was detected and done, with detection-to-action times
 taken from the cluster, and tears everything down (or, with --keep, leaves
 it running for kubectl until Ctrl-C).
@@ -43,6 +45,7 @@ from gpuhealth_sim import (
     live,
     processes,
     record,
+    repairs,
     summary,
     tracerecord,
     waiting,
@@ -265,6 +268,9 @@ def _story(plane: controlplane.ControlPlane, ctx: _Context) -> bool:
     say(f"installed the CRDs and policy {options.policy_path.name}")
     api = plane.api_client()
     sim = fleet.Fleet(spec, api)
+    namespace = client.V1Namespace(metadata=client.V1ObjectMeta(name=repairs.DEFAULT_NAMESPACE))
+    client.CoreV1Api(api).create_namespace(namespace)
+    executor = repairs.Executor(api, sim, namespace=repairs.DEFAULT_NAMESPACE)
     human = human_cordoned_node(spec)
     operator = processes.ManagedProcess(
         OPERATOR, operator_command(plane.kubeconfig), workdir / "operator.log", env=plane.env()
@@ -287,9 +293,11 @@ def _story(plane: controlplane.ControlPlane, ctx: _Context) -> bool:
         seen = record.Record(started_at=time.time())
         with _following(api, seen):
             sim.start()
+            executor.start()
             assert sim.started_at is not None
             seen.started_at = sim.started_at
             say(f"started the simulated fleet: faults are scripted in {options.fleet_path.name}")
+            say(f"repair Jobs in namespace {repairs.DEFAULT_NAMESPACE} end as the nodes' scenarios say")
             view = live.Live(seen, out, tty=tty, width=options.width)
             _watch(view, sim, operator, options.duration_seconds)
             result = summary.build(
@@ -316,6 +324,7 @@ def _story(plane: controlplane.ControlPlane, ctx: _Context) -> bool:
                 _keep(plane, view, out, tty)
         return True
     finally:
+        executor.stop()
         sim.stop()
         recorder.stop()
         operator.stop(grace_seconds=5)
@@ -347,7 +356,8 @@ def _keep(plane: controlplane.ControlPlane, view: live.Live, out: TextIO, tty: b
         "  kubectl get events -A --sort-by=.lastTimestamp\n"
         "  kubectl describe gpunode gpu-node-3\n"
         "  kubectl get ghp demo -o yaml\n"
-        f"  kubectl -n {workload.NAMESPACE} get pods -o wide\n\n"
+        f"  kubectl -n {workload.NAMESPACE} get pods -o wide\n"
+        f"  kubectl -n {repairs.DEFAULT_NAMESPACE} get jobs,pods\n\n"
     )
     out.flush()
     try:

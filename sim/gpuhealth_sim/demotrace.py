@@ -8,11 +8,13 @@ and prints one line: how many Node actions the replay took, whether they are
 the live operator's (per node, in order: `liveactions`), and the score.
 
 Truth comes from the scenarios, read as the agent reads them: a double-bit
-ECC error or a fatal XID is a `fatal` fault until the end (the demo repairs
-nothing); a GPU whose clock reasons include HwThermalSlowdown is a `thermal`
-episode until they no longer do; GPUs clocked below 90 % of their maximum
-from the start are a `straggler` for the whole run (slowdown: the missing
-fraction of the clock). Other scripted changes are not ground truth here.
+ECC error or a fatal XID is a `fatal` fault until the end (a repair that
+fixed it live is not in the scenario's timeline; the score asks whether the
+fault was acted on, which a repair does not change); a GPU whose clock
+reasons include HwThermalSlowdown is a `thermal` episode until they no
+longer do; GPUs clocked below 90 % of their maximum from the start are a
+`straggler` for the whole run (slowdown: the missing fraction of the clock).
+Other scripted changes are not ground truth here.
 """
 
 from __future__ import annotations

@@ -25,9 +25,18 @@ ISOLATION_HAPPENINGS: Mapping[str, str] = {
     vocabulary.EventReason.GPU_RESTORED: RESTORED,
 }
 """IsolateGPU's Events, as happenings on the node (detail: which GPU)."""
+REPAIR_HAPPENINGS: Mapping[str, str] = {
+    vocabulary.EventReason.REPAIR_STARTED: "repair started",
+    vocabulary.EventReason.REPAIR_FAILED: "repair step failed",
+    vocabulary.EventReason.VALIDATION_PASSED: "validation passed",
+    vocabulary.EventReason.VALIDATION_FAILED: "validation failed",
+    vocabulary.EventReason.NODE_RETIRED: "retired",
+}
+"""Repair's Events, as happenings on the node (detail: the Event's message)."""
 WATCHED_LABELS: Mapping[str, str] = {
     keys.THERMAL_LABEL: "thermal-throttled",
     keys.STRAGGLER_LABEL: "straggler",
+    keys.NEEDS_REPAIR_LABEL: "needs-repair",
 }
 WATCHED_TAINTS: Mapping[str, str] = {keys.UNHEALTHY_TAINT: "taint unhealthy"}
 
@@ -216,6 +225,8 @@ class Record:
             elif reason in ISOLATION_HAPPENINGS:
                 gpu = line.message.split(" (", 1)[0]  # "GPU 3 (GPU-…) isolated by …"
                 self._happen(Happening(at, line.node, ISOLATION_HAPPENINGS[reason], gpu))
+            elif reason in REPAIR_HAPPENINGS:
+                self._happen(Happening(at, line.node, REPAIR_HAPPENINGS[reason], line.message))
             return line
 
     def _happen(self, happening: Happening) -> None:

@@ -107,7 +107,8 @@ class Summary:
         }
 
 
-OUR_LABELS = keys.OPERATOR_LABELS
+OUR_LABELS = (*keys.OPERATOR_LABELS, keys.NEEDS_REPAIR_LABEL)
+"""The labels the summary reports: the operator's own and repair's retirement mark."""
 
 
 def build(

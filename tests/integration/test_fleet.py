@@ -146,6 +146,21 @@ def test_the_demo_shows_the_main_job_done(tmp_path: Path) -> None:
     assert result[ecc]["unschedulable"] and result[ecc]["cordonedBy"] == "demo", text
     assert "XidCritical" in result[xid]["detected"], text
     assert {"cordoned", "drained"} <= set(did(xid)), text
+    # Repair (the policy's spec.repair, the simulator playing the Jobs): the XID node's GPU reset,
+    # validated, back in service at once; the ECC node's validation fails after the reset and after the
+    # reboot: retired, still cordoned, marked for a human.
+    xid_story = did(xid)  # Events and Node changes come by two watches: no order between the two
+    assert xid_story.count("repair started") == 1 and "validation failed" not in xid_story, text
+    assert xid_story.index("drained") < xid_story.index("repair started") < xid_story.index("uncordoned"), (
+        text
+    )
+    assert xid_story.index("repair started") < xid_story.index("validation passed"), text
+    assert not result[xid]["unschedulable"] and result[xid]["action"] == "None", text
+    ecc_story = did(ecc)
+    assert ecc_story.count("repair started") == 2 and ecc_story.count("validation failed") == 2, text
+    assert {"retired", "needs-repair set"} <= set(ecc_story) and "uncordoned" not in ecc_story, text
+    assert result[ecc]["labels"].get(keys.NEEDS_REPAIR_LABEL) == keys.NEEDS_REPAIR_MANUAL, text
+    assert result[ecc]["action"] == "Retired", text
     thermal_actions = did(thermal)
     assert "thermal-throttled set" in thermal_actions, text
     assert "thermal-throttled removed" in thermal_actions, text
