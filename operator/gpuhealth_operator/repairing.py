@@ -35,7 +35,7 @@ from typing import Any, Final
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import context, kube, stopping
 from gpuhealth_operator.actions import drain, events, jobs
-from gpuhealth_operator.decisions import isolation, model, policies, repair, times
+from gpuhealth_operator.decisions import isolation, model, policies, repair, signals, times, trends
 
 logger = logging.getLogger(__name__)
 
@@ -130,15 +130,39 @@ def all_gpus(ctx: context.Context, name: str) -> tuple[str, ...]:
     return tuple(u for g in listed if isinstance(u := g.get("uuid"), str) and u)
 
 
-def report(ctx: context.Context, name: str, verdict: model.NodeVerdict) -> repair.Report:
+def report(ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime) -> repair.Report:
+    """The agent's latest report as repair reads it: when it was seen, its bootId, and whether it shows
+    the fault of the policy's Cordon/Drain rules — all from the one stored version, read without an
+    await in between (a verdict judged before an await could be of an older report than `seen_at`)."""
     gpunode = ctx.cache.gpunode(name)
-    agent: Mapping[str, Any] = (gpunode.status.get("agent") or {}) if gpunode is not None else {}
+    record = ctx.cache.node(name)
+    if gpunode is None or record is None:
+        return repair.Report(seen_at=None, boot_id=None, fault_gone=False)
+    agent: Mapping[str, Any] = gpunode.status.get("agent") or {}
     boot = agent.get("bootId") if isinstance(agent, Mapping) else None
+    raw = signals.raw_signals(
+        gpunode.status,
+        record.view,
+        policies.rule_xids(policy),
+        now,
+        gpunode.report_age(now),
+        agent_pod=ctx.agent_pods.get(name),
+        known=gpunode.fact_signals,
+        thresholds=trends.thresholds(policy),
+        memory=gpunode.memory,
+    )
+    shown: list[bool | None] = []
+    for rule in policy.rules:
+        if isolation.node_action(rule.action) not in vocabulary.DISRUPTIVE_ACTIONS:
+            continue
+        if isinstance(rule.condition, vocabulary.NodeCondition):
+            shown.append(signals.node_condition_signal(record.view, rule.condition).present)
+        elif rule.condition in raw:
+            shown.append(raw[rule.condition].present)
     return repair.Report(
-        seen_at=gpunode.report_seen_at if gpunode is not None else None,
+        seen_at=gpunode.report_seen_at,
         boot_id=boot if isinstance(boot, str) and boot else None,
-        fault_gone=verdict.wanted_action not in vocabulary.DISRUPTIVE_ACTIONS
-        and verdict.health is not vocabulary.Health.UNKNOWN,
+        fault_gone=all(present is False for present in shown),  # unknown (a stale agent) is not gone
     )
 
 
@@ -465,7 +489,7 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
     job = await action.observe()
     if job.phase is repair.JobPhase.MISSING and not _started(ctx, name, state):
         return await _launch(ctx, policy, spec, name, state, verdict, now)  # written, never created
-    seen = report(ctx, name, verdict)
+    seen = report(ctx, policy, name, now)
     if state.phase is Phase.STEP:
         transition = repair.observe_step(state, step, job, seen, now)
     else:
@@ -476,6 +500,11 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
                 Result.VALIDATION_FAILED,
                 f"{transition.message}, but the agent reports the fault again",
             )
+        if transition.outcome is repair.Outcome.PASSED and (
+            verdict.wanted_action in vocabulary.DISRUPTIVE_ACTIONS
+            or verdict.health not in (vocabulary.Health.HEALTHY, vocabulary.Health.DEGRADED)
+        ):
+            return Handled(NodeAction.VALIDATING)  # the verdict catches up with the report next pass
     kind = action.key
     subject = events.subject(ctx.cache, name)
     if transition.outcome is repair.Outcome.WAIT:
@@ -536,8 +565,16 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
             subject,
             vocabulary.EventReason.REPAIR_SUCCEEDED,
             f"Repair cycle {state.cycle} by policy {policy.name} succeeded: step {step.name} "
-            f"({step.action.value}) and validation; the node returns to service now.",
+            f"({step.action.value}) and validation; "
+            + (
+                "the node returns to service now."
+                if policy.recovery_uncordon
+                else "recovery.uncordon is false: the node stays cordoned for a human to return."
+            ),
         )
+        if not policy.recovery_uncordon:
+            await _write_state(ctx, name, None)
+            return Handled(NodeAction.DRAINED)
         return Handled(NodeAction.VALIDATING, returned=True)
     return await _failed(ctx, policy, spec, name, state, verdict, transition, now)
 

@@ -20,7 +20,7 @@ from kubernetes import client
 
 import gpunode_facts
 import operator_harness
-from gpuhealth_api import keys
+from gpuhealth_api import keys, resources
 from gpuhealth_sim import repairs, waiting
 
 pytestmark = pytest.mark.integration
@@ -239,6 +239,9 @@ def test_reset_then_validation_returns_the_node_at_once(
     assert job["spec"]["backoffLimit"] == 0
     assert job["spec"]["activeDeadlineSeconds"] == 120
     assert job["metadata"]["labels"][keys.POLICY_LABEL] == fleet.label
+    waiting.wait_until(
+        lambda: fleet.events(name, "RepairStarted"), timeout_seconds=TIMEOUT, message="RepairStarted"
+    )  # said right after the Job's creation
     (started,) = fleet.messages(name, "RepairStarted")
     assert f"GPU 0 ({uuid})" in started, started
 
@@ -481,3 +484,71 @@ def test_a_restarted_operator_adopts_the_running_job(
         == 1
     )
     assert len(fleet.messages(name, "RepairStarted")) == 1
+
+
+def test_no_step_while_an_evictable_pod_holds_the_node(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str, namespace: str
+) -> None:
+    name = f"{fleet.label}-a"
+    fleet.add_node(name, report=False)
+    report(fleet, name, faulty=False)
+    core = client.CoreV1Api(k8s)
+    core.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": "work", "labels": {"app": "work"}},
+            "spec": {
+                "nodeName": name,
+                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+                "terminationGracePeriodSeconds": 0,
+            },
+        },
+    )
+    waiting.wait_until(
+        lambda: core.read_namespaced_pod("work", namespace).status.phase == "Running",
+        timeout_seconds=TIMEOUT,
+        message="the workload runs",
+    )
+    client.PolicyV1Api(k8s).create_namespaced_pod_disruption_budget(
+        namespace,
+        {
+            "metadata": {"name": "work"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "work"}}},
+        },
+    )
+    policy(fleet, fleet.label)
+    report(fleet, name, faulty=True)
+    wait_action(fleet, name, "Draining")
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:  # sampled: the PDB holds the pod, so the drain never completes
+        assert not jobs(k8s, jobs_namespace, name), "a repair step with an evictable pod on the node"
+        time.sleep(0.2)
+    client.PolicyV1Api(k8s).delete_namespaced_pod_disruption_budget("work", namespace)
+    wait_job(k8s, jobs_namespace, name, "ResetGPU")  # drained now: the repair starts
+    waiting.wait_until(
+        lambda: not [p for p in core.list_namespaced_pod(namespace).items if p.spec.node_name == name],
+        timeout_seconds=TIMEOUT,
+        message="the workload evicted before the step",
+    )
+
+
+def test_deleting_the_policy_cancels_the_repair(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str
+) -> None:
+    name = f"{fleet.label}-a"
+    faulty_and_drained(fleet, name)
+    wait_job(k8s, jobs_namespace, name, "ResetGPU")
+    fleet.custom.delete_cluster_custom_object(
+        resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, fleet.label
+    )
+    waiting.wait_until(
+        lambda: not jobs(k8s, jobs_namespace, name), timeout_seconds=TIMEOUT, message="the Job deleted"
+    )
+    waiting.wait_until(
+        lambda: any(
+            "was deleted" in m and "cancelled" in m for m in fleet.messages(name, "RemediationPaused")
+        ),
+        timeout_seconds=TIMEOUT,
+        message="the cancel said, naming the deletion",
+    )
+    assert keys.REPAIR_ANNOTATION not in annotations(fleet, name)
