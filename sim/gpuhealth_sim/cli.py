@@ -1,6 +1,6 @@
 """`gpu-health-sim`: run a simulated GPU fleet against a cluster, or the self-contained demo.
 
-gpu-health-sim run --kubeconfig K --fleet FILE [--workers N] [--delete-nodes]
+gpu-health-sim run --kubeconfig K --fleet FILE [--workers N] [--delete-nodes] [--repair-namespace NS]
 gpu-health-sim demo [--keep] [--duration SECONDS]
 gpu-health-sim validate FILE   (or --fleet FILE, as `run` spells it)
 gpu-health-sim record --kubeconfig K --out TRACE [--max-seconds S] [--max-bytes B]
@@ -14,14 +14,14 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 
 from kubernetes import client, config
 
 from gpuhealth_api import __version__, logformat
-from gpuhealth_sim import backtestcli, demo, fleet, fleetfile, kubeconfigs
+from gpuhealth_sim import backtestcli, demo, fleet, fleetfile, kubeconfigs, repairs
 
 USAGE_ERROR = 2
 INVALID_FLEET = 3
@@ -53,6 +53,12 @@ def parser() -> argparse.ArgumentParser:
         "--duration", type=float, help="stop after this many seconds (default: run until Ctrl-C/SIGTERM)"
     )
     run.add_argument("--delete-nodes", action="store_true", help="delete the fleet's Nodes when stopping")
+    run.add_argument(
+        "--repair-namespace",
+        default=repairs.DEFAULT_NAMESPACE,
+        help="where the operator runs repair Jobs: their pods on the fleet's nodes end as each node's "
+        f"scenario `repair:` says (default: {repairs.DEFAULT_NAMESPACE}; empty: leave them Running)",
+    )
     run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     logformat.add_argument(run)
 
@@ -118,7 +124,18 @@ def _run(args: argparse.Namespace, spec: fleetfile.Fleet) -> int:
     api = _api_client(args.kubeconfig, args.context, workers)
     began = time.monotonic()
     try:
-        sim = fleet.run(spec, api, stop, workers=workers, delete_nodes=args.delete_nodes)
+        companions = []
+        if args.repair_namespace:
+
+            def play_repairs(running: fleet.Fleet) -> Callable[[], None]:
+                executor = repairs.Executor(api, running, namespace=args.repair_namespace)
+                executor.start()
+                return executor.stop
+
+            companions.append(play_repairs)
+        sim = fleet.run(
+            spec, api, stop, workers=workers, delete_nodes=args.delete_nodes, companions=companions
+        )
     finally:
         api.close()  # type: ignore[no-untyped-call]
     stats = sim.stats

@@ -312,14 +312,22 @@ def run(
     *,
     workers: int | None = None,
     delete_nodes: bool = False,
+    companions: Sequence[Callable[[Fleet], Callable[[], None]]] = (),
 ) -> Fleet:
-    """Create the Nodes, run the agents until `stop` is set, then stop (and optionally delete the Nodes)."""
+    """Create the Nodes, run the agents until `stop` is set, then stop (and optionally delete the Nodes).
+
+    `companions`: each is started with the running fleet and returns how to stop it (the repair executor).
+    """
     fleet = Fleet(spec, api_client, workers=workers)
     fleet.create_nodes()
     fleet.start()
+    stoppers: list[Callable[[], None]] = []
     try:
+        stoppers = [start(fleet) for start in companions]
         stop.wait()
     finally:
+        for stop_companion in reversed(stoppers):
+            stop_companion()
         fleet.stop()
         if delete_nodes:
             fleet.delete_nodes()
