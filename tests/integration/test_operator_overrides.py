@@ -9,17 +9,16 @@ cordon is theirs: never undone. A node cordoned again after an override is
 drained again, and `Drained` means no evictable pod is left on it.
 """
 
-import secrets
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 import gpunode_facts
+import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
 
 pytestmark = pytest.mark.integration
 
@@ -32,21 +31,8 @@ def ecc(count: int) -> dict[str, Any]:
     return gpunode_facts.agent_status(overrides={0: {"ecc": {"uncorrectedVolatile": count}}})
 
 
-@pytest.fixture(scope="module")
-def operator(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[operator_harness.OperatorProcess]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator_harness.leading_operator(crds.kubeconfig, k8s, log, "overrides") as process:
-        yield process
-
-
-@pytest.fixture
-def fleet(
-    k8s: client.ApiClient, operator: operator_harness.OperatorProcess
-) -> Iterator[operator_harness.Fleet]:
-    with operator_harness.Fleet(k8s, label=f"ovr-{secrets.token_hex(3)}") as nodes:
-        yield nodes
+operator = operator_fixtures.operator_fixture("overrides")
+fleet = operator_fixtures.fleet_fixture("ovr")
 
 
 def drain_policy(fleet: operator_harness.Fleet, max_unavailable: int = 1) -> None:

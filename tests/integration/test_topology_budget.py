@@ -9,17 +9,16 @@ process serves the module; each test makes its own kwok Nodes with a label
 unique to the test, so the rack values repeat harmlessly across tests.
 """
 
-import secrets
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 import gpunode_facts
+import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
 
 pytestmark = pytest.mark.integration
 
@@ -32,22 +31,8 @@ DRAIN = {"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}
 PAUSE = [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]
 
 
-@pytest.fixture(scope="module")
-def operator(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[operator_harness.OperatorProcess]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator_harness.leading_operator(crds.kubeconfig, k8s, log, "topology-it") as process:
-        yield process
-
-
-@pytest.fixture
-def fleet(
-    request: pytest.FixtureRequest, k8s: client.ApiClient, operator: operator_harness.OperatorProcess
-) -> Iterator[operator_harness.Fleet]:
-    label = f"tb-{request.node.name[5:25].lower().replace('_', '-').strip('-')}-{secrets.token_hex(2)}"
-    with operator_harness.Fleet(k8s, label=label) as nodes_:
-        yield nodes_
+operator = operator_fixtures.operator_fixture("topology-it")
+fleet = operator_fixtures.fleet_fixture("tb")
 
 
 def spec(rack_budget: int | str = 1, **fields: Any) -> dict[str, Any]:

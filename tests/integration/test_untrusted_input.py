@@ -9,17 +9,14 @@ messages to docs/conditions.md's sizes and escapes control characters.
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import Iterator
-
 import pytest
-from kubernetes import client
 
 import gpunode_facts
+import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys
 from gpuhealth_operator.decisions import text
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
 
 pytestmark = pytest.mark.integration
 
@@ -27,21 +24,8 @@ TIMEOUT = 30.0
 GPUS = 64
 
 
-@pytest.fixture(scope="module")
-def operator(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[operator_harness.OperatorProcess]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator_harness.leading_operator(crds.kubeconfig, k8s, log, "input-it") as process:
-        yield process
-
-
-@pytest.fixture
-def fleet(
-    k8s: client.ApiClient, operator: operator_harness.OperatorProcess
-) -> Iterator[operator_harness.Fleet]:
-    with operator_harness.Fleet(k8s, label=f"input-{secrets.token_hex(3)}") as nodes:
-        yield nodes
+operator = operator_fixtures.operator_fixture("input-it")
+fleet = operator_fixtures.fleet_fixture("input")
 
 
 def test_a_36kb_condition_message_is_cut_and_escaped(
