@@ -311,3 +311,25 @@ def test_a_recording_writes_each_repair_jobs_end_once() -> None:
     traces._check(record, "trace:2")
     with pytest.raises(traces.TraceError, match="job record needs"):
         traces._check({**record, "ended": "Maybe"}, "trace:3")
+
+
+def test_a_reset_leaves_an_xid_the_agent_cannot_see_was_reset() -> None:
+    """NVML has no reset event: an XID scripted alone (no counter, no lost GPU) outlives a reset, as on
+    real hardware (the operator then says NoEffect and the reboot's new bootId clears it)."""
+    clock = Clock()
+    lib = simulated.SimulatedNvml(
+        plan(timeline=[{"after": "5s", "gpu": 2, "xid": 48}]),
+        clock=clock,
+        start=clock.now,
+        identity_seed=NODE,
+    )
+    agent = runner.Agent(runner.Settings(node_name=NODE, backend="sim", event_thread=False), lib, clock=clock)
+    try:
+        agent.run_once()
+        clock.now += 10
+        agent.run_once()
+        lib.reset_gpus([2])
+        clock.now += 1
+        assert [x["code"] for x in agent.run_once().status["gpus"][2].get("xids", [])] == [48]
+    finally:
+        agent.close()
