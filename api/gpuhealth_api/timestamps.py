@@ -1,10 +1,15 @@
-"""Timestamps as the cluster stores them: RFC 3339 in UTC, millisecond precision.
+"""Timestamps on the wire: one format, RFC 3339 in UTC with `Z` and six fractional digits.
 
-The one formatter and parser the agent and the simulator share (the operator
-keeps its own in `decisions/times.py` for now).
+`render` is the one formatter every writer uses: the agent's status fields, the operator's
+status fields and annotations, its Events and its Lease, the kubectl plugin's annotations and
+the JSON logs. `2026-11-22T01:10:14.643000Z`:
 
-Milliseconds, not seconds, because observedTime feeds the detection-to-action
-latency the operator measures, and that is often under a second.
+- six digits because a Lease's `renewTime`/`acquireTime` are MicroTime, which the API server
+  parses with exactly six; the same string is a valid `metav1.Time` (Event timestamps: the API
+  server keeps their seconds) and a valid `date-time` in our CRDs;
+- a datetime survives `render` then `parse` exactly: the operator compares what it wrote with what
+  it holds (a condition's transition time, the evidence a human overrode, a cordon's identity);
+- readers accept any precision, `Z` or an offset (what kubectl and older versions wrote).
 """
 
 from __future__ import annotations
@@ -12,9 +17,19 @@ from __future__ import annotations
 import datetime
 
 
+def render(moment: datetime.datetime | float) -> str:
+    """RFC 3339 in UTC, `Z`, microseconds: of an aware datetime (a naive one is taken as UTC) or of
+    epoch seconds."""
+    if isinstance(moment, datetime.datetime):
+        utc = moment.astimezone(datetime.UTC) if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
+    else:
+        utc = datetime.datetime.fromtimestamp(moment, tz=datetime.UTC)
+    return utc.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+
+
 def rfc3339(epoch_seconds: float) -> str:
-    moment = datetime.datetime.fromtimestamp(epoch_seconds, tz=datetime.UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    """`render` of epoch seconds (the agent's and the simulator's clocks)."""
+    return render(epoch_seconds)
 
 
 def parse(text: str) -> float:

@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+from gpuhealth_api import timestamps
 from gpuhealth_operator import kube
 
 logger = logging.getLogger(__name__)
@@ -130,7 +131,8 @@ def next_renewal_in(term: Term, timing: Timing, *, failed: bool) -> float:
 
 
 def _micro_time() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """A MicroTime (six fractional digits, as the API server requires): the one wire format."""
+    return timestamps.render(datetime.datetime.now(datetime.UTC))
 
 
 @dataclasses.dataclass

@@ -18,7 +18,7 @@ import datetime
 import hashlib
 import logging
 
-from gpuhealth_api import resources
+from gpuhealth_api import resources, timestamps
 from gpuhealth_operator import cache, kube
 from gpuhealth_operator.decisions import text
 
@@ -72,7 +72,7 @@ def announcement_name(node: str, reason: str, identity: str) -> str:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return timestamps.render(datetime.datetime.now(datetime.UTC))
 
 
 @dataclasses.dataclass

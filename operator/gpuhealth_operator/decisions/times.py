@@ -14,6 +14,8 @@ import datetime
 import functools
 from typing import Final
 
+from gpuhealth_api import timestamps
+
 CACHED: Final = 16_384
 """Timestamps kept parsed and rendered (a few per node; datetimes are immutable, so sharing is safe)."""
 
@@ -41,10 +43,9 @@ def _parse(value: str) -> datetime.datetime | None:
 
 @functools.lru_cache(maxsize=CACHED)
 def render(value: datetime.datetime) -> str:
-    """RFC 3339 in UTC with a `Z`; microseconds kept only when present, so round trips are exact."""
-    utc = value.astimezone(datetime.UTC) if value.tzinfo else value.replace(tzinfo=datetime.UTC)
-    timespec = "microseconds" if utc.microsecond else "seconds"
-    return utc.replace(tzinfo=None).isoformat(timespec=timespec) + "Z"
+    """`gpuhealth_api.timestamps.render`: the one wire format (RFC 3339, UTC, `Z`, microseconds, so
+    round trips are exact), memoised."""
+    return timestamps.render(value)
 
 
 def seconds_between(earlier: datetime.datetime, later: datetime.datetime) -> float:

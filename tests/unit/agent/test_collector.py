@@ -76,7 +76,7 @@ def test_a_healthy_gpu_reports_every_field() -> None:
     }
     assert "lost" not in gpu
     assert "throttledSince" not in gpu
-    assert gpu["observedTime"] == "2027-01-15T08:00:00.000Z"
+    assert gpu["observedTime"] == "2027-01-15T08:00:00.000000Z"
     assert sample.driver_version == scenario.DEFAULT_DRIVER_VERSION
     assert sample.expected_gpus == 2
     assert not sample.errors
@@ -375,10 +375,10 @@ def test_fewer_gpus_than_expected_reports_the_missing_ones_lost() -> None:
     _, col, clock = make("gpus: 7\nexpectedGpus: 8\n")
     sample = at(col, clock, 0)
     assert len(sample.gpus) == 8
-    assert sample.gpus[7] == {"index": 7, "lost": True, "observedTime": "2027-01-15T08:00:00.000Z"}
+    assert sample.gpus[7] == {"index": 7, "lost": True, "observedTime": "2027-01-15T08:00:00.000000Z"}
     assert sample.expected_gpus == 8
     # The missing GPU's observedTime stays put: it has been missing since the first sample.
-    assert at(col, clock, 5).gpus[7]["observedTime"] == "2027-01-15T08:00:00.000Z"
+    assert at(col, clock, 5).gpus[7]["observedTime"] == "2027-01-15T08:00:00.000000Z"
 
 
 def test_expected_count_can_come_from_outside() -> None:
@@ -396,7 +396,7 @@ def test_throttled_since_marks_when_real_throttling_began() -> None:
     )
     assert "throttledSince" not in at(col, clock, 2).gpus[0]  # idle is not throttling
     began = at(col, clock, 4).gpus[0]["throttledSince"]
-    assert began == "2027-01-15T08:00:04.000Z"
+    assert began == "2027-01-15T08:00:04.000000Z"
     assert at(col, clock, 6).gpus[0]["throttledSince"] == began
     assert "throttledSince" not in at(col, clock, 8).gpus[0]
 
@@ -413,9 +413,9 @@ def test_observed_time_moves_only_when_a_significant_fact_changes() -> None:
     first = at(col, clock, 0).gpus[0]["observedTime"]
     assert at(col, clock, 2).gpus[0]["observedTime"] == first  # noise
     crossed = at(col, clock, 4).gpus[0]["observedTime"]
-    assert crossed == "2027-01-15T08:00:04.000Z"  # crossed the 87°C slowdown threshold
-    assert at(col, clock, 6).gpus[0]["observedTime"] == "2027-01-15T08:00:06.000Z"  # a counter grew
-    assert at(col, clock, 8).gpus[0]["observedTime"] == "2027-01-15T08:00:06.000Z"  # hotter, still above
+    assert crossed == "2027-01-15T08:00:04.000000Z"  # crossed the 87°C slowdown threshold
+    assert at(col, clock, 6).gpus[0]["observedTime"] == "2027-01-15T08:00:06.000000Z"  # a counter grew
+    assert at(col, clock, 8).gpus[0]["observedTime"] == "2027-01-15T08:00:06.000000Z"  # hotter, still above
 
 
 def test_xids_recorded_for_a_gpu_appear_with_count_and_last_seen() -> None:
@@ -426,8 +426,8 @@ def test_xids_recorded_for_a_gpu_appear_with_count_and_last_seen() -> None:
     col.record_xid(col.gpu_at(1), 48, START + 2)
     gpu = at(col, clock, 3).gpus[1]
     assert gpu["xids"] == [
-        {"code": 13, "count": 2, "lastSeen": "2027-01-15T08:00:02.000Z"},
-        {"code": 48, "count": 1, "lastSeen": "2027-01-15T08:00:02.000Z"},
+        {"code": 13, "count": 2, "lastSeen": "2027-01-15T08:00:02.000000Z"},
+        {"code": 48, "count": 1, "lastSeen": "2027-01-15T08:00:02.000000Z"},
     ]
     assert "xids" not in at(col, clock, 4).gpus[0]
 

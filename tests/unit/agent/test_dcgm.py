@@ -164,7 +164,7 @@ def test_the_agent_folds_dcgm_facts_into_its_report() -> None:
     exporter.text = text(uuids, xids=(0, 79), dbe=(2, 0), remap=(0, 1))
     moment[0] = 5
     gpus = agent.run_once().status["gpus"]
-    assert gpus[1]["xids"] == [{"code": 79, "count": 1, "lastSeen": "2027-01-15T08:00:05.000Z"}]
+    assert gpus[1]["xids"] == [{"code": 79, "count": 1, "lastSeen": "2027-01-15T08:00:05.000000Z"}]
     labels = {"gpu": "1", "uuid": gpus[1]["uuid"], "code": "79"}
     assert agent_metrics(agent).get_sample_value("gpuhealth_agent_gpu_xid_errors_total", labels) == 1
     moment[0] = 10

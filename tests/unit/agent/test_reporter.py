@@ -75,7 +75,7 @@ def test_first_report_creates_the_gpunode_then_writes() -> None:
     assert outcome == reporter.Outcome(changes.WriteReason.FIRST, written=True)
     assert cluster.ensured == ["uid-1"]
     assert rep.expected_gpus == 8
-    assert cluster.writes[0]["agent"]["lastHeartbeatTime"] == "1970-01-01T00:01:40.000Z"
+    assert cluster.writes[0]["agent"]["lastHeartbeatTime"] == "1970-01-01T00:01:40.000000Z"
 
 
 def test_steady_state_writes_only_on_the_heartbeat() -> None:

@@ -85,7 +85,7 @@ def test_an_xid_event_reaches_the_status_with_its_count() -> None:
     result = turn(agent, clock, 4)
     assert result.events == 2
     assert result.status["gpus"][1]["xids"] == [
-        {"code": 13, "count": 2, "lastSeen": "2027-01-15T08:00:04.000Z"}
+        {"code": 13, "count": 2, "lastSeen": "2027-01-15T08:00:04.000000Z"}
     ]
     assert result.outcome is not None and result.outcome.written
     assert cluster.writes[-1]["gpus"][1]["xids"][0]["count"] == 2
@@ -96,7 +96,7 @@ def test_xid_79_reports_the_gpu_lost_with_the_xid() -> None:
     turn(agent, clock, 0)
     gpu = turn(agent, clock, 10).status["gpus"][0]
     assert gpu["lost"] is True
-    assert gpu["xids"] == [{"code": 79, "count": 1, "lastSeen": "2027-01-15T08:00:10.000Z"}]
+    assert gpu["xids"] == [{"code": 79, "count": 1, "lastSeen": "2027-01-15T08:00:10.000000Z"}]
     assert cluster.writes[-1]["summary"]["gpuCount"] == 7
     assert cluster.writes[-1]["agent"]["expectedGpuCount"] == 8
 
@@ -260,7 +260,7 @@ def test_the_agent_names_xids_from_the_api_catalogue() -> None:
 def test_an_agent_restart_carries_xids_over_unless_the_gpu_was_reset() -> None:
     seed_sim = simulated.SimulatedNvml(scenario.parse("gpus: 3\n"), clock=lambda: 0.0, identity_seed="node-r")
     u0, u1, u2 = (seed_sim.uuid(i) for i in range(3))
-    earlier = "2027-01-15T07:00:00.000Z"
+    earlier = "2027-01-15T07:00:00.000000Z"
     previous = status.GPUNodeStatus(
         gpus=[
             status.GPUStatus(
@@ -302,11 +302,11 @@ def test_an_agent_restart_carries_xids_over_unless_the_gpu_was_reset() -> None:
 
 def test_xid_log_restore_adds_to_what_was_seen() -> None:
     log = xids.XidLog()
-    log.record("GPU-1", 13, "2027-01-15T08:00:00.000Z")
+    log.record("GPU-1", 13, "2027-01-15T08:00:00.000000Z")
     log.restore("GPU-1", [{"code": 13, "count": 2, "lastSeen": "2027-01-15T07:00:00Z"}])
     log.restore("GPU-1", [{"code": 48, "count": 1, "lastSeen": "2027-01-15T07:30:00Z"}])
     assert log.records("GPU-1") == [
-        {"code": 13, "count": 3, "lastSeen": "2027-01-15T08:00:00.000Z"},
+        {"code": 13, "count": 3, "lastSeen": "2027-01-15T08:00:00.000000Z"},
         {"code": 48, "count": 1, "lastSeen": "2027-01-15T07:30:00Z"},
     ]
 
@@ -320,7 +320,7 @@ def test_xids_that_leave_no_other_trace_are_not_carried_over_a_reboot(
 ) -> None:
     # XID 74 (NVLink) changes no counter, so only the boot ID can tell that a reboot reset the GPU.
     seed_sim = simulated.SimulatedNvml(scenario.parse("gpus: 1\n"), clock=lambda: 0.0, identity_seed="node-b")
-    earlier = "2027-01-15T07:00:00.000Z"
+    earlier = "2027-01-15T07:00:00.000000Z"
     previous = status.GPUNodeStatus(
         gpus=[
             status.GPUStatus(

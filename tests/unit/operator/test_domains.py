@@ -125,8 +125,8 @@ def test_status_round_trip_keeps_the_clocks() -> None:
             "unhealthy": 3,
             "nodes": 8,
             "threshold": 5,
-            "since": "2026-01-01T00:00:00Z",
-            "recoveringSince": "2026-01-01T00:00:10Z",
+            "since": "2026-01-01T00:00:00.000000Z",
+            "recoveringSince": "2026-01-01T00:00:10.000000Z",
         }
     ]
     restored = domains.from_status(written, [rule()])

@@ -173,10 +173,10 @@ def test_round_trip_through_status() -> None:
         "status": "True",
         "reason": "Recovering",
         "message": "m",
-        "lastTransitionTime": "2026-11-22T01:00:00Z",
+        "lastTransitionTime": "2026-11-22T01:00:00.000000Z",
         "observedGeneration": 7,
         "observedSince": "2026-11-22T00:58:59.500000Z",
-        "recoveringSince": "2026-11-22T01:00:30Z",
+        "recoveringSince": "2026-11-22T01:00:30.000000Z",
     }
     assert hysteresis.from_status(records) == {s.type: s for s in states}
 

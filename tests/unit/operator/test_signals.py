@@ -242,7 +242,7 @@ def test_stale_since_is_when_the_operator_stopped_seeing_reports_and_the_message
     later = signals.agent_stale(facts, 260, NOW + datetime.timedelta(seconds=60))
     assert first.observed_at == later.observed_at == NOW - datetime.timedelta(seconds=20)
     assert first.message == later.message
-    assert "2026-11-23T01:00:00Z" in first.message
+    assert "2026-11-23T01:00:00.000000Z" in first.message
 
 
 def test_stale_agent_makes_every_fact_unknown() -> None:

@@ -30,7 +30,7 @@ from gpuhealth_sim import backtest, cli, ports, prometheus_import, traces
 from gpuhealth_sim import progress as progressing
 
 START: Final = 1_767_571_200.0
-"""2026-01-05T00:00:00.000Z"""
+"""2026-01-05T00:00:00.000000Z"""
 UUIDS: Final = {("a", 0): "GPU-a0", ("a", 1): "GPU-a1", ("b", 0): "GPU-b0", ("b", 1): "GPU-b1"}
 P: Final = "gpuhealth_agent_"
 Value = Callable[[float], float | None]
@@ -191,7 +191,7 @@ def test_series_become_a_trace_saying_where_from_and_at_which_resolution(tmp_pat
     assert "model" not in first["summary"]
     assert first["summary"]["gpuCount"] == 2
     assert first["agent"]["expectedGpuCount"] == 2
-    assert first["agent"]["lastHeartbeatTime"] == "2026-01-05T00:00:00.000Z"
+    assert first["agent"]["lastHeartbeatTime"] == "2026-01-05T00:00:00.000000Z"
     assert first["agent"]["heartbeatSeconds"] == 300
     # Written as the agent writes: nothing significant changes, so a heartbeat every 300 s.
     assert [t for t, _ in statuses(records, "a")] == [
@@ -220,7 +220,7 @@ def test_a_dbe_in_the_series_is_written_at_its_step_and_the_backtest_drains_that
     written = statuses(records, "b")
     changed = next((t, s) for t, s in written if s["gpus"][0]["ecc"]["uncorrectedVolatile"] == 1)
     assert changed[0] == 1020  # the first step at or after the fault (a 30 s step), not the heartbeat
-    assert changed[1]["gpus"][0]["observedTime"] == "2026-01-05T00:17:00.000Z"
+    assert changed[1]["gpus"][0]["observedTime"] == "2026-01-05T00:17:00.000000Z"
 
     result = backtest.run(out, DRAIN_POLICY, tick_seconds=30)
     acted = [(a.node, a.action) for a in result.actions if not a.action.startswith("Label")]
@@ -244,7 +244,7 @@ def test_an_xid_is_the_counter_growing_in_the_window_and_one_counted_before_is_n
     assert all("xids" not in g for _, s in statuses(records, "a") for g in s["gpus"])
     t, seen = next((t, s) for t, s in statuses(records, "b") if "xids" in s["gpus"][0])
     assert t == 600
-    assert seen["gpus"][0]["xids"] == [{"code": 79, "count": 1, "lastSeen": "2026-01-05T00:10:00.000Z"}]
+    assert seen["gpus"][0]["xids"] == [{"code": 79, "count": 1, "lastSeen": "2026-01-05T00:10:00.000000Z"}]
     assert statuses(records, "b")[-1][1]["gpus"][0]["xids"][0]["count"] == 1  # kept, not counted again
 
 

@@ -256,7 +256,7 @@ def agent_pod(node: str | None, ready: str, changed: str = "2026-01-05T00:00:00Z
 def test_an_agent_pod_keeps_its_node_and_readiness_and_repeats_nothing() -> None:
     compactor = tracerecord.Compactor(START)
     assert compactor.agent_pod(agent_pod(None, "False"), START + 1) is None, "not scheduled: nothing to read"
-    ready = {"node": "n1", "ready": True, "since": "2026-01-05T00:00:00Z"}
+    ready = {"node": "n1", "ready": True, "since": "2026-01-05T00:00:00.000000Z"}
     assert compactor.agent_pod(agent_pod("n1", "True"), START + 2) == {
         "kind": "agentpod",
         "t": 2.0,
@@ -266,7 +266,7 @@ def test_an_agent_pod_keeps_its_node_and_readiness_and_repeats_nothing() -> None
     restarted = agent_pod("n1", "True", containerStatuses=[{"restartCount": 1}])
     assert compactor.agent_pod(restarted, START + 3) is None, "nothing the operator reads changed"
     hung = compactor.agent_pod(agent_pod("n1", "False", "2026-01-05T00:00:04Z"), START + 4)
-    assert hung is not None and (hung["ready"], hung["since"]) == (False, "2026-01-05T00:00:04Z")
+    assert hung is not None and (hung["ready"], hung["since"]) == (False, "2026-01-05T00:00:04.000000Z")
     assert compactor.deleted("agentpod", "gpu-health/agent-abcde", START + 5) == [
         {"kind": "agentpod", "t": 5.0, "name": "gpu-health/agent-abcde", "deleted": True}
     ]
