@@ -17,6 +17,7 @@ import pytest
 from kubernetes import client
 
 import gpunode_facts
+import operator_fixtures
 import operator_harness
 from gpuhealth_api import resources
 from gpuhealth_sim import binaries, controlplane, dra, waiting
@@ -58,13 +59,7 @@ def api(plane: controlplane.ControlPlane) -> Iterator[client.ApiClient]:
         api_client.close()
 
 
-@pytest.fixture(scope="module")
-def operator(
-    plane: controlplane.ControlPlane, api: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[operator_harness.OperatorProcess]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator_harness.leading_operator(plane.kubeconfig, api, log, "fallback") as process:
-        yield process
+operator = operator_fixtures.operator_fixture("fallback", plane="plane", api="api")
 
 
 def _policy_condition(fleet: operator_harness.Fleet) -> dict[str, Any] | None:

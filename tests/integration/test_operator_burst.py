@@ -12,15 +12,12 @@ reconcile the node. Each cordon is one Node write, carrying the taint a rule ask
 import concurrent.futures
 import datetime
 import json
-import secrets
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from kubernetes import client
 
 import gpunode_facts
+import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys
 from gpuhealth_sim import controlplane, waiting
@@ -37,32 +34,12 @@ FAULT = {"ecc": {"uncorrectedVolatile": 1}, "remappedRows": {"failure": True}}
 """Both a cordon (EccUncorrectable) and a taint (RowRemapFailure) are wanted."""
 
 
-@pytest.fixture
-def operator(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path: Path
-) -> Iterator[operator_harness.OperatorProcess]:
-    operator_harness.ensure_namespace(k8s, "gpu-health")
-    process = operator_harness.OperatorProcess(
-        kubeconfig=Path(crds.kubeconfig),
-        log_path=tmp_path / "operator.log",
-        lease_name=f"gpu-health-burst-{secrets.token_hex(2)}",
-        identity=f"burst-{secrets.token_hex(2)}",
-        extra_args=["--full-pass-seconds=600", "--resync-seconds=600"],
-    ).start()
-    try:
-        waiting.wait_until(process.is_leading, timeout_seconds=30, message="operator leads")
-        yield process
-    finally:
-        process.stop()
-        print(process.log()[-10000:])
+operator = operator_fixtures.operator_fixture(
+    "burst", ["--full-pass-seconds=600", "--resync-seconds=600"], scope="function", log_tail=10000
+)
 
 
-@pytest.fixture
-def fleet(
-    k8s: client.ApiClient, operator: operator_harness.OperatorProcess
-) -> Iterator[operator_harness.Fleet]:
-    with operator_harness.Fleet(k8s, label=f"burst-{secrets.token_hex(2)}") as nodes:
-        yield nodes
+fleet = operator_fixtures.fleet_fixture("burst")
 
 
 def cordoned(fleet: operator_harness.Fleet, name: str) -> bool:

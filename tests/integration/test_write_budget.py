@@ -20,13 +20,13 @@ import random
 import secrets
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 import gpunode_facts
+import operator_fixtures
 import operator_harness
 from gpuhealth_api import heartbeats, resources
 from gpuhealth_sim import controlplane, fleet, fleetfile, waiting
@@ -42,23 +42,7 @@ def prefix() -> str:
     return f"quiet-{secrets.token_hex(2)}"
 
 
-@pytest.fixture
-def operator(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path: Path
-) -> Iterator[operator_harness.OperatorProcess]:
-    operator_harness.ensure_namespace(k8s, "gpu-health")
-    process = operator_harness.OperatorProcess(
-        kubeconfig=Path(crds.kubeconfig),
-        log_path=tmp_path / "operator.log",
-        lease_name=f"gpu-health-quiet-{secrets.token_hex(2)}",
-        identity=f"quiet-{secrets.token_hex(2)}",
-    ).start()
-    try:
-        waiting.wait_until(process.is_leading, timeout_seconds=30, message="operator leads")
-        yield process
-    finally:
-        process.stop()
-        print(process.log()[-10000:])
+operator = operator_fixtures.operator_fixture("quiet", (), scope="function", log_tail=10000)
 
 
 @pytest.fixture
