@@ -91,6 +91,14 @@ REPAIR_GPUS_ENV: Final = "GPUHEALTH_GPU_UUIDS"
 """Environment variable in every container of a repair Job: the step's GPU UUIDs, comma-separated
 (all the node's GPUs for RebootNode and Validation). Commands use it as `$(GPUHEALTH_GPU_UUIDS)`."""
 REPAIR_ACTION_ENV: Final = "GPUHEALTH_REPAIR_ACTION"
+UNVALIDATED_TAINT: Final = f"{PREFIX}/unvalidated"
+"""NoSchedule taint on a new node of a policy with `spec.repair.validation.newNodes: true` (a Node created
+after the policy, never validated) until its first validation Job passes; it stays on a node that failed."""
+VALIDATED_ANNOTATION: Final = f"{PREFIX}/validated"
+"""On a Node: RFC 3339 time its new-node validation passed; such a node is never validated as new again."""
+VALIDATION_FAILED_ANNOTATION: Final = f"{PREFIX}/validation-failed"
+"""On a Node: RFC 3339 time its new-node validation failed (it stays tainted, needs-repair=manual);
+such a node is never validated as new again: a human who removes the taint returns it."""
 
 # The operator's bookkeeping on a Node it cordoned (with CORDONED_BY_ANNOTATION).
 DRAIN_STARTED_ANNOTATION: Final = f"{PREFIX}/drain-started"
