@@ -12,7 +12,6 @@ through `--agent-pod-selector`, in `--agent-pod-namespace`.
 import secrets
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ from kubernetes import client
 
 import agent_daemonset
 import gpunode_facts
+import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys
 from gpuhealth_sim import controlplane, waiting
@@ -38,28 +38,17 @@ def label() -> str:
     return f"live-{secrets.token_hex(3)}"
 
 
-@pytest.fixture
-def operator(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path: Path, label: str, namespace: str
-) -> Iterator[operator_harness.OperatorProcess]:
-    operator_harness.ensure_namespace(k8s, "gpu-health")
-    process = operator_harness.OperatorProcess(
-        kubeconfig=Path(crds.kubeconfig),
-        log_path=tmp_path / "operator.log",
-        lease_name=f"gpu-health-liveness-{secrets.token_hex(2)}",
-        identity=f"liveness-{secrets.token_hex(2)}",
-        extra_args=[
-            "--tick-seconds=0.5",
-            f"--agent-pod-selector={AGENT_LABEL}={label}",
-            f"--agent-pod-namespace={namespace}",
-        ],
-    ).start()
-    try:
-        waiting.wait_until(process.is_leading, timeout_seconds=30, message="operator leads")
-        yield process
-    finally:
-        process.stop()
-        print(process.log()[-15000:])
+def _operator_args(request: pytest.FixtureRequest) -> list[str]:
+    """The operator watches the agent pods of this test's DaemonSet, in its namespace."""
+    label, namespace = request.getfixturevalue("label"), request.getfixturevalue("namespace")
+    return [
+        "--tick-seconds=0.5",
+        f"--agent-pod-selector={AGENT_LABEL}={label}",
+        f"--agent-pod-namespace={namespace}",
+    ]
+
+
+operator = operator_fixtures.operator_fixture("liveness", _operator_args, scope="function", log_tail=15000)
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import zlib
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from kubernetes import client
 
 import agent_daemonset
 import gpunode_facts
+import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys, resources, timestamps
 from gpuhealth_operator import settings
@@ -51,15 +52,9 @@ HOT = {"temperatureCelsius": 93, "clockEventReasons": ["HwThermalSlowdown"], "sm
 COOL = {"temperatureCelsius": 80, "clockEventReasons": [], "smClockMHz": 1980}
 
 
-@pytest.fixture(scope="module")
-def operator(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[operator_harness.OperatorProcess]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator_harness.leading_operator(
-        crds.kubeconfig, k8s, log, "backtest", [f"--tick-seconds={TICK}", *operator_harness.QUICK_TIMER[1:]]
-    ) as process:
-        yield process
+operator = operator_fixtures.operator_fixture(
+    "backtest", [f"--tick-seconds={TICK}", *operator_harness.QUICK_TIMER[1:]]
+)
 
 
 class NodeVersions:

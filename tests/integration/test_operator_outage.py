@@ -18,13 +18,13 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 import gpunode_facts
+import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys
 from gpuhealth_sim import controlplane, waiting
@@ -45,24 +45,9 @@ def fleet(k8s: client.ApiClient) -> Iterator[operator_harness.Fleet]:
         yield nodes
 
 
-@pytest.fixture
-def operator(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path: Path
-) -> Iterator[operator_harness.OperatorProcess]:
-    operator_harness.ensure_namespace(k8s, "gpu-health")
-    process = operator_harness.OperatorProcess(
-        kubeconfig=Path(crds.kubeconfig),
-        log_path=tmp_path / "operator.log",
-        lease_name=f"gpu-health-outage-{secrets.token_hex(2)}",
-        identity=f"outage-{secrets.token_hex(2)}",
-        extra_args=["--tick-seconds=0.5"],
-    ).start()
-    try:
-        waiting.wait_until(process.is_leading, timeout_seconds=TIMEOUT, message="operator leads")
-        yield process
-    finally:
-        process.stop()
-        print(process.log()[-15000:])
+operator = operator_fixtures.operator_fixture(
+    "outage", ["--tick-seconds=0.5"], scope="function", log_tail=15000
+)
 
 
 Milestones = dict[str, Callable[[operator_harness.Fleet], bool]]

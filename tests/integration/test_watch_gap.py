@@ -15,13 +15,13 @@ lists the cluster into its cache before it acts, which would hide the gap.
 import secrets
 import signal
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
 import gpunode_facts
+import operator_fixtures
 import operator_harness
 from gpuhealth_api import resources
 from gpuhealth_sim import controlplane, waiting
@@ -38,31 +38,24 @@ def fleet(k8s: client.ApiClient) -> Iterator[operator_harness.Fleet]:
         yield nodes
 
 
-@pytest.fixture
-def operator(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path: Path
-) -> Iterator[operator_harness.OperatorProcess]:
-    operator_harness.ensure_namespace(k8s, "gpu-health")
-    process = operator_harness.OperatorProcess(
-        kubeconfig=Path(crds.kubeconfig),
-        log_path=tmp_path / "operator.log",
-        lease_name=f"gpu-health-gap-{secrets.token_hex(2)}",
-        identity=f"gap-{secrets.token_hex(2)}",
-        extra_args=[
-            "--tick-seconds=0.5",
-            "--resync-seconds=3600",
-            "--lease-duration-seconds=180",
-            "--lease-renew-deadline-seconds=150",
-        ],
-    ).start()
-    try:
-        waiting.wait_until(process.is_leading, timeout_seconds=TIMEOUT, message="operator leads")
-        yield process
-    finally:
-        if process.process is not None:
-            process.process.signal(signal.SIGCONT)
-        process.stop()
-        print(process.log()[-15000:])
+def _resume(process: operator_harness.OperatorProcess) -> None:
+    """A test that froze the operator (SIGSTOP) and failed leaves it frozen: thaw it so it can stop."""
+    if process.process is not None:
+        process.process.signal(signal.SIGCONT)
+
+
+operator = operator_fixtures.operator_fixture(
+    "gap",
+    [
+        "--tick-seconds=0.5",
+        "--resync-seconds=3600",
+        "--lease-duration-seconds=180",
+        "--lease-renew-deadline-seconds=150",
+    ],
+    scope="function",
+    log_tail=15000,
+    before_stop=_resume,
+)
 
 
 def policy_status(fleet: operator_harness.Fleet, name: str) -> dict[str, Any]:
