@@ -55,6 +55,8 @@ class NodeRecord:
     """Our GPUHealthy condition as the Node holds it."""
     cordon_taken_over: bool = False
     """Unschedulable, claimed by us, but the flag last set by someone else (`overrides.cordon_taken_over`)."""
+    created: str = ""
+    """metadata.creationTimestamp (RFC 3339): whether the node is new to a policy (`decisions.new_nodes`)."""
 
     @functools.cached_property
     def at_rest(self) -> bool:
@@ -201,6 +203,7 @@ def node_record(body: Mapping[str, Any]) -> NodeRecord:
         taints=taints,
         condition=condition,
         cordon_taken_over=view.unschedulable and overrides.cordon_taken_over(meta),
+        created=str(meta.get("creationTimestamp") or ""),
     )
 
 

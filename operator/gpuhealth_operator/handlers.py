@@ -10,6 +10,7 @@ a Node by accident.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
@@ -153,6 +154,7 @@ def store_policy(memo: context.Context, body: Mapping[str, Any]) -> model.Policy
     memo.domains.note_status(name, body)
     try:
         policy = policies.parse_policy(name, generation, body.get("spec") or {})
+        policy = dataclasses.replace(policy, created=str(meta.get("creationTimestamp") or ""))
     except ValueError as error:
         logger.warning("policy %s is invalid and is not applied: %s", name, error)
         memo.cache.reject_policy(name, generation, str(error))

@@ -117,6 +117,8 @@ class Policy:
     """`spec.topology`: per-domain budgets (on top of max_unavailable) and domain actions."""
     repair: RepairSpec | None = None
     """`spec.repair`: None (omitted) keeps a drained node cordoned until recovery.healthyForSeconds."""
+    created: str = ""
+    """metadata.creationTimestamp (RFC 3339; "" unknown): a node created later is new to the policy."""
 
 
 @dataclasses.dataclass(frozen=True)
