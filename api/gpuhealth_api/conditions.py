@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
@@ -52,33 +51,23 @@ class Scope(enum.Enum):
     """The agent, its pod or the Node's labels, not the GPUs' facts."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Judging:
-    """What a per-GPU predicate may need beyond one GPU's facts, for one judgement."""
-
-    critical_xids: frozenset[int]
-    """The XIDs XidCritical acts on (the rule's, else the catalogue's critical ones)."""
-    threshold: float
-    """The growth per hour a trend condition tolerates (the policy's, else the row's default)."""
-    history: faults.History
-    """What the operator remembers of each GPU (`faults.no_history`: one report, as `check`)."""
-
-
-Bind = Callable[[Judging], faults.GPUFault]
-"""A row's predicate, bound for one judgement: a function of one GPU's facts."""
+Bind = Callable[[frozenset[int], float, faults.History], faults.GPUFault]
+"""A row's predicate, bound for one judgement to what it may need beyond one GPU's facts: the XIDs
+XidCritical acts on (the rule's, else the catalogue's critical ones), the growth per hour a trend
+condition tolerates (the policy's, else the row's default), and what the operator remembers of each GPU
+(`faults.no_history`: one report, as `check`). The result is a function of one GPU's facts."""
 
 
 def _plain(predicate: faults.GPUFault) -> Bind:
-    return lambda judging: predicate
+    return lambda critical_xids, threshold, history: predicate
 
 
-def _xids(judging: Judging) -> faults.GPUFault:
-    return functools.partial(faults.xid_critical, codes=judging.critical_xids)
+def _xids(critical_xids: frozenset[int], threshold: float, history: faults.History) -> faults.GPUFault:
+    return lambda gpu: faults.xid_critical(gpu, critical_xids)
 
 
 def _trend(predicate: Callable[[status.GPUStatus, faults.Trend, float], str | None]) -> Bind:
-    def bind(judging: Judging) -> faults.GPUFault:
-        history, threshold = judging.history, judging.threshold
+    def bind(critical_xids: frozenset[int], threshold: float, history: faults.History) -> faults.GPUFault:
         return lambda gpu: predicate(gpu, history(gpu), threshold)
 
     return bind
@@ -341,6 +330,11 @@ def threshold(thresholds: Mapping[Condition, float], condition: Condition) -> fl
     return thresholds.get(condition, 0.0 if default is None else default)
 
 
+_BINDS: Final = tuple(
+    (row.condition, row.check, row.default_threshold or 0.0) for row in _GPU_ROWS if row.check is not None
+)
+
+
 def gpu_checks(
     critical_xids: frozenset[int],
     thresholds: Mapping[Condition, float] | None = None,
@@ -350,9 +344,8 @@ def gpu_checks(
     trend conditions on `thresholds` and each GPU's `history` (none: what one report shows)."""
     limits = thresholds or {}
     return {
-        row.condition: row.check(Judging(critical_xids, threshold(limits, row.condition), history))
-        for row in _GPU_ROWS
-        if row.check is not None
+        condition: bind(critical_xids, limits.get(condition, default), history)
+        for condition, bind, default in _BINDS
     }
 
 
