@@ -381,7 +381,8 @@ async def take(
         return None
     view = record.view
     if view.labels.get(keys.NEEDS_REPAIR_LABEL) == keys.NEEDS_REPAIR_MANUAL:
-        if not view.unschedulable:  # a human returned it: the mark goes
+        # A human returned it (a new node that failed its validation: by removing the taint): the mark goes.
+        if not view.unschedulable and keys.UNVALIDATED_TAINT not in view.taint_keys:
             ctx.cache.refresh_node(await jobs.clear_retired(ctx.client, name))
             logger.info(
                 "retired node %s was made schedulable by a human: label %s removed",
