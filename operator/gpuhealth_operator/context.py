@@ -271,6 +271,11 @@ class Context:
     """node → its GPUNode `status.repairs[]` as this process last made it (`repairing`), written with
     the node's next status; absent: the status as stored is the history."""
 
+    repair_finished_seen: dict[str, tuple[str, datetime.datetime]] = dataclasses.field(default_factory=dict)
+    """node → (its repair Job, when this process first saw that Job finished, its own clock): a step's
+    effect is judged from reports first seen after it (`repair.observe_step`), never from the Job's
+    completionTime (another machine's clock). Lost on a restart: the new process's sighting counts."""
+
     repair_templates: recent.Recent[str, dict[str, dict[str, Any]]] = dataclasses.field(
         default_factory=lambda: recent.Recent(30.0)
     )
@@ -347,6 +352,7 @@ class Context:
         self.drain_policies.pop(name, None)
         self.announced_cordons.pop(name, None)
         self.repair_history.pop(name, None)
+        self.repair_finished_seen.pop(name, None)
         lock = self.node_locks.get(name)
         if lock is not None and not lock.locked():
             del self.node_locks[name]

@@ -361,6 +361,19 @@ def _started(ctx: context.Context, name: str, state: repair.State) -> bool:
     )
 
 
+def _finished_seen(
+    ctx: context.Context, name: str, state: repair.State, job: repair.JobView, now: datetime.datetime
+) -> datetime.datetime | None:
+    """When this process first saw the state's Job finished (its clock), `now` the first time; None while
+    the Job runs. `now` is read after the Job (a pass's start could precede a report seen meanwhile)."""
+    if job.phase not in (repair.JobPhase.SUCCEEDED, repair.JobPhase.FAILED):
+        return None
+    known = ctx.repair_finished_seen.get(name)
+    if known is None or known[0] != state.job:
+        known = ctx.repair_finished_seen[name] = (state.job, now)
+    return known[1]
+
+
 def _observe_duration(ctx: context.Context, state: repair.State, result: str, now: datetime.datetime) -> None:
     started = state.started or state.since
     ctx.meters.repair_duration.labels(result).observe(max(0.0, times.seconds_between(started, now)))
@@ -492,7 +505,9 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
         return await _launch(ctx, policy, spec, name, state, verdict, now)  # written, never created
     seen = report(ctx, policy, name, now)
     if state.phase is Phase.STEP:
-        transition = repair.observe_step(state, step, job, seen, now)
+        transition = repair.observe_step(
+            state, step, job, seen, now, finished_seen=_finished_seen(ctx, name, state, job, ctx.clock())
+        )
     else:
         transition = repair.observe_validation(state, spec.validation_timeout_seconds or 0.0, job, now)
         if transition.outcome is repair.Outcome.PASSED and not seen.fault_gone:

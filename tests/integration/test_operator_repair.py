@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -148,10 +148,30 @@ def jobs(k8s: client.ApiClient, namespace: str, node: str) -> list[dict[str, Any
     return [j for j in items if not (j["metadata"].get("deletionTimestamp"))]
 
 
-def wait_job(k8s: client.ApiClient, namespace: str, node: str, action: str) -> dict[str, Any]:
-    """The node's Job of `action` (ResetGPU, RebootNode, Validation) once it exists, and its pod."""
+def heartbeat(
+    fleet: operator_harness.Fleet, name: str, *, faulty: bool, boot: str = BOOT
+) -> Callable[[], None]:
+    """The agent reporting every second, as a real one does: a step's effect is judged only from a report
+    the operator first saw after it saw the step's Job finished (its own clock), never from one before."""
+    last = [0.0]
+
+    def beat() -> None:
+        if time.monotonic() - last[0] >= 1.0:
+            report(fleet, name, faulty=faulty, boot=boot)
+            last[0] = time.monotonic()
+
+    return beat
+
+
+def wait_job(
+    k8s: client.ApiClient, namespace: str, node: str, action: str, agent: Callable[[], None] | None = None
+) -> dict[str, Any]:
+    """The node's Job of `action` (ResetGPU, RebootNode, Validation) once it exists, and its pod;
+    `agent` (a `heartbeat`) reports meanwhile."""
 
     def found() -> dict[str, Any] | None:
+        if agent is not None:
+            agent()
         return next(
             (
                 j
@@ -246,8 +266,8 @@ def test_reset_then_validation_returns_the_node_at_once(
     assert f"GPU 0 ({uuid})" in started, started
 
     end(k8s, jobs_namespace, job, ok=True)
-    report(fleet, name, faulty=False)  # the agent's next report: the GPU's volatile ECC count reset
-    validation = wait_job(k8s, jobs_namespace, name, "Validation")
+    # the agent's next reports: the GPU's volatile ECC count reset
+    validation = wait_job(k8s, jobs_namespace, name, "Validation", heartbeat(fleet, name, faulty=False))
     wait_action(fleet, name, "Validating")
     assert cordoned(fleet, name), "validation runs on the cordoned node"
     end(k8s, jobs_namespace, validation, ok=True)
@@ -281,8 +301,8 @@ def test_reset_without_effect_then_reboot_with_a_new_boot_id(
     faulty_and_drained(fleet, name)
     reset = wait_job(k8s, jobs_namespace, name, "ResetGPU")
     end(k8s, jobs_namespace, reset, ok=True)
-    report(fleet, name, faulty=True)  # a report after the Job: the fault stays
-    reboot = wait_job(k8s, jobs_namespace, name, "RebootNode")
+    # reports after the Job: the fault stays
+    reboot = wait_job(k8s, jobs_namespace, name, "RebootNode", heartbeat(fleet, name, faulty=True))
     (failed,) = fleet.messages(name, "RepairFailed")
     assert "NoEffect" in failed and "reboot" in failed, failed
     env = {e["name"]: e["value"] for e in reboot["spec"]["template"]["spec"]["containers"][0]["env"]}
@@ -302,8 +322,7 @@ def test_validation_failing_on_the_last_step_retires_the_node(
     faulty_and_drained(fleet, name, steps=[{"name": "reset", "action": "ResetGPU", "timeoutSeconds": 120}])
     reset = wait_job(k8s, jobs_namespace, name, "ResetGPU")
     end(k8s, jobs_namespace, reset, ok=True)
-    report(fleet, name, faulty=False)
-    validation = wait_job(k8s, jobs_namespace, name, "Validation")
+    validation = wait_job(k8s, jobs_namespace, name, "Validation", heartbeat(fleet, name, faulty=False))
     end(k8s, jobs_namespace, validation, ok=False)
 
     wait_action(fleet, name, "Retired")
@@ -350,11 +369,10 @@ def test_max_concurrent_one_repairs_one_node_at_a_time(
         assert not jobs(k8s, jobs_namespace, second), "maxConcurrent 1: the second node waits, drained"
         time.sleep(0.2)
     assert status(fleet, second).get("action") == "Drained"
-
     reset = wait_job(k8s, jobs_namespace, first, "ResetGPU")
     end(k8s, jobs_namespace, reset, ok=True)
-    report(fleet, first, faulty=False)
-    end(k8s, jobs_namespace, wait_job(k8s, jobs_namespace, first, "Validation"), ok=True)
+    validation = wait_job(k8s, jobs_namespace, first, "Validation", heartbeat(fleet, first, faulty=False))
+    end(k8s, jobs_namespace, validation, ok=True)
     waiting.wait_until(lambda: not cordoned(fleet, first), timeout_seconds=TIMEOUT, message="first returned")
     wait_job(k8s, jobs_namespace, second, "ResetGPU")  # its turn now
 
@@ -470,8 +488,8 @@ def test_a_restarted_operator_adopts_the_running_job(
     (only,) = jobs(k8s, jobs_namespace, name)
     assert only["metadata"]["uid"] == job["metadata"]["uid"], "the same Job: adopted, never a second"
     end(k8s, jobs_namespace, job, ok=True)
-    report(fleet, name, faulty=False)
-    end(k8s, jobs_namespace, wait_job(k8s, jobs_namespace, name, "Validation"), ok=True)
+    validation = wait_job(k8s, jobs_namespace, name, "Validation", heartbeat(fleet, name, faulty=False))
+    end(k8s, jobs_namespace, validation, ok=True)
     waiting.wait_until(lambda: not cordoned(fleet, name), timeout_seconds=TIMEOUT, message="uncordoned")
     assert (
         len(

@@ -247,9 +247,23 @@ WAIT: Final = Transition(Outcome.WAIT)
 
 
 def observe_step(
-    state: State, step: model.RepairStep, job: JobView, report: Report, now: datetime.datetime
+    state: State,
+    step: model.RepairStep,
+    job: JobView,
+    report: Report,
+    now: datetime.datetime,
+    *,
+    finished_seen: datetime.datetime | None = None,
 ) -> Transition:
-    """What a running step's Job and the agent's report mean now."""
+    """What a running step's Job and the agent's report mean now.
+
+    Every time compared is the operator's own clock: `report.seen_at`, `state.since`, and
+    `finished_seen`, when this process first saw the Job finished (None: not yet). The Job's
+    `completionTime` is another machine's clock (whole seconds): a report judged against it with the
+    operator's clock ahead could be one made while the reset still ran, and its fault a false NoEffect.
+    A report first seen before the operator saw the Job finished proves nothing either way: the next
+    one decides.
+    """
     reboot = step.action is RepairAction.REBOOT_NODE
     rebooted = (
         reboot
@@ -272,20 +286,24 @@ def observe_step(
         return Transition(Outcome.FAILED, Result.FAILED, f"Job {state.job} failed: {job.message}")
     if job.phase is JobPhase.MISSING:
         return Transition(Outcome.FAILED, Result.FAILED, f"Job {state.job} is gone (deleted by someone else)")
-    if job.phase is JobPhase.SUCCEEDED and not reboot:
-        done = job.finished_at or state.since
-        if report.seen_at is not None and report.seen_at > done:
-            if report.fault_gone:
-                return Transition(Outcome.EFFECT, Result.SUCCEEDED, "the agent reports the fault gone")
-            return Transition(
-                Outcome.FAILED, Result.NO_EFFECT, "the Job succeeded but the agent still reports the fault"
-            )
+    if (
+        job.phase is JobPhase.SUCCEEDED
+        and not reboot
+        and finished_seen is not None
+        and report.seen_at is not None
+        and report.seen_at > finished_seen
+    ):
+        if report.fault_gone:
+            return Transition(Outcome.EFFECT, Result.SUCCEEDED, "the agent reports the fault gone")
+        return Transition(
+            Outcome.FAILED, Result.NO_EFFECT, "the Job succeeded but the agent still reports the fault"
+        )
     if (
         job.phase is JobPhase.FAILED
         and reboot
         and report.seen_at is not None
-        and report.seen_at - (job.finished_at or state.since)
-        >= datetime.timedelta(seconds=REBOOT_GRACE_SECONDS)
+        and finished_seen is not None
+        and report.seen_at - finished_seen >= datetime.timedelta(seconds=REBOOT_GRACE_SECONDS)
     ):  # a reboot's pod may die failed with its node; a report well after that, same boot, says it did not
         return Transition(
             Outcome.FAILED,

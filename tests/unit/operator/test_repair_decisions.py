@@ -223,13 +223,14 @@ def _report(at: float | None, boot: str | None = "b1", *, gone: bool) -> repair.
 def test_reset_effect_needs_a_report_newer_than_the_job() -> None:
     state = _state()
     done = _job(repair.JobPhase.SUCCEEDED, 20)
+    seen = _at(20)
     assert (
-        repair.observe_step(state, RESET, done, _report(15, gone=True), _at(21)).outcome
+        repair.observe_step(state, RESET, done, _report(15, gone=True), _at(21), finished_seen=seen).outcome
         is repair.Outcome.WAIT
     )
-    effect = repair.observe_step(state, RESET, done, _report(25, gone=True), _at(26))
+    effect = repair.observe_step(state, RESET, done, _report(25, gone=True), _at(26), finished_seen=seen)
     assert (effect.outcome, effect.result) == (repair.Outcome.EFFECT, Result.SUCCEEDED)
-    none = repair.observe_step(state, RESET, done, _report(25, gone=False), _at(26))
+    none = repair.observe_step(state, RESET, done, _report(25, gone=False), _at(26), finished_seen=seen)
     assert (none.outcome, none.result) == (repair.Outcome.FAILED, Result.NO_EFFECT)
 
 
@@ -260,8 +261,12 @@ def test_reboot_counts_a_new_boot_id_not_the_job() -> None:
     assert (still.outcome, still.result) == (repair.Outcome.FAILED, Result.NO_EFFECT)
     # a pod that died with its node is no failure; a report well after it with the old boot is
     died = _job(repair.JobPhase.FAILED, 10)
-    assert repair.observe_step(state, REBOOT, died, _report(20, gone=False), _at(21)) is repair.WAIT
-    refused = repair.observe_step(state, REBOOT, died, _report(41, gone=False), _at(42))
+    seen = _at(10)
+    assert (
+        repair.observe_step(state, REBOOT, died, _report(20, gone=False), _at(21), finished_seen=seen)
+        is repair.WAIT
+    )
+    refused = repair.observe_step(state, REBOOT, died, _report(41, gone=False), _at(42), finished_seen=seen)
     assert refused.result is Result.FAILED
     assert (
         repair.observe_step(state, REBOOT, running, _report(1, gone=False), _at(1800)).result
@@ -336,3 +341,39 @@ def test_gpu_words() -> None:
     assert repair.gpu_words([(3, "GPU-x")]) == "GPU 3 (GPU-x)"
     assert repair.gpu_words([(1, "GPU-a"), (3, "GPU-b")]) == "GPUs 1 (GPU-a), 3 (GPU-b)"
     assert repair.gpu_words([]) == "all GPUs"
+
+
+# --- #26 hardening: clock skew ------------------------------------------------------------------------
+
+
+def test_reset_effect_is_judged_on_the_operators_clock_only() -> None:
+    """The operator's clock runs 10 s ahead of the API server's: the Job completed at server time 20 (its
+    completionTime), which the operator's clock calls 30; the operator first sees it finished at 31. A
+    report it saw at 25 was made while the reset still ran: the fault it shows is no NoEffect."""
+    state = _state()
+    done = _job(repair.JobPhase.SUCCEEDED, 20)  # completionTime: the API server's clock
+    during = repair.observe_step(state, RESET, done, _report(25, gone=False), _at(31), finished_seen=_at(31))
+    assert during is repair.WAIT, during
+    during_gone = repair.observe_step(
+        state, RESET, done, _report(25, gone=True), _at(31), finished_seen=_at(31)
+    )
+    assert during_gone is repair.WAIT
+    after = repair.observe_step(state, RESET, done, _report(35, gone=False), _at(36), finished_seen=_at(31))
+    assert (after.outcome, after.result) == (repair.Outcome.FAILED, Result.NO_EFFECT)
+    worked = repair.observe_step(state, RESET, done, _report(35, gone=True), _at(36), finished_seen=_at(31))
+    assert (worked.outcome, worked.result) == (repair.Outcome.EFFECT, Result.SUCCEEDED)
+    # the operator's clock behind (server 20 = operator 10): a report after its own sighting counts
+    behind = repair.observe_step(state, RESET, done, _report(12, gone=False), _at(13), finished_seen=_at(11))
+    assert behind.result is Result.NO_EFFECT
+    # not yet seen finished by this process (None): nothing is judged from the Job's own times
+    assert repair.observe_step(state, RESET, done, _report(99, gone=False), _at(99)) is repair.WAIT
+
+
+def test_a_failed_reboot_is_timed_from_the_operators_sighting() -> None:
+    state = _state(step=1)
+    died = _job(repair.JobPhase.FAILED, 10)  # server clock, 30 s behind the operator's
+    seen = _at(40)
+    quiet = repair.observe_step(state, REBOOT, died, _report(60, gone=False), _at(61), finished_seen=seen)
+    assert quiet is repair.WAIT  # 20 s after the operator saw it fail: still within the grace
+    late = repair.observe_step(state, REBOOT, died, _report(71, gone=False), _at(72), finished_seen=seen)
+    assert late.result is Result.FAILED
