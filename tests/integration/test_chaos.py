@@ -31,13 +31,13 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client, watch
 
 import gpunode_facts
+import operator_fixtures
 import operator_harness
 from gpuhealth_sim import controlplane, waiting
 
@@ -77,23 +77,7 @@ def fleet(k8s: client.ApiClient) -> Iterator[operator_harness.Fleet]:
         yield nodes
 
 
-@pytest.fixture
-def operator(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path: Path
-) -> Iterator[operator_harness.OperatorProcess]:
-    operator_harness.ensure_namespace(k8s, "gpu-health")
-    process = operator_harness.OperatorProcess(
-        kubeconfig=Path(crds.kubeconfig),
-        log_path=tmp_path / "operator.log",
-        lease_name=f"gpu-health-chaos-{secrets.token_hex(2)}",
-        identity=f"chaos-{secrets.token_hex(2)}",
-        extra_args=OPERATOR_ARGS,
-    ).start()
-    try:
-        yield process
-    finally:
-        process.stop()
-        print(process.log()[-20000:])
+operator = operator_fixtures.operator_fixture("chaos", OPERATOR_ARGS, scope="function", lead=False)
 
 
 class NodeRecorder:
