@@ -264,12 +264,18 @@ class JobStep:
             action=self.key,
             gpus=gpus,
             timeout_seconds=self.timeout_seconds,
+            cycle_started=repair.cycle_stamp(self.state),
         )
-        _, created = await jobs.create(self.ctx.client, body)
+        _, created = await jobs.create(self.ctx.client, body, belongs=self._ours)
         return created
 
+    def _ours(self, job: Mapping[str, Any]) -> bool:
+        return repair.belongs(job, self.state)
+
     async def observe(self) -> repair.JobView:
-        return repair.job_view(await jobs.read(self.ctx.client, self.namespace, self.state.job))
+        """The Job of this cycle: one of the same name from another cycle is none of ours (missing)."""
+        found = await jobs.read(self.ctx.client, self.namespace, self.state.job)
+        return repair.job_view(found if found is not None and self._ours(found) else None)
 
     async def undo(self) -> bool:
         return await jobs.delete(self.ctx.client, self.namespace, self.state.job)
@@ -690,6 +696,9 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
     step = spec.steps[state.step]
     try:
         created = await action.start(now)
+    except jobs.StaleJob as error:
+        logger.info("repair of node %s: %s waits: %s", name, action.name, error)
+        return Handled(phase)  # the next pass creates it (not a failed step)
     except jobs.TemplateError as error:
         return await _failed(
             ctx,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import importlib.resources
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import yaml
@@ -34,6 +34,11 @@ DEFAULT_NAMESPACE: Final = "gpu-health"
 
 class TemplateError(ValueError):
     """The templates cannot be read or a template is not a Job manifest (the message says why)."""
+
+
+class StaleJob(Exception):
+    """A Job of the name exists but is another cycle's: it was deleted (Background); create it again
+    once it is gone."""
 
 
 def parse_templates(data: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -104,8 +109,10 @@ def fill(
     action: str,
     gpus: Sequence[str],
     timeout_seconds: float,
+    cycle_started: str,
 ) -> dict[str, Any]:
-    """The Job of one step (or validation) on one node from its template."""
+    """The Job of one step (or validation) on one node from its template; `cycle_started` stamps the
+    cycle it belongs to (`keys.REPAIR_CYCLE_STARTED_ANNOTATION`)."""
     job = copy.deepcopy(dict(template))
     job["apiVersion"] = "batch/v1"
     job["kind"] = "Job"
@@ -122,6 +129,10 @@ def fill(
     metadata["name"] = name
     metadata["namespace"] = namespace
     metadata["labels"] = {**(metadata.get("labels") or {}), **labels}
+    metadata["annotations"] = {
+        **(metadata.get("annotations") or {}),
+        keys.REPAIR_CYCLE_STARTED_ANNOTATION: cycle_started,
+    }
     job["metadata"] = metadata
     spec = dict(job.get("spec") or {})
     spec["backoffLimit"] = 0
@@ -156,15 +167,23 @@ def fill(
     return job
 
 
-async def create(client: kube.Client, job: Mapping[str, Any]) -> tuple[kube.JsonObject, bool]:
-    """Create the Job; (the Job, True) when created, (the Job found, False) when it existed (adopted)."""
-    namespace = job["metadata"]["namespace"]
+async def create(
+    client: kube.Client, job: Mapping[str, Any], *, belongs: Callable[[Mapping[str, Any]], bool]
+) -> tuple[kube.JsonObject, bool]:
+    """Create the Job; (the Job, True) when created, (the Job found, False) when it existed and `belongs`
+    to the caller's cycle (adopted). One that does not is deleted (Background) and StaleJob raised."""
+    namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
     try:
         return await client.create(jobs_path(namespace), job), True
     except kube.ApiError as error:
         if error.status != 409:
             raise
-    return await client.get(jobs_path(namespace, job["metadata"]["name"])), False
+    found = await client.get(jobs_path(namespace, name))
+    if belongs(found):
+        return found, False
+    if not (found.get("metadata") or {}).get("deletionTimestamp"):
+        await delete(client, namespace, name)
+    raise StaleJob(f"Job {namespace}/{name} exists from another repair cycle: deleted, created once gone")
 
 
 async def read(client: kube.Client, namespace: str, name: str) -> kube.JsonObject | None:

@@ -18,7 +18,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from gpuhealth_api import vocabulary
+from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator.decisions import model, times
 
 RepairAction = vocabulary.RepairAction
@@ -115,6 +115,19 @@ def job_name(node: str, cycle: int, step: int, *, validation: bool = False) -> s
     part = node.lower().replace(".", "-")[: max(0, min(NODE_PART, room))].strip("-")
     name = f"{JOB_PREFIX}{part}{tail}" if part else f"{JOB_PREFIX.rstrip('-')}{tail}"
     return name[:MAX_NAME]
+
+
+def cycle_stamp(state: State) -> str:
+    """The cycle's start as its Jobs carry it (`keys.REPAIR_CYCLE_STARTED_ANNOTATION`)."""
+    return times.render(state.started or state.since)
+
+
+def belongs(job: Mapping[str, Any], state: State) -> bool:
+    """Whether a Job of the state's name is this cycle's: it carries the cycle's start stamp. A Job of the
+    same name from an earlier life of the node (a recreated GPUNode restarts cycle numbers), or one
+    without the stamp, is not: its result says nothing about this cycle."""
+    stamped = ((job.get("metadata") or {}).get("annotations") or {}).get(keys.REPAIR_CYCLE_STARTED_ANNOTATION)
+    return isinstance(stamped, str) and times.parse(stamped) == (state.started or state.since)
 
 
 def next_step(spec: model.RepairSpec, start: int, gpus: Sequence[str]) -> int | None:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import datetime
 import re
 
 import pytest
 
 from gpuhealth_api import vocabulary
+from gpuhealth_operator import kube
+from gpuhealth_operator.actions import jobs
 from gpuhealth_operator.decisions import model, policies, repair
 
 RepairAction = vocabulary.RepairAction
@@ -377,3 +381,81 @@ def test_a_failed_reboot_is_timed_from_the_operators_sighting() -> None:
     assert quiet is repair.WAIT  # 20 s after the operator saw it fail: still within the grace
     late = repair.observe_step(state, REBOOT, died, _report(71, gone=False), _at(72), finished_seen=seen)
     assert late.result is Result.FAILED
+
+
+# --- #26 hardening: a stale Job of the same name -------------------------------------------------------
+
+
+def test_a_job_belongs_to_the_cycle_that_stamped_it() -> None:
+    """A recreated GPUNode restarts cycle numbers: a finished Job of the same name from before (under
+    ttlSecondsAfterFinished) is another cycle's, told by the stamp of the cycle's start it carries."""
+    state = dataclasses.replace(_state(), started=_at(-5))
+    filled = jobs.fill(
+        {"spec": {"template": {"spec": {"containers": [{"name": "c"}]}}}},
+        name="j",
+        namespace="ns",
+        node="n",
+        policy="p",
+        cycle=1,
+        action="ResetGPU",
+        gpus=["GPU-a"],
+        timeout_seconds=5,
+        cycle_started=repair.cycle_stamp(state),
+    )
+    assert repair.belongs(filled, state)
+    older = dataclasses.replace(state, started=_at(-3600))
+    assert not repair.belongs(filled, older)
+    assert not repair.belongs({"metadata": {"name": "j"}}, state)  # unstamped: not known to be this cycle's
+    assert repair.belongs(filled, dataclasses.replace(state, step=1, since=_at(60)))  # same cycle, later
+
+
+class _FakeJobs:
+    """The Jobs API as `actions.jobs` uses it: one stored Job of the name, the create's 409."""
+
+    def __init__(self, stored: dict[str, object] | None) -> None:
+        self.stored = stored
+        self.deleted: list[tuple[str, dict[str, str] | None]] = []
+
+    async def create(self, path: str, body: dict[str, object]) -> dict[str, object]:
+        if self.stored is not None:
+            raise kube.ApiError(409, "AlreadyExists", "exists")
+        self.stored = body
+        return body
+
+    async def get(self, path: str) -> dict[str, object]:
+        if self.stored is None:
+            raise kube.ApiError(404, "NotFound", "")
+        return self.stored
+
+    async def request(self, method: str, path: str, query: dict[str, str] | None = None) -> None:
+        self.deleted.append((path, query))
+
+
+def test_a_stale_same_name_job_is_deleted_never_adopted() -> None:
+    state = dataclasses.replace(_state(), started=_at(0))
+    template = {"spec": {"template": {"spec": {"containers": [{"name": "c"}]}}}}
+
+    def made(stamp_of: repair.State) -> dict[str, object]:
+        return jobs.fill(
+            template,
+            name="j",
+            namespace="ns",
+            node="n",
+            policy="p",
+            cycle=1,
+            action="ResetGPU",
+            gpus=[],
+            timeout_seconds=5,
+            cycle_started=repair.cycle_stamp(stamp_of),
+        )
+
+    old = made(dataclasses.replace(state, started=_at(-600)))
+    old["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    fake = _FakeJobs(old)
+    with pytest.raises(jobs.StaleJob):
+        asyncio.run(jobs.create(fake, made(state), belongs=lambda b: repair.belongs(b, state)))  # type: ignore[arg-type]
+    assert fake.deleted == [("/apis/batch/v1/namespaces/ns/jobs/j", {"propagationPolicy": "Background"})]
+    # this cycle's own Job (a lost answer, a new leader): adopted
+    own = _FakeJobs(made(state))
+    body, created = asyncio.run(jobs.create(own, made(state), belongs=lambda b: repair.belongs(b, state)))  # type: ignore[arg-type]
+    assert not created and body is own.stored and not own.deleted
