@@ -45,6 +45,7 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.drain_policies[node] = policy
     ctx.announced_cordons[node] = "2026-01-01T00:00:00Z"
     ctx.repair_history[node] = [{"cycle": 1, "result": "Started"}]
+    ctx.repair_finished_seen[node] = ("gpuhealth-repair-job", datetime.datetime.now(datetime.UTC))
     ctx.dry_run_said[(policy, node)] = f"Dry run: policy {policy} would cordon"
     ctx.drill_said[(policy, node)] = f"Drill: policy {policy} would cordon"
     ctx.drill_health[(policy, node)] = "Unhealthy"
@@ -68,6 +69,7 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
 FILLED = {
     "node_locks",
     "repair_history",
+    "repair_finished_seen",
     "admission",
     "cordons_unknown",
     "verdicts",
@@ -203,6 +205,7 @@ def test_forget_verdicts_keeps_the_nodes_own_memory() -> None:
             "drain_policies",
             "announced_cordons",
             "repair_history",
+            "repair_finished_seen",
         }
         assert not ctx.drains["n"].cancelled()
         ctx.drains["n"].cancel()
