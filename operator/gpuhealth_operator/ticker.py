@@ -28,6 +28,7 @@ from gpuhealth_operator import (
     isolating,
     kube,
     metrics,
+    new_nodes,
     pausing,
     reconciler,
     repairing,
@@ -100,6 +101,7 @@ async def tick(ctx: context.Context, *, full: bool = False, statuses: bool = Tru
             raise result  # cancelled: the timer is stopping
     await pausing.announce(ctx, now)
     await repairing.sweep(ctx, now)  # repairs of nodes excluded, deselected, or of deleted/dry-run policies
+    await new_nodes.sweep(ctx, now)  # validation of new nodes (spec.repair.validation.newNodes)
     await isolating.sweep(ctx, now)  # the DeviceTaintRules of deleted policies: adopted or restored
     await domain_actions.on_timer(ctx, now, full=full)  # recovery holds, and marks drifted meanwhile
     if statuses:

@@ -1,0 +1,239 @@
+"""#26 item 4, validation of new nodes (`spec.repair.validation.newNodes`), against a real API server.
+
+A node created after the policy is tainted `gpuhealth.io/unvalidated` and validated by a Job; the test
+plays the node (its pod ends, as in test_operator_repair.py). A node that existed before the policy is
+never touched.
+"""
+
+from __future__ import annotations
+
+import datetime
+import secrets
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+import operator_harness
+from gpuhealth_api import keys
+from gpuhealth_sim import repairs, waiting
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 30.0
+TEMPLATES = "repair-templates"
+
+
+def _template(action: str) -> str:
+    container = {"name": "step", "image": "registry.k8s.io/pause:3.10", "command": ["sh", "-c", "true"]}
+    return yaml.safe_dump(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"labels": {"template": action}},
+            "spec": {
+                "template": {
+                    "metadata": {"annotations": {"kwok.x-k8s.io/status": "custom"}},
+                    "spec": {"containers": [container]},
+                }
+            },
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def jobs_namespace(k8s: client.ApiClient) -> Iterator[str]:
+    name = f"newnodes-it-{secrets.token_hex(3)}"
+    core = client.CoreV1Api(k8s)
+    core.create_namespace(body={"metadata": {"name": name}})
+    waiting.wait_until(
+        lambda: core.read_namespaced_service_account("default", name),
+        timeout_seconds=30,
+        message="service account default",
+    )
+    data = {key: _template(key) for key in ("ResetGPU", "RebootNode", "Validation")}
+    core.create_namespaced_config_map(name, {"metadata": {"name": TEMPLATES}, "data": data})
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name)
+
+
+@pytest.fixture(scope="module")
+def operator(
+    crds: Any, k8s: client.ApiClient, jobs_namespace: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[operator_harness.OperatorProcess]:
+    with operator_harness.leading_operator(
+        crds.kubeconfig,
+        k8s,
+        tmp_path_factory.mktemp("operator") / "operator.log",
+        f"newnodes-{secrets.token_hex(2)}",
+        extra_args=[*operator_harness.QUICK_TIMER, f"--repair-templates={jobs_namespace}/{TEMPLATES}"],
+    ) as process:
+        yield process
+
+
+@pytest.fixture
+def fleet(
+    k8s: client.ApiClient, operator: operator_harness.OperatorProcess
+) -> Iterator[operator_harness.Fleet]:
+    nodes = operator_harness.Fleet(k8s, label=f"new-{secrets.token_hex(3)}")
+    try:
+        yield nodes
+    finally:
+        if not operator.alive():
+            print(operator.log()[-20000:])
+        nodes.cleanup()
+
+
+def policy(fleet: operator_harness.Fleet, *, dry_run: bool = False) -> None:
+    fleet.policy(
+        fleet.label,
+        {
+            "dryRun": dry_run,
+            "maxUnavailable": "100%",
+            "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}],
+            "repair": {
+                "steps": [{"name": "reset", "action": "ResetGPU", "timeoutSeconds": 120}],
+                "validation": {"timeoutSeconds": 120, "newNodes": True},
+                "maxConcurrent": 2,
+            },
+        },
+    )
+    created = fleet.custom.get_cluster_custom_object(
+        "gpuhealth.io", "v1alpha1", "gpuhealthpolicies", fleet.label
+    )["metadata"]["creationTimestamp"]
+    since = datetime.datetime.fromisoformat(created.replace("Z", "+00:00"))
+    # creationTimestamp has whole seconds: a node "created after the policy" must be in a later second.
+    waiting.wait_until(
+        lambda: datetime.datetime.now(datetime.UTC) >= since + datetime.timedelta(seconds=1.2),
+        timeout_seconds=5,
+        message="a second after the policy",
+    )
+
+
+def tainted(fleet: operator_harness.Fleet, name: str) -> bool:
+    return any(t.get("key") == keys.UNVALIDATED_TAINT for t in fleet.node(name)["spec"].get("taints") or [])
+
+
+def validation_jobs(k8s: client.ApiClient, namespace: str, node: str) -> list[dict[str, Any]]:
+    listed = client.BatchV1Api(k8s).list_namespaced_job(
+        namespace, label_selector=f"{keys.NODE_LABEL}={node}", _preload_content=False
+    )
+    items: list[dict[str, Any]] = yaml.safe_load(listed.data)["items"]
+    return [j for j in items if not j["metadata"].get("deletionTimestamp")]
+
+
+def wait_job(k8s: client.ApiClient, namespace: str, node: str) -> dict[str, Any]:
+    waiting.wait_until(
+        lambda: validation_jobs(k8s, namespace, node), timeout_seconds=TIMEOUT, message=f"{node}: a Job"
+    )
+    (job,) = validation_jobs(k8s, namespace, node)
+    return job
+
+
+def end(k8s: client.ApiClient, namespace: str, job: dict[str, Any], *, ok: bool) -> None:
+    """Play the node: the Job's pod exits (0 or 1)."""
+    selector = f"job-name={job['metadata']['name']}"
+
+    def pods() -> list[dict[str, Any]]:
+        listed = client.CoreV1Api(k8s).list_namespaced_pod(
+            namespace, label_selector=selector, _preload_content=False
+        )
+        items: list[dict[str, Any]] = yaml.safe_load(listed.data)["items"]
+        return items
+
+    waiting.wait_until(pods, timeout_seconds=TIMEOUT, message=f"a pod of Job {job['metadata']['name']}")
+    pod = pods()[0]
+    outcome = repairs.Outcome(ok, 0 if ok else 1, "played by the test")
+    client.CoreV1Api(k8s).patch_namespaced_pod_status(
+        pod["metadata"]["name"],
+        namespace,
+        repairs.terminal_status(pod, outcome, time.time()),
+        _content_type="application/merge-patch+json",
+    )
+
+
+def test_a_new_node_is_tainted_until_its_validation_passes(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str
+) -> None:
+    old = f"{fleet.label}-old"
+    fleet.add_node(old)
+    policy(fleet)
+    name = f"{fleet.label}-new"
+    fleet.add_node(name)
+    waiting.wait_until(lambda: tainted(fleet, name), timeout_seconds=TIMEOUT, message="tainted")
+    job = wait_job(k8s, jobs_namespace, name)
+    assert job["metadata"]["labels"][keys.REPAIR_ACTION_LABEL] == "Validation"
+    assert job["spec"]["template"]["spec"]["nodeName"] == name
+    assert tainted(fleet, name), "the taint holds while the validation runs"
+    end(k8s, jobs_namespace, job, ok=True)
+
+    waiting.wait_until(lambda: not tainted(fleet, name), timeout_seconds=TIMEOUT, message="taint removed")
+    waiting.wait_until(
+        lambda: fleet.events(name, "ValidationPassed"), timeout_seconds=TIMEOUT, message="ValidationPassed"
+    )
+    assert keys.VALIDATED_ANNOTATION in (fleet.node(name)["metadata"].get("annotations") or {})
+    waiting.wait_until(
+        lambda: any(
+            e.get("result") == "ValidationPassed"
+            for e in (fleet.gpunode(name).get("status") or {}).get("repairs") or []
+        ),
+        timeout_seconds=TIMEOUT,
+        message="status.repairs[] ValidationPassed",
+    )
+    # The node there before the policy: never tainted, no Job (it was judged every pass meanwhile).
+    assert not tainted(fleet, old)
+    assert not validation_jobs(k8s, jobs_namespace, old)
+    assert not fleet.events(old, "ValidationPassed")
+
+
+def test_a_new_node_failing_validation_stays_tainted_and_needs_repair(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str
+) -> None:
+    policy(fleet)
+    name = f"{fleet.label}-bad"
+    fleet.add_node(name)
+    job = wait_job(k8s, jobs_namespace, name)
+    end(k8s, jobs_namespace, job, ok=False)
+    for reason in ("ValidationFailed", "NodeRetired"):
+        waiting.wait_until(lambda r=reason: fleet.events(name, r), timeout_seconds=TIMEOUT, message=reason)
+    deadline = time.monotonic() + 3  # several timer passes (0.5 s) and reconciles: both marks stay
+    while time.monotonic() < deadline:
+        node = fleet.node(name)
+        assert node["metadata"]["labels"].get(keys.NEEDS_REPAIR_LABEL) == keys.NEEDS_REPAIR_MANUAL
+        assert tainted(fleet, name)
+        time.sleep(0.5)
+    assert keys.VALIDATION_FAILED_ANNOTATION in (node["metadata"].get("annotations") or {})
+    # A human returns it: taint and label off; it is never validated as new again.
+    fleet.core.patch_node(
+        name,
+        {
+            "metadata": {"labels": {keys.NEEDS_REPAIR_LABEL: None}},
+            "spec": {"taints": [t for t in node["spec"]["taints"] if t["key"] != keys.UNVALIDATED_TAINT]},
+        },
+    )
+    waiting.wait_until(lambda: not tainted(fleet, name), timeout_seconds=TIMEOUT, message="untainted")
+    deadline = time.monotonic() + 3  # several timer passes (0.5 s): it must stay untainted
+    while time.monotonic() < deadline:
+        assert not tainted(fleet, name)
+        assert len(validation_jobs(k8s, jobs_namespace, name)) <= 1
+        time.sleep(0.5)
+
+
+def test_a_dry_run_policy_only_says_it_would_validate(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str
+) -> None:
+    policy(fleet, dry_run=True)
+    name = f"{fleet.label}-dry"
+    fleet.add_node(name)
+    waiting.wait_until(
+        lambda: any("would validate new node" in m for m in fleet.messages(name, "DryRun")),
+        timeout_seconds=TIMEOUT,
+        message="DryRun would validate",
+    )
+    assert not tainted(fleet, name)
+    assert not validation_jobs(k8s, jobs_namespace, name)
