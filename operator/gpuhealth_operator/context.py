@@ -276,6 +276,10 @@ class Context:
     effect is judged from reports first seen after it (`repair.observe_step`), never from the Job's
     completionTime (another machine's clock). Lost on a restart: the new process's sighting counts."""
 
+    repair_waiting: set[str] = dataclasses.field(default_factory=set)
+    """Nodes whose repair waits for maxConcurrent and said so (once per wait; only the policy that
+    cordoned a node repairs it, so one wait per node)."""
+
     repair_templates: recent.Recent[str, dict[str, dict[str, Any]]] = dataclasses.field(
         default_factory=lambda: recent.Recent(30.0)
     )
@@ -353,6 +357,7 @@ class Context:
         self.announced_cordons.pop(name, None)
         self.repair_history.pop(name, None)
         self.repair_finished_seen.pop(name, None)
+        self.repair_waiting.discard(name)
         lock = self.node_locks.get(name)
         if lock is not None and not lock.locked():
             del self.node_locks[name]

@@ -81,7 +81,32 @@ def status_fields(ctx: context.Context, name: str) -> dict[str, Any]:
 
 def in_progress(ctx: context.Context) -> int:
     """Repairs in progress, all policies: nodes with the repair annotation."""
-    return sum(1 for r in ctx.cache.nodes.values() if keys.REPAIR_ANNOTATION in r.view.annotations)
+    return len(holders(ctx))
+
+
+def holders(ctx: context.Context) -> list[str]:
+    """The nodes with a repair in progress (all policies): they hold maxConcurrent places."""
+    return [n for n, r in ctx.cache.nodes.items() if keys.REPAIR_ANNOTATION in r.view.annotations]
+
+
+def _stop_waiting(ctx: context.Context, name: str) -> None:
+    ctx.repair_waiting.discard(name)
+
+
+async def _say_waiting(
+    ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict, limit: int
+) -> None:
+    """Say once per wait (an Event on the node) that its repair waits for maxConcurrent, and for whom."""
+    if name in ctx.repair_waiting:
+        return
+    ctx.repair_waiting.add(name)
+    issues = ", ".join(verdict.issues) or "a fault"
+    await ctx.recorder.emit(
+        events.subject(ctx.cache, name),
+        vocabulary.EventReason.BUDGET_EXCEEDED,
+        f"Policy {policy.name} would repair the drained node ({issues}) but "
+        f"{repair.wait_words(limit, holders(ctx))}; it waits, drained, for a place.",
+    )
 
 
 def namespace(ctx: context.Context) -> str:
@@ -410,6 +435,10 @@ async def take(
             )
             return None
         return Handled(NodeAction.RETIRED) if view.cordoned_by == policy.name else None
+    if not view.unschedulable or (
+        view.cordoned_by == policy.name and verdict.wanted_action is not vocabulary.Action.DRAIN
+    ):
+        _stop_waiting(ctx, name)  # a wait for maxConcurrent ends with the cordon, or the fault
     state = repair.parse(view.annotations.get(keys.REPAIR_ANNOTATION))
     if state is None or state.policy != policy.name:
         return None  # none, or another policy's (`sweep` cancels it when that policy is gone)
@@ -460,15 +489,15 @@ async def begin(
             return NodeAction.DRAINED
     async with ctx.admission.lock:  # one count of repairs in progress at a time, with the budgets'
         selected = len(ctx.cache.selection(policy).selected)
+        limit = policies.resolve_max_concurrent(spec, selected)
         decision = repair.may_start(
-            spec,
-            history=past,
-            in_progress=in_progress(ctx),
-            limit=policies.resolve_max_concurrent(spec, selected),
-            gpus=gpus,
-            now=now,
+            spec, history=past, in_progress=in_progress(ctx), limit=limit, gpus=gpus, now=now
         )
         written = decision is repair.Start.GO and state is not None and await _write_state(ctx, name, state)
+    if decision is repair.Start.WAIT:
+        await _say_waiting(ctx, policy, name, verdict, limit)
+        return NodeAction.DRAINED
+    _stop_waiting(ctx, name)
     if decision is repair.Start.RETIRE:
         count = repair.cycles_in_window(past, now, spec.attempt_window_seconds)
         return (

@@ -369,6 +369,16 @@ def test_max_concurrent_one_repairs_one_node_at_a_time(
         assert not jobs(k8s, jobs_namespace, second), "maxConcurrent 1: the second node waits, drained"
         time.sleep(0.2)
     assert status(fleet, second).get("action") == "Drained"
+    waiting.wait_until(
+        lambda: fleet.events(second, "DisruptionBudgetExceeded"),
+        timeout_seconds=TIMEOUT,
+        message="the wait for maxConcurrent said",
+    )
+    (said,) = fleet.events(second, "DisruptionBudgetExceeded")  # once per wait, not once per pass
+    assert said["type"] == "Normal", said
+    assert said.get("count", 1) == 1, said
+    assert f"repair maxConcurrent 1 reached, held by node {first}" in said["message"], said["message"]
+
     reset = wait_job(k8s, jobs_namespace, first, "ResetGPU")
     end(k8s, jobs_namespace, reset, ok=True)
     validation = wait_job(k8s, jobs_namespace, first, "Validation", heartbeat(fleet, first, faulty=False))

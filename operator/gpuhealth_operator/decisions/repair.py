@@ -193,6 +193,18 @@ def may_start(
     return Start.GO
 
 
+WAIT_NAMED: Final = 10
+"""A maxConcurrent wait names at most this many of the nodes holding it."""
+
+
+def wait_words(limit: int, holders: Sequence[str]) -> str:
+    """`repair maxConcurrent 1 reached, held by node gpu-b`: why a drained node's repair waits."""
+    named = sorted(holders)
+    more = f" and {len(named) - WAIT_NAMED} more" if len(named) > WAIT_NAMED else ""
+    noun = "node" if len(named) == 1 else "nodes"
+    return f"repair maxConcurrent {limit} reached, held by {noun} {', '.join(named[:WAIT_NAMED])}{more}"
+
+
 # --- observing a Job and the agent's report ---------------------------------------------------------
 
 

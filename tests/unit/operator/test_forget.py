@@ -46,6 +46,7 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.announced_cordons[node] = "2026-01-01T00:00:00Z"
     ctx.repair_history[node] = [{"cycle": 1, "result": "Started"}]
     ctx.repair_finished_seen[node] = ("gpuhealth-repair-job", datetime.datetime.now(datetime.UTC))
+    ctx.repair_waiting.add(node)
     ctx.dry_run_said[(policy, node)] = f"Dry run: policy {policy} would cordon"
     ctx.drill_said[(policy, node)] = f"Drill: policy {policy} would cordon"
     ctx.drill_health[(policy, node)] = "Unhealthy"
@@ -70,6 +71,7 @@ FILLED = {
     "node_locks",
     "repair_history",
     "repair_finished_seen",
+    "repair_waiting",
     "admission",
     "cordons_unknown",
     "verdicts",
@@ -206,6 +208,7 @@ def test_forget_verdicts_keeps_the_nodes_own_memory() -> None:
             "announced_cordons",
             "repair_history",
             "repair_finished_seen",
+            "repair_waiting",
         }
         assert not ctx.drains["n"].cancelled()
         ctx.drains["n"].cancel()

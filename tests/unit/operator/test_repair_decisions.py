@@ -459,3 +459,13 @@ def test_a_stale_same_name_job_is_deleted_never_adopted() -> None:
     own = _FakeJobs(made(state))
     body, created = asyncio.run(jobs.create(own, made(state), belongs=lambda b: repair.belongs(b, state)))  # type: ignore[arg-type]
     assert not created and body is own.stored and not own.deleted
+
+
+# --- #26 hardening: waiting for maxConcurrent is said -------------------------------------------------
+
+
+def test_the_wait_for_max_concurrent_names_the_holders() -> None:
+    assert repair.wait_words(1, ["gpu-b"]) == "repair maxConcurrent 1 reached, held by node gpu-b"
+    assert repair.wait_words(2, ["b", "a"]) == "repair maxConcurrent 2 reached, held by nodes a, b"
+    many = repair.wait_words(12, [f"n{i:02d}" for i in range(12)])
+    assert many.endswith("held by nodes n00, n01, n02, n03, n04, n05, n06, n07, n08, n09 and 2 more"), many
