@@ -10,7 +10,7 @@ import re
 import pytest
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator import kube
+from gpuhealth_operator import kube, remediation
 from gpuhealth_operator.actions import jobs
 from gpuhealth_operator.decisions import model, policies, repair
 
@@ -469,3 +469,41 @@ def test_the_wait_for_max_concurrent_names_the_holders() -> None:
     assert repair.wait_words(2, ["b", "a"]) == "repair maxConcurrent 2 reached, held by nodes a, b"
     many = repair.wait_words(12, [f"n{i:02d}" for i in range(12)])
     assert many.endswith("held by nodes n00, n01, n02, n03, n04, n05, n06, n07, n08, n09 and 2 more"), many
+
+
+# --- #26 hardening: a create whose answer is lost ------------------------------------------------------
+
+
+class _LostAnswer(_FakeJobs):
+    """The API server stores the Job, but its answer never arrives (a 504 from its own timeout)."""
+
+    async def create(self, path: str, body: dict[str, object]) -> dict[str, object]:
+        if self.stored is None:
+            self.stored = body
+            raise kube.ApiError(504, "Gateway Timeout", "the answer was lost")
+        return await super().create(path, body)
+
+
+def test_a_create_whose_answer_is_lost_is_adopted_by_name_never_a_second_job() -> None:
+    """The outcome is unknown (`remediation.outcome_unknown`): the error propagates, so `repairing._launch`
+    neither fails the step nor creates again in that pass; the next pass's create meets 409 and adopts the
+    Job that landed, as this cycle's (its stamp)."""
+    state = dataclasses.replace(_state(), started=_at(0))
+    job = jobs.fill(
+        {"spec": {"template": {"spec": {"containers": [{"name": "c"}]}}}},
+        name="j",
+        namespace="ns",
+        node="n",
+        policy="p",
+        cycle=1,
+        action="ResetGPU",
+        gpus=[],
+        timeout_seconds=5,
+        cycle_started=repair.cycle_stamp(state),
+    )
+    api = _LostAnswer(None)
+    with pytest.raises(kube.ApiError) as lost:
+        asyncio.run(jobs.create(api, job, belongs=lambda b: repair.belongs(b, state)))  # type: ignore[arg-type]
+    assert remediation.outcome_unknown(lost.value)
+    body, created = asyncio.run(jobs.create(api, job, belongs=lambda b: repair.belongs(b, state)))  # type: ignore[arg-type]
+    assert not created and body is api.stored and not api.deleted
