@@ -580,3 +580,74 @@ def test_deleting_the_policy_cancels_the_repair(
         message="the cancel said, naming the deletion",
     )
     assert keys.REPAIR_ANNOTATION not in annotations(fleet, name)
+
+
+def test_an_open_breaker_starts_no_new_step_but_the_running_job_is_still_observed(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str
+) -> None:
+    first, second, third = (f"{fleet.label}-{c}" for c in "abc")
+    for name in (first, second, third):
+        fleet.add_node(name, report=False)
+        report(fleet, name, faulty=False)
+    fleet.policy(
+        fleet.label,
+        {
+            "maxUnavailable": "100%",
+            "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}],
+            "drain": {"timeoutSeconds": 30, "force": True},
+            "recovery": {"uncordon": True, "healthyForSeconds": 3600},
+            "breaker": {"maxNewUnhealthy": 1, "windowSeconds": 600},
+            "repair": {
+                "steps": [
+                    {"name": "reset", "action": "ResetGPU", "timeoutSeconds": 120},
+                    {"name": "reboot", "action": "RebootNode", "timeoutSeconds": 120},
+                ],
+                "validation": {"timeoutSeconds": 120},
+                "maxConcurrent": 3,
+            },
+        },
+    )
+    report(fleet, first, faulty=True)
+    reset = wait_job(k8s, jobs_namespace, first, "ResetGPU")
+    for name in (second, third):  # a fault storm: more than maxNewUnhealthy 1 turn Unhealthy
+        report(fleet, name, faulty=True)
+
+    def paused() -> bool:
+        body = fleet.custom.get_cluster_custom_object(
+            resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, fleet.label
+        )
+        conditions = (body.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Paused" and c.get("status") == "True" for c in conditions)
+
+    waiting.wait_until(paused, timeout_seconds=TIMEOUT, message="the breaker open (Paused)")
+    end(k8s, jobs_namespace, reset, ok=True)
+    # the running step is still observed: its NoEffect is judged and said ...
+    beat = heartbeat(fleet, first, faulty=True)
+    waiting.wait_until(
+        lambda: beat() or fleet.messages(first, "RepairFailed"),
+        timeout_seconds=TIMEOUT,
+        message="the reset's NoEffect judged while the breaker is open",
+    )
+    # ... but no new step starts, here or on the other nodes
+    waiting.holds(
+        lambda: (
+            not [
+                j
+                for j in jobs(k8s, jobs_namespace, first)
+                if j["metadata"]["labels"][keys.REPAIR_ACTION_LABEL] != "ResetGPU"
+            ]
+            and not jobs(k8s, jobs_namespace, second)
+            and not jobs(k8s, jobs_namespace, third)
+        ),
+        seconds=3,
+        message="no new step while the breaker is open",
+    )
+    assert status(fleet, first).get("action") == "Repairing"
+    fleet.custom.patch_cluster_custom_object(  # a human resumes
+        resources.GROUP,
+        resources.VERSION,
+        resources.POLICY_PLURAL,
+        fleet.label,
+        {"metadata": {"annotations": {keys.BREAKER_RESET_ANNOTATION: "oncall-ack"}}},
+    )
+    wait_job(k8s, jobs_namespace, first, "RebootNode")  # the next step, now
