@@ -35,6 +35,7 @@ from gpuhealth_operator import (
     kube,
     metrics,
     reconciler,
+    repairing,
     settings,
     ticker,
 )
@@ -55,6 +56,7 @@ OPERATOR_STATUS_FIELDS: Final = frozenset(
         "conditions",
         "straggler",
         reconciler.POLICIES_FIELD,
+        repairing.STATUS_FIELD,
         *isolating.STATUS_FIELDS,
     }
 )

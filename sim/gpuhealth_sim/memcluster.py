@@ -50,10 +50,9 @@ EVENTS = "/api/v1/namespaces/default/events"
 DRA = "/apis/resource.k8s.io/"
 DRA_VERSIONS = ("v1", "v1beta2", "v1beta1", "v1alpha3")
 JOBS = "/apis/batch/v1/namespaces/"
-OPERATOR_STATUS_FIELDS = replay.OPERATOR_STATUS_FIELDS | {"repairs"}
+OPERATOR_STATUS_FIELDS = replay.OPERATOR_STATUS_FIELDS
 """What `reconciler.desired_status` writes (tests/unit/sim/test_memcluster_fields.py derives it): kept
-across an agent report, as server-side apply keeps another manager's fields. `repairs` (the repair
-history, `repairing.STATUS_FIELD`) is written with every status since #26; replay's set lacks it yet."""
+across an agent report, as server-side apply keeps another manager's fields."""
 
 
 def _not_found(path: str) -> kube.ApiError:
