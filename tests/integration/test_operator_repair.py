@@ -651,3 +651,29 @@ def test_an_open_breaker_starts_no_new_step_but_the_running_job_is_still_observe
         {"metadata": {"annotations": {keys.BREAKER_RESET_ANNOTATION: "oncall-ack"}}},
     )
     wait_job(k8s, jobs_namespace, first, "RebootNode")  # the next step, now
+
+
+def test_of_two_policies_selecting_the_node_only_the_one_that_cordoned_it_repairs_it(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str
+) -> None:
+    name = f"{fleet.label}-a"
+    fleet.add_node(name, report=False)
+    report(fleet, name, faulty=False)
+    policy(fleet, fleet.label, steps=[{"name": "reset", "action": "ResetGPU", "timeoutSeconds": 120}])
+    policy(
+        fleet, f"{fleet.label}-other", steps=[{"name": "boot", "action": "RebootNode", "timeoutSeconds": 120}]
+    )
+    report(fleet, name, faulty=True)
+    waiting.wait_until(
+        lambda: jobs(k8s, jobs_namespace, name), timeout_seconds=TIMEOUT, message="a repair Job"
+    )
+    owner = annotations(fleet, name)[keys.CORDONED_BY_ANNOTATION]
+
+    def only_the_owners() -> bool:
+        listed = jobs(k8s, jobs_namespace, name)
+        return len(listed) == 1 and listed[0]["metadata"]["labels"][keys.POLICY_LABEL] == owner
+
+    waiting.holds(only_the_owners, seconds=3, message=f"one Job, of {owner} (the policy that cordoned it)")
+    (job,) = jobs(k8s, jobs_namespace, name)
+    wanted = "ResetGPU" if owner == fleet.label else "RebootNode"
+    assert job["metadata"]["labels"][keys.REPAIR_ACTION_LABEL] == wanted
