@@ -237,3 +237,19 @@ def test_a_dry_run_policy_only_says_it_would_validate(
     )
     assert not tainted(fleet, name)
     assert not validation_jobs(k8s, jobs_namespace, name)
+
+
+def test_a_node_leaving_the_selection_mid_validation_loses_its_job_and_taint(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str
+) -> None:
+    policy(fleet)
+    name = f"{fleet.label}-gone"
+    fleet.add_node(name)
+    wait_job(k8s, jobs_namespace, name)
+    assert tainted(fleet, name)
+    fleet.core.patch_node(name, {"metadata": {"labels": {fleet.LABEL_KEY: "elsewhere"}}})
+    waiting.wait_until(
+        lambda: not validation_jobs(k8s, jobs_namespace, name), timeout_seconds=TIMEOUT, message="Job deleted"
+    )
+    waiting.wait_until(lambda: not tainted(fleet, name), timeout_seconds=TIMEOUT, message="taint removed")
+    assert not fleet.events(name, "ValidationFailed")
