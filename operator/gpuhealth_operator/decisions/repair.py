@@ -286,8 +286,10 @@ def observe_step(
     `finished_seen`, when this process first saw the Job finished (None: not yet). The Job's
     `completionTime` is another machine's clock (whole seconds): a report judged against it with the
     operator's clock ahead could be one made while the reset still ran, and its fault a false NoEffect.
-    A report first seen before the operator saw the Job finished proves nothing either way: the next
-    one decides.
+    A report first seen before the operator saw the Job finished cannot prove NoEffect (it may predate
+    the reset), but one seen after the step began that no longer shows the fault, of a Job that then
+    succeeded, is the step's effect: the agent writes a cleared fault at once, usually while the Job's
+    pod is still ending, and its next report may be a heartbeat (5 minutes) away.
     """
     reboot = step.action is RepairAction.REBOOT_NODE
     rebooted = (
@@ -311,6 +313,14 @@ def observe_step(
         return Transition(Outcome.FAILED, Result.FAILED, f"Job {state.job} failed: {job.message}")
     if job.phase is JobPhase.MISSING:
         return Transition(Outcome.FAILED, Result.FAILED, f"Job {state.job} is gone (deleted by someone else)")
+    if (
+        job.phase is JobPhase.SUCCEEDED
+        and not reboot
+        and report.fault_gone
+        and report.seen_at is not None
+        and report.seen_at > state.since
+    ):
+        return Transition(Outcome.EFFECT, Result.SUCCEEDED, "the agent reports the fault gone")
     if (
         job.phase is JobPhase.SUCCEEDED
         and not reboot

@@ -229,7 +229,7 @@ def test_reset_effect_needs_a_report_newer_than_the_job() -> None:
     done = _job(repair.JobPhase.SUCCEEDED, 20)
     seen = _at(20)
     assert (
-        repair.observe_step(state, RESET, done, _report(15, gone=True), _at(21), finished_seen=seen).outcome
+        repair.observe_step(state, RESET, done, _report(15, gone=False), _at(21), finished_seen=seen).outcome
         is repair.Outcome.WAIT
     )
     effect = repair.observe_step(state, RESET, done, _report(25, gone=True), _at(26), finished_seen=seen)
@@ -360,8 +360,8 @@ def test_reset_effect_is_judged_on_the_operators_clock_only() -> None:
     assert during is repair.WAIT, during
     during_gone = repair.observe_step(
         state, RESET, done, _report(25, gone=True), _at(31), finished_seen=_at(31)
-    )
-    assert during_gone is repair.WAIT
+    )  # seen after the step began, the fault gone, the Job then succeeded: the reset's effect
+    assert (during_gone.outcome, during_gone.result) == (repair.Outcome.EFFECT, Result.SUCCEEDED)
     after = repair.observe_step(state, RESET, done, _report(35, gone=False), _at(36), finished_seen=_at(31))
     assert (after.outcome, after.result) == (repair.Outcome.FAILED, Result.NO_EFFECT)
     worked = repair.observe_step(state, RESET, done, _report(35, gone=True), _at(36), finished_seen=_at(31))
@@ -507,3 +507,21 @@ def test_a_create_whose_answer_is_lost_is_adopted_by_name_never_a_second_job() -
     assert remediation.outcome_unknown(lost.value)
     body, created = asyncio.run(jobs.create(api, job, belongs=lambda b: repair.belongs(b, state)))  # type: ignore[arg-type]
     assert not created and body is api.stored and not api.deleted
+
+
+def test_a_cleared_fault_written_while_the_reset_job_ends_counts_without_waiting_for_a_heartbeat() -> None:
+    """The agent writes the cleared counters at once (a significant change), usually before the operator
+    sees the Job finished; its next report may be a heartbeat (300 s) away. That report, seen after the
+    step began, is the effect; one seen before the step began is not, nor is any while the Job runs."""
+    state = _state()  # the step began at T0
+    done = _job(repair.JobPhase.SUCCEEDED, 20)
+    early = repair.observe_step(state, RESET, done, _report(5, gone=True), _at(21), finished_seen=_at(21))
+    assert (early.outcome, early.result) == (repair.Outcome.EFFECT, Result.SUCCEEDED)
+    before = repair.observe_step(state, RESET, done, _report(-1, gone=True), _at(21), finished_seen=_at(21))
+    assert before is repair.WAIT
+    running = repair.observe_step(state, RESET, _job(repair.JobPhase.ACTIVE), _report(5, gone=True), _at(6))
+    assert running is repair.WAIT
+    failed = repair.observe_step(
+        state, RESET, _job(repair.JobPhase.FAILED, 20), _report(5, gone=True), _at(21)
+    )
+    assert (failed.outcome, failed.result) == (repair.Outcome.FAILED, Result.FAILED)
