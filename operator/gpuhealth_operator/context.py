@@ -276,6 +276,11 @@ class Context:
     effect is judged from reports first seen after it (`repair.observe_step`), never from the Job's
     completionTime (another machine's clock). Lost on a restart: the new process's sighting counts."""
 
+    validations_running: set[str] = dataclasses.field(default_factory=set)
+    """Nodes whose new-node validation Job this process created or saw (`new_nodes`): they hold places
+    of repair maxConcurrent with the repairs (`repairing.holders`). Kept when a Node is forgotten: a
+    deleted node's Job is still to be deleted."""
+
     repair_waiting: set[str] = dataclasses.field(default_factory=set)
     """Nodes whose repair waits for maxConcurrent and said so (once per wait; only the policy that
     cordoned a node repairs it, so one wait per node)."""

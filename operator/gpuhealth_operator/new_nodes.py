@@ -47,8 +47,6 @@ class _Memo:
     """Nodes whose dry-run Event was posted."""
     in_service: set[str] = dataclasses.field(default_factory=set)
     """Nodes that ran an evictable pod when first seen new: not new."""
-    jobs: set[str] = dataclasses.field(default_factory=set)
-    """Nodes whose validation Job this process created or saw."""
 
 
 _MEMOS: weakref.WeakKeyDictionary[cache.ClusterCache, _Memo] = weakref.WeakKeyDictionary()
@@ -92,13 +90,12 @@ def _facts(
 
 async def sweep(ctx: context.Context, now: datetime.datetime) -> None:
     """One timer pass over the fleet; one node's error is logged and retried next pass."""
-    memo = _memo(ctx)
-    for gone in [n for n in memo.jobs if ctx.cache.node(n) is None]:
-        memo.jobs.discard(gone)
+    for gone in [n for n in ctx.validations_running if ctx.cache.node(n) is None]:
+        ctx.validations_running.discard(gone)
         try:
             await jobs.delete(ctx.client, repairing.namespace(ctx), new_nodes.job_name(gone))
         except kube.ApiError:
-            memo.jobs.add(gone)
+            ctx.validations_running.add(gone)
             logger.warning(
                 "deleting the new-node validation Job of deleted node %s failed", gone, exc_info=True
             )
@@ -177,7 +174,7 @@ async def _visit(
         if step is Step.CANCEL:
             deleted = body is not None and await jobs.delete(ctx.client, ns, job_name)
             await _set_taint(ctx, record, present=False)
-            memo.jobs.discard(name)
+            ctx.validations_running.discard(name)
             logger.info(
                 "validation of new node %s cancelled (no longer a new node of a policy with newNodes)%s",
                 name,
@@ -187,7 +184,7 @@ async def _visit(
         if step is Step.START:
             return True
         assert policy is not None and policy.repair is not None
-        memo.jobs.add(name)
+        ctx.validations_running.add(name)
         timeout = policy.repair.validation_timeout_seconds or 0.0
         view = repair.job_view(body)
         created = str(((body or {}).get("metadata") or {}).get("creationTimestamp") or "")
@@ -200,7 +197,7 @@ async def _visit(
             await _failed(ctx, record, policy, transition.message, now)
         if view.phase is repair.JobPhase.ACTIVE:
             await jobs.delete(ctx.client, ns, job_name)  # timed out (after the Node says so: no second Job)
-        memo.jobs.discard(name)
+        ctx.validations_running.discard(name)
         return False
 
 
@@ -240,14 +237,13 @@ async def _start(ctx: context.Context, name: str, policy: model.Policy, now: dat
     if await _evictable(ctx, policy, name):
         logger.info("new node %s waits: an evictable pod runs on it", name)
         return
-    memo = _memo(ctx)
     async with ctx.admission.lock:  # the count of repairs in progress with `repairing.begin`'s
-        running = repairing.in_progress(ctx) + len(memo.jobs - {name})
+        running = len(set(repairing.holders(ctx)) - {name})
         limit = policies.resolve_max_concurrent(spec, len(ctx.cache.selection(policy).selected))
         if running >= limit:
             logger.info("new node %s waits: %d of %d repairs/validations run", name, running, limit)
             return
-        memo.jobs.add(name)
+        ctx.validations_running.add(name)
     ns = repairing.namespace(ctx)
     job_name = new_nodes.job_name(name)
     try:
@@ -268,15 +264,15 @@ async def _start(ctx: context.Context, name: str, policy: model.Policy, now: dat
         )
         _, created = await jobs.create(ctx.client, body, belongs=lambda job: _belongs(job, record.created))
     except jobs.StaleJob as error:
-        memo.jobs.discard(name)
+        ctx.validations_running.discard(name)
         logger.info("new node %s waits: %s", name, error)
         return
     except jobs.TemplateError as error:
-        memo.jobs.discard(name)
+        ctx.validations_running.discard(name)
         await _failed(ctx, record, policy, f"no Job could be made: {error}", now)
         return
     except kube.ApiError as error:
-        memo.jobs.discard(name)
+        ctx.validations_running.discard(name)
         if not 400 <= error.status < 500 or error.status in (408, 429):
             raise
         await _failed(

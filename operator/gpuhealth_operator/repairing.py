@@ -85,8 +85,10 @@ def in_progress(ctx: context.Context) -> int:
 
 
 def holders(ctx: context.Context) -> list[str]:
-    """The nodes with a repair in progress (all policies): they hold maxConcurrent places."""
-    return [n for n, r in ctx.cache.nodes.items() if keys.REPAIR_ANNOTATION in r.view.annotations]
+    """The nodes with a repair in progress (all policies) or a new node's validation Job running
+    (`new_nodes`): they hold maxConcurrent places."""
+    repairing = {n for n, r in ctx.cache.nodes.items() if keys.REPAIR_ANNOTATION in r.view.annotations}
+    return sorted(repairing | ctx.validations_running)
 
 
 def _stop_waiting(ctx: context.Context, name: str) -> None:

@@ -1,0 +1,18 @@
+"""Repairs and new nodes' validations share one maxConcurrent: each side counts the other."""
+
+from __future__ import annotations
+
+from gpuhealth_operator import context, kube, metrics, repairing, settings
+
+
+def make() -> context.Context:
+    client = kube.Kube(kube.Credentials("https://127.0.0.1:1", None, True, None, None, None))
+    return context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+
+
+def test_a_running_new_node_validation_holds_a_repair_place() -> None:
+    ctx = make()
+    assert repairing.in_progress(ctx) == 0
+    ctx.validations_running.add("new-node-1")
+    assert repairing.holders(ctx) == ["new-node-1"]
+    assert repairing.in_progress(ctx) == 1  # a repair with maxConcurrent 1 waits for it
