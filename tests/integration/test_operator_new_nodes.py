@@ -8,85 +8,28 @@ never touched.
 from __future__ import annotations
 
 import datetime
-import secrets
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
+import operator_fixtures
 import operator_harness
+import repair_jobs
 from gpuhealth_api import keys
-from gpuhealth_sim import repairs, waiting
+from gpuhealth_sim import waiting
 
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 30.0
-TEMPLATES = "repair-templates"
-
-
-def _template(action: str) -> str:
-    container = {"name": "step", "image": "registry.k8s.io/pause:3.10", "command": ["sh", "-c", "true"]}
-    return yaml.safe_dump(
-        {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"labels": {"template": action}},
-            "spec": {
-                "template": {
-                    "metadata": {"annotations": {"kwok.x-k8s.io/status": "custom"}},
-                    "spec": {"containers": [container]},
-                }
-            },
-        }
-    )
-
-
-@pytest.fixture(scope="module")
-def jobs_namespace(k8s: client.ApiClient) -> Iterator[str]:
-    name = f"newnodes-it-{secrets.token_hex(3)}"
-    core = client.CoreV1Api(k8s)
-    core.create_namespace(body={"metadata": {"name": name}})
-    waiting.wait_until(
-        lambda: core.read_namespaced_service_account("default", name),
-        timeout_seconds=30,
-        message="service account default",
-    )
-    data = {key: _template(key) for key in ("ResetGPU", "RebootNode", "Validation")}
-    core.create_namespaced_config_map(name, {"metadata": {"name": TEMPLATES}, "data": data})
-    try:
-        yield name
-    finally:
-        core.delete_namespace(name)
-
-
-@pytest.fixture(scope="module")
-def operator(
-    crds: Any, k8s: client.ApiClient, jobs_namespace: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[operator_harness.OperatorProcess]:
-    with operator_harness.leading_operator(
-        crds.kubeconfig,
-        k8s,
-        tmp_path_factory.mktemp("operator") / "operator.log",
-        f"newnodes-{secrets.token_hex(2)}",
-        extra_args=[*operator_harness.QUICK_TIMER, f"--repair-templates={jobs_namespace}/{TEMPLATES}"],
-    ) as process:
-        yield process
-
-
-@pytest.fixture
-def fleet(
-    k8s: client.ApiClient, operator: operator_harness.OperatorProcess
-) -> Iterator[operator_harness.Fleet]:
-    nodes = operator_harness.Fleet(k8s, label=f"new-{secrets.token_hex(3)}")
-    try:
-        yield nodes
-    finally:
-        if not operator.alive():
-            print(operator.log()[-20000:])
-        nodes.cleanup()
+jobs_namespace = repair_jobs.jobs_namespace_fixture("newnodes-it")
+operator = operator_fixtures.operator_fixture(
+    "newnodes", lambda request: [*operator_harness.QUICK_TIMER, repair_jobs.templates_flag(request)]
+)
+fleet = operator_fixtures.fleet_fixture("new")
+validation_jobs = repair_jobs.jobs
+end = repair_jobs.end
 
 
 def policy(fleet: operator_harness.Fleet, *, dry_run: bool = False) -> None:
@@ -119,42 +62,12 @@ def tainted(fleet: operator_harness.Fleet, name: str) -> bool:
     return any(t.get("key") == keys.UNVALIDATED_TAINT for t in fleet.node(name)["spec"].get("taints") or [])
 
 
-def validation_jobs(k8s: client.ApiClient, namespace: str, node: str) -> list[dict[str, Any]]:
-    listed = client.BatchV1Api(k8s).list_namespaced_job(
-        namespace, label_selector=f"{keys.NODE_LABEL}={node}", _preload_content=False
-    )
-    items: list[dict[str, Any]] = yaml.safe_load(listed.data)["items"]
-    return [j for j in items if not j["metadata"].get("deletionTimestamp")]
-
-
 def wait_job(k8s: client.ApiClient, namespace: str, node: str) -> dict[str, Any]:
     waiting.wait_until(
         lambda: validation_jobs(k8s, namespace, node), timeout_seconds=TIMEOUT, message=f"{node}: a Job"
     )
     (job,) = validation_jobs(k8s, namespace, node)
     return job
-
-
-def end(k8s: client.ApiClient, namespace: str, job: dict[str, Any], *, ok: bool) -> None:
-    """Play the node: the Job's pod exits (0 or 1)."""
-    selector = f"job-name={job['metadata']['name']}"
-
-    def pods() -> list[dict[str, Any]]:
-        listed = client.CoreV1Api(k8s).list_namespaced_pod(
-            namespace, label_selector=selector, _preload_content=False
-        )
-        items: list[dict[str, Any]] = yaml.safe_load(listed.data)["items"]
-        return items
-
-    waiting.wait_until(pods, timeout_seconds=TIMEOUT, message=f"a pod of Job {job['metadata']['name']}")
-    pod = pods()[0]
-    outcome = repairs.Outcome(ok, 0 if ok else 1, "played by the test")
-    client.CoreV1Api(k8s).patch_namespaced_pod_status(
-        pod["metadata"]["name"],
-        namespace,
-        repairs.terminal_status(pod, outcome, time.time()),
-        _content_type="application/merge-patch+json",
-    )
 
 
 def test_a_new_node_is_tainted_until_its_validation_passes(

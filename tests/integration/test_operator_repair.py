@@ -11,87 +11,31 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 import gpunode_facts
+import operator_fixtures
 import operator_harness
+import repair_jobs
 from gpuhealth_api import keys, resources
-from gpuhealth_sim import repairs, waiting
+from gpuhealth_sim import waiting
 
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 30.0
-TEMPLATES = "repair-templates"
+jobs_namespace = repair_jobs.jobs_namespace_fixture("repair-it")
+operator = operator_fixtures.operator_fixture(
+    "repair", lambda request: [*operator_harness.QUICK_TIMER, repair_jobs.templates_flag(request)]
+)
+fleet = operator_fixtures.fleet_fixture("rep")
+jobs = repair_jobs.jobs
+job_pod = repair_jobs.job_pod
+end = repair_jobs.end
 BOOT = "boot-1"
-
-
-def _template(action: str, *, image: str | None = "registry.k8s.io/pause:3.10") -> str:
-    container: dict[str, Any] = {"name": "step", "command": ["sh", "-c", "echo $(GPUHEALTH_GPU_UUIDS)"]}
-    if image is not None:
-        container["image"] = image
-    return yaml.safe_dump(
-        {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"labels": {"template": action}},
-            "spec": {
-                "template": {
-                    "metadata": {"annotations": {"kwok.x-k8s.io/status": "custom"}},
-                    "spec": {"containers": [container]},
-                }
-            },
-        }
-    )
-
-
-@pytest.fixture(scope="module")
-def jobs_namespace(k8s: client.ApiClient) -> Iterator[str]:
-    name = f"repair-it-{secrets.token_hex(3)}"
-    core = client.CoreV1Api(k8s)
-    core.create_namespace(body={"metadata": {"name": name}})
-    waiting.wait_until(
-        lambda: core.read_namespaced_service_account("default", name),
-        timeout_seconds=30,
-        message="service account default",
-    )
-    data = {key: _template(key) for key in ("ResetGPU", "RebootNode", "Validation")}
-    core.create_namespaced_config_map(name, {"metadata": {"name": TEMPLATES}, "data": data})
-    try:
-        yield name
-    finally:
-        core.delete_namespace(name)
-
-
-@pytest.fixture(scope="module")
-def operator(
-    crds: Any, k8s: client.ApiClient, jobs_namespace: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[operator_harness.OperatorProcess]:
-    with operator_harness.leading_operator(
-        crds.kubeconfig,
-        k8s,
-        tmp_path_factory.mktemp("operator") / "operator.log",
-        f"repair-{secrets.token_hex(2)}",
-        extra_args=[*operator_harness.QUICK_TIMER, f"--repair-templates={jobs_namespace}/{TEMPLATES}"],
-    ) as process:
-        yield process
-
-
-@pytest.fixture
-def fleet(
-    k8s: client.ApiClient, operator: operator_harness.OperatorProcess
-) -> Iterator[operator_harness.Fleet]:
-    nodes = operator_harness.Fleet(k8s, label=f"rep-{secrets.token_hex(3)}")
-    try:
-        yield nodes
-    finally:
-        if not operator.alive():
-            print(operator.log()[-20000:])
-        nodes.cleanup()
 
 
 # --- the agent, the node and the cluster as the test plays them ---------------------------------------
@@ -140,14 +84,6 @@ def wait_action(fleet: operator_harness.Fleet, name: str, action: str, timeout: 
     )
 
 
-def jobs(k8s: client.ApiClient, namespace: str, node: str) -> list[dict[str, Any]]:
-    listed = client.BatchV1Api(k8s).list_namespaced_job(
-        namespace, label_selector=f"{keys.NODE_LABEL}={node}", _preload_content=False
-    )
-    items: list[dict[str, Any]] = yaml.safe_load(listed.data)["items"]
-    return [j for j in items if not (j["metadata"].get("deletionTimestamp"))]
-
-
 def heartbeat(
     fleet: operator_harness.Fleet, name: str, *, faulty: bool, boot: str = BOOT
 ) -> Callable[[], None]:
@@ -185,39 +121,6 @@ def wait_job(
     job = found()
     assert job is not None
     return job
-
-
-def job_pod(k8s: client.ApiClient, namespace: str, job: dict[str, Any]) -> dict[str, Any]:
-    selector = f"job-name={job['metadata']['name']}"
-
-    def found() -> list[dict[str, Any]]:
-        listed = client.CoreV1Api(k8s).list_namespaced_pod(
-            namespace, label_selector=selector, _preload_content=False
-        )
-        items: list[dict[str, Any]] = yaml.safe_load(listed.data)["items"]
-        return items
-
-    waiting.wait_until(found, timeout_seconds=TIMEOUT, message=f"a pod of Job {job['metadata']['name']}")
-    return found()[0]
-
-
-def end(k8s: client.ApiClient, namespace: str, job: dict[str, Any], *, ok: bool) -> None:
-    """Play the node: the Job's pod exits (0 or 1), then wait for the Job controller to finish the Job."""
-    pod = job_pod(k8s, namespace, job)
-    outcome = repairs.Outcome(ok, 0 if ok else 1, "played by the test")
-    client.CoreV1Api(k8s).patch_namespaced_pod_status(
-        pod["metadata"]["name"],
-        namespace,
-        repairs.terminal_status(pod, outcome, time.time()),
-        _content_type="application/merge-patch+json",
-    )
-    wanted = "Complete" if ok else "Failed"
-
-    def finished() -> bool:
-        current = client.BatchV1Api(k8s).read_namespaced_job_status(job["metadata"]["name"], namespace)
-        return any(c.type == wanted and c.status == "True" for c in (current.status.conditions or []))
-
-    waiting.wait_until(finished, timeout_seconds=TIMEOUT, message=f"Job {job['metadata']['name']} {wanted}")
 
 
 def results(fleet: operator_harness.Fleet, name: str) -> list[tuple[str, str]]:
