@@ -365,13 +365,16 @@ def test_a_simulated_dbe_reaches_the_gpunode_without_waiting_for_the_interval() 
     def reported() -> bool:
         return any(w["gpus"][1].get("ecc", {}).get("uncorrectedVolatile") == 1 for w in cluster.writes)
 
+    def counted() -> bool:  # the turn counts its events after its write: poll, never race the write
+        return registry.get_sample_value("gpuhealth_agent_nvml_events_total", {"kind": "dbe"}) == 1
+
     try:
         deadline = time.monotonic() + 20
-        while not reported() and time.monotonic() < deadline:
+        while not (reported() and counted()) and time.monotonic() < deadline:
             agent.wake.wait(0.05)
         assert reported(), "the DBE never reached the GPUNode"
         assert time.time() - started < 60  # far less than the one-hour interval: the event woke the loop
-        assert registry.get_sample_value("gpuhealth_agent_nvml_events_total", {"kind": "dbe"}) == 1
+        assert counted(), registry.get_sample_value("gpuhealth_agent_nvml_events_total", {"kind": "dbe"})
     finally:
         agent.stop.set()
         agent.wake.set()
