@@ -86,6 +86,7 @@ bench: venv testbin ## Run the benchmarks and print their results (see bench/RES
 	KUBEBUILDER_ASSETS="$(TESTBIN)" $(PY) bench/fleet_scale.py
 	$(PY) bench/backtest_quality.py
 	KUBEBUILDER_ASSETS="$(TESTBIN)" $(PY) bench/operator_scale.py
+	KUBEBUILDER_ASSETS="$(TESTBIN)" $(PY) bench/repair_time.py
 
 .PHONY: bench-quick
 bench-quick: venv testbin ## The benchmarks' quick variants (minutes, for development): agent overhead, 300-node operator scale
