@@ -208,8 +208,10 @@ def summarise(timeline: Timeline, paths: dict[str, str]) -> dict[str, Any]:
             "fault_to_service_s": {
                 "p50": round(percentile(service, 50), 2),
                 "p99": round(percentile(service, 99), 2),
-                "max": round(max(service), 2) if service else None,
-            },
+                "max": round(max(service), 2),
+            }
+            if service
+            else None,
             "median_s_from_fault": {
                 s: round(statistics.median(v), 2)
                 for s in STAGES
