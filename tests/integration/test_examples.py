@@ -6,6 +6,7 @@ the shared cluster keeps no example policy that could select other tests' nodes.
 """
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -59,10 +60,24 @@ def test_example_policy_is_accepted(crds: controlplane.ControlPlane, path: Path)
     assert applied["spec"]["drain"]["timeoutSeconds"] >= 1
     assert "healthyForSeconds" in applied["spec"]["recovery"]
     if "repair" in expected["spec"]:
-        # Nothing of spec.repair is pruned: every field written is kept as written.
-        kept = applied["spec"]["repair"]
-        assert {k: kept[k] for k in expected["spec"]["repair"]} == expected["spec"]["repair"]
+        # Nothing of spec.repair is pruned: every field written is kept as written (defaults may be added).
+        assert _kept(expected["spec"]["repair"], applied["spec"]["repair"]), applied["spec"]["repair"]
 
 
 def test_a_repair_example_is_applied() -> None:
     assert [p for p in _policy_files() if "repair" in yaml.safe_load(p.read_text())["spec"]]
+
+
+def _kept(written: Any, stored: Any) -> bool:
+    """Whether `stored` holds everything of `written` as written (objects may gain defaulted fields)."""
+    if isinstance(written, dict):
+        return isinstance(stored, dict) and all(
+            k in stored and _kept(v, stored[k]) for k, v in written.items()
+        )
+    if isinstance(written, list):
+        return (
+            isinstance(stored, list)
+            and len(stored) == len(written)
+            and all(_kept(w, s) for w, s in zip(written, stored, strict=True))
+        )
+    return bool(written == stored)

@@ -3,13 +3,15 @@
 import ast
 from pathlib import Path
 
+import python_ast
+
 PACKAGE = Path(__file__).resolve().parents[3] / "agent" / "gpuhealth_agent"
 
 
 def test_only_nvml_py_imports_pynvml() -> None:
     importers = []
     for path in sorted(PACKAGE.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(python_ast.parse(path)):
             names = []
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]

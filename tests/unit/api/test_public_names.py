@@ -13,6 +13,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import python_ast
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import breakers, isolating
 from gpuhealth_operator.actions import nodes
@@ -61,7 +62,7 @@ def _prefix_fstring(node: ast.JoinedStr) -> bool:
 
 
 def _spellings(path: Path) -> Iterator[tuple[int, str]]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = python_ast.parse(path)
     docstrings = _docstrings(tree)
     inside_fstrings = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
     for node in ast.walk(tree):

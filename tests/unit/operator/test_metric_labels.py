@@ -9,6 +9,7 @@ observes it. This reads the operator's source instead.
 import ast
 from pathlib import Path
 
+import python_ast
 from gpuhealth_operator import metrics
 
 PACKAGE = Path(metrics.__file__).parent
@@ -18,7 +19,7 @@ def calls() -> list[tuple[str, int, str, int]]:
     """(file, line, metric attribute, number of positional values) of each `<x>.<metric>.labels(...)`."""
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(python_ast.parse(path)):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue
             if node.func.attr != "labels" or not isinstance(node.func.value, ast.Attribute):
