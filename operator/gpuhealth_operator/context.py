@@ -344,6 +344,17 @@ class Context:
         self.breakers.forget_node(name)
         self.domains.forget_node(name)
 
+    def drain_options(self, policy: model.Policy) -> drain.Options:
+        """How `policy` drains a node (and so which pods count as its evictable workload)."""
+        return drain.Options(
+            grace_period_seconds=policy.drain_grace_period_seconds,
+            delete_empty_dir_data=policy.drain_delete_empty_dir_data,
+            force=policy.drain_force,
+            exclude_namespaces=policy.drain_exclude_namespaces,
+            backoff_initial_seconds=self.config.eviction_backoff_initial_seconds,
+            backoff_max_seconds=self.config.eviction_backoff_max_seconds,
+        )
+
     def forget_node(self, name: str) -> None:
         """The node (its Node or GPUNode) is gone: nothing in memory refers to it any more.
 

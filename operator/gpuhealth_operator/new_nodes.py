@@ -30,7 +30,7 @@ from typing import Any, Final
 
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import cache, context, kube, repairing
-from gpuhealth_operator.actions import drain, events, jobs, nodes
+from gpuhealth_operator.actions import events, jobs, nodes
 from gpuhealth_operator.decisions import model, new_nodes, policies, repair, times
 
 logger = logging.getLogger(__name__)
@@ -140,7 +140,7 @@ async def _visit(
             body = None  # an earlier life's Job of the name (a recreated node): `_start` replaces it
         busy = False
         if not tainted and policy is not None and not policy.dry_run and name not in memo.in_service:
-            busy = bool(await _evictable(ctx, policy, name))
+            busy = bool(await repairing.workload(ctx, policy, name))
             if busy:
                 memo.in_service.add(name)
                 logger.info(
@@ -208,22 +208,6 @@ def _belongs(job: Mapping[str, Any], created: str) -> bool:
     return isinstance(stamped, str) and bool(created) and times.parse(stamped) == times.parse(created)
 
 
-async def _evictable(ctx: context.Context, policy: model.Policy, name: str) -> list[Mapping[str, Any]]:
-    options = drain.Options(
-        grace_period_seconds=policy.drain_grace_period_seconds,
-        delete_empty_dir_data=policy.drain_delete_empty_dir_data,
-        force=policy.drain_force,
-        exclude_namespaces=policy.drain_exclude_namespaces,
-        backoff_initial_seconds=ctx.config.eviction_backoff_initial_seconds,
-        backoff_max_seconds=ctx.config.eviction_backoff_max_seconds,
-    )
-    return [
-        pod
-        for pod in drain.classify(await drain.list_pods(ctx.client, name), options).wanted
-        if keys.REPAIR_ACTION_LABEL not in ((pod.get("metadata") or {}).get("labels") or {})
-    ]
-
-
 async def _start(ctx: context.Context, name: str, policy: model.Policy, now: datetime.datetime) -> None:
     """Create the node's validation Job when it is safe and a slot of maxConcurrent is free."""
     spec = policy.repair
@@ -234,7 +218,7 @@ async def _start(ctx: context.Context, name: str, policy: model.Policy, now: dat
     if paused is not None:
         logger.info("new node %s waits: policy %s's breaker is %s", name, policy.name, paused.state.value)
         return
-    if await _evictable(ctx, policy, name):
+    if await repairing.workload(ctx, policy, name):
         logger.info("new node %s waits: an evictable pod runs on it", name)
         return
     async with ctx.admission.lock:  # the count of repairs in progress with `repairing.begin`'s

@@ -316,7 +316,7 @@ async def _drain(ctx: context.Context, policy: model.Policy, name: str, now: dat
     if result is not None or (started is not None and previous_action == NodeAction.DRAINED):
         # Drained (here, or before a restart): Drained means empty, so look again now and then.
         looked = ctx.drain_checked.get(name)
-        if not await overrides.still_empty(ctx, name, _drain_options(ctx, policy)):
+        if not await overrides.still_empty(ctx, name, ctx.drain_options(policy)):
             deadline = now + datetime.timedelta(seconds=policy.drain_timeout_seconds)
             ctx.drain_results.pop(name, None)
             ctx.drained_unsaid.pop(name, None)
@@ -346,17 +346,6 @@ async def _drain(ctx: context.Context, policy: model.Policy, name: str, now: dat
     return NodeAction.DRAINING
 
 
-def _drain_options(ctx: context.Context, policy: model.Policy) -> drain.Options:
-    return drain.Options(
-        grace_period_seconds=policy.drain_grace_period_seconds,
-        delete_empty_dir_data=policy.drain_delete_empty_dir_data,
-        force=policy.drain_force,
-        exclude_namespaces=policy.drain_exclude_namespaces,
-        backoff_initial_seconds=ctx.config.eviction_backoff_initial_seconds,
-        backoff_max_seconds=ctx.config.eviction_backoff_max_seconds,
-    )
-
-
 async def _run_drain(
     ctx: context.Context,
     policy: model.Policy,
@@ -364,7 +353,7 @@ async def _run_drain(
     started: datetime.datetime,
     deadline: datetime.datetime,
 ) -> drain.Result:
-    options = _drain_options(ctx, policy)
+    options = ctx.drain_options(policy)
     try:
         result = await drain.drain(
             ctx.client,

@@ -79,6 +79,17 @@ def status_fields(ctx: context.Context, name: str) -> dict[str, Any]:
     return {STATUS_FIELD: listed} if listed else {}
 
 
+async def workload(ctx: context.Context, policy: model.Policy, name: str) -> list[kube.JsonObject]:
+    """The node's evictable pods as `policy` drains them, but for repair Jobs' own pods (one that
+    outlived its node's reboot, say): no repair or validation Job starts beside one."""
+    pods = await drain.list_pods(ctx.client, name)
+    return [
+        pod
+        for pod in drain.classify(pods, ctx.drain_options(policy)).wanted
+        if keys.REPAIR_ACTION_LABEL not in ((pod.get("metadata") or {}).get("labels") or {})
+    ]
+
+
 def in_progress(ctx: context.Context) -> int:
     """Repairs in progress, all policies: nodes with the repair annotation."""
     return len(holders(ctx))
@@ -252,19 +263,7 @@ class JobStep:
         paused = self.ctx.breakers.paused(self.policy.name)
         if paused is not None:
             return f"the policy's fleet circuit breaker is {paused.state.value}: {paused.reason}"
-        options = drain.Options(
-            grace_period_seconds=self.policy.drain_grace_period_seconds,
-            delete_empty_dir_data=self.policy.drain_delete_empty_dir_data,
-            force=self.policy.drain_force,
-            exclude_namespaces=self.policy.drain_exclude_namespaces,
-            backoff_initial_seconds=self.ctx.config.eviction_backoff_initial_seconds,
-            backoff_max_seconds=self.ctx.config.eviction_backoff_max_seconds,
-        )
-        wanted = [
-            pod
-            for pod in drain.classify(await drain.list_pods(self.ctx.client, self.node), options).wanted
-            if keys.REPAIR_ACTION_LABEL not in ((pod.get("metadata") or {}).get("labels") or {})
-        ]  # a repair Job's own pod (one that outlived its node's reboot, say) is not a workload
+        wanted = await workload(self.ctx, self.policy, self.node)
         if wanted:
             return f"{len(wanted)} evictable pod(s) on the node"
         return None
