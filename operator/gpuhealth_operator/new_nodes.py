@@ -290,7 +290,9 @@ def _taints(record: cache.NodeRecord, *, present: bool) -> list[dict[str, Any]]:
 
 
 def _note(ctx: context.Context, name: str, now: datetime.datetime, result: Result, message: str) -> None:
-    item = repair.entry(
+    repairing.record(
+        ctx,
+        name,
         now,
         cycle=0,
         step=STEP_NAME,
@@ -299,8 +301,6 @@ def _note(ctx: context.Context, name: str, now: datetime.datetime, result: Resul
         result=result,
         message=message,
     )
-    ctx.repair_history[name] = repair.with_entry(repairing.history(ctx, name), item)
-    ctx.meters.repairs.labels(vocabulary.VALIDATION_JOB, result.value).inc()
 
 
 async def _passed(

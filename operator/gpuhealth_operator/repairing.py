@@ -378,9 +378,33 @@ def _note(
     result: Result,
     message: str,
 ) -> None:
-    item = repair.entry(
-        now, cycle=state.cycle, step=step, action=action, gpus=state.gpus, result=result, message=message
+    record(
+        ctx,
+        name,
+        now,
+        cycle=state.cycle,
+        step=step,
+        action=action,
+        gpus=state.gpus,
+        result=result,
+        message=message,
     )
+
+
+def record(
+    ctx: context.Context,
+    name: str,
+    now: datetime.datetime,
+    *,
+    cycle: int,
+    step: str,
+    action: str,
+    gpus: tuple[str, ...],
+    result: Result,
+    message: str,
+) -> None:
+    """One `status.repairs[]` entry (written with the node's next status) and its count in the metric."""
+    item = repair.entry(now, cycle=cycle, step=step, action=action, gpus=gpus, result=result, message=message)
     ctx.repair_history[name] = repair.with_entry(history(ctx, name), item)
     ctx.meters.repairs.labels(action or "none", result.value).inc()
 
