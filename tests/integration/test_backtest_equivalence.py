@@ -126,6 +126,15 @@ def _policy(fleet: operator_harness.Fleet) -> dict[str, Any]:
     return policy
 
 
+def _counted(fleet: operator_harness.Fleet, **counts: int) -> bool:
+    """Whether the live operator's policy status counts these (it writes them from its own cache)."""
+    policy = fleet.custom.get_cluster_custom_object(
+        resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, fleet.label
+    )
+    status = policy.get("status") or {}
+    return all(status.get(key) == value for key, value in counts.items())
+
+
 def _replayed_as_live(
     trace: Path, policy: dict[str, Any], live: list[backtest.Action], names: Collection[str]
 ) -> backtest.Result:
@@ -276,6 +285,10 @@ def test_a_node_replaced_while_drained_frees_the_budget_live_and_in_the_backtest
         wait(f"{replaced} cordoned", lambda: node(replaced)["spec"].get("unschedulable"))
         client.CoreV1Api(k8s).delete_node(replaced)
         wait(f"{replaced}'s GPUNode garbage-collected", lambda: collected(replaced))
+        # The API server's deletion is not yet the operator's: until its watch delivers it, the ghost holds
+        # the budget, and live labels the second node Pending before draining it (CI: Label, then Drain),
+        # while the trace, ordered by the recorder's own watch, may free the budget before the fault.
+        wait(f"the operator saw {replaced} go", lambda: _counted(fleet, selectedNodes=2, cordonedNodes=0))
         fleet.report(second, gpunode_facts.agent_status(overrides={5: ECC}))
         wait(
             f"{second} cordoned: the replaced node no longer holds the budget",
