@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import types
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from gpuhealth_operator.decisions import liveness, times
@@ -61,6 +62,19 @@ class AgentPods:
     def __init__(self) -> None:
         self._nodes: dict[str, liveness.AgentPod] = {}
         self.nodes: Mapping[str, liveness.AgentPod] = types.MappingProxyType(self._nodes)
+        self._not_ready: set[str] = set()
+
+    @property
+    def not_ready_nodes(self) -> AbstractSet[str]:
+        """The nodes whose agent pod is known and not Ready (`not_ready`), for the timer to look at."""
+        return self._not_ready
+
+    def _store(self, node: str, pod: liveness.AgentPod) -> None:
+        self._nodes[node] = pod
+        if pod.ready:
+            self._not_ready.discard(node)
+        else:
+            self._not_ready.add(node)
 
     def get(self, node: str) -> liveness.AgentPod | None:
         return self._nodes.get(node)
@@ -77,7 +91,7 @@ class AgentPods:
         node, name, ready, transition = seen
         known = self._nodes.get(node)
         when = now if known is not None or transition is None else min(transition, now)
-        self._nodes[node] = liveness.observe(known, name, ready, when)
+        self._store(node, liveness.observe(known, name, ready, when))
         return node if known is None or known.ready != ready else None
 
     def deleted(self, body: Mapping[str, Any], now: datetime.datetime) -> str | None:
@@ -89,7 +103,7 @@ class AgentPods:
         known = self._nodes.get(node)
         if known is None:
             return None
-        self._nodes[node] = liveness.observe(known, name, False, now, gone=True)
+        self._store(node, liveness.observe(known, name, False, now, gone=True))
         return node if known.ready != self._nodes[node].ready else None
 
     def not_ready(self, node: str) -> bool:
@@ -100,3 +114,4 @@ class AgentPods:
     def forget_node(self, node: str) -> None:
         """The Node is gone: so is its agent pod's record."""
         self._nodes.pop(node, None)
+        self._not_ready.discard(node)

@@ -17,12 +17,14 @@ import itertools
 import sys
 import types
 from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from gpuhealth_api import keys, status, vocabulary
 from gpuhealth_operator.decisions import (
     budget,
     clocks,
+    due,
     gpu_facts,
     hysteresis,
     model,
@@ -431,6 +433,20 @@ def first_sighting(facts: status.GPUNodeStatus, now: datetime.datetime) -> datet
     return now
 
 
+def stale_deadline(record: GPUNodeRecord) -> float | None:
+    """Epoch seconds at which the record's agent turns stale by the operator's clock (`report_age` reaches
+    `stale_limit`); None when time alone never makes it so (not yet timed) or it is stale already."""
+    limit = record.stale_limit
+    if limit is None or record.report_seen_at is None:
+        return None
+    return record.report_seen_at.timestamp() + limit
+
+
+def _marks(view: model.NodeView) -> tuple[object, ...]:
+    """What of a Node a policy's status counts (besides verdicts): cordon, claims, labels, taints."""
+    return (view.unschedulable, view.annotations, view.labels, view.taint_keys)
+
+
 def _newer(old: str, new: str) -> bool:
     """resourceVersions are opaque but, on etcd, monotonically increasing integers."""
     try:
@@ -490,6 +506,22 @@ class ClusterCache:
         self._policy_errors: dict[str, tuple[int, str]] = {}
         """Policies whose spec did not parse: name → (generation, the message naming the field)."""
         self._selections: dict[str, Selection] = {}
+        self._order: dict[str, int] = {}
+        """GPUNode name → its place in `gpunodes` (insertion order), to order a few names as a scan would."""
+        self._node_order: dict[str, int] = {}
+        """The same for `nodes`."""
+        self._placed = 0
+        self.due = due.DueIndex()
+        """The nodes the timer must look at (`decisions.due`): every change stored here touches its node."""
+        self._repairing: set[str] = set()
+        self._unvalidated: set[str] = set()
+        self.repairing: AbstractSet[str] = self._repairing
+        """Nodes whose Node carries the repair annotation (`repairing.sweep` visits only these)."""
+        self.unvalidated: AbstractSet[str] = self._unvalidated
+        """Nodes whose Node carries the unvalidated taint (`new_nodes.sweep` visits these)."""
+        self.marks = 0
+        """Counts changes to what a policy's status counts from a Node (cordon, labels, annotations,
+        taints) or a GPUNode (its `status.action`): the timer recounts the status when it moved."""
         self.nodes: Mapping[str, NodeRecord] = types.MappingProxyType(self._nodes)
         self.gpunodes: Mapping[str, GPUNodeRecord] = types.MappingProxyType(self._gpunodes)
         self.policies: Mapping[str, model.Policy] = types.MappingProxyType(self._policies)
@@ -506,8 +538,15 @@ class ClusterCache:
         record = node_record(body)
         old = self._nodes.get(record.view.name)
         if old is None or _newer(old.resource_version, record.resource_version):
+            if record.view.name not in self._nodes:
+                self._placed += 1
+                self._node_order[record.view.name] = self._placed
             self._nodes[record.view.name] = record
             self._select(record.view.name)
+            self._mark(record.view)
+            self.due.touch(record.view.name)
+            if old is None or _marks(old.view) != _marks(record.view):
+                self.marks += 1
             return record
         return old
 
@@ -516,10 +555,25 @@ class ClusterCache:
         name = str((body.get("metadata") or {}).get("name", ""))
         return self.put_node(body) if name in self._nodes else None
 
+    def _mark(self, view: model.NodeView) -> None:
+        for held, present in (
+            (self._repairing, keys.REPAIR_ANNOTATION in view.annotations),
+            (self._unvalidated, keys.UNVALIDATED_TAINT in view.taint_keys),
+        ):
+            if present:
+                held.add(view.name)
+            else:
+                held.discard(view.name)
+
     def remove_node(self, name: str) -> None:
         self._nodes.pop(name, None)
+        self._node_order.pop(name, None)
+        self._repairing.discard(name)
+        self._unvalidated.discard(name)
         for selection in self._selections.values():
             selection.discard(name)
+        self.due.touch(name)
+        self.marks += 1
 
     def _select(self, name: str) -> None:
         """Bring every selection up to date with the node's Node and GPUNode as now stored."""
@@ -567,9 +621,16 @@ class ClusterCache:
                     record.inherit_healthy_signals(old)
                     record.__dict__["memory"] = trends.advance(old.memory, record.status, now)
                 record.inherit_conditions(old)
+            if record.name not in self._gpunodes:
+                self._placed += 1
+                self._order[record.name] = self._placed
             self._gpunodes[record.name] = record
             if old is None:  # an agent appeared: its node now counts in the budgets that select it
                 self._select(record.name)
+            self.due.touch(record.name)
+            self.due.expect(record.name, stale_deadline(record))
+            if old is None or old.status.get("action") != record.status.get("action"):
+                self.marks += 1
             return record
         return old
 
@@ -581,6 +642,20 @@ class ClusterCache:
     def remove_gpunode(self, name: str) -> None:
         if self._gpunodes.pop(name, None) is not None:
             self._select(name)
+            self._order.pop(name, None)
+            self.due.touch(name)
+            self.due.expect(name, None)
+            self.marks += 1
+
+    def in_order(self, names: Iterable[str]) -> list[str]:
+        """The names that have a GPUNode, in the order `gpunodes` iterates them (as a scan meets them)."""
+        order = self._order
+        return sorted((n for n in names if n in order), key=order.__getitem__)
+
+    def in_node_order(self, names: Iterable[str]) -> list[str]:
+        """The names that have a Node, in the order `nodes` iterates them."""
+        order = self._node_order
+        return sorted((n for n in names if n in order), key=order.__getitem__)
 
     def put_policy(self, policy: model.Policy) -> bool:
         """Store a valid policy (clearing any error it had); whether it is new or changed."""
@@ -588,14 +663,20 @@ class ClusterCache:
         if self._policies.get(policy.name) == policy:
             return False
         self._policies[policy.name] = policy
+        self.due.touch_all()
+        self.marks += 1
         return True
 
     def reject_policy(self, name: str, generation: int, error: str) -> None:
         """A policy whose spec does not parse: not applied, its error kept for its status."""
         self._policies.pop(name, None)
         self._policy_errors[name] = (generation, error)
+        self.due.touch_all()
+        self.marks += 1
 
     def remove_policy(self, name: str) -> None:
         self._policies.pop(name, None)
         self._policy_errors.pop(name, None)
         self._selections.pop(name, None)
+        self.due.touch_all()
+        self.marks += 1

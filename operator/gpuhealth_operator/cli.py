@@ -132,7 +132,7 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         "--full-pass-seconds",
         type=float,
         default=default.full_pass_seconds,
-        help="judge every node, due or not, this often (a safety net; default: 10)",
+        help="judge every node, due or not, this often (a safety net; default: 300)",
     )
     parser.add_argument(
         "--resync-seconds",

@@ -94,11 +94,18 @@ class Verdicts(MutableMapping[tuple[str, str], model.NodeVerdict]):
             collections.defaultdict(dict)
         )
         """policy → node → when it turned Unhealthy, kept after it recovers (the breaker prunes old ones)."""
+        self.forgotten: Callable[[str], None] = lambda name: None
+        """Told the node whose verdict was deleted: the timer must look at it again (`decisions.due`)."""
+        self.changes = 0
+        """Counts verdicts stored with another health or wanted action: the policy status is recounted."""
 
     def __getitem__(self, key: tuple[str, str]) -> model.NodeVerdict:
         return self._all[key]
 
     def __setitem__(self, key: tuple[str, str], verdict: model.NodeVerdict) -> None:
+        old = self._all.get(key)
+        if old is None or (old.health, old.wanted_action) != (verdict.health, verdict.wanted_action):
+            self.changes += 1
         self._all[key] = verdict
         self._inputs.pop(key, None)
         policy, node = key
@@ -112,6 +119,8 @@ class Verdicts(MutableMapping[tuple[str, str], model.NodeVerdict]):
 
     def __delitem__(self, key: tuple[str, str]) -> None:
         del self._all[key]
+        self.changes += 1
+        self.forgotten(key[1])
         self._inputs.pop(key, None)
         self.wanting[key[0]].pop(key[1], None)
         self.turned_unhealthy[key[0]].pop(key[1], None)
@@ -231,6 +240,9 @@ class Context:
     policy_status_written: dict[str, dict[str, object]] = dataclasses.field(default_factory=dict)
     """policy → the status last written, so an unchanged status is not written again."""
 
+    status_marks: tuple[int, ...] = ()
+    """`ticker._status_marks` when the policies' status was last counted."""
+
     isolation_support: dict[str, isolation.Support] = dataclasses.field(default_factory=dict)
     """policy → whether the cluster acts on DeviceTaintRules, probed for its generation (`isolating`)."""
 
@@ -293,6 +305,7 @@ class Context:
     def __post_init__(self) -> None:
         self.admission.breakers = self.breakers
         self.admission.turned = self.verdicts.turned_unhealthy
+        self.verdicts.forgotten = self.cache.due.touch
 
     def __copy__(self) -> Context:
         """The context itself: kopf's per-object copy of its memo would only cost memory per object."""

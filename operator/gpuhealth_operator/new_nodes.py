@@ -101,7 +101,13 @@ async def sweep(ctx: context.Context, now: datetime.datetime) -> None:
             )
     wanting = _wanting(ctx)
     candidates: list[tuple[str, model.Policy | None]] = []
-    for name, record in list(ctx.cache.nodes.items()):
+    # With no policy validating new nodes, only a tainted node has anything to undo: visit those, not
+    # the fleet (issue 29). With one, every node may be new to it.
+    names = list(ctx.cache.nodes) if wanting else ctx.cache.in_node_order(ctx.cache.unvalidated)
+    for name in names:
+        record = ctx.cache.node(name)
+        if record is None:
+            continue
         tainted = keys.UNVALIDATED_TAINT in record.view.taint_keys
         if not wanting and not tainted:
             continue

@@ -882,9 +882,7 @@ async def cancel(
 async def sweep(ctx: context.Context, now: datetime.datetime) -> None:
     """Cancel every cycle that must stop (the timer's pass): nodes a reconcile no longer reaches
     (excluded, no longer selected, the policy deleted or in dry run) included."""
-    for name, record in list(ctx.cache.nodes.items()):
-        if keys.REPAIR_ANNOTATION not in record.view.annotations:
-            continue
+    for name in ctx.cache.in_node_order(ctx.cache.repairing):  # the annotated nodes, not the fleet
         async with ctx.node_locks[name]:
             state = state_of(ctx, name)
             if state is None:

@@ -65,8 +65,10 @@ class Settings:
     tick_seconds: float = 1.0
     """Period of the time-based pass: forSeconds, staleness, budget queue, recovery, stragglers."""
 
-    full_pass_seconds: float = 10.0
-    """How often the timer judges every node, due or not: a safety net under `ticker.is_due`."""
+    full_pass_seconds: float = 300.0
+    """How often the timer judges every node, due or not: a safety net under `ticker.is_due` and its
+    index (`decisions.due`), which already find every node time may change; like the resync, it only
+    catches what a lost watch event left unjudged, so it runs as rarely (issue 29)."""
 
     resync_seconds: float = 300.0
     """How often the cache is checked against a fresh LIST (also done whenever a watch re-lists)."""

@@ -38,6 +38,10 @@ from gpuhealth_operator.decisions import model, times, verdicts
 
 logger = logging.getLogger(__name__)
 
+REFRESH_SECONDS = 10.0
+"""How often the policies' status is recounted at the latest, and domain marks checked for drift: what
+the full pass did every 10 s before it became a slow safety net (`--full-pass-seconds`, 300 s)."""
+
 PASS_CHUNK = 250
 """Nodes judged (or reconciled) between two returns to the event loop in one pass: a full pass over
 5,000 nodes is ~0.5 s of CPU, which in one piece would hold back a fault's watch event as long."""
@@ -69,14 +73,53 @@ def is_due(ctx: context.Context, name: str, now: datetime.datetime) -> bool:
     return not any((policy, name) in ctx.verdicts for policy in ctx.cache.policies)
 
 
-async def tick(ctx: context.Context, *, full: bool = False, statuses: bool = True) -> None:
+def due_nodes(ctx: context.Context, now: datetime.datetime, *, full: bool) -> list[str]:
+    """The nodes `is_due` now, in the cache's order, asking only the candidates `decisions.due` names
+    (all of them when `full` or after a policy changed): the cost follows what changed, not the fleet.
+
+    The candidates are every node touched since the last pass, those due on it, those whose stale
+    deadline comes within two ticks, and the sets held elsewhere that keep a clock running (drains,
+    nodes waiting for the budget, agents not Ready). A candidate found not due gets its deadline back.
+    """
+    index = ctx.cache.due
+    taken = index.take(now.timestamp(), 2 * ctx.config.tick_seconds)
+    if full or taken is None:
+        pool: list[str] = list(ctx.cache.gpunodes)
+    else:
+        taken |= ctx.drains.keys()
+        taken |= {name for _, name in ctx.admission.notified}
+        taken |= ctx.agent_pods.not_ready_nodes
+        pool = ctx.cache.in_order(taken)
+    due = []
+    for name in pool:
+        if name in ctx.cache.nodes and is_due(ctx, name, now):
+            due.append(name)
+        elif (gpunode := ctx.cache.gpunode(name)) is not None:
+            index.expect(name, cache.stale_deadline(gpunode))
+    index.keep(due)
+    return due
+
+
+async def tick(
+    ctx: context.Context, *, full: bool = False, statuses: bool = True, refresh: bool | None = None
+) -> None:
     """One pass; `statuses=False` leaves the policies' status and gauges as they are (they only
-    report: no decision reads them), for a backtest that refreshes them on its full passes alone."""
+    report: no decision reads them), for a backtest that refreshes them on its full passes alone.
+
+    `refresh` (default: `full`) is the periodic part that is not judging: the policies' status is
+    recounted then, or when what it counts moved (`_status_marks`), and domain marks a human removed
+    come back (`domain_actions.on_timer`).
+    """
+    refresh = full if refresh is None else refresh
     now = ctx.clock()
     moved = reconciler.score_stragglers(ctx, now)
-    names = [
-        n for n in ctx.cache.gpunodes if n in ctx.cache.nodes and (full or n in moved or is_due(ctx, n, now))
-    ]
+    if full:
+        names = [n for n in ctx.cache.gpunodes if n in ctx.cache.nodes]
+        due_nodes(ctx, now, full=True)  # what stays due after this pass, for the next ones
+    else:
+        due = due_nodes(ctx, now, full=False)
+        moved_names = [n for n in moved if n in ctx.cache.nodes]
+        names = ctx.cache.in_order({*due, *moved_names}) if moved_names else due
     # Judge every due node before acting on any, so the budget ranks all waiting nodes, not the first seen.
     for index, name in enumerate(names, 1):
         record = ctx.cache.node(name)
@@ -103,21 +146,38 @@ async def tick(ctx: context.Context, *, full: bool = False, statuses: bool = Tru
     await repairing.sweep(ctx, now)  # repairs of nodes excluded, deselected, or of deleted/dry-run policies
     await new_nodes.sweep(ctx, now)  # validation of new nodes (spec.repair.validation.newNodes)
     await isolating.sweep(ctx, now)  # the DeviceTaintRules of deleted policies: adopted or restored
-    await domain_actions.on_timer(ctx, now, full=full)  # recovery holds, and marks drifted meanwhile
-    if statuses:
+    await domain_actions.on_timer(ctx, now, full=refresh)  # recovery holds, and marks drifted meanwhile
+    marks = _status_marks(ctx)
+    if statuses and (refresh or marks != ctx.status_marks):
+        ctx.status_marks = marks
         await write_policy_statuses(ctx, now)
+
+
+def _status_marks(ctx: context.Context) -> tuple[int, ...]:
+    """What moves when a policy's status counts may have: recounting only then (and on every refresh)
+    keeps a pass at rest from counting every selected node of every policy."""
+    return (
+        ctx.cache.marks,
+        ctx.verdicts.changes,
+        len(ctx.admission.notified),
+        len(ctx.drains),
+        len(ctx.drain_results),
+    )
 
 
 async def run(ctx: context.Context) -> None:
     """Tick forever; a failed tick is logged and the next one retries."""
-    last_full = float("-inf")
+    last_full = last_refresh = float("-inf")
     while True:
         started = asyncio.get_running_loop().time()
         full = started - last_full >= ctx.config.full_pass_seconds
         if full:
             last_full = started
+        refresh = full or started - last_refresh >= REFRESH_SECONDS
+        if refresh:
+            last_refresh = started
         try:
-            await tick(ctx, full=full)
+            await tick(ctx, full=full, refresh=refresh)
             if full:
                 heap.trim()
         except reconciler.TRANSIENT_ERRORS as error:

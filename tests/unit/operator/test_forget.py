@@ -22,6 +22,7 @@ from gpunode_facts import verdict
 NOT_STATE = {"config", "client", "meters", "recorder", "cache", "agent_pods", "eviction_slots", "clock"}
 NOT_STATE |= {"isolation_discovery"}  # what discovery says of DeviceTaintRules, cluster-wide
 NOT_STATE |= {"repair_templates"}  # the repair Job templates, cluster-wide
+NOT_STATE |= {"status_marks"}  # counters of what the policy status counts, cluster-wide
 """Context fields that hold no per-node or per-policy memory (the cache and the agent pods, views of
 the cluster, are tested on their own)."""
 
