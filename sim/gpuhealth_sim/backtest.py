@@ -78,7 +78,7 @@ from gpuhealth_operator.decisions import gpu_facts, policies
 from gpuhealth_sim import memcluster, traces
 
 FULL_PASS_SECONDS: Final = 3600.0
-"""The live operator's safety net under `ticker.is_due` (its `--full-pass-seconds`, 10 s) catches what
+"""The live operator's safety net under `ticker.is_due` (its `--full-pass-seconds`, 300 s) catches what
 a lost watch event left unjudged; a replay loses no event, so its net is hourly: at 100 nodes and every
 600 s it judged more nodes than all the reports together, and changed no action on the benchmark's
 traces. The policies' status (output only) is refreshed on these passes, not every tick."""
