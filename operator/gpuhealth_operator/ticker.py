@@ -4,8 +4,9 @@ Watch events cover everything a change in the cluster causes; what time
 alone causes (a condition held for `forSeconds`, an agent going stale, the
 budget freeing up, `healthyForSeconds` of recovery, straggler cohorts
 shifting) needs a clock. Every `tick_seconds` this judges the nodes where a
-clock runs (`is_due`; every node every `full_pass_seconds`), acts where a
-verdict changed, and refreshes each policy's status counts. A pass that
+clock runs (`is_due`, asked only of the candidates `decisions.due` names;
+every node every `full_pass_seconds`), acts where a verdict changed, and
+refreshes each policy's status counts when they may have moved. A pass that
 finds nothing to change sends no request. Each due node is judged once per
 pass: the reconcile reuses the verdicts judged for the budget's ranking.
 One node's error never ends the timer: it is logged and the next pass retries.
