@@ -31,6 +31,7 @@ from gpuhealth_operator import (
     agent_pods,
     breakers,
     cache,
+    cohorts,
     domain_states,
     kube,
     metrics,
@@ -203,6 +204,9 @@ class Context:
         default_factory=lambda: collections.defaultdict(stragglers.Samples)
     )
     """(policy, node) → its recent z-scores, the window a sustained Straggler is judged on."""
+
+    straggler_cohorts: cohorts.Cohorts = dataclasses.field(default_factory=cohorts.Cohorts)
+    """The straggler cohorts as the last tick left them: a tick works on the members that changed."""
 
     cordons_unknown: dict[str, str] = dataclasses.field(default_factory=dict)
     """node → the resourceVersion its cordon was computed from, while that cordon's answer was lost

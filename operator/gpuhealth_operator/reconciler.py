@@ -37,14 +37,23 @@ from typing import Any
 import aiohttp
 
 from gpuhealth_api import heartbeats, vocabulary
-from gpuhealth_operator import cache, context, drills, isolating, kube, remediation, repairing, stopping
+from gpuhealth_operator import (
+    cache,
+    cohorts,
+    context,
+    drills,
+    isolating,
+    kube,
+    remediation,
+    repairing,
+    stopping,
+)
 from gpuhealth_operator.actions import events, nodes, status
 from gpuhealth_operator.decisions import (
     hysteresis,
     model,
     overlap,
     policies,
-    signals,
     stragglers,
     times,
     verdicts,
@@ -427,65 +436,10 @@ async def _node_condition(
 def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
     """Straggler scores per policy cohort (policies with a Straggler rule); the nodes to judge again.
 
-    Those are the nodes whose score changed in a way a verdict reads (`judged_part`). An unflagged
-    node's numbers move whenever a peer reports (the cohort's median moves); they reach its
+    Those are the nodes whose score changed in a way a verdict reads (`cohorts.judged_part`). An
+    unflagged node's numbers move whenever a peer reports (the cohort's median moves); they reach its
     `status.straggler` the next time the node is reconciled anyway (its own report, the timer's full
-    pass), not as one status write per node per peer's report.
+    pass), not as one status write per node per peer's report. The cohorts are kept from tick to tick
+    and worked out again where a member changed (`cohorts`).
     """
-    before = dict(ctx.stragglers)
-    ctx.stragglers.clear()
-    for policy in ctx.cache.policies.values():
-        rules = [r for r in policy.rules if r.condition is Condition.STRAGGLER]
-        if not rules:
-            continue
-        threshold = rules[0].threshold or policies.DEFAULT_STRAGGLER_THRESHOLD
-        fresh: dict[str, cache.GPUNodeRecord] = {}
-        pods = ctx.agent_pods.nodes
-        for name in sorted(ctx.cache.selection(policy).selected):  # a stable cohort order
-            gpunode = ctx.cache.gpunode(name)
-            if gpunode is not None and not signals.agent_is_stale(
-                gpunode.stale_limit, gpunode.report_age(now), now, pods.get(name)
-            ):
-                fresh[name] = gpunode  # a stale agent's numbers are old: out of its cohort's statistics
-        performance = {
-            name: stragglers.smoothed(  # its recent reports' score (a sample per report, by its receipt)
-                ctx.straggler_samples[(policy.name, name)],
-                gpunode.performance,
-                gpunode.status,
-                gpunode.report_seen_at,
-                now,
-                _heartbeat_seconds(gpunode),
-            )
-            if gpunode.performance[1] is not None
-            else gpunode.performance
-            for name, gpunode in fresh.items()
-        }
-        for name, score in stragglers.judge_nodes(performance, threshold).items():
-            samples = ctx.straggler_samples[(policy.name, name)]
-            ctx.stragglers[(policy.name, name)] = stragglers.windowed(
-                samples,
-                score,
-                # A sample per report, by its receipt (issue 24), once its score rests on a few reports.
-                fresh[name].report_seen_at if stragglers.settled(samples) else None,
-                now,
-                rules[0].for_seconds,
-                _heartbeat_seconds(fresh[name]),
-                threshold,
-                was_flagged=(was := before.get((policy.name, name))) is not None and was.flagged,
-                flagged_since=was.since if was is not None else None,
-            )
-    keys = before.keys() | ctx.stragglers.keys()
-    return {key[1] for key in keys if judged_part(before.get(key)) != judged_part(ctx.stragglers.get(key))}
-
-
-def _heartbeat_seconds(gpunode: cache.GPUNodeRecord) -> float:
-    agent: Mapping[str, Any] = gpunode.status.get("agent") or {}  # a scored node's facts have one
-    return float(agent.get("heartbeatSeconds") or heartbeats.DEFAULT_HEARTBEAT_SECONDS)
-
-
-def judged_part(score: model.StragglerScore | None) -> object:
-    """What of a straggler score the verdict reads (`verdicts.straggler_signal`): whether there is
-    one, whether it is flagged, and a flagged one's numbers (they are in the condition's message)."""
-    if score is None:
-        return None
-    return score if score.flagged else False
+    return cohorts.score(ctx, now)

@@ -86,6 +86,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -291,22 +292,59 @@ def _gpus_missing(facts: status.GPUNodeStatus) -> bool:
 
 
 def _judge_cohort(scores: Mapping[str, float], threshold: float) -> dict[str, model.StragglerScore]:
-    values = list(scores.values())
+    median, scale = cohort_scale(list(scores.values()))
+    peers = len(scores) - 1
+    return {name: judge(score, median, scale, peers, threshold) for name, score in scores.items()}
+
+
+def cohort_scale(values: Sequence[float]) -> tuple[float, float]:
+    """The cohort's median score and its z-scores' scale: the MAD, floored (module docstring)."""
     median = statistics.median(values)
     mad = statistics.median(abs(v - median) for v in values)
-    scale = max(mad, MAD_FLOOR_FRACTION * abs(median), MAD_FLOOR_ABSOLUTE)
-    peers = len(values) - 1
-    result = {}
+    return median, max(mad, MAD_FLOOR_FRACTION * abs(median), MAD_FLOOR_ABSOLUTE)
+
+
+def judge(score: float, median: float, scale: float, peers: int, threshold: float) -> model.StragglerScore:
+    """One cohort member's StragglerScore, given its cohort's `cohort_scale` and its peers' count."""
+    z = MAD_TO_SIGMA * (score - median) / scale
+    return model.StragglerScore(
+        # Rounded so that sensor noise does not rewrite every cohort member's status.
+        score=round(score, 3),
+        z_score=round(z, 1),
+        peers=peers,
+        flagged=peers >= MIN_PEERS and z < -threshold,
+    )
+
+
+def rejudged(  # noqa: PLR0917 - `judge`'s inputs for a whole cohort
+    scores: Mapping[str, float],
+    median: float,
+    scale: float,
+    peers: int,
+    threshold: float,
+    known: Mapping[str, model.StragglerScore],
+) -> dict[str, model.StragglerScore]:
+    """`judge` of each of `scores`' members whose StragglerScore is not the one `known` holds for it (to
+    the sign of a zero): after the cohort's statistics moved, most members' rounded numbers did not."""
+    changed = {}
     for name, score in scores.items():
-        z = MAD_TO_SIGMA * (score - median) / scale
-        result[name] = model.StragglerScore(
-            # Rounded so that sensor noise does not rewrite every cohort member's status.
-            score=round(score, 3),
-            z_score=round(z, 1),
-            peers=peers,
-            flagged=peers >= MIN_PEERS and z < -threshold,
-        )
-    return result
+        z = MAD_TO_SIGMA * (score - median) / scale  # `judge`'s
+        old = known.get(name)
+        if (
+            old is None
+            or old.peers != peers
+            or old.flagged != (peers >= MIN_PEERS and z < -threshold)
+            or not same(old.z_score, round(z, 1))
+            or not same(old.score, round(score, 3))
+            or old.since is not None
+        ):
+            changed[name] = judge(score, median, scale, peers, threshold)
+    return changed
+
+
+def same(a: float, b: float) -> bool:
+    """`a` and `b` are the same number, a zero's sign included (`-0.0 == 0.0`, but one is written "-0.0")."""
+    return a == b and (a != 0.0 or math.copysign(1.0, a) == math.copysign(1.0, b))
 
 
 class Samples(collections.deque[tuple[datetime.datetime, float]]):

@@ -23,6 +23,7 @@ NOT_STATE = {"config", "client", "meters", "recorder", "cache", "agent_pods", "e
 NOT_STATE |= {"isolation_discovery"}  # what discovery says of DeviceTaintRules, cluster-wide
 NOT_STATE |= {"repair_templates"}  # the repair Job templates, cluster-wide
 NOT_STATE |= {"status_marks"}  # counters of what the policy status counts, cluster-wide
+NOT_STATE |= {"straggler_cohorts"}  # `cohorts`: follows the selections and policies at the next tick
 """Context fields that hold no per-node or per-policy memory (the cache and the agent pods, views of
 the cluster, are tested on their own)."""
 
