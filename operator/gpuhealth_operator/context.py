@@ -244,7 +244,7 @@ class Context:
     policy_status_written: dict[str, dict[str, object]] = dataclasses.field(default_factory=dict)
     """policy → the status last written, so an unchanged status is not written again."""
 
-    status_marks: tuple[int, ...] = ()
+    status_marks: tuple[object, ...] = ()
     """`ticker._status_marks` when the policies' status was last counted."""
 
     isolation_support: dict[str, isolation.Support] = dataclasses.field(default_factory=dict)

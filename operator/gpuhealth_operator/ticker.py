@@ -154,15 +154,20 @@ async def tick(
         await write_policy_statuses(ctx, now)
 
 
-def _status_marks(ctx: context.Context) -> tuple[int, ...]:
-    """What moves when a policy's status counts may have: recounting only then (and on every refresh)
-    keeps a pass at rest from counting every selected node of every policy."""
+def _status_marks(ctx: context.Context) -> tuple[object, ...]:
+    """What moves when a policy's status may have: recounting only then (and on every refresh) keeps a
+    pass at rest from counting every selected node of every policy. The breakers and degraded domains
+    are a few small objects per policy, compared by value (a new state object replaces the old)."""
     return (
         ctx.cache.marks,
         ctx.verdicts.changes,
         len(ctx.admission.notified),
         len(ctx.drains),
         len(ctx.drain_results),
+        len(ctx.isolations),
+        tuple(ctx.breakers.states.items()),
+        tuple(ctx.breakers.acted.items()),
+        tuple(ctx.domains.states.items()),
     )
 
 
