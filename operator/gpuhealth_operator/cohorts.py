@@ -81,6 +81,8 @@ class _Member:
 @dataclasses.dataclass(slots=True, eq=False)
 class _Group:
     scores: dict[str, float] = dataclasses.field(default_factory=dict)
+    ordered: stragglers.SortedScores = dataclasses.field(default_factory=stragglers.SortedScores)
+    """`scores`' values, sorted."""
     judged: dict[str, model.StragglerScore] = dataclasses.field(default_factory=dict)
     """Each member's StragglerScore against the cohort, before its window."""
     stats: tuple[float, float, int] | None = None
@@ -104,14 +106,16 @@ class _PolicyCohorts:
         self.pods: list[Any] = []  # what the last tick saw (`_UNSEEN`: nothing yet)
         self.samples: list[Any] = []  # what the last tick saw (`_UNSEEN`: nothing yet)
         self.outs: list[Any] = []  # what the last tick saw (`_UNSEEN`: nothing yet)
+        self.count = 0
+        """How many of `outs` are scores (entries of this policy in `Context.stragglers`)."""
         self.groups: dict[stragglers.Cohort, _Group] = {}
         self.dirty: set[stragglers.Cohort] = set()
         self.pending: set[int] = set()
         self.heap: list[tuple[datetime.datetime, int, int]] = []
         self.seq = itertools.count()
 
-    def owned(self) -> int:
-        return len(self.outs) - self.outs.count(None)
+    def recount(self) -> None:
+        self.count = sum(map(operator.is_not, self.outs, itertools.repeat(None)))  # no StragglerScore.__eq__
 
     def forget(self, ctx: context.Context, moved: set[str]) -> None:
         """The policy has no straggler cohorts any more: its scores go."""
@@ -140,7 +144,8 @@ class _PolicyCohorts:
         for i, name in enumerate(self.names):
             kept = old.get(name)
             if kept is None:
-                kept = (_Member(), _UNSEEN, _UNSEEN, _UNSEEN, _UNSEEN)
+                key = self.keys[i]
+                kept = (_Member(), _UNSEEN, _UNSEEN, ctx.straggler_samples.get(key), ctx.stragglers.get(key))
                 self.pending.add(i)
             elif name in pending:
                 self.pending.add(i)
@@ -153,32 +158,45 @@ class _PolicyCohorts:
             if member.due is not None:
                 self.heap.append((member.due, member.seq, i))
         heapq.heapify(self.heap)
+        self.recount()
 
     def _leave_group(self, name: str, member: _Member) -> None:
         assert member.group is not None
         group = self.groups[member.group]
-        del group.scores[name]
+        group.ordered.remove(group.scores.pop(name))
         group.judged.pop(name, None)
         group.changed.discard(name)
         self.dirty.add(member.group)
         member.group = None
 
     def tick(
-        self, ctx: context.Context, policy: model.Policy, now: datetime.datetime, moved: set[str]
+        self,
+        ctx: context.Context,
+        policy: model.Policy,
+        now: datetime.datetime,
+        moved: set[str],
+        *,
+        scan: bool,
     ) -> None:
+        """One timer tick of the policy's cohorts. `scan`: look for scores and samples that someone else
+        dropped (`Context.forget_verdicts`); without, this policy's entries are as the last tick left them."""
         selected = ctx.cache.selection(policy).selected
         if selected != self.selected:
             self.reselect(ctx, policy.name, frozenset(selected), moved)
         names, keys = self.names, self.keys
         touched, self.pending = self.pending, set()
-        records = list(map(ctx.cache.gpunode, names))
+        records = list(map(ctx.cache.gpunodes.get, names))
         pods = list(map(ctx.agent_pods.nodes.get, names))
-        samples = list(map(ctx.straggler_samples.get, keys))
-        outs = list(map(ctx.stragglers.get, keys))
+        seen: list[tuple[list[Any], list[Any]]] = [(self.records, records), (self.pods, pods)]
+        samples, outs = self.samples, self.outs
+        if scan:
+            samples = list(map(ctx.straggler_samples.get, keys))
+            outs = list(map(ctx.stragglers.get, keys))
+            seen += [(self.samples, samples), (self.outs, outs)]
         everyone = range(len(names))
-        for last, current in ((self.records, records), (self.pods, pods), (self.samples, samples)):
-            touched.update(itertools.compress(everyone, map(operator.is_not, last, current)))
-        touched.update(itertools.compress(everyone, map(operator.is_not, self.outs, outs)))
+        for last, current in seen:
+            if not all(map(operator.is_, last, current)):  # the same objects (not just equal ones)
+                touched.update(itertools.compress(everyone, map(operator.is_not, last, current)))
         heap = self.heap
         while heap and heap[0][0] <= now:
             _, seq, i = heapq.heappop(heap)
@@ -187,6 +205,8 @@ class _PolicyCohorts:
                 member.due = None  # its entry is gone: `_schedule` makes the next one
                 touched.add(i)
         self.records, self.pods, self.samples, self.outs = records, pods, samples, outs
+        if scan:
+            self.recount()
         rewindow: set[int] = set()
         for i in touched:
             if self._look(ctx, i, now, moved):
@@ -196,7 +216,11 @@ class _PolicyCohorts:
             if not group.scores:
                 del self.groups[cohort]
                 continue
-            median, scale = stragglers.cohort_scale(list(group.scores.values()))
+            if group.ordered.exact:
+                median, mad = group.ordered.median_and_mad()
+                scale = stragglers.floored(median, mad)
+            else:
+                median, scale = stragglers.cohort_scale(list(group.scores.values()))
             peers = len(group.scores) - 1
             judging = group.scores  # the statistics moved: every member's z may have
             if group.stats is not None:
@@ -259,6 +283,7 @@ class _PolicyCohorts:
             if self.outs[i] is not None:
                 del ctx.stragglers[key]
                 self.outs[i] = None
+                self.count -= 1
                 moved.add(name)
             return False
         member.record = gpunode
@@ -269,11 +294,14 @@ class _PolicyCohorts:
             if group is None:
                 group = self.groups[cohort] = _Group()
             group.scores[name] = score
+            group.ordered.add(score)
             group.changed.add(name)
             self.dirty.add(cohort)
             member.group = cohort
         elif not stragglers.same(member.score, score):
             group = self.groups[cohort]
+            group.ordered.remove(group.scores[name])
+            group.ordered.add(score)
             group.scores[name] = score
             group.changed.add(name)
             self.dirty.add(cohort)
@@ -302,6 +330,7 @@ class _PolicyCohorts:
         if out is not was:
             ctx.stragglers[key] = out
             self.outs[i] = out
+            self.count += was is None
             if judged_part(was) != judged_part(out):
                 moved.add(name)
         # Would the next call on the same inputs be a remembered judgement that changes nothing?
@@ -356,6 +385,9 @@ class Cohorts:
     def __init__(self) -> None:
         self.policies: dict[str, _PolicyCohorts] = {}
         self.now: datetime.datetime | None = None
+        self.sizes = (-1, -1)
+        """`Context.stragglers`' and `straggler_samples`' sizes as the last tick left them: others only
+        delete from them (`Context.forget_verdicts`, `forget_policy`), so the same sizes say untouched."""
 
 
 def score(ctx: context.Context, now: datetime.datetime) -> set[str]:
@@ -366,6 +398,7 @@ def score(ctx: context.Context, now: datetime.datetime) -> set[str]:
     if store.now is not None and now < store.now:
         store.policies.clear()  # time went back: a deadline passed may be ahead again
     store.now = now
+    scan = store.sizes != (len(ctx.stragglers), len(ctx.straggler_samples))
     live: set[str] = set()
     for policy in ctx.cache.policies.values():
         rules = [r for r in policy.rules if r.condition is vocabulary.Condition.STRAGGLER]
@@ -377,10 +410,10 @@ def score(ctx: context.Context, now: datetime.datetime) -> set[str]:
         state = store.policies.get(policy.name)
         if state is None or state.params != params:
             state = store.policies[policy.name] = _PolicyCohorts(params)
-        state.tick(ctx, policy, now, moved)
+        state.tick(ctx, policy, now, moved, scan=scan)
     for name in [n for n in store.policies if n not in live]:
         store.policies.pop(name).forget(ctx, moved)
-    if len(ctx.stragglers) != sum(state.owned() for state in store.policies.values()):
+    if len(ctx.stragglers) != sum(state.count for state in store.policies.values()):
         for key, value in list(ctx.stragglers.items()):  # written by someone else: the full pass clears it
             state = store.policies.get(key[0])
             i = state.index.get(key[1]) if state is not None else None
@@ -388,4 +421,5 @@ def score(ctx: context.Context, now: datetime.datetime) -> set[str]:
                 del ctx.stragglers[key]
                 if judged_part(value) is not None:
                     moved.add(key[1])
+    store.sizes = (len(ctx.stragglers), len(ctx.straggler_samples))
     return moved

@@ -83,6 +83,7 @@ window holds only two or three.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import datetime
@@ -300,8 +301,84 @@ def _judge_cohort(scores: Mapping[str, float], threshold: float) -> dict[str, mo
 def cohort_scale(values: Sequence[float]) -> tuple[float, float]:
     """The cohort's median score and its z-scores' scale: the MAD, floored (module docstring)."""
     median = statistics.median(values)
-    mad = statistics.median(abs(v - median) for v in values)
-    return median, max(mad, MAD_FLOOR_FRACTION * abs(median), MAD_FLOOR_ABSOLUTE)
+    return median, floored(median, statistics.median(abs(v - median) for v in values))
+
+
+def floored(median: float, mad: float) -> float:
+    """The z-scores' scale: the cohort's MAD, at least MAD_FLOOR_FRACTION of its median."""
+    return max(mad, MAD_FLOOR_FRACTION * abs(median), MAD_FLOOR_ABSOLUTE)
+
+
+class SortedScores:
+    """A cohort's scores kept sorted, for its median and MAD after one member's score changed.
+
+    `cohort_scale` sorts every score and every distance from the median again: at 5,000 members
+    on every tick a member reports, that is most of the scoring's time. Here a score moves in or out
+    by bisection, and `median_and_mad` picks the middle of the distances from the two runs either
+    side of the median (each sorted by distance), so both are the very numbers `statistics.median`
+    gives: the same elements, and for an even count the same `(a + b) / 2`. Only for finite,
+    non-zero scores (a zero's sign or a NaN would make "the same element" ambiguous): `exact` says
+    whether they all are, else the caller sorts (`cohort_scale`).
+    """
+
+    __slots__ = ("_odd", "values")
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+        """The finite, non-zero scores, sorted."""
+        self._odd = 0
+        """How many scores are zero, NaN or infinite (not in `values`)."""
+
+    @property
+    def exact(self) -> bool:
+        return not self._odd
+
+    def add(self, value: float) -> None:
+        if _plain(value):
+            bisect.insort(self.values, value)
+        else:
+            self._odd += 1
+
+    def remove(self, value: float) -> None:
+        if _plain(value):
+            del self.values[bisect.bisect_left(self.values, value)]
+        else:
+            self._odd -= 1
+
+    def median_and_mad(self) -> tuple[float, float]:
+        """`statistics.median` of the values, and of their distances from it (`exact` values only)."""
+        values = self.values
+        n = len(values)
+        median = values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+        split = bisect.bisect_left(values, median)  # below: values[split - 1 - j]; from: values[split + j]
+
+        def below(j: int) -> float:
+            return abs(values[split - 1 - j] - median)
+
+        def above(j: int) -> float:
+            return abs(values[split + j] - median)
+
+        def smallest(k: int) -> float:
+            """The k-th smallest distance (from 0): i of them below the median, k + 1 - i from it up."""
+            lo, hi = max(0, k + 1 - (n - split)), min(k + 1, split)
+            while lo < hi:  # the fewest taken below such that the next one below is not smaller
+                i = (lo + hi) // 2
+                if below(i) < above(k - i):
+                    lo = i + 1
+                else:
+                    hi = i
+            i = lo
+            taken = [below(i - 1)] if i > 0 else []
+            taken += [above(k - i)] if k - i >= 0 else []
+            return max(taken)
+
+        if n % 2:
+            return median, smallest(n // 2)
+        return median, (smallest(n // 2 - 1) + smallest(n // 2)) / 2
+
+
+def _plain(value: float) -> bool:
+    return value != 0.0 and math.isfinite(value)
 
 
 def judge(score: float, median: float, scale: float, peers: int, threshold: float) -> model.StragglerScore:

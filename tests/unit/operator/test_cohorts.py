@@ -14,6 +14,7 @@ import collections
 import dataclasses
 import datetime
 import random
+import statistics
 import types
 from typing import Any
 
@@ -85,6 +86,7 @@ class FakeCache:
         self.policies: dict[str, model.Policy] = {}
         self.selected: dict[str, set[str]] = {}
         self.records: dict[str, cache.GPUNodeRecord] = {}
+        self.gpunodes = self.records
 
     def selection(self, policy: model.Policy) -> types.SimpleNamespace:
         return types.SimpleNamespace(selected=self.selected[policy.name])
@@ -282,3 +284,30 @@ def test_kept_cohorts_score_as_the_full_computation(seed: int) -> None:
 def test_the_stories_flag_stragglers() -> None:
     """The random stories exercise flags (a window's judgement, a held flag), not only healthy cohorts."""
     assert sum(run_scenario(seed, ticks=300)[1] for seed in range(100, 110)) > 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_sorted_scores_give_the_median_and_mad_of_statistics(seed: int) -> None:
+    """`SortedScores.median_and_mad` against `statistics.median` (the numbers `cohort_scale` sorts for),
+    on cohorts of tied scores (clocks in 15 MHz steps), scores moving in and out, odd and even counts."""
+    rng = random.Random(seed)
+    levels = [
+        round(MAX_CLOCK * rng.uniform(0.8, 1.0) / 15) * 15 / MAX_CLOCK for _ in range(rng.randint(1, 12))
+    ]
+    scores = stragglers.SortedScores()
+    values: list[float] = []
+    for _ in range(400):
+        if values and rng.random() < 0.45:
+            scores.remove(values.pop(rng.randrange(len(values))))
+        else:
+            value = rng.choice(levels) * rng.choice([1.0, 1.0, 0.875, 1 - 1 / 3])
+            values.append(value)
+            scores.add(value)
+        if values:
+            median = statistics.median(values)
+            expected = (median, statistics.median(abs(v - median) for v in values))
+            assert repr(scores.median_and_mad()) == repr(expected)
+    scores.add(0.0)
+    assert not scores.exact  # a zero: the caller sorts, a zero's sign included
+    scores.remove(0.0)
+    assert scores.exact
