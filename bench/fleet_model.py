@@ -247,19 +247,19 @@ class Model:
                 if t > window:
                     break
                 while pending and pending[0][0] <= t:
-                    at, node = pending.pop(0)
-                    watched[node] = (at, await deliver(node, at))
+                    at, faulty = pending.pop(0)
+                    watched[faulty] = (at, await deliver(faulty, at))
                     self.cordoned(watched, faults, at)
                 report_cpu.append(await deliver(index, t))
             cycle += 1
-        for at, node in pending:
-            watched[node] = (at, await deliver(node, at))
+        for at, faulty in pending:
+            watched[faulty] = (at, await deliver(faulty, at))
         await ticks_until(window + 5)  # a fault near the end gets its ticks
         faults += [
             {"node": self.plans[i].name, "at": at, "cordonedAfter": None} for i, (at, _) in watched.items()
         ]
 
-        result = {
+        result: dict[str, Any] = {
             "nodes": self.n,
             "minutes": minutes,
             "heartbeatSeconds": self.heartbeat,
