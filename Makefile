@@ -87,6 +87,7 @@ bench: venv testbin ## Run the benchmarks and print their results (see bench/RES
 	$(PY) bench/backtest_quality.py
 	KUBEBUILDER_ASSETS="$(TESTBIN)" $(PY) bench/operator_scale.py
 	KUBEBUILDER_ASSETS="$(TESTBIN)" $(PY) bench/repair_time.py
+	$(PY) bench/fleet_model.py --largest-minutes 5
 
 .PHONY: bench-quick
 bench-quick: venv testbin ## The benchmarks' quick variants (minutes, for development): agent overhead, 300-node operator scale
