@@ -447,6 +447,11 @@ def _marks(view: model.NodeView) -> tuple[object, ...]:
     return (view.unschedulable, view.annotations, view.labels, view.taint_keys)
 
 
+def _ordered(order: Mapping[str, int], names: Iterable[str]) -> list[str]:
+    """The names `order` places, by their place."""
+    return sorted((n for n in names if n in order), key=order.__getitem__)
+
+
 def _newer(old: str, new: str) -> bool:
     """resourceVersions are opaque but, on etcd, monotonically increasing integers."""
     try:
@@ -649,13 +654,16 @@ class ClusterCache:
 
     def in_order(self, names: Iterable[str]) -> list[str]:
         """The names that have a GPUNode, in the order `gpunodes` iterates them (as a scan meets them)."""
-        order = self._order
-        return sorted((n for n in names if n in order), key=order.__getitem__)
+        return _ordered(self._order, names)
 
     def in_node_order(self, names: Iterable[str]) -> list[str]:
         """The names that have a Node, in the order `nodes` iterates them."""
-        order = self._node_order
-        return sorted((n for n in names if n in order), key=order.__getitem__)
+        return _ordered(self._node_order, names)
+
+    def _policies_changed(self) -> None:
+        """Every node's due answer and every policy's status may have moved."""
+        self.due.touch_all()
+        self.marks += 1
 
     def put_policy(self, policy: model.Policy) -> bool:
         """Store a valid policy (clearing any error it had); whether it is new or changed."""
@@ -663,20 +671,17 @@ class ClusterCache:
         if self._policies.get(policy.name) == policy:
             return False
         self._policies[policy.name] = policy
-        self.due.touch_all()
-        self.marks += 1
+        self._policies_changed()
         return True
 
     def reject_policy(self, name: str, generation: int, error: str) -> None:
         """A policy whose spec does not parse: not applied, its error kept for its status."""
         self._policies.pop(name, None)
         self._policy_errors[name] = (generation, error)
-        self.due.touch_all()
-        self.marks += 1
+        self._policies_changed()
 
     def remove_policy(self, name: str) -> None:
         self._policies.pop(name, None)
         self._policy_errors.pop(name, None)
         self._selections.pop(name, None)
-        self.due.touch_all()
-        self.marks += 1
+        self._policies_changed()
