@@ -50,14 +50,18 @@ AUDIT_LOG: Final = "kube-apiserver-audit.log"
 AUDIT_POLICY: Final = """\
 apiVersion: audit.k8s.io/v1
 kind: Policy
-omitStages: [RequestReceived]
 rules:
   # kwok renews a Lease per Node every 10 s: noise for every question a test asks.
   - level: None
     namespaces: [kube-node-lease]
   - level: None
     verbs: [get, list, watch]
+  # An eviction is audited when received too: if the API server is SIGKILLed after the pod went but
+  # before it answered, that is the only trace of the eviction.
   - level: Metadata
+    resources: [{group: "", resources: [pods/eviction]}]
+  - level: Metadata
+    omitStages: [RequestReceived]
 """
 """Who wrote what, when, with which user agent: tests prove write order from it (not reads)."""
 KWOK_NODE_LEASE_SECONDS: Final = 40
