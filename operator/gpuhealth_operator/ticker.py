@@ -174,6 +174,7 @@ def _status_marks(ctx: context.Context) -> tuple[object, ...]:
 async def run(ctx: context.Context) -> None:
     """Tick forever; a failed tick is logged and the next one retries."""
     last_full = last_refresh = float("-inf")
+    trimmer = heap.Trimmer()
     while True:
         started = asyncio.get_running_loop().time()
         full = started - last_full >= ctx.config.full_pass_seconds
@@ -184,8 +185,8 @@ async def run(ctx: context.Context) -> None:
             last_refresh = started
         try:
             await tick(ctx, full=full, refresh=refresh)
-            if full:
-                heap.trim()
+            if refresh:
+                trimmer.maybe(full=full)  # after a burst (the process grew), never at rest
         except reconciler.TRANSIENT_ERRORS as error:
             ctx.meters.reconcile_errors.labels("timer").inc()
             logger.warning("timer pass failed (will retry): %s", error)
