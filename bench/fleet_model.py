@@ -194,8 +194,7 @@ class Model:
         for plan in self.plans:
             body = json.loads(json.dumps(self.client.gpunodes[plan.name]))
             priming += await self.timed(operator.gpunode_event("ADDED", body))
-        ctx = operator._ctx
-        priming += await self.timed(ticker.tick(ctx, full=True, refresh=True))
+        priming += await self.timed(operator.tick(full=True, refresh=True))
         gc.collect()
         rss_after = rss_bytes()
         # The operator's writes grow the cluster too (its conditions on every GPUNode, its labels): the
@@ -230,7 +229,7 @@ class Model:
                 refresh = full or next_tick - last_refresh >= ticker.REFRESH_SECONDS
                 last_full = next_tick if full else last_full
                 last_refresh = next_tick if refresh else last_refresh
-                spent = await self.timed(ticker.tick(ctx, full=full, refresh=refresh))
+                spent = await self.timed(operator.tick(full=full, refresh=refresh))
                 (full_cpu if full else tick_cpu).append(spent)
                 self.cordoned(watched, faults, next_tick)
                 next_tick += tick_seconds

@@ -108,9 +108,10 @@ class Operator:
         """An agent Pod watch event (its node and Ready condition): the agent's liveness."""
         await handlers.on_agent_pod(_event(kind, body), memo=self._ctx)
 
-    async def tick(self, *, full: bool, statuses: bool) -> None:
-        """One timer pass (`ticker.tick`): `full` judges every node, `statuses` refreshes the policies'."""
-        await ticker.tick(self._ctx, full=full, statuses=statuses)
+    async def tick(self, *, full: bool, statuses: bool = True, refresh: bool | None = None) -> None:
+        """One timer pass (`ticker.tick`): `full` judges every node, `statuses` refreshes the policies',
+        `refresh` (default: `full`) recounts them and checks domain marks as the live timer's refresh does."""
+        await ticker.tick(self._ctx, full=full, statuses=statuses, refresh=refresh)
 
     def cluster_dra_changed(self) -> None:
         """The cluster's answer on DeviceTaintRules changed: the next isolation pass probes it again."""
