@@ -39,8 +39,8 @@ Not modelled: kopf's event machinery and the JSON decoding of watch events
 (~15 % of the live operator's CPU at 2,000 nodes, bench/RESULTS.md), the
 kubelet's Node status updates (a Node event per node every 5 minutes,
 judged cheaply when nothing the operator reads changed), HTTP writes, agent
-pods (the heartbeat alone judges liveness), `heap.trim` after full passes
-(measured once, after priming).
+pods (the heartbeat alone judges liveness), `heap.trim` (live, after a burst
+only: `heap.Trimmer`; measured here once, after priming).
 
     .venv/bin/python bench/fleet_model.py [--nodes 5000 20000 100000] [--minutes 60] [--heartbeat 300]
         [--largest-minutes M] [--faults 10] [--json PATH] [--profile N]

@@ -151,7 +151,7 @@ def _nics(
     threshold = conditions.threshold(limits, condition)
     found = faults.nic_faults(facts.get("nics"), threshold, memory.nic if memory is not None else None)
     if not found:
-        return model.Signal(condition, False, _HEALTHY_MESSAGES[condition])
+        return _HEALTHY[condition]
     return model.Signal(condition, True, "; ".join(found))
 
 
@@ -323,13 +323,15 @@ def _per_gpu(condition: Condition, gpus: list[status.GPUStatus], check: GPUFault
         if unread:
             # A fact that cannot be read is no evidence either way: the condition keeps its state.
             return model.Signal(condition, None, f"unknown: {unread}")
-        return model.Signal(condition, False, _HEALTHY_MESSAGES[condition])
+        return _HEALTHY[condition]
     # No observed_at: the agent's stamps (observedTime, XID lastSeen) are its clock, which may be
     # minutes off; forSeconds counts from when the operator received the evidence (issue 24).
     return model.Signal(condition, True, "; ".join(found))
 
 
 _HEALTHY_MESSAGES: Final = conditions.HEALTHY_MESSAGES
+_HEALTHY: Final = {condition: model.Signal(condition, False, m) for condition, m in _HEALTHY_MESSAGES.items()}
+"""One healthy signal per condition, shared (signals are frozen): every node kept 22 of its own (issue 29)."""
 
 
 def _unread(condition: Condition, gpus: list[status.GPUStatus]) -> str | None:
@@ -356,5 +358,5 @@ def _lost(facts: status.GPUNodeStatus, node: model.NodeView, gpus: list[status.G
     if missing is not None:
         found.append(missing)
     if not found:
-        return model.Signal(condition, False, _HEALTHY_MESSAGES[condition])
+        return _HEALTHY[condition]
     return model.Signal(condition, True, "; ".join(found))  # timed by receipt, as `_per_gpu`'s
