@@ -90,8 +90,10 @@ class DecodingKube(memcluster.MemoryKube):
 
 
 def rss_bytes() -> int:
-    with pathlib.Path("/proc/self/statm").open(encoding="ascii") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    resident = heap.resident_bytes()
+    if resident is None:
+        raise SystemExit("fleet_model measures RSS from /proc/self/statm: Linux only")
+    return resident
 
 
 def deep_size(root: object) -> int:

@@ -93,7 +93,6 @@ class Trimmer:
         self._resident = resident
         self._do = do
         self._after: int | None = None
-        self.trims = 0
 
     def maybe(self, *, full: bool) -> bool:
         """Trim if due; whether it did."""
@@ -103,5 +102,4 @@ class Trimmer:
             return False
         self._do()
         self._after = self._resident()
-        self.trims += 1
         return True
