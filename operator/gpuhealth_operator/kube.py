@@ -197,7 +197,13 @@ class Kube:
         self.fence = fence
         """Asked right before each non-exempt write is sent (see `request`); None: every write goes."""
         self._user_agent = user_agent
-        self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        # The timeout bounds the server (connecting, then each wait for its next bytes), not the queue for a
+        # pooled connection: in a start-up flood writes wait there longer than any answer takes, and a
+        # `total` deadline expired them unsent, to be retried (~1,000 at 5,000 nodes). A queued write is
+        # still fenced when it leaves (`_fence_trace`); the leader's Lease has its own client.
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=None, sock_connect=timeout_seconds, sock_read=timeout_seconds
+        )
         self._pool_size = pool_size
         self._session: aiohttp.ClientSession | None = None
         self.requests_total = 0
