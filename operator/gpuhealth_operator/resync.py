@@ -86,7 +86,7 @@ async def list_names(ctx: context.Context, path: str, label_selector: str = "") 
     }
     version = ""
     while True:
-        page = await ctx.client.list_metadata(path, params)  # names only: not 250 GPUNodes' facts at once
+        page = await ctx.client.list_names(path, params)  # names only: not 250 GPUNodes' facts at once
         meta = page.get("metadata") or {}
         version = version or str(meta.get("resourceVersion", ""))
         names.update(str((item.get("metadata") or {}).get("name", "")) for item in page.get("items") or [])

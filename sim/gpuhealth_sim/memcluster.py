@@ -411,8 +411,8 @@ class MemoryKube:
     async def delete(self, path: str) -> JsonObject:
         return await self.request("DELETE", path)
 
-    async def list_metadata(self, path: str, query: Mapping[str, str] | None = None) -> JsonObject:
-        """The whole objects: a caller of a metadata list reads only their metadata."""
+    async def list_names(self, path: str, query: Mapping[str, str] | None = None) -> JsonObject:
+        """The whole objects: a caller of a list of names reads only their names."""
         return await self.get(path, query)
 
     async def pages(

@@ -54,7 +54,7 @@ class Cluster(kube.Kube):
             return gpunode(name)
         return {"metadata": meta, "items": []}
 
-    list_metadata = get  # names are all a resync reads
+    list_names = get  # names are all a resync reads
 
 
 def pooled(client: Cluster, selector: str = POOL) -> context.Context:

@@ -58,7 +58,7 @@ class Listed(kube.Kube):
             return {"metadata": {"resourceVersion": "100"}, "items": items[1:]}
         return {"metadata": {"resourceVersion": "100"}, "items": items}
 
-    list_metadata = get  # names are all a resync reads
+    list_names = get  # names are all a resync reads
 
 
 def node(name: str, cordoned: bool) -> dict[str, Any]:
