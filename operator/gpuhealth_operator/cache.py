@@ -524,6 +524,9 @@ class ClusterCache:
         """Nodes whose Node carries the repair annotation (`repairing.sweep` visits only these)."""
         self.unvalidated: AbstractSet[str] = self._unvalidated
         """Nodes whose Node carries the unvalidated taint (`new_nodes.sweep` visits these)."""
+        self._listing_isolated: set[str] = set()
+        self.listing_isolated: AbstractSet[str] = self._listing_isolated
+        """GPUNodes whose status lists isolated GPUs (`isolating.sweep` asks each pass if any does)."""
         self.marks = 0
         """Counts changes to what a policy's status counts from a Node (cordon, labels, annotations,
         taints) or a GPUNode (its `status.action`): the timer recounts the status when it moved."""
@@ -636,6 +639,10 @@ class ClusterCache:
             self.due.expect(record.name, stale_deadline(record))
             if old is None or old.status.get("action") != record.status.get("action"):
                 self.marks += 1
+            if record.status.get("isolatedGPUs"):
+                self._listing_isolated.add(record.name)
+            else:
+                self._listing_isolated.discard(record.name)
             return record
         return old
 
@@ -646,6 +653,7 @@ class ClusterCache:
 
     def remove_gpunode(self, name: str) -> None:
         if self._gpunodes.pop(name, None) is not None:
+            self._listing_isolated.discard(name)
             self._select(name)
             self._order.pop(name, None)
             self.due.touch(name)

@@ -231,7 +231,7 @@ async def _any_version(ctx: context.Context, now: datetime.datetime) -> str | No
     if (
         not first
         and not any(isolates(p) for p in ctx.cache.policies.values())
-        and not any(g.status.get(STATUS_FIELD) for g in ctx.cache.gpunodes.values())
+        and not ctx.cache.listing_isolated
     ):
         return None  # no isolating policy and no GPU said isolated: no rule of ours to look for
     try:

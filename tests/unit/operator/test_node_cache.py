@@ -114,3 +114,22 @@ def test_a_policys_selection_holds_the_nodes_with_an_agent_and_follows_gpunodes(
     assert selection.selected == {"gpu"}
     clusters.put_node(node("ghost", 1))
     assert selection.selected == {"gpu", "ghost"}
+
+
+def test_the_gpunodes_listing_isolated_gpus_follow_every_write_and_deletion() -> None:
+    def gpunode(name: str, version: str, isolated: list[dict]) -> dict:
+        status: dict = {"gpus": [{"index": 0}]}
+        if isolated:
+            status["isolatedGPUs"] = isolated
+        return {"metadata": {"name": name, "uid": name, "resourceVersion": version}, "status": status}
+
+    clustered = cache.ClusterCache()
+    clustered.put_gpunode(gpunode("a", "1", []), NOW)
+    clustered.put_gpunode(gpunode("b", "2", [{"index": 0, "policy": "p"}]), NOW)
+    assert set(clustered.listing_isolated) == {"b"}
+    clustered.put_gpunode(gpunode("a", "3", [{"index": 0, "policy": "p"}]), NOW)
+    clustered.put_gpunode(gpunode("b", "1", []), NOW)  # an older event changes nothing
+    assert set(clustered.listing_isolated) == {"a", "b"}
+    clustered.put_gpunode(gpunode("b", "4", []), NOW)  # restored
+    clustered.remove_gpunode("a")
+    assert not clustered.listing_isolated
