@@ -1,62 +1,48 @@
-"""The lean diff base keeps exactly the essence kopf's stock one builds."""
+"""kopf's diff base: this operator registers event handlers only, so it builds, reads and stores none."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any, cast
 
 import kopf
-import pytest
 
-from gpuhealth_operator.handlers import EssenceDiffBaseStorage
-from gpunode_facts import agent_status
+from gpuhealth_operator import handlers, resync
 
-GPUNODE: dict[str, Any] = {
-    "apiVersion": "gpuhealth.io/v1alpha1",
-    "kind": "GPUNode",
-    "metadata": {
-        "name": "gpu-001",
-        "uid": "u",
-        "resourceVersion": "42",
-        "labels": {"team": "a"},
-        "annotations": {
-            "gpuhealth.io/cordoned-by": "p",
-            "kopf.gpuhealth.io/last-handled-configuration": "{}",
-            "kubectl.kubernetes.io/last-applied-configuration": "{}",
-        },
-        "managedFields": [{"manager": "gpuhealth-agent", "fieldsV1": {"f:status": {}}}],
-    },
-    "status": dict(agent_status()),
-}
 NODE: dict[str, Any] = {
     "apiVersion": "v1",
     "kind": "Node",
-    "metadata": {"name": "gpu-001", "labels": {"nvidia.com/gpu.present": "true"}},
-    "spec": {"unschedulable": True, "taints": [{"key": "k", "effect": "NoSchedule"}]},
+    "metadata": {
+        "name": "gpu-001",
+        "labels": {"nvidia.com/gpu.present": "true"},
+        "annotations": {"kopf.gpuhealth.io/last-handled-configuration": '{"spec": {"unschedulable": true}}'},
+    },
+    "spec": {"unschedulable": True},
     "status": {"capacity": {"nvidia.com/gpu": "8"}},
 }
-BARE: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}}
 
 
-@pytest.mark.parametrize("raw", [GPUNODE, NODE, BARE], ids=["gpunode", "node", "bare"])
-def test_essence_matches_kopf(raw: dict[str, Any]) -> None:
-    body = kopf.Body(cast(kopf.RawBody, copy.deepcopy(raw)))
-    stock = kopf.AnnotationsDiffBaseStorage(prefix="kopf.gpuhealth.io").build(body=body)
-    lean = EssenceDiffBaseStorage(prefix="kopf.gpuhealth.io").build(body=body)
-    assert lean == stock
+def test_every_handler_the_operator_registers_is_an_event_handler() -> None:
+    """kopf reads the diff base only for changing handlers and daemons: none may be registered while
+    `EventsOnlyDiffBase` stands in for it (with a selector, agent pods are watched too)."""
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, agent_pod_selector="app=agent")
+    resync.Relists().register(registry)
+    assert registry._watching.get_all_handlers()
+    for stateful in (registry._changing, registry._spawning, registry._indexing, registry._webhooks):
+        assert not stateful.get_all_handlers()
 
 
-def test_extra_fields_still_come_from_the_whole_body() -> None:
-    body = kopf.Body(cast(kopf.RawBody, copy.deepcopy(GPUNODE)))
-    fields = [("status", "summary", "gpuCount")]
-    stock = kopf.AnnotationsDiffBaseStorage(prefix="kopf.gpuhealth.io").build(body=body, extra_fields=fields)
-    lean = EssenceDiffBaseStorage(prefix="kopf.gpuhealth.io").build(body=body, extra_fields=fields)
-    assert lean == stock
-    assert lean["status"] == {"summary": {"gpuCount": 8}}
+def test_the_diff_base_reads_nothing_builds_nothing_and_writes_nothing() -> None:
+    body = kopf.Body(cast(kopf.RawBody, NODE))
+    storage = handlers.EventsOnlyDiffBase()
+    assert storage.fetch(body=body) is None  # not even a kopf annotation someone left on the Node
+    assert storage.build(body=body) == {}
+    patch = kopf.Patch()
+    storage.store(body=body, patch=patch, essence=kopf.BodyEssence(spec={"unschedulable": True}))
+    assert not patch
 
 
-def test_essence_is_a_copy() -> None:
-    raw = copy.deepcopy(NODE)
-    lean = EssenceDiffBaseStorage(prefix="kopf.gpuhealth.io").build(body=kopf.Body(cast(kopf.RawBody, raw)))
-    lean["metadata"]["labels"]["changed"] = "yes"
-    assert "changed" not in raw["metadata"]["labels"]
+def test_the_operators_kopf_settings_use_it() -> None:
+    settings = kopf.OperatorSettings()
+    handlers.configure(settings)
+    assert isinstance(settings.persistence.diffbase_storage, handlers.EventsOnlyDiffBase)
