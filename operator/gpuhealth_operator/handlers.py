@@ -1,11 +1,12 @@
-"""kopf handlers: thin adapters from watch events to the cache and the reconciler.
+"""Event handlers: thin adapters from watch events to the cache and the reconciler.
 
-Only `kopf.on.event` is used, for all three kinds: it keeps no state on the
-objects (no finalizers, no progress or last-handled annotations), which is
-what a Node we do not own deserves, and our own state lives in GPUNode
+Nodes and GPUNodes, nearly all the events, come from our own watches
+(`watches`, `watching.py`); policies and agent pods from kopf, where only
+`kopf.on.event` is used: it keeps no state on the objects (no finalizers, no
+progress or last-handled annotations), and our own state lives in GPUNode
 status and our Node annotations anyway. kopf's persistence settings are
 nevertheless pointed at our CRDs (see `configure`) so nothing ever lands on
-a Node by accident.
+an object by accident.
 """
 
 from __future__ import annotations
