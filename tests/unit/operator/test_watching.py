@@ -13,6 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
+import local_http
 from gpuhealth_operator import kube, watching
 
 PATH = "/api/v1/nodes"
@@ -34,7 +35,7 @@ class ApiServer:
         self.watches = watches
         self.requests: list[dict[str, str]] = []
         self.url = ""
-        self.runner: web.AppRunner | None = None
+        self._serving = local_http.Serving(self.handle)
         self.open_watches = asyncio.Event()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -59,18 +60,11 @@ class ApiServer:
         return response
 
     async def __aenter__(self) -> ApiServer:
-        app = web.Application()
-        app.router.add_route("GET", "/{tail:.*}", self.handle)
-        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        self.url = await self._serving.__aenter__()
         return self
 
     async def __aexit__(self, *_: object) -> None:
-        assert self.runner is not None
-        await self.runner.cleanup()
+        await self._serving.__aexit__()
 
 
 def run_watch(server: ApiServer, selector: str = "") -> tuple[list[tuple[object, str, str]], int]:
