@@ -13,7 +13,6 @@ from typing import Any
 
 from aiohttp import web
 
-import local_http
 from gpuhealth_operator import kube, watching
 
 PATH = "/api/v1/nodes"
@@ -35,7 +34,7 @@ class ApiServer:
         self.watches = watches
         self.requests: list[dict[str, str]] = []
         self.url = ""
-        self._serving = local_http.Serving(self.handle)
+        self.runner: web.AppRunner | None = None
         self.open_watches = asyncio.Event()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -60,11 +59,18 @@ class ApiServer:
         return response
 
     async def __aenter__(self) -> ApiServer:
-        self.url = await self._serving.__aenter__()
+        app = web.Application()
+        app.router.add_route("GET", "/{tail:.*}", self.handle)
+        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
         return self
 
     async def __aexit__(self, *_: object) -> None:
-        await self._serving.__aexit__()
+        assert self.runner is not None
+        await self.runner.cleanup()
 
 
 def run_watch(server: ApiServer, selector: str = "") -> tuple[list[tuple[object, str, str]], int]:
