@@ -1,12 +1,11 @@
-"""Event handlers: thin adapters from watch events to the cache and the reconciler.
+"""kopf handlers: thin adapters from watch events to the cache and the reconciler.
 
-Nodes and GPUNodes, nearly all the events, come from our own watches
-(`watches`, `watching.py`); policies and agent pods from kopf, where only
-`kopf.on.event` is used: it keeps no state on the objects (no finalizers, no
-progress or last-handled annotations), and our own state lives in GPUNode
+Only `kopf.on.event` is used, for all three kinds: it keeps no state on the
+objects (no finalizers, no progress or last-handled annotations), which is
+what a Node we do not own deserves, and our own state lives in GPUNode
 status and our Node annotations anyway. kopf's persistence settings are
 nevertheless pointed at our CRDs (see `configure`) so nothing ever lands on
-an object by accident.
+a Node by accident.
 """
 
 from __future__ import annotations
