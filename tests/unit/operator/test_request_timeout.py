@@ -22,10 +22,11 @@ class SlowServer:
         self.answered = 0
         self.url = ""
         self.runner: web.AppRunner | None = None
+        self.released = asyncio.Event()
 
     async def handle(self, request: web.Request) -> web.Response:
         if request.path.startswith("/stuck"):
-            await asyncio.Event().wait()
+            await self.released.wait()  # until the server closes: no handler task left pending
         await asyncio.sleep(self.delay)
         self.answered += 1
         return web.json_response({"path": request.path})
@@ -42,6 +43,7 @@ class SlowServer:
 
     async def __aexit__(self, *_: object) -> None:
         assert self.runner is not None
+        self.released.set()
         await self.runner.cleanup()
 
 
