@@ -200,8 +200,8 @@ class Kube:
         self._user_agent = user_agent
         # The timeout bounds the server (connecting, then each wait for its next bytes), not the queue for a
         # pooled connection: in a start-up flood writes wait there longer than any answer takes, and a
-        # `total` deadline expired them unsent, to be retried (1,324 in one 5,000-node start-up). A queued write is
-        # still fenced when it leaves (`_fence_trace`); the leader's Lease has its own client.
+        # `total` deadline expired them unsent, to be retried (1,324 in one 5,000-node start-up). A queued
+        # write is still fenced when it leaves (`_fence_trace`); the leader's Lease has its own client.
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=None, sock_connect=timeout_seconds, sock_read=timeout_seconds
         )
