@@ -51,6 +51,7 @@ from gpuhealth_operator import (
 from gpuhealth_operator.actions import events, nodes, status
 from gpuhealth_operator.decisions import (
     hysteresis,
+    liveness,
     model,
     overlap,
     policies,
@@ -97,12 +98,11 @@ def judge(
     if record is None or gpunode is None:
         return None
     key = (policy.name, name)
-    straggler = ctx.stragglers.get(key)
-    agent_pod = ctx.agent_pods.get(name)
-    inputs = (policy, record, gpunode, straggler, now, agent_pod)
+    inputs = _inputs(ctx, policy, record, gpunode, now)
     known = ctx.verdicts.judged_from(key, inputs)
     if known is not None:
         return known
+    _, _, _, straggler, _, agent_pod = inputs
     verdict = verdicts.judge(
         policy,
         record.view,
@@ -183,6 +183,10 @@ async def wake_waiting(ctx: context.Context, freed: str) -> None:
 
 async def _passes(ctx: context.Context, name: str, handler: str, now: datetime.datetime | None) -> None:
     async with ctx.node_locks[name]:
+        if now is not None and not judged_at(ctx, name, now):
+            now = (
+                None  # it moved since the timer judged it (a report, a write's answer): judge it by the clock
+            )
         for _ in range(MAX_PASSES):
             judged = ctx.cache.gpunode(name)
             try:
@@ -201,6 +205,45 @@ async def _passes(ctx: context.Context, name: str, handler: str, now: datetime.d
             if judged is None or current is None or not new_report(judged, current):
                 return
             now = None  # judge the new report by the clock, not at the timer's instant
+
+
+def judged_at(ctx: context.Context, name: str, now: datetime.datetime) -> bool:
+    """Whether every selecting policy's verdict on the node was judged at `now` from what the cache holds.
+
+    The timer judges its due nodes at one instant and acts on them one after another; a node that moved
+    meanwhile is judged again, and at an earlier instant than what moved it, which would stamp a cordon
+    before its fault was seen (`cordoned-at`) and time every clock from before its start.
+    """
+    record = ctx.cache.node(name)
+    gpunode = ctx.cache.gpunode(name)
+    if record is None or gpunode is None:
+        return True  # gone: the pass finds nothing to judge either way
+    return all(
+        ctx.verdicts.judged_from((policy.name, name), _inputs(ctx, policy, record, gpunode, now)) is not None
+        for policy in selecting_policies(ctx, record)
+    )
+
+
+_Inputs = tuple[
+    model.Policy,
+    cache.NodeRecord,
+    cache.GPUNodeRecord,
+    model.StragglerScore | None,
+    datetime.datetime,
+    liveness.AgentPod | None,
+]
+
+
+def _inputs(
+    ctx: context.Context,
+    policy: model.Policy,
+    record: cache.NodeRecord,
+    gpunode: cache.GPUNodeRecord,
+    now: datetime.datetime,
+) -> _Inputs:
+    """What a verdict is judged from (`judge`): the same objects, the same verdict."""
+    name = record.view.name
+    return (policy, record, gpunode, ctx.stragglers.get((policy.name, name)), now, ctx.agent_pods.get(name))
 
 
 MAX_PASSES = 3

@@ -299,7 +299,13 @@ def _held_since(state: model.ConditionState) -> datetime.datetime:
 
 
 def _fires(rule: model.Rule, state: model.ConditionState, now: datetime.datetime) -> bool:
-    return state.status == hysteresis.TRUE and (now - _held_since(state)).total_seconds() >= rule.for_seconds
+    """Whether the rule's condition has held for its forSeconds. A state recorded at a later instant than
+    `now` (another replica's clock, a clock stepped back, a pass acting on an earlier instant) is held as
+    of that instant: a condition that fired then does not stop firing because it is judged from before."""
+    if state.status != hysteresis.TRUE:
+        return False
+    as_of = max(now, state.last_transition_time)
+    return (as_of - _held_since(state)).total_seconds() >= rule.for_seconds
 
 
 def _labels(health: Health, fired: list[model.Rule]) -> dict[str, str | None]:
