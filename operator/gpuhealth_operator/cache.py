@@ -1,4 +1,5 @@
-"""The operator's view of the cluster, fed by kopf's watch streams.
+"""The operator's view of the cluster, fed by the watch streams (`watching` for Nodes and GPUNodes, kopf's
+for policies).
 
 Reconciling reads only this cache, never the API server, so a pass over the
 whole fleet costs no requests; only changes are written. Of a GPUNode only

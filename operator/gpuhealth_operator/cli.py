@@ -3,10 +3,11 @@
 Order of things: serve /healthz and /metrics at once (a standby replica is
 alive too), take the leader Lease, fill the cache with paged LISTs of each
 kind (`priming`: the first decisions, the budget above all, see the whole
-fleet), then run kopf's watches and our timer until the Lease is lost or a
+fleet), then run the watches (`watching` for Nodes and GPUNodes, kopf for
+policies and agent pods) and our timer until the Lease is lost or a
 signal asks us to stop (exit 0, Lease released). A lost Lease ends the term:
-every write stops at once (the term fences our client), kopf, the timer and
-the drains stop, and the same process campaigns again. Its next term keeps
+every write stops at once (the term fences our client), the watches, the
+timer and the drains stop, and the same process campaigns again. Its next term keeps
 the cache (only the view of the cluster; every other memory of the old term
 is dropped) and lists into it again before it acts.
 """
@@ -341,7 +342,7 @@ async def _lead(
         relists = resync.Relists()
         relists.register(registry)
         kopf_settings = kopf.OperatorSettings()
-        handlers.configure(kopf_settings, config.agent_pod_selector, config.node_selector)
+        handlers.configure(kopf_settings, config.agent_pod_selector)
         tasks.add(
             asyncio.create_task(
                 kopf.operator(
@@ -355,6 +356,8 @@ async def _lead(
                 name="kopf",
             )
         )
+        for watch in handlers.watches(ctx, relists.relisted):
+            tasks.add(asyncio.create_task(watch.run(), name=f"watch {watch.kind}"))
         tasks.add(asyncio.create_task(ticker.run(ctx), name="timer"))
         tasks.add(asyncio.create_task(resync.run(ctx, relists), name="resync"))
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)

@@ -1,19 +1,20 @@
-"""kopf handlers: thin adapters from watch events to the cache and the reconciler.
+"""Event handlers: thin adapters from watch events to the cache and the reconciler.
 
-Only `kopf.on.event` is used, for all three kinds: it keeps no state on the
-objects (no finalizers, no progress or last-handled annotations), which is
-what a Node we do not own deserves, and our own state lives in GPUNode
+Nodes and GPUNodes, nearly all the events, come from our own watches
+(`watches`, `watching.py`); policies and agent pods from kopf, where only
+`kopf.on.event` is used: it keeps no state on the objects (no finalizers, no
+progress or last-handled annotations), and our own state lives in GPUNode
 status and our Node annotations anyway. kopf's persistence settings are
 nevertheless pointed at our CRDs (see `configure`) so nothing ever lands on
-a Node by accident.
+an object by accident.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, cast
 
 import kopf
 
@@ -27,6 +28,7 @@ from gpuhealth_operator import (
     reconciler,
     resync,
     stopping,
+    watching,
 )
 from gpuhealth_operator.decisions import model, policies
 
@@ -199,13 +201,33 @@ async def login(memo: context.Context, **_: Any) -> kopf.ConnectionInfo:
 
 
 def register(registry: kopf.OperatorRegistry, agent_pod_selector: str = "") -> None:
-    """Our handlers; agent pods are watched only with a selector (see `configure`)."""
+    """Our kopf handlers: policies, and agent pods only with a selector (see `configure`). Nodes and
+    GPUNodes are watched by `watches`."""
     kopf.on.login(registry=registry)(login)
-    kopf.on.event("", "v1", "nodes", registry=registry)(on_node)
-    kopf.on.event(resources.GROUP, resources.VERSION, resources.GPUNODE_PLURAL, registry=registry)(on_gpunode)
     kopf.on.event(resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, registry=registry)(on_policy)
     if agent_pod_selector:
         kopf.on.event("", "v1", "pods", registry=registry)(on_agent_pod)
+
+
+def watches(memo: context.Context, relisted: Callable[[], None]) -> list[watching.Watch]:
+    """The Node and GPUNode watches (`watching`: most of the operator's events, kept out of kopf);
+    `relisted` is told when one lists its kind again after a gap."""
+    client = memo.client
+    assert isinstance(client, kube.Kube), "the watches run where the operator talks HTTP"
+
+    async def node_event(event: watching.Event) -> None:
+        await on_node(cast(kopf.RawEvent, event), memo)
+
+    async def gpunode_event(event: watching.Event) -> None:
+        await on_gpunode(cast(kopf.RawEvent, event), memo)
+
+    return [
+        # The API server filters: a Node that stops matching arrives as DELETED (see `on_node`).
+        watching.Watch(
+            client, resync.NODES_PATH, node_event, label_selector=memo.config.node_selector, relisted=relisted
+        ),
+        watching.Watch(client, resync.GPUNODES_PATH, gpunode_event, relisted=relisted),
+    ]
 
 
 class EventsOnlyDiffBase(kopf.DiffBaseStorage):
@@ -235,11 +257,8 @@ class EventsOnlyDiffBase(kopf.DiffBaseStorage):
 QUEUE_IDLE_SECONDS = 0.1
 
 
-def configure(settings: kopf.OperatorSettings, agent_pod_selector: str = "", node_selector: str = "") -> None:
+def configure(settings: kopf.OperatorSettings, agent_pod_selector: str = "") -> None:
     """kopf settings for an operator that leaves no trace on objects it does not own."""
-    if node_selector:
-        # The API server filters: a Node that stops matching arrives as DELETED (see `on_node`).
-        settings.watching.label_selectors["", "v1", "nodes"] = node_selector
     if agent_pod_selector:
         # Filtered by the API server: the operator hears of agent pods only, never of the workloads
         # (and of pods that copy their labels: `on_agent_pod` ignores those).

@@ -143,7 +143,8 @@ async def resync(ctx: context.Context) -> dict[str, list[str]]:
 
 
 class Relists:
-    """Heard by a kopf handler: kopf listed a kind again (objects arrive with event type None).
+    """Heard by a kopf handler: kopf listed the policies again (they arrive with event type None);
+    told by our Node and GPUNode watches (`relisted`) when they list their kind again.
 
     Not kopf's first listing of a term: the term's priming listed and pruned just before kopf
     started, so a resync then would only list the whole cluster a second time. A listed object
@@ -167,12 +168,14 @@ class Relists:
             self._seen.add(key)
 
     def register(self, registry: kopf.OperatorRegistry) -> None:
-        for group, version, plural in (
-            ("", "v1", "nodes"),
-            (resources.GROUP, resources.VERSION, resources.GPUNODE_PLURAL),
-            (resources.GROUP, resources.VERSION, resources.POLICY_PLURAL),
-        ):
-            kopf.on.event(group, version, plural, registry=registry, id="resync")(self.on_event)
+        """For the policies, which kopf watches (Nodes' and GPUNodes' own watches call `relisted`)."""
+        kopf.on.event(
+            resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, registry=registry, id="resync"
+        )(self.on_event)
+
+    def relisted(self) -> None:
+        """A watch of ours listed its kind again after a gap (`watching`)."""
+        self.wanted.set()
 
 
 async def run(ctx: context.Context, relists: Relists) -> None:

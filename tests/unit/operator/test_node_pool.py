@@ -71,10 +71,14 @@ def test_the_flag_is_parsed_and_defaults_to_every_node() -> None:
     assert cli.parse_args(["--node-selector=pool=a"]).node_selector == "pool=a"
 
 
-def test_kopf_watches_only_the_pools_nodes() -> None:
-    kopf_settings = kopf.OperatorSettings()
-    handlers.configure(kopf_settings, node_selector=POOL)
-    assert list(kopf_settings.watching.label_selectors.collect(kopf.Resource("", "v1", "nodes"))) == [POOL]
+def test_only_the_pools_nodes_are_watched_and_every_gpunode() -> None:
+    config = settings.Settings(node_selector=POOL, agent_pod_selector="")
+    client = kube.Kube(kube.Credentials("http://127.0.0.1:1", None, True, None, None, None))
+    ctx = context.Context.create(config, client, metrics.Metrics.create(), instance="t")
+    assert [(w.kind, w.label_selector) for w in handlers.watches(ctx, lambda: None)] == [
+        ("nodes", POOL),
+        ("gpunodes", ""),  # another pool's are ignored by `handlers.in_pool`
+    ]
 
 
 def test_priming_caches_the_pools_nodes_and_only_their_gpunodes() -> None:

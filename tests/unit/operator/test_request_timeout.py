@@ -11,6 +11,7 @@ import time
 import pytest
 from aiohttp import web
 
+import local_http
 from gpuhealth_operator import kube
 
 
@@ -21,8 +22,8 @@ class SlowServer:
         self.delay = delay
         self.answered = 0
         self.url = ""
-        self.runner: web.AppRunner | None = None
         self.released = asyncio.Event()
+        self._serving = local_http.Serving(self.handle)
 
     async def handle(self, request: web.Request) -> web.Response:
         if request.path.startswith("/stuck"):
@@ -32,19 +33,12 @@ class SlowServer:
         return web.json_response({"path": request.path})
 
     async def __aenter__(self) -> "SlowServer":
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self.handle)
-        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        self.url = await self._serving.__aenter__()
         return self
 
     async def __aexit__(self, *_: object) -> None:
-        assert self.runner is not None
         self.released.set()
-        await self.runner.cleanup()
+        await self._serving.__aexit__()
 
 
 def client(url: str, timeout: float) -> kube.Kube:

@@ -1,0 +1,184 @@
+"""The Node and GPUNode watches: list, then watch from the list's version; list again after 410 Gone;
+events of one object in order, of different objects side by side.
+
+A local HTTP server plays the API server's LIST and WATCH (the integration
+tiers run them against a real one: every operator test there goes through them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from aiohttp import web
+
+import local_http
+from gpuhealth_operator import kube, watching
+
+PATH = "/api/v1/nodes"
+
+
+def node(name: str, version: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "resourceVersion": version}}
+
+
+class ApiServer:
+    """LISTs answer from `objects` (two per page); each WATCH plays the next script of `watches`:
+    a list of events, then the stream ends (or, for the last script, stays open)."""
+
+    def __init__(
+        self, objects: list[dict[str, Any]], version: str, watches: list[list[dict[str, Any]]]
+    ) -> None:
+        self.objects = objects
+        self.version = version
+        self.watches = watches
+        self.requests: list[dict[str, str]] = []
+        self.url = ""
+        self._serving = local_http.Serving(self.handle)
+        self.open_watches = asyncio.Event()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        query = dict(request.query)
+        self.requests.append(query)
+        if query.get("watch") != "true":
+            start = int(query.get("continue") or 0)
+            page = self.objects[start : start + 2]
+            more = start + 2 < len(self.objects)
+            meta = {"resourceVersion": self.version, **({"continue": str(start + 2)} if more else {})}
+            return web.json_response({"metadata": meta, "items": page})
+        script = self.watches.pop(0) if self.watches else None
+        if script is not None and script and script[0].get("status") == 410:
+            return web.json_response(script[0], status=410)
+        response = web.StreamResponse()
+        await response.prepare(request)
+        for event in script or []:
+            await response.write(json.dumps(event).encode() + b"\n")
+        if script is None:  # the last watch stays open, as a quiet one does
+            self.open_watches.set()
+            await asyncio.Event().wait()
+        return response
+
+    async def __aenter__(self) -> ApiServer:
+        self.url = await self._serving.__aenter__()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self._serving.__aexit__()
+
+
+def run_watch(server: ApiServer, selector: str = "") -> tuple[list[tuple[object, str, str]], int]:
+    """Run a Nodes watch against `server` until its last watch is open and every event is handled;
+    the events handled (type, name, version) and how often it said it listed again."""
+    seen: list[tuple[object, str, str]] = []
+    relisted: list[int] = []
+
+    async def handler(event: watching.Event) -> None:
+        body = event["object"]
+        assert isinstance(body, dict)
+        seen.append((event["type"], body["metadata"]["name"], body["metadata"]["resourceVersion"]))
+
+    async def scenario() -> None:
+        async with server:
+            client = kube.Kube(kube.Credentials(server.url, None, True, None, None, None))
+            watch = watching.Watch(
+                client, PATH, handler, label_selector=selector, relisted=lambda: relisted.append(1)
+            )
+            task = asyncio.create_task(watch.run())
+            try:
+                await asyncio.wait_for(server.open_watches.wait(), timeout=20)
+                await asyncio.wait_for(watch.dispatcher.idle(), timeout=20)
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                await client.close()
+
+    asyncio.run(scenario())
+    return seen, len(relisted)
+
+
+def test_lists_every_page_then_watches_from_the_lists_version_with_the_selector() -> None:
+    server = ApiServer(
+        [node("a", "3"), node("b", "4"), node("c", "5")],
+        "7",
+        [[{"type": "MODIFIED", "object": node("a", "8")}, {"type": "DELETED", "object": node("b", "9")}]],
+    )
+    seen, relisted = run_watch(server, selector="pool=a")
+    assert sorted(seen[:3]) == [(None, "a", "3"), (None, "b", "4"), (None, "c", "5")]
+    assert sorted(seen[3:]) == [("DELETED", "b", "9"), ("MODIFIED", "a", "8")]
+    assert relisted == 0
+    watches = [r for r in server.requests if r.get("watch") == "true"]
+    assert [w["resourceVersion"] for w in watches] == ["7", "9"]  # resumed from the last event's version
+    assert all(r.get("labelSelector") == "pool=a" for r in server.requests)
+    assert all(w["allowWatchBookmarks"] == "true" for w in watches)
+
+
+def test_bookmarks_move_the_version_and_reach_no_handler() -> None:
+    server = ApiServer([node("a", "3")], "7", [[{"type": "BOOKMARK", "object": node("", "42")}]])
+    seen, _ = run_watch(server)
+    assert seen == [(None, "a", "3")]
+    assert [r["resourceVersion"] for r in server.requests if r.get("watch") == "true"] == ["7", "42"]
+
+
+def test_410_gone_lists_again_and_says_so_for_the_resync() -> None:
+    gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old resource version"}}
+    server = ApiServer([node("a", "3")], "7", [[gone]])
+    seen, relisted = run_watch(server)
+    assert seen == [(None, "a", "3"), (None, "a", "3")]  # listed twice
+    assert relisted == 1
+    lists = [r for r in server.requests if r.get("watch") != "true"]
+    assert len(lists) == 2
+
+
+def test_a_watch_refused_with_410_lists_again_too() -> None:
+    server = ApiServer([node("a", "3")], "7", [[{"kind": "Status", "status": 410, "code": 410}]])
+    seen, relisted = run_watch(server)
+    assert seen == [(None, "a", "3"), (None, "a", "3")]
+    assert relisted == 1
+
+
+def test_one_objects_events_are_handled_in_order_while_others_go_ahead() -> None:
+    async def scenario() -> list[str]:
+        order: list[str] = []
+        first_may_finish = asyncio.Event()
+        b_done = asyncio.Event()
+
+        async def handler(event: watching.Event) -> None:
+            label = str(event["type"])
+            order.append(f"start {label}")
+            if label == "a1":
+                await first_may_finish.wait()
+            order.append(f"end {label}")
+            if label == "b1":
+                b_done.set()
+
+        dispatcher = watching.Dispatcher(handler, "nodes")
+        dispatcher.put("a", {"type": "a1"})
+        dispatcher.put("a", {"type": "a2"})  # waits for a1
+        dispatcher.put("b", {"type": "b1"})  # does not
+        await asyncio.wait_for(b_done.wait(), timeout=20)
+        assert "start a2" not in order
+        first_may_finish.set()
+        await asyncio.wait_for(dispatcher.idle(), timeout=20)
+        return order
+
+    order = asyncio.run(scenario())
+    assert order.index("end a1") < order.index("start a2")
+
+
+def test_a_failing_handler_is_logged_and_the_objects_next_event_still_handled() -> None:
+    async def scenario() -> list[str]:
+        handled: list[str] = []
+
+        async def handler(event: watching.Event) -> None:
+            if event["type"] == "bad":
+                raise RuntimeError("boom")
+            handled.append(str(event["type"]))
+
+        dispatcher = watching.Dispatcher(handler, "nodes")
+        dispatcher.put("a", {"type": "bad"})
+        dispatcher.put("a", {"type": "good"})
+        await asyncio.wait_for(dispatcher.idle(), timeout=20)
+        return handled
+
+    assert asyncio.run(scenario()) == ["good"]
