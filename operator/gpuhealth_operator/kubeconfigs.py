@@ -12,10 +12,14 @@ falls back to the client's loader for it.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import dataclasses
+import functools
+import hashlib
 import os
 import pathlib
+import shutil
 import tempfile
 from collections.abc import Mapping
 from typing import Any
@@ -116,11 +120,37 @@ def _named(
 
 
 def _file(section: Mapping[str, Any], key: str, base: pathlib.Path) -> str | None:
-    """A file holding `key`'s PEM: the named one (relative to the kubeconfig), or `<key>-data` written out."""
+    """A file holding `key`'s PEM: the named one (relative to the kubeconfig), or `<key>-data` written out
+    (`_written`)."""
     data = section.get(f"{key}-data")
     if data:
-        with tempfile.NamedTemporaryFile("wb", prefix="gpu-health-", suffix=".pem", delete=False) as out:
-            out.write(base64.b64decode(data))
-        return out.name
+        return _written(base64.b64decode(data))
     named = section.get(key)
     return str(base / str(named)) if named else None
+
+
+_WRITTEN: dict[str, str] = {}
+"""PEM content digest → the file it was written to, in this process's own directory."""
+
+
+def _written(pem: bytes) -> str:
+    """`pem` in a file of a directory only this process uses (0700), removed when it exits: TLS reads
+    a client key from a file only, and a copy left per start would pile up keys in the temp directory.
+    The same content is written once, however often the kubeconfig is read (each leader term reads it)."""
+    digest = hashlib.sha256(pem).hexdigest()
+    known = _WRITTEN.get(digest)
+    if known is not None and pathlib.Path(known).exists():
+        return known
+    path = _directory() / f"{digest[:16]}.pem"
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "wb") as out:
+        out.write(pem)
+    _WRITTEN[digest] = str(path)
+    return str(path)
+
+
+@functools.cache
+def _directory() -> pathlib.Path:
+    directory = tempfile.mkdtemp(prefix="gpu-health-")
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    return pathlib.Path(directory)

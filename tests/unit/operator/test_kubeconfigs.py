@@ -1,6 +1,7 @@
 """Credentials without the Kubernetes client: in-cluster, and a kubeconfig's current context."""
 
 import base64
+import os
 import pathlib
 import subprocess
 import sys
@@ -85,3 +86,37 @@ def test_the_operator_does_not_load_the_kubernetes_client() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_keys_given_as_data_leave_no_copy_behind_when_the_process_ends(tmp_path: pathlib.Path) -> None:
+    """An operator run with a kubeconfig that embeds its client key (kind's, kubeadm's admin.conf) writes
+    the key out for TLS; every start used to leave that copy in the temp directory for good."""
+    cluster = {
+        "server": "https://127.0.0.1:6443",
+        "certificate-authority-data": base64.b64encode(b"CA").decode(),
+    }
+    user = {
+        "client-certificate-data": base64.b64encode(b"CERT").decode(),
+        "client-key-data": base64.b64encode(b"KEY").decode(),
+    }
+    config = write(tmp_path / "config", user, cluster)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    code = (
+        "import pathlib, sys\n"
+        "from gpuhealth_operator import kubeconfigs\n"
+        "for _ in range(3):  # a new term reads the kubeconfig again: still one copy of each\n"
+        "    found = kubeconfigs.from_file(pathlib.Path(sys.argv[1]))\n"
+        "    assert pathlib.Path(found.private_key_path).read_bytes() == b'KEY'\n"
+        "print(len(list(pathlib.Path(sys.argv[2]).rglob('*.pem'))))\n"
+    )
+    env = {**os.environ, "TMPDIR": str(temp)}
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(config), str(temp)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    )
+    assert out.stdout.strip() == "3", "the CA, the certificate and the key, once each while it runs"
+    assert list(temp.iterdir()) == [], "nothing left once it ended"
