@@ -8,7 +8,9 @@ clock runs (`is_due`, asked only of the candidates `decisions.due` names;
 every node every `full_pass_seconds`), acts where a verdict changed, and
 refreshes each policy's status counts when they may have moved. A pass that
 finds nothing to change sends no request. Each due node is judged once per
-pass: the reconcile reuses the verdicts judged for the budget's ranking.
+pass: the reconcile reuses the verdicts judged for the budget's ranking, but
+judges a node that moved since (a report landed while the pass acted on
+others) by the clock, never at the pass's earlier instant (`reconciler.judged_at`).
 One node's error never ends the timer: it is logged and the next pass retries.
 """
 
