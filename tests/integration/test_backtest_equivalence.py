@@ -283,6 +283,9 @@ def test_a_node_replaced_while_drained_frees_the_budget_live_and_in_the_backtest
         )
         fleet.report(replaced, gpunode_facts.agent_status(overrides={2: ECC}))
         wait(f"{replaced} cordoned", lambda: node(replaced)["spec"].get("unschedulable"))
+        # The status counts 2 selected and none cordoned before it counts the third node's agent too: seen
+        # counting the cordon first, its next 2 / 0 can only come from the deletion.
+        wait("the cordon counted", lambda: _counted(fleet, selectedNodes=3, cordonedNodes=1))
         client.CoreV1Api(k8s).delete_node(replaced)
         wait(f"{replaced}'s GPUNode garbage-collected", lambda: collected(replaced))
         # The API server's deletion is not yet the operator's: until its watch delivers it, the ghost holds
