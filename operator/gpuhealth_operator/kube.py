@@ -435,11 +435,12 @@ class Kube:
             await asyncio.sleep(0)
 
     async def watch(
-        self, path: str, query: Mapping[str, str], timeout_seconds: float
+        self, path: str, query: Mapping[str, str], timeout_seconds: float, quiet_seconds: float | None = None
     ) -> AsyncIterator[JsonObject]:
         """A watch's events (`watch=true` is added), each decoded as its line arrives, until the server
         ends the stream. `timeout_seconds` bounds the whole stream (the server's `timeoutSeconds` ends it
         sooner): a quiet watch sends nothing for minutes, which the pool's read timeout would end.
+        `quiet_seconds`: the longest wait for the next bytes (aiohttp.ServerTimeoutError beyond it).
         ApiError when the server refuses it (410 Gone: the version is too old). Not counted among the
         requests (`requests_total`, the metric): a stream is not a request rate."""
         headers = {"Accept": "application/json"}
@@ -447,7 +448,9 @@ class Kube:
         if token:
             headers["Authorization"] = f"Bearer {token}"
         url = path.lstrip("/") + "?" + urllib.parse.urlencode({**query, "watch": "true"})
-        timeout = aiohttp.ClientTimeout(total=timeout_seconds, sock_connect=self._timeout.sock_connect)
+        timeout = aiohttp.ClientTimeout(
+            total=timeout_seconds, sock_connect=self._timeout.sock_connect, sock_read=quiet_seconds
+        )
         async with self._get_session().get(url, headers=headers, timeout=timeout) as response:
             if response.status >= 400:
                 raise ApiError(response.status, response.reason or "", await response.text())

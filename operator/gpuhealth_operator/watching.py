@@ -37,6 +37,11 @@ SERVER_TIMEOUT_SECONDS = 300
 """How long the API server holds one watch before it ends it (we then resume from the last version)."""
 CLIENT_MARGIN_SECONDS = 60.0
 """Beyond the server's timeout, how long before we give up on a stream that went quiet without ending."""
+QUIET_SECONDS = 90.0
+"""How long a watch may send nothing before it is taken for dead and opened again from its last version.
+The API server sends a bookmark about every minute to a watch that asked for them, so a live stream is
+never quiet this long; a half-open connection (a load balancer failed over, a NAT entry expired) is,
+and without this it would hide every event until the server's timeout ended it (5 minutes)."""
 RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)
 """Waits between failed attempts (the last repeats), counted again after a watch that ended normally."""
 QUICK_END_SECONDS = 1.0
@@ -109,6 +114,7 @@ class Watch:
         label_selector: str = "",
         relisted: Callable[[], None] | None = None,
         server_timeout_seconds: int = SERVER_TIMEOUT_SECONDS,
+        quiet_seconds: float = QUIET_SECONDS,
     ) -> None:
         self._client = client
         self._path = path
@@ -116,6 +122,7 @@ class Watch:
         self._selector = {"labelSelector": label_selector} if label_selector else {}
         self._relisted = relisted
         self._server_timeout = server_timeout_seconds
+        self._quiet = quiet_seconds
         self.kind = path.rsplit("/", 1)[-1]
         self.dispatcher = Dispatcher(handler, self.kind)
         self.lists = 0
@@ -168,7 +175,10 @@ class Watch:
         version = since
         try:
             async for event in self._client.watch(
-                self._path, query, timeout_seconds=self._server_timeout + CLIENT_MARGIN_SECONDS
+                self._path,
+                query,
+                timeout_seconds=self._server_timeout + CLIENT_MARGIN_SECONDS,
+                quiet_seconds=self._quiet,
             ):
                 kind, body = event.get("type"), event.get("object")
                 if not isinstance(body, dict):
@@ -182,6 +192,9 @@ class Watch:
             if error.status == 410:
                 raise Gone(str(error)) from error
             raise
+        except aiohttp.ServerTimeoutError:
+            # Quiet for `quiet_seconds`: dead, not failed. Resumed at once from what it saw.
+            logger.info("watch of %s sent nothing for %.0f s: opening it again", self._path, self._quiet)
         return version
 
 

@@ -19,6 +19,10 @@ from gpuhealth_operator import kube, watching
 PATH = "/api/v1/nodes"
 
 
+HANG: dict[str, Any] = {}
+"""In a watch's script: the stream goes silent from there on and stays open (a half-open connection)."""
+
+
 def node(name: str, version: str) -> dict[str, Any]:
     return {"metadata": {"name": name, "resourceVersion": version}}
 
@@ -53,6 +57,8 @@ class ApiServer:
         response = web.StreamResponse()
         await response.prepare(request)
         for event in script or []:
+            if event is HANG:  # a connection gone dead: nothing more comes, nothing ends it
+                await asyncio.Event().wait()
             await response.write(json.dumps(event).encode() + b"\n")
         if script is None:  # the last watch stays open, as a quiet one does
             self.open_watches.set()
@@ -67,7 +73,9 @@ class ApiServer:
         await self._serving.__aexit__()
 
 
-def run_watch(server: ApiServer, selector: str = "") -> tuple[list[tuple[object, str, str]], int]:
+def run_watch(
+    server: ApiServer, selector: str = "", quiet_seconds: float = watching.QUIET_SECONDS
+) -> tuple[list[tuple[object, str, str]], int]:
     """Run a Nodes watch against `server` until its last watch is open and every event is handled;
     the events handled (type, name, version) and how often it said it listed again."""
     seen: list[tuple[object, str, str]] = []
@@ -82,7 +90,12 @@ def run_watch(server: ApiServer, selector: str = "") -> tuple[list[tuple[object,
         async with server:
             client = kube.Kube(kube.Credentials(server.url, None, True, None, None, None))
             watch = watching.Watch(
-                client, PATH, handler, label_selector=selector, relisted=lambda: relisted.append(1)
+                client,
+                PATH,
+                handler,
+                label_selector=selector,
+                relisted=lambda: relisted.append(1),
+                quiet_seconds=quiet_seconds,
             )
             task = asyncio.create_task(watch.run())
             try:
@@ -182,3 +195,22 @@ def test_a_failing_handler_is_logged_and_the_objects_next_event_still_handled() 
         return handled
 
     assert asyncio.run(scenario()) == ["good"]
+
+
+def test_a_watch_gone_silent_is_opened_again_from_its_last_version_without_listing() -> None:
+    """A connection that died without closing (a load balancer failed over, a NAT entry expired) sends
+    nothing, not even the bookmark the API server sends about every minute: after `quiet_seconds` the
+    watch resumes from the last version it saw, and the events after it arrive."""
+    server = ApiServer(
+        [node("a", "3")],
+        "7",
+        [
+            [{"type": "MODIFIED", "object": node("a", "8")}, HANG],
+            [{"type": "MODIFIED", "object": node("a", "9")}],
+        ],
+    )
+    seen, relisted = run_watch(server, quiet_seconds=0.5)
+    assert seen == [(None, "a", "3"), ("MODIFIED", "a", "8"), ("MODIFIED", "a", "9")]
+    assert relisted == 0
+    assert len([r for r in server.requests if r.get("watch") != "true"]) == 1, "no second LIST"
+    assert [r["resourceVersion"] for r in server.requests if r.get("watch") == "true"] == ["7", "8", "9"]
