@@ -184,9 +184,8 @@ async def wake_waiting(ctx: context.Context, freed: str) -> None:
 async def _passes(ctx: context.Context, name: str, handler: str, now: datetime.datetime | None) -> None:
     async with ctx.node_locks[name]:
         if now is not None and not judged_at(ctx, name, now):
-            now = (
-                None  # it moved since the timer judged it (a report, a write's answer): judge it by the clock
-            )
+            # It moved since the timer judged it (a report, a write's answer): judged by the clock.
+            now = None
         for _ in range(MAX_PASSES):
             judged = ctx.cache.gpunode(name)
             try:
