@@ -27,16 +27,19 @@ def write(
     return path
 
 
+EMBEDDED_CLUSTER = {
+    "server": "https://127.0.0.1:6443",
+    "certificate-authority-data": base64.b64encode(b"CA").decode(),
+}
+EMBEDDED_USER = {
+    "client-certificate-data": base64.b64encode(b"CERT").decode(),
+    "client-key-data": base64.b64encode(b"KEY").decode(),
+}
+"""A kubeconfig's cluster and user with everything embedded as data (as kind's and kubeadm's are)."""
+
+
 def test_a_client_certificate_given_as_data_is_written_to_files(tmp_path: pathlib.Path) -> None:
-    cluster = {
-        "server": "https://127.0.0.1:6443",
-        "certificate-authority-data": base64.b64encode(b"CA").decode(),
-    }
-    user = {
-        "client-certificate-data": base64.b64encode(b"CERT").decode(),
-        "client-key-data": base64.b64encode(b"KEY").decode(),
-    }
-    found = kubeconfigs.from_file(write(tmp_path / "config", user, cluster))
+    found = kubeconfigs.from_file(write(tmp_path / "config", EMBEDDED_USER, EMBEDDED_CLUSTER))
     assert found.server == "https://127.0.0.1:6443" and not found.insecure and found.token is None
     assert found.ca_path and pathlib.Path(found.ca_path).read_bytes() == b"CA"
     assert found.certificate_path and pathlib.Path(found.certificate_path).read_bytes() == b"CERT"
@@ -91,15 +94,7 @@ def test_the_operator_does_not_load_the_kubernetes_client() -> None:
 def test_keys_given_as_data_leave_no_copy_behind_when_the_process_ends(tmp_path: pathlib.Path) -> None:
     """An operator run with a kubeconfig that embeds its client key (kind's, kubeadm's admin.conf) writes
     the key out for TLS; every start used to leave that copy in the temp directory for good."""
-    cluster = {
-        "server": "https://127.0.0.1:6443",
-        "certificate-authority-data": base64.b64encode(b"CA").decode(),
-    }
-    user = {
-        "client-certificate-data": base64.b64encode(b"CERT").decode(),
-        "client-key-data": base64.b64encode(b"KEY").decode(),
-    }
-    config = write(tmp_path / "config", user, cluster)
+    config = write(tmp_path / "config", EMBEDDED_USER, EMBEDDED_CLUSTER)
     temp = tmp_path / "tmp"
     temp.mkdir()
     code = (
