@@ -189,3 +189,36 @@ def test_conditions_held_since_after_the_judging_instant_still_fire() -> None:
     again = verdicts.judge(policy, view, facts, previous, None, T0)
     assert again.wanted_action is vocabulary.Action.CORDON
     assert again.wanted_taint == "RowRemapFailure"
+
+
+def test_a_replica_whose_clock_ran_ahead_makes_no_longer_forseconds_rule_fire_early() -> None:
+    """The last leader's clock ran 10 minutes ahead: its ThermalThrottled was observed at its +600 s and
+    turned True 60 s later. Judged by a correct clock, the 60 s Label rule fires; the 600 s Cordon rule
+    waits for 600 s of the fault, which the skew does not count."""
+    rules = [
+        {"name": "hot-label", "condition": "ThermalThrottled", "action": "Label", "forSeconds": 60},
+        {"name": "hot-cordon", "condition": "ThermalThrottled", "action": "Cordon", "forSeconds": 600},
+    ]
+    policy = policies.parse_policy("p", 1, {"rules": rules})
+    facts = gpunode_facts.agent_status(
+        heartbeat=gpunode_facts.rfc3339(T0), heartbeat_seconds=60, overrides={0: HOT}
+    )
+    view = model.NodeView(name="n")
+    ahead = datetime.timedelta(seconds=600)
+    first = verdicts.judge(policy, view, facts, {}, None, T0 + ahead)  # observed by the fast clock
+    held = verdicts.judge(
+        policy, view, facts, first.conditions, None, T0 + ahead + datetime.timedelta(seconds=60)
+    )
+    assert held.wanted_action is vocabulary.Action.LABEL
+    previous = hysteresis.from_status(hysteresis.to_status(held.conditions.values(), 1))
+    now = T0 + datetime.timedelta(seconds=100)  # the correct clock: 100 s into the fault
+    verdict = verdicts.judge(policy, view, facts, previous, None, now)
+    assert verdict.wanted_action is vocabulary.Action.LABEL
+    assert (
+        verdicts.judge(policy, view, facts, previous, None, T0 + ahead).wanted_action
+        is vocabulary.Action.LABEL
+    )
+    later = T0 + ahead + datetime.timedelta(seconds=600)  # 600 s of the fault by the fast clock's count
+    assert (
+        verdicts.judge(policy, view, facts, previous, None, later).wanted_action is vocabulary.Action.CORDON
+    )
