@@ -129,23 +129,16 @@ def _file(section: Mapping[str, Any], key: str, base: pathlib.Path) -> str | Non
     return str(base / str(named)) if named else None
 
 
-_WRITTEN: dict[str, str] = {}
-"""PEM content digest → the file it was written to, in this process's own directory."""
-
-
 def _written(pem: bytes) -> str:
     """`pem` in a file of a directory only this process uses (0700), removed when it exits: TLS reads
     a client key from a file only, and a copy left per start would pile up keys in the temp directory.
-    The same content is written once, however often the kubeconfig is read (each leader term reads it)."""
-    digest = hashlib.sha256(pem).hexdigest()
-    known = _WRITTEN.get(digest)
-    if known is not None and pathlib.Path(known).exists():
-        return known
-    path = _directory() / f"{digest[:16]}.pem"
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "wb") as out:
-        out.write(pem)
-    _WRITTEN[digest] = str(path)
+    Named by its content, so it is written once however often the kubeconfig is read (each leader term
+    reads it)."""
+    path = _directory() / f"{hashlib.sha256(pem).hexdigest()}.pem"
+    if not path.exists():
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(pem)
     return str(path)
 
 
