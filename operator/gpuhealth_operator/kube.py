@@ -440,7 +440,8 @@ class Kube:
         """A watch's events (`watch=true` is added), each decoded as its line arrives, until the server
         ends the stream. `timeout_seconds` bounds the whole stream (the server's `timeoutSeconds` ends it
         sooner): a quiet watch sends nothing for minutes, which the pool's read timeout would end.
-        `quiet_seconds`: the longest wait for the next bytes (aiohttp.ServerTimeoutError beyond it).
+        `quiet_seconds`: the longest wait for the stream's next bytes; beyond it the stream is taken for a
+        dead connection and ends as if the server had ended it (a connect that times out still raises).
         ApiError when the server refuses it (410 Gone: the version is too old). Not counted among the
         requests (`requests_total`, the metric): a stream is not a request rate."""
         headers = {"Accept": "application/json"}
@@ -455,12 +456,17 @@ class Kube:
             if response.status >= 400:
                 raise ApiError(response.status, response.reason or "", await response.text())
             rest = b""
-            async for chunk in response.content.iter_any():
-                lines = (rest + chunk).split(b"\n")
-                rest = lines.pop()
-                for line in lines:
-                    if line.strip():
-                        yield json.loads(line)
+            try:
+                async for chunk in response.content.iter_any():
+                    lines = (rest + chunk).split(b"\n")
+                    rest = lines.pop()
+                    for line in lines:
+                        if line.strip():
+                            yield json.loads(line)
+            except aiohttp.ServerTimeoutError:  # only the stream's read bound fires here: it went silent
+                logger.info(
+                    "watch of %s sent nothing for %.0f s: ended, to be opened again", path, quiet_seconds
+                )
 
     async def list_all(self, path: str, query: Mapping[str, str] | None = None) -> list[JsonObject]:
         """All items of a collection, following continue tokens (all held at once: small collections)."""

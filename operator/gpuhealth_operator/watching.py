@@ -192,9 +192,6 @@ class Watch:
             if error.status == 410:
                 raise Gone(str(error)) from error
             raise
-        except aiohttp.ServerTimeoutError:
-            # Quiet for `quiet_seconds`: dead, not failed. Resumed at once from what it saw.
-            logger.info("watch of %s sent nothing for %.0f s: opening it again", self._path, self._quiet)
         return version
 
 
