@@ -356,7 +356,7 @@ async def _lead(
                 name="kopf",
             )
         )
-        for watch in handlers.watches(ctx, relists.relisted):
+        for watch in handlers.watches(ctx, relists.relisted, since=primed.result().versions):
             tasks.add(asyncio.create_task(watch.run(), name=f"watch {watch.kind}"))
         tasks.add(asyncio.create_task(ticker.run(ctx), name="timer"))
         tasks.add(asyncio.create_task(resync.run(ctx, relists), name="resync"))

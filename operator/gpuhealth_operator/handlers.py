@@ -209,9 +209,13 @@ def register(registry: kopf.OperatorRegistry, agent_pod_selector: str = "") -> N
         kopf.on.event("", "v1", "pods", registry=registry)(on_agent_pod)
 
 
-def watches(memo: context.Context, relisted: Callable[[], None]) -> list[watching.Watch]:
+def watches(
+    memo: context.Context, relisted: Callable[[], None], since: Mapping[str, str] | None = None
+) -> list[watching.Watch]:
     """The Node and GPUNode watches (`watching`: most of the operator's events, kept out of kopf);
-    `relisted` is told when one lists its kind again after a gap."""
+    `relisted` is told when one lists its kind again after a gap. Each starts from its kind's version in
+    `since` (the term's priming listed it into the cache just now), or with a LIST of its own."""
+    since = since or {}
     client = memo.client
     assert isinstance(client, kube.Kube), "the watches run where the operator talks HTTP"
 
@@ -224,9 +228,20 @@ def watches(memo: context.Context, relisted: Callable[[], None]) -> list[watchin
     return [
         # The API server filters: a Node that stops matching arrives as DELETED (see `on_node`).
         watching.Watch(
-            client, resync.NODES_PATH, node_event, label_selector=memo.config.node_selector, relisted=relisted
+            client,
+            resync.NODES_PATH,
+            node_event,
+            label_selector=memo.config.node_selector,
+            relisted=relisted,
+            since=since.get(resync.NODES_PATH),
         ),
-        watching.Watch(client, resync.GPUNODES_PATH, gpunode_event, relisted=relisted),
+        watching.Watch(
+            client,
+            resync.GPUNODES_PATH,
+            gpunode_event,
+            relisted=relisted,
+            since=since.get(resync.GPUNODES_PATH),
+        ),
     ]
 
 

@@ -43,10 +43,12 @@ def backoff_seconds(failures: int, base_seconds: float, cap_seconds: float = BAC
 
 @dataclasses.dataclass(frozen=True)
 class Primed:
-    """What one priming did: objects listed and objects pruned, by kind."""
+    """What one priming did: objects listed and objects pruned, by kind; the list's resourceVersion by path,
+    for the watches that follow (`watching.Watch(since=...)`)."""
 
     listed: Mapping[str, int]
     pruned: Mapping[str, list[str]]
+    versions: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 async def _converge(
@@ -55,8 +57,9 @@ async def _converge(
     put: Callable[[Mapping[str, Any]], object],
     versions: Callable[[], Mapping[str, str | None]],
     query: Mapping[str, str] | None = None,
-) -> tuple[set[str], list[str]]:
-    """List one kind page by page into the cache; the names listed, and those to prune (not yet pruned)."""
+) -> tuple[set[str], list[str], str]:
+    """List one kind page by page into the cache; the names listed, those to prune (not yet pruned), and
+    the list's resourceVersion (every page is served at the first one's)."""
     before = set(versions())
     listed: set[str] = set()
     list_version = ""
@@ -66,16 +69,17 @@ async def _converge(
             listed.add(str((body.get("metadata") or {}).get("name", "")))
             put(body)
         del items
-    return listed, resync.gone(before, versions(), listed, list_version)
+    return listed, resync.gone(before, versions(), listed, list_version), list_version
 
 
 async def prime(ctx: context.Context) -> Primed:
     """List the cluster into the cache (kept from an earlier term, if any) and prune what is gone."""
     listed: dict[str, int] = {}
     pruned: dict[str, list[str]] = {}
+    versions: dict[str, str] = {}
 
     selector = ctx.config.node_selector
-    names, pruned["nodes"] = await _converge(
+    names, pruned["nodes"], versions[resync.NODES_PATH] = await _converge(
         ctx,
         resync.NODES_PATH,
         ctx.cache.put_node,
@@ -91,7 +95,7 @@ async def prime(ctx: context.Context) -> Primed:
         if handlers.in_pool(ctx, str((body.get("metadata") or {}).get("name", ""))):
             ctx.cache.put_gpunode(body, ctx.clock())
 
-    names, pruned["gpunodes"] = await _converge(
+    names, pruned["gpunodes"], versions[resync.GPUNODES_PATH] = await _converge(
         ctx, resync.GPUNODES_PATH, put_gpunode, lambda: resync.gpunode_versions(ctx)
     )
     if selector:  # a GPUNode kept from the last term whose Node left this operator's pool meanwhile
@@ -102,7 +106,7 @@ async def prime(ctx: context.Context) -> Primed:
         ctx.cache.remove_gpunode(name)
         ctx.forget_node(name)
 
-    names, pruned["policies"] = await _converge(
+    names, pruned["policies"], _ = await _converge(
         ctx,
         resync.POLICIES_PATH,
         lambda body: handlers.store_policy(ctx, body),
@@ -127,7 +131,7 @@ async def prime(ctx: context.Context) -> Primed:
             "priming: dropped from the cache what was deleted since the last term: %s",
             "; ".join(f"{kind} {', '.join(names)}" for kind, names in pruned.items() if names),
         )
-    return Primed(listed, pruned)
+    return Primed(listed, pruned, versions)
 
 
 async def prime_until_done(ctx: context.Context, retry_seconds: float) -> Primed:

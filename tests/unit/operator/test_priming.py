@@ -118,6 +118,8 @@ def test_a_new_term_lists_into_the_kept_cache_and_drops_only_what_a_complete_lis
 
         assert primed.pruned == {"nodes": ["deleted"], "gpunodes": ["deleted"], "policies": []}
         assert primed.listed == {"nodes": 2, "gpunodes": 2, "policies": 0, "agent pods": 0}
+        # The term's Node and GPUNode watches start where these lists ended, not with a LIST of their own.
+        assert primed.versions == {resync.NODES_PATH: LIST_VERSION, resync.GPUNODES_PATH: LIST_VERSION}
         assert set(ctx.cache.nodes) == set(ctx.cache.gpunodes) == {"kept", "new"}
         kept = ctx.cache.node("kept")
         assert kept is not None and kept.view.labels == {"pool": "moved"}  # the newer listing replaced it
