@@ -9,7 +9,6 @@ A wall clock stepped back (NTP, a leader on a slower clock) did the same.
 """
 
 import asyncio
-import copy
 import datetime
 from collections.abc import Mapping
 from typing import Any
@@ -17,12 +16,12 @@ from typing import Any
 import pytest
 
 import gpunode_facts
-from gpuhealth_api import keys, resources, vocabulary
-from gpuhealth_operator import context, handlers, metrics, reconciler, settings, ticker
+import memory_fleet
+from gpuhealth_api import keys, vocabulary
+from gpuhealth_operator import reconciler, ticker
 from gpuhealth_operator.decisions import hysteresis, model, policies, times, verdicts
-from gpuhealth_sim import memcluster
 
-T0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
+T0 = memory_fleet.T0
 HOT = {"temperatureCelsius": 95, "clockEventReasons": ["HwThermalSlowdown"]}
 FAULT = {"ecc": {"uncorrectedVolatile": 1}, "remappedRows": {"failure": True}}
 RULES = [
@@ -32,29 +31,12 @@ RULES = [
 ]
 
 
-class Fleet:
-    """Nodes and one policy, judged by the operator's handlers and timer on an in-memory cluster."""
+class Fleet(memory_fleet.MemoryFleet):
+    """Nodes under `RULES`, each policy of `policies`; records when our taint is taken off a node."""
 
     def __init__(self, policies: tuple[str, ...] = ("p",)) -> None:
-        self.policies = policies
-        self.cluster: Any = memcluster.MemoryKube()
-        self.ctx = context.Context.create(
-            settings.Settings(), self.cluster, metrics.Metrics.create(), instance="t"
-        )
-        self.now = T0
-        self.ctx.clock = lambda: self.now
+        super().__init__(RULES, policies)
         self.taints_removed: list[str] = []
-
-    async def start(self, names: list[str]) -> None:
-        for name in self.policies:
-            policy = {"apiVersion": resources.API_VERSION, "kind": resources.POLICY_KIND}
-            policy |= {"metadata": {"name": name, "generation": 1}}
-            policy |= {"spec": {"rules": RULES, "maxUnavailable": "100%"}}
-            await handlers.on_policy({"type": "ADDED", "object": policy}, memo=self.ctx)  # type: ignore[typeddict-item]
-        for name in names:
-            node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": name}, "spec": {}}
-            self.cluster.put_node(copy.deepcopy(node))
-            await handlers.on_node({"type": "ADDED", "object": node}, memo=self.ctx)  # type: ignore[typeddict-item]
 
     async def report(self, name: str, gpu: Mapping[str, Any]) -> None:
         status = gpunode_facts.agent_status(
@@ -63,15 +45,7 @@ class Fleet:
             observed=gpunode_facts.rfc3339(self.now),
             overrides={0: gpu},
         )
-        stored = self.cluster.put_gpunode(name, status)
-        await handlers.on_gpunode({"type": "MODIFIED", "object": copy.deepcopy(stored)}, memo=self.ctx)  # type: ignore[typeddict-item]
-
-    def taint(self, name: str) -> str | None:
-        taints = self.cluster.nodes[name]["spec"].get("taints") or []
-        return next((t.get("value") for t in taints if t.get("key") == keys.UNHEALTHY_TAINT), None)
-
-    def cordoned(self, name: str) -> bool:
-        return bool(self.cluster.nodes[name]["spec"].get("unschedulable"))
+        await self.deliver(name, status)
 
     def watch_taints(self) -> None:
         """Record every Node write that takes our taint off (the flap), whatever comes after it."""

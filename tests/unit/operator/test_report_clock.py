@@ -9,11 +9,11 @@ from typing import Any, Final
 import pytest
 
 import gpunode_facts
-from gpuhealth_api import keys, resources
-from gpuhealth_operator import cache, context, handlers, metrics, settings, ticker
-from gpuhealth_sim import memcluster
+import memory_fleet
+from gpuhealth_api import keys
+from gpuhealth_operator import cache, handlers
 
-T0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
+T0 = memory_fleet.T0
 
 
 def body(resource_version: int, heartbeat: str | None, **status: object) -> dict:
@@ -80,27 +80,11 @@ SKEWS = [-1200.0, -600.0, 600.0]
 """The agent's clock against the operator's: 20 and 10 minutes slow, 10 minutes ahead."""
 
 
-class Fleet:
-    """Nodes, their agents' reports and one policy, judged by the operator's own handlers and timer on
-    an in-memory cluster under a test clock (the operator's)."""
+class Fleet(memory_fleet.MemoryFleet):
+    """One policy with one rule over nodes whose agents' clocks are off."""
 
     def __init__(self, rule: dict[str, Any]) -> None:
-        self.cluster: Any = memcluster.MemoryKube()
-        self.ctx = context.Context.create(
-            settings.Settings(), self.cluster, metrics.Metrics.create(), instance="t"
-        )
-        self.now = T0
-        self.ctx.clock = lambda: self.now
-        spec = {"rules": [rule], "maxUnavailable": "100%"}
-        self.policy = {"apiVersion": resources.API_VERSION, "kind": resources.POLICY_KIND}
-        self.policy |= {"metadata": {"name": "p", "generation": 1}, "spec": spec}
-
-    async def start(self, names: list[str]) -> None:
-        await handlers.on_policy({"type": "ADDED", "object": self.policy}, memo=self.ctx)  # type: ignore[typeddict-item]
-        for name in names:
-            node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": name}, "spec": {}}
-            self.cluster.put_node(copy.deepcopy(node))
-            await handlers.on_node({"type": "ADDED", "object": node}, memo=self.ctx)  # type: ignore[typeddict-item]
+        super().__init__([rule])
 
     async def report(
         self, name: str, skew: float, gpu: Mapping[str, Any], observed: datetime.datetime
@@ -114,18 +98,7 @@ class Fleet:
             observed=gpunode_facts.rfc3339(observed + datetime.timedelta(seconds=skew)),
             overrides=dict.fromkeys(range(8), gpu),
         )
-        stored = self.cluster.put_gpunode(name, status)
-        await handlers.on_gpunode({"type": "MODIFIED", "object": copy.deepcopy(stored)}, memo=self.ctx)  # type: ignore[typeddict-item]
-
-    async def tick(self, seconds: float) -> None:
-        self.now += datetime.timedelta(seconds=seconds)
-        await ticker.tick(self.ctx, full=True)
-
-    def cordoned(self, name: str) -> bool:
-        return bool(self.cluster.nodes[name]["spec"].get("unschedulable"))
-
-    def labels(self, name: str) -> Mapping[str, str]:
-        return self.cluster.nodes[name]["metadata"].get("labels") or {}
+        await self.deliver(name, status)
 
 
 HOT: Final = {"temperatureCelsius": 95, "clockEventReasons": ["HwThermalSlowdown"]}
@@ -190,7 +163,7 @@ def test_the_budget_queue_serves_the_fault_received_first_not_the_one_stamped_ea
     async def scenario() -> None:
         rule = {"name": "ecc", "condition": "EccUncorrectable", "action": "Cordon"}
         fleet = Fleet(rule)
-        fleet.policy["spec"] |= {"maxUnavailable": 1, "breaker": {"maxNewUnhealthy": "100%"}}
+        fleet.policies[0]["spec"] |= {"maxUnavailable": 1, "breaker": {"maxNewUnhealthy": "100%"}}
         await fleet.start(["held", "first", "second"])
         for name in ("held", "first", "second"):
             await fleet.report(name, 0.0, {}, fleet.now)

@@ -1,0 +1,67 @@
+"""Nodes, policies and agent reports judged by the operator's own handlers and timer, on the in-memory
+cluster (`gpuhealth_sim.memcluster`) under a test clock: for unit tests of behaviour over time that need
+no API server (the integration tier runs the same handlers against a real one)."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpuhealth_api import keys, resources
+from gpuhealth_operator import context, handlers, metrics, settings, ticker
+from gpuhealth_sim import memcluster
+
+T0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
+
+
+class MemoryFleet:
+    """Each policy of `policies` holds `rules` with maxUnavailable 100 % (no budget in the way)."""
+
+    def __init__(self, rules: Sequence[Mapping[str, Any]], policies: Sequence[str] = ("p",)) -> None:
+        self.cluster: Any = memcluster.MemoryKube()
+        self.ctx = context.Context.create(
+            settings.Settings(), self.cluster, metrics.Metrics.create(), instance="t"
+        )
+        self.now = T0
+        self.ctx.clock = lambda: self.now
+        self.policies = [
+            {
+                "apiVersion": resources.API_VERSION,
+                "kind": resources.POLICY_KIND,
+                "metadata": {"name": name, "generation": 1},
+                "spec": {"rules": [dict(r) for r in rules], "maxUnavailable": "100%"},
+            }
+            for name in policies
+        ]
+
+    async def start(self, names: Sequence[str]) -> None:
+        """The policies, then one Node per name, as their watch events."""
+        for policy in self.policies:
+            await handlers.on_policy({"type": "ADDED", "object": policy}, memo=self.ctx)  # type: ignore[typeddict-item]
+        for name in names:
+            node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": name}, "spec": {}}
+            self.cluster.put_node(copy.deepcopy(node))
+            await handlers.on_node({"type": "ADDED", "object": node}, memo=self.ctx)  # type: ignore[typeddict-item]
+
+    async def deliver(self, name: str, status: Mapping[str, Any]) -> None:
+        """The agent writes `status` to the node's GPUNode; the operator gets its watch event."""
+        stored = self.cluster.put_gpunode(name, dict(status))
+        await handlers.on_gpunode({"type": "MODIFIED", "object": copy.deepcopy(stored)}, memo=self.ctx)  # type: ignore[typeddict-item]
+
+    async def tick(self, seconds: float, *, full: bool = True) -> None:
+        """`seconds` pass, then a timer pass."""
+        self.now += datetime.timedelta(seconds=seconds)
+        await ticker.tick(self.ctx, full=full)
+
+    def cordoned(self, name: str) -> bool:
+        return bool(self.cluster.nodes[name]["spec"].get("unschedulable"))
+
+    def labels(self, name: str) -> Mapping[str, str]:
+        return self.cluster.nodes[name]["metadata"].get("labels") or {}
+
+    def taint(self, name: str) -> str | None:
+        """The value of our NoSchedule taint on the Node, None without it."""
+        taints = self.cluster.nodes[name]["spec"].get("taints") or []
+        return next((t.get("value") for t in taints if t.get("key") == keys.UNHEALTHY_TAINT), None)
