@@ -18,7 +18,11 @@ cache) are handled one at a time in order; different objects concurrently.
 When the API server no longer has the history to resume from (410 Gone, or
 an ERROR event), the kind is listed again, which says nothing of what was
 deleted meanwhile: `relisted` is called for the resync to prune that (also
-for the first LIST of a watch that started from priming's version).
+for the first LIST of a watch that started from priming's version). A watch
+cache that has not caught up with the version yet (504, "Too large resource
+version": a saturated API server, right after a LIST read from etcd) is
+waited for instead: a LIST would add to the load that keeps it behind. Any
+watch that ends or fails resumes from the last version it delivered.
 """
 
 from __future__ import annotations
@@ -106,6 +110,15 @@ class Gone(Exception):
     """The watch cannot resume from the version it has: the kind must be listed again."""
 
 
+class Behind(Exception):
+    """The API server's watch cache has not reached the version asked for yet (504, "Too large resource
+    version"): the version is good, so the watch waits and asks again from it, as after a dropped stream."""
+
+
+BEHIND_CODE = 504
+"""An ERROR event's code for `Behind` (the API server's `Timeout: Too large resource version`)."""
+
+
 class Watch:
     """One kind, listed then watched, for as long as `run` runs (the leader's term)."""
 
@@ -131,28 +144,31 @@ class Watch:
         self.kind = path.rsplit("/", 1)[-1]
         self.dispatcher = Dispatcher(handler, self.kind)
         self._since = since or None
+        self._version: str | None = None
+        """Where the next watch starts: the last version a stream delivered (None: list first)."""
         self.lists = 0
         """LISTs completed this term (the first is the term's own unless it started from `since`; every
         other one is a re-list)."""
 
     async def run(self) -> None:
-        version = self._since
+        self._version = self._since
         failures = 0
         try:
             while True:
                 try:
-                    if version is None:
-                        version = await self._list()
+                    if self._version is None:
+                        self._version = await self._list()
                     began = asyncio.get_running_loop().time()
-                    version = await self._watch(version)
+                    await self._watch(self._version)
                     failures = 0
                     if asyncio.get_running_loop().time() - began < QUICK_END_SECONDS:
                         await asyncio.sleep(RETRY_SECONDS[0])  # a server that ends every watch at once
                 except Gone as gone:
                     logger.info("watch of %s must list again: %s", self._path, gone)
-                    version = None
-                except (aiohttp.ClientError, TimeoutError, kube.ApiError, ValueError) as error:
-                    # ValueError: a line that is not JSON (a proxy's error page, a cut stream)
+                    self._version = None
+                except (aiohttp.ClientError, TimeoutError, kube.ApiError, ValueError, Behind) as error:
+                    # ValueError: a line that is not JSON (a proxy's error page, a cut stream). Each
+                    # resumes from the last version the stream delivered (`_watch` keeps it).
                     wait = RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)]
                     failures += 1
                     logger.warning("watch of %s failed (again in %.1f s): %r", self._path, wait, error)
@@ -171,15 +187,16 @@ class Watch:
             self._relisted()
         return version
 
-    async def _watch(self, since: str) -> str:
-        """Watch from `since` until the server ends the stream; the last version seen."""
+    async def _watch(self, since: str) -> None:
+        """Watch from `since` until the server ends the stream, keeping the last version seen in
+        `_version` (where the next watch resumes, also after a stream that failed half-way)."""
         query = {
             **self._selector,
             "resourceVersion": since,
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(self._server_timeout),
         }
-        version = since
+        self._version = since
         try:
             async for event in self._client.watch(
                 self._path,
@@ -190,16 +207,17 @@ class Watch:
                 kind, body = event.get("type"), event.get("object")
                 if not isinstance(body, dict):
                     continue
-                if kind == "ERROR":  # 410 Gone, or another reason it cannot go on from `version`
+                if kind == "ERROR" and body.get("code") == BEHIND_CODE:
+                    raise Behind(str(body.get("message")))
+                if kind == "ERROR":  # 410 Gone, or another reason it cannot go on from its version
                     raise Gone(f"{body.get('code')} {body.get('message')}")
-                version = str((body.get("metadata") or {}).get("resourceVersion") or version)
+                self._version = str((body.get("metadata") or {}).get("resourceVersion") or self._version)
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
                     self.dispatcher.put(_name(body), event)
         except kube.ApiError as error:
             if error.status == 410:
                 raise Gone(str(error)) from error
             raise
-        return version
 
 
 def _name(body: dict[str, object]) -> str:
