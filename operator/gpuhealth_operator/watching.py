@@ -144,14 +144,13 @@ class Watch:
         self.kind = path.rsplit("/", 1)[-1]
         self.dispatcher = Dispatcher(handler, self.kind)
         self._since = since or None
-        self._version: str | None = None
+        self._version = self._since
         """Where the next watch starts: the last version a stream delivered (None: list first)."""
         self.lists = 0
         """LISTs completed this term (the first is the term's own unless it started from `since`; every
         other one is a re-list)."""
 
     async def run(self) -> None:
-        self._version = self._since
         failures = 0
         try:
             while True:
@@ -188,15 +187,14 @@ class Watch:
         return version
 
     async def _watch(self, since: str) -> None:
-        """Watch from `since` until the server ends the stream, keeping the last version seen in
-        `_version` (where the next watch resumes, also after a stream that failed half-way)."""
+        """Watch from `since` (`_version`) until the server ends the stream, moving `_version` to each
+        version seen (where the next watch resumes, also after a stream that failed half-way)."""
         query = {
             **self._selector,
             "resourceVersion": since,
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(self._server_timeout),
         }
-        self._version = since
         try:
             async for event in self._client.watch(
                 self._path,
