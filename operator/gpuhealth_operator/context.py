@@ -136,13 +136,6 @@ class Verdicts(MutableMapping[tuple[str, str], model.NodeVerdict]):
         self[key] = verdict
         self._inputs[key] = tuple(_weakly(i) for i in inputs)
 
-    def amend(self, key: tuple[str, str], verdict: model.NodeVerdict) -> None:
-        """Replace a stored verdict by its amended form (GPUs isolated), keeping what it was judged from."""
-        inputs = self._inputs.get(key)
-        self[key] = verdict
-        if inputs is not None:
-            self._inputs[key] = inputs
-
     def judged_from(self, key: tuple[str, str], inputs: tuple[object, ...]) -> model.NodeVerdict | None:
         """The stored verdict if it was judged from exactly these inputs (the same objects), else None."""
         known = self._inputs.get(key)

@@ -6,10 +6,11 @@ per policy generation), the policy's rules in place (label
 `gpuhealth.io/policy`), the node's DRA devices (its ResourceSlices) — asks
 the pure `decisions.isolation` per faulty GPU, creates a rule per GPU to
 isolate (Event `GPUIsolated`) and deletes those of GPUs that recovered
-(hysteresis as for an uncordon; Event `GPURestored`). It returns the verdict
-with IsolateGPU taken off the node ladder when every faulty GPU is isolated
-or waits for the GPU budget (`verdicts.with_isolation`); otherwise the node
-is cordoned and drained as before.
+(hysteresis as for an uncordon; Event `GPURestored`). What it decides is
+kept in `Context.isolations`, which the node's verdict is judged from
+(`judging`): IsolateGPU comes off the node ladder when every faulty GPU is
+isolated or waits for the GPU budget (`verdicts.with_isolation`); otherwise
+the node is cordoned and drained as before.
 
 A rule of ours that someone else deletes is an override, as a human uncordon
 is: the GPU is not isolated again, and the node not drained for it, until
@@ -379,13 +380,14 @@ def node_action(
 
 async def isolate(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict, now: datetime.datetime
-) -> model.NodeVerdict:
-    """Isolate and restore the node's GPUs under `policy`; the verdict with the node ladder only if needed."""
+) -> None:
+    """Isolate and restore the node's GPUs under `policy`, and keep what was decided for its verdict
+    (`Context.isolations`: the node ladder only if needed)."""
     key = (policy.name, name)
     wanted = {r.condition for r in verdict.fired_rules if r.action is Action.ISOLATE_GPU}
     gpunode, record = ctx.cache.gpunode(name), ctx.cache.node(name)
     if gpunode is None or record is None:
-        return verdict
+        return
     # After a restart the status says what is isolated; it lists every policy's GPUs of the node, so
     # only a policy with IsolateGPU reads it (`_pass` keeps its own rules), one without probes nothing.
     state = ctx.isolations.get(key) or (
@@ -393,21 +395,17 @@ async def isolate(
     )
     if not wanted and not state.in_place and not state.overridden and not _holds(ctx, policy, name, now):
         ctx.isolations.pop(key, None)
-        return verdict
+        return
     if verdict.health is vocabulary.Health.UNKNOWN:
-        return verdicts.with_isolation(verdict, state.decision)  # missing data changes nothing
+        return  # missing data changes nothing
     async with ctx.isolation_locks[policy.name]:
         found = await support(ctx, policy)
     async with ctx.isolation_locks[ALL]:
         rules = await _rules(ctx, found.api_version, now)
         state = await _pass(ctx, policy, name, verdict, now, state, wanted, found, rules)
     if ctx.cache.gpunode(name) is None or ctx.cache.node(name) is None:
-        return verdict  # deleted meanwhile and forgotten: keep no isolation of it (the policy counts them)
+        return  # deleted meanwhile and forgotten: keep no isolation of it (the policy counts them)
     ctx.isolations[key] = state
-    amended = verdicts.with_isolation(verdict, state.decision)
-    if amended is not verdict and key in ctx.verdicts:
-        ctx.verdicts.amend(key, amended)
-    return amended
 
 
 async def preview(

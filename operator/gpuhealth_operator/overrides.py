@@ -108,17 +108,6 @@ async def react(
         return
 
 
-def judged_after(
-    ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict
-) -> model.NodeVerdict:
-    """The verdict as the Node stands now: an override `react` just recorded withdraws a Cordon/Drain."""
-    record = ctx.cache.node(name)
-    gpunode = ctx.cache.gpunode(name)
-    if record is None or gpunode is None:
-        return verdict
-    return evidence.apply(policy, record.view, gpunode.status, verdict)
-
-
 async def expire(ctx: context.Context, name: str, verdict: model.NodeVerdict) -> None:
     """Remove an override's baseline once none of its conditions is true (a return is new evidence anyway)."""
     record = ctx.cache.node(name)

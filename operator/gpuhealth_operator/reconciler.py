@@ -43,6 +43,7 @@ from gpuhealth_operator import (
     context,
     drills,
     isolating,
+    judging,
     kube,
     remediation,
     repairing,
@@ -51,10 +52,8 @@ from gpuhealth_operator import (
 from gpuhealth_operator.actions import events, nodes, status
 from gpuhealth_operator.decisions import (
     hysteresis,
-    liveness,
     model,
     overlap,
-    policies,
     stragglers,
     times,
     verdicts,
@@ -76,10 +75,6 @@ NODE_CONDITION: dict[Health, str] = {
 """GPUHealthy status per health: Degraded GPUs still work, so other tools should not remediate them."""
 
 
-def selecting_policies(ctx: context.Context, record: cache.NodeRecord) -> list[model.Policy]:
-    return [p for _, p in sorted(ctx.cache.policies.items()) if policies.selects(p, record.view)]
-
-
 def awaiting_first_report(gpunode: cache.GPUNodeRecord, now: datetime.datetime) -> bool:
     """A GPUNode with no agent report yet, younger than `heartbeats.FIRST_REPORT_SECONDS`."""
     if gpunode.status.get("agent"):
@@ -87,38 +82,6 @@ def awaiting_first_report(gpunode: cache.GPUNodeRecord, now: datetime.datetime) 
     created = times.parse(gpunode.created)
     limit = datetime.timedelta(seconds=heartbeats.FIRST_REPORT_SECONDS)
     return created is not None and now - created < limit
-
-
-def judge(
-    ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime
-) -> model.NodeVerdict | None:
-    """The node's verdict under `policy` now; judged once per set of inputs (the timer judges, then acts)."""
-    record = ctx.cache.node(name)
-    gpunode = ctx.cache.gpunode(name)
-    if record is None or gpunode is None:
-        return None
-    key = (policy.name, name)
-    inputs = _inputs(ctx, policy, record, gpunode, now)
-    known = ctx.verdicts.judged_from(key, inputs)
-    if known is not None:
-        return known
-    _, _, _, straggler, _, agent_pod = inputs
-    verdict = verdicts.judge(
-        policy,
-        record.view,
-        gpunode.status,
-        gpunode.conditions,
-        straggler,
-        now,
-        report_age_seconds=gpunode.report_age(now),
-        agent_pod=agent_pod,
-        known_signals=gpunode.fact_signals,
-        memory=gpunode.memory,
-    )
-    isolated = ctx.isolations.get(key)
-    verdict = verdicts.with_isolation(verdict, isolated.decision if isolated else None)
-    ctx.verdicts.remember(key, verdict, inputs)
-    return verdict
 
 
 async def policy_deleted(ctx: context.Context, name: str) -> None:
@@ -168,8 +131,8 @@ async def wake_waiting(ctx: context.Context, freed: str) -> None:
     record = ctx.cache.node(freed)
     if record is not None:
         now = ctx.clock()
-        for policy in selecting_policies(ctx, record):
-            judge(ctx, policy, freed, now)
+        for policy in judging.selecting_policies(ctx, record):
+            judging.judge(ctx, policy, freed, now)
     results = await asyncio.gather(
         *(reconcile_node(ctx, name, "node") for name in names), return_exceptions=True
     )
@@ -183,7 +146,7 @@ async def wake_waiting(ctx: context.Context, freed: str) -> None:
 
 async def _passes(ctx: context.Context, name: str, handler: str, now: datetime.datetime | None) -> None:
     async with ctx.node_locks[name]:
-        if now is not None and not judged_at(ctx, name, now):
+        if now is not None and not judging.judged_at(ctx, name, now):
             # It moved since the timer judged it (a report, a write's answer): judged by the clock.
             now = None
         for _ in range(MAX_PASSES):
@@ -206,45 +169,6 @@ async def _passes(ctx: context.Context, name: str, handler: str, now: datetime.d
             now = None  # judge the new report by the clock, not at the timer's instant
 
 
-def judged_at(ctx: context.Context, name: str, now: datetime.datetime) -> bool:
-    """Whether every selecting policy's verdict on the node was judged at `now` from what the cache holds.
-
-    The timer judges its due nodes at one instant and acts on them one after another; a node that moved
-    meanwhile is judged again, and at an earlier instant than what moved it, which would stamp a cordon
-    before its fault was seen (`cordoned-at`) and time every clock from before its start.
-    """
-    record = ctx.cache.node(name)
-    gpunode = ctx.cache.gpunode(name)
-    if record is None or gpunode is None:
-        return True  # gone: the pass finds nothing to judge either way
-    return all(
-        ctx.verdicts.judged_from((policy.name, name), _inputs(ctx, policy, record, gpunode, now)) is not None
-        for policy in selecting_policies(ctx, record)
-    )
-
-
-_Inputs = tuple[
-    model.Policy,
-    cache.NodeRecord,
-    cache.GPUNodeRecord,
-    model.StragglerScore | None,
-    datetime.datetime,
-    liveness.AgentPod | None,
-]
-
-
-def _inputs(
-    ctx: context.Context,
-    policy: model.Policy,
-    record: cache.NodeRecord,
-    gpunode: cache.GPUNodeRecord,
-    now: datetime.datetime,
-) -> _Inputs:
-    """What a verdict is judged from (`judge`): the same objects, the same verdict."""
-    name = record.view.name
-    return (policy, record, gpunode, ctx.stragglers.get((policy.name, name)), now, ctx.agent_pods.get(name))
-
-
 MAX_PASSES = 3
 """Passes of one reconcile while reports keep landing under it; a later one's own event follows."""
 
@@ -263,24 +187,16 @@ async def _reconcile(ctx: context.Context, name: str, now: datetime.datetime) ->
     gpunode = ctx.cache.gpunode(name)
     if record is None or gpunode is None:
         return
-    selecting = selecting_policies(ctx, record)
+    selecting = judging.selecting_policies(ctx, record)
     if not selecting:
         ctx.forget_verdicts(name)
         return
     if awaiting_first_report(gpunode, now):
         return  # the agent created its GPUNode and is about to report: nothing to judge, nothing stale
     previous = gpunode.conditions
-    judged: list[tuple[model.Policy, model.NodeVerdict]] = []
-    for policy in selecting:
-        verdict = judge(ctx, policy, name, now)
-        if verdict is None:
-            return
-        judged.append((policy, verdict))
-    acting = [(p, v) for p, v in judged if not p.dry_run]
-    if len(acting) > 1:  # one wish for the Node's labels and taint, or overlapping policies undo each other
-        merged = overlap.combine([v for _, v in acting])
-        combined = dict(zip((p.name for p, _ in acting), merged, strict=True))
-        judged = [(p, combined.get(p.name, v)) for p, v in judged]
+    judged = judging.node_verdicts(ctx, name, now)
+    if judged is None:
+        return
     results: list[PolicyVerdict] = []
     for policy, verdict in judged:
         action = await remediation.remediate(ctx, policy, name, verdict, now)

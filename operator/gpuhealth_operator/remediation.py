@@ -29,6 +29,7 @@ from gpuhealth_operator import (
     cache,
     context,
     isolating,
+    judging,
     kube,
     node_changes,
     overrides,
@@ -112,11 +113,15 @@ async def remediate(
     """Make the Node match the verdict under `policy`; the resulting GPUNode `status.action`."""
     if policy.dry_run:
         return await _dry_run(ctx, policy, name, verdict)
-    verdict = await isolating.isolate(ctx, policy, name, verdict, now)  # isolated GPUs: off the node ladder
+    await isolating.isolate(ctx, policy, name, verdict, now)
+    # What the node's GPUs are now decided to be (isolated GPUs: off the node ladder) is judged in.
+    judged = judging.verdict_now(ctx, policy, name, now)
+    if judged is None:
+        return NodeAction.NONE  # gone meanwhile: nothing left to do
     # Capacity first: a cordon is the latency-critical write (it carries the label and taint changes).
-    action = await _capacity(ctx, policy, name, verdict, now)
-    await _labels(ctx, name, verdict, now)
-    await _taint(ctx, name, verdict, now)
+    action = await _capacity(ctx, policy, name, judged, now)
+    await _labels(ctx, name, judged, now)
+    await _taint(ctx, name, judged, now)
     return isolating.node_action(ctx, policy.name, name, action)
 
 
@@ -158,7 +163,11 @@ async def _capacity(
     await overrides.react(ctx, policy, name, verdict, now)
     await overrides.forget_drain(ctx, name)
     await overrides.expire(ctx, name, verdict)
-    verdict = overrides.judged_after(ctx, policy, name, verdict)
+    # The Node as these steps left it (an override just recorded withdraws a Cordon/Drain) is judged in.
+    judged = judging.verdict_now(ctx, policy, name, now)
+    if judged is None:
+        return NodeAction.NONE  # gone meanwhile: nothing left to do
+    verdict = judged
     # A repair in progress owns the node until it returns it, retires it, or is cancelled; a retired
     # node stays cordoned until a human returns it (no request unless the Node carries either).
     handled = await repairing.take(ctx, policy, name, verdict, now)

@@ -10,7 +10,7 @@ refreshes each policy's status counts when they may have moved. A pass that
 finds nothing to change sends no request. Each due node is judged once per
 pass: the reconcile reuses the verdicts judged for the budget's ranking, but
 judges a node that moved since (a report landed while the pass acted on
-others) by the clock, never at the pass's earlier instant (`reconciler.judged_at`).
+others) by the clock, never at the pass's earlier instant (`judging.judged_at`).
 One node's error never ends the timer: it is logged and the next pass retries.
 """
 
@@ -29,6 +29,7 @@ from gpuhealth_operator import (
     domain_actions,
     heap,
     isolating,
+    judging,
     kube,
     metrics,
     new_nodes,
@@ -126,8 +127,8 @@ async def tick(
     # Judge every due node before acting on any, so the budget ranks all waiting nodes, not the first seen.
     for index, name in enumerate(names, 1):
         record = ctx.cache.node(name)
-        for policy in reconciler.selecting_policies(ctx, record) if record is not None else ():
-            reconciler.judge(ctx, policy, name, now)
+        for policy in judging.selecting_policies(ctx, record) if record is not None else ():
+            judging.judge(ctx, policy, name, now)
         if index % PASS_CHUNK == 0:
             await asyncio.sleep(0)  # let watch events (a fault) in: a full pass is ~0.1 ms per node
     results: list[BaseException | None] = []

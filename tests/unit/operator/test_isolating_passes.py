@@ -10,7 +10,7 @@ from typing import Any
 import kopf
 
 import gpunode_facts
-from gpuhealth_api import keys, resources
+from gpuhealth_api import keys, resources, vocabulary
 from gpuhealth_operator import context, handlers, kube, metrics, recent, settings, ticker
 from gpuhealth_operator.decisions import device_taints
 from gpuhealth_sim import memcluster
@@ -216,5 +216,31 @@ def test_a_new_leader_reads_the_rules_in_place_and_adds_none() -> None:
         assert node_rule_log(cluster) == before, "no rule created or deleted by the new leader"
         assert cluster.gpunodes[NODE]["status"].get("action") == "Isolated"
         assert "OverriddenByUser" not in {e["reason"] for e in cluster.event_log}
+
+    asyncio.run(scenario())
+
+
+def test_a_node_whose_faults_outgrow_isolation_is_cordoned_by_the_report_that_shows_them() -> None:
+    """One GPU isolated, then a report with three faulty GPUs (over `maxGPUsPerNode`: 2): the node takes
+    the ladder, cordoned in that report's own pass, not a timer pass later (its verdict is judged with
+    what the pass decided for its GPUs, not amended from the one judged before)."""
+
+    async def scenario() -> None:
+        cluster, clock = Cluster(), Clock()
+        ctx = await faulty_dra_node(cluster, clock)
+        await report_fault(cluster, ctx)
+        assert set(cluster.rules) == {device_taints.rule_name(NODE, FAULTY)}
+        assert not cluster.nodes[NODE]["spec"].get("unschedulable")
+
+        clock.now += datetime.timedelta(seconds=5)
+        ecc = {"ecc": {"uncorrectedVolatile": 1}}
+        faulty = gpunode_facts.agent_status(gpus=GPUS, overrides={FAULTY: ecc, 4: ecc, 5: ecc})
+        stored = cluster.put_gpunode(NODE, faulty)
+        await handlers.on_gpunode(event("MODIFIED", copy.deepcopy(stored)), memo=ctx)
+
+        node = cluster.nodes[NODE]
+        assert node["spec"].get("unschedulable") is True, "cordoned by the report's own pass"
+        assert node["metadata"]["annotations"][keys.CORDONED_BY_ANNOTATION] == "iso"
+        assert ctx.verdicts["iso", NODE].wanted_action is vocabulary.Action.DRAIN
 
     asyncio.run(scenario())

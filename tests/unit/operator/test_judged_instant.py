@@ -18,7 +18,7 @@ import pytest
 import gpunode_facts
 import memory_fleet
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import reconciler, ticker
+from gpuhealth_operator import judging, reconciler, ticker
 from gpuhealth_operator.decisions import hysteresis, model, policies, times, verdicts
 
 T0 = memory_fleet.T0
@@ -107,7 +107,7 @@ def test_a_node_that_moved_after_the_timer_judged_it_is_never_stamped_cordoned_b
         await fleet.report("n", HOT)
         judged_at = fleet.now = fleet.now + datetime.timedelta(seconds=61)
         policy = fleet.ctx.cache.policies["p"]
-        assert reconciler.judge(fleet.ctx, policy, "n", judged_at).wanted_action is vocabulary.Action.LABEL  # type: ignore[union-attr]
+        assert judging.judge(fleet.ctx, policy, "n", judged_at).wanted_action is vocabulary.Action.LABEL  # type: ignore[union-attr]
         fleet.now += datetime.timedelta(seconds=5)
         status = gpunode_facts.agent_status(
             heartbeat=gpunode_facts.rfc3339(fleet.now), heartbeat_seconds=60, overrides={0: HOT | FAULT}

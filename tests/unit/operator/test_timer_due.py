@@ -7,7 +7,7 @@ import pytest
 
 import gpunode_facts
 from gpuhealth_api import keys
-from gpuhealth_operator import context, kube, metrics, reconciler, settings, ticker
+from gpuhealth_operator import context, judging, kube, metrics, reconciler, settings, ticker
 from gpuhealth_operator.decisions import policies, verdicts
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
@@ -106,13 +106,13 @@ def test_the_timer_judges_a_node_once_per_pass(monkeypatch: pytest.MonkeyPatch) 
     calls = []
     real = verdicts.judge
     monkeypatch.setattr(verdicts, "judge", lambda *args, **kw: calls.append(args) or real(*args, **kw))
-    first = reconciler.judge(ctx, policy, "n", NOW)
-    assert reconciler.judge(ctx, policy, "n", NOW) is first
+    first = judging.judge(ctx, policy, "n", NOW)
+    assert judging.judge(ctx, policy, "n", NOW) is first
     assert len(calls) == 1
     ctx.cache.put_gpunode({"metadata": {"name": "n", "resourceVersion": "2"}, "status": fresh()}, NOW)
-    reconciler.judge(ctx, policy, "n", NOW)
+    judging.judge(ctx, policy, "n", NOW)
     assert len(calls) == 2, "new facts: judged again"
-    reconciler.judge(ctx, policy, "n", NOW + datetime.timedelta(seconds=1))
+    judging.judge(ctx, policy, "n", NOW + datetime.timedelta(seconds=1))
     assert len(calls) == 3, "a later time: judged again"
 
 

@@ -1,0 +1,56 @@
+"""A human's uncordon of a node two acting policies want cordoned, through the operator's own handlers
+on the in-memory cluster: the claim is dropped once, neither policy cordons the node again on the same
+evidence (in the uncordon's own pass, nor in the timer's), and new evidence cordons it again."""
+
+import asyncio
+import copy
+from typing import Any
+
+import gpunode_facts
+from gpuhealth_api import keys, vocabulary
+from gpuhealth_operator import handlers
+from memory_fleet import MemoryFleet
+
+CORDON_ON_ECC = [{"name": "ecc", "condition": "EccUncorrectable", "action": "Cordon"}]
+
+
+def ecc(count: int) -> dict[str, Any]:
+    return gpunode_facts.agent_status(overrides={0: {"ecc": {"uncorrectedVolatile": count}}})
+
+
+async def uncordon_by_hand(fleet: MemoryFleet, name: str) -> None:
+    """`kubectl uncordon`: the flag goes, our annotations stay; the operator gets the Node's event."""
+    node = copy.deepcopy(fleet.cluster.nodes[name])
+    node["spec"].pop("unschedulable", None)
+    stored = fleet.cluster.put_node(node)
+    await handlers.on_node({"type": "MODIFIED", "object": copy.deepcopy(stored)}, memo=fleet.ctx)  # type: ignore[typeddict-item]
+
+
+def test_an_uncordon_under_two_acting_policies_holds_until_new_evidence() -> None:
+    async def scenario() -> None:
+        fleet = MemoryFleet(CORDON_ON_ECC, policies=("a", "b"))
+        await fleet.start(["n"])
+        await fleet.deliver("n", ecc(1))
+        assert fleet.cordoned("n")
+        annotations = fleet.cluster.nodes["n"]["metadata"]["annotations"]
+        assert annotations[keys.CORDONED_BY_ANNOTATION] == "a"
+
+        await uncordon_by_hand(fleet, "n")
+        node = fleet.cluster.nodes["n"]
+        assert not fleet.cordoned("n"), "the policy that did not claim the cordon must not cordon it again"
+        assert keys.CORDONED_BY_ANNOTATION not in (node["metadata"].get("annotations") or {})
+        assert keys.OVERRIDDEN_EVIDENCE_ANNOTATION in node["metadata"]["annotations"]
+        for policy in ("a", "b"):
+            verdict = fleet.ctx.verdicts[policy, "n"]
+            assert verdict.overridden and verdict.wanted_action is None, policy
+        assert not any(fleet.ctx.verdicts.wanting[p] for p in ("a", "b")), "no budget place asked for"
+
+        await fleet.tick(30)
+        await fleet.deliver("n", ecc(1))  # the same evidence, reported again
+        assert not fleet.cordoned("n")
+        assert fleet.cluster.gpunodes["n"]["status"]["action"] == vocabulary.NodeAction.OVERRIDDEN
+
+        await fleet.deliver("n", ecc(2))  # new evidence: the count grew
+        assert fleet.cordoned("n")
+
+    asyncio.run(scenario())
