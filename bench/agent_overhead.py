@@ -38,7 +38,8 @@ from pathlib import Path
 
 from prometheus_client import parser
 
-from gpuhealth_sim import binaries, controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import binaries, local
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE = "bench-agent-0"
@@ -81,20 +82,18 @@ def total(values: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: st
 
 
 @contextlib.contextmanager
-def cluster(kubeconfig: str | None) -> Iterator[tuple[Path, controlplane.ControlPlane | None]]:
+def cluster(kubeconfig: str | None) -> Iterator[tuple[Path, local.ControlPlane | None]]:
     if kubeconfig:
         yield Path(kubeconfig), None
         return
-    with controlplane.ControlPlane(binaries.locate(cwd=ROOT)) as plane:
+    with local.ControlPlane(binaries.locate(cwd=ROOT)) as plane:
         crds = [arg for p in sorted((ROOT / "crds").glob("*.yaml")) for arg in ("-f", str(p))]
         plane.kubectl("apply", "--server-side", *crds)
         plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", *crds)
         yield plane.kubeconfig, plane
 
 
-def kubectl(
-    kubeconfig: Path, plane: controlplane.ControlPlane | None, *args: str, stdin: str | None = None
-) -> str:
+def kubectl(kubeconfig: Path, plane: local.ControlPlane | None, *args: str, stdin: str | None = None) -> str:
     if plane is not None:
         return plane.kubectl(*args, input=stdin).stdout
     result = subprocess.run(

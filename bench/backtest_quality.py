@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from gpuhealth_operator.decisions import stragglers
-from gpuhealth_sim import backtest, backtestcli, scoring, tracegen, traces
+from gpuhealth_sim.backtest import replayer, scoring, subcommands, tracegen, traces
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 POLICY = ROOT / "examples" / "default-policy.yaml"
@@ -44,7 +44,7 @@ def measure(
         began = time.perf_counter()
         tracegen.generate(tracegen.Options(node_days, seed, node_faults=node_faults), trace)
         generated = time.perf_counter() - began
-    result = backtest.run(trace, backtest.load_policy(POLICY), tick_seconds)
+    result = replayer.run(trace, replayer.load_policy(POLICY), tick_seconds)
     score = scoring.score(trace, result)
     report = {**result.to_json(), "score": score}
     trace.with_suffix(".backtest.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
@@ -65,7 +65,7 @@ def per_sample(trace: pathlib.Path, tick_seconds: float) -> dict[str, Any]:
     windowed = stragglers.windowed
     stragglers.windowed = lambda _samples, score, *_, **__: score  # the old judgement
     try:
-        result = backtest.run(trace, backtest.load_policy(POLICY), tick_seconds)
+        result = replayer.run(trace, replayer.load_policy(POLICY), tick_seconds)
     finally:
         stragglers.windowed = windowed
     return scoring.score(trace, result, baseline=False)
@@ -76,7 +76,7 @@ def _pct(value: float | None) -> str:
 
 
 def section(args: argparse.Namespace, run: dict[str, Any], before: dict[str, Any] | None) -> str:
-    result: backtest.Result = run["result"]
+    result: replayer.Result = run["result"]
     score = run["score"]
     fatal, ours, base = score["fatal"], score["stragglers"], score["baselineStragglers"]
     rows = [
@@ -135,7 +135,7 @@ def section(args: argparse.Namespace, run: dict[str, Any], before: dict[str, Any
             f"{lead}",
             f"- non-fatal episodes whose condition named the node while they lasted: {degraded}",
         ]
-    lines += ["", "- " + backtestcli.score_line(score)]
+    lines += ["", "- " + subcommands.score_line(score)]
     if before is not None:
         old = before["stragglers"]
         lines.append(

@@ -2,7 +2,7 @@
 
 No control plane: the operator runs through its replay entry point
 (`gpuhealth_operator.replay.Operator`) over the in-memory cluster
-(`gpuhealth_sim.memcluster.MemoryKube`), under a simulated clock, as the
+(`gpuhealth_sim.backtest.memcluster.MemoryKube`), under a simulated clock, as the
 backtest runs it. Its handlers, cache, due index, timer, budget and action
 ladder are the live operator's; kopf, the HTTP client and JSON decoding of
 the watch streams are not in the model (see "Not modelled" below).
@@ -71,7 +71,7 @@ import time
 from typing import Any
 
 from gpuhealth_operator import heap, replay, settings, ticker
-from gpuhealth_sim import backtest, memcluster, tracegen
+from gpuhealth_sim.backtest import memcluster, replayer, tracegen
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 POLICY = ROOT / "examples" / "default-policy.yaml"
@@ -174,12 +174,12 @@ class Model:
     async def run(self, minutes: float, profile: bool) -> dict[str, Any]:
         config = settings.Settings()
         logging.getLogger("gpuhealth_operator").setLevel(logging.ERROR)
-        policy = backtest.load_policy(POLICY)
+        policy = replayer.load_policy(POLICY)
         # The cluster as the operator finds it: every Node, every GPUNode with the agent's last write.
         nodes = []
         for plan in self.plans:
             obj = tracegen.node_object(plan, False)
-            nodes.append(self.client.put_node(backtest._merge_node(None, obj, apply_unschedulable=True)))
+            nodes.append(self.client.put_node(replayer._merge_node(None, obj, apply_unschedulable=True)))
         for index in range(self.n):
             self.now = START + self.phase(index) - self.heartbeat
             self.report(index, self.now - START)

@@ -27,7 +27,8 @@ from pathlib import Path
 from kubernetes import client
 
 from gpuhealth_api import resources
-from gpuhealth_sim import binaries, controlplane, fleet, fleetfile
+from gpuhealth_sim.controlplane import binaries, local
+from gpuhealth_sim.fleet import agentpool, fleetfile
 
 ROOT = Path(__file__).resolve().parent.parent
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -133,7 +134,7 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)  # the agents' per-fault warnings are not the benchmark's output
 
-    args.workers = args.workers or fleet.default_workers(args.nodes)
+    args.workers = args.workers or agentpool.default_workers(args.nodes)
     spec = fleet_spec(args.nodes, args.interval, args.heartbeat, args.workers)
     results: dict[str, object] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
@@ -146,7 +147,7 @@ def main() -> int:
     }
     directory = args.binaries or binaries.locate(cwd=ROOT)
     results["kwok"] = not args.no_kwok
-    with controlplane.ControlPlane(directory, with_kwok=not args.no_kwok) as plane:
+    with local.ControlPlane(directory, with_kwok=not args.no_kwok) as plane:
         crds = [arg for path in sorted((ROOT / "crds").glob("*.yaml")) for arg in ("-f", str(path))]
         plane.kubectl("apply", "--server-side", *crds)
         plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", *crds)
@@ -154,7 +155,7 @@ def main() -> int:
         configuration.connection_pool_maxsize = args.workers + 4  # one connection per worker, no blocking
         api = client.ApiClient(configuration)
         custom = client.CustomObjectsApi(api)
-        sim = fleet.Fleet(spec, api, workers=args.workers)
+        sim = agentpool.Fleet(spec, api, workers=args.workers)
         began = time.monotonic()
         sim.create_nodes()
         results["createNodesSeconds"] = round(time.monotonic() - began, 1)

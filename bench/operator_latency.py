@@ -39,7 +39,8 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from gpuhealth_api import resources
 from gpuhealth_operator import kube
-from gpuhealth_sim import binaries, controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import binaries, local
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 import gpunode_facts
@@ -69,9 +70,7 @@ def api_requests(process: operator_harness.OperatorProcess) -> float:
     return total
 
 
-def burst_requests(
-    plane: controlplane.ControlPlane, start: float, cordoned: float, nodes: int
-) -> dict[str, Any]:
+def burst_requests(plane: local.ControlPlane, start: float, cordoned: float, nodes: int) -> dict[str, Any]:
     """The operator's requests from the first fault on, by the API server's audit log: how many per
     cordon (writes by kind), and the API server's time per request (received → response complete),
     overall and up to the last cordon (the urgent part)."""
@@ -205,7 +204,7 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory(prefix="gpuhealth-bench-") as tmp:
         workdir = Path(tmp)
-        plane = controlplane.ControlPlane(binaries.locate(cwd=ROOT), workdir / "cp")
+        plane = local.ControlPlane(binaries.locate(cwd=ROOT), workdir / "cp")
         plane.start()
         try:
             crd_args = [a for p in sorted((ROOT / "crds").glob("*.yaml")) for a in ("-f", str(p))]

@@ -36,7 +36,9 @@ from typing import Any
 import operator_scale  # this directory is on sys.path when run as a script
 from kubernetes import client
 
-from gpuhealth_sim import binaries, controlplane, fleet, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import binaries, local
+from gpuhealth_sim.fleet import agentpool
 
 ROOT = operator_scale.ROOT
 import operator_harness  # noqa: E402  (on sys.path through operator_scale)
@@ -105,7 +107,7 @@ def steal_lease(api: client.ApiClient, name: str) -> None:
 
 
 def measure(nodes: int, workdir: Path, results: dict[str, Any]) -> None:
-    plane = controlplane.ControlPlane(binaries.locate(cwd=ROOT), workdir / "cp")
+    plane = local.ControlPlane(binaries.locate(cwd=ROOT), workdir / "cp")
     plane.start()
     operator: operator_harness.OperatorProcess | None = None
     writer: operator_scale.Writer | None = None
@@ -143,7 +145,7 @@ def measure(nodes: int, workdir: Path, results: dict[str, Any]) -> None:
         spec = operator_scale.fleet_spec(plan)
         direct = tuple(p for p in spec.nodes if p.pool == "direct")[:nodes]
         began = time.monotonic()
-        fleet.Fleet(dataclasses.replace(spec, nodes=direct), api, workers=32).create_nodes()
+        agentpool.Fleet(dataclasses.replace(spec, nodes=direct), api, workers=32).create_nodes()
         listed = json.loads(
             client.CoreV1Api(api)
             .list_node(label_selector=operator_scale._selector(), _preload_content=False)

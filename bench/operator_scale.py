@@ -54,7 +54,9 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from gpuhealth_api import resources
 from gpuhealth_operator import kube
-from gpuhealth_sim import binaries, controlplane, fleet, fleetfile, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import binaries, local
+from gpuhealth_sim.fleet import agentpool, fleetfile
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "support"))
@@ -379,13 +381,13 @@ def judged(operator: operator_harness.OperatorProcess, health: str | None = None
 
 
 def measure(plan: Plan, workdir: Path, results: dict[str, Any]) -> None:
-    plane = controlplane.ControlPlane(
+    plane = local.ControlPlane(
         binaries.locate(cwd=ROOT), workdir / "cp", kwok_lease_seconds=plan.kwok_lease_seconds
     )
     plane.start()
     operator: operator_harness.OperatorProcess | None = None
     writer: Writer | None = None
-    sim: fleet.Fleet | None = None
+    sim: agentpool.Fleet | None = None
     stop_trickle = threading.Event()
     try:
         crd_args = [a for p in sorted((ROOT / "crds").glob("*.yaml")) for a in ("-f", str(p))]
@@ -420,10 +422,10 @@ def measure(plan: Plan, workdir: Path, results: dict[str, Any]) -> None:
         direct_plans = tuple(p for p in spec.nodes if p.pool == "direct")[: plan.nodes - plan.agents]
         everything = dataclasses.replace(spec, nodes=agent_plans + direct_plans)
         began = time.monotonic()
-        fleet.Fleet(everything, api, workers=32).create_nodes()
+        agentpool.Fleet(everything, api, workers=32).create_nodes()
         results["create_nodes_seconds"] = round(time.monotonic() - began, 1)
         print(f"{plan.nodes} Nodes created in {results['create_nodes_seconds']} s", flush=True)
-        sim = fleet.Fleet(dataclasses.replace(spec, nodes=agent_plans), api)
+        sim = agentpool.Fleet(dataclasses.replace(spec, nodes=agent_plans), api)
         if agent_plans:
             sim.start()
         writer = Writer(Path(plane.kubeconfig))

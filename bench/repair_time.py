@@ -3,11 +3,11 @@
 Starts a local control plane, installs the CRDs, runs the operator as a
 subprocess (its default timer and leader election, the repair Job templates
 packaged with it, Jobs in namespace gpu-health), and a simulated fleet of N
-H100 nodes (real agent code, `sim/gpuhealth_sim/fleet.py`) with the
+H100 nodes (real agent code, `sim/gpuhealth_sim/fleet/agentpool.py`) with the
 production agent defaults `intervalSeconds: 5`, `heartbeatSeconds: 300` (the
 agent writes its status at once on a change, else every 300 s). The
-simulator's repair executor (`sim/gpuhealth_sim/repairs.py`) plays the nodes'
-side of the repair Jobs: kwok starts each pod, the executor ends it after the
+simulator's repair executor (`sim/gpuhealth_sim/fleet/repairs.py`) plays the
+nodes' side of the repair Jobs: kwok starts each pod, the executor ends it after the
 step's simulated duration (`--reset-seconds`, `--reboot-seconds`,
 `--validation-seconds`; the executor's defaults 1 / 2 / 2 s) as the node's
 scenario says. A real reset, reboot or `dcgmi diag -r 2` takes its own
@@ -79,7 +79,9 @@ from typing import Any
 from kubernetes import client
 
 from gpuhealth_api import keys, resources, vocabulary
-from gpuhealth_sim import binaries, controlplane, fleet, fleetfile, repairs, waiting, watches
+from gpuhealth_sim import waiting, watches
+from gpuhealth_sim.controlplane import binaries, local
+from gpuhealth_sim.fleet import agentpool, fleetfile, repairs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 import operator_harness
@@ -489,7 +491,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gpuhealth-bench-") as tmp:
         workdir = args.logs or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        plane = controlplane.ControlPlane(binaries.locate(cwd=ROOT), workdir / "cp")
+        plane = local.ControlPlane(binaries.locate(cwd=ROOT), workdir / "cp")
         plane.start()
         try:
             crd_args = [a for p in sorted((ROOT / "crds").glob("*.yaml")) for a in ("-f", str(p))]
@@ -518,7 +520,7 @@ def main() -> None:
                     },
                 },
             )
-            sim = fleet.Fleet(fleetfile.parse(spec, source="bench/repair_time.py"), api)
+            sim = agentpool.Fleet(fleetfile.parse(spec, source="bench/repair_time.py"), api)
             seconds = {
                 "ResetGPU": args.reset_seconds,
                 "RebootNode": args.reboot_seconds,

@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from gpuhealth_operator.decisions import stragglers
-from gpuhealth_sim import backtest, scoring, tracegen, traces
+from gpuhealth_sim.backtest import replayer, scoring, tracegen, traces
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 POLICY = ROOT / "examples" / "default-policy.yaml"
@@ -128,7 +128,7 @@ def _start(trace: pathlib.Path) -> float:
         return float(header["start"])
 
 
-def _run_watching(trace: pathlib.Path, seen: dict[str, list[tuple[float, float, int]]]) -> backtest.Result:
+def _run_watching(trace: pathlib.Path, seen: dict[str, list[tuple[float, float, int]]]) -> replayer.Result:
     """Backtest with every node's z-score recorded per sample (the timer's `windowed` calls)."""
     judge = stragglers.judge_nodes
     windowed = stragglers.windowed
@@ -149,7 +149,7 @@ def _run_watching(trace: pathlib.Path, seen: dict[str, list[tuple[float, float, 
     stragglers.judge_nodes = judging
     stragglers.windowed = watching
     try:
-        return backtest.run(trace, backtest.load_policy(POLICY), 30.0)
+        return replayer.run(trace, replayer.load_policy(POLICY), 30.0)
     finally:
         stragglers.judge_nodes = judge
         stragglers.windowed = windowed

@@ -41,7 +41,8 @@ import urllib3
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
-from gpuhealth_sim import binaries, controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import binaries, local
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 import gpunode_facts
@@ -175,7 +176,7 @@ def main() -> None:
     results: dict[str, Any] = {"load_average_at_start": Path("/proc/loadavg").read_text().split()[0]}
     with tempfile.TemporaryDirectory(prefix="gpuhealth-bench-") as tmp:
         workdir = Path(tmp)
-        plane = controlplane.ControlPlane(binaries.locate(cwd=ROOT), workdir / "cp")
+        plane = local.ControlPlane(binaries.locate(cwd=ROOT), workdir / "cp")
         plane.start()
         try:
             crd_args = [a for p in sorted((ROOT / "crds").glob("*.yaml")) for a in ("-f", str(p))]

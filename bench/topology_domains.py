@@ -41,7 +41,8 @@ from typing import Any
 
 from kubernetes import client
 
-from gpuhealth_sim import binaries, controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import binaries, local
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 import gpunode_facts
@@ -125,7 +126,7 @@ def main() -> None:
     violations: list[str] = []
     with tempfile.TemporaryDirectory(prefix="gpuhealth-bench-") as tmp:
         workdir = Path(tmp)
-        plane = controlplane.ControlPlane(binaries.locate(cwd=ROOT), workdir / "cp")
+        plane = local.ControlPlane(binaries.locate(cwd=ROOT), workdir / "cp")
         plane.start()
         try:
             crd_args = [a for p in sorted((ROOT / "crds").glob("*.yaml")) for a in ("-f", str(p))]

@@ -20,17 +20,18 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from gpuhealth_sim import binaries, controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import binaries, local
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD_DIR = ROOT / "crds"
 
 
 @pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[controlplane.ControlPlane]:
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local.ControlPlane]:
     """A running etcd + kube-apiserver + controller manager + scheduler + kwok; logs in its workdir."""
     directory = binaries.locate(cwd=ROOT)
-    plane = controlplane.ControlPlane(directory, tmp_path_factory.mktemp("control-plane"))
+    plane = local.ControlPlane(directory, tmp_path_factory.mktemp("control-plane"))
     plane.start()
     try:
         yield plane
@@ -39,7 +40,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[controlp
 
 
 @pytest.fixture(scope="session")
-def crds(control_plane: controlplane.ControlPlane) -> controlplane.ControlPlane:
+def crds(control_plane: local.ControlPlane) -> local.ControlPlane:
     """The control plane with every crds/*.yaml applied and Established."""
     files = sorted(CRD_DIR.glob("*.yaml"))
     if not files:
@@ -51,7 +52,7 @@ def crds(control_plane: controlplane.ControlPlane) -> controlplane.ControlPlane:
 
 
 @pytest.fixture(scope="session")
-def k8s(control_plane: controlplane.ControlPlane) -> Iterator[client.ApiClient]:
+def k8s(control_plane: local.ControlPlane) -> Iterator[client.ApiClient]:
     """A Kubernetes API client authenticated as the cluster administrator."""
     api = control_plane.api_client()
     try:

@@ -139,8 +139,8 @@ class Client(Protocol):
     """What the operator's decisions and actions ask of the API server.
 
     `Kube` implements it over HTTP; the in-memory cluster of the replay and the unit tests
-    (`gpuhealth_sim.memcluster.MemoryKube`) implements it in memory, and mypy holds both to it,
-    so the code the replay runs is the code production runs. The leader election and the CLI
+    (`gpuhealth_sim.backtest.memcluster.MemoryKube`) implements it in memory, and mypy holds both
+    to it, so the code the replay runs is the code production runs. The leader election and the CLI
     keep the concrete `Kube` (its fence and credentials are not part of this seam).
     """
 

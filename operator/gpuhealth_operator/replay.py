@@ -1,7 +1,7 @@
 """The operator as a library for a replay: the one entry point of the simulator's backtest.
 
-A replay (`gpuhealth_sim.backtest`) runs the live operator's own code, not a
-copy of it: `Operator` is one term of the operator over any `kube.Client`
+A replay (`gpuhealth_sim.backtest.replayer`) runs the live operator's own
+code, not a copy of it: `Operator` is one term of the operator over any `kube.Client`
 (the in-memory cluster, in a backtest) with the replay's clock instead of the
 wall clock. The replay hands it the watch events kopf would have delivered
 (Node, GPUNode, GPUHealthPolicy, agent Pod), runs the timer's pass when its

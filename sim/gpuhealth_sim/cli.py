@@ -21,7 +21,10 @@ from types import FrameType
 from kubernetes import client, config
 
 from gpuhealth_api import __version__, logformat
-from gpuhealth_sim import backtestcli, demo, fleet, fleetfile, kubeconfigs, repairs
+from gpuhealth_sim.backtest import subcommands
+from gpuhealth_sim.controlplane import kubeconfigs
+from gpuhealth_sim.demo import walkthrough
+from gpuhealth_sim.fleet import agentpool, fleetfile, repairs
 
 USAGE_ERROR = 2
 INVALID_FLEET = 3
@@ -71,14 +74,14 @@ def parser() -> argparse.ArgumentParser:
     show.add_argument(
         "--duration",
         type=float,
-        default=demo.DEFAULT_DURATION_SECONDS,
-        help=f"seconds the fleet runs before the summary (default: {demo.DEFAULT_DURATION_SECONDS:g})",
+        default=walkthrough.DEFAULT_DURATION_SECONDS,
+        help=f"seconds the fleet runs before the summary (default: {walkthrough.DEFAULT_DURATION_SECONDS:g})",
     )
     show.add_argument("--keep", action="store_true", help="keep the cluster running after the summary")
     show.add_argument(
-        "--fleet", type=Path, default=demo.DEFAULT_FLEET, help="fleet file (default: the demo's)"
+        "--fleet", type=Path, default=walkthrough.DEFAULT_FLEET, help="fleet file (default: the demo's)"
     )
-    show.add_argument("--policy", type=Path, default=demo.DEFAULT_POLICY, help="policy to apply")
+    show.add_argument("--policy", type=Path, default=walkthrough.DEFAULT_POLICY, help="policy to apply")
     show.add_argument("--summary-json", type=Path, help="also write the summary as JSON to this file")
     show.add_argument("--workdir", type=Path, help="keep logs and cluster state here (default: a temp dir)")
     show.add_argument(
@@ -90,7 +93,7 @@ def parser() -> argparse.ArgumentParser:
     check = commands.add_parser("validate", help="check a fleet file and list its nodes")
     check.add_argument("fleet", type=Path, nargs="?", help="fleet file (docs/fleet.md)")
     check.add_argument("--fleet", dest="fleet_option", type=Path, help="the same, spelt as `run` takes it")
-    backtestcli.add_commands(commands)
+    subcommands.add_commands(commands)
     return top
 
 
@@ -110,7 +113,7 @@ def _run(args: argparse.Namespace, spec: fleetfile.Fleet) -> int:
         return USAGE_ERROR
     logformat.configure(args.log_level, args.log_format)
     log = logging.getLogger("gpu-health-sim")
-    workers = args.workers or spec.workers or fleet.default_workers(len(spec.nodes))
+    workers = args.workers or spec.workers or agentpool.default_workers(len(spec.nodes))
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -127,13 +130,13 @@ def _run(args: argparse.Namespace, spec: fleetfile.Fleet) -> int:
         companions = []
         if args.repair_namespace:
 
-            def play_repairs(running: fleet.Fleet) -> Callable[[], None]:
+            def play_repairs(running: agentpool.Fleet) -> Callable[[], None]:
                 executor = repairs.Executor(api, running, namespace=args.repair_namespace)
                 executor.start()
                 return executor.stop
 
             companions.append(play_repairs)
-        sim = fleet.run(
+        sim = agentpool.run(
             spec, api, stop, workers=workers, delete_nodes=args.delete_nodes, companions=companions
         )
     finally:
@@ -155,13 +158,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     top = parser()
     args = top.parse_args(argv)
     if args.command in ("record", "trace", "backtest"):
-        return backtestcli.run(args)
+        return subcommands.run(args)
     if args.command == "validate":
         if (args.fleet is None) == (args.fleet_option is None):
             top.error("validate takes one fleet file: validate FILE or validate --fleet FILE")
         args.fleet = args.fleet or args.fleet_option
     if args.command == "demo":
-        options = demo.Options(
+        options = walkthrough.Options(
             duration_seconds=args.duration,
             keep=args.keep,
             fleet_path=args.fleet,
@@ -171,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             tty=False if args.plain else None,
         )
         try:
-            return demo.run(options)
+            return walkthrough.run(options)
         except fleetfile.FleetError as error:
             print(f"gpu-health-sim: {error}", file=sys.stderr)
             return INVALID_FLEET

@@ -41,7 +41,8 @@ import yaml
 from kubernetes import client
 
 from gpuhealth_api import keys, resources
-from gpuhealth_sim import controlplane, kubeconfigs, ports, processes, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import kubeconfigs, local, ports, processes
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 CHART: Final = ROOT / "charts" / "gpu-health"
@@ -78,7 +79,7 @@ LOG_TAIL_LINES: Final = 60
 class Release:
     """The chart installed for this module, and how to act as its service accounts."""
 
-    cp: controlplane.ControlPlane
+    cp: local.ControlPlane
     suffix: str
     """Value of MISSION_LABEL on this module's nodes."""
     system_node: str
@@ -147,12 +148,12 @@ def node_manifest(name: str, labels: Mapping[str, str], *, gpus: int | None) -> 
         "metadata": {
             "name": name,
             "labels": {"kubernetes.io/hostname": name, "type": "kwok", **gpu_labels, **labels},
-            "annotations": {controlplane.KWOK_NODE_ANNOTATION: controlplane.KWOK_NODE_ANNOTATION_VALUE},
+            "annotations": {local.KWOK_NODE_ANNOTATION: local.KWOK_NODE_ANNOTATION_VALUE},
         },
     }
 
 
-def create_nodes(cp: controlplane.ControlPlane, manifests: Sequence[dict[str, Any]]) -> None:
+def create_nodes(cp: local.ControlPlane, manifests: Sequence[dict[str, Any]]) -> None:
     """Create kwok nodes with their capacity; they join the chart's selection (MISSION_LABEL) once Ready.
 
     A real kubelet registers its Node, Ready and with its capacity, before any pod is bound to it. Here
@@ -205,7 +206,7 @@ def install_values(suffix: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def mission_release(
-    control_plane: controlplane.ControlPlane, tmp_path_factory: pytest.TempPathFactory
+    control_plane: local.ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Release]:
     # Not the `crds` fixture: when this module runs first, the CRDs come from the chart too.
     cp = control_plane
@@ -373,7 +374,7 @@ class Mission:
     bare_pods: list[str] = dataclasses.field(default_factory=list)
 
     @property
-    def cp(self) -> controlplane.ControlPlane:
+    def cp(self) -> local.ControlPlane:
         return self.release.cp
 
     @property
@@ -669,10 +670,10 @@ class Mission:
     def control_plane_lines(self, names: Sequence[str]) -> list[str]:
         """Lines of the scheduler, the controller manager and kwok naming any of `names`."""
         parts = []
-        for component in (controlplane.SCHEDULER, controlplane.CONTROLLER_MANAGER, controlplane.KWOK):
+        for component in (local.SCHEDULER, local.CONTROLLER_MANAGER, local.KWOK):
             try:
                 text = self.cp.log_path(component).read_text(errors="replace")
-            except (OSError, controlplane.ControlPlaneError):
+            except (OSError, local.ControlPlaneError):
                 continue
             lines = [line for line in text.splitlines() if any(name in line for name in names)]
             parts += [f"----- {component} lines naming this test's nodes or agent pods -----"]
@@ -689,7 +690,7 @@ class Mission:
         ours = [line for line in text.splitlines() if self.label in line][-LOG_TAIL_LINES:]
         try:
             placed = self.agent_pods()
-        except (controlplane.CommandError, subprocess.TimeoutExpired) as error:
+        except (local.CommandError, subprocess.TimeoutExpired) as error:
             placed, pods = {}, [f"cannot list agent pods: {error}"]
         else:
             pods = self.describe_agent_pods(placed)

@@ -37,7 +37,8 @@ import yaml
 
 import operator_harness
 from gpuhealth_api import keys, resources
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.e2e
 
@@ -82,7 +83,7 @@ class Release:
 class Identity:
     """A service account: kubectl through a kubeconfig holding only its token, or raw API requests."""
 
-    cp: controlplane.ControlPlane
+    cp: local.ControlPlane
     kubeconfig: Path
     token: str
 
@@ -129,7 +130,7 @@ class Identity:
         return result.stderr
 
 
-def identity(cp: controlplane.ControlPlane, token: str, directory: Path, name: str) -> Identity:
+def identity(cp: local.ControlPlane, token: str, directory: Path, name: str) -> Identity:
     path = directory / f"{name}.kubeconfig"
     config = {
         "apiVersion": "v1",
@@ -159,7 +160,7 @@ def node_manifest(name: str, labels: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def pods_of(cp: controlplane.ControlPlane, namespace: str, component: str) -> list[dict[str, Any]]:
+def pods_of(cp: local.ControlPlane, namespace: str, component: str) -> list[dict[str, Any]]:
     out = cp.kubectl(
         "get", "pods", "-n", namespace, "-l", f"app.kubernetes.io/component={component}", "-o", "json"
     ).stdout
@@ -188,9 +189,7 @@ def install_values(suffix: str, policy: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def namespace_and_nodes(
-    cp: controlplane.ControlPlane, suffix: str
-) -> Iterator[tuple[str, tuple[str, str], str]]:
+def namespace_and_nodes(cp: local.ControlPlane, suffix: str) -> Iterator[tuple[str, tuple[str, str], str]]:
     namespace = f"chart-e2e-{suffix}"
     gpu_nodes = (f"chart-{suffix}-gpu-0", f"chart-{suffix}-gpu-1")
     cpu_node = f"chart-{suffix}-cpu-0"
@@ -226,9 +225,7 @@ def namespace_and_nodes(
 
 
 @pytest.fixture(scope="module")
-def release(
-    control_plane: controlplane.ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Release]:
+def release(control_plane: local.ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
     suffix = "r" + secrets.token_hex(3)  # never all digits or 1e5-like: YAML would make it a number
     name = f"chart-{suffix}"
     policy = f"chart-e2e-{suffix}"
@@ -248,7 +245,7 @@ def release(
 
 
 @pytest.fixture(scope="module")
-def agent_pods(control_plane: controlplane.ControlPlane, release: Release) -> dict[str, str]:
+def agent_pods(control_plane: local.ControlPlane, release: Release) -> dict[str, str]:
     """node name -> name of the agent pod running there, once every agent runs."""
 
     def running() -> dict[str, str] | None:
@@ -267,7 +264,7 @@ def agent_pods(control_plane: controlplane.ControlPlane, release: Release) -> di
 
 
 @pytest.fixture(scope="module")
-def operator_pod(control_plane: controlplane.ControlPlane, release: Release) -> str:
+def operator_pod(control_plane: local.ControlPlane, release: Release) -> str:
     def running() -> str | None:
         pods = [
             p
@@ -282,7 +279,7 @@ def operator_pod(control_plane: controlplane.ControlPlane, release: Release) -> 
 
 @pytest.fixture(scope="module")
 def as_operator(
-    control_plane: controlplane.ControlPlane,
+    control_plane: local.ControlPlane,
     release: Release,
     operator_pod: str,
     tmp_path_factory: pytest.TempPathFactory,
@@ -296,7 +293,7 @@ def as_operator(
 
 @pytest.fixture(scope="module")
 def as_agent(
-    control_plane: controlplane.ControlPlane,
+    control_plane: local.ControlPlane,
     release: Release,
     agent_pods: dict[str, str],
     tmp_path_factory: pytest.TempPathFactory,
@@ -313,7 +310,7 @@ def as_agent(
 
 
 @pytest.fixture(scope="module")
-def victim(control_plane: controlplane.ControlPlane, release: Release) -> Iterator[str]:
+def victim(control_plane: local.ControlPlane, release: Release) -> Iterator[str]:
     """A plain pod on the first GPU node, for eviction attempts."""
     name = "victim"
     pod = {
@@ -358,7 +355,7 @@ def gpunode(name: str, node_uid: str | None = None) -> str:
     return json.dumps({"apiVersion": resources.API_VERSION, "kind": resources.GPUNODE_KIND, "metadata": meta})
 
 
-def apply_gpunode_as_admin(control_plane: controlplane.ControlPlane, name: str) -> None:
+def apply_gpunode_as_admin(control_plane: local.ControlPlane, name: str) -> None:
     """Make sure node `name` has a GPUNode owned by its Node (the admin applies it, as a fixture)."""
     control_plane.kubectl(
         "apply",
@@ -388,14 +385,14 @@ def agent_status() -> dict[str, Any]:
     }
 
 
-def node_uid(cp: controlplane.ControlPlane, name: str) -> str:
+def node_uid(cp: local.ControlPlane, name: str) -> str:
     return cp.kubectl("get", "node", name, "-o", "jsonpath={.metadata.uid}").stdout
 
 
 # -- the install -------------------------------------------------------------------------------------
 
 
-def test_crds_are_established(control_plane: controlplane.ControlPlane, release: Release) -> None:
+def test_crds_are_established(control_plane: local.ControlPlane, release: Release) -> None:
     for plural in (resources.GPUNODE_PLURAL, resources.POLICY_PLURAL):
         status = control_plane.kubectl(
             "get",
@@ -408,7 +405,7 @@ def test_crds_are_established(control_plane: controlplane.ControlPlane, release:
 
 
 def test_install_creates_workloads_rbac_and_admission_policy(
-    control_plane: controlplane.ControlPlane, release: Release
+    control_plane: local.ControlPlane, release: Release
 ) -> None:
     ns = ["-n", release.namespace]
     names = {
@@ -435,7 +432,7 @@ def test_install_creates_workloads_rbac_and_admission_policy(
 
 
 def test_agents_run_on_gpu_nodes_only(
-    control_plane: controlplane.ControlPlane, release: Release, agent_pods: dict[str, str]
+    control_plane: local.ControlPlane, release: Release, agent_pods: dict[str, str]
 ) -> None:
     assert set(agent_pods) == set(release.gpu_nodes)
     placed = {p["spec"].get("nodeName") for p in pods_of(control_plane, release.namespace, "agent")}
@@ -449,7 +446,7 @@ def test_agents_run_on_gpu_nodes_only(
 
 
 def test_both_workloads_pass_pod_security_restricted(
-    control_plane: controlplane.ControlPlane, release: Release, agent_pods: dict[str, str], operator_pod: str
+    control_plane: local.ControlPlane, release: Release, agent_pods: dict[str, str], operator_pod: str
 ) -> None:
     # The pods above exist in a namespace enforcing "restricted"; a privileged pod does not get in.
     privileged = {
@@ -473,7 +470,7 @@ def test_both_workloads_pass_pod_security_restricted(
     )
 
 
-def test_default_policy_applies_cleanly(control_plane: controlplane.ControlPlane, release: Release) -> None:
+def test_default_policy_applies_cleanly(control_plane: local.ControlPlane, release: Release) -> None:
     policy = json.loads(
         control_plane.kubectl("get", resources.POLICY_PLURAL, release.policy, "-o", "json").stdout
     )
@@ -489,7 +486,7 @@ def test_default_policy_applies_cleanly(control_plane: controlplane.ControlPlane
 
 
 def test_operator_can_watch_and_change_nodes(
-    control_plane: controlplane.ControlPlane, as_operator: Identity, release: Release
+    control_plane: local.ControlPlane, as_operator: Identity, release: Release
 ) -> None:
     node = release.gpu_nodes[1]
     as_operator.allowed("get", "nodes", "-l", f"{UNIQUE_LABEL}={release.suffix}")
@@ -528,7 +525,7 @@ def test_operator_can_watch_and_change_nodes(
 
 
 def test_operator_can_drain_through_evictions_only(
-    control_plane: controlplane.ControlPlane, as_operator: Identity, release: Release, victim: str
+    control_plane: local.ControlPlane, as_operator: Identity, release: Release, victim: str
 ) -> None:
     node = release.gpu_nodes[0]
     waiting.wait_until(
@@ -602,7 +599,7 @@ def test_operator_can_post_and_bump_node_events(as_operator: Identity, release: 
 
 
 def test_operator_can_read_facts_and_write_verdicts(
-    control_plane: controlplane.ControlPlane, as_operator: Identity, release: Release
+    control_plane: local.ControlPlane, as_operator: Identity, release: Release
 ) -> None:
     name = release.gpu_nodes[1]
     apply_gpunode_as_admin(control_plane, name)
@@ -630,7 +627,7 @@ def test_operator_can_read_facts_and_write_verdicts(
 
 
 def test_operator_holds_only_its_own_lease(
-    control_plane: controlplane.ControlPlane, as_operator: Identity, release: Release
+    control_plane: local.ControlPlane, as_operator: Identity, release: Release
 ) -> None:
     def lease(name: str, holder: str, version: str | None = None) -> str:
         meta: dict[str, Any] = {"name": name, "namespace": release.namespace}
@@ -671,7 +668,7 @@ def test_operator_has_nothing_else(as_operator: Identity, release: Release) -> N
 
 
 def test_agent_writes_its_own_gpunode(
-    control_plane: controlplane.ControlPlane, as_agent: Identity, release: Release
+    control_plane: local.ControlPlane, as_agent: Identity, release: Release
 ) -> None:
     own = release.gpu_nodes[0]
     as_agent.allowed("get", "node", own)
@@ -687,7 +684,7 @@ def test_agent_writes_its_own_gpunode(
 
 
 def test_agent_is_denied_another_nodes_gpunode(
-    control_plane: controlplane.ControlPlane, as_agent: Identity, release: Release
+    control_plane: local.ControlPlane, as_agent: Identity, release: Release
 ) -> None:
     other = release.gpu_nodes[1]
     apply_gpunode_as_admin(control_plane, other)
@@ -723,7 +720,7 @@ def test_agent_cannot_touch_nodes_or_pods(as_agent: Identity, release: Release, 
 
 
 def test_agent_token_without_a_node_is_denied(
-    control_plane: controlplane.ControlPlane, release: Release, tmp_path: Path
+    control_plane: local.ControlPlane, release: Release, tmp_path: Path
 ) -> None:
     # A token not bound to a pod carries no node name: the admission policy fails closed.
     token = control_plane.kubectl(
@@ -745,7 +742,7 @@ FAULTY_SCENARIO = (
 )
 
 
-def gpunode_status_of(cp: controlplane.ControlPlane, name: str) -> dict[str, Any]:
+def gpunode_status_of(cp: local.ControlPlane, name: str) -> dict[str, Any]:
     result = cp.kubectl("get", resources.GPUNODE_PLURAL, name, "--ignore-not-found", "-o", "json")
     body: dict[str, Any] = json.loads(result.stdout) if result.stdout.strip() else {}
     status: dict[str, Any] = body.get("status", {})
@@ -753,7 +750,7 @@ def gpunode_status_of(cp: controlplane.ControlPlane, name: str) -> dict[str, Any
 
 
 def test_real_agent_and_operator_work_with_the_chart_permissions(
-    control_plane: controlplane.ControlPlane,
+    control_plane: local.ControlPlane,
     release: Release,
     as_agent: Identity,
     as_operator: Identity,
@@ -832,7 +829,7 @@ def test_real_agent_and_operator_work_with_the_chart_permissions(
     assert forbidden == [], forbidden
 
 
-def fire_drill(control_plane: controlplane.ControlPlane, node: str) -> None:
+def fire_drill(control_plane: local.ControlPlane, node: str) -> None:
     """The documented drill under the chart's RBAC: the operator starts it, says it, ends it at its TTL.
 
     "Drill started" is said only once the operator wrote `drill-started` on the GPUNode, and the end
@@ -887,7 +884,7 @@ CLUSTER_KINDS = (
 
 
 def test_upgrade_then_uninstall_leaves_only_the_crds(
-    control_plane: controlplane.ControlPlane, tmp_path: Path
+    control_plane: local.ControlPlane, tmp_path: Path
 ) -> None:
     suffix = "r" + secrets.token_hex(3)  # never all digits or 1e5-like: YAML would make it a number
     name, policy = f"chart-un-{suffix}", f"chart-un-{suffix}"

@@ -29,7 +29,8 @@ from typing import Any, Final
 import pytest
 import yaml
 
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.e2e
 
@@ -41,7 +42,7 @@ READ: Final = {"get", "list", "watch"}
 
 
 def render(
-    cp: controlplane.ControlPlane, *args: str, release: str = "day2", namespace: str = "gpu-health"
+    cp: local.ControlPlane, *args: str, release: str = "day2", namespace: str = "gpu-health"
 ) -> list[dict[str, Any]]:
     out = cp.helm(
         "template", release, str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION, *args
@@ -65,7 +66,7 @@ def grants(role: dict[str, Any]) -> set[tuple[str, str]]:
     return {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
 
 
-def test_view_reads_and_edit_writes_policies_only(control_plane: controlplane.ControlPlane) -> None:
+def test_view_reads_and_edit_writes_policies_only(control_plane: local.ControlPlane) -> None:
     roles = aggregated(render(control_plane))
     assert set(roles) == {"view", "edit", "admin"}
     view = grants(roles["view"])
@@ -83,12 +84,12 @@ def test_view_reads_and_edit_writes_policies_only(control_plane: controlplane.Co
     assert roles["admin"] is roles["edit"]
 
 
-def test_aggregation_can_be_turned_off(control_plane: controlplane.ControlPlane) -> None:
+def test_aggregation_can_be_turned_off(control_plane: local.ControlPlane) -> None:
     assert aggregated(render(control_plane, "--set", "rbac.aggregateToDefaultRoles=false")) == {}
 
 
 @pytest.fixture
-def bound_users(crds: controlplane.ControlPlane) -> Iterator[dict[str, str]]:
+def bound_users(crds: local.ControlPlane) -> Iterator[dict[str, str]]:
     """The chart's aggregated roles applied; one user bound cluster-wide to each built-in role."""
     suffix = secrets.token_hex(3)
     roles = list(aggregated(render(crds, release=f"agg-{suffix}")).values())
@@ -112,13 +113,13 @@ def bound_users(crds: controlplane.ControlPlane) -> Iterator[dict[str, str]]:
         crds.kubectl("delete", "--ignore-not-found", "-f", "-", input=manifest, check=False)
 
 
-def can(cp: controlplane.ControlPlane, user: str, *args: str) -> bool:
+def can(cp: local.ControlPlane, user: str, *args: str) -> bool:
     result = cp.kubectl("auth", "can-i", *args, "--as", user, check=False)
     return result.stdout.strip() == "yes"
 
 
 def test_on_call_with_view_reads_and_with_edit_changes_policies(
-    crds: controlplane.ControlPlane, bound_users: dict[str, str]
+    crds: local.ControlPlane, bound_users: dict[str, str]
 ) -> None:
     view, edit, admin = bound_users["view"], bound_users["edit"], bound_users["admin"]
     waiting.wait_until(
@@ -148,7 +149,7 @@ def helm_test_pod(objects: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_helm_test_is_a_test_hook_with_the_charts_image_and_the_operators_account(
-    control_plane: controlplane.ControlPlane,
+    control_plane: local.ControlPlane,
 ) -> None:
     objects = render(control_plane)
     pod = helm_test_pod(objects)
@@ -167,13 +168,11 @@ def test_helm_test_is_a_test_hook_with_the_charts_image_and_the_operators_accoun
     assert env["LEASE_NAME"] in str(lease["rules"])
 
 
-def test_helm_test_can_be_turned_off(control_plane: controlplane.ControlPlane) -> None:
+def test_helm_test_can_be_turned_off(control_plane: local.ControlPlane) -> None:
     assert [o for o in render(control_plane, "--set", "tests.enabled=false") if o["kind"] == "Pod"] == []
 
 
-def test_the_helm_test_pod_passes_restricted_pod_security(
-    crds: controlplane.ControlPlane, namespace: str
-) -> None:
+def test_the_helm_test_pod_passes_restricted_pod_security(crds: local.ControlPlane, namespace: str) -> None:
     crds.kubectl(
         "label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted", "--overwrite"
     )
@@ -195,7 +194,7 @@ def test_the_helm_test_pod_passes_restricted_pod_security(
 
 
 def run_helm_test_script(
-    cp: controlplane.ControlPlane, namespace: str, release: str, directory: Path
+    cp: local.ControlPlane, namespace: str, release: str, directory: Path
 ) -> subprocess.CompletedProcess[str]:
     """The test pod's script as a process, as the operator's ServiceAccount of the rendered chart."""
     objects = render(cp, release=release, namespace=namespace)
@@ -232,7 +231,7 @@ def run_helm_test_script(
 
 
 @pytest.fixture
-def chart_rbac(crds: controlplane.ControlPlane, namespace: str) -> Iterator[str]:
+def chart_rbac(crds: local.ControlPlane, namespace: str) -> Iterator[str]:
     """The rendered chart's ServiceAccounts and RBAC applied in `namespace`; the release name."""
     release = f"ht-{secrets.token_hex(3)}"
     kinds = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
@@ -245,7 +244,7 @@ def chart_rbac(crds: controlplane.ControlPlane, namespace: str) -> Iterator[str]
         crds.kubectl("delete", "--ignore-not-found", "-f", "-", input=manifest, check=False)
 
 
-def put_lease(cp: controlplane.ControlPlane, namespace: str, name: str, renewed: datetime.datetime) -> None:
+def put_lease(cp: local.ControlPlane, namespace: str, name: str, renewed: datetime.datetime) -> None:
     lease = {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
@@ -260,7 +259,7 @@ def put_lease(cp: controlplane.ControlPlane, namespace: str, name: str, renewed:
 
 
 def test_helm_test_passes_with_a_leading_operator_and_fails_without_one(
-    crds: controlplane.ControlPlane, namespace: str, chart_rbac: str, tmp_path: Path
+    crds: local.ControlPlane, namespace: str, chart_rbac: str, tmp_path: Path
 ) -> None:
     pod = helm_test_pod(render(crds, release=chart_rbac, namespace=namespace))
     lease = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}["LEASE_NAME"]
@@ -284,7 +283,7 @@ def test_helm_test_passes_with_a_leading_operator_and_fails_without_one(
 
 
 def test_default_priority_classes_and_the_quota_that_admits_them(
-    control_plane: controlplane.ControlPlane,
+    control_plane: local.ControlPlane,
 ) -> None:
     objects = render(control_plane)
     (agent,) = [o for o in objects if o["kind"] == "DaemonSet"]
@@ -299,7 +298,7 @@ def test_default_priority_classes_and_the_quota_that_admits_them(
     assert sorted(expression["values"]) == ["system-cluster-critical", "system-node-critical"]
 
 
-def test_the_quota_admits_only_classes_in_use(control_plane: controlplane.ControlPlane) -> None:
+def test_the_quota_admits_only_classes_in_use(control_plane: local.ControlPlane) -> None:
     objects = render(control_plane, "--set", "operator.priorityClassName=")
     (quota,) = [o for o in objects if o["kind"] == "ResourceQuota"]
     assert quota["spec"]["scopeSelector"]["matchExpressions"][0]["values"] == ["system-node-critical"]
@@ -310,7 +309,7 @@ def test_the_quota_admits_only_classes_in_use(control_plane: controlplane.Contro
 
 
 def test_agents_tolerate_the_gpu_pool_taints_of_eks_gke_and_aks(
-    control_plane: controlplane.ControlPlane,
+    control_plane: local.ControlPlane,
 ) -> None:
     objects = render(control_plane)
     (agent,) = [o for o in objects if o["kind"] == "DaemonSet"]

@@ -19,7 +19,7 @@ from typing import Any, Final
 import pytest
 import yaml
 
-from gpuhealth_sim import controlplane
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.e2e
 
@@ -38,7 +38,7 @@ POD_SECURITY: Final = {
 }
 
 
-def render(cp: controlplane.ControlPlane, *args: str, namespace: str = "gpu-health") -> list[dict[str, Any]]:
+def render(cp: local.ControlPlane, *args: str, namespace: str = "gpu-health") -> list[dict[str, Any]]:
     out = cp.helm(
         "template", RELEASE, str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION, *args
     ).stdout
@@ -67,7 +67,7 @@ def host_paths(daemonset: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def test_the_default_is_the_env_var_mode_unprivileged(control_plane: controlplane.ControlPlane) -> None:
+def test_the_default_is_the_env_var_mode_unprivileged(control_plane: local.ControlPlane) -> None:
     daemonset = agent(render(control_plane))
     container = container_of(daemonset)
     assert env_of(container)["NVIDIA_VISIBLE_DEVICES"] == "all"
@@ -77,7 +77,7 @@ def test_the_default_is_the_env_var_mode_unprivileged(control_plane: controlplan
 
 
 def test_volume_mounts_mode_asks_the_runtime_through_a_dev_null_mount(
-    control_plane: controlplane.ControlPlane,
+    control_plane: local.ControlPlane,
 ) -> None:
     """Bottlerocket and hardened toolkits: `accept-nvidia-visible-devices-as-volume-mounts`."""
     daemonset = agent(render(control_plane, "--set", "agent.gpuAccess.mode=volumeMounts"))
@@ -92,7 +92,7 @@ def test_volume_mounts_mode_asks_the_runtime_through_a_dev_null_mount(
 
 
 def test_cdi_mode_annotates_the_cdi_device_and_can_name_a_runtime_class(
-    control_plane: controlplane.ControlPlane,
+    control_plane: local.ControlPlane,
 ) -> None:
     daemonset = agent(
         render(
@@ -117,7 +117,7 @@ def test_cdi_mode_annotates_the_cdi_device_and_can_name_a_runtime_class(
 
 
 def test_host_driver_mode_mounts_the_driver_read_only_and_finds_nvml_there(
-    control_plane: controlplane.ControlPlane,
+    control_plane: local.ControlPlane,
 ) -> None:
     """GKE's Google-managed drivers: no NVIDIA toolkit, the driver under /home/kubernetes/bin/nvidia."""
     daemonset = agent(render(control_plane, "--set", "agent.gpuAccess.mode=hostDriver"))
@@ -136,7 +136,7 @@ def test_host_driver_mode_mounts_the_driver_read_only_and_finds_nvml_there(
     assert daemonset["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
-def test_privileged_mode_is_privileged_and_nothing_more(control_plane: controlplane.ControlPlane) -> None:
+def test_privileged_mode_is_privileged_and_nothing_more(control_plane: local.ControlPlane) -> None:
     daemonset = agent(render(control_plane, "--set", "agent.gpuAccess.mode=privileged"))
     container = container_of(daemonset)
     assert container["securityContext"]["privileged"] is True
@@ -160,7 +160,7 @@ def test_privileged_mode_is_privileged_and_nothing_more(control_plane: controlpl
     ids=["unknown-mode", "bad-cdi-device", "relative-driver-path", "privileged-by-hand"],
 )
 def test_bad_gpu_access_values_are_refused(
-    control_plane: controlplane.ControlPlane, args: list[str], message: str
+    control_plane: local.ControlPlane, args: list[str], message: str
 ) -> None:
     result = control_plane.helm(
         "template", RELEASE, str(CHART), "--kube-version", KUBE_VERSION, *args, check=False
@@ -171,7 +171,7 @@ def test_bad_gpu_access_values_are_refused(
 
 @pytest.mark.parametrize("mode", MODES)
 def test_each_mode_is_accepted_by_the_api_server_at_its_pod_security_level(
-    crds: controlplane.ControlPlane, namespace: str, mode: str
+    crds: local.ControlPlane, namespace: str, mode: str
 ) -> None:
     level = POD_SECURITY[mode]
     crds.kubectl(

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from gpuhealth_sim import cli as sim_cli
-from gpuhealth_sim import controlplane
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.e2e
 
@@ -34,7 +34,7 @@ ON: Final = [
 READ_ONLY: Final = {"get", "list", "watch"}
 
 
-def render(cp: controlplane.ControlPlane, *args: str, namespace: str = "gpu-health") -> list[dict[str, Any]]:
+def render(cp: local.ControlPlane, *args: str, namespace: str = "gpu-health") -> list[dict[str, Any]]:
     out = cp.helm(
         "template", RELEASE, str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION, *args
     ).stdout
@@ -45,12 +45,12 @@ def recorder_objects(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [o for o in objects if o["metadata"]["labels"].get("app.kubernetes.io/component") == "recorder"]
 
 
-def test_the_recorder_is_off_by_default(control_plane: controlplane.ControlPlane) -> None:
+def test_the_recorder_is_off_by_default(control_plane: local.ControlPlane) -> None:
     assert recorder_objects(render(control_plane)) == []
 
 
 def test_the_recorder_records_this_release_onto_its_claim_and_only_reads(
-    control_plane: controlplane.ControlPlane,
+    control_plane: local.ControlPlane,
 ) -> None:
     objects = render(control_plane, *ON)
     mine = {o["kind"]: o for o in recorder_objects(objects)}
@@ -99,7 +99,7 @@ def test_the_recorder_records_this_release_onto_its_claim_and_only_reads(
     assert binding["subjects"][0]["name"] == mine["ServiceAccount"]["metadata"]["name"]
 
 
-def test_an_existing_claim_is_used_instead_of_a_new_one(control_plane: controlplane.ControlPlane) -> None:
+def test_an_existing_claim_is_used_instead_of_a_new_one(control_plane: local.ControlPlane) -> None:
     objects = recorder_objects(
         render(control_plane, *ON, "--set", "recorder.persistence.existingClaim=traces")
     )
@@ -109,7 +109,7 @@ def test_an_existing_claim_is_used_instead_of_a_new_one(control_plane: controlpl
     assert volume["persistentVolumeClaim"] == {"claimName": "traces"}
 
 
-def test_a_bad_size_is_refused_by_the_schema(control_plane: controlplane.ControlPlane) -> None:
+def test_a_bad_size_is_refused_by_the_schema(control_plane: local.ControlPlane) -> None:
     result = control_plane.helm(
         "lint", "--strict", str(CHART), "--set", "recorder.persistence.size=lots", check=False
     )
@@ -117,7 +117,7 @@ def test_a_bad_size_is_refused_by_the_schema(control_plane: controlplane.Control
 
 
 def test_the_recorder_passes_a_server_side_dry_run_under_restricted_pod_security(
-    crds: controlplane.ControlPlane, namespace: str
+    crds: local.ControlPlane, namespace: str
 ) -> None:
     crds.kubectl(
         "label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted", "--overwrite"

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuhealth_sim import binaries
+from gpuhealth_sim.controlplane import binaries
 
 pytestmark = pytest.mark.e2e
 

@@ -24,7 +24,7 @@ from gpuhealth_agent import metrics as agent_metrics
 from gpuhealth_api import resources
 from gpuhealth_operator import cli as operator_cli
 from gpuhealth_operator import metrics as operator_metrics
-from gpuhealth_sim import controlplane
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.e2e
 
@@ -39,7 +39,7 @@ KUBE_VERSION = "1.36.0"
 MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 
 
-def render(cp: controlplane.ControlPlane, *args: str, namespace: str = "gpu-health") -> list[dict[str, Any]]:
+def render(cp: local.ControlPlane, *args: str, namespace: str = "gpu-health") -> list[dict[str, Any]]:
     out = cp.helm(
         "template", RELEASE, str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION, *args
     ).stdout
@@ -60,14 +60,14 @@ def test_ci_variants_exist() -> None:
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_helm_lint_is_clean(control_plane: controlplane.ControlPlane, variant: str) -> None:
+def test_helm_lint_is_clean(control_plane: local.ControlPlane, variant: str) -> None:
     result = control_plane.helm("lint", "--strict", str(CHART), "-f", str(CHART / "ci" / variant))
     assert "0 chart(s) failed" in result.stdout, result.stdout
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_rendered_objects_are_labelled_and_selectors_are_stable(
-    control_plane: controlplane.ControlPlane, variant: str
+    control_plane: local.ControlPlane, variant: str
 ) -> None:
     objects = render(control_plane, "-f", str(CHART / "ci" / variant))
     assert objects
@@ -82,7 +82,7 @@ def test_rendered_objects_are_labelled_and_selectors_are_stable(
         assert selector.items() <= workload["spec"]["template"]["metadata"]["labels"].items()
 
 
-def test_default_install_is_hardened_and_wired(control_plane: controlplane.ControlPlane) -> None:
+def test_default_install_is_hardened_and_wired(control_plane: local.ControlPlane) -> None:
     objects = render(control_plane)
     (operator,) = by_kind(objects, "Deployment")
     (agent,) = by_kind(objects, "DaemonSet")
@@ -142,9 +142,7 @@ def test_default_install_is_hardened_and_wired(control_plane: controlplane.Contr
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_entry_points_accept_the_rendered_arguments(
-    control_plane: controlplane.ControlPlane, variant: str
-) -> None:
+def test_entry_points_accept_the_rendered_arguments(control_plane: local.ControlPlane, variant: str) -> None:
     objects = render(control_plane, "-f", str(CHART / "ci" / variant))
     (operator,) = by_kind(objects, "Deployment")
     (agent,) = by_kind(objects, "DaemonSet")
@@ -157,7 +155,7 @@ def test_entry_points_accept_the_rendered_arguments(
     assert args.command == "run"
 
 
-def test_default_policy_is_dry_run(control_plane: controlplane.ControlPlane) -> None:
+def test_default_policy_is_dry_run(control_plane: local.ControlPlane) -> None:
     objects = render(control_plane, "-f", str(CHART / "ci" / "default-policy-values.yaml"))
     (policy,) = by_kind(objects, resources.POLICY_KIND)
     assert policy["apiVersion"] == resources.API_VERSION
@@ -186,7 +184,7 @@ def exported_metric_names() -> set[str]:
     return names
 
 
-def test_monitoring_objects(control_plane: controlplane.ControlPlane) -> None:
+def test_monitoring_objects(control_plane: local.ControlPlane) -> None:
     objects = render(control_plane, "-f", str(CHART / "ci" / "monitoring-values.yaml"))
     monitors = by_kind(objects, "ServiceMonitor")
     assert len(monitors) == 2
@@ -227,7 +225,7 @@ def test_monitoring_objects(control_plane: controlplane.ControlPlane) -> None:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_rendered_objects_pass_server_side_dry_run(
-    crds: controlplane.ControlPlane, namespace: str, variant: str
+    crds: local.ControlPlane, namespace: str, variant: str
 ) -> None:
     crds.kubectl(
         "label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted", "--overwrite"
@@ -307,7 +305,7 @@ CONTRADICTIONS = [
 
 @pytest.mark.parametrize(("args", "message"), CONTRADICTIONS, ids=[m for _, m in CONTRADICTIONS])
 def test_contradictory_values_are_refused(
-    control_plane: controlplane.ControlPlane, args: list[str], message: str
+    control_plane: local.ControlPlane, args: list[str], message: str
 ) -> None:
     result = control_plane.helm(
         "template", RELEASE, str(CHART), "--kube-version", KUBE_VERSION, *args, check=False
@@ -316,7 +314,7 @@ def test_contradictory_values_are_refused(
     assert message in result.stderr, result.stderr
 
 
-def test_single_replica_operator_recreates(control_plane: controlplane.ControlPlane) -> None:
+def test_single_replica_operator_recreates(control_plane: local.ControlPlane) -> None:
     objects = render(
         control_plane, "--set", "operator.replicas=1", "--set", "operator.leaderElection.enabled=false"
     )
@@ -328,7 +326,7 @@ def test_single_replica_operator_recreates(control_plane: controlplane.ControlPl
 
 
 def test_the_operators_lease_renewals_have_their_own_priority_level(
-    control_plane: controlplane.ControlPlane,
+    control_plane: local.ControlPlane,
 ) -> None:
     objects = render(control_plane)
     (schema,) = by_kind(objects, "FlowSchema")
@@ -355,7 +353,7 @@ def test_the_operators_lease_renewals_have_their_own_priority_level(
 
 
 def test_one_release_per_node_pool_passes_its_selector_to_the_operator(
-    control_plane: controlplane.ControlPlane,
+    control_plane: local.ControlPlane,
 ) -> None:
     (default,) = by_kind(render(control_plane), "Deployment")
     assert not [a for a in default["spec"]["template"]["spec"]["containers"][0]["args"] if "node-sel" in a]
@@ -470,7 +468,7 @@ def admitted(policy: dict[str, Any]) -> dict[int, list[dict[str, Any]] | None]:
 
 
 def test_default_install_admits_only_the_metrics_and_probe_ports(
-    control_plane: controlplane.ControlPlane,
+    control_plane: local.ControlPlane,
 ) -> None:
     objects = render(control_plane)
     (operator,) = by_kind(objects, "Deployment")
@@ -490,7 +488,7 @@ def test_default_install_admits_only_the_metrics_and_probe_ports(
 
 
 def test_metrics_from_narrows_the_metrics_ports_to_the_given_peers(
-    control_plane: controlplane.ControlPlane,
+    control_plane: local.ControlPlane,
 ) -> None:
     monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
     objects = render(control_plane, "--set-json", f"networkPolicy.metrics.from=[{json.dumps(monitoring)}]")
@@ -499,12 +497,12 @@ def test_metrics_from_narrows_the_metrics_ports_to_the_given_peers(
     assert admitted(policies["agent"]) == {9101: [monitoring]}
 
 
-def test_network_policies_can_be_turned_off(control_plane: controlplane.ControlPlane) -> None:
+def test_network_policies_can_be_turned_off(control_plane: local.ControlPlane) -> None:
     assert not by_kind(render(control_plane, "--set", "networkPolicy.enabled=false"), "NetworkPolicy")
 
 
 def test_the_monitoring_variant_admits_scrapes_from_its_prometheus_namespace_only(
-    control_plane: controlplane.ControlPlane,
+    control_plane: local.ControlPlane,
 ) -> None:
     objects = render(control_plane, "-f", str(CHART / "ci" / "monitoring-values.yaml"))
     policies = network_policies(objects)

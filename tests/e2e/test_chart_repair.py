@@ -21,7 +21,7 @@ import yaml
 
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import cli as operator_cli
-from gpuhealth_sim import controlplane
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.e2e
 
@@ -35,7 +35,7 @@ TEMPLATE_KEYS = [a.value for a in vocabulary.RepairAction] + [vocabulary.VALIDAT
 VALUE_KEYS = {"ResetGPU": "resetGPU", "RebootNode": "rebootNode", "Validation": "validation"}
 
 
-def render(cp: controlplane.ControlPlane, *args: str, namespace: str = "gpu-health") -> list[dict[str, Any]]:
+def render(cp: local.ControlPlane, *args: str, namespace: str = "gpu-health") -> list[dict[str, Any]]:
     out = cp.helm(
         "template", RELEASE, str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION, *args
     ).stdout
@@ -81,7 +81,7 @@ def test_packaged_templates_are_one_job_per_action() -> None:
     assert "dcgmi diag -r 2" in validation["command"][2]
 
 
-def test_default_config_map_equals_the_packaged_templates(control_plane: controlplane.ControlPlane) -> None:
+def test_default_config_map_equals_the_packaged_templates(control_plane: local.ControlPlane) -> None:
     objects = render(control_plane)
     config_map = named(objects, "ConfigMap", "-repair-templates")
     assert config_map["metadata"]["name"] == f"{RELEASE}-gpu-health-repair-templates"
@@ -97,7 +97,7 @@ def test_values_hold_the_same_templates_as_the_package() -> None:
 
 
 def test_operator_is_pointed_at_the_templates_and_the_release_namespace(
-    control_plane: controlplane.ControlPlane,
+    control_plane: local.ControlPlane,
 ) -> None:
     args = operator_args(render(control_plane, namespace="gpu-fleet"))
     assert "--repair-templates=gpu-fleet/render-gpu-health-repair-templates" in args
@@ -107,7 +107,7 @@ def test_operator_is_pointed_at_the_templates_and_the_release_namespace(
     assert config.repair_namespace == "gpu-fleet"
 
 
-def test_repair_permissions_are_namespaced_and_minimal(control_plane: controlplane.ControlPlane) -> None:
+def test_repair_permissions_are_namespaced_and_minimal(control_plane: local.ControlPlane) -> None:
     objects = render(control_plane)
     role = named(objects, "Role", "-operator-repair")
     assert role["metadata"]["namespace"] == "gpu-health"
@@ -127,7 +127,7 @@ def test_repair_permissions_are_namespaced_and_minimal(control_plane: controlpla
         assert not granted & {"jobs", "configmaps"}, cluster_role["metadata"]["name"]
 
 
-def test_repair_jobs_may_run_in_a_namespace_of_their_own(control_plane: controlplane.ControlPlane) -> None:
+def test_repair_jobs_may_run_in_a_namespace_of_their_own(control_plane: local.ControlPlane) -> None:
     objects = render(control_plane, "--set", "repair.namespace=gpu-repair")
     role = named(objects, "Role", "-operator-repair")
     assert role["metadata"]["namespace"] == "gpu-repair"
@@ -149,7 +149,7 @@ def test_repair_jobs_may_run_in_a_namespace_of_their_own(control_plane: controlp
     assert "--repair-namespace=gpu-repair" in operator_args(objects)
 
 
-def test_images_and_runtime_class_override_the_templates(control_plane: controlplane.ControlPlane) -> None:
+def test_images_and_runtime_class_override_the_templates(control_plane: local.ControlPlane) -> None:
     objects = render(
         control_plane,
         "--set", "repair.runtimeClassName=nvidia",
@@ -169,7 +169,7 @@ def test_images_and_runtime_class_override_the_templates(control_plane: controlp
         assert job == packaged[key], key
 
 
-def test_a_whole_template_may_be_replaced(control_plane: controlplane.ControlPlane, tmp_path: Path) -> None:
+def test_a_whole_template_may_be_replaced(control_plane: local.ControlPlane, tmp_path: Path) -> None:
     mine = {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -199,7 +199,7 @@ def test_a_whole_template_may_be_replaced(control_plane: controlplane.ControlPla
     assert templates["ResetGPU"] == yaml.safe_load(PACKAGED.read_text())["ResetGPU"]
 
 
-def test_a_template_that_is_not_a_job_is_refused(control_plane: controlplane.ControlPlane) -> None:
+def test_a_template_that_is_not_a_job_is_refused(control_plane: local.ControlPlane) -> None:
     result = control_plane.helm(
         "template", RELEASE, str(CHART), "--kube-version", KUBE_VERSION,
         "--set", "repair.templates.rebootNode.kind=Pod", check=False,
@@ -208,15 +208,13 @@ def test_a_template_that_is_not_a_job_is_refused(control_plane: controlplane.Con
     assert "/repair/templates/rebootNode/kind" in result.stderr, result.stderr
 
 
-def test_repair_can_be_left_out(control_plane: controlplane.ControlPlane) -> None:
+def test_repair_can_be_left_out(control_plane: local.ControlPlane) -> None:
     objects = render(control_plane, "--set", "repair.enabled=false")
     assert not [o for o in objects if "repair" in o["metadata"]["name"]]
     assert not [a for a in operator_args(objects) if a.startswith("--repair")]
 
 
-def test_each_template_is_a_job_the_api_server_accepts(
-    crds: controlplane.ControlPlane, namespace: str
-) -> None:
+def test_each_template_is_a_job_the_api_server_accepts(crds: local.ControlPlane, namespace: str) -> None:
     # As the operator fills it in (name, namespace, node, tolerations, env, deadlines), server-side dry run:
     # the API server's own validation and admission, nothing created. The namespace admits privileged pods.
     crds.kubectl(
@@ -243,7 +241,7 @@ def test_each_template_is_a_job_the_api_server_accepts(
 
 
 @contextlib.contextmanager
-def installed(cp: controlplane.ControlPlane, tmp: Path) -> Iterator[tuple[str, str, str]]:
+def installed(cp: local.ControlPlane, tmp: Path) -> Iterator[tuple[str, str, str]]:
     """A release in a fresh namespace, pods pinned to a label no node has: (namespace, fullname, other)."""
     suffix = "r" + secrets.token_hex(3)
     namespace, other, name = f"repair-e2e-{suffix}", f"repair-e2e-{suffix}-other", f"repair-{suffix}"
@@ -270,15 +268,13 @@ def installed(cp: controlplane.ControlPlane, tmp: Path) -> Iterator[tuple[str, s
 
 @pytest.fixture(scope="module")
 def release(
-    control_plane: controlplane.ControlPlane, tmp_path_factory: pytest.TempPathFactory
+    control_plane: local.ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, str, str]]:
     with installed(control_plane, tmp_path_factory.mktemp("chart-repair")) as found:
         yield found
 
 
-def allowed(
-    cp: controlplane.ControlPlane, user: str, home: str, verb: str, resource: str, **more: str
-) -> bool:
+def allowed(cp: local.ControlPlane, user: str, home: str, verb: str, resource: str, **more: str) -> bool:
     """A SubjectAccessReview of the real API server: may `user` do this?"""
     group, _, plural = resource.rpartition("/")
     review = {
@@ -299,7 +295,7 @@ def allowed(
 
 
 def test_install_ships_the_templates_and_the_role(
-    control_plane: controlplane.ControlPlane, release: tuple[str, str, str]
+    control_plane: local.ControlPlane, release: tuple[str, str, str]
 ) -> None:
     namespace, fullname, _ = release
     config_map = json.loads(
@@ -312,7 +308,7 @@ def test_install_ships_the_templates_and_the_role(
 
 
 def test_operator_may_run_jobs_in_the_release_namespace_only(
-    control_plane: controlplane.ControlPlane, release: tuple[str, str, str], tmp_path: Path
+    control_plane: local.ControlPlane, release: tuple[str, str, str], tmp_path: Path
 ) -> None:
     namespace, fullname, other = release
     account = f"system:serviceaccount:{namespace}:{fullname}-operator"

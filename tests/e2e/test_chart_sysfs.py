@@ -15,14 +15,14 @@ from typing import Any, Final
 import pytest
 import yaml
 
-from gpuhealth_sim import controlplane
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.e2e
 
 CHART: Final = Path(__file__).resolve().parents[2] / "charts" / "gpu-health"
 
 
-def agent_pod(cp: controlplane.ControlPlane, *args: str) -> dict[str, Any]:
+def agent_pod(cp: local.ControlPlane, *args: str) -> dict[str, Any]:
     out = cp.helm("template", "sysfs", str(CHART), "--kube-version", "1.36.0", *args).stdout
     (daemonset,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "DaemonSet"]
     pod: dict[str, Any] = daemonset["spec"]["template"]["spec"]
@@ -39,14 +39,14 @@ def host_paths(pod: dict[str, Any]) -> dict[str, str]:
 
 
 def test_the_default_reads_the_pods_own_sys_without_a_host_path(
-    control_plane: controlplane.ControlPlane,
+    control_plane: local.ControlPlane,
 ) -> None:
     pod = agent_pod(control_plane)
     assert sysfs_args(pod) == ["--sysfs-root=/sys"]
     assert host_paths(pod) == {}
 
 
-def test_host_mounts_the_hosts_sys_read_only(control_plane: controlplane.ControlPlane) -> None:
+def test_host_mounts_the_hosts_sys_read_only(control_plane: local.ControlPlane) -> None:
     pod = agent_pod(control_plane, "--set", "agent.sysfs.source=host")
     assert sysfs_args(pod) == ["--sysfs-root=/host/sys"]
     assert host_paths(pod) == {"host-sys": "/sys"}
@@ -55,13 +55,13 @@ def test_host_mounts_the_hosts_sys_read_only(control_plane: controlplane.Control
     assert (mount["mountPath"], mount["readOnly"]) == ("/host/sys", True)
 
 
-def test_none_reads_no_sysfs(control_plane: controlplane.ControlPlane) -> None:
+def test_none_reads_no_sysfs(control_plane: local.ControlPlane) -> None:
     pod = agent_pod(control_plane, "--set", "agent.sysfs.source=none")
     assert sysfs_args(pod) == ["--sysfs-root="]
     assert host_paths(pod) == {}
 
 
-def test_the_simulated_backend_uses_its_own_tree(control_plane: controlplane.ControlPlane) -> None:
+def test_the_simulated_backend_uses_its_own_tree(control_plane: local.ControlPlane) -> None:
     pod = agent_pod(
         control_plane,
         *("--set", "agent.backend=sim", "--set", "agent.sysfs.source=host"),
@@ -71,6 +71,6 @@ def test_the_simulated_backend_uses_its_own_tree(control_plane: controlplane.Con
     assert host_paths(pod) == {}
 
 
-def test_an_unknown_source_is_refused(control_plane: controlplane.ControlPlane) -> None:
+def test_an_unknown_source_is_refused(control_plane: local.ControlPlane) -> None:
     with pytest.raises(Exception, match="container"):
         agent_pod(control_plane, "--set", "agent.sysfs.source=bogus")

@@ -44,7 +44,7 @@ import pytest
 import yaml
 
 from gpuhealth_api import vocabulary
-from gpuhealth_sim import binaries, ports, processes
+from gpuhealth_sim.controlplane import binaries, ports, processes
 
 pytestmark = pytest.mark.e2e
 

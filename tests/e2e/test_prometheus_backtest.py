@@ -42,7 +42,8 @@ import pytest
 import yaml
 
 from gpuhealth_agent import metrics
-from gpuhealth_sim import ports, processes, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import ports, processes
 
 pytestmark = pytest.mark.e2e
 

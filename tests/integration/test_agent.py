@@ -22,7 +22,8 @@ from kubernetes import client, watch
 import operator_harness
 from gpuhealth_agent import reporter, runner, scenario, simulated
 from gpuhealth_api import keys, resources
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
@@ -45,9 +46,7 @@ def node_manifest(name: str, gpus: int = 8) -> dict[str, Any]:
 
 
 @pytest.fixture
-def node(
-    request: pytest.FixtureRequest, crds: controlplane.ControlPlane, k8s: client.ApiClient
-) -> Iterator[str]:
+def node(request: pytest.FixtureRequest, crds: local.ControlPlane, k8s: client.ApiClient) -> Iterator[str]:
     """A fresh fake GPU Node (8 GPUs advertised); deleted afterwards, with its GPUNode."""
     name = f"{PREFIX}-{request.node.name.removeprefix('test_').replace('_', '-')}"[:60].rstrip("-")
     core = client.CoreV1Api(k8s)
@@ -124,7 +123,7 @@ HEALTHY = "gpus: 8\ndefaults: {temperatureCelsius: 47, utilizationPercent: 93}\n
 
 
 def test_agent_creates_its_gpunode_owned_by_the_node(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, node: str
+    crds: local.ControlPlane, k8s: client.ApiClient, node: str
 ) -> None:
     uid = client.CoreV1Api(k8s).read_node(node).metadata.uid
     with InProcessAgent(k8s, node, HEALTHY, interval=0.5, heartbeat=30):
@@ -147,7 +146,7 @@ def test_agent_creates_its_gpunode_owned_by_the_node(
 
 
 def test_a_fault_reaches_the_gpunode_within_a_second_of_its_scenario_time(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, node: str
+    crds: local.ControlPlane, k8s: client.ApiClient, node: str
 ) -> None:
     fault_at = 10.0  # well after the GPUNode exists and the watch is open, even on a busy CI box
     text = HEALTHY + f"timeline:\n- {{after: {fault_at}s, gpu: 3, set: {{eccUncorrectedVolatile: 1}}}}\n"
@@ -174,7 +173,7 @@ def test_a_fault_reaches_the_gpunode_within_a_second_of_its_scenario_time(
 
 
 def test_kubectl_get_gpunodes_shows_the_facts_from_the_real_command(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, node: str, tmp_path: Path
+    crds: local.ControlPlane, k8s: client.ApiClient, node: str, tmp_path: Path
 ) -> None:
     plan = tmp_path / "thermal.yaml"
     plan.write_text(
@@ -214,7 +213,7 @@ def test_kubectl_get_gpunodes_shows_the_facts_from_the_real_command(
 
 
 def test_api_server_outage_then_the_latest_state_lands_without_restarting_the_agent(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, node: str
+    crds: local.ControlPlane, k8s: client.ApiClient, node: str
 ) -> None:
     text = (
         HEALTHY
@@ -254,7 +253,7 @@ def test_api_server_outage_then_the_latest_state_lands_without_restarting_the_ag
 
 
 def test_steady_state_writes_only_on_the_heartbeat(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, node: str
+    crds: local.ControlPlane, k8s: client.ApiClient, node: str
 ) -> None:
     heartbeat = 3.0
     custom = client.CustomObjectsApi(k8s)
@@ -287,7 +286,7 @@ def test_steady_state_writes_only_on_the_heartbeat(
 
 
 def test_a_restarted_agent_keeps_the_xids_on_its_gpunode(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, node: str
+    crds: local.ControlPlane, k8s: client.ApiClient, node: str
 ) -> None:
     with InProcessAgent(
         k8s, node, HEALTHY + "timeline:\n- {after: 1s, gpu: 4, xid: 94}\n", interval=0.2, heartbeat=60
@@ -310,7 +309,7 @@ def test_a_restarted_agent_keeps_the_xids_on_its_gpunode(
 
 
 def test_a_time_sliced_node_beyond_64_replicas_keeps_reporting_its_8_gpus(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, node: str
+    crds: local.ControlPlane, k8s: client.ApiClient, node: str
 ) -> None:
     # 8 GPUs shared 16 ways, no GFD labels: the Node advertises 128. Padding the status with
     # "lost" GPUs up to that broke the CRD's 64-GPU limit: after its first write the agent's
@@ -337,7 +336,7 @@ def test_a_time_sliced_node_beyond_64_replicas_keeps_reporting_its_8_gpus(
 
 
 def test_an_agent_that_sees_no_gpu_makes_its_node_unknown_and_nothing_is_cordoned(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, node: str, tmp_path: Path
+    crds: local.ControlPlane, k8s: client.ApiClient, node: str, tmp_path: Path
 ) -> None:
     """Issue 24, item 16: the container runtime hides the GPUs from the agent (`visibleGpus: 0`)
     on a Node labelled with 8 GPUs. Before, the agent reported 8 lost GPUs and the operator drained

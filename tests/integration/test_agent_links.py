@@ -18,7 +18,8 @@ from kubernetes import client
 
 from gpuhealth_agent import reporter, runner, scenario, simulated
 from gpuhealth_api import keys, resources
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
@@ -28,9 +29,7 @@ HEARTBEAT = 300.0
 
 
 @pytest.fixture
-def node(
-    request: pytest.FixtureRequest, crds: controlplane.ControlPlane, k8s: client.ApiClient
-) -> Iterator[str]:
+def node(request: pytest.FixtureRequest, crds: local.ControlPlane, k8s: client.ApiClient) -> Iterator[str]:
     name = f"{PREFIX}-{request.node.name.removeprefix('test_').replace('_', '-')}"[:60].rstrip("-")
     core = client.CoreV1Api(k8s)
     core.create_node(
@@ -117,7 +116,7 @@ timeline:
 
 
 def test_link_fabric_aer_and_nic_faults_reach_the_gpunode_without_a_heartbeat(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, node: str
+    crds: local.ControlPlane, k8s: client.ApiClient, node: str
 ) -> None:
     with Agent(k8s, node, SCENARIO) as running:
         healthy = waiting.wait_until(
@@ -167,7 +166,7 @@ def test_link_fabric_aer_and_nic_faults_reach_the_gpunode_without_a_heartbeat(
 
 
 def test_a_pcie_board_reports_no_nvlink_fabric_aer_or_nics(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, node: str
+    crds: local.ControlPlane, k8s: client.ApiClient, node: str
 ) -> None:
     with Agent(k8s, node, "gpus: 2\nmodel: NVIDIA H100 PCIe\n"):
         status = waiting.wait_until(

@@ -22,7 +22,8 @@ import gpunode_facts
 import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
@@ -165,7 +166,7 @@ def test_a_tenants_pods_with_the_agents_labels_are_not_the_agent(
         "metadata": {
             "name": "lookalike-bare",
             "labels": {AGENT_LABEL: label},
-            "annotations": {controlplane.KWOK_STATUS_ANNOTATION: "custom"},
+            "annotations": {local.KWOK_STATUS_ANNOTATION: "custom"},
         },
         "spec": {"nodeName": faulty, "containers": agent_daemonset.PAUSE, "terminationGracePeriodSeconds": 0},
     }

@@ -5,7 +5,7 @@ story on five kwok nodes while `record` follows the cluster into a trace:
 a double-bit ECC error on one node (cordon and drain), a thermal episode on
 another (label, then label removed), a human's cordon and uncordon of a
 third, the first node's recovery (uncordon). A separate watch of the Nodes
-says what the live operator did. Then `backtest.run` replays the recorded
+says what the live operator did. Then `replayer.run` replays the recorded
 trace under the same policy, and must report the same Node changes, per
 node, in the same order.
 
@@ -41,7 +41,10 @@ import operator_harness
 from gpuhealth_api import keys, resources, timestamps
 from gpuhealth_operator import settings
 from gpuhealth_operator.decisions import device_taints
-from gpuhealth_sim import backtest, controlplane, dra, liveactions, tracerecord, traces, waiting, watches
+from gpuhealth_sim import waiting, watches
+from gpuhealth_sim.backtest import liveactions, replayer, tracerecord, traces
+from gpuhealth_sim.controlplane import local
+from gpuhealth_sim.fleet import dra
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +83,7 @@ class Recording:
 
     def __init__(
         self,
-        control_plane: controlplane.ControlPlane,
+        control_plane: local.ControlPlane,
         k8s: client.ApiClient,
         trace: Path,
         names: Collection[str],
@@ -136,9 +139,9 @@ def _counted(fleet: operator_harness.Fleet, **counts: int) -> bool:
 
 
 def _replayed_as_live(
-    trace: Path, policy: dict[str, Any], live: list[backtest.Action], names: Collection[str]
-) -> backtest.Result:
-    result = backtest.run(trace, policy, tick_seconds=TICK)
+    trace: Path, policy: dict[str, Any], live: list[replayer.Action], names: Collection[str]
+) -> replayer.Result:
+    result = replayer.run(trace, policy, tick_seconds=TICK)
     replayed = [a for a in result.actions if a.node in names]
     assert liveactions.differences(live, replayed) == {}, (
         f"live: {liveactions.sequence(live)}\nreplayed: {liveactions.sequence(replayed)}"
@@ -148,7 +151,7 @@ def _replayed_as_live(
 
 def test_the_backtest_of_a_recorded_run_decides_what_the_live_operator_did(
     operator: operator_harness.OperatorProcess,
-    control_plane: controlplane.ControlPlane,
+    control_plane: local.ControlPlane,
     k8s: client.ApiClient,
     tmp_path: Path,
 ) -> None:
@@ -240,7 +243,7 @@ def test_the_backtest_of_a_recorded_run_decides_what_the_live_operator_did(
 
 def test_a_node_replaced_while_drained_frees_the_budget_live_and_in_the_backtest(
     operator: operator_harness.OperatorProcess,
-    control_plane: controlplane.ControlPlane,
+    control_plane: local.ControlPlane,
     k8s: client.ApiClient,
     tmp_path: Path,
 ) -> None:
@@ -319,7 +322,7 @@ def test_a_node_replaced_while_drained_frees_the_budget_live_and_in_the_backtest
 
 def test_a_recording_begun_on_a_policys_cordon_replays_the_uncordon_live_made(
     operator: operator_harness.OperatorProcess,
-    control_plane: controlplane.ControlPlane,
+    control_plane: local.ControlPlane,
     k8s: client.ApiClient,
     tmp_path: Path,
 ) -> None:
@@ -421,7 +424,7 @@ def _set_ready(core: client.CoreV1Api, namespace: str, pod: str, ready: bool) ->
 
 def test_an_agent_whose_pod_dies_is_judged_stale_when_the_live_operator_judged_it(
     operator: operator_harness.OperatorProcess,
-    control_plane: controlplane.ControlPlane,
+    control_plane: local.ControlPlane,
     k8s: client.ApiClient,
     namespace: str,
     tmp_path: Path,
@@ -518,7 +521,7 @@ def _delete_slice(fleet: operator_harness.Fleet, node: str) -> None:
 
 def test_the_backtest_isolates_the_gpu_the_live_operator_isolated_on_a_dra_node(
     operator: operator_harness.OperatorProcess,
-    control_plane: controlplane.ControlPlane,
+    control_plane: local.ControlPlane,
     k8s: client.ApiClient,
     tmp_path: Path,
 ) -> None:
@@ -589,7 +592,7 @@ def test_the_backtest_isolates_the_gpu_the_live_operator_isolated_on_a_dra_node(
 
 
 def test_record_ends_with_a_complete_trace_on_ctrl_c_and_at_its_bounds(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path: Path
+    crds: local.ControlPlane, k8s: client.ApiClient, tmp_path: Path
 ) -> None:
     fleet = operator_harness.Fleet(k8s, label=f"rec-{secrets.token_hex(3)}")
     script = Path(sys.executable).parent / "gpu-health-sim"

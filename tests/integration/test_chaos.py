@@ -39,7 +39,8 @@ from kubernetes import client, watch
 import gpunode_facts
 import operator_fixtures
 import operator_harness
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
@@ -83,7 +84,7 @@ operator = operator_fixtures.operator_fixture("chaos", OPERATOR_ARGS, scope="fun
 class NodeRecorder:
     """In a thread: every change of the fleet's Nodes, through API-server restarts (re-list, then watch)."""
 
-    def __init__(self, plane: controlplane.ControlPlane, label: str) -> None:
+    def __init__(self, plane: local.ControlPlane, label: str) -> None:
         self.plane = plane
         self.selector = f"{operator_harness.Fleet.LABEL_KEY}={label}"
         self.unschedulable: dict[str, bool] = {}
@@ -198,7 +199,7 @@ def event_counts(fleet: operator_harness.Fleet, name: str, reason: str) -> int:
     return sum(int(e.get("count") or 1) for e in fleet.events(name, reason))
 
 
-def evictions(plane: controlplane.ControlPlane, namespace: str) -> dict[str, list[int | None]]:
+def evictions(plane: local.ControlPlane, namespace: str) -> dict[str, list[int | None]]:
     """pod → the status code of every eviction of it the API server received, from its audit log.
 
     A request whose client was SIGKILLed may be audited with an error code although the pod went; one
@@ -230,7 +231,7 @@ def evictions(plane: controlplane.ControlPlane, namespace: str) -> dict[str, lis
     ids=[*(f"seed-{s}" for s in REGRESSION_SEEDS), "random"],
 )
 def test_random_kills_of_operator_and_api_server_never_break_the_invariant(
-    crds: controlplane.ControlPlane,
+    crds: local.ControlPlane,
     k8s: client.ApiClient,
     operator: operator_harness.OperatorProcess,
     fleet: operator_harness.Fleet,
@@ -312,7 +313,7 @@ def test_random_kills_of_operator_and_api_server_never_break_the_invariant(
 
 
 def run(
-    plane: controlplane.ControlPlane,
+    plane: local.ControlPlane,
     operator: operator_harness.OperatorProcess,
     fleet: operator_harness.Fleet,
     namespace: str,

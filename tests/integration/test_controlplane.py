@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +33,7 @@ def kwok_node(name: str, labels: dict[str, str]) -> dict[str, Any]:
         "metadata": {
             "name": name,
             "labels": {"kubernetes.io/hostname": name, **labels},
-            "annotations": {controlplane.KWOK_NODE_ANNOTATION: controlplane.KWOK_NODE_ANNOTATION_VALUE},
+            "annotations": {local.KWOK_NODE_ANNOTATION: local.KWOK_NODE_ANNOTATION_VALUE},
         },
         "status": {"capacity": capacity, "allocatable": capacity},
     }
@@ -245,7 +246,7 @@ def test_deleting_a_node_garbage_collects_its_dependents(
 
 
 def test_service_account_token_authenticates_and_rbac_authorizes_it(
-    control_plane: controlplane.ControlPlane, k8s: client.ApiClient, namespace: str
+    control_plane: local.ControlPlane, k8s: client.ApiClient, namespace: str
 ) -> None:
     core = client.CoreV1Api(k8s)
     core.create_namespaced_service_account(namespace, {"metadata": {"name": "reader"}})
@@ -292,7 +293,7 @@ def test_service_account_token_authenticates_and_rbac_authorizes_it(
 
 
 def test_apiserver_outage_and_restart_keep_address_and_data(
-    control_plane: controlplane.ControlPlane,
+    control_plane: local.ControlPlane,
     k8s: client.ApiClient,
     namespace: str,
     nodes: list[str],
@@ -326,14 +327,14 @@ def test_apiserver_outage_and_restart_keep_address_and_data(
     )
 
 
-def test_kubectl_and_helm_run_as_the_administrator(control_plane: controlplane.ControlPlane) -> None:
+def test_kubectl_and_helm_run_as_the_administrator(control_plane: local.ControlPlane) -> None:
     whoami = control_plane.kubectl("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}")
-    assert whoami.stdout == controlplane.ADMIN_USER
+    assert whoami.stdout == local.ADMIN_USER
 
     releases = control_plane.helm("list", "--all-namespaces", "--output", "json")
     assert releases.stdout.strip().startswith("[")
 
-    with pytest.raises(controlplane.CommandError, match="NotFound"):
+    with pytest.raises(local.CommandError, match="NotFound"):
         control_plane.kubectl("get", "namespace", "no-such-namespace")
 
 

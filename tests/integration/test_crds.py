@@ -24,7 +24,7 @@ import yaml
 from kubernetes import client
 
 from gpuhealth_api import conditions, resources, vocabulary
-from gpuhealth_sim import controlplane
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +61,7 @@ def policy(name: str, **spec: Any) -> dict[str, Any]:
 
 
 def apply(
-    cp: controlplane.ControlPlane, body: dict[str, Any], *flags: str, check: bool = True
+    cp: local.ControlPlane, body: dict[str, Any], *flags: str, check: bool = True
 ) -> subprocess.CompletedProcess[str]:
     return cp.kubectl("apply", "--server-side", "-f", "-", *flags, input=json.dumps(body), check=check)
 
@@ -88,7 +88,7 @@ def exists(k8s: client.ApiClient, plural: str, name: str) -> bool:
     return True
 
 
-def get(cp: controlplane.ControlPlane, plural: str, name: str) -> dict[str, Any]:
+def get(cp: local.ControlPlane, plural: str, name: str) -> dict[str, Any]:
     document = json.loads(cp.kubectl("get", plural, name, "-o", "json", "--show-managed-fields").stdout)
     assert isinstance(document, dict)
     return document
@@ -317,7 +317,7 @@ def unique_name(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def policy_name(
-    request: pytest.FixtureRequest, crds: controlplane.ControlPlane, k8s: client.ApiClient
+    request: pytest.FixtureRequest, crds: local.ControlPlane, k8s: client.ApiClient
 ) -> Iterator[str]:
     """A unique policy name for this test, deleted afterwards whatever happened."""
     name = unique_name(request)
@@ -327,7 +327,7 @@ def policy_name(
 
 @pytest.fixture
 def gpunode_name(
-    request: pytest.FixtureRequest, crds: controlplane.ControlPlane, k8s: client.ApiClient
+    request: pytest.FixtureRequest, crds: local.ControlPlane, k8s: client.ApiClient
 ) -> Iterator[str]:
     """A unique GPUNode name for this test (no Node of that name exists), deleted afterwards."""
     name = unique_name(request)
@@ -336,7 +336,7 @@ def gpunode_name(
 
 
 @pytest.mark.parametrize("plural", [resources.POLICY_PLURAL, resources.GPUNODE_PLURAL])
-def test_crd_is_established_with_its_short_name(crds: controlplane.ControlPlane, plural: str) -> None:
+def test_crd_is_established_with_its_short_name(crds: local.ControlPlane, plural: str) -> None:
     crd = get(crds, "crd", f"{plural}.{resources.GROUP}")
     conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
     assert conditions["Established"] == "True"
@@ -348,7 +348,7 @@ def test_crd_is_established_with_its_short_name(crds: controlplane.ControlPlane,
     assert row["SHORTNAMES"] in (resources.POLICY_SHORT, resources.GPUNODE_SHORT)
 
 
-def test_default_policy_example_is_accepted_as_written(crds: controlplane.ControlPlane) -> None:
+def test_default_policy_example_is_accepted_as_written(crds: local.ControlPlane) -> None:
     # Server-side dry run: full validation and defaulting, nothing stored, so the
     # example's real GPU selector cannot reach other tests' Nodes.
     written = yaml.safe_load(DEFAULT_POLICY.read_text())
@@ -369,7 +369,7 @@ def test_default_policy_example_is_accepted_as_written(crds: controlplane.Contro
     assert spec["rules"] == expected_rules
 
 
-def test_defaults_fill_an_minimal_policy(crds: controlplane.ControlPlane, policy_name: str) -> None:
+def test_defaults_fill_an_minimal_policy(crds: local.ControlPlane, policy_name: str) -> None:
     apply(crds, policy(policy_name))
     spec = get(crds, resources.POLICY_PLURAL, policy_name)["spec"]
     assert spec["dryRun"] is False
@@ -383,15 +383,13 @@ def test_defaults_fill_an_minimal_policy(crds: controlplane.ControlPlane, policy
 
 
 @pytest.mark.parametrize("value", [1, 7, "1%", "10%", "100%"])
-def test_max_unavailable_accepts_counts_and_percentages(
-    crds: controlplane.ControlPlane, value: int | str
-) -> None:
+def test_max_unavailable_accepts_counts_and_percentages(crds: local.ControlPlane, value: int | str) -> None:
     body = policy("crds-max-unavailable", maxUnavailable=value)
     stored = json.loads(apply(crds, body, "--dry-run=server", "-o", "json").stdout)
     assert stored["spec"]["maxUnavailable"] == value
 
 
-def test_threshold_and_xids_may_be_left_to_their_defaults(crds: controlplane.ControlPlane) -> None:
+def test_threshold_and_xids_may_be_left_to_their_defaults(crds: local.ControlPlane) -> None:
     # The operator then uses threshold 3.5 and the default critical XIDs (CRD descriptions).
     body = policy(
         "crds-rule-defaults",
@@ -404,7 +402,7 @@ def test_threshold_and_xids_may_be_left_to_their_defaults(crds: controlplane.Con
     assert [set(r) for r in stored["spec"]["rules"]] == [{"name", "condition", "action", "forSeconds"}] * 2
 
 
-def test_agent_stale_may_record_and_label(crds: controlplane.ControlPlane) -> None:
+def test_agent_stale_may_record_and_label(crds: local.ControlPlane) -> None:
     body = policy(
         "crds-agent-stale",
         rules=[
@@ -428,7 +426,7 @@ SERVER_SIDE_FIELD = {
 @pytest.mark.parametrize("server_side", [True, False], ids=["server-side", "client-side"])
 @pytest.mark.parametrize(("case", "mutate", "field"), MALFORMED, ids=[case for case, _, _ in MALFORMED])
 def test_malformed_policy_is_rejected_naming_the_field(
-    crds: controlplane.ControlPlane,
+    crds: local.ControlPlane,
     k8s: client.ApiClient,
     policy_name: str,
     server_side: bool,
@@ -458,13 +456,13 @@ REPAIR = {
 }
 
 
-def test_repair_is_kept_as_written(crds: controlplane.ControlPlane, policy_name: str) -> None:
+def test_repair_is_kept_as_written(crds: local.ControlPlane, policy_name: str) -> None:
     # Nothing of spec.repair may be pruned: the operator reads every field.
     apply(crds, policy(policy_name, repair=REPAIR))
     assert get(crds, resources.POLICY_PLURAL, policy_name)["spec"]["repair"] == REPAIR
 
 
-def test_repair_defaults(crds: controlplane.ControlPlane, policy_name: str) -> None:
+def test_repair_defaults(crds: local.ControlPlane, policy_name: str) -> None:
     apply(crds, policy(policy_name, repair={"steps": [step()], "validation": {}}))
     stored = get(crds, resources.POLICY_PLURAL, policy_name)["spec"]
     # A step's timeout has no schema default: the operator picks 300 s for ResetGPU, 1800 s for RebootNode.
@@ -477,7 +475,7 @@ def test_repair_defaults(crds: controlplane.ControlPlane, policy_name: str) -> N
     }
 
 
-def test_repair_is_absent_unless_written(crds: controlplane.ControlPlane, policy_name: str) -> None:
+def test_repair_is_absent_unless_written(crds: local.ControlPlane, policy_name: str) -> None:
     # Omitted spec.repair means no repair at all, so the schema must not default it into existence.
     apply(crds, policy(policy_name))
     assert "repair" not in get(crds, resources.POLICY_PLURAL, policy_name)["spec"]
@@ -485,16 +483,14 @@ def test_repair_is_absent_unless_written(crds: controlplane.ControlPlane, policy
 
 @pytest.mark.parametrize("value", [1, 4, "1%", "25%", "100%"])
 def test_repair_max_concurrent_accepts_counts_and_percentages(
-    crds: controlplane.ControlPlane, value: int | str
+    crds: local.ControlPlane, value: int | str
 ) -> None:
     body = policy("crds-repair-max-concurrent", repair={"steps": [step()], "maxConcurrent": value})
     stored = json.loads(apply(crds, body, "--dry-run=server", "-o", "json").stdout)
     assert stored["spec"]["repair"]["maxConcurrent"] == value
 
 
-def test_rejected_update_leaves_the_stored_policy_whole(
-    crds: controlplane.ControlPlane, policy_name: str
-) -> None:
+def test_rejected_update_leaves_the_stored_policy_whole(crds: local.ControlPlane, policy_name: str) -> None:
     apply(crds, policy(policy_name, maxUnavailable=2))
     bad = policy(
         policy_name,
@@ -509,7 +505,7 @@ def test_rejected_update_leaves_the_stored_policy_whole(
     assert [r["name"] for r in spec["rules"]] == ["ecc"]
 
 
-def test_every_condition_and_action_of_the_vocabulary_is_accepted(crds: controlplane.ControlPlane) -> None:
+def test_every_condition_and_action_of_the_vocabulary_is_accepted(crds: local.ControlPlane) -> None:
     rules = []
     for condition in conditions.RULE_CONDITIONS:  # no rule names AgentError or GPUOperatorMaintenance
         for action in vocabulary.Action:
@@ -647,13 +643,13 @@ def owned_status_fields(gpunode: dict[str, Any], manager: str) -> set[str]:
     return owned
 
 
-def create_gpunode(cp: controlplane.ControlPlane, name: str) -> None:
+def create_gpunode(cp: local.ControlPlane, name: str) -> None:
     body = {"apiVersion": resources.API_VERSION, "kind": resources.GPUNODE_KIND, "metadata": {"name": name}}
     apply(cp, body, f"--field-manager={resources.AGENT_FIELD_MANAGER}")
 
 
 def test_agent_and_operator_status_merge_and_print(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, gpunode_name: str
+    crds: local.ControlPlane, k8s: client.ApiClient, gpunode_name: str
 ) -> None:
     create_gpunode(crds, gpunode_name)
     since = now()
@@ -696,7 +692,7 @@ def test_agent_and_operator_status_merge_and_print(
 
 
 def test_operator_update_keeps_agent_facts_and_drops_its_own_stale_conditions(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, gpunode_name: str
+    crds: local.ControlPlane, k8s: client.ApiClient, gpunode_name: str
 ) -> None:
     create_gpunode(crds, gpunode_name)
     since = now()
@@ -737,7 +733,7 @@ def test_operator_update_keeps_agent_facts_and_drops_its_own_stale_conditions(
     ],
 )
 def test_malformed_gpunode_status_is_rejected_naming_the_field(
-    crds: controlplane.ControlPlane,
+    crds: local.ControlPlane,
     k8s: client.ApiClient,
     gpunode_name: str,
     status: dict[str, Any],
@@ -775,7 +771,7 @@ REPAIRS = [
 
 @pytest.mark.parametrize("action", ["Repairing", "Validating", "Retired"])
 def test_repair_status_is_kept_and_printed(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, gpunode_name: str, action: str
+    crds: local.ControlPlane, k8s: client.ApiClient, gpunode_name: str, action: str
 ) -> None:
     create_gpunode(crds, gpunode_name)
     apply_status(k8s, gpunode_name, resources.OPERATOR_FIELD_MANAGER, {"action": action, "repairs": REPAIRS})
@@ -785,7 +781,7 @@ def test_repair_status_is_kept_and_printed(
     assert row["ACTION"] == action
 
 
-def test_policy_columns(crds: controlplane.ControlPlane, k8s: client.ApiClient, policy_name: str) -> None:
+def test_policy_columns(crds: local.ControlPlane, k8s: client.ApiClient, policy_name: str) -> None:
     apply(crds, policy(policy_name, dryRun=True))
     client.CustomObjectsApi(k8s).patch_cluster_custom_object_status(
         resources.GROUP,
@@ -850,9 +846,7 @@ def test_policy_columns(crds: controlplane.ControlPlane, k8s: client.ApiClient, 
     }
 
 
-def test_category_lists_both_kinds(
-    crds: controlplane.ControlPlane, policy_name: str, gpunode_name: str
-) -> None:
+def test_category_lists_both_kinds(crds: local.ControlPlane, policy_name: str, gpunode_name: str) -> None:
     apply(crds, policy(policy_name))
     create_gpunode(crds, gpunode_name)
     listing = crds.kubectl("get", "gpuhealth", "-o", "name").stdout.split()

@@ -18,7 +18,8 @@ import pytest
 from kubernetes import client
 
 from gpuhealth_agent import dcgm, dcgm_discovery
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +40,7 @@ def kwok_node(name: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def nodes(crds: controlplane.ControlPlane, k8s: client.ApiClient) -> Iterator[tuple[str, str]]:
+def nodes(crds: local.ControlPlane, k8s: client.ApiClient) -> Iterator[tuple[str, str]]:
     core = client.CoreV1Api(k8s)
     names = ("itdcgm-ours", "itdcgm-other")
     for name in names:
@@ -82,7 +83,7 @@ def exporter_pod(
             "metadata": {
                 "name": name,
                 "labels": labels,
-                "annotations": {controlplane.KWOK_STATUS_ANNOTATION: "custom"},
+                "annotations": {local.KWOK_STATUS_ANNOTATION: "custom"},
             },
             "spec": {
                 "nodeName": node,
@@ -159,7 +160,7 @@ def test_the_agent_scrapes_the_exporter_pod_on_its_own_node(
 
 
 def test_an_agent_without_list_pods_is_told_what_rbac_is_missing(
-    crds: controlplane.ControlPlane, namespace: str, nodes: tuple[str, str]
+    crds: local.ControlPlane, namespace: str, nodes: tuple[str, str]
 ) -> None:
     # A chart installed without agent.dcgmExporterDiscovery.enabled, an agent run with
     # --dcgm-exporter auto: its ServiceAccount may not list pods (impersonated here).

@@ -1,6 +1,6 @@
 """Per-GPU quarantine machinery on the real control plane: DRA allocation and a DeviceTaintRule.
 
-A simulated DRA node (fake NVIDIA DRA driver, module `gpuhealth_sim.dra`)
+A simulated DRA node (fake NVIDIA DRA driver, module `gpuhealth_sim.fleet.dra`)
 with 8 GPUs takes 8 one-GPU pods through the real kube-scheduler; a 9th
 waits. A DeviceTaintRule with effect NoExecute on the device of GPU 3 —
 found, as the operator will find it, by the UUID the node's agent reports in
@@ -22,7 +22,9 @@ from kubernetes import client
 
 from gpuhealth_api import keys, resources, vocabulary
 from gpuhealth_operator.decisions import device_taints
-from gpuhealth_sim import controlplane, dra, fleet, fleetfile, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
+from gpuhealth_sim.fleet import agentpool, dra, fleetfile
 
 pytestmark = pytest.mark.integration
 
@@ -40,8 +42,8 @@ FLEET = {
 
 
 @pytest.fixture
-def dra_node(crds: controlplane.ControlPlane, k8s: client.ApiClient) -> Iterator[fleet.Fleet]:
-    sim = fleet.Fleet(fleetfile.parse(FLEET, source="test fleet"), k8s, workers=1)
+def dra_node(crds: local.ControlPlane, k8s: client.ApiClient) -> Iterator[agentpool.Fleet]:
+    sim = agentpool.Fleet(fleetfile.parse(FLEET, source="test fleet"), k8s, workers=1)
     sim.create_nodes()
     sim.start()
     try:
@@ -120,7 +122,7 @@ def _assert_rules_are_acted_on(objects: client.CustomObjectsApi, api_version: st
 
 
 def test_device_taint_evicts_only_the_pod_on_that_gpu(
-    dra_node: fleet.Fleet, k8s: client.ApiClient, namespace: str
+    dra_node: agentpool.Fleet, k8s: client.ApiClient, namespace: str
 ) -> None:
     core = client.CoreV1Api(k8s)
     objects = client.CustomObjectsApi(k8s)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from gpuhealth_api import resources
-from gpuhealth_sim import controlplane
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +37,7 @@ def test_there_are_example_policies() -> None:
 
 
 @pytest.mark.parametrize("path", _policy_files(), ids=lambda p: p.relative_to(EXAMPLES).as_posix())
-def test_example_policy_is_accepted(crds: controlplane.ControlPlane, path: Path) -> None:
+def test_example_policy_is_accepted(crds: local.ControlPlane, path: Path) -> None:
     result = crds.kubectl(
         "apply",
         "--server-side",

@@ -17,7 +17,9 @@ import pytest
 from kubernetes import client
 
 from gpuhealth_api import keys, resources
-from gpuhealth_sim import controlplane, fleet, fleetfile, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
+from gpuhealth_sim.fleet import agentpool, fleetfile
 
 pytestmark = pytest.mark.integration
 
@@ -50,9 +52,9 @@ FLEET = {
 
 
 @pytest.fixture
-def running_fleet(crds: controlplane.ControlPlane, k8s: client.ApiClient) -> Iterator[fleet.Fleet]:
+def running_fleet(crds: local.ControlPlane, k8s: client.ApiClient) -> Iterator[agentpool.Fleet]:
     spec = fleetfile.parse(FLEET, source="test fleet")
-    sim = fleet.Fleet(spec, k8s, workers=2)
+    sim = agentpool.Fleet(spec, k8s, workers=2)
     sim.create_nodes()
     sim.start()
     try:
@@ -70,7 +72,7 @@ def gpunode(k8s: client.ApiClient, name: str) -> dict[str, Any]:
 
 
 def test_nodes_look_like_real_gpu_nodes_and_agents_report_facts(
-    running_fleet: fleet.Fleet, k8s: client.ApiClient
+    running_fleet: agentpool.Fleet, k8s: client.ApiClient
 ) -> None:
     core = client.CoreV1Api(k8s)
     for i in range(3):
@@ -105,7 +107,7 @@ def test_nodes_look_like_real_gpu_nodes_and_agents_report_facts(
     assert all(35 <= t <= 55 for ts in temperatures.values() for t in ts)
 
 
-def test_a_scripted_fault_reaches_the_gpunode(running_fleet: fleet.Fleet, k8s: client.ApiClient) -> None:
+def test_a_scripted_fault_reaches_the_gpunode(running_fleet: agentpool.Fleet, k8s: client.ApiClient) -> None:
     def ecc() -> int:
         gpus = (gpunode(k8s, f"{PREFIX}-2").get("status") or {}).get("gpus") or []
         return int(gpus[3]["ecc"]["uncorrectedVolatile"]) if len(gpus) == 8 else 0

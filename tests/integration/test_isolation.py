@@ -26,7 +26,9 @@ import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys, resources
 from gpuhealth_operator.decisions import device_taints
-from gpuhealth_sim import controlplane, dra, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
+from gpuhealth_sim.fleet import dra
 
 pytestmark = pytest.mark.integration
 
@@ -429,7 +431,7 @@ def test_a_fire_drill_rehearses_isolating_one_gpu_and_changes_nothing(fleet: ope
     )
 
 
-def _api_lists(plane: controlplane.ControlPlane, resource: str) -> float:
+def _api_lists(plane: local.ControlPlane, resource: str) -> float:
     """LIST requests the API server has answered for `resource`, from its own /metrics."""
     total = 0.0
     for line in plane.kubectl("get", "--raw", "/metrics").stdout.splitlines():
@@ -444,7 +446,7 @@ def _api_lists(plane: controlplane.ControlPlane, resource: str) -> float:
 
 
 def test_a_held_isolation_costs_no_api_read_per_timer_pass(
-    fleet: operator_harness.Fleet, crds: controlplane.ControlPlane
+    fleet: operator_harness.Fleet, crds: local.ControlPlane
 ) -> None:
     """An isolated GPU stays faulty for hours (until it is repaired): the timer passes over its node
     every tick meanwhile, and must not LIST the cluster's DeviceTaintRules and the node's ResourceSlices

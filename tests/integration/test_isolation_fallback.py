@@ -20,7 +20,9 @@ import gpunode_facts
 import operator_fixtures
 import operator_harness
 from gpuhealth_api import resources
-from gpuhealth_sim import binaries, controlplane, dra, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import binaries, local
+from gpuhealth_sim.fleet import dra
 
 pytestmark = pytest.mark.integration
 
@@ -30,9 +32,9 @@ GPUS = 8
 
 
 @pytest.fixture(scope="module")
-def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[controlplane.ControlPlane]:
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local.ControlPlane]:
     """etcd and kube-apiserver only, with DeviceTaintRules off; the CRDs applied."""
-    cluster = controlplane.ControlPlane(
+    cluster = local.ControlPlane(
         binaries.locate(cwd=ROOT),
         tmp_path_factory.mktemp("no-taint-rules"),
         with_kwok=False,
@@ -51,7 +53,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[controlplane.Con
 
 
 @pytest.fixture(scope="module")
-def api(plane: controlplane.ControlPlane) -> Iterator[client.ApiClient]:
+def api(plane: local.ControlPlane) -> Iterator[client.ApiClient]:
     api_client = plane.api_client()
     try:
         yield api_client

@@ -21,7 +21,8 @@ import gpunode_facts
 import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys, resources
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +38,7 @@ fleet = operator_fixtures.fleet_fixture("kp")
 
 
 @pytest.fixture
-def plugin(crds: controlplane.ControlPlane) -> Any:
+def plugin(crds: local.ControlPlane) -> Any:
     """Run `kubectl-gpuhealth ARGS` with $KUBECONFIG as a user has it; the finished process."""
 
     def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -115,7 +116,7 @@ def test_why_and_status_explain_a_drained_node(fleet: operator_harness.Fleet, pl
     assert missing.returncode == 1 and "no Node and no GPUNode" in missing.stderr
 
 
-def test_kubectl_runs_it_as_kubectl_gpuhealth(crds: controlplane.ControlPlane) -> None:
+def test_kubectl_runs_it_as_kubectl_gpuhealth(crds: local.ControlPlane) -> None:
     """kubectl finds `kubectl-gpuhealth` on PATH: `kubectl gpuhealth status` is the plugin."""
     env = crds.env()
     env["PATH"] = f"{pathlib.Path(PLUGIN).parent}{os.pathsep}{env['PATH']}"

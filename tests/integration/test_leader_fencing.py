@@ -30,7 +30,8 @@ from kubernetes import client
 
 import gpunode_facts
 import operator_harness
-from gpuhealth_sim import controlplane, kubeconfigs, pki, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import kubeconfigs, local, pki
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +61,7 @@ class LeaseStallingProxy:
     as the administrator, streaming watch responses through.
     """
 
-    def __init__(self, plane: controlplane.ControlPlane) -> None:
+    def __init__(self, plane: local.ControlPlane) -> None:
         keys = plane.workdir / "pki"
         self.upstream = plane.server
         self.serving = pki.CertKey(keys / "apiserver.crt", keys / "apiserver.key")
@@ -150,7 +151,7 @@ class Write:
     completed: datetime.datetime
 
 
-def audited_writes(plane: controlplane.ControlPlane, since: datetime.datetime) -> list[Write]:
+def audited_writes(plane: local.ControlPlane, since: datetime.datetime) -> list[Write]:
     writes = []
     for line in plane.audit_log.read_text().splitlines():
         entry: dict[str, Any] = json.loads(line)
@@ -165,7 +166,7 @@ def audited_writes(plane: controlplane.ControlPlane, since: datetime.datetime) -
 
 
 def patched_nodes(
-    plane: controlplane.ControlPlane, since: datetime.datetime, agent: Callable[[str], bool]
+    plane: local.ControlPlane, since: datetime.datetime, agent: Callable[[str], bool]
 ) -> set[str]:
     """Nodes (not their status) patched since `since` by that user agent: cordons, labels, taints."""
     return {
@@ -181,7 +182,7 @@ def by_identity(process: operator_harness.OperatorProcess) -> Callable[[str], bo
 
 
 def assert_writes_do_not_overlap(
-    plane: controlplane.ControlPlane,
+    plane: local.ControlPlane,
     since: datetime.datetime,
     old: Callable[[str], bool],
     new: Callable[[str], bool],
@@ -204,7 +205,7 @@ def assert_writes_do_not_overlap(
 
 
 @pytest.fixture
-def proxy(crds: controlplane.ControlPlane) -> Iterator[LeaseStallingProxy]:
+def proxy(crds: local.ControlPlane) -> Iterator[LeaseStallingProxy]:
     started = LeaseStallingProxy(crds).start()
     try:
         yield started
@@ -220,7 +221,7 @@ def fleet(k8s: client.ApiClient) -> Iterator[operator_harness.Fleet]:
 
 
 def test_a_leader_that_cannot_renew_stops_writing_before_the_standby_starts(
-    crds: controlplane.ControlPlane,
+    crds: local.ControlPlane,
     k8s: client.ApiClient,
     proxy: LeaseStallingProxy,
     fleet: operator_harness.Fleet,
@@ -233,7 +234,7 @@ def test_a_leader_that_cannot_renew_stops_writing_before_the_standby_starts(
         tmp_path / "through-proxy.kubeconfig",
         server=proxy.url,
         ca_cert=crds.ca_cert,
-        user=controlplane.ADMIN_USER,
+        user=local.ADMIN_USER,
         client=proxy.admin,
     )
 
@@ -328,7 +329,7 @@ def test_a_leader_that_cannot_renew_stops_writing_before_the_standby_starts(
 
 
 def test_a_frozen_leader_that_wakes_after_the_takeover_writes_nothing(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, fleet: operator_harness.Fleet, tmp_path: Path
+    crds: local.ControlPlane, k8s: client.ApiClient, fleet: operator_harness.Fleet, tmp_path: Path
 ) -> None:
     operator_harness.ensure_namespace(k8s, "gpu-health")
     token = secrets.token_hex(2)

@@ -9,7 +9,7 @@ from kubernetes import client
 
 import operator_harness
 from gpuhealth_operator import kube, resync
-from gpuhealth_sim import controlplane
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +21,7 @@ def fleet(k8s: client.ApiClient) -> Iterator[operator_harness.Fleet]:
 
 
 async def names_page_by_page(
-    plane: controlplane.ControlPlane, path: str, selector: str
+    plane: local.ControlPlane, path: str, selector: str
 ) -> tuple[list[str], list[str]]:
     """Every name of `path` matching `selector`, two per page; and each page's list resourceVersion."""
     kube_client = kube.Kube(await kube.load_credentials(plane.kubeconfig))
@@ -42,7 +42,7 @@ async def names_page_by_page(
 
 
 def test_names_of_nodes_and_gpunodes_come_across_pages_with_the_lists_version(
-    crds: controlplane.ControlPlane, fleet: operator_harness.Fleet
+    crds: local.ControlPlane, fleet: operator_harness.Fleet
 ) -> None:
     created = [f"{fleet.label}-{i}" for i in range(5)]
     for name in created:

@@ -24,7 +24,8 @@ from kubernetes import client
 import gpunode_facts
 import operator_harness
 from gpuhealth_api import resources
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +63,7 @@ def take_lease(api: client.ApiClient, name: str) -> None:
     raise AssertionError(f"could not take Lease {name}: 20 conflicts with its holder's renewals")
 
 
-def node_patches(plane: controlplane.ControlPlane, since: datetime.datetime, node: str) -> list[str]:
+def node_patches(plane: local.ControlPlane, since: datetime.datetime, node: str) -> list[str]:
     """Writes to the Node itself (cordon, labels, taint; not its status) since `since`, by the operator."""
     found = []
     for line in plane.audit_log.read_text().splitlines():
@@ -79,7 +80,7 @@ def node_patches(plane: controlplane.ControlPlane, since: datetime.datetime, nod
 
 
 def test_the_next_term_keeps_every_decision_and_repeats_no_action(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, fleet: operator_harness.Fleet, tmp_path: Path
+    crds: local.ControlPlane, k8s: client.ApiClient, fleet: operator_harness.Fleet, tmp_path: Path
 ) -> None:
     operator_harness.ensure_namespace(k8s, "gpu-health")
     lease = f"gpu-health-term-{secrets.token_hex(2)}"

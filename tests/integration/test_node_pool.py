@@ -10,7 +10,8 @@ from kubernetes import client
 import gpunode_facts
 import operator_harness
 from gpuhealth_api import keys
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +27,7 @@ def fleet(k8s: client.ApiClient) -> Iterator[operator_harness.Fleet]:
 
 
 def test_an_operator_judges_only_the_nodes_of_its_pool(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, fleet: operator_harness.Fleet, tmp_path: Path
+    crds: local.ControlPlane, k8s: client.ApiClient, fleet: operator_harness.Fleet, tmp_path: Path
 ) -> None:
     operator_harness.ensure_namespace(k8s, "gpu-health")
     pool = f"a-{secrets.token_hex(2)}"

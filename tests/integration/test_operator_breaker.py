@@ -21,7 +21,8 @@ import gpunode_facts
 import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys, resources
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
@@ -195,7 +196,7 @@ def test_after_the_window_it_half_opens_admits_one_node_then_resumes(
 def test_a_storm_that_has_not_ended_stays_open_across_windows_and_a_restart_until_a_human_resumes(
     fleet: operator_harness.Fleet,
     operator: operator_harness.OperatorProcess,
-    crds: controlplane.ControlPlane,
+    crds: local.ControlPlane,
 ) -> None:
     """Issue 24: the storm's nodes stay Unhealthy (a bad rollout), so a window later none of them is new;
     the breaker must not half-open and let them all through. It holds through a restart too."""
@@ -232,7 +233,7 @@ def test_a_storm_that_has_not_ended_stays_open_across_windows_and_a_restart_unti
 
 
 def test_a_manual_reset_resumes_at_once_and_is_recorded(
-    fleet: operator_harness.Fleet, crds: controlplane.ControlPlane
+    fleet: operator_harness.Fleet, crds: local.ControlPlane
 ) -> None:
     """`kubectl annotate` closes it; the value acted on is recorded in status, so it acts once per value."""
     names = make(fleet, 8)

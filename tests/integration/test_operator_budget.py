@@ -16,7 +16,9 @@ import gpunode_facts
 import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys, resources
-from gpuhealth_sim import controlplane, nodes, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
+from gpuhealth_sim.fleet import nodes
 
 pytestmark = pytest.mark.integration
 
@@ -94,7 +96,7 @@ def test_two_policies_over_the_same_nodes_share_one_budget(fleet: operator_harne
 
 
 def test_a_percentage_is_of_the_gpu_nodes_not_of_every_node_selected(
-    fleet: operator_harness.Fleet, crds: controlplane.ControlPlane
+    fleet: operator_harness.Fleet, crds: local.ControlPlane
 ) -> None:
     """5 GPU nodes among 50 CPU nodes, 10%: one GPU node at a time, and `kubectl get ghp` says 5 selected."""
     for i in range(50):  # CPU nodes: the selector matches them, but no agent runs there

@@ -20,7 +20,8 @@ import gpunode_facts
 import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +48,7 @@ def cordoned(fleet: operator_harness.Fleet, name: str) -> bool:
 
 
 def node_writes(
-    plane: controlplane.ControlPlane, since: datetime.datetime, names: set[str]
+    plane: local.ControlPlane, since: datetime.datetime, names: set[str]
 ) -> tuple[list[str], list[str]]:
     """The operator's writes of these Nodes' spec and metadata (not their status) since `since`.
 
@@ -79,7 +80,7 @@ def node_writes(
 
 
 def test_every_node_of_a_burst_is_cordoned_by_its_own_event(
-    crds: controlplane.ControlPlane, fleet: operator_harness.Fleet
+    crds: local.ControlPlane, fleet: operator_harness.Fleet
 ) -> None:
     fleet.policy(
         f"{fleet.label}-policy",

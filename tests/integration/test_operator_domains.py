@@ -20,7 +20,8 @@ import gpunode_facts
 import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys, resources
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
@@ -104,7 +105,7 @@ def heal(fleet: operator_harness.Fleet, names: list[str]) -> None:
 
 
 def test_five_of_eight_degrade_the_clique_and_it_recovers_after_the_hold(
-    fleet: operator_harness.Fleet, crds: controlplane.ControlPlane, operator: operator_harness.OperatorProcess
+    fleet: operator_harness.Fleet, crds: local.ControlPlane, operator: operator_harness.OperatorProcess
 ) -> None:
     a = clique(fleet, "a", 8)
     b = clique(fleet, "b", 3)
@@ -197,7 +198,7 @@ def test_taint_overlapping_policies_keep_marks_until_neither_wants_them(
 
 
 def test_status_lists_a_clique_at_its_budget(
-    fleet: operator_harness.Fleet, crds: controlplane.ControlPlane, operator: operator_harness.OperatorProcess
+    fleet: operator_harness.Fleet, crds: local.ControlPlane, operator: operator_harness.OperatorProcess
 ) -> None:
     """A clique budget of 1: two faults, one cordon; the clique is at its budget in the status, the
     `-o wide` column and the gauge, and no longer once the cordon is lifted."""

@@ -10,7 +10,8 @@ from kubernetes import client
 import gpunode_facts
 import operator_harness
 from gpuhealth_api import keys
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +26,7 @@ LEASE = [
 
 @pytest.fixture
 def replicas(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path: Path
+    crds: local.ControlPlane, k8s: client.ApiClient, tmp_path: Path
 ) -> Iterator[list[operator_harness.OperatorProcess]]:
     operator_harness.ensure_namespace(k8s, "gpu-health")
     lease = f"gpu-health-operator-leader-{secrets.token_hex(2)}"

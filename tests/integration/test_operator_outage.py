@@ -27,7 +27,8 @@ import gpunode_facts
 import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +63,7 @@ class Returning:
 
     def __init__(
         self,
-        plane: controlplane.ControlPlane,
+        plane: local.ControlPlane,
         label: str,
         facts: dict[str, dict[str, Any]],
         milestones: Milestones,
@@ -132,7 +133,7 @@ def _tries(report: Any, name: str, status: dict[str, Any]) -> bool:
 
 
 def test_an_api_outage_longer_than_the_lease_costs_no_restart_and_loses_no_action(
-    crds: controlplane.ControlPlane,
+    crds: local.ControlPlane,
     k8s: client.ApiClient,
     operator: operator_harness.OperatorProcess,
     fleet: operator_harness.Fleet,

@@ -22,7 +22,8 @@ from kubernetes import client
 import gpunode_facts
 import operator_harness
 from gpuhealth_api import keys
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +43,7 @@ def fleet(k8s: client.ApiClient) -> Iterator[operator_harness.Fleet]:
         yield nodes
 
 
-def operator(crds: controlplane.ControlPlane, log: Path, lease: str) -> operator_harness.OperatorProcess:
+def operator(crds: local.ControlPlane, log: Path, lease: str) -> operator_harness.OperatorProcess:
     return operator_harness.OperatorProcess(
         kubeconfig=Path(crds.kubeconfig), log_path=log, lease_name=lease, identity="recordon", extra_args=ARGS
     ).start()
@@ -62,7 +63,7 @@ def annotations(fleet: operator_harness.Fleet, name: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("human", [True, False], ids=["recordoned-by-a-human", "control"])
 def test_a_restarted_operator_never_lifts_a_cordon_a_human_made_while_it_was_down(
-    crds: controlplane.ControlPlane,
+    crds: local.ControlPlane,
     k8s: client.ApiClient,
     fleet: operator_harness.Fleet,
     tmp_path: Path,

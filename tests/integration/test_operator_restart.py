@@ -11,7 +11,8 @@ from kubernetes import client
 import gpunode_facts
 import operator_harness
 from gpuhealth_api import keys, resources
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +31,7 @@ def fleet(k8s: client.ApiClient) -> Iterator[operator_harness.Fleet]:
         yield nodes
 
 
-def operator(crds: controlplane.ControlPlane, log: Path, lease: str) -> operator_harness.OperatorProcess:
+def operator(crds: local.ControlPlane, log: Path, lease: str) -> operator_harness.OperatorProcess:
     return operator_harness.OperatorProcess(
         kubeconfig=Path(crds.kubeconfig), log_path=log, lease_name=lease, identity="restart", extra_args=ARGS
     ).start()
@@ -51,7 +52,7 @@ def status(fleet: operator_harness.Fleet, name: str) -> dict[str, Any]:
 
 
 def test_kill_during_blocked_drain_then_restart_completes_the_drain_once(
-    crds: controlplane.ControlPlane,
+    crds: local.ControlPlane,
     k8s: client.ApiClient,
     fleet: operator_harness.Fleet,
     namespace: str,
@@ -167,7 +168,7 @@ def make_pod(k8s: client.ApiClient, namespace: str, name: str, node: str) -> Non
 
 
 def test_human_uncordon_and_a_new_fault_across_restarts_drain_the_node_again(
-    crds: controlplane.ControlPlane,
+    crds: local.ControlPlane,
     k8s: client.ApiClient,
     fleet: operator_harness.Fleet,
     namespace: str,
@@ -267,7 +268,7 @@ def test_human_uncordon_and_a_new_fault_across_restarts_drain_the_node_again(
 
 
 def test_a_cordon_whose_term_died_before_its_events_is_announced_once_and_drained_once(
-    crds: controlplane.ControlPlane,
+    crds: local.ControlPlane,
     k8s: client.ApiClient,
     fleet: operator_harness.Fleet,
     namespace: str,

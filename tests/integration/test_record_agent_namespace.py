@@ -15,7 +15,9 @@ from kubernetes import client
 import agent_daemonset
 import operator_harness
 from gpuhealth_operator import settings
-from gpuhealth_sim import controlplane, tracerecord, traces, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.backtest import tracerecord, traces
+from gpuhealth_sim.controlplane import local
 
 TIMEOUT = 60.0
 AGENT_LABELS = dict(label.split("=") for label in settings.DEFAULT_AGENT_POD_SELECTOR.split(","))
@@ -23,7 +25,7 @@ SELECTOR = settings.DEFAULT_AGENT_POD_SELECTOR
 
 
 def test_record_keeps_the_agents_pods_and_not_a_tenants_daemonset_with_their_labels(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, tmp_path: Path
+    crds: local.ControlPlane, k8s: client.ApiClient, tmp_path: Path
 ) -> None:
     fleet = operator_harness.Fleet(k8s, label=f"rns-{secrets.token_hex(3)}")
     name = f"{fleet.label}-0"

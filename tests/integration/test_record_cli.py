@@ -18,7 +18,8 @@ from typing import Final
 
 import pytest
 
-from gpuhealth_sim import controlplane, traces
+from gpuhealth_sim.backtest import traces
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +38,7 @@ def record(kubeconfig: Path, out: Path, *more: str) -> subprocess.CompletedProce
 
 
 def test_record_says_how_far_it_got_and_names_its_file_after_its_start(
-    crds: controlplane.ControlPlane, tmp_path: Path
+    crds: local.ControlPlane, tmp_path: Path
 ) -> None:
     done = record(crds.kubeconfig, tmp_path / "trace-{start}.jsonl")
     assert done.returncode == 0, done.stderr

@@ -16,7 +16,9 @@ from kubernetes import client
 
 from gpuhealth_agent import simulated
 from gpuhealth_api import keys, resources
-from gpuhealth_sim import agents, controlplane, fleet, fleetfile, repairs, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
+from gpuhealth_sim.fleet import agentpool, agents, fleetfile, repairs
 
 pytestmark = pytest.mark.integration
 
@@ -46,8 +48,8 @@ TIMEOUT = 60
 
 
 @pytest.fixture(scope="module")
-def running_fleet(crds: controlplane.ControlPlane, k8s: client.ApiClient) -> Iterator[fleet.Fleet]:
-    sim = fleet.Fleet(fleetfile.parse(FLEET, source="test fleet"), k8s, workers=2)
+def running_fleet(crds: local.ControlPlane, k8s: client.ApiClient) -> Iterator[agentpool.Fleet]:
+    sim = agentpool.Fleet(fleetfile.parse(FLEET, source="test fleet"), k8s, workers=2)
     sim.create_nodes()
     sim.start()
     try:
@@ -58,7 +60,9 @@ def running_fleet(crds: controlplane.ControlPlane, k8s: client.ApiClient) -> Ite
 
 
 @pytest.fixture
-def executor(running_fleet: fleet.Fleet, k8s: client.ApiClient, namespace: str) -> Iterator[repairs.Executor]:
+def executor(
+    running_fleet: agentpool.Fleet, k8s: client.ApiClient, namespace: str
+) -> Iterator[repairs.Executor]:
     seconds = {"ResetGPU": 0.2, "RebootNode": 0.2, "Validation": 0.2}
     played = repairs.Executor(k8s, running_fleet, namespace=namespace, seconds=seconds, poll_seconds=0.1)
     played.start()
@@ -126,7 +130,7 @@ def pod_of(k8s: client.ApiClient, namespace: str, job: str) -> client.V1Pod:
 
 
 def test_a_reset_that_fixes_clears_the_gpus_volatile_state(
-    running_fleet: fleet.Fleet, executor: repairs.Executor, k8s: client.ApiClient, namespace: str
+    running_fleet: agentpool.Fleet, executor: repairs.Executor, k8s: client.ApiClient, namespace: str
 ) -> None:
     before = waiting.wait_until(
         lambda: (g := gpu(k8s, RESET_FIXES, 3)) and g["ecc"]["uncorrectedVolatile"] == 2 and g,
@@ -151,7 +155,7 @@ def test_a_reset_that_fixes_clears_the_gpus_volatile_state(
 
 
 def test_failing_steps_and_validations_end_their_pods_as_the_scenario_says(
-    running_fleet: fleet.Fleet, executor: repairs.Executor, k8s: client.ApiClient, namespace: str
+    running_fleet: agentpool.Fleet, executor: repairs.Executor, k8s: client.ApiClient, namespace: str
 ) -> None:
     uuid = simulated.gpu_uuid(FAILING, 3)
     run_job(k8s, namespace, "reset", FAILING, "ResetGPU", uuid)
@@ -171,7 +175,7 @@ def test_failing_steps_and_validations_end_their_pods_as_the_scenario_says(
 
 
 def test_a_reboot_that_fixes_brings_a_lost_gpu_back_with_a_new_boot(
-    running_fleet: fleet.Fleet, executor: repairs.Executor, k8s: client.ApiClient, namespace: str
+    running_fleet: agentpool.Fleet, executor: repairs.Executor, k8s: client.ApiClient, namespace: str
 ) -> None:
     lost = waiting.wait_until(
         lambda: (g := gpu(k8s, REBOOT, 6)) and g.get("lost") and g.get("xids") and g,

@@ -12,7 +12,7 @@ from kubernetes import client
 
 from gpuhealth_api import resources, vocabulary
 from gpuhealth_operator.decisions import policies
-from gpuhealth_sim import controlplane
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
@@ -104,7 +104,7 @@ def exists(k8s: client.ApiClient, name: str) -> bool:
 
 @pytest.mark.parametrize(("case", "topology", "field"), MALFORMED, ids=[case for case, _, _ in MALFORMED])
 def test_a_bad_topology_is_rejected_naming_the_field(
-    crds: controlplane.ControlPlane, k8s: client.ApiClient, case: str, topology: object, field: str
+    crds: local.ControlPlane, k8s: client.ApiClient, case: str, topology: object, field: str
 ) -> None:
     name = f"topo-crd-{case}"
     result = crds.kubectl("apply", "-f", "-", input=json.dumps(body(name, topology)), check=False)
@@ -117,7 +117,7 @@ def test_a_bad_topology_is_rejected_naming_the_field(
         policies.parse_policy(name, 1, body(name, topology)["spec"])
 
 
-def test_a_good_topology_is_stored_as_written_and_parses(crds: controlplane.ControlPlane) -> None:
+def test_a_good_topology_is_stored_as_written_and_parses(crds: local.ControlPlane) -> None:
     topology = {
         "budgets": [
             budget("example.com/rack", 1),

@@ -24,7 +24,8 @@ import gpunode_facts
 import operator_fixtures
 import operator_harness
 from gpuhealth_api import resources
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
@@ -70,7 +71,7 @@ def cordoned(fleet: operator_harness.Fleet, name: str) -> bool:
 
 
 def test_a_node_deleted_during_a_watch_gap_frees_its_budget_place(
-    crds: controlplane.ControlPlane,
+    crds: local.ControlPlane,
     operator: operator_harness.OperatorProcess,
     fleet: operator_harness.Fleet,
 ) -> None:

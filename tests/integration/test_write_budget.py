@@ -29,7 +29,9 @@ import gpunode_facts
 import operator_fixtures
 import operator_harness
 from gpuhealth_api import heartbeats, resources
-from gpuhealth_sim import controlplane, fleet, fleetfile, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
+from gpuhealth_sim.fleet import agentpool, fleetfile
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +48,7 @@ operator = operator_fixtures.operator_fixture("quiet", (), scope="function", log
 
 
 @pytest.fixture
-def quiet_fleet(crds: controlplane.ControlPlane, k8s: client.ApiClient, prefix: str) -> Iterator[fleet.Fleet]:
+def quiet_fleet(crds: local.ControlPlane, k8s: client.ApiClient, prefix: str) -> Iterator[agentpool.Fleet]:
     spec = fleetfile.parse(
         {
             "seed": 5,
@@ -64,7 +66,7 @@ def quiet_fleet(crds: controlplane.ControlPlane, k8s: client.ApiClient, prefix: 
         source="quiet fleet",
     )
     assert spec.heartbeat_seconds == heartbeats.DEFAULT_HEARTBEAT_SECONDS == 300
-    sim = fleet.Fleet(spec, k8s, workers=1)
+    sim = agentpool.Fleet(spec, k8s, workers=1)
     sim.create_nodes()
     sim.start()
     try:
@@ -74,7 +76,7 @@ def quiet_fleet(crds: controlplane.ControlPlane, k8s: client.ApiClient, prefix: 
         sim.delete_nodes()
 
 
-def writes(plane: controlplane.ControlPlane, since: datetime.datetime) -> list[dict[str, Any]]:
+def writes(plane: local.ControlPlane, since: datetime.datetime) -> list[dict[str, Any]]:
     """Completed writes in the audit log received since `since`."""
     found = []
     for line in plane.audit_log.read_text().splitlines():
@@ -98,10 +100,10 @@ def ours(entry: dict[str, Any], names: set[str]) -> str | None:
 
 
 def test_a_quiet_fleet_writes_nothing_for_a_minute(
-    crds: controlplane.ControlPlane,
+    crds: local.ControlPlane,
     k8s: client.ApiClient,
     operator: operator_harness.OperatorProcess,
-    quiet_fleet: fleet.Fleet,
+    quiet_fleet: agentpool.Fleet,
     prefix: str,
 ) -> None:
     started = datetime.datetime.now(datetime.UTC)
@@ -156,7 +158,7 @@ def jittery_report(rng: random.Random, lowest_clock_mhz: int) -> dict[str, Any]:
     ],
 )
 def test_steady_jittery_heartbeats_get_no_operator_write(
-    crds: controlplane.ControlPlane,
+    crds: local.ControlPlane,
     k8s: client.ApiClient,
     operator: operator_harness.OperatorProcess,
     prefix: str,

@@ -14,7 +14,8 @@ from typing import Any
 
 from kubernetes import client
 
-from gpuhealth_sim import controlplane, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import local
 
 PAUSE = [{"name": "agent", "image": "registry.k8s.io/pause:3.10"}]
 
@@ -36,7 +37,7 @@ def create(
             "template": {
                 "metadata": {
                     "labels": dict(labels),
-                    "annotations": {controlplane.KWOK_STATUS_ANNOTATION: "custom"},
+                    "annotations": {local.KWOK_STATUS_ANNOTATION: "custom"},
                 },
                 "spec": {
                     "nodeSelector": dict(node_selector),

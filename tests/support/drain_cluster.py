@@ -21,7 +21,7 @@ import kopf
 import gpunode_facts
 from gpuhealth_api import keys, resources
 from gpuhealth_operator import context, handlers, kube, metrics, settings
-from gpuhealth_sim import memcluster
+from gpuhealth_sim.backtest import memcluster
 
 PODS = "/api/v1/pods"
 EVENTS = memcluster.EVENTS

@@ -15,7 +15,7 @@ from typing import Any
 
 from gpuhealth_api import vocabulary
 from gpuhealth_operator.decisions.model import NodeVerdict
-from gpuhealth_sim import dra
+from gpuhealth_sim.fleet import dra
 
 MODEL = "NVIDIA H100 80GB HBM3"
 DRIVER = "570.124.06"

@@ -1,6 +1,6 @@
 """Nodes, policies and agent reports judged by the operator's own handlers and timer, on the in-memory
-cluster (`gpuhealth_sim.memcluster`) under a test clock: for unit tests of behaviour over time that need
-no API server (the integration tier runs the same handlers against a real one)."""
+cluster (`gpuhealth_sim.backtest.memcluster`) under a test clock: for unit tests of behaviour over time
+that need no API server (the integration tier runs the same handlers against a real one)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from gpuhealth_api import keys, resources
 from gpuhealth_operator import context, handlers, metrics, settings, ticker
-from gpuhealth_sim import memcluster
+from gpuhealth_sim.backtest import memcluster
 
 T0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 

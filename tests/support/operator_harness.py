@@ -24,7 +24,9 @@ from kubernetes import client
 
 import gpunode_facts
 from gpuhealth_api import keys, resources
-from gpuhealth_sim import nodes, ports, processes, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import ports, processes
+from gpuhealth_sim.fleet import nodes
 
 
 @dataclasses.dataclass

@@ -18,7 +18,8 @@ import yaml
 from kubernetes import client
 
 from gpuhealth_api import keys
-from gpuhealth_sim import repairs, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.fleet import repairs
 
 TEMPLATES = "repair-templates"
 """The ConfigMap's name in the fixture's namespace: pass `--repair-templates=<namespace>/TEMPLATES`."""

@@ -73,11 +73,12 @@ SCANNED = (
 SERVER_SIDE = "the in-memory API server's own metadata times, in seconds as a real one writes them (not ours)"
 ALLOWED: dict[str, str] = {
     "api/gpuhealth_api/timestamps.py": "the one formatter",
-    "sim/gpuhealth_sim/backtest.py": SERVER_SIDE,
-    "sim/gpuhealth_sim/memcluster.py": SERVER_SIDE,
-    "sim/gpuhealth_sim/tracegen.py": "the trace files' time format (milliseconds), input to replays whose "
-    "reports must stay byte-identical; never written to a cluster",
-    "sim/gpuhealth_sim/backtestcli.py": "a file name's {start} (compact, no colons), not a timestamp",
+    "sim/gpuhealth_sim/backtest/replayer.py": SERVER_SIDE,
+    "sim/gpuhealth_sim/backtest/memcluster.py": SERVER_SIDE,
+    "sim/gpuhealth_sim/backtest/tracegen.py": "the trace files' time format (milliseconds), input to "
+    "replays whose reports must stay byte-identical; never written to a cluster",
+    "sim/gpuhealth_sim/backtest/subcommands.py": "a file name's {start} (compact, no colons), "
+    "not a timestamp",
 }
 
 

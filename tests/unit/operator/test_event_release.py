@@ -15,7 +15,7 @@ import kopf
 import gpunode_facts
 from gpuhealth_api import keys, resources
 from gpuhealth_operator import context, handlers, metrics, settings
-from gpuhealth_sim import memcluster
+from gpuhealth_sim.backtest import memcluster
 
 POLICY = {
     "apiVersion": resources.API_VERSION,

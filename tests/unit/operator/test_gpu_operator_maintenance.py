@@ -20,7 +20,7 @@ import gpunode_facts
 from gpuhealth_api import conditions, keys, resources, vocabulary
 from gpuhealth_operator import context, handlers, metrics, settings, stopping, ticker
 from gpuhealth_operator.decisions import model, overrides, policies, signals, verdicts
-from gpuhealth_sim import memcluster
+from gpuhealth_sim.backtest import memcluster
 
 Condition = vocabulary.Condition
 Health = vocabulary.Health

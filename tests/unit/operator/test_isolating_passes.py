@@ -13,7 +13,7 @@ import gpunode_facts
 from gpuhealth_api import keys, resources, vocabulary
 from gpuhealth_operator import context, handlers, kube, metrics, recent, settings, ticker
 from gpuhealth_operator.decisions import device_taints
-from gpuhealth_sim import memcluster
+from gpuhealth_sim.backtest import memcluster
 
 NODE = "dra-0"
 GPUS = 8

@@ -14,7 +14,7 @@ from gpuhealth_api import keys, resources
 from gpuhealth_operator import context, handlers, isolating, kube, metrics, settings, ticker
 from gpuhealth_operator.actions import device_rules
 from gpuhealth_operator.decisions import device_taints, times
-from gpuhealth_sim import memcluster
+from gpuhealth_sim.backtest import memcluster
 
 GPUS = 8
 FAULTY = 3

@@ -21,7 +21,7 @@ from gpuhealth_api import keys, resources
 from gpuhealth_operator import context, handlers, isolating, metrics, settings, ticker
 from gpuhealth_operator.actions import device_rules
 from gpuhealth_operator.decisions import device_taints
-from gpuhealth_sim import memcluster
+from gpuhealth_sim.backtest import memcluster
 
 GPUS = 8
 DBE = 3

@@ -17,7 +17,7 @@ import gpunode_facts
 from gpuhealth_api import resources, vocabulary
 from gpuhealth_operator import agent_pods, cli, context, handlers, metrics, reconciler, settings, ticker
 from gpuhealth_operator.decisions import clocks, liveness, model, signals, times
-from gpuhealth_sim import memcluster
+from gpuhealth_sim.backtest import memcluster
 
 Condition = vocabulary.Condition
 NOW = datetime.datetime(2026, 11, 22, 1, 0, tzinfo=datetime.UTC)

@@ -20,7 +20,7 @@ import gpunode_facts
 from gpuhealth_api import resources
 from gpuhealth_operator import context, handlers, metrics, reconciler, settings
 from gpuhealth_operator.decisions import stragglers, times
-from gpuhealth_sim import memcluster
+from gpuhealth_sim.backtest import memcluster
 
 NOW = datetime.datetime(2026, 11, 22, 1, 0, tzinfo=datetime.UTC)
 H200 = "NVIDIA H200"

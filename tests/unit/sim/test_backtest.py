@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-from gpuhealth_sim import backtest, backtestcli, cli, dra, scoring, tracegen, tracerecord, traces
+from gpuhealth_sim import cli
+from gpuhealth_sim.backtest import replayer, scoring, subcommands, tracegen, tracerecord, traces
+from gpuhealth_sim.fleet import dra
 from gpunode_facts import agent_status
 
 POLICY = pathlib.Path(__file__).parents[3] / "examples" / "default-policy.yaml"
@@ -83,7 +85,7 @@ def write_trace(
 def test_every_dbe_node_is_drained_within_the_budget(tmp_path: pathlib.Path) -> None:
     faults = {"n1": (600.0, 1500.0), "n2": (660.0, 3600.0)}
     trace = write_trace(tmp_path / "t.jsonl", faults)
-    result = backtest.run(trace, backtest.load_policy(POLICY))
+    result = replayer.run(trace, replayer.load_policy(POLICY))
     drains = [(a.node, a.t) for a in result.actions if a.action == "Drain"]
     assert [n for n, _ in drains] == ["n1", "n2"], "n2 waits for n1 (maxUnavailable 10% of 10 = 1)"
     assert drains[0][1] - 600 < 60, "drained at the first report of the fault"
@@ -105,7 +107,7 @@ def test_a_node_deleted_while_drained_frees_the_budget_for_the_next_fault(
     # left it Pending behind a node that no longer exists.
     faults = {"n1": (600.0, 1e9), "n2": (1500.0, 1e9)}
     trace = write_trace(tmp_path / "t.jsonl", faults, deleted={"n1": 1200.0})
-    result = backtest.run(trace, backtest.load_policy(POLICY))
+    result = replayer.run(trace, replayer.load_policy(POLICY))
     drains = {a.node: a.t for a in result.actions if a.action == "Drain"}
     assert drains.keys() == {"n1", "n2"}, result.actions
     assert 1500 <= drains["n2"] < 1500 + 60, "drained at the first report of its fault"
@@ -118,7 +120,7 @@ def test_a_node_deleted_while_drained_frees_the_budget_for_the_next_fault(
     score = scoring.score(trace, result, baseline=False)
     assert score["fatal"]["recall"] == 1.0 and score["fatal"]["falseDisruptive"] == 0
     assert result.summary()["deletedNodes"] == [{"t": 1200.0, "node": "n1"}]
-    backtestcli.print_text(result, None)
+    subcommands.print_text(result, None)
     report = capsys.readouterr().out
     assert report.index("Drain") < report.index("d0 00:20:00  (Node deleted)") < report.index("  n2")
 
@@ -129,7 +131,7 @@ def test_a_node_deleted_and_created_again_is_judged_as_a_new_one(tmp_path: pathl
         out.write(json.dumps({"kind": "node", "t": 1300, "object": node("n1")}) + "\n")
         status = agent_status(heartbeat=stamp(1301), observed=stamp(1301))
         out.write(json.dumps({"kind": "gpunode", "t": 1301, "name": "n1", "status": status}) + "\n")
-    result = backtest.run(trace, backtest.load_policy(POLICY))
+    result = replayer.run(trace, replayer.load_policy(POLICY))
     on_n1 = [(a.action, a.t) for a in result.actions if a.node == "n1"]
     assert [a for a, _ in on_n1] == [
         "Label health=healthy",
@@ -145,7 +147,7 @@ def test_an_agent_that_stops_reporting_is_judged_stale_as_live(tmp_path: pathlib
     # Unknown, nothing disruptive on its old facts). The replay's clock is the trace's, and the time a
     # report was seen must be too: it was the machine's, so no agent ever went stale in a replay.
     trace = write_trace(tmp_path / "t.jsonl", {}, minutes=30, silent={"n3": 600.0})
-    result = backtest.run(trace, backtest.load_policy(POLICY))
+    result = replayer.run(trace, replayer.load_policy(POLICY))
     stale = [e["t"] for e in result.events if e["reason"] == "AgentStale"]
     last_report = 9 * 60 + 3
     assert len(stale) == 1 and last_report + 3 * 60 <= stale[0] <= last_report + 3 * 60 + 30, result.events
@@ -165,7 +167,7 @@ def test_an_agent_whose_pod_turns_not_ready_is_judged_stale_after_the_grace_as_l
     }
     silent = {"n3": 600.0, "n4": 600.0}
     trace = write_trace(tmp_path / "t.jsonl", {}, minutes=30, silent=silent, pods=pods)
-    result = backtest.run(trace, backtest.load_policy(POLICY))
+    result = replayer.run(trace, replayer.load_policy(POLICY))
     stale = {e["node"]: e for e in result.events if e["reason"] == "AgentStale"}
     assert set(stale) == {"n3", "n4"}, result.events
     for name in ("n3", "n4"):
@@ -178,10 +180,10 @@ def test_a_fault_storm_trips_the_breaker_in_the_replay_as_live(tmp_path: pathlib
     # Four nodes Unhealthy within two minutes with maxNewUnhealthy 2 per 10 minutes: the breaker opens
     # at the third and pauses new drains (the storm is a bad rollout more often than bad GPUs).
     faults = {name: (600.0 + 30 * i, 1e9) for i, name in enumerate(("n1", "n2", "n3", "n4"))}
-    policy = backtest.load_policy(POLICY)
+    policy = replayer.load_policy(POLICY)
     policy["spec"]["maxUnavailable"] = 5
     policy["spec"]["breaker"] = {"maxNewUnhealthy": 2, "windowSeconds": 600}
-    result = backtest.run(write_trace(tmp_path / "t.jsonl", faults, minutes=20), policy)
+    result = replayer.run(write_trace(tmp_path / "t.jsonl", faults, minutes=20), policy)
     drained = [a.node for a in result.actions if a.action == "Drain"]
     assert drained == ["n1", "n2"], result.actions
     assert any(e["reason"] == "RemediationPaused" for e in result.events), {
@@ -192,7 +194,7 @@ def test_a_fault_storm_trips_the_breaker_in_the_replay_as_live(tmp_path: pathlib
 def test_a_pool_policy_is_scored_on_the_nodes_it_selects(tmp_path: pathlib.Path) -> None:
     # A policy for one pool (here: every node but the time-sliced n9) says nothing of the other
     # pools' faults: they are not its misses, and its report says how many nodes it selects.
-    policy = backtest.load_policy(POLICY)
+    policy = replayer.load_policy(POLICY)
     policy["spec"]["nodeSelector"] = {
         "matchExpressions": [{"key": "nvidia.com/gpu.replicas", "operator": "DoesNotExist"}]
     }
@@ -200,7 +202,7 @@ def test_a_pool_policy_is_scored_on_the_nodes_it_selects(tmp_path: pathlib.Path)
     with_truth = write_trace(
         trace, {"n9": (300.0, 1e9), "n1": (600.0, 1e9)}, minutes=20, deleted={"n9": 900.0}
     )
-    result = backtest.run(with_truth, policy)
+    result = replayer.run(with_truth, policy)
     assert [a.node for a in result.actions if a.action == "Drain"] == ["n1"]
     summary = result.summary()
     assert (summary["nodes"], summary["selectedNodes"]) == (10, 9), summary
@@ -210,14 +212,14 @@ def test_a_pool_policy_is_scored_on_the_nodes_it_selects(tmp_path: pathlib.Path)
 
 
 def test_a_time_sliced_node_is_not_lost(tmp_path: pathlib.Path) -> None:
-    result = backtest.run(write_trace(tmp_path / "t.jsonl", {}, minutes=10), backtest.load_policy(POLICY))
+    result = replayer.run(write_trace(tmp_path / "t.jsonl", {}, minutes=10), replayer.load_policy(POLICY))
     assert [a for a in result.actions if a.action in ("Cordon", "Drain")] == []
 
 
 def test_a_dry_run_policy_changes_nothing_and_says_what_it_would_do(tmp_path: pathlib.Path) -> None:
-    policy = backtest.load_policy(POLICY)
+    policy = replayer.load_policy(POLICY)
     policy["spec"]["dryRun"] = True
-    result = backtest.run(write_trace(tmp_path / "t.jsonl", {"n1": (300.0, 1e9)}, minutes=10), policy)
+    result = replayer.run(write_trace(tmp_path / "t.jsonl", {"n1": (300.0, 1e9)}, minutes=10), policy)
     assert result.max_unschedulable == 0
     said = [a for a in result.actions if a.action == "DryRun"]
     assert said and said[0].node == "n1" and "cordon and drain" in said[0].reason
@@ -226,7 +228,7 @@ def test_a_dry_run_policy_changes_nothing_and_says_what_it_would_do(tmp_path: pa
 def test_generated_trace_replays_with_every_fatal_fault_acted_on(tmp_path: pathlib.Path) -> None:
     trace = tmp_path / "g.jsonl.gz"
     tracegen.generate(tracegen.Options(node_days=3, seed=18, nodes=12), trace)  # a recovery action, an XID 79
-    result = backtest.run(trace, backtest.load_policy(POLICY))
+    result = replayer.run(trace, replayer.load_policy(POLICY))
     score = scoring.score(trace, result, baseline=False)
     assert score["fatal"]["falseDisruptive"] == 0
     assert score["fatal"]["acted"] == score["fatal"]["faults"] == 2
@@ -235,8 +237,8 @@ def test_generated_trace_replays_with_every_fatal_fault_acted_on(tmp_path: pathl
 
 def test_a_policy_file_without_a_policy_is_refused(tmp_path: pathlib.Path) -> None:
     (tmp_path / "p.yaml").write_text("kind: ConfigMap\n")
-    with pytest.raises(backtest.PolicyError, match="no GPUHealthPolicy"):
-        backtest.load_policy(tmp_path / "p.yaml")
+    with pytest.raises(replayer.PolicyError, match="no GPUHealthPolicy"):
+        replayer.load_policy(tmp_path / "p.yaml")
 
 
 def test_a_policy_the_operator_would_refuse_is_refused_naming_the_field(tmp_path: pathlib.Path) -> None:
@@ -244,12 +246,12 @@ def test_a_policy_the_operator_would_refuse_is_refused_naming_the_field(tmp_path
     text = POLICY.read_text().replace("action: Drain", "action: Explode", 1)
     (tmp_path / "p.yaml").write_text(text)
     with pytest.raises(
-        backtest.PolicyError, match=r"p\.yaml: policy .* is invalid: spec\.rules\[\d\]\.action"
+        replayer.PolicyError, match=r"p\.yaml: policy .* is invalid: spec\.rules\[\d\]\.action"
     ):
-        backtest.load_policy(tmp_path / "p.yaml")
+        replayer.load_policy(tmp_path / "p.yaml")
     (tmp_path / "q.yaml").write_text("kind: GPUHealthPolicy\nspec: [1]\n")
-    with pytest.raises(backtest.PolicyError, match="must be mappings"):
-        backtest.load_policy(tmp_path / "q.yaml")
+    with pytest.raises(replayer.PolicyError, match="must be mappings"):
+        replayer.load_policy(tmp_path / "q.yaml")
 
 
 def test_the_commands_generate_and_backtest(
@@ -289,11 +291,11 @@ def test_scoring_a_recorded_trace_without_ground_truth_is_refused_not_scored_as_
 def test_two_policies_are_replayed_side_by_side_as_each_alone(tmp_path: pathlib.Path) -> None:
     trace = tmp_path / "g.jsonl.gz"
     tracegen.generate(tracegen.Options(node_days=3, seed=18, nodes=12), trace)
-    dry = backtest.load_policy(POLICY)
+    dry = replayer.load_policy(POLICY)
     dry["metadata"]["name"], dry["spec"]["dryRun"] = "dry", True
-    policies = [backtest.load_policy(POLICY), dry]
-    together = backtestcli.replay_all(trace, policies, 30.0, score=True)
-    alone = [backtestcli.replay(trace, p, 30.0, score=True, baseline=i == 0) for i, p in enumerate(policies)]
+    policies = [replayer.load_policy(POLICY), dry]
+    together = subcommands.replay_all(trace, policies, 30.0, score=True)
+    alone = [subcommands.replay(trace, p, 30.0, score=True, baseline=i == 0) for i, p in enumerate(policies)]
     assert [r.policy for r, _ in together] == ["default", "dry"], "in the order given"
     for (result, score), (expected, expected_score) in zip(together, alone, strict=True):
         assert result.actions == expected.actions and result.events == expected.events
@@ -335,7 +337,7 @@ def test_the_recorded_operators_own_cordon_is_not_replayed_as_a_humans(tmp_path:
     lines.append(json.dumps({"kind": "node", "t": 200, "object": human}))
     lines.append(json.dumps({"kind": "gpunode", "t": 230, "name": "n1", "status": agent_status()}))
     path.write_text("\n".join(lines) + "\n")
-    result = backtest.run(path, backtest.load_policy(POLICY))
+    result = replayer.run(path, replayer.load_policy(POLICY))
     assert result.max_unschedulable == 1, "only the human's cordon of n2 is replayed"
 
 
@@ -365,7 +367,7 @@ def test_a_recording_that_starts_on_the_policys_cordon_replays_it_as_the_policys
             record["object"] = first[name]
         lines.append(json.dumps(record))
     path.write_text("\n".join(lines) + "\n")
-    result = backtest.run(path, backtest.load_policy(POLICY))
+    result = replayer.run(path, replayer.load_policy(POLICY))
     done = [
         (a.node, a.action) for a in result.actions if a.node in first and not a.action.startswith("Label")
     ]
@@ -407,7 +409,7 @@ def test_a_recording_begun_on_a_held_label_keeps_it_as_live_does(tmp_path: pathl
                 if minute == 0 and name == "n1":
                     record["operator"] = {"conditions": [held]}  # the operator's, in the first one recorded
                 writer.write(record)
-    result = backtest.run(path, backtest.load_policy(POLICY))
+    result = replayer.run(path, replayer.load_policy(POLICY))
     assert [a for a in result.actions if a.node == "n1"] == [], result.actions
     assert result.label_flaps == 0
 
@@ -423,7 +425,7 @@ def test_labels_people_set_under_the_prefix_come_from_the_trace(tmp_path: pathli
         for line in path.read_text().splitlines()
     ]
     path.write_text("\n".join(lines) + "\n")
-    result = backtest.run(path, backtest.load_policy(POLICY))
+    result = replayer.run(path, replayer.load_policy(POLICY))
     assert not [a for a in result.actions if a.node == "n1" and a.action in ("Cordon", "Drain")]
 
 
@@ -483,7 +485,7 @@ def write_dra_trace(
 
 
 def test_a_dra_node_has_its_faulty_gpu_isolated_not_its_node_drained(tmp_path: pathlib.Path) -> None:
-    result = backtest.run(write_dra_trace(tmp_path / "t.jsonl", slices=True), isolating_policy())
+    result = replayer.run(write_dra_trace(tmp_path / "t.jsonl", slices=True), isolating_policy())
     on_n1 = [(a.action, a.t) for a in result.actions if a.node == "n1" and not a.action.startswith("Label")]
     assert [a for a, _ in on_n1] == ["Isolate GPU 3", "Restore GPU 3"], result.actions
     assert 600 <= on_n1[0][1] < 660 and on_n1[1][1] >= 1200 + 120
@@ -496,7 +498,7 @@ def test_without_dra_devices_or_rules_isolate_gpu_falls_back_to_the_node_ladder(
     tmp_path: pathlib.Path, slices: bool, served: bool
 ) -> None:
     trace = write_dra_trace(tmp_path / "t.jsonl", slices=slices, served=served)
-    result = backtest.run(trace, isolating_policy())
+    result = replayer.run(trace, isolating_policy())
     on_n1 = [a.action for a in result.actions if a.node == "n1" and not a.action.startswith("Label")]
     assert on_n1 == ["Drain", "Uncordon"], result.actions
 
@@ -504,7 +506,7 @@ def test_without_dra_devices_or_rules_isolate_gpu_falls_back_to_the_node_ladder(
 def test_the_rule_of_a_deleted_node_goes_with_it_and_frees_the_gpu_budget(tmp_path: pathlib.Path) -> None:
     policy = isolating_policy()
     policy["spec"]["maxUnavailableGPUs"] = 1
-    result = backtest.run(write_dra_trace(tmp_path / "t.jsonl", slices=True, replaced=True), policy)
+    result = replayer.run(write_dra_trace(tmp_path / "t.jsonl", slices=True, replaced=True), policy)
     isolated = [(a.node, a.action, a.t) for a in result.actions if "GPU" in a.action]
     assert [(n, a) for n, a, _ in isolated] == [("n1", "Isolate GPU 3"), ("n0", "Isolate GPU 3")], isolated
     assert 1200 <= isolated[1][2] < 1260, "n0's GPU isolated at its first faulty report: n1's rule is gone"
@@ -519,10 +521,10 @@ def test_a_recording_begun_midway_goes_on_as_the_whole_run(tmp_path: pathlib.Pat
     # whole run decided in it. Without the rule and the isolation in place, it isolated GPU 3 again.
     whole = write_dra_trace(tmp_path / "whole.jsonl", slices=True)
     policy = isolating_policy()
-    expected = [(a.t - HALF, a.node, a.action) for a in backtest.run(whole, policy).actions if a.t >= HALF]
+    expected = [(a.t - HALF, a.node, a.action) for a in replayer.run(whole, policy).actions if a.t >= HALF]
     with traces.open_trace(whole) as (_, read):
         records = list(read)
-    first_half = backtest.Replay(policy, START.timestamp(), 30.0)
+    first_half = replayer.Replay(policy, START.timestamp(), 30.0)
     asyncio.run(first_half.run(r for r in records if r["kind"] != "truth" and r["t"] < HALF))
     assert [a.action for a in first_half.result.actions if "GPU" in a.action] == ["Isolate GPU 3"]
 
@@ -548,7 +550,7 @@ def test_a_recording_begun_midway_goes_on_as_the_whole_run(tmp_path: pathlib.Pat
         ]:
             assert record is not None
             writer.write(record)
-    went_on = [(a.t, a.node, a.action) for a in backtest.run(midway, policy).actions]
+    went_on = [(a.t, a.node, a.action) for a in replayer.run(midway, policy).actions]
     assert went_on == expected
     assert ("n1", "Restore GPU 3") in {(node, action) for _, node, action in went_on}
 
@@ -561,7 +563,7 @@ def test_isolating_the_faulty_gpu_acts_on_the_fatal_fault(tmp_path: pathlib.Path
     with trace.open("a", encoding="utf-8") as out:
         fault = {"kind": "truth", "type": "fatal", "node": "n1", "start": 600.0, "end": 1200.0, "gpu": 3}
         out.write(json.dumps({**fault, "fault": "DBE"}) + "\n")
-    fatal = scoring.score(trace, backtest.run(trace, isolating_policy()), baseline=False)["fatal"]
+    fatal = scoring.score(trace, replayer.run(trace, isolating_policy()), baseline=False)["fatal"]
     assert (fatal["acted"], fatal["faults"], fatal["falseDisruptive"]) == (1, 1, 0), fatal
 
 

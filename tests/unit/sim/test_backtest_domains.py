@@ -5,7 +5,7 @@ as live, and the report lists the domain's actions (issue 28)."""
 import datetime
 import pathlib
 
-from gpuhealth_sim import backtest, traces
+from gpuhealth_sim.backtest import replayer, traces
 from gpunode_facts import agent_status
 
 POLICY = pathlib.Path(__file__).parents[3] / "examples" / "topology" / "domains-nvl72-clique.yaml"
@@ -41,12 +41,12 @@ def write_trace(path: pathlib.Path, faulty: set[str], minutes: int) -> pathlib.P
     return path
 
 
-def replay(tmp_path: pathlib.Path, faulty: set[str]) -> backtest.Result:
-    policy = backtest.load_policy(POLICY)
+def replay(tmp_path: pathlib.Path, faulty: set[str]) -> replayer.Result:
+    policy = replayer.load_policy(POLICY)
     assert policy["spec"]["topology"]["domains"][0] == {"key": CLIQUE, "unhealthy": 5, "action": "Taint"}
     policy["spec"]["recovery"]["healthyForSeconds"] = HOLD
     policy["spec"]["breaker"] = {"maxNewUnhealthy": "100%"}  # five faults at once are no storm here
-    return backtest.run(write_trace(tmp_path / "t.jsonl", faulty, minutes=40), policy)
+    return replayer.run(write_trace(tmp_path / "t.jsonl", faulty, minutes=40), policy)
 
 
 def test_five_of_eight_mark_the_clique_in_the_replay_and_the_report_lists_it(tmp_path: pathlib.Path) -> None:

@@ -4,7 +4,7 @@ Node label, so a rack budget holds in the replay as live (issue 28)."""
 import datetime
 import pathlib
 
-from gpuhealth_sim import backtest, traces
+from gpuhealth_sim.backtest import replayer, traces
 from gpunode_facts import agent_status
 
 POLICY = pathlib.Path(__file__).parents[3] / "examples" / "topology" / "rack-budget.yaml"
@@ -41,7 +41,7 @@ def write_trace(path: pathlib.Path, faults: dict[str, tuple[float, float]], minu
     return path
 
 
-def out_per_rack(actions: list[backtest.Action]) -> dict[str, int]:
+def out_per_rack(actions: list[replayer.Action]) -> dict[str, int]:
     """The most nodes of each rack out of service at once over the replay."""
     out: set[str] = set()
     most: dict[str, int] = {}
@@ -64,12 +64,12 @@ def test_a_rack_budget_drains_one_node_per_rack_in_the_replay(tmp_path: pathlib.
         "n6": (600.0, 1e9),
     }
     trace = write_trace(tmp_path / "t.jsonl", faults, minutes=40)
-    policy = backtest.load_policy(POLICY)
+    policy = replayer.load_policy(POLICY)
     assert policy["spec"]["topology"]["budgets"] == [{"key": RACK, "maxUnavailable": 1}]
     policy["spec"]["recovery"]["healthyForSeconds"] = 300
     policy["spec"]["maxUnavailable"] = 5  # 10% of 7 nodes would be 1 node in all: let the racks bind
     policy["spec"]["breaker"] = {"maxNewUnhealthy": "100%"}  # five faults at once are no storm here
-    result = backtest.run(trace, policy)
+    result = replayer.run(trace, policy)
     drains = {a.node: a.t for a in result.actions if a.action == "Drain"}
     assert set(drains) == {"n0", "n1", "n4", "n6"}, result.actions
     assert max(drains["n0"], drains["n4"], drains["n6"]) < 600 + 60, "one per rack, and n6 is in no rack"

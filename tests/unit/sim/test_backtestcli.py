@@ -13,7 +13,8 @@ from typing import Final
 
 import pytest
 
-from gpuhealth_sim import cli, tracegen
+from gpuhealth_sim import cli
+from gpuhealth_sim.backtest import tracegen
 
 ROOT: Final = pathlib.Path(__file__).resolve().parents[3]
 POLICY: Final = ROOT / "examples" / "default-policy.yaml"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhealth_sim import binaries
+from gpuhealth_sim.controlplane import binaries
 
 
 def make_executable(path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhealth_sim import controlplane, processes
+from gpuhealth_sim.controlplane import local, processes
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
 
@@ -30,9 +30,9 @@ def assert_not_running(pid_file: Path) -> None:
 
 
 def test_missing_binaries_are_named(tmp_path: Path) -> None:
-    plane = controlplane.ControlPlane(tmp_path, with_kwok=False)
+    plane = local.ControlPlane(tmp_path, with_kwok=False)
 
-    with pytest.raises(controlplane.ControlPlaneError) as raised:
+    with pytest.raises(local.ControlPlaneError) as raised:
         plane.start()
 
     message = str(raised.value)
@@ -47,7 +47,7 @@ def test_crashing_apiserver_reports_its_log_and_stops_the_rest(tmp_path: Path) -
     workdir = tmp_path / "work"
 
     with pytest.raises(processes.ProcessError) as raised:
-        controlplane.ControlPlane(bin_dir, workdir).start(timeout_seconds=30)
+        local.ControlPlane(bin_dir, workdir).start(timeout_seconds=30)
 
     message = str(raised.value)
     assert "kube-apiserver exited while waiting for kube-apiserver /readyz (exited with 1)" in message
@@ -60,13 +60,13 @@ def test_startup_timeout_names_the_step_and_removes_the_temporary_workdir(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bin_dir = fake_binaries(tmp_path / "bin", kube_apiserver='echo "still warming up"; exec sleep 60')
-    plane = controlplane.ControlPlane(bin_dir)
+    plane = local.ControlPlane(bin_dir)
     # A temp dir of its own: other control planes on the machine (other tests, other runs) come and go.
     temp = tmp_path / "tmp"
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
 
-    with pytest.raises(controlplane.ControlPlaneError) as raised:
+    with pytest.raises(local.ControlPlaneError) as raised:
         plane.start(timeout_seconds=4)
 
     message = str(raised.value)
@@ -78,9 +78,9 @@ def test_startup_timeout_names_the_step_and_removes_the_temporary_workdir(
 
 
 def test_accessors_explain_that_the_control_plane_is_not_running(tmp_path: Path) -> None:
-    plane = controlplane.ControlPlane(tmp_path)
+    plane = local.ControlPlane(tmp_path)
 
-    with pytest.raises(controlplane.ControlPlaneError, match="not running"):
+    with pytest.raises(local.ControlPlaneError, match="not running"):
         _ = plane.kubeconfig
     plane.stop()  # idempotent, harmless before start
 
@@ -93,10 +93,10 @@ def test_port_taken_meanwhile_is_retried_on_fresh_ports(tmp_path: Path) -> None:
     workdir = tmp_path / "work"
 
     with pytest.raises(processes.ProcessError, match="address already in use"):
-        controlplane.ControlPlane(bin_dir, workdir).start(timeout_seconds=60)
+        local.ControlPlane(bin_dir, workdir).start(timeout_seconds=60)
 
     starts = [
         line for line in (workdir / "kube-apiserver.log").read_text().splitlines() if "===== starting" in line
     ]
-    assert len(starts) == controlplane.PORT_ATTEMPTS
-    assert len({line.split("--secure-port=")[1].split()[0] for line in starts}) == controlplane.PORT_ATTEMPTS
+    assert len(starts) == local.PORT_ATTEMPTS
+    assert len({line.split("--secure-port=")[1].split()[0] for line in starts}) == local.PORT_ATTEMPTS

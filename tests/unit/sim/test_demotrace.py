@@ -1,10 +1,11 @@
 """The demo's ground truth for the backtest of its own run: the faults its fleet file scripts."""
 
-from gpuhealth_sim import demo, demotrace, fleetfile
+from gpuhealth_sim.demo import demotrace, walkthrough
+from gpuhealth_sim.fleet import fleetfile
 
 
 def test_the_demo_fleets_scripted_faults_become_truth_records() -> None:
-    spec = fleetfile.load(demo.DEFAULT_FLEET)
+    spec = fleetfile.load(walkthrough.DEFAULT_FLEET)
     truth = list(demotrace.truth(spec, offset=2.0, end=80.0, human=("gpu-node-11", 1.5)))
     found = {(r["type"], r["node"], r.get("fault"), r["start"], r["end"]) for r in truth}
     assert found == {

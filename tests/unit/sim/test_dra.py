@@ -6,7 +6,7 @@ import pytest
 
 from gpuhealth_agent import scenario, simulated
 from gpuhealth_api import keys
-from gpuhealth_sim import dra, fleetfile, nodes
+from gpuhealth_sim.fleet import dra, fleetfile, nodes
 
 H100 = "NVIDIA H100 80GB HBM3"
 

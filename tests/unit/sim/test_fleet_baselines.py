@@ -3,7 +3,7 @@
 import statistics
 
 from gpuhealth_agent import scenario as agent_scenario
-from gpuhealth_sim import baselines, fleetfile
+from gpuhealth_sim.fleet import baselines, fleetfile
 
 H100 = "NVIDIA H100 80GB HBM3"
 SCENARIO = {

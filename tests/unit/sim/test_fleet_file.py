@@ -6,7 +6,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuhealth_sim import cli, demo, fleetfile, names
+from gpuhealth_sim import cli
+from gpuhealth_sim.demo import walkthrough
+from gpuhealth_sim.fleet import fleetfile, names
 
 H100 = "NVIDIA H100 80GB HBM3"
 HEALTHY = {"gpus": 8, "model": H100, "defaults": {"temperatureCelsius": 45, "utilizationPercent": 95}}
@@ -255,6 +257,6 @@ def test_the_demo_names_every_kind_of_node_in_a_mixed_fleet(tmp_path: Path) -> N
         {"name": "h", "count": 2, "gpu": {"model": H100, "count": 8}},
     ]
     mixed = fleetfile.parse({"pools": pools}, source="fleet.yaml", base_dir=tmp_path)
-    assert demo.hardware(mixed) == f"3 of 4x {a100}, 2 of 8x {H100}"
+    assert walkthrough.hardware(mixed) == f"3 of 4x {a100}, 2 of 8x {H100}"
     one = fleetfile.parse({"pools": pools[1:]}, source="fleet.yaml", base_dir=tmp_path)
-    assert demo.hardware(one) == f"8x {H100}"
+    assert walkthrough.hardware(one) == f"8x {H100}"

@@ -4,7 +4,7 @@ import datetime
 import io
 
 from gpuhealth_api import keys
-from gpuhealth_sim import live, record, summary, view
+from gpuhealth_sim.demo import live, record, summary, view
 
 T0 = 1_800_000_000.0
 H100 = "NVIDIA H100 80GB HBM3"

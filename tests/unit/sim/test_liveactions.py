@@ -1,10 +1,10 @@
 """What the live operator did, read off a trace, and how it compares with a replay, per node."""
 
-from gpuhealth_sim import backtest, liveactions
+from gpuhealth_sim.backtest import liveactions, replayer
 
 
-def act(t: float, what: str, node: str = "n1") -> backtest.Action:
-    return backtest.Action(t, node, what, "")
+def act(t: float, what: str, node: str = "n1") -> replayer.Action:
+    return replayer.Action(t, node, what, "")
 
 
 def rule(index: int) -> dict:

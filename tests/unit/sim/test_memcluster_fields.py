@@ -17,7 +17,7 @@ import yaml
 from gpuhealth_api import vocabulary
 from gpuhealth_operator import context, isolating, reconciler
 from gpuhealth_operator.decisions import isolation, model
-from gpuhealth_sim import memcluster, tracerecord
+from gpuhealth_sim.backtest import memcluster, tracerecord
 from gpunode_facts import verdict
 
 CRD = pathlib.Path(__file__).parents[3] / "charts/gpu-health/crds/gpuhealth.io_gpunodes.yaml"

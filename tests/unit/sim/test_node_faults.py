@@ -9,9 +9,9 @@ import pathlib
 from typing import Any
 
 from gpuhealth_api import conditions, faults, vocabulary
-from gpuhealth_sim import backtest, scoring, tracegen, traces
+from gpuhealth_sim.backtest import replayer, scoring, tracegen, traces
 
-A = backtest.Action
+A = replayer.Action
 
 
 def records(path: pathlib.Path) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:

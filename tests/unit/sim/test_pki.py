@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from gpuhealth_sim import pki
+from gpuhealth_sim.controlplane import pki
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 

@@ -5,7 +5,8 @@ import sys
 import time
 from pathlib import Path
 
-from gpuhealth_sim import processes, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import processes
 
 IGNORE_TERM = (
     "import signal, sys, time\n"

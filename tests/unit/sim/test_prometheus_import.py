@@ -26,8 +26,10 @@ from typing import Any, Final
 
 import pytest
 
-from gpuhealth_sim import backtest, cli, ports, prometheus_import, traces
-from gpuhealth_sim import progress as progressing
+from gpuhealth_sim import cli
+from gpuhealth_sim.backtest import progress as progressing
+from gpuhealth_sim.backtest import prometheus_import, replayer, traces
+from gpuhealth_sim.controlplane import ports
 
 START: Final = 1_767_571_200.0
 """2026-01-05T00:00:00.000000Z"""
@@ -222,7 +224,7 @@ def test_a_dbe_in_the_series_is_written_at_its_step_and_the_backtest_drains_that
     assert changed[0] == 1020  # the first step at or after the fault (a 30 s step), not the heartbeat
     assert changed[1]["gpus"][0]["observedTime"] == "2026-01-05T00:17:00.000000Z"
 
-    result = backtest.run(out, DRAIN_POLICY, tick_seconds=30)
+    result = replayer.run(out, DRAIN_POLICY, tick_seconds=30)
     acted = [(a.node, a.action) for a in result.actions if not a.action.startswith("Label")]
     assert ("b", "Drain") in acted, acted
     assert not [a for a in acted if a[0] == "a"], acted

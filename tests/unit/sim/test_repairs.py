@@ -11,7 +11,8 @@ import pytest
 from gpuhealth_agent import runner, scenario, simulated
 from gpuhealth_api import keys, timestamps
 from gpuhealth_operator import kube
-from gpuhealth_sim import fleetfile, memcluster, repairs, tracerecord, traces
+from gpuhealth_sim.backtest import memcluster, tracerecord, traces
+from gpuhealth_sim.fleet import fleetfile, repairs
 
 NODE = "gpu-node-3"
 UUIDS = [simulated.gpu_uuid(NODE, i) for i in range(8)]

@@ -9,7 +9,7 @@ import pathlib
 
 from gpuhealth_api import keys
 from gpuhealth_operator import replay
-from gpuhealth_sim import backtest, memcluster
+from gpuhealth_sim.backtest import memcluster, replayer
 from gpunode_facts import agent_status
 
 START = datetime.datetime(2026, 1, 5, tzinfo=datetime.UTC)
@@ -33,7 +33,7 @@ def _agent_pod(node: str, ready: bool) -> dict:
         "metadata": {
             "namespace": "gpu-health",
             "name": f"agent-{node}",
-            "ownerReferences": [backtest.AGENT_OWNER],
+            "ownerReferences": [replayer.AGENT_OWNER],
         },
         "spec": {"nodeName": node},
         "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
@@ -46,7 +46,7 @@ def test_a_replay_feeds_the_operator_events_and_reads_back_its_selection_budget_
     operator = replay.Operator(client, lambda: now[0], agent_pod_namespace="gpu-health", instance="test")
 
     async def scene() -> None:
-        await operator.policy_event("ADDED", backtest.load_policy(POLICY))
+        await operator.policy_event("ADDED", replayer.load_policy(POLICY))
         for name in ("n1", "n2"):
             body = client.put_node(_node(name))
             await operator.node_event("ADDED", dict(body))

@@ -2,9 +2,9 @@
 
 import pathlib
 
-from gpuhealth_sim import backtest, scoring, traces
+from gpuhealth_sim.backtest import replayer, scoring, traces
 
-A = backtest.Action
+A = replayer.Action
 
 
 def fatal(node: str, start: float, end: float) -> dict:

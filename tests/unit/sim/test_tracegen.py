@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from gpuhealth_api import conditions, xid_catalogue
-from gpuhealth_sim import backtest, scoring, tracegen, traces
+from gpuhealth_sim.backtest import replayer, scoring, tracegen, traces
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 POLICY = ROOT / "examples" / "default-policy.yaml"
@@ -136,7 +136,7 @@ def test_a_node_with_a_row_remap_failure_or_a_lost_gpu_is_replaced(tmp_path: pat
     models = {t["node"]: t["model"] for t in truth if t["type"] == "node"}
     assert models[new] == models[old]
 
-    result = backtest.run(path, backtest.load_policy(POLICY))
+    result = replayer.run(path, replayer.load_policy(POLICY))
     on_old = [a for a in result.actions if a.node == old and a.action in ("Cordon", "Drain", "Uncordon")]
     assert [a.action for a in on_old] == ["Drain"], "drained, then replaced: never uncordoned"
     assert not [a for a in result.actions if a.node == old and a.t > gone[0][1]]
@@ -164,7 +164,7 @@ def test_an_agent_gap_is_a_not_ready_agent_pod_and_the_replay_says_the_agent_is_
         assert down["ready"] is False and down["since"], down
         assert any(r["node"] == gap["node"] and r["ready"] and r["t"] >= gap["end"] for r in pods)
 
-    result = backtest.run(path, backtest.load_policy(POLICY))
+    result = replayer.run(path, replayer.load_policy(POLICY))
     long_gaps = {(g["node"], g["start"]) for g in gaps if g["end"] - g["start"] > 120}
     stale = [e for e in result.events if e["reason"] == "AgentStale"]
     assert long_gaps and len(stale) >= len(long_gaps), (long_gaps, stale)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from gpuhealth_sim import tracerecord, traces
+from gpuhealth_sim.backtest import tracerecord, traces
 from gpunode_facts import agent_status
 
 START = 1_767_571_200.0
@@ -324,10 +324,10 @@ def test_a_replay_judges_agent_pods_by_the_recorded_namespace() -> None:
     # operator's own rule, so a tenant pod in an older trace cannot make a node Unknown or live.
     import asyncio  # noqa: PLC0415
 
-    from gpuhealth_sim import backtest  # noqa: PLC0415
+    from gpuhealth_sim.backtest import replayer  # noqa: PLC0415
 
-    policy = backtest.load_policy(pathlib.Path(__file__).parents[3] / "examples" / "default-policy.yaml")
-    replay = backtest.Replay(policy, START, 30.0, agent_pod_namespace="gpu-health")
+    policy = replayer.load_policy(pathlib.Path(__file__).parents[3] / "examples" / "default-policy.yaml")
+    replay = replayer.Replay(policy, START, 30.0, agent_pod_namespace="gpu-health")
     since = "2026-01-05T00:00:00Z"
     tenant = {"name": "tenant/agent-x", "node": "n1", "ready": False, "since": since}
     asyncio.run(replay._agent_pod(tenant, gone=False))

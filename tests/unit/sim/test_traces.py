@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from gpuhealth_sim import traces
+from gpuhealth_sim.backtest import traces
 
 HEADER = {"kind": "header", "format": traces.FORMAT, "version": traces.VERSION, "start": 0}
 NODE = {"kind": "node", "t": 0, "object": {"metadata": {"name": "n1"}}}

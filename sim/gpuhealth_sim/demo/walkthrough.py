@@ -35,25 +35,13 @@ import yaml
 from kubernetes import client
 
 from gpuhealth_api import resources
-from gpuhealth_sim import (
-    binaries,
-    controlplane,
-    demotrace,
-    dra,
-    fleet,
-    fleetfile,
-    live,
-    processes,
-    record,
-    repairs,
-    summary,
-    tracerecord,
-    waiting,
-    watches,
-    workload,
-)
+from gpuhealth_sim import waiting, watches
+from gpuhealth_sim.backtest import tracerecord
+from gpuhealth_sim.controlplane import binaries, local, processes
+from gpuhealth_sim.demo import demotrace, live, record, summary, workload
+from gpuhealth_sim.fleet import agentpool, dra, fleetfile, repairs
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_FLEET = REPO_ROOT / "examples" / "fleets" / "demo.yaml"
 DEFAULT_POLICY = REPO_ROOT / "examples" / "fleets" / "demo-policy.yaml"
 DEFAULT_DURATION_SECONDS = 75.0
@@ -133,7 +121,7 @@ class _Say:
         self.out.flush()
 
 
-def _apply(plane: controlplane.ControlPlane, *documents: dict[str, Any]) -> None:
+def _apply(plane: local.ControlPlane, *documents: dict[str, Any]) -> None:
     plane.kubectl(
         "apply",
         "--server-side",
@@ -144,7 +132,7 @@ def _apply(plane: controlplane.ControlPlane, *documents: dict[str, Any]) -> None
     )
 
 
-def install(plane: controlplane.ControlPlane, options: Options) -> None:
+def install(plane: local.ControlPlane, options: Options) -> None:
     """CRDs, then the demo policy (the CRDs must be Established before a policy is accepted)."""
     crds = sorted((REPO_ROOT / "crds").glob("*.yaml"))
     args = [arg for path in crds for arg in ("-f", str(path))]
@@ -155,7 +143,7 @@ def install(plane: controlplane.ControlPlane, options: Options) -> None:
     )
 
 
-def start_training(plane: controlplane.ControlPlane, api: client.ApiClient, spec: fleetfile.Fleet) -> int:
+def start_training(plane: local.ControlPlane, api: client.ApiClient, spec: fleetfile.Fleet) -> int:
     """The Deployment (one whole-node pod per GPU node) and its PDB; returns the replica count."""
     plugin = [plan for plan in spec.nodes if not plan.dra]
     gpus = min(plan.gpu_count for plan in plugin)
@@ -232,7 +220,7 @@ def run(options: Options, out: TextIO = sys.stdout) -> int:
         say("locating the control-plane binaries (make testbin builds them once)")
         directory = binaries.locate(cwd=REPO_ROOT)
         say(f"starting etcd, kube-apiserver, controller manager, scheduler and kwok (logs: {workdir})")
-        with controlplane.ControlPlane(directory, workdir / "cluster") as plane:
+        with local.ControlPlane(directory, workdir / "cluster") as plane:
             succeeded = _story(plane, _Context(options, spec, workdir, say, out, tty))
     except KeyboardInterrupt:
         say("interrupted; stopped everything")
@@ -261,13 +249,13 @@ class _Context:
     tty: bool
 
 
-def _story(plane: controlplane.ControlPlane, ctx: _Context) -> bool:
+def _story(plane: local.ControlPlane, ctx: _Context) -> bool:
     options, spec, workdir, say, out, tty = ctx.options, ctx.spec, ctx.workdir, ctx.say, ctx.out, ctx.tty
     say(f"control plane up in {plane.startup_seconds or 0:.1f}s at {plane.server}")
     install(plane, options)
     say(f"installed the CRDs and policy {options.policy_path.name}")
     api = plane.api_client()
-    sim = fleet.Fleet(spec, api)
+    sim = agentpool.Fleet(spec, api)
     namespace = client.V1Namespace(metadata=client.V1ObjectMeta(name=repairs.DEFAULT_NAMESPACE))
     client.CoreV1Api(api).create_namespace(namespace)
     executor = repairs.Executor(api, sim, namespace=repairs.DEFAULT_NAMESPACE)
@@ -332,7 +320,9 @@ def _story(plane: controlplane.ControlPlane, ctx: _Context) -> bool:
         recorder_api.close()  # type: ignore[no-untyped-call]
 
 
-def _watch(view: live.Live, sim: fleet.Fleet, operator: processes.ManagedProcess, duration: float) -> None:
+def _watch(
+    view: live.Live, sim: agentpool.Fleet, operator: processes.ManagedProcess, duration: float
+) -> None:
     assert sim.started_at is not None
     nodes = len(sim.spec.nodes)
     model = sim.spec.nodes[0].gpu_model.removeprefix("NVIDIA ")
@@ -345,7 +335,7 @@ def _watch(view: live.Live, sim: fleet.Fleet, operator: processes.ManagedProcess
     view.refresh(title, "done")
 
 
-def _keep(plane: controlplane.ControlPlane, view: live.Live, out: TextIO, tty: bool) -> None:
+def _keep(plane: local.ControlPlane, view: live.Live, out: TextIO, tty: bool) -> None:
     kubectl = plane.binaries / "kubectl"
     out.write(
         "The demo cluster keeps running (Ctrl-C stops it). In another terminal:\n\n"

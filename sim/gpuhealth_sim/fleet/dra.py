@@ -26,7 +26,7 @@ from typing import Any, Final
 from kubernetes import client
 
 from gpuhealth_agent import simulated
-from gpuhealth_sim import fleetfile
+from gpuhealth_sim.fleet import fleetfile
 
 DRIVER: Final = "gpu.nvidia.com"
 """The NVIDIA DRA driver's name (ResourceSlice spec.driver)."""

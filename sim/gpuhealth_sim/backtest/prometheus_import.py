@@ -49,8 +49,8 @@ from typing import Any, Final
 
 from gpuhealth_agent import changes, facts, history, metrics, nvml
 from gpuhealth_api import heartbeats, keys, timestamps
-from gpuhealth_sim import progress as progressing
-from gpuhealth_sim import traces
+from gpuhealth_sim.backtest import progress as progressing
+from gpuhealth_sim.backtest import traces
 
 POINTS_PER_QUERY: Final = 1_000
 """Steps per query_range: well under Prometheus' 11,000 points per series, and a chunk of a large

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from kubernetes import client
 
 from gpuhealth_agent import runner, scenario, simulated
-from gpuhealth_sim import agents, dra, fleetfile, nodes
+from gpuhealth_sim.fleet import agents, dra, fleetfile, nodes
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ MODEL and ISSUES are shortened with "…" before anything is wrapped.
 import dataclasses
 from collections.abc import Sequence
 
-from gpuhealth_sim import record
+from gpuhealth_sim.demo import record
 
 HEADERS = ("NAME", "GPUS", "MODEL", "HEALTH", "ISSUES", "ACTION", "MAXTEMP", "AGE")
 GAP = "  "

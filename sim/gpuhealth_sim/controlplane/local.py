@@ -34,7 +34,8 @@ from typing import Final, Self
 
 from kubernetes import client as kube_client
 
-from gpuhealth_sim import binaries, components, kubeconfigs, pki, ports, probes, processes, waiting
+from gpuhealth_sim import waiting
+from gpuhealth_sim.controlplane import binaries, components, kubeconfigs, pki, ports, probes, processes
 
 KWOK_NODE_ANNOTATION: Final = "kwok.x-k8s.io/node"
 KWOK_NODE_ANNOTATION_VALUE: Final = "fake"

@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Final
 
-from gpuhealth_sim import kubeconfigs, pki, ports
+from gpuhealth_sim.controlplane import kubeconfigs, pki, ports
 
 SERVICE_CIDR: Final = "10.96.0.0/16"
 SERVICE_IP: Final = "10.96.0.1"
@@ -182,7 +182,9 @@ def kwok_args(
     """kwok managing the Nodes whose annotations match `node_selector` (key=value)."""
     # Our own stages (kwok 0.8 has no built-in ones), and never a developer's ~/.kwok/kwok.yaml.
     config = workdir / "kwok.yaml"
-    config.write_text(resources.files("gpuhealth_sim").joinpath(KWOK_STAGES).read_text(encoding="utf-8"))
+    config.write_text(
+        resources.files("gpuhealth_sim.controlplane").joinpath(KWOK_STAGES).read_text(encoding="utf-8")
+    )
     return [
         f"--config={config}",
         f"--kubeconfig={kubeconfig}",

@@ -28,16 +28,16 @@ from kubernetes import client, config
 
 from gpuhealth_api import heartbeats, timestamps
 from gpuhealth_operator import settings
-from gpuhealth_sim import (
-    backtest,
-    kubeconfigs,
+from gpuhealth_sim.backtest import (
     progress,
     prometheus_import,
+    replayer,
     scoring,
     tracegen,
     tracerecord,
     traces,
 )
+from gpuhealth_sim.controlplane import kubeconfigs
 
 USAGE_ERROR = 2
 INVALID_INPUT = 3
@@ -354,15 +354,15 @@ def _generate(args: argparse.Namespace) -> int:
 
 def replay(
     trace: pathlib.Path, policy: dict[str, Any], tick_seconds: float, score: bool, baseline: bool
-) -> tuple[backtest.Result, dict[str, Any] | None]:
+) -> tuple[replayer.Result, dict[str, Any] | None]:
     """One policy's backtest of `trace`, and its score if asked (with the baseline rule's beside it)."""
-    result = backtest.run(trace, policy, tick_seconds)
+    result = replayer.run(trace, policy, tick_seconds)
     return result, scoring.score(trace, result, baseline=baseline) if score else None
 
 
 def replay_all(
     trace: pathlib.Path, policies: list[dict[str, Any]], tick_seconds: float, score: bool
-) -> list[tuple[backtest.Result, dict[str, Any] | None]]:
+) -> list[tuple[replayer.Result, dict[str, Any] | None]]:
     """Every policy's backtest, in order. Replays share nothing, so with more than one policy each
     runs in its own process, as many at once as there are CPUs: comparing a policy with the one it
     would replace takes the time of one replay on two cores."""
@@ -384,7 +384,7 @@ def _backtest(args: argparse.Namespace) -> int:
         )
         return USAGE_ERROR
     try:
-        policies = [backtest.load_policy(p) for p in args.policy]
+        policies = [replayer.load_policy(p) for p in args.policy]
         if args.score and not traces.has_truth(args.trace):
             print(
                 f"gpu-health-sim: {args.trace} holds no ground truth (`truth` records), so --score has "
@@ -394,7 +394,7 @@ def _backtest(args: argparse.Namespace) -> int:
             )
             return USAGE_ERROR
         replayed = replay_all(args.trace, policies, args.tick_seconds, args.score)
-    except (traces.TraceError, backtest.PolicyError) as error:
+    except (traces.TraceError, replayer.PolicyError) as error:
         print(f"gpu-health-sim: {error}", file=sys.stderr)
         return INVALID_INPUT
     if args.output == "json":
@@ -411,20 +411,20 @@ def _backtest(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_text(result: backtest.Result, score: dict[str, Any] | None) -> None:
+def print_text(result: replayer.Result, score: dict[str, Any] | None) -> None:
     summary = result.summary()
     mode = "dry run" if result.dry_run else "acting"
     print(
         f"== policy {result.policy} ({mode}) selects {summary['selectedNodes']} of {summary['nodes']} nodes, "
         f"{summary['selectedNodeDays']} of {summary['nodeDays']} node-days"
     )
-    per_node: dict[str, list[backtest.Action]] = {}
+    per_node: dict[str, list[replayer.Action]] = {}
     for action in result.actions:
         if not action.action.startswith("Label health="):
             per_node.setdefault(action.node, []).append(action)
     for t, node in result.deleted_nodes:  # not the policy's doing, but why its actions stop there
         if node in result.selected:
-            per_node.setdefault(node, []).append(backtest.Action(t, node, "(Node deleted)", ""))
+            per_node.setdefault(node, []).append(replayer.Action(t, node, "(Node deleted)", ""))
     for node in sorted(per_node):
         print(f"  {node}")
         for action in sorted(per_node[node], key=lambda a: a.t):

@@ -3,7 +3,7 @@
 The demo records its run with `tracerecord.Recorder` (the `record` command's
 code) while the live operator acts. At the end it appends, as `truth`
 records, the faults its fleet file scripted (so `scoring.score` can say what
-was caught), replays the trace under the demo's policy with `backtest.run`,
+was caught), replays the trace under the demo's policy with `replayer.run`,
 and prints one line: how many Node actions the replay took, whether they are
 the live operator's (per node, in order: `liveactions`), and the score.
 
@@ -25,7 +25,8 @@ from collections.abc import Collection, Iterator
 from typing import Any, Final
 
 from gpuhealth_agent import scenario as agent_scenario
-from gpuhealth_sim import backtest, fleetfile, liveactions, scoring, traces
+from gpuhealth_sim.backtest import liveactions, replayer, scoring, traces
+from gpuhealth_sim.fleet import fleetfile
 
 FATAL_XIDS: Final = frozenset({48, 79, 94, 95})
 THERMAL_REASON: Final = "HwThermalSlowdown"
@@ -82,9 +83,9 @@ def verdict(
     difference is said to come from that.
     """
     began = time.monotonic()
-    policy = backtest.load_policy(policy_path)
+    policy = replayer.load_policy(policy_path)
     name = str(policy["metadata"]["name"])
-    result = backtest.run(trace, policy, tick_seconds)
+    result = replayer.run(trace, policy, tick_seconds)
     score = scoring.score(trace, result, baseline=False)
     with traces.open_trace(trace) as (_, records):
         kept = list(records)

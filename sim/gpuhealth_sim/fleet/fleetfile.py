@@ -19,7 +19,7 @@ import yaml
 
 from gpuhealth_agent import scenario as agent_scenario
 from gpuhealth_api import heartbeats
-from gpuhealth_sim import names
+from gpuhealth_sim.fleet import names
 
 DEFAULT_INTERVAL_SECONDS = 5.0
 DEFAULT_HEARTBEAT_SECONDS = float(heartbeats.DEFAULT_HEARTBEAT_SECONDS)

@@ -22,7 +22,7 @@ from typing import Any
 
 from gpuhealth_agent import models as agent_models
 from gpuhealth_agent import scenario as agent_scenario
-from gpuhealth_sim import fleetfile
+from gpuhealth_sim.fleet import fleetfile
 
 TRUNCATE_AT_SIGMAS = 2.0
 """No healthy node strays further than this from its cohort (straggler thresholds are ~3.5)."""

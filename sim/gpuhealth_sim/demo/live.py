@@ -12,7 +12,7 @@ import shutil
 import time
 from typing import TextIO
 
-from gpuhealth_sim import record, view
+from gpuhealth_sim.demo import record, view
 
 HOME = "\x1b[H"
 CLEAR_LINE = "\x1b[K"

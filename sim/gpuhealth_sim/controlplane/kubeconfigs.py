@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from gpuhealth_api import kubeconfig_check
-from gpuhealth_sim import pki
+from gpuhealth_sim.controlplane import pki
 
 CLUSTER_NAME = "gpu-health-local"
 

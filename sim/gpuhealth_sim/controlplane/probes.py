@@ -12,7 +12,7 @@ import ssl
 import urllib.parse
 from pathlib import Path
 
-from gpuhealth_sim import pki, ports
+from gpuhealth_sim.controlplane import pki, ports
 
 TLS = ssl.SSLContext
 

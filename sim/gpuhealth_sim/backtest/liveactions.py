@@ -26,32 +26,32 @@ from typing import Any, Final
 
 from gpuhealth_api import keys
 from gpuhealth_operator.decisions import device_taints
-from gpuhealth_sim import backtest, traces
+from gpuhealth_sim.backtest import replayer, traces
 
 SAME_PASS_SECONDS: Final = 0.5
 """An isolation and a health label this close were written in one pass (see the docstring)."""
 
 
 def changes(
-    t: float, node: str, before: backtest.NodeState, after: backtest.NodeState
-) -> list[backtest.Action]:
-    """The actions between two states of a Node, as the backtest lists them (`backtest.node_changes`)."""
-    return [backtest.Action(t, node, what, "") for what in backtest.node_changes(before, after)]
+    t: float, node: str, before: replayer.NodeState, after: replayer.NodeState
+) -> list[replayer.Action]:
+    """The actions between two states of a Node, as the backtest lists them (`replayer.node_changes`)."""
+    return [replayer.Action(t, node, what, "") for what in replayer.node_changes(before, after)]
 
 
-def actions(versions: Iterable[tuple[float, Mapping[str, Any]]], policy: str) -> list[backtest.Action]:
+def actions(versions: Iterable[tuple[float, Mapping[str, Any]]], policy: str) -> list[replayer.Action]:
     """Every change `policy` made to the Nodes, from their versions in the order they arrived; a
     version with `deleted: true` is the Node's deletion (one of its name created later is new). A
     Node's first version is where it starts, as in a replay: a recording that began on a policy's
     cordon holds no Cordon."""
-    states: dict[str, backtest.NodeState] = {}
-    found: list[backtest.Action] = []
+    states: dict[str, replayer.NodeState] = {}
+    found: list[replayer.Action] = []
     for t, obj in versions:
         name = str((obj.get("metadata") or {}).get("name"))
         if obj.get("deleted") is True:
             states.pop(name, None)
             continue
-        after = backtest.node_state(obj, policy)
+        after = replayer.node_state(obj, policy)
         before = states.get(name)
         if before is not None:
             found += changes(t, name, before, after)
@@ -59,11 +59,11 @@ def actions(versions: Iterable[tuple[float, Mapping[str, Any]]], policy: str) ->
     return found
 
 
-def from_trace(records: Iterable[Mapping[str, Any]], policy: str) -> list[backtest.Action]:
+def from_trace(records: Iterable[Mapping[str, Any]], policy: str) -> list[replayer.Action]:
     """What the recorded operator did, from a trace's `node` records (they keep its labels and claims)
     and its `devicetaintrule` records (the GPUs it isolated and restored), in time order."""
     versions: list[tuple[float, Mapping[str, Any]]] = []
-    isolations: list[backtest.Action] = []
+    isolations: list[replayer.Action] = []
     rules: dict[str, dict[str, Any]] = {}
     ours = device_taints.label_value(policy)
     for record in records:
@@ -84,13 +84,13 @@ def from_trace(records: Iterable[Mapping[str, Any]], policy: str) -> list[backte
                 continue  # a new version of a rule already in place
             if created:
                 rules[name] = rule
-            change = backtest.rule_action("created" if created else "deleted", rule)
+            change = replayer.rule_action("created" if created else "deleted", rule)
             if change is not None:
-                isolations.append(backtest.Action(float(record["t"]), change[0], change[1], ""))
+                isolations.append(replayer.Action(float(record["t"]), change[0], change[1], ""))
     return sorted(actions(versions, policy) + isolations, key=lambda action: action.t)
 
 
-def sequence(found: Iterable[backtest.Action], *, health: bool = True) -> dict[str, list[str]]:
+def sequence(found: Iterable[replayer.Action], *, health: bool = True) -> dict[str, list[str]]:
     """Per node, the actions in order (a Cordon directly followed by a Drain folded into the Drain)."""
     per_node: dict[str, list[str]] = {}
     last_health: dict[str, float] = {}
@@ -118,7 +118,7 @@ def sequence(found: Iterable[backtest.Action], *, health: bool = True) -> dict[s
 
 
 def differences(
-    live: Iterable[backtest.Action], replayed: Iterable[backtest.Action], *, health: bool = True
+    live: Iterable[replayer.Action], replayed: Iterable[replayer.Action], *, health: bool = True
 ) -> dict[str, tuple[list[str], list[str]]]:
     """Nodes whose action sequences differ: node → (live, replayed)."""
     a, b = sequence(live, health=health), sequence(replayed, health=health)

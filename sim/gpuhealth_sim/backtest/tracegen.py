@@ -47,7 +47,7 @@ from typing import Any, Final
 
 from gpuhealth_agent import changes
 from gpuhealth_api import heartbeats, keys
-from gpuhealth_sim import traces
+from gpuhealth_sim.backtest import traces
 
 REVISION: Final = 3
 """Of the generator, in each trace's header: a new one when the same seed writes a different trace

@@ -60,7 +60,8 @@ from kubernetes import client
 from gpuhealth_api import keys, resources, timestamps, vocabulary
 from gpuhealth_operator import replay, settings
 from gpuhealth_operator.decisions import device_taints, repair, times
-from gpuhealth_sim import traces, watches
+from gpuhealth_sim import watches
+from gpuhealth_sim.backtest import traces
 
 AGENT_STATUS_FIELDS: Final = ("agent", "summary", "gpus", "nics")
 """The agent's part of a GPUNode status; the rest (health, issues, conditions...) is the operator's."""

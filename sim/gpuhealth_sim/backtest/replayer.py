@@ -75,7 +75,7 @@ import yaml
 from gpuhealth_api import keys, resources, timestamps, vocabulary
 from gpuhealth_operator import replay
 from gpuhealth_operator.decisions import gpu_facts, policies
-from gpuhealth_sim import memcluster, traces
+from gpuhealth_sim.backtest import memcluster, traces
 
 FULL_PASS_SECONDS: Final = 3600.0
 """The live operator's safety net under `ticker.is_due` (its `--full-pass-seconds`, 300 s) catches what

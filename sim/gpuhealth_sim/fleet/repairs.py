@@ -46,7 +46,7 @@ from kubernetes import client
 
 from gpuhealth_agent import scenario, simulated
 from gpuhealth_api import keys, timestamps, vocabulary
-from gpuhealth_sim import fleet
+from gpuhealth_sim.fleet import agentpool
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ class Executor:
     def __init__(
         self,
         api_client: client.ApiClient,
-        sim: fleet.Fleet,
+        sim: agentpool.Fleet,
         *,
         namespace: str = DEFAULT_NAMESPACE,
         seconds: Mapping[str, float] | None = None,

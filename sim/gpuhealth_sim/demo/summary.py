@@ -13,7 +13,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_sim import record, view
+from gpuhealth_sim.demo import record, view
 
 CONDITIONS: frozenset[str] = frozenset(vocabulary.Condition)
 

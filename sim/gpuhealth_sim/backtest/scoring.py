@@ -24,7 +24,7 @@ faults of nodes it never selects):
   non-fatal NVLink and NIC episodes got their condition (NvLinkDegraded,
   NicDegraded) into the node's issues while they lasted;
 - label flaps per node-day: a straggler or thermal label removed and set
-  again within backtest.FLAP_SECONDS with no new episode (truth) on the node
+  again within replayer.FLAP_SECONDS with no new episode (truth) on the node
   in between to explain it; and whether maxUnavailable was ever exceeded.
 
 The baseline is the rule of the documents this project started from: per
@@ -43,7 +43,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from gpuhealth_operator.decisions import stragglers
-from gpuhealth_sim import backtest, traces
+from gpuhealth_sim.backtest import replayer, traces
 
 STRAGGLER_SLOWDOWN: Final = 0.10
 RECOVERY_SLACK: Final = 1200.0
@@ -109,16 +109,16 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[index]
 
 
-def _disruptive(action: backtest.Action) -> bool:
+def _disruptive(action: replayer.Action) -> bool:
     if action.action in DISRUPTIVE:
         return True
     return action.action == "DryRun" and "cordon" in action.reason
 
 
-def score_fatal(truth: list[dict[str, Any]], actions: list[backtest.Action]) -> dict[str, Any]:
+def score_fatal(truth: list[dict[str, Any]], actions: list[replayer.Action]) -> dict[str, Any]:
     faults = [r for r in truth if r.get("type") == "fatal"]
-    per_node: dict[str, list[backtest.Action]] = {}
-    isolated: dict[str, list[backtest.Action]] = {}
+    per_node: dict[str, list[replayer.Action]] = {}
+    isolated: dict[str, list[replayer.Action]] = {}
     for action in actions:
         if _disruptive(action):
             per_node.setdefault(action.node, []).append(action)
@@ -164,7 +164,7 @@ def score_fatal(truth: list[dict[str, Any]], actions: list[backtest.Action]) -> 
     }
 
 
-def score_early_warnings(truth: list[dict[str, Any]], actions: list[backtest.Action]) -> dict[str, Any]:
+def score_early_warnings(truth: list[dict[str, Any]], actions: list[replayer.Action]) -> dict[str, Any]:
     """MemoryDegrading before fatal memory faults, and the non-fatal NVLink and NIC episodes found
     (module docstring)."""
     memory = [r for r in truth if r.get("type") == "fatal" and r.get("fault") in MEMORY_FAULTS]
@@ -230,7 +230,7 @@ def score_stragglers(truth: list[dict[str, Any]], flags: Iterable[Flag]) -> Stra
 SLOWING: Final = frozenset({"straggler", "thermal", "powerBrake", "powerCap"})
 
 
-def label_flaps(truth: list[dict[str, Any]], actions: list[backtest.Action]) -> list[backtest.Action]:
+def label_flaps(truth: list[dict[str, Any]], actions: list[replayer.Action]) -> list[replayer.Action]:
     """Label re-sets that no new episode explains (module docstring)."""
     cleared: dict[tuple[str, str], float] = {}
     flaps = []
@@ -242,7 +242,7 @@ def label_flaps(truth: list[dict[str, Any]], actions: list[backtest.Action]) -> 
             continue
         label = action.action.removeprefix("Label ").split("=", 1)[0]
         since = cleared.pop((action.node, label), None)
-        if since is None or action.t - since >= backtest.FLAP_SECONDS:
+        if since is None or action.t - since >= replayer.FLAP_SECONDS:
             continue
         explained = any(
             e["node"] == action.node and e.get("type") in SLOWING and since <= e["start"] <= action.t
@@ -253,7 +253,7 @@ def label_flaps(truth: list[dict[str, Any]], actions: list[backtest.Action]) -> 
     return flaps
 
 
-def our_straggler_flags(actions: list[backtest.Action]) -> list[Flag]:
+def our_straggler_flags(actions: list[replayer.Action]) -> list[Flag]:
     return [Flag(a.t, a.node) for a in actions if a.action.startswith("Label straggler")]
 
 
@@ -307,7 +307,7 @@ def _baseline_round(latest: Mapping[str, Mapping[str, Any]], t: float) -> list[F
     return flags
 
 
-def score(trace: pathlib.Path, result: backtest.Result, *, baseline: bool = True) -> dict[str, Any]:
+def score(trace: pathlib.Path, result: replayer.Result, *, baseline: bool = True) -> dict[str, Any]:
     """The whole score of one policy's backtest (module docstring)."""
     _, everything = traces.read_truth(trace)
     truth = [r for r in everything if r.get("node") in result.selected]

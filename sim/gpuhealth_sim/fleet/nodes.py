@@ -18,7 +18,7 @@ from typing import Any
 from kubernetes import client
 
 from gpuhealth_api import keys
-from gpuhealth_sim import fleetfile
+from gpuhealth_sim.fleet import fleetfile
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_MANAGED = "fake"

@@ -19,7 +19,7 @@ from typing import Any
 from kubernetes import client
 
 from gpuhealth_agent import reporter, runner, scenario, simulated, xids
-from gpuhealth_sim import baselines, fleetfile
+from gpuhealth_sim.fleet import baselines, fleetfile
 
 
 class Builder:
