@@ -398,8 +398,7 @@ async def _end_term(
     if term is not None:
         term.end()
     kopf_stop.set()
-    for drain_task in ctx.drains.values():
-        drain_task.cancel()
+    ctx.drains.cancel_all()
     pending = {task for task in tasks if not task.done()}
     for task in pending:
         if task.get_name() != "kopf":

@@ -33,6 +33,7 @@ from gpuhealth_operator import (
     cache,
     cohorts,
     domain_states,
+    drains,
     kube,
     metrics,
     recent,
@@ -162,6 +163,9 @@ class Verdicts(MutableMapping[tuple[str, str], model.NodeVerdict]):
         return len(self._all)
 
 
+_Drains = drains.Drains
+"""The drains' owner under a name the `Context.drains` field does not shadow."""
+
 _ClusterCache = cache.ClusterCache
 """The cache's class under a name the `Context.cache` field does not shadow (in `create`)."""
 
@@ -206,21 +210,8 @@ class Context:
     (a 504, a timeout): it may have landed, so the node stays in flight in the budget (`admission`)
     until the cache holds a newer version (`remediation`)."""
 
-    drains: dict[str, asyncio.Task[drain.Result]] = dataclasses.field(default_factory=dict)
-    """node → the drain running in this process."""
-
-    drain_results: dict[str, drain.Result] = dataclasses.field(default_factory=dict)
-    """node → how its last drain in this process ended (cleared whenever the node is schedulable)."""
-
-    drain_checked: dict[str, float] = dataclasses.field(default_factory=dict)
-    """node → when (monotonic) its pods were last looked at while Drained, so new ones are drained too."""
-
-    drained_unsaid: dict[str, str] = dataclasses.field(default_factory=dict)
-    """node → the NodeDrained message of a completed drain whose Event was refused: said again each
-    time the Drained node is looked at again. The node is Drained all the same (an Event is a report)."""
-
-    drain_policies: dict[str, str] = dataclasses.field(default_factory=dict)
-    """node → the policy whose drain runs (or ran) there: what `stopping` asks whether to stop it."""
+    drains: _Drains = dataclasses.field(default_factory=_Drains)
+    """The drains running in this process and how each ended (`drains`: their one owner)."""
 
     announced_cordons: dict[str, str] = dataclasses.field(default_factory=dict)
     """node → the identity (`cordoned-at`) of its cordon this process saw announced: said once."""
@@ -373,13 +364,7 @@ class Context:
         node gone from the cache and stops.
         """
         self.forget_verdicts(name)
-        task = self.drains.pop(name, None)
-        if task is not None:
-            task.cancel()
-        self.drain_results.pop(name, None)
-        self.drain_checked.pop(name, None)
-        self.drained_unsaid.pop(name, None)
-        self.drain_policies.pop(name, None)
+        self.drains.forget_node(name)
         self.announced_cordons.pop(name, None)
         self.repair_history.pop(name, None)
         self.repair_finished_seen.pop(name, None)
@@ -407,5 +392,4 @@ class Context:
         self.domains.forget_policy(name)
         self.policy_status_written.pop(name, None)
         self.meters.forget_policy(name)
-        for node in [n for n, policy in self.drain_policies.items() if policy == name]:
-            del self.drain_policies[node]  # its drains were stopped (`stopping.stop_drains`)
+        self.drains.forget_policy(name)

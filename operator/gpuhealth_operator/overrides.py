@@ -37,22 +37,12 @@ def _gathered(
     return evidence.gather(verdict, gpunode.status if gpunode else {}, policies.rule_xids(policy))
 
 
-def forget_running_drain(ctx: context.Context, name: str) -> None:
-    """Stop and forget this process's drain of the node (its cordon is gone)."""
-    task = ctx.drains.pop(name, None)
-    if task is not None:
-        task.cancel()
-    ctx.drain_results.pop(name, None)
-    ctx.drain_checked.pop(name, None)
-    ctx.drained_unsaid.pop(name, None)
-
-
 async def forget_drain(ctx: context.Context, name: str) -> None:
     """A schedulable node has no drain: whoever uncordoned it, the drain belonged to that cordon."""
     record = ctx.cache.node(name)
     if record is None or record.view.unschedulable:
         return
-    forget_running_drain(ctx, name)
+    ctx.drains.stop(name)
     if keys.DRAIN_STARTED_ANNOTATION in record.view.annotations:
         ctx.cache.refresh_node(await nodes.set_drain_started(ctx.client, name, None))
 
@@ -86,7 +76,7 @@ async def react(
             continue
         if ctx.cache.refresh_node(body) is None:
             return
-        forget_running_drain(ctx, name)
+        ctx.drains.stop(name)
         ctx.meters.actions.labels(vocabulary.NodeAction.OVERRIDDEN.value, "Uncordoned").inc()
         logger.info("node %s was made schedulable by someone else: policy %s's claim dropped", name, claimant)
         what = (
@@ -132,9 +122,9 @@ async def still_empty(ctx: context.Context, name: str, options: drain.Options) -
     A pod can land on a cordoned node (bound by `nodeName`, or tolerating the
     cordon); `kubectl drain` would evict it, and so do we.
     """
-    checked = ctx.drain_checked.get(name)
+    checked = ctx.drains.checked.get(name)
     clock = time.monotonic()
     if checked is not None and clock - checked < DRAINED_RECHECK_SECONDS:
         return True
-    ctx.drain_checked[name] = clock
+    ctx.drains.looked(name, clock)
     return not drain.classify(await drain.list_pods(ctx.client, name), options).wanted

@@ -201,8 +201,8 @@ async def _capacity(
         if verdicts.may_uncordon(policy, record.view, verdict):
             await _uncordon(ctx, policy, name, verdict)
             return LESSER_ACTIONS.get(wanted, NodeAction.NONE)
-        result = ctx.drain_results.get(name)
-        if name in ctx.drains and not ctx.drains[name].done():
+        result = ctx.drains.results.get(name)
+        if ctx.drains.running(name):
             return NodeAction.DRAINING
         if (result is not None and result.completed) or _status_action(ctx, name) == NodeAction.DRAINED:
             return NodeAction.DRAINED
@@ -311,10 +311,9 @@ def _settle_unknown_cordon(ctx: context.Context, policy: model.Policy, name: str
 
 
 async def _drain(ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime) -> NodeAction:
-    task = ctx.drains.get(name)
-    if task is not None and not task.done():
+    if ctx.drains.running(name):
         return NodeAction.DRAINING
-    result = ctx.drain_results.get(name)
+    result = ctx.drains.results.get(name)
     if result is not None and not result.completed:
         return NodeAction.CORDONED  # this drain failed (DrainFailed was said); a human takes over
     record = ctx.cache.node(name)
@@ -324,22 +323,18 @@ async def _drain(ctx: context.Context, policy: model.Policy, name: str, now: dat
     previous_action = _status_action(ctx, name)
     if result is not None or (started is not None and previous_action == NodeAction.DRAINED):
         # Drained (here, or before a restart): Drained means empty, so look again now and then.
-        looked = ctx.drain_checked.get(name)
+        looked = ctx.drains.checked.get(name)
         if not await overrides.still_empty(ctx, name, ctx.drain_options(policy)):
             deadline = now + datetime.timedelta(seconds=policy.drain_timeout_seconds)
-            ctx.drain_results.pop(name, None)
-            ctx.drained_unsaid.pop(name, None)
-            ctx.drains[name] = asyncio.create_task(
-                _run_drain(ctx, policy, name, now, deadline), name=f"drain-{name}"
-            )
+            _start_drain(ctx, policy, name, now, deadline)
             return NodeAction.DRAINING
-        unsaid = ctx.drained_unsaid.get(name)
+        unsaid = ctx.drains.unsaid.get(name)
         if (
             unsaid is not None
-            and ctx.drain_checked.get(name) != looked  # once per look at the pods, not once per pass
+            and ctx.drains.checked.get(name) != looked  # once per look at the pods, not once per pass
             and await announcements.drained(ctx, name, unsaid)
         ):
-            ctx.drained_unsaid.pop(name, None)
+            ctx.drains.said(name)
         return NodeAction.DRAINED
     if started is None:
         started = now
@@ -348,11 +343,19 @@ async def _drain(ctx: context.Context, policy: model.Policy, name: str, now: dat
     deadline = started + datetime.timedelta(seconds=policy.drain_timeout_seconds)
     if deadline <= now and previous_action == NodeAction.CORDONED:
         return NodeAction.CORDONED  # this drain already failed (DrainFailed was said); a human takes over
-    ctx.drains[name] = asyncio.create_task(
-        _run_drain(ctx, policy, name, started, deadline), name=f"drain-{name}"
-    )
-    ctx.drain_policies[name] = policy.name
+    _start_drain(ctx, policy, name, started, deadline)
     return NodeAction.DRAINING
+
+
+def _start_drain(
+    ctx: context.Context,
+    policy: model.Policy,
+    name: str,
+    started: datetime.datetime,
+    deadline: datetime.datetime,
+) -> None:
+    task = asyncio.create_task(_run_drain(ctx, policy, name, started, deadline), name=f"drain-{name}")
+    ctx.drains.start(name, policy.name, task)
 
 
 async def _run_drain(
@@ -383,12 +386,12 @@ async def _run_drain(
         return result
     elapsed = (datetime.datetime.now(datetime.UTC) - started).total_seconds()
     subject = events.subject(ctx.cache, name)
+    unsaid = None
     if result.completed:
         ctx.meters.drain_duration.labels("completed").observe(elapsed)
         message = drain.drained_message(policy.name, result)
         if not await announcements.drained(ctx, name, message):
-            # Drained all the same: an Event is a report, not state. Said again when next looked at.
-            ctx.drained_unsaid[name] = message
+            unsaid = message  # Drained all the same: an Event is a report. Said again when next looked at.
     else:
         ctx.meters.drain_duration.labels("failed").observe(elapsed)
         await ctx.recorder.emit(
@@ -397,7 +400,7 @@ async def _run_drain(
             drain.failed_message(policy.name, policy.drain_timeout_seconds, result),
             events.WARNING,
         )
-    ctx.drain_results[name] = result
+    ctx.drains.finished(name, result, unsaid=unsaid)
     return result
 
 
@@ -442,11 +445,7 @@ async def _uncordon(
         ctx.cache.refresh_node(
             await nodes.patch_metadata(ctx.client, name, annotations=dict.fromkeys(bookkeeping))
         )
-    task = ctx.drains.pop(name, None)
-    if task is not None:
-        task.cancel()
-    ctx.drain_results.pop(name, None)
-    ctx.drained_unsaid.pop(name, None)
+    ctx.drains.stop(name)
     ctx.meters.actions.labels("Uncordon", "Validated" if validated else "Recovered").inc()
     why = (
         "repaired and validated (spec.repair)"

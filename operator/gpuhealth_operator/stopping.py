@@ -87,8 +87,8 @@ async def say_stopped(ctx: context.Context, policy: str, node: str, reason: str)
 async def stop_drains(ctx: context.Context, *, quiet: frozenset[str] = frozenset()) -> dict[str, str]:
     """Cancel every running drain that must stop; node → why. Each is said in an Event unless in `quiet`."""
     stopped: dict[str, str] = {}
-    for node, task in list(ctx.drains.items()):
-        policy = ctx.drain_policies.get(node)
+    for node, task in list(ctx.drains.tasks.items()):
+        policy = ctx.drains.policies.get(node)
         if task.done() or policy is None:
             continue
         reason = why_stop(ctx, policy, node)
@@ -97,7 +97,7 @@ async def stop_drains(ctx: context.Context, *, quiet: frozenset[str] = frozenset
         task.cancel()
         stopped[node] = reason
     for node, reason in stopped.items():
-        policy = ctx.drain_policies.get(node, "")
+        policy = ctx.drains.policies.get(node, "")
         if node not in quiet and ctx.cache.node(node) is not None:
             await say_stopped(ctx, policy, node, reason)
     return stopped
@@ -150,8 +150,7 @@ async def adopt(ctx: context.Context, policy: str, name: str) -> None:
         return  # changed meanwhile (a human uncordoned it, another policy adopted it): not ours
     if ctx.cache.refresh_node(body) is None:
         return
-    ctx.drain_results.pop(name, None)  # the deleted policy's drain ended; the adopting policy drains anew
-    ctx.drained_unsaid.pop(name, None)
+    ctx.drains.handed_over(name)  # the deleted policy's drain ended; the adopting policy drains anew
     await ctx.recorder.emit(
         events.subject(ctx.cache, name),
         vocabulary.EventReason.NODE_CORDONED,

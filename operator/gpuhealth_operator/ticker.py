@@ -90,7 +90,7 @@ def due_nodes(ctx: context.Context, now: datetime.datetime, *, full: bool) -> li
     if full or taken is None:
         pool: list[str] = list(ctx.cache.gpunodes)
     else:
-        taken |= ctx.drains.keys()
+        taken |= ctx.drains.tasks.keys()
         taken |= {name for _, name in ctx.admission.notified}
         taken |= ctx.agent_pods.not_ready_nodes
         pool = ctx.cache.in_order(taken)
@@ -166,7 +166,7 @@ def _status_marks(ctx: context.Context) -> tuple[object, ...]:
         ctx.verdicts.changes,
         len(ctx.admission.notified),
         len(ctx.drains),
-        len(ctx.drain_results),
+        len(ctx.drains.results),
         len(ctx.isolations),
         tuple(ctx.breakers.states.items()),
         tuple(ctx.breakers.acted.items()),
@@ -207,7 +207,7 @@ def _drain_failed(ctx: context.Context, record: cache.NodeRecord) -> bool:
     term, nothing in memory) a drain started before, no drain of this term, and status Cordoned.
     """
     name = record.view.name
-    result = ctx.drain_results.get(name)
+    result = ctx.drains.results.get(name)
     if result is not None:
         return not result.completed
     if name in ctx.drains or keys.DRAIN_STARTED_ANNOTATION not in record.view.annotations:

@@ -66,8 +66,8 @@ def stuck(ctx: context.Context) -> float | None:
 
 def test_a_node_whose_drain_timed_out_counts_while_it_stays_cordoned() -> None:
     ctx = fleet((node("a"), "Cordoned"), (node("b"), "Drained"), (node("c", drain_started=False), "Cordoned"))
-    ctx.drain_results["a"] = FAILED
-    ctx.drain_results["b"] = COMPLETED
+    ctx.drains.results["a"] = FAILED
+    ctx.drains.results["b"] = COMPLETED
     assert stuck(ctx) == 1
     assert stuck(ctx) == 1, "still stuck a pass later: the alert does not resolve on its own"
 
@@ -75,11 +75,11 @@ def test_a_node_whose_drain_timed_out_counts_while_it_stays_cordoned() -> None:
 def test_a_running_drain_is_not_a_failed_one() -> None:
     async def scenario() -> float | None:
         ctx = fleet((node("a"), "Draining"))
-        ctx.drains["a"] = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
+        ctx.drains.tasks["a"] = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
         try:
             return stuck(ctx)
         finally:
-            ctx.drains["a"].cancel()
+            ctx.drains.tasks["a"].cancel()
 
     assert asyncio.run(scenario()) == 0
 
@@ -93,14 +93,14 @@ def test_after_a_restart_a_drain_that_failed_before_still_counts() -> None:
 
 def test_the_gauge_falls_to_zero_once_a_human_moves_the_node_on() -> None:
     ctx = fleet((node("a"), "Cordoned"))
-    ctx.drain_results["a"] = FAILED
+    ctx.drains.results["a"] = FAILED
     assert stuck(ctx) == 1
     ctx.cache.put_node(node("a", cordoned_by=None, drain_started=False))  # uncordoned by a human
-    ctx.drain_results.pop("a")  # as overrides.py does on the override
+    ctx.drains.results.pop("a")  # as overrides.py does on the override
     assert stuck(ctx) == 0
 
 
 def test_a_node_another_policy_cordoned_is_not_this_policys_failed_drain() -> None:
     ctx = fleet((node("a", cordoned_by="other"), "Cordoned"))
-    ctx.drain_results["a"] = FAILED
+    ctx.drains.results["a"] = FAILED
     assert stuck(ctx) == 0

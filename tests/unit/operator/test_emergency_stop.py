@@ -203,7 +203,7 @@ def test_a_node_that_leaves_the_policys_selection_stops_its_drain_at_once() -> N
         cluster.add_pod("n", "guarded")
         cluster.guarded.add("work/guarded")
         await drain_cluster.report(cluster, ctx, "n", ecc=1)
-        drain_task = ctx.drains["n"]
+        drain_task = ctx.drains.tasks["n"]
         await drain_cluster.until(lambda: len(cluster.evictions) >= 3)
         await drain_cluster.node_changed(cluster, ctx, "n", pool="cpu")
         changed = time.monotonic()
@@ -230,8 +230,8 @@ def test_a_narrowed_selector_stops_the_drain_but_another_selecting_policy_may_dr
         cluster.add_pod("n", "guarded")
         cluster.guarded.add("work/guarded")
         await drain_cluster.report(cluster, ctx, "n", ecc=1)
-        first = ctx.drains["n"]
-        stopped_policy = ctx.drain_policies["n"]
+        first = ctx.drains.tasks["n"]
+        stopped_policy = ctx.drains.policies["n"]
         await drain_cluster.until(lambda: len(cluster.evictions) >= 2)
         body = drain_cluster.policy_body(stopped_policy, drain_cluster.drain_spec("elsewhere"))
         body["metadata"]["generation"] = 2
@@ -241,7 +241,45 @@ def test_a_narrowed_selector_stops_the_drain_but_another_selecting_policy_may_dr
         other = "q" if stopped_policy == "p" else "p"
         assert stopping.why_stop(ctx, other, "n") is None, "the other policy still selects the node"
         assert stopping.why_stop(ctx, stopped_policy, "n") is not None
-        for task in ctx.drains.values():
+        for task in ctx.drains.tasks.values():
             task.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_drained_node_drained_again_after_a_restart_stops_at_once_on_the_exclude_label() -> None:
+    """A node drained before a restart gets a pod; the new process drains it again (Drained means
+    empty), a PodDisruptionBudget holds the eviction back, and a human sets the exclude label: that
+    drain stops at once and says so, as any other drain of ours (issue 24, item 4), not after its
+    backoff (up to 30 s) runs out."""
+
+    async def scenario() -> None:
+        cluster = drain_cluster.DrainCluster()
+        ctx = await drain_cluster.start(
+            cluster, {"p": drain_cluster.drain_spec("gpu")}, {"n": {"pool": "gpu"}}
+        )
+        await drain_cluster.report(cluster, ctx, "n", ecc=1)
+        await drain_cluster.until(lambda: "n" in ctx.drains.results)
+        await drain_cluster.report(cluster, ctx, "n", ecc=1)  # the next pass sees the drain ended
+        assert cluster.gpunodes["n"]["status"]["action"] == "Drained"
+
+        # A restart: a new process over the same cluster; a pod landed on the node meanwhile.
+        cluster.add_pod("n", "late")
+        cluster.guarded.add("work/late")
+        config = settings.Settings(eviction_backoff_initial_seconds=30, eviction_backoff_max_seconds=30)
+        restarted = context.Context.create(config, cluster, metrics.Metrics.create(), instance="t2")  # type: ignore[arg-type]
+        policy = drain_cluster.policy_body("p", drain_cluster.drain_spec("gpu"))
+        await handlers.on_policy(drain_cluster.event("ADDED", policy), memo=restarted)
+        await drain_cluster.deliver(cluster, restarted, "n")
+        await drain_cluster.report(cluster, restarted, "n", ecc=1)
+        drain_task = restarted.drains.tasks["n"]
+        await drain_cluster.until(lambda: any(key == "work/late" for _, key in cluster.evictions))
+
+        await drain_cluster.node_changed(cluster, restarted, "n", **{keys.EXCLUDE_LABEL: "true"})
+        await asyncio.wait({drain_task}, timeout=1)
+        assert drain_task.done(), "the drain after the restart goes on under the exclude label"
+        assert cluster.nodes["n"]["spec"]["unschedulable"] is True, "the cordon stays"
+        (paused,) = [e for e in cluster.event_log if e["reason"] == "RemediationPaused"]
+        assert keys.EXCLUDE_LABEL in paused["message"], paused["message"]
 
     asyncio.run(scenario())

@@ -14,7 +14,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator import admission, breakers, context, domain_states, kube, metrics, recent, settings
+from gpuhealth_operator import (
+    admission,
+    breakers,
+    context,
+    domain_states,
+    drains,
+    kube,
+    metrics,
+    recent,
+    settings,
+)
 from gpuhealth_operator.actions import drain
 from gpuhealth_operator.decisions import breaker, isolation, model
 from gpunode_facts import verdict
@@ -40,11 +50,11 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     )
     ctx.stragglers[(policy, node)] = model.StragglerScore(score=1.0, z_score=-4.0, peers=8, flagged=True)
     ctx.straggler_samples[(policy, node)].append((datetime.datetime(2026, 1, 5, tzinfo=datetime.UTC), -4.0))
-    ctx.drains[node] = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
-    ctx.drain_results[node] = drain.Result(completed=True, blocking=(), evicted=1, skipped=())
-    ctx.drain_checked[node] = 1.0
-    ctx.drained_unsaid[node] = "Node drained by policy p."
-    ctx.drain_policies[node] = policy
+    ctx.drains.tasks[node] = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
+    ctx.drains.results[node] = drain.Result(completed=True, blocking=(), evicted=1, skipped=())
+    ctx.drains.checked[node] = 1.0
+    ctx.drains.unsaid[node] = "Node drained by policy p."
+    ctx.drains.policies[node] = policy
     ctx.announced_cordons[node] = "2026-01-01T00:00:00Z"
     ctx.repair_history[node] = [{"cycle": 1, "result": "Started"}]
     ctx.repair_finished_seen[node] = ("gpuhealth-repair-job", datetime.datetime.now(datetime.UTC))
@@ -82,10 +92,6 @@ FILLED = {
     "stragglers",
     "straggler_samples",
     "drains",
-    "drain_results",
-    "drain_checked",
-    "drained_unsaid",
-    "drain_policies",
     "announced_cordons",
     "dry_run_said",
     "drill_said",
@@ -118,7 +124,8 @@ def mentions(value: Any, name: str) -> bool:
         | admission.Admission
         | breakers.Breakers
         | recent.Recent
-        | domain_states.DomainStates,
+        | domain_states.DomainStates
+        | drains.Drains,
     ):
         return any(mentions(v, name) for v in vars(value).values())
     return False  # locks, tasks, results: leaves
@@ -142,7 +149,7 @@ def test_forget_node_empties_every_map_of_that_node_only() -> None:
         ctx = make()
         fill(ctx, "p", "gone")
         fill(ctx, "p", "kept")
-        running = ctx.drains["gone"]
+        running = ctx.drains.tasks["gone"]
         ctx.forget_node("gone")
         # a deleted node's validation Job is still to be deleted (new_nodes.sweep): it holds its place
         assert [name for name, value in state(ctx).items() if mentions(value, "gone")] == [
@@ -157,7 +164,7 @@ def test_forget_node_empties_every_map_of_that_node_only() -> None:
         assert "gone" not in ctx.verdicts.wanting["p"]
         await asyncio.sleep(0)
         assert running.cancelled(), "the drain of a deleted node is cancelled"
-        ctx.drains["kept"].cancel()
+        ctx.drains.tasks["kept"].cancel()
 
     asyncio.run(scenario())
 
@@ -191,9 +198,9 @@ def test_forget_policy_empties_every_map_of_that_policy_only() -> None:
             "breakers",
         }
         per_policy |= {"isolation_support", "isolations", "rules_read", "isolation_locks", "domains"}
-        per_policy.add("drain_policies")  # the node's drain is "kept"'s (the last filled)
+        per_policy.add("drains")  # the node's drain is "kept"'s (the last filled)
         assert {name for name, value in state(ctx).items() if mentions(value, "kept")} == per_policy
-        ctx.drains["n"].cancel()
+        ctx.drains.tasks["n"].cancel()
 
     asyncio.run(scenario())
 
@@ -208,17 +215,13 @@ def test_forget_verdicts_keeps_the_nodes_own_memory() -> None:
         assert {name for name, value in state(ctx).items() if mentions(value, "n")} == {
             "node_locks",
             "drains",
-            "drain_results",
-            "drain_checked",
-            "drained_unsaid",
-            "drain_policies",
             "announced_cordons",
             "repair_history",
             "repair_finished_seen",
             "repair_waiting",
             "validations_running",
         }
-        assert not ctx.drains["n"].cancelled()
-        ctx.drains["n"].cancel()
+        assert not ctx.drains.tasks["n"].cancelled()
+        ctx.drains.tasks["n"].cancel()
 
     asyncio.run(scenario())

@@ -48,7 +48,7 @@ def test_a_cordon_with_a_lost_answer_holds_its_budget_place(how: str) -> None:
         assert unschedulable(cluster) == ["a"]
         assert cluster.gpunodes["b"]["status"]["action"] == "Pending"
         assert "a" not in ctx.cordons_unknown
-        for task in ctx.drains.values():
+        for task in ctx.drains.tasks.values():
             task.cancel()
 
     asyncio.run(scenario())
@@ -72,7 +72,7 @@ def test_a_lost_cordon_of_a_node_that_recovered_frees_the_place_once_a_newer_ver
         await drain_cluster.report(cluster, ctx, "b", ecc=1, observed=EARLIER)
         assert unschedulable(cluster) == ["b"], "a newer version of `a` says its cordon did not land"
         assert ctx.cordons_unknown == {} and ctx.admission.in_flight == set()
-        for task in ctx.drains.values():
+        for task in ctx.drains.tasks.values():
             task.cancel()
 
     asyncio.run(scenario())

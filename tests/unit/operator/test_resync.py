@@ -101,8 +101,8 @@ def test_resync_frees_the_budget_place_and_memory_of_a_node_deleted_unseen() -> 
         policy = ctx.cache.policies["p"]
         assert ctx.cache.selection(policy).unavailable == {"deleted"}
         ctx.node_locks["deleted"]
-        ctx.drains["deleted"] = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
-        ctx.drain_results["deleted"] = drain.Result(completed=True, blocking=(), evicted=1, skipped=())
+        ctx.drains.tasks["deleted"] = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
+        ctx.drains.results["deleted"] = drain.Result(completed=True, blocking=(), evicted=1, skipped=())
         ctx.admission.notified.add(("p", "other"))
 
         pruned = await resync.resync(ctx)
@@ -112,7 +112,7 @@ def test_resync_frees_the_budget_place_and_memory_of_a_node_deleted_unseen() -> 
         assert set(ctx.cache.gpunodes) == {"kept", "other"}
         assert "deleted" not in ctx.node_locks
         assert "deleted" not in ctx.drains
-        assert "deleted" not in ctx.drain_results
+        assert "deleted" not in ctx.drains.results
         assert ctx.cache.policies == {}
         assert not ctx.admission.notified
 
