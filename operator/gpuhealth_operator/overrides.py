@@ -24,7 +24,7 @@ import time
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import context, kube
 from gpuhealth_operator.actions import drain, events, nodes
-from gpuhealth_operator.decisions import model, policies
+from gpuhealth_operator.decisions import model
 from gpuhealth_operator.decisions import overrides as evidence
 
 logger = logging.getLogger(__name__)
@@ -33,8 +33,14 @@ logger = logging.getLogger(__name__)
 def _gathered(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict
 ) -> evidence.Evidence:
+    """The evidence standing on the node for this policy and every other that has judged it."""
     gpunode = ctx.cache.gpunode(name)
-    return evidence.gather(verdict, gpunode.status if gpunode else {}, policies.rule_xids(policy))
+    judged = [(policy, verdict)]
+    for other in sorted(set(ctx.cache.policies) - {policy.name}):
+        known = ctx.verdicts.get((other, name))
+        if known is not None:
+            judged.append((ctx.cache.policies[other], known))
+    return evidence.gather_all(judged, gpunode.status if gpunode else {})
 
 
 async def forget_drain(ctx: context.Context, name: str) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuhealth_api import conditions, keys, status, vocabulary
@@ -83,6 +83,24 @@ def gather(verdict: model.NodeVerdict, facts: status.GPUNodeStatus, rule_xids: f
         if codes:
             xids[key] = codes
     return Evidence(episodes=episodes, ecc=ecc, xids=xids)
+
+
+def gather_all(
+    judged: Sequence[tuple[model.Policy, model.NodeVerdict]], facts: status.GPUNodeStatus
+) -> Evidence:
+    """The evidence standing for every policy that judged the node (the first's episodes first): each
+    policy later compares its own evidence with this one baseline (`apply`), so a policy counting more
+    critical XIDs, or with a condition true that another lacks, must find them in it, or it would take
+    what stood at the override for new evidence and cordon the node again."""
+    rule_xids = frozenset[int]().union(*(policies.rule_xids(p) for p, _ in judged))
+    found = [gather(verdict, facts, rule_xids) for _, verdict in judged]
+    if not found:
+        return Evidence()
+    episodes: dict[str, str] = {}
+    for each in found:
+        for condition, since in each.episodes.items():
+            episodes.setdefault(condition, since)
+    return dataclasses.replace(found[0], episodes=episodes)
 
 
 def driving(verdict: model.NodeVerdict) -> tuple[vocabulary.ConditionKey, ...]:

@@ -54,3 +54,36 @@ def test_an_uncordon_under_two_acting_policies_holds_until_new_evidence() -> Non
         assert fleet.cordoned("n")
 
     asyncio.run(scenario())
+
+
+def xids(**counts: int) -> dict[str, Any]:
+    """GPU 0 reports these XIDs (`x79=1`: XID 79 seen once)."""
+    seen = [{"code": int(code[1:]), "count": count} for code, count in counts.items()]
+    return gpunode_facts.agent_status(overrides={0: {"xids": seen}})
+
+
+def test_an_uncordon_holds_against_a_second_policy_with_more_critical_xids() -> None:
+    """Policy `a` cordons on XID 79, `b` on XIDs 79 and 13; the node shows both. A human uncordons it:
+    the evidence standing then is every selecting policy's, so `b` does not take XID 13 (which `a`
+    does not count) for new evidence and cordon the node again; XID 13 seen again later is new."""
+
+    async def scenario() -> None:
+        fleet = MemoryFleet(
+            [{"name": "xid", "condition": "XidCritical", "action": "Cordon", "xids": [79]}], ("a", "b")
+        )
+        fleet.policies[1]["spec"]["rules"][0]["xids"] = [79, 13]
+        await fleet.start(["n"])
+        await fleet.deliver("n", xids(x79=1, x13=2))
+        assert fleet.cordoned("n")
+
+        await uncordon_by_hand(fleet, "n")
+        assert not fleet.cordoned("n"), "policy b cordoned the node again on the evidence the human overrode"
+        await fleet.tick(30)
+        await fleet.deliver("n", xids(x79=1, x13=2))
+        assert not fleet.cordoned("n")
+
+        await fleet.deliver("n", xids(x79=1, x13=3))  # XID 13 again: new evidence, for b
+        assert fleet.cordoned("n")
+        assert fleet.cluster.nodes["n"]["metadata"]["annotations"][keys.CORDONED_BY_ANNOTATION] == "b"
+
+    asyncio.run(scenario())
