@@ -20,7 +20,6 @@ GPUNode's `status.action` say where a drain stood (`remediation`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 from gpuhealth_operator.actions import drain
 
@@ -43,9 +42,6 @@ class Drains:
 
     def __contains__(self, name: object) -> bool:
         return name in self.tasks
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.tasks)
 
     def __len__(self) -> int:
         return len(self.tasks)

@@ -56,13 +56,18 @@ def _count(value: object) -> int:
         return 0
 
 
-def gather(verdict: model.NodeVerdict, facts: status.GPUNodeStatus, rule_xids: frozenset[int]) -> Evidence:
-    """The evidence in `verdict` (its True conditions) and in the agent's `facts` (its counters)."""
-    episodes = {
+def _episodes(verdict: model.NodeVerdict) -> dict[str, str]:
+    """The verdict's True conditions → their lastTransitionTime."""
+    return {
         condition.value: times.render(state.last_transition_time)
         for condition, state in verdict.conditions.items()
         if state.status == hysteresis.TRUE and condition not in _NO_EVIDENCE
     }
+
+
+def gather(verdict: model.NodeVerdict, facts: status.GPUNodeStatus, rule_xids: frozenset[int]) -> Evidence:
+    """The evidence in `verdict` (its True conditions) and in the agent's `facts` (its counters)."""
+    episodes = _episodes(verdict)
     ecc: dict[str, int] = {}
     xids: dict[str, dict[str, int]] = {}
     gpus = facts.get("gpus")
@@ -92,15 +97,15 @@ def gather_all(
     policy later compares its own evidence with this one baseline (`apply`), so a policy counting more
     critical XIDs, or with a condition true that another lacks, must find them in it, or it would take
     what stood at the override for new evidence and cordon the node again."""
-    rule_xids = frozenset[int]().union(*(policies.rule_xids(p) for p, _ in judged))
-    found = [gather(verdict, facts, rule_xids) for _, verdict in judged]
-    if not found:
+    if not judged:
         return Evidence()
-    episodes: dict[str, str] = {}
-    for each in found:
-        for condition, since in each.episodes.items():
+    rule_xids = frozenset[int]().union(*(policies.rule_xids(p) for p, _ in judged))
+    found = gather(judged[0][1], facts, rule_xids)  # the counters once; the other verdicts' episodes
+    episodes = dict(found.episodes)
+    for _, verdict in judged[1:]:
+        for condition, since in _episodes(verdict).items():
             episodes.setdefault(condition, since)
-    return dataclasses.replace(found[0], episodes=episodes)
+    return dataclasses.replace(found, episodes=episodes)
 
 
 def driving(verdict: model.NodeVerdict) -> tuple[vocabulary.ConditionKey, ...]:
