@@ -8,22 +8,18 @@ evidence that stood as a baseline on the Node (`overridden-evidence`, so a
 restart remembers) and says so once in an `OverriddenByUser` Event.
 Every policy's verdict then withdraws its Cordon/Drain until the facts show
 evidence newer than that baseline (`decisions.overrides.apply`); `expire`
-removes the baseline once none of its conditions is true any more.
-
-`forget_drain` keeps drain state honest: a schedulable node has no drain,
-whoever made it schedulable, so a later cordon starts a drain of its own; and
-`still_empty` makes `Drained` keep meaning empty (a pod bound since is drained).
+removes the baseline once none of its conditions is true any more. A
+schedulable node has no drain, whoever made it so (`draining.forget`).
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
-import time
 
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import context, kube
-from gpuhealth_operator.actions import drain, events, nodes
+from gpuhealth_operator.actions import events, nodes
 from gpuhealth_operator.decisions import model
 from gpuhealth_operator.decisions import overrides as evidence
 
@@ -41,16 +37,6 @@ def _gathered(
         if known is not None:
             judged.append((ctx.cache.policies[other], known))
     return evidence.gather_all(judged, gpunode.status if gpunode else {})
-
-
-async def forget_drain(ctx: context.Context, name: str) -> None:
-    """A schedulable node has no drain: whoever uncordoned it, the drain belonged to that cordon."""
-    record = ctx.cache.node(name)
-    if record is None or record.view.unschedulable:
-        return
-    ctx.drains.stop(name)
-    if keys.DRAIN_STARTED_ANNOTATION in record.view.annotations:
-        ctx.cache.refresh_node(await nodes.set_drain_started(ctx.client, name, None))
 
 
 async def react(
@@ -116,21 +102,3 @@ async def expire(ctx: context.Context, name: str, verdict: model.NodeVerdict) ->
     ctx.cache.refresh_node(
         await nodes.patch_metadata(ctx.client, name, annotations={keys.OVERRIDDEN_EVIDENCE_ANNOTATION: None})
     )
-
-
-DRAINED_RECHECK_SECONDS = 10.0
-"""How often a Drained node's pods are looked at again (a pod bound to it after the drain is drained too)."""
-
-
-async def still_empty(ctx: context.Context, name: str, options: drain.Options) -> bool:
-    """Whether a Drained node still holds no evictable pod; looked at once per DRAINED_RECHECK_SECONDS.
-
-    A pod can land on a cordoned node (bound by `nodeName`, or tolerating the
-    cordon); `kubectl drain` would evict it, and so do we.
-    """
-    checked = ctx.drains.checked.get(name)
-    clock = time.monotonic()
-    if checked is not None and clock - checked < DRAINED_RECHECK_SECONDS:
-        return True
-    ctx.drains.looked(name, clock)
-    return not drain.classify(await drain.list_pods(ctx.client, name), options).wanted

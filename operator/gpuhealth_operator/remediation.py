@@ -15,7 +15,6 @@ a `DryRun` Event, and change nothing.
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import enum
 import logging
@@ -28,6 +27,7 @@ from gpuhealth_operator import (
     announcements,
     cache,
     context,
+    draining,
     isolating,
     judging,
     kube,
@@ -36,7 +36,7 @@ from gpuhealth_operator import (
     repairing,
     stopping,
 )
-from gpuhealth_operator.actions import drain, events, nodes
+from gpuhealth_operator.actions import events, nodes
 from gpuhealth_operator.decisions import model, times, verdicts
 
 logger = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ async def _capacity(
     await stopping.adopt(ctx, policy.name, name)  # a cordon left by a deleted policy becomes ours
     # A human uncordon first: it drops our claim (and budget place) before anything is decided.
     await overrides.react(ctx, policy, name, verdict, now)
-    await overrides.forget_drain(ctx, name)
+    await draining.forget(ctx, name)
     await overrides.expire(ctx, name, verdict)
     # The Node as these steps left it (an override just recorded withdraws a Cordon/Drain) is judged in.
     judged = judging.verdict_now(ctx, policy, name, now)
@@ -190,7 +190,7 @@ async def _capacity(
         await announcements.cordoned(ctx, policy.name, name, _issues(verdict), wanted is Action.DRAIN)
         if wanted is Action.CORDON or record.view.cordoned_by is None:
             return NodeAction.CORDONED  # cordoned by someone else: theirs to drain and lift, never ours
-        drained = await _drain(ctx, policy, name, now)
+        drained = await draining.advance(ctx, policy, name, now)
         if drained is NodeAction.DRAINED and policy.repair is not None:
             return await repairing.begin(ctx, policy, name, verdict, now)  # a repair cycle, or it waits
         return drained
@@ -201,12 +201,7 @@ async def _capacity(
         if verdicts.may_uncordon(policy, record.view, verdict):
             await _uncordon(ctx, policy, name, verdict)
             return LESSER_ACTIONS.get(wanted, NodeAction.NONE)
-        result = ctx.drains.results.get(name)
-        if ctx.drains.running(name):
-            return NodeAction.DRAINING
-        if (result is not None and result.completed) or _status_action(ctx, name) == NodeAction.DRAINED:
-            return NodeAction.DRAINED
-        return NodeAction.CORDONED
+        return draining.shown(ctx, name)
     if verdict.overridden:
         return NodeAction.OVERRIDDEN  # a human said no to this evidence
     return LESSER_ACTIONS.get(wanted, NodeAction.NONE)
@@ -227,11 +222,6 @@ async def _budget_exceeded(
         "waiting for the budget.",
         events.WARNING,
     )
-
-
-def _status_action(ctx: context.Context, name: str) -> str | None:
-    gpunode = ctx.cache.gpunode(name)
-    return gpunode.status.get("action") if gpunode else None
 
 
 async def _cordon(
@@ -310,100 +300,6 @@ def _settle_unknown_cordon(ctx: context.Context, policy: model.Policy, name: str
         _cordon_settled(ctx, policy, name)
 
 
-async def _drain(ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime) -> NodeAction:
-    if ctx.drains.running(name):
-        return NodeAction.DRAINING
-    result = ctx.drains.results.get(name)
-    if result is not None and not result.completed:
-        return NodeAction.CORDONED  # this drain failed (DrainFailed was said); a human takes over
-    record = ctx.cache.node(name)
-    if record is None:
-        return NodeAction.NONE  # gone: nothing left to drain
-    started = times.parse(record.view.annotations.get(nodes.DRAIN_STARTED_ANNOTATION))
-    previous_action = _status_action(ctx, name)
-    if result is not None or (started is not None and previous_action == NodeAction.DRAINED):
-        # Drained (here, or before a restart): Drained means empty, so look again now and then.
-        looked = ctx.drains.checked.get(name)
-        if not await overrides.still_empty(ctx, name, ctx.drain_options(policy)):
-            deadline = now + datetime.timedelta(seconds=policy.drain_timeout_seconds)
-            _start_drain(ctx, policy, name, now, deadline)
-            return NodeAction.DRAINING
-        unsaid = ctx.drains.unsaid.get(name)
-        if (
-            unsaid is not None
-            and ctx.drains.checked.get(name) != looked  # once per look at the pods, not once per pass
-            and await announcements.drained(ctx, name, unsaid)
-        ):
-            ctx.drains.said(name)
-        return NodeAction.DRAINED
-    if started is None:
-        started = now
-        if ctx.cache.refresh_node(await nodes.set_drain_started(ctx.client, name, times.render(now))) is None:
-            return NodeAction.NONE
-    deadline = started + datetime.timedelta(seconds=policy.drain_timeout_seconds)
-    if deadline <= now and previous_action == NodeAction.CORDONED:
-        return NodeAction.CORDONED  # this drain already failed (DrainFailed was said); a human takes over
-    _start_drain(ctx, policy, name, started, deadline)
-    return NodeAction.DRAINING
-
-
-def _start_drain(
-    ctx: context.Context,
-    policy: model.Policy,
-    name: str,
-    started: datetime.datetime,
-    deadline: datetime.datetime,
-) -> None:
-    task = asyncio.create_task(_run_drain(ctx, policy, name, started, deadline), name=f"drain-{name}")
-    ctx.drains.start(name, policy.name, task)
-
-
-async def _run_drain(
-    ctx: context.Context,
-    policy: model.Policy,
-    name: str,
-    started: datetime.datetime,
-    deadline: datetime.datetime,
-) -> drain.Result:
-    options = ctx.drain_options(policy)
-    try:
-        result = await drain.drain(
-            ctx.client,
-            name,
-            options=options,
-            deadline=deadline,
-            semaphore=ctx.eviction_slots,
-            on_eviction=lambda outcome: ctx.meters.evictions.labels(outcome).inc(),
-            should_stop=lambda: stopping.why_stop(ctx, policy.name, name) is not None,
-        )
-    except Exception:
-        logger.exception("drain of node %s crashed; the next reconcile retries it", name)
-        raise
-    if result.stopped:  # an emergency stop: the cordon stays, a later reconcile may resume the drain
-        reason = stopping.why_stop(ctx, policy.name, name)
-        if reason is not None and ctx.cache.node(name) is not None:
-            await stopping.say_stopped(ctx, policy.name, name, reason)
-        return result
-    elapsed = (datetime.datetime.now(datetime.UTC) - started).total_seconds()
-    subject = events.subject(ctx.cache, name)
-    unsaid = None
-    if result.completed:
-        ctx.meters.drain_duration.labels("completed").observe(elapsed)
-        message = drain.drained_message(policy.name, result)
-        if not await announcements.drained(ctx, name, message):
-            unsaid = message  # Drained all the same: an Event is a report. Said again when next looked at.
-    else:
-        ctx.meters.drain_duration.labels("failed").observe(elapsed)
-        await ctx.recorder.emit(
-            subject,
-            vocabulary.EventReason.DRAIN_FAILED,
-            drain.failed_message(policy.name, policy.drain_timeout_seconds, result),
-            events.WARNING,
-        )
-    ctx.drains.finished(name, result, unsaid=unsaid)
-    return result
-
-
 async def _uncordon(
     ctx: context.Context,
     policy: model.Policy,
@@ -445,7 +341,7 @@ async def _uncordon(
         ctx.cache.refresh_node(
             await nodes.patch_metadata(ctx.client, name, annotations=dict.fromkeys(bookkeeping))
         )
-    ctx.drains.stop(name)
+    await draining.NodeDrain(ctx, policy, name).undo()
     ctx.meters.actions.labels("Uncordon", "Validated" if validated else "Recovered").inc()
     why = (
         "repaired and validated (spec.repair)"

@@ -27,6 +27,7 @@ from gpuhealth_operator import (
     cache,
     context,
     domain_actions,
+    draining,
     heap,
     isolating,
     judging,
@@ -200,22 +201,6 @@ async def run(ctx: context.Context) -> None:
         await asyncio.sleep(max(0.05, ctx.config.tick_seconds - elapsed))
 
 
-def _drain_failed(ctx: context.Context, record: cache.NodeRecord) -> bool:
-    """A node the policy cordoned whose drain timed out, waiting for a human (GPUHealthDrainFailed).
-
-    As remediation._drain keeps it: a failed result of this term, or (after a restart or a new
-    term, nothing in memory) a drain started before, no drain of this term, and status Cordoned.
-    """
-    name = record.view.name
-    result = ctx.drains.results.get(name)
-    if result is not None:
-        return not result.completed
-    if name in ctx.drains or keys.DRAIN_STARTED_ANNOTATION not in record.view.annotations:
-        return False
-    gpunode = ctx.cache.gpunode(name)
-    return gpunode is not None and gpunode.status.get("action") == vocabulary.NodeAction.CORDONED
-
-
 def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> dict[str, Any]:
     previous = ctx.policy_status_written.get(name) or {}
     error = ctx.cache.policy_errors.get(name)
@@ -246,7 +231,7 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
                     _tally_gpus(ctx, tally, name, record, verdict)
             if record.view.unschedulable and record.view.cordoned_by == name:
                 counts["cordonedNodes"] += 1
-                if _drain_failed(ctx, record):
+                if draining.timed_out(ctx, record):
                     drain_failed += 1
             if ctx.admission.waiting(name, record.view.name):
                 counts["pendingNodes"] += 1

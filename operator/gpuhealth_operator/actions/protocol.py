@@ -7,8 +7,8 @@ safety checks: the breaker, an evictable pod); `start` sends the request that be
 transition (`decisions`), which keeps every transition testable without a cluster; `undo` stops
 and removes what `start` began (a cancel).
 
-Repair steps implement it (`repairing.JobStep`: a step's Kubernetes Job). The node ladder's cordon
-and drain predate it and are not converted.
+Repair steps implement it (`repairing.JobStep`: a step's Kubernetes Job), and so does the node
+ladder's drain (`draining.NodeDrain`). The cordon, labels, taint and GPU isolation are not converted yet.
 """
 
 from __future__ import annotations
