@@ -86,7 +86,7 @@ def test_a_running_drain_is_not_a_failed_one() -> None:
 
 def test_after_a_restart_a_drain_that_failed_before_still_counts() -> None:
     # No result in memory: the node carries drain-started and the last term wrote Cordoned, as
-    # remediation._drain then keeps it (deadline passed, a human takes over).
+    # draining.advance then keeps it (deadline passed, a human takes over).
     ctx = fleet((node("a"), "Cordoned"), (node("b"), "Drained"))
     assert stuck(ctx) == 1
 

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator import kube, remediation
+from gpuhealth_operator import cordoning, kube
 from gpuhealth_operator.actions import jobs
 from gpuhealth_operator.decisions import model, policies, repair
 
@@ -485,7 +485,7 @@ class _LostAnswer(_FakeJobs):
 
 
 def test_a_create_whose_answer_is_lost_is_adopted_by_name_never_a_second_job() -> None:
-    """The outcome is unknown (`remediation.outcome_unknown`): the error propagates, so `repairing._launch`
+    """The outcome is unknown (`cordoning.outcome_unknown`): the error propagates, so `repairing._launch`
     neither fails the step nor creates again in that pass; the next pass's create meets 409 and adopts the
     Job that landed, as this cycle's (its stamp)."""
     state = dataclasses.replace(_state(), started=_at(0))
@@ -504,7 +504,7 @@ def test_a_create_whose_answer_is_lost_is_adopted_by_name_never_a_second_job() -
     api = _LostAnswer(None)
     with pytest.raises(kube.ApiError) as lost:
         asyncio.run(jobs.create(api, job, belongs=lambda b: repair.belongs(b, state)))  # type: ignore[arg-type]
-    assert remediation.outcome_unknown(lost.value)
+    assert cordoning.outcome_unknown(lost.value)
     body, created = asyncio.run(jobs.create(api, job, belongs=lambda b: repair.belongs(b, state)))  # type: ignore[arg-type]
     assert not created and body is api.stored and not api.deleted
 

@@ -55,7 +55,7 @@ async def ask(
     name: str,
     wanting: Mapping[str, Mapping[str, budget.Rank]],
 ) -> bool:
-    """What `remediation._cordon` asks before it cordons `name` for `asking`."""
+    """What `cordoning.cordon` asks before it cordons `name` for `asking`."""
     return await memory.admit(asking, name, nodes, wanting, T0)
 
 
