@@ -23,7 +23,7 @@ def issues_text(verdict: model.NodeVerdict) -> str:
 
 
 def first_reason(verdict: model.NodeVerdict) -> str:
-    """The verdict's first issue, for a metric label or an Event reason."""
+    """The verdict's first issue, for a metric label."""
     return verdict.issues[0].value if verdict.issues else "None"
 
 
