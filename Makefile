@@ -9,8 +9,9 @@ PY := $(BIN)/python
 PYTEST_FLAGS ?=
 # Test workers (pytest-xdist) for `make test`: each starts its own local control plane, and a test file
 # runs on one worker (its module fixtures stay shared). Most integration time is waiting on timers, so
-# 3 workers on 2 cores roughly halve the wall time; TEST_WORKERS=0 runs everything in this process.
-TEST_WORKERS ?= 3
+# on 2 cores 5 workers take 14 min where 3 took 18 (docs/local-control-plane.md); on a machine busy
+# with other work use fewer. TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= 5
 PARALLEL = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 # Control-plane binaries: $KUBEBUILDER_ASSETS if set, else built once by hack/testbin.sh.
 TESTBIN = $(shell hack/testbin.sh)
