@@ -87,3 +87,36 @@ def test_an_uncordon_holds_against_a_second_policy_with_more_critical_xids() -> 
         assert fleet.cluster.nodes["n"]["metadata"]["annotations"][keys.CORDONED_BY_ANNOTATION] == "b"
 
     asyncio.run(scenario())
+
+
+def hot() -> dict[str, Any]:
+    """GPU 0 thermally throttled (a sustained condition: rules wait `forSeconds` for it)."""
+    return gpunode_facts.agent_status(
+        overrides={0: {"temperatureCelsius": 95, "clockEventReasons": ["HwThermalSlowdown"]}}
+    )
+
+
+def test_an_uncordon_holds_against_two_policies_that_wait_differently_for_one_condition() -> None:
+    """Policy `a` cordons after 10 s of throttling, `b` after 60 s; a human uncordons the node once both
+    want it cordoned. The condition's episode is one (its state is the node's, kept in the GPUNode
+    status), so neither policy takes the other's wait for a new episode and cordons the node again."""
+
+    async def scenario() -> None:
+        rule = {"name": "hot", "condition": "ThermalThrottled", "action": "Cordon", "forSeconds": 10}
+        fleet = MemoryFleet([rule], ("a", "b"))
+        fleet.policies[1]["spec"]["rules"][0]["forSeconds"] = 60
+        await fleet.start(["n"])
+        await fleet.deliver("n", hot())
+        await fleet.tick(15)
+        assert fleet.cordoned("n")
+        await fleet.tick(60)
+        assert all(fleet.ctx.verdicts[p, "n"].wanted_action is vocabulary.Action.CORDON for p in ("a", "b"))
+
+        await uncordon_by_hand(fleet, "n")
+        assert not fleet.cordoned("n"), "cordoned again in the uncordon's own pass"
+        await fleet.tick(30)
+        await fleet.deliver("n", hot())
+        assert not fleet.cordoned("n"), "cordoned again on the evidence the human overrode"
+        assert all(fleet.ctx.verdicts[p, "n"].overridden for p in ("a", "b"))
+
+    asyncio.run(scenario())
