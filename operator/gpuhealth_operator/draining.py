@@ -97,14 +97,11 @@ class NodeDrain:
             if await _still_empty(self.ctx, self.node, self.ctx.drain_options(self.policy)):
                 return "it is drained and holds no evictable pod"
             return None
-        record = self.ctx.cache.node(self.node)
-        started = _started(record) if record is not None else None
-        if (
-            started is not None
-            and self._deadline(started) <= now
-            and _status_action(self.ctx, self.node) == NodeAction.CORDONED
-        ):
-            return "its drain timed out before a restart; a human takes over"
+        if progress is Progress.STARTED and _status_action(self.ctx, self.node) == NodeAction.CORDONED:
+            record = self.ctx.cache.node(self.node)
+            started = _started(record) if record is not None else None
+            if started is not None and self._deadline(started) <= now:
+                return "its drain timed out before a restart; a human takes over"
         return None
 
     async def start(self, now: datetime.datetime) -> bool:
@@ -114,16 +111,15 @@ class NodeDrain:
         if progress in (Progress.RUNNING, Progress.GONE):
             return False
         record = self.ctx.cache.node(self.node)
-        started = _started(record) if record is not None else None
-        if progress is Progress.DRAINED:
-            started, deadline = now, self._deadline(now)
-        else:
-            if started is None:
-                started = now
+        drained = progress is Progress.DRAINED  # a pod came to it: a drain of its own, from now
+        started = _started(record) if record is not None and not drained else None
+        if started is None:
+            started = now
+            if not drained:
                 body = await nodes.set_drain_started(self.ctx.client, self.node, times.render(now))
                 if self.ctx.cache.refresh_node(body) is None:
                     return False
-            deadline = self._deadline(started)
+        deadline = self._deadline(started)
         task = asyncio.create_task(self._run(started, deadline), name=f"drain-{self.node}")
         self.ctx.drains.start(self.node, self.policy.name, task)
         return True
