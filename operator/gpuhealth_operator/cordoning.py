@@ -152,9 +152,8 @@ async def uncordon(
         except kube.ApiError as error:
             if error.status not in (409, 422):
                 raise
-            await node_patches.refresh(
-                ctx, name
-            )  # changed under us: judged again from the version now stored
+            # Changed under us: judged again from the version now stored.
+            await node_patches.refresh(ctx, name)
     if body is None:
         return False
     record = ctx.cache.refresh_node(body)
