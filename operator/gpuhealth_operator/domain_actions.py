@@ -31,11 +31,12 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+from collections.abc import Awaitable
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator import cache, context, kube
+from gpuhealth_operator import cache, context, kube, node_patches
 from gpuhealth_operator.actions import domains as marks_patch
-from gpuhealth_operator.actions import events, nodes
+from gpuhealth_operator.actions import events
 from gpuhealth_operator.decisions import budget, domains, model, policies
 
 logger = logging.getLogger(__name__)
@@ -201,30 +202,24 @@ def settled(record: cache.NodeRecord, want: domains.Marks) -> tuple[bool, bool]:
 
 
 async def _mark(ctx: context.Context, name: str, want: domains.Marks) -> None:
-    for _attempt in range(3):
-        record = ctx.cache.node(name)
-        if record is None or policies.excluded(record.view):
-            return  # gone, or opted out: left alone
-        label_ok, taint_ok = settled(record, want)
-        if label_ok and taint_ok:
-            return
-        try:
-            body = await marks_patch.mark(
-                ctx.client,
-                name,
-                label=want.label,
-                taints=None if taint_ok else marks_patch.with_marks(record.taints, want.taint),
-                resource_version=None if taint_ok else record.resource_version,
-            )
-        except kube.ApiError as error:
-            if error.not_found:
-                return
-            if not error.conflict:
-                raise
-            ctx.cache.refresh_node(await ctx.client.get(nodes.node_path(name)))
-            continue
-        ctx.cache.refresh_node(body)
-        return
+    def left_alone(record: cache.NodeRecord) -> bool:
+        return policies.excluded(record.view) or all(settled(record, want))  # opted out, or as wanted
+
+    def mark(record: cache.NodeRecord) -> Awaitable[kube.JsonObject]:
+        taint_ok = settled(record, want)[1]
+        return marks_patch.mark(
+            ctx.client,
+            name,
+            label=want.label,
+            taints=None if taint_ok else marks_patch.with_marks(record.taints, want.taint),
+            resource_version=None if taint_ok else record.resource_version,
+        )
+
+    try:
+        await node_patches.patch_with_retries(ctx, name, left_alone, mark)
+    except kube.ApiError as error:
+        if not error.not_found:
+            raise  # a 404: the Node is gone, nothing to mark
 
 
 def status(ctx: context.Context, name: str) -> dict[str, object]:

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import datetime
 import logging
+from collections.abc import Awaitable
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import context, kube
+from gpuhealth_operator import cache, context, kube, node_patches
 from gpuhealth_operator.actions import events, nodes
 from gpuhealth_operator.decisions import model
 from gpuhealth_operator.decisions import overrides as evidence
@@ -47,47 +48,42 @@ async def react(
     Also when they cordoned it again since, seen or not (`cordon_taken_over`): their uncordon overrode
     us all the same, and the cordon now is theirs, never ours to lift.
     """
-    for _attempt in range(3):
-        record = ctx.cache.node(name)
-        if record is None or record.view.cordoned_by is None:
-            return
-        if record.view.unschedulable and not record.cordon_taken_over:
-            return
-        recordoned = record.view.unschedulable
-        claimant = record.view.cordoned_by
+    dropped_from: cache.NodeRecord | None = None
+
+    def settled(record: cache.NodeRecord) -> bool:
+        return record.view.cordoned_by is None or (record.view.unschedulable and not record.cordon_taken_over)
+
+    def drop(record: cache.NodeRecord) -> Awaitable[kube.JsonObject]:
+        nonlocal dropped_from
+        dropped_from = record
         found = _gathered(ctx, policy, name, verdict)
-        baseline = evidence.render(found, now, claimant) if found.episodes else None
-        try:
-            body = await nodes.drop_claim(
-                ctx.client, name, resource_version=record.resource_version, baseline=baseline
-            )
-        except kube.ApiError as error:
-            if not error.conflict:
-                raise
-            ctx.cache.refresh_node(await ctx.client.get(nodes.node_path(name)))
-            continue
-        if ctx.cache.refresh_node(body) is None:
-            return
-        ctx.drains.stop(name)
-        ctx.meters.actions.labels(vocabulary.NodeAction.OVERRIDDEN.value, "Uncordoned").inc()
-        logger.info("node %s was made schedulable by someone else: policy %s's claim dropped", name, claimant)
-        what = (
-            "made schedulable and cordoned again by someone other than gpu-health (the cordon is theirs: "
-            "gpu-health never lifts it)"
-            if recordoned
-            else "made schedulable by someone other than gpu-health"
-        )
-        await ctx.recorder.emit(
-            events.subject(ctx.cache, name),
-            vocabulary.EventReason.OVERRIDDEN_BY_USER,
-            f"Node {what} while cordoned by policy {claimant}: "
-            "gpu-health drops its claim (and its place in the disruption budget) and will not cordon the "
-            "node again on the same evidence, only on new evidence (an error count growing, a new XID, a "
-            "condition that clears and returns). Evidence still standing: "
-            f"{evidence.standing_text(verdict)}.",
-            events.WARNING,
-        )
+        claimant = record.view.cordoned_by  # not None: `settled` says so
+        baseline = evidence.render(found, now, claimant) if found.episodes and claimant is not None else None
+        return nodes.drop_claim(ctx.client, name, resource_version=record.resource_version, baseline=baseline)
+
+    patched = await node_patches.patch_with_retries(ctx, name, settled, drop)
+    if patched is not node_patches.Patched.WRITTEN or dropped_from is None:
         return
+    claimant = dropped_from.view.cordoned_by
+    ctx.drains.stop(name)
+    ctx.meters.actions.labels(vocabulary.NodeAction.OVERRIDDEN.value, "Uncordoned").inc()
+    logger.info("node %s was made schedulable by someone else: policy %s's claim dropped", name, claimant)
+    what = (
+        "made schedulable and cordoned again by someone other than gpu-health (the cordon is theirs: "
+        "gpu-health never lifts it)"
+        if dropped_from.view.unschedulable
+        else "made schedulable by someone other than gpu-health"
+    )
+    await ctx.recorder.emit(
+        events.subject(ctx.cache, name),
+        vocabulary.EventReason.OVERRIDDEN_BY_USER,
+        f"Node {what} while cordoned by policy {claimant}: "
+        "gpu-health drops its claim (and its place in the disruption budget) and will not cordon the "
+        "node again on the same evidence, only on new evidence (an error count growing, a new XID, a "
+        "condition that clears and returns). Evidence still standing: "
+        f"{evidence.standing_text(verdict)}.",
+        events.WARNING,
+    )
 
 
 async def expire(ctx: context.Context, name: str, verdict: model.NodeVerdict) -> None:

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import context, kube, stopping
+from gpuhealth_operator import context, kube, node_patches, stopping
 from gpuhealth_operator.actions import drain, events, jobs
 from gpuhealth_operator.decisions import isolation, model, policies, repair, signals, times, trends
 
@@ -362,7 +362,7 @@ async def _write_state(
     except kube.ApiError as error:
         if not error.conflict:
             raise
-        ctx.cache.refresh_node(await ctx.client.get(f"/api/v1/nodes/{name}"))
+        await node_patches.refresh(ctx, name)
         return False
     return ctx.cache.refresh_node(body) is not None
 

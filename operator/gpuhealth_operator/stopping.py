@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import context, kube
+from gpuhealth_operator import context, kube, node_patches
 from gpuhealth_operator.actions import events, nodes, status
 from gpuhealth_operator.decisions import policies, signals
 
@@ -146,7 +146,7 @@ async def adopt(ctx: context.Context, policy: str, name: str) -> None:
     except kube.ApiError as error:
         if error.status not in (409, 422):
             raise
-        ctx.cache.refresh_node(await ctx.client.get(nodes.node_path(name)))
+        await node_patches.refresh(ctx, name)
         return  # changed meanwhile (a human uncordoned it, another policy adopted it): not ours
     if ctx.cache.refresh_node(body) is None:
         return
