@@ -4,8 +4,8 @@ The verdict says what the node deserves; this module walks the node ladder
 in order (GPU isolation, a human's override, a repair in progress, the
 budgeted cordon, the drain, the uncordon), patches labels and taint, and
 returns the `status.action` that describes where the node now stands. The
-cordon and uncordon are `cordoning`'s, the drain is `draining`'s, a Node
-patch from its cached version `node_patches`'.
+cordon and uncordon are `cordoning`'s, the drain is `draining`'s, the labels
+and taint `marking`'s, a Node patch from its cached version `node_patches`'.
 
 A Node deleted while it is being reconciled leaves nothing to do: every
 look-up after an `await` may find it gone (None), and the pass then stops.
@@ -18,25 +18,22 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Awaitable
 
-from gpuhealth_api import keys, vocabulary
+from gpuhealth_api import vocabulary
 from gpuhealth_operator import (
     announcements,
-    cache,
     context,
     cordoning,
     draining,
     isolating,
     judging,
-    kube,
-    node_changes,
+    marking,
     node_patches,
     overrides,
     repairing,
     stopping,
 )
-from gpuhealth_operator.actions import events, nodes
+from gpuhealth_operator.actions import events
 from gpuhealth_operator.decisions import model, verdicts
 
 logger = logging.getLogger(__name__)
@@ -65,38 +62,8 @@ async def remediate(
         return NodeAction.NONE  # gone meanwhile: nothing left to do
     # Capacity first: a cordon is the latency-critical write (it carries the label and taint changes).
     action = await _capacity(ctx, policy, name, judged, now)
-    await _labels(ctx, name, judged, now)
-    await _taint(ctx, name, judged, now)
+    await marking.apply(ctx, name, judged, now)
     return isolating.node_action(ctx, policy.name, name, action)
-
-
-async def _labels(
-    ctx: context.Context, name: str, verdict: model.NodeVerdict, now: datetime.datetime
-) -> None:
-    record = ctx.cache.node(name)
-    changes = node_changes.label_changes(record, verdict) if record is not None else {}
-    if not changes:
-        return
-    ctx.cache.refresh_node(await nodes.patch_metadata(ctx.client, name, labels=changes))
-    if any(v == "true" for k, v in changes.items() if k != keys.HEALTH_LABEL):
-        node_patches.observe_latency(ctx, verdict, Action.LABEL.value, now)
-
-
-async def _taint(ctx: context.Context, name: str, verdict: model.NodeVerdict, now: datetime.datetime) -> None:
-    def patch(record: cache.NodeRecord) -> Awaitable[kube.JsonObject]:
-        return nodes.set_taint(
-            ctx.client,
-            name,
-            taints=[dict(t) for t in record.taints],
-            value=verdict.wanted_taint,
-            resource_version=record.resource_version,
-        )
-
-    patched = await node_patches.patch_with_retries(
-        ctx, name, lambda record: node_changes.our_taint(record) == verdict.wanted_taint, patch
-    )
-    if patched is node_patches.Patched.WRITTEN and verdict.wanted_taint is not None:
-        node_patches.observe_latency(ctx, verdict, Action.TAINT.value, now)
 
 
 async def _capacity(

@@ -8,7 +8,9 @@ transition (`decisions`), which keeps every transition testable without a cluste
 and removes what `start` began (a cancel).
 
 Repair steps implement it (`repairing.JobStep`: a step's Kubernetes Job), and so does the node
-ladder's drain (`draining.NodeDrain`). The cordon, labels, taint and GPU isolation are not converted yet.
+ladder's drain (`draining.NodeDrain`). The cordon (`cordoning`: its budget admission must check and hold
+a place in one step) and the labels and taint (`marking`: level-triggered, nothing runs) are modules of
+their own without it; GPU isolation is not converted yet.
 """
 
 from __future__ import annotations
