@@ -115,3 +115,7 @@ NODE_FLAG_LABELS: Final = (STRAGGLER_LABEL, THERMAL_LABEL)
 OPERATOR_LABELS: Final = (HEALTH_LABEL, *NODE_FLAG_LABELS, DOMAIN_DEGRADED_LABEL)
 """The Node labels the operator owns and sets or removes by itself, in the order reports list them
 (not `NEEDS_REPAIR_LABEL`, which a human removes, nor `EXCLUDE_LABEL`, which a human sets)."""
+
+AGENT_POD_SELECTOR: Final = "app.kubernetes.io/name=gpu-health,app.kubernetes.io/component=agent"
+"""The agent DaemonSet's pods as the Helm chart labels them (under its default name): the operator's
+and `gpu-health-sim record`'s default --agent-pod-selector."""

@@ -10,7 +10,9 @@ import dataclasses
 import pathlib
 from typing import Final
 
-DEFAULT_AGENT_POD_SELECTOR: Final = "app.kubernetes.io/name=gpu-health,app.kubernetes.io/component=agent"
+from gpuhealth_api import keys
+
+DEFAULT_AGENT_POD_SELECTOR: Final = keys.AGENT_POD_SELECTOR
 """The agent DaemonSet's pods as the Helm chart labels them (under its default name)."""
 
 

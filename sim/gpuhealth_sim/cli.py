@@ -6,7 +6,12 @@ gpu-health-sim validate FILE   (or --fleet FILE, as `run` spells it)
 gpu-health-sim record --kubeconfig K --out TRACE [--max-seconds S] [--max-bytes B]
 gpu-health-sim trace generate --node-days N --seed S --out TRACE
 gpu-health-sim backtest --policy P.yaml [--policy Q.yaml] --trace TRACE [--score] [-o json]
+
+Each command imports what it runs when it runs (the demo, the fleet, the Kubernetes client): the
+parser imports none of them, so `--version`, `--help` or a bad flag answers at once.
 """
+
+from __future__ import annotations
 
 import argparse
 import logging
@@ -17,14 +22,17 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-
-from kubernetes import client, config
+from typing import TYPE_CHECKING
 
 from gpuhealth_api import __version__, logformat
 from gpuhealth_sim.backtest import subcommands
-from gpuhealth_sim.controlplane import kubeconfigs
-from gpuhealth_sim.demo import walkthrough
-from gpuhealth_sim.fleet import agentpool, fleetfile, repairs
+from gpuhealth_sim.demo import defaults as demo_defaults
+from gpuhealth_sim.fleet import defaults as fleet_defaults
+
+if TYPE_CHECKING:
+    from kubernetes import client
+
+    from gpuhealth_sim.fleet import agentpool, fleetfile
 
 USAGE_ERROR = 2
 INVALID_FLEET = 3
@@ -58,9 +66,10 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--delete-nodes", action="store_true", help="delete the fleet's Nodes when stopping")
     run.add_argument(
         "--repair-namespace",
-        default=repairs.DEFAULT_NAMESPACE,
+        default=fleet_defaults.DEFAULT_REPAIR_NAMESPACE,
         help="where the operator runs repair Jobs: their pods on the fleet's nodes end as each node's "
-        f"scenario `repair:` says (default: {repairs.DEFAULT_NAMESPACE}; empty: leave them Running)",
+        f"scenario `repair:` says (default: {fleet_defaults.DEFAULT_REPAIR_NAMESPACE}; empty: leave them "
+        "Running)",
     )
     run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     logformat.add_argument(run)
@@ -74,14 +83,15 @@ def parser() -> argparse.ArgumentParser:
     show.add_argument(
         "--duration",
         type=float,
-        default=walkthrough.DEFAULT_DURATION_SECONDS,
-        help=f"seconds the fleet runs before the summary (default: {walkthrough.DEFAULT_DURATION_SECONDS:g})",
+        default=demo_defaults.DEFAULT_DURATION_SECONDS,
+        help="seconds the fleet runs before the summary "
+        f"(default: {demo_defaults.DEFAULT_DURATION_SECONDS:g})",
     )
     show.add_argument("--keep", action="store_true", help="keep the cluster running after the summary")
     show.add_argument(
-        "--fleet", type=Path, default=walkthrough.DEFAULT_FLEET, help="fleet file (default: the demo's)"
+        "--fleet", type=Path, default=demo_defaults.DEFAULT_FLEET, help="fleet file (default: the demo's)"
     )
-    show.add_argument("--policy", type=Path, default=walkthrough.DEFAULT_POLICY, help="policy to apply")
+    show.add_argument("--policy", type=Path, default=demo_defaults.DEFAULT_POLICY, help="policy to apply")
     show.add_argument("--summary-json", type=Path, help="also write the summary as JSON to this file")
     show.add_argument("--workdir", type=Path, help="keep logs and cluster state here (default: a temp dir)")
     show.add_argument(
@@ -98,6 +108,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _api_client(kubeconfig: str | None, context: str | None, workers: int) -> client.ApiClient:
+    from kubernetes import client, config  # noqa: PLC0415 - only `run` needs the Kubernetes client
+
     configuration = client.Configuration()
     config.load_kube_config(  # type: ignore[no-untyped-call]
         config_file=kubeconfig, context=context, client_configuration=configuration
@@ -108,9 +120,13 @@ def _api_client(kubeconfig: str | None, context: str | None, workers: int) -> cl
 
 
 def _run(args: argparse.Namespace, spec: fleetfile.Fleet) -> int:
+    from gpuhealth_sim.controlplane import kubeconfigs  # noqa: PLC0415 - only `run` (and `record`) check one
+
     if (problem := kubeconfigs.unusable(args.kubeconfig, args.context)) is not None:
         print(f"gpu-health-sim: cannot load the {problem}", file=sys.stderr)  # one line, no traceback
         return USAGE_ERROR
+    from gpuhealth_sim.fleet import agentpool, repairs  # noqa: PLC0415 - the agent and the Kubernetes client
+
     logformat.configure(args.log_level, args.log_format)
     log = logging.getLogger("gpu-health-sim")
     workers = args.workers or spec.workers or agentpool.default_workers(len(spec.nodes))
@@ -154,30 +170,39 @@ def _run(args: argparse.Namespace, spec: fleetfile.Fleet) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from gpuhealth_sim.demo import walkthrough  # noqa: PLC0415 - imports the whole simulator
+    from gpuhealth_sim.fleet import fleetfile  # noqa: PLC0415
+
+    options = walkthrough.Options(
+        duration_seconds=args.duration,
+        keep=args.keep,
+        fleet_path=args.fleet,
+        policy_path=args.policy,
+        summary_json=args.summary_json,
+        workdir=args.workdir,
+        tty=False if args.plain else None,
+    )
+    try:
+        return walkthrough.run(options)
+    except fleetfile.FleetError as error:
+        print(f"gpu-health-sim: {error}", file=sys.stderr)
+        return INVALID_FLEET
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     top = parser()
     args = top.parse_args(argv)
     if args.command in ("record", "trace", "backtest"):
         return subcommands.run(args)
+    if args.command == "demo":
+        return _demo(args)
     if args.command == "validate":
         if (args.fleet is None) == (args.fleet_option is None):
             top.error("validate takes one fleet file: validate FILE or validate --fleet FILE")
         args.fleet = args.fleet or args.fleet_option
-    if args.command == "demo":
-        options = walkthrough.Options(
-            duration_seconds=args.duration,
-            keep=args.keep,
-            fleet_path=args.fleet,
-            policy_path=args.policy,
-            summary_json=args.summary_json,
-            workdir=args.workdir,
-            tty=False if args.plain else None,
-        )
-        try:
-            return walkthrough.run(options)
-        except fleetfile.FleetError as error:
-            print(f"gpu-health-sim: {error}", file=sys.stderr)
-            return INVALID_FLEET
+    from gpuhealth_sim.fleet import fleetfile  # noqa: PLC0415 - imports the agent's scenarios
+
     try:
         spec = fleetfile.load(args.fleet)
     except fleetfile.FleetError as error:

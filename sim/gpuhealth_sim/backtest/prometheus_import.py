@@ -51,6 +51,7 @@ from gpuhealth_agent import changes, facts, history, metrics, nvml
 from gpuhealth_api import heartbeats, keys, timestamps
 from gpuhealth_sim.backtest import progress as progressing
 from gpuhealth_sim.backtest import traces
+from gpuhealth_sim.backtest.defaults import AGENT, NODE_LABELS
 
 POINTS_PER_QUERY: Final = 1_000
 """Steps per query_range: well under Prometheus' 11,000 points per series, and a chunk of a large
@@ -65,10 +66,6 @@ MIN_STEPS_PER_CHUNK: Final = 10
 """Prometheus' own limit of points per series in one query."""
 RETRIES: Final = 3
 """Attempts after the first for a request that failed on the network or with a 5xx."""
-AGENT: Final = "agent"
-DCGM: Final = "dcgm"
-NODE_LABELS: Final = ("node", "kubernetes_node", "Hostname")
-"""Where a series names its node, in order: the chart's relabelling, a common one, dcgm-exporter's own."""
 DURATION: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
 UNIT_SECONDS: Final = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800, "y": 31_536_000}
 

@@ -5,6 +5,9 @@ gpu-health-sim trace generate --node-days N --seed S --out TRACE [--nodes K] [--
     [--heartbeat-seconds H]
 gpu-health-sim trace import --prometheus URL --since 14d [--step 60s] --out TRACE
 gpu-health-sim backtest --policy P.yaml [--policy Q.yaml] --trace TRACE [--score] [-o json]
+
+Each command imports the modules it runs (the Kubernetes client, the agent, the operator) when it runs:
+building gpu-health-sim's parser, for `--version` or another command, costs none of them.
 """
 
 from __future__ import annotations
@@ -21,23 +24,15 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
-from kubernetes import client, config
+from gpuhealth_api import heartbeats, keys, timestamps
+from gpuhealth_sim.backtest import defaults, progress, traces
 
-from gpuhealth_api import heartbeats, timestamps
-from gpuhealth_operator import settings
-from gpuhealth_sim.backtest import (
-    progress,
-    prometheus_import,
-    replayer,
-    scoring,
-    tracegen,
-    tracerecord,
-    traces,
-)
-from gpuhealth_sim.controlplane import kubeconfigs
+if TYPE_CHECKING:
+    from kubernetes import client
+
+    from gpuhealth_sim.backtest import replayer, tracerecord
 
 USAGE_ERROR = 2
 INVALID_INPUT = 3
@@ -67,13 +62,13 @@ def add_commands(commands: Any) -> None:
     record.add_argument("--max-bytes", type=int, help="stop once the file is this large (checked per record)")
     record.add_argument(
         "--agent-pod-selector",
-        default=settings.DEFAULT_AGENT_POD_SELECTOR,
+        default=keys.AGENT_POD_SELECTOR,
         help="label selector of the agents' pods, the operator's --agent-pod-selector (default: the chart's, "
         "%(default)s); an empty one records no pods",
     )
     record.add_argument(
         "--agent-pod-namespace",
-        default=tracerecord.DEFAULT_AGENT_POD_NAMESPACE,
+        default=defaults.DEFAULT_AGENT_POD_NAMESPACE,
         help="namespace of the agent DaemonSet, the operator's --agent-pod-namespace: a pod the selector "
         "matches elsewhere (a tenant's DaemonSet with the agent's labels) is not recorded "
         "(default: %(default)s, the README's helm install -n; the chart's recorder passes its own)",
@@ -146,14 +141,14 @@ def add_import(actions: Any) -> None:
     )
     imported.add_argument(
         "--source",
-        choices=[prometheus_import.AGENT, prometheus_import.DCGM],
-        default=prometheus_import.AGENT,
+        choices=[defaults.AGENT, defaults.DCGM],
+        default=defaults.AGENT,
         help="whose series: the gpu-health agent's (default) or dcgm-exporter's (DCGM_FI_DEV_*)",
     )
     imported.add_argument("--selector", default="", help='extra label matchers for every query, e.g. job="x"')
     imported.add_argument(
         "--node-label",
-        help=f"label naming a series' node (default: first of {', '.join(prometheus_import.NODE_LABELS)})",
+        help=f"label naming a series' node (default: first of {', '.join(defaults.NODE_LABELS)})",
     )
     imported.add_argument(
         "--node-labels",
@@ -186,10 +181,17 @@ def _record(args: argparse.Namespace) -> int:
     ):
         print("gpu-health-sim: --max-seconds and --max-bytes must be positive", file=sys.stderr)
         return USAGE_ERROR
-    configuration = client.Configuration()
+    from gpuhealth_sim.controlplane import kubeconfigs  # noqa: PLC0415 - only `record` reads a kubeconfig
+
     if args.kubeconfig and (problem := kubeconfigs.unusable(args.kubeconfig, args.context)) is not None:
         print(f"gpu-health-sim: cannot load the {problem}", file=sys.stderr)  # one line, no traceback
         return USAGE_ERROR
+    import yaml  # noqa: PLC0415
+    from kubernetes import client, config  # noqa: PLC0415 - only `record` needs the Kubernetes client
+
+    from gpuhealth_sim.backtest import tracerecord  # noqa: PLC0415
+
+    configuration = client.Configuration()
     try:
         config.load_kube_config(  # type: ignore[no-untyped-call]
             config_file=args.kubeconfig, context=args.context, client_configuration=configuration
@@ -242,6 +244,8 @@ def _in_cluster(args: argparse.Namespace, configuration: client.Configuration) -
     """In a pod and given no kubeconfig: its service account's credentials (the chart's recorder)."""
     if args.kubeconfig or os.environ.get("KUBECONFIG") or not os.environ.get("KUBERNETES_SERVICE_HOST"):
         return False
+    from kubernetes import config  # noqa: PLC0415 - imported by `_record` already
+
     try:
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     except config.ConfigException:
@@ -262,6 +266,8 @@ def _report_progress(recorder: tracerecord.Recorder, max_seconds: float | None) 
 
 def _window(args: argparse.Namespace) -> tuple[float, float, float, dict[str, str]] | str:
     """(start, end, step, node labels) of `trace import`, or what is wrong with its flags."""
+    from gpuhealth_sim.backtest import prometheus_import  # noqa: PLC0415 - imports the agent
+
     try:
         since = prometheus_import.parse_duration(args.since)
         step = prometheus_import.parse_duration(args.step)
@@ -290,6 +296,8 @@ def _window(args: argparse.Namespace) -> tuple[float, float, float, dict[str, st
 
 
 def _import(args: argparse.Namespace) -> int:
+    from gpuhealth_sim.backtest import prometheus_import  # noqa: PLC0415 - imports the agent
+
     window = _window(args)
     if isinstance(window, str):
         print(f"gpu-health-sim: {window}", file=sys.stderr)
@@ -338,6 +346,8 @@ def _generate(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.heartbeat_seconds) and args.heartbeat_seconds >= 0):
         print("gpu-health-sim: --heartbeat-seconds must be 0 or more", file=sys.stderr)
         return USAGE_ERROR
+    from gpuhealth_sim.backtest import tracegen  # noqa: PLC0415 - imports the agent
+
     options = tracegen.Options(
         args.node_days, args.seed, args.nodes, args.sample_seconds, args.heartbeat_seconds, args.node_faults
     )
@@ -356,6 +366,8 @@ def replay(
     trace: pathlib.Path, policy: dict[str, Any], tick_seconds: float, score: bool, baseline: bool
 ) -> tuple[replayer.Result, dict[str, Any] | None]:
     """One policy's backtest of `trace`, and its score if asked (with the baseline rule's beside it)."""
+    from gpuhealth_sim.backtest import replayer, scoring  # noqa: PLC0415 - import the operator
+
     result = replayer.run(trace, policy, tick_seconds)
     return result, scoring.score(trace, result, baseline=baseline) if score else None
 
@@ -383,6 +395,8 @@ def _backtest(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return USAGE_ERROR
+    from gpuhealth_sim.backtest import replayer  # noqa: PLC0415 - imports the operator
+
     try:
         policies = [replayer.load_policy(p) for p in args.policy]
         if args.score and not traces.has_truth(args.trace):
@@ -412,6 +426,8 @@ def _backtest(args: argparse.Namespace) -> int:
 
 
 def print_text(result: replayer.Result, score: dict[str, Any] | None) -> None:
+    from gpuhealth_sim.backtest import replayer  # noqa: PLC0415 - imported by whoever made `result`
+
     summary = result.summary()
     mode = "dry run" if result.dry_run else "acting"
     print(

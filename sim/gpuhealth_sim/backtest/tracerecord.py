@@ -62,6 +62,7 @@ from gpuhealth_operator import replay, settings
 from gpuhealth_operator.decisions import device_taints, repair, times
 from gpuhealth_sim import watches
 from gpuhealth_sim.backtest import traces
+from gpuhealth_sim.backtest.defaults import DEFAULT_AGENT_POD_NAMESPACE
 
 AGENT_STATUS_FIELDS: Final = ("agent", "summary", "gpus", "nics")
 """The agent's part of a GPUNode status; the rest (health, issues, conditions...) is the operator's."""
@@ -128,10 +129,6 @@ def rule_view(obj: Mapping[str, Any]) -> dict[str, Any] | None:
     if metadata.get("ownerReferences"):
         kept["ownerReferences"] = metadata["ownerReferences"]  # its Node's: the garbage collector's reading
     return {"metadata": kept, "spec": obj.get("spec") or {}}
-
-
-DEFAULT_AGENT_POD_NAMESPACE: Final = "gpu-health"
-"""The README's `helm install ... -n gpu-health`; in the cluster the chart passes its release namespace."""
 
 
 def trace_header(start: float, generator: Mapping[str, Any], agent_pod_namespace: str) -> dict[str, Any]:

@@ -39,13 +39,9 @@ from gpuhealth_sim import waiting, watches
 from gpuhealth_sim.backtest import tracerecord
 from gpuhealth_sim.controlplane import binaries, local, processes
 from gpuhealth_sim.demo import demotrace, live, record, summary, workload
+from gpuhealth_sim.demo.defaults import DEFAULT_DURATION_SECONDS, DEFAULT_FLEET, DEFAULT_POLICY, REPO_ROOT
 from gpuhealth_sim.fleet import agentpool, dra, fleetfile, repairs
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_FLEET = REPO_ROOT / "examples" / "fleets" / "demo.yaml"
-DEFAULT_POLICY = REPO_ROOT / "examples" / "fleets" / "demo-policy.yaml"
-DEFAULT_DURATION_SECONDS = 75.0
-"""The last scripted change (cool-down at 25 s), the policy's healthyForSeconds (15 s), and time to look."""
 REFRESH_SECONDS = 1.0
 OPERATOR = "gpu-health-operator"
 FIELD_MANAGER = "gpu-health-demo"

@@ -46,11 +46,11 @@ from kubernetes import client
 
 from gpuhealth_agent import scenario, simulated
 from gpuhealth_api import keys, timestamps, vocabulary
-from gpuhealth_sim.fleet import agentpool
+from gpuhealth_sim.fleet import agentpool, defaults
 
 log = logging.getLogger(__name__)
 
-DEFAULT_NAMESPACE: Final = "gpu-health"
+DEFAULT_NAMESPACE: Final = defaults.DEFAULT_REPAIR_NAMESPACE
 """Where the operator creates repair Jobs unless told otherwise (its --repair-namespace default)."""
 DEFAULT_SECONDS: Final[Mapping[str, float]] = {
     vocabulary.RepairAction.RESET_GPU.value: 1.0,
