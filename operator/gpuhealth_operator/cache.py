@@ -131,6 +131,41 @@ class GPUNodeRecord:
         if judged and signals.still_healthy(judged, older.status, self.status):
             self.__dict__["fact_signals"] = dict(judged)  # its own: a key judged later is this version's
 
+    @functools.cached_property
+    def reading(self) -> int:
+        """What a verdict reads of this version, as a number: a version that reads like the one before
+        it (`reads_like`) is given that one's by `ClusterCache.put_gpunode`, so "nothing a verdict
+        reads has moved since" is one comparison (`resting`)."""
+        return next(_READINGS)
+
+    def reads_like(self, older: GPUNodeRecord) -> bool:
+        """Whether every verdict judges this version exactly as `older` (at the same instant).
+
+        Only the agent's moving samples differ: its GPUs hold `older`'s healthy fact signals
+        (taken over by `inherit_healthy_signals`, or the same report), the agent block differs in
+        its heartbeat time alone (both valid), the summary in its hottest temperature alone, and
+        every field the operator writes (conditions, health, action, straggler, isolation,
+        repair) and the `gpuhealth.io/` annotations are as they were. A verdict reads no other
+        part of a GPUNode (`verdicts.judge`: the facts through `signals.raw_signals`).
+        """
+        judged = self.__dict__.get("fact_signals")
+        if (
+            not judged
+            or judged != older.__dict__.get("fact_signals")
+            or self.annotations != older.annotations
+        ):
+            return False
+        new, old = self.status, older.status
+        if any(new.get(k) != old.get(k) for k in new.keys() | old.keys() if k not in _MOVING_SAMPLES):
+            return False
+        if self.stale_limit is None or older.stale_limit is None:
+            return False
+        return all(
+            _without(new.get(field), moving) == _without(old.get(field), moving)
+            for field, moving in _MOVING_SAMPLES.items()
+            if moving is not None
+        )
+
     def inherit_conditions(self, older: GPUNodeRecord) -> None:
         """Take over `older`'s parsed `conditions` if this version holds the same ones: an agent's
         report leaves the operator's conditions as they were, and parsing them is a time per clock."""
@@ -147,6 +182,21 @@ class GPUNodeRecord:
 
 AGENT_FIELDS = ("agent", "summary", "gpus", "nics")
 """The GPUNode status fields the agent writes (`gpuhealth_api.status`); the rest are ours."""
+_MOVING_SAMPLES: Mapping[str, str | None] = {
+    "agent": "lastHeartbeatTime",
+    "summary": "maxTemperatureCelsius",
+    "gpus": None,
+    "nics": None,
+}
+"""`reads_like`: the agent's fields and the one key of each that moves with every report and that no
+verdict reads (None: the field is compared by `signals.still_healthy`, which judged it)."""
+_READINGS = itertools.count(1)
+
+
+def _without(value: object, key: str) -> object:
+    return {k: v for k, v in value.items() if k != key} if isinstance(value, dict) else value
+
+
 _FROM_REPORT = ("fact_signals", "performance", "memory")
 """GPUNodeRecord's cached properties that read the agent's report alone (AGENT_FIELDS)."""
 
@@ -630,6 +680,8 @@ class ClusterCache:
                     record.inherit_healthy_signals(old)
                     record.__dict__["memory"] = trends.advance(old.memory, record.status, now)
                 record.inherit_conditions(old)
+                if record.reads_like(old):
+                    record.__dict__["reading"] = old.reading
             if record.name not in self._gpunodes:
                 self._placed += 1
                 self._order[record.name] = self._placed

@@ -57,6 +57,20 @@ POLICY, NODE = 0, 1
 StragglerSamples = stragglers.Samples
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rest:
+    """What a pass that ended at rest judged a node from (`resting`)."""
+
+    node: weakref.ref[cache.NodeRecord]
+    """The Node's version (weakly: a replaced version can only fail the identity test)."""
+    reading: int
+    """The GPUNode version's `reading` (`cache.GPUNodeRecord.reads_like`)."""
+    judged: tuple[tuple[model.Policy, object, object], ...]
+    """Each selecting policy, in name order, with the node's straggler score under it and its agent pod."""
+    repairs: object
+    """The node's repair history in memory (`repair_history`: replaced, never changed in place)."""
+
+
 def wall_clock() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
@@ -205,6 +219,9 @@ class Context:
     straggler_cohorts: cohorts.Cohorts = dataclasses.field(default_factory=cohorts.Cohorts)
     """The straggler cohorts as the last tick left them: a tick works on the members that changed."""
 
+    resting: dict[str, Rest] = dataclasses.field(default_factory=dict)
+    """node → what the last pass over it judged it from, if that pass left it at rest (`resting`)."""
+
     cordons_unknown: dict[str, str] = dataclasses.field(default_factory=dict)
     """node → the resourceVersion its cordon was computed from, while that cordon's answer was lost
     (a 504, a timeout): it may have landed, so the node stays in flight in the budget (`admission`)
@@ -332,6 +349,7 @@ class Context:
         the node still exists and a drain of it still runs.
         """
         self.verdicts.forget_node(name)
+        self.resting.pop(name, None)
         _drop(self.stragglers, name, NODE)
         _drop(self.straggler_samples, name, NODE)
         _drop(self.dry_run_said, name, NODE)
@@ -376,6 +394,7 @@ class Context:
     def forget_policy(self, name: str) -> None:
         """The policy is gone: forget its verdicts, budget, Events said and status written."""
         self.verdicts.forget_policy(name)
+        self.resting.clear()  # what passes judged under it: every node it selected is judged again
         _drop(self.stragglers, name, POLICY)
         _drop(self.straggler_samples, name, POLICY)
         _drop(self.dry_run_said, name, POLICY)

@@ -47,6 +47,7 @@ from gpuhealth_operator import (
     kube,
     remediation,
     repairing,
+    resting,
     stopping,
 )
 from gpuhealth_operator.actions import events, nodes, status
@@ -193,6 +194,9 @@ async def _reconcile(ctx: context.Context, name: str, now: datetime.datetime) ->
         return
     if awaiting_first_report(gpunode, now):
         return  # the agent created its GPUNode and is about to report: nothing to judge, nothing stale
+    if resting.unchanged(ctx, name, selecting, now):
+        return  # at rest, and its report changes nothing a verdict reads: the last pass stands
+    ctx.resting.pop(name, None)
     previous = gpunode.conditions
     judged = judging.node_verdicts(ctx, name, now)
     if judged is None:
@@ -213,6 +217,7 @@ async def _reconcile(ctx: context.Context, name: str, now: datetime.datetime) ->
     await _write_status(ctx, policy, name, verdict, action, results=results if len(results) > 1 else ())
     if not policy.dry_run:
         await _node_condition(ctx, name, verdict, now)
+    resting.remember(ctx, name, record, gpunode, results)
 
 
 async def _condition_events(
@@ -237,12 +242,6 @@ async def _condition_events(
                 state.message or condition.value,
                 events.NORMAL if condition is Condition.GPU_OPERATOR_MAINTENANCE else events.WARNING,
             )
-
-
-def straggler_status(score: model.StragglerScore | None) -> dict[str, Any] | None:
-    if score is None:
-        return None
-    return {"score": round(score.score, 3), "zScore": round(score.z_score, 2), "peers": score.peers}
 
 
 PolicyVerdict = tuple[model.Policy, model.NodeVerdict, vocabulary.NodeAction]
@@ -285,7 +284,7 @@ def desired_status(
     }
     if results:
         desired[POLICIES_FIELD] = policy_verdicts(results)
-    straggler = straggler_status(ctx.stragglers.get((policy.name, name)))
+    straggler = stragglers.status_of(ctx.stragglers.get((policy.name, name)))
     if straggler is not None:
         desired["straggler"] = straggler
     desired.update(isolating.status_fields(ctx, name))  # every policy's isolated GPUs
@@ -293,44 +292,10 @@ def desired_status(
     return desired
 
 
-STRAGGLER_STEPS = {"score": 0.1, "zScore": 3.0}
-"""How far a written straggler score must move before it alone is worth a status write: GPU Boost moves
-a busy GPU's clock by several percent from sample to sample, and a node's score (its slowest GPU) with
-it, so smaller steps wrote a status on about half of all agent reports of a healthy fleet (a 1,000
-node-day trace). A tenth of the clock is the scale a straggler is judged on. The verdict does not read
-these numbers back (it keeps its own window), and any other change writes them as they are."""
-
-STRAGGLER_PEERS_STEP = 0.25
-"""The fraction of the written `peers` a cohort must grow or shrink by before it alone is worth a write
-(and any move across `stragglers.MIN_PEERS`): one peer's agent going stale and back is no news."""
-
-
-def _peers_moved(written: object, desired: int) -> bool:
-    if isinstance(written, bool) or not isinstance(written, int):
-        return True
-    if (written < stragglers.MIN_PEERS) != (desired < stragglers.MIN_PEERS):
-        return True
-    return desired != written and abs(desired - written) >= STRAGGLER_PEERS_STEP * written
-
-
-def _straggler_moved(current: object, desired: dict[str, Any]) -> bool:
-    if not isinstance(current, dict) or _peers_moved(current.get("peers"), desired["peers"]):
-        return True
-    for key, step in STRAGGLER_STEPS.items():
-        written = current.get(key)
-        if isinstance(written, bool) or not isinstance(written, int | float):
-            return True
-        if abs(float(desired[key]) - float(written)) >= step:
-            return True
-    return False
-
-
 def _differs(current: dict[str, Any], desired: dict[str, Any]) -> bool:
     if any(current.get(k) != v for k, v in desired.items() if k not in ("conditions", "straggler")):
         return True
-    if "straggler" in desired and _straggler_moved(current.get("straggler"), desired["straggler"]):
-        return True
-    if "straggler" not in desired and current.get("straggler"):
+    if stragglers.status_moved(current.get("straggler"), desired.get("straggler")):
         return True
     owned = (*isolating.STATUS_FIELDS, POLICIES_FIELD, repairing.STATUS_FIELD)
     if any(k not in desired and current.get(k) for k in owned):

@@ -37,6 +37,7 @@ from gpuhealth_operator import (
     pausing,
     reconciler,
     repairing,
+    resting,
 )
 from gpuhealth_operator.actions import status
 from gpuhealth_operator.decisions import model, times, verdicts
@@ -72,8 +73,7 @@ def is_due(ctx: context.Context, name: str, now: datetime.datetime) -> bool:
     if ctx.agent_pods.not_ready(name):
         return True  # the agent's pod is not Ready: it turns stale after a grace (`decisions.liveness`)
     # The timer wakes just before the agent turns stale, by the operator's clock (see `signals.agent_stale`).
-    limit = gpunode.stale_limit
-    if limit is None or gpunode.report_age(now) >= limit - 2 * ctx.config.tick_seconds:
+    if not resting.fresh(ctx, gpunode, now):
         return True
     return not any((policy, name) in ctx.verdicts for policy in ctx.cache.policies)
 

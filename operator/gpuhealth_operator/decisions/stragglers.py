@@ -526,3 +526,50 @@ def _judge_window(  # noqa: PLR0917 - `windowed`'s inputs
     ends = [samples[0][0] + keep] if samples else []
     ends += [min(at for at, _ in recent) + datetime.timedelta(seconds=window)] if recent else []
     return flagged, since, min(ends, default=datetime.datetime.max.replace(tzinfo=datetime.UTC))
+
+
+def status_of(score: model.StragglerScore | None) -> dict[str, float] | None:
+    """The GPUNode's `status.straggler` for `score` (None: no field)."""
+    if score is None:
+        return None
+    return {"score": round(score.score, 3), "zScore": round(score.z_score, 2), "peers": score.peers}
+
+
+def status_moved(written: object, desired: Mapping[str, float] | None) -> bool:
+    """Whether `status.straggler` as `written` is worth writing over with `desired` (`status_of`; None:
+    the field goes): a field to add or remove, or a number that moved by its step (`STATUS_STEPS`)."""
+    if desired is None:
+        return bool(written)
+    return _moved(written, desired)
+
+
+STATUS_STEPS = {"score": 0.1, "zScore": 3.0}
+"""How far a written straggler score must move before it alone is worth a status write: GPU Boost moves
+a busy GPU's clock by several percent from sample to sample, and a node's score (its slowest GPU) with
+it, so smaller steps wrote a status on about half of all agent reports of a healthy fleet (a 1,000
+node-day trace). A tenth of the clock is the scale a straggler is judged on. The verdict does not read
+these numbers back (it keeps its own window), and any other change writes them as they are."""
+
+STATUS_PEERS_STEP = 0.25
+"""The fraction of the written `peers` a cohort must grow or shrink by before it alone is worth a write
+(and any move across `MIN_PEERS`): one peer's agent going stale and back is no news."""
+
+
+def _peers_moved(written: object, desired: float) -> bool:
+    if isinstance(written, bool) or not isinstance(written, int):
+        return True
+    if (written < MIN_PEERS) != (desired < MIN_PEERS):
+        return True
+    return desired != written and abs(desired - written) >= STATUS_PEERS_STEP * written
+
+
+def _moved(current: object, desired: Mapping[str, float]) -> bool:
+    if not isinstance(current, dict) or _peers_moved(current.get("peers"), desired["peers"]):
+        return True
+    for key, step in STATUS_STEPS.items():
+        written = current.get(key)
+        if isinstance(written, bool) or not isinstance(written, int | float):
+            return True
+        if abs(float(desired[key]) - float(written)) >= step:
+            return True
+    return False

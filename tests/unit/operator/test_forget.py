@@ -10,6 +10,7 @@ fails `test_every_map_is_known`: add it to FILLERS and to `forget_node` /
 import asyncio
 import dataclasses
 import datetime
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +18,7 @@ from gpuhealth_api import vocabulary
 from gpuhealth_operator import (
     admission,
     breakers,
+    cache,
     context,
     domain_states,
     drains,
@@ -78,6 +80,11 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.domains.states[policy] = {}
     ctx.domains.recorded[policy] = [{"key": "rack", "value": "r1"}]
     ctx.domains.seen[(policy, node)] = ("Unhealthy", ("r1",))
+    RECORDS[node] = cache.node_record({"metadata": {"name": node}})  # held: the rest refers to it weakly
+    ctx.resting[node] = context.Rest(weakref.ref(RECORDS[node]), 1, (), None)
+
+
+RECORDS: dict[str, cache.NodeRecord] = {}
 
 
 FILLED = {
@@ -104,6 +111,7 @@ FILLED = {
     "devices_read",
     "isolation_locks",
     "domains",
+    "resting",
 }
 """The Context fields `fill` puts a node and a policy into."""
 

@@ -1,0 +1,230 @@
+"""A node at rest whose new report changes nothing a verdict reads is not judged again (`resting`, issue 29):
+heartbeats of a healthy node cost no pass, and nothing a pass would do is lost. Through the operator's
+own handlers and timer on the in-memory cluster; the last test replays random histories with and without
+the shortcut and holds the cluster to the same state after every step."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+import gpunode_facts
+from gpuhealth_api import keys
+from gpuhealth_operator import handlers, resting
+from memory_fleet import MemoryFleet
+
+RULES = [
+    {"name": "ecc", "condition": "EccUncorrectable", "action": "Cordon"},
+    {"name": "hot", "condition": "ThermalThrottled", "action": "Label", "forSeconds": 30},
+]
+
+
+def report(
+    fleet: MemoryFleet,
+    *,
+    temperature: int = 42,
+    clock: int = 1980,
+    overrides: dict[int, dict[str, Any]] | None = None,
+    **agent: Any,
+) -> dict[str, Any]:
+    """The agent's report at the fleet's clock: GPU 0 at `temperature` and `clock` MHz, then `overrides`."""
+    gpus = {0: {"temperatureCelsius": temperature, "smClockMHz": clock}} | (overrides or {})
+    at = fleet.now.isoformat().replace("+00:00", "Z")
+    status = gpunode_facts.agent_status(overrides=gpus, heartbeat=at, observed=at, heartbeat_seconds=60)
+    status["agent"].update(agent)
+    return status
+
+
+async def heartbeat(fleet: MemoryFleet, name: str, seconds: float = 60, **kwargs: Any) -> None:
+    fleet.now += datetime.timedelta(seconds=seconds)
+    await fleet.deliver(name, report(fleet, **kwargs))
+
+
+def status(fleet: MemoryFleet, name: str) -> dict[str, Any]:
+    return fleet.cluster.gpunodes[name]["status"]
+
+
+async def at_rest(fleet: MemoryFleet, name: str) -> None:
+    await fleet.start([name])
+    await heartbeat(fleet, name, 0)
+    await heartbeat(fleet, name)  # the first pass wrote the status; this one ends at rest
+    assert name in fleet.ctx.resting, "a healthy node with its status written rests"
+
+
+def test_a_heartbeat_of_a_node_at_rest_is_not_judged_again_and_changes_nothing() -> None:
+    async def scenario() -> None:
+        fleet = MemoryFleet(RULES)
+        await at_rest(fleet, "n")
+        verdict = fleet.ctx.verdicts["p", "n"]
+        node, written = copy.deepcopy(fleet.cluster.nodes["n"]), copy.deepcopy(status(fleet, "n"))
+        for temperature in (45, 51, 39):  # moving samples: no verdict reads them below slowdown
+            await heartbeat(fleet, "n", temperature=temperature)
+        assert fleet.ctx.verdicts["p", "n"] is verdict, "judged again"
+        assert fleet.cluster.nodes["n"] == node
+        ours = {k: v for k, v in status(fleet, "n").items() if k not in ("agent", "summary", "gpus", "nics")}
+        assert ours == {k: v for k, v in written.items() if k not in ("agent", "summary", "gpus", "nics")}
+
+    asyncio.run(scenario())
+
+
+def test_a_fault_in_the_report_after_rest_is_cordoned_by_that_report() -> None:
+    async def scenario() -> None:
+        fleet = MemoryFleet(RULES)
+        await at_rest(fleet, "n")
+        await heartbeat(fleet, "n", overrides={3: {"ecc": {"uncorrectedVolatile": 1}}})
+        assert fleet.cordoned("n")
+        assert "n" not in fleet.ctx.resting
+        assert status(fleet, "n")["health"] == "Unhealthy"
+
+    asyncio.run(scenario())
+
+
+def test_a_sustained_fault_after_rest_starts_its_clock_and_is_acted_on_after_for_seconds() -> None:
+    async def scenario() -> None:
+        fleet = MemoryFleet(RULES)
+        await at_rest(fleet, "n")
+        hot = {0: {"temperatureCelsius": 95, "clockEventReasons": ["HwThermalSlowdown"]}}
+        await heartbeat(fleet, "n", overrides=hot)
+        thermal = next(c for c in status(fleet, "n")["conditions"] if c["type"] == "ThermalThrottled")
+        assert thermal.get("observedSince"), "the pending clock was written by the report's own pass"
+        await heartbeat(fleet, "n", 31, overrides=hot)
+        assert fleet.labels("n").get(keys.THERMAL_LABEL) == "true"
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("change", "health"),
+    [
+        ({"error": {"reason": "NoGPUsVisible", "message": "the runtime hides them"}}, "Unknown"),
+        ({"expectedGpuCount": 9}, "Unhealthy"),  # GPULost: one GPU fewer than the node has
+    ],
+    ids=["agent-error", "gpu-missing"],
+)
+def test_an_agent_field_a_verdict_reads_is_judged_at_once(change: dict[str, Any], health: str) -> None:
+    async def scenario() -> None:
+        fleet = MemoryFleet(RULES)
+        await at_rest(fleet, "n")
+        await heartbeat(fleet, "n", **change)
+        assert status(fleet, "n")["health"] == health
+
+    asyncio.run(scenario())
+
+
+def test_an_agent_repeating_its_last_heartbeat_turns_stale_as_if_silent() -> None:
+    """A report whose heartbeat time did not move is no sign of life: the shortcut does not keep it fresh."""
+
+    async def scenario() -> None:
+        fleet = MemoryFleet(RULES)
+        await at_rest(fleet, "n")
+        repeated = report(fleet)
+        for _ in range(5):
+            fleet.now += datetime.timedelta(seconds=60)
+            repeated["gpus"][0]["temperatureCelsius"] += 1
+            await fleet.deliver("n", repeated)
+        await fleet.tick(1)
+        assert status(fleet, "n")["health"] == "Unknown"
+
+    asyncio.run(scenario())
+
+
+def test_a_human_edit_of_our_label_is_undone_by_the_next_pass() -> None:
+    async def scenario() -> None:
+        fleet = MemoryFleet(RULES)
+        await at_rest(fleet, "n")
+        node = copy.deepcopy(fleet.cluster.nodes["n"])
+        node["metadata"]["labels"][keys.HEALTH_LABEL] = "unhealthy"
+        stored = fleet.cluster.put_node(node)
+        await handlers.on_node({"type": "MODIFIED", "object": copy.deepcopy(stored)}, memo=fleet.ctx)  # type: ignore[typeddict-item]
+        await heartbeat(fleet, "n")
+        assert fleet.labels("n")[keys.HEALTH_LABEL] == "healthy"
+
+    asyncio.run(scenario())
+
+
+@contextmanager
+def without_resting() -> Iterator[None]:
+    """Every report judged (the operator before `resting`)."""
+    original = resting.unchanged
+    resting.unchanged = lambda *args, **kwargs: False  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        resting.unchanged = original  # type: ignore[assignment]
+
+
+NODES = ["a", "b", "c", "d", "e", "f"]
+"""A straggler cohort (at least `stragglers.MIN_PEERS` peers), `a` the one whose clock wanders."""
+
+
+def _steps(seed: int) -> list[tuple[str, str, dict[str, Any]]]:
+    rng = random.Random(seed)
+    steps: list[tuple[str, str, dict[str, Any]]] = []
+    for _ in range(80):
+        name = rng.choice(NODES)
+        kind = rng.choices(["heartbeat", "hot", "ecc", "tick", "uncordon", "repeat"], [14, 2, 1, 4, 1, 1])[0]
+        args = {"seconds": rng.choice([1, 10, 29, 31, 60, 200]), "t": rng.randint(30, 80)}
+        args["clock"] = (
+            rng.choice([1980, 1960, 1900, 1700, 1400]) if name == "a" else rng.choice([1980, 1960])
+        )
+        steps.append((kind, name, args))
+    return steps
+
+
+async def _play(steps: list[tuple[str, str, dict[str, Any]]]) -> list[Any]:
+    fleet = MemoryFleet(RULES, policies=("p", "q"))
+    fleet.policies[1]["spec"]["rules"] = [
+        {"name": "hot", "condition": "ThermalThrottled", "action": "Taint"},
+        {"name": "slow", "condition": "Straggler", "action": "Label", "forSeconds": 60},
+    ]
+    await fleet.start(NODES)
+    last: dict[str, dict[str, Any]] = {}
+    for name in NODES:
+        last[name] = report(fleet)
+        await fleet.deliver(name, last[name])
+    seen = []
+    for kind, name, args in steps:
+        if kind == "tick":
+            await fleet.tick(args["seconds"])
+        elif kind == "uncordon":
+            node = copy.deepcopy(fleet.cluster.nodes[name])
+            node["spec"].pop("unschedulable", None)
+            stored = fleet.cluster.put_node(node)
+            await handlers.on_node({"type": "MODIFIED", "object": copy.deepcopy(stored)}, memo=fleet.ctx)  # type: ignore[typeddict-item]
+        elif kind == "repeat":
+            fleet.now += datetime.timedelta(seconds=args["seconds"])
+            await fleet.deliver(name, last[name])
+        else:
+            fleet.now += datetime.timedelta(seconds=args["seconds"])
+            overrides: dict[int, dict[str, Any]] = {}
+            if kind == "hot":
+                overrides = {1: {"temperatureCelsius": 95, "clockEventReasons": ["HwThermalSlowdown"]}}
+            elif kind == "ecc":
+                overrides = {2: {"ecc": {"uncorrectedVolatile": 1}}}
+            last[name] = report(fleet, temperature=args["t"], clock=args["clock"], overrides=overrides)
+            await fleet.deliver(name, last[name])
+        seen.append(
+            (
+                copy.deepcopy(fleet.cluster.nodes),
+                {n: copy.deepcopy(g["status"]) for n, g in fleet.cluster.gpunodes.items()},
+                [(e["reason"], e["message"]) for e in fleet.cluster.event_log],
+            )
+        )
+    return seen
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_histories_leave_the_cluster_as_judging_every_report_does(seed: int) -> None:
+    steps = _steps(seed)
+    shortcut = asyncio.run(_play(steps))
+    with without_resting():
+        judged = asyncio.run(_play(steps))
+    for i, (got, want) in enumerate(zip(shortcut, judged, strict=True)):
+        assert got == want, f"step {i} ({steps[i]}) left the cluster otherwise"
