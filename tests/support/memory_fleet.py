@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import datetime
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpuhealth_api import keys, resources
@@ -49,6 +49,13 @@ class MemoryFleet:
         """The agent writes `status` to the node's GPUNode; the operator gets its watch event."""
         stored = self.cluster.put_gpunode(name, dict(status))
         await handlers.on_gpunode({"type": "MODIFIED", "object": copy.deepcopy(stored)}, memo=self.ctx)  # type: ignore[typeddict-item]
+
+    async def edit_node(self, name: str, edit: Callable[[dict[str, Any]], None]) -> None:
+        """Someone else edits the Node (`edit` changes a copy in place); the operator gets its event."""
+        node = copy.deepcopy(self.cluster.nodes[name])
+        edit(node)
+        stored = self.cluster.put_node(node)
+        await handlers.on_node({"type": "MODIFIED", "object": copy.deepcopy(stored)}, memo=self.ctx)  # type: ignore[typeddict-item]
 
     async def tick(self, seconds: float, *, full: bool = True) -> None:
         """`seconds` pass, then a timer pass."""

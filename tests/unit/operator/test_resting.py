@@ -17,7 +17,7 @@ import pytest
 
 import gpunode_facts
 from gpuhealth_api import keys
-from gpuhealth_operator import handlers, resting
+from gpuhealth_operator import resting
 from memory_fleet import MemoryFleet
 
 RULES = [
@@ -139,10 +139,9 @@ def test_a_human_edit_of_our_label_is_undone_by_the_next_pass() -> None:
     async def scenario() -> None:
         fleet = MemoryFleet(RULES)
         await at_rest(fleet, "n")
-        node = copy.deepcopy(fleet.cluster.nodes["n"])
-        node["metadata"]["labels"][keys.HEALTH_LABEL] = "unhealthy"
-        stored = fleet.cluster.put_node(node)
-        await handlers.on_node({"type": "MODIFIED", "object": copy.deepcopy(stored)}, memo=fleet.ctx)  # type: ignore[typeddict-item]
+        await fleet.edit_node(
+            "n", lambda node: node["metadata"]["labels"].update({keys.HEALTH_LABEL: "unhealthy"})
+        )
         await heartbeat(fleet, "n")
         assert fleet.labels("n")[keys.HEALTH_LABEL] == "healthy"
 
@@ -194,10 +193,7 @@ async def _play(steps: list[tuple[str, str, dict[str, Any]]]) -> list[Any]:
         if kind == "tick":
             await fleet.tick(args["seconds"])
         elif kind == "uncordon":
-            node = copy.deepcopy(fleet.cluster.nodes[name])
-            node["spec"].pop("unschedulable", None)
-            stored = fleet.cluster.put_node(node)
-            await handlers.on_node({"type": "MODIFIED", "object": copy.deepcopy(stored)}, memo=fleet.ctx)  # type: ignore[typeddict-item]
+            await fleet.edit_node(name, lambda node: node["spec"].pop("unschedulable", None))
         elif kind == "repeat":
             fleet.now += datetime.timedelta(seconds=args["seconds"])
             await fleet.deliver(name, last[name])
