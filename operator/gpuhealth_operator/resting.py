@@ -11,10 +11,11 @@ them, and write and say nothing, as that pass did.
 
 `remember` keeps, after a pass that left the node so (nothing written, every verdict healthy and
 wanting nothing, no drain, isolation, budget wait or fire drill), what it was judged from: the
-Node's version, the GPUNode's reading, and each selecting policy with its straggler score and
-the agent pod as they were. `unchanged` is true while all of that is the same (the same objects)
+Node's version, the GPUNode's reading, each selecting policy with its straggler score and the
+agent pod, and the node's repair history, as they were. `unchanged` is true while all of that is
+the same (the same objects; a straggler score only as far as the verdict and the status read it)
 and the agent's report is fresh; anything else (a fault in a report, a Node edit, a policy
-change, a new straggler score, a pod turning NotReady, a report growing old) runs the pass.
+change, a straggler score worth writing, a pod turning NotReady, a report growing old) runs the pass.
 A pass that runs forgets what was kept until it ends at rest again.
 """
 
