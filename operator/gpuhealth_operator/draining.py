@@ -97,12 +97,18 @@ class NodeDrain:
             if await _still_empty(self.ctx, self.node, self.ctx.drain_options(self.policy)):
                 return "it is drained and holds no evictable pod"
             return None
-        if progress is Progress.STARTED and _status_action(self.ctx, self.node) == NodeAction.CORDONED:
-            record = self.ctx.cache.node(self.node)
-            started = _started(record) if record is not None else None
-            if started is not None and self._deadline(started) <= now:
-                return "its drain timed out before a restart; a human takes over"
+        if progress is Progress.STARTED and self._failed_before_a_restart(now):
+            return "its drain timed out before a restart; a human takes over"
         return None
+
+    def _failed_before_a_restart(self, now: datetime.datetime) -> bool:
+        """A drain begun before a restart (nothing of it in memory), the status saying Cordoned, and its
+        deadline passed. Not before the deadline: the status write of Draining may be what was lost."""
+        record = self.ctx.cache.node(self.node)
+        started = _started(record) if record is not None else None
+        if started is None or _status_action(self.ctx, self.node) != NodeAction.CORDONED:
+            return False
+        return self._deadline(started) <= now
 
     async def start(self, now: datetime.datetime) -> bool:
         """Begin the drain: with a fresh deadline on a Drained node a pod came to, with the one it
@@ -210,19 +216,21 @@ def shown(ctx: context.Context, name: str) -> NodeAction:
     return NodeAction.CORDONED
 
 
-def timed_out(ctx: context.Context, record: cache.NodeRecord) -> bool:
-    """A node the policy cordoned whose drain timed out, waiting for a human (GPUHealthDrainFailed).
+def timed_out(
+    ctx: context.Context, policy: model.Policy, record: cache.NodeRecord, now: datetime.datetime
+) -> bool:
+    """A node `policy` cordoned whose drain timed out, waiting for a human (GPUHealthDrainFailed).
 
-    A failed result of this term, or (after a restart or a new term, nothing in memory) a drain started
-    before, no drain of this term, and status Cordoned.
+    A failed result of this term, or (after a restart or a new term, nothing in memory) what `decide`
+    calls a drain that timed out before a restart: one that would resume is not failed.
     """
     name = record.view.name
     result = ctx.drains.results.get(name)
     if result is not None:
         return not result.completed
-    if name in ctx.drains or keys.DRAIN_STARTED_ANNOTATION not in record.view.annotations:
+    if name in ctx.drains:
         return False
-    return _status_action(ctx, name) == NodeAction.CORDONED
+    return NodeDrain(ctx, policy, name)._failed_before_a_restart(now)
 
 
 async def forget(ctx: context.Context, name: str) -> None:

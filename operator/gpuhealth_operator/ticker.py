@@ -231,7 +231,7 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
                     _tally_gpus(ctx, tally, name, record, verdict)
             if record.view.unschedulable and record.view.cordoned_by == name:
                 counts["cordonedNodes"] += 1
-                if draining.timed_out(ctx, record):
+                if draining.timed_out(ctx, policy, record, now):
                     drain_failed += 1
             if ctx.admission.waiting(name, record.view.name):
                 counts["pendingNodes"] += 1

@@ -91,6 +91,16 @@ def test_after_a_restart_a_drain_that_failed_before_still_counts() -> None:
     assert stuck(ctx) == 1
 
 
+def test_after_a_restart_a_drain_whose_deadline_has_not_come_is_not_counted() -> None:
+    """Begun a minute before the restart, the status write of Draining lost (it still says Cordoned): the
+    drain resumes (`draining.NodeDrain.decide`), so it is not a failed one, and GPUHealthDrainFailed,
+    which pages at once, stays quiet."""
+    began = node("a")
+    began["metadata"]["annotations"][nodes.DRAIN_STARTED_ANNOTATION] = "2026-01-01T11:59:00Z"
+    ctx = fleet((began, "Cordoned"))
+    assert stuck(ctx) == 0
+
+
 def test_the_gauge_falls_to_zero_once_a_human_moves_the_node_on() -> None:
     ctx = fleet((node("a"), "Cordoned"))
     ctx.drains.results["a"] = FAILED

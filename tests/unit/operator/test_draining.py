@@ -83,7 +83,9 @@ def test_a_drain_that_timed_out_before_a_restart_stays_failed_and_asks_nothing()
     assert asyncio.run(draining.advance(ctx, policy, "n", NOW)) is NodeAction.CORDONED
     assert "n" not in ctx.drains, "no drain started"
     record = ctx.cache.node("n")
-    assert record is not None and draining.timed_out(ctx, record), "the DrainFailed gauge counts it"
+    assert record is not None and draining.timed_out(ctx, policy, record, NOW), (
+        "the DrainFailed gauge counts it"
+    )
 
 
 def test_a_drain_running_at_a_restart_resumes_with_the_deadline_it_began_with(
@@ -119,3 +121,16 @@ def test_a_failed_drain_of_this_term_is_kept_until_its_cordon_goes() -> None:
     assert asyncio.run(the_drain(ctx).observe()) is Progress.FAILED
     assert asyncio.run(draining.advance(ctx, ctx.cache.policies["p"], "n", NOW)) is NodeAction.CORDONED
     assert draining.shown(ctx, "n") is NodeAction.CORDONED
+
+
+def test_a_drain_begun_before_a_restart_whose_status_still_said_cordoned_resumes_and_is_not_failed() -> None:
+    """A Cordon rule's cordon escalated by a Drain rule: the drain began (its annotation written) and the
+    operator stopped before the status said Draining. The restarted operator resumes it (its deadline
+    has not come), so the DrainFailed gauge, which pages at once, must not count it meanwhile."""
+    ctx = cluster("Cordoned", started=NOW - datetime.timedelta(seconds=600))
+    assert asyncio.run(the_drain(ctx).decide(NOW)) is None, "it resumes"
+    record = ctx.cache.node("n")
+    policy = ctx.cache.policies["p"]
+    assert record is not None and not draining.timed_out(ctx, policy, record, NOW), (
+        "counted failed while it resumes"
+    )
