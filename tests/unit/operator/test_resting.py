@@ -51,17 +51,19 @@ def status(fleet: MemoryFleet, name: str) -> dict[str, Any]:
     return fleet.cluster.gpunodes[name]["status"]
 
 
-async def at_rest(fleet: MemoryFleet, name: str) -> None:
+async def at_rest(name: str) -> MemoryFleet:
+    """A fleet of one healthy node whose last pass left it at rest."""
+    fleet = MemoryFleet(RULES)
     await fleet.start([name])
     await heartbeat(fleet, name, 0)
     await heartbeat(fleet, name)  # the first pass wrote the status; this one ends at rest
     assert name in fleet.ctx.resting, "a healthy node with its status written rests"
+    return fleet
 
 
 def test_a_heartbeat_of_a_node_at_rest_is_not_judged_again_and_changes_nothing() -> None:
     async def scenario() -> None:
-        fleet = MemoryFleet(RULES)
-        await at_rest(fleet, "n")
+        fleet = await at_rest("n")
         verdict = fleet.ctx.verdicts["p", "n"]
         node, written = copy.deepcopy(fleet.cluster.nodes["n"]), copy.deepcopy(status(fleet, "n"))
         for temperature in (45, 51, 39):  # moving samples: no verdict reads them below slowdown
@@ -76,8 +78,7 @@ def test_a_heartbeat_of_a_node_at_rest_is_not_judged_again_and_changes_nothing()
 
 def test_a_fault_in_the_report_after_rest_is_cordoned_by_that_report() -> None:
     async def scenario() -> None:
-        fleet = MemoryFleet(RULES)
-        await at_rest(fleet, "n")
+        fleet = await at_rest("n")
         await heartbeat(fleet, "n", overrides={3: {"ecc": {"uncorrectedVolatile": 1}}})
         assert fleet.cordoned("n")
         assert "n" not in fleet.ctx.resting
@@ -88,8 +89,7 @@ def test_a_fault_in_the_report_after_rest_is_cordoned_by_that_report() -> None:
 
 def test_a_sustained_fault_after_rest_starts_its_clock_and_is_acted_on_after_for_seconds() -> None:
     async def scenario() -> None:
-        fleet = MemoryFleet(RULES)
-        await at_rest(fleet, "n")
+        fleet = await at_rest("n")
         hot = {0: {"temperatureCelsius": 95, "clockEventReasons": ["HwThermalSlowdown"]}}
         await heartbeat(fleet, "n", overrides=hot)
         thermal = next(c for c in status(fleet, "n")["conditions"] if c["type"] == "ThermalThrottled")
@@ -110,8 +110,7 @@ def test_a_sustained_fault_after_rest_starts_its_clock_and_is_acted_on_after_for
 )
 def test_an_agent_field_a_verdict_reads_is_judged_at_once(change: dict[str, Any], health: str) -> None:
     async def scenario() -> None:
-        fleet = MemoryFleet(RULES)
-        await at_rest(fleet, "n")
+        fleet = await at_rest("n")
         await heartbeat(fleet, "n", **change)
         assert status(fleet, "n")["health"] == health
 
@@ -122,8 +121,7 @@ def test_an_agent_repeating_its_last_heartbeat_turns_stale_as_if_silent() -> Non
     """A report whose heartbeat time did not move is no sign of life: the shortcut does not keep it fresh."""
 
     async def scenario() -> None:
-        fleet = MemoryFleet(RULES)
-        await at_rest(fleet, "n")
+        fleet = await at_rest("n")
         repeated = report(fleet)
         for _ in range(5):
             fleet.now += datetime.timedelta(seconds=60)
@@ -137,8 +135,7 @@ def test_an_agent_repeating_its_last_heartbeat_turns_stale_as_if_silent() -> Non
 
 def test_a_human_edit_of_our_label_is_undone_by_the_next_pass() -> None:
     async def scenario() -> None:
-        fleet = MemoryFleet(RULES)
-        await at_rest(fleet, "n")
+        fleet = await at_rest("n")
         await fleet.edit_node(
             "n", lambda node: node["metadata"]["labels"].update({keys.HEALTH_LABEL: "unhealthy"})
         )
