@@ -17,7 +17,7 @@ import pytest
 
 import gpunode_facts
 from gpuhealth_api import keys
-from gpuhealth_operator import resting
+from gpuhealth_operator import handlers, resting
 from memory_fleet import MemoryFleet
 
 RULES = [
@@ -221,3 +221,38 @@ def test_random_histories_leave_the_cluster_as_judging_every_report_does(seed: i
         judged = asyncio.run(_play(steps))
     for i, (got, want) in enumerate(zip(shortcut, judged, strict=True)):
         assert got == want, f"step {i} ({steps[i]}) left the cluster otherwise"
+
+
+def test_a_pass_cut_by_an_api_outage_leaves_nothing_kept_and_the_next_report_is_judged() -> None:
+    """A human mislabels the node during an API outage: that pass fails half-way (nothing written). The
+    first report after the outage must not be taken for one the last pass at rest judged."""
+
+    async def scenario() -> None:
+        fleet = await at_rest("n")
+        serve = fleet.cluster.request
+
+        async def down(*args: Any, **kwargs: Any) -> Any:
+            raise OSError("connection refused")
+
+        fleet.cluster.request = down
+        mislabel = {keys.HEALTH_LABEL: "unhealthy"}
+        await fleet.edit_node("n", lambda node: node["metadata"]["labels"].update(mislabel))
+        assert "n" not in fleet.ctx.resting, "a pass that did not finish keeps nothing"
+        fleet.cluster.request = serve
+        await heartbeat(fleet, "n")
+        assert fleet.labels("n")[keys.HEALTH_LABEL] == "healthy"
+
+    asyncio.run(scenario())
+
+
+def test_a_deleted_and_recreated_node_is_judged_afresh() -> None:
+    async def scenario() -> None:
+        fleet = await at_rest("n")
+        fleet.cluster.delete_gpunode("n")
+        gone = {"metadata": {"name": "n", "uid": "uid-gpunode-n", "resourceVersion": "99"}}
+        await handlers.on_gpunode({"type": "DELETED", "object": gone}, memo=fleet.ctx)  # type: ignore[typeddict-item]
+        assert "n" not in fleet.ctx.resting
+        await heartbeat(fleet, "n", overrides={5: {"ecc": {"uncorrectedVolatile": 1}}})  # its new GPUNode
+        assert fleet.cordoned("n")
+
+    asyncio.run(scenario())
