@@ -543,7 +543,7 @@ def test_a_deleted_policys_rule_is_adopted_by_another_policy_of_the_node_then_re
     waiting.wait_until(
         lambda: _rules_of(fleet, node) == {}, timeout_seconds=TIMEOUT, message="restored: no policy is left"
     )
-    assert any("was deleted" in m for m in fleet.messages(node, "GPURestored"))
+    fleet.said(node, "GPURestored", "was deleted", timeout_seconds=TIMEOUT)
 
 
 def _dra_nodes(fleet: operator_harness.Fleet, count: int) -> list[str]:

@@ -752,7 +752,7 @@ def test_shared_gpus_are_not_lost_gpus_but_a_vanished_one_is(fleet: operator_har
         lambda: gpunode_status(fleet, gone).get("issues"), timeout_seconds=TIMEOUT, message="issues in status"
     )
     assert "GPULost" in issues.split(",")
-    assert "7 of 8 GPUs reported" in fleet.events(gone, "GPULost")[0]["message"]
+    fleet.said(gone, "GPULost", "7 of 8 GPUs reported", timeout_seconds=TIMEOUT)
     for suffix in SHARED_GPU_NODES:
         name = node_name(fleet, suffix)
         status = waiting.wait_until(
@@ -869,7 +869,7 @@ def test_emergency_stop_ends_a_running_drain_within_2s_and_keeps_the_cordon(
             timeout_seconds=TIMEOUT,
             message="the new policy adopts the cordon",
         )
-        assert fleet.events(name, "NodeCordoned"), "the adoption is said in an Event"
+        fleet.said(name, "NodeCordoned", timeout_seconds=TIMEOUT)  # the adoption is said in an Event
         # Its own now: it drains (retries the refused eviction) and uncordons on recovery.
         waiting.wait_until(
             lambda: eviction_attempts(operator) > attempts,

@@ -113,7 +113,7 @@ def test_a_drill_says_cordon_and_drain_and_touches_nothing_until_its_ttl(
         timeout_seconds=TIMEOUT,
         message="a Drill Event naming cordon and drain",
     )
-    assert any(m.startswith("Drill started: EccUncorrectable") for m in fleet.messages(drilled, "Drill"))
+    fleet.said(drilled, "Drill", "Drill started: EccUncorrectable", timeout_seconds=TIMEOUT)
     waiting.wait_until(lambda: action(fleet, drilled) == "Drill", timeout_seconds=TIMEOUT, message="Drill")
     status = fleet.gpunode(drilled)["status"]
     assert (status["health"], status["issues"]) == ("Healthy", ""), "the real verdict stays real"
@@ -186,7 +186,7 @@ def test_an_unknown_condition_is_refused_and_a_removed_annotation_ends_the_drill
     waiting.wait_until(lambda: action(fleet, name) == "Drill", timeout_seconds=TIMEOUT, message="Drill")
     fleet.annotate_gpunode(name, {keys.DRILL_ANNOTATION: None})
     waiting.wait_until(lambda: action(fleet, name) == "None", timeout_seconds=TIMEOUT, message="ended")
-    assert any("annotation was removed" in m for m in fleet.messages(name, "Drill"))
+    fleet.said(name, "Drill", "annotation was removed", timeout_seconds=TIMEOUT)
     waiting.wait_until(
         lambda: (
             keys.DRILL_STARTED_ANNOTATION not in (fleet.gpunode(name)["metadata"].get("annotations") or {})

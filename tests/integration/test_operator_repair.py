@@ -238,7 +238,7 @@ def test_validation_failing_on_the_last_step_retires_the_node(
     )
     (event,) = fleet.events(name, "NodeRetired")
     assert event["type"] == "Warning"
-    assert fleet.events(name, "ValidationFailed")
+    fleet.said(name, "ValidationFailed", timeout_seconds=TIMEOUT)
     waiting.wait_until(
         lambda: results(fleet, name)[-1:] == [("", "Retired")],
         timeout_seconds=TIMEOUT,

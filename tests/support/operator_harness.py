@@ -170,6 +170,18 @@ class Fleet:
         """The messages of the Events of one reason about node `name`, as stored."""
         return [e["message"] for e in self.events(name, reason)]
 
+    def said(self, name: str, reason: str, part: str = "", timeout_seconds: float = 30) -> list[str]:
+        """Wait for an Event of `reason` about node `name` whose message contains `part`; its messages.
+
+        An Event is posted after the action it reports, so it may land a moment after the state a test
+        waited on: wait for it too rather than assert it at once.
+        """
+        return waiting.wait_until(
+            lambda: [m for m in self.messages(name, reason) if part in m],
+            timeout_seconds=timeout_seconds,
+            message=f"a {reason} Event on {name}" + (f" saying {part!r}" if part else ""),
+        )
+
     def __enter__(self) -> Fleet:
         return self
 
