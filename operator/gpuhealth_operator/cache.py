@@ -99,9 +99,15 @@ class GPUNodeRecord:
         return trends.advance(None, self.status, self.report_seen_at or datetime.datetime.now(datetime.UTC))
 
     @functools.cached_property
+    def clocks(self) -> stragglers.Clocks | None:
+        """The report's clocks (`stragglers.clocks_of`), once per report: its score and the timer's
+        window (`stragglers.smoothed`) read them."""
+        return stragglers.clocks_of(self.status)
+
+    @functools.cached_property
     def performance(self) -> stragglers.Performance:
         """The straggler cohort and score of these facts (`stragglers.performance_of`), once per version."""
-        return stragglers.performance_of(self.status)
+        return stragglers.performance_with(self.status, self.clocks)
 
     @functools.cached_property
     def at_rest(self) -> bool:
@@ -197,7 +203,7 @@ def _without(value: object, key: str) -> object:
     return {k: v for k, v in value.items() if k != key} if isinstance(value, dict) else value
 
 
-_FROM_REPORT = ("fact_signals", "performance", "memory")
+_FROM_REPORT = ("fact_signals", "clocks", "performance", "memory")
 """GPUNodeRecord's cached properties that read the agent's report alone (AGENT_FIELDS)."""
 
 

@@ -261,9 +261,8 @@ class _PolicyCohorts:
                 self.samples[i] = samples
                 period = heartbeat_seconds(gpunode)
                 sampled_at = gpunode.report_seen_at
-                performance = stragglers.smoothed(
-                    samples, performance, gpunode.status, sampled_at, now, period
-                )
+                clocks = gpunode.clocks
+                performance = stragglers.smoothed(samples, performance, clocks, sampled_at, now, period)
                 member.period = period
                 window = samples.clocks
                 if performance[0] is not None and window:

@@ -145,9 +145,15 @@ Performance = tuple[Cohort | None, float | None]
 def performance_of(facts: status.GPUNodeStatus) -> Performance:
     """`cohort_of` and `node_score`; (None, None) for a node with a lost or missing GPU (its numbers are
     meaningless). Depends on the facts alone: a caller may keep it per version of them."""
+    return performance_with(facts, clocks_of(facts))
+
+
+def performance_with(facts: status.GPUNodeStatus, clocks: Clocks | None) -> Performance:
+    """`performance_of` for a caller that keeps the facts' `clocks_of` (the timer adds them to the node's
+    window too, `smoothed`): a report's GPUs are read once."""
     if _gpus_missing(facts):
         return None, None
-    return cohort_of(facts), node_score(facts)
+    return cohort_of(facts), score_of(clocks)
 
 
 def cohort_of(facts: status.GPUNodeStatus) -> Cohort | None:
@@ -169,8 +175,7 @@ def cohort_of(facts: status.GPUNodeStatus) -> Cohort | None:
 def node_score(facts: status.GPUNodeStatus) -> float | None:
     """The node's performance score in [0, 1] on this one report (module docstring); None when no GPU is
     busy. The timer judges the score of a node's recent reports (`smoothed`)."""
-    clocks = clocks_of(facts)
-    return None if clocks is None else _score((clocks,))
+    return score_of(clocks_of(facts))
 
 
 Clocks = tuple[tuple[float | None, ...], float, tuple[int, ...]]
@@ -202,23 +207,49 @@ def clocks_of(facts: status.GPUNodeStatus) -> Clocks | None:
     return tuple(ratios), len(throttled) / busy, tuple(throttled)
 
 
+def score_of(clocks: Clocks | None) -> float | None:
+    """`node_score` of a report's `Clocks`: `_score` of a window of one, whose median of one value per
+    GPU is that value, so the slowest busy GPU's ratio times (1 - the throttle share), the same float."""
+    if clocks is None:
+        return None
+    ratios, share, _ = clocks
+    return min(r for r in ratios if r is not None) * (1 - share)
+
+
 def _score(window: Sequence[Clocks]) -> float | None:
     """min over GPUs of the GPU's median clock ratio over `window` (its reports without a slowdown reason
     for it, if any), times (1 - the median throttle share); a single report's score is its slowest busy
     GPU's ratio times (1 - its throttle share)."""
+    rows = [ratios for ratios, _, _ in window]
+    width = max(map(len, rows))
     medians = []
-    for position in range(max(len(ratios) for ratios, _, _ in window)):
-        seen = [
-            (r, position in throttled)
-            for ratios, _, throttled in window
-            if position < len(ratios) and (r := ratios[position]) is not None
-        ]
-        clear = [r for r, hot in seen if not hot]
-        if seen:
-            medians.append(statistics.median(clear or [r for r, _ in seen]))
+    if all(len(ratios) == width and not throttled for ratios, _, throttled in window):
+        # The common window (no slowdown reason, the same GPUs): each GPU's column as it is.
+        for column in zip(*rows, strict=True):
+            seen = [r for r in column if r is not None]
+            if seen:
+                medians.append(_median(seen))
+    else:
+        for position in range(width):
+            pairs = [
+                (r, position in throttled)
+                for ratios, _, throttled in window
+                if position < len(ratios) and (r := ratios[position]) is not None
+            ]
+            clear = [r for r, hot in pairs if not hot]
+            if pairs:
+                medians.append(_median(clear or [r for r, _ in pairs]))
     if not medians:
         return None
-    return min(medians) * (1 - statistics.median(share for _, share, _ in window))
+    return min(medians) * (1 - _median([share for _, share, _ in window]))
+
+
+def _median(values: list[float]) -> float:
+    """`statistics.median` of a non-empty list, the same float, without its generality (per GPU per
+    window move)."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def settled(samples: Samples) -> bool:
@@ -232,23 +263,22 @@ def settled(samples: Samples) -> bool:
 def smoothed(  # noqa: PLR0917 - one report's inputs
     samples: Samples,
     performance: Performance,
-    facts: status.GPUNodeStatus,
+    clocks: Clocks | None,
     sampled_at: datetime.datetime | None,
     now: datetime.datetime,
     period_seconds: float,
 ) -> Performance:
     """The node's `performance` with the score of its reports of the last CLOCK_WINDOW_SAMPLES heartbeats
     (module docstring, "Smoothed"), kept in `samples.clocks`: a report's clocks are added once, by its
-    receipt time `sampled_at`, and the score is worked out again only when the window moves."""
+    receipt time `sampled_at`, and the score is worked out again only when the window moves. `clocks`:
+    the report's `clocks_of`."""
     cohort, score = performance
     if cohort is None or score is None:
         return performance
     window = samples.clocks
-    if sampled_at is not None and (not window or window[-1][0] != sampled_at):
-        clocks = clocks_of(facts)
-        if clocks is not None:
-            window.append((sampled_at, clocks))
-            samples.smoothed_score = None
+    if clocks is not None and sampled_at is not None and (not window or window[-1][0] != sampled_at):
+        window.append((sampled_at, clocks))
+        samples.smoothed_score = None
     kept = now - datetime.timedelta(seconds=CLOCK_WINDOW_SAMPLES * period_seconds)
     while window and window[0][0] < kept:
         window.popleft()

@@ -49,7 +49,7 @@ def full_score_stragglers(ctx: Any, now: datetime.datetime) -> set[str]:
             name: stragglers.smoothed(
                 ctx.straggler_samples[(policy.name, name)],
                 gpunode.performance,
-                gpunode.status,
+                gpunode.clocks,
                 gpunode.report_seen_at,
                 now,
                 cohorts.heartbeat_seconds(gpunode),

@@ -151,7 +151,9 @@ def test_a_thermal_bursts_clocks_stay_out_of_the_gpus_median() -> None:
         at = NOW + datetime.timedelta(seconds=seconds - 569622.5)
         overrides = {3: {"smClockMHz": gpu3, "clockEventReasons": ["SwThermalSlowdown"] if throttled else []}}
         facts: Any = gpunode_facts.agent_status(model=H200, overrides=overrides, heartbeat_seconds=HEARTBEAT)
-        performance = stragglers.smoothed(samples, stragglers.performance_of(facts), facts, at, at, HEARTBEAT)
+        performance = stragglers.performance_of(facts)
+        clocks = stragglers.clocks_of(facts)
+        performance = stragglers.smoothed(samples, performance, clocks, at, at, HEARTBEAT)
     assert len(samples.clocks) == len(reports)
     assert performance[1] == pytest.approx(1890 / MAX_CLOCK, abs=1e-3)
 

@@ -1,5 +1,7 @@
 """Stragglers: robust z-scores within (model, driver) cohorts; idle, stale and lost nodes are not judged."""
 
+import random
+import statistics
 from typing import Any
 
 import pytest
@@ -153,3 +155,54 @@ def test_node_score_uses_worst_busy_gpu() -> None:
     facts["gpus"][1]["utilizationPercent"] = 0  # an idle GPU is not judged
     facts["gpus"][1]["smClockMHz"] = 100
     assert stragglers.node_score(facts) == pytest.approx(0.5)
+
+
+def test_a_reports_score_is_its_window_of_one_to_the_bit() -> None:
+    """`score_of` (a report's score, once per report) is `_score` of a window of that report alone, the
+    same float: replays of recorded fleets must decide exactly as before."""
+    rng = random.Random(29)
+    for _ in range(2_000):
+        width = rng.randint(1, 8)
+        ratios = tuple(rng.choice([None, rng.random(), 1.0, 0.5 + rng.random() / 3]) for _ in range(width))
+        busy = [i for i, r in enumerate(ratios) if r is not None]
+        if not busy:
+            continue
+        throttled = tuple(i for i in busy if rng.random() < 0.3)
+        clocks = (ratios, len(throttled) / len(busy), throttled)
+        assert stragglers.score_of(clocks) == stragglers._score((clocks,))
+    assert stragglers.score_of(None) is None
+
+
+def _reference_score(window: Any) -> float | None:
+    """`_score` as first written (statistics.median per GPU): the definition the fast one must equal."""
+    medians = []
+    for position in range(max(len(ratios) for ratios, _, _ in window)):
+        seen = [
+            (r, position in throttled)
+            for ratios, _, throttled in window
+            if position < len(ratios) and (r := ratios[position]) is not None
+        ]
+        clear = [r for r, hot in seen if not hot]
+        if seen:
+            medians.append(statistics.median(clear or [r for r, _ in seen]))
+    if not medians:
+        return None
+    return min(medians) * (1 - statistics.median(share for _, share, _ in window))
+
+
+def test_a_windows_score_is_the_median_definition_to_the_bit() -> None:
+    """Random windows of one to nine reports (GPUs busy or not, some throttled, a GPU lost from a report):
+    `_score` gives the very float of the definition, so replays decide exactly as before."""
+    rng = random.Random(2029)
+    for _ in range(3_000):
+        width = rng.choice([8, 8, 8, 4, 1])
+        window = []
+        for _ in range(rng.randint(1, 9)):
+            ratios = tuple(
+                None if rng.random() < 0.15 else rng.choice([1.0, rng.random(), 0.9 + rng.random() / 10])
+                for _ in range(width - (rng.random() < 0.1))
+            )
+            busy = [i for i, r in enumerate(ratios) if r is not None] or [0]
+            throttled = tuple(i for i in busy if rng.random() < 0.1)
+            window.append((ratios, len(throttled) / len(busy), throttled))
+        assert stragglers._score(window) == _reference_score(window)
