@@ -99,15 +99,21 @@ class GPUNodeRecord:
         return trends.advance(None, self.status, self.report_seen_at or datetime.datetime.now(datetime.UTC))
 
     @functools.cached_property
-    def clocks(self) -> stragglers.Clocks | None:
-        """The report's clocks (`stragglers.clocks_of`), once per report: its score and the timer's
-        window (`stragglers.smoothed`) read them."""
-        return stragglers.clocks_of(self.status)
+    def straggler_facts(self) -> tuple[stragglers.Clocks | None, stragglers.Performance]:
+        """The report's clocks (`stragglers.clocks_of`) and its straggler cohort and score
+        (`stragglers.performance_of`), worked out together once per version: the score and the
+        timer's window (`stragglers.smoothed`) read the same clocks. One cached entry, not two: it is
+        kept per node."""
+        clocks = stragglers.clocks_of(self.status)
+        return clocks, stragglers.performance_with(self.status, clocks)
 
-    @functools.cached_property
+    @property
+    def clocks(self) -> stragglers.Clocks | None:
+        return self.straggler_facts[0]
+
+    @property
     def performance(self) -> stragglers.Performance:
-        """The straggler cohort and score of these facts (`stragglers.performance_of`), once per version."""
-        return stragglers.performance_with(self.status, self.clocks)
+        return self.straggler_facts[1]
 
     @functools.cached_property
     def at_rest(self) -> bool:
@@ -203,7 +209,7 @@ def _without(value: object, key: str) -> object:
     return {k: v for k, v in value.items() if k != key} if isinstance(value, dict) else value
 
 
-_FROM_REPORT = ("fact_signals", "clocks", "performance", "memory")
+_FROM_REPORT = ("fact_signals", "straggler_facts", "memory")
 """GPUNodeRecord's cached properties that read the agent's report alone (AGENT_FIELDS)."""
 
 
