@@ -62,6 +62,8 @@ GPUFault = Callable[[status.GPUStatus], str | None]
 
 
 def _int(value: object) -> int | None:
+    if type(value) is int:  # the common case, first: every predicate of every GPU of every report asks
+        return value
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
@@ -169,8 +171,8 @@ def unreadable(gpu: status.GPUStatus, fields: Iterable[str]) -> list[str]:
 
 def _reasons(gpu: status.GPUStatus, wanted: Iterable[str]) -> list[str]:
     reasons = gpu.get("clockEventReasons")
-    if not isinstance(reasons, list):
-        return []
+    if not reasons or not isinstance(reasons, list):
+        return []  # most reports of most GPUs: no reason at all
     return sorted(set(wanted).intersection(r for r in reasons if isinstance(r, str)))
 
 

@@ -162,6 +162,7 @@ _MOVING: Final = {
 }
 """The per-GPU predicates that read fields moving with every sample (temperature, utilization: their rows'
 `moving`); none of them reads a trend or the policy's XIDs."""
+_MOVING_CHECKS: Final = tuple(_MOVING.values())
 _STEADY: Final = operator.attrgetter(
     *sorted(
         set().union(*(fields for condition, fields in conditions.READS.items() if condition not in _MOVING))
@@ -194,8 +195,11 @@ def still_healthy(judged: FactSignals, older: status.GPUNodeStatus, newer: statu
             continue
         if type(gpu) is not type(was) or type(was) is not gpu_facts.GPUFacts:
             return False
-        if _STEADY(gpu) != _STEADY(was) or any(check(gpu) is not None for check in _MOVING.values()):
+        if _STEADY(gpu) != _STEADY(was):
             return False
+        for check in _MOVING_CHECKS:
+            if check(gpu) is not None:
+                return False
     return True
 
 
