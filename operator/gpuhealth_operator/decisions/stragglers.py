@@ -220,25 +220,15 @@ def _score(window: Sequence[Clocks]) -> float | None:
     """min over GPUs of the GPU's median clock ratio over `window` (its reports without a slowdown reason
     for it, if any), times (1 - the median throttle share); a single report's score is its slowest busy
     GPU's ratio times (1 - its throttle share)."""
-    rows = [ratios for ratios, _, _ in window]
-    width = max(map(len, rows))
     medians = []
-    if all(len(ratios) == width and not throttled for ratios, _, throttled in window):
-        # The common window (no slowdown reason, the same GPUs): each GPU's column as it is.
-        for column in zip(*rows, strict=True):
-            seen = [r for r in column if r is not None]
-            if seen:
-                medians.append(_median(seen))
-    else:
-        for position in range(width):
-            pairs = [
-                (r, position in throttled)
-                for ratios, _, throttled in window
-                if position < len(ratios) and (r := ratios[position]) is not None
-            ]
-            clear = [r for r, hot in pairs if not hot]
-            if pairs:
-                medians.append(_median(clear or [r for r, _ in pairs]))
+    for position in range(max(len(ratios) for ratios, _, _ in window)):
+        clear: list[float] = []
+        hot: list[float] = []
+        for ratios, _, throttled in window:
+            if position < len(ratios) and (r := ratios[position]) is not None:
+                (hot if position in throttled else clear).append(r)
+        if clear or hot:
+            medians.append(_median(clear or hot))
     if not medians:
         return None
     return min(medians) * (1 - _median([share for _, share, _ in window]))
