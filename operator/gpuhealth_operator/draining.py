@@ -97,18 +97,9 @@ class NodeDrain:
             if await _still_empty(self.ctx, self.node, self.ctx.drain_options(self.policy)):
                 return "it is drained and holds no evictable pod"
             return None
-        if progress is Progress.STARTED and self._failed_before_a_restart(now):
+        if progress is Progress.STARTED and _failed_before_a_restart(self.ctx, self.policy, self.node, now):
             return "its drain timed out before a restart; a human takes over"
         return None
-
-    def _failed_before_a_restart(self, now: datetime.datetime) -> bool:
-        """A drain begun before a restart (nothing of it in memory), the status saying Cordoned, and its
-        deadline passed. Not before the deadline: the status write of Draining may be what was lost."""
-        record = self.ctx.cache.node(self.node)
-        started = _started(record) if record is not None else None
-        if started is None or _status_action(self.ctx, self.node) != NodeAction.CORDONED:
-            return False
-        return self._deadline(started) <= now
 
     async def start(self, now: datetime.datetime) -> bool:
         """Begin the drain: with a fresh deadline on a Drained node a pod came to, with the one it
@@ -125,7 +116,7 @@ class NodeDrain:
                 body = await nodes.set_drain_started(self.ctx.client, self.node, times.render(now))
                 if self.ctx.cache.refresh_node(body) is None:
                     return False
-        deadline = self._deadline(started)
+        deadline = _deadline(self.policy, started)
         task = asyncio.create_task(self._run(started, deadline), name=f"drain-{self.node}")
         self.ctx.drains.start(self.node, self.policy.name, task)
         return True
@@ -135,9 +126,6 @@ class NodeDrain:
         kept = self.node in self.ctx.drains
         self.ctx.drains.stop(self.node)
         return kept
-
-    def _deadline(self, started: datetime.datetime) -> datetime.datetime:
-        return started + datetime.timedelta(seconds=self.policy.drain_timeout_seconds)
 
     async def _run(self, started: datetime.datetime, deadline: datetime.datetime) -> drain.Result:
         ctx, policy, name = self.ctx, self.policy, self.node
@@ -230,7 +218,7 @@ def timed_out(
         return not result.completed
     if name in ctx.drains:
         return False
-    return NodeDrain(ctx, policy, name)._failed_before_a_restart(now)
+    return _failed_before_a_restart(ctx, policy, name, now)
 
 
 async def forget(ctx: context.Context, name: str) -> None:
@@ -255,6 +243,22 @@ async def _still_empty(ctx: context.Context, name: str, options: drain.Options) 
         return True
     ctx.drains.looked(name, clock)
     return not drain.classify(await drain.list_pods(ctx.client, name), options).wanted
+
+
+def _failed_before_a_restart(
+    ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime
+) -> bool:
+    """A drain begun before a restart (nothing of it in memory), the status saying Cordoned, and its
+    deadline passed. Not before the deadline: the status write of Draining may be what was lost."""
+    record = ctx.cache.node(name)
+    started = _started(record) if record is not None else None
+    if started is None or _status_action(ctx, name) != NodeAction.CORDONED:
+        return False
+    return _deadline(policy, started) <= now
+
+
+def _deadline(policy: model.Policy, started: datetime.datetime) -> datetime.datetime:
+    return started + datetime.timedelta(seconds=policy.drain_timeout_seconds)
 
 
 def _started(record: cache.NodeRecord) -> datetime.datetime | None:
