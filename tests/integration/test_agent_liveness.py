@@ -180,7 +180,7 @@ def test_a_tenants_pods_with_the_agents_labels_are_not_the_agent(
     ]
     for pod in lookalikes:
         set_ready(core, tenant, pod, True)
-    rule = {"name": "hot", "condition": "ThermalThrottled", "action": "Cordon", "forSeconds": 90}
+    rule = {"name": "hot", "condition": "ThermalThrottled", "action": "Cordon", "forSeconds": 70}
     fleet.policy(f"{label}-policy", {"rules": [rule], "maxUnavailable": 2})
     for name, overrides in ((faulty, hot), (quiet, None)):
         fleet.report(
@@ -192,7 +192,7 @@ def test_a_tenants_pods_with_the_agents_labels_are_not_the_agent(
 
     waiting.wait_until(
         lambda: bool(fleet.node(faulty)["spec"].get("unschedulable")),
-        timeout_seconds=150,
+        timeout_seconds=130,
         message="the faulty node is cordoned after forSeconds",
     )
     assert time.monotonic() - went > GRACE_SECONDS, "after the grace the lookalikes would have had"

@@ -120,7 +120,7 @@ def test_the_demo_shows_the_main_job_done(tmp_path: Path) -> None:
     """`gpu-health-sim demo`, as `make demo` runs it: its summary is the product's acceptance test."""
     script = Path(sys.executable).parent / "gpu-health-sim"
     summary_path = tmp_path / "summary.json"
-    command = [str(script), "demo", "--duration", "85", "--plain", "--summary-json", str(summary_path)]
+    command = [str(script), "demo", "--duration", "60", "--plain", "--summary-json", str(summary_path)]
     output: list[str] = []
     with subprocess.Popen(
         command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ)
