@@ -244,6 +244,16 @@ def _on_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(signum, stop.set)
 
 
+async def _signals_after(kopf_ready: asyncio.Event, stop: asyncio.Event) -> None:
+    """Take SIGTERM/SIGINT back from kopf once it has started (it installs its own handlers as it
+    starts). On its own signal kopf stops first and then waits up to 5 s for the tasks it did not
+    start (our watches, timer and drains) before it returns and we could end them: a rolling update
+    would wait for nothing. Through `stop`, the term ends everything at once (`_end_term`)."""
+    await kopf_ready.wait()
+    _on_signals(stop)
+    await asyncio.Event().wait()  # a task of the term: it ends when the term cancels it
+
+
 async def _campaign(elector: leader.ElectionThread, stop: asyncio.Event) -> leader.Term | None:
     """Wait for the Lease; the new term, or None when a signal asked us to stop first."""
     acquiring = asyncio.create_task(elector.acquire())
@@ -335,7 +345,7 @@ async def _lead(
         tasks.add(asyncio.create_task(elector.hold(term), name="lease"))
     primed = asyncio.create_task(priming.prime_until_done(ctx, config.lease_retry_seconds), name="prime")
     done, _ = await asyncio.wait({*tasks, primed}, return_when=asyncio.FIRST_COMPLETED)
-    kopf_stop = asyncio.Event()
+    kopf_stop, kopf_ready = asyncio.Event(), asyncio.Event()
     if primed in done and not primed.exception():
         registry = kopf.OperatorRegistry()
         handlers.register(registry, config.agent_pod_selector)
@@ -352,10 +362,12 @@ async def _lead(
                     clusterwide=True,
                     standalone=True,
                     stop_flag=kopf_stop,
+                    ready_flag=kopf_ready,
                 ),
                 name="kopf",
             )
         )
+        tasks.add(asyncio.create_task(_signals_after(kopf_ready, stop), name="signals"))
         for watch in handlers.watches(ctx, relists.relisted, since=primed.result().versions):
             tasks.add(asyncio.create_task(watch.run(), name=f"watch {watch.kind}"))
         tasks.add(asyncio.create_task(ticker.run(ctx), name="timer"))
@@ -379,7 +391,6 @@ async def _lead(
             logger.error("stopping: %s failed: %r", task.get_name(), error)
             exit_code = EXIT_FAILED
         else:
-            # kopf installs its own SIGTERM/SIGINT handlers and returns once it has stopped on one.
             logger.info("stopping: %s ended", task.get_name())
     await _end_term(ctx, term, tasks, kopf_stop)
     await client.close()

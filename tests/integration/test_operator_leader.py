@@ -1,6 +1,8 @@
 """Leader election: of two operator replicas exactly one acts, and the other takes over when it dies."""
 
 import secrets
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,9 +26,15 @@ LEASE = [
 ]
 
 
-@pytest.fixture
+LONG_LEASE = ["--lease-duration-seconds=30", *LEASE[1:]]
+"""A Lease that outlasts the test's bounds: a standby leading sooner had it released, not expired."""
+EXIT_SECONDS = 2.0
+"""How soon a SIGTERMed operator exits: a rolling update or a node drain must not wait on it."""
+
+
+@pytest.fixture(params=[LEASE], ids=["short-lease"])
 def replicas(
-    crds: local.ControlPlane, k8s: client.ApiClient, tmp_path: Path
+    crds: local.ControlPlane, k8s: client.ApiClient, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[list[operator_harness.OperatorProcess]]:
     operator_harness.ensure_namespace(k8s, "gpu-health")
     lease = f"gpu-health-operator-leader-{secrets.token_hex(2)}"
@@ -36,7 +44,7 @@ def replicas(
             log_path=tmp_path / f"replica-{i}.log",
             lease_name=lease,
             identity=f"replica-{i}",
-            extra_args=LEASE,
+            extra_args=request.param,
         ).start()
         for i in range(2)
     ]
@@ -115,3 +123,45 @@ def test_exactly_one_replica_acts_and_the_other_takes_over_when_it_dies(
     # The node cordoned before the takeover was not acted on twice.
     assert len(fleet.events(a, "NodeCordoned")) == 1
     assert fleet.events(a, "NodeCordoned")[0]["count"] == 1
+
+
+@pytest.mark.parametrize("replicas", [LONG_LEASE], ids=["long-lease"], indirect=True)
+def test_a_sigtermed_leader_exits_at_once_and_hands_its_lease_over(
+    replicas: list[operator_harness.OperatorProcess], fleet: operator_harness.Fleet
+) -> None:
+    """A rolling update SIGTERMs the leader: it stops acting and exits within EXIT_SECONDS, its work
+    done so far kept, and releases the Lease, so the standby leads long before the Lease would expire
+    and acts on the next fault."""
+    waiting.wait_until(lambda: len(leaders(replicas)) == 1, timeout_seconds=TIMEOUT, message="one leader")
+    first = leaders(replicas)[0]
+    standby = next(p for p in replicas if p is not first)
+    fleet.policy(
+        fleet.label,
+        {"maxUnavailable": 5, "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}]},
+    )
+    ecc = {0: {"ecc": {"uncorrectedVolatile": 1}}}
+    a, b = f"{fleet.label}-a", f"{fleet.label}-b"
+    fleet.add_node(a)
+    fleet.report(a, gpunode_facts.agent_status(overrides=ecc))
+    fleet.said(a, "NodeDrained", timeout_seconds=TIMEOUT)  # the leader's timer, watches and drains ran
+
+    assert first.process is not None
+    first.process.signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    waiting.wait_until(lambda: not first.alive(), timeout_seconds=15, message="the leader exits")
+    exited = time.monotonic() - signalled
+    assert exited <= EXIT_SECONDS, f"the leader took {exited:.1f}s to exit on SIGTERM"
+    assert first.process.returncode() == 0, first.log()[-3000:]
+    waiting.wait_until(
+        standby.is_leading, timeout_seconds=10, message="the standby leads: the Lease was released"
+    )
+
+    fleet.add_node(b)
+    fleet.report(b, gpunode_facts.agent_status(overrides=ecc))
+    waiting.wait_until(
+        lambda: fleet.node(b)["spec"].get("unschedulable"),
+        timeout_seconds=TIMEOUT,
+        message="cordoned by the new leader",
+    )
+    assert fleet.node(a)["spec"].get("unschedulable"), "the first leader's cordon is kept"
+    assert len(fleet.events(a, "NodeCordoned")) == 1
