@@ -134,15 +134,22 @@ async def uncordon(
     (`verdicts.may_return_validated`), every other condition the same. True when uncordoned.
     """
     allowed = verdicts.may_return_validated if validated else verdicts.may_uncordon
+
+    def liftable(record: cache.NodeRecord | None) -> bool:
+        return (
+            record is not None
+            and record.view.unschedulable
+            and allowed(policy, record.view, verdict)  # ours, selected (not excluded)
+            and not record.cordon_taken_over  # a human cordoned it again: theirs (`overrides.react` says so)
+        )
+
+    if not liftable(ctx.cache.node(name)):
+        return False
+    await draining.say_done(ctx, policy, name)  # the drain's Event goes before its cordon
     body: kube.JsonObject | None = None
     for _attempt in range(3):
         record = ctx.cache.node(name)
-        if (
-            record is None
-            or not record.view.unschedulable
-            or not allowed(policy, record.view, verdict)  # ours, selected (not excluded)
-            or record.cordon_taken_over  # a human cordoned it again: theirs (`overrides.react` says so)
-        ):
+        if record is None or not liftable(record):
             return False
         try:
             body = await nodes.uncordon(

@@ -221,6 +221,32 @@ def timed_out(
     return _failed_before_a_restart(ctx, policy, name, now)
 
 
+async def say_done(ctx: context.Context, policy: model.Policy, name: str) -> None:
+    """Before the cordon is lifted: say NodeDrained of a drain of this cordon that emptied the node and was
+    not said yet, since it goes with the cordon. Said when this term's drain completed with its Event
+    refused, or when a drain began before a restart (the term that ran it may have died between the
+    last eviction and its Event) and the node holds no evictable pod now. `announcements` names the
+    Event after the cordon, so a drain a dead term did say is not said twice. A drain that did not
+    empty the node is not said."""
+    result, unsaid = ctx.drains.results.get(name), ctx.drains.unsaid.get(name)
+    record = ctx.cache.node(name)
+    if unsaid is None:
+        if (
+            result is not None  # this term's drain ended: said, or failed or stopped
+            or ctx.drains.running(name)
+            or record is None
+            or keys.DRAIN_STARTED_ANNOTATION not in record.view.annotations
+        ):
+            return
+        options = ctx.drain_options(policy)
+        selection = drain.classify(await drain.list_pods(ctx.client, name), options)
+        if selection.wanted or selection.unmanaged:
+            return
+        unsaid = drain.drained_message(policy.name, drain.Result(True, (), 0, tuple(selection.skipped)))
+    if await announcements.drained(ctx, name, unsaid):
+        ctx.drains.said(name)
+
+
 async def forget(ctx: context.Context, name: str) -> None:
     """A schedulable node has no drain: whoever uncordoned it, the drain belonged to that cordon."""
     record = ctx.cache.node(name)

@@ -63,7 +63,9 @@ failure modes the chaos fixes were about, picked from the first 20,000 seeds by 
 7947 SIGKILLs the operator and the API server within 5 ms of each other while faults still
 arrive (a restart that meets no API server, a kill of a client mid-eviction); 3838 SIGKILLs the
 operator three times within 0.3 s, 8 s in (a SIGKILL during interpreter start-up, a restart
-before the Lease expired)."""
+before the Lease expired). Not listed: 3441685228, which broke only on a starved machine (the
+operator killed between its last eviction and NodeDrained, the node repaired before any term looked
+again); its break is replayed exactly by a unit test (`test_drained_without_events`)."""
 OPERATOR_ARGS = [
     "--tick-seconds=0.5",
     "--lease-duration-seconds=4",

@@ -1,9 +1,10 @@
 """`Drained` is state, an Event a report: a refused Event never keeps a node Draining (issue 24, item 11)."""
 
 import asyncio
+import time
 
 import drain_cluster
-from gpuhealth_operator import reconciler
+from gpuhealth_operator import context, handlers, reconciler
 
 
 def action(cluster: drain_cluster.DrainCluster, name: str) -> str | None:
@@ -39,3 +40,78 @@ def test_a_drain_completes_while_events_are_refused_and_the_event_follows_when_a
         assert action(cluster, "n") == "Drained"
 
     asyncio.run(scenario())
+
+
+def said(cluster: drain_cluster.DrainCluster, reason: str) -> list[int]:
+    """Where in the Event log each Event of `reason` was said."""
+    return [i for i, e in enumerate(cluster.event_log) if e["reason"] == reason]
+
+
+RECOVERING = drain_cluster.drain_spec("gpu", recovery={"uncordon": True, "healthyForSeconds": 1})
+
+
+async def _drained_unsaid(cluster: drain_cluster.DrainCluster) -> context.Context:
+    """Node `n` cordoned and emptied by policy `p`'s drain while every Event was refused."""
+    ctx = await drain_cluster.start(cluster, {"p": RECOVERING}, {"n": {"pool": "gpu"}})
+    cluster.add_pod("n", "job")
+    cluster.refuse_events = True
+    await drain_cluster.report(cluster, ctx, "n", ecc=1)
+    await asyncio.wait({ctx.drains.tasks["n"]}, timeout=5)
+    assert cluster.pods == {}, "the pod was evicted"
+    return ctx
+
+
+async def _uncordoned(cluster: drain_cluster.DrainCluster, ctx: context.Context) -> None:
+    """The GPU repaired (a human reset it): the timer's passes until the policy uncordons the node."""
+    await drain_cluster.report(cluster, ctx, "n", ecc=0)
+    deadline = time.monotonic() + 10
+    while cluster.nodes["n"]["spec"].get("unschedulable"):
+        assert time.monotonic() < deadline, "not uncordoned after healthyForSeconds"
+        await reconciler.reconcile_node(ctx, "n", "timer")
+        await asyncio.sleep(0.05)
+
+
+def test_a_drained_node_repaired_before_its_event_was_accepted_says_drained_before_its_uncordon() -> None:
+    """The drain emptied the node while Events were refused; the GPU is repaired before the next look
+    at the Drained node: NodeDrained is said once, before NodeUncordoned, not dropped with the cordon."""
+
+    async def scenario() -> None:
+        cluster = drain_cluster.DrainCluster()
+        ctx = await _drained_unsaid(cluster)
+        cluster.refuse_events = False
+        await _uncordoned(cluster, ctx)
+        drained, uncordoned = said(cluster, "NodeDrained"), said(cluster, "NodeUncordoned")
+        assert len(drained) == 1 and len(uncordoned) == 1, cluster.event_log
+        assert drained[0] < uncordoned[0]
+
+    asyncio.run(scenario())
+
+
+def test_a_drain_a_dead_term_finished_unsaid_is_said_by_the_next_term_before_the_uncordon() -> None:
+    """The chaos test's seed 3441685228: the operator evicted the last pod and was killed before its
+    NodeDrained Event (here: refused, then the term gone); the GPU was repaired before any term looked
+    at the node again. The next term finds it cordoned by the policy, its drain started and the node
+    empty: it says NodeDrained once, then uncordons. A node its drain did not empty is not said drained."""
+
+    async def scenario(emptied: bool) -> None:
+        cluster = drain_cluster.DrainCluster()
+        await _drained_unsaid(cluster)
+        cluster.refuse_events = False
+        if not emptied:
+            cluster.add_pod("n", "stayed")  # the drain stopped before it was done, say
+        ctx = drain_cluster.make_context(cluster)  # the next term: nothing of the last one in memory
+        await handlers.on_policy(
+            drain_cluster.event("ADDED", drain_cluster.policy_body("p", RECOVERING)), memo=ctx
+        )
+        await drain_cluster.deliver(cluster, ctx, "n")
+        await _uncordoned(cluster, ctx)
+        drained, uncordoned = said(cluster, "NodeDrained"), said(cluster, "NodeUncordoned")
+        assert len(uncordoned) == 1, cluster.event_log
+        if emptied:
+            assert len(drained) == 1 and drained[0] < uncordoned[0], cluster.event_log
+            assert "Node drained by policy p" in cluster.event_log[drained[0]]["message"]
+        else:
+            assert drained == [], cluster.event_log
+
+    asyncio.run(scenario(emptied=True))
+    asyncio.run(scenario(emptied=False))
