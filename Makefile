@@ -9,9 +9,9 @@ PY := $(BIN)/python
 PYTEST_FLAGS ?=
 # Test workers (pytest-xdist) for `make test`: each starts its own local control plane, and a test file
 # runs on one worker (its module fixtures stay shared). Most integration time is waiting on timers, so
-# 3 workers on 2 cores take ~18 min. 5 took 14-16 min but one run of three failed timer-bound tests
-# (the cores saturated; docs/local-control-plane.md). TEST_WORKERS=0 runs everything in this process.
-TEST_WORKERS ?= 3
+# 4 workers on 2 cores take ~14 min (3: ~16). 5 took 14-16 min but one run of three failed timer-bound
+# tests (the cores saturated; docs/local-control-plane.md). TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= 4
 PARALLEL = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 # Control-plane binaries: $KUBEBUILDER_ASSETS if set, else built once by hack/testbin.sh.
 TESTBIN = $(shell hack/testbin.sh)
