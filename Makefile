@@ -9,7 +9,7 @@ PY := $(BIN)/python
 PYTEST_FLAGS ?=
 # Test workers (pytest-xdist) for `make test`: each starts its own local control plane, and a test file
 # runs on one worker (its module fixtures stay shared). Most integration time is waiting on timers, so
-# 4 workers on 2 cores take ~14 min (3: ~16). 5 took 14-16 min but one run of three failed timer-bound
+# 4 workers on 2 cores take 14-16 min (3: ~17). 5 took 14-16 min but one run of three failed timer-bound
 # tests (the cores saturated; docs/local-control-plane.md). TEST_WORKERS=0 runs everything in this process.
 TEST_WORKERS ?= 4
 PARALLEL = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
