@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Awaitable
+from typing import TypeGuard
 
 import aiohttp
 
@@ -135,7 +136,7 @@ async def uncordon(
     """
     allowed = verdicts.may_return_validated if validated else verdicts.may_uncordon
 
-    def liftable(record: cache.NodeRecord | None) -> bool:
+    def liftable(record: cache.NodeRecord | None) -> TypeGuard[cache.NodeRecord]:
         return (
             record is not None
             and record.view.unschedulable
@@ -149,7 +150,7 @@ async def uncordon(
     body: kube.JsonObject | None = None
     for _attempt in range(3):
         record = ctx.cache.node(name)
-        if record is None or not liftable(record):
+        if not liftable(record):
             return False
         try:
             body = await nodes.uncordon(

@@ -238,11 +238,11 @@ async def say_done(ctx: context.Context, policy: model.Policy, name: str) -> Non
             or keys.DRAIN_STARTED_ANNOTATION not in record.view.annotations
         ):
             return
-        options = ctx.drain_options(policy)
-        selection = drain.classify(await drain.list_pods(ctx.client, name), options)
-        if selection.wanted or selection.unmanaged:
+        pods = await drain.list_pods(ctx.client, name)
+        ended = drain.emptied(drain.classify(pods, ctx.drain_options(policy)))
+        if ended is None or not ended.completed:
             return
-        unsaid = drain.drained_message(policy.name, drain.Result(True, (), 0, tuple(selection.skipped)))
+        unsaid = drain.drained_message(policy.name, ended)
     if await announcements.drained(ctx, name, unsaid):
         ctx.drains.said(name)
 

@@ -187,6 +187,15 @@ def _blocking(pod: kube.JsonObject, refusals: dict[str, str]) -> str:
     return f"{key} ({refusals[key]})" if refusals.get(key) else key
 
 
+def emptied(selection: Selection, evicted: int = 0) -> Result | None:
+    """How a drain ends that finds no pod left to evict (None while one is): completed unless a pod
+    without a controller was left for want of `force`."""
+    if selection.wanted:
+        return None
+    unmanaged = tuple(selection.unmanaged)
+    return Result(not unmanaged, (), evicted, tuple(selection.skipped), unmanaged)
+
+
 async def drain(
     client: kube.Client,
     node: str,
@@ -210,10 +219,11 @@ async def drain(
         if should_stop():
             return Result(False, (), evicted, (), stopped=True)
         selection = classify(await list_pods(client, node), options)
+        ended = emptied(selection, evicted)
+        if ended is not None:
+            return ended
         wanted = selection.wanted
         skipped, unmanaged = tuple(selection.skipped), tuple(selection.unmanaged)
-        if not wanted:
-            return Result(not unmanaged, (), evicted, skipped, unmanaged)
         now = datetime.datetime.now(datetime.UTC)
         if now >= deadline:
             blocking = tuple(sorted(_blocking(p, refusals) for p in wanted))
