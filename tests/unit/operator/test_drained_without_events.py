@@ -2,9 +2,10 @@
 
 import asyncio
 import time
+from typing import Any
 
 import drain_cluster
-from gpuhealth_operator import context, handlers, reconciler
+from gpuhealth_operator import context, handlers, kube, reconciler
 
 
 def action(cluster: drain_cluster.DrainCluster, name: str) -> str | None:
@@ -115,3 +116,47 @@ def test_a_drain_a_dead_term_finished_unsaid_is_said_by_the_next_term_before_the
 
     asyncio.run(scenario(emptied=True))
     asyncio.run(scenario(emptied=False))
+
+
+class OutageCluster(drain_cluster.DrainCluster):
+    """The API server answers 503 to the next `outages` pod lists."""
+
+    outages = 0
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        if method == "GET" and path == drain_cluster.PODS and self.outages:
+            self.outages -= 1
+            raise kube.ApiError(503, "ServiceUnavailable", "the API server is restarting")
+        return await super().request(method, path, **kwargs)
+
+
+def test_an_api_outage_while_the_next_term_looks_at_the_pods_keeps_the_cordon_until_it_answers() -> None:
+    """The look at the pods before the uncordon fails: nothing is said and the cordon stays (no Drained
+    said on missing data, no uncordon before it); the next pass, answered, says Drained then uncordons."""
+
+    async def scenario() -> None:
+        cluster = OutageCluster()
+        await _drained_unsaid(cluster)
+        cluster.refuse_events = False
+        ctx = drain_cluster.make_context(cluster)
+        await handlers.on_policy(
+            drain_cluster.event("ADDED", drain_cluster.policy_body("p", RECOVERING)), memo=ctx
+        )
+        await drain_cluster.deliver(cluster, ctx, "n")
+        await drain_cluster.report(cluster, ctx, "n", ecc=0)
+        cluster.outages = 1_000
+        deadline = time.monotonic() + 10
+        while cluster.outages == 1_000:  # until healthyForSeconds passed and the uncordon looked
+            assert time.monotonic() < deadline, "the uncordon never looked at the pods"
+            await reconciler.reconcile_node(ctx, "n", "timer")  # a failed pass is logged, retried
+            await asyncio.sleep(0.05)
+        await reconciler.reconcile_node(ctx, "n", "timer")
+        assert cluster.outages == 998, "each pass looks again"
+        assert cluster.nodes["n"]["spec"].get("unschedulable"), "uncordoned without looking at the pods"
+        assert said(cluster, "NodeDrained") == [] and said(cluster, "NodeUncordoned") == []
+        cluster.outages = 0  # the API server answers again
+        await _uncordoned(cluster, ctx)
+        drained, uncordoned = said(cluster, "NodeDrained"), said(cluster, "NodeUncordoned")
+        assert len(drained) == 1 and len(uncordoned) == 1 and drained[0] < uncordoned[0], cluster.event_log
+
+    asyncio.run(scenario())
