@@ -182,7 +182,7 @@ class GPUNodeRecord:
         """Take over `older`'s parsed `conditions` if this version holds the same ones: an agent's
         report leaves the operator's conditions as they were, and parsing them is a time per clock."""
         parsed = older.__dict__.get("conditions")
-        if parsed is not None and self.status.get("conditions") == older.status.get("conditions"):
+        if parsed is not None and self.status.get("conditions") is older.status.get("conditions"):
             self.__dict__["conditions"] = parsed
 
     def report_age(self, now: datetime.datetime) -> float:
@@ -452,13 +452,45 @@ _SHARED_STATUS = ("summary", "health", "issues", "action")
 every node has its own times and scores there, so sharing them would only cost a table entry."""
 
 
-def gpunode_record(body: Mapping[str, Any], report_seen_at: datetime.datetime | None = None) -> GPUNodeRecord:
+def _condition(raw: object) -> object:
+    """A status condition as kept: its strings shared, and the whole dict where another node holds the
+    same one (a healthy condition's type, reason, message and generation repeat across the fleet)."""
+    if type(raw) is not dict:
+        return raw
+    return SHARED.mapping({sys.intern(k): SHARED.value(v) for k, v in raw.items()})
+
+
+def _conditions(raw: object, older: GPUNodeRecord | None) -> object:
+    """`status.conditions` as kept: the older version's list when equal (an agent's report leaves the
+    operator's conditions as they were), otherwise each condition shared (`_condition`). Fifteen
+    conditions decoded afresh from every watch event were a third of the memory a node cost."""
+    if not isinstance(raw, list):
+        return raw
+    if older is not None:
+        kept = older.status.get("conditions")
+        if kept is raw or kept == raw:
+            return kept
+    return [_condition(c) for c in raw]
+
+
+def gpunode_record(
+    body: Mapping[str, Any],
+    report_seen_at: datetime.datetime | None = None,
+    older: GPUNodeRecord | None = None,
+) -> GPUNodeRecord:
+    """The GPUNode as the decisions read it. `older`: the version stored before, whose equal parts the
+    new one holds instead of its own copies."""
     meta = body.get("metadata") or {}
     raw_status: status.GPUNodeStatus = dict(body.get("status") or {})  # type: ignore[assignment]
     gpus = raw_status.get("gpus")
     SHARED.check()
     if isinstance(gpus, list):
         raw_status["gpus"] = [compact_gpu(g) if isinstance(g, Mapping) else g for g in gpus]  # type: ignore[misc]
+    if "conditions" in raw_status:
+        raw_status["conditions"] = _conditions(raw_status["conditions"], older)  # type: ignore[typeddict-item]
+    agent = raw_status.get("agent")
+    if type(agent) is dict:  # its own heartbeat time in every report: only its values are shared
+        raw_status["agent"] = {sys.intern(k): SHARED.value(v) for k, v in agent.items()}  # type: ignore[typeddict-item]
     for key in _SHARED_STATUS:
         if key in raw_status:
             raw_status[key] = SHARED.value(raw_status[key])  # type: ignore[literal-required]
@@ -675,8 +707,8 @@ class ClusterCache:
         alive. `now` is the decision clock (`Context.clock`): a backtest's is the trace's, and the
         machine's would leave a replayed silent agent fresh for ever.
         """
-        record = gpunode_record(body)
-        old = self._gpunodes.get(record.name)
+        old = self._gpunodes.get(str((body.get("metadata") or {}).get("name", "")))
+        record = gpunode_record(body, older=old)
         if old is None or _newer(old.resource_version, record.resource_version):
             if old is None or old.report_seen_at is None:
                 seen = first_sighting(record.status, now)

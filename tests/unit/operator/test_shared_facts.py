@@ -176,6 +176,41 @@ def test_a_new_report_keeps_our_parsed_conditions_and_our_new_conditions_are_par
     assert third.conditions[faults.Condition.THERMAL_THROTTLED].status == "True"
 
 
+def test_our_conditions_are_held_once_per_node_and_their_words_once_per_fleet() -> None:
+    """Fifteen conditions decoded afresh from every watch event were a third of what a node cost."""
+    store = cache.ClusterCache()
+    since = ["2026-11-24T00:00:00.000001Z", "2026-11-24T00:00:00.000002Z"]
+    first, second = (
+        store.put_gpunode(
+            body(n, {**gpunode_facts.agent_status(), "conditions": [condition("Straggler", "False", t)]}), NOW
+        )
+        for n, t in zip(("a", "b"), since, strict=True)
+    )
+    mine, theirs = first.status["conditions"][0], second.status["conditions"][0]
+    assert mine["lastTransitionTime"] == since[0] and theirs["lastTransitionTime"] == since[1]
+    for field in ("type", "status", "reason", "message"):
+        assert mine[field] is theirs[field], field  # type: ignore[literal-required]
+    alike = store.put_gpunode(
+        body(
+            "c", {**gpunode_facts.agent_status(), "conditions": [condition("Straggler", "False", since[0])]}
+        ),
+        NOW,
+    )
+    assert alike.status["conditions"][0] is mine  # the same condition on another node: one dict
+    report = gpunode_facts.agent_status(heartbeat="2026-11-24T00:05:00Z")
+    again = store.put_gpunode(
+        body("a", {**report, "conditions": [condition("Straggler", "False", since[0])]}, 2), NOW
+    )
+    assert again.status["conditions"] is first.status["conditions"]  # a report leaves them as they were
+    assert again.status["agent"]["driverVersion"] is first.status["agent"]["driverVersion"]
+    assert again.status["agent"]["lastHeartbeatTime"] == "2026-11-24T00:05:00Z"
+    moved = store.put_gpunode(
+        body("a", {**report, "conditions": [condition("Straggler", "True", since[1])]}, 3), NOW
+    )
+    assert moved.conditions[faults.Condition.STRAGGLER].status == "True"
+    assert first.status["conditions"][0]["status"] == "False"  # shared dicts are never written to
+
+
 def _judge(record: cache.GPUNodeRecord, *, known: bool) -> dict[faults.Condition, Any]:
     node = model.NodeView(name="n", labels={})
     return signals.raw_signals(
