@@ -163,12 +163,22 @@ def resolve_topology_budget(entry: model.TopologyBudget, domain_count: int) -> i
     return _resolve_budget(entry.max_unavailable, domain_count)
 
 
+_RULE_XIDS: dict[int, tuple[tuple[model.Rule, ...], frozenset[int]]] = {}
+"""`rule_xids` per rules tuple (by identity; the tuple is kept, so its id is not reused): one set per
+policy, not one per judged node (each node's judged signals are keyed by it)."""
+
+
 def rule_xids(policy: model.Policy) -> frozenset[int]:
     """XIDs the policy's XidCritical rules treat as critical; the default set if it has none."""
+    known = _RULE_XIDS.get(id(policy.rules))
+    if known is not None and known[0] is policy.rules:
+        return known[1]
     xid_rules = [r for r in policy.rules if r.condition is Condition.XID_CRITICAL]
-    if not xid_rules:
-        return DEFAULT_CRITICAL_XIDS
-    return frozenset().union(*(r.xids for r in xid_rules))
+    xids = frozenset().union(*(r.xids for r in xid_rules)) if xid_rules else DEFAULT_CRITICAL_XIDS
+    if len(_RULE_XIDS) >= 64:  # policies come and go (each parse is a new tuple)
+        _RULE_XIDS.clear()
+    _RULE_XIDS[id(policy.rules)] = (policy.rules, xids)
+    return xids
 
 
 def _requirement_matches(requirement: model.LabelSelectorRequirement, labels: Mapping[str, str]) -> bool:
