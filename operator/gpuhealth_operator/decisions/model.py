@@ -164,7 +164,7 @@ class ConditionRecord(status.ConditionStatus, total=False):
     recoveringSince: str
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class ConditionState:
     """One condition of one node, as kept in GPUNode `status.conditions[]`.
 
