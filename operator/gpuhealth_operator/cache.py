@@ -66,6 +66,26 @@ class NodeRecord:
         """`clocks.node_at_rest` of this version: asked by the timer every tick, answered once."""
         return clocks.node_at_rest(self.view)
 
+    @functools.cached_property
+    def reading(self) -> int:
+        """What a pass reads of this version, as a number: a version that `reads_like` the one before it
+        is given that one's by `ClusterCache.put_node`, so a kubelet's status update every few seconds
+        leaves a node at rest (`resting`)."""
+        return next(_READINGS)
+
+    def reads_like(self, older: NodeRecord) -> bool:
+        """Whether this version holds all `older` held but its resourceVersion: the record keeps only what
+        the decisions read, so a Node update that changed anything else (a heartbeat time, another tool's
+        annotation) stores an equal record."""
+        return (
+            self.view == older.view
+            and self.uid == older.uid
+            and self.taints == older.taints
+            and self.condition == older.condition
+            and self.cordon_taken_over == older.cordon_taken_over
+            and self.created == older.created
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class GPUNodeRecord:
@@ -644,6 +664,8 @@ class ClusterCache:
             if record.view.name not in self._nodes:
                 self._placed += 1
                 self._node_order[record.view.name] = self._placed
+            if old is not None and record.reads_like(old):
+                record.__dict__["reading"] = old.reading
             self._nodes[record.view.name] = record
             self._select(record.view.name)
             self._mark(record.view)

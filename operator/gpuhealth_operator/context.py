@@ -61,8 +61,8 @@ StragglerSamples = stragglers.Samples
 class Rest:
     """What a pass that ended at rest judged a node from (`resting`)."""
 
-    node: weakref.ref[cache.NodeRecord]
-    """The Node's version (weakly: a replaced version can only fail the identity test)."""
+    node: int
+    """The Node version's `reading` (`cache.NodeRecord.reads_like`: a kubelet's heartbeat keeps it)."""
     reading: int
     """The GPUNode version's `reading` (`cache.GPUNodeRecord.reads_like`)."""
     judged: tuple[tuple[model.Policy, object, object], ...]

@@ -11,10 +11,11 @@ them, and write and say nothing, as that pass did.
 
 `remember` keeps, after a pass that left the node so (nothing written, every verdict healthy and
 wanting nothing, no drain, isolation, budget wait or fire drill), what it was judged from: the
-Node's version, the GPUNode's reading, each selecting policy with its straggler score and the
-agent pod, and the node's repair history, as they were. `unchanged` is true while all of that is
-the same (the same objects; a straggler score only as far as the verdict and the status read it)
-and the agent's report is fresh; anything else (a fault in a report, a Node edit, a policy
+Node's reading (a version equal to it but for its resourceVersion, a kubelet's status update,
+reads alike: `cache.NodeRecord.reads_like`), the GPUNode's reading, each selecting policy with its
+straggler score and the agent pod, and the node's repair history, as they were. `unchanged` is true
+while all of that is the same (the same objects; a straggler score only as far as the verdict and the
+status read it) and the agent's report is fresh; anything else (a fault in a report, a Node edit, a policy
 change, a straggler score worth writing, a pod turning NotReady, a report growing old) runs the pass.
 A pass that runs forgets what was kept until it ends at rest again.
 """
@@ -22,7 +23,6 @@ A pass that runs forgets what was kept until it ends at rest again.
 from __future__ import annotations
 
 import datetime
-import weakref
 from collections.abc import Sequence
 
 from gpuhealth_api import vocabulary
@@ -62,7 +62,7 @@ def unchanged(
     record, gpunode = ctx.cache.node(name), ctx.cache.gpunode(name)
     if rest is None or record is None or gpunode is None:
         return False
-    if rest.node() is not record or rest.reading != gpunode.reading:
+    if rest.node != record.reading or rest.reading != gpunode.reading:
         return False
     if rest.repairs is not ctx.repair_history.get(name):
         return False  # its status field changes
@@ -108,7 +108,7 @@ def remember(
     selecting = [policy for policy, _, _ in results]
     if _quiet(ctx, name, selecting):
         ctx.resting[name] = context.Rest(
-            weakref.ref(record), gpunode.reading, _judged(ctx, name, selecting), ctx.repair_history.get(name)
+            record.reading, gpunode.reading, _judged(ctx, name, selecting), ctx.repair_history.get(name)
         )
 
 

@@ -10,7 +10,6 @@ fails `test_every_map_is_known`: add it to FILLERS and to `forget_node` /
 import asyncio
 import dataclasses
 import datetime
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -81,7 +80,7 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.domains.recorded[policy] = [{"key": "rack", "value": "r1"}]
     ctx.domains.seen[(policy, node)] = ("Unhealthy", ("r1",))
     RECORDS[node] = cache.node_record({"metadata": {"name": node}})  # held: the rest refers to it weakly
-    ctx.resting[node] = context.Rest(weakref.ref(RECORDS[node]), 1, (), None)
+    ctx.resting[node] = context.Rest(RECORDS[node].reading, 1, (), None)
 
 
 RECORDS: dict[str, cache.NodeRecord] = {}

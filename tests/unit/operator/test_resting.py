@@ -76,6 +76,40 @@ def test_a_heartbeat_of_a_node_at_rest_is_not_judged_again_and_changes_nothing()
     asyncio.run(scenario())
 
 
+def kubelet_heartbeat(node: dict[str, Any]) -> None:
+    """What a kubelet's (kwok's) Node status update changes: its Ready condition's heartbeat time, and
+    the annotations and fields of other tools. No decision reads them."""
+    annotations = node["metadata"].setdefault("annotations", {})
+    beats = int(annotations.get("node.alpha.kubernetes.io/ttl", "0")) + 1
+    annotations["node.alpha.kubernetes.io/ttl"] = str(beats)
+    conditions = node.setdefault("status", {}).setdefault("conditions", [])
+    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    if ready is None:
+        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady"}
+        conditions.append(ready)
+    ready["lastHeartbeatTime"] = f"2026-11-28T00:{beats // 60 % 60:02d}:{beats % 60:02d}Z"
+
+
+def test_a_kubelet_heartbeat_on_the_node_leaves_it_at_rest() -> None:
+    """A Node's status update every few seconds changes nothing a verdict reads: the GPUNode report after
+    it is not judged again. At 5,000 live nodes nearly every report followed one, so none rested."""
+
+    async def scenario() -> None:
+        fleet = await at_rest("n")
+        await fleet.edit_node("n", kubelet_heartbeat)  # Ready appears: a Node condition a rule may name
+        await heartbeat(fleet, "n")
+        verdict = fleet.ctx.verdicts["p", "n"]
+        for temperature in (45, 51):
+            await fleet.edit_node("n", kubelet_heartbeat)
+            await heartbeat(fleet, "n", temperature=temperature)
+        assert fleet.ctx.verdicts["p", "n"] is verdict, "judged again after a kubelet heartbeat"
+        await fleet.edit_node("n", lambda node: node["metadata"]["labels"].update({"team": "b"}))
+        await heartbeat(fleet, "n", temperature=47)
+        assert fleet.ctx.verdicts["p", "n"] is not verdict, "a label a selector may read was not judged"
+
+    asyncio.run(scenario())
+
+
 def test_a_fault_in_the_report_after_rest_is_cordoned_by_that_report() -> None:
     async def scenario() -> None:
         fleet = await at_rest("n")
@@ -165,7 +199,9 @@ def _steps(seed: int) -> list[tuple[str, str, dict[str, Any]]]:
     steps: list[tuple[str, str, dict[str, Any]]] = []
     for _ in range(80):
         name = rng.choice(NODES)
-        kind = rng.choices(["heartbeat", "hot", "ecc", "tick", "uncordon", "repeat"], [14, 2, 1, 4, 1, 1])[0]
+        kind = rng.choices(
+            ["heartbeat", "hot", "ecc", "tick", "uncordon", "repeat", "kubelet"], [14, 2, 1, 4, 1, 1, 4]
+        )[0]
         args = {"seconds": rng.choice([1, 10, 29, 31, 60, 200]), "t": rng.randint(30, 80)}
         args["clock"] = (
             rng.choice([1980, 1960, 1900, 1700, 1400]) if name == "a" else rng.choice([1980, 1960])
@@ -191,6 +227,8 @@ async def _play(steps: list[tuple[str, str, dict[str, Any]]]) -> list[Any]:
             await fleet.tick(args["seconds"])
         elif kind == "uncordon":
             await fleet.edit_node(name, lambda node: node["spec"].pop("unschedulable", None))
+        elif kind == "kubelet":
+            await fleet.edit_node(name, kubelet_heartbeat)
         elif kind == "repeat":
             fleet.now += datetime.timedelta(seconds=args["seconds"])
             await fleet.deliver(name, last[name])
