@@ -346,7 +346,11 @@ class SharedValues:
         try:
             return self.table.setdefault((dict, *kept, *kept.values(), *map(type, kept.values())), kept)  # type: ignore[no-any-return]
         except TypeError:  # a nested value: share the parts instead
-            return {sys.intern(k): self.value(v) for k, v in kept.items()}
+            return self.each(kept)
+
+    def each(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """A dict of `raw`'s items, each key interned and each value shared (`value`); the dict its own."""
+        return {sys.intern(k): self.value(v) for k, v in raw.items()}
 
     def part(self, raw: Mapping[str, Any], wanted: tuple[str, ...]) -> dict[str, Any]:
         """`mapping(raw, wanted)` for a GPU's nested facts (`ecc`, `pcie`, ...), looked up in C calls."""
@@ -477,7 +481,7 @@ def _condition(raw: object) -> object:
     same one (a healthy condition's type, reason, message and generation repeat across the fleet)."""
     if type(raw) is not dict:
         return raw
-    return SHARED.mapping({sys.intern(k): SHARED.value(v) for k, v in raw.items()})
+    return SHARED.mapping(SHARED.each(raw))
 
 
 def _conditions(raw: object, older: GPUNodeRecord | None) -> object:
@@ -510,7 +514,7 @@ def gpunode_record(
         raw_status["conditions"] = _conditions(raw_status["conditions"], older)  # type: ignore[typeddict-item]
     agent = raw_status.get("agent")
     if type(agent) is dict:  # its own heartbeat time in every report: only its values are shared
-        raw_status["agent"] = {sys.intern(k): SHARED.value(v) for k, v in agent.items()}  # type: ignore[typeddict-item]
+        raw_status["agent"] = SHARED.each(agent)  # type: ignore[typeddict-item]
     for key in _SHARED_STATUS:
         if key in raw_status:
             raw_status[key] = SHARED.value(raw_status[key])  # type: ignore[literal-required]
