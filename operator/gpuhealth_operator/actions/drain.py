@@ -223,11 +223,10 @@ async def drain(
         if ended is not None:
             return ended
         wanted = selection.wanted
-        skipped, unmanaged = tuple(selection.skipped), tuple(selection.unmanaged)
         now = datetime.datetime.now(datetime.UTC)
         if now >= deadline:
             blocking = tuple(sorted(_blocking(p, refusals) for p in wanted))
-            return Result(False, blocking, evicted, skipped, unmanaged)
+            return Result(False, blocking, evicted, tuple(selection.skipped), tuple(selection.unmanaged))
 
         async def bounded(pod: kube.JsonObject) -> tuple[str, str]:
             async with semaphore:
