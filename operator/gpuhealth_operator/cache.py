@@ -28,6 +28,7 @@ from gpuhealth_operator.decisions import (
     due,
     gpu_facts,
     hysteresis,
+    kept_conditions,
     model,
     overrides,
     policies,
@@ -199,11 +200,17 @@ class GPUNodeRecord:
         )
 
     def inherit_conditions(self, older: GPUNodeRecord) -> None:
-        """Take over `older`'s parsed `conditions` if this version holds the same ones: an agent's
-        report leaves the operator's conditions as they were, and parsing them is a time per clock."""
+        """Take over `older`'s parsed `conditions`, and its `at_rest` if health and action are as they were,
+        when this version holds the same conditions: an agent's report leaves the operator's fields as
+        they were, and reading fifteen conditions is a time per report."""
+        if self.status.get("conditions") is not older.status.get("conditions"):
+            return
         parsed = older.__dict__.get("conditions")
-        if parsed is not None and self.status.get("conditions") is older.status.get("conditions"):
+        if parsed is not None:
             self.__dict__["conditions"] = parsed
+        at_rest = older.__dict__.get("at_rest")
+        if at_rest is not None and all(self.status.get(k) == older.status.get(k) for k in _AT_REST_READS):
+            self.__dict__["at_rest"] = at_rest
 
     def report_age(self, now: datetime.datetime) -> float:
         """Seconds since this operator saw the agent's last new report (0 if not yet timed)."""
@@ -229,6 +236,8 @@ def _without(value: object, key: str) -> object:
     return {k: v for k, v in value.items() if k != key} if isinstance(value, dict) else value
 
 
+_AT_REST_READS = ("health", "action")
+"""What `clocks.facts_at_rest` reads besides the conditions."""
 _FROM_REPORT = ("fact_signals", "straggler_facts", "memory")
 """GPUNodeRecord's cached properties that read the agent's report alone (AGENT_FIELDS)."""
 
@@ -477,11 +486,13 @@ every node has its own times and scores there, so sharing them would only cost a
 
 
 def _condition(raw: object) -> object:
-    """A status condition as kept: its strings shared, and the whole dict where another node holds the
-    same one (a healthy condition's type, reason, message and generation repeat across the fleet)."""
+    """A status condition as kept (`kept_conditions`): its strings shared, and the whole condition where
+    another node holds the same one (nodes first judged in the same second)."""
     if type(raw) is not dict:
         return raw
-    return SHARED.mapping(SHARED.each(raw))
+    shared = SHARED.each(raw)
+    condition = kept_conditions.kept(shared)
+    return SHARED.mapping(shared) if condition is shared else SHARED.share(condition)
 
 
 def _conditions(raw: object, older: GPUNodeRecord | None) -> object:
@@ -492,7 +503,7 @@ def _conditions(raw: object, older: GPUNodeRecord | None) -> object:
         return raw
     if older is not None:
         kept = older.status.get("conditions")
-        if kept is raw or kept == raw:
+        if kept is raw or (isinstance(kept, list) and kept_conditions.same(kept, raw)):
             return kept
     return [_condition(c) for c in raw]
 

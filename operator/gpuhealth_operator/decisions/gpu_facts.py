@@ -10,11 +10,11 @@ through `MAPPINGS`. It is read-only, as every cached fact is.
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from gpuhealth_api import conditions, status
+from gpuhealth_operator.decisions import slotted
 
 OTHER_FIELDS: Final = frozenset(
     {"index", "uuid", "model", "smClockMHz", "maxSmClockMHz", "throttledSince", "unreadable", "observedTime"}
@@ -30,66 +30,17 @@ FIELDS: Final[Mapping[str, frozenset[str] | None]] = {
 what every condition's predicate reads (`conditions.GPU_PATHS`, so none can be forgotten) and
 OTHER_FIELDS, in the order of `status.GPUStatus`."""
 
-_NAMES: Final = frozenset(FIELDS)
-ABSENT: Final = object()
-"""The value of a slot whose field the agent did not report (every slot is set: `__eq__` reads them in C)."""
-_ALL: Final = operator.attrgetter(*FIELDS)
+ABSENT: Final = slotted.ABSENT
+"""The value of a slot whose field the agent did not report."""
 
 
-class GPUFacts(Mapping[str, Any]):
+class GPUFacts(slotted.ReadOnlyMapping):
     """The kept fields of one reported GPU; a field the agent did not report is absent, as in the dict."""
 
     __slots__ = tuple(FIELDS)
 
-    def __init__(self, values: Mapping[str, Any]) -> None:
-        """`values`: field → value, only fields of FIELDS (the cache fills the slots itself, see `setter`)."""
-        for key in FIELDS:
-            object.__setattr__(self, key, values.get(key, ABSENT))
 
-    def __setattr__(self, key: str, value: object) -> None:
-        raise AttributeError(f"GPU facts are read-only ({key})")
-
-    def __getitem__(self, key: str) -> Any:
-        value = getattr(self, key) if key in _NAMES else ABSENT
-        if value is ABSENT:
-            raise KeyError(key)
-        return value
-
-    def get(self, key: str, default: Any = None) -> Any:
-        if key in _NAMES:
-            value = getattr(self, key)
-            if value is not ABSENT:
-                return value
-        return default
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and key in _NAMES and getattr(self, key) is not ABSENT
-
-    def __iter__(self) -> Iterator[str]:
-        return (key for key, value in zip(FIELDS, _ALL(self), strict=True) if value is not ABSENT)
-
-    def __len__(self) -> int:
-        return sum(1 for value in _ALL(self) if value is not ABSENT)
-
-    def __eq__(self, other: object) -> bool:
-        """Slot by slot between two GPUFacts, in C (each report is compared with the last one judged)."""
-        if type(other) is GPUFacts:
-            return bool(_ALL(self) == _ALL(other))
-        return super().__eq__(other)
-
-    __hash__ = None  # type: ignore[assignment]  # read-only, but holding dicts and lists
-
-    def __repr__(self) -> str:
-        return f"GPUFacts({dict(self)!r})"
-
-    def __copy__(self) -> GPUFacts:
-        return self
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> GPUFacts:
-        return self
-
-    def __reduce__(self) -> tuple[type[GPUFacts], tuple[dict[str, Any]]]:
-        return GPUFacts, (dict(self),)
+_ALL: Final = GPUFacts._all
 
 
 def empty() -> GPUFacts:
@@ -104,8 +55,7 @@ def values(facts: GPUFacts) -> tuple[Any, ...]:
 
 def setter(field: str) -> Callable[[GPUFacts, Any], None]:
     """The slot's own setter for `field`: one C call, past the read-only guard."""
-    put: Callable[[GPUFacts, Any], None] = getattr(GPUFacts, field).__set__
-    return put
+    return slotted.setter(GPUFacts, field)
 
 
 MAPPINGS: Final = (dict, GPUFacts)

@@ -348,3 +348,49 @@ def test_compacting_only_the_changed_fields_is_compacting_the_gpu(
     merged = traces.merge_patch(base, change)
     changed = {k: merged.get(k, gpu_facts.ABSENT) for k in change}
     assert cache.recompact_gpu(cache.compact_gpu(base), changed) == cache.compact_gpu(merged)
+
+
+def test_kept_conditions_read_like_the_decoded_dicts_and_a_foreign_key_keeps_the_dict() -> None:
+    """Conditions are held in slots (a sixth of a node's memory); every reader sees the dict it was."""
+    store = cache.ClusterCache()
+    ours = condition("Straggler", "False", "2026-11-24T00:00:00Z")
+    pending = {
+        **condition("ThermalThrottled", "False", "2026-11-24T00:00:00Z"),
+        "observedSince": "2026-11-24T00:01:00Z",
+    }
+    foreign = {**condition("XidCritical", "False", "2026-11-24T00:00:00Z"), "note": "set by hand"}
+    record = store.put_gpunode(
+        body("n", {**gpunode_facts.agent_status(), "conditions": [ours, pending, foreign]}), NOW
+    )
+    kept = record.status["conditions"]
+    assert [dict(c) for c in kept] == [ours, pending, foreign]
+    assert kept == [ours, pending, foreign] and [ours, pending, foreign] == kept
+    assert kept[1].get("observedSince") == "2026-11-24T00:01:00Z" and "recoveringSince" not in kept[1]
+    assert kept[0].get("observedSince") is None and len(kept[0]) == len(ours)
+    assert type(kept[2]) is dict and kept[2]["note"] == "set by hand"  # a key we do not write: kept whole
+    assert kept[0] != {**ours, "note": "x"} and kept[0] != {**ours, "status": "True"}
+    assert copy.deepcopy(kept[0]) == ours and pickle.loads(pickle.dumps(kept[0])) == ours
+    with pytest.raises(AttributeError):
+        kept[0].status = "True"  # type: ignore[attr-defined]
+    assert set(record.conditions) == {
+        faults.Condition.STRAGGLER,
+        faults.Condition.THERMAL_THROTTLED,
+        faults.Condition.XID_CRITICAL,
+    }
+    edited = [ours, {**pending, "observedSince": "2026-11-24T00:02:00Z"}, foreign]
+    later = store.put_gpunode(body("n", {**gpunode_facts.agent_status(), "conditions": edited}, 2), NOW)
+    assert later.status["conditions"] is not kept  # one field of one condition moved: held anew
+    assert later.conditions[faults.Condition.THERMAL_THROTTLED].observed_since == datetime.datetime(
+        2026, 11, 24, 0, 2, tzinfo=datetime.UTC
+    )
+
+
+def test_a_report_keeps_the_nodes_rest_only_while_our_health_and_action_are_as_they_were() -> None:
+    store = cache.ClusterCache()
+    healthy = {"health": "Healthy", "conditions": [condition("Straggler", "False", "2026-11-24T00:00:00Z")]}
+    first = store.put_gpunode(body("n", {**gpunode_facts.agent_status(), **healthy}), NOW)
+    assert first.at_rest
+    report = gpunode_facts.agent_status(heartbeat="2026-11-24T00:05:00Z")
+    assert store.put_gpunode(body("n", {**report, **healthy}, 2), NOW).at_rest
+    acting = store.put_gpunode(body("n", {**report, **healthy, "action": "Cordon"}, 3), NOW)
+    assert acting.status["conditions"] is first.status["conditions"] and not acting.at_rest
