@@ -17,9 +17,9 @@ import functools
 import itertools
 import sys
 import types
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from gpuhealth_api import keys, status, vocabulary
 from gpuhealth_operator.decisions import (
@@ -88,7 +88,34 @@ class NodeRecord:
         )
 
 
-@dataclasses.dataclass(frozen=True)
+UNSET: Any = object()
+"""A derived value not worked out yet."""
+_V = TypeVar("_V")
+
+
+class _Derived(Generic[_V]):
+    """`functools.cached_property` for a slotted record: worked out once per version, held in the slot
+    `_<name>` (a GPUNode record's `__dict__` of fourteen entries cost a node 464 bytes; slots, 112)."""
+
+    def __init__(self, func: Callable[[Any], _V]) -> None:
+        self.func, self.slot = func, "_" + func.__name__
+        self.__doc__ = func.__doc__
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _Derived[_V]: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> _V: ...
+    def __get__(self, obj: object, owner: type | None = None) -> _V | _Derived[_V]:
+        if obj is None:
+            return self
+        value = getattr(obj, self.slot)
+        if value is UNSET:
+            value = self.func(obj)
+            object.__setattr__(obj, self.slot, value)
+        return value  # type: ignore[no-any-return]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, weakref_slot=True)  # verdicts hold it weakly
 class GPUNodeRecord:
     name: str
     uid: str
@@ -101,25 +128,40 @@ class GPUNodeRecord:
     staleness is timed from here. Set by `ClusterCache.put_gpunode`; the first sighting starts the clock."""
     annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """The `gpuhealth.io/` annotations only (a fire drill's, see `decisions.drill`)."""
+    _conditions: Any = dataclasses.field(default=UNSET, init=False, repr=False, compare=False)
+    _fact_signals: Any = dataclasses.field(default=UNSET, init=False, repr=False, compare=False)
+    _memory: Any = dataclasses.field(default=UNSET, init=False, repr=False, compare=False)
+    _straggler_facts: Any = dataclasses.field(default=UNSET, init=False, repr=False, compare=False)
+    _at_rest: Any = dataclasses.field(default=UNSET, init=False, repr=False, compare=False)
+    _stale_limit: Any = dataclasses.field(default=UNSET, init=False, repr=False, compare=False)
+    _reading: Any = dataclasses.field(default=UNSET, init=False, repr=False, compare=False)
 
-    @functools.cached_property
+    def held(self, derived: str) -> Any:
+        """The derived value `derived` (`conditions`, `fact_signals`, ...) if worked out, else `UNSET`."""
+        return getattr(self, "_" + derived)
+
+    def hold(self, derived: str, value: object) -> None:
+        """Set the derived value `derived` (taken over from an older version, or dropped with `UNSET`)."""
+        object.__setattr__(self, "_" + derived, value)
+
+    @_Derived
     def conditions(self) -> Mapping[vocabulary.ConditionKey, model.ConditionState]:
         """`status.conditions` parsed (`hysteresis.from_status`), once per stored version, read-only."""
         states = hysteresis.from_status(self.status.get("conditions") or [])
         return types.MappingProxyType({k: SHARED.share(v) for k, v in states.items()})
 
-    @functools.cached_property
+    @_Derived
     def fact_signals(self) -> signals.FactSignals:
         """The fact signals judged from this version (`signals.raw_signals`' `known`), filled as judged."""
         return {}
 
-    @functools.cached_property
+    @_Derived
     def memory(self) -> trends.Trends:
         """What the operator remembers of the node's reports up to this one (`decisions.trends`): advanced
         by `ClusterCache.put_gpunode` for each new report; a version stored otherwise starts afresh."""
         return trends.advance(None, self.status, self.report_seen_at or datetime.datetime.now(datetime.UTC))
 
-    @functools.cached_property
+    @_Derived
     def straggler_facts(self) -> tuple[stragglers.Clocks | None, stragglers.Performance]:
         """The report's clocks (`stragglers.clocks_of`) and its straggler cohort and score
         (`stragglers.performance_of`), worked out together once per version: the score and the
@@ -136,12 +178,12 @@ class GPUNodeRecord:
     def performance(self) -> stragglers.Performance:
         return self.straggler_facts[1]
 
-    @functools.cached_property
+    @_Derived
     def at_rest(self) -> bool:
         """`clocks.facts_at_rest` of this version: asked by the timer every tick, answered once."""
         return clocks.facts_at_rest(self.status)
 
-    @functools.cached_property
+    @_Derived
     def stale_limit(self) -> float | None:
         """`clocks.stale_limit` of this version."""
         return clocks.stale_limit(self.status)
@@ -154,17 +196,18 @@ class GPUNodeRecord:
         """Take over what was judged of `older`'s agent report, which this version holds too
         (`same_report`): fact signals and straggler performance depend on nothing else."""
         for derived in _FROM_REPORT:
-            if derived in older.__dict__:
-                self.__dict__[derived] = older.__dict__[derived]
+            value = older.held(derived)
+            if value is not UNSET:
+                self.hold(derived, value)
 
     def inherit_healthy_signals(self, older: GPUNodeRecord) -> None:
         """Take over `older`'s fact signals, all healthy, if this report leaves them so
         (`signals.still_healthy`): judging every GPU of every report is a time per report."""
-        judged = older.__dict__.get("fact_signals")
-        if judged and signals.still_healthy(judged, older.status, self.status):
-            self.__dict__["fact_signals"] = dict(judged)  # its own: a key judged later is this version's
+        judged = older.held("fact_signals")
+        if judged and judged is not UNSET and signals.still_healthy(judged, older.status, self.status):
+            self.hold("fact_signals", dict(judged))  # its own: a key judged later is this version's
 
-    @functools.cached_property
+    @_Derived
     def reading(self) -> int:
         """What a verdict reads of this version, as a number: a version that reads like the one before
         it (`reads_like`) is given that one's by `ClusterCache.put_gpunode`, so "nothing a verdict
@@ -181,10 +224,11 @@ class GPUNodeRecord:
         repair) and the `gpuhealth.io/` annotations are as they were. A verdict reads no other
         part of a GPUNode (`verdicts.judge`: the facts through `signals.raw_signals`).
         """
-        judged = self.__dict__.get("fact_signals")
+        judged = self.held("fact_signals")
         if (
             not judged
-            or judged != older.__dict__.get("fact_signals")
+            or judged is UNSET
+            or judged != older.held("fact_signals")
             or self.annotations != older.annotations
         ):
             return False
@@ -205,12 +249,16 @@ class GPUNodeRecord:
         they were, and reading fifteen conditions is a time per report."""
         if self.status.get("conditions") is not older.status.get("conditions"):
             return
-        parsed = older.__dict__.get("conditions")
-        if parsed is not None:
-            self.__dict__["conditions"] = parsed
-        at_rest = older.__dict__.get("at_rest")
-        if at_rest is not None and all(self.status.get(k) == older.status.get(k) for k in _AT_REST_READS):
-            self.__dict__["at_rest"] = at_rest
+        self.hold("conditions", older.held("conditions"))
+        at_rest = older.held("at_rest")
+        if at_rest is not UNSET and all(self.status.get(k) == older.status.get(k) for k in _AT_REST_READS):
+            self.hold("at_rest", at_rest)
+
+    def rest(self) -> None:
+        """The node is at rest (`resting`): drop the parsed conditions, which only a judgement reads. A
+        node at rest is not judged, and the versions after this one would carry them along: parsed
+        again when it is judged next, they are 2 KiB less of every node at rest (issue 29)."""
+        self.hold("conditions", UNSET)
 
     def report_age(self, now: datetime.datetime) -> float:
         """Seconds since this operator saw the agent's last new report (0 if not yet timed)."""
@@ -249,11 +297,16 @@ def _int_or_none(value: object) -> int | None:
         return None
 
 
-def _ours(annotations: object) -> dict[str, str]:
+def _ours(annotations: object) -> Mapping[str, str]:
     """The annotations under our prefix: the only ones any decision reads."""
     if not isinstance(annotations, Mapping):
-        return {}
-    return {str(k): str(v) for k, v in annotations.items() if str(k).startswith(keys.PREFIX)}
+        return _NO_ANNOTATIONS
+    ours = {str(k): str(v) for k, v in annotations.items() if str(k).startswith(keys.PREFIX)}
+    return ours or _NO_ANNOTATIONS
+
+
+_NO_ANNOTATIONS: Mapping[str, str] = types.MappingProxyType({})
+"""Most GPUNodes carry none of ours: one empty mapping for them all (records are read-only)."""
 
 
 _NO_KEYS: frozenset[str] = frozenset()
@@ -759,10 +812,10 @@ class ClusterCache:
                     record.inherit(old)  # the answer to our own status write: nothing to judge again
                 else:
                     record.inherit_healthy_signals(old)
-                    record.__dict__["memory"] = trends.advance(old.memory, record.status, now)
+                    record.hold("memory", trends.advance(old.memory, record.status, now))
                 record.inherit_conditions(old)
                 if record.reads_like(old):
-                    record.__dict__["reading"] = old.reading
+                    record.hold("reading", old.reading)
             if record.name not in self._gpunodes:
                 self._placed += 1
                 self._order[record.name] = self._placed

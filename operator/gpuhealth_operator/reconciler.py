@@ -195,6 +195,7 @@ async def _reconcile(ctx: context.Context, name: str, now: datetime.datetime) ->
     if awaiting_first_report(gpunode, now):
         return  # the agent created its GPUNode and is about to report: nothing to judge, nothing stale
     if resting.unchanged(ctx, name, selecting, now):
+        gpunode.rest()
         return  # at rest, and its report changes nothing a verdict reads: the last pass stands
     ctx.resting.pop(name, None)
     previous = gpunode.conditions

@@ -90,7 +90,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, MutableSequence, Sequence
-from typing import Final
+from typing import Final, TypeVar
 
 from gpuhealth_api import faults, status
 from gpuhealth_operator.decisions import gpu_facts, model, signals
@@ -203,7 +203,7 @@ def clocks_of(facts: status.GPUNodeStatus) -> Clocks | None:
             throttled.append(position)
     if not busy:
         return None
-    return tuple(ratios), len(throttled) / busy, tuple(throttled)
+    return _interned(tuple(ratios)), len(throttled) / busy, tuple(throttled)
 
 
 def score_of(clocks: Clocks | None) -> float | None:
@@ -285,7 +285,21 @@ def _clock_ratio(gpu: status.GPUStatus) -> float | None:
         return None
     if max_clock <= 0 or clock < 0:
         return None
-    return min(1.0, clock / max_clock)
+    return _interned(min(1.0, clock / max_clock))
+
+
+_INTERNED: dict[object, object] = {}
+"""One copy of each clock ratio and tuple of ratios: clocks step in MHz bins, so a fleet's GPUs report a
+few thousand ratios between them, and each report's ratios are kept (its score, the clock window). A
+bounded table, as `cache.SharedValues`: it forgets everything when full."""
+_INTERNED_LIMIT: Final = 16384
+_T = TypeVar("_T")
+
+
+def _interned(value: _T) -> _T:
+    if len(_INTERNED) >= _INTERNED_LIMIT:
+        _INTERNED.clear()
+    return _INTERNED.setdefault(value, value)  # type: ignore[return-value]
 
 
 def _busy(gpu: status.GPUStatus) -> bool:

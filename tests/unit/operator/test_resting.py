@@ -17,7 +17,7 @@ import pytest
 
 import gpunode_facts
 from gpuhealth_api import keys
-from gpuhealth_operator import handlers, resting
+from gpuhealth_operator import cache, handlers, resting
 from memory_fleet import MemoryFleet
 
 RULES = [
@@ -106,6 +106,24 @@ def test_a_kubelet_heartbeat_on_the_node_leaves_it_at_rest() -> None:
         await fleet.edit_node("n", lambda node: node["metadata"]["labels"].update({"team": "b"}))
         await heartbeat(fleet, "n", temperature=47)
         assert fleet.ctx.verdicts["p", "n"] is not verdict, "a label a selector may read was not judged"
+
+    asyncio.run(scenario())
+
+
+def test_a_node_at_rest_holds_no_parsed_conditions_and_its_next_judgement_parses_them_again() -> None:
+    """Only a judgement reads the parsed conditions: a node at rest drops them (memory per node, issue
+    29), and a fault after rest is judged against the conditions it holds, parsed anew."""
+
+    async def scenario() -> None:
+        fleet = await at_rest("n")
+        await heartbeat(fleet, "n", temperature=44)
+        record = fleet.ctx.cache.gpunode("n")
+        assert record is not None and "n" in fleet.ctx.resting
+        assert record.held("conditions") is cache.UNSET, "a node at rest kept its parsed conditions"
+        hot = {0: {"temperatureCelsius": 95, "clockEventReasons": ["HwThermalSlowdown"]}}
+        await heartbeat(fleet, "n", overrides=hot)
+        thermal = next(c for c in status(fleet, "n")["conditions"] if c["type"] == "ThermalThrottled")
+        assert thermal.get("observedSince"), "the pending clock was not started from the parsed conditions"
 
     asyncio.run(scenario())
 
