@@ -544,7 +544,7 @@ def _condition(raw: object) -> object:
     if type(raw) is not dict:
         return raw
     shared = SHARED.each(raw)
-    condition = kept_conditions.kept(shared)
+    condition = kept_conditions.kept(shared, SHARED.share)
     return SHARED.mapping(shared) if condition is shared else SHARED.share(condition)
 
 

@@ -1,50 +1,130 @@
-"""A GPUNode's `status.conditions[]` item as the cache keeps it: its keys in slots, not a dict.
+"""A GPUNode's `status.conditions[]` item as the cache keeps it: its time of its own, the rest shared.
 
-Every node holds fifteen of our conditions, each with its own `lastTransitionTime`, so they cannot be
-shared across the fleet: as dicts they were 4 KiB of every node's record, a sixth of the operator's
-memory per node (issue 29). A condition holding a key we do not write stays a dict.
+Every node holds fifteen of our conditions. As dicts they were 4 KiB of every node's record, a sixth of
+the operator's memory per node (issue 29). What differs between nodes is mostly `lastTransitionTime`
+(when this node was first judged); type, status, reason, message and generation repeat across the
+fleet. So a condition is kept as its time and a shared `Shape` of the rest: 48 bytes, where the dict
+was 272. A condition holding a key we do not write stays a dict.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Final
 
 from gpuhealth_operator.decisions import model, slotted
 
-
-class KeptCondition(slotted.ReadOnlyMapping):
-    """One condition item, read like the dict it was (`get`, `[]`, equality with a dict)."""
-
-    __slots__ = tuple(model.ConditionRecord.__annotations__)
+SINCE: Final = "lastTransitionTime"
+_ABSENT: Final = slotted.ABSENT
 
 
-_NAMES = frozenset(KeptCondition.KEYS)
+class Shape(slotted.ReadOnlyMapping):
+    """A condition's keys but its `lastTransitionTime`: what many nodes' conditions hold alike."""
+
+    __slots__ = tuple(k for k in model.ConditionRecord.__annotations__ if k != SINCE)
 
 
-def kept(raw: Mapping[str, Any]) -> Mapping[str, Any]:
-    """`raw` as a KeptCondition (hashable: nodes holding an equal one share it), or as it is when it holds
-    another key or a value that is not a scalar."""
-    if not raw.keys() <= _NAMES:
+_SHAPE_KEYS: Final = frozenset(Shape.KEYS)
+_KEYS: Final = _SHAPE_KEYS | {SINCE}
+_IN_ORDER: Final = (SINCE, *Shape.KEYS)
+
+
+class KeptCondition(Mapping[str, Any]):
+    """One condition item, read like the dict it was (`get`, `[]`, iteration, equality with a dict)."""
+
+    __slots__ = ("_shape", "_since")
+    _shape: Shape
+    _since: Any
+
+    def __init__(self, shape: Shape, since: object) -> None:
+        object.__setattr__(self, "_shape", shape)
+        object.__setattr__(self, "_since", since)
+
+    def __setattr__(self, key: str, value: object) -> None:
+        raise AttributeError(f"KeptCondition is read-only ({key})")
+
+    def __getitem__(self, key: str) -> Any:
+        if key == SINCE:
+            if self._since is _ABSENT:
+                raise KeyError(key)
+            return self._since
+        return self._shape[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key == SINCE:
+            return default if self._since is _ABSENT else self._since
+        return self._shape.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return (self._since is not _ABSENT) if key == SINCE else key in self._shape
+
+    def __iter__(self) -> Iterator[str]:
+        if self._since is not _ABSENT:
+            yield SINCE
+        yield from self._shape
+
+    def __len__(self) -> int:
+        return len(self._shape) + (self._since is not _ABSENT)
+
+    def values_in_order(self) -> tuple[Any, ...]:
+        """Every key's value in `_IN_ORDER` (ABSENT where unset): what `same` compares."""
+        return (self._since, *Shape._all(self._shape))
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is KeptCondition:
+            return bool(self._since == other._since and self._shape == other._shape)
+        if type(other) is dict:
+            return other.keys() <= _KEYS and self.values_in_order() == _in_order(other)
+        return Mapping.__eq__(self, other)
+
+    def __hash__(self) -> int:
+        return hash((self._since, self._shape))
+
+    def __repr__(self) -> str:
+        return f"KeptCondition({dict(self)!r})"
+
+    def __copy__(self) -> KeptCondition:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> KeptCondition:
+        return self
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return _rebuilt, (dict(self),)
+
+
+def _in_order(raw: Mapping[str, Any]) -> tuple[Any, ...]:
+    return tuple(map(raw.get, _IN_ORDER, itertools.repeat(_ABSENT)))
+
+
+def _rebuilt(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    return kept(raw, lambda shape: shape)
+
+
+def kept(raw: Mapping[str, Any], share: Callable[[Shape], Shape]) -> Mapping[str, Any]:
+    """`raw` as a KeptCondition whose shape is `share`d (one copy across the fleet), or `raw` as it is
+    when it holds another key or a value that is not a scalar."""
+    if not raw.keys() <= _KEYS:
         return raw
-    condition = KeptCondition(raw)
+    shape = Shape(raw)
     try:
-        hash(condition)
+        hash(shape)
+        hash(raw.get(SINCE))
     except TypeError:
         return raw
-    return condition
+    return KeptCondition(share(shape), raw.get(SINCE, _ABSENT))
 
 
 def same(held: Sequence[object], raw: Sequence[object]) -> bool:
     """Whether the conditions `raw` (as decoded) equal those `held` (KeptConditions): what every agent
-    report asks of the conditions it carries unchanged, so in bulk C calls, not an `__eq__` per item."""
+    report asks of the conditions it carries unchanged, so in bulk, not an `__eq__` per item."""
     if len(held) != len(raw):
         return False
     if not all(type(k) is KeptCondition and type(r) is dict for k, r in zip(held, raw, strict=True)):
         return list(held) == list(raw)
-    names, keys, absent = _NAMES, KeptCondition.KEYS, itertools.repeat(slotted.ABSENT)
+    kept_ones: Sequence[KeptCondition] = held  # type: ignore[assignment]  # checked above
     dicts: Sequence[dict[str, Any]] = raw  # type: ignore[assignment]  # checked above
-    return all(r.keys() <= names for r in dicts) and list(map(KeptCondition._all, held)) == [
-        tuple(map(r.get, keys, absent)) for r in dicts
-    ]
+    return all(r.keys() <= _KEYS for r in dicts) and [k.values_in_order() for k in kept_ones] == list(
+        map(_in_order, dicts)
+    )
