@@ -52,9 +52,9 @@ class KeptCondition(Mapping[str, Any]):
         return self._shape[key]
 
     def get(self, key: str, default: Any = None) -> Any:
-        if key == SINCE:
-            return default if self._since is _ABSENT else self._since
-        return self._shape.get(key, default)
+        """One call, not two (`Shape.get`): the conditions are read key by key when parsed."""
+        value = self._since if key == SINCE else getattr(self._shape, key) if key in _SHAPE_KEYS else _ABSENT
+        return default if value is _ABSENT else value
 
     def __contains__(self, key: object) -> bool:
         return (self._since is not _ABSENT) if key == SINCE else key in self._shape
@@ -125,6 +125,9 @@ def same(held: Sequence[object], raw: Sequence[object]) -> bool:
         return list(held) == list(raw)
     kept_ones: Sequence[KeptCondition] = held  # type: ignore[assignment]  # checked above
     dicts: Sequence[dict[str, Any]] = raw  # type: ignore[assignment]  # checked above
-    return all(r.keys() <= _KEYS for r in dicts) and [k.values_in_order() for k in kept_ones] == list(
-        map(_in_order, dicts)
-    )
+    for k, r in zip(kept_ones, dicts, strict=True):
+        mine = k.values_in_order()
+        # Equal values of every known key, and as many keys: then no other key (a missing one reads ABSENT).
+        if mine != _in_order(r) or len(r) != len(mine) - mine.count(_ABSENT):
+            return False
+    return True
