@@ -19,7 +19,7 @@ import sys
 import types
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
-from typing import Any, Generic, TypeVar, overload
+from typing import TYPE_CHECKING, Any
 
 from gpuhealth_api import keys, status, vocabulary
 from gpuhealth_operator.decisions import (
@@ -89,34 +89,19 @@ class NodeRecord:
 
 
 UNSET: Any = object()
-"""A derived value not worked out yet."""
-_V = TypeVar("_V")
-
-
-class _Derived(Generic[_V]):
-    """`functools.cached_property` for a slotted record: worked out once per version, held in the slot
-    `_<name>` (a GPUNode record's `__dict__` of fourteen entries cost a node 464 bytes; slots, 112)."""
-
-    def __init__(self, func: Callable[[Any], _V]) -> None:
-        self.func, self.slot = func, "_" + func.__name__
-        self.__doc__ = func.__doc__
-
-    @overload
-    def __get__(self, obj: None, owner: type | None = None) -> _Derived[_V]: ...
-    @overload
-    def __get__(self, obj: object, owner: type | None = None) -> _V: ...
-    def __get__(self, obj: object, owner: type | None = None) -> _V | _Derived[_V]:
-        if obj is None:
-            return self
-        value = getattr(obj, self.slot)
-        if value is UNSET:
-            value = self.func(obj)
-            object.__setattr__(obj, self.slot, value)
-        return value  # type: ignore[no-any-return]
+"""A derived value not worked out yet (`GPUNodeRecord.held`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, weakref_slot=True)  # verdicts hold it weakly
 class GPUNodeRecord:
+    """A GPUNode version as the decisions read it, and what was worked out of it.
+
+    Slotted: a `__dict__` of fourteen entries cost a node 464 bytes, slots 112. The derived values
+    (`conditions` to `reading`) are slots left empty by the constructor: the first reading of one
+    works it out (`__getattr__`, `_DERIVATIONS`) and fills the slot, and later readings are the slot's
+    own, as `functools.cached_property` does with a `__dict__`.
+    """
+
     name: str
     uid: str
     resource_version: str
@@ -128,47 +113,53 @@ class GPUNodeRecord:
     staleness is timed from here. Set by `ClusterCache.put_gpunode`; the first sighting starts the clock."""
     annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """The `gpuhealth.io/` annotations only (a fire drill's, see `decisions.drill`)."""
-    _conditions: Any = dataclasses.field(default=UNSET, init=False, repr=False, compare=False)
-    _fact_signals: Any = dataclasses.field(default=UNSET, init=False, repr=False, compare=False)
-    _memory: Any = dataclasses.field(default=UNSET, init=False, repr=False, compare=False)
-    _straggler_facts: Any = dataclasses.field(default=UNSET, init=False, repr=False, compare=False)
-    _at_rest: Any = dataclasses.field(default=UNSET, init=False, repr=False, compare=False)
-    _stale_limit: Any = dataclasses.field(default=UNSET, init=False, repr=False, compare=False)
-    _reading: Any = dataclasses.field(default=UNSET, init=False, repr=False, compare=False)
+    conditions: Mapping[vocabulary.ConditionKey, model.ConditionState] = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
+    """`status.conditions` parsed (`hysteresis.from_status`), once per stored version, read-only."""
+    fact_signals: signals.FactSignals = dataclasses.field(init=False, repr=False, compare=False)
+    """The fact signals judged from this version (`signals.raw_signals`' `known`), filled as judged."""
+    memory: trends.Trends = dataclasses.field(init=False, repr=False, compare=False)
+    """What the operator remembers of the node's reports up to this one (`decisions.trends`): advanced
+    by `ClusterCache.put_gpunode` for each new report; a version stored otherwise starts afresh."""
+    straggler_facts: tuple[stragglers.Clocks | None, stragglers.Performance] = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
+    """The report's clocks (`stragglers.clocks_of`) and its straggler cohort and score
+    (`stragglers.performance_of`), worked out together once per version: the score and the
+    timer's window (`stragglers.smoothed`) read the same clocks. One entry, not two: it is kept per node."""
+    at_rest: bool = dataclasses.field(init=False, repr=False, compare=False)
+    """`clocks.facts_at_rest` of this version: asked by the timer every tick, answered once."""
+    stale_limit: float | None = dataclasses.field(init=False, repr=False, compare=False)
+    """`clocks.stale_limit` of this version."""
+    reading: int = dataclasses.field(init=False, repr=False, compare=False)
+    """What a verdict reads of this version, as a number: a version that reads like the one before
+    it (`reads_like`) is given that one's by `ClusterCache.put_gpunode`, so "nothing a verdict
+    reads has moved since" is one comparison (`resting`)."""
+
+    if not TYPE_CHECKING:  # for mypy, every other name stays an error
+
+        def __getattr__(self, name: str) -> Any:
+            derive = _DERIVATIONS.get(name)
+            if derive is None:
+                raise AttributeError(name)
+            value = derive(self)
+            object.__setattr__(self, name, value)
+            return value
 
     def held(self, derived: str) -> Any:
         """The derived value `derived` (`conditions`, `fact_signals`, ...) if worked out, else `UNSET`."""
-        return getattr(self, "_" + derived)
+        try:
+            return object.__getattribute__(self, derived)  # not `__getattr__`: nothing is worked out
+        except AttributeError:
+            return UNSET
 
     def hold(self, derived: str, value: object) -> None:
-        """Set the derived value `derived` (taken over from an older version, or dropped with `UNSET`)."""
-        object.__setattr__(self, "_" + derived, value)
-
-    @_Derived
-    def conditions(self) -> Mapping[vocabulary.ConditionKey, model.ConditionState]:
-        """`status.conditions` parsed (`hysteresis.from_status`), once per stored version, read-only."""
-        states = hysteresis.from_status(self.status.get("conditions") or [])
-        return types.MappingProxyType({k: SHARED.share(v) for k, v in states.items()})
-
-    @_Derived
-    def fact_signals(self) -> signals.FactSignals:
-        """The fact signals judged from this version (`signals.raw_signals`' `known`), filled as judged."""
-        return {}
-
-    @_Derived
-    def memory(self) -> trends.Trends:
-        """What the operator remembers of the node's reports up to this one (`decisions.trends`): advanced
-        by `ClusterCache.put_gpunode` for each new report; a version stored otherwise starts afresh."""
-        return trends.advance(None, self.status, self.report_seen_at or datetime.datetime.now(datetime.UTC))
-
-    @_Derived
-    def straggler_facts(self) -> tuple[stragglers.Clocks | None, stragglers.Performance]:
-        """The report's clocks (`stragglers.clocks_of`) and its straggler cohort and score
-        (`stragglers.performance_of`), worked out together once per version: the score and the
-        timer's window (`stragglers.smoothed`) read the same clocks. One cached entry, not two: it is
-        kept per node."""
-        clocks = stragglers.clocks_of(self.status)
-        return clocks, stragglers.performance_with(self.status, clocks)
+        """Set the derived value `derived` (taken over from an older version), or empty it (`UNSET`)."""
+        if value is not UNSET:
+            object.__setattr__(self, derived, value)
+        elif self.held(derived) is not UNSET:
+            object.__delattr__(self, derived)
 
     @property
     def clocks(self) -> stragglers.Clocks | None:
@@ -177,16 +168,6 @@ class GPUNodeRecord:
     @property
     def performance(self) -> stragglers.Performance:
         return self.straggler_facts[1]
-
-    @_Derived
-    def at_rest(self) -> bool:
-        """`clocks.facts_at_rest` of this version: asked by the timer every tick, answered once."""
-        return clocks.facts_at_rest(self.status)
-
-    @_Derived
-    def stale_limit(self) -> float | None:
-        """`clocks.stale_limit` of this version."""
-        return clocks.stale_limit(self.status)
 
     def same_report(self, other: GPUNodeRecord) -> bool:
         """Whether both versions hold the same agent report (AGENT_FIELDS): ours differ, say."""
@@ -206,13 +187,6 @@ class GPUNodeRecord:
         judged = older.held("fact_signals")
         if judged and judged is not UNSET and signals.still_healthy(judged, older.status, self.status):
             self.hold("fact_signals", dict(judged))  # its own: a key judged later is this version's
-
-    @_Derived
-    def reading(self) -> int:
-        """What a verdict reads of this version, as a number: a version that reads like the one before
-        it (`reads_like`) is given that one's by `ClusterCache.put_gpunode`, so "nothing a verdict
-        reads has moved since" is one comparison (`resting`)."""
-        return next(_READINGS)
 
     def reads_like(self, older: GPUNodeRecord) -> bool:
         """Whether every verdict judges this version exactly as `older` (at the same instant).
@@ -267,6 +241,36 @@ class GPUNodeRecord:
         return max(0.0, times.seconds_between(self.report_seen_at, now))
 
 
+def _parsed_conditions(record: GPUNodeRecord) -> Mapping[vocabulary.ConditionKey, model.ConditionState]:
+    states = hysteresis.from_status(record.status.get("conditions") or [])
+    return types.MappingProxyType({k: SHARED.share(v) for k, v in states.items()})
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _straggler_facts(record: GPUNodeRecord) -> tuple[stragglers.Clocks | None, stragglers.Performance]:
+    report_clocks = stragglers.clocks_of(record.status)
+    return report_clocks, stragglers.performance_with(record.status, report_clocks)
+
+
+_READINGS = itertools.count(1)
+"""Readings of Node and GPUNode versions (`reading`): a new number is a version read anew."""
+_DERIVATIONS: Mapping[str, Callable[[GPUNodeRecord], Any]] = {
+    "conditions": _parsed_conditions,
+    "fact_signals": lambda _: {},
+    "memory": lambda r: trends.advance(
+        None, r.status, r.report_seen_at or datetime.datetime.now(datetime.UTC)
+    ),
+    "straggler_facts": _straggler_facts,
+    "at_rest": lambda r: clocks.facts_at_rest(r.status),
+    "stale_limit": lambda r: clocks.stale_limit(r.status),
+    "reading": lambda _: next(_READINGS),
+}
+"""How each derived value of a `GPUNodeRecord` is worked out, at its first reading."""
+
+
 AGENT_FIELDS = ("agent", "summary", "gpus", "nics")
 """The GPUNode status fields the agent writes (`gpuhealth_api.status`); the rest are ours."""
 _MOVING_SAMPLES: Mapping[str, str | None] = {
@@ -277,7 +281,6 @@ _MOVING_SAMPLES: Mapping[str, str | None] = {
 }
 """`reads_like`: the agent's fields and the one key of each that moves with every report and that no
 verdict reads (None: the field is compared by `signals.still_healthy`, which judged it)."""
-_READINGS = itertools.count(1)
 
 
 def _without(value: object, key: str) -> object:
