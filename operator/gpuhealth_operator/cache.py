@@ -287,7 +287,7 @@ def _without(value: object, key: str) -> object:
 _AT_REST_READS = ("health", "action")
 """What `clocks.facts_at_rest` reads besides the conditions."""
 _FROM_REPORT = ("fact_signals", "straggler_facts", "memory")
-"""GPUNodeRecord's cached properties that read the agent's report alone (AGENT_FIELDS)."""
+"""GPUNodeRecord's derived values that read the agent's report alone (AGENT_FIELDS)."""
 
 
 def _int_or_none(value: object) -> int | None:

@@ -75,7 +75,7 @@ class KeptCondition(Mapping[str, Any]):
         if type(other) is KeptCondition:
             return bool(self._since == other._since and self._shape == other._shape)
         if type(other) is dict:
-            return other.keys() <= _KEYS and self.values_in_order() == _in_order(other)
+            return _matches(self, other)
         return Mapping.__eq__(self, other)
 
     def __hash__(self) -> int:
@@ -98,6 +98,13 @@ def _in_order(raw: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(map(raw.get, _IN_ORDER, itertools.repeat(_ABSENT)))
 
 
+def _matches(kept: KeptCondition, raw: dict[str, Any]) -> bool:
+    """`kept == raw`: equal values of every known key, and as many keys, so no other (a missing one reads
+    ABSENT)."""
+    mine = kept.values_in_order()
+    return mine == _in_order(raw) and len(raw) == len(mine) - mine.count(_ABSENT)
+
+
 def _rebuilt(raw: Mapping[str, Any]) -> Mapping[str, Any]:
     return kept(raw, lambda shape: shape)
 
@@ -118,16 +125,11 @@ def kept(raw: Mapping[str, Any], share: Callable[[Shape], Shape]) -> Mapping[str
 
 def same(held: Sequence[object], raw: Sequence[object]) -> bool:
     """Whether the conditions `raw` (as decoded) equal those `held` (KeptConditions): what every agent
-    report asks of the conditions it carries unchanged, so in bulk, not an `__eq__` per item."""
+    report asks of the conditions it carries unchanged, so without an `__eq__` dispatch per item."""
     if len(held) != len(raw):
         return False
     if not all(type(k) is KeptCondition and type(r) is dict for k, r in zip(held, raw, strict=True)):
         return list(held) == list(raw)
     kept_ones: Sequence[KeptCondition] = held  # type: ignore[assignment]  # checked above
     dicts: Sequence[dict[str, Any]] = raw  # type: ignore[assignment]  # checked above
-    for k, r in zip(kept_ones, dicts, strict=True):
-        mine = k.values_in_order()
-        # Equal values of every known key, and as many keys: then no other key (a missing one reads ABSENT).
-        if mine != _in_order(r) or len(r) != len(mine) - mine.count(_ABSENT):
-            return False
-    return True
+    return all(map(_matches, kept_ones, dicts))
