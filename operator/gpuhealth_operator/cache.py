@@ -709,7 +709,7 @@ class ClusterCache:
         """Nodes whose Node carries the unvalidated taint (`new_nodes.sweep` visits these)."""
         self._listing_isolated: set[str] = set()
         self.listing_isolated: AbstractSet[str] = self._listing_isolated
-        """GPUNodes whose status lists isolated GPUs (`isolating.sweep` asks each pass if any does)."""
+        """GPUNodes whose status lists isolated GPUs (`isolation_sweep.sweep` asks each pass if any does)."""
         self.marks = 0
         """Counts changes to what a policy's status counts from a Node (cordon, labels, annotations,
         taints) or a GPUNode (its `status.action`): the timer recounts the status when it moved."""

@@ -23,7 +23,7 @@ from gpuhealth_operator import (
     agent_pods,
     context,
     domain_actions,
-    isolating,
+    isolation_support,
     kube,
     reconciler,
     resync,
@@ -175,7 +175,7 @@ async def on_policy(event: kopf.RawEvent, memo: context.Context, **_: Any) -> No
     await stopping.stop_drains(memo)  # dry run (or an invalid spec) stops the policy's drains at once
     current = memo.cache.policies.get(name)
     if current is not None:  # each term's start (kopf lists it), a change, an answer not yet known
-        await isolating.prepare(memo, current)  # does the cluster act on DeviceTaintRules?
+        await isolation_support.prepare(memo, current)  # does the cluster act on DeviceTaintRules?
     if policy is None:
         if name in memo.domains.states and name not in memo.cache.policies:
             await domain_actions.evaluate(memo, memo.clock())  # invalid now: its marks go

@@ -30,6 +30,8 @@ from gpuhealth_operator import (
     draining,
     heap,
     isolating,
+    isolation_support,
+    isolation_sweep,
     judging,
     kube,
     metrics,
@@ -150,7 +152,7 @@ async def tick(
     await pausing.announce(ctx, now)
     await repairing.sweep(ctx, now)  # repairs of nodes excluded, deselected, or of deleted/dry-run policies
     await new_nodes.sweep(ctx, now)  # validation of new nodes (spec.repair.validation.newNodes)
-    await isolating.sweep(ctx, now)  # the DeviceTaintRules of deleted policies: adopted or restored
+    await isolation_sweep.sweep(ctx, now)  # the DeviceTaintRules of deleted policies: adopted or restored
     await domain_actions.on_timer(ctx, now, full=refresh)  # recovery holds, and marks drifted meanwhile
     marks = _status_marks(ctx)
     if statuses and (refresh or marks != ctx.status_marks):
@@ -266,7 +268,7 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
         }
     written: list[dict[str, Any]] = previous.get("conditions") or []  # type: ignore[assignment]
     conditions = [ready]
-    support = isolating.condition(ctx, policy) if policy is not None and error is None else None
+    support = isolation_support.condition(ctx, policy) if policy is not None and error is None else None
     if support is not None:
         conditions.append(support)
         counts["isolatedGPUs"] = isolating.isolated_gpus(ctx, name)

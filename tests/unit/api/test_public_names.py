@@ -15,7 +15,7 @@ from pathlib import Path
 
 import python_ast
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import breakers, isolating
+from gpuhealth_operator import breakers, isolation_support
 from gpuhealth_operator.actions import nodes
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -103,6 +103,6 @@ def test_node_annotations_are_the_apis() -> None:
 
 def test_policy_conditions_are_the_apis() -> None:
     assert breakers.PAUSED == vocabulary.PolicyConditionType.PAUSED
-    assert isolating.CONDITION == vocabulary.PolicyConditionType.GPU_ISOLATION
+    assert isolation_support.CONDITION == vocabulary.PolicyConditionType.GPU_ISOLATION
     crd = (ROOT / "crds/gpuhealth.io_gpuhealthpolicies.yaml").read_text(encoding="utf-8")
     assert all(t.value in crd for t in vocabulary.PolicyConditionType), "the CRD documents every type"

@@ -11,7 +11,16 @@ import pytest
 
 import gpunode_facts
 from gpuhealth_api import keys, resources
-from gpuhealth_operator import context, handlers, isolating, kube, metrics, settings, ticker
+from gpuhealth_operator import (
+    context,
+    handlers,
+    isolating,
+    isolation_support,
+    kube,
+    metrics,
+    settings,
+    ticker,
+)
 from gpuhealth_operator.actions import device_rules
 from gpuhealth_operator.decisions import device_taints, times
 from gpuhealth_sim.backtest import memcluster
@@ -176,10 +185,10 @@ def test_a_new_term_probes_again_before_any_fault() -> None:
     async def scenario() -> None:
         cluster, clock = Cluster(acting=False), Clock()
         ctx = await start(cluster, clock, ("n",), policy_body())
-        assert isolating.condition(ctx, ctx.cache.policies["iso"])["status"] == "False"
+        assert isolation_support.condition(ctx, ctx.cache.policies["iso"])["status"] == "False"
         cluster.acting = True
         successor = await new_term(cluster, clock, ctx)
-        condition = isolating.condition(successor, successor.cache.policies["iso"])
+        condition = isolation_support.condition(successor, successor.cache.policies["iso"])
         assert condition is not None and condition["status"] == "True", condition
 
     asyncio.run(scenario())
@@ -226,7 +235,7 @@ def test_a_probe_that_keeps_failing_leaves_the_answer_unknown_and_the_node_waiti
     async def scenario() -> None:
         cluster, clock = Cluster(probe_failures=1000), Clock()
         ctx = await start(cluster, clock, ("n",), policy_body())
-        condition = isolating.condition(ctx, ctx.cache.policies["iso"])
+        condition = isolation_support.condition(ctx, ctx.cache.policies["iso"])
         assert condition is not None and condition["status"] == "Unknown", condition
         assert "503" in condition["message"]
         await report(cluster, ctx, "n")
@@ -253,19 +262,19 @@ def test_a_probe_that_fails_for_longer_than_its_limit_takes_the_node_ladder_unti
         ctx = await start(cluster, clock, ("n",), policy_body())
         await report(cluster, ctx, "n")
         assert not cluster.nodes["n"]["spec"].get("unschedulable"), "no fallback on one bad moment"
-        for _ in range(int(isolating.PROBE_FALLBACK_SECONDS // 10) + 2):
+        for _ in range(int(isolation_support.PROBE_FALLBACK_SECONDS // 10) + 2):
             clock.now += datetime.timedelta(seconds=10)
             await ticker.tick(ctx)
         assert cluster.nodes["n"]["spec"].get("unschedulable"), "the faulty GPU's node was left in service"
         assert not cluster.node_rules()
-        condition = isolating.condition(ctx, ctx.cache.policies["iso"])
+        condition = isolation_support.condition(ctx, ctx.cache.policies["iso"])
         assert condition is not None and condition["reason"] == "ProbeTimedOut", condition
         assert "503" in condition["message"] and "node ladder" in condition["message"]
         cluster.probe_failures = 0
         for _ in range(3):
             clock.now += datetime.timedelta(seconds=10)
             await ticker.tick(ctx)
-        condition = isolating.condition(ctx, ctx.cache.policies["iso"])
+        condition = isolation_support.condition(ctx, ctx.cache.policies["iso"])
         assert condition is not None and condition["reason"] == "DeviceTaintRules", condition
         # The answer came: the faulty GPU gets its rule, and the drained node is not handed back while faulty.
         assert list(cluster.node_rules()) == [device_taints.rule_name("n", FAULTY)]
