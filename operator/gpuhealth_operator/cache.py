@@ -626,8 +626,24 @@ def stale_deadline(record: GPUNodeRecord) -> float | None:
 
 
 def _marks(view: model.NodeView) -> tuple[object, ...]:
-    """What of a Node a policy's status counts (besides verdicts): cordon, claims, labels, taints."""
-    return (view.unschedulable, view.annotations, view.labels, view.taint_keys)
+    """What of a Node a policy's status and GPU gauges count (besides verdicts): cordon, claims, labels,
+    taints, GPU capacity."""
+    return (view.unschedulable, view.annotations, view.labels, view.taint_keys, view.gpu_capacity)
+
+
+def _gpunode_marks(status: Mapping[str, Any]) -> tuple[object, ...]:
+    """What of a GPUNode a policy's status and GPU gauges count: its `status.action`, and its GPUs' count
+    and model (not the whole summary: its temperature moves with every report)."""
+    summary = status.get("summary")
+    gpus = status.get("gpus")
+    if not isinstance(summary, Mapping):
+        summary = {}
+    return (
+        status.get("action"),
+        summary.get("gpuCount"),
+        summary.get("model"),
+        len(gpus) if isinstance(gpus, list) else 0,
+    )
 
 
 def _ordered(order: Mapping[str, int], names: Iterable[str]) -> list[str]:
@@ -711,8 +727,9 @@ class ClusterCache:
         self.listing_isolated: AbstractSet[str] = self._listing_isolated
         """GPUNodes whose status lists isolated GPUs (`isolation_sweep.sweep` asks each pass if any does)."""
         self.marks = 0
-        """Counts changes to what a policy's status counts from a Node (cordon, labels, annotations,
-        taints) or a GPUNode (its `status.action`): the timer recounts the status when it moved."""
+        """Counts changes to what a policy's status and GPU gauges count from a Node (cordon, labels,
+        annotations, taints, GPU capacity) or a GPUNode (its `status.action`, its GPUs' count and model):
+        the timer recounts the status when it moved."""
         self.nodes: Mapping[str, NodeRecord] = types.MappingProxyType(self._nodes)
         self.gpunodes: Mapping[str, GPUNodeRecord] = types.MappingProxyType(self._gpunodes)
         self.policies: Mapping[str, model.Policy] = types.MappingProxyType(self._policies)
@@ -824,7 +841,7 @@ class ClusterCache:
                 self._select(record.name)
             self.due.touch(record.name)
             self.due.expect(record.name, stale_deadline(record))
-            if old is None or old.status.get("action") != record.status.get("action"):
+            if old is None or _gpunode_marks(old.status) != _gpunode_marks(record.status):
                 self.marks += 1
             if record.status.get("isolatedGPUs"):
                 self._listing_isolated.add(record.name)

@@ -94,6 +94,12 @@ def _strongly(value: object) -> object:
     return value() if isinstance(value, weakref.ref) else value
 
 
+def _counted(verdict: model.NodeVerdict) -> tuple[object, ...]:
+    """What the policy status and the GPU gauges count of a verdict (`ticker.policy_status`)."""
+    unknown = verdicts.unknown_reason(verdict) if verdict.health is vocabulary.Health.UNKNOWN else None
+    return (verdict.health, unknown, verdict.wanted_action, verdict.wanted_taint)
+
+
 class Verdicts(MutableMapping[tuple[str, str], model.NodeVerdict]):
     """(policy, node) → the latest verdict, indexed by the nodes each policy wants to cordon or drain.
 
@@ -113,14 +119,15 @@ class Verdicts(MutableMapping[tuple[str, str], model.NodeVerdict]):
         self.forgotten: Callable[[str], None] = lambda name: None
         """Told the node whose verdict was deleted: the timer must look at it again (`decisions.due`)."""
         self.changes = 0
-        """Counts verdicts stored with another health or wanted action: the policy status is recounted."""
+        """Counts verdicts stored with another health, Unknown reason, wanted action or wanted taint:
+        what a policy's status and GPU gauges count of a verdict (`ticker`: recounted when it moved)."""
 
     def __getitem__(self, key: tuple[str, str]) -> model.NodeVerdict:
         return self._all[key]
 
     def __setitem__(self, key: tuple[str, str], verdict: model.NodeVerdict) -> None:
         old = self._all.get(key)
-        if old is None or (old.health, old.wanted_action) != (verdict.health, verdict.wanted_action):
+        if old is None or _counted(old) != _counted(verdict):
             self.changes += 1
         self._all[key] = verdict
         self._inputs.pop(key, None)
@@ -247,6 +254,10 @@ class Context:
 
     status_marks: tuple[object, ...] = ()
     """`ticker._status_marks` when the policies' status was last counted."""
+
+    gpus_counted_marks: tuple[object, ...] = ()
+    """`ticker._status_marks` when every policy's GPUs were last counted (a refresh carries the gauges
+    forward while they are the same)."""
 
     isolation_support: dict[str, isolation.Support] = dataclasses.field(default_factory=dict)
     """policy → whether the cluster acts on DeviceTaintRules, probed for its generation (`isolating`)."""

@@ -122,6 +122,8 @@ class Metrics:
     _models: dict[str, set[str]] = dataclasses.field(default_factory=dict)
     """Models each policy's GPU series exist for (a model gone from the policy loses its series)."""
     _counted_at: dict[str, datetime.datetime] = dataclasses.field(default_factory=dict)
+    _tallies: dict[str, GPUTally] = dataclasses.field(default_factory=dict)
+    """Each policy's last GPU tally: carried forward while nothing it counts moved (`carry_gpus`)."""
     _domains: dict[tuple[str, str], set[tuple[str, str]]] = dataclasses.field(default_factory=dict)
     """(which gauge, policy) → the domains (key, value) its `domain_*` series exist for."""
     _standby: bool = False
@@ -331,6 +333,7 @@ class Metrics:
             for gauge in self.fleet_gauges():
                 gauge.clear()
             self._counted_at.clear()  # the time between terms is not lost GPU time this replica saw
+            self._tallies.clear()
             self._domains.clear()
         self._standby = not leading
         self.leader.set(1 if leading else 0)
@@ -357,6 +360,7 @@ class Metrics:
             self.drain_failed_nodes.remove(name)
         self._forget_models(name, self._models.pop(name, set()))
         self._counted_at.pop(name, None)
+        self._tallies.pop(name, None)
         self.set_degraded_domains(name, ())
         self.set_domains_at_budget(name, ())
 
@@ -404,6 +408,7 @@ class Metrics:
         """Set a policy's GPU gauges from one pass's tally, and count the GPU-hours lost since the last."""
         previous = self._counted_at.get(policy)
         self._counted_at[policy] = now
+        self._tallies[policy] = tally
         step = 0.0 if previous is None else (now - previous).total_seconds()
         hours = min(max(step, 0.0), LOST_MAX_STEP_SECONDS) / 3600.0
         models = set(tally.total)
@@ -416,6 +421,12 @@ class Metrics:
                 self.gpus_out_of_service.labels(policy, model, reason).set(tally.out[(model, reason)])
             lost = sum(tally.out[(model, reason)] for reason in LOST_REASONS)
             self.gpu_hours_lost.labels(policy, model).inc(lost * hours)
+
+    def carry_gpus(self, now: datetime.datetime) -> None:
+        """Each policy's last tally recorded again at `now`: what the GPU-hours lost grow by while nothing
+        the tally counts moved, without counting every selected node's GPUs again."""
+        for policy, tally in list(self._tallies.items()):
+            self.record_gpus(policy, tally, now)
 
     def serve(self, port: int) -> threading.Thread | None:
         """Serve /metrics on the port in a background thread (port 0: not served)."""

@@ -113,8 +113,8 @@ async def tick(
     """One pass; `statuses=False` leaves the policies' status and gauges as they are (they only
     report: no decision reads them), for a backtest that refreshes them on its full passes alone.
 
-    `refresh` (default: `full`) is the periodic part that is not judging: the policies' status is
-    recounted then, or when what it counts moved (`_status_marks`), and domain marks a human removed
+    `refresh` (default: `full`) is the periodic part that is not judging: the GPU gauges go on (a
+    recount only if what they count moved: `update_policy_statuses`), and domain marks a human removed
     come back (`domain_actions.on_timer`).
     """
     refresh = full if refresh is None else refresh
@@ -154,23 +154,42 @@ async def tick(
     await new_nodes.sweep(ctx, now)  # validation of new nodes (spec.repair.validation.newNodes)
     await isolation_sweep.sweep(ctx, now)  # the DeviceTaintRules of deleted policies: adopted or restored
     await domain_actions.on_timer(ctx, now, full=refresh)  # recovery holds, and marks drifted meanwhile
-    marks = _status_marks(ctx)
-    if statuses and (refresh or marks != ctx.status_marks):
-        ctx.status_marks = marks
+    if statuses:
+        await update_policy_statuses(ctx, now, full=full, refresh=refresh)
+
+
+async def update_policy_statuses(
+    ctx: context.Context, now: datetime.datetime, *, full: bool, refresh: bool
+) -> None:
+    """Recount the policies' status and gauges when what they count moved (`_status_marks`), and write
+    those that changed; at rest, count nothing: a refresh only carries the GPU gauges forward (the
+    GPU-hours lost grow with the time). A refresh after a move counts the GPUs too (a pass between
+    refreshes counts them only when due), and every full pass recounts all: the safety net for what
+    moves with time alone (a drain that timed out before a restart)."""
+    marks = _status_marks(ctx)  # kept once written: a failed write is tried again at the next pass
+    if full or (refresh and marks != ctx.gpus_counted_marks):
+        await write_policy_statuses(ctx, now, count_gpus=True)
+        ctx.status_marks = ctx.gpus_counted_marks = marks
+    elif marks != ctx.status_marks:
         await write_policy_statuses(ctx, now)
+        ctx.status_marks = marks
+    elif refresh:
+        ctx.meters.carry_gpus(now)
 
 
 def _status_marks(ctx: context.Context) -> tuple[object, ...]:
-    """What moves when a policy's status may have: recounting only then (and on every refresh) keeps a
-    pass at rest from counting every selected node of every policy. The breakers and degraded domains
-    are a few small objects per policy, compared by value (a new state object replaces the old)."""
+    """What moves when a policy's status or GPU gauges may have: recounting only then keeps a pass at
+    rest from counting every selected node of every policy. Change counters of the cache and the
+    verdicts; the rest are small collections (what waits for the budget, runs, is isolated), compared
+    by value, so a swap of one entry for another is seen too."""
     return (
         ctx.cache.marks,
         ctx.verdicts.changes,
-        len(ctx.admission.notified),
-        len(ctx.drains),
-        len(ctx.drains.results),
-        len(ctx.isolations),
+        frozenset(ctx.admission.notified),
+        frozenset(ctx.drains.tasks),
+        tuple((name, result.completed) for name, result in ctx.drains.results.items()),
+        tuple(ctx.isolations.items()),
+        tuple(ctx.isolation_support.items()),
         tuple(ctx.breakers.states.items()),
         tuple(ctx.breakers.acted.items()),
         tuple(ctx.domains.states.items()),
@@ -203,7 +222,10 @@ async def run(ctx: context.Context) -> None:
         await asyncio.sleep(max(0.05, ctx.config.tick_seconds - elapsed))
 
 
-def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> dict[str, Any]:
+def policy_status(
+    ctx: context.Context, name: str, now: datetime.datetime, *, count_gpus: bool = False
+) -> dict[str, Any]:
+    """The policy's status, its gauges set on the way; its GPUs counted when `count_gpus` or due."""
     previous = ctx.policy_status_written.get(name) or {}
     error = ctx.cache.policy_errors.get(name)
     policy = ctx.cache.policies.get(name)
@@ -211,7 +233,7 @@ def policy_status(ctx: context.Context, name: str, now: datetime.datetime) -> di
     health_counts: collections.Counter[str] = collections.Counter()
     unknown_counts: collections.Counter[str] = collections.Counter()
     tally = metrics.GPUTally()
-    count_gpus = policy is not None and ctx.meters.gpus_due(name, now)
+    count_gpus = policy is not None and (count_gpus or ctx.meters.gpus_due(name, now))
     generation = 0
     drain_failed = 0
     retired = 0
@@ -337,9 +359,11 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return _without_times(a) == _without_times(b)
 
 
-async def write_policy_statuses(ctx: context.Context, now: datetime.datetime) -> None:
+async def write_policy_statuses(
+    ctx: context.Context, now: datetime.datetime, *, count_gpus: bool = False
+) -> None:
     for name in sorted(set(ctx.cache.policies) | set(ctx.cache.policy_errors)):
-        desired = policy_status(ctx, name, now)
+        desired = policy_status(ctx, name, now, count_gpus=count_gpus)
         previous = ctx.policy_status_written.get(name)
         if previous is not None and _same(previous, desired):
             continue

@@ -33,7 +33,7 @@ from gpunode_facts import verdict
 NOT_STATE = {"config", "client", "meters", "recorder", "cache", "agent_pods", "eviction_slots", "clock"}
 NOT_STATE |= {"isolation_discovery"}  # what discovery says of DeviceTaintRules, cluster-wide
 NOT_STATE |= {"repair_templates"}  # the repair Job templates, cluster-wide
-NOT_STATE |= {"status_marks"}  # counters of what the policy status counts, cluster-wide
+NOT_STATE |= {"status_marks", "gpus_counted_marks"}  # what the policy status counted, snapshots
 NOT_STATE |= {"straggler_cohorts"}  # `cohorts`: follows the selections and policies at the next tick
 """Context fields that hold no per-node or per-policy memory (the cache and the agent pods, views of
 the cluster, are tested on their own)."""

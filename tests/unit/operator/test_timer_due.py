@@ -128,7 +128,7 @@ def test_a_full_pass_over_a_large_fleet_lets_other_work_run_between_chunks(monke
     async def reconcile(ctx: context.Context, name: str, handler: str, now: datetime.datetime) -> None:
         reconciled.append(name)
 
-    async def no_status(ctx: context.Context, now: datetime.datetime) -> None:
+    async def no_status(ctx: context.Context, now: datetime.datetime, *, count_gpus: bool = False) -> None:
         return None
 
     monkeypatch.setattr(reconciler, "reconcile_node", reconcile)
