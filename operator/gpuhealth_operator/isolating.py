@@ -263,6 +263,7 @@ async def plan(
 # --- one GPU's rule: the action --------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
 class GPURule:
     """One GPU isolated by one policy: its DeviceTaintRule (`actions.protocol.Action[bool]`).
 
@@ -274,21 +275,13 @@ class GPURule:
     recovered GPU is given back, is the node pass's (`_pass`), from `decisions.isolation`.
     """
 
-    def __init__(  # noqa: PLR0917 - the rule's identity, and the verdict it is made on
-        self,
-        ctx: context.Context,
-        policy: model.Policy,
-        node: str,
-        api_version: str,
-        gpu: isolation.GPUDecision | isolation.Isolated,
-        verdict: model.NodeVerdict | None = None,
-    ) -> None:
-        self.ctx = ctx
-        self.policy = policy
-        self.node = node
-        self.api_version = api_version
-        self.gpu = gpu
-        self.verdict = verdict
+    ctx: context.Context
+    policy: model.Policy
+    node: str
+    api_version: str
+    gpu: isolation.GPUDecision | isolation.Isolated
+    verdict: model.NodeVerdict | None = None
+    """The verdict a rule is made on (its detection time gives the detection-to-action latency)."""
 
     @property
     def name(self) -> str:
