@@ -33,7 +33,7 @@ def event(kind: str, body: dict[str, Any]) -> kopf.RawEvent:
 def test_a_faulty_gpunode_event_is_acted_on_and_released() -> None:
     async def scenario() -> None:
         client = memcluster.MemoryKube()
-        ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")  # type: ignore[arg-type]
+        ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
         await handlers.on_policy(event("ADDED", copy.deepcopy(POLICY)), memo=ctx)
         node = {
             "apiVersion": "v1",

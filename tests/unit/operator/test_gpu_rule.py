@@ -21,7 +21,7 @@ ECC = vocabulary.Condition.ECC_UNCORRECTABLE
 def cluster() -> tuple[memcluster.MemoryKube, context.Context]:
     kube = memcluster.MemoryKube()
     kube.serve_device_taint_rules(VERSION)
-    ctx = context.Context.create(settings.Settings(), kube, metrics.Metrics.create(), instance="t")  # type: ignore[arg-type]
+    ctx = context.Context.create(settings.Settings(), kube, metrics.Metrics.create(), instance="t")
     ctx.clock = lambda: NOW
     spec = {"rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "IsolateGPU"}]}
     ctx.cache.put_policy(policies.parse_policy("iso", 1, spec))

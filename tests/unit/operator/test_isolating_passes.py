@@ -65,7 +65,7 @@ class Cluster(memcluster.MemoryKube):
 async def faulty_dra_node(cluster: Cluster, clock: Clock, *nodes: str, **spec: Any) -> context.Context:
     """A context on `cluster` under `clock`, the IsolateGPU policy (with `spec`) and DRA nodes."""
     config = settings.Settings()
-    ctx = context.Context.create(config, cluster, metrics.Metrics.create(), instance="t")  # type: ignore[arg-type]
+    ctx = context.Context.create(config, cluster, metrics.Metrics.create(), instance="t")
     ctx.clock = clock
     cluster.serve_device_taint_rules(VERSION)
     policy = copy.deepcopy(POLICY)

@@ -130,7 +130,7 @@ def test_a_node_whose_agent_is_stale_leaves_its_straggler_cohort() -> None:
 
     async def scenario() -> None:
         cluster = memcluster.MemoryKube()
-        ctx = context.Context.create(settings.Settings(), cluster, metrics.Metrics.create(), instance="t")  # type: ignore[arg-type]
+        ctx = context.Context.create(settings.Settings(), cluster, metrics.Metrics.create(), instance="t")
         clock = [NOW]
         ctx.clock = lambda: clock[0]
         rule = {"name": "straggler", "condition": "Straggler", "action": "Label", "forSeconds": 300}
@@ -250,7 +250,7 @@ def test_a_tenant_pod_with_the_agents_labels_turning_not_ready_does_not_hide_a_f
 
     async def scenario() -> None:
         cluster = memcluster.MemoryKube()
-        ctx = context.Context.create(settings.Settings(), cluster, metrics.Metrics.create(), instance="t")  # type: ignore[arg-type]
+        ctx = context.Context.create(settings.Settings(), cluster, metrics.Metrics.create(), instance="t")
         clock = [NOW]
         ctx.clock = lambda: clock[0]
         rule = {"name": "hot", "condition": "ThermalThrottled", "action": "Cordon", "forSeconds": 120}

@@ -53,7 +53,7 @@ def flags_over_time(
 
     async def scenario() -> None:
         cluster = memcluster.MemoryKube()
-        ctx = context.Context.create(settings.Settings(), cluster, metrics.Metrics.create(), instance="t")  # type: ignore[arg-type]
+        ctx = context.Context.create(settings.Settings(), cluster, metrics.Metrics.create(), instance="t")
         now = [NOW]
         ctx.clock = lambda: now[0]
         rule = {"name": "straggler", "condition": "Straggler", "action": "Label", "forSeconds": 300}
