@@ -28,6 +28,7 @@ from gpuhealth_operator.decisions import (
     due,
     gpu_facts,
     hysteresis,
+    interning,
     kept_conditions,
     model,
     overrides,
@@ -358,7 +359,7 @@ GPU_FIELDS = gpu_facts.FIELDS
 """Per-GPU facts the decision core reads (`gpu_facts`); the rest is not kept in memory."""
 
 
-class SharedValues:
+class SharedValues(interning.Table):
     """One copy of each small value that many GPUs and nodes hold alike (a bounded table).
 
     A healthy fleet reports the same `ecc`, `remappedRows` and `pcie` dicts, the
@@ -375,13 +376,7 @@ class SharedValues:
     """
 
     def __init__(self, limit: int = 8192) -> None:
-        self.limit = limit
-        self.table: dict[Hashable, Any] = {}
-
-    def check(self) -> None:
-        """Forget every entry once the table is full (called once per record, not per value)."""
-        if len(self.table) >= self.limit:
-            self.table.clear()
+        super().__init__(limit)  # `check` once per record, not per value
 
     def share(self, value: Hashable) -> Any:
         """`value` or an equal one of the same type already held."""

@@ -89,11 +89,11 @@ import datetime
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Mapping, MutableSequence, Sequence
+from collections.abc import Hashable, Mapping, MutableSequence, Sequence
 from typing import Final, TypeVar
 
 from gpuhealth_api import faults, status
-from gpuhealth_operator.decisions import gpu_facts, model, signals
+from gpuhealth_operator.decisions import gpu_facts, interning, model, signals
 
 MIN_PEERS: Final = 4
 MAD_TO_SIGMA: Final = 0.6745
@@ -288,18 +288,14 @@ def _clock_ratio(gpu: status.GPUStatus) -> float | None:
     return _interned(min(1.0, clock / max_clock))
 
 
-_INTERNED: dict[object, object] = {}
+_RATIOS: Final = interning.Table(16384)
 """One copy of each clock ratio and tuple of ratios: clocks step in MHz bins, so a fleet's GPUs report a
-few thousand ratios between them, and each report's ratios are kept (its score, the clock window). A
-bounded table, as `cache.SharedValues`: it forgets everything when full."""
-_INTERNED_LIMIT: Final = 16384
-_T = TypeVar("_T")
+few thousand ratios between them, and each report's ratios are kept (its score, the clock window)."""
+_T = TypeVar("_T", bound=Hashable)
 
 
 def _interned(value: _T) -> _T:
-    if len(_INTERNED) >= _INTERNED_LIMIT:
-        _INTERNED.clear()
-    return _INTERNED.setdefault(value, value)  # type: ignore[return-value]
+    return _RATIOS.one(value, value)
 
 
 def _busy(gpu: status.GPUStatus) -> bool:

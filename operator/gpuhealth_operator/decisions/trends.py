@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from gpuhealth_api import conditions, faults, status, vocabulary
-from gpuhealth_operator.decisions import gpu_facts, model
+from gpuhealth_operator.decisions import gpu_facts, interning, model
 
 Condition = vocabulary.Condition
 
@@ -192,16 +192,14 @@ def _track(  # noqa: PLR0917 - one GPU's or port's paths
     return _shared(Track(new_peaks, new_counters, new_last, source))
 
 
-_TRACKS: dict[tuple[object, ...], Track] = {}
+_TRACKS: Final = interning.Table(8192)
 """One copy of each Track many GPUs or ports hold alike (healthy ones: the same peaks, the same constant
-counters); forgotten when full, as `cache.SharedValues`."""
+counters)."""
 
 
 def _shared(track: Track) -> Track:
     key = (*track.peaks.items(), None, *track.counters.items(), None, *track.last.items())  # not `source`
-    if len(_TRACKS) >= 8192:
-        _TRACKS.clear()
-    return _TRACKS.setdefault(key, track)
+    return _TRACKS.one(key, track)
 
 
 def advance(previous: Trends | None, facts: status.GPUNodeStatus, now: datetime.datetime) -> Trends:
