@@ -626,19 +626,23 @@ def _marks(view: model.NodeView) -> tuple[object, ...]:
     return (view.unschedulable, view.annotations, view.labels, view.taint_keys, view.gpu_capacity)
 
 
+def gpu_count_and_model(status: Mapping[str, Any]) -> tuple[int | None, str | None]:
+    """A GPUNode's GPUs as the fleet gauges count them: the summary's count, else how many it lists (None:
+    neither), and the summary's model, else the first GPU's that names one."""
+    summary = status.get("summary")
+    summary = summary if isinstance(summary, Mapping) else {}
+    gpus = status.get("gpus") or []
+    count = summary.get("gpuCount")
+    if not isinstance(count, int) or isinstance(count, bool):
+        count = len(gpus) or None
+    model = summary.get("model") or next((g.get("model") for g in gpus if g.get("model")), None)
+    return count, model
+
+
 def _gpunode_marks(status: Mapping[str, Any]) -> tuple[object, ...]:
     """What of a GPUNode a policy's status and GPU gauges count: its `status.action`, and its GPUs' count
     and model (not the whole summary: its temperature moves with every report)."""
-    summary = status.get("summary")
-    gpus = status.get("gpus")
-    if not isinstance(summary, Mapping):
-        summary = {}
-    return (
-        status.get("action"),
-        summary.get("gpuCount"),
-        summary.get("model"),
-        len(gpus) if isinstance(gpus, list) else 0,
-    )
+    return (status.get("action"), *gpu_count_and_model(status))
 
 
 def _ordered(order: Mapping[str, int], names: Iterable[str]) -> list[str]:

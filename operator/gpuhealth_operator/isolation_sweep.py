@@ -24,14 +24,8 @@ ALL = isolation_support.ALL
 
 
 async def sweep(ctx: context.Context, now: datetime.datetime) -> None:
-    """Rules of a policy that is gone (deleted, renamed, or deleted while no operator ran): each is
-    adopted by the first acting IsolateGPU policy (by name) that selects its node, which restores the
-    GPU once it has recovered, or else restored at once; never left to keep a GPU out for good.
-
-    Once per timer pass, on the rule list reused for `recent.SECONDS` (no request otherwise). A rule
-    of an invalid policy (still there) or of a node outside this operator's cache is left alone.
-    Errors are logged: the next pass tries again.
-    """
+    """One pass over the rules (see the module). A rule of an invalid policy (still there) or of a node
+    outside this operator's cache is left alone. Errors are logged: the next pass tries again."""
     version = await isolation_support.any_version(ctx, now)
     if version is None:
         return

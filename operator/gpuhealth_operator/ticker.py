@@ -322,14 +322,9 @@ def _tally_gpus(
 ) -> None:
     """Count a judged node's GPUs under its model: healthy and in service, or out of service and why."""
     gpunode = ctx.cache.gpunode(record.view.name)
-    facts = gpunode.status if gpunode is not None else {}
-    summary = facts.get("summary") or {}
-    gpus = facts.get("gpus") or []
-    count = summary.get("gpuCount")
-    if not isinstance(count, int) or isinstance(count, bool):
-        count = len(gpus) or record.view.gpu_capacity or 0
-    name = summary.get("model") or next((g.get("model") for g in gpus if g.get("model")), None)
+    reported, name = cache.gpu_count_and_model(gpunode.status if gpunode is not None else {})
     view = record.view
+    count = reported if reported is not None else view.gpu_capacity or 0
     reason: str | None = None
     if view.unschedulable and view.cordoned_by == policy:
         reason = "cordoned"
