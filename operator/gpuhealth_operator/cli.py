@@ -39,6 +39,7 @@ from gpuhealth_operator import (
     kubeconfigs,
     leader,
     metrics,
+    passes,
     priming,
     resync,
     settings,
@@ -368,6 +369,7 @@ async def _lead(
             )
         )
         tasks.add(asyncio.create_task(_signals_after(kopf_ready, stop), name="signals"))
+        tasks.add(asyncio.create_task(passes.run(ctx), name="passes"))
         for watch in handlers.watches(ctx, relists.relisted, since=primed.result().versions):
             tasks.add(asyncio.create_task(watch.run(), name=f"watch {watch.kind}"))
         tasks.add(asyncio.create_task(ticker.run(ctx), name="timer"))

@@ -36,6 +36,7 @@ from gpuhealth_operator import (
     drains,
     kube,
     metrics,
+    pass_queue,
     recent,
     settings,
 )
@@ -208,6 +209,9 @@ class Context:
         default_factory=lambda: collections.defaultdict(asyncio.Lock)
     )
     """Serialise reconciles of one node (watch handlers and the timer may race)."""
+
+    passes: pass_queue.PassQueue = dataclasses.field(default_factory=pass_queue.PassQueue)
+    """The node passes watch events asked for, waiting to run (`passes`)."""
 
     admission: admission.Admission = dataclasses.field(default_factory=admission.Admission)
     """The budget's locks, in-flight cordons and waiting nodes."""

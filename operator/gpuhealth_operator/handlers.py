@@ -1,7 +1,10 @@
 """Event handlers: thin adapters from watch events to the cache and the reconciler.
 
 Nodes and GPUNodes, nearly all the events, come from our own watches
-(`watches`, `watching.py`); policies and agent pods from kopf, where only
+(`watches`, `watching.py`). Their handlers only observe: they update the
+cache and ask for a pass over the node (`pass_queue`), which `passes` runs
+off the event path. Policies and agent pods, a few events a minute, run their
+passes in the handler. Those come from kopf, where only
 `kopf.on.event` is used: it keeps no state on the objects (no finalizers, no
 progress or last-handled annotations), and our own state lives in GPUNode
 status and our Node annotations anyway. kopf's persistence settings are
@@ -25,6 +28,7 @@ from gpuhealth_operator import (
     domain_actions,
     isolation_support,
     kube,
+    pass_queue,
     reconciler,
     resync,
     stopping,
@@ -38,6 +42,7 @@ DELETED = "DELETED"
 
 
 async def on_node(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None:
+    """A Node changed: cached, and a pass over it asked for (`passes`) where something we judge moved."""
     body = event["object"]
     name = body.get("metadata", {}).get("name", "")
     if event["type"] == DELETED:  # also a Node that left this operator's pool (`--node-selector`)
@@ -48,21 +53,24 @@ async def on_node(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None
         memo.agent_pods.forget_node(name)
         memo.forget_node(name)
         if gone is not None and gone.view.unschedulable:
-            await reconciler.wake_waiting(memo, name)
+            memo.passes.request(name, pass_queue.Ask("node", judge=False, wake=True))  # its place is free
         return
     before = memo.cache.node(name)
     after = memo.cache.put_node(body)
     release(body)
     if before is None and memo.config.node_selector and memo.cache.gpunode(name) is None:
         await fetch_gpunode(memo, name)  # its events were dropped while the Node was not in our pool
-    if name in memo.drains:  # an exclude label stops a running drain at once
-        await stopping.stop_drains(memo)
     # Kubelet (or kwok) heartbeats change the Node every few seconds; only what we judge matters.
-    if before is None or before.view != after.view:
-        await reconciler.reconcile_node(memo, name, "node")
-        await domain_actions.node_changed(memo, name)  # its health or domain label moved: judged again
-        if before is not None and frees_a_place(memo, before.view, after.view):
-            await reconciler.wake_waiting(memo, name)
+    moved = before is None or before.view != after.view
+    draining = name in memo.drains  # an exclude label stops a running drain at once
+    if moved or draining:
+        ask = pass_queue.Ask(
+            "node",
+            judge=moved,
+            stop_drains=draining,
+            wake=before is not None and moved and frees_a_place(memo, before.view, after.view),
+        )
+        memo.passes.request(name, ask)
 
 
 def frees_a_place(memo: context.Context, before: model.NodeView, after: model.NodeView) -> bool:
@@ -123,8 +131,7 @@ async def on_gpunode(event: kopf.RawEvent, memo: context.Context, **_: Any) -> N
     after = memo.cache.put_gpunode(body, memo.clock())
     release(body)
     if before is None or before.resource_version != after.resource_version:
-        await reconciler.reconcile_node(memo, name, "gpunode")
-        await domain_actions.node_changed(memo, name)
+        memo.passes.request(name, pass_queue.Ask("gpunode"))
 
 
 async def on_agent_pod(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None:

@@ -34,6 +34,7 @@ from gpuhealth_operator import (
     isolating,
     kube,
     metrics,
+    passes,
     reconciler,
     repairing,
     settings,
@@ -99,10 +100,12 @@ class Operator:
     async def node_event(self, kind: EventType, body: dict[str, Any]) -> None:
         """A Node watch event; the handler may trim `body`: pass a copy of what the cluster keeps."""
         await handlers.on_node(_event(kind, body), memo=self._ctx)
+        await passes.settle(self._ctx)
 
     async def gpunode_event(self, kind: EventType, body: dict[str, Any]) -> None:
         """A GPUNode watch event (the agent's report, or its deletion)."""
         await handlers.on_gpunode(_event(kind, body), memo=self._ctx)
+        await passes.settle(self._ctx)
 
     async def agent_pod_event(self, kind: EventType, body: dict[str, Any]) -> None:
         """An agent Pod watch event (its node and Ready condition): the agent's liveness."""

@@ -19,6 +19,7 @@ from typing import Any
 import kopf
 
 import gpunode_facts
+import handling
 from gpuhealth_api import keys, resources
 from gpuhealth_operator import context, handlers, kube, metrics, settings
 from gpuhealth_sim.backtest import memcluster
@@ -143,7 +144,7 @@ async def start(
         await handlers.on_policy(event("ADDED", policy_body(name, spec)), memo=ctx)
     for name, labels in nodes.items():
         cluster.put_node(node_body(name, labels))
-        await handlers.on_node(event("ADDED", copy.deepcopy(cluster.nodes[name])), memo=ctx)
+        await handling.handle(handlers.on_node, event("ADDED", copy.deepcopy(cluster.nodes[name])), ctx)
         await report(cluster, ctx, name, ecc=0)
     return ctx
 
@@ -157,7 +158,7 @@ async def report(
         overrides={0: {"ecc": {"uncorrectedVolatile": ecc}}}, observed=observed
     )
     stored = cluster.put_gpunode(name, facts)
-    await handlers.on_gpunode(event("MODIFIED", copy.deepcopy(stored)), memo=ctx)
+    await handling.handle(handlers.on_gpunode, event("MODIFIED", copy.deepcopy(stored)), ctx)
 
 
 async def node_changed(cluster: DrainCluster, ctx: context.Context, name: str, **labels: str | None) -> None:
@@ -170,12 +171,12 @@ async def node_changed(cluster: DrainCluster, ctx: context.Context, name: str, *
         else:
             current[key] = value
     cluster.put_node(node)
-    await handlers.on_node(event("MODIFIED", copy.deepcopy(cluster.nodes[name])), memo=ctx)
+    await handling.handle(handlers.on_node, event("MODIFIED", copy.deepcopy(cluster.nodes[name])), ctx)
 
 
 async def deliver(cluster: DrainCluster, ctx: context.Context, name: str) -> None:
     """The watch delivers the Node as the cluster holds it now."""
-    await handlers.on_node(event("MODIFIED", copy.deepcopy(cluster.nodes[name])), memo=ctx)
+    await handling.handle(handlers.on_node, event("MODIFIED", copy.deepcopy(cluster.nodes[name])), ctx)
 
 
 async def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:

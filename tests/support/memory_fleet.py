@@ -9,6 +9,7 @@ import datetime
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import handling
 from gpuhealth_api import keys, resources
 from gpuhealth_operator import context, handlers, metrics, settings, ticker
 from gpuhealth_sim.backtest import memcluster
@@ -43,19 +44,23 @@ class MemoryFleet:
         for name in names:
             node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": name}, "spec": {}}
             self.cluster.put_node(copy.deepcopy(node))
-            await handlers.on_node({"type": "ADDED", "object": node}, memo=self.ctx)  # type: ignore[typeddict-item]
+            await handling.handle(handlers.on_node, {"type": "ADDED", "object": node}, self.ctx)
 
     async def deliver(self, name: str, status: Mapping[str, Any]) -> None:
         """The agent writes `status` to the node's GPUNode; the operator gets its watch event."""
         stored = self.cluster.put_gpunode(name, dict(status))
-        await handlers.on_gpunode({"type": "MODIFIED", "object": copy.deepcopy(stored)}, memo=self.ctx)  # type: ignore[typeddict-item]
+        await handling.handle(
+            handlers.on_gpunode, {"type": "MODIFIED", "object": copy.deepcopy(stored)}, self.ctx
+        )
 
     async def edit_node(self, name: str, edit: Callable[[dict[str, Any]], None]) -> None:
         """Someone else edits the Node (`edit` changes a copy in place); the operator gets its event."""
         node = copy.deepcopy(self.cluster.nodes[name])
         edit(node)
         stored = self.cluster.put_node(node)
-        await handlers.on_node({"type": "MODIFIED", "object": copy.deepcopy(stored)}, memo=self.ctx)  # type: ignore[typeddict-item]
+        await handling.handle(
+            handlers.on_node, {"type": "MODIFIED", "object": copy.deepcopy(stored)}, self.ctx
+        )
 
     async def tick(self, seconds: float, *, full: bool = True) -> None:
         """`seconds` pass, then a timer pass."""

@@ -7,6 +7,7 @@ from typing import Any
 
 import drain_cluster
 import gpunode_facts
+import handling
 from gpuhealth_api import keys
 from gpuhealth_operator import breakers, context, handlers, ticker
 from gpuhealth_operator.decisions import breaker, model, times
@@ -178,7 +179,7 @@ class Fleet:
 
     async def deliver_node(self, name: str) -> None:
         body = copy.deepcopy(self.cluster.nodes[name])
-        await handlers.on_node(drain_cluster.event("MODIFIED", body), memo=self.ctx)
+        await handling.handle(handlers.on_node, drain_cluster.event("MODIFIED", body), self.ctx)
 
     async def report(self, name: str, ecc: int) -> None:
         """The node's agent reports (a fresh heartbeat) `ecc` uncorrectable errors on GPU 0."""
@@ -188,7 +189,9 @@ class Fleet:
             overrides={0: {"ecc": {"uncorrectedVolatile": ecc}}}, heartbeat=stamp, observed=stamp
         )
         stored = self.cluster.put_gpunode(name, facts)
-        await handlers.on_gpunode(drain_cluster.event("MODIFIED", copy.deepcopy(stored)), memo=self.ctx)
+        await handling.handle(
+            handlers.on_gpunode, drain_cluster.event("MODIFIED", copy.deepcopy(stored)), self.ctx
+        )
 
     async def later(self, seconds: float) -> None:
         """Time passes: every agent reports again, then the operator's timer runs two passes."""

@@ -13,6 +13,7 @@ from typing import Any
 import kopf
 
 import gpunode_facts
+import handling
 from gpuhealth_api import keys, resources
 from gpuhealth_operator import context, handlers, metrics, settings
 from gpuhealth_sim.backtest import memcluster
@@ -49,14 +50,14 @@ def test_a_faulty_gpunode_event_is_acted_on_and_released() -> None:
         }
         client.put_node(copy.deepcopy(node))
         node_event = copy.deepcopy(node)
-        await handlers.on_node(event("ADDED", node_event), memo=ctx)
+        await handling.handle(handlers.on_node, event("ADDED", node_event), ctx)
         assert "status" not in node_event and "managedFields" not in node_event["metadata"]
         assert ctx.cache.node("n1") is not None and ctx.cache.node("n1").view.gpu_capacity == 8  # type: ignore[union-attr]
 
         faulty = gpunode_facts.agent_status(overrides={1: {"ecc": {"uncorrectedVolatile": 2}}})
         stored = client.put_gpunode("n1", faulty)
         body = {**copy.deepcopy(stored), "metadata": {**stored["metadata"], "managedFields": MANAGED}}
-        await handlers.on_gpunode(event("MODIFIED", body), memo=ctx)
+        await handling.handle(handlers.on_gpunode, event("MODIFIED", body), ctx)
 
         assert client.nodes["n1"]["spec"].get("unschedulable") is True  # cordoned from the cached facts
         assert "status" not in body and "managedFields" not in body["metadata"]

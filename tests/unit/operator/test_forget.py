@@ -35,6 +35,7 @@ NOT_STATE |= {"isolation_discovery"}  # what discovery says of DeviceTaintRules,
 NOT_STATE |= {"repair_templates"}  # the repair Job templates, cluster-wide
 NOT_STATE |= {"status_marks", "gpus_counted_marks"}  # what the policy status counted, snapshots
 NOT_STATE |= {"straggler_cohorts"}  # `cohorts`: follows the selections and policies at the next tick
+NOT_STATE |= {"passes"}  # asked passes: each runs once and finds a forgotten node gone (no memory kept)
 """Context fields that hold no per-node or per-policy memory (the cache and the agent pods, views of
 the cluster, are tested on their own)."""
 

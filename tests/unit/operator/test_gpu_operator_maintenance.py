@@ -17,6 +17,7 @@ from typing import Any, cast
 import pytest
 
 import gpunode_facts
+import handling
 from gpuhealth_api import conditions, keys, resources, vocabulary
 from gpuhealth_operator import context, handlers, metrics, settings, stopping, ticker
 from gpuhealth_operator.decisions import model, overrides, policies, signals, verdicts
@@ -67,7 +68,7 @@ class Fleet:
                 "spec": {},
             }
             self.cluster.put_node(copy.deepcopy(node))
-            await handlers.on_node({"type": "ADDED", "object": node}, memo=self.ctx)  # type: ignore[typeddict-item]
+            await handling.handle(handlers.on_node, {"type": "ADDED", "object": node}, self.ctx)
             await self.report(name)
 
     async def label(self, name: str, labels: Mapping[str, str | None]) -> None:
@@ -80,7 +81,9 @@ class Fleet:
             else:
                 current[key] = value
         stored = self.cluster.put_node(node)
-        await handlers.on_node({"type": "MODIFIED", "object": copy.deepcopy(stored)}, memo=self.ctx)
+        await handling.handle(
+            handlers.on_node, {"type": "MODIFIED", "object": copy.deepcopy(stored)}, self.ctx
+        )
 
     async def report(self, name: str, *, gpus: int = 8, **per_gpu: Any) -> None:
         status = gpunode_facts.agent_status(
@@ -92,7 +95,9 @@ class Fleet:
         status["agent"]["expectedGpuCount"] = 8
         status["agent"]["maxGpuCountSeen"] = 8
         stored = self.cluster.put_gpunode(name, status)
-        await handlers.on_gpunode({"type": "MODIFIED", "object": copy.deepcopy(stored)}, memo=self.ctx)
+        await handling.handle(
+            handlers.on_gpunode, {"type": "MODIFIED", "object": copy.deepcopy(stored)}, self.ctx
+        )
 
     async def tick(self, seconds: float) -> None:
         self.now += datetime.timedelta(seconds=seconds)

@@ -10,6 +10,7 @@ from typing import Any
 import kopf
 
 import gpunode_facts
+import handling
 from gpuhealth_api import keys, resources, vocabulary
 from gpuhealth_operator import context, handlers, kube, metrics, recent, settings, ticker
 from gpuhealth_operator.decisions import device_taints
@@ -80,7 +81,7 @@ async def faulty_dra_node(cluster: Cluster, clock: Clock, *nodes: str, **spec: A
             "status": {"capacity": {keys.GPU_RESOURCE: str(GPUS)}},
         }
         cluster.put_node(copy.deepcopy(node))
-        await handlers.on_node(event("ADDED", copy.deepcopy(node)), memo=ctx)
+        await handling.handle(handlers.on_node, event("ADDED", copy.deepcopy(node)), ctx)
         cluster.put_slice(gpunode_facts.resource_slice(name, GPUS))
     return ctx
 
@@ -88,7 +89,7 @@ async def faulty_dra_node(cluster: Cluster, clock: Clock, *nodes: str, **spec: A
 async def report_fault(cluster: Cluster, ctx: context.Context, node: str = NODE) -> None:
     faulty = gpunode_facts.agent_status(gpus=GPUS, overrides={FAULTY: {"ecc": {"uncorrectedVolatile": 1}}})
     stored = cluster.put_gpunode(node, faulty)
-    await handlers.on_gpunode(event("MODIFIED", copy.deepcopy(stored)), memo=ctx)
+    await handling.handle(handlers.on_gpunode, event("MODIFIED", copy.deepcopy(stored)), ctx)
 
 
 def test_a_node_deleted_while_its_rules_are_listed_is_left_alone() -> None:
@@ -101,7 +102,7 @@ def test_a_node_deleted_while_its_rules_are_listed_is_left_alone() -> None:
 
         async def delete_node() -> None:
             node = cluster.nodes.pop(NODE)
-            await handlers.on_node(event("DELETED", copy.deepcopy(node)), memo=ctx)
+            await handling.handle(handlers.on_node, event("DELETED", copy.deepcopy(node)), ctx)
 
         cluster.on_rules_list = delete_node
         await report_fault(cluster, ctx)
@@ -236,7 +237,7 @@ def test_a_node_whose_faults_outgrow_isolation_is_cordoned_by_the_report_that_sh
         ecc = {"ecc": {"uncorrectedVolatile": 1}}
         faulty = gpunode_facts.agent_status(gpus=GPUS, overrides={FAULTY: ecc, 4: ecc, 5: ecc})
         stored = cluster.put_gpunode(NODE, faulty)
-        await handlers.on_gpunode(event("MODIFIED", copy.deepcopy(stored)), memo=ctx)
+        await handling.handle(handlers.on_gpunode, event("MODIFIED", copy.deepcopy(stored)), ctx)
 
         node = cluster.nodes[NODE]
         assert node["spec"].get("unschedulable") is True, "cordoned by the report's own pass"

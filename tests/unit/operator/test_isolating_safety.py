@@ -10,6 +10,7 @@ import kopf
 import pytest
 
 import gpunode_facts
+import handling
 from gpuhealth_api import keys, resources
 from gpuhealth_operator import (
     context,
@@ -126,7 +127,7 @@ async def start(
             "status": {"capacity": {keys.GPU_RESOURCE: str(GPUS)}},
         }
         cluster.put_node(copy.deepcopy(node))
-        await handlers.on_node(event("ADDED", node), memo=ctx)
+        await handling.handle(handlers.on_node, event("ADDED", node), ctx)
         cluster.put_slice(gpunode_facts.resource_slice(name, GPUS))
         await report(cluster, ctx, name, faulty=False)
     return ctx
@@ -141,7 +142,7 @@ async def report(
     stored = cluster.put_gpunode(node, gpunode_facts.agent_status(gpus=GPUS, overrides=overrides))
     if annotations is not None:
         stored["metadata"]["annotations"] = annotations
-    await handlers.on_gpunode(event("MODIFIED", stored), memo=ctx)
+    await handling.handle(handlers.on_gpunode, event("MODIFIED", stored), ctx)
 
 
 async def new_term(cluster: Cluster, clock: Clock, ctx: context.Context) -> context.Context:
@@ -362,8 +363,8 @@ def test_a_policy_deleted_while_the_operator_was_down_has_its_rule_restored() ->
         cluster.policies.pop("iso")  # deleted while no operator ran: no event ever comes
         restarted = new_context(cluster, clock)  # a new process: a new cache, filled by priming
         for name, node in cluster.nodes.items():
-            await handlers.on_node(event("ADDED", node), memo=restarted)
-            await handlers.on_gpunode(event("ADDED", cluster.gpunodes[name]), memo=restarted)
+            await handling.handle(handlers.on_node, event("ADDED", node), restarted)
+            await handling.handle(handlers.on_gpunode, event("ADDED", cluster.gpunodes[name]), restarted)
         clock.now += datetime.timedelta(seconds=1)
         await ticker.tick(restarted)
         assert cluster.node_rules() == {}
@@ -485,8 +486,8 @@ def test_the_last_isolating_policy_deleted_beside_another_policy_has_its_rule_re
             cluster.policies.pop("iso")
             ctx = new_context(cluster, clock)
             await handlers.on_policy(event("ADDED", cluster.policies["drain"]), memo=ctx)
-            await handlers.on_node(event("ADDED", cluster.nodes["n"]), memo=ctx)
-            await handlers.on_gpunode(event("ADDED", cluster.gpunodes["n"]), memo=ctx)
+            await handling.handle(handlers.on_node, event("ADDED", cluster.nodes["n"]), ctx)
+            await handling.handle(handlers.on_gpunode, event("ADDED", cluster.gpunodes["n"]), ctx)
         else:
             await delete_policy(cluster, ctx, "iso")
         for _ in range(3):

@@ -17,6 +17,7 @@ import kopf
 import pytest
 
 import gpunode_facts
+import handling
 from gpuhealth_api import keys, resources
 from gpuhealth_operator import context, handlers, isolating, metrics, settings, ticker
 from gpuhealth_operator.actions import device_rules
@@ -120,7 +121,7 @@ async def start(cluster: Cluster, clock: Clock, *policies: dict[str, Any]) -> co
         "status": {"capacity": {keys.GPU_RESOURCE: str(GPUS)}},
     }
     cluster.put_node(copy.deepcopy(node))
-    await handlers.on_node(event("ADDED", node), memo=ctx)
+    await handling.handle(handlers.on_node, event("ADDED", node), ctx)
     cluster.put_slice(gpunode_facts.resource_slice("n", GPUS))
     await report(cluster, ctx, clock)
     return ctx
@@ -131,8 +132,8 @@ async def restart(cluster: Cluster, clock: Clock) -> context.Context:
     ctx = new_context(cluster, clock)
     for body in cluster.policies.values():
         await handlers.on_policy(event("ADDED", body), memo=ctx)
-    await handlers.on_node(event("ADDED", cluster.nodes["n"]), memo=ctx)
-    await handlers.on_gpunode(event("ADDED", cluster.gpunodes["n"]), memo=ctx)
+    await handling.handle(handlers.on_node, event("ADDED", cluster.nodes["n"]), ctx)
+    await handling.handle(handlers.on_gpunode, event("ADDED", cluster.gpunodes["n"]), ctx)
     return ctx
 
 
@@ -157,7 +158,7 @@ async def report(
     if hot:
         overrides[HOT] = {"temperatureCelsius": 95, "slowdownTemperatureCelsius": 90}
     stored = cluster.put_gpunode("n", gpunode_facts.agent_status(gpus=GPUS, overrides=overrides))
-    await handlers.on_gpunode(event("MODIFIED", stored), memo=ctx)
+    await handling.handle(handlers.on_gpunode, event("MODIFIED", stored), ctx)
     await ticker.tick(ctx, full=True)
 
 

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import strategies as st
 
 import gpunode_facts
+import handling
 from gpuhealth_api import resources, vocabulary
 from gpuhealth_operator import agent_pods, cli, context, handlers, metrics, reconciler, settings, ticker
 from gpuhealth_operator.decisions import clocks, liveness, model, signals, times
@@ -142,12 +143,14 @@ def test_a_node_whose_agent_is_stale_leaves_its_straggler_cohort() -> None:
         async def report(name: str) -> None:
             status = gpunode_facts.agent_status(heartbeat=times.render(clock[0]), heartbeat_seconds=300)
             stored = cluster.put_gpunode(name, status)
-            await handlers.on_gpunode({"type": "MODIFIED", "object": copy.deepcopy(stored)}, memo=ctx)  # type: ignore[typeddict-item]
+            await handling.handle(
+                handlers.on_gpunode, {"type": "MODIFIED", "object": copy.deepcopy(stored)}, ctx
+            )
 
         for name in names:
             node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": name}, "spec": {}}
             cluster.put_node(copy.deepcopy(node))
-            await handlers.on_node({"type": "ADDED", "object": node}, memo=ctx)  # type: ignore[typeddict-item]
+            await handling.handle(handlers.on_node, {"type": "ADDED", "object": node}, ctx)
             await report(name)
 
         def scored(at: datetime.datetime) -> dict[str, int]:
@@ -261,7 +264,7 @@ def test_a_tenant_pod_with_the_agents_labels_turning_not_ready_does_not_hide_a_f
         for name in ("faulty", "quiet"):
             node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": name}, "spec": {}}
             cluster.put_node(copy.deepcopy(node))
-            await handlers.on_node({"type": "ADDED", "object": node}, memo=ctx)  # type: ignore[typeddict-item]
+            await handling.handle(handlers.on_node, {"type": "ADDED", "object": node}, ctx)
             status = gpunode_facts.agent_status(
                 heartbeat=times.render(NOW),
                 heartbeat_seconds=300,
@@ -269,7 +272,9 @@ def test_a_tenant_pod_with_the_agents_labels_turning_not_ready_does_not_hide_a_f
                 overrides=hot if name == "faulty" else None,
             )
             stored = cluster.put_gpunode(name, status)
-            await handlers.on_gpunode({"type": "MODIFIED", "object": copy.deepcopy(stored)}, memo=ctx)  # type: ignore[typeddict-item]
+            await handling.handle(
+                handlers.on_gpunode, {"type": "MODIFIED", "object": copy.deepcopy(stored)}, ctx
+            )
 
         async def event(body: Any) -> None:
             await handlers.on_agent_pod({"type": "MODIFIED", "object": body}, memo=ctx)  # type: ignore[typeddict-item]

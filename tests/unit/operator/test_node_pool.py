@@ -13,6 +13,7 @@ from typing import Any
 import kopf
 import pytest
 
+import handling
 from gpuhealth_operator import cli, context, handlers, kube, metrics, priming, resync, settings
 
 POOL = "pool=a"
@@ -103,7 +104,7 @@ def test_another_pools_gpunode_events_are_dropped() -> None:
     async def scenario() -> None:
         ctx = pooled(Cluster({"a1": "a", "b1": "b"}))
         await priming.prime(ctx)
-        await handlers.on_gpunode(event("MODIFIED", gpunode("b1")), memo=ctx)
+        await handling.handle(handlers.on_gpunode, event("MODIFIED", gpunode("b1")), ctx)
         assert "b1" not in ctx.cache.gpunodes
 
     asyncio.run(scenario())
@@ -115,11 +116,11 @@ def test_a_node_that_joins_the_pool_brings_its_gpunode_and_one_that_leaves_takes
         ctx = pooled(client)
         await priming.prime(ctx)
         # b1 relabelled into pool a: the filtered watch shows it as ADDED; its GPUNode is read once.
-        await handlers.on_node(event("ADDED", node("b1", "a")), memo=ctx)
+        await handling.handle(handlers.on_node, event("ADDED", node("b1", "a")), ctx)
         assert "b1" in ctx.cache.gpunodes
         assert client.paths.count(f"{resync.GPUNODES_PATH}/b1") == 1
         # a1 relabelled out of the pool: the filtered watch shows it as DELETED.
-        await handlers.on_node(event("DELETED", node("a1", "b")), memo=ctx)
+        await handling.handle(handlers.on_node, event("DELETED", node("a1", "b")), ctx)
         assert "a1" not in ctx.cache.nodes
         assert "a1" not in ctx.cache.gpunodes
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import drain_cluster
 import gpunode_facts
+import handling
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import handlers, ticker
 from gpuhealth_operator.decisions import model, overlap
@@ -193,7 +194,7 @@ class Clocked:
             await handlers.on_policy(drain_cluster.event("ADDED", body), memo=self.ctx)
         self.cluster.put_node(drain_cluster.node_body("n1", {"pool": "gpu"}))
         body = copy.deepcopy(self.cluster.nodes["n1"])
-        await handlers.on_node(drain_cluster.event("ADDED", body), memo=self.ctx)
+        await handling.handle(handlers.on_node, drain_cluster.event("ADDED", body), self.ctx)
         await self.report(hot=False, ecc=0)
 
     async def report(self, *, hot: bool, ecc: int, after: float = 0) -> None:
@@ -205,7 +206,9 @@ class Clocked:
             gpu0.update(temperatureCelsius=95, slowdownTemperatureCelsius=90)
         facts = gpunode_facts.agent_status(overrides={0: gpu0}, heartbeat=stamp, observed=stamp)
         stored = self.cluster.put_gpunode("n1", facts)
-        await handlers.on_gpunode(drain_cluster.event("MODIFIED", copy.deepcopy(stored)), memo=self.ctx)
+        await handling.handle(
+            handlers.on_gpunode, drain_cluster.event("MODIFIED", copy.deepcopy(stored)), self.ctx
+        )
 
     def status(self) -> dict[str, Any]:
         return dict(self.cluster.gpunodes["n1"]["status"])

@@ -7,6 +7,7 @@ import copy
 from typing import Any
 
 import gpunode_facts
+import handling
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import handlers
 from memory_fleet import MemoryFleet
@@ -23,7 +24,7 @@ async def uncordon_by_hand(fleet: MemoryFleet, name: str) -> None:
     node = copy.deepcopy(fleet.cluster.nodes[name])
     node["spec"].pop("unschedulable", None)
     stored = fleet.cluster.put_node(node)
-    await handlers.on_node({"type": "MODIFIED", "object": copy.deepcopy(stored)}, memo=fleet.ctx)  # type: ignore[typeddict-item]
+    await handling.handle(handlers.on_node, {"type": "MODIFIED", "object": copy.deepcopy(stored)}, fleet.ctx)
 
 
 def test_an_uncordon_under_two_acting_policies_holds_until_new_evidence() -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import drain_cluster
+import handling
 from gpuhealth_api import keys
 from gpuhealth_operator import handlers
 from gpuhealth_operator.actions import nodes
@@ -87,7 +88,9 @@ def test_a_restarted_operator_never_lifts_a_cordon_a_human_made_again(recordoned
         ctx = drain_cluster.make_context(cluster)  # a new term: it saw none of the versions in between
         await handlers.on_policy(drain_cluster.event("ADDED", drain_cluster.policy_body("p", spec)), memo=ctx)
         cluster.put_node(cordoned_node(RECORDONED if recordoned else OUR_CORDON))
-        await handlers.on_node(drain_cluster.event("ADDED", copy.deepcopy(cluster.nodes["n"])), memo=ctx)
+        await handling.handle(
+            handlers.on_node, drain_cluster.event("ADDED", copy.deepcopy(cluster.nodes["n"])), ctx
+        )
         await drain_cluster.report(
             cluster, ctx, "n", ecc=0
         )  # healthy: the recovery rules would lift our cordon

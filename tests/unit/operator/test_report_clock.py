@@ -9,6 +9,7 @@ from typing import Any, Final
 import pytest
 
 import gpunode_facts
+import handling
 import memory_fleet
 from gpuhealth_api import keys
 from gpuhealth_operator import cache, handlers
@@ -170,7 +171,9 @@ def test_the_budget_queue_serves_the_fault_received_first_not_the_one_stamped_ea
         human = copy.deepcopy(fleet.cluster.nodes["held"])
         human["spec"]["unschedulable"] = True  # a human's cordon takes the budget's one place
         fleet.cluster.put_node(human)
-        await handlers.on_node({"type": "MODIFIED", "object": copy.deepcopy(human)}, memo=fleet.ctx)  # type: ignore[typeddict-item]
+        await handling.handle(
+            handlers.on_node, {"type": "MODIFIED", "object": copy.deepcopy(human)}, fleet.ctx
+        )
         ecc = {"ecc": {"uncorrectedVolatile": 2}}
         await fleet.tick(10)
         await fleet.report("first", 0.0, ecc, fleet.now)
@@ -180,7 +183,9 @@ def test_the_budget_queue_serves_the_fault_received_first_not_the_one_stamped_ea
         assert not fleet.cordoned("first") and not fleet.cordoned("second"), "both wait for the budget"
         human["spec"]["unschedulable"] = False
         fleet.cluster.put_node(copy.deepcopy(human))
-        await handlers.on_node({"type": "MODIFIED", "object": copy.deepcopy(human)}, memo=fleet.ctx)  # type: ignore[typeddict-item]
+        await handling.handle(
+            handlers.on_node, {"type": "MODIFIED", "object": copy.deepcopy(human)}, fleet.ctx
+        )
         await fleet.tick(1)
         assert (fleet.cordoned("first"), fleet.cordoned("second")) == (True, False)
 

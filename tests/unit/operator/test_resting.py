@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import gpunode_facts
+import handling
 from gpuhealth_api import keys
 from gpuhealth_operator import cache, handlers, resting
 from memory_fleet import MemoryFleet
@@ -306,7 +307,7 @@ def test_a_deleted_and_recreated_node_is_judged_afresh() -> None:
         fleet = await at_rest("n")
         fleet.cluster.delete_gpunode("n")
         gone = {"metadata": {"name": "n", "uid": "uid-gpunode-n", "resourceVersion": "99"}}
-        await handlers.on_gpunode({"type": "DELETED", "object": gone}, memo=fleet.ctx)  # type: ignore[typeddict-item]
+        await handling.handle(handlers.on_gpunode, {"type": "DELETED", "object": gone}, fleet.ctx)
         assert "n" not in fleet.ctx.resting
         await heartbeat(fleet, "n", overrides={5: {"ecc": {"uncorrectedVolatile": 1}}})  # its new GPUNode
         assert fleet.cordoned("n")

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import gpunode_facts
+import handling
 from gpuhealth_api import resources
 from gpuhealth_operator import context, handlers, metrics, reconciler, settings
 from gpuhealth_operator.decisions import stragglers, times
@@ -63,7 +64,7 @@ def flags_over_time(
         for name in names:
             node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": name}, "spec": {}}
             cluster.put_node(copy.deepcopy(node))
-            await handlers.on_node({"type": "ADDED", "object": node}, memo=ctx)  # type: ignore[typeddict-item]
+            await handling.handle(handlers.on_node, {"type": "ADDED", "object": node}, ctx)
         for round_ in range(rounds):
             for name in names:
                 clocks = {
@@ -80,7 +81,9 @@ def flags_over_time(
                     model=H200, overrides=clocks, heartbeat=times.render(now[0]), heartbeat_seconds=HEARTBEAT
                 )
                 stored = cluster.put_gpunode(name, status)
-                await handlers.on_gpunode({"type": "MODIFIED", "object": copy.deepcopy(stored)}, memo=ctx)  # type: ignore[typeddict-item]
+                await handling.handle(
+                    handlers.on_gpunode, {"type": "MODIFIED", "object": copy.deepcopy(stored)}, ctx
+                )
             reconciler.score_stragglers(ctx, now[0])
             for name in names:
                 score = ctx.stragglers.get(("p", name))
