@@ -341,6 +341,7 @@ async def _lead(
         config, credentials, meters, pool_size=config.api_connections, fence=term.holds if term else None
     )
     ctx = context.Context.create(config, client, meters, instance=config.identity, cluster=cluster)
+    meters.follow_passes(lambda: len(ctx.passes))
     tasks: set[asyncio.Task[Any]] = {asyncio.create_task(stop.wait(), name="signal")}
     if term is not None:
         tasks.add(asyncio.create_task(elector.hold(term), name="lease"))
@@ -395,6 +396,7 @@ async def _lead(
         else:
             logger.info("stopping: %s ended", task.get_name())
     await _end_term(ctx, term, tasks, kopf_stop)
+    meters.follow_passes(lambda: 0)  # the ended term's queue (and context) is let go
     await client.close()
     if config.leader_elect and exit_code == 0:
         await elector.release()

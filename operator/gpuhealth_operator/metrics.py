@@ -106,6 +106,7 @@ class Metrics:
     reconcile_errors: prometheus_client.Counter
     api_requests: prometheus_client.Counter
     leader: prometheus_client.Gauge
+    passes_waiting: prometheus_client.Gauge
     drill_nodes: FleetGauge
     drill_actions: prometheus_client.Counter
     breaker_open: FleetGauge
@@ -202,6 +203,11 @@ class Metrics:
             leader=prometheus_client.Gauge(
                 f"{PREFIX}_leader",
                 "1 while this replica holds the leader Lease and acts.",
+                registry=registry,
+            ),
+            passes_waiting=prometheus_client.Gauge(
+                f"{PREFIX}_passes_waiting",
+                "Nodes whose pass a watch event asked for and that has not started yet.",
                 registry=registry,
             ),
             drill_nodes=FleetGauge(
@@ -321,6 +327,10 @@ class Metrics:
             self.nodes_retired,
             self.domain_at_budget,
         )
+
+    def follow_passes(self, waiting: Callable[[], int]) -> None:
+        """`passes_waiting` reads `waiting` at each scrape (a term's pass queue; at its end, none)."""
+        self.passes_waiting.set_function(waiting)
 
     def set_leading(self, leading: bool) -> None:
         """This replica leads (a term starts) or not (the Lease was lost, or it stops).

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import gpunode_facts
-from gpuhealth_operator import handlers, pass_queue, passes, reconciler
+from gpuhealth_operator import handlers, metrics, pass_queue, passes, reconciler
 from memory_fleet import MemoryFleet
 
 RULES = [
@@ -47,6 +47,20 @@ def test_asks_fold_and_wait_for_the_running_pass() -> None:
         assert queue.take() == [("a", pass_queue.Ask("gpunode"))]
 
     asyncio.run(scenario())
+
+
+def test_the_gauge_counts_the_nodes_waiting_for_a_pass() -> None:
+    meters = metrics.Metrics.create()
+    queue = pass_queue.PassQueue()
+    meters.follow_passes(lambda: len(queue))
+    for name in ("a", "b", "a"):
+        queue.request(name, pass_queue.Ask("gpunode"))
+    waiting = "gpuhealth_operator_passes_waiting"
+    assert meters.registry.get_sample_value(waiting) == 2  # two nodes, however many events
+    queue.take(limit=1)
+    assert meters.registry.get_sample_value(waiting) == 1  # a running pass no longer waits
+    meters.follow_passes(lambda: 0)  # the term ended
+    assert meters.registry.get_sample_value(waiting) == 0
 
 
 class SlowNodes:
