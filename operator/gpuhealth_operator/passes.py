@@ -58,9 +58,9 @@ async def _guarded(ctx: context.Context, name: str, ask: pass_queue.Ask) -> None
         await run_one(ctx, name, ask)
     except asyncio.CancelledError:
         raise
-    except (
-        Exception
-    ):  # transient API errors are the reconciler's; this is a bug: logged, the next ask retries
+    except Exception:
+        # Transient API errors are the reconciler's to count and retry; this is a bug: logged, counted, and
+        # the node's next ask passes it again.
         ctx.meters.reconcile_errors.labels(ask.handler).inc()
         logger.exception("the pass of node %s asked by a %s event failed", name, ask.handler)
     finally:
