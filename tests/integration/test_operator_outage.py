@@ -14,6 +14,7 @@ return.
 """
 
 import datetime
+import re
 import secrets
 import threading
 import time
@@ -189,6 +190,7 @@ def test_an_api_outage_longer_than_the_lease_costs_no_restart_and_loses_no_actio
         timeout_seconds=TIMEOUT,
         message="the leader exports the fleet gauges",
     )
+    assert re.search(r"^gpuhealth_operator_passes_waiting \d", operator.metrics(), re.M), "passes waiting"
 
     crds.stop_apiserver()
     restarted = False
@@ -212,6 +214,7 @@ def test_an_api_outage_longer_than_the_lease_costs_no_restart_and_loses_no_actio
         scraped = operator.metrics()
         assert "gpuhealth_operator_leader 0.0" in scraped, scraped
         assert "gpuhealth_operator_nodes{" not in scraped, "a standby exports no fleet gauges"
+        assert "gpuhealth_operator_passes_waiting 0.0" in scraped, "a standby has no passes waiting"
         # The outage itself lasts this long (a scenario duration, not a synchronisation).
         time.sleep(max(0.0, OUTAGE_SECONDS - (time.monotonic() - stopped_at)))
 
