@@ -179,9 +179,10 @@ async def deliver(cluster: DrainCluster, ctx: context.Context, name: str) -> Non
     await handling.handle(handlers.on_node, event("MODIFIED", copy.deepcopy(cluster.nodes[name])), ctx)
 
 
-async def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
-    """Poll `condition` on the running loop (a drain runs on it) until it holds; fail after `seconds`."""
+async def until(condition: Callable[[], bool], seconds: float = 5.0, what: str = "the condition") -> None:
+    """Poll `condition` on the running loop (a drain runs on it) until it holds; fail after `seconds`,
+    naming `what` was awaited."""
     deadline = time.monotonic() + seconds
     while not condition():
-        assert time.monotonic() < deadline, "timed out"
+        assert time.monotonic() < deadline, f"timed out after {seconds} s waiting for {what}"
         await asyncio.sleep(0.01)

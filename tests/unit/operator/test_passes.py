@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+import drain_cluster
 import gpunode_facts
 from gpuhealth_operator import handlers, metrics, pass_queue, passes, reconciler
 from memory_fleet import MemoryFleet
@@ -67,7 +68,6 @@ class SlowNodes:
     """The in-memory cluster, where a Node patch of a node in `held` waits until that node is released."""
 
     def __init__(self, fleet: MemoryFleet) -> None:
-        self.cluster = fleet.cluster
         self.held: dict[str, asyncio.Event] = {}
         self.cancelled: list[str] = []
         original: Callable[..., Awaitable[Any]] = fleet.cluster.request
@@ -97,14 +97,6 @@ async def deliver(fleet: MemoryFleet, name: str, overrides: Mapping[int, Mapping
     await handlers.on_gpunode({"type": "MODIFIED", "object": copy.deepcopy(stored)}, memo=fleet.ctx)  # type: ignore[typeddict-item]
 
 
-async def until(check: Callable[[], bool], what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEADLINE_SECONDS
-    while not check():
-        assert loop.time() < deadline, f"not within {DEADLINE_SECONDS} s: {what}"
-        await asyncio.sleep(0.01)
-
-
 async def started(names: list[str]) -> tuple[MemoryFleet, asyncio.Task[None]]:
     fleet = MemoryFleet(RULES)
     fleet.policies[0]["spec"]["breaker"] = {"maxNewUnhealthy": 10}  # two faults here are no storm
@@ -114,7 +106,7 @@ async def started(names: list[str]) -> tuple[MemoryFleet, asyncio.Task[None]]:
     runner = asyncio.create_task(passes.run(fleet.ctx))
     for name in names:
         await deliver(fleet, name, None)
-    await until(lambda: not fleet.ctx.passes.busy, "the first passes")
+    await drain_cluster.until(lambda: not fleet.ctx.passes.busy, DEADLINE_SECONDS, "the first passes")
     return fleet, runner
 
 
@@ -123,7 +115,7 @@ def test_a_fault_is_cordoned_by_the_running_task() -> None:
         fleet, runner = await started(["a"])
         await deliver(fleet, "a", ECC)
         assert not fleet.cordoned("a")  # the handler only asked
-        await until(lambda: fleet.cordoned("a"), "a cordoned")
+        await drain_cluster.until(lambda: fleet.cordoned("a"), DEADLINE_SECONDS, "a cordoned")
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
 
@@ -145,18 +137,24 @@ def test_a_slow_write_holds_up_no_other_node_and_the_newest_report_is_judged() -
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(reconciler, "reconcile_node", counted)
             await deliver(fleet, "a", HOT)  # its label patch hangs
-            await until(lambda: passes_run == ["a"], "a's pass started")
+            await drain_cluster.until(lambda: passes_run == ["a"], DEADLINE_SECONDS, "a's pass started")
             for overrides in (None, ECC, ECC):  # three reports while it hangs: cached at once
                 await deliver(fleet, "a", overrides)
                 assert fleet.ctx.cache.gpunode("a").status["gpus"][0]["ecc"]["uncorrectedVolatile"] == (
                     0 if overrides is None else 1
                 )
             await deliver(fleet, "b", ECC)
-            await until(lambda: fleet.cordoned("b"), "b cordoned while a's write hangs")
+            await drain_cluster.until(
+                lambda: fleet.cordoned("b"), DEADLINE_SECONDS, "b cordoned while a's write hangs"
+            )
             assert not fleet.cordoned("a")
             slow.held["a"].set()
-            await until(lambda: fleet.cordoned("a"), "a cordoned after its write answered")
-            await until(lambda: not fleet.ctx.passes.busy, "nothing left to run")
+            await drain_cluster.until(
+                lambda: fleet.cordoned("a"), DEADLINE_SECONDS, "a cordoned after its write answered"
+            )
+            await drain_cluster.until(
+                lambda: not fleet.ctx.passes.busy, DEADLINE_SECONDS, "nothing left to run"
+            )
         # a: the pass that hung, then one pass for the three reports (b: one)
         assert passes_run == ["a", "b", "a"]
         runner.cancel()
@@ -171,7 +169,9 @@ def test_the_end_of_the_term_stops_a_pass_half_way() -> None:
         slow = SlowNodes(fleet)
         slow.held["a"] = asyncio.Event()
         await deliver(fleet, "a", ECC)  # its cordon hangs
-        await until(lambda: fleet.ctx.passes.busy and not len(fleet.ctx.passes), "a's pass started")
+        await drain_cluster.until(
+            lambda: fleet.ctx.passes.busy and not len(fleet.ctx.passes), DEADLINE_SECONDS, "a's pass started"
+        )
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
         assert slow.cancelled == ["a"]  # the hanging cordon was cancelled, not left to land later
@@ -198,9 +198,13 @@ def test_a_failing_pass_is_counted_and_its_node_is_passed_again(caplog: pytest.L
             patch.setattr(reconciler, "reconcile_node", failing_once)
             await deliver(fleet, "a", HOT)
             errors = fleet.ctx.meters.reconcile_errors.labels("gpunode")
-            await until(lambda: errors._value.get() == 1, "the failure counted")
+            await drain_cluster.until(
+                lambda: errors._value.get() == 1, DEADLINE_SECONDS, "the failure counted"
+            )
             await deliver(fleet, "a", ECC)
-            await until(lambda: fleet.cordoned("a"), "a cordoned by its next pass")
+            await drain_cluster.until(
+                lambda: fleet.cordoned("a"), DEADLINE_SECONDS, "a cordoned by its next pass"
+            )
         assert "the pass of node a asked by a gpunode event failed" in caplog.text
         runner.cancel()
         await asyncio.gather(runner, return_exceptions=True)
