@@ -81,6 +81,10 @@ NEEDS_REPAIR_MANUAL: Final = "manual"
 REPAIR_ANNOTATION: Final = f"{PREFIX}/repair"
 """On a Node: JSON of the repair cycle in progress (policy, cycle, step, phase, since, GPUs, bootId);
 absent when no repair runs. Written before a step's Job is created, so a new leader derives its name."""
+REPAIR_CYCLES_ANNOTATION: Final = f"{PREFIX}/repair-cycles"
+"""On a Node: the repair cycles it started recently, `<cycle>@<RFC 3339 start>` comma-separated, oldest
+first, the last 10 (the most `maxAttempts` allows). Written with the cycle's first state, before its first
+Job: what maxAttempts counts, across restarts and leaders, apart from the 20-entry `status.repairs[]`."""
 REPAIR_ACTION_LABEL: Final = f"{PREFIX}/repair-action"
 """On a repair Job and its pods: `ResetGPU`, `RebootNode` or `Validation`."""
 REPAIR_CYCLE_LABEL: Final = f"{PREFIX}/repair-cycle"

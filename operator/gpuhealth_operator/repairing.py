@@ -63,6 +63,12 @@ def state_of(ctx: context.Context, name: str) -> repair.State | None:
     return repair.parse(record.view.annotations.get(keys.REPAIR_ANNOTATION)) if record is not None else None
 
 
+def cycles(ctx: context.Context, name: str) -> repair.Cycles:
+    """The node's recent cycle starts (`keys.REPAIR_CYCLES_ANNOTATION`): what maxAttempts counts."""
+    record = ctx.cache.node(name)
+    return repair.parse_cycles(record.view.annotations.get(keys.REPAIR_CYCLES_ANNOTATION) if record else None)
+
+
 def history(ctx: context.Context, name: str) -> list[dict[str, Any]]:
     """The node's `status.repairs[]`: as this process last made it, else as stored."""
     made = ctx.repair_history.get(name)
@@ -345,7 +351,12 @@ def _step_words(
 
 
 async def _write_state(
-    ctx: context.Context, name: str, state: repair.State | None, *, retired: bool = False
+    ctx: context.Context,
+    name: str,
+    state: repair.State | None,
+    *,
+    retired: bool = False,
+    also: Mapping[str, str | None] | None = None,
 ) -> bool:
     """Write the node's repair state (None: remove it) on the cached version; False on a conflict."""
     record = ctx.cache.node(name)
@@ -358,6 +369,7 @@ async def _write_state(
             value=repair.render(state) if state is not None else None,
             resource_version=record.resource_version,
             retired=retired,
+            also=also,
         )
     except kube.ApiError as error:
         if not error.conflict:
@@ -493,10 +505,11 @@ async def begin(
     indexed = faulty_gpus(ctx, policy, name, verdict)
     gpus = tuple(u for _, u in indexed)
     past = history(ctx, name)
+    started = cycles(ctx, name)
     first = repair.next_step(spec, 0, gpus)
     state: repair.State | None = None
     if first is not None:
-        cycle = repair.next_cycle(past)
+        cycle = repair.next_cycle(past, started)
         state = repair.State(
             policy=policy.name,
             cycle=cycle,
@@ -516,15 +529,24 @@ async def begin(
         selected = len(ctx.cache.selection(policy).selected)
         limit = policies.resolve_max_concurrent(spec, selected)
         decision = repair.may_start(
-            spec, history=past, in_progress=in_progress(ctx), limit=limit, gpus=gpus, now=now
+            spec, history=past, in_progress=in_progress(ctx), limit=limit, gpus=gpus, now=now, started=started
         )
-        written = decision is repair.Start.GO and state is not None and await _write_state(ctx, name, state)
+        written = (
+            decision is repair.Start.GO
+            and state is not None
+            and await _write_state(  # the cycle's start is counted before its first Job exists
+                ctx,
+                name,
+                state,
+                also={keys.REPAIR_CYCLES_ANNOTATION: repair.with_cycle(started, state.cycle, now)},
+            )
+        )
     if decision is repair.Start.WAIT:
         await _say_waiting(ctx, policy, name, verdict, limit)
         return NodeAction.DRAINED
     _stop_waiting(ctx, name)
     if decision is repair.Start.RETIRE:
-        count = repair.cycles_in_window(past, now, spec.attempt_window_seconds)
+        count = repair.cycles_in_window(past, now, spec.attempt_window_seconds, started)
         return (
             await _retire(
                 ctx,
@@ -825,7 +847,7 @@ async def _retire(  # noqa: PLR0917 - one retire's inputs
     """Give up: label needs-repair=manual, the cordon stays, the repair state goes; say so."""
     if not await _write_state(ctx, name, None, retired=True):
         return Handled(NodeAction.REPAIRING if state is not None else NodeAction.DRAINED)
-    cycle = state.cycle if state is not None else repair.next_cycle(history(ctx, name)) - 1
+    cycle = state.cycle if state is not None else repair.next_cycle(history(ctx, name), cycles(ctx, name)) - 1
     record = repair.State(
         policy=policy.name,
         cycle=max(cycle, 0),

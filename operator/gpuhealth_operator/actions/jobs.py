@@ -214,12 +214,13 @@ async def set_state(
     value: str | None,
     resource_version: str,
     retired: bool = False,
+    also: Mapping[str, str | None] | None = None,
 ) -> kube.JsonObject:
     """Write (or remove: None) the Node's repair annotation, only on the version it was decided from
-    (409 otherwise); `retired` also sets the needs-repair label."""
+    (409 otherwise); `retired` also sets the needs-repair label, `also` more annotations in the same write."""
     metadata: dict[str, Any] = {
         "resourceVersion": resource_version,
-        "annotations": {keys.REPAIR_ANNOTATION: value},
+        "annotations": {**(also or {}), keys.REPAIR_ANNOTATION: value},
     }
     if retired:
         metadata["labels"] = {keys.NEEDS_REPAIR_LABEL: keys.NEEDS_REPAIR_MANUAL}

@@ -142,12 +142,42 @@ def next_step(spec: model.RepairSpec, start: int, gpus: Sequence[str]) -> int | 
 # --- may a cycle start -------------------------------------------------------------------------------
 
 
+CYCLES_KEPT: Final = 10
+"""The cycle starts a Node keeps (`keys.REPAIR_CYCLES_ANNOTATION`): the CRD's largest maxAttempts. Whether
+maxAttempts cycles began within a window ending now is decided by the newest maxAttempts starts alone."""
+
+Cycles = tuple[tuple[int, datetime.datetime], ...]
+"""(cycle number, when it began), oldest first."""
+
+
+def parse_cycles(text: str | None) -> Cycles:
+    """The Node's recent cycle starts; unreadable items are skipped (a hand edit counts for nothing)."""
+    found: list[tuple[int, datetime.datetime]] = []
+    for item in (text or "").split(","):
+        number, _, stamp = item.strip().partition("@")
+        when = times.parse(stamp) if stamp else None
+        if number.isdigit() and when is not None:
+            found.append((int(number), when))
+    return tuple(sorted(found, key=lambda c: (c[1], c[0])))
+
+
+def with_cycle(cycles: Cycles, number: int, started: datetime.datetime) -> str:
+    """The annotation's value with one more cycle start, the last CYCLES_KEPT kept: bounded however long
+    the node lives."""
+    kept = sorted([*(c for c in cycles if c[0] != number), (number, started)], key=lambda c: (c[1], c[0]))
+    return ",".join(f"{n}@{times.render(w)}" for n, w in kept[-CYCLES_KEPT:])
+
+
 def cycles_in_window(
-    history: Sequence[Mapping[str, Any]], now: datetime.datetime, window_seconds: float
+    history: Sequence[Mapping[str, Any]],
+    now: datetime.datetime,
+    window_seconds: float,
+    started: Cycles = (),
 ) -> int:
-    """Repair cycles started within the window: distinct cycle numbers of entries dated in it."""
+    """Repair cycles started within the window: distinct cycle numbers of the Node's recorded starts and of
+    history entries dated in it (the history alone holds 20 entries, 4-6 a cycle: never more than 5)."""
     since = now - datetime.timedelta(seconds=window_seconds)
-    cycles: set[int] = set()
+    cycles: set[int] = {number for number, when in started if when >= since}
     for entry in history:
         when = times.parse(entry.get("time"))
         cycle = entry.get("cycle")
@@ -158,9 +188,9 @@ def cycles_in_window(
     return len(cycles)
 
 
-def next_cycle(history: Sequence[Mapping[str, Any]]) -> int:
-    """One more than the highest cycle in the history (1 for the first)."""
-    known = [e.get("cycle") for e in history]
+def next_cycle(history: Sequence[Mapping[str, Any]], started: Cycles = ()) -> int:
+    """One more than the highest cycle in the history or the recorded starts (1 for the first)."""
+    known = [e.get("cycle") for e in history] + [number for number, _ in started]
     return max((c for c in known if isinstance(c, int) and not isinstance(c, bool)), default=0) + 1
 
 
@@ -182,9 +212,10 @@ def may_start(
     limit: int,
     gpus: Sequence[str],
     now: datetime.datetime,
+    started: Cycles = (),
 ) -> Start:
     """Whether a new cycle may start on a drained faulty node (the caller checked everything else)."""
-    if cycles_in_window(history, now, spec.attempt_window_seconds) >= spec.max_attempts:
+    if cycles_in_window(history, now, spec.attempt_window_seconds, started) >= spec.max_attempts:
         return Start.RETIRE
     if next_step(spec, 0, gpus) is None:
         return Start.NOTHING

@@ -1,0 +1,194 @@
+"""Issue 45: repair's accounting on the in-memory cluster — every allowed maxAttempts honoured across
+restarts, Jobs adopted only with this operator's identity, a whole history, the driver's recovery
+action choosing the first step.
+
+The operator's own handlers and timer run on `memcluster` under a test clock (`memory_fleet`); the test
+plays the node: it ends a step's Job (`end_job`) and writes the agent's next report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime
+from collections.abc import Mapping
+from typing import Any
+
+import gpunode_facts
+import memory_fleet
+from gpuhealth_api import keys
+from gpuhealth_operator import context, metrics, settings
+from gpuhealth_operator.decisions import repair
+
+NODE = "n1"
+ECC = {"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}
+RECOVERY = {"name": "recovery", "condition": "RecoveryRequired", "action": "Drain"}
+BOOT = "boot-1"
+
+
+class RepairFleet(memory_fleet.MemoryFleet):
+    """One node under policy `p` with `spec.repair` (reset, reboot, validation; `repair` overrides)."""
+
+    def __init__(self, rules: list[dict[str, Any]] | None = None, **repair: Any) -> None:
+        super().__init__(rules or [ECC])
+        spec: dict[str, Any] = {
+            "steps": [
+                {"name": "reset", "action": "ResetGPU", "timeoutSeconds": 120},
+                {"name": "reboot", "action": "RebootNode", "timeoutSeconds": 120},
+            ],
+            "validation": {"timeoutSeconds": 120},
+            "maxConcurrent": 1,
+        }
+        spec.update(repair)
+        self.policies[0]["spec"].update(
+            recovery={"uncordon": True, "healthyForSeconds": 3600},
+            drain={"timeoutSeconds": 30, "force": True},
+            repair=spec,
+        )
+        self.boot = BOOT
+
+    async def report(self, *, faulty: bool, gpu: Mapping[str, Any] | None = None) -> None:
+        overrides: dict[int, Mapping[str, Any]] = {}
+        if gpu is not None:
+            overrides[0] = gpu
+        elif faulty:
+            overrides[0] = {"ecc": {"uncorrectedVolatile": 2}}
+        facts = gpunode_facts.agent_status(overrides=overrides, heartbeat=gpunode_facts.rfc3339(self.now))
+        facts["agent"]["bootId"] = self.boot
+        await self.deliver(NODE, facts)
+
+    def status(self) -> dict[str, Any]:
+        return self.cluster.gpunodes[NODE].get("status") or {}
+
+    def annotations(self) -> dict[str, str]:
+        return self.cluster.nodes[NODE]["metadata"].get("annotations") or {}
+
+    def running(self) -> list[dict[str, Any]]:
+        """The node's repair Jobs that have not ended."""
+        return [
+            j
+            for j in self.cluster.jobs.values()
+            if not (j.get("status") or {}).get("conditions")
+            and (j["metadata"].get("labels") or {}).get(keys.NODE_LABEL) == NODE
+        ]
+
+    def job(self, action: str) -> dict[str, Any]:
+        found = [j for j in self.running() if j["metadata"]["labels"][keys.REPAIR_ACTION_LABEL] == action]
+        assert len(found) == 1, (action, [j["metadata"]["name"] for j in self.running()])
+        return found[0]
+
+    async def until(self, what: str, test: Any, ticks: int = 30) -> None:
+        for _ in range(ticks):
+            if test():
+                return
+            await self.tick(1)
+        raise AssertionError(f"{what}: status {self.status().get('action')}, jobs {self.running()}")
+
+    async def action(self, action: str) -> None:
+        await self.until(f"action {action}", lambda: self.status().get("action") == action)
+
+    async def end(self, action: str, *, ok: bool = True) -> None:
+        """The step's (or validation's) pod exits; the operator sees the Job finished."""
+        self.cluster.end_job(self.job(action)["metadata"]["name"], ok, 0.0)
+        await self.tick(1)
+
+    async def one_successful_cycle(self) -> None:
+        """Fault → drained → reset (works) → validation (passes) → back in service."""
+        await self.report(faulty=True)
+        await self.action("Repairing")
+        await self.end("ResetGPU")
+        await self.report(faulty=False)
+        await self.action("Validating")
+        await self.end("Validation")
+        await self.until("back in service", lambda: not self.cordoned(NODE))
+
+    def restart(self) -> None:
+        """A new operator process (or a new leader) on the same cluster: nothing kept in memory."""
+        ctx = context.Context.create(
+            settings.Settings(), self.cluster, metrics.Metrics.create(), instance="t2"
+        )
+        ctx.clock = lambda: self.now
+        self.ctx = ctx
+
+    async def resume(self) -> None:
+        """The new process lists the cluster (its priming) as watch events."""
+        import handling  # noqa: PLC0415
+        from gpuhealth_operator import handlers  # noqa: PLC0415
+
+        for policy in self.policies:
+            await handlers.on_policy({"type": "ADDED", "object": policy}, memo=self.ctx)  # type: ignore[typeddict-item]
+        await handling.handle(
+            handlers.on_node, {"type": "ADDED", "object": copy.deepcopy(self.cluster.nodes[NODE])}, self.ctx
+        )
+        await handling.handle(
+            handlers.on_gpunode,
+            {"type": "ADDED", "object": copy.deepcopy(self.cluster.gpunodes[NODE])},
+            self.ctx,
+        )
+
+
+def results(fleet: RepairFleet) -> list[tuple[int, str, str]]:
+    return [
+        (e.get("cycle", 0), e.get("action", ""), e["result"]) for e in fleet.status().get("repairs") or []
+    ]
+
+
+# --- item 1: every allowed maxAttempts is honoured ------------------------------------------------------
+
+
+def test_max_attempts_six_retires_after_six_cycles_across_a_restart() -> None:
+    """maxAttempts 6: six successful cycles (4 history entries each: 24 > the 20 kept), a restart after
+    the third, then the seventh fault retires the node instead of resetting it again."""
+
+    async def story() -> None:
+        fleet = RepairFleet(maxAttempts=6)
+        await fleet.start([NODE])
+        await fleet.report(faulty=False)
+        for cycle in range(6):
+            await fleet.one_successful_cycle()
+            if cycle == 2:
+                fleet.restart()
+                await fleet.resume()
+        assert len(fleet.status()["repairs"]) == 20  # the history is bounded: it cannot count 6 cycles
+        await fleet.report(faulty=True)
+        await fleet.action("Retired")
+        assert fleet.labels(NODE).get(keys.NEEDS_REPAIR_LABEL) == keys.NEEDS_REPAIR_MANUAL
+        assert fleet.cordoned(NODE)
+        assert not fleet.running(), "no seventh reset"
+        assert [j["metadata"]["labels"][keys.REPAIR_ACTION_LABEL] for j in fleet.cluster.job_log].count(
+            "ResetGPU"
+        ) == 6
+        # What the Node keeps for the count is bounded too: at most 10 cycle starts (the CRD's maximum).
+        assert len(fleet.annotations()[keys.REPAIR_CYCLES_ANNOTATION].split(",")) <= 10
+
+    asyncio.run(story())
+
+
+def test_cycles_outside_the_window_do_not_count() -> None:
+    """maxAttempts 1 within 600 s: a fault after the window is repaired again, one inside is retired."""
+
+    async def story() -> None:
+        fleet = RepairFleet(maxAttempts=1, attemptWindowSeconds=600)
+        await fleet.start([NODE])
+        await fleet.report(faulty=False)
+        await fleet.one_successful_cycle()
+        await fleet.tick(700)
+        await fleet.one_successful_cycle()
+        await fleet.report(faulty=True)
+        await fleet.action("Retired")
+
+    asyncio.run(story())
+
+
+def test_the_cycle_starts_a_node_keeps_are_bounded_and_a_hand_edit_counts_for_nothing() -> None:
+    t0 = memory_fleet.T0
+    value = ""
+    for number in range(1, 15):
+        value = repair.with_cycle(repair.parse_cycles(value), number, t0 + datetime.timedelta(hours=number))
+    kept = repair.parse_cycles(value)
+    assert [n for n, _ in kept] == list(range(5, 15))
+    assert repair.next_cycle([], kept) == 15
+    assert repair.cycles_in_window([], t0 + datetime.timedelta(hours=14), 3 * 3600 + 1, kept) == 4
+    assert repair.parse_cycles("x@now,3@,7@2026-01-01T00:00:00Z") == (
+        (7, repair.times.parse("2026-01-01T00:00:00Z")),
+    )
