@@ -92,6 +92,10 @@ REPAIR_CYCLE_LABEL: Final = f"{PREFIX}/repair-cycle"
 REPAIR_CYCLE_STARTED_ANNOTATION: Final = f"{PREFIX}/repair-cycle-started"
 """On a repair Job: when its cycle began (the Node annotation's `started`). A Job of the same name is adopted
 only with this cycle's stamp: a recreated GPUNode restarts cycle numbers, and an old Job is not its result."""
+REPAIR_TOKEN_ANNOTATION: Final = f"{PREFIX}/repair-token"
+"""On a repair Job: a random token made for this Job alone; the Node's repair annotation holds only its
+SHA-256 (`jobToken`), written before the Job. A Job of the name is adopted only with a token of that hash:
+the name and the cycle stamp are readable on the Node, the token is not until our Job holds the name."""
 REPAIR_NODE_ENV: Final = "GPUHEALTH_NODE"
 """Environment variable in every container of a repair Job: the node's name."""
 REPAIR_GPUS_ENV: Final = "GPUHEALTH_GPU_UUIDS"

@@ -313,6 +313,9 @@ class Context:
     of repair maxConcurrent with the repairs (`repairing.holders`). Kept when a Node is forgotten: a
     deleted node's Job is still to be deleted."""
 
+    repair_tokens: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    """node → (SHA-256, token) of the repair Job token this process made last (`repairing`): the Node holds
+    only the hash; a restarted process makes a new token before it creates a Job."""
     repair_waiting: set[str] = dataclasses.field(default_factory=set)
     """Nodes whose repair waits for maxConcurrent and said so (once per wait; only the policy that
     cordoned a node repairs it, so one wait per node)."""
@@ -402,6 +405,7 @@ class Context:
         self.repair_history.pop(name, None)
         self.repair_finished_seen.pop(name, None)
         self.repair_waiting.discard(name)
+        self.repair_tokens.pop(name, None)
         lock = self.node_locks.get(name)
         if lock is not None and not lock.locked():
             del self.node_locks[name]

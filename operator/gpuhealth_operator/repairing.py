@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
+import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -298,6 +299,11 @@ class JobStep:
             timeout_seconds=self.timeout_seconds,
             cycle_started=repair.cycle_stamp(self.state),
         )
+        # Our identity on the Job: the token whose hash the state on the Node holds (`_sealed`).
+        made = self.ctx.repair_tokens.get(self.node)
+        if made is None or made[0] != self.state.token:
+            raise jobs.StaleJob(f"no token of this process for Job {self.state.job}")
+        body["metadata"]["annotations"][keys.REPAIR_TOKEN_ANNOTATION] = made[1]
         _, created = await jobs.create(self.ctx.client, body, belongs=self._ours)
         return created
 
@@ -377,6 +383,14 @@ async def _write_state(
         await node_patches.refresh(ctx, name)
         return False
     return ctx.cache.refresh_node(body) is not None
+
+
+def _sealed(ctx: context.Context, name: str, state: repair.State) -> repair.State:
+    """The state with a new Job token: this process keeps the token, the state (on the Node) its hash."""
+    token = secrets.token_urlsafe(24)
+    digest = repair.token_digest(token)
+    ctx.repair_tokens[name] = (digest, token)
+    return dataclasses.replace(state, token=digest)
 
 
 def _note(
@@ -521,6 +535,7 @@ async def begin(
             job=repair.job_name(name, cycle, first),
             started=now,
         )
+        state = _sealed(ctx, name, state)
         why = await _step_of(ctx, policy, spec, name, state).decide(now)
         if why is not None:
             logger.info("repair of node %s by policy %s waits: %s", name, policy.name, why)
@@ -631,12 +646,16 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
                     f"after {policy.recovery_healthy_for_seconds:g}s of health.",
                 )
             return None
-        validating = dataclasses.replace(
-            state,
-            phase=Phase.VALIDATE,
-            since=now,
-            boot_id=_boot_id(ctx, name),
-            job=repair.job_name(name, state.cycle, state.step, validation=True),
+        validating = _sealed(
+            ctx,
+            name,
+            dataclasses.replace(
+                state,
+                phase=Phase.VALIDATE,
+                since=now,
+                boot_id=_boot_id(ctx, name),
+                job=repair.job_name(name, state.cycle, state.step, validation=True),
+            ),
         )
         if not await _write_state(ctx, name, validating):
             return Handled(NodeAction.REPAIRING)
@@ -734,6 +753,7 @@ async def _failed(  # noqa: PLR0917 - one failure's context
         job=repair.job_name(name, state.cycle, following),
         started=state.started,
     )
+    nxt = _sealed(ctx, name, nxt)
     if not await _write_state(ctx, name, nxt):
         return Handled(NodeAction.REPAIRING)
     return await _launch(ctx, policy, spec, name, nxt, verdict, now, indexed=indexed)
@@ -759,6 +779,14 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
         if "evictable" in why and verdict.wanted_action is vocabulary.Action.DRAIN:
             return None  # the ladder drains the node again; the Job is created once it is empty
         return Handled(phase)
+    made = ctx.repair_tokens.get(name)
+    if made is None or made[0] != state.token:
+        # Written by another process (a restart, an earlier leader) whose token died with it: a new one,
+        # its hash on the Node first, so that the Job created now is still known by it after us.
+        state = _sealed(ctx, name, state)
+        if not await _write_state(ctx, name, state):
+            return Handled(phase)
+        action = _step_of(ctx, policy, spec, name, state)
     if state.phase is Phase.STEP and indexed:
         action = JobStep(
             ctx,

@@ -14,6 +14,7 @@ import dataclasses
 import datetime
 import enum
 import hashlib
+import hmac
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -55,6 +56,9 @@ class State:
     job: str
     started: datetime.datetime | None = None
     """When the cycle began (its first step), for the cycle's duration."""
+    token: str | None = None
+    """SHA-256 (hex) of the token its Job carries (`keys.REPAIR_TOKEN_ANNOTATION`); None: written by an
+    operator before tokens, whose Job is known by its cycle stamp alone."""
 
 
 def parse(text: str | None) -> State | None:
@@ -73,6 +77,7 @@ def parse(text: str | None) -> State | None:
         if not isinstance(gpus, list) or not all(isinstance(g, str) for g in gpus):
             return None
         boot_id = raw.get("bootId")
+        token = raw.get("jobToken")
         return State(
             policy=raw["policy"],
             cycle=cycle,
@@ -83,6 +88,7 @@ def parse(text: str | None) -> State | None:
             boot_id=boot_id if isinstance(boot_id, str) and boot_id else None,
             job=raw["job"],
             started=times.parse(raw.get("started")) or since,
+            token=token if isinstance(token, str) and token else None,
         )
     except (ValueError, KeyError, TypeError):
         return None
@@ -100,6 +106,8 @@ def render(state: State) -> str:
         "job": state.job,
         "started": times.render(state.started or state.since),
     }
+    if state.token:
+        body["jobToken"] = state.token
     return json.dumps(body, separators=(",", ":"))
 
 
@@ -122,12 +130,26 @@ def cycle_stamp(state: State) -> str:
     return times.render(state.started or state.since)
 
 
+def token_digest(token: str) -> str:
+    """What the Node's repair annotation keeps of a Job's token: its SHA-256, which cannot be turned back."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
 def belongs(job: Mapping[str, Any], state: State) -> bool:
-    """Whether a Job of the state's name is this cycle's: it carries the cycle's start stamp. A Job of the
-    same name from an earlier life of the node (a recreated GPUNode restarts cycle numbers), or one
-    without the stamp, is not: its result says nothing about this cycle."""
-    stamped = ((job.get("metadata") or {}).get("annotations") or {}).get(keys.REPAIR_CYCLE_STARTED_ANNOTATION)
-    return isinstance(stamped, str) and times.parse(stamped) == (state.started or state.since)
+    """Whether a Job of the state's name is this operator's Job of this state: it carries the cycle's start
+    stamp and the token whose hash the state holds. A Job of the same name from an earlier life of the
+    node (a recreated GPUNode restarts cycle numbers) is not, nor one that only copies the name and the
+    stamp (both readable on the Node): anyone who can create Jobs in the namespace can make one of
+    those, but not one with the token, which exists only in our Job. A state written before tokens
+    (`token` None) knows its Job by the stamp alone."""
+    annotations = (job.get("metadata") or {}).get("annotations") or {}
+    stamped = annotations.get(keys.REPAIR_CYCLE_STARTED_ANNOTATION)
+    if not isinstance(stamped, str) or times.parse(stamped) != (state.started or state.since):
+        return False
+    if state.token is None:
+        return True
+    token = annotations.get(keys.REPAIR_TOKEN_ANNOTATION)
+    return isinstance(token, str) and hmac.compare_digest(token_digest(token), state.token)
 
 
 def next_step(spec: model.RepairSpec, start: int, gpus: Sequence[str]) -> int | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import datetime
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -192,3 +193,89 @@ def test_the_cycle_starts_a_node_keeps_are_bounded_and_a_hand_edit_counts_for_no
     assert repair.parse_cycles("x@now,3@,7@2026-01-01T00:00:00Z") == (
         (7, repair.times.parse("2026-01-01T00:00:00Z")),
     )
+
+
+# --- item 12: adopt only Jobs this operator made ----------------------------------------------------------
+
+
+def test_a_job_that_only_carries_the_name_and_cycle_stamp_is_not_adopted() -> None:
+    """A tenant who can create Jobs in the repair namespace reads the Node's repair annotation (the Job's
+    name and the cycle's start are there) and races the operator to a finished "validation" of that name.
+    The operator must not adopt it (it would return a faulty node to service): it deletes it, creates its
+    own, and the node stays cordoned until that one passes."""
+
+    async def story() -> None:
+        fleet = RepairFleet()
+        await fleet.start([NODE])
+        await fleet.report(faulty=False)
+        await fleet.report(faulty=True)
+        await fleet.action("Repairing")
+        serve = fleet.cluster._jobs
+        forged: list[str] = []
+
+        def racing(method: str, path: str, body: object) -> Any:
+            if method == "POST" and isinstance(body, dict) and not forged:
+                labels = body["metadata"].get("labels") or {}
+                if labels.get(keys.REPAIR_ACTION_LABEL) == "Validation":
+                    state = json.loads(fleet.annotations()[keys.REPAIR_ANNOTATION])
+                    fake = {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "metadata": {
+                            "name": state["job"],
+                            "namespace": "gpu-health",
+                            "labels": dict(labels),
+                            "annotations": {keys.REPAIR_CYCLE_STARTED_ANNOTATION: state["started"]},
+                        },
+                        "spec": {},
+                        "status": {
+                            "conditions": [{"type": "Complete", "status": "True"}],
+                            "completionTime": "2026-01-01T12:00:00Z",
+                        },
+                    }
+                    fleet.cluster.jobs[f"gpu-health/{state['job']}"] = fleet.cluster.bump(fake)
+                    forged.append(state["job"])
+            return serve(method, path, body)
+
+        fleet.cluster._jobs = racing
+        await fleet.end("ResetGPU")
+        await fleet.report(faulty=False)
+        await fleet.tick(1)
+        await fleet.tick(1)
+        assert forged, "the race happened"
+        assert fleet.cordoned(NODE), "a forged validation returned the node to service"
+        assert fleet.status().get("action") == "Validating"
+        own = fleet.job("Validation")  # the operator's own, created once the forged one was gone
+        assert own["metadata"]["annotations"].get(keys.REPAIR_TOKEN_ANNOTATION)
+        await fleet.end("Validation")
+        await fleet.until("back in service", lambda: not fleet.cordoned(NODE))
+
+    asyncio.run(story())
+
+
+def test_a_job_belongs_only_with_the_token_whose_hash_the_state_holds() -> None:
+    started = memory_fleet.T0
+    state = repair.State(
+        policy="p",
+        cycle=1,
+        step=0,
+        phase=repair.Phase.STEP,
+        since=started,
+        gpus=(),
+        boot_id=None,
+        job="j",
+        started=started,
+        token=repair.token_digest("secret"),
+    )
+    stamp = {keys.REPAIR_CYCLE_STARTED_ANNOTATION: repair.cycle_stamp(state)}
+
+    def job(annotations: dict[str, str]) -> dict[str, Any]:
+        return {"metadata": {"name": "j", "annotations": annotations}}
+
+    assert repair.belongs(job({**stamp, keys.REPAIR_TOKEN_ANNOTATION: "secret"}), state)
+    assert not repair.belongs(job(stamp), state)  # the name and the stamp alone: anyone's
+    assert not repair.belongs(
+        job({**stamp, keys.REPAIR_TOKEN_ANNOTATION: state.token or ""}), state
+    )  # the hash
+    assert repair.parse(repair.render(state)) == state  # the hash travels with the state on the Node
+    assert "secret" not in repair.render(state)
