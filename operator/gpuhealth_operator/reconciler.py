@@ -306,6 +306,28 @@ def _differs(current: dict[str, Any], desired: dict[str, Any]) -> bool:
     return have != want
 
 
+KEPT_STATUS_FIELDS = ("health", "issues", "action", "conditions", "straggler", POLICIES_FIELD)
+"""The fields of `desired_status` besides the isolated GPUs and the repair history."""
+
+
+async def write_history(ctx: context.Context, name: str) -> None:
+    """Write the node's repair history where no pass writes its status (a cancel of an excluded or no
+    longer selected node): the operator's fields as stored, with the history this process made. Errors
+    are logged; the next pass that writes the status carries the history too."""
+    gpunode = ctx.cache.gpunode(name)
+    made = ctx.repair_history.get(name)
+    if gpunode is None or made is None or gpunode.status.get(repairing.STATUS_FIELD) == made:
+        return
+    owned = (*KEPT_STATUS_FIELDS, *isolating.STATUS_FIELDS)
+    stored: Mapping[str, Any] = gpunode.status
+    desired = {k: stored[k] for k in owned if k in stored}
+    desired[repairing.STATUS_FIELD] = made
+    try:
+        ctx.cache.refresh_gpunode(await status.apply_gpunode(ctx.client, name, desired), ctx.clock())
+    except kube.ApiError:
+        logger.warning("writing the repair history of node %s failed (will retry)", name, exc_info=True)
+
+
 async def _write_status(
     ctx: context.Context,
     policy: model.Policy,

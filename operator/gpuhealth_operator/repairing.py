@@ -443,6 +443,36 @@ def _started(ctx: context.Context, name: str, state: repair.State) -> bool:
     )
 
 
+def _fill_gaps(ctx: context.Context, name: str, step: str, action: JobStep, job: repair.JobView) -> None:
+    """History a leader made and died before writing (its status write follows the Job by a pass): how
+    the phase before this state ended (written on the Node with the state) and this state's Started (its
+    Job is there), both dated when the state was written."""
+    state = action.state
+    done = state.previous
+    if done is not None and not repair.recorded(history(ctx, name), state):
+        _note(
+            ctx,
+            name,
+            state.since,
+            state,
+            step=done.step,
+            action=done.action,
+            result=done.result,
+            message=done.message,
+        )
+    if job.phase is not repair.JobPhase.MISSING and not _started(ctx, name, state):
+        _note(
+            ctx,
+            name,
+            state.since,
+            state,
+            step=step,
+            action=action.key,
+            result=Result.STARTED,
+            message=f"Job {action.namespace}/{state.job} created (recorded by the next leader)",
+        )
+
+
 def _finished_seen(
     ctx: context.Context, name: str, state: repair.State, job: repair.JobView, now: datetime.datetime
 ) -> datetime.datetime | None:
@@ -598,6 +628,7 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
     step = spec.steps[state.step]
     action = _step_of(ctx, policy, spec, name, state)
     job = await action.observe()
+    _fill_gaps(ctx, name, step.name, action, job)
     if job.phase is repair.JobPhase.MISSING and not _started(ctx, name, state):
         return await _launch(ctx, policy, spec, name, state, verdict, now)  # written, never created
     seen = report(ctx, policy, name, now)
@@ -655,6 +686,7 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
                 since=now,
                 boot_id=_boot_id(ctx, name),
                 job=repair.job_name(name, state.cycle, state.step, validation=True),
+                previous=repair.Done(step.name, kind, Result.SUCCEEDED, transition.message),
             ),
         )
         if not await _write_state(ctx, name, validating):
@@ -752,6 +784,7 @@ async def _failed(  # noqa: PLR0917 - one failure's context
         boot_id=_boot_id(ctx, name),
         job=repair.job_name(name, state.cycle, following),
         started=state.started,
+        previous=repair.Done(step.name if step else "", kind, result, transition.message),
     )
     nxt = _sealed(ctx, name, nxt)
     if not await _write_state(ctx, name, nxt):
@@ -929,9 +962,11 @@ async def cancel(
     )
 
 
-async def sweep(ctx: context.Context, now: datetime.datetime) -> None:
+async def sweep(ctx: context.Context, now: datetime.datetime) -> list[str]:
     """Cancel every cycle that must stop (the timer's pass): nodes a reconcile no longer reaches
-    (excluded, no longer selected, the policy deleted or in dry run) included."""
+    (excluded, no longer selected, the policy deleted or in dry run) included. The nodes cancelled: no
+    pass may write their status (an excluded node's), so the caller writes their history."""
+    cancelled: list[str] = []
     for name in ctx.cache.in_node_order(ctx.cache.repairing):  # the annotated nodes, not the fleet
         async with ctx.node_locks[name]:
             state = state_of(ctx, name)
@@ -945,6 +980,9 @@ async def sweep(ctx: context.Context, now: datetime.datetime) -> None:
                     logger.warning(
                         "cancelling the repair of node %s failed (will retry)", name, exc_info=True
                     )
+                else:
+                    cancelled.append(name)
+    return cancelled
 
 
 def dry_run_note(ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict) -> str:

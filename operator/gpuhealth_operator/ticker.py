@@ -150,7 +150,10 @@ async def tick(
         elif isinstance(result, BaseException):
             raise result  # cancelled: the timer is stopping
     await pausing.announce(ctx, now)
-    await repairing.sweep(ctx, now)  # repairs of nodes excluded, deselected, or of deleted/dry-run policies
+    for name in await repairing.sweep(
+        ctx, now
+    ):  # repairs of nodes excluded, deselected, or of deleted/dry-run policies
+        await reconciler.write_history(ctx, name)  # their Cancelled, where no pass writes the status
     await new_nodes.sweep(ctx, now)  # validation of new nodes (spec.repair.validation.newNodes)
     await isolation_sweep.sweep(ctx, now)  # the DeviceTaintRules of deleted policies: adopted or restored
     await domain_actions.on_timer(ctx, now, full=refresh)  # recovery holds, and marks drifted meanwhile

@@ -39,6 +39,21 @@ class Phase(enum.StrEnum):
     VALIDATE = "validate"
 
 
+PREVIOUS_MESSAGE: Final = 256
+"""The previous phase's message is kept this long on the Node (the history keeps 4096)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Done:
+    """How the phase before a state ended (its history entry, dated the state's `since`), written on the
+    Node with the state: a leader that dies before its status write leaves it for the next one to record."""
+
+    step: str
+    action: str
+    result: Result
+    message: str
+
+
 @dataclasses.dataclass(frozen=True)
 class State:
     """The cycle in progress on a node (the Node annotation)."""
@@ -59,6 +74,8 @@ class State:
     token: str | None = None
     """SHA-256 (hex) of the token its Job carries (`keys.REPAIR_TOKEN_ANNOTATION`); None: written by an
     operator before tokens, whose Job is known by its cycle stamp alone."""
+    previous: Done | None = None
+    """How this cycle's phase before this one ended (None: this is its first)."""
 
 
 def parse(text: str | None) -> State | None:
@@ -79,6 +96,7 @@ def parse(text: str | None) -> State | None:
         boot_id = raw.get("bootId")
         token = raw.get("jobToken")
         return State(
+            previous=_done(raw.get("previous")),
             policy=raw["policy"],
             cycle=cycle,
             step=step,
@@ -92,6 +110,19 @@ def parse(text: str | None) -> State | None:
         )
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def _done(raw: object) -> Done | None:
+    if not isinstance(raw, Mapping):
+        return None
+    step, action, message = (raw.get(k) for k in ("step", "action", "message"))
+    if not all(isinstance(v, str) for v in (step, action, message)):
+        return None
+    try:
+        result = Result(str(raw.get("result")))
+    except ValueError:
+        return None
+    return Done(str(step), str(action), result, str(message))
 
 
 def render(state: State) -> str:
@@ -108,6 +139,14 @@ def render(state: State) -> str:
     }
     if state.token:
         body["jobToken"] = state.token
+    if state.previous is not None:
+        done = state.previous
+        body["previous"] = {
+            "step": done.step,
+            "action": done.action,
+            "result": done.result.value,
+            "message": done.message[:PREVIOUS_MESSAGE],
+        }
     return json.dumps(body, separators=(",", ":"))
 
 
@@ -454,6 +493,21 @@ def entry(
         "result": result.value,
         "message": message[:4096],
     }
+
+
+def recorded(history: Sequence[Mapping[str, Any]], state: State) -> bool:
+    """Whether the history holds the entry of how the phase before `state` ended."""
+    done = state.previous
+    if done is None:
+        return True
+    stamp = times.render(state.since)
+    return any(
+        e.get("cycle") == state.cycle
+        and e.get("result") == done.result.value
+        and e.get("action") == done.action
+        and e.get("time") == stamp
+        for e in history
+    )
 
 
 def with_entry(history: Sequence[Mapping[str, Any]], item: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -61,6 +61,7 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.repair_history[node] = [{"cycle": 1, "result": "Started"}]
     ctx.repair_finished_seen[node] = ("gpuhealth-repair-job", datetime.datetime.now(datetime.UTC))
     ctx.repair_waiting.add(node)
+    ctx.repair_tokens[node] = ("digest", "token")
     ctx.validations_running.add(node)
     ctx.dry_run_said[(policy, node)] = f"Dry run: policy {policy} would cordon"
     ctx.drill_said[(policy, node)] = f"Drill: policy {policy} would cordon"
@@ -92,6 +93,7 @@ FILLED = {
     "repair_history",
     "repair_finished_seen",
     "repair_waiting",
+    "repair_tokens",
     "validations_running",
     "admission",
     "cordons_unknown",
@@ -227,6 +229,7 @@ def test_forget_verdicts_keeps_the_nodes_own_memory() -> None:
             "repair_history",
             "repair_finished_seen",
             "repair_waiting",
+            "repair_tokens",
             "validations_running",
         }
         assert not ctx.drains.tasks["n"].cancelled()

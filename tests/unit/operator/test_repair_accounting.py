@@ -279,3 +279,72 @@ def test_a_job_belongs_only_with_the_token_whose_hash_the_state_holds() -> None:
     )  # the hash
     assert repair.parse(repair.render(state)) == state  # the hash travels with the state on the Node
     assert "secret" not in repair.render(state)
+
+
+# --- history that outlives Events is whole -------------------------------------------------------------
+
+
+def test_excluding_the_node_records_the_cancel_in_the_history() -> None:
+    async def story() -> None:
+        fleet = RepairFleet()
+        await fleet.start([NODE])
+        await fleet.report(faulty=False)
+        await fleet.report(faulty=True)
+        await fleet.action("Repairing")
+
+        def exclude(node: dict[str, Any]) -> None:
+            node["metadata"].setdefault("labels", {})[keys.EXCLUDE_LABEL] = "true"
+
+        await fleet.edit_node(NODE, exclude)
+        await fleet.until("the Job deleted", lambda: not fleet.running())
+        assert keys.REPAIR_ANNOTATION not in fleet.annotations()
+        await fleet.until("Cancelled recorded", lambda: (1, "ResetGPU", "Cancelled") in results(fleet))
+
+    asyncio.run(story())
+
+
+class Dying:
+    """The leader dies right after its pass created a Job: the GPUNode status write of that pass (with the
+    history entries it made) never lands."""
+
+    def __init__(self, fleet: RepairFleet) -> None:
+        self.fleet = fleet
+        self.apply = fleet.cluster._apply_status
+        self.dead = False
+        fleet.cluster._apply_status = self._apply
+
+    def _apply(self, path: str, body: object) -> Any:
+        if self.dead and "/gpunodes/" in path:
+            raise RuntimeError("the leader is gone")
+        return self.apply(path, body)
+
+    async def kill_after_next_job(self) -> None:
+        jobs = len(self.fleet.cluster.job_log)
+        self.dead = True
+        await self.fleet.until("a Job created", lambda: len(self.fleet.cluster.job_log) > jobs, ticks=200)
+        self.dead = False
+        self.fleet.restart()
+        await self.fleet.resume()
+
+
+def test_a_leader_killed_between_a_job_and_its_history_leaves_no_gap() -> None:
+    async def story() -> None:
+        fleet = RepairFleet()
+        await fleet.start([NODE])
+        await fleet.report(faulty=False)
+        await fleet.report(faulty=True)
+        dying = Dying(fleet)
+        assert not fleet.cluster.job_log
+        await dying.kill_after_next_job()  # the reset's Job created, its Started never written
+        await fleet.tick(1)
+        assert [r for r in results(fleet) if r[0] == 1] == [(1, "ResetGPU", "Started")]
+        await dying.kill_after_next_job()  # the reset timed out, the reboot's Job created; neither written
+        await fleet.tick(1)
+        assert results(fleet) == [
+            (1, "ResetGPU", "Started"),
+            (1, "ResetGPU", "TimedOut"),
+            (1, "RebootNode", "Started"),
+        ]
+        assert len(fleet.running()) == 1, "adopted, not a second Job"
+
+    asyncio.run(story())
