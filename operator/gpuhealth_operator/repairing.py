@@ -168,6 +168,13 @@ def faulty_gpus(
     )
 
 
+def recovery_actions(ctx: context.Context, name: str) -> list[str]:
+    """The recovery actions the driver asks for on the node's GPUs (`gpus[].recoveryAction`)."""
+    gpunode = ctx.cache.gpunode(name)
+    listed = isolation.listed_gpus(gpunode.status) if gpunode is not None else []
+    return [a for g in listed if isinstance(a := g.get("recoveryAction"), str) and a]
+
+
 def all_gpus(ctx: context.Context, name: str) -> tuple[str, ...]:
     """UUIDs of every GPU the agent lists on the node."""
     gpunode = ctx.cache.gpunode(name)
@@ -550,7 +557,7 @@ async def begin(
     gpus = tuple(u for _, u in indexed)
     past = history(ctx, name)
     started = cycles(ctx, name)
-    first = repair.next_step(spec, 0, gpus)
+    first = repair.first_step(spec, gpus, recovery_actions(ctx, name))
     state: repair.State | None = None
     if first is not None:
         cycle = repair.next_cycle(past, started)
@@ -991,7 +998,7 @@ def dry_run_note(ctx: context.Context, policy: model.Policy, name: str, verdict:
     if spec is None or verdict.wanted_action is not vocabulary.Action.DRAIN:
         return ""
     indexed = faulty_gpus(ctx, policy, name, verdict)
-    first = repair.next_step(spec, 0, [u for _, u in indexed])
+    first = repair.first_step(spec, [u for _, u in indexed], recovery_actions(ctx, name))
     if first is None:
         return " Repair would retire the node: no step applies (no faulty GPU's UUID is known)."
     step = spec.steps[first]

@@ -16,7 +16,7 @@ import enum
 import hashlib
 import hmac
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from gpuhealth_api import keys, vocabulary
@@ -198,6 +198,37 @@ def next_step(spec: model.RepairSpec, start: int, gpus: Sequence[str]) -> int | 
             continue
         return index
     return None
+
+
+REBOOT_REQUESTS: Final = frozenset(
+    {vocabulary.RecoveryAction.NODE_REBOOT.value, vocabulary.RecoveryAction.SYSTEM_REBOOT.value}
+)
+"""Recovery actions a reboot cures: a GPU reset first would be a step the driver said will not do."""
+RESET_REQUESTS: Final = frozenset(
+    {
+        vocabulary.RecoveryAction.GPU_RESET.value,
+        vocabulary.RecoveryAction.BUS_RESET.value,
+        vocabulary.RecoveryAction.DRAIN_AND_RESET.value,  # the drain is done: the node is drained
+    }
+)
+
+
+def first_step(spec: model.RepairSpec, gpus: Sequence[str], recovery: Iterable[str]) -> int | None:
+    """The step a cycle starts at: the policy's first RebootNode step when any GPU's driver asks for a
+    reboot (`recovery`: the GPUs' `recoveryAction`s), its first applicable ResetGPU step when one asks
+    for a reset, else (no request, or no such step) the first step that applies. The steps after it
+    follow in the policy's order."""
+    asked = set(recovery)
+    wanted = (
+        RepairAction.REBOOT_NODE
+        if asked & REBOOT_REQUESTS
+        else (RepairAction.RESET_GPU if asked & RESET_REQUESTS else None)
+    )
+    if wanted is not None:
+        for index in range(len(spec.steps)):
+            if spec.steps[index].action is wanted and next_step(spec, index, gpus) == index:
+                return index
+    return next_step(spec, 0, gpus)
 
 
 # --- may a cycle start -------------------------------------------------------------------------------

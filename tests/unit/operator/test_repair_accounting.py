@@ -348,3 +348,35 @@ def test_a_leader_killed_between_a_job_and_its_history_leaves_no_gap() -> None:
         assert len(fleet.running()) == 1, "adopted, not a second Job"
 
     asyncio.run(story())
+
+
+# --- the driver's recovery action chooses the first step ------------------------------------------------
+
+
+def _first_job(rules: list[dict[str, Any]], gpu: Mapping[str, Any], **repair: Any) -> list[str]:
+    async def story() -> list[str]:
+        fleet = RepairFleet(rules, **repair)
+        await fleet.start([NODE])
+        await fleet.report(faulty=False)
+        await fleet.report(faulty=True, gpu=gpu)
+        await fleet.action("Repairing")
+        return [j["metadata"]["labels"][keys.REPAIR_ACTION_LABEL] for j in fleet.cluster.job_log]
+
+    return asyncio.run(story())
+
+
+def test_a_node_reboot_request_starts_at_the_reboot_step() -> None:
+    assert _first_job([RECOVERY], {"recoveryAction": "NodeReboot"}) == ["RebootNode"]
+    # With an ECC fault on the same GPU too: the driver's word on the cure wins.
+    both = {"recoveryAction": "NodeReboot", "ecc": {"uncorrectedVolatile": 2}}
+    assert _first_job([ECC, RECOVERY], both) == ["RebootNode"]
+
+
+def test_a_gpu_reset_request_starts_at_the_reset_step() -> None:
+    steps = [
+        {"name": "reboot", "action": "RebootNode", "timeoutSeconds": 120},
+        {"name": "reset", "action": "ResetGPU", "timeoutSeconds": 120},
+    ]
+    assert _first_job([RECOVERY], {"recoveryAction": "GpuReset"}, steps=steps) == ["ResetGPU"]
+    # No recovery action asked for: the policy's order.
+    assert _first_job([ECC], {"ecc": {"uncorrectedVolatile": 2}}, steps=steps) == ["RebootNode"]
