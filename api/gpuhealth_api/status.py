@@ -177,6 +177,7 @@ class RepairStatus(TypedDict, total=False):
     gpus: list[str]  # GPU UUIDs
     result: str  # vocabulary.RepairResult
     message: str
+    fault: str  # the issues that began the cycle (a step's Started, Retired)
 
 
 class GPUNodeStatus(TypedDict, total=False):

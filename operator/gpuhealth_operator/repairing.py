@@ -410,6 +410,7 @@ def _note(
     action: str,
     result: Result,
     message: str,
+    fault: str = "",
 ) -> None:
     record(
         ctx,
@@ -421,6 +422,7 @@ def _note(
         gpus=state.gpus,
         result=result,
         message=message,
+        fault=fault,
     )
 
 
@@ -435,9 +437,12 @@ def record(
     gpus: tuple[str, ...],
     result: Result,
     message: str,
+    fault: str = "",
 ) -> None:
     """One `status.repairs[]` entry (written with the node's next status) and its count in the metric."""
-    item = repair.entry(now, cycle=cycle, step=step, action=action, gpus=gpus, result=result, message=message)
+    item = repair.entry(
+        now, cycle=cycle, step=step, action=action, gpus=gpus, result=result, message=message, fault=fault
+    )
     ctx.repair_history[name] = repair.with_entry(history(ctx, name), item)
     ctx.meters.repairs.labels(action or "none", result.value).inc()
 
@@ -571,6 +576,7 @@ async def begin(
             boot_id=_boot_id(ctx, name),
             job=repair.job_name(name, cycle, first),
             started=now,
+            fault=",".join(verdict.issues),
         )
         state = _sealed(ctx, name, state)
         why = await _step_of(ctx, policy, spec, name, state).decide(now)
@@ -608,11 +614,12 @@ async def begin(
                 f"a fault again after {count} repair cycle(s) within {spec.attempt_window_seconds:g}s "
                 f"(maxAttempts {spec.max_attempts})",
                 now,
+                fault=",".join(verdict.issues),
             )
         ).action
     if decision is repair.Start.NOTHING:
         why = "no step applies: ResetGPU needs the faulty GPUs' UUIDs and none is known (a node-wide fault)"
-        return (await _retire(ctx, policy, name, None, why, now)).action
+        return (await _retire(ctx, policy, name, None, why, now, fault=",".join(verdict.issues))).action
     if not written or state is None:
         return NodeAction.DRAINED  # maxConcurrent repairs in progress (or the Node changed): it waits
     handled = await _launch(ctx, policy, spec, name, state, verdict, now, indexed=indexed)
@@ -791,6 +798,7 @@ async def _failed(  # noqa: PLR0917 - one failure's context
         boot_id=_boot_id(ctx, name),
         job=repair.job_name(name, state.cycle, following),
         started=state.started,
+        fault=state.fault,
         previous=repair.Done(step.name if step else "", kind, result, transition.message),
     )
     nxt = _sealed(ctx, name, nxt)
@@ -881,6 +889,7 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
         action=action.key,
         result=Result.STARTED,
         message=f"Job {action.namespace}/{state.job} {'created' if created else 'adopted'}",
+        fault=state.fault if state.phase is Phase.STEP else "",
     )
     if state.phase is Phase.STEP:
         await ctx.recorder.emit(
@@ -911,8 +920,11 @@ async def _retire(  # noqa: PLR0917 - one retire's inputs
     state: repair.State | None,
     why: str,
     now: datetime.datetime,
+    fault: str = "",
 ) -> Handled:
-    """Give up: label needs-repair=manual, the cordon stays, the repair state goes; say so."""
+    """Give up: label needs-repair=manual, the cordon stays, the repair state goes; say so. The Retired
+    entry names the fault that began the cycle (`fault`, else the state's): a retired node may report
+    healthy by now, and a human needs to know what it was retired for."""
     if not await _write_state(ctx, name, None, retired=True):
         return Handled(NodeAction.REPAIRING if state is not None else NodeAction.DRAINED)
     cycle = state.cycle if state is not None else repair.next_cycle(history(ctx, name), cycles(ctx, name)) - 1
@@ -926,7 +938,17 @@ async def _retire(  # noqa: PLR0917 - one retire's inputs
         boot_id=None,
         job="",
     )
-    _note(ctx, name, now, record, step="", action="", result=Result.RETIRED, message=why)
+    _note(
+        ctx,
+        name,
+        now,
+        record,
+        step="",
+        action="",
+        result=Result.RETIRED,
+        message=why,
+        fault=fault or (state.fault if state is not None else ""),
+    )
     if state is not None:
         _observe_duration(ctx, state, "retired", now)
     await ctx.recorder.emit(

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from gpuhealth_api import keys, status, timestamps, vocabulary
-from gpuhealth_operator.decisions import isolation, model, policies, severity
+from gpuhealth_operator.decisions import isolation, model, policies, repair, severity
 
 Body = Mapping[str, Any]
 Report = dict[str, Any]
@@ -142,13 +142,7 @@ def status_report(
     for body in sorted(policy_bodies, key=_name):
         rows.append(_policy_row(body, gpunodes, node_by_name))
     attention = [
-        {
-            "node": _name(g),
-            "health": _status(g).get("health") or "Unknown",
-            "issues": _status(g).get("issues") or "",
-            "action": _status(g).get("action") or "",
-            "heartbeat": age((_status(g).get("agent") or {}).get("lastHeartbeatTime"), now),
-        }
+        _node_row(g, now)
         for g in sorted(gpunodes, key=_name)
         if (_status(g).get("health") or "Unknown") != vocabulary.Health.HEALTHY.value
         or (_status(g).get("action") or "None") not in {"None", ""}
@@ -171,6 +165,27 @@ def status_report(
     if domains:
         report["degradedDomains"] = domains
     return report
+
+
+def _node_row(g: Body, now: datetime.datetime) -> Report:
+    row: Report = {
+        "node": _name(g),
+        "health": _status(g).get("health") or "Unknown",
+        "issues": _status(g).get("issues") or "",
+        "action": _status(g).get("action") or "",
+        "heartbeat": age((_status(g).get("agent") or {}).get("lastHeartbeatTime"), now),
+    }
+    retired = retired_for(_status(g).get("repairs") or []) if row["action"] == "Retired" else None
+    if retired is not None:  # healthy by now, maybe: what it was retired for
+        row["retiredFor"] = retired[0]
+    return row
+
+
+def _issues_words(row: Mapping[str, Any]) -> str:
+    words = [
+        w for w in (row.get("issues"), row.get("retiredFor") and f"retired for {row['retiredFor']}") if w
+    ]
+    return "; ".join(str(w) for w in words) or "-"
 
 
 def _health_counts(items: Iterable[Body], health: Any) -> dict[str, int]:
@@ -216,17 +231,46 @@ def _policy_row(body: Body, gpunodes: Sequence[Body], node_by_name: Mapping[str,
     return row
 
 
+def repair_cycles(history: Sequence[Body], node: Body | None) -> int:
+    """The repair cycles a node ran: distinct cycle numbers of its history (several entries each) and of
+    the cycle starts the Node keeps (`keys.REPAIR_CYCLES_ANNOTATION`, what maxAttempts counts)."""
+    started = repair.parse_cycles(
+        (_meta(node or {}).get("annotations") or {}).get(keys.REPAIR_CYCLES_ANNOTATION)
+    )
+    numbers = {
+        c for e in history if isinstance(c := e.get("cycle"), int) and not isinstance(c, bool) and c > 0
+    }
+    return len(numbers | {n for n, _ in started})
+
+
+def retired_for(history: Sequence[Body]) -> tuple[str, int | None] | None:
+    """(the fault, its cycle) that began the cycle the node was last retired in; None if never retired or
+    not recorded (an operator before issue 45 wrote no `fault`)."""
+    last = next((e for e in reversed(history) if e.get("result") == "Retired"), None)
+    if last is None:
+        return None
+    cycle = last.get("cycle") if isinstance(last.get("cycle"), int) else None
+    if last.get("fault"):
+        return str(last["fault"]), cycle
+    began = next((e for e in history if e.get("cycle") == cycle and e.get("fault")), None)
+    return (str(began["fault"]), cycle) if began is not None else None
+
+
 def _repairs(gpunodes: Sequence[Body], node_by_name: Mapping[str, Body]) -> list[Report]:
     """Nodes in repair, retired, or with repair history; empty until repair exists (DESIGN.md wave 3)."""
     found = []
     for g in sorted(gpunodes, key=_name):
         history = _status(g).get("repairs") or []
         action = _status(g).get("action") or ""
-        label = (_meta(node_by_name.get(_name(g)) or {}).get("labels") or {}).get(keys.NEEDS_REPAIR_LABEL)
+        node = node_by_name.get(_name(g))
+        label = (_meta(node or {}).get("labels") or {}).get(keys.NEEDS_REPAIR_LABEL)
         if history or action in REPAIR_ACTIONS or label:
-            entry: Report = {"node": _name(g), "action": action, "attempts": len(history)}
+            entry: Report = {"node": _name(g), "action": action, "cycles": repair_cycles(history, node)}
             if history:
                 entry["last"] = history[-1]
+            retired = retired_for(history)
+            if retired is not None and action == "Retired":
+                entry["retiredFor"] = retired[0]
             if label:
                 entry["needsRepair"] = label
             found.append(entry)
@@ -292,7 +336,7 @@ def render_status(report: Report) -> str:
     if report["nodes"]:
         table = [["NODE", "HEALTH", "ISSUES", "ACTION", "HEARTBEAT"]]
         table += [
-            [n["node"], n["health"], n["issues"] or "-", n["action"] or "-", n["heartbeat"]]
+            [n["node"], n["health"], _issues_words(n), n["action"] or "-", n["heartbeat"]]
             for n in report["nodes"]
         ]
         lines.extend(_table(table))
@@ -303,13 +347,13 @@ def render_status(report: Report) -> str:
         lines.append(f"Drill running on {drill['node']}: {drill['condition']}")
     if report.get("repairs"):
         lines.append("")
-        table = [["REPAIR NODE", "ACTION", "ATTEMPTS", "LAST"]]
+        table = [["REPAIR NODE", "ACTION", "CYCLES", "RETIRED FOR", "LAST"]]
         for r in report["repairs"]:
             last = r.get("last") or {}
             text = " ".join(str(last.get(k)) for k in ("step", "result") if last.get(k)) or r.get(
                 "needsRepair", "-"
             )
-            table.append([r["node"], r["action"] or "-", str(r["attempts"]), text])
+            table.append([r["node"], r["action"] or "-", str(r["cycles"]), r.get("retiredFor") or "-", text])
         lines.extend(_table(table))
     if report.get("degradedDomains"):
         lines.append("")
@@ -506,6 +550,9 @@ def why_report(
         report["isolatedGPUs"] = own["isolatedGPUs"]
     if own.get("repairs"):
         report["repairs"] = own["repairs"]
+        retired = retired_for(own["repairs"]) if own.get("action") == "Retired" else None
+        if retired is not None:
+            report["retiredFor"] = {"fault": retired[0], "cycle": retired[1]}
     return report
 
 
@@ -538,9 +585,13 @@ def render_why(report: Report, now: datetime.datetime) -> str:
         lines.append(f"{name}: no GPUNode, so no agent reports on this node and no policy judges it.")
     else:
         issues = report["issues"] or "no issues"
-        lines.append(
-            f"{name}: {report['health'] or 'not judged yet'} ({issues}), action {report['action'] or '-'}"
-        )
+        retired = report.get("retiredFor")
+        why = ""
+        if retired:
+            cycle = f" in repair cycle {retired['cycle']}" if retired.get("cycle") is not None else ""
+            why = f" (retired for {retired['fault']}{cycle})"
+        health = report["health"] or "not judged yet"
+        lines.append(f"{name}: {health} ({issues}), action {report['action'] or '-'}{why}")
     if not report["nodeExists"]:
         lines.append("  the Node does not exist")
     else:
@@ -640,9 +691,8 @@ def render_why(report: Report, now: datetime.datetime) -> str:
                 f" by rule {gpu.get('rule', '?')}"
             )
     if report.get("repairs"):
-        lines += ["", "Repairs:"]
-        for r in report["repairs"]:
-            lines.append("  " + " ".join(f"{k}={v}" for k, v in r.items()))
+        lines += ["", "Repairs (oldest first):"]
+        lines += ["  " + repair_line(r, now) for r in report["repairs"]]
 
     lines += ["", "Events (oldest first):"]
     for e in report["events"]:
@@ -651,6 +701,18 @@ def render_why(report: Report, now: datetime.datetime) -> str:
     if not report["events"]:
         lines.append("  none (Events expire after an hour by default)")
     return "\n".join(lines) + "\n"
+
+
+def repair_line(entry: Body, now: datetime.datetime) -> str:
+    """One `status.repairs[]` entry in words: `5m  cycle 3  reset (ResetGPU) NoEffect on GPU-…: why`."""
+    step, action = entry.get("step") or "", entry.get("action") or ""
+    what = f"{step} ({action}) " if step and action else (f"{step or action} " if step or action else "")
+    gpus = entry.get("gpus") or []
+    on = f" on {', '.join(str(g) for g in gpus)}" if action and gpus else ""
+    message = f": {entry['message']}" if entry.get("message") else ""
+    fault = f" (fault {entry['fault']})" if entry.get("fault") else ""
+    when = age(entry.get("time"), now)
+    return f"{when:>4}  cycle {entry.get('cycle', '?')}  {what}{entry.get('result')}{on}{message}{fault}"
 
 
 def _dash(value: object) -> str:

@@ -39,6 +39,8 @@ class Phase(enum.StrEnum):
     VALIDATE = "validate"
 
 
+FAULT_CHARS: Final = 1024
+"""A history entry's `fault` is at most this long (the CRD's maxLength)."""
 PREVIOUS_MESSAGE: Final = 256
 """The previous phase's message is kept this long on the Node (the history keeps 4096)."""
 
@@ -76,6 +78,8 @@ class State:
     operator before tokens, whose Job is known by its cycle stamp alone."""
     previous: Done | None = None
     """How this cycle's phase before this one ended (None: this is its first)."""
+    fault: str = ""
+    """The issues that began the cycle (comma-joined conditions), for its history."""
 
 
 def parse(text: str | None) -> State | None:
@@ -95,7 +99,9 @@ def parse(text: str | None) -> State | None:
             return None
         boot_id = raw.get("bootId")
         token = raw.get("jobToken")
+        fault = raw.get("fault")
         return State(
+            fault=fault[:FAULT_CHARS] if isinstance(fault, str) else "",
             previous=_done(raw.get("previous")),
             policy=raw["policy"],
             cycle=cycle,
@@ -139,6 +145,8 @@ def render(state: State) -> str:
     }
     if state.token:
         body["jobToken"] = state.token
+    if state.fault:
+        body["fault"] = state.fault[:FAULT_CHARS]
     if state.previous is not None:
         done = state.previous
         body["previous"] = {
@@ -513,9 +521,11 @@ def entry(
     gpus: Sequence[str],
     result: Result,
     message: str,
+    fault: str = "",
 ) -> dict[str, Any]:
-    """One `status.repairs[]` item."""
-    return {
+    """One `status.repairs[]` item; `fault` (the issues that began the cycle) on a cycle's step Started
+    and on Retired."""
+    item: dict[str, Any] = {
         "time": times.render(now),
         "cycle": cycle,
         "step": step,
@@ -524,6 +534,9 @@ def entry(
         "result": result.value,
         "message": message[:4096],
     }
+    if fault:
+        item["fault"] = fault[:FAULT_CHARS]
+    return item
 
 
 def recorded(history: Sequence[Mapping[str, Any]], state: State) -> bool:

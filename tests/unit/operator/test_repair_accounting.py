@@ -156,6 +156,12 @@ def test_max_attempts_six_retires_after_six_cycles_across_a_restart() -> None:
         assert fleet.labels(NODE).get(keys.NEEDS_REPAIR_LABEL) == keys.NEEDS_REPAIR_MANUAL
         assert fleet.cordoned(NODE)
         assert not fleet.running(), "no seventh reset"
+        retired = fleet.status()["repairs"][-1]
+        assert (retired["result"], retired.get("fault")) == ("Retired", "EccUncorrectable")
+        started = [
+            e for e in fleet.status()["repairs"] if e["result"] == "Started" and e["action"] == "ResetGPU"
+        ]
+        assert started and all(e.get("fault") == "EccUncorrectable" for e in started)
         assert [j["metadata"]["labels"][keys.REPAIR_ACTION_LABEL] for j in fleet.cluster.job_log].count(
             "ResetGPU"
         ) == 6

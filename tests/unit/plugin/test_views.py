@@ -250,17 +250,26 @@ def test_status_shows_repairs_and_degraded_domains_only_when_present() -> None:
         node("n2", labels={keys.NEEDS_REPAIR_LABEL: "manual"}),
     ]
     g1 = gpunode(
-        "n1", "Unhealthy", "EccUncorrectable", "Repairing", repairs=[{"step": "reset", "result": "Running"}]
+        "n1",
+        "Unhealthy",
+        "EccUncorrectable",
+        "Repairing",
+        repairs=[{"cycle": 1, "step": "reset", "result": "Started"}],
     )
     topology = {"domains": [{"key": "rack", "unhealthy": 1, "action": "Label"}]}
     report = views.status_report([policy("p", topology=topology)], [g1, gpunode("n2")], nodes, NOW)
     assert report["repairs"] == [
-        {"node": "n1", "action": "Repairing", "attempts": 1, "last": {"step": "reset", "result": "Running"}},
-        {"node": "n2", "action": "None", "attempts": 0, "needsRepair": "manual"},
+        {
+            "node": "n1",
+            "action": "Repairing",
+            "cycles": 1,
+            "last": {"cycle": 1, "step": "reset", "result": "Started"},
+        },
+        {"node": "n2", "action": "None", "cycles": 0, "needsRepair": "manual"},
     ]
     assert report["degradedDomains"] == [{"key": "rack", "value": "r1", "nodes": ["n1"]}]
     text = views.render_status(report)
-    assert "Degraded rack=r1: n1" in text and "reset Running" in text
+    assert "Degraded rack=r1: n1" in text and "reset Started" in text
 
 
 def test_status_of_an_empty_cluster_and_an_invalid_policy() -> None:
@@ -371,3 +380,130 @@ def test_status_does_not_count_another_policys_verdict_for_a_policy_status_polic
     p, q = report["policies"]
     assert p["health"] == {"Healthy": 1, "Unhealthy": 1}
     assert q["health"] == {"Healthy": 1, "Unknown": 1}
+
+
+# --- issue 45: repairs shown as cycles, readable history, the fault a node was retired for ---------------
+
+ONE_CYCLE = [
+    {
+        "time": t(400),
+        "cycle": 3,
+        "step": "reset",
+        "action": "ResetGPU",
+        "gpus": ["GPU-a"],
+        "result": "Started",
+        "message": "Job gpu-health/j created",
+        "fault": "EccUncorrectable",
+    },
+    {
+        "time": t(300),
+        "cycle": 3,
+        "step": "reset",
+        "action": "ResetGPU",
+        "gpus": ["GPU-a"],
+        "result": "NoEffect",
+        "message": "the Job succeeded but the agent still reports the fault",
+    },
+    {
+        "time": t(300),
+        "cycle": 3,
+        "step": "reboot",
+        "action": "RebootNode",
+        "gpus": ["GPU-a"],
+        "result": "Started",
+        "message": "Job gpu-health/k created",
+        "fault": "EccUncorrectable",
+    },
+    {
+        "time": t(200),
+        "cycle": 3,
+        "step": "reboot",
+        "action": "RebootNode",
+        "gpus": ["GPU-a"],
+        "result": "Succeeded",
+        "message": "the node rebooted",
+    },
+    {
+        "time": t(200),
+        "cycle": 3,
+        "step": "reboot",
+        "action": "Validation",
+        "gpus": ["GPU-a"],
+        "result": "Started",
+        "message": "Job gpu-health/v created",
+    },
+    {
+        "time": t(100),
+        "cycle": 3,
+        "step": "reboot",
+        "action": "Validation",
+        "gpus": ["GPU-a"],
+        "result": "ValidationFailed",
+        "message": "validation Job v failed",
+    },
+    {
+        "time": t(100),
+        "cycle": 3,
+        "step": "",
+        "action": "",
+        "gpus": ["GPU-a"],
+        "result": "Retired",
+        "message": "validation after step reboot failed and no step is left",
+        "fault": "EccUncorrectable",
+    },
+]
+
+
+def test_status_counts_repair_cycles_not_history_entries() -> None:
+    nodes = [node("n1", unschedulable=True, labels={keys.NEEDS_REPAIR_LABEL: "manual"})]
+    report = views.status_report(
+        [policy("p")], [gpunode("n1", action="Retired", repairs=ONE_CYCLE)], nodes, NOW
+    )
+    (row,) = report["repairs"]
+    assert row["cycles"] == 1, row
+    text = views.render_status(report)
+    assert "CYCLES" in text and "ATTEMPTS" not in text
+    (line,) = [x for x in text.split("REPAIR NODE")[1].splitlines()[1:] if x.startswith("n1")]
+    assert line.split()[:4] == ["n1", "Retired", "1", "EccUncorrectable"], line
+
+
+def test_a_retired_node_shows_the_fault_that_began_its_cycle() -> None:
+    nodes = [node("n1", unschedulable=True, labels={keys.NEEDS_REPAIR_LABEL: "manual"})]
+    report = views.status_report(
+        [policy("p")], [gpunode("n1", action="Retired", repairs=ONE_CYCLE)], nodes, NOW
+    )
+    (row,) = report["nodes"]
+    assert row["retiredFor"] == "EccUncorrectable"
+    text = views.render_status(report)
+    assert "Healthy  retired for EccUncorrectable  Retired" in text, text
+    why = views.why_report(
+        "n1",
+        nodes[0],
+        gpunode("n1", action="Retired", repairs=ONE_CYCLE),
+        policy_bodies=[policy("p")],
+        events=[],
+        now=NOW,
+    )
+    shown = views.render_why(why, NOW)
+    assert "action Retired (retired for EccUncorrectable in repair cycle 3)" in shown, shown
+
+
+def test_why_renders_the_repair_history_as_lines_not_a_python_repr() -> None:
+    why = views.why_report(
+        "n1",
+        node("n1"),
+        gpunode("n1", action="Retired", repairs=ONE_CYCLE),
+        policy_bodies=[policy("p")],
+        events=[],
+        now=NOW,
+    )
+    shown = views.render_why(why, NOW)
+    section = shown.split("Repairs (oldest first):")[1].split("Events")[0]
+    assert "{" not in section and "['" not in section and "=" not in section, section
+    assert "cycle 3" in section
+    assert (
+        "reset (ResetGPU) NoEffect on GPU-a: the Job succeeded but the agent still reports the fault"
+        in section
+    )
+    assert "Retired: validation after step reboot failed and no step is left" in section
+    assert json.dumps(why)
