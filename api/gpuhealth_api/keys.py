@@ -105,6 +105,9 @@ REPAIR_ACTION_ENV: Final = "GPUHEALTH_REPAIR_ACTION"
 UNVALIDATED_TAINT: Final = f"{PREFIX}/unvalidated"
 """NoSchedule taint on a new node of a policy with `spec.repair.validation.newNodes: true` (a Node created
 after the policy, never validated) until its first validation Job passes; it stays on a node that failed."""
+VALIDATION_TOKEN_ANNOTATION: Final = f"{PREFIX}/validation-token"
+"""On a new Node: the SHA-256 of the token (`REPAIR_TOKEN_ANNOTATION`) its validation Job carries, written
+before the Job: a Job of the name is adopted only with that token, never by its name and stamp alone."""
 VALIDATED_ANNOTATION: Final = f"{PREFIX}/validated"
 """On a Node: RFC 3339 time its new-node validation passed; such a node is never validated as new again."""
 VALIDATION_FAILED_ANNOTATION: Final = f"{PREFIX}/validation-failed"

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hmac
 import logging
+import secrets
 import weakref
 from collections.abc import Mapping
 from typing import Any, Final
@@ -142,7 +144,7 @@ async def _visit(
         ns = repairing.namespace(ctx)
         tainted = keys.UNVALIDATED_TAINT in record.view.taint_keys
         body = await jobs.read(ctx.client, ns, job_name) if tainted else None
-        if body is not None and not _belongs(body, record.created):
+        if body is not None and not _belongs(body, record):
             body = None  # an earlier life's Job of the name (a recreated node): `_start` replaces it
         busy = False
         if not tainted and policy is not None and not policy.dry_run and name not in memo.in_service:
@@ -207,11 +209,19 @@ async def _visit(
         return False
 
 
-def _belongs(job: Mapping[str, Any], created: str) -> bool:
-    """Whether the Job is of this node's life: it carries the Node's creationTimestamp as its cycle stamp
-    (`keys.REPAIR_CYCLE_STARTED_ANNOTATION`); a node deleted and created again under the name is new again."""
-    stamped = ((job.get("metadata") or {}).get("annotations") or {}).get(keys.REPAIR_CYCLE_STARTED_ANNOTATION)
-    return isinstance(stamped, str) and bool(created) and times.parse(stamped) == times.parse(created)
+def _belongs(job: Mapping[str, Any], record: cache.NodeRecord) -> bool:
+    """Whether the Job is ours and of this node's life: it carries the Node's creationTimestamp as its
+    cycle stamp (`keys.REPAIR_CYCLE_STARTED_ANNOTATION`; a node deleted and created again under the name
+    is new again) and the token whose hash the Node holds (`keys.VALIDATION_TOKEN_ANNOTATION`, written
+    before the Job). The name and the stamp are readable by anyone: a Job with only those is not ours."""
+    annotations = (job.get("metadata") or {}).get("annotations") or {}
+    stamped = annotations.get(keys.REPAIR_CYCLE_STARTED_ANNOTATION)
+    created = record.created
+    if not (isinstance(stamped, str) and bool(created) and times.parse(stamped) == times.parse(created)):
+        return False
+    digest = record.view.annotations.get(keys.VALIDATION_TOKEN_ANNOTATION)
+    token = annotations.get(keys.REPAIR_TOKEN_ANNOTATION)
+    return bool(digest) and isinstance(token, str) and hmac.compare_digest(repair.token_digest(token), digest)
 
 
 async def _start(ctx: context.Context, name: str, policy: model.Policy, now: datetime.datetime) -> None:
@@ -236,6 +246,17 @@ async def _start(ctx: context.Context, name: str, policy: model.Policy, now: dat
         ctx.validations_running.add(name)
     ns = repairing.namespace(ctx)
     job_name = new_nodes.job_name(name)
+    # Our identity on the Job: a new token, its hash on the Node first (a Job never outlives its hash).
+    token = secrets.token_urlsafe(24)
+    try:
+        marked = await ctx.client.patch(
+            nodes.node_path(name),
+            {"metadata": {"annotations": {keys.VALIDATION_TOKEN_ANNOTATION: repair.token_digest(token)}}},
+        )
+    except kube.ApiError:
+        ctx.validations_running.discard(name)
+        raise  # the next pass tries again
+    ours = ctx.cache.refresh_node(marked) or record
     try:
         template = (await repairing.templates(ctx, now)).get(vocabulary.VALIDATION_JOB)
         if template is None:
@@ -252,7 +273,8 @@ async def _start(ctx: context.Context, name: str, policy: model.Policy, now: dat
             timeout_seconds=spec.validation_timeout_seconds or 0.0,
             cycle_started=record.created,
         )
-        _, created = await jobs.create(ctx.client, body, belongs=lambda job: _belongs(job, record.created))
+        body["metadata"]["annotations"][keys.REPAIR_TOKEN_ANNOTATION] = token
+        _, created = await jobs.create(ctx.client, body, belongs=lambda job: _belongs(job, ours))
     except jobs.StaleJob as error:
         ctx.validations_running.discard(name)
         logger.info("new node %s waits: %s", name, error)

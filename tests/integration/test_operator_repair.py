@@ -9,12 +9,14 @@ agent's next report (the GPU's fault gone, a new bootId) as the agent would.
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 import gpunode_facts
@@ -22,6 +24,7 @@ import operator_fixtures
 import operator_harness
 import repair_jobs
 from gpuhealth_api import keys, resources
+from gpuhealth_operator.decisions import repair
 from gpuhealth_sim import waiting
 
 pytestmark = pytest.mark.integration
@@ -336,6 +339,11 @@ def test_excluding_the_node_cancels_the_repair(
     )
     assert keys.REPAIR_ANNOTATION not in annotations(fleet, name)
     assert cordoned(fleet, name), "the cordon stays: excluded means left alone"
+    waiting.wait_until(  # issue 45: the history that outlives Events says so too
+        lambda: ("ResetGPU", "Cancelled") in results(fleet, name),
+        timeout_seconds=TIMEOUT,
+        message=f"Cancelled in status.repairs[] (now {results(fleet, name)})",
+    )
 
 
 def test_a_job_that_cannot_be_created_fails_its_step_and_moves_on_never_loops(
@@ -580,3 +588,50 @@ def test_of_two_policies_selecting_the_node_only_the_one_that_cordoned_it_repair
     (job,) = jobs(k8s, jobs_namespace, name)
     wanted = "ResetGPU" if owner == fleet.label else "RebootNode"
     assert job["metadata"]["labels"][keys.REPAIR_ACTION_LABEL] == wanted
+
+
+def test_a_job_forged_with_the_next_steps_name_and_stamp_is_not_adopted(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str
+) -> None:
+    """Issue 45: a tenant who can create Jobs in the repair namespace reads the cycle (number, start) on
+    the Node, creates the validation Job's name with the cycle's stamp and lets it succeed. The operator
+    deletes it and runs its own: the node is not returned on the forged pass."""
+    name = f"{fleet.label}-a"
+    faulty_and_drained(fleet, name)
+    reset = wait_job(k8s, jobs_namespace, name, "ResetGPU")
+    state = json.loads(annotations(fleet, name)[keys.REPAIR_ANNOTATION])
+    forged_name = repair.job_name(name, state["cycle"], state["step"], validation=True)
+    forged = yaml.safe_load(repair_jobs.job_template("Validation"))
+    forged["metadata"].update(
+        name=forged_name,
+        labels={keys.NODE_LABEL: name, keys.REPAIR_ACTION_LABEL: "Validation"},
+        annotations={keys.REPAIR_CYCLE_STARTED_ANNOTATION: state["started"]},
+    )
+    forged["spec"]["template"]["spec"].update(restartPolicy="Never", nodeName=name)
+    forged["spec"]["template"]["spec"]["tolerations"] = [{"operator": "Exists"}]
+    made = client.BatchV1Api(k8s).create_namespaced_job(jobs_namespace, forged)
+    end(k8s, jobs_namespace, {"metadata": {"name": forged_name}}, ok=True)  # it "passed"
+    end(k8s, jobs_namespace, reset, ok=True)
+    beat = heartbeat(fleet, name, faulty=False)
+
+    def own() -> dict[str, Any] | None:
+        beat()
+        return next(
+            (
+                j
+                for j in jobs(k8s, jobs_namespace, name)
+                if j["metadata"]["labels"][keys.REPAIR_ACTION_LABEL] == "Validation"
+                and j["metadata"]["uid"] != made.metadata.uid
+            ),
+            None,
+        )
+
+    waiting.wait_until(own, timeout_seconds=TIMEOUT, message="the operator's own validation Job")
+    validation = own()
+    assert validation is not None
+    assert validation["metadata"]["annotations"].get(keys.REPAIR_TOKEN_ANNOTATION)
+    assert cordoned(fleet, name), "the forged validation returned the node"
+    assert status(fleet, name).get("action") == "Validating"
+    assert not fleet.events(name, "ValidationPassed")
+    end(k8s, jobs_namespace, validation, ok=True)
+    waiting.wait_until(lambda: not cordoned(fleet, name), timeout_seconds=TIMEOUT, message="uncordoned")

@@ -352,6 +352,10 @@ def test_a_leader_killed_between_a_job_and_its_history_leaves_no_gap() -> None:
             (1, "RebootNode", "Started"),
         ]
         assert len(fleet.running()) == 1, "adopted, not a second Job"
+        fleet.restart()  # once more: what is recorded is not recorded twice
+        await fleet.resume()
+        await fleet.tick(1)
+        assert len(results(fleet)) == 3, results(fleet)
 
     asyncio.run(story())
 
@@ -386,3 +390,62 @@ def test_a_gpu_reset_request_starts_at_the_reset_step() -> None:
     assert _first_job([RECOVERY], {"recoveryAction": "GpuReset"}, steps=steps) == ["ResetGPU"]
     # No recovery action asked for: the policy's order.
     assert _first_job([ECC], {"ecc": {"uncorrectedVolatile": 2}}, steps=steps) == ["RebootNode"]
+
+
+def test_a_forged_new_node_validation_is_not_adopted() -> None:
+    """The same race for a new node's validation Job: its name and stamp (the Node's creationTimestamp)
+    are readable; a forged Job that "passed" must not lift the node's unvalidated taint."""
+
+    async def story() -> None:
+        import handling  # noqa: PLC0415
+        from gpuhealth_operator import handlers  # noqa: PLC0415
+
+        fleet = RepairFleet(validation={"timeoutSeconds": 120, "newNodes": True})
+        fleet.policies[0]["metadata"]["creationTimestamp"] = "2026-01-01T11:00:00Z"
+        await fleet.start([])
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": NODE, "uid": NODE, "creationTimestamp": "2026-01-01T12:00:00Z"},
+            "spec": {},
+        }
+        stored = fleet.cluster.put_node(copy.deepcopy(node))
+        await handling.handle(handlers.on_node, {"type": "ADDED", "object": copy.deepcopy(stored)}, fleet.ctx)
+        await fleet.report(faulty=False)
+        serve = fleet.cluster._jobs
+        forged: list[str] = []
+
+        def racing(method: str, path: str, body: object) -> Any:
+            if method == "POST" and isinstance(body, dict) and not forged:
+                fake = copy.deepcopy(body)
+                fake["metadata"]["annotations"] = {
+                    keys.REPAIR_CYCLE_STARTED_ANNOTATION: node["metadata"]["creationTimestamp"]
+                }
+                fake["status"] = {
+                    "conditions": [{"type": "Complete", "status": "True"}],
+                    "completionTime": "2026-01-01T12:00:00Z",
+                }
+                fake["metadata"]["namespace"] = "gpu-health"
+                fleet.cluster.jobs[f"gpu-health/{fake['metadata']['name']}"] = fleet.cluster.bump(fake)
+                forged.append(fake["metadata"]["name"])
+            return serve(method, path, body)
+
+        fleet.cluster._jobs = racing
+
+        async def passes(n: int) -> None:
+            for _ in range(n):
+                await fleet.tick(1)
+                await fleet.edit_node(NODE, lambda _: None)  # the watch event of our own taint write
+
+        await passes(5)
+        assert forged, "the race happened"
+        assert keys.VALIDATED_ANNOTATION not in fleet.annotations(), "a forged Job validated the node"
+        taints = [t["key"] for t in fleet.cluster.nodes[NODE]["spec"].get("taints") or []]
+        assert keys.UNVALIDATED_TAINT in taints
+        own = fleet.job("Validation")
+        assert own["metadata"]["annotations"].get(keys.REPAIR_TOKEN_ANNOTATION)
+        fleet.cluster.end_job(own["metadata"]["name"], True, 0.0)
+        await passes(3)
+        assert keys.VALIDATED_ANNOTATION in fleet.annotations()
+
+    asyncio.run(story())
