@@ -221,7 +221,9 @@ def _belongs(job: Mapping[str, Any], record: cache.NodeRecord) -> bool:
         return False
     digest = record.view.annotations.get(keys.VALIDATION_TOKEN_ANNOTATION)
     token = annotations.get(keys.REPAIR_TOKEN_ANNOTATION)
-    return bool(digest) and isinstance(token, str) and hmac.compare_digest(repair.token_digest(token), digest)
+    if not digest or not isinstance(token, str):
+        return False
+    return hmac.compare_digest(repair.token_digest(token), digest)
 
 
 async def _start(ctx: context.Context, name: str, policy: model.Policy, now: datetime.datetime) -> None:
