@@ -320,12 +320,21 @@ async def write_history(ctx: context.Context, name: str) -> None:
         return
     owned = (*KEPT_STATUS_FIELDS, *isolating.STATUS_FIELDS)
     stored: Mapping[str, Any] = gpunode.status
-    desired = {k: stored[k] for k in owned if k in stored}
+    desired = {k: _plain(stored[k]) for k in owned if k in stored}  # the cache keeps shared read-only forms
     desired[repairing.STATUS_FIELD] = made
     try:
         ctx.cache.refresh_gpunode(await status.apply_gpunode(ctx.client, name, desired), ctx.clock())
     except kube.ApiError:
         logger.warning("writing the repair history of node %s failed (will retry)", name, exc_info=True)
+
+
+def _plain(value: Any) -> Any:
+    """A cached status value as plain JSON data (mappings as dicts, sequences as lists)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 async def _write_status(

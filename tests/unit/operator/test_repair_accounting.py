@@ -305,6 +305,7 @@ def test_excluding_the_node_records_the_cancel_in_the_history() -> None:
         await fleet.until("the Job deleted", lambda: not fleet.running())
         assert keys.REPAIR_ANNOTATION not in fleet.annotations()
         await fleet.until("Cancelled recorded", lambda: (1, "ResetGPU", "Cancelled") in results(fleet))
+        json.dumps(fleet.status())  # what was written is JSON (a real API server's client sends it so)
 
     asyncio.run(story())
 
