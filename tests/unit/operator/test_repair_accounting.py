@@ -18,7 +18,7 @@ from typing import Any
 import gpunode_facts
 import memory_fleet
 from gpuhealth_api import keys
-from gpuhealth_operator import context, metrics, settings
+from gpuhealth_operator import context, kube, metrics, settings
 from gpuhealth_operator.decisions import repair
 
 NODE = "n1"
@@ -448,5 +448,38 @@ def test_a_forged_new_node_validation_is_not_adopted() -> None:
         fleet.cluster.end_job(own["metadata"]["name"], True, 0.0)
         await passes(3)
         assert keys.VALIDATED_ANNOTATION in fleet.annotations()
+
+    asyncio.run(story())
+
+
+def test_a_restart_between_the_state_and_its_job_makes_a_new_token_and_one_job() -> None:
+    """The leader writes the step's state (with its token's hash), then dies before its Job is created (a
+    5xx here). The next process never saw the token: it writes a new hash first, then the one Job."""
+
+    async def story() -> None:
+        fleet = RepairFleet()
+        await fleet.start([NODE])
+        await fleet.report(faulty=False)
+        serve = fleet.cluster._jobs
+        refused: list[str] = []
+
+        def failing(method: str, path: str, body: object) -> Any:
+            if method == "POST" and not refused:
+                refused.append(path)
+                raise kube.ApiError(503, "Service Unavailable", "etcd leader changed")
+            return serve(method, path, body)
+
+        fleet.cluster._jobs = failing
+        await fleet.report(faulty=True)
+        await fleet.until("the create refused", lambda: bool(refused))
+        before = json.loads(fleet.annotations()[keys.REPAIR_ANNOTATION])
+        fleet.restart()
+        await fleet.resume()
+        await fleet.action("Repairing")
+        (job,) = fleet.running()
+        state = json.loads(fleet.annotations()[keys.REPAIR_ANNOTATION])
+        token = job["metadata"]["annotations"][keys.REPAIR_TOKEN_ANNOTATION]
+        assert state["jobToken"] == repair.token_digest(token) != before["jobToken"]
+        assert state["job"] == before["job"] == job["metadata"]["name"]
 
     asyncio.run(story())
