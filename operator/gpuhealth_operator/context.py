@@ -313,6 +313,13 @@ class Context:
     of repair maxConcurrent with the repairs (`repairing.holders`). Kept when a Node is forgotten: a
     deleted node's Job is still to be deleted."""
 
+    new_nodes_in_service: dict[str, str] = dataclasses.field(default_factory=dict)
+    """node → the Node UID it had when first seen new but already busy (`new_nodes`): in service, not new.
+    Another UID under the name (a Node deleted and created again) is a node of its own."""
+
+    new_nodes_said: dict[str, str] = dataclasses.field(default_factory=dict)
+    """node → the Node UID whose dry-run "would validate new node" Event was posted (once per node life)."""
+
     repair_waiting: set[str] = dataclasses.field(default_factory=set)
     """Nodes whose repair waits for maxConcurrent and said so (once per wait; only the policy that
     cordoned a node repairs it, so one wait per node)."""
@@ -402,6 +409,8 @@ class Context:
         self.repair_history.pop(name, None)
         self.repair_finished_seen.pop(name, None)
         self.repair_waiting.discard(name)
+        self.new_nodes_in_service.pop(name, None)
+        self.new_nodes_said.pop(name, None)
         lock = self.node_locks.get(name)
         if lock is not None and not lock.locked():
             del self.node_locks[name]

@@ -14,8 +14,9 @@ return (remediation uncordons at once, no healthyForSeconds wait), or retire (la
 A cycle is cancelled (its Job deleted, the annotation removed, Event RemediationPaused) when a human
 makes the node schedulable (an override), the node is excluded, the policy is deleted, switched to
 dry run, stops selecting the node or loses `spec.repair` (`sweep`, every timer pass, and `take`).
-No step's Job is created on a node with an evictable pod, or while the policy's fleet circuit
-breaker holds disruptions back (a running step is still observed). A Job that cannot be created
+No step's Job is created on a busy node (a workload pod, `decisions.workload_pods`: a phase that
+finds one drains again or waits, until its own deadline, `_while_busy`), or while the policy's fleet
+circuit breaker holds disruptions back (a running step is still observed). A Job that cannot be created
 (4xx: RBAC, quota, admission, an invalid template) fails its step with the API server's words and
 the cycle moves to the next step: each step is tried once per cycle, so it never loops.
 

@@ -61,6 +61,8 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.repair_history[node] = [{"cycle": 1, "result": "Started"}]
     ctx.repair_finished_seen[node] = ("gpuhealth-repair-job", datetime.datetime.now(datetime.UTC))
     ctx.repair_waiting.add(node)
+    ctx.new_nodes_in_service[node] = f"uid-{node}"
+    ctx.new_nodes_said[node] = f"uid-{node}"
     ctx.validations_running.add(node)
     ctx.dry_run_said[(policy, node)] = f"Dry run: policy {policy} would cordon"
     ctx.drill_said[(policy, node)] = f"Drill: policy {policy} would cordon"
@@ -92,6 +94,8 @@ FILLED = {
     "repair_history",
     "repair_finished_seen",
     "repair_waiting",
+    "new_nodes_in_service",
+    "new_nodes_said",
     "validations_running",
     "admission",
     "cordons_unknown",
@@ -227,6 +231,8 @@ def test_forget_verdicts_keeps_the_nodes_own_memory() -> None:
             "repair_history",
             "repair_finished_seen",
             "repair_waiting",
+            "new_nodes_in_service",
+            "new_nodes_said",
             "validations_running",
         }
         assert not ctx.drains.tasks["n"].cancelled()

@@ -265,6 +265,15 @@ async def join(fleet: memory_fleet.MemoryFleet, name: str, *, uid: str, created:
     await deliver(fleet, name, faulty=False)
 
 
+async def leave(fleet: memory_fleet.MemoryFleet, name: str) -> None:
+    """The Node deleted, and its GPUNode with it (owned by the Node)."""
+    gone = fleet.cluster.delete_node(name)
+    await handling.handle(handlers.on_node, {"type": "DELETED", "object": gone}, fleet.ctx)
+    gpunode = fleet.cluster.delete_gpunode(name)
+    await handling.handle(handlers.on_gpunode, {"type": "DELETED", "object": gpunode}, fleet.ctx)
+    FAULTY.get(id(fleet), {}).pop(name, None)
+
+
 def unvalidated(fleet: memory_fleet.MemoryFleet, name: str) -> bool:
     taints = fleet.cluster.nodes[name]["spec"].get("taints") or []
     return any(t.get("key") == keys.UNVALIDATED_TAINT for t in taints)
@@ -279,3 +288,34 @@ async def test_a_new_node_already_serving_a_bare_pod_is_not_tainted_nor_diagnose
     await settle(fleet)
     assert not unvalidated(fleet, "n"), "a node in service is not new"
     assert job_kinds(fleet, "n") == [], "no DCGM diagnostic on the GPUs the pod uses"
+
+
+@run
+async def test_a_node_deleted_and_created_again_under_its_name_is_validated_as_new() -> None:
+    """Its first life was in service when first seen (never validated); its second life is a new node."""
+    fleet = new_nodes_fleet()
+    await fleet.start([])
+    fleet.cluster.put_pod(pod("n", "web-0"))
+    await join(fleet, "n", uid="n-1", created=stamp(fleet, 0))
+    await settle(fleet)
+    assert not unvalidated(fleet, "n")
+    del fleet.cluster.pods["team/web-0"]
+    await leave(fleet, "n")
+    await join(fleet, "n", uid="n-2", created=stamp(fleet, 1))
+    await settle(fleet, times=5)
+    assert unvalidated(fleet, "n"), "the re-created node is new: tainted until validated"
+    assert job_kinds(fleet, "n") == ["Validation"]
+
+
+@run
+async def test_a_node_whose_uid_changed_unseen_is_validated_as_new() -> None:
+    """The Node deleted and created again between two of our looks (no DELETED event reached us)."""
+    fleet = new_nodes_fleet()
+    await fleet.start([])
+    fleet.cluster.put_pod(pod("n", "web-0"))
+    await join(fleet, "n", uid="n-1", created=stamp(fleet, 0))
+    await settle(fleet)
+    del fleet.cluster.pods["team/web-0"]
+    await join(fleet, "n", uid="n-2", created=stamp(fleet, 1))
+    await settle(fleet)
+    assert unvalidated(fleet, "n"), "another Node under the name is new"
