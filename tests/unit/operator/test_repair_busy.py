@@ -21,7 +21,7 @@ import gpunode_facts
 import handling
 import memory_fleet
 from gpuhealth_api import keys
-from gpuhealth_operator import handlers
+from gpuhealth_operator import context, handlers, metrics, settings
 
 RULES = [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}]
 RESET_ONLY = [{"name": "reset", "action": "ResetGPU", "timeoutSeconds": 300}]
@@ -235,6 +235,38 @@ async def test_an_evictable_pod_that_lands_after_the_reset_is_drained_then_valid
     assert "team/web-0" in fleet.cluster.evicted, "the node goes back to the drain"
     await settle(fleet, 1.0)
     assert job_kinds(fleet, "a") == ["ResetGPU", "Validation"], "validation once the node is empty"
+    (said,) = messages(fleet, "a", "RemediationPaused")  # once per wait, not once per pass
+    assert "team/web-0" in said and "the drain evicts them first" in said, said
+
+
+async def restart(fleet: memory_fleet.MemoryFleet) -> None:
+    """A new operator process on the same cluster: nothing in memory, the cluster as it is."""
+    fleet.ctx = context.Context.create(settings.Settings(), fleet.cluster, metrics.Metrics.create(), "t2")
+    fleet.ctx.clock = lambda: fleet.now
+    for policy in fleet.policies:
+        await handlers.on_policy({"type": "ADDED", "object": policy}, memo=fleet.ctx)  # type: ignore[typeddict-item]
+    for node in list(fleet.cluster.nodes.values()):
+        await handling.handle(handlers.on_node, {"type": "ADDED", "object": copy.deepcopy(node)}, fleet.ctx)
+    for gpunode in list(fleet.cluster.gpunodes.values()):
+        event = {"type": "ADDED", "object": copy.deepcopy(gpunode)}
+        await handling.handle(handlers.on_gpunode, event, fleet.ctx)
+
+
+@run
+async def test_a_restart_mid_wait_keeps_the_phase_deadline() -> None:
+    """The phase's start is on the Node (the repair annotation): a new process waits no longer."""
+    fleet = fleet_with()
+    await drained_faulty(fleet, "a")
+    fleet.cluster.put_pod(pod("a", "intruder", owner=None))
+    await reset_worked(fleet, "a")
+    await settle(fleet, 100.0, times=4)
+    assert action(fleet, "a") == "Validating" and not messages(fleet, "a", "ValidationFailed")
+    await restart(fleet)
+    await settle(fleet, 100.0, times=3)  # 700 s after the phase began: past its 600 s
+    (failed,) = messages(fleet, "a", "ValidationFailed")
+    assert "team/intruder" in failed, failed
+    assert job_kinds(fleet, "a") == ["ResetGPU"], "no validation Job beside the pod, before or after"
+    assert keys.REPAIR_ANNOTATION not in annotations(fleet, "a")
 
 
 # --- new-node validation: a node already serving a pod, and one deleted and created again ----------------
