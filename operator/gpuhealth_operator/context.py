@@ -320,6 +320,9 @@ class Context:
     new_nodes_said: dict[str, str] = dataclasses.field(default_factory=dict)
     """node → the Node UID whose dry-run "would validate new node" Event was posted (once per node life)."""
 
+    repair_busy_said: set[str] = dataclasses.field(default_factory=set)
+    """Nodes whose repair waits for workload pods to go and said so (`repairing._say_busy`, once per wait)."""
+
     repair_waiting: set[str] = dataclasses.field(default_factory=set)
     """Nodes whose repair waits for maxConcurrent and said so (once per wait; only the policy that
     cordoned a node repairs it, so one wait per node)."""
@@ -411,6 +414,7 @@ class Context:
         self.repair_waiting.discard(name)
         self.new_nodes_in_service.pop(name, None)
         self.new_nodes_said.pop(name, None)
+        self.repair_busy_said.discard(name)
         lock = self.node_locks.get(name)
         if lock is not None and not lock.locked():
             del self.node_locks[name]

@@ -125,6 +125,10 @@ def _stop_waiting(ctx: context.Context, name: str) -> None:
     ctx.repair_waiting.discard(name)
 
 
+def _stop_busy_wait(ctx: context.Context, name: str) -> None:
+    ctx.repair_busy_said.discard(name)
+
+
 async def _say_waiting(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict, limit: int
 ) -> None:
@@ -483,11 +487,11 @@ async def take(
             return None
         return Handled(NodeAction.RETIRED) if view.cordoned_by == policy.name else None
     if not view.unschedulable or (
-        view.cordoned_by == policy.name
-        and verdict.wanted_action is not vocabulary.Action.DRAIN
-        and keys.REPAIR_ANNOTATION not in view.annotations  # a cycle's busy wait ends in `_launch`
+        view.cordoned_by == policy.name and verdict.wanted_action is not vocabulary.Action.DRAIN
     ):
         _stop_waiting(ctx, name)  # a wait for maxConcurrent ends with the cordon, or the fault
+    if not view.unschedulable:
+        _stop_busy_wait(ctx, name)  # a wait for workload pods too (a cycle's ends in `_launch`)
     state = repair.parse(view.annotations.get(keys.REPAIR_ANNOTATION))
     if state is None or state.policy != policy.name:
         return None  # none, or another policy's (`sweep` cancels it when that policy is gone)
@@ -541,6 +545,7 @@ async def begin(
                     ctx, name, f"Policy {policy.name} would repair the drained node", first_step.found
                 )
             return NodeAction.DRAINED
+        _stop_busy_wait(ctx, name)
     async with ctx.admission.lock:  # one count of repairs in progress at a time, with the budgets'
         selected = len(ctx.cache.selection(policy).selected)
         limit = policies.resolve_max_concurrent(spec, selected)
@@ -766,7 +771,7 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
         if action.found is not None and action.found.pods:
             return await _while_busy(ctx, policy, spec, name, state, verdict, action, now)
         return Handled(phase)
-    _stop_waiting(ctx, name)
+    _stop_busy_wait(ctx, name)
     if state.phase is Phase.STEP and indexed:
         action = JobStep(
             ctx,
@@ -855,7 +860,7 @@ async def _while_busy(  # noqa: PLR0917 - one wait's inputs
     phase = NodeAction.REPAIRING if state.phase is Phase.STEP else NodeAction.VALIDATING
     step = workload_pods.while_busy(state.since, action.timeout_seconds, now, evictable=bool(found.evictable))
     if step is workload_pods.BusyStep.FAIL:
-        _stop_waiting(ctx, name)
+        _stop_busy_wait(ctx, name)
         message = (
             f"the node stayed busy for {action.timeout_seconds:g}s after the phase began, so no Job ran "
             f"beside its {workload_pods.words(found.pods)}"
@@ -894,9 +899,9 @@ async def _say_busy(
     action: JobStep | None = None,
 ) -> None:
     """Say once per wait (Event RemediationPaused) which pods hold the repair back, and until when."""
-    if name in ctx.repair_waiting:
+    if name in ctx.repair_busy_said:
         return
-    ctx.repair_waiting.add(name)
+    ctx.repair_busy_said.add(name)
     then = (
         "the drain evicts them first"
         if found.evictable
@@ -970,7 +975,7 @@ async def cancel(
     deleted = await jobs.delete(ctx.client, ns, state.job)
     if not await _write_state(ctx, name, None):
         return  # changed meanwhile: the next pass decides again
-    _stop_waiting(ctx, name)  # a busy wait said ends with its cycle
+    _stop_busy_wait(ctx, name)  # a busy wait said ends with its cycle
     kind = vocabulary.VALIDATION_JOB if state.phase is Phase.VALIDATE else ""
     policy = ctx.cache.policies.get(state.policy)
     if (

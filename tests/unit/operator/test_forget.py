@@ -63,6 +63,7 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.repair_waiting.add(node)
     ctx.new_nodes_in_service[node] = f"uid-{node}"
     ctx.new_nodes_said[node] = f"uid-{node}"
+    ctx.repair_busy_said.add(node)
     ctx.validations_running.add(node)
     ctx.dry_run_said[(policy, node)] = f"Dry run: policy {policy} would cordon"
     ctx.drill_said[(policy, node)] = f"Drill: policy {policy} would cordon"
@@ -96,6 +97,7 @@ FILLED = {
     "repair_waiting",
     "new_nodes_in_service",
     "new_nodes_said",
+    "repair_busy_said",
     "validations_running",
     "admission",
     "cordons_unknown",
@@ -233,6 +235,7 @@ def test_forget_verdicts_keeps_the_nodes_own_memory() -> None:
             "repair_waiting",
             "new_nodes_in_service",
             "new_nodes_said",
+            "repair_busy_said",
             "validations_running",
         }
         assert not ctx.drains.tasks["n"].cancelled()

@@ -351,3 +351,21 @@ async def test_a_node_whose_uid_changed_unseen_is_validated_as_new() -> None:
     await join(fleet, "n", uid="n-2", created=stamp(fleet, 1))
     await settle(fleet)
     assert unvalidated(fleet, "n"), "another Node under the name is new"
+
+
+@run
+async def test_a_busy_wait_then_a_wait_for_max_concurrent_are_each_said() -> None:
+    fleet = fleet_with(drain={"deleteEmptyDirData": False}, max_concurrent=1)
+    await drained_faulty(fleet, "a")  # a's repair holds the one place
+    fleet.cluster.put_pod(pod("b", "train-0", empty_dir=True))
+    await fleet.start(["b"])
+    await deliver(fleet, "b", faulty=False)
+    await deliver(fleet, "b", faulty=True)
+    await settle(fleet)
+    (busy,) = messages(fleet, "b", "RemediationPaused")
+    assert "team/train-0" in busy, busy
+    del fleet.cluster.pods["team/train-0"]
+    await settle(fleet)
+    waits = [m for m in messages(fleet, "b", "DisruptionBudgetExceeded") if "maxConcurrent" in m]
+    assert len(waits) == 1 and "held by node a" in waits[0], waits
+    assert job_kinds(fleet, "b") == []
