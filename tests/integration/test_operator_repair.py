@@ -463,6 +463,54 @@ def test_no_step_while_an_evictable_pod_holds_the_node(
     )
 
 
+def test_no_step_beside_a_pod_the_drain_keeps_until_it_goes(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str, namespace: str
+) -> None:
+    """Issue 45 item 2: a training pod with emptyDir data under `deleteEmptyDirData: false` stays on the
+    drained node; no reset Job starts beside it (the drain itself is Drained), until it is gone."""
+    name = f"{fleet.label}-a"
+    fleet.add_node(name, report=False)
+    report(fleet, name, faulty=False)
+    core = client.CoreV1Api(k8s)
+    core.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": "train"},
+            "spec": {
+                "nodeName": name,
+                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+                "volumes": [{"name": "scratch", "emptyDir": {}}],
+                "terminationGracePeriodSeconds": 0,
+            },
+        },
+    )
+    waiting.wait_until(
+        lambda: core.read_namespaced_pod("train", namespace).status.phase == "Running",
+        timeout_seconds=TIMEOUT,
+        message="the training pod runs",
+    )
+    fleet.policy(
+        fleet.label,
+        {
+            "maxUnavailable": "100%",
+            "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}],
+            # Keep emptyDir data: the drain leaves the training pod where it is.
+            "drain": {"timeoutSeconds": 30, "force": True, "deleteEmptyDirData": False},
+            "repair": {"steps": [{"name": "reset", "action": "ResetGPU", "timeoutSeconds": 120}]},
+        },
+    )
+    report(fleet, name, faulty=True)
+    wait_action(fleet, name, "Drained")
+    said = fleet.said(name, "RemediationPaused", f"{namespace}/train", timeout_seconds=TIMEOUT)
+    assert "would repair" in said[0], said
+    assert not jobs(k8s, jobs_namespace, name), "a reset Job beside the training pod"
+    assert keys.REPAIR_ANNOTATION not in annotations(fleet, name), "no maxConcurrent place held"
+    assert core.read_namespaced_pod("train", namespace).status.phase == "Running"
+
+    core.delete_namespaced_pod("train", namespace, grace_period_seconds=0)  # the training finished
+    wait_job(k8s, jobs_namespace, name, "ResetGPU")
+
+
 def test_deleting_the_policy_cancels_the_repair(
     fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str
 ) -> None:
