@@ -542,7 +542,7 @@ async def begin(
             logger.info("repair of node %s by policy %s waits: %s", name, policy.name, why)
             if first_step.found is not None and first_step.found.pods:
                 await _say_busy(
-                    ctx, name, f"Policy {policy.name} would repair the drained node", first_step.found
+                    ctx, name, f"Repair of the drained node by policy {policy.name}", first_step.found
                 )
             return NodeAction.DRAINED
         _stop_busy_wait(ctx, name)

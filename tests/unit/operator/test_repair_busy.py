@@ -167,7 +167,8 @@ async def test_no_reset_beside_a_pod_the_drain_leaves_on_purpose(
     assert keys.REPAIR_ANNOTATION not in annotations(fleet, "n"), "no cycle holds a maxConcurrent place"
     assert action(fleet, "n") == "Drained"
     (said,) = messages(fleet, "n", "RemediationPaused")
-    assert "team/train-0" in said and "repair" in said.lower(), said
+    assert said.startswith("Repair of the drained node by policy p waits: 1 workload pod(s)"), said
+    assert "team/train-0" in said and "it starts once they are gone" in said, said
 
     del fleet.cluster.pods["team/train-0"]  # the job finished (its pod gone): now the repair starts
     await settle(fleet, 11.0)
