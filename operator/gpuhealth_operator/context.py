@@ -316,6 +316,16 @@ class Context:
     repair_tokens: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
     """node → (SHA-256, token) of the repair Job token this process made last (`repairing`): the Node holds
     only the hash; a restarted process makes a new token before it creates a Job."""
+    new_nodes_in_service: dict[str, str] = dataclasses.field(default_factory=dict)
+    """node → the Node UID it had when first seen new but already busy (`new_nodes`): in service, not new.
+    Another UID under the name (a Node deleted and created again) is a node of its own."""
+
+    new_nodes_said: dict[str, str] = dataclasses.field(default_factory=dict)
+    """node → the Node UID whose dry-run "would validate new node" Event was posted (once per node life)."""
+
+    repair_busy_said: set[str] = dataclasses.field(default_factory=set)
+    """Nodes whose repair waits for workload pods to go and said so (`repairing._say_busy`, once per wait)."""
+
     repair_waiting: set[str] = dataclasses.field(default_factory=set)
     """Nodes whose repair waits for maxConcurrent and said so (once per wait; only the policy that
     cordoned a node repairs it, so one wait per node)."""
@@ -406,6 +416,9 @@ class Context:
         self.repair_finished_seen.pop(name, None)
         self.repair_waiting.discard(name)
         self.repair_tokens.pop(name, None)
+        self.new_nodes_in_service.pop(name, None)
+        self.new_nodes_said.pop(name, None)
+        self.repair_busy_said.discard(name)
         lock = self.node_locks.get(name)
         if lock is not None and not lock.locked():
             del self.node_locks[name]

@@ -101,14 +101,15 @@ class NodeDrain:
             return "its drain timed out before a restart; a human takes over"
         return None
 
-    async def start(self, now: datetime.datetime) -> bool:
-        """Begin the drain: with a fresh deadline on a Drained node a pod came to, with the one it
-        began with after a restart, else stamped `drain-started` now. False: it runs, or the Node is gone."""
+    async def start(self, now: datetime.datetime, *, fresh: bool = False) -> bool:
+        """Begin the drain: with a fresh deadline on a Drained node a pod came to (or `fresh`: one under
+        repair, whatever the status says), with the one it began with after a restart, else stamped
+        `drain-started` now. False: it runs, or the Node is gone."""
         progress = self.progress()
         if progress in (Progress.RUNNING, Progress.GONE):
             return False
         record = self.ctx.cache.node(self.node)
-        drained = progress is Progress.DRAINED  # a pod came to it: a drain of its own, from now
+        drained = fresh or progress is Progress.DRAINED  # a pod came to it: a drain of its own, from now
         started = _started(record) if record is not None and not drained else None
         if started is None:
             started = now
@@ -192,6 +193,22 @@ async def advance(
     ):
         ctx.drains.said(name)
     return NodeAction.DRAINED
+
+
+async def again(ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime) -> NodeAction:
+    """Drain a node under repair once more: the caller saw a pod its drain may evict come to it after a
+    step. With a deadline of its own from now (the cordon's first drain, or one a restart lost, is no
+    reason to give up on this pod). DRAINING while it runs, CORDONED once this term's drain of it failed
+    (DrainFailed was said; the repair phase's own deadline ends the wait)."""
+    action = NodeDrain(ctx, policy, name)
+    progress = action.progress()
+    if progress is Progress.RUNNING:
+        return NodeAction.DRAINING
+    if progress is Progress.FAILED:
+        return NodeAction.CORDONED
+    if progress is Progress.GONE:
+        return NodeAction.NONE
+    return NodeAction.DRAINING if await action.start(now, fresh=True) else NodeAction.NONE
 
 
 def shown(ctx: context.Context, name: str) -> NodeAction:

@@ -2,11 +2,13 @@
 
 Every timer pass (`sweep`) looks for the nodes a policy with newNodes selects (a GPUNode, not
 excluded) that are new to it (`decisions.new_nodes.is_new`: created after the policy, never validated
-as new). Such a node gets the NoSchedule taint `keys.UNVALIDATED_TAINT` at once (unless an evictable
-pod already runs on it: then it is in service, not new), then the policy's Validation Job
-(`decisions.new_nodes.job_name`, adopted on 409), within the policy's repair maxConcurrent (repairs
-in progress and running new-node validations together), never while the policy's fleet circuit
-breaker holds disruptions back, on a node under repair or with an evictable pod.
+as new). Such a node gets the NoSchedule taint `keys.UNVALIDATED_TAINT` at once (unless a workload
+pod already runs on it, `decisions.workload_pods`, whatever the drain would evict: then it is in
+service, not new; remembered per Node UID in `Context.new_nodes_in_service`, forgotten with the
+node), then the policy's Validation Job (`decisions.new_nodes.job_name`, adopted on 409), within the
+policy's repair maxConcurrent (repairs in progress and running new-node validations together), never
+while the policy's fleet circuit breaker holds disruptions back, on a node under repair or busy with a
+workload pod.
 
 - Job succeeded: the taint goes, `keys.VALIDATED_ANNOTATION` = the time, Event ValidationPassed, a
   `status.repairs[]` entry.
@@ -21,12 +23,10 @@ breaker holds disruptions back, on a node under repair or with an evictable pod.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import hmac
 import logging
 import secrets
-import weakref
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -41,21 +41,6 @@ Step = new_nodes.Step
 Result = vocabulary.RepairResult
 STEP_NAME: Final = "new-node"
 """`status.repairs[].step` of a new node's validation (cycle 0)."""
-
-
-@dataclasses.dataclass
-class _Memo:
-    said: set[str] = dataclasses.field(default_factory=set)
-    """Nodes whose dry-run Event was posted."""
-    in_service: set[str] = dataclasses.field(default_factory=set)
-    """Nodes that ran an evictable pod when first seen new: not new."""
-
-
-_MEMOS: weakref.WeakKeyDictionary[cache.ClusterCache, _Memo] = weakref.WeakKeyDictionary()
-
-
-def _memo(ctx: context.Context) -> _Memo:
-    return _MEMOS.setdefault(ctx.cache, _Memo())
 
 
 def _wanting(ctx: context.Context) -> list[model.Policy]:
@@ -135,7 +120,6 @@ async def _visit(
     ctx: context.Context, name: str, policy: model.Policy | None, now: datetime.datetime
 ) -> bool:
     """Act on one node; True: it waits for its validation Job to be created (`_start`)."""
-    memo = _memo(ctx)
     async with ctx.node_locks[name]:
         record = ctx.cache.node(name)
         if record is None:
@@ -147,21 +131,25 @@ async def _visit(
         if body is not None and not _belongs(body, record):
             body = None  # an earlier life's Job of the name (a recreated node): `_start` replaces it
         busy = False
-        if not tainted and policy is not None and not policy.dry_run and name not in memo.in_service:
+        # In service: this Node (its UID: one created again under the name is another node) was busy
+        # when first seen new. Forgotten with the node (`Context.forget_node`).
+        in_service = ctx.new_nodes_in_service.get(name) == record.uid
+        if not tainted and policy is not None and not policy.dry_run and not in_service:
             busy = bool(await repairing.workload(ctx, policy, name))
             if busy:
-                memo.in_service.add(name)
+                ctx.new_nodes_in_service[name] = record.uid
+                in_service = True
                 logger.info(
                     "node %s is new to policy %s but already runs pods: in service", name, policy.name
                 )
-        if name in memo.in_service and not tainted:
+        if in_service and not tainted:
             return False
         step = new_nodes.plan(_facts(ctx, policy, record, started=body is not None, busy=busy))
         if step is Step.NOTHING:
             return False
         if step is Step.DRY_RUN:
-            if name not in memo.said:
-                memo.said.add(name)
+            if ctx.new_nodes_said.get(name) != record.uid:
+                ctx.new_nodes_said[name] = record.uid
                 assert policy is not None
                 await ctx.recorder.emit(
                     events.subject(ctx.cache, name),
@@ -237,7 +225,7 @@ async def _start(ctx: context.Context, name: str, policy: model.Policy, now: dat
         logger.info("new node %s waits: policy %s's breaker is %s", name, policy.name, paused.state.value)
         return
     if await repairing.workload(ctx, policy, name):
-        logger.info("new node %s waits: an evictable pod runs on it", name)
+        logger.info("new node %s waits: a workload pod runs on it", name)
         return
     async with ctx.admission.lock:  # the count of repairs in progress with `repairing.begin`'s
         running = len(set(repairing.holders(ctx)) - {name})

@@ -14,8 +14,9 @@ return (remediation uncordons at once, no healthyForSeconds wait), or retire (la
 A cycle is cancelled (its Job deleted, the annotation removed, Event RemediationPaused) when a human
 makes the node schedulable (an override), the node is excluded, the policy is deleted, switched to
 dry run, stops selecting the node or loses `spec.repair` (`sweep`, every timer pass, and `take`).
-No step's Job is created on a node with an evictable pod, or while the policy's fleet circuit
-breaker holds disruptions back (a running step is still observed). A Job that cannot be created
+No step's Job is created on a busy node (a workload pod, `decisions.workload_pods`: a phase that
+finds one drains again or waits, until its own deadline, `_while_busy`), or while the policy's fleet
+circuit breaker holds disruptions back (a running step is still observed). A Job that cannot be created
 (4xx: RBAC, quota, admission, an invalid template) fails its step with the API server's words and
 the cycle moves to the next step: each step is tried once per cycle, so it never loops.
 
@@ -34,9 +35,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import context, kube, node_patches, stopping
+from gpuhealth_operator import context, draining, kube, node_patches, stopping
 from gpuhealth_operator.actions import drain, events, jobs
-from gpuhealth_operator.decisions import isolation, model, policies, repair, signals, times, trends
+from gpuhealth_operator.decisions import (
+    isolation,
+    model,
+    policies,
+    repair,
+    signals,
+    times,
+    trends,
+    workload_pods,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -86,15 +96,24 @@ def status_fields(ctx: context.Context, name: str) -> dict[str, Any]:
     return {STATUS_FIELD: listed} if listed else {}
 
 
+@dataclasses.dataclass(frozen=True)
+class Busy:
+    """The pods that make a node busy (`decisions.workload_pods`), and those of them the policy's drain
+    evicts: no repair step, validation or new-node validation starts beside any of `pods`."""
+
+    pods: list[kube.JsonObject]
+    evictable: list[kube.JsonObject]
+
+
+async def busy(ctx: context.Context, policy: model.Policy, name: str) -> Busy:
+    """What runs on the node that repair must not run beside, whatever the drain's skip rules."""
+    found = [dict(p) for p in workload_pods.busy(await drain.list_pods(ctx.client, name), namespace(ctx))]
+    return Busy(found, drain.classify(found, ctx.drain_options(policy)).wanted)
+
+
 async def workload(ctx: context.Context, policy: model.Policy, name: str) -> list[kube.JsonObject]:
-    """The node's evictable pods as `policy` drains them, but for repair Jobs' own pods (one that
-    outlived its node's reboot, say): no repair or validation Job starts beside one."""
-    pods = await drain.list_pods(ctx.client, name)
-    return [
-        pod
-        for pod in drain.classify(pods, ctx.drain_options(policy)).wanted
-        if keys.REPAIR_ACTION_LABEL not in ((pod.get("metadata") or {}).get("labels") or {})
-    ]
+    """The pods that make the node busy (`busy`)."""
+    return (await busy(ctx, policy, name)).pods
 
 
 def in_progress(ctx: context.Context) -> int:
@@ -111,6 +130,10 @@ def holders(ctx: context.Context) -> list[str]:
 
 def _stop_waiting(ctx: context.Context, name: str) -> None:
     ctx.repair_waiting.discard(name)
+
+
+def _stop_busy_wait(ctx: context.Context, name: str) -> None:
+    ctx.repair_busy_said.discard(name)
 
 
 async def _say_waiting(
@@ -267,19 +290,22 @@ class JobStep:
         self.timeout_seconds = timeout_seconds
         self._words = words
         self.namespace = namespace(ctx)
+        self.found: Busy | None = None
+        """What `decide` found on the node (None: it did not look)."""
 
     @property
     def name(self) -> str:
         return self._words
 
     async def decide(self, now: datetime.datetime) -> str | None:
-        """Why no Job may be created now: the breaker holds disruptions back, or an evictable pod."""
+        """Why no Job may be created now: the breaker holds disruptions back, or the node is busy
+        (`found`: a workload pod, evictable or not)."""
         paused = self.ctx.breakers.paused(self.policy.name)
         if paused is not None:
             return f"the policy's fleet circuit breaker is {paused.state.value}: {paused.reason}"
-        wanted = await workload(self.ctx, self.policy, self.node)
-        if wanted:
-            return f"{len(wanted)} evictable pod(s) on the node"
+        self.found = await busy(self.ctx, self.policy, self.node)
+        if self.found.pods:
+            return workload_pods.words(self.found.pods)
         return None
 
     async def start(self, now: datetime.datetime) -> bool:
@@ -532,6 +558,8 @@ async def take(
         view.cordoned_by == policy.name and verdict.wanted_action is not vocabulary.Action.DRAIN
     ):
         _stop_waiting(ctx, name)  # a wait for maxConcurrent ends with the cordon, or the fault
+    if not view.unschedulable:
+        _stop_busy_wait(ctx, name)  # a wait for workload pods too (a cycle's ends in `_launch`)
     state = repair.parse(view.annotations.get(keys.REPAIR_ANNOTATION))
     if state is None or state.policy != policy.name:
         return None  # none, or another policy's (`sweep` cancels it when that policy is gone)
@@ -579,10 +607,16 @@ async def begin(
             fault=",".join(verdict.issues),
         )
         state = _sealed(ctx, name, state)
-        why = await _step_of(ctx, policy, spec, name, state).decide(now)
+        first_step = _step_of(ctx, policy, spec, name, state)
+        why = await first_step.decide(now)
         if why is not None:
             logger.info("repair of node %s by policy %s waits: %s", name, policy.name, why)
+            if first_step.found is not None and first_step.found.pods:
+                await _say_busy(
+                    ctx, name, f"Repair of the drained node by policy {policy.name}", first_step.found
+                )
             return NodeAction.DRAINED
+        _stop_busy_wait(ctx, name)
     async with ctx.admission.lock:  # one count of repairs in progress at a time, with the budgets'
         selected = len(ctx.cache.selection(policy).selected)
         limit = policies.resolve_max_concurrent(spec, selected)
@@ -824,9 +858,10 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
     why = await action.decide(now)
     if why is not None:
         logger.info("repair of node %s: %s waits: %s", name, action.name, why)
-        if "evictable" in why and verdict.wanted_action is vocabulary.Action.DRAIN:
-            return None  # the ladder drains the node again; the Job is created once it is empty
+        if action.found is not None and action.found.pods:
+            return await _while_busy(ctx, policy, spec, name, state, verdict, action, now)
         return Handled(phase)
+    _stop_busy_wait(ctx, name)
     made = ctx.repair_tokens.get(name)
     if made is None or made[0] != state.token:
         # Written by another process (a restart, an earlier leader) whose token died with it: a new one,
@@ -903,6 +938,88 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
     return Handled(phase)
 
 
+# --- a busy node (issue 45): no Job beside a workload pod, and no phase waits for ever --------------------
+
+
+async def _while_busy(  # noqa: PLR0917 - one wait's inputs
+    ctx: context.Context,
+    policy: model.Policy,
+    spec: model.RepairSpec,
+    name: str,
+    state: repair.State,
+    verdict: model.NodeVerdict,
+    action: JobStep,
+    now: datetime.datetime,
+) -> Handled | None:
+    """The phase's Job may not start: pods run on the node. Drain it again where the policy's drain
+    evicts one, else wait for them; either way only until the phase's deadline (from its start, Job or
+    no Job), then the phase fails, so a pod that never goes holds no maxConcurrent place for ever."""
+    assert action.found is not None
+    found = action.found
+    phase = NodeAction.REPAIRING if state.phase is Phase.STEP else NodeAction.VALIDATING
+    step = workload_pods.while_busy(state.since, action.timeout_seconds, now, evictable=bool(found.evictable))
+    if step is workload_pods.BusyStep.FAIL:
+        _stop_busy_wait(ctx, name)
+        message = (
+            f"the node stayed busy for {action.timeout_seconds:g}s after the phase began, so no Job ran "
+            f"beside its {workload_pods.words(found.pods)}"
+        )
+        return await _failed(
+            ctx,
+            policy,
+            spec,
+            name,
+            state,
+            verdict,
+            repair.Transition(repair.Outcome.FAILED, None, message),
+            now,
+        )
+    await _say_busy(
+        ctx,
+        name,
+        f"Repair cycle {state.cycle} by policy {policy.name}: {action.name}",
+        found,
+        state=state,
+        action=action,
+    )
+    if step is workload_pods.BusyStep.DRAIN:
+        drained = await draining.again(ctx, policy, name, now)
+        return Handled(NodeAction.DRAINING if drained is NodeAction.DRAINING else phase)
+    return Handled(phase)
+
+
+async def _say_busy(
+    ctx: context.Context,
+    name: str,
+    what: str,
+    found: Busy,
+    *,
+    state: repair.State | None = None,
+    action: JobStep | None = None,
+) -> None:
+    """Say once per wait (Event RemediationPaused) which pods hold the repair back, and until when."""
+    if name in ctx.repair_busy_said:
+        return
+    ctx.repair_busy_said.add(name)
+    then = (
+        "the drain evicts them first"
+        if found.evictable
+        else "they are pods the policy's drain leaves (no controller without drain.force, emptyDir data, "
+        "an excluded namespace) or that ignore the cordon"
+    )
+    if state is not None and action is not None:
+        deadline = state.since + datetime.timedelta(seconds=action.timeout_seconds)
+        until = f"; the phase fails at {times.render(deadline)} if they stay"
+    else:
+        until = "; it starts once they are gone"
+    await ctx.recorder.emit(
+        events.subject(ctx.cache, name),
+        vocabulary.EventReason.REMEDIATION_PAUSED,
+        f"{what} waits: {workload_pods.words(found.pods)} — no repair or validation Job runs beside a "
+        f"workload; {then}{until}.",
+    )
+
+
 def _api_message(error: kube.ApiError) -> str:
     import json  # noqa: PLC0415 - only for a refused create
 
@@ -970,6 +1087,7 @@ async def cancel(
     deleted = await jobs.delete(ctx.client, ns, state.job)
     if not await _write_state(ctx, name, None):
         return  # changed meanwhile: the next pass decides again
+    _stop_busy_wait(ctx, name)  # a busy wait said ends with its cycle
     kind = vocabulary.VALIDATION_JOB if state.phase is Phase.VALIDATE else ""
     policy = ctx.cache.policies.get(state.policy)
     if (

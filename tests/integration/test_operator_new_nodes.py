@@ -32,13 +32,14 @@ validation_jobs = repair_jobs.jobs
 end = repair_jobs.end
 
 
-def policy(fleet: operator_harness.Fleet, *, dry_run: bool = False) -> None:
+def policy(fleet: operator_harness.Fleet, *, dry_run: bool = False, force: bool = False) -> None:
     fleet.policy(
         fleet.label,
         {
             "dryRun": dry_run,
             "maxUnavailable": "100%",
             "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}],
+            "drain": {"force": force},
             "repair": {
                 "steps": [{"name": "reset", "action": "ResetGPU", "timeoutSeconds": 120}],
                 "validation": {"timeoutSeconds": 120, "newNodes": True},
@@ -166,3 +167,49 @@ def test_a_node_leaving_the_selection_mid_validation_loses_its_job_and_taint(
     )
     waiting.wait_until(lambda: not tainted(fleet, name), timeout_seconds=TIMEOUT, message="taint removed")
     assert not fleet.events(name, "ValidationFailed")
+
+
+def test_a_node_deleted_and_created_again_under_its_name_is_new_again(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str, namespace: str
+) -> None:
+    """Issue 45 item 8: its first life was in service when first seen (a pod ran on it), so it was never
+    validated; the Node deleted and registered again under the name is a new node, validated before work."""
+    policy(fleet, force=True)  # the first life's bare pod is evictable: in service by any count
+    name = f"{fleet.label}-again"
+    core = client.CoreV1Api(k8s)
+    pod = {
+        "metadata": {"name": "work"},
+        "spec": {
+            "nodeName": name,  # bound before the Node registers: busy from the operator's first look
+            "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+    core.create_namespaced_pod(namespace, pod)
+    fleet.add_node(name)
+    waiting.wait_until(
+        lambda: fleet.gpunode(name).get("status", {}).get("health") == "Healthy",
+        timeout_seconds=TIMEOUT,
+        message="judged",
+    )
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:  # sampled: a node in service is never tainted (a negative)
+        assert not tainted(fleet, name), "a node already running a pod is in service, not new"
+        time.sleep(0.2)
+
+    core.delete_namespaced_pod("work", namespace, grace_period_seconds=0)
+    core.delete_node(name)
+
+    def gpunode_gone() -> bool:  # the garbage collector follows the GPUNode's ownerReference
+        try:
+            fleet.gpunode(name)
+        except client.ApiException as error:
+            return error.status == 404
+        return False
+
+    waiting.wait_until(gpunode_gone, timeout_seconds=TIMEOUT, message="GPUNode collected")
+    fleet.add_node(name)
+    waiting.wait_until(lambda: tainted(fleet, name), timeout_seconds=TIMEOUT, message="new again: tainted")
+    job = wait_job(k8s, jobs_namespace, name)
+    end(k8s, jobs_namespace, job, ok=True)
+    waiting.wait_until(lambda: not tainted(fleet, name), timeout_seconds=TIMEOUT, message="validated")

@@ -51,7 +51,14 @@ def report(fleet: operator_harness.Fleet, name: str, *, faulty: bool, boot: str 
     fleet.report(name, facts)
 
 
-def policy(fleet: operator_harness.Fleet, name: str, *, dry_run: bool = False, **repair: Any) -> None:
+def policy(
+    fleet: operator_harness.Fleet,
+    name: str,
+    *,
+    dry_run: bool = False,
+    drain: dict[str, Any] | None = None,
+    **repair: Any,
+) -> None:
     spec: dict[str, Any] = {
         "steps": [
             {"name": "reset", "action": "ResetGPU", "timeoutSeconds": 120},
@@ -67,7 +74,7 @@ def policy(fleet: operator_harness.Fleet, name: str, *, dry_run: bool = False, *
             "dryRun": dry_run,
             "maxUnavailable": "100%",
             "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}],
-            "drain": {"timeoutSeconds": 30, "force": True},
+            "drain": drain or {"timeoutSeconds": 30, "force": True},
             # Long: a validated node returns at once, never after this wait.
             "recovery": {"uncordon": True, "healthyForSeconds": 3600},
             "repair": spec,
@@ -469,6 +476,112 @@ def test_no_step_while_an_evictable_pod_holds_the_node(
         timeout_seconds=TIMEOUT,
         message="the workload evicted before the step",
     )
+
+
+def test_no_step_beside_a_pod_the_drain_keeps_until_it_goes(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str, namespace: str
+) -> None:
+    """Issue 45 item 2: a training pod with emptyDir data under `deleteEmptyDirData: false` stays on the
+    drained node; no reset Job starts beside it (the drain itself is Drained), until it is gone."""
+    name = f"{fleet.label}-a"
+    fleet.add_node(name, report=False)
+    report(fleet, name, faulty=False)
+    core = client.CoreV1Api(k8s)
+    core.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": "train"},
+            "spec": {
+                "nodeName": name,
+                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+                "volumes": [{"name": "scratch", "emptyDir": {}}],
+                "terminationGracePeriodSeconds": 0,
+            },
+        },
+    )
+    waiting.wait_until(
+        lambda: core.read_namespaced_pod("train", namespace).status.phase == "Running",
+        timeout_seconds=TIMEOUT,
+        message="the training pod runs",
+    )
+    fleet.policy(
+        fleet.label,
+        {
+            "maxUnavailable": "100%",
+            "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}],
+            # Keep emptyDir data: the drain leaves the training pod where it is.
+            "drain": {"timeoutSeconds": 30, "force": True, "deleteEmptyDirData": False},
+            "repair": {"steps": [{"name": "reset", "action": "ResetGPU", "timeoutSeconds": 120}]},
+        },
+    )
+    report(fleet, name, faulty=True)
+    wait_action(fleet, name, "Drained")
+    said = fleet.said(name, "RemediationPaused", f"{namespace}/train", timeout_seconds=TIMEOUT)
+    assert said[0].startswith(f"Repair of the drained node by policy {fleet.label} waits"), said
+    assert not jobs(k8s, jobs_namespace, name), "a reset Job beside the training pod"
+    assert keys.REPAIR_ANNOTATION not in annotations(fleet, name), "no maxConcurrent place held"
+    assert core.read_namespaced_pod("train", namespace).status.phase == "Running"
+
+    core.delete_namespaced_pod("train", namespace, grace_period_seconds=0)  # the training finished
+    wait_job(k8s, jobs_namespace, name, "ResetGPU")
+
+
+def test_a_pod_landing_after_the_reset_fails_validation_at_its_timeout_and_frees_the_place(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str, namespace: str
+) -> None:
+    """Issue 45 item 3: a pod bound to the cordoned node by name after the reset worked gets no
+    validation Job beside it, and does not keep the node Validating for ever: the validation's timeout
+    fails it, the one step retires the node, and the node waiting for maxConcurrent is repaired."""
+    first, second = f"{fleet.label}-a", f"{fleet.label}-b"
+    for name in (first, second):
+        fleet.add_node(name, report=False)
+        report(fleet, name, faulty=False)
+    policy(
+        fleet,
+        fleet.label,
+        steps=[{"name": "reset", "action": "ResetGPU", "timeoutSeconds": 120}],
+        validation={"timeoutSeconds": 8},
+        drain={"timeoutSeconds": 30, "force": False},  # a pod without a controller stays
+    )
+    report(fleet, first, faulty=True)
+    reset = wait_job(k8s, jobs_namespace, first, "ResetGPU")
+    report(fleet, second, faulty=True)
+    wait_action(fleet, second, "Drained")  # waits for first's place
+    core = client.CoreV1Api(k8s)
+    core.create_namespaced_pod(  # bound by name past the cordon; no controller: the drain leaves it
+        namespace,
+        {
+            "metadata": {"name": "late"},
+            "spec": {
+                "nodeName": first,
+                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+                "terminationGracePeriodSeconds": 0,
+            },
+        },
+    )
+    end(k8s, jobs_namespace, reset, ok=True)
+    beat = heartbeat(fleet, first, faulty=False)  # the agent: the reset worked
+    waiting.wait_until(
+        lambda: (beat(), [m for m in fleet.messages(first, "RemediationPaused") if f"{namespace}/late" in m])[
+            1
+        ],
+        timeout_seconds=TIMEOUT,
+        message="the wait for the pod said",
+    )
+    failed = waiting.wait_until(
+        lambda: (beat(), fleet.messages(first, "ValidationFailed"))[1],
+        timeout_seconds=TIMEOUT,
+        message="validation failed at its timeout",
+    )
+    assert f"{namespace}/late" in failed[0], failed
+    assert not [
+        j
+        for j in jobs(k8s, jobs_namespace, first)
+        if j["metadata"]["labels"][keys.REPAIR_ACTION_LABEL] == "Validation"
+    ], "no validation Job beside the pod"
+    wait_action(fleet, first, "Retired")
+    assert keys.REPAIR_ANNOTATION not in annotations(fleet, first), "its maxConcurrent place is free"
+    wait_job(k8s, jobs_namespace, second, "ResetGPU")  # the node behind it gets its turn
 
 
 def test_deleting_the_policy_cancels_the_repair(

@@ -5,7 +5,8 @@ of both) and it has never been validated as new (neither `keys.VALIDATED_ANNOTAT
 `keys.VALIDATION_FAILED_ANNOTATION`). So turning newNodes on for a fleet never touches the nodes
 that were there already; a node that joins later is tainted (`keys.UNVALIDATED_TAINT`, NoSchedule)
 and proved by a validation Job before it takes work. One more guard keeps a busy node out: a node
-that already runs an evictable pod when first seen is in service, not new (`plan`'s `busy`).
+that already runs a workload pod when first seen (`decisions.workload_pods`: any pod but a finished,
+DaemonSet, mirror or repair pod, whatever the drain evicts) is in service, not new (`plan`'s `busy`).
 
 `plan` says what one node needs now; `observe` what its validation Job means.
 """
@@ -73,7 +74,7 @@ class Facts:
     started: bool
     """Its validation Job exists (or existed this round)."""
     busy: bool = False
-    """An evictable pod runs on it (asked only before the first taint)."""
+    """A workload pod runs on it (`decisions.workload_pods`; asked only before the first taint)."""
 
 
 def plan(facts: Facts) -> Step:

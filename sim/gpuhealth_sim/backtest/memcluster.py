@@ -11,7 +11,8 @@ semantics the operator relies on, and no more:
   the operator's field manager applied last time and leaves out now are
   removed, and the agent's fields are never touched;
 - Events: created and bumped (kept for the report);
-- pods: none (a trace holds no pods, so every drain completes at once);
+- pods: none unless a test puts some (`put_pod`; a trace holds no pods, so every drain completes at
+  once), listed by `spec.nodeName`; an eviction deletes the pod at once (no PodDisruptionBudget);
 - Jobs (repair steps, batch/v1): created (409 when one of the name exists, as the operator's
   adoption expects), read, listed and deleted; none runs. A Job ends when the backtest says the
   recorded one of its name ended (`end_job`, from the trace's `job` records: at that time, or at
@@ -50,6 +51,8 @@ EVENTS = "/api/v1/namespaces/default/events"
 DRA = "/apis/resource.k8s.io/"
 DRA_VERSIONS = ("v1", "v1beta2", "v1beta1", "v1alpha3")
 JOBS = "/apis/batch/v1/namespaces/"
+PODS = "/api/v1/namespaces/"
+EVICTION = "/eviction"
 OPERATOR_STATUS_FIELDS = replay.OPERATOR_STATUS_FIELDS
 """What `reconciler.desired_status` writes (tests/unit/sim/test_memcluster_fields.py derives it): kept
 across an agent report, as server-side apply keeps another manager's fields."""
@@ -144,6 +147,10 @@ class MemoryKube:
         """The resource.k8s.io version serving DeviceTaintRules that are acted on; None: not served."""
         self.rule_log: list[tuple[str, JsonObject]] = []
         """("created" | "deleted", the DeviceTaintRule), in order."""
+        self.pods: dict[str, JsonObject] = {}
+        """By "namespace/name": what a test put (`put_pod`); evicted ones are gone."""
+        self.evicted: list[str] = []
+        """"namespace/name" of every pod evicted, in order."""
 
     def bump(self, body: JsonObject) -> JsonObject:
         self._version += 1
@@ -168,6 +175,12 @@ class MemoryKube:
         ours = {k: v for k, v in current["status"].items() if k in OPERATOR_STATUS_FIELDS}
         body = {**current, "metadata": dict(current["metadata"]), "status": {**agent_status, **ours}}
         self.gpunodes[name] = self.bump(body)
+        return body
+
+    def put_pod(self, body: JsonObject) -> JsonObject:
+        """A pod bound to a node (`spec.nodeName`), as a scheduler or a `nodeName` would put it."""
+        meta = body["metadata"]
+        self.pods[f"{meta['namespace']}/{meta['name']}"] = self.bump(copy.deepcopy(body))
         return body
 
     def put_rule(self, body: Mapping[str, Any]) -> JsonObject:
@@ -283,6 +296,12 @@ class MemoryKube:
             return self._jobs(method, path, body)
         if method == "GET":
             return self._get(path, query)
+        if method == "POST" and path.startswith(PODS) and path.endswith(EVICTION):
+            key = path[len(PODS) : -len(EVICTION)].replace("/pods/", "/")
+            if self.pods.pop(key, None) is None:
+                raise _not_found(path)
+            self.evicted.append(key)
+            return {}
         if method == "POST" and path == EVENTS:
             assert isinstance(body, dict)
             self.events[body["metadata"]["name"]] = copy.deepcopy(body)
@@ -302,7 +321,10 @@ class MemoryKube:
 
     def _get(self, path: str, query: Mapping[str, str] | None) -> JsonObject:
         if path == "/api/v1/pods":
-            return {"items": [], "metadata": {}}
+            wanted = dict(_selector((query or {}).get("fieldSelector")))
+            node = wanted.get("spec.nodeName")
+            listed = [p for p in self.pods.values() if node is None or p["spec"].get("nodeName") == node]
+            return {"items": copy.deepcopy(listed), "metadata": {}}
         if path.startswith(NODES) and path[len(NODES) :] in self.nodes:
             return copy.deepcopy(self.nodes[path[len(NODES) :]])
         if path.startswith(EVENTS + "/") and path.rsplit("/", 1)[1] in self.events:

@@ -62,6 +62,9 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.repair_finished_seen[node] = ("gpuhealth-repair-job", datetime.datetime.now(datetime.UTC))
     ctx.repair_waiting.add(node)
     ctx.repair_tokens[node] = ("digest", "token")
+    ctx.new_nodes_in_service[node] = f"uid-{node}"
+    ctx.new_nodes_said[node] = f"uid-{node}"
+    ctx.repair_busy_said.add(node)
     ctx.validations_running.add(node)
     ctx.dry_run_said[(policy, node)] = f"Dry run: policy {policy} would cordon"
     ctx.drill_said[(policy, node)] = f"Drill: policy {policy} would cordon"
@@ -94,6 +97,9 @@ FILLED = {
     "repair_finished_seen",
     "repair_waiting",
     "repair_tokens",
+    "new_nodes_in_service",
+    "new_nodes_said",
+    "repair_busy_said",
     "validations_running",
     "admission",
     "cordons_unknown",
@@ -230,6 +236,9 @@ def test_forget_verdicts_keeps_the_nodes_own_memory() -> None:
             "repair_finished_seen",
             "repair_waiting",
             "repair_tokens",
+            "new_nodes_in_service",
+            "new_nodes_said",
+            "repair_busy_said",
             "validations_running",
         }
         assert not ctx.drains.tasks["n"].cancelled()
