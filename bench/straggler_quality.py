@@ -119,6 +119,7 @@ def _measure(node_days: float, seed: int, workdir: str) -> dict[str, Any]:
         "nodeDays": result.node_days,
         "score": score,
         "missed": missed,
+        "observed": [sum(len(v) for v in seen.values()), len(seen)],
         "cpuSeconds": time.process_time() - began,
     }
 
@@ -165,6 +166,13 @@ def section(args: argparse.Namespace, runs: list[dict[str, Any]], wall: float, l
         f"- command: `python bench/straggler_quality.py --seeds {args.seeds} --node-days {args.node_days:g}`",
         f"- {len(runs)} seeds, {wall:.0f} s wall, {sum(r['cpuSeconds'] for r in runs):.0f} CPU-s "
         f"({args.jobs} jobs)",
+        "- z-scores seen through the operator's straggler observer: "
+        + ", ".join(
+            f"seed {r['seed']} {r['observed'][0]} samples of {r['observed'][1]} nodes"
+            if "observed" in r  # a result kept (--tag) by an older version has none
+            else f"seed {r['seed']} not recorded"
+            for r in runs
+        ),
         "",
         "| seed | nodes | episodes ≥ 10 % | found | recall | labels right | labels wrong | precision |",
         "|---|---|---|---|---|---|---|---|",
