@@ -321,6 +321,27 @@ STORIES: dict[str, list[Event]] = {
         end("n", "Validation"),
         tick(times=3),
     ],
+    # The budget: two faulty nodes, room for one (maxUnavailable) and one repair at a time (maxConcurrent).
+    "budget-wait": [
+        policy("p", {**REPAIR, "maxUnavailable": 1}),
+        node("a"),
+        node("b"),
+        report("a", FAULT, "an uncorrectable ECC error"),
+        report("b", FAULT, "an uncorrectable ECC error"),
+        tick(),
+        end("a", "ResetGPU"),
+        tick(),
+        report("a"),
+        tick(),
+        end("a", "Validation"),
+        tick(times=3),
+        end("b", "ResetGPU"),
+        tick(),
+        report("b"),
+        tick(),
+        end("b", "Validation"),
+        tick(times=3),
+    ],
     # Issue 45 item 6: the Node goes mid-repair, one of its name comes back.
     "node-deleted-mid-repair": [
         policy("p", REPAIR),
@@ -361,6 +382,10 @@ ENDS: dict[str, tuple[dict[str, tuple[str, str]], set[str]]] = {
     "nvlink-down": ({"n": ("Degraded", "Tainted")}, {"NvLinkDegraded n"}),
     "nic-port-down": ({"n": ("Degraded", "Tainted")}, {"NicDegraded n"}),
     "node-deleted-mid-repair": ({"n": ("Healthy", "None")}, {"RepairStarted n"}),
+    "budget-wait": (
+        {"a": ("Healthy", "None"), "b": ("Healthy", "None")},
+        {"DisruptionBudgetExceeded b", "NodeUncordoned b"},
+    ),
     "human-uncordon-mid-repair": (
         {"n": ("Unhealthy", "Overridden")},
         {"RemediationPaused n", "OverriddenByUser n"},
