@@ -125,6 +125,8 @@ class World:
     ctx: context.Context = dataclasses.field(init=False)
     seen: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
     """(kind, name) → the resourceVersion the operator's watches last delivered."""
+    _gone_bodies: dict[tuple[str, str], dict[str, Any]] = dataclasses.field(default_factory=dict)
+    """(kind, name) → the last body of an object deleted, for its DELETED watch event."""
     last_full: datetime.datetime | None = None
     last_refresh: datetime.datetime | None = None
     boots: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -235,8 +237,6 @@ class World:
             if running:
                 await asyncio.wait(running, timeout=5)
         raise AssertionError("passes or drains never finished")
-
-    _gone_bodies: dict[tuple[str, str], dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     # The cluster's side: what the story does.
     async def add_node(
