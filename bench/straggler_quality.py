@@ -119,6 +119,7 @@ def _measure(node_days: float, seed: int, workdir: str) -> dict[str, Any]:
         "nodeDays": result.node_days,
         "score": score,
         "missed": missed,
+        "observed": [sum(len(v) for v in seen.values()), len(seen)],
         "cpuSeconds": time.process_time() - began,
     }
 
@@ -128,31 +129,29 @@ def _start(trace: pathlib.Path) -> float:
         return float(header["start"])
 
 
+class HookNotCalled(RuntimeError):
+    """The operator never told the observer of a sample: this benchmark would measure nothing."""
+
+
 def _run_watching(trace: pathlib.Path, seen: dict[str, list[tuple[float, float, int]]]) -> replayer.Result:
-    """Backtest with every node's z-score recorded per sample (the timer's `windowed` calls)."""
-    judge = stragglers.judge_nodes
-    windowed = stragglers.windowed
-    current: dict[int, str] = {}
+    """Backtest with every node's z-score recorded per sample, as the operator's straggler windows take
+    them (`replay.StragglerObserver`, the product's own hook: no function of the operator is patched).
+    A trace with straggler reports whose replay never calls the hook fails loudly (`HookNotCalled`)."""
+    calls = 0
 
-    def judging(performance: Any, threshold: float) -> dict[str, Any]:
-        scores = judge(performance, threshold)
-        current.clear()
-        current.update({id(score): name for name, score in scores.items()})
-        return scores
+    def observe(key: tuple[str, str], sampled_at: datetime.datetime, score: Any) -> None:
+        nonlocal calls
+        calls += 1
+        seen.setdefault(key[1], []).append((sampled_at.timestamp(), score.z_score, score.peers))
 
-    def watching(samples: Any, score: Any, sampled_at: Any, now: Any, *args: Any, **kwargs: Any) -> Any:
-        node = current.get(id(score))
-        if node is not None and sampled_at is not None and (not samples or samples[-1][0] != sampled_at):
-            seen.setdefault(node, []).append((sampled_at.timestamp(), score.z_score, score.peers))
-        return windowed(samples, score, sampled_at, now, *args, **kwargs)
-
-    stragglers.judge_nodes = judging
-    stragglers.windowed = watching
-    try:
-        return replayer.run(trace, replayer.load_policy(POLICY), 30.0)
-    finally:
-        stragglers.judge_nodes = judge
-        stragglers.windowed = windowed
+    result = replayer.run(trace, replayer.load_policy(POLICY), 30.0, straggler_observer=observe)
+    if calls == 0 and result.nodes >= stragglers.MIN_PEERS + 1:
+        raise HookNotCalled(
+            f"{trace.name}: the operator never called its straggler observer over {result.nodes} nodes "
+            "(cohorts.Cohorts.observer, told each sample a straggler window takes): the hook is gone "
+            "or moved, and the missed episodes' z-scores would read 'no score'. Wire it again."
+        )
+    return result
 
 
 def _pct(value: float | None) -> str:
@@ -167,6 +166,13 @@ def section(args: argparse.Namespace, runs: list[dict[str, Any]], wall: float, l
         f"- command: `python bench/straggler_quality.py --seeds {args.seeds} --node-days {args.node_days:g}`",
         f"- {len(runs)} seeds, {wall:.0f} s wall, {sum(r['cpuSeconds'] for r in runs):.0f} CPU-s "
         f"({args.jobs} jobs)",
+        "- z-scores seen through the operator's straggler observer: "
+        + ", ".join(
+            f"seed {r['seed']} {r['observed'][0]} samples of {r['observed'][1]} nodes"
+            if "observed" in r  # a result kept (--tag) by an older version has none
+            else f"seed {r['seed']} not recorded"
+            for r in runs
+        ),
         "",
         "| seed | nodes | episodes ≥ 10 % | found | recall | labels right | labels wrong | precision |",
         "|---|---|---|---|---|---|---|---|",

@@ -30,7 +30,7 @@ import datetime
 import heapq
 import itertools
 import operator
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpuhealth_api import heartbeats, vocabulary
@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 
 Key = tuple[str, str]
 """(policy, node)."""
+Observer = Callable[[Key, datetime.datetime, model.StragglerScore], None]
+"""Told (policy, node), the sample's time and the score judged on it, once per sample a window takes
+(`Cohorts.observer`): how bench/straggler_quality.py sees what the operator saw, without
+patching the functions it calls."""
 
 _MARGIN = datetime.timedelta(seconds=1)
 """Staleness is judged on float seconds: its deadline is looked at this much early, then every tick."""
@@ -315,6 +319,7 @@ class _PolicyCohorts:
         self.samples[i] = samples
         sampled_at = member.record.report_seen_at if stragglers.settled(samples) else None
         was: model.StragglerScore | None = self.outs[i]
+        takes = sampled_at is not None and (not samples or samples[-1][0] != sampled_at)
         out = stragglers.windowed(
             samples,
             judged,
@@ -326,6 +331,10 @@ class _PolicyCohorts:
             was_flagged=was is not None and was.flagged,
             flagged_since=was.since if was is not None else None,
         )
+        observer = ctx.straggler_cohorts.observer
+        if takes and observer is not None:
+            assert sampled_at is not None
+            observer(key, sampled_at, out)
         if out is not was:
             ctx.stragglers[key] = out
             self.outs[i] = out
@@ -387,6 +396,8 @@ class Cohorts:
         self.sizes = (-1, -1)
         """`Context.stragglers`' and `straggler_samples`' sizes as the last tick left them: others only
         delete from them (`Context.forget_verdicts`, `forget_policy`), so the same sizes say untouched."""
+        self.observer: Observer | None = None
+        """Told each sample a window takes (a benchmark's view of the z-scores); None in service."""
 
 
 def score(ctx: context.Context, now: datetime.datetime) -> set[str]:

@@ -32,6 +32,8 @@ async def budget_exceeded(
     """Say once per wait that the node waits for the budget."""
     if not ctx.admission.start_waiting(policy.name, name):
         return
+    if _pending_as_stored(ctx, policy.name, name):
+        return  # said by an earlier process (a restart, a leader change), which recorded the wait
     why = ctx.admission.wait_reason(policy, name, ctx.cache, ctx.verdicts.wanting)
     wanted = verdict.wanted_action.value.lower() if verdict.wanted_action else "act on"
     await ctx.recorder.emit(
@@ -41,6 +43,25 @@ async def budget_exceeded(
         "waiting for the budget.",
         events.WARNING,
     )
+
+
+def _pending_as_stored(ctx: context.Context, policy: str, name: str) -> bool:
+    """Whether the GPUNode status as stored says the policy's action on the node is Pending: the wait
+    is said before the status that records it is written, so a wait this process first meets with its
+    status already Pending was said (by this policy's entry in `status.policies` where several policies
+    select the node, else by `status.action`). Not where GPUs wait to be isolated (also Pending)."""
+    gpunode = ctx.cache.gpunode(name)
+    isolation = ctx.isolations.get((policy, name))
+    if gpunode is None or (isolation is not None and isolation.decision is not None):
+        return False  # GPUs of the node wait for isolation, or were judged for it: Pending may be theirs
+    stored = gpunode.status
+    pending = vocabulary.NodeAction.PENDING.value
+    entries = stored.get("policies")
+    if isinstance(entries, list):
+        return any(
+            isinstance(e, dict) and e.get("policy") == policy and e.get("action") == pending for e in entries
+        )
+    return stored.get("action") == pending
 
 
 async def cordon(

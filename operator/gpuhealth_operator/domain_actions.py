@@ -97,6 +97,7 @@ async def evaluate(ctx: context.Context, now: datetime.datetime) -> None:
 
 
 async def _judge(ctx: context.Context, policy: model.Policy, now: datetime.datetime) -> None:
+    first = policy.name not in ctx.domains.states  # this process's first judgement of the policy
     previous = ctx.domains.previous(policy)
     if not policy.topology.domains and not previous:
         ctx.domains.states.pop(policy.name, None)
@@ -115,10 +116,32 @@ async def _judge(ctx: context.Context, policy: model.Policy, now: datetime.datet
     ctx.domains.states[policy.name] = current
     changed = domains.transitions(previous, current)
     for state in changed.degraded:
+        if first and _marked_before(ctx, policy, state):
+            continue  # said by an earlier process, which marked the nodes and ended before its status
         await _say(ctx, policy, state, degraded=True)
     for state in changed.recovered:
         await _say(ctx, policy, state, degraded=False)
     ctx.meters.set_degraded_domains(policy.name, list(current))
+
+
+def _marked_before(ctx: context.Context, policy: model.Policy, state: domains.DomainState) -> bool:
+    """Whether a degraded domain new to this process was said and marked by an earlier one: its Event
+    is said before its marks are written, and the policy's status (what `previous` reads) only at the
+    next timer pass, so a restart in between finds every member marked as the domain's action wants and
+    no other policy of this process wanting those marks."""
+    if policy.dry_run or not state.members:
+        return False
+    others = domains.wanted_marks(
+        states
+        for name, states in ctx.domains.states.items()
+        if name != policy.name and (other := ctx.cache.policies.get(name)) is not None and not other.dry_run
+    )
+    want = domains.marks_for(state.action)
+    for name in state.members:
+        record = ctx.cache.node(name)
+        if record is None or name in others or not all(settled(record, want)):
+            return False
+    return True
 
 
 def _marks_text(action: vocabulary.Action) -> str:

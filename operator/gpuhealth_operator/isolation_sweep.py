@@ -3,7 +3,8 @@
 A rule whose `gpuhealth.io/policy` names no policy (deleted, renamed, or deleted while no operator ran)
 would keep its GPU out for good. Once per timer pass, on the rule list `isolation_support.rules`
 reuses for `recent.SECONDS`, each such rule is adopted by the first acting IsolateGPU policy (by name)
-that selects its node, which restores the GPU once it has recovered (Event `GPUIsolated`), or else
+that selects its node, which restores the GPU once it has recovered (Event `GPUIsolated`; the adoption
+asks for a pass over the node at once, so a GPU that recovered meanwhile is restored then), or else
 deleted at once (Event `GPURestored`).
 """
 
@@ -14,7 +15,7 @@ import datetime
 import logging
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import context, isolation_support
+from gpuhealth_operator import context, isolation_support, pass_queue
 from gpuhealth_operator.actions import device_rules, events
 from gpuhealth_operator.decisions import device_taints, isolation
 
@@ -80,6 +81,9 @@ async def _sweep(ctx: context.Context, version: str, now: datetime.datetime) -> 
             if all(g.uuid != uuid for g in state.in_place):
                 taken = isolation.Isolated(index, uuid, name)
                 ctx.isolations[key] = dataclasses.replace(state, in_place=(*state.in_place, taken))
+            # The adopter restores a recovered GPU only on a pass over the node: ask for one now, or it
+            # waits for the next agent report (a 300 s heartbeat at rest) or the next full pass.
+            ctx.passes.request(node, pass_queue.Ask("timer"))
             await ctx.recorder.emit(
                 subject,
                 vocabulary.EventReason.GPU_ISOLATED,

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import cache, context, kube, repairing
+from gpuhealth_operator import cache, context, kube, pass_queue, repairing
 from gpuhealth_operator.actions import events, jobs, nodes
 from gpuhealth_operator.decisions import model, new_nodes, policies, repair, times
 
@@ -308,6 +308,9 @@ def _taints(record: cache.NodeRecord, *, present: bool) -> list[dict[str, Any]]:
 
 
 def _note(ctx: context.Context, name: str, now: datetime.datetime, result: Result, message: str) -> None:
+    # The entry is written with the node's next status, and the timer's sweep runs outside any pass over
+    # the node: ask for one, or a validation's Started waits for its end (a new process loses it).
+    ctx.passes.request(name, pass_queue.Ask("timer"))
     repairing.record(
         ctx,
         name,

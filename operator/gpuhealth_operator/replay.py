@@ -29,6 +29,7 @@ from gpuhealth_api import keys
 from gpuhealth_operator import (
     agent_pods,
     cache,
+    cohorts,
     context,
     handlers,
     isolating,
@@ -64,6 +65,9 @@ OPERATOR_STATUS_FIELDS: Final = frozenset(
 """The GPUNode status fields the operator writes (`reconciler.desired_status`), the agent's being the rest:
 a cluster keeps them across an agent's report, as server-side apply keeps another manager's fields."""
 
+StragglerObserver = cohorts.Observer
+"""Told (policy, node), a sample's time and the StragglerScore judged on it, for each sample a straggler
+window takes: what the operator saw of a node's slowdown."""
 is_agent_pod = agent_pods.is_agent
 """Whether a pod is an agent pod in a namespace (None: any), by the operator's own rule."""
 pod_readiness = agent_pods.pod_readiness
@@ -79,6 +83,7 @@ class Operator:
 
     `agent_pod_namespace`: where agent pods count (the recording's namespace; None: any namespace).
     `instance`: the reporting instance of its Events.
+    `straggler_observer`: told each sample a straggler window takes ((policy, node), its time, the score).
     """
 
     def __init__(
@@ -88,10 +93,12 @@ class Operator:
         *,
         agent_pod_namespace: str | None = None,
         instance: str = "replay",
+        straggler_observer: StragglerObserver | None = None,
     ) -> None:
         config = settings.Settings(agent_pod_namespace=agent_pod_namespace)
         self._ctx = context.Context.create(config, client, metrics.Metrics.create(), instance=instance)
         self._ctx.clock = clock
+        self._ctx.straggler_cohorts.observer = straggler_observer
 
     async def policy_event(self, kind: EventType, body: dict[str, Any]) -> None:
         """A GPUHealthPolicy watch event."""

@@ -256,6 +256,7 @@ class Replay:
         tick_seconds: float,
         *,
         agent_pod_namespace: str | None = None,
+        straggler_observer: replay.StragglerObserver | None = None,
     ) -> None:
         self.start = start
         self.now = start
@@ -264,7 +265,11 @@ class Replay:
         # Agent pods are judged by the operator's rule (`replay.is_agent_pod`) in the namespace the
         # recording names (header `agentPodNamespace`); None (an older trace): any namespace.
         self.operator = replay.Operator(
-            self.client, self.clock, agent_pod_namespace=agent_pod_namespace, instance="backtest"
+            self.client,
+            self.clock,
+            agent_pod_namespace=agent_pod_namespace,
+            instance="backtest",
+            straggler_observer=straggler_observer,
         )
         self.policy = policy
         self.name = str(policy["metadata"]["name"])
@@ -646,8 +651,15 @@ def _our_taint(taint: Mapping[str, Any]) -> bool:
     return taint.get("key") in OUR_TAINTS
 
 
-def run(trace: pathlib.Path, policy: dict[str, Any], tick_seconds: float = 30.0) -> Result:
-    """Replay `trace` under `policy`; raises traces.TraceError on a bad trace."""
+def run(
+    trace: pathlib.Path,
+    policy: dict[str, Any],
+    tick_seconds: float = 30.0,
+    *,
+    straggler_observer: replay.StragglerObserver | None = None,
+) -> Result:
+    """Replay `trace` under `policy`; raises traces.TraceError on a bad trace. `straggler_observer`: told
+    each sample a straggler window takes (`replay.StragglerObserver`)."""
     logging.getLogger("gpuhealth_operator").setLevel(logging.ERROR)
     import time  # noqa: PLC0415
 
@@ -659,6 +671,7 @@ def run(trace: pathlib.Path, policy: dict[str, Any], tick_seconds: float = 30.0)
             float(header["start"]),
             tick_seconds,
             agent_pod_namespace=namespace if isinstance(namespace, str) and namespace else None,
+            straggler_observer=straggler_observer,
         )
         result = asyncio.run(replay.run(records))
     result.seconds = time.perf_counter() - began

@@ -19,6 +19,7 @@ from gpuhealth_operator import (
     isolation_support,
     kube,
     metrics,
+    passes,
     settings,
     ticker,
 )
@@ -396,6 +397,35 @@ def test_a_deleted_policys_rule_is_adopted_by_another_isolating_policy_of_the_no
             clock.now += datetime.timedelta(seconds=1)
             await ticker.tick(ctx)
         assert cluster.node_rules() == {}, "the adopting policy restores the repaired GPU"
+
+    asyncio.run(scenario())
+
+
+def test_an_adopted_rule_of_a_recovered_gpu_is_restored_at_once_not_at_the_next_report() -> None:
+    """The GPU recovered while its policy was being replaced: the adopting policy restores it on the pass
+    the adoption asks for, not at the next agent report or the 300 s full pass."""
+
+    async def scenario() -> None:
+        cluster, clock = Cluster(), Clock()
+        ctx = await start(cluster, clock, ("n",), policy_body("old"))
+        await report(cluster, ctx, "n")
+        rule = device_taints.rule_name("n", FAULTY)
+        assert cluster.node_rules() == {rule: "old"}
+        renamed = policy_body("new")
+        cluster.policies["new"] = renamed
+        await handlers.on_policy(event("ADDED", renamed), memo=ctx)
+        await delete_policy(cluster, ctx, "old")
+        clock.now += datetime.timedelta(seconds=5)
+        await report(cluster, ctx, "n", faulty=False)  # repaired; healthy for longer than healthyForSeconds
+        clock.now += datetime.timedelta(seconds=5)
+        await report(cluster, ctx, "n", faulty=False)
+        for _ in range(5):  # timer passes between full ones; no agent report comes (a 300 s heartbeat)
+            clock.now += datetime.timedelta(seconds=1)
+            await ticker.tick(ctx, full=False)
+            await passes.settle(ctx)  # what the term's passes task runs meanwhile
+        assert cluster.node_rules() == {}, "adopted, then restored at once: the GPU has recovered"
+        said = [e["message"] for e in cluster.event_log if e["reason"] == "GPURestored"]
+        assert said, reasons(cluster)
 
     asyncio.run(scenario())
 
