@@ -84,6 +84,20 @@ class NodeCondition(str):
 
 NODE_CONDITION_STATUSES: tuple[str, ...] = ("True", "False", "Unknown")
 
+KUBELET_NODE_CONDITIONS: Final[tuple[str, ...]] = (
+    "Ready",
+    "MemoryPressure",
+    "DiskPressure",
+    "PIDPressure",
+    "NetworkUnavailable",
+)
+"""Kubelet's own Node conditions. They flip on many nodes at once (an API server or network blip, a
+full image disk), so a rule names one only with `nodeCondition.allowKubeletCondition: true` (the CRD
+and the operator refuse it otherwise), and the chart's admission policy asks a grant of whoever writes
+such a policy (docs/policy.md, "Privileged policies")."""
+ALLOW_KUBELET_CONDITION: Final = "allowKubeletCondition"
+"""The `nodeCondition` field that opts a rule in to one of KUBELET_NODE_CONDITIONS."""
+
 
 def node_condition(node_type: str, status: str = "True") -> NodeCondition:
     """The key of a rule's `nodeCondition: {type: node_type, status: status}`."""

@@ -36,9 +36,11 @@ VALUE_KEYS = {"ResetGPU": "resetGPU", "RebootNode": "rebootNode", "Validation": 
 
 
 def render(cp: local.ControlPlane, *args: str, namespace: str = "gpu-health") -> list[dict[str, Any]]:
+    """The chart with repair on (off by default: test_chart_privilege.py); `args` may turn it off."""
     out = cp.helm(
-        "template", RELEASE, str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION, *args
-    ).stdout
+        "template", RELEASE, str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION,
+        "--set", "repair.enabled=true", *args,
+    ).stdout  # fmt: skip
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
@@ -202,7 +204,7 @@ def test_a_whole_template_may_be_replaced(control_plane: local.ControlPlane, tmp
 def test_a_template_that_is_not_a_job_is_refused(control_plane: local.ControlPlane) -> None:
     result = control_plane.helm(
         "template", RELEASE, str(CHART), "--kube-version", KUBE_VERSION,
-        "--set", "repair.templates.rebootNode.kind=Pod", check=False,
+        "--set", "repair.enabled=true", "--set", "repair.templates.rebootNode.kind=Pod", check=False,
     )  # fmt: skip
     assert result.returncode != 0
     assert "/repair/templates/rebootNode/kind" in result.stderr, result.stderr
@@ -251,6 +253,7 @@ def installed(cp: local.ControlPlane, tmp: Path) -> Iterator[tuple[str, str, str
             {
                 "operator": {"nodeSelector": {UNIQUE_LABEL: suffix}},
                 "agent": {"nodeSelector": {UNIQUE_LABEL: suffix}},
+                "repair": {"enabled": True},
             }
         )
     )

@@ -231,6 +231,25 @@ MALFORMED: list[tuple[str, Mutation, str]] = [
         "spec.rules[0].nodeCondition.status",
     ),
     (
+        "node-condition-kubelet-ready",
+        rule(name="k", nodeCondition={"type": "Ready", "status": "False"}, action=A.TAINT),
+        "spec.rules[0].nodeCondition.type",
+    ),
+    (
+        "node-condition-kubelet-opt-in-false",
+        rule(
+            name="k",
+            nodeCondition={"type": "DiskPressure", "allowKubeletCondition": False},
+            action=A.CORDON,
+        ),
+        "spec.rules[0].nodeCondition.type",
+    ),
+    (
+        "node-condition-kubelet-opt-in-word",
+        rule(name="k", nodeCondition={"type": "Ready", "allowKubeletCondition": "yes"}, action=A.TAINT),
+        "spec.rules[0].nodeCondition.allowKubeletCondition",
+    ),
+    (
         "node-condition-isolate-gpu",
         rule(name="k", nodeCondition={"type": "KernelDeadlock"}, action=A.ISOLATE_GPU),
         "spec.rules[0].action",
@@ -420,6 +439,7 @@ SERVER_SIDE_FIELD = {
     "duplicate-xids": 'spec.rules[name="x"].xids',
     "typo-in-field-name": 'spec.rules[name="ecc"].forSecond',
     "repair-duplicate-step-names": "spec.repair.steps",
+    "node-condition-kubelet-opt-in-word": 'spec.rules[name="k"].nodeCondition.allowKubeletCondition',
 }
 
 
@@ -524,11 +544,53 @@ def test_every_condition_and_action_of_the_vocabulary_is_accepted(crds: local.Co
             rules.append({"name": name, "condition": condition.value, "action": action.value, **extra})
     rules.append({"name": "kernel-deadlock", "nodeCondition": {"type": "KernelDeadlock"}, "action": A.DRAIN})
     rules.append(
-        {"name": "not-ready", "nodeCondition": {"type": "Ready", "status": "False"}, "action": A.TAINT}
+        {
+            "name": "not-ready",
+            "nodeCondition": {"type": "Ready", "status": "False", "allowKubeletCondition": True},
+            "action": A.TAINT,
+        }
     )
     assert len(rules) == 79
     for first in range(0, len(rules), 32):
         apply(crds, policy("crds-vocabulary", rules=rules[first : first + 32]), "--dry-run=server")
+
+
+KUBELET_CONDITIONS = ["Ready", "MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable"]
+
+
+@pytest.mark.parametrize("kind", KUBELET_CONDITIONS)
+def test_a_kubelet_condition_needs_the_explicit_opt_in(crds: local.ControlPlane, kind: str) -> None:
+    # Kubelet's own conditions flip fleet-wide on an API server or network blip: a rule on them takes
+    # every selected node out at once, so the policy must say it means it (issue 45 item 11).
+    body = policy("crds-kubelet", rules=[{"name": "k", "nodeCondition": {"type": kind}, "action": A.DRAIN}])
+    refused = apply(crds, body, "--dry-run=server", check=False)
+    assert refused.returncode != 0, "a kubelet condition without the opt-in was accepted"
+    assert "spec.rules[0].nodeCondition.type" in refused.stderr, refused.stderr
+    assert f"{kind} is kubelet's own Node condition" in refused.stderr, refused.stderr
+    assert "allowKubeletCondition: true" in refused.stderr, refused.stderr
+    body["spec"]["rules"][0]["nodeCondition"]["allowKubeletCondition"] = True
+    apply(crds, body, "--dry-run=server")
+
+
+def test_the_opt_in_is_kept_and_another_tools_condition_needs_none(
+    crds: local.ControlPlane, policy_name: str
+) -> None:
+    rules = [
+        {"name": "deadlock", "nodeCondition": {"type": "KernelDeadlock"}, "action": A.DRAIN},
+        {
+            "name": "pressure",
+            "nodeCondition": {"type": "MemoryPressure", "allowKubeletCondition": True},
+            "action": A.LABEL,
+        },
+    ]
+    apply(crds, policy(policy_name, rules=rules))
+    stored = get(crds, resources.POLICY_PLURAL, policy_name)["spec"]["rules"]
+    assert stored[1]["nodeCondition"] == {
+        "type": "MemoryPressure",
+        "status": "True",
+        "allowKubeletCondition": True,
+    }
+    assert "allowKubeletCondition" not in stored[0]["nodeCondition"]
 
 
 # A GPUNode as the agent reports it: GPU 3 of two has a double-bit ECC error.

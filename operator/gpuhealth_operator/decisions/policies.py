@@ -391,6 +391,14 @@ def _node_condition(value: object, where: str) -> vocabulary.NodeCondition:
         raise ValueError(f"{where}.type: {kind} is gpu-health's own Node condition")
     if wanted not in vocabulary.NODE_CONDITION_STATUSES:
         raise ValueError(f"{where}.status: must be True, False or Unknown")
+    opt_in = vocabulary.ALLOW_KUBELET_CONDITION
+    allowed = _boolean(raw.get(opt_in, False), f"{where}.{opt_in}")
+    if kind in vocabulary.KUBELET_NODE_CONDITIONS and not allowed:
+        # The CRD refuses it too; this is for a cluster whose CRD is older than the rule (issue 45).
+        raise ValueError(
+            f"{where}.type: {kind} is kubelet's own Node condition, which can flip on every node at once: "
+            f"a rule names it only with {opt_in}: true"
+        )
     return vocabulary.node_condition(kind, wanted)
 
 

@@ -32,7 +32,8 @@ def judge(p: model.Policy, view: model.NodeView, previous: Any = None, at: datet
 def test_a_rule_names_a_node_condition_by_type_and_status() -> None:
     p = policy({"name": "kd", "nodeCondition": {"type": "KernelDeadlock"}, "action": "Drain"})
     assert p.rules[0].condition == "Node:KernelDeadlock" == DEADLOCK
-    p = policy({"name": "nr", "nodeCondition": {"type": "Ready", "status": "False"}, "action": "Taint"})
+    ready = {"type": "Ready", "status": "False", "allowKubeletCondition": True}  # kubelet's: opted in
+    p = policy({"name": "nr", "nodeCondition": ready, "action": "Taint"})
     assert p.rules[0].condition == "Node:Ready=False"
     assert p.rules[0].condition.node_type == "Ready"  # type: ignore[union-attr]
 
