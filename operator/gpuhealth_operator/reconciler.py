@@ -55,6 +55,7 @@ from gpuhealth_operator.decisions import (
     hysteresis,
     model,
     overlap,
+    signals,
     stragglers,
     times,
     verdicts,
@@ -243,6 +244,18 @@ async def _condition_events(
                 state.message or condition.value,
                 events.NORMAL if condition is Condition.GPU_OPERATOR_MAINTENANCE else events.WARNING,
             )
+        elif condition is Condition.GPU_OPERATOR_MAINTENANCE and _newly_overdue(state, before):
+            # The maintenance outlasted its limit: its label hides no fault any more (issue 45, item 4).
+            await ctx.recorder.emit(
+                events.subject(ctx.cache, name), condition.value, state.message, events.WARNING
+            )
+
+
+def _newly_overdue(state: model.ConditionState, before: model.ConditionState | None) -> bool:
+    def overdue(s: model.ConditionState | None) -> bool:
+        return s is not None and s.status == "True" and signals.OVERDUE_WORDS in s.message
+
+    return overdue(state) and not overdue(before)
 
 
 PolicyVerdict = tuple[model.Policy, model.NodeVerdict, vocabulary.NodeAction]
