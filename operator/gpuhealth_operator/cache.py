@@ -62,6 +62,10 @@ class NodeRecord:
     """Unschedulable, claimed by us, but the flag last set by someone else (`overrides.cordon_taken_over`)."""
     created: str = ""
     """metadata.creationTimestamp (RFC 3339): whether the node is new to a policy (`decisions.new_nodes`)."""
+    condition_written: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Other tools' Node conditions by type → the later of their lastHeartbeatTime and lastTransitionTime
+    (RFC 3339, their writer's clock): whether a version was written after a reboot (`repairing.report`).
+    Not in `reads_like`: a heartbeat of theirs asks for no pass."""
 
     @functools.cached_property
     def at_rest(self) -> bool:
@@ -323,11 +327,15 @@ def node_record(body: Mapping[str, Any]) -> NodeRecord:
     capacity = (body.get("status") or {}).get("capacity") or {}
     condition = None
     others: dict[str, str] = {}
+    written: dict[str, str] = {}
     for c in (body.get("status") or {}).get("conditions") or []:
         if not isinstance(c, Mapping):
             continue
         if c.get("type") != keys.NODE_CONDITION_TYPE and isinstance(c.get("type"), str):
             others[sys.intern(c["type"])] = share(str(c.get("status", "")))
+            stamps = [str(c[k]) for k in ("lastHeartbeatTime", "lastTransitionTime") if c.get(k)]
+            if stamps:
+                written[sys.intern(c["type"])] = max(stamps)  # RFC 3339 UTC: in order as strings
         if c.get("type") == keys.NODE_CONDITION_TYPE:
             condition = NodeCondition(
                 status=share(str(c.get("status", ""))),
@@ -352,6 +360,7 @@ def node_record(body: Mapping[str, Any]) -> NodeRecord:
         condition=condition,
         cordon_taken_over=view.unschedulable and overrides.cordon_taken_over(meta),
         created=str(meta.get("creationTimestamp") or ""),
+        condition_written=written,
     )
 
 
