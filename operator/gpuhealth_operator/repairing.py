@@ -203,7 +203,7 @@ def report(
         agent_pod=ctx.agent_pods.get(name),
         known=gpunode.fact_signals,
         thresholds=trends.thresholds(policy),
-        memory=gpunode.memory,
+        memory=ctx.cache.memory(gpunode),
     )
     booted = _booted_at(agent, boot, state)
     shown: list[bool | None] = []

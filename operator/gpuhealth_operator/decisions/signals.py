@@ -58,9 +58,13 @@ MIG_MAINTENANCE: Final = frozenset({"pending", "rebooting"})
 """`nvidia.com/mig.config.state` values while mig-manager applies a MIG configuration (not `success`,
 `failed`)."""
 
-FactSignals = dict[tuple[frozenset[int], int | None, trends.Thresholds], dict[Condition, model.Signal]]
-"""Signals of FACT_CONDITIONS per (policy XIDs, expected GPUs, trend thresholds), for one version of a
-node's facts (and the trends remembered with it)."""
+FactSignals = dict[
+    tuple[frozenset[int], int | None, trends.Thresholds, tuple[int | None, ...]],
+    dict[Condition, model.Signal],
+]
+"""Signals of FACT_CONDITIONS per (policy XIDs, expected GPUs, trend thresholds, the links up each GPU's
+cohort has: `trends.Trends.expectations`), for one version of a node's facts (and the trends remembered
+with it)."""
 
 
 def raw_signals(
@@ -107,7 +111,12 @@ def raw_signals(
         return signals
     if known is None:
         return signals | fact_signals(facts, node, rule_xids, thresholds, memory)
-    key = (rule_xids, expected_gpus(facts, node), thresholds)
+    key = (
+        rule_xids,
+        expected_gpus(facts, node),
+        thresholds,
+        memory.expectations(facts.get("gpus")) if memory is not None else (),
+    )
     judged = known.get(key)
     if judged is None:
         judged = known[key] = fact_signals(facts, node, rule_xids, thresholds, memory)
