@@ -228,7 +228,8 @@ async def _condition_events(
     previous: Mapping[vocabulary.ConditionKey, model.ConditionState],
     verdict: model.NodeVerdict,
 ) -> None:
-    """One Event per condition that turned True in this pass."""
+    """One Event per condition that turned True in this pass (Warning; GPUOperatorMaintenance Normal), and
+    one (Normal) per condition that cleared."""
     gpunode = ctx.cache.gpunode(name)
     if gpunode is None:
         return
@@ -243,6 +244,14 @@ async def _condition_events(
                 condition.value,
                 state.message or condition.value,
                 events.NORMAL if condition is Condition.GPU_OPERATOR_MAINTENANCE else events.WARNING,
+            )
+        elif state.status != "True" and before is not None and before.status == "True":
+            # Said both ways (issue 45): the decision that undoes what its Warning started.
+            await ctx.recorder.emit(
+                events.subject(ctx.cache, name),
+                condition.value,
+                f"{condition.value} cleared: {state.message or 'no evidence any more'}",
+                events.NORMAL,
             )
         elif condition is Condition.GPU_OPERATOR_MAINTENANCE and _newly_overdue(state, before):
             # The maintenance outlasted its limit: its label hides no fault any more (issue 45, item 4).
