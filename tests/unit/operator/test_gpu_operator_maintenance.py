@@ -451,3 +451,36 @@ def test_a_maintenance_that_outlasts_its_limit_is_judged_again_and_said_so(label
         assert stopping.why_stop(fleet.ctx, "p", "n") is None, "our drain goes on"
 
     asyncio.run(scenario())
+
+
+def test_taking_the_label_off_and_on_again_does_not_restart_the_limit_nor_hide_the_fault() -> None:
+    """Whoever sets the label cannot renew its hour: off and on within the grace keeps the clock of
+    the stored condition; off for longer ends the maintenance, and the fault is judged at once."""
+
+    async def scenario() -> None:
+        fleet = Fleet()
+
+        async def wait(seconds: float) -> None:  # the agents report every minute, the fault still there
+            for _ in range(int(seconds // 60)):
+                for name in ("n", "m"):
+                    await fleet.report(name, ecc={"uncorrectedVolatile": 1})
+                await fleet.tick(60)
+
+        await fleet.start(["n", "m"])
+        await fleet.tick(1)
+        for name in ("n", "m"):
+            await fleet.label(name, {UPGRADE: "pod-restart-required"})
+        await wait(verdicts.MAINTENANCE_LIMIT_SECONDS - 300)
+        assert fleet.health("n") == "Unknown" and fleet.health("m") == "Unknown"
+        await fleet.label("n", {UPGRADE: None})  # n: off, and on again 30 s later
+        await fleet.tick(30)
+        await fleet.label("n", {UPGRADE: "pod-restart-required"})
+        await fleet.label("m", {UPGRADE: None})  # m: off for longer than the grace
+        await wait(120)
+        assert fleet.health("m") == "Unhealthy" and fleet.cordoned("m"), "the fault judged once off"
+        assert fleet.health("n") == "Unknown"
+        await wait(240)
+        assert fleet.health("n") == "Unhealthy", "the limit counted from the first label"
+        assert "n" in fleet.turned_unhealthy(), "(its cordon waits for the breaker: m was first)"
+
+    asyncio.run(scenario())
