@@ -214,3 +214,23 @@ def test_the_cohort_follows_the_gpunodes_stored_and_removed() -> None:
     assert store.links.expected == {cohort: 17}
     store.remove_gpunode("c")
     assert store.links.expected == {}
+
+
+def test_a_node_at_rest_is_judged_again_when_its_cohort_learns_better() -> None:
+    """The first node of a model to join has only itself to go by; once its peers join with more links up,
+    the next pass over it (the timer's full pass) judges it again: a node at rest is left alone only while
+    what its GPUs' cohorts expect is what it was judged against."""
+
+    async def scenario() -> None:
+        fleet = Fleet()
+        await fleet.start(["c"], nvlink=dict.fromkeys(range(8), ONE_DOWN))
+        await fleet.tick(1)
+        await fleet.report("c", nvlink=dict.fromkeys(range(8), ONE_DOWN))
+        await fleet.tick(1)
+        assert fleet.taint("c") is None, "alone: its own GPUs are its cohort"
+        await fleet.join("a")
+        await fleet.join("b")
+        await fleet.tick(1)  # a full pass: c is at rest, its report unchanged
+        assert fleet.taint("c") == "NvLinkDegraded"
+
+    asyncio.run(scenario())
