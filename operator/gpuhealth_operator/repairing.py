@@ -242,8 +242,9 @@ def _booted_at(
 
 def _written_before(written: str | None, booted: datetime.datetime | None, now: datetime.datetime) -> bool:
     """Whether a Node condition last written at `written` is older than the boot at `booted`, within
-    FRESH_CONDITION_WAIT_SECONDS of it (after that it is judged as it stands: the wait is bounded)."""
-    if booted is None or times.seconds_between(booted, now) >= FRESH_CONDITION_WAIT_SECONDS:
+    FRESH_CONDITION_WAIT_SECONDS of it (after that it is judged as it stands: the wait is bounded, also
+    for a `bootTime` ahead of the operator's clock, a skewed node's or a lying agent's)."""
+    if booted is None or abs(times.seconds_between(booted, now)) >= FRESH_CONDITION_WAIT_SECONDS:
         return False
     stamp = times.parse(written)
     return stamp is None or stamp <= booted

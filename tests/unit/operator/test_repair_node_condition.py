@@ -188,3 +188,15 @@ def test_without_a_boot_time_the_condition_must_be_written_after_the_reboot_step
         assert ("reboot", "Succeeded") in fleet.results(), fleet.results()
 
     asyncio.run(scenario())
+
+
+def test_a_boot_time_far_ahead_of_the_operators_clock_cannot_hold_the_step() -> None:
+    """A skewed node, or an agent that lies about its boot: the wait is bounded all the same."""
+
+    async def scenario() -> None:
+        fleet = Fleet()
+        await fleet.rebooting(boot_time=at(86400))  # a day ahead
+        await fleet.tick(5)
+        assert ("reboot", "NoEffect") in fleet.results(), "judged on what the Node holds: no wait"
+
+    asyncio.run(scenario())
