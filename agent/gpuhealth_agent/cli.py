@@ -10,6 +10,7 @@ fault, 2 usage, 3 cannot read (`check.EXIT_CODES`).
 from __future__ import annotations
 
 import argparse
+import datetime
 import logging
 import os
 import signal
@@ -36,7 +37,7 @@ from gpuhealth_agent import (
     sysfs,
     xids,
 )
-from gpuhealth_api import __version__, heartbeats, kubeconfig_check, logformat
+from gpuhealth_api import __version__, heartbeats, kubeconfig_check, logformat, timestamps
 
 if TYPE_CHECKING:
     from kubernetes import client as k8s
@@ -47,6 +48,7 @@ USAGE_ERROR: Final = 2
 STARTUP_ERROR: Final = 1
 SUBCOMMANDS: Final = ("run", "check")
 BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
+PROC_STAT_PATH: Final = Path("/proc/stat")
 
 
 def _common(parser: argparse.ArgumentParser, log_level: str) -> None:
@@ -151,6 +153,20 @@ def _boot_id(path: Path = BOOT_ID_PATH) -> str | None:
         return path.read_text().strip() or None
     except OSError:
         return None
+
+
+def _boot_time(path: Path = PROC_STAT_PATH) -> str | None:
+    """When the kernel booted (RFC 3339, the node's clock: `btime` of /proc/stat), or None where it cannot be
+    read. The operator judges another tool's Node condition after a reboot only on a version written
+    since then (issue 45, item 5)."""
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "btime" and value.strip().isdigit():
+                return timestamps.render(datetime.datetime.fromtimestamp(int(value), datetime.UTC))
+    except OSError:
+        return None
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -317,6 +333,7 @@ def _run(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
         # The simulation is single-threaded by design; poll its events each turn instead.
         event_thread=plan is None,
         boot_id=_boot_id(),
+        boot_time=_boot_time(),
         sysfs_root=(args.sysfs_root or None) if plan is None else None,
     )
     registry = prometheus_client.CollectorRegistry()

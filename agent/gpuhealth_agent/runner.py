@@ -59,6 +59,8 @@ class Settings:
     """Wait for NVML events on a thread (production); False: poll for them each turn (fleet simulator)."""
     boot_id: str | None = None
     """The kernel's boot ID; a different one in the earlier status means the node rebooted since."""
+    boot_time: str | None = None
+    """When that boot began (RFC 3339, the node's clock), reported as `status.agent.bootTime`."""
     sysfs_root: str | None = None
     """Where to read PCIe AER and InfiniBand ports (`/sys` in production); None: the simulated
     backend's own tree if it has one (simulated.sysfs_root), else no sysfs facts."""
@@ -294,6 +296,8 @@ class Agent:
             agent["maxGpuCountSeen"] = sample.max_gpus_seen
         if self.settings.boot_id:
             agent["bootId"] = self.settings.boot_id
+        if self.settings.boot_time:
+            agent["bootTime"] = self.settings.boot_time
         error = self._error(sample)
         if error is not None:
             agent["error"] = error

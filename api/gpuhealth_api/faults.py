@@ -54,6 +54,9 @@ FABRIC_PENDING: Final = frozenset({"NotStarted", "InProgress"})
 FABRIC_COMPLETED: Final = "Completed"
 FABRIC_SUCCESS: Final = "Success"
 NIC_ACTIVE: Final = "ACTIVE"
+NIC_DOWN: Final = "DOWN"
+NIC_DISABLED: Final = "Disabled"
+"""The physState of a port an administrator disabled (`ibportstate ... disable`): DOWN on purpose."""
 MEMORY_DEGRADING_XID: Final = 92
 """XID 92: high single-bit ECC error rate (the driver's own pre-failure warning)."""
 
@@ -288,8 +291,9 @@ def _growing(record: Mapping[str, object], trend: Trend, paths: Iterable[str], t
 def nvlink_degraded(
     gpu: status.GPUStatus, trend: Trend = NO_TREND, threshold: float = NVLINK_THRESHOLD
 ) -> str | None:
-    """NvLinkDegraded: a link down that the operator saw up (fewer links up than the most seen, with links
-    down), or CRC/replay/recovery errors growing faster than `threshold` per hour."""
+    """NvLinkDegraded: a link down that should be up (fewer links up than the most `trend` knows of, with
+    links down: the most the operator saw, or what the GPU's cohort has up, `decisions.trends.Expected`),
+    or CRC/replay/recovery errors growing faster than `threshold` per hour."""
     nvlink = gpu.get("nvlink")
     if not isinstance(nvlink, dict):
         return None  # no NVLink on this board (NOT_SUPPORTED is absent)
@@ -350,11 +354,17 @@ def memory_degrading(
 
 
 def nic_degraded(nic: status.Nic, trend: Trend = NO_TREND, threshold: float = NIC_THRESHOLD) -> str | None:
-    """NicDegraded on one port: down after the operator saw it ACTIVE, a rate below the highest seen, or
-    link-down / symbol / receive errors growing faster than `threshold` per hour."""
+    """NicDegraded on one port: DOWN while its physState is not Disabled (not switched off by an
+    administrator), another state than ACTIVE after the operator saw it ACTIVE, a rate below the highest
+    seen, or link-down / symbol / receive errors growing faster than `threshold` per hour."""
     parts = []
     state = nic.get("state")
-    if isinstance(state, str) and state != NIC_ACTIVE and trend.most("active") == 1:
+    phys = nic.get("physState")
+    if state == NIC_DOWN and isinstance(phys, str) and phys != NIC_DISABLED:
+        # Down without an administrator disabling it (Polling: no peer, a cable or switch port gone): a
+        # fault from one report, whatever the operator saw before (issue 45, item 7: a restart forgot it).
+        parts.append(f"{state} (physState {phys})")
+    elif isinstance(state, str) and state != NIC_ACTIVE and trend.most("active") == 1:
         parts.append(f"{state} (was {NIC_ACTIVE})")
     rate, most = fact(nic, "rateGbps"), trend.most("rateGbps")
     if state == NIC_ACTIVE and rate is not None and most is not None and rate < most:

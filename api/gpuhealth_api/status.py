@@ -127,6 +127,7 @@ class AgentInfo(TypedDict, total=False):
     expectedGpuCount: int  # GPUs the node physically has (faults.expected_gpu_count), if known
     maxGpuCountSeen: int  # the most GPUs the agent has seen answer at once on this node
     bootId: str  # the kernel's boot ID: a change means the node rebooted (and its GPUs were reset)
+    bootTime: str  # RFC 3339, the node's clock (/proc/stat btime): when that boot began
     error: AgentError  # the agent cannot report its GPUs (it sees none): the node is Unknown, not faulty
 
 

@@ -22,6 +22,7 @@ from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
 from gpuhealth_api import keys, status, vocabulary
+from gpuhealth_operator import link_cohorts
 from gpuhealth_operator.decisions import (
     budget,
     clocks,
@@ -62,6 +63,10 @@ class NodeRecord:
     """Unschedulable, claimed by us, but the flag last set by someone else (`overrides.cordon_taken_over`)."""
     created: str = ""
     """metadata.creationTimestamp (RFC 3339): whether the node is new to a policy (`decisions.new_nodes`)."""
+    condition_written: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Other tools' Node conditions by type → the later of their lastHeartbeatTime and lastTransitionTime
+    (RFC 3339, their writer's clock): whether a version was written after a reboot (`repairing.report`).
+    Not in `reads_like`: a heartbeat of theirs asks for no pass."""
 
     @functools.cached_property
     def at_rest(self) -> bool:
@@ -323,11 +328,15 @@ def node_record(body: Mapping[str, Any]) -> NodeRecord:
     capacity = (body.get("status") or {}).get("capacity") or {}
     condition = None
     others: dict[str, str] = {}
+    written: dict[str, str] = {}
     for c in (body.get("status") or {}).get("conditions") or []:
         if not isinstance(c, Mapping):
             continue
         if c.get("type") != keys.NODE_CONDITION_TYPE and isinstance(c.get("type"), str):
             others[sys.intern(c["type"])] = share(str(c.get("status", "")))
+            stamps = [str(c[k]) for k in ("lastHeartbeatTime", "lastTransitionTime") if c.get(k)]
+            if stamps:
+                written[sys.intern(c["type"])] = max(stamps)  # RFC 3339 UTC: in order as strings
         if c.get("type") == keys.NODE_CONDITION_TYPE:
             condition = NodeCondition(
                 status=share(str(c.get("status", ""))),
@@ -352,6 +361,7 @@ def node_record(body: Mapping[str, Any]) -> NodeRecord:
         condition=condition,
         cordon_taken_over=view.unschedulable and overrides.cordon_taken_over(meta),
         created=str(meta.get("creationTimestamp") or ""),
+        condition_written=written,
     )
 
 
@@ -724,6 +734,8 @@ class ClusterCache:
         """Nodes whose Node carries the unvalidated taint (`new_nodes.sweep` visits these)."""
         self._listing_isolated: set[str] = set()
         self.listing_isolated: AbstractSet[str] = self._listing_isolated
+        self.links = link_cohorts.LinkCohorts()
+        """The NVLinks up per GPU cohort over every stored GPUNode: what a GPU's links should be."""
         """GPUNodes whose status lists isolated GPUs (`isolation_sweep.sweep` asks each pass if any does)."""
         self.marks = 0
         """Counts changes to what a policy's status and GPU gauges count from a Node (cordon, labels,
@@ -836,6 +848,7 @@ class ClusterCache:
                 self._placed += 1
                 self._order[record.name] = self._placed
             self._gpunodes[record.name] = record
+            self.links.replace(old.status.get("gpus") if old else None, record.status.get("gpus"))
             if old is None:  # an agent appeared: its node now counts in the budgets that select it
                 self._select(record.name)
             self.due.touch(record.name)
@@ -854,7 +867,15 @@ class ClusterCache:
         name = str((body.get("metadata") or {}).get("name", ""))
         return self.put_gpunode(body, now) if name in self._gpunodes else None
 
+    def memory(self, record: GPUNodeRecord) -> trends.Trends:
+        """What the node's GPUs are judged against: its reports as remembered (`record.memory`) and what
+        their cohorts across the fleet have up (`links`), both read from the cluster."""
+        return trends.with_cohorts(record.memory, self.links.expected)
+
     def remove_gpunode(self, name: str) -> None:
+        gone = self._gpunodes.get(name)
+        if gone is not None:
+            self.links.replace(gone.status.get("gpus"), None)
         if self._gpunodes.pop(name, None) is not None:
             self._listing_isolated.discard(name)
             self._select(name)

@@ -70,6 +70,8 @@ class Rest:
     """Each selecting policy, in name order, with the node's straggler score under it and its agent pod."""
     repairs: object
     """The node's repair history in memory (`repair_history`: replaced, never changed in place)."""
+    links: tuple[int | None, ...] = ()
+    """The links up its GPUs' cohorts expected (`trends.Trends.expectations`): other nodes move them."""
 
 
 def wall_clock() -> datetime.datetime:

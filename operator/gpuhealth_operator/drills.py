@@ -119,7 +119,7 @@ async def _judge(
             report_age_seconds=gpunode.report_age(now),
             drill=synthetic,
             agent_pod=ctx.agent_pods.get(name),
-            memory=gpunode.memory,
+            memory=ctx.cache.memory(gpunode),
         )
         stand_in = drill.attribution(wanted, gpunode.status)
         planned = await isolating.plan(

@@ -51,7 +51,7 @@ def judge(
         report_age_seconds=gpunode.report_age(now),
         agent_pod=agent_pod,
         known_signals=gpunode.fact_signals,
-        memory=gpunode.memory,
+        memory=ctx.cache.memory(gpunode),
     )
     verdict = verdicts.with_isolation(verdict, isolated)
     ctx.verdicts.remember(key, verdict, inputs)

@@ -13,7 +13,7 @@ from collections.abc import Awaitable
 
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import cache, context, kube, node_changes, node_patches
-from gpuhealth_operator.actions import nodes
+from gpuhealth_operator.actions import events, nodes
 from gpuhealth_operator.decisions import model
 
 Action = vocabulary.Action
@@ -35,6 +35,13 @@ async def _labels(
     ctx.cache.refresh_node(await nodes.patch_metadata(ctx.client, name, labels=changes))
     if any(v == "true" for k, v in changes.items() if k != keys.HEALTH_LABEL):
         node_patches.observe_latency(ctx, verdict, Action.LABEL.value, now)
+    for key in sorted(k for k, v in changes.items() if v is None and k != keys.HEALTH_LABEL):
+        # Said both ways (issue 45): setting it was the condition's Event; its removal is a decision too.
+        await ctx.recorder.emit(
+            events.subject(ctx.cache, name),
+            vocabulary.EventReason.NODE_UNLABELED,
+            f"Label {key} removed: no rule of the verdict wants it now (health {verdict.health.value}).",
+        )
 
 
 async def _taint(ctx: context.Context, name: str, verdict: model.NodeVerdict, now: datetime.datetime) -> None:
@@ -47,8 +54,19 @@ async def _taint(ctx: context.Context, name: str, verdict: model.NodeVerdict, no
             resource_version=record.resource_version,
         )
 
+    before = ctx.cache.node(name)
+    had = node_changes.our_taint(before) if before is not None else None
     patched = await node_patches.patch_with_retries(
         ctx, name, lambda record: node_changes.our_taint(record) == verdict.wanted_taint, patch
     )
     if patched is node_patches.Patched.WRITTEN and verdict.wanted_taint is not None:
         node_patches.observe_latency(ctx, verdict, Action.TAINT.value, now)
+    if patched is node_patches.Patched.WRITTEN and verdict.wanted_taint is None:
+        await ctx.recorder.emit(
+            events.subject(ctx.cache, name),
+            vocabulary.EventReason.NODE_UNTAINTED,
+            f"Taint {keys.UNHEALTHY_TAINT}"
+            + (f"={had}" if had else "")
+            + " removed: no Taint rule fires now "
+            f"(health {verdict.health.value}).",
+        )

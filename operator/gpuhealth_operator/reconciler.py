@@ -55,6 +55,7 @@ from gpuhealth_operator.decisions import (
     hysteresis,
     model,
     overlap,
+    signals,
     stragglers,
     times,
     verdicts,
@@ -227,7 +228,8 @@ async def _condition_events(
     previous: Mapping[vocabulary.ConditionKey, model.ConditionState],
     verdict: model.NodeVerdict,
 ) -> None:
-    """One Event per condition that turned True in this pass."""
+    """One Event per condition that turned True in this pass (Warning; GPUOperatorMaintenance Normal), and
+    one (Normal) per condition that cleared."""
     gpunode = ctx.cache.gpunode(name)
     if gpunode is None:
         return
@@ -243,6 +245,26 @@ async def _condition_events(
                 state.message or condition.value,
                 events.NORMAL if condition is Condition.GPU_OPERATOR_MAINTENANCE else events.WARNING,
             )
+        elif state.status != "True" and before is not None and before.status == "True":
+            # Said both ways (issue 45): the decision that undoes what its Warning started.
+            await ctx.recorder.emit(
+                events.subject(ctx.cache, name),
+                condition.value,
+                f"{condition.value} cleared: {state.message or 'no evidence any more'}",
+                events.NORMAL,
+            )
+        elif condition is Condition.GPU_OPERATOR_MAINTENANCE and _newly_overdue(state, before):
+            # The maintenance outlasted its limit: its label hides no fault any more (issue 45, item 4).
+            await ctx.recorder.emit(
+                events.subject(ctx.cache, name), condition.value, state.message, events.WARNING
+            )
+
+
+def _newly_overdue(state: model.ConditionState, before: model.ConditionState | None) -> bool:
+    def overdue(s: model.ConditionState | None) -> bool:
+        return s is not None and s.status == "True" and signals.OVERDUE_WORDS in s.message
+
+    return overdue(state) and not overdue(before)
 
 
 PolicyVerdict = tuple[model.Policy, model.NodeVerdict, vocabulary.NodeAction]

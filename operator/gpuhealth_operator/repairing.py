@@ -205,10 +205,26 @@ def all_gpus(ctx: context.Context, name: str) -> tuple[str, ...]:
     return tuple(u for g in listed if isinstance(u := g.get("uuid"), str) and u)
 
 
-def report(ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime) -> repair.Report:
+FRESH_CONDITION_WAIT_SECONDS: Final = 300.0
+"""How long after the boot a `nodeCondition` rule's condition, not written again since, is waited for
+before it is judged as the Node holds it (its tool uninstalled, or one that writes on change only).
+node-problem-detector writes each of its conditions when it starts, seconds after the boot."""
+
+
+def report(
+    ctx: context.Context,
+    policy: model.Policy,
+    name: str,
+    now: datetime.datetime,
+    state: repair.State | None = None,
+) -> repair.Report:
     """The agent's latest report as repair reads it: when it was seen, its bootId, and whether it shows
     the fault of the policy's Cordon/Drain rules — all from the one stored version, read without an
-    await in between (a verdict judged before an await could be of an older report than `seen_at`)."""
+    await in between (a verdict judged before an await could be of an older report than `seen_at`).
+
+    Another tool's Node condition counts only in a version written after the node's boot (issue 45,
+    item 5): the kubelet keeps the one written before a reboot until that tool writes again, and a
+    reboot that fixed the fault is not NoEffect on the old one. `state`: the cycle in progress."""
     gpunode = ctx.cache.gpunode(name)
     record = ctx.cache.node(name)
     if gpunode is None or record is None:
@@ -224,13 +240,19 @@ def report(ctx: context.Context, policy: model.Policy, name: str, now: datetime.
         agent_pod=ctx.agent_pods.get(name),
         known=gpunode.fact_signals,
         thresholds=trends.thresholds(policy),
-        memory=gpunode.memory,
+        memory=ctx.cache.memory(gpunode),
     )
+    booted = _booted_at(agent, boot, state)
     shown: list[bool | None] = []
+    judged = True
     for rule in policy.rules:
         if isolation.node_action(rule.action) not in vocabulary.DISRUPTIVE_ACTIONS:
             continue
         if isinstance(rule.condition, vocabulary.NodeCondition):
+            if _written_before(record.condition_written.get(rule.condition.node_type), booted, now):
+                judged = False
+                shown.append(None)  # not yet written since the boot: unknown, wait for a fresh one
+                continue
             shown.append(signals.node_condition_signal(record.view, rule.condition).present)
         elif rule.condition in raw:
             shown.append(raw[rule.condition].present)
@@ -238,7 +260,31 @@ def report(ctx: context.Context, policy: model.Policy, name: str, now: datetime.
         seen_at=gpunode.report_seen_at,
         boot_id=boot if isinstance(boot, str) and boot else None,
         fault_gone=all(present is False for present in shown),  # unknown (a stale agent) is not gone
+        judged=judged,
     )
+
+
+def _booted_at(
+    agent: Mapping[str, Any], boot: object, state: repair.State | None
+) -> datetime.datetime | None:
+    """Since when the node runs its current boot: the agent's `bootTime` (the node's clock, as the
+    Node conditions' stamps), else, after a reboot step saw a new bootId, the step's start."""
+    booted = times.parse(agent.get("bootTime")) if isinstance(agent, Mapping) else None
+    if booted is not None:
+        return booted
+    if state is not None and state.boot_id and isinstance(boot, str) and boot and boot != state.boot_id:
+        return state.since
+    return None
+
+
+def _written_before(written: str | None, booted: datetime.datetime | None, now: datetime.datetime) -> bool:
+    """Whether a Node condition last written at `written` is older than the boot at `booted`, within
+    FRESH_CONDITION_WAIT_SECONDS of it (after that it is judged as it stands: the wait is bounded, also
+    for a `bootTime` ahead of the operator's clock, a skewed node's or a lying agent's)."""
+    if booted is None or abs(times.seconds_between(booted, now)) >= FRESH_CONDITION_WAIT_SECONDS:
+        return False
+    stamp = times.parse(written)
+    return stamp is None or stamp <= booted
 
 
 def _boot_id(ctx: context.Context, name: str) -> str | None:
@@ -679,13 +725,15 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
     _fill_gaps(ctx, name, step.name, action, job)
     if job.phase is repair.JobPhase.MISSING and not _started(ctx, name, state):
         return await _launch(ctx, policy, spec, name, state, verdict, now)  # written, never created
-    seen = report(ctx, policy, name, now)
+    seen = report(ctx, policy, name, now, state)
     if state.phase is Phase.STEP:
         transition = repair.observe_step(
             state, step, job, seen, now, finished_seen=_finished_seen(ctx, name, state, job, ctx.clock())
         )
     else:
         transition = repair.observe_validation(state, spec.validation_timeout_seconds or 0.0, job, now)
+        if transition.outcome is repair.Outcome.PASSED and not seen.judged:
+            return Handled(NodeAction.VALIDATING)  # a Node condition not yet written since the boot
         if transition.outcome is repair.Outcome.PASSED and not seen.fault_gone:
             transition = repair.Transition(
                 repair.Outcome.FAILED,

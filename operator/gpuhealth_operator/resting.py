@@ -16,7 +16,8 @@ reads alike: `cache.NodeRecord.reads_like`), the GPUNode's reading, each selecti
 straggler score and the agent pod, and the node's repair history, as they were. `unchanged` is true
 while all of that is the same (the same objects; a straggler score only as far as the verdict and the
 status read it) and the agent's report is fresh; anything else (a fault in a report, a Node edit, a policy
-change, a straggler score worth writing, a pod turning NotReady, a report growing old) runs the pass.
+change, a straggler score worth writing, a pod turning NotReady, a report growing old, what its GPUs'
+link cohorts expect moving with other nodes' reports) runs the pass.
 A pass that runs forgets what was kept until it ends at rest again.
 """
 
@@ -66,6 +67,8 @@ def unchanged(
         return False
     if rest.repairs is not ctx.repair_history.get(name):
         return False  # its status field changes
+    if rest.links != _link_cohorts(ctx, gpunode):
+        return False  # what its GPUs' links should be moved with the fleet (`link_cohorts`)
     if len(rest.judged) != len(selecting) or not fresh(ctx, gpunode, now) or not _quiet(ctx, name, selecting):
         return False
     written = gpunode.status.get("straggler")
@@ -77,6 +80,11 @@ def unchanged(
         if score is not score_now and not _same_straggler(score, score_now, written):
             return False
     return True
+
+
+def _link_cohorts(ctx: context.Context, gpunode: cache.GPUNodeRecord) -> tuple[int | None, ...]:
+    """The links up its GPUs' cohorts expect now: they move when other nodes report, not this one."""
+    return ctx.cache.memory(gpunode).expectations(gpunode.status.get("gpus"))
 
 
 def _same_straggler(was: object, now: object, written: object) -> bool:
@@ -108,7 +116,11 @@ def remember(
     selecting = [policy for policy, _, _ in results]
     if _quiet(ctx, name, selecting):
         ctx.resting[name] = context.Rest(
-            record.reading, gpunode.reading, _judged(ctx, name, selecting), ctx.repair_history.get(name)
+            record.reading,
+            gpunode.reading,
+            _judged(ctx, name, selecting),
+            ctx.repair_history.get(name),
+            _link_cohorts(ctx, gpunode),
         )
 
 

@@ -23,7 +23,7 @@ import logging
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import context, kube, node_patches
 from gpuhealth_operator.actions import events, nodes, status
-from gpuhealth_operator.decisions import policies, signals
+from gpuhealth_operator.decisions import policies, signals, verdicts
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def why_stop(ctx: context.Context, policy: str, node: str) -> str | None:
     if record.view.labels.get(keys.EXCLUDE_LABEL) == "true":
         return f"the node is labelled {keys.EXCLUDE_LABEL}=true"
     maintenance = signals.gpu_operator_maintenance(record.view.labels)
-    if maintenance is not None:  # its upgrade controller drains (or waits for jobs) by its own policy
+    if maintenance is not None and not _overdue(ctx, node):  # the driver is away: no GPU for a pod to use
         return maintenance
     current = ctx.cache.policies.get(policy)
     if current is None:
@@ -50,6 +50,14 @@ def why_stop(ctx: context.Context, policy: str, node: str) -> str | None:
     if not policies.matches(current, record.view):  # relabelled, or the selector narrowed
         return f"policy {policy} no longer selects the node"
     return None
+
+
+def _overdue(ctx: context.Context, node: str) -> bool:
+    """The GPU Operator's maintenance outlasted its limit (`verdicts.maintenance_overdue`): its label
+    stops no drain of ours any more."""
+    gpunode = ctx.cache.gpunode(node)
+    state = gpunode.conditions.get(vocabulary.Condition.GPU_OPERATOR_MAINTENANCE) if gpunode else None
+    return verdicts.maintenance_overdue(state, ctx.clock())
 
 
 def _release_hint(reason: str, node: str) -> str:

@@ -128,3 +128,34 @@ def test_six_nodes_in_a_driver_upgrade_at_once_are_unknown_and_trip_nothing(
     assert [n for n in upgrading if fleet.node(n)["spec"].get("unschedulable")] == []
     assert paused(fleet).get("status") != "True", paused(fleet)
     assert breaker_events(fleet) == []
+
+
+def test_a_label_set_before_the_driver_unloads_hides_no_fault(fleet: operator_harness.Fleet) -> None:
+    """Issue 45, item 4: `wait-for-jobs-required` (set by the upgrade controller, or by anyone who may
+    label Nodes) leaves jobs on the GPUs, for as long as the longest one: an uncorrectable ECC error then
+    is judged and drained as on any node."""
+    name = f"{fleet.label}-ecc"
+    fleet.add_node(name)
+    fleet.policy(
+        fleet.label,
+        {
+            "maxUnavailable": "100%",
+            "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}],
+            "recovery": {"uncordon": True, "healthyForSeconds": 600},
+        },
+    )
+    waiting.wait_until(
+        lambda: gpuhealthy(fleet, name).get("status") == "True", timeout_seconds=TIMEOUT, message="healthy"
+    )
+    label(fleet, name, "wait-for-jobs-required")  # a human's kubectl label, or the controller's
+    fleet.report(name, gpunode_facts.agent_status(overrides={3: {"ecc": {"uncorrectedVolatile": 1}}}))
+    waiting.wait_until(
+        lambda: fleet.gpunode(name).get("status", {}).get("action") == "Drained",
+        timeout_seconds=TIMEOUT,
+        message=f"{name} drained (now {fleet.gpunode(name).get('status', {}).get('action')})",
+    )
+    node = fleet.node(name)
+    assert node["spec"].get("unschedulable") is True
+    assert node["metadata"]["annotations"][keys.CORDONED_BY_ANNOTATION] == fleet.label
+    assert fleet.gpunode(name)["status"]["health"] == "Unhealthy"
+    assert fleet.said(name, "EccUncorrectable", "GPU 3")

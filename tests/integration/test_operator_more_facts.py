@@ -143,12 +143,12 @@ def test_a_failed_fabric_registration_cordons(fleet: operator_harness.Fleet) -> 
     said(fleet, name, "FabricUnhealthy", "GPU 0 (GPU-00000000…): fabric registration failed (Timeout)")
 
 
-def test_a_nic_port_down_that_was_active_taints(fleet: operator_harness.Fleet) -> None:
+def test_a_nic_port_down_not_disabled_taints(fleet: operator_harness.Fleet) -> None:
     name = f"{fleet.label}-nic"
     down = {**NIC, "state": "DOWN", "physState": "Polling"}
     two_reports(fleet, name, facts(nics=[NIC], period=61), facts(nics=[down], period=62))
     wait_for(fleet, name, "tainted NicDegraded", lambda: taint(fleet, name) == "NicDegraded")
-    said(fleet, name, "NicDegraded", "mlx5_0/1: DOWN (was ACTIVE)")
+    said(fleet, name, "NicDegraded", "mlx5_0/1: DOWN (physState Polling)")  # issue 45, item 7
 
 
 def test_a_fatal_pcie_aer_error_cordons(fleet: operator_harness.Fleet) -> None:

@@ -380,6 +380,8 @@ class Report:
     boot_id: str | None
     fault_gone: bool
     """Its verdict no longer wants Cordon/Drain (and is not Unknown)."""
+    judged: bool = True
+    """False while a Node condition a rule names is not yet written since the boot: wait (bounded)."""
 
 
 class Outcome(enum.StrEnum):
@@ -430,6 +432,15 @@ def observe_step(
         and report.seen_at is not None
         and report.seen_at > state.since
     )
+    if rebooted and not report.judged:  # back, but another tool has not written its condition again yet
+        if times.seconds_between(state.since, now) >= step.timeout_seconds:
+            return Transition(
+                Outcome.FAILED,
+                Result.TIMED_OUT,
+                f"the node rebooted (bootId {report.boot_id}) but no Node condition written since the boot "
+                f"within {step.timeout_seconds:g}s",
+            )
+        return WAIT
     if rebooted:  # the node came back: the Job's pod died with it, its outcome does not matter
         if report.fault_gone:
             return Transition(

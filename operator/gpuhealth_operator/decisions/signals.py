@@ -40,29 +40,31 @@ FACT_CONDITIONS: Final = conditions.FACT_CONDITIONS
 
 GPUFault = faults.GPUFault
 
-DRIVER_UPGRADE_MAINTENANCE: Final = frozenset(
-    {
-        "cordon-required",
-        "wait-for-jobs-required",
-        "pod-deletion-required",
-        "drain-required",
-        "node-maintenance-required",
-        "post-maintenance-required",
-        "pod-restart-required",
-        "validation-required",
-        "uncordon-required",
-    }
-)
-"""`nvidia.com/gpu-driver-upgrade-state` values (k8s-operator-libs) while the upgrade controller works on the
-node. Not `upgrade-required` (queued: the node may wait hours for its turn, its GPUs untouched), nor
-`upgrade-done`, nor `upgrade-failed` (nobody brings the GPUs back: the node is judged as any other)."""
+DRIVER_UPGRADE_MAINTENANCE: Final = frozenset({"pod-restart-required", "validation-required"})
+"""`nvidia.com/gpu-driver-upgrade-state` values (k8s-operator-libs) while the driver is really away: its pod
+restarts (the old driver unloads, the new one loads), then the validator waits for the new one. Not the
+states before (`upgrade-required`, `cordon-required`, `wait-for-jobs-required`, `pod-deletion-required`,
+`drain-required`, `node-maintenance-required`, `post-maintenance-required`): the old driver still runs and
+so may jobs, for as long as the longest one, so their faults are judged as on any node (issue 45, item 4);
+nor `uncordon-required` (the new driver is Ready: the grace after maintenance covers a late report),
+`upgrade-done`, `upgrade-failed` (nobody brings the GPUs back: the node is judged as any other)."""
+MAINTENANCE_LIMIT_SECONDS: Final = 3600.0
+"""The longest a GPU Operator maintenance keeps a node's facts unknown. A driver pod's restart and
+validation take minutes, a MIG reboot a quarter of an hour; a label that stays longer (a stuck upgrade,
+or anyone who can label Nodes hiding a fault) no longer hides anything: the facts are judged again."""
+OVERDUE_WORDS: Final = f"for over {MAINTENANCE_LIMIT_SECONDS:g}s: the GPUs' facts are judged again"
+"""Said in the GPUOperatorMaintenance condition (and its Event) once the maintenance is overdue."""
 MIG_MAINTENANCE: Final = frozenset({"pending", "rebooting"})
 """`nvidia.com/mig.config.state` values while mig-manager applies a MIG configuration (not `success`,
 `failed`)."""
 
-FactSignals = dict[tuple[frozenset[int], int | None, trends.Thresholds], dict[Condition, model.Signal]]
-"""Signals of FACT_CONDITIONS per (policy XIDs, expected GPUs, trend thresholds), for one version of a
-node's facts (and the trends remembered with it)."""
+FactSignals = dict[
+    tuple[frozenset[int], int | None, trends.Thresholds, tuple[int | None, ...]],
+    dict[Condition, model.Signal],
+]
+"""Signals of FACT_CONDITIONS per (policy XIDs, expected GPUs, trend thresholds, the links up each GPU's
+cohort has: `trends.Trends.expectations`), for one version of a node's facts (and the trends remembered
+with it)."""
 
 
 def raw_signals(
@@ -76,6 +78,7 @@ def raw_signals(
     known: FactSignals | None = None,
     thresholds: trends.Thresholds = (),
     memory: trends.Trends | None = None,
+    overdue: bool = False,
 ) -> dict[vocabulary.ConditionKey, model.Signal]:
     """One signal per condition of DESIGN.md's table except Straggler.
 
@@ -83,11 +86,14 @@ def raw_signals(
     `agent_pod`: the node's agent pod as the operator last saw it (None: not known); `known`: the
     fact signals already judged for these facts (module docstring), filled in here; `thresholds`: the
     policy's trend thresholds (`trends.thresholds`); `memory`: what the operator remembers of the
-    node's earlier reports as of these facts (None: nothing, as `check`).
+    node's earlier reports as of these facts (None: nothing, as `check`); `overdue`: the GPU Operator's
+    maintenance has held for MAINTENANCE_LIMIT_SECONDS (`verdicts.maintenance_overdue`): facts are judged.
     """
     stale = agent_stale(facts, report_age_seconds, now, agent_pod)
     error = agent_error(facts, stale=stale.present is True)
     maintenance = gpu_operator_signal(node)
+    if overdue and maintenance.present:
+        maintenance = model.Signal(maintenance.condition, True, f"{maintenance.message}; {OVERDUE_WORDS}")
     signals: dict[vocabulary.ConditionKey, model.Signal] = {
         Condition.AGENT_STALE: stale,
         Condition.AGENT_ERROR: error,
@@ -95,14 +101,22 @@ def raw_signals(
     }
     # GPUs the GPU Operator takes away on purpose are no fault; a stale agent's facts are old; an agent in
     # error (it sees no GPU) reports none to judge.
-    blind = next((s for s in (maintenance, stale, error) if s.present), None)
+    # Past MAINTENANCE_LIMIT_SECONDS (`overdue`) the maintenance still shows, but blinds no more.
+    blind = next(
+        (s for s in (maintenance, stale, error) if s.present and not (overdue and s is maintenance)), None
+    )
     if blind is not None:
         for condition in FACT_CONDITIONS:
             signals[condition] = model.Signal(condition, None, f"unknown: {blind.message}")
         return signals
     if known is None:
         return signals | fact_signals(facts, node, rule_xids, thresholds, memory)
-    key = (rule_xids, expected_gpus(facts, node), thresholds)
+    key = (
+        rule_xids,
+        expected_gpus(facts, node),
+        thresholds,
+        memory.expectations(facts.get("gpus")) if memory is not None else (),
+    )
     judged = known.get(key)
     if judged is None:
         judged = known[key] = fact_signals(facts, node, rule_xids, thresholds, memory)

@@ -13,13 +13,15 @@ reset, a reboot) starts over: a reset is no growth. Tracks alike (a healthy flee
 copy, so a node costs its memory little more than two small dicts. The memory lives with the cached GPUNode
 (`cache.GPUNodeRecord.trends`) and is advanced once per agent report, timed by the operator's
 clock; a restarted operator starts from nothing (as its first report, it can only fire what one
-report shows).
+report shows). What a GPU's links should be is not this memory's alone: `Trends.links` holds what the
+GPU's cohort across the fleet has up (`link_cohorts`, issue 45, item 7), read from the cluster.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import types
 from collections.abc import Mapping
 from typing import Final
 
@@ -88,21 +90,95 @@ class View:
         return (points[-1][1] - base) * 3600.0 / WINDOW
 
 
+LinkCohort = tuple[str, int]
+"""GPUs that should have as many NVLinks up: the same model, the same number of links (up + down)."""
+LINKS_UP: Final = "nvlink.linksUp"
+MIN_COHORT_GPUS: Final = 2
+"""A cohort of one GPU says nothing about it."""
+
+
+def link_member(gpu: Mapping[str, object]) -> tuple[LinkCohort, int] | None:
+    """The GPU's cohort and its links up; None without NVLink facts (no NVLink, NOT_SUPPORTED)."""
+    nvlink = gpu.get("nvlink")
+    model_name = gpu.get("model")
+    if not isinstance(nvlink, Mapping) or not isinstance(model_name, str):
+        return None
+    up, down = nvlink.get("linksUp"), nvlink.get("linksDown")
+    if type(up) is not int or type(down) is not int or up < 0 or down < 0 or up + down == 0:
+        return None
+    return (model_name, up + down), up
+
+
+def expected_links(counts: Mapping[int, int]) -> int | None:
+    """The links up a cohort's GPUs should have: the count most of them report (a tie: the higher), from
+    at least MIN_COHORT_GPUS GPUs; None with fewer. Not the highest: one GPU that reads more links than
+    its peers (a board with a bridge among boards without) must not make all the others degraded."""
+    if sum(counts.values()) < MIN_COHORT_GPUS:
+        return None
+    return max(counts.items(), key=lambda item: (item[1], item[0]))[0]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Expected:
+    """A GPU's trend whose most links up is at least what its cohort has up (`link_cohorts`): a link
+    reported down is down whatever this process saw before it."""
+
+    trend: faults.Trend
+    links_up: float
+
+    def most(self, path: str) -> float | None:
+        seen = self.trend.most(path)
+        if path != LINKS_UP:
+            return seen
+        return self.links_up if seen is None else max(seen, self.links_up)
+
+    def per_hour(self, path: str) -> float | None:
+        return self.trend.per_hour(path)
+
+
+_NO_COHORTS: Final[Mapping[LinkCohort, int]] = types.MappingProxyType({})
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Trends:
-    """One node's memory: a Track per GPU key (`gpu_key`) and per NIC key (`nic_key`), as of `at`."""
+    """One node's memory: a Track per GPU key (`gpu_key`) and per NIC key (`nic_key`), as of `at`; and
+    `links`, the links up each GPU cohort of the fleet should have (`with_cohorts`)."""
 
     at: float
     gpus: Mapping[str, Track]
     nics: Mapping[str, Track]
+    links: Mapping[LinkCohort, int] = dataclasses.field(default_factory=lambda: _NO_COHORTS)
 
     def gpu(self, gpu: status.GPUStatus) -> faults.Trend:
         track = self.gpus.get(gpu_key(gpu))
-        return faults.NO_TREND if track is None else View(track, self.at)
+        trend = faults.NO_TREND if track is None else View(track, self.at)
+        if self.links:
+            member = link_member(gpu)
+            expected = self.links.get(member[0]) if member is not None else None
+            if expected is not None:
+                return Expected(trend, float(expected))
+        return trend
 
     def nic(self, nic: status.Nic) -> faults.Trend:
         track = self.nics.get(nic_key(nic))
         return faults.NO_TREND if track is None else View(track, self.at)
+
+    def expectations(self, gpus: object) -> tuple[int | None, ...]:
+        """What `links` says of each GPU of `gpus`: part of the key of the signals judged from them."""
+        if not self.links or not isinstance(gpus, list):
+            return ()
+        found = []
+        for gpu in gpus:
+            member = link_member(gpu) if isinstance(gpu, gpu_facts.MAPPINGS) else None
+            found.append(self.links.get(member[0]) if member is not None else None)
+        return tuple(found)
+
+
+def with_cohorts(memory: Trends, links: Mapping[LinkCohort, int]) -> Trends:
+    """`memory` judged against the fleet's link cohorts (`link_cohorts.LinkCohorts.expected`)."""
+    if not links and not memory.links:
+        return memory
+    return dataclasses.replace(memory, links=links)
 
 
 def gpu_key(gpu: status.GPUStatus) -> str:

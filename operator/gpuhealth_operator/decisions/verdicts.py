@@ -45,6 +45,7 @@ Health = vocabulary.Health
 BLIND: Final = conditions.BLIND
 """Conditions under which no fact is judged: health Unknown, conditions hold, no disruptive action."""
 
+MAINTENANCE_LIMIT_SECONDS: Final = signals.MAINTENANCE_LIMIT_SECONDS
 MAINTENANCE_GRACE_SECONDS: Final = 60.0
 """How long GPUOperatorMaintenance holds after the GPU Operator's label left its maintenance states: the
 label and the agent's report of the GPUs back come through two watches, in either order."""
@@ -77,6 +78,7 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
 
     `drill`: a fire drill's synthetic signal, which replaces the real one for its condition.
     """
+    overdue = maintenance_overdue(previous.get(Condition.GPU_OPERATOR_MAINTENANCE), now)
     raw = signals.raw_signals(
         facts,
         node,
@@ -87,9 +89,12 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
         known=known_signals,
         thresholds=trends.thresholds(policy),
         memory=memory,
+        overdue=overdue,
     )
-    _hold_after_maintenance(raw, previous.get(Condition.GPU_OPERATOR_MAINTENANCE), now)
-    stale = any(raw[c].present is True for c in BLIND)
+    if not overdue:
+        _hold_after_maintenance(raw, previous.get(Condition.GPU_OPERATOR_MAINTENANCE), now)
+    blinding = BLIND - {Condition.GPU_OPERATOR_MAINTENANCE} if overdue else BLIND
+    stale = any(raw[c].present is True for c in blinding)
     raw[Condition.STRAGGLER] = straggler_signal(straggler, stale=stale)
     for rule in policy.rules:
         if isinstance(rule.condition, vocabulary.NodeCondition):
@@ -103,7 +108,7 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
         for condition, for_seconds, clear_seconds in _clocks(policy, drill.condition if drill else None)
     }
     issues = severity.most_severe_first(c for c, s in states.items() if s.status == hysteresis.TRUE)
-    health = _health(issues)
+    health = _health(issues, blinding)
     fired = [r for r in policy.rules if _fires(r, states[r.condition], now)]
     if health is Health.UNKNOWN:
         fired = [r for r in fired if isolation.node_action(r.action) not in vocabulary.DISRUPTIVE_ACTIONS]
@@ -169,6 +174,16 @@ def _clocks(policy: model.Policy, drilled: vocabulary.ConditionKey | None) -> _C
         _CLOCKS.clear()  # policies come and go: never more than a few at once
     _CLOCKS[key] = (policy, clocks)
     return clocks
+
+
+def maintenance_overdue(state: model.ConditionState | None, now: datetime.datetime) -> bool:
+    """Whether the GPU Operator's maintenance has held for `signals.MAINTENANCE_LIMIT_SECONDS`: from then on
+    its label hides no fault. Timed from the GPUOperatorMaintenance condition kept in GPUNode status, so a
+    restarted or new leader goes on counting; the label gone for the grace after it (60 s) starts over."""
+    if state is None or state.status != hysteresis.TRUE:
+        return False
+    since = _held_since(state)
+    return (now - since).total_seconds() >= signals.MAINTENANCE_LIMIT_SECONDS
 
 
 def _hold_after_maintenance(
@@ -282,10 +297,10 @@ def straggler_signal(score: model.StragglerScore | None, *, stale: bool = False)
     return model.Signal(condition, False, "performance in line with peers of the same GPU model")
 
 
-def _health(issues: tuple[vocabulary.ConditionKey, ...]) -> Health:
+def _health(issues: tuple[vocabulary.ConditionKey, ...], blinding: frozenset[Condition] = BLIND) -> Health:
     """Unknown when blind, Unhealthy on a fatal condition, Degraded on a sustained one or another tool's
     Node condition (not a GPU fault: the GPUHealthy Node condition stays True for other tools)."""
-    if BLIND.intersection(issues):
+    if blinding.intersection(issues):
         return Health.UNKNOWN
     if any(c in severity.FATAL for c in issues):
         return Health.UNHEALTHY

@@ -381,6 +381,9 @@ def test_check_shows_links_fabric_aer_and_nics(tmp_path: Path, capsys: pytest.Ca
     assert cli.main(["check", "--backend", "sim", "--sim-scenario", str(plan)]) in (0, 1)
     out = capsys.readouterr().out
     rows = out.splitlines()
+    # Issue 45, item 7: a port DOWN whose physState is not Disabled is NicDegraded from one report.
+    assert rows[1] == "WARNING NicDegraded: mlx5_0/1: DOWN (physState Polling)"
+    rows = rows[1:]
     assert rows[1].split()[6:9] == ["NVLINK", "FABRIC", "AER"]
     assert "16/18 crc 40" in rows[3]
     assert "InProgress clique 4" in rows[2] and "1/0/0" in rows[2]

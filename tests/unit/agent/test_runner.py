@@ -11,7 +11,7 @@ from typing import Any
 import prometheus_client
 import pytest
 
-from gpuhealth_agent import health, metrics, reporter, runner, scenario, simulated, xids
+from gpuhealth_agent import cli, health, metrics, reporter, runner, scenario, simulated, xids
 from gpuhealth_api import faults, status
 
 START = 1_800_000_000.0
@@ -500,3 +500,23 @@ def test_readyz_fails_while_the_agent_cannot_write_and_healthz_does_not() -> Non
         assert _get(base + "/readyz") == (200, "ok\n")
     finally:
         server.stop()
+
+
+def test_the_agent_reports_when_its_boot_began(tmp_path: Any) -> None:
+    """Issue 45, item 5: `status.agent.bootTime` (/proc/stat btime, the node's clock), beside bootId."""
+    proc_stat = tmp_path / "stat"
+    proc_stat.write_text("cpu  1 2 3\nbtime 1764590400\nprocesses 7\n")
+    boot_time = cli._boot_time(proc_stat)
+    assert boot_time is not None and boot_time.startswith("2025-12-01T12:00:00")
+    assert cli._boot_time(tmp_path / "missing") is None
+    clock = Clock()
+    lib = simulated.library(scenario.parse("gpus: 1\n"), clock=clock.scenario, start=0.0, identity_seed="n")
+    agent = runner.Agent(
+        runner.Settings(
+            "n", runner.BACKEND_SIM, expected_gpus=1, event_thread=False, boot_id="b", boot_time=boot_time
+        ),
+        lib,
+        report=reporter.Reporter(FakeCluster(), heartbeat_seconds=60),
+        clock=clock.epoch,
+    )
+    assert turn(agent, clock, 0).status["agent"].get("bootTime") == boot_time

@@ -127,7 +127,6 @@ class Fleet:
     ("label", "state"),
     [
         (UPGRADE, "pod-restart-required"),
-        (UPGRADE, "drain-required"),
         (UPGRADE, "validation-required"),
         (MIG, "pending"),
         (MIG, "rebooting"),
@@ -163,10 +162,13 @@ def test_once_the_upgrade_is_done_and_the_gpus_are_back_the_node_is_healthy_and_
         fleet = Fleet()
         await fleet.start(["n"])
         await fleet.tick(1)
-        for state in ("cordon-required", "wait-for-jobs-required", "pod-restart-required"):
+        for state in ("cordon-required", "wait-for-jobs-required"):
             await fleet.label("n", {UPGRADE: state})
-            await fleet.report("n", gpus=0)
+            await fleet.report("n")  # jobs still run on the old driver: the GPUs are there
             await fleet.tick(60)
+        await fleet.label("n", {UPGRADE: "pod-restart-required"})
+        await fleet.report("n", gpus=0)  # the driver unloads
+        await fleet.tick(60)
         await fleet.label("n", {UPGRADE: "uncordon-required"})
         await fleet.report("n")  # the new driver is loaded: all 8 GPUs back
         await fleet.tick(60)
@@ -281,10 +283,10 @@ def test_a_running_drain_of_ours_stops_when_the_gpu_operator_takes_the_node() ->
     fleet = Fleet()
     asyncio.run(fleet.start(["n"]))
     assert stopping.why_stop(fleet.ctx, "p", "n") is None
-    asyncio.run(fleet.label("n", {UPGRADE: "drain-required"}))
+    asyncio.run(fleet.label("n", {UPGRADE: "pod-restart-required"}))
     reason = stopping.why_stop(fleet.ctx, "p", "n")
     assert reason is not None
-    assert "drain-required" in reason
+    assert "pod-restart-required" in reason
     asyncio.run(fleet.label("n", {UPGRADE: "upgrade-done"}))
     assert stopping.why_stop(fleet.ctx, "p", "n") is None
 
@@ -311,15 +313,16 @@ def facts(gpus: int = 0) -> Any:
     ("state", "maintenance"),
     [
         ("upgrade-required", False),
-        ("cordon-required", True),
-        ("wait-for-jobs-required", True),
-        ("pod-deletion-required", True),
-        ("drain-required", True),
-        ("node-maintenance-required", True),
-        ("post-maintenance-required", True),
+        # Issue 45, item 4: before the driver pod restarts the GPUs are there and jobs run on them.
+        ("cordon-required", False),
+        ("wait-for-jobs-required", False),
+        ("pod-deletion-required", False),
+        ("drain-required", False),
+        ("node-maintenance-required", False),
+        ("post-maintenance-required", False),
         ("pod-restart-required", True),
         ("validation-required", True),
-        ("uncordon-required", True),
+        ("uncordon-required", False),
         ("upgrade-done", False),
         ("upgrade-failed", False),
         ("", False),
@@ -362,3 +365,122 @@ def test_a_lost_gpu_held_from_before_the_maintenance_stays_as_it_was() -> None:
     assert held.conditions[Condition.GPU_LOST].status == "True"
     assert not held.recovered
     assert held.wanted_action is None
+
+
+# Issue 45, item 4: only the states where the driver really goes away make the facts unknown, and for a
+# bounded time.
+
+
+def events(fleet: Fleet, reason: str) -> list[Mapping[str, Any]]:
+    return [e for e in fleet.cluster.event_log if e["reason"] == reason]
+
+
+@pytest.mark.parametrize(
+    "state", ["cordon-required", "wait-for-jobs-required", "pod-deletion-required", "drain-required"]
+)
+def test_an_ecc_error_while_jobs_still_run_in_an_early_upgrade_state_is_judged(state: str) -> None:
+    """Jobs run on the GPUs until the driver pod restarts (the GPU Operator's default wait for jobs lasts
+    as long as the longest job): a fault then is judged as on any node, whoever set the label."""
+
+    async def scenario() -> None:
+        fleet = Fleet()
+        await fleet.start(["n"])
+        await fleet.tick(1)
+        await fleet.label("n", {UPGRADE: state})
+        await fleet.report("n", ecc={"uncorrectedVolatile": 1})
+        await fleet.tick(30)
+        assert fleet.health("n") == "Unhealthy"
+        assert fleet.cordoned("n")
+        assert fleet.cluster.nodes["n"]["metadata"]["annotations"][keys.CORDONED_BY_ANNOTATION] == "p"
+        assert events(fleet, "EccUncorrectable")
+
+    asyncio.run(scenario())
+
+
+def test_a_drain_of_ours_goes_on_while_the_gpu_operator_only_drains_too() -> None:
+    fleet = Fleet()
+    asyncio.run(fleet.start(["n"]))
+    asyncio.run(fleet.label("n", {UPGRADE: "drain-required"}))
+    assert stopping.why_stop(fleet.ctx, "p", "n") is None
+
+
+@pytest.mark.parametrize(("label", "state"), [(UPGRADE, "pod-restart-required"), (MIG, "rebooting")])
+def test_a_maintenance_that_outlasts_its_limit_is_judged_again_and_said_so(label: str, state: str) -> None:
+    """A label that stays (a stuck upgrade, or anyone who can label the Node) hides faults for at most
+    MAINTENANCE_LIMIT_SECONDS: then the facts are judged again and a Warning Event says why, also after
+    an operator restart (the clock is the GPUOperatorMaintenance condition's, kept in GPUNode status)."""
+
+    async def scenario() -> None:
+        fleet = Fleet()
+        await fleet.start(["n"])
+        await fleet.tick(1)
+        await fleet.label("n", {label: state})
+        await fleet.report("n", ecc={"uncorrectedVolatile": 1})
+        await fleet.tick(30)
+        assert fleet.health("n") == "Unknown"
+        assert not fleet.cordoned("n")
+        limit = verdicts.MAINTENANCE_LIMIT_SECONDS
+        for _ in range(int(limit // 600) - 1):
+            await fleet.report("n", ecc={"uncorrectedVolatile": 1})
+            await fleet.tick(600)
+        assert fleet.health("n") == "Unknown", "within the limit"
+        # The operator restarts from the same cluster: the limit counts from the stored condition.
+        fleet.ctx = context.Context.create(
+            settings.Settings(), fleet.cluster, metrics.Metrics.create(), instance="t2"
+        )
+        fleet.ctx.clock = lambda: fleet.now
+        await handlers.on_policy({"type": "ADDED", "object": fleet.policy}, memo=fleet.ctx)  # type: ignore[typeddict-item]
+        await handling.handle(
+            handlers.on_node, {"type": "ADDED", "object": copy.deepcopy(fleet.cluster.nodes["n"])}, fleet.ctx
+        )
+        await handling.handle(
+            handlers.on_gpunode,
+            {"type": "ADDED", "object": copy.deepcopy(fleet.cluster.gpunodes["n"])},
+            fleet.ctx,
+        )
+        await fleet.report("n", ecc={"uncorrectedVolatile": 1})
+        await fleet.tick(700)
+        await fleet.report("n", ecc={"uncorrectedVolatile": 1})
+        await fleet.tick(30)
+        assert fleet.health("n") == "Unhealthy"
+        assert fleet.cordoned("n")
+        said = events(fleet, "GPUOperatorMaintenance")
+        assert [e["type"] for e in said][-1] == "Warning"
+        assert f"{limit:g}s" in said[-1]["message"] and "judged again" in said[-1]["message"]
+        assert len([e for e in said if e["type"] == "Warning"]) == 1, "said once"
+        assert stopping.why_stop(fleet.ctx, "p", "n") is None, "our drain goes on"
+
+    asyncio.run(scenario())
+
+
+def test_taking_the_label_off_and_on_again_does_not_restart_the_limit_nor_hide_the_fault() -> None:
+    """Whoever sets the label cannot renew its hour: off and on within the grace keeps the clock of
+    the stored condition; off for longer ends the maintenance, and the fault is judged at once."""
+
+    async def scenario() -> None:
+        fleet = Fleet()
+
+        async def wait(seconds: float) -> None:  # the agents report every minute, the fault still there
+            for _ in range(int(seconds // 60)):
+                for name in ("n", "m"):
+                    await fleet.report(name, ecc={"uncorrectedVolatile": 1})
+                await fleet.tick(60)
+
+        await fleet.start(["n", "m"])
+        await fleet.tick(1)
+        for name in ("n", "m"):
+            await fleet.label(name, {UPGRADE: "pod-restart-required"})
+        await wait(verdicts.MAINTENANCE_LIMIT_SECONDS - 300)
+        assert fleet.health("n") == "Unknown" and fleet.health("m") == "Unknown"
+        await fleet.label("n", {UPGRADE: None})  # n: off, and on again 30 s later
+        await fleet.tick(30)
+        await fleet.label("n", {UPGRADE: "pod-restart-required"})
+        await fleet.label("m", {UPGRADE: None})  # m: off for longer than the grace
+        await wait(120)
+        assert fleet.health("m") == "Unhealthy" and fleet.cordoned("m"), "the fault judged once off"
+        assert fleet.health("n") == "Unknown"
+        await wait(240)
+        assert fleet.health("n") == "Unhealthy", "the limit counted from the first label"
+        assert "n" in fleet.turned_unhealthy(), "(its cordon waits for the breaker: m was first)"
+
+    asyncio.run(scenario())

@@ -300,9 +300,15 @@ def test_healthy_gpus_share_one_track() -> None:
 
 def test_nic_down_after_active_slow_and_flapping() -> None:
     node = Node()
-    assert node.report(status(nics=[{**NIC, "state": "DOWN"}]), minutes(0)) == set()  # never seen up
-    assert node.report(status(nics=[NIC]), minutes(1)) == set()
-    assert node.report(status(nics=[{**NIC, "state": "DOWN"}]), minutes(2)) == {Condition.NIC_DEGRADED}
+    disabled = {**NIC, "state": "DOWN", "physState": "Disabled"}
+    assert node.report(status(nics=[disabled]), minutes(0)) == set()  # switched off by an administrator
+    assert node.report(status(nics=[{**NIC, "state": "INIT"}]), minutes(1)) == set()  # never seen ACTIVE
+    assert node.report(status(nics=[NIC]), minutes(2)) == set()
+    assert node.report(status(nics=[{**NIC, "state": "INIT"}]), minutes(3)) == {Condition.NIC_DEGRADED}
+    # Issue 45, item 7: DOWN without an administrator is a fault from one report, seen ACTIVE or not.
+    node = Node()
+    polling = {**NIC, "state": "DOWN", "physState": "Polling"}
+    assert node.report(status(nics=[polling]), minutes(0)) == {Condition.NIC_DEGRADED}
     node = Node()
     node.report(status(nics=[NIC]), minutes(0))
     assert node.report(status(nics=[{**NIC, "rateGbps": 200.0}]), minutes(1)) == {Condition.NIC_DEGRADED}
@@ -317,9 +323,13 @@ def test_nic_down_after_active_slow_and_flapping() -> None:
 def test_nic_message_names_the_port() -> None:
     node = Node()
     node.report(status(nics=[NIC]), minutes(0))
-    node.report(status(nics=[{**NIC, "state": "DOWN"}]), minutes(1))
+    node.report(status(nics=[{**NIC, "state": "DOWN", "physState": "Polling"}]), minutes(1))
     message = node.previous[Condition.NIC_DEGRADED].message
-    assert message == "mlx5_0/1: DOWN (was ACTIVE)"
+    assert message == "mlx5_0/1: DOWN (physState Polling)"
+    node = Node()
+    node.report(status(nics=[NIC]), minutes(0))
+    node.report(status(nics=[{**NIC, "state": "INIT"}]), minutes(1))
+    assert node.previous[Condition.NIC_DEGRADED].message == "mlx5_0/1: INIT (was ACTIVE)"
 
 
 def test_pcie_non_fatal_growth_is_an_error_at_the_default_threshold() -> None:

@@ -168,7 +168,9 @@ def test_an_agent_gap_is_a_not_ready_agent_pod_and_the_replay_says_the_agent_is_
 
     result = replayer.run(path, replayer.load_policy(POLICY))
     long_gaps = {(g["node"], g["start"]) for g in gaps if g["end"] - g["start"] > 120}
-    stale = [e for e in result.events if e["reason"] == "AgentStale"]
+    # Not the Normal "AgentStale cleared: ..." Event that says the agent is back (issue 45: both ways).
+    stale = [e for e in result.events if e["reason"] == "AgentStale" and " cleared: " not in e["message"]]
+    assert any(" cleared: " in e["message"] for e in result.events if e["reason"] == "AgentStale")
     assert long_gaps and len(stale) >= len(long_gaps), (long_gaps, stale)
     assert all("is not Ready since" in e["message"] for e in stale)
     during = [
