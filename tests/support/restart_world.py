@@ -51,7 +51,6 @@ DRA_VERSION = "v1beta2"
 # --- a new process ---------------------------------------------------------------------------------------
 
 RESET: dict[str, Callable[[], object]] = {
-    "gpuhealth_operator.new_nodes._MEMOS": new_nodes_requests._MEMOS.clear,
     "gpuhealth_operator.decisions.verdicts._CLOCKS": verdicts._CLOCKS.clear,
     "gpuhealth_operator.decisions.policies._RULE_XIDS": policies._RULE_XIDS.clear,
     "gpuhealth_operator.decisions.trends._FIRST": trends._FIRST.clear,
@@ -365,6 +364,9 @@ def _event(kind: str | None, body: dict[str, Any]) -> kopf.RawEvent:
 # --- what a user sees ------------------------------------------------------------------------------------
 
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)?")
+_TOKEN = re.compile(r"\b[0-9a-f]{64}\b")
+"""A Job token's SHA-256 (repair state `jobToken`, `gpuhealth.io/validation-token`): random by design, and a
+restarted process makes a new one before its Job, so only its presence is compared."""
 _TIME_KEYS = frozenset({"lastTransitionTime", "lastHeartbeatTime", "lastUpdateTime", "time", "since"})
 
 
@@ -376,7 +378,7 @@ def _untimed(value: Any) -> Any:
     if isinstance(value, list):
         return [_untimed(v) for v in value]
     if isinstance(value, str):
-        return _TIME.sub("<t>", value)
+        return _TOKEN.sub("<token>", _TIME.sub("<t>", value))
     return value
 
 
