@@ -15,7 +15,8 @@
  * Profiles: built with -DSIMNVML_OLD_DRIVER the library leaves out the functions a driver before
  * R535 lacks (nvmlDeviceGetTemperatureV, nvmlDeviceGetCurrentClocksEventReasons,
  * nvmlDeviceGetMemoryInfo_v2, nvmlDeviceGetGpuFabricInfo, nvmlDeviceGetGpuFabricInfoV): pynvml then
- * raises NVMLError_FunctionNotFound for them, as on such a node.
+ * raises NVMLError_FunctionNotFound for them, as on such a node; and its field values do not know
+ * NVML_FI_DEV_NVLINK_GET_STATE or NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (NOT_SUPPORTED per field).
  */
 #define NVML_NO_UNVERSIONED_FUNC_DEFS 1 /* declare both the unversioned and the _vN names */
 #include "nvml.h"
@@ -626,6 +627,13 @@ static void field_value(struct gpu *g, nvmlFieldValue_t *value) {
     }
     int up = 0;
     value->nvmlReturn = NVML_SUCCESS;
+#ifdef SIMNVML_OLD_DRIVER
+    /* Field ids newer than the driver: the NVLink state field and the recovery action. */
+    if (value->fieldId == NVML_FI_DEV_NVLINK_GET_STATE || value->fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) {
+        value->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        return;
+    }
+#endif
     switch (value->fieldId) {
     case NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
         value->value.ullVal = g->v[K_recoveryAction];
