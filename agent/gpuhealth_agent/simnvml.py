@@ -90,7 +90,9 @@ _NVLINK_FIELDS: Final[tuple[int, ...]] = tuple(
 )
 _FABRIC_CODES: Final[dict[str, int]] = {name: code for code, name in nvml.FABRIC_STATES.items()}
 _NOT_SUPPORTED: Final = nvml.return_code("NotSupported")
-_HOOK: Final = ctypes.CFUNCTYPE(None)
+_HOOK: Final = ctypes.CFUNCTYPE(ctypes.c_double)
+_POLL: Final = 0.5
+"""Longest a waiting nvmlEventSetWait_v2 sleeps between looks at the scenario (an outside reset)."""
 
 
 class NotTheSimulation(RuntimeError):
@@ -199,11 +201,14 @@ class Driver:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def _sync_safely(self) -> None:
+    def _sync_safely(self) -> float:
+        """The library's hook: sync, and say how soon the scenario changes by itself (seconds)."""
         try:
             self.sync()
+            return min(self.sim.next_change_in(), _POLL)
         except Exception:  # an exception cannot cross the C frame: say it, keep the last state
             log.exception("simnvml: syncing the scenario into the library failed")
+            return -1.0
 
     def sync(self) -> None:
         """Bring the library up to the scenario's present (the library calls this before each NVML call)."""

@@ -236,6 +236,14 @@ class SimulatedNvml:
         expiring = any(until is not None and now < until for _, until in state.failures.values())
         return GpuState(state.facts, frozenset(state.not_supported), failing, state.lost, expiring)
 
+    def next_change_in(self) -> float:
+        """Scenario seconds until the next timeline entry applies (inf: none left)."""
+        now = self.now_seconds()
+        for entry in self.plan.timeline[self._next_entry :]:
+            if entry.after_seconds > now:
+                return entry.after_seconds - now
+        return float("inf")
+
     def events(self) -> Sequence[EventData]:
         """Every event of the replay so far, in order."""
         return self._events

@@ -107,7 +107,8 @@ static int n_events;
 static struct nvmlEventSet_st sets[MAX_SETS];
 static int first_set_created;
 static unsigned long long calls;
-static void (*hook)(void);
+static double (*hook)(void);
+static double next_change_ms = 10; /* the hook's last word: how soon the scenario changes next */
 
 /* --- control API (simnvml_*: for the Python driver only) ---------------------------------------------- */
 
@@ -134,7 +135,12 @@ int simnvml_set_visible(unsigned int count) {
     return 0;
 }
 
-void simnvml_set_hook(void (*fn)(void)) { hook = fn; }
+/* `fn` runs before every NVML call and returns the seconds until the scenario next changes by itself
+ * (a waiting nvmlEventSetWait_v2 sleeps that long at most; < 0 or NULL: poll every 10 ms). */
+void simnvml_set_hook(double (*fn)(void)) {
+    hook = fn;
+    next_change_ms = 10;
+}
 
 unsigned long long simnvml_calls(void) { return calls; }
 
@@ -233,7 +239,10 @@ int simnvml_push_event(unsigned int gpu, unsigned long long type, unsigned long 
 
 /* Every NVML entry point starts here: count, let the driver advance the scenario, then lock. */
 static void enter(void) {
-    if (hook != NULL) hook();
+    if (hook != NULL) {
+        double next = hook();
+        next_change_ms = next < 0 ? 10 : next * 1e3;
+    }
     pthread_mutex_lock(&lock);
     calls++;
 }
@@ -766,9 +775,11 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t wrapped, nvmlEventData_t *data, 
         pthread_mutex_unlock(&lock);
         double left = deadline - now_ms();
         if (left <= 0) return NVML_ERROR_TIMEOUT;
-        /* Poll the scenario every 10 ms (the hook advances it): events come from its timeline. */
-        double step = left < 10 ? left : 10;
-        struct timespec pause = {0, (long)(step * 1e6)};
+        /* Sleep until the scenario's next change (the hook said when) or the timeout, then look again:
+         * events come from its timeline. At least 1 ms, so a clock at the edge does not spin. */
+        double step = next_change_ms < left ? next_change_ms : left;
+        if (step < 1) step = 1;
+        struct timespec pause = {(time_t)(step / 1e3), (long)((step - 1e3 * (time_t)(step / 1e3)) * 1e6)};
         nanosleep(&pause, NULL);
     }
 }
