@@ -53,6 +53,10 @@ testbin: ## Build (once) etcd, kube-apiserver, controller-manager, scheduler, ku
 simnvml: ## Build (once) the simulated NVML library libnvidia-ml.so.1 against NVIDIA's nvml.h (docs/simulated-nvml.md)
 	@hack/simnvml.sh >/dev/null
 
+.PHONY: nvml-bindings
+nvml-bindings: venv simnvml ## The NVML-path tests with the oldest nvidia-ml-py allowed and the newest on PyPI (VERSIONS="a b" for others)
+	hack/nvml-bindings.sh $(VERSIONS)
+
 .PHONY: unit
 unit: venv simnvml ## Run unit tests only (no cluster)
 	$(BIN)/pytest $(PYTEST_FLAGS) tests/unit tests/test_layout.py

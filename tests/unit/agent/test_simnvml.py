@@ -16,7 +16,7 @@ import pynvml
 import pytest
 
 import simnvml_build
-from gpuhealth_agent import collector, events, facts, nvml, scenario, simnvml, simulated
+from gpuhealth_agent import collector, events, facts, nvml, runner, scenario, simnvml, simulated
 
 START = 1_800_000_000.0
 
@@ -243,7 +243,24 @@ def test_a_board_without_nvlink_reports_none(node: Any) -> None:
     assert "nvlink" not in n2.sample(0)[0]
 
 
+def fabric_readable() -> bool:
+    """Whether this nvidia-ml-py declares the driver's nvmlGpuFabricInfo_t (12.535's is R535's layout)."""
+    try:
+        nvml.fabric_info()
+    except nvml.FunctionNotFound:
+        return False
+    return True
+
+
 def test_fabric_info_state_status_and_clique(node: Any) -> None:
+    # Only a binding that predates cliques (nvidia-ml-py 12.535) is refused, never a current one.
+    declares_cliques = any(name == "cliqueId" for name, *_ in pynvml.c_nvmlGpuFabricInfo_t._fields_)
+    assert fabric_readable() == declares_cliques
+    if not fabric_readable():
+        n = node("gpus: 1\nmodel: NVIDIA GB200\ndefaults: {fabricState: Completed, fabricCliqueId: 7}\n")
+        assert "fabric" not in n.sample(0)[0]  # not read from a struct of the wrong layout, and said so
+        assert n.collector.sample(START).errors == {}  # FunctionNotFound: not supported, not an error
+        return
     n = node(
         "gpus: 2\nmodel: NVIDIA GB200\ndefaults: {fabricState: Completed, fabricCliqueId: 32766}\n"
         "timeline:\n- {after: 1s, gpu: 1, set: {fabricStatus: NotReady}}\n"
@@ -273,7 +290,7 @@ def test_struct_versions_are_checked_as_the_driver_does(node: Any) -> None:
     assert n.real.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2).used == 1024 * 2**20
     with pytest.raises(pynvml.NVMLError_ArgumentVersionMismatch):
         pynvml.nvmlDeviceGetMemoryInfo(handle, version=0x01000028)
-    assert n.real.nvmlDeviceGetTemperatureV(handle, nvml.TEMPERATURE_GPU) == 40
+    assert nvml.call(n.real, "nvmlDeviceGetTemperatureV", handle, nvml.TEMPERATURE_GPU) == 40
 
 
 def test_a_reset_from_outside_reaches_the_library(node: Any) -> None:
@@ -289,3 +306,39 @@ def test_not_the_simulation_is_never_driven() -> None:
 
     with pytest.raises(simnvml.NotTheSimulation):
         simnvml.Driver(scenario.parse("gpus: 1\n"), lib=Real())  # type: ignore[arg-type]
+
+
+def test_a_restarted_agent_initialises_nvml_again_and_gets_the_later_xids(library: ctypes.CDLL) -> None:
+    """Agent close (event set freed, nvmlShutdown) then a new agent in the same process (a restart):
+    nvmlInit works again, its new event set gets the XIDs after it, not the ones before."""
+    clock = Clock()
+    plan = scenario.parse(
+        "gpus: 2\ntimeline:\n- {after: 2s, gpu: 1, xid: 48}\n- {after: 5s, gpu: 0, xid: 31}\n"
+    )
+    driver = simnvml.Driver(plan, clock=clock, start=0.0, lib=library)
+
+    def agent() -> runner.Agent:
+        settings = runner.Settings("n", runner.BACKEND_NVML, expected_gpus=2, event_thread=False)
+        return runner.Agent(settings, nvml.real(), clock=lambda: START + clock.seconds)
+
+    try:
+        first = agent()
+        first.run_once(START)
+        clock.seconds = 2
+        gpus = first.run_once(START + 2).status["gpus"]
+        assert [x["code"] for x in gpus[1]["xids"]] == [48]
+        first.close()
+        with pytest.raises(pynvml.NVMLError_Uninitialized):  # the library saw the shutdown
+            pynvml.nvmlDeviceGetCount()
+        second = agent()
+        clock.seconds = 3
+        assert len(second.run_once(START + 3).status["gpus"]) == 2
+        clock.seconds = 5
+        gpus = second.run_once(START + 5).status["gpus"]
+        assert [x["code"] for x in gpus[0]["xids"]] == [31]
+        # XID 48 happened before this set existed: a restart restores it from the GPUNode's earlier
+        # status (the reporter's job, tested against a cluster), not from NVML.
+        assert "xids" not in gpus[1]
+        second.close()
+    finally:
+        driver.close()

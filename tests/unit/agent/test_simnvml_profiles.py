@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 import simnvml_build
-from gpuhealth_agent import check
+from gpuhealth_agent import check, nvml
 
 ROOT = Path(__file__).resolve().parents[3]
 PROFILES: dict[str, dict[str, Any]] = yaml.safe_load(
@@ -61,10 +61,22 @@ def test_each_profile_reports_what_its_gpu_and_driver_answer(tmp_path: Path, nam
     assert report["agent"]["driverVersion"] == profile["scenario"]["driverVersion"]
     assert len(report["gpus"]) == profile["scenario"]["gpus"]
     gpu = report["gpus"][0]
-    assert_subset(profile["expect"], gpu)
-    for field in profile.get("absent", []):
+    expect, absent = dict(profile["expect"]), list(profile.get("absent", []))
+    if not _fabric_readable():  # nvidia-ml-py 12.535 declares R535's struct: fabric is not read
+        expect.pop("fabric", None)
+        absent.append("fabric")
+    assert_subset(expect, gpu)
+    for field in absent:
         assert field not in gpu, f"{field} reported: {gpu[field]!r}"
     assert "unreadable" not in gpu
+
+
+def _fabric_readable() -> bool:
+    try:
+        nvml.fabric_info()
+    except nvml.FunctionNotFound:
+        return False
+    return True
 
 
 def test_the_old_driver_lacks_the_functions_and_the_full_one_has_them(tmp_path: Path) -> None:
@@ -72,9 +84,8 @@ def test_the_old_driver_lacks_the_functions_and_the_full_one_has_them(tmp_path: 
     probe = (
         "import pynvml\n"
         "pynvml.nvmlInit()\n"
-        "h = pynvml.nvmlDeviceGetHandleByIndex(0)\n"
-        "try:\n"
-        "    pynvml.nvmlDeviceGetTemperatureV(h, 0)\n"
+        "try:\n"  # pynvml's own symbol lookup (every binding has it; not every binding wraps the call)
+        "    pynvml._nvmlGetFunctionPointer('nvmlDeviceGetTemperatureV')\n"
         "    print('found')\n"
         "except pynvml.NVMLError_FunctionNotFound:\n"
         "    print('FunctionNotFound')\n"
