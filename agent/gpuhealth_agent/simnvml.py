@@ -95,6 +95,10 @@ _POLL: Final = 0.5
 """Longest a waiting nvmlEventSetWait_v2 sleeps between looks at the scenario (an outside reset)."""
 
 
+_INSTALLED: list[Any] = []
+"""The hook the library holds (a Driver dropped without `close` must not leave it a freed pointer)."""
+
+
 class NotTheSimulation(RuntimeError):
     """The libnvidia-ml.so.1 at hand is not the simulated one (a real driver's): never driven."""
 
@@ -179,6 +183,7 @@ class Driver:
                 _ok(self.lib.simnvml_set_text(gpu, key.encode(), value.encode()), key)
         self._pushed = [{} for _ in range(plan.gpus)]
         self.sync()
+        _INSTALLED[:] = [self._hook]  # the library keeps calling it: never let it be freed under it
         self.lib.simnvml_set_hook(self._hook)
 
     @property
