@@ -216,6 +216,16 @@ def fabric_info() -> Any:
     return struct()
 
 
+def fabric_info_v() -> Any:
+    """An empty, version-tagged nvmlGpuFabricInfo_v3_t (or _v2_t) for nvmlDeviceGetGpuFabricInfoV;
+    None where the binding declares neither (nvidia-ml-py before 13)."""
+    for name in ("c_nvmlGpuFabricInfo_v3_t", "c_nvmlGpuFabricInfo_v2_t"):
+        struct = getattr(pynvml, name, None)
+        if struct is not None and hasattr(pynvml, "nvmlDeviceGetGpuFabricInfoV"):
+            return struct()  # its __init__ sets the version tag
+    return None
+
+
 class Library(Protocol):
     """The pynvml functions the agent calls (same names and signatures as pynvml).
 
@@ -259,6 +269,7 @@ class Library(Protocol):
     def nvmlDeviceGetNvLinkState(self, device: Any, link: int) -> int: ...
     def nvmlDeviceGetNvLinkErrorCounter(self, device: Any, link: int, counter: int) -> int: ...
     def nvmlDeviceGetGpuFabricInfo(self, device: Any, gpuFabricInfo: Any) -> int: ...
+    def nvmlDeviceGetGpuFabricInfoV(self, device: Any, gpuFabricInfo: Any) -> int: ...
     def nvmlEventSetCreate(self) -> Any: ...
     def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None: ...
     def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> EventData: ...

@@ -66,6 +66,7 @@ FUNCTIONS: Final[tuple[str, ...]] = (
     "nvmlDeviceGetNvLinkState",
     "nvmlDeviceGetNvLinkErrorCounter",
     "nvmlDeviceGetGpuFabricInfo",
+    "nvmlDeviceGetGpuFabricInfoV",
     "nvmlDeviceRegisterEvents",
 )
 """Per-device functions whose answer the library lets the driver force (simnvml.c's FUNCTIONS, same

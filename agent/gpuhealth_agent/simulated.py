@@ -460,9 +460,16 @@ class SimulatedNvml:
             return 0  # a counter the agent does not read (CRC data, ECC)
         return self._link_counter(current, link, key)
 
+    def nvmlDeviceGetGpuFabricInfoV(self, device: Handle, gpuFabricInfo: Any) -> int:
+        """The versioned call: fills the nvmlGpuFabricInfo_v2_t/_v3_t passed, as the driver does."""
+        return self._fabric(device, gpuFabricInfo, "nvmlDeviceGetGpuFabricInfoV")
+
     def nvmlDeviceGetGpuFabricInfo(self, device: Handle, gpuFabricInfo: Any) -> int:
         """Fills the nvmlGpuFabricInfo_t passed (by `ctypes.byref` or as is), as the driver does."""
-        current = self._device(device, "nvmlDeviceGetGpuFabricInfo")
+        return self._fabric(device, gpuFabricInfo, "nvmlDeviceGetGpuFabricInfo")
+
+    def _fabric(self, device: Handle, gpuFabricInfo: Any, function: str) -> int:
+        current = self._device(device, function)
         state = current.get("fabricState", "NotSupported")
         if state == "NotSupported":
             raise nvml.error("NotSupported")

@@ -61,7 +61,8 @@ static const char *const key_names[] = {KEYS(AS_NAME)};
     X(nvmlDeviceGetFieldValues) X(nvmlDeviceGetPcieReplayCounter)                                    \
     X(nvmlDeviceGetCurrPcieLinkGeneration) X(nvmlDeviceGetMaxPcieLinkGeneration)                     \
     X(nvmlDeviceGetCurrPcieLinkWidth) X(nvmlDeviceGetMaxPcieLinkWidth) X(nvmlDeviceGetNvLinkState)   \
-    X(nvmlDeviceGetNvLinkErrorCounter) X(nvmlDeviceGetGpuFabricInfo) X(nvmlDeviceRegisterEvents)
+    X(nvmlDeviceGetNvLinkErrorCounter) X(nvmlDeviceGetGpuFabricInfo) X(nvmlDeviceGetGpuFabricInfoV)    \
+    X(nvmlDeviceRegisterEvents)
 #define AS_FN_ENUM(name) F_##name,
 enum function { FUNCTIONS(AS_FN_ENUM) F_COUNT };
 static const char *const function_names[] = {FUNCTIONS(AS_NAME)};
@@ -689,7 +690,7 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t handle, nvmlGpuFabricInfo_t
 
 /* The versioned call: v2 and v3 share their first fields; v3 adds the health summary. */
 nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t handle, nvmlGpuFabricInfoV_t *gpuFabricInfo) {
-    DEVICE(handle, F_nvmlDeviceGetGpuFabricInfo);
+    DEVICE(handle, F_nvmlDeviceGetGpuFabricInfoV);
     if (gpuFabricInfo == NULL) return leave(NVML_ERROR_INVALID_ARGUMENT);
     unsigned int version = gpuFabricInfo->version;
     if (version != nvmlGpuFabricInfo_v2 && version != nvmlGpuFabricInfo_v3)

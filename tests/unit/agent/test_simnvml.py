@@ -275,6 +275,22 @@ def test_fabric_info_state_status_and_clique(node: Any) -> None:
     assert "fabric" not in plain.sample(0)[0]
 
 
+def test_fabric_info_prefers_the_versioned_call_and_falls_back_without_it(node: Any) -> None:
+    """nvmlDeviceGetGpuFabricInfoV (version-tagged) where binding and driver have it; a driver without it
+    (FunctionNotFound) is read with the plain call. Same on the Python backend."""
+    if nvml.fabric_info_v() is None or not fabric_readable():
+        pytest.skip(f"nvidia-ml-py {pynvml.__file__} declares no versioned fabric struct")
+    n = node(
+        "gpus: 2\ndefaults: {fabricState: Completed, fabricCliqueId: 5}\ntimeline:\n"
+        "- {after: 0s, gpu: 0, fail: {function: nvmlDeviceGetGpuFabricInfo, error: Unknown}}\n"
+        "- {after: 0s, gpu: 1, fail: {function: nvmlDeviceGetGpuFabricInfoV, error: FunctionNotFound}}\n"
+    )
+    gpus = n.sample(0)
+    assert gpus[0]["fabric"]["cliqueId"] == 5  # through V: the plain call's failure is never met
+    assert gpus[1]["fabric"]["cliqueId"] == 5  # through the plain call
+    assert gpus == n.python_gpus
+
+
 def test_recovery_action_field(node: Any) -> None:
     n = node("gpus: 2\ntimeline:\n- {after: 1s, gpu: 0, set: {recoveryAction: NodeReboot}}\n")
     assert n.sample(0)[0]["recoveryAction"] == "None"
