@@ -31,7 +31,7 @@ demo-up: venv testbin ## Like demo, but keep the cluster running and print its K
 	$(BIN)/gpu-health-sim demo --keep
 
 .PHONY: test
-test: venv testbin ## Run every test CI runs: unit, integration, e2e
+test: venv testbin simnvml ## Run every test CI runs: unit, integration, e2e
 	KUBEBUILDER_ASSETS="$(TESTBIN)" $(BIN)/pytest $(PARALLEL) $(PYTEST_FLAGS) tests
 
 ##@ Development
@@ -49,12 +49,20 @@ $(VENV)/.installed: pyproject.toml
 testbin: ## Build (once) etcd, kube-apiserver, controller-manager, scheduler, kubectl, kwok and helm from Go modules
 	@hack/testbin.sh >/dev/null
 
+.PHONY: simnvml
+simnvml: ## Build (once) the simulated NVML library libnvidia-ml.so.1 against NVIDIA's nvml.h (docs/simulated-nvml.md)
+	@hack/simnvml.sh >/dev/null
+
+.PHONY: nvml-bindings
+nvml-bindings: venv simnvml ## The NVML-path tests with the oldest nvidia-ml-py allowed and the newest on PyPI (VERSIONS="a b" for others)
+	hack/nvml-bindings.sh $(VERSIONS)
+
 .PHONY: unit
-unit: venv ## Run unit tests only (no cluster)
+unit: venv simnvml ## Run unit tests only (no cluster)
 	$(BIN)/pytest $(PYTEST_FLAGS) tests/unit tests/test_layout.py
 
 .PHONY: integration
-integration: venv testbin ## Run integration tests (real kube-apiserver + etcd + kwok)
+integration: venv testbin simnvml ## Run integration tests (real kube-apiserver + etcd + kwok)
 	KUBEBUILDER_ASSETS="$(TESTBIN)" $(BIN)/pytest $(PYTEST_FLAGS) tests/integration
 
 .PHONY: e2e

@@ -11,6 +11,11 @@ the steady-state window after a warm-up:
 
 Budget (issue 3): RSS ≤ 64 MiB, CPU ≤ 10 mCPU, NVML ≤ 10 calls/GPU/s, steady writes = 1 per heartbeat.
 
+`--backend nvml` runs the production backend instead: real pynvml over the simulated NVML library
+(hack/simnvml.sh, docs/simulated-nvml.md), the agent started by `python -m gpuhealth_agent.simnvml`
+with LD_LIBRARY_PATH at the library. Its figures include the simulation's own replay in the process
+(the driver's sync before each NVML call), so they bound what pynvml over a real driver costs.
+
     python bench/agent_overhead.py              # 10 minutes
     python bench/agent_overhead.py --quick      # 60 s
     python bench/agent_overhead.py --duration 300 --record   # append the result to bench/RESULTS.md
@@ -145,13 +150,23 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         plan = Path(scratch) / "scenario.yaml"
         plan.write_text(scenario(args.gpus, args.facts))
         port = free_port()
-        command = [
-            sys.executable, "-m", "gpuhealth_agent.cli", "run", "--node-name", NODE,
-            "--backend", "sim", "--sim-scenario", str(plan), "--interval", str(args.interval),
+        agent_args = [
+            "run", "--node-name", NODE, "--interval", str(args.interval),
             "--heartbeat", str(args.heartbeat), "--metrics-port", str(port), "--kubeconfig", str(kubeconfig),
             "--log-level", "WARNING",
         ]  # fmt: skip
-        agent = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+        env = dict(os.environ)
+        if args.backend == "nvml":
+            built = subprocess.run(
+                [str(ROOT / "hack" / "simnvml.sh")], capture_output=True, text=True, check=True
+            ).stdout.strip()
+            env["LD_LIBRARY_PATH"] = str(Path(built) / "full")
+            launcher = ["-m", "gpuhealth_agent.simnvml", "--scenario", str(plan), "--node-name", NODE, "--"]
+            command = [sys.executable, *launcher, *agent_args, "--backend", "nvml"]
+        else:
+            command = [sys.executable, "-m", "gpuhealth_agent.cli", *agent_args]
+            command += ["--backend", "sim", "--sim-scenario", str(plan)]
+        agent = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
         try:
             waiting.wait_until(
                 lambda: total(scrape(port), "gpuhealth_agent_report_writes_total") >= 1,
@@ -187,6 +202,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     return {
         "duration_seconds": round(wall, 1),
         "gpus": args.gpus,
+        "backend": args.backend,
         "facts": args.facts,
         "interval_seconds": args.interval,
         "heartbeat_seconds": args.heartbeat,
@@ -228,7 +244,7 @@ def markdown(result: dict[str, object], argv: list[str]) -> str:
         "",
         f"- machine: {machine}",
         f"- command: `python bench/agent_overhead.py {' '.join(argv)}`",
-        f"- setup: simulated {result['gpus']} GPUs ({result['facts']} facts), "
+        f"- setup: simulated {result['gpus']} GPUs ({result['facts']} facts, backend {result['backend']}), "
         f"interval {result['interval_seconds']} s, heartbeat "
         f"{result['heartbeat_seconds']} s, real kube-apiserver, "
         f"measured window {result['duration_seconds']} s after warm-up",
@@ -260,6 +276,12 @@ def main() -> int:
         choices=["all", "core"],
         default="all",
         help="all: NVLink, fabric, PCIe AER and InfiniBand ports too (default); core: the NVML facts only",
+    )
+    cli.add_argument(
+        "--backend",
+        choices=["sim", "nvml"],
+        default="sim",
+        help="sim: the Python backend (default); nvml: real pynvml over the simulated NVML library",
     )
     cli.add_argument("--interval", type=float, default=1.0)
     cli.add_argument("--heartbeat", type=float, default=60.0)

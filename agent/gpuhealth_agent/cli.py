@@ -30,6 +30,7 @@ from gpuhealth_agent import (
     health,
     metrics,
     nvml,
+    probe,
     reporter,
     runner,
     scenario,
@@ -144,6 +145,26 @@ def parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="with --backend sim: scenario time to evaluate (default: the last timeline entry)",
     )
+    chk.add_argument(
+        "--probe",
+        action="store_true",
+        help="read-only probe before installing: per field supported / not supported / error, and the "
+        "NVML calls per GPU per second and CPU of sampling (never resets a GPU or changes a setting)",
+    )
+    chk.add_argument(
+        "--probe-seconds",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long --probe samples (default 10)",
+    )
+    chk.add_argument(
+        "--probe-interval",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="--probe's sample period (default 5)",
+    )
     return top
 
 
@@ -197,6 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "is a simulated GPU's are folded in (a real exporter's are not)",
             file=sys.stderr,
         )
+    if args.command == "check" and args.probe:
+        return _probe(args, plan)
     if args.command == "check":
         return _check(args, plan)
     return _run(args, plan)
@@ -259,6 +282,20 @@ def _check(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
     code, text = check.render(turn.status, xids.Catalogue.packaged(), args.output, cannot_read)
     sys.stdout.write(text)
     return code
+
+
+def _probe(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
+    """`check --probe`: the read-only probe (probe.py) of this node's NVML, or of a scenario's GPUs."""
+    lib = (
+        nvml.real() if plan is None else simulated.library(plan, identity_seed=args.node_name or "localhost")
+    )
+    try:
+        report = probe.run(lib, seconds=args.probe_seconds, interval=args.probe_interval)
+    except nvml.NVMLError as exc:
+        print(f"gpu-health-agent: cannot use NVML: {exc}", file=sys.stderr)
+        return check.CANNOT_READ_EXIT
+    sys.stdout.write(probe.render(report, args.output))
+    return check.HEALTHY_EXIT
 
 
 def _dcgm(

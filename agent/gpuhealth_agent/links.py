@@ -148,9 +148,20 @@ def _int(value: nvml.FieldValue) -> int:
 
 
 def read_fabric(lib: nvml.Library, handle: Any) -> status.Fabric | None:
-    """The GPU's fabric registration, or None where NVML does not support it (raises other errors)."""
-    info = nvml.fabric_info()
-    lib.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+    """The GPU's fabric registration, or None where NVML does not support it (raises other errors).
+
+    The versioned call first (nvmlDeviceGetGpuFabricInfoV with a version-tagged struct: a driver that
+    does not know the version refuses it rather than filling another layout); the plain call where the
+    driver or the binding lacks it."""
+    info = nvml.fabric_info_v()
+    if info is not None:
+        try:
+            lib.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+        except (nvml.FunctionNotFound, nvml.ArgumentVersionMismatch):
+            info = None
+    if info is None:
+        info = nvml.fabric_info()
+        lib.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
     state = nvml.FABRIC_STATES.get(int(info.state), f"Unknown{int(info.state)}")
     if state == "NotSupported":
         return None

@@ -110,9 +110,10 @@ FABRIC_STATES: Final[dict[int, str]] = {
 }
 """nvmlGpuFabricState_t values by their contract name (`gpus[].fabric.state`)."""
 FI_DEV_GET_GPU_RECOVERY_ACTION: Final[int | None] = getattr(
-    pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None
+    pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230
 )
-"""Field id of the driver's recommended recovery action; None with bindings that predate it."""
+"""Field id of the driver's recommended recovery action (nvml.h's 230: the id is NVML's ABI, so a
+binding that predates the constant still asks; a driver that predates the field answers NOT_SUPPORTED)."""
 
 RECOVERY_ACTIONS: Final[dict[int, str]] = {
     getattr(pynvml, f"NVML_GPU_RECOVERY_ACTION_{action.name}", code): action.value
@@ -192,14 +193,37 @@ class FabricInfo(Protocol):
     def state(self) -> int: ...
 
 
+_FABRIC_INFO_OFFSETS: Final[dict[str, int]] = {"status": 16, "cliqueId": 20, "state": 24}
+"""Where the driver writes nvmlGpuFabricInfo_t's fields (nvml.h since cliques: a 16-byte UUID first).
+The state is an unsigned char there; pynvml 13 reads it as a c_uint at the same offset, which reads
+the same (ctypes zero-fills the struct, and the rest of that word is padding)."""
+
+
 def fabric_info() -> Any:
     """An empty nvmlGpuFabricInfo_t for nvmlDeviceGetGpuFabricInfo to fill (pass `ctypes.byref` of it).
 
-    Raises FunctionNotFound with bindings that predate fabric info (as the call itself would)."""
+    Raises FunctionNotFound with bindings that predate fabric info (as the call itself would), and with
+    bindings whose struct is R535's layout (nvidia-ml-py 12.535: an 80-byte UUID, `partitionId`, a 4-byte
+    state): a newer driver fills its own layout, so every field would be read from the wrong offset
+    (the state read as 0, NotSupported: a GB200's fabric silently unreported). Not read is said as such.
+    """
     struct = getattr(pynvml, "c_nvmlGpuFabricInfo_t", None)
     if struct is None:
         raise error("FunctionNotFound")
+    declared = {name: getattr(struct, name).offset for name, *_ in struct._fields_}
+    if any(declared.get(name) != offset for name, offset in _FABRIC_INFO_OFFSETS.items()):
+        raise error("FunctionNotFound")
     return struct()
+
+
+def fabric_info_v() -> Any:
+    """An empty, version-tagged nvmlGpuFabricInfo_v3_t (or _v2_t) for nvmlDeviceGetGpuFabricInfoV;
+    None where the binding declares neither (nvidia-ml-py before 13)."""
+    for name in ("c_nvmlGpuFabricInfo_v3_t", "c_nvmlGpuFabricInfo_v2_t"):
+        struct = getattr(pynvml, name, None)
+        if struct is not None and hasattr(pynvml, "nvmlDeviceGetGpuFabricInfoV"):
+            return struct()  # its __init__ sets the version tag
+    return None
 
 
 class Library(Protocol):
@@ -245,6 +269,7 @@ class Library(Protocol):
     def nvmlDeviceGetNvLinkState(self, device: Any, link: int) -> int: ...
     def nvmlDeviceGetNvLinkErrorCounter(self, device: Any, link: int, counter: int) -> int: ...
     def nvmlDeviceGetGpuFabricInfo(self, device: Any, gpuFabricInfo: Any) -> int: ...
+    def nvmlDeviceGetGpuFabricInfoV(self, device: Any, gpuFabricInfo: Any) -> int: ...
     def nvmlEventSetCreate(self) -> Any: ...
     def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None: ...
     def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> EventData: ...

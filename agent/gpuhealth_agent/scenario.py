@@ -71,7 +71,7 @@ VOLATILE_COUNTERS: Final[frozenset[str]] = frozenset(AFTER_RESET) & COUNTER_FIEL
 
 EXTRA_GROUPS: Final[dict[str, tuple[str, ...]]] = {
     "nvlink": ("nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkErrorCounter"),
-    "fabric": ("nvmlDeviceGetGpuFabricInfo",),
+    "fabric": ("nvmlDeviceGetGpuFabricInfo", "nvmlDeviceGetGpuFabricInfoV"),
 }
 """`notSupported` names outside the fact table and the NVML functions they silence (NVLink's
 field values answer NOT_SUPPORTED per field too)."""

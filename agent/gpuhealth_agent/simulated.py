@@ -38,7 +38,7 @@ from gpuhealth_agent import facts, nvml, scenario, sysfs
 _BUS_IDS: Final = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
 _XID_GPU_LOST: Final = 79
 
-_GROUP_BY_FUNCTION: Final[dict[str, str]] = {
+GROUP_BY_FUNCTION: Final[dict[str, str]] = {
     **{
         name: fact.group
         for fact in facts.FACTS
@@ -143,6 +143,19 @@ class EventSet:
     freed: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class GpuState:
+    """One GPU of the replay, for the simulated NVML library's driver (simnvml.py)."""
+
+    facts: dict[str, Any]
+    not_supported: frozenset[str]
+    failing: dict[str, str]
+    """Functions failing now, with their pynvml error name."""
+    lost: bool
+    expiring: bool
+    """A failure runs out by time: the state changes without the timeline moving."""
+
+
 @dataclasses.dataclass
 class _Gpu:
     facts: dict[str, Any]
@@ -191,6 +204,7 @@ class SimulatedNvml:
         ]
         self._next_entry = 0
         self._next_reset = 0
+        self._replays = getattr(self, "_replays", -1) + 1
         self._applied_until = float("-inf")
         self._events.clear()
         self._nics = {(n.name, n.port): dict(n.facts) for n in self.plan.nics}
@@ -199,6 +213,48 @@ class SimulatedNvml:
     def now_seconds(self) -> float:
         """Scenario time: seconds since start by the injected clock."""
         return self.clock() - self.start
+
+    # --- the state, for the simulated NVML library (simnvml.py drives it from this replay) -------------
+
+    def advance(self) -> float:
+        """Apply the timeline up to now (as every NVML call does); returns the scenario time."""
+        return self._advance()
+
+    def progress(self) -> tuple[int, int, int]:
+        """How far the replay is (entries applied, resets applied, replays from scratch): equal
+        progress, equal GPU state, apart from scripted failures that run out by time (`gpu_state`)."""
+        return self._next_entry, self._next_reset, self._replays
+
+    def gpu_state(self, gpu: int, now: float) -> GpuState:
+        """GPU `gpu` as the replay has it at scenario time `now`."""
+        state = self._gpus[gpu]
+        failing = {
+            function: error
+            for function, (error, until) in state.failures.items()
+            if until is None or now < until
+        }
+        expiring = any(until is not None and now < until for _, until in state.failures.values())
+        return GpuState(state.facts, frozenset(state.not_supported), failing, state.lost, expiring)
+
+    def next_change_in(self) -> float:
+        """Scenario seconds until the next timeline entry applies (inf: none left)."""
+        now = self.now_seconds()
+        for entry in self.plan.timeline[self._next_entry :]:
+            if entry.after_seconds > now:
+                return entry.after_seconds - now
+        return float("inf")
+
+    def events(self) -> Sequence[EventData]:
+        """Every event of the replay so far, in order."""
+        return self._events
+
+    def serial(self, gpu: int) -> str:
+        """The board serial GPU `gpu` reports."""
+        return str(
+            self._gpus[gpu].facts.get(
+                "serial", f"165{uuid.uuid5(uuid.NAMESPACE_URL, self.identity_seed).int % 10**9:09d}{gpu}"
+            )
+        )
 
     def _advance(self) -> float:
         now = self.now_seconds()
@@ -286,7 +342,7 @@ class SimulatedNvml:
             error, until = failure
             if until is None or now < until:
                 raise nvml.error(error)
-        optional = _GROUP_BY_FUNCTION.get(function)
+        optional = GROUP_BY_FUNCTION.get(function)
         if optional is not None and optional in gpu.not_supported:
             raise nvml.error("NotSupported")
         return gpu.facts
@@ -346,13 +402,8 @@ class SimulatedNvml:
         return gpu_uuid(self.identity_seed, gpu)
 
     def nvmlDeviceGetSerial(self, handle: Handle) -> str:
-        current = self._device(handle, "nvmlDeviceGetSerial")
-        return str(
-            current.get(
-                "serial",
-                f"165{uuid.uuid5(uuid.NAMESPACE_URL, self.identity_seed).int % 10**9:09d}{handle.gpu}",
-            )
-        )
+        self._device(handle, "nvmlDeviceGetSerial")
+        return self.serial(handle.gpu)
 
     def nvmlDeviceGetPciInfo(self, handle: Handle) -> PciInfo:
         self._device(handle, "nvmlDeviceGetPciInfo")
@@ -409,9 +460,16 @@ class SimulatedNvml:
             return 0  # a counter the agent does not read (CRC data, ECC)
         return self._link_counter(current, link, key)
 
+    def nvmlDeviceGetGpuFabricInfoV(self, device: Handle, gpuFabricInfo: Any) -> int:
+        """The versioned call: fills the nvmlGpuFabricInfo_v2_t/_v3_t passed, as the driver does."""
+        return self._fabric(device, gpuFabricInfo, "nvmlDeviceGetGpuFabricInfoV")
+
     def nvmlDeviceGetGpuFabricInfo(self, device: Handle, gpuFabricInfo: Any) -> int:
         """Fills the nvmlGpuFabricInfo_t passed (by `ctypes.byref` or as is), as the driver does."""
-        current = self._device(device, "nvmlDeviceGetGpuFabricInfo")
+        return self._fabric(device, gpuFabricInfo, "nvmlDeviceGetGpuFabricInfo")
+
+    def _fabric(self, device: Handle, gpuFabricInfo: Any, function: str) -> int:
+        current = self._device(device, function)
         state = current.get("fabricState", "NotSupported")
         if state == "NotSupported":
             raise nvml.error("NotSupported")

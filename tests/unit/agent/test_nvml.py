@@ -56,3 +56,32 @@ def test_every_recovery_action_pynvml_defines_has_its_contract_name() -> None:
     for code, name in defined.items():
         expected = name.removeprefix("NVML_GPU_RECOVERY_ACTION_")
         assert vocabulary.RecoveryAction[expected].value == nvml.RECOVERY_ACTIONS[code]
+
+
+class _FabricInfoR535(ctypes.Structure):
+    """nvmlGpuFabricInfo_t as nvidia-ml-py 12.535 declares it: R535's layout (80-byte UUID, partitionId,
+    a 4-byte state), not the one drivers since have (16-byte UUID, cliqueId, a 1-byte state)."""
+
+    _fields_ = [
+        ("clusterUuid", ctypes.c_char * 80),
+        ("status", ctypes.c_uint),
+        ("partitionId", ctypes.c_uint),
+        ("state", ctypes.c_uint),
+    ]
+
+
+def test_a_binding_whose_fabric_struct_predates_the_drivers_is_not_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Was: with nvidia-ml-py 12.535 the agent passed R535's struct to a newer driver and read its state
+    from the wrong offset (0: NotSupported): a GB200's fabric went unreported, silently (issue 50, found
+    by `make nvml-bindings`). Now such a binding cannot read fabric info: FunctionNotFound, said."""
+    monkeypatch.setattr(pynvml, "c_nvmlGpuFabricInfo_t", _FabricInfoR535)
+    with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+        nvml.fabric_info()
+
+
+def test_the_recovery_action_field_id_does_not_depend_on_the_binding() -> None:
+    """The field id is NVML's ABI (nvml.h: 230); a binding that predates its constant still asks for it,
+    and a driver that predates the field answers NOT_SUPPORTED for it (the fact is then absent)."""
+    assert nvml.FI_DEV_GET_GPU_RECOVERY_ACTION == 230
