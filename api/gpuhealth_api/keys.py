@@ -92,7 +92,9 @@ REPAIR_NODE_ENV: Final = "GPUHEALTH_NODE"
 """Environment variable in every container of a repair Job: the node's name."""
 REPAIR_GPUS_ENV: Final = "GPUHEALTH_GPU_UUIDS"
 """Environment variable in every container of a repair Job: the step's GPU UUIDs, comma-separated
-(all the node's GPUs for RebootNode and Validation). Commands use it as `$(GPUHEALTH_GPU_UUIDS)`."""
+(all the node's GPUs for RebootNode and Validation), each of NVML's form (`gpu_uuids`). A program reads
+it from its environment (`"$GPUHEALTH_GPU_UUIDS"` in a shell), or `$(GPUHEALTH_GPU_UUIDS)` as an argument of
+its own, never inside an `sh -c` script's text."""
 REPAIR_ACTION_ENV: Final = "GPUHEALTH_REPAIR_ACTION"
 UNVALIDATED_TAINT: Final = f"{PREFIX}/unvalidated"
 """NoSchedule taint on a new node of a policy with `spec.repair.validation.newNodes: true` (a Node created
