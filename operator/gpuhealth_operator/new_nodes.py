@@ -245,6 +245,7 @@ async def _start(ctx: context.Context, name: str, policy: model.Policy, now: dat
             name=job_name,
             namespace=ns,
             node=name,
+            node_uid=record.uid,
             policy=policy.name,
             cycle=0,
             action=vocabulary.VALIDATION_JOB,

@@ -280,11 +280,13 @@ class JobStep:
             if self.key == vocabulary.RepairAction.RESET_GPU
             else all_gpus(self.ctx, self.node)
         )
+        record = self.ctx.cache.node(self.node)
         body = jobs.fill(
             template,
             name=self.state.job,
             namespace=self.namespace,
             node=self.node,
+            node_uid=record.uid if record is not None else "",
             policy=self.policy.name,
             cycle=self.state.cycle,
             action=self.key,

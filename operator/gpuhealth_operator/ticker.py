@@ -36,6 +36,7 @@ from gpuhealth_operator import (
     kube,
     metrics,
     new_nodes,
+    orphan_jobs,
     pausing,
     reconciler,
     repairing,
@@ -152,6 +153,7 @@ async def tick(
     await pausing.announce(ctx, now)
     await repairing.sweep(ctx, now)  # repairs of nodes excluded, deselected, or of deleted/dry-run policies
     await new_nodes.sweep(ctx, now)  # validation of new nodes (spec.repair.validation.newNodes)
+    await orphan_jobs.sweep(ctx, full=full)  # step Jobs whose Node was deleted or re-created
     await isolation_sweep.sweep(ctx, now)  # the DeviceTaintRules of deleted policies: adopted or restored
     await domain_actions.on_timer(ctx, now, full=refresh)  # recovery holds, and marks drifted meanwhile
     if statuses:

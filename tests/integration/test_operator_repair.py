@@ -580,3 +580,59 @@ def test_of_two_policies_selecting_the_node_only_the_one_that_cordoned_it_repair
     (job,) = jobs(k8s, jobs_namespace, name)
     wanted = "ResetGPU" if owner == fleet.label else "RebootNode"
     assert job["metadata"]["labels"][keys.REPAIR_ACTION_LABEL] == wanted
+
+
+def pods_of(k8s: client.ApiClient, namespace: str, job: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Job's pods not being deleted."""
+    listed = client.CoreV1Api(k8s).list_namespaced_pod(
+        namespace, label_selector=f"job-name={job['metadata']['name']}"
+    )
+    return [p.to_dict() for p in listed.items if p.metadata.deletion_timestamp is None]
+
+
+def test_a_node_deleted_mid_repair_takes_its_job_and_the_new_node_starts_no_step(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str
+) -> None:
+    """Issue 45, item 6: the privileged, nodeName-pinned step Job must not outlive its Node, or it runs on
+    whatever registers under the name next, a machine nobody cordoned or drained."""
+    name = f"{fleet.label}-a"
+    faulty_and_drained(fleet, name)
+    job = wait_job(k8s, jobs_namespace, name, "ResetGPU")
+    old_uid = fleet.node(name)["metadata"]["uid"]
+    assert {"apiVersion": "v1", "kind": "Node", "name": name, "uid": old_uid} in [
+        {k: o[k] for k in ("apiVersion", "kind", "name", "uid")} for o in job["metadata"]["ownerReferences"]
+    ]
+    job_pod(k8s, jobs_namespace, job)  # the Job controller made its pod, bound to the node's name
+
+    fleet.core.delete_node(name)
+    waiting.wait_until(  # the garbage collector takes the GPUNode the Node owns
+        lambda: (
+            name
+            not in [
+                g["metadata"]["name"]
+                for g in fleet.custom.list_cluster_custom_object(
+                    resources.GROUP, resources.VERSION, resources.GPUNODE_PLURAL
+                )["items"]
+            ]
+        ),
+        timeout_seconds=TIMEOUT,
+        message="the old GPUNode collected",
+    )
+    fleet.add_node(name, report=False)  # a new machine registers under the name
+    report(fleet, name, faulty=False)
+    assert fleet.node(name)["metadata"]["uid"] != old_uid
+    waiting.wait_until(
+        lambda: not jobs(k8s, jobs_namespace, name) and not pods_of(k8s, jobs_namespace, job),
+        timeout_seconds=TIMEOUT,
+        message="the deleted Node's step Job and its pod gone",
+    )
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:  # sampled: no step without a fault, cordon and drain of its own
+        assert not jobs(k8s, jobs_namespace, name), "a step started on the re-created node"
+        assert not cordoned(fleet, name)
+        time.sleep(0.5)
+
+    report(fleet, name, faulty=True)  # a fault of the new node's own: cordon, drain, then a new cycle
+    fresh = wait_job(k8s, jobs_namespace, name, "ResetGPU")
+    assert cordoned(fleet, name)
+    assert fresh["metadata"]["ownerReferences"][0]["uid"] == fleet.node(name)["metadata"]["uid"]

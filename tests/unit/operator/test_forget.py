@@ -62,6 +62,7 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.repair_finished_seen[node] = ("gpuhealth-repair-job", datetime.datetime.now(datetime.UTC))
     ctx.repair_waiting.add(node)
     ctx.validations_running.add(node)
+    ctx.gone_nodes.add(node)
     ctx.dry_run_said[(policy, node)] = f"Dry run: policy {policy} would cordon"
     ctx.drill_said[(policy, node)] = f"Drill: policy {policy} would cordon"
     ctx.drill_health[(policy, node)] = "Unhealthy"
@@ -93,6 +94,7 @@ FILLED = {
     "repair_finished_seen",
     "repair_waiting",
     "validations_running",
+    "gone_nodes",
     "admission",
     "cordons_unknown",
     "verdicts",
@@ -159,9 +161,11 @@ def test_forget_node_empties_every_map_of_that_node_only() -> None:
         fill(ctx, "p", "kept")
         running = ctx.drains.tasks["gone"]
         ctx.forget_node("gone")
-        # a deleted node's validation Job is still to be deleted (new_nodes.sweep): it holds its place
+        # a deleted node's validation Job is still to be deleted (new_nodes.sweep): it holds its place;
+        # and its step Jobs are deleted on the next tick (orphan_jobs.sweep)
         assert [name for name, value in state(ctx).items() if mentions(value, "gone")] == [
-            "validations_running"
+            "validations_running",
+            "gone_nodes",
         ]
         assert [name for name, value in state(ctx).items() if not mentions(value, "kept")] == [
             "policy_status_written",  # per policy only
@@ -228,6 +232,7 @@ def test_forget_verdicts_keeps_the_nodes_own_memory() -> None:
             "repair_finished_seen",
             "repair_waiting",
             "validations_running",
+            "gone_nodes",
         }
         assert not ctx.drains.tasks["n"].cancelled()
         ctx.drains.tasks["n"].cancel()
