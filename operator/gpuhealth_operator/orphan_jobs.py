@@ -10,7 +10,8 @@ machine nobody cordoned or drained. Two things delete such a Job:
 - this module, in case the collector is late or the Job was made before Jobs had an owner: on the
   timer's next tick after a Node is deleted (`Context.gone_nodes`), and on every full pass (after a
   restart, for Nodes deleted or re-created while no operator ran), it deletes every step Job whose Node
-  is gone or has another UID than the one the Job was made for.
+  is gone or has another UID than the one the Job was made for (a Job with no owner: was created
+  before the Node was, both stamps of the API server's clock).
 
 No new step starts on a re-created Node by itself: it carries no repair annotation and no cordon of
 ours, so it takes a new fault, cordon and drain first (`repairing.begin`).
@@ -18,17 +19,26 @@ ours, so it takes a new fault, cordon and drain first (`repairing.begin`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuhealth_api import keys, vocabulary
+from gpuhealth_api import keys, timestamps, vocabulary
 from gpuhealth_operator import context, kube, repairing
 from gpuhealth_operator.actions import events, jobs
 
 logger = logging.getLogger(__name__)
 
 NODE_KIND = "Node"
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeIdentity:
+    """Which Node holds the name now: its UID and creationTimestamp."""
+
+    uid: str
+    created: str
 
 
 def owner_uid(job: Mapping[str, Any]) -> str | None:
@@ -40,16 +50,30 @@ def owner_uid(job: Mapping[str, Any]) -> str | None:
     return None
 
 
-def why_stale(job: Mapping[str, Any], node_uid: str | None) -> str | None:
-    """Why the step Job must go: its Node is gone (`node_uid` None) or is another Node of the same name;
-    None: it is its Node's (or, made without an owner, cannot be told from one)."""
-    node = ((job.get("metadata") or {}).get("labels") or {}).get(keys.NODE_LABEL, "")
-    if node_uid is None:
-        return f"its Node {node} is gone"
+def why_stale(job: Mapping[str, Any], node: NodeIdentity | None) -> str | None:
+    """Why the step Job must go: its Node is gone (`node` None) or is another Node of the same name (the
+    owner's UID differs; a Job with no owner was created before the Node); None: it is its Node's."""
+    meta = job.get("metadata") or {}
+    name = (meta.get("labels") or {}).get(keys.NODE_LABEL, "")
+    if node is None:
+        return f"its Node {name} is gone"
     made_for = owner_uid(job)
-    if made_for is not None and made_for != node_uid:
-        return f"its Node {node} was deleted and re-created (UID {made_for}, now {node_uid})"
+    if made_for is not None:
+        return (
+            None
+            if made_for == node.uid
+            else f"its Node {name} was re-created (UID {made_for}, now {node.uid})"
+        )
+    if _before(str(meta.get("creationTimestamp") or ""), node.created):
+        return f"its Node {name} was re-created after the Job ({node.created})"
     return None
+
+
+def _before(job_created: str, node_created: str) -> bool:
+    try:
+        return timestamps.parse(job_created) < timestamps.parse(node_created)
+    except ValueError:
+        return False  # a stamp missing or unreadable: it cannot be told, the collector decides
 
 
 def in_use(ctx: context.Context) -> bool:
@@ -58,20 +82,20 @@ def in_use(ctx: context.Context) -> bool:
     return any(p.repair is not None for p in ctx.cache.policies.values())
 
 
-async def _node_uid(ctx: context.Context, name: str) -> str | None:
-    """The Node's UID: from the cache, else from the API server (the cache may not hold a Node outside
-    the operator's pool, or not yet after a restart); None when there is no such Node."""
+async def _identity(ctx: context.Context, name: str) -> NodeIdentity | None:
+    """The Node of the name: from the cache, else from the API server (the cache may not hold a Node
+    outside the operator's pool, or not yet after a restart); None when there is no such Node."""
     record = ctx.cache.node(name)
     if record is not None and record.uid:
-        return record.uid
+        return NodeIdentity(record.uid, record.created)
     try:
         node = await ctx.client.get(f"/api/v1/nodes/{name}")
     except kube.ApiError as error:
         if error.not_found:
             return None
         raise
-    uid = (node.get("metadata") or {}).get("uid")
-    return str(uid) if uid else None
+    meta = node.get("metadata") or {}
+    return NodeIdentity(str(meta.get("uid") or ""), str(meta.get("creationTimestamp") or ""))
 
 
 async def sweep(ctx: context.Context, *, full: bool) -> None:
@@ -99,16 +123,16 @@ async def _list(ctx: context.Context, selector: str) -> list[kube.JsonObject]:
 
 
 async def _delete_stale(ctx: context.Context, listed: Iterable[kube.JsonObject]) -> None:
-    uids: dict[str, str | None] = {}
+    found: dict[str, NodeIdentity | None] = {}
     for job in listed:
         meta = job.get("metadata") or {}
         labels = meta.get("labels") or {}
         node = labels.get(keys.NODE_LABEL)
         if labels.get(jobs.MANAGED_BY_LABEL) != jobs.MANAGED_BY or not node or meta.get("deletionTimestamp"):
             continue  # not ours, or going already
-        if node not in uids:
-            uids[node] = await _node_uid(ctx, node)
-        why = why_stale(job, uids[node])
+        if node not in found:
+            found[node] = await _identity(ctx, node)
+        why = why_stale(job, found[node])
         if why is None:
             continue
         where = f"{meta.get('namespace')}/{meta.get('name')}"

@@ -78,10 +78,14 @@ class Fleet:
     def __init__(self, reset: Mapping[str, Any], *, uuid0: str | None = None) -> None:
         templates = {"ResetGPU": reset, "RebootNode": template(), "Validation": template()}
         self.cluster: Any = cast(Any, Cluster(templates))
+        self.cluster.clock = self.epoch  # a Job's creationTimestamp
         self.now = T0
         self.ctx = self.operator()
         self.uuid0 = uuid0
         self.policy: dict[str, Any] = {}
+
+    def epoch(self) -> float:
+        return self.now.timestamp()
 
     def operator(self) -> context.Context:
         """A new operator process on the same cluster."""
@@ -107,7 +111,12 @@ class Fleet:
         node = {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": NODE, "uid": uid, "labels": {"pool": "gpu"}},
+            "metadata": {
+                "name": NODE,
+                "uid": uid,
+                "labels": {"pool": "gpu"},
+                "creationTimestamp": gpunode_facts.rfc3339(self.now),
+            },
             "spec": {},
         }
         stored = self.cluster.put_node(copy.deepcopy(node))
@@ -320,3 +329,23 @@ async def test_a_restart_keeps_the_job_of_a_node_that_is_still_the_same() -> Non
     await fleet.restart()
     await fleet.tick()
     assert fleet.standing() == [name], "a restart must adopt the running step, not delete it"
+
+
+@synchronously
+async def test_a_job_without_an_owner_made_before_its_node_goes() -> None:
+    """A step Job made before Jobs had owners (an older operator) names no Node UID: one created before
+    its Node was is an earlier Node's, whatever the name says."""
+    fleet = Fleet(template())
+    await fleet.start()
+    await fleet.fault_and_drain()
+    (key,) = fleet.cluster.jobs
+    fleet.cluster.jobs[key]["metadata"].pop("ownerReferences")
+    await fleet.restart()
+    await fleet.tick()
+    assert list(fleet.cluster.jobs) == [key], "the same Node: its Job stays"
+    await fleet.delete_node(tell=False)
+    fleet.now += datetime.timedelta(seconds=60)
+    await fleet.add_node("uid-2", tell=False)
+    await fleet.restart()
+    await fleet.tick()
+    assert fleet.standing() == [], "an earlier Node's Job survived"
