@@ -88,6 +88,10 @@ REPAIR_CYCLE_LABEL: Final = f"{PREFIX}/repair-cycle"
 REPAIR_CYCLE_STARTED_ANNOTATION: Final = f"{PREFIX}/repair-cycle-started"
 """On a repair Job: when its cycle began (the Node annotation's `started`). A Job of the same name is adopted
 only with this cycle's stamp: a recreated GPUNode restarts cycle numbers, and an old Job is not its result."""
+REPAIR_NODE_UID_LABEL: Final = f"{PREFIX}/repair-node-uid"
+"""On a Node while a repair cycle runs on it: the Node's own UID. Every step Job's pod selects it
+(nodeSelector), so a kubelet admits the pod only on the Node it was made for: a machine registering
+later under the name (a new Node, without the label) refuses it, even while no garbage collector runs."""
 REPAIR_NODE_ENV: Final = "GPUHEALTH_NODE"
 """Environment variable in every container of a repair Job: the node's name."""
 REPAIR_GPUS_ENV: Final = "GPUHEALTH_GPU_UUIDS"

@@ -252,6 +252,7 @@ async def _start(ctx: context.Context, name: str, policy: model.Policy, now: dat
             gpus=repairing.all_gpus(ctx, name),
             timeout_seconds=spec.validation_timeout_seconds or 0.0,
             cycle_started=record.created,
+            guard=False,  # no repair label on a new node: the ownerReference and `orphan_jobs` only
         )
         _, created = await jobs.create(ctx.client, body, belongs=lambda job: _belongs(job, record.created))
     except jobs.StaleJob as error:

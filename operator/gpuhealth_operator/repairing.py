@@ -281,6 +281,12 @@ class JobStep:
             else all_gpus(self.ctx, self.node)
         )
         record = self.ctx.cache.node(self.node)
+        if record is not None and record.view.labels.get(keys.REPAIR_NODE_UID_LABEL) != record.uid:
+            # The state was written without the label its pod selects (by an older operator, or a human
+            # removed it): write it first, or the kubelet would refuse the pod.
+            if not await _write_state(self.ctx, self.node, self.state):
+                raise jobs.StaleJob(f"the Node {self.node} changed while its repair label was written")
+            record = self.ctx.cache.node(self.node)
         body = jobs.fill(
             template,
             name=self.state.job,
@@ -360,6 +366,7 @@ async def _write_state(
             value=repair.render(state) if state is not None else None,
             resource_version=record.resource_version,
             retired=retired,
+            node_uid=record.uid,
         )
     except kube.ApiError as error:
         if not error.conflict:

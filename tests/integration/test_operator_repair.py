@@ -156,6 +156,11 @@ def test_reset_then_validation_returns_the_node_at_once(
     pod_spec = job["spec"]["template"]["spec"]
     assert pod_spec["nodeName"] == name
     assert {"operator": "Exists"} in pod_spec["tolerations"]
+    # issue 45, item 6: the pod selects the label of this Node's UID, which the Node carries meanwhile
+    uid = fleet.node(name)["metadata"]["uid"]
+    assert pod_spec["nodeSelector"] == {keys.REPAIR_NODE_UID_LABEL: uid}
+    assert fleet.node(name)["metadata"]["labels"][keys.REPAIR_NODE_UID_LABEL] == uid
+    assert pod_spec["serviceAccountName"] == "default" and pod_spec["automountServiceAccountToken"] is False
     env = {e["name"]: e["value"] for e in pod_spec["containers"][0]["env"]}
     uuid = gpunode_facts.healthy_gpu(0)["uuid"]
     assert env == {"GPUHEALTH_NODE": name, "GPUHEALTH_GPU_UUIDS": uuid, "GPUHEALTH_REPAIR_ACTION": "ResetGPU"}
@@ -180,6 +185,7 @@ def test_reset_then_validation_returns_the_node_at_once(
         waiting.wait_until(lambda r=reason: fleet.events(name, r), timeout_seconds=TIMEOUT, message=reason)
     assert "validated" in fleet.messages(name, "NodeUncordoned")[0]
     assert keys.REPAIR_ANNOTATION not in annotations(fleet, name)
+    assert keys.REPAIR_NODE_UID_LABEL not in fleet.node(name)["metadata"]["labels"]
     assert keys.CORDONED_BY_ANNOTATION not in annotations(fleet, name)
     waiting.wait_until(
         lambda: (
@@ -231,6 +237,7 @@ def test_validation_failing_on_the_last_step_retires_the_node(
     wait_action(fleet, name, "Retired")
     node = fleet.node(name)
     assert node["metadata"]["labels"].get(keys.NEEDS_REPAIR_LABEL) == "manual"
+    assert keys.REPAIR_NODE_UID_LABEL not in node["metadata"]["labels"]
     assert node["spec"].get("unschedulable"), "a retired node stays cordoned"
     assert keys.REPAIR_ANNOTATION not in annotations(fleet, name)
     waiting.wait_until(
@@ -621,6 +628,9 @@ def test_a_node_deleted_mid_repair_takes_its_job_and_the_new_node_starts_no_step
     fleet.add_node(name, report=False)  # a new machine registers under the name
     report(fleet, name, faulty=False)
     assert fleet.node(name)["metadata"]["uid"] != old_uid
+    # Its kubelet would refuse the old pod even before it is gone: the Node lacks the label it selects.
+    assert job["spec"]["template"]["spec"]["nodeSelector"] == {keys.REPAIR_NODE_UID_LABEL: old_uid}
+    assert keys.REPAIR_NODE_UID_LABEL not in fleet.node(name)["metadata"]["labels"]
     waiting.wait_until(
         lambda: not jobs(k8s, jobs_namespace, name) and not pods_of(k8s, jobs_namespace, job),
         timeout_seconds=TIMEOUT,

@@ -121,12 +121,15 @@ def fill(
     gpus: Sequence[str],
     timeout_seconds: float,
     cycle_started: str,
+    guard: bool = True,
 ) -> dict[str, Any]:
     """The Job of one step (or validation) on one node from its template; `cycle_started` stamps the
     cycle it belongs to (`keys.REPAIR_CYCLE_STARTED_ANNOTATION`).
 
     The Job is owned by the Node `node_uid` (an ownerReference): the garbage collector deletes it with
-    that Node, and a Node re-created under the name owns it not (`orphan_jobs`).
+    that Node, and a Node re-created under the name owns it not (`orphan_jobs`). `guard`: its pod also
+    selects the Node's `keys.REPAIR_NODE_UID_LABEL` (`set_state` writes it before the Job), so no kubelet
+    of another Node of the name admits it.
 
     ParameterError: a GPU UUID is not of NVML's form; TemplateError: the template names a ServiceAccount,
     or the Node's UID is unknown.
@@ -173,6 +176,11 @@ def fill(
     pod["metadata"] = pod_meta
     pod_spec = _without_token(dict(pod.get("spec") or {}), action)
     pod_spec["nodeName"] = node
+    if guard:
+        pod_spec["nodeSelector"] = {
+            **(pod_spec.get("nodeSelector") or {}),
+            keys.REPAIR_NODE_UID_LABEL: node_uid,
+        }
     pod_spec["restartPolicy"] = "Never"
     pod_spec["tolerations"] = [*(pod_spec.get("tolerations") or []), {"operator": "Exists"}]
     env = [
@@ -282,21 +290,27 @@ async def set_state(
     value: str | None,
     resource_version: str,
     retired: bool = False,
+    node_uid: str = "",
 ) -> kube.JsonObject:
     """Write (or remove: None) the Node's repair annotation, only on the version it was decided from
-    (409 otherwise); `retired` also sets the needs-repair label."""
+    (409 otherwise), with the label its step Jobs' pods select (`node_uid`; removed with the annotation);
+    `retired` also sets the needs-repair label."""
     metadata: dict[str, Any] = {
         "resourceVersion": resource_version,
         "annotations": {keys.REPAIR_ANNOTATION: value},
+        "labels": {keys.REPAIR_NODE_UID_LABEL: node_uid if value is not None and node_uid else None},
     }
     if retired:
-        metadata["labels"] = {keys.NEEDS_REPAIR_LABEL: keys.NEEDS_REPAIR_MANUAL}
+        metadata["labels"][keys.NEEDS_REPAIR_LABEL] = keys.NEEDS_REPAIR_MANUAL
     return await client.patch(f"/api/v1/nodes/{node}", {"metadata": metadata})
 
 
 async def clear_retired(client: kube.Client, node: str) -> kube.JsonObject:
     """A human returned a retired node: the needs-repair label (and any repair state) goes."""
     body = {
-        "metadata": {"labels": {keys.NEEDS_REPAIR_LABEL: None}, "annotations": {keys.REPAIR_ANNOTATION: None}}
+        "metadata": {
+            "labels": {keys.NEEDS_REPAIR_LABEL: None, keys.REPAIR_NODE_UID_LABEL: None},
+            "annotations": {keys.REPAIR_ANNOTATION: None},
+        }
     }
     return await client.patch(f"/api/v1/nodes/{node}", body)

@@ -349,3 +349,66 @@ async def test_a_job_without_an_owner_made_before_its_node_goes() -> None:
     await fleet.restart()
     await fleet.tick()
     assert fleet.standing() == [], "an earlier Node's Job survived"
+
+
+def kubelet_admits(job: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    """A kubelet's admission of a pod bound to its Node (GeneralPredicates): the pod's nodeSelector must
+    match the Node's labels, or the pod fails (reason NodeAffinity) and never runs."""
+    labels = node["metadata"].get("labels") or {}
+    selector = job["spec"]["template"]["spec"].get("nodeSelector") or {}
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+@synchronously
+async def test_a_kubelet_of_a_re_created_node_refuses_the_old_nodes_step_pod() -> None:
+    """Without the garbage collector (kube-controller-manager down) and before the operator's sweep, the
+    old Node's pod still exists, bound to the name: the new machine's kubelet must refuse it."""
+    fleet = Fleet(template())
+    await fleet.start()
+    await fleet.fault_and_drain()
+    (job,) = fleet.jobs()
+    assert kubelet_admits(job, fleet.cluster.nodes[NODE]), "the node under repair runs its step"
+    await fleet.delete_node(tell=False)
+    await fleet.add_node("uid-2", tell=False)  # a kubelet registers a new Node under the name
+    assert not kubelet_admits(job, fleet.cluster.nodes[NODE]), "the new machine would run the old step"
+
+
+@synchronously
+async def test_the_nodes_repair_label_goes_when_the_node_returns() -> None:
+    fleet = Fleet(template())
+    await fleet.start()
+    await fleet.fault_and_drain()
+    (reset,) = fleet.jobs()
+    fleet.cluster.end_job(reset["metadata"]["name"], True, fleet.now.timestamp())
+    for _ in range(3):
+        await fleet.tick()
+        await fleet.report(faulty=False)
+    names = [j["metadata"]["name"] for j in fleet.jobs()]
+    assert len(names) == 2, names  # the validation Job
+    validation = fleet.jobs()[1]
+    assert kubelet_admits(validation, fleet.cluster.nodes[NODE])
+    fleet.cluster.end_job(names[1], True, fleet.now.timestamp())
+    for _ in range(3):
+        await fleet.tick()
+    node = fleet.cluster.nodes[NODE]
+    assert not node["spec"].get("unschedulable"), "validated: back in service"
+    assert not [k for k in node["metadata"].get("labels") or {} if k.startswith("gpuhealth.io/repair")], node
+
+
+@synchronously
+async def test_a_cycle_written_without_the_label_writes_it_before_its_job() -> None:
+    """A cycle an older operator wrote (the annotation, no label) and whose Job was never created: the
+    new operator writes the label first, or the kubelet of the very node under repair would refuse it."""
+    fleet = Fleet(template())
+    await fleet.start()
+    await fleet.fault_and_drain()
+    (key,) = fleet.cluster.jobs
+    del fleet.cluster.jobs[key]  # written, never created
+    node = copy.deepcopy(fleet.cluster.nodes[NODE])
+    del node["metadata"]["labels"]["gpuhealth.io/repair-node-uid"]
+    fleet.cluster.put_node(node)
+    fleet.cluster.gpunodes[NODE]["status"].pop("repairs", None)  # no Started entry
+    await fleet.restart()
+    await fleet.tick()
+    (job,) = [j for j in fleet.cluster.jobs.values()]
+    assert kubelet_admits(job, fleet.cluster.nodes[NODE]), "the node under repair would refuse its step"
