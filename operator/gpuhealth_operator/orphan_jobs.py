@@ -31,6 +31,8 @@ from gpuhealth_operator.actions import events, jobs
 logger = logging.getLogger(__name__)
 
 NODE_KIND = "Node"
+FEW = 8
+"""Up to this many Nodes deleted since the last tick are looked up one by one; more, in one list."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +106,9 @@ async def sweep(ctx: context.Context, *, full: bool) -> None:
     if not (full or gone) or not in_use(ctx):
         return
     ours = f"{jobs.MANAGED_BY_LABEL}={jobs.MANAGED_BY}"
-    selectors = [ours] if full else [f"{ours},{keys.NODE_LABEL}={name}" for name in sorted(gone)]
+    # A few deleted Nodes: a list of each one's Jobs; a scale-down of many: one list of all of ours.
+    each = not full and len(gone) <= FEW
+    selectors = [f"{ours},{keys.NODE_LABEL}={name}" for name in sorted(gone)] if each else [ours]
     try:
         for selector in selectors:
             await _delete_stale(ctx, await _list(ctx, selector))
