@@ -96,11 +96,17 @@ REPAIR_TOKEN_ANNOTATION: Final = f"{PREFIX}/repair-token"
 """On a repair Job: a random token made for this Job alone; the Node's repair annotation holds only its
 SHA-256 (`jobToken`), written before the Job. A Job of the name is adopted only with a token of that hash:
 the name and the cycle stamp are readable on the Node, the token is not until our Job holds the name."""
+REPAIR_NODE_UID_LABEL: Final = f"{PREFIX}/repair-node-uid"
+"""On a Node while a repair cycle runs on it: the Node's own UID. Every step Job's pod selects it
+(nodeSelector), so a kubelet admits the pod only on the Node it was made for: a machine registering
+later under the name (a new Node, without the label) refuses it, even while no garbage collector runs."""
 REPAIR_NODE_ENV: Final = "GPUHEALTH_NODE"
 """Environment variable in every container of a repair Job: the node's name."""
 REPAIR_GPUS_ENV: Final = "GPUHEALTH_GPU_UUIDS"
 """Environment variable in every container of a repair Job: the step's GPU UUIDs, comma-separated
-(all the node's GPUs for RebootNode and Validation). Commands use it as `$(GPUHEALTH_GPU_UUIDS)`."""
+(all the node's GPUs for RebootNode and Validation), each of NVML's form (`gpu_uuids`). A program reads
+it from its environment (`"$GPUHEALTH_GPU_UUIDS"` in a shell), or `$(GPUHEALTH_GPU_UUIDS)` as an argument of
+its own, never inside an `sh -c` script's text."""
 REPAIR_ACTION_ENV: Final = "GPUHEALTH_REPAIR_ACTION"
 UNVALIDATED_TAINT: Final = f"{PREFIX}/unvalidated"
 """NoSchedule taint on a new node of a policy with `spec.repair.validation.newNodes: true` (a Node created

@@ -329,6 +329,9 @@ class Context:
     """Nodes whose repair waits for workload pods to go and said so (`repairing._say_busy`, once per wait)."""
 
     repair_waiting: set[str] = dataclasses.field(default_factory=set)
+    gone_nodes: set[str] = dataclasses.field(default_factory=set)
+    """Nodes deleted since the timer's last tick: their step Jobs are deleted on it (`orphan_jobs`).
+    Kept when a Node is forgotten: that is when it is added."""
     """Nodes whose repair waits for maxConcurrent and said so (once per wait; only the policy that
     cordoned a node repairs it, so one wait per node)."""
 

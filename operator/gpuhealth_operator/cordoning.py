@@ -187,9 +187,15 @@ async def uncordon(
         return False
     record = ctx.cache.refresh_node(body)
     bookkeeping = (nodes.DRAIN_STARTED_ANNOTATION, nodes.CORDONED_AT_ANNOTATION, keys.REPAIR_ANNOTATION)
-    if record is not None and any(key in record.view.annotations for key in bookkeeping):
+    repair_label = {keys.REPAIR_NODE_UID_LABEL: None}  # the label a repair's Jobs select goes with its state
+    if record is not None and (
+        any(key in record.view.annotations for key in bookkeeping)
+        or keys.REPAIR_NODE_UID_LABEL in record.view.labels
+    ):
         ctx.cache.refresh_node(
-            await nodes.patch_metadata(ctx.client, name, annotations=dict.fromkeys(bookkeeping))
+            await nodes.patch_metadata(
+                ctx.client, name, annotations=dict.fromkeys(bookkeeping), labels=repair_label
+            )
         )
     await draining.NodeDrain(ctx, policy, name).undo()
     ctx.meters.actions.labels("Uncordon", "Validated" if validated else "Recovered").inc()

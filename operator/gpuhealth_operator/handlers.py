@@ -52,6 +52,7 @@ async def on_node(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None
             memo.cache.remove_gpunode(name)
         memo.agent_pods.forget_node(name)
         memo.forget_node(name)
+        memo.gone_nodes.add(name)  # its step Jobs go on the next tick (`orphan_jobs`)
         if gone is not None and gone.view.unschedulable:
             memo.passes.request(name, pass_queue.Ask("node", judge=False, wake=True))  # its place is free
         return

@@ -256,12 +256,14 @@ async def _start(ctx: context.Context, name: str, policy: model.Policy, now: dat
             name=job_name,
             namespace=ns,
             node=name,
+            node_uid=record.uid,
             policy=policy.name,
             cycle=0,
             action=vocabulary.VALIDATION_JOB,
             gpus=repairing.all_gpus(ctx, name),
             timeout_seconds=spec.validation_timeout_seconds or 0.0,
             cycle_started=record.created,
+            guard=False,  # no repair label on a new node: the ownerReference and `orphan_jobs` only
         )
         body["metadata"]["annotations"][keys.REPAIR_TOKEN_ANNOTATION] = token
         _, created = await jobs.create(ctx.client, body, belongs=lambda job: _belongs(job, ours))

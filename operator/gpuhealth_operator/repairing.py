@@ -366,11 +366,19 @@ class JobStep:
             if self.key == vocabulary.RepairAction.RESET_GPU
             else all_gpus(self.ctx, self.node)
         )
+        record = self.ctx.cache.node(self.node)
+        if record is not None and record.view.labels.get(keys.REPAIR_NODE_UID_LABEL) != record.uid:
+            # The state was written without the label its pod selects (by an older operator, or a human
+            # removed it): write it first, or the kubelet would refuse the pod.
+            if not await _write_state(self.ctx, self.node, self.state):
+                raise jobs.StaleJob(f"the Node {self.node} changed while its repair label was written")
+            record = self.ctx.cache.node(self.node)
         body = jobs.fill(
             template,
             name=self.state.job,
             namespace=self.namespace,
             node=self.node,
+            node_uid=record.uid if record is not None else "",
             policy=self.policy.name,
             cycle=self.state.cycle,
             action=self.key,
@@ -455,6 +463,7 @@ async def _write_state(
             resource_version=record.resource_version,
             retired=retired,
             also=also,
+            node_uid=record.uid,
         )
     except kube.ApiError as error:
         if not error.conflict:

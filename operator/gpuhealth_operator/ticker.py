@@ -36,6 +36,7 @@ from gpuhealth_operator import (
     kube,
     metrics,
     new_nodes,
+    orphan_jobs,
     pausing,
     reconciler,
     repairing,
@@ -155,6 +156,7 @@ async def tick(
     ):  # repairs of nodes excluded, deselected, or of deleted/dry-run policies
         await reconciler.write_history(ctx, name)  # their Cancelled, where no pass writes the status
     await new_nodes.sweep(ctx, now)  # validation of new nodes (spec.repair.validation.newNodes)
+    await orphan_jobs.sweep(ctx, full=full)  # step Jobs whose Node was deleted or re-created
     await isolation_sweep.sweep(ctx, now)  # the DeviceTaintRules of deleted policies: adopted or restored
     await domain_actions.on_timer(ctx, now, full=refresh)  # recovery holds, and marks drifted meanwhile
     if statuses:

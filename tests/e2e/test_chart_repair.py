@@ -21,6 +21,7 @@ import yaml
 
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import cli as operator_cli
+from gpuhealth_operator.actions import jobs
 from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.e2e
@@ -217,25 +218,28 @@ def test_repair_can_be_left_out(control_plane: local.ControlPlane) -> None:
 
 
 def test_each_template_is_a_job_the_api_server_accepts(crds: local.ControlPlane, namespace: str) -> None:
-    # As the operator fills it in (name, namespace, node, tolerations, env, deadlines), server-side dry run:
-    # the API server's own validation and admission, nothing created. The namespace admits privileged pods.
+    # As the operator fills it in (`jobs.fill`: name, namespace, node and its ownerReference, tolerations,
+    # env, deadlines, ServiceAccount default without a token), server-side dry run: the API server's own
+    # validation and admission, nothing created. The namespace admits privileged pods.
     crds.kubectl(
         "label", "namespace", namespace, "pod-security.kubernetes.io/enforce=privileged", "--overwrite"
     )
-    packaged = yaml.safe_load(PACKAGED.read_text())
-    for key, job in packaged.items():
-        job["metadata"].update(name=f"repair-{key.lower()}", namespace=namespace)
-        job["metadata"]["labels"][keys.REPAIR_ACTION_LABEL] = key
-        job["spec"].update(activeDeadlineSeconds=300, ttlSecondsAfterFinished=3600)
+    for key, template in jobs.packaged_templates().items():
+        job = jobs.fill(
+            template,
+            name=f"repair-{key.lower()}",
+            namespace=namespace,
+            node="gpu-node-0",
+            node_uid="6f1c2a9e-0000-4000-8000-000000000000",
+            policy="p",
+            cycle=1,
+            action=key,
+            gpus=["GPU-0a1b2c3d-0000-4000-8000-000000000003"],
+            timeout_seconds=300,
+            cycle_started="2026-12-01T12:00:00.000000Z",
+        )
         pod = job["spec"]["template"]["spec"]
-        pod.update(nodeName="gpu-node-0", tolerations=[{"operator": "Exists"}])
-        env = [
-            {"name": keys.REPAIR_NODE_ENV, "value": "gpu-node-0"},
-            {"name": keys.REPAIR_GPUS_ENV, "value": "GPU-0a1b2c3d-0000-4000-8000-000000000003"},
-            {"name": keys.REPAIR_ACTION_ENV, "value": key},
-        ]
-        for container in pod["containers"]:
-            container["env"] = [*container.get("env", []), *env]
+        assert pod["serviceAccountName"] == "default" and pod["automountServiceAccountToken"] is False
         crds.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(job))
 
 

@@ -166,6 +166,11 @@ def test_reset_then_validation_returns_the_node_at_once(
     pod_spec = job["spec"]["template"]["spec"]
     assert pod_spec["nodeName"] == name
     assert {"operator": "Exists"} in pod_spec["tolerations"]
+    # issue 45, item 6: the pod selects the label of this Node's UID, which the Node carries meanwhile
+    uid = fleet.node(name)["metadata"]["uid"]
+    assert pod_spec["nodeSelector"] == {keys.REPAIR_NODE_UID_LABEL: uid}
+    assert fleet.node(name)["metadata"]["labels"][keys.REPAIR_NODE_UID_LABEL] == uid
+    assert pod_spec["serviceAccountName"] == "default" and pod_spec["automountServiceAccountToken"] is False
     env = {e["name"]: e["value"] for e in pod_spec["containers"][0]["env"]}
     uuid = gpunode_facts.healthy_gpu(0)["uuid"]
     assert env == {"GPUHEALTH_NODE": name, "GPUHEALTH_GPU_UUIDS": uuid, "GPUHEALTH_REPAIR_ACTION": "ResetGPU"}
@@ -190,6 +195,7 @@ def test_reset_then_validation_returns_the_node_at_once(
         waiting.wait_until(lambda r=reason: fleet.events(name, r), timeout_seconds=TIMEOUT, message=reason)
     assert "validated" in fleet.messages(name, "NodeUncordoned")[0]
     assert keys.REPAIR_ANNOTATION not in annotations(fleet, name)
+    assert keys.REPAIR_NODE_UID_LABEL not in fleet.node(name)["metadata"]["labels"]
     assert keys.CORDONED_BY_ANNOTATION not in annotations(fleet, name)
     waiting.wait_until(
         lambda: (
@@ -241,6 +247,7 @@ def test_validation_failing_on_the_last_step_retires_the_node(
     wait_action(fleet, name, "Retired")
     node = fleet.node(name)
     assert node["metadata"]["labels"].get(keys.NEEDS_REPAIR_LABEL) == "manual"
+    assert keys.REPAIR_NODE_UID_LABEL not in node["metadata"]["labels"]
     assert node["spec"].get("unschedulable"), "a retired node stays cordoned"
     assert keys.REPAIR_ANNOTATION not in annotations(fleet, name)
     waiting.wait_until(
@@ -748,3 +755,62 @@ def test_a_job_forged_with_the_next_steps_name_and_stamp_is_not_adopted(
     assert not fleet.events(name, "ValidationPassed")
     end(k8s, jobs_namespace, validation, ok=True)
     waiting.wait_until(lambda: not cordoned(fleet, name), timeout_seconds=TIMEOUT, message="uncordoned")
+
+
+def pods_of(k8s: client.ApiClient, namespace: str, job: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Job's pods not being deleted."""
+    listed = client.CoreV1Api(k8s).list_namespaced_pod(
+        namespace, label_selector=f"job-name={job['metadata']['name']}"
+    )
+    return [p.to_dict() for p in listed.items if p.metadata.deletion_timestamp is None]
+
+
+def test_a_node_deleted_mid_repair_takes_its_job_and_the_new_node_starts_no_step(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str
+) -> None:
+    """Issue 45, item 6: the privileged, nodeName-pinned step Job must not outlive its Node, or it runs on
+    whatever registers under the name next, a machine nobody cordoned or drained."""
+    name = f"{fleet.label}-a"
+    faulty_and_drained(fleet, name)
+    job = wait_job(k8s, jobs_namespace, name, "ResetGPU")
+    old_uid = fleet.node(name)["metadata"]["uid"]
+    assert {"apiVersion": "v1", "kind": "Node", "name": name, "uid": old_uid} in [
+        {k: o[k] for k in ("apiVersion", "kind", "name", "uid")} for o in job["metadata"]["ownerReferences"]
+    ]
+    job_pod(k8s, jobs_namespace, job)  # the Job controller made its pod, bound to the node's name
+
+    fleet.core.delete_node(name)
+    waiting.wait_until(  # the garbage collector takes the GPUNode the Node owns
+        lambda: (
+            name
+            not in [
+                g["metadata"]["name"]
+                for g in fleet.custom.list_cluster_custom_object(
+                    resources.GROUP, resources.VERSION, resources.GPUNODE_PLURAL
+                )["items"]
+            ]
+        ),
+        timeout_seconds=TIMEOUT,
+        message="the old GPUNode collected",
+    )
+    fleet.add_node(name, report=False)  # a new machine registers under the name
+    report(fleet, name, faulty=False)
+    assert fleet.node(name)["metadata"]["uid"] != old_uid
+    # Its kubelet would refuse the old pod even before it is gone: the Node lacks the label it selects.
+    assert job["spec"]["template"]["spec"]["nodeSelector"] == {keys.REPAIR_NODE_UID_LABEL: old_uid}
+    assert keys.REPAIR_NODE_UID_LABEL not in fleet.node(name)["metadata"]["labels"]
+    waiting.wait_until(
+        lambda: not jobs(k8s, jobs_namespace, name) and not pods_of(k8s, jobs_namespace, job),
+        timeout_seconds=TIMEOUT,
+        message="the deleted Node's step Job and its pod gone",
+    )
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:  # sampled: no step without a fault, cordon and drain of its own
+        assert not jobs(k8s, jobs_namespace, name), "a step started on the re-created node"
+        assert not cordoned(fleet, name)
+        time.sleep(0.5)
+
+    report(fleet, name, faulty=True)  # a fault of the new node's own: cordon, drain, then a new cycle
+    fresh = wait_job(k8s, jobs_namespace, name, "ResetGPU")
+    assert cordoned(fleet, name)
+    assert fresh["metadata"]["ownerReferences"][0]["uid"] == fleet.node(name)["metadata"]["uid"]

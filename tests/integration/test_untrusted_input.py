@@ -10,6 +10,7 @@ messages to docs/conditions.md's sizes and escapes control characters.
 from __future__ import annotations
 
 import pytest
+from kubernetes import client
 
 import gpunode_facts
 import operator_fixtures
@@ -93,3 +94,16 @@ def test_a_36kb_condition_message_is_cut_and_escaped(
     assert len(node_condition["message"]) <= text.NODE_CONDITION_MESSAGE_MAX
     log = operator.log()
     assert "\nI1123 12:00:00 node other: NodeDrained" not in log
+
+
+def test_a_gpu_uuid_not_of_nvmls_form_is_refused_by_the_api_server(fleet: operator_harness.Fleet) -> None:
+    """Issue 45, item 9: `status.gpus[].uuid` reaches a privileged repair Job's environment; an agent
+    writing shell text there is refused whole (its node goes stale: Unknown, no disruptive action)."""
+    name = f"{fleet.label}-uuid"
+    fleet.add_node(name, report=False)
+    forged = gpunode_facts.agent_status(overrides={0: {"uuid": "GPU-1;nsenter -t 1 -m -u -i -n -p -- sh"}})
+    with pytest.raises(client.ApiException) as refused:
+        fleet.report(name, forged)
+    assert refused.value.status == 422, refused.value
+    assert "status.gpus[0].uuid" in str(refused.value.body), refused.value.body
+    fleet.report(name, gpunode_facts.agent_status())  # NVML's form is accepted

@@ -29,7 +29,9 @@ TIMEOUT = 30.0
 def job_template(action: str, *, image: str | None = "registry.k8s.io/pause:3.10") -> str:
     """A Job template (YAML) for `action` whose pod kwok leaves to the test; `image` None makes the
     API server refuse the Job the operator fills in from it (a container needs an image)."""
-    container: dict[str, Any] = {"name": "step", "command": ["sh", "-c", "echo $(GPUHEALTH_GPU_UUIDS)"]}
+    # The shell reads the UUIDs from its environment, quoted: never `$(GPUHEALTH_GPU_UUIDS)` inside
+    # `sh -c`, which Kubernetes splices into the script's text (docs/repair.md, "Parameters").
+    container: dict[str, Any] = {"name": "step", "command": ["sh", "-c", 'echo "$GPUHEALTH_GPU_UUIDS"']}
     if image is not None:
         container["image"] = image
     return yaml.safe_dump(

@@ -45,7 +45,7 @@ import random
 from collections.abc import Iterator
 from typing import Any, Final
 
-from gpuhealth_agent import changes
+from gpuhealth_agent import changes, simulated
 from gpuhealth_api import heartbeats, keys
 from gpuhealth_sim.backtest import traces
 
@@ -479,7 +479,7 @@ class _Sampler:
         plan.ecc_corrected += 1 if rng.random() < 0.001 else 0
         return {
             "index": index,
-            "uuid": f"GPU-{plan.name}-{index}",
+            "uuid": simulated.gpu_uuid(plan.name, index),  # NVML's form, as the simulated agent reports
             "model": board.model,
             "pciBusId": f"00000000:{index + 0x10:02X}:00.0",
             "temperatureCelsius": temperature,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuhealth_api import conditions, keys, resources, status, vocabulary
+from gpuhealth_api import conditions, gpu_uuids, keys, resources, status, vocabulary
 
 ROOT = Path(__file__).resolve().parents[3]
 POLICY_CRD = ROOT / "crds" / "gpuhealth.io_gpuhealthpolicies.yaml"
@@ -149,6 +149,15 @@ def test_every_cel_rule_has_a_message_naming_its_field() -> None:
             for rule in node.get("x-kubernetes-validations", []):
                 field = rule.get("fieldPath", where).rstrip("[]").rsplit(".", 1)[-1]
                 assert field in rule.get("message", rule.get("messageExpression", "")), (where, rule)
+
+
+def test_an_agents_gpu_uuid_must_be_of_nvmls_form() -> None:
+    """Issue 45, item 9: the UUIDs reach a privileged Job's environment; the API server refuses other text."""
+    assert at(schema_of(load(GPUNODE_CRD)), "status.gpus[].uuid")["pattern"] == gpu_uuids.PATTERN
+    assert gpu_uuids.is_valid("GPU-3f1c2a9e-0000-4000-8000-000000000003")
+    assert gpu_uuids.is_valid("MIG-3f1c2a9e-0000-4000-8000-000000000003")
+    for bad in ("GPU-1;nsenter -t 1 sh", "GPU-3f1c2a9e-0000-4000-8000-000000000003\n", "GPU-1", "", None):
+        assert not gpu_uuids.is_valid(bad), bad
 
 
 def test_gpunode_printer_columns() -> None:

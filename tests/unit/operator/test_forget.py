@@ -66,6 +66,7 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.new_nodes_said[node] = f"uid-{node}"
     ctx.repair_busy_said.add(node)
     ctx.validations_running.add(node)
+    ctx.gone_nodes.add(node)
     ctx.dry_run_said[(policy, node)] = f"Dry run: policy {policy} would cordon"
     ctx.drill_said[(policy, node)] = f"Drill: policy {policy} would cordon"
     ctx.drill_health[(policy, node)] = "Unhealthy"
@@ -101,6 +102,7 @@ FILLED = {
     "new_nodes_said",
     "repair_busy_said",
     "validations_running",
+    "gone_nodes",
     "admission",
     "cordons_unknown",
     "verdicts",
@@ -167,9 +169,11 @@ def test_forget_node_empties_every_map_of_that_node_only() -> None:
         fill(ctx, "p", "kept")
         running = ctx.drains.tasks["gone"]
         ctx.forget_node("gone")
-        # a deleted node's validation Job is still to be deleted (new_nodes.sweep): it holds its place
+        # a deleted node's validation Job is still to be deleted (new_nodes.sweep): it holds its place;
+        # and its step Jobs are deleted on the next tick (orphan_jobs.sweep)
         assert [name for name, value in state(ctx).items() if mentions(value, "gone")] == [
-            "validations_running"
+            "validations_running",
+            "gone_nodes",
         ]
         assert [name for name, value in state(ctx).items() if not mentions(value, "kept")] == [
             "policy_status_written",  # per policy only
@@ -240,6 +244,7 @@ def test_forget_verdicts_keeps_the_nodes_own_memory() -> None:
             "new_nodes_said",
             "repair_busy_said",
             "validations_running",
+            "gone_nodes",
         }
         assert not ctx.drains.tasks["n"].cancelled()
         ctx.drains.tasks["n"].cancel()

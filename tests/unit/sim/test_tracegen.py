@@ -8,7 +8,7 @@ from typing import Any, cast
 import pytest
 import yaml
 
-from gpuhealth_api import conditions, xid_catalogue
+from gpuhealth_api import conditions, gpu_uuids, xid_catalogue
 from gpuhealth_sim.backtest import replayer, scoring, tracegen, traces
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -46,6 +46,9 @@ def test_trace_covers_the_fleet_and_its_truth(tmp_path: pathlib.Path) -> None:
     first = next(r for r in statuses if "status" in r)["status"]
     assert set(first) == {"agent", "summary", "gpus"}, "the agent's part of a GPUNode status"
     assert {"smClockMHz", "maxSmClockMHz", "ecc", "xids", "observedTime"} <= set(first["gpus"][0])
+    # as the agent writes them: NVML's UUID form, which the CRD and repair's Jobs require (issue 45)
+    uuids = {g["uuid"] for r in statuses if "status" in r for g in r["status"]["gpus"]}
+    assert uuids and not gpu_uuids.invalid(sorted(uuids)), sorted(uuids)[:3]
 
 
 def test_fleet_plan_mixes_episodes_and_keeps_major_ones_apart() -> None:
