@@ -436,22 +436,14 @@ def known(story: str, first: int, why: str) -> None:
         KNOWN[(story, point)] = why
 
 
-ITEM_6 = "issue 45 item 6: a Node deleted mid-repair keeps its privileged step Job"
-ITEM_7 = "issue 45 item 7: link and port memory is lost at every restart"
-KNOWN[("node-deleted-mid-repair", None)] = ITEM_6  # every run keeps the Job, restarted or not
-known("node-deleted-mid-repair", 0, ITEM_6)
 REPAIR_WAIT = (
     "found by this test, not fixed here (repairing.py is another item's): repair's maxConcurrent wait is "
     "said once per process (Context.repair_waiting), and nothing in the cluster records that it was said"
 )
 for point in range(5, 10):  # restarted while b waits for a's repair place
     KNOWN[("repair-wait", point)] = REPAIR_WAIT
-KNOWN_IN_A_TERM = {
-    k: v
-    for k, v in KNOWN.items()
-    if k[0] in ("node-deleted-mid-repair", "excluded-mid-repair", "repair-wait")
-}
-"""A new term keeps the cache and its trends, not the unwritten history nor what was said: all but item 7."""
+KNOWN_IN_A_TERM = {k: v for k, v in KNOWN.items() if k[0] == "repair-wait"}
+"""A new term keeps the cache and its trends, not what was said."""
 
 _RUNS: dict[tuple[str, int | None, bool], restart_world.World] = {}
 
