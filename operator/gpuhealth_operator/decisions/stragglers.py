@@ -26,7 +26,9 @@ takes the jitter out (a healthy node's slowest median is ~2.5 % below) and
 keeps a real straggler's slow GPU where it is. A GPU's clock on a report that
 gives it a thermal or power slowdown reason is the slowdown's, which the
 throttle share judges: it stays out of that GPU's median (unless the GPU was
-throttled on every report of the window). A median alone does not keep a
+throttled on every report of the window). Once a report shows no slowdown
+after reports that did, the episode is over and its reports leave the window
+(`_episode_ended`), so its share cannot hold the score down afterwards. A median alone does not keep a
 burst out: three throttled reports of eight move it by rank, and on seed 27
 (1,000 node-days) a node whose two GPUs were throttled for 15 minutes (its
 ThermalThrottled label) stood 9.5 % below max on median and was labelled
@@ -268,6 +270,8 @@ def smoothed(  # noqa: PLR0917 - one report's inputs
     if clocks is not None and sampled_at is not None and (not window or window[-1][0] != sampled_at):
         window.append((sampled_at, clocks))
         samples.smoothed_score = None
+        if not clocks[1] and any(share for _, (_, share, _) in window):
+            _episode_ended(samples)
     kept = now - datetime.timedelta(seconds=CLOCK_WINDOW_SAMPLES * period_seconds)
     while window and window[0][0] < kept:
         del window[0]
@@ -277,6 +281,20 @@ def smoothed(  # noqa: PLR0917 - one report's inputs
     if samples.smoothed_score is None:
         samples.smoothed_score = _score([clocks for _, clocks in window])
     return cohort, samples.smoothed_score if samples.smoothed_score is not None else score
+
+
+def _episode_ended(samples: Samples) -> None:
+    """A report without a thermal or power slowdown after reports with one: the episode is over, and its
+    reports leave the clock window, their z-scores the node's evidence (issue 47). Kept, the throttled
+    reports' share held the median for up to half the window after the episode (16-20 minutes at the
+    agent's 300 s heartbeat), and a node at full clock was labelled Straggler. ThermalThrottled and
+    PowerThrottled judge the episode; the score starts again from the clear reports (`settled` waits for
+    enough of them)."""
+    window = samples.clocks
+    last_hot = max(at for at, (_, share, _) in window if share)
+    window[:] = [(at, clocks) for at, clocks in window if not clocks[1]]
+    samples[:] = [(at, z) for at, z in samples if at > last_hot]
+    samples.memo = None
 
 
 def _clock_ratio(gpu: status.GPUStatus) -> float | None:
