@@ -80,13 +80,22 @@ def section(args: argparse.Namespace, run: dict[str, Any], before: dict[str, Any
     score = run["score"]
     fatal, ours, base = score["fatal"], score["stragglers"], score["baselineStragglers"]
     rows = [
-        ("fatal recall", f"{_pct(fatal['recall'])} ({fatal['acted']}/{fatal['faults']})", "—"),
+        (
+            "fatal recall",
+            f"{_pct(fatal['recall'])} ({fatal['acted']}/{fatal['faults']}"
+            + (f", {fatal['alreadyOut']} on a node already out of service" if fatal.get("alreadyOut") else "")
+            + ")",
+            "—",
+        ),
         ("fault → action p50 / p99", f"{fatal['secondsToActionP50']} / {fatal['secondsToActionP99']} s", "—"),
         ("false disruptive actions", str(fatal["falseDisruptive"]), "—"),
         (
             "straggler precision",
-            f"{_pct(ours['precision'])} ({ours['trueFlags']} right, {ours['falseFlags']} wrong)",
-            f"{_pct(base['precision'])} ({base['trueFlags']} right, {base['falseFlags']} wrong)",
+            f"{_pct(ours['precision'])} ({ours['trueFlags']} right, {ours['falseFlags']} wrong, "
+            f"{ours['explainedFlags']} while thermal or power slowed the node: neither)",
+            # The baseline has no thermal or power label: its flags there are wrong (scoring.score).
+            f"{_pct(base['precision'])} ({base['trueFlags']} right, {base['falseFlags']} wrong, "
+            f"{base['explainedFlags']} of them while thermal or power slowed the node)",
         ),
         (
             "straggler recall",

@@ -91,15 +91,46 @@ def ecc_uncorrectable(gpu: status.GPUStatus) -> str | None:
     return plural(count, "uncorrectable volatile ECC error")
 
 
+def _uncorrectable_since_reset(gpu: status.GPUStatus) -> bool:
+    ecc = gpu.get("ecc")
+    count = _int(ecc.get("uncorrectedVolatile")) if isinstance(ecc, dict) else None
+    return count is not None and count > 0
+
+
+def _pending_cause(counts: object, key: str) -> str | None:
+    """Why a pending remap (`remappedRows`, key `uncorrectable`) or page retirement (`retiredPages`, key
+    `doubleBit`) may be for an uncorrectable error; None when it can only be for correctable ones.
+
+    NVML counts remapped rows (and retired pages) by cause over the GPU's life, never the cause of the
+    pending one, so it is judged uncorrectable where any is: rows or pages already repaired for
+    uncorrectable errors, or a count the agent did not report (the cause cannot be told).
+    """
+    count = _int(counts.get(key)) if isinstance(counts, dict) else None
+    if count is None:
+        return "its cause not reported"
+    if count > 0:
+        return f"{count} for uncorrectable errors"
+    return None
+
+
 def row_remap_failure(gpu: status.GPUStatus) -> str | None:
-    """RowRemapFailure: a remap failed, or one waits for a GPU reset."""
+    """RowRemapFailure: a remap failed, or one that may be for an uncorrectable error waits for a GPU reset;
+    on GPUs that retire pages instead (before Ampere), a retirement for a double-bit error waits for one.
+
+    A pending remap for correctable errors alone is MemoryDegrading (NVIDIA: unaffected work keeps
+    running and new work may start until the reset applies it); docs/conditions.md gives the sources.
+    """
     rows = gpu.get("remappedRows")
-    if not isinstance(rows, dict):
-        return None
-    if rows.get("failure") is True:
-        return "row remapping failed"
-    if rows.get("pending") is True:
-        return "row remap pending a GPU reset"
+    if isinstance(rows, dict):
+        if rows.get("failure") is True:
+            return "row remapping failed"
+        if rows.get("pending") is True and (cause := _pending_cause(rows, "uncorrectable")) is not None:
+            return f"row remap pending a GPU reset (remapped rows: {cause})"
+    pages = gpu.get("retiredPages")
+    if isinstance(pages, dict) and pages.get("pending") is True:
+        cause = _pending_cause(pages, "doubleBit")
+        if cause is not None:
+            return f"page retirement pending a GPU reset, no new work until then (retired pages: {cause})"
     return None
 
 
@@ -341,14 +372,27 @@ def pcie_errors(
 def memory_degrading(
     gpu: status.GPUStatus, trend: Trend = NO_TREND, threshold: float = MEMORY_THRESHOLD
 ) -> str | None:
-    """MemoryDegrading (pre-failure): XID 92, retired pages pending, or corrected ECC errors or correctable
-    row remaps growing faster than `threshold` per hour."""
+    """MemoryDegrading (pre-failure): XID 92, a page retirement or row remap pending for correctable errors
+    alone, or corrected ECC errors or correctable row remaps growing faster than `threshold` per hour."""
     parts = []
     if matching_xids(gpu, frozenset({MEMORY_DEGRADING_XID})):
         parts.append(f"XID {MEMORY_DEGRADING_XID} (high single-bit ECC rate)")
-    pages = gpu.get("retiredPages")
-    if isinstance(pages, dict) and pages.get("pending") is True:
-        parts.append("retired pages pending")
+    # A pending repair that is not RowRemapFailure's is for correctable errors alone, applied at the next
+    # reset; unless an uncorrectable error came since the last reset (a pending repair is always younger
+    # than the reset that will apply it): then it may be that error's, which EccUncorrectable judges.
+    if not _uncorrectable_since_reset(gpu):
+        pages = gpu.get("retiredPages")
+        pending = isinstance(pages, dict) and pages.get("pending") is True
+        if pending and _pending_cause(pages, "doubleBit") is None:
+            parts.append("retired pages pending a GPU reset (single-bit errors only)")
+        rows = gpu.get("remappedRows")
+        if (
+            isinstance(rows, dict)
+            and rows.get("pending") is True
+            and rows.get("failure") is not True
+            and _pending_cause(rows, "uncorrectable") is None
+        ):
+            parts.append("row remap pending a GPU reset (correctable errors only)")
     parts += _growing(gpu, trend, MEMORY_COUNTERS, threshold)
     return ", ".join(parts) or None
 

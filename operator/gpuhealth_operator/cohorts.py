@@ -230,7 +230,7 @@ class _PolicyCohorts:
             if group.stats is not None:
                 was_median, was_scale, was_peers = group.stats
                 same = stragglers.same(median, was_median) and stragglers.same(scale, was_scale)
-                if same and peers == was_peers:
+                if same and peers == was_peers and peers >= stragglers.MIN_PEERS:  # small: each is each's
                     judging = {name: group.scores[name] for name in group.changed}
             group.stats = (median, scale, peers)
             group.changed.clear()
@@ -345,7 +345,7 @@ class _PolicyCohorts:
         last = samples[-1] if samples else None
         inputs = (
             last,
-            out.peers >= stragglers.MIN_PEERS,
+            stragglers.judged_peers(out.peers),
             self.for_seconds,
             member.period,
             self.threshold,

@@ -88,7 +88,15 @@ CASES: dict[str, tuple[str, set[Condition]]] = {
     "ecc": (at_once("{eccUncorrectedVolatile: 1}"), {Condition.ECC_UNCORRECTABLE}),
     "ecc-aggregate-only": (at_once("{eccUncorrectedAggregate: 3}"), set()),
     "remap-failure": (at_once("{remappedRowsFailure: true}"), {Condition.ROW_REMAP_FAILURE}),
-    "remap-pending": (at_once("{remappedRowsPending: true}"), {Condition.ROW_REMAP_FAILURE}),
+    "remap-pending-correctable": (at_once("{remappedRowsPending: true}"), {Condition.MEMORY_DEGRADING}),
+    "remap-pending-uncorrectable": (
+        at_once("{remappedRowsPending: true, remappedRowsUncorrectable: 1}"),
+        {Condition.ROW_REMAP_FAILURE},
+    ),
+    "retired-page-pending-double-bit": (
+        at_once("{retiredPagesPending: true, retiredPagesDoubleBit: 1}"),
+        {Condition.ROW_REMAP_FAILURE},
+    ),
     "retired-page-pending": (at_once("{retiredPagesPending: true}"), {Condition.MEMORY_DEGRADING}),
     # One report cannot show a trend: errors or a link down that was up need the operator's memory.
     "corrected-ecc-once": (at_once("{eccCorrectedVolatile: 5000}"), set()),

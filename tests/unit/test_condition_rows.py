@@ -137,7 +137,7 @@ FAULTY: dict[Condition, dict[str, Any]] = {
     Condition.POWER_THROTTLED: {"clockEventReasons": ["HwPowerBrakeSlowdown"]},
     Condition.PCIE_DEGRADED: {"utilizationPercent": 95, "pcie": {"generation": 3, "maxGeneration": 5}},
     Condition.NVLINK_DEGRADED: {"nvlink": {"linksUp": 17, "linksDown": 1}},
-    Condition.MEMORY_DEGRADING: {"retiredPages": {"pending": True}},
+    Condition.MEMORY_DEGRADING: {"retiredPages": {"pending": True, "doubleBit": 0}},
 }
 """Per per-GPU condition, facts that show it (NvLinkDegraded: once a report showed all 18 links up)."""
 

@@ -6,7 +6,9 @@ only after the signal was absent continuously for `clear_seconds`
 (`recovering_since` remembers the first absence). A single sample the other
 way restarts the respective clock, so a temperature oscillating around the
 threshold neither sets nor clears the condition. An unknown signal (stale
-agent, missing facts) changes nothing: missing data is neither fault nor cure.
+agent, missing facts) changes no condition's status: missing data is neither
+fault nor cure; but it ends a pending episode, since forSeconds of evidence
+must be forSeconds seen (`_unknown`).
 
 Every clock here is the operator's: `observed_since` starts at the receipt of
 the first report showing the evidence (or a `Signal.observed_at` of the
@@ -60,7 +62,7 @@ def advance(
 ) -> model.ConditionState:
     """The condition's state after seeing `signal` at `now`; its message escaped and cut to size."""
     if signal.present is None:
-        state = previous or model.ConditionState(signal.condition, UNKNOWN, NO_DATA, signal.message, now)
+        state = _unknown(previous, signal, now)
     elif signal.present:
         state = _present(previous, signal, for_seconds, now)
     else:
@@ -68,6 +70,30 @@ def advance(
     # The message quotes agent-supplied strings: bounded here, every writer of it is safe.
     message = text.bounded(state.message, text.CONDITION_MESSAGE_MAX)
     return state if message == state.message else dataclasses.replace(state, message=message)
+
+
+def _unknown(
+    previous: model.ConditionState | None, signal: model.Signal, now: datetime.datetime
+) -> model.ConditionState:
+    """The facts cannot tell: a condition keeps its status, but a pending episode ends (issue 47).
+
+    forSeconds means the evidence was seen throughout: a time nobody could see it (a stale agent, an
+    unreadable fact) breaks the run, so a stale agent's old report, judged again on its return, cannot
+    bring the rule due; the next report that shows the evidence starts the window again. As an ended
+    episode does, it restarts the recovery clock (`recovering_since`).
+    """
+    if previous is None:
+        return model.ConditionState(signal.condition, UNKNOWN, NO_DATA, signal.message, now)
+    if previous.status == TRUE or previous.observed_since is None:
+        return previous
+    return model.ConditionState(
+        signal.condition,
+        previous.status,
+        NO_DATA,
+        signal.message,
+        previous.last_transition_time,
+        recovering_since=now,
+    )
 
 
 def _present(

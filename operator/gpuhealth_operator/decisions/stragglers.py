@@ -26,7 +26,9 @@ takes the jitter out (a healthy node's slowest median is ~2.5 % below) and
 keeps a real straggler's slow GPU where it is. A GPU's clock on a report that
 gives it a thermal or power slowdown reason is the slowdown's, which the
 throttle share judges: it stays out of that GPU's median (unless the GPU was
-throttled on every report of the window). A median alone does not keep a
+throttled on every report of the window). Once a report shows no slowdown
+after reports that did, the episode is over and its reports leave the window
+(`_episode_ended`), so its share cannot hold the score down afterwards. A median alone does not keep a
 burst out: three throttled reports of eight move it by rank, and on seed 27
 (1,000 node-days) a node whose two GPUs were throttled for 15 minutes (its
 ThermalThrottled label) stood 9.5 % below max on median and was labelled
@@ -51,7 +53,14 @@ straggler (a 2 % floor asked for 10.4 %: a 10 % straggler could never be
 flagged, even without jitter).
 
 Flagged when z < -threshold and the cohort has at least MIN_PEERS other
-scored nodes; with fewer, a median says little. Stale agents and nodes with a
+scored nodes. A small cohort (SMALL_COHORT_PEERS to MIN_PEERS - 1 other busy
+nodes: a small pool, or peers idle) falls back to the slowest of its peers:
+z is taken against that peer's score instead of the median (the cohort's
+scale as ever), so a node is flagged only when it is below every one of its
+peers by the flag margin; two slow nodes among four are then told from
+neither (issue 47: in a 5-node cohort with one or two peers idle, two real
+stragglers 22 % and 25 % slow were never judged). With one peer nobody can
+tell which of two is slow: never flagged. Stale agents and nodes with a
 lost GPU are left out of the statistics (their numbers are old or
 meaningless) and get no score. The condition still needs `forSeconds`
 (hysteresis) before a rule fires.
@@ -96,6 +105,9 @@ from gpuhealth_api import faults, status
 from gpuhealth_operator.decisions import gpu_facts, interning, model, signals
 
 MIN_PEERS: Final = 4
+"""Peers for the robust statistics: a node is judged against its cohort's median and MAD."""
+SMALL_COHORT_PEERS: Final = 2
+"""Fewer busy peers than MIN_PEERS but at least this many: a small cohort (module docstring)."""
 MAD_TO_SIGMA: Final = 0.6745
 """Φ⁻¹(0.75): makes MAD comparable to a standard deviation for normal data."""
 MAD_FLOOR_FRACTION: Final = 0.015
@@ -268,6 +280,8 @@ def smoothed(  # noqa: PLR0917 - one report's inputs
     if clocks is not None and sampled_at is not None and (not window or window[-1][0] != sampled_at):
         window.append((sampled_at, clocks))
         samples.smoothed_score = None
+        if not clocks[1] and any(share for _, (_, share, _) in window):
+            _episode_ended(samples)
     kept = now - datetime.timedelta(seconds=CLOCK_WINDOW_SAMPLES * period_seconds)
     while window and window[0][0] < kept:
         del window[0]
@@ -277,6 +291,20 @@ def smoothed(  # noqa: PLR0917 - one report's inputs
     if samples.smoothed_score is None:
         samples.smoothed_score = _score([clocks for _, clocks in window])
     return cohort, samples.smoothed_score if samples.smoothed_score is not None else score
+
+
+def _episode_ended(samples: Samples) -> None:
+    """A report without a thermal or power slowdown after reports with one: the episode is over, and its
+    reports leave the clock window, their z-scores the node's evidence (issue 47). Kept, the throttled
+    reports' share held the median for up to half the window after the episode (16-20 minutes at the
+    agent's 300 s heartbeat), and a node at full clock was labelled Straggler. ThermalThrottled and
+    PowerThrottled judge the episode; the score starts again from the clear reports (`settled` waits for
+    enough of them)."""
+    window = samples.clocks
+    last_hot = max(at for at, (_, share, _) in window if share)
+    window[:] = [(at, clocks) for at, clocks in window if not clocks[1]]
+    samples[:] = [(at, z) for at, z in samples if at > last_hot]
+    samples.memo = None
 
 
 def _clock_ratio(gpu: status.GPUStatus) -> float | None:
@@ -324,7 +352,22 @@ def _gpus_missing(facts: status.GPUNodeStatus) -> bool:
 def _judge_cohort(scores: Mapping[str, float], threshold: float) -> dict[str, model.StragglerScore]:
     median, scale = cohort_scale(list(scores.values()))
     peers = len(scores) - 1
-    return {name: judge(score, median, scale, peers, threshold) for name, score in scores.items()}
+    slowest = slowest_peers(scores)
+    return {name: judge(s, median, scale, peers, threshold, slowest.get(name)) for name, s in scores.items()}
+
+
+def judged_peers(peers: int) -> bool:
+    """Whether a node with this many busy peers can be flagged at all (a small cohort's fallback included)."""
+    return peers >= SMALL_COHORT_PEERS
+
+
+def slowest_peers(scores: Mapping[str, float]) -> dict[str, float]:
+    """For a small cohort (module docstring), each member's slowest peer's score; empty for any other."""
+    if not SMALL_COHORT_PEERS <= len(scores) - 1 < MIN_PEERS:
+        return {}
+    ordered = sorted(scores.items(), key=lambda item: item[1])
+    lowest, second = ordered[0], ordered[1]
+    return {name: second[1] if name == lowest[0] else lowest[1] for name in scores}
 
 
 def cohort_scale(values: Sequence[float]) -> tuple[float, float]:
@@ -410,16 +453,35 @@ def _plain(value: float) -> bool:
     return value != 0.0 and math.isfinite(value)
 
 
-def judge(score: float, median: float, scale: float, peers: int, threshold: float) -> model.StragglerScore:
-    """One cohort member's StragglerScore, given its cohort's `cohort_scale` and its peers' count."""
-    z = MAD_TO_SIGMA * (score - median) / scale
+def judge(  # noqa: PLR0917 - one member's inputs
+    score: float,
+    median: float,
+    scale: float,
+    peers: int,
+    threshold: float,
+    slowest_peer: float | None = None,
+) -> model.StragglerScore:
+    """One cohort member's StragglerScore, given its cohort's `cohort_scale` and its peers' count; in a
+    small cohort, `slowest_peer` (`slowest_peers`) is what it is judged against."""
+    z = _z(score, median, scale, peers, slowest_peer)
     return model.StragglerScore(
         # Rounded so that sensor noise does not rewrite every cohort member's status.
         score=round(score, 3),
         z_score=round(z, 1),
         peers=peers,
-        flagged=peers >= MIN_PEERS and z < -threshold,
+        flagged=_flags(z, peers, threshold, slowest_peer),
     )
+
+
+def _z(score: float, median: float, scale: float, peers: int, slowest_peer: float | None) -> float:
+    against = median if peers >= MIN_PEERS or slowest_peer is None else slowest_peer
+    return MAD_TO_SIGMA * (score - against) / scale
+
+
+def _flags(z: float, peers: int, threshold: float, slowest_peer: float | None) -> bool:
+    if peers >= MIN_PEERS:
+        return z < -threshold
+    return judged_peers(peers) and slowest_peer is not None and z < -threshold
 
 
 def rejudged(  # noqa: PLR0917 - `judge`'s inputs for a whole cohort
@@ -431,20 +493,23 @@ def rejudged(  # noqa: PLR0917 - `judge`'s inputs for a whole cohort
     known: Mapping[str, model.StragglerScore],
 ) -> dict[str, model.StragglerScore]:
     """`judge` of each of `scores`' members whose StragglerScore is not the one `known` holds for it (to
-    the sign of a zero): after the cohort's statistics moved, most members' rounded numbers did not."""
+    the sign of a zero): after the cohort's statistics moved, most members' rounded numbers did not. A
+    small cohort's members are judged against each other (`slowest_peers`): `scores` is then the whole
+    cohort."""
     changed = {}
+    slowest = slowest_peers(scores) if peers < MIN_PEERS else {}
     for name, score in scores.items():
-        z = MAD_TO_SIGMA * (score - median) / scale  # `judge`'s
+        z = _z(score, median, scale, peers, slowest.get(name))  # `judge`'s
         old = known.get(name)
         if (
             old is None
             or old.peers != peers
-            or old.flagged != (peers >= MIN_PEERS and z < -threshold)
+            or old.flagged != _flags(z, peers, threshold, slowest.get(name))
             or not same(old.z_score, round(z, 1))
             or not same(old.score, round(score, 3))
             or old.since is not None
         ):
-            changed[name] = judge(score, median, scale, peers, threshold)
+            changed[name] = judge(score, median, scale, peers, threshold, slowest.get(name))
     return changed
 
 
@@ -507,7 +572,7 @@ def windowed(  # noqa: PLR0917 - one judgement's inputs
     last = samples[-1] if samples else None
     inputs = (
         last,
-        score.peers >= MIN_PEERS,
+        judged_peers(score.peers),
         window_seconds,
         period_seconds,
         threshold,
@@ -545,7 +610,7 @@ def _judge_window(  # noqa: PLR0917 - `windowed`'s inputs
         del samples[0]
     horizon = now - datetime.timedelta(seconds=window)
     recent = [(at, z) for at, z in samples if at >= horizon]
-    if score.peers < MIN_PEERS or not recent:
+    if not judged_peers(score.peers) or not recent:
         flagged = False
     elif was_flagged:
         held = [z for at, z in samples if flagged_since is None or at >= flagged_since]

@@ -137,6 +137,8 @@ class MemoryKube:
         self.event_log: list[JsonObject] = []
         self.touched: dict[str, None] = {}
         """In the operator's write order (a set's order changes with each process's string hashing)."""
+        self.issue_log: list[tuple[str, str]] = []
+        """(GPUNode, its new `status.issues`) for each operator write that changed them, in write order."""
         self.requests_total = 0
         self._version = 0
         self._applied: dict[str, frozenset[str]] = {}
@@ -411,6 +413,9 @@ class MemoryKube:
                 raise _not_found(path)
             current = {"metadata": {"name": name}, "status": {}}
         kept = {k: v for k, v in current.get("status", {}).items() if k not in self._applied.get(path, ())}
+        issues, before = status.get("issues"), current.get("status", {}).get("issues")
+        if store is self.gpunodes and "issues" in status and issues != before:
+            self.issue_log.append((name, str(issues or "")))  # the backtest's early-warning score reads it
         self._applied[path] = frozenset(status)
         updated = {**current, "metadata": dict(current["metadata"]), "status": {**kept, **status}}
         store[name] = self.bump(updated)

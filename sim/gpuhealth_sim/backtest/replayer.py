@@ -198,6 +198,10 @@ class Result:
     """The nodes the policy selected at some time in the trace (its pool): what it is scored on."""
     selected_node_days: float = 0.0
     actions: list[Action] = dataclasses.field(default_factory=list)
+    issue_changes: list[Action] = dataclasses.field(default_factory=list)
+    """Each change of a GPUNode's `status.issues`: action `Issues health=<its Node's health label>`, reason
+    the new issues. Not a Node change (not in `actions`): the scorer reads it for a node already labelled
+    degraded when a new condition joins (`scoring.score_early_warnings`)."""
     events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     max_unschedulable: int = 0
     max_cordoned_by_policy: int = 0
@@ -517,6 +521,11 @@ class Replay:
             self._isolations()  # first: the operator isolates before it labels the node
         for name in touched:
             self._diff_node(name)
+        for name, issues in self.client.issue_log:
+            state = self.states.get(name)
+            health = state.labels.get(keys.HEALTH_LABEL) if state is not None else None
+            self.result.issue_changes.append(Action(self.t, name, f"Issues health={health}", issues))
+        self.client.issue_log.clear()
         log = self.client.event_log
         for event in log[self.seen_events :]:
             node = event["involvedObject"]["name"]

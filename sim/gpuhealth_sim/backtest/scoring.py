@@ -56,6 +56,11 @@ MEMORY_FAULTS: Final = frozenset({"DBE", "RowRemapFailure", "XID48", "XID94", "X
 WARNING_CONDITION: Final = "MemoryDegrading"
 WARNING_LOOKBACK: Final = 86_400.0
 """How far before a memory fault without a warning phase in the truth a MemoryDegrading label counts."""
+WARNED_LABELS: Final = frozenset({"Issues health=degraded", "Issues health=unhealthy"})
+"""Issue changes (`Result.issue_changes`) on a node whose health label already says it is not healthy."""
+EXPLAINING: Final = ("thermal", "powerBrake", "powerCap")
+"""Truth episodes that slow a node for another reason than a straggler's: a straggler label then is
+neither right nor wrong (a facility power cap longer than forSeconds slows the node as much)."""
 DEGRADED_EPISODES: Final = {"nvlink": "NvLinkDegraded", "nic": "NicDegraded"}
 """Non-fatal truth episodes and the condition that should name them."""
 ISOLATE: Final = "Isolate GPU "
@@ -75,6 +80,8 @@ class StragglerScore:
     false_flags: int
     episodes: int
     found: int
+    explained_flags: int = 0
+    """Flags where the truth had the node slowed by something else (thermal, power brake, power cap)."""
 
     @property
     def precision(self) -> float | None:
@@ -92,6 +99,7 @@ class StragglerScore:
             "falseFlags": self.false_flags,
             "episodes": self.episodes,
             "found": self.found,
+            "explainedFlags": self.explained_flags,
             "precision": _round(self.precision),
             "recall": _round(self.recall),
         }
@@ -115,6 +123,29 @@ def _disruptive(action: replayer.Action) -> bool:
     return action.action == "DryRun" and "cordon" in action.reason
 
 
+def _out_of_service(actions: list[replayer.Action]) -> dict[str, list[tuple[float, float]]]:
+    """Per node, the spans it was cordoned or drained by the policy: from the action to its Uncordon."""
+    spans: dict[str, list[tuple[float, float]]] = {}
+    since: dict[str, float] = {}
+    for action in actions:
+        if action.action in DISRUPTIVE:
+            since.setdefault(action.node, action.t)
+        elif action.action == "Uncordon" and action.node in since:
+            spans.setdefault(action.node, []).append((since.pop(action.node), action.t))
+    for node, t in since.items():
+        spans.setdefault(node, []).append((t, float("inf")))
+    return spans
+
+
+def _already_out(spans: list[tuple[float, float]], fault: Mapping[str, Any]) -> float | None:
+    """When a fault on a node already out of service at its start must be acted on again: None when the
+    node stays out for the whole fault (nothing is left to do), else the moment it returned."""
+    for began, ended in spans:
+        if began < fault["start"] <= ended:
+            return None if ended >= fault["end"] else ended
+    return float(fault["start"])
+
+
 def score_fatal(truth: list[dict[str, Any]], actions: list[replayer.Action]) -> dict[str, Any]:
     faults = [r for r in truth if r.get("type") == "fatal"]
     per_node: dict[str, list[replayer.Action]] = {}
@@ -124,6 +155,8 @@ def score_fatal(truth: list[dict[str, Any]], actions: list[replayer.Action]) -> 
             per_node.setdefault(action.node, []).append(action)
         elif action.action.startswith(ISOLATE):
             isolated.setdefault(action.node, []).append(action)
+    spans = _out_of_service(actions)
+    already_out = 0
     delays: list[float] = []
     missed: list[str] = []
     by_fault: dict[str, dict[str, int]] = {}
@@ -135,12 +168,21 @@ def score_fatal(truth: list[dict[str, Any]], actions: list[replayer.Action]) -> 
             for a in isolated.get(fault["node"], [])
             if not isinstance(gpu, int) or a.action == f"{ISOLATE}{gpu}"
         ]
+        # A node already cordoned or drained when the fault starts (an earlier fault's, another GPU's) has
+        # nothing left to do: not a miss, acted on from the fault's first second, while it stays out.
+        due = _already_out(spans.get(fault["node"], []), fault)
         hits = [
-            a.t for a in per_node.get(fault["node"], []) + isolations if fault["start"] <= a.t <= fault["end"]
+            a.t
+            for a in per_node.get(fault["node"], []) + isolations
+            if due is not None and due <= a.t <= fault["end"] and a.t >= fault["start"]
         ]
         counts = by_fault.setdefault(str(fault.get("fault")), {"faults": 0, "acted": 0})
         counts["faults"] += 1
-        if hits:
+        if due is None:
+            delays.append(0.0)
+            counts["acted"] += 1
+            already_out += 1
+        elif hits:
             delays.append(min(hits) - fault["start"])
             counts["acted"] += 1
         else:
@@ -159,20 +201,29 @@ def score_fatal(truth: list[dict[str, Any]], actions: list[replayer.Action]) -> 
         "secondsToActionP50": _round(percentile(delays, 0.5)),
         "secondsToActionP99": _round(percentile(delays, 0.99)),
         "missed": missed,
+        "alreadyOut": already_out,
         "falseDisruptive": len(false_actions),
         "falseDisruptiveActions": [a.to_json() for a in false_actions[:20]],
     }
 
 
-def score_early_warnings(truth: list[dict[str, Any]], actions: list[replayer.Action]) -> dict[str, Any]:
+def score_early_warnings(
+    truth: list[dict[str, Any]],
+    actions: list[replayer.Action],
+    issue_changes: Iterable[replayer.Action] = (),
+) -> dict[str, Any]:
     """MemoryDegrading before fatal memory faults, and the non-fatal NVLink and NIC episodes found
-    (module docstring)."""
+    (module docstring). `issue_changes`: the replay's `Result.issue_changes`; a node already labelled
+    degraded gets no Node change when MemoryDegrading joins its issues, yet it is warned then."""
     memory = [r for r in truth if r.get("type") == "fatal" and r.get("fault") in MEMORY_FAULTS]
     phases = {(r["node"], r["end"]): r for r in truth if r.get("type") == "memoryDegrading"}
     warned_at: dict[str, list[float]] = {}
     for action in actions:
         if WARNING_CONDITION in action.reason.split(","):
             warned_at.setdefault(action.node, []).append(action.t)
+    for change in issue_changes:
+        if change.action in WARNED_LABELS and WARNING_CONDITION in change.reason.split(","):
+            warned_at.setdefault(change.node, []).append(change.t)
     leads: list[float] = []
     phased = phased_warned = 0
     for fault in memory:
@@ -206,13 +257,17 @@ def score_early_warnings(truth: list[dict[str, Any]], actions: list[replayer.Act
     }
 
 
-def score_stragglers(truth: list[dict[str, Any]], flags: Iterable[Flag]) -> StragglerScore:
+def score_stragglers(
+    truth: list[dict[str, Any]], flags: Iterable[Flag], *, explained_are_wrong: bool = False
+) -> StragglerScore:
+    """`explained_are_wrong`: a flag where the node was slowed by something else (EXPLAINING) counts as
+    wrong, not neither way: for the baseline rule, which has no thermal or power label to say why."""
     episodes = [r for r in truth if r.get("type") == "straggler"]
-    explained = [r for r in truth if r.get("type") in ("thermal", "powerBrake")]
+    explained = [r for r in truth if r.get("type") in EXPLAINING]
     wanted = [e for e in episodes if e.get("slowdown", 0) >= STRAGGLER_SLOWDOWN]
     found: set[int] = set()
     flags = list(flags)
-    true_flags = false_flags = 0
+    true_flags = false_flags = explained_flags = 0
     for flag in flags:
         inside = [
             i for i, e in enumerate(episodes) if e["node"] == flag.node and e["start"] <= flag.t <= e["end"]
@@ -220,11 +275,14 @@ def score_stragglers(truth: list[dict[str, Any]], flags: Iterable[Flag]) -> Stra
         if inside:
             true_flags += 1
             found.update(i for i in inside if episodes[i] in wanted)
-        elif not any(
+        elif any(
             e["node"] == flag.node and e["start"] <= flag.t <= e["end"] + EXPLAINED_SLACK for e in explained
         ):
+            explained_flags += 1
+            false_flags += explained_are_wrong
+        else:
             false_flags += 1
-    return StragglerScore(len(flags), true_flags, false_flags, len(wanted), len(found))
+    return StragglerScore(len(flags), true_flags, false_flags, len(wanted), len(found), explained_flags)
 
 
 SLOWING: Final = frozenset({"straggler", "thermal", "powerBrake", "powerCap"})
@@ -316,7 +374,7 @@ def score(trace: pathlib.Path, result: replayer.Result, *, baseline: bool = True
     report: dict[str, Any] = {
         "policy": result.policy,
         "fatal": score_fatal(truth, result.actions),
-        "earlyWarnings": score_early_warnings(truth, result.actions),
+        "earlyWarnings": score_early_warnings(truth, result.actions, result.issue_changes),
         "stragglers": score_stragglers(truth, our_straggler_flags(result.actions)).to_json(),
         "labelFlapsPerNodeDay": round(len(flaps) / node_days, 4),
         "labelFlaps": [a.to_json() for a in flaps[:20]],
@@ -324,5 +382,5 @@ def score(trace: pathlib.Path, result: replayer.Result, *, baseline: bool = True
     }
     if baseline:
         flags = [f for f in baseline_flags(trace) if f.node in result.selected]
-        report["baselineStragglers"] = score_stragglers(truth, flags).to_json()
+        report["baselineStragglers"] = score_stragglers(truth, flags, explained_are_wrong=True).to_json()
     return report

@@ -480,7 +480,8 @@ def score_line(score: dict[str, Any]) -> str:
     if base is not None:
         line += (
             f"; baseline rule (CV>0.1): precision {_pct(base['precision'])} recall {_pct(base['recall'])} "
-            f"({base['flags']} flags)"
+            f"({base['flags']} flags, {base.get('explainedFlags', 0)} of them wrong while thermal or power "
+            "slowed the node)"
         )
     return line
 

@@ -49,10 +49,10 @@ from gpuhealth_agent import changes, simulated
 from gpuhealth_api import heartbeats, keys
 from gpuhealth_sim.backtest import traces
 
-REVISION: Final = 3
+REVISION: Final = 4
 """Of the generator, in each trace's header: a new one when the same seed writes a different trace
-(2: nodes with a row-remap failure or a lost GPU are replaced; 3: agent pods), so a cached trace is
-known stale."""
+(2: nodes with a row-remap failure or a lost GPU are replaced; 3: agent pods; 4: `--node-faults` draws
+more of its own faults), so a cached trace is known stale."""
 AGENT_POD_NAMESPACE: Final = "gpu-health"
 START: Final = datetime.datetime(2026, 1, 5, tzinfo=datetime.UTC)
 """Traces start at a fixed instant, so the same seed writes the same bytes."""
@@ -105,8 +105,12 @@ MEMORY_FAULTS: Final = frozenset({"DBE", "RowRemapFailure", "XID48", "XID94", "X
 """Fatal faults of the GPU's memory: with `Options.node_faults`, WARNED_SHARE of them are preceded by a
 MemoryDegrading phase (corrected ECC errors and correctable row remaps growing, XID 92 in some)."""
 WARNED_SHARE: Final = 0.6
-NODE_FAULT_RATES: Final = {"nvlink": 0.03, "nic": 0.04}
-"""With `Options.node_faults`: non-fatal NVLink and NIC episodes per node-day."""
+NODE_FAULT_RATES: Final = {"nvlink": 0.15, "nic": 0.15}
+"""With `Options.node_faults`: non-fatal NVLink and NIC episodes per node-day, so that 200 node-days draw
+some 20-30 of each (at 0.03 and 0.04 they drew 1 and 6: no test of their rules, issue 47)."""
+NODE_FAULTS_FATAL_FACTOR: Final = 3
+"""With `Options.node_faults`: fatal faults this many times as often (RATES), so that the node's own
+(NODE_FATAL_FAULTS, drawn with the others) come up in every couple of hundred node-days."""
 NVLINKS: Final = {"H100": 18, "H200": 18, "A100": 12}
 """NVLinks per GPU of the SXM boards (an L40S has none: its facts carry no `nvlink`)."""
 FABRIC_BOARDS: Final = frozenset({"H100", "H200"})
@@ -230,7 +234,8 @@ def _episodes(rng: random.Random, duration: float, board: Board | None = None) -
     major: list[Episode] = []
     wanted = []
     for kind in ("fatal", "straggler", "idle", "agentGap", "humanCordon", "driverReload"):
-        for _ in range(_poisson(rng, RATES[kind] * days)):
+        rate = RATES[kind] * (NODE_FAULTS_FATAL_FACTOR if board is not None and kind == "fatal" else 1)
+        for _ in range(_poisson(rng, rate * days)):
             wanted.append((rng.uniform(600, duration - 600), kind))
     taken: list[tuple[float, float]] = []
     priority = ("fatal", "straggler", "humanCordon", "agentGap", "driverReload", "idle")

@@ -71,7 +71,10 @@ def test_slow_counters_are_read_at_the_checked_moment(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     plan = tmp_path / "pending.yaml"
-    plan.write_text("gpus: 2\ntimeline:\n- {after: 3s, gpu: 1, set: {remappedRowsPending: true}}\n")
+    plan.write_text(
+        "gpus: 2\ntimeline:\n"
+        "- {after: 3s, gpu: 1, set: {remappedRowsPending: true, remappedRowsUncorrectable: 1}}\n"
+    )
     code, out, _ = run(capsys, "check", "--backend", "sim", "--sim-scenario", str(plan))
     assert code == 1
     assert "FATAL RowRemapFailure: row remap pending a GPU reset" in out.splitlines()[3]
@@ -156,15 +159,15 @@ def test_problems_are_sorted_worst_first() -> None:
         temperatureCelsius=90,
         slowdownTemperatureCelsius=87,
         clockEventReasons=["HwThermalSlowdown"],
-        ecc={"uncorrectedVolatile": 1},
-        retiredPages={"pending": True},
+        remappedRows={"failure": True},
+        retiredPages={"pending": True, "doubleBit": 0},
         xids=[{"code": 13, "count": 1, "lastSeen": "2026-11-22T01:00:00Z"}],
     )
     found = check.problems(gpu, xids.Catalogue.packaged())
     assert [(p.severity, p.condition) for p in found] == [
-        (check.Severity.FATAL, Condition.ECC_UNCORRECTABLE),
+        (check.Severity.FATAL, Condition.ROW_REMAP_FAILURE),
         (check.Severity.WARNING, Condition.THERMAL_THROTTLED),
-        (check.Severity.WARNING, Condition.MEMORY_DEGRADING),  # a pending retired page: pre-failure
+        (check.Severity.WARNING, Condition.MEMORY_DEGRADING),  # retirement pending, single-bit errors
         (check.Severity.INFO, None),  # XID 13: the application's fault
     ]
 

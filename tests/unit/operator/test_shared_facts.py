@@ -94,8 +94,8 @@ def test_cached_gpu_facts_read_like_the_reported_dict() -> None:
     facts = cache.compact_gpu(json.loads(json.dumps(reported)))
     kept = {k: reported[k] for k in cache.GPU_FIELDS if k in reported}
     kept["ecc"] = {"uncorrectedVolatile": 0, "correctedVolatile": 0, "correctedAggregate": 0}
-    kept["remappedRows"] = {"failure": False, "pending": False, "correctable": 0}
-    kept["retiredPages"] = {"pending": False}
+    kept["remappedRows"] = {"failure": False, "pending": False, "correctable": 0, "uncorrectable": 0}
+    kept["retiredPages"] = {"pending": False, "doubleBit": 0}
     kept["pcie"] = {"generation": 5, "maxGeneration": 5, "width": 16, "maxWidth": 16}
     assert facts == kept and dict(facts) == kept and len(facts) == len(kept)
     assert facts["smClockMHz"] == 1980

@@ -157,7 +157,8 @@ def test_a_thermal_bursts_clocks_stay_out_of_the_gpus_median() -> None:
         performance = stragglers.performance_of(facts)
         clocks = stragglers.clocks_of(facts)
         performance = stragglers.smoothed(samples, performance, clocks, at, at, HEARTBEAT)
-    assert len(samples.clocks) == len(reports)
+    # Since issue 47 the burst's three reports leave the window once a report shows it over.
+    assert len(samples.clocks) == len(reports) - 3
     assert performance[1] == pytest.approx(1890 / MAX_CLOCK, abs=1e-3)
 
 

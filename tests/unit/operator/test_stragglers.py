@@ -84,13 +84,35 @@ def test_idle_node_gets_no_score_and_is_never_a_straggler() -> None:
     assert scores["n0"].peers == 6
 
 
-@pytest.mark.parametrize("peers", [0, 1, 2, 3])
-def test_fewer_than_four_peers_never_flags(peers: int) -> None:
+@pytest.mark.parametrize("peers", [0, 1])
+def test_fewer_than_two_peers_never_flags(peers: int) -> None:
+    """One peer cannot tell which of two nodes is the slow one (issue 47: the small-cohort fallback)."""
     members = {f"n{i}": node() for i in range(peers)}
     members["slow"] = node(clock=500)
     scores = score(members)
     assert scores["slow"].peers == peers
     assert not scores["slow"].flagged
+
+
+@pytest.mark.parametrize("peers", [2, 3])
+def test_a_small_cohort_flags_a_node_below_every_peer(peers: int) -> None:
+    """Issue 47: a 5-node cohort with one or two peers idle kept 2-3 busy peers, and two real stragglers
+    (22 % and 25 % slow, for hours) were never judged. With 2-3 peers a node is judged against the slowest
+    of them (the median of so few says little): flagged only when below every one by the flag margin."""
+    members = {f"n{i}": node(clock=1980 - 10 * i) for i in range(peers)}
+    members["slow"] = node(clock=round(1980 / 1.22))
+    members["idle"] = node(utilization=0)
+    scores = score(members)
+    assert scores["slow"].peers == peers
+    assert flagged(scores) == {"slow"}
+
+
+def test_a_small_cohort_flags_nobody_when_no_node_is_below_every_peer() -> None:
+    """Two slow nodes among four: each has the other as its slowest peer, so neither is told apart."""
+    members = {"a": node(), "b": node(), "slow1": node(clock=1500), "slow2": node(clock=1510)}
+    assert flagged(score(members)) == set()
+    members = {"a": node(), "b": node(clock=1960), "c": node(clock=1900)}  # within the margin
+    assert flagged(score(members)) == set()
 
 
 def test_four_peers_are_enough() -> None:

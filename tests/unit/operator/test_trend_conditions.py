@@ -110,7 +110,10 @@ def test_pcie_errors_fatal_once_and_never_correctable() -> None:
 def test_memory_degrading_from_one_report() -> None:
     xid92: Any = {"xids": [{"code": 92, "count": 1, "lastSeen": "2026-11-24T00:00:00Z"}]}
     assert faults.memory_degrading(xid92) == "XID 92 (high single-bit ECC rate)"
-    assert faults.memory_degrading({"retiredPages": {"pending": True}}) == "retired pages pending"
+    assert (
+        faults.memory_degrading({"retiredPages": {"pending": True, "doubleBit": 0}})
+        == "retired pages pending a GPU reset (single-bit errors only)"
+    )
     assert (
         faults.memory_degrading({"retiredPages": {"pending": False}, "ecc": {"correctedVolatile": 9}}) is None
     )
@@ -346,7 +349,7 @@ def test_pcie_non_fatal_growth_is_an_error_at_the_default_threshold() -> None:
 
 def test_memory_degrading_is_degraded_not_unhealthy() -> None:
     node = Node()
-    node.report(status({"retiredPages": {"pending": True}}), minutes(0))
+    node.report(status({"retiredPages": {"pending": True, "doubleBit": 0}}), minutes(0))
     record = node.store.gpunode("n")
     assert record is not None
     verdict = verdicts.judge(

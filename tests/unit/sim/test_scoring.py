@@ -1,8 +1,10 @@
 """The scorer on hand-made truths and actions: recall, delays, false actions, straggler precision."""
 
+import datetime
 import pathlib
 
 from gpuhealth_sim.backtest import replayer, scoring, traces
+from gpunode_facts import agent_status
 
 A = replayer.Action
 
@@ -87,3 +89,114 @@ def test_a_label_set_again_is_a_flap_unless_a_new_episode_explains_it() -> None:
         A(3100, "b", "Label straggler=true", ""),  # first set: not a flap
     ]
     assert [a.t for a in scoring.label_flaps(truth, actions)] == [3000]
+
+
+# --- issue 47 item 4: the scorer tells the truth --------------------------------------------------------
+
+
+def test_a_fault_on_a_node_already_drained_is_not_a_miss() -> None:
+    """The node is out of service when its second fault starts: nothing is left to do, nothing missed."""
+    truth = [fatal("a", 100, 1000), {**fatal("a", 500, 900), "fault": "XID79"}]
+    got = scoring.score_fatal(truth, [A(130, "a", "Drain", "EccUncorrectable")])
+    assert (got["faults"], got["acted"], got["missed"]) == (2, 2, [])
+    assert got["alreadyOut"] == 1
+    assert got["secondsToActionP50"] == 0  # the second fault: out of service from its first second
+
+
+def test_a_fault_on_a_node_returned_to_service_before_it_ended_needs_an_action_of_its_own() -> None:
+    truth = [fatal("a", 100, 400), {**fatal("a", 300, 900), "fault": "XID79"}]
+    actions = [A(130, "a", "Drain", "EccUncorrectable"), A(600, "a", "Uncordon", "")]
+    got = scoring.score_fatal(truth, actions)
+    assert got["missed"] == ["a XID79 at 300s"]
+    again = scoring.score_fatal(truth, [*actions, A(620, "a", "Drain", "XidCritical")])
+    assert again["missed"] == [] and again["acted"] == 2
+
+
+def test_straggler_labels_during_a_power_cap_are_not_false() -> None:
+    """A facility power cap longer than forSeconds slows the node for real: as thermal, neither way."""
+    truth = [{"kind": "truth", "type": "powerCap", "node": "p", "start": 0, "end": 3600, "factor": 0.8}]
+    got = scoring.score_stragglers(truth, [scoring.Flag(400, "p"), scoring.Flag(3700, "p")])
+    assert (got.true_flags, got.false_flags, got.explained_flags) == (0, 0, 2)
+
+
+def memory_fault(node: str, start: float) -> list[dict]:
+    phase = {"type": "memoryDegrading", "node": node, "start": start - 3600, "end": start, "fault": "DBE"}
+    return [phase, {**fatal(node, start, start + 7200), "fault": "DBE"}]
+
+
+def test_early_warning_counts_a_node_already_labelled_degraded() -> None:
+    """The node carried `health=degraded` (a NIC) before its memory degraded: no Node change, yet it was
+    warned as soon as its issues named MemoryDegrading."""
+    truth = memory_fault("m", 10_000)
+    actions = [A(1000, "m", "Label health=degraded", "NicDegraded")]
+    issues = [A(7000, "m", "Issues health=degraded", "NicDegraded,MemoryDegrading")]
+    assert scoring.score_early_warnings(truth, actions)["warned"] == 0  # the Node did not change
+    got = scoring.score_early_warnings(truth, actions, issues)
+    assert (got["warned"], got["withWarningPhaseWarned"], got["leadSecondsP50"]) == (1, 1, 3000)
+
+
+def test_issues_on_a_node_without_the_degraded_label_are_no_warning() -> None:
+    truth = memory_fault("m", 10_000)
+    issues = [A(7000, "m", "Issues health=healthy", "MemoryDegrading")]  # e.g. a dry-run or excluded node
+    assert scoring.score_early_warnings(truth, [], issues)["warned"] == 0
+
+
+def test_the_baseline_rule_gets_a_precision_even_when_its_flags_fall_in_slowed_episodes() -> None:
+    """The baseline has no thermal or power label of its own: its flag on a throttled node is a wrong
+    straggler flag (a human would look for a slow node that is merely hot), never "n/a"."""
+    truth = [
+        {"kind": "truth", "type": "thermal", "node": "h", "start": 0, "end": 1000},
+        straggler("s", 0, 1000, 0.2),
+    ]
+    flags = [scoring.Flag(100, "h"), scoring.Flag(200, "h"), scoring.Flag(300, "s")]
+    ours = scoring.score_stragglers(truth, flags)
+    assert ours.precision == 1.0 and ours.explained_flags == 2
+    base = scoring.score_stragglers(truth, flags, explained_are_wrong=True)
+    assert (base.true_flags, base.false_flags, base.explained_flags) == (1, 2, 2)
+    assert base.precision == 1 / 3
+    only_hot = scoring.score_stragglers(truth, flags[:2], explained_are_wrong=True)
+    assert only_hot.precision == 0.0
+    assert only_hot.to_json()["explainedFlags"] == 2
+
+
+def test_a_replay_warns_a_node_already_degraded_when_memory_degrading_joins(tmp_path: pathlib.Path) -> None:
+    """End to end (the replay records issue changes): n0 is thermally throttled (labelled degraded) from
+    minute 1; a single-bit page retirement pending from minute 5 adds MemoryDegrading without a Node
+    change; a DBE at minute 9."""
+    start = datetime.datetime(2026, 1, 5, tzinfo=datetime.UTC)
+
+    def stamp(t: float) -> str:
+        return (start + datetime.timedelta(seconds=t)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    path = tmp_path / "t.jsonl"
+    policy = pathlib.Path(__file__).parents[3] / "examples" / "default-policy.yaml"
+    with traces.Writer(path, {"start": start.timestamp()}) as writer:
+        writer.write({"kind": "truth", "type": "memoryDegrading", "node": "n0", "start": 300, "end": 540})
+        writer.write({**fatal("n0", 540, 900), "kind": "truth"})
+        for i in range(5):
+            body = {
+                "metadata": {"name": f"n{i}", "labels": {"nvidia.com/gpu.present": "true"}},
+                "spec": {"unschedulable": False},
+                "status": {"capacity": {"nvidia.com/gpu": "8"}},
+            }
+            writer.write({"kind": "node", "t": 0, "object": body})
+        for minute in range(15):
+            for i in range(5):
+                t = minute * 60 + i
+                gpu0: dict = {}
+                if i == 0 and minute >= 1:
+                    gpu0["clockEventReasons"] = ["HwThermalSlowdown"]
+                if i == 0 and minute >= 5:
+                    gpu0["retiredPages"] = {"doubleBit": 0, "pending": True}
+                if i == 0 and minute >= 9:
+                    gpu0["ecc"] = {"uncorrectedVolatile": 1}
+                status = agent_status(heartbeat=stamp(t), observed=stamp(0), overrides={0: gpu0})
+                writer.write({"kind": "gpunode", "t": t, "name": f"n{i}", "status": status})
+    result = replayer.run(path, replayer.load_policy(policy), 30.0)
+    changes = [c for c in result.issue_changes if c.node == "n0" and "MemoryDegrading" in c.reason]
+    assert changes and changes[0].action == "Issues health=degraded"
+    node_changes = [a.t for a in result.actions if a.node == "n0" and "MemoryDegrading" in a.reason]
+    assert changes[0].t == 300 and min(node_changes) > 300  # no Node change when it joined
+    warned = scoring.score(path, result, baseline=False)["earlyWarnings"]
+    assert warned["warned"] == 1 and warned["withWarningPhaseWarned"] == 1
+    assert warned["leadSecondsP50"] == 240  # from the issues, not from the next Node change
