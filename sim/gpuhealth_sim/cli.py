@@ -74,9 +74,11 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     logformat.add_argument(run)
 
+    nodes = demo_defaults.fleet_node_count()
     show = commands.add_parser(
         "demo",
-        help="local control plane + 12 simulated GPU nodes with faults + the operator, shown live",
+        help=f"local control plane + {nodes or 'the demo fleet of'} simulated GPU nodes with faults + the "
+        "operator, shown live",
         description="Start a local control plane, the operator and a simulated fleet with scripted faults; "
         "show the fleet live and summarise what gpu-health detected and did.",
     )
