@@ -39,7 +39,8 @@ test: venv testbin simnvml ## Run every test CI runs: unit, integration, e2e
 .PHONY: venv
 venv: $(VENV)/.installed ## Create the virtualenv with runtime and dev dependencies
 
-$(VENV)/.installed: pyproject.toml
+# The version is read at install time: a bump reinstalls (the metadata would say the old one).
+$(VENV)/.installed: pyproject.toml api/gpuhealth_api/__init__.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
@@ -124,6 +125,10 @@ image: ## Build the image gpu-health:VERSION for this machine's arch and check i
 .PHONY: chart
 chart: testbin ## Package the chart into dist/ (IMAGE_DIGEST=sha256:... pins the image); CHART_REGISTRY=oci://... also pushes it
 	HELM="$(TESTBIN)/helm" CHART_DIST="$(CHART_DIST)" IMAGE_DIGEST="$(IMAGE_DIGEST)" CHART_REGISTRY="$(CHART_REGISTRY)" hack/package-chart.sh
+
+.PHONY: release-check
+release-check: ## Check that the package, chart, Dockerfile and CHANGELOG agree with the one version
+	@$(PYTHON) hack/version.py check
 
 .PHONY: clean
 clean: ## Remove the virtualenv and caches (not the testbin cache)
