@@ -71,18 +71,22 @@ e2e: venv testbin ## Run end-to-end tests (helm chart, real processes)
 	KUBEBUILDER_ASSETS="$(TESTBIN)" $(BIN)/pytest $(PYTEST_FLAGS) tests/e2e
 
 .PHONY: lint
-lint: venv ## ruff, mypy, import-linter, helm lint, promtool check rules
+lint: venv ## ruff, mypy, import-linter, helm lint, promtool check rules, actionlint, one version
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check api agent operator sim plugin
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(MAKE) --no-print-directory lint-chart
+	$(MAKE) --no-print-directory lint-chart lint-ci release-check
 
 .PHONY: lint-chart
 lint-chart: venv testbin ## helm lint every chart values variant; CRD copy not drifted; promtool check rules on the rendered rules
 	hack/sync-chart-crds.sh --check
 	for f in charts/gpu-health/ci/*-values.yaml; do "$(TESTBIN)/helm" lint --strict charts/gpu-health -f "$$f" || exit 1; done
 	$(PY) hack/chart_rules.py --helm "$(TESTBIN)/helm" --check
+
+.PHONY: lint-ci
+lint-ci: ## actionlint on .github/workflows (built once from the Go module proxy; CI cannot run here)
+	hack/actionlint.sh
 
 .PHONY: fmt
 fmt: venv ## Format the code
@@ -129,6 +133,10 @@ chart: testbin ## Package the chart into dist/ (IMAGE_DIGEST=sha256:... pins the
 .PHONY: release-check
 release-check: ## Check that the package, chart, Dockerfile and CHANGELOG agree with the one version
 	@$(PYTHON) hack/version.py check
+
+.PHONY: release
+release: testbin ## VERSION=X.Y.Z: commit the version, build wheel+sdist, SBOM, multi-arch image, OCI chart; tag (docs/release.md)
+	VERSION="$(VERSION)" PY="$(abspath $(PY))" HELM="$(TESTBIN)/helm" hack/release.sh
 
 .PHONY: clean
 clean: ## Remove the virtualenv and caches (not the testbin cache)
