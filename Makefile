@@ -22,9 +22,13 @@ CHART_REGISTRY ?=
 
 ##@ Quick start
 
+# `make demo KUBECONFIG=FILE` (on the command line, not from the environment, where it is often set
+# for other reasons): the demo on that existing cluster; builds kwok alone, not Kubernetes.
+DEMO_CLUSTER = $(if $(filter command line,$(origin KUBECONFIG)),$(KUBECONFIG))
+
 .PHONY: demo
-demo: venv testbin ## Run the demo: local control plane, simulated GPU fleet with faults, the operator reacting
-	$(BIN)/gpu-health-sim demo
+demo: venv $(if $(DEMO_CLUSTER),,testbin) ## Run the demo: local control plane (or KUBECONFIG=FILE: your cluster), simulated GPU fleet with faults, the operator reacting
+	$(BIN)/gpu-health-sim demo $(if $(DEMO_CLUSTER),--kubeconfig "$(DEMO_CLUSTER)")
 
 .PHONY: demo-up
 demo-up: venv testbin ## Like demo, but keep the cluster running and print its KUBECONFIG
