@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Print the path of a kwok binary for `gpu-health-sim demo --kubeconfig` (the demo on a cluster you
 # already have): $KUBEBUILDER_ASSETS/kwok, else the one `make testbin` built, else kwok alone built
-# once from the Go module proxy (about a minute; no Kubernetes build) into
+# once from the Go module proxy (a few minutes; no Kubernetes build) into
 # ~/.cache/gpu-health/kwok/<version>/. The version is testbin's pin (hack/testbin.sh KWOK_VERSION).
 set -euo pipefail
 

@@ -267,7 +267,7 @@ class _Context:
 def _kwok_binary(options: Options, say: _Say) -> Path:
     if options.kwok is not None:
         return options.kwok
-    say("locating kwok (hack/kwok.sh builds it alone once, about a minute; no Kubernetes build)")
+    say("locating kwok (hack/kwok.sh builds it alone once, a few minutes; no Kubernetes build)")
     found = subprocess.run(
         [str(REPO_ROOT / "hack" / "kwok.sh")], capture_output=True, text=True, check=False, timeout=1800
     )
