@@ -33,7 +33,7 @@ RUN pip wheel --wheel-dir /wheels . \
  && /opt/gpu-health/bin/pip uninstall --quiet --yes pip setuptools
 
 FROM ${PYTHON_IMAGE}
-ARG VERSION=0.1.0
+ARG VERSION=0.2.0.dev0
 LABEL org.opencontainers.image.title="gpu-health" \
       org.opencontainers.image.description="GPU fleet health: node agent (NVML/DCGM facts) and Kubernetes operator (cordon, drain, label)" \
       org.opencontainers.image.version="${VERSION}" \

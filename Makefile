@@ -22,9 +22,13 @@ CHART_REGISTRY ?=
 
 ##@ Quick start
 
+# `make demo KUBECONFIG=FILE` (on the command line, not from the environment, where it is often set
+# for other reasons): the demo on that existing cluster; builds kwok alone, not Kubernetes.
+DEMO_CLUSTER = $(if $(filter command line,$(origin KUBECONFIG)),$(KUBECONFIG))
+
 .PHONY: demo
-demo: venv testbin ## Run the demo: local control plane, simulated GPU fleet with faults, the operator reacting
-	$(BIN)/gpu-health-sim demo
+demo: venv $(if $(DEMO_CLUSTER),,testbin) ## Run the demo: local control plane (or KUBECONFIG=FILE: your cluster), simulated GPU fleet with faults, the operator reacting
+	$(BIN)/gpu-health-sim demo $(if $(DEMO_CLUSTER),--kubeconfig "$(DEMO_CLUSTER)")
 
 .PHONY: demo-up
 demo-up: venv testbin ## Like demo, but keep the cluster running and print its KUBECONFIG
@@ -39,7 +43,8 @@ test: venv testbin simnvml ## Run every test CI runs: unit, integration, e2e
 .PHONY: venv
 venv: $(VENV)/.installed ## Create the virtualenv with runtime and dev dependencies
 
-$(VENV)/.installed: pyproject.toml
+# The version is read at install time: a bump reinstalls (the metadata would say the old one).
+$(VENV)/.installed: pyproject.toml api/gpuhealth_api/__init__.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
@@ -70,18 +75,22 @@ e2e: venv testbin ## Run end-to-end tests (helm chart, real processes)
 	KUBEBUILDER_ASSETS="$(TESTBIN)" $(BIN)/pytest $(PYTEST_FLAGS) tests/e2e
 
 .PHONY: lint
-lint: venv ## ruff, mypy, import-linter, helm lint, promtool check rules
+lint: venv ## ruff, mypy, import-linter, helm lint, promtool check rules, actionlint, one version
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check api agent operator sim plugin
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(MAKE) --no-print-directory lint-chart
+	$(MAKE) --no-print-directory lint-chart lint-ci release-check
 
 .PHONY: lint-chart
 lint-chart: venv testbin ## helm lint every chart values variant; CRD copy not drifted; promtool check rules on the rendered rules
 	hack/sync-chart-crds.sh --check
 	for f in charts/gpu-health/ci/*-values.yaml; do "$(TESTBIN)/helm" lint --strict charts/gpu-health -f "$$f" || exit 1; done
 	$(PY) hack/chart_rules.py --helm "$(TESTBIN)/helm" --check
+
+.PHONY: lint-ci
+lint-ci: ## actionlint on .github/workflows (built once from the Go module proxy; CI cannot run here)
+	hack/actionlint.sh
 
 .PHONY: fmt
 fmt: venv ## Format the code
@@ -125,6 +134,14 @@ image: ## Build the image gpu-health:VERSION for this machine's arch and check i
 chart: testbin ## Package the chart into dist/ (IMAGE_DIGEST=sha256:... pins the image); CHART_REGISTRY=oci://... also pushes it
 	HELM="$(TESTBIN)/helm" CHART_DIST="$(CHART_DIST)" IMAGE_DIGEST="$(IMAGE_DIGEST)" CHART_REGISTRY="$(CHART_REGISTRY)" hack/package-chart.sh
 
+.PHONY: release-check
+release-check: ## Check that the package, chart, Dockerfile and CHANGELOG agree with the one version
+	@$(PYTHON) hack/version.py check
+
+.PHONY: release
+release: testbin ## VERSION=X.Y.Z: commit the version, build wheel+sdist, SBOM, multi-arch image, OCI chart; tag (docs/release.md)
+	VERSION="$(VERSION)" PY="$(abspath $(PY))" HELM="$(TESTBIN)/helm" hack/release.sh
+
 .PHONY: clean
 clean: ## Remove the virtualenv and caches (not the testbin cache)
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build dist *.egg-info
@@ -133,4 +150,4 @@ clean: ## Remove the virtualenv and caches (not the testbin cache)
 
 .PHONY: help
 help: ## Show this help
-	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} /^[a-zA-Z_-]+:.*?##/ { printf "  %-14s %s\n", $$1, $$2 } /^##@/ { printf "\n%s\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} /^[a-zA-Z0-9_.-]+:.*?##/ { printf "  %-14s %s\n", $$1, $$2 } /^##@/ { printf "\n%s\n", substr($$0, 5) }' $(MAKEFILE_LIST)

@@ -4,4 +4,6 @@ Agent, operator, simulator, chart and tests all name things through this
 package, so a rename happens in one place. It imports no component.
 """
 
-__version__ = "0.1.0"
+# The one version of gpu-health (PEP 440; a development version between releases): the package
+# metadata, image tag and chart read it; `hack/version.py check` (make release-check) checks the rest.
+__version__ = "0.2.0.dev0"

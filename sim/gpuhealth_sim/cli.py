@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -74,9 +75,11 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     logformat.add_argument(run)
 
+    nodes = demo_defaults.fleet_node_count()
     show = commands.add_parser(
         "demo",
-        help="local control plane + 12 simulated GPU nodes with faults + the operator, shown live",
+        help=f"local control plane + {nodes or 'the demo fleet of'} simulated GPU nodes with faults + the "
+        "operator, shown live",
         description="Start a local control plane, the operator and a simulated fleet with scripted faults; "
         "show the fleet live and summarise what gpu-health detected and did.",
     )
@@ -94,6 +97,16 @@ def parser() -> argparse.ArgumentParser:
     show.add_argument("--policy", type=Path, default=demo_defaults.DEFAULT_POLICY, help="policy to apply")
     show.add_argument("--summary-json", type=Path, help="also write the summary as JSON to this file")
     show.add_argument("--workdir", type=Path, help="keep logs and cluster state here (default: a temp dir)")
+    show.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="run on this existing cluster (kind, minikube, a dev cluster) instead of a local control plane: "
+        "kwok, the operator and the agents run here; everything the demo creates there is removed at the end",
+    )
+    show.add_argument("--context", help="with --kubeconfig: its context (default: the current one)")
+    show.add_argument(
+        "--kwok", type=Path, help="with --kubeconfig: the kwok binary (default: $KWOK, else hack/kwok.sh)"
+    )
     show.add_argument(
         "--plain",
         action="store_true",
@@ -182,6 +195,9 @@ def _demo(args: argparse.Namespace) -> int:
         summary_json=args.summary_json,
         workdir=args.workdir,
         tty=False if args.plain else None,
+        kubeconfig=args.kubeconfig,
+        context=args.context,
+        kwok=args.kwok or (Path(os.environ["KWOK"]) if os.environ.get("KWOK") else None),
     )
     try:
         return walkthrough.run(options)

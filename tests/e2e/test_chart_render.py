@@ -21,7 +21,7 @@ import yaml
 
 from gpuhealth_agent import cli as agent_cli
 from gpuhealth_agent import metrics as agent_metrics
-from gpuhealth_api import resources
+from gpuhealth_api import __version__, resources
 from gpuhealth_operator import cli as operator_cli
 from gpuhealth_operator import metrics as operator_metrics
 from gpuhealth_sim.controlplane import local
@@ -94,7 +94,7 @@ def test_default_install_is_hardened_and_wired(control_plane: local.ControlPlane
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
         assert container["securityContext"]["allowPrivilegeEscalation"] is False
         assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-        assert container["image"] == "ghcr.io/gpu-health/gpu-health:0.1.0"
+        assert container["image"] == f"ghcr.io/gpu-health/gpu-health:{__version__}"
         assert not [v for v in pod.get("volumes", []) if "hostPath" in v]
 
     op_pod = operator["spec"]["template"]["spec"]

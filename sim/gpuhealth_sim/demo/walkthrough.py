@@ -2,7 +2,7 @@
 
 It starts a local control plane (etcd, kube-apiserver, controller manager,
 scheduler, kwok), installs the CRDs and a demo policy with short timers,
-creates 12 simulated H100 nodes running a training Deployment guarded by a
+creates the demo fleet's simulated H100 nodes (13) running a training Deployment guarded by a
 PodDisruptionBudget, has "a human" cordon one node, then starts the real
 operator as a subprocess and the simulated fleet (real agent code) with
 scripted faults, and the simulator's repair executor, which plays the nodes'
@@ -14,6 +14,12 @@ it running for kubectl until Ctrl-C).
 
 The steps are plain functions over a `ControlPlane`, so a failure says
 which step broke and where the logs are.
+
+With `kubeconfig` (`gpu-health-sim demo --kubeconfig FILE`, `make demo
+KUBECONFIG=FILE`) the same story runs on a cluster the user already has:
+kwok runs here against it (`controlplane.existing`), the operator and the
+agents run here too, and everything the demo created there is removed at the
+end, also on Ctrl-C (`borrowed`: what it refuses to touch, and the removal).
 """
 
 import collections
@@ -23,6 +29,7 @@ import json
 import logging
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,8 +44,8 @@ from kubernetes import client
 from gpuhealth_api import resources
 from gpuhealth_sim import waiting, watches
 from gpuhealth_sim.backtest import tracerecord
-from gpuhealth_sim.controlplane import binaries, local, processes
-from gpuhealth_sim.demo import demotrace, live, record, summary, workload
+from gpuhealth_sim.controlplane import binaries, existing, local, processes
+from gpuhealth_sim.demo import borrowed, demotrace, live, record, summary, workload
 from gpuhealth_sim.demo.defaults import DEFAULT_DURATION_SECONDS, DEFAULT_FLEET, DEFAULT_POLICY, REPO_ROOT
 from gpuhealth_sim.fleet import agentpool, dra, fleetfile, repairs
 
@@ -66,6 +73,14 @@ class Options:
     tty: bool | None = None
     """Redraw the screen (True) or print lines (False); default: whether stdout is a terminal."""
     width: int | None = None
+    kubeconfig: Path | None = None
+    """Run on this existing cluster instead of a local control plane (kwok runs here against it)."""
+    context: str | None = None
+    kwok: Path | None = None
+    """The kwok binary for an existing cluster; default: $KWOK, else hack/kwok.sh builds kwok alone."""
+
+
+Cluster = local.ControlPlane | existing.ExistingCluster
 
 
 class Stopped(Exception):
@@ -117,7 +132,7 @@ class _Say:
         self.out.flush()
 
 
-def _apply(plane: local.ControlPlane, *documents: dict[str, Any]) -> None:
+def _apply(plane: Cluster, *documents: dict[str, Any]) -> None:
     plane.kubectl(
         "apply",
         "--server-side",
@@ -128,7 +143,7 @@ def _apply(plane: local.ControlPlane, *documents: dict[str, Any]) -> None:
     )
 
 
-def install(plane: local.ControlPlane, options: Options) -> None:
+def install(plane: Cluster, options: Options) -> None:
     """CRDs, then the demo policy (the CRDs must be Established before a policy is accepted)."""
     crds = sorted((REPO_ROOT / "crds").glob("*.yaml"))
     args = [arg for path in crds for arg in ("-f", str(path))]
@@ -139,7 +154,7 @@ def install(plane: local.ControlPlane, options: Options) -> None:
     )
 
 
-def start_training(plane: local.ControlPlane, api: client.ApiClient, spec: fleetfile.Fleet) -> int:
+def start_training(plane: Cluster, api: client.ApiClient, spec: fleetfile.Fleet) -> int:
     """The Deployment (one whole-node pod per GPU node) and its PDB; returns the replica count."""
     plugin = [plan for plan in spec.nodes if not plan.dra]
     gpus = min(plan.gpu_count for plan in plugin)
@@ -213,11 +228,15 @@ def run(options: Options, out: TextIO = sys.stdout) -> int:
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     succeeded = False
     try:
-        say("locating the control-plane binaries (make testbin builds them once)")
-        directory = binaries.locate(cwd=REPO_ROOT)
-        say(f"starting etcd, kube-apiserver, controller manager, scheduler and kwok (logs: {workdir})")
-        with local.ControlPlane(directory, workdir / "cluster") as plane:
-            succeeded = _story(plane, _Context(options, spec, workdir, say, out, tty))
+        ctx = _Context(options, spec, workdir, say, out, tty)
+        if options.kubeconfig is not None:
+            succeeded = _on_existing(ctx, options.kubeconfig)
+        else:
+            say("locating the control-plane binaries (make testbin builds them once)")
+            directory = binaries.locate(cwd=REPO_ROOT)
+            say(f"starting etcd, kube-apiserver, controller manager, scheduler and kwok (logs: {workdir})")
+            with local.ControlPlane(directory, workdir / "cluster") as plane:
+                succeeded = _story(plane, ctx)
     except KeyboardInterrupt:
         say("interrupted; stopped everything")
         return 130
@@ -245,14 +264,64 @@ class _Context:
     tty: bool
 
 
-def _story(plane: local.ControlPlane, ctx: _Context) -> bool:
+def _kwok_binary(options: Options, say: _Say) -> Path:
+    if options.kwok is not None:
+        return options.kwok
+    say("locating kwok (hack/kwok.sh builds it alone once, a few minutes; no Kubernetes build)")
+    found = subprocess.run(
+        [str(REPO_ROOT / "hack" / "kwok.sh")], capture_output=True, text=True, check=False, timeout=1800
+    )
+    if found.returncode != 0:
+        raise local.ControlPlaneError(f"hack/kwok.sh failed: {found.stderr.strip()}")
+    return Path(found.stdout.strip())
+
+
+def _on_existing(ctx: _Context, kubeconfig: Path) -> bool:
+    """The story on the user's cluster: refuse what would meet someone else's objects, remove ours after."""
+    options, say = ctx.options, ctx.say
+    kwok = _kwok_binary(options, say)
+    say(f"reaching the cluster of {kubeconfig}; kwok runs here for the demo's nodes (logs: {ctx.workdir})")
+    policy = yaml.safe_load(options.policy_path.read_text())["metadata"]["name"]
+    with existing.ExistingCluster(
+        kubeconfig, ctx.workdir / "cluster", kwok=kwok, context=options.context
+    ) as cluster:
+        api = cluster.api_client()
+        try:
+            plan = borrowed.preflight(api, ctx.spec)
+            for problem in plan.problems:
+                say(f"refusing to run here: {problem}")
+            if plan.problems:
+                return False
+            for note in plan.notes:
+                say(note)
+            try:
+                return _story(cluster, dataclasses.replace(ctx, spec=plan.spec))
+            finally:
+                # A second Ctrl-C (or a SIGTERM) must not leave half of it behind.
+                interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)
+                terminate = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                try:
+                    say("removing what the demo created on the cluster")
+                    borrowed.clean(cluster, api, plan, policy, say)
+                finally:
+                    signal.signal(signal.SIGINT, interrupt)
+                    signal.signal(signal.SIGTERM, terminate)
+        finally:
+            api.close()  # type: ignore[no-untyped-call]
+
+
+def _story(plane: Cluster, ctx: _Context) -> bool:
     options, spec, workdir, say, out, tty = ctx.options, ctx.spec, ctx.workdir, ctx.say, ctx.out, ctx.tty
-    say(f"control plane up in {plane.startup_seconds or 0:.1f}s at {plane.server}")
+    say(f"cluster ready in {plane.startup_seconds or 0:.1f}s at {plane.server}")
     install(plane, options)
+    if isinstance(plane, existing.ExistingCluster):
+        borrowed.mark_crds(plane)  # ours to remove at the end (and to adopt, if a run was killed)
     say(f"installed the CRDs and policy {options.policy_path.name}")
     api = plane.api_client()
     sim = agentpool.Fleet(spec, api)
-    namespace = client.V1Namespace(metadata=client.V1ObjectMeta(name=repairs.DEFAULT_NAMESPACE))
+    namespace = client.V1Namespace(
+        metadata=client.V1ObjectMeta(name=repairs.DEFAULT_NAMESPACE, labels=borrowed.labels())
+    )
     client.CoreV1Api(api).create_namespace(namespace)
     executor = repairs.Executor(api, sim, namespace=repairs.DEFAULT_NAMESPACE)
     human = human_cordoned_node(spec)
@@ -268,6 +337,7 @@ def _story(plane: local.ControlPlane, ctx: _Context) -> bool:
         sim.create_nodes()
         say(f"created {len(spec.nodes)} kwok GPU nodes ({hardware(spec)})")
         replicas = start_training(plane, api, spec)
+        plane.kubectl("label", "--overwrite", "namespace", workload.NAMESPACE, *borrowed.label_args())
         say(f"namespace {workload.NAMESPACE}: {replicas} training pods Running, PDB maxUnavailable 2")
         plane.kubectl("cordon", human)
         human_at = time.time() - recorder.started_at
@@ -331,8 +401,10 @@ def _watch(
     view.refresh(title, "done")
 
 
-def _keep(plane: local.ControlPlane, view: live.Live, out: TextIO, tty: bool) -> None:
-    kubectl = plane.binaries / "kubectl"
+def _keep(plane: Cluster, view: live.Live, out: TextIO, tty: bool) -> None:
+    kubectl = (
+        plane.kubectl_path if isinstance(plane, existing.ExistingCluster) else plane.binaries / "kubectl"
+    )
     out.write(
         "The demo cluster keeps running (Ctrl-C stops it). In another terminal:\n\n"
         f"  export KUBECONFIG={plane.kubeconfig}\n"
