@@ -380,11 +380,13 @@ def replay_all(
     would replace takes the time of one replay on two cores."""
     jobs = [(trace, p, tick_seconds, score, i == 0) for i, p in enumerate(policies)]
     workers = min(len(jobs), len(os.sched_getaffinity(0)))  # the CPUs this process may use
-    if workers < 2:
+    if len(jobs) < 2:
         return [replay(*job) for job in jobs]
     # Spawned, not forked: a fork of a process with threads may copy a held lock.
     spawn = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=spawn) as pool:
+    # One task per process (max_tasks_per_child=1): each candidate is its own world even where there are
+    # fewer CPUs than candidates, so no module-level cache of one replay can reach another.
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=spawn, max_tasks_per_child=1) as pool:
         return list(pool.map(replay, *zip(*jobs, strict=True)))
 
 
@@ -395,7 +397,7 @@ def _backtest(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return USAGE_ERROR
-    from gpuhealth_sim.backtest import replayer  # noqa: PLC0415 - imports the operator
+    from gpuhealth_sim.backtest import compare, replayer  # noqa: PLC0415 - imports the operator
 
     try:
         policies = [replayer.load_policy(p) for p in args.policy]
@@ -418,15 +420,20 @@ def _backtest(args: argparse.Namespace) -> int:
             if score is not None:
                 item["score"] = score
             out.append(item)
-        print(json.dumps({"trace": str(args.trace), "policies": out}, indent=1))
+        report: dict[str, Any] = {"trace": str(args.trace), "policies": out}
+        if len(replayed) > 1:
+            report["comparison"] = compare.compare(replayed)
+        print(json.dumps(report, indent=1))
         return 0
     for result, score in replayed:
         print_text(result, score)
+    if len(replayed) > 1:
+        print("\n".join(compare.text(compare.compare(replayed), _clock)))
     return 0
 
 
 def print_text(result: replayer.Result, score: dict[str, Any] | None) -> None:
-    from gpuhealth_sim.backtest import replayer  # noqa: PLC0415 - imported by whoever made `result`
+    from gpuhealth_sim.backtest import compare, replayer  # noqa: PLC0415 - imported by whoever made `result`
 
     summary = result.summary()
     mode = "dry run" if result.dry_run else "acting"
@@ -449,12 +456,23 @@ def print_text(result: replayer.Result, score: dict[str, Any] | None) -> None:
     print(
         f"  fleet: most nodes unschedulable at once {summary['maxUnschedulable']} "
         f"(by this policy {summary['maxCordonedByPolicy']}, maxUnavailable {summary['maxUnavailable']}); "
-        f"left Pending {len(summary['pendingNodes'])}; GPU-hours out of service "
+        f"left Pending {_named(summary['pendingNodes'])}; GPU-hours out of service "
         f"{summary['gpuHoursOutOfService']}; label flaps {summary['labelFlaps']}; "
         f"replayed in {summary['replaySeconds']}s"
     )
+    opened = compare.breaker_openings(result)
+    if opened:  # a fault storm paused new disruptions: why later faults were left alone
+        print(f"  breaker opened at {', '.join(_clock(t) for t in opened)} (RemediationPaused)")
     if score is not None:
         print("  " + score_line(score))
+
+
+def _named(nodes: list[str], most: int = 20) -> str:
+    """`3 (n1, n2, n3)`: how many, and which (the first `most` of a long list)."""
+    if not nodes:
+        return "0"
+    more = f", … {len(nodes) - most} more" if len(nodes) > most else ""
+    return f"{len(nodes)} ({', '.join(nodes[:most])}{more})"
 
 
 def score_line(score: dict[str, Any]) -> str:
