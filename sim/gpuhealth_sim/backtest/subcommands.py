@@ -106,6 +106,12 @@ def add_commands(commands: Any) -> None:
         help="also NVLink, fabric, NIC and PCIe AER facts and faults, and memory failures preceded by "
         "growing corrected errors (issue 27; off: the trace the seed always wrote)",
     )
+    generate.add_argument(
+        "--creeping-counters",
+        action="store_true",
+        help="PCIe AER correctable errors and NVLink CRC counts creeping up slowly on most nodes, below "
+        "any rule's rate, as real fleets' do (issue 52: the replay's hard case; off: the seed's old trace)",
+    )
     add_import(actions)
 
     replay = commands.add_parser(
@@ -349,7 +355,13 @@ def _generate(args: argparse.Namespace) -> int:
     from gpuhealth_sim.backtest import tracegen  # noqa: PLC0415 - imports the agent
 
     options = tracegen.Options(
-        args.node_days, args.seed, args.nodes, args.sample_seconds, args.heartbeat_seconds, args.node_faults
+        args.node_days,
+        args.seed,
+        args.nodes,
+        args.sample_seconds,
+        args.heartbeat_seconds,
+        args.node_faults,
+        creeping_counters=args.creeping_counters,
     )
     try:
         counts = tracegen.generate(options, args.out)
