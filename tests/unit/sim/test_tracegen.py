@@ -184,7 +184,7 @@ def test_an_agent_gap_is_a_not_ready_agent_pod_and_the_replay_says_the_agent_is_
 
 def test_creeping_counters_grow_slowly_on_most_nodes_and_trip_no_rule(tmp_path: pathlib.Path) -> None:
     # Issue 52: real fleets' AER correctable and NVLink CRC counters creep; each such report is a change a
-    # verdict reads. The option adds that creep, below every rule's rate, and leaves the rest as the seed has it.
+    # verdict reads. The option adds that creep, below every rule's rate, and leaves the rest as the seed has.
     plain, creeping = tmp_path / "plain.jsonl", tmp_path / "creeping.jsonl"
     tracegen.generate(tracegen.Options(node_days=2, seed=5, nodes=12, sample_seconds=120), plain)
     options = tracegen.Options(node_days=2, seed=5, nodes=12, sample_seconds=120, creeping_counters=True)
@@ -202,7 +202,9 @@ def test_creeping_counters_grow_slowly_on_most_nodes_and_trip_no_rule(tmp_path: 
             gpunodes.setdefault(name, []).append(status)
     crept = []
     for name, statuses in gpunodes.items():
-        aer = [sum(g.get("pcie", {}).get("aer", {}).get("correctable", 0) for g in s["gpus"]) for s in statuses]
+        aer = [
+            sum(g.get("pcie", {}).get("aer", {}).get("correctable", 0) for g in s["gpus"]) for s in statuses
+        ]
         assert aer == sorted(aer), f"{name}: a counter never goes down"
         if aer[-1] > aer[0]:
             crept.append(name)
