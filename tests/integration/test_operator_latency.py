@@ -27,7 +27,7 @@ fleet = operator_fixtures.fleet_fixture("lat")
 
 def sample(text: str, name: str, labels: str = "") -> float | None:
     """The value of one series in a /metrics page (None if it is not there)."""
-    pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else r"(\{\})?") + r" (\S+)$"
+    pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else r"(?:\{\})?") + r" (\S+)$"
     for line in text.splitlines():
         if found := re.match(pattern, line):
             return float(found.group(1))
