@@ -28,6 +28,7 @@ from gpuhealth_operator import (
     domain_actions,
     isolation_support,
     kube,
+    latency,
     pass_queue,
     reconciler,
     resync,
@@ -43,6 +44,8 @@ DELETED = "DELETED"
 
 async def on_node(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None:
     """A Node changed: cached, and a pass over it asked for (`passes`) where something we judge moved."""
+    received = latency.now()
+    memo.meters.events.labels("node").inc()
     body = event["object"]
     name = body.get("metadata", {}).get("name", "")
     if event["type"] == DELETED:  # also a Node that left this operator's pool (`--node-selector`)
@@ -70,6 +73,7 @@ async def on_node(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None
             judge=moved,
             stop_drains=draining,
             wake=before is not None and moved and frees_a_place(memo, before.view, after.view),
+            received=received,
         )
         memo.passes.request(name, ask)
 
@@ -120,6 +124,8 @@ async def fetch_gpunode(memo: context.Context, name: str) -> None:
 
 
 async def on_gpunode(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None:
+    received = latency.now()
+    memo.meters.events.labels("gpunode").inc()
     body = event["object"]
     name = body.get("metadata", {}).get("name", "")
     if not in_pool(memo, name):
@@ -132,7 +138,7 @@ async def on_gpunode(event: kopf.RawEvent, memo: context.Context, **_: Any) -> N
     after = memo.cache.put_gpunode(body, memo.clock())
     release(body)
     if before is None or before.resource_version != after.resource_version:
-        memo.passes.request(name, pass_queue.Ask("gpunode"))
+        memo.passes.request(name, pass_queue.Ask("gpunode", received=received))
 
 
 async def on_agent_pod(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None:

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from gpuhealth_operator import kubeconfigs
+from gpuhealth_operator import kubeconfigs, latency
 
 JsonObject = dict[str, Any]
 
@@ -352,6 +352,8 @@ class Kube:
         self.requests_total += 1
         if self._on_request is not None:
             self._on_request(method)
+        if method in MUTATING_METHODS:
+            latency.write_sent()  # the pass's first write ends its event's own latency (`latency`)
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if data is not None else {}
         headers["Accept"] = accept

@@ -25,6 +25,9 @@ class Ask:
     """First stop the drains that must stop (an exclude label on a node being drained)."""
     wake: bool = False
     """Last let the nodes waiting for a budget place ask again (the node may have freed one)."""
+    received: float | None = None
+    """When the first event folded in was received (`latency.now()`): the operator's own latency counts
+    from there to the pass's first write (`latency`)."""
 
     def merged(self, later: Ask) -> Ask:
         """One ask doing what both do: the steps are idempotent, and a pass reads the newest cache."""
@@ -33,6 +36,7 @@ class Ask:
             judge=self.judge or later.judge,
             stop_drains=self.stop_drains or later.stop_drains,
             wake=self.wake or later.wake,
+            received=self.received if self.received is not None else later.received,  # the first event's
         )
 
 

@@ -20,20 +20,22 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from gpuhealth_operator import context, domain_actions, pass_queue, reconciler, stopping
+from gpuhealth_operator import context, domain_actions, latency, pass_queue, reconciler, stopping
 
 logger = logging.getLogger(__name__)
 
 
 async def run_one(ctx: context.Context, name: str, ask: pass_queue.Ask) -> None:
     """One pass over the node `name`: what the watch handler asked, in the order it asked it."""
-    if ask.stop_drains:
-        await stopping.stop_drains(ctx)
-    if ask.judge:
-        await reconciler.reconcile_node(ctx, name, ask.handler)
-        await domain_actions.node_changed(ctx, name)  # its health or domain label moved: judged again
-    if ask.wake:
-        await reconciler.wake_waiting(ctx, name)
+    observe = lambda seconds: ctx.meters.event_to_write.labels(ask.handler).observe(seconds)  # noqa: E731
+    with latency.carrying(ask.received, observe):
+        if ask.stop_drains:
+            await stopping.stop_drains(ctx)
+        if ask.judge:
+            await reconciler.reconcile_node(ctx, name, ask.handler)
+            await domain_actions.node_changed(ctx, name)  # its health or domain label moved: judged again
+        if ask.wake:
+            await reconciler.wake_waiting(ctx, name)
 
 
 async def run(ctx: context.Context) -> None:

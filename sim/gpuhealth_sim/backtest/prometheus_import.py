@@ -23,7 +23,7 @@ API (`/api/v1/query_range`, urllib only) and writes a trace (`traces`) that
   within the window (dcgm: a change of the last XID after the first sample),
   each `lastSeen` the step it was first seen at: an XID counted before the
   window is not in the trace. They stay until the GPU looks reset (the
-  agent's `looks_reset`).
+  agent's `looks_reset`), also while the GPU is lost (as the agent's).
 
 Long ranges are cut into queries of at most `POINTS_PER_QUERY` steps
 (Prometheus refuses more than 11,000 points per series), fewer for a large
@@ -440,7 +440,9 @@ class Converter:
             memory.violations.update(violations)
         if "clockEventReasons" in gpu:
             gpu["clockEventReasons"] = sorted(gpu["clockEventReasons"])
-        if memory.xids and not gpu.get("lost"):
+        # A lost GPU keeps its XIDs, as the agent reports them (history.stamp): XID 79 is why it is lost,
+        # and XidCritical must hold while it is gone, not vanish with its frozen values.
+        if memory.xids:
             gpu["xids"] = [dict(x) for _, x in sorted(memory.xids.items())]
         throttling = changes.throttle_reasons(gpu)  # type: ignore[arg-type]
         if not throttling:

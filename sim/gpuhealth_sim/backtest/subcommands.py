@@ -106,6 +106,12 @@ def add_commands(commands: Any) -> None:
         help="also NVLink, fabric, NIC and PCIe AER facts and faults, and memory failures preceded by "
         "growing corrected errors (issue 27; off: the trace the seed always wrote)",
     )
+    generate.add_argument(
+        "--creeping-counters",
+        action="store_true",
+        help="PCIe AER correctable errors and NVLink CRC counts creeping up slowly on most nodes, below "
+        "any rule's rate, as real fleets' do (issue 52: the replay's hard case; off: the seed's old trace)",
+    )
     add_import(actions)
 
     replay = commands.add_parser(
@@ -349,7 +355,13 @@ def _generate(args: argparse.Namespace) -> int:
     from gpuhealth_sim.backtest import tracegen  # noqa: PLC0415 - imports the agent
 
     options = tracegen.Options(
-        args.node_days, args.seed, args.nodes, args.sample_seconds, args.heartbeat_seconds, args.node_faults
+        args.node_days,
+        args.seed,
+        args.nodes,
+        args.sample_seconds,
+        args.heartbeat_seconds,
+        args.node_faults,
+        creeping_counters=args.creeping_counters,
     )
     try:
         counts = tracegen.generate(options, args.out)
@@ -380,11 +392,13 @@ def replay_all(
     would replace takes the time of one replay on two cores."""
     jobs = [(trace, p, tick_seconds, score, i == 0) for i, p in enumerate(policies)]
     workers = min(len(jobs), len(os.sched_getaffinity(0)))  # the CPUs this process may use
-    if workers < 2:
+    if len(jobs) < 2:
         return [replay(*job) for job in jobs]
     # Spawned, not forked: a fork of a process with threads may copy a held lock.
     spawn = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=spawn) as pool:
+    # One task per process (max_tasks_per_child=1): each candidate is its own world even where there are
+    # fewer CPUs than candidates, so no module-level cache of one replay can reach another.
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=spawn, max_tasks_per_child=1) as pool:
         return list(pool.map(replay, *zip(*jobs, strict=True)))
 
 
@@ -395,7 +409,7 @@ def _backtest(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return USAGE_ERROR
-    from gpuhealth_sim.backtest import replayer  # noqa: PLC0415 - imports the operator
+    from gpuhealth_sim.backtest import compare, replayer  # noqa: PLC0415 - imports the operator
 
     try:
         policies = [replayer.load_policy(p) for p in args.policy]
@@ -418,15 +432,20 @@ def _backtest(args: argparse.Namespace) -> int:
             if score is not None:
                 item["score"] = score
             out.append(item)
-        print(json.dumps({"trace": str(args.trace), "policies": out}, indent=1))
+        report: dict[str, Any] = {"trace": str(args.trace), "policies": out}
+        if len(replayed) > 1:
+            report["comparison"] = compare.compare(replayed)
+        print(json.dumps(report, indent=1))
         return 0
     for result, score in replayed:
         print_text(result, score)
+    if len(replayed) > 1:
+        print("\n".join(compare.text(compare.compare(replayed), _clock)))
     return 0
 
 
 def print_text(result: replayer.Result, score: dict[str, Any] | None) -> None:
-    from gpuhealth_sim.backtest import replayer  # noqa: PLC0415 - imported by whoever made `result`
+    from gpuhealth_sim.backtest import compare, replayer  # noqa: PLC0415 - imported by whoever made `result`
 
     summary = result.summary()
     mode = "dry run" if result.dry_run else "acting"
@@ -449,12 +468,23 @@ def print_text(result: replayer.Result, score: dict[str, Any] | None) -> None:
     print(
         f"  fleet: most nodes unschedulable at once {summary['maxUnschedulable']} "
         f"(by this policy {summary['maxCordonedByPolicy']}, maxUnavailable {summary['maxUnavailable']}); "
-        f"left Pending {len(summary['pendingNodes'])}; GPU-hours out of service "
+        f"left Pending {_named(summary['pendingNodes'])}; GPU-hours out of service "
         f"{summary['gpuHoursOutOfService']}; label flaps {summary['labelFlaps']}; "
         f"replayed in {summary['replaySeconds']}s"
     )
+    opened = compare.breaker_openings(result)
+    if opened:  # a fault storm paused new disruptions: why later faults were left alone
+        print(f"  breaker opened at {', '.join(_clock(t) for t in opened)} (RemediationPaused)")
     if score is not None:
         print("  " + score_line(score))
+
+
+def _named(nodes: list[str], most: int = 20) -> str:
+    """`3 (n1, n2, n3)`: how many, and which (the first `most` of a long list)."""
+    if not nodes:
+        return "0"
+    more = f", … {len(nodes) - most} more" if len(nodes) > most else ""
+    return f"{len(nodes)} ({', '.join(nodes[:most])}{more})"
 
 
 def score_line(score: dict[str, Any]) -> str:

@@ -146,6 +146,11 @@ class Options:
     node_faults: bool = False
     """Issue 27's faults and facts: NVLink, fabric, NICs, PCIe AER, memory trends before memory failures.
     Off by default, so a seed writes the trace it wrote before (the benchmarks' figures stay comparable)."""
+    creeping_counters: bool = False
+    """Issue 52: PCIe AER correctable errors and (SXM boards) NVLink CRC counts creeping up slowly on most
+    nodes, as real fleets' do, each well below its rule's rate (never a fault). A creeping counter is a
+    change in what a verdict reads, so such a trace is the replay's hard case, which the seed's is not.
+    Off by default: a seed writes the trace it wrote before."""
 
 
 @dataclasses.dataclass
@@ -173,6 +178,9 @@ class NodePlan:
     joins: float = 0.0
     leaves: float = math.inf
     """When the node is in the fleet: a replaced node leaves, its replacement joins (REPLACED_FAULTS)."""
+    creep: list[tuple[int, float, int, float]] | None = None
+    """Per GPU with `Options.creeping_counters` (None: no creep): (AER correctable at 0, per hour, NVLink
+    CRC errors at 0, per hour)."""
 
 
 def default_nodes(node_days: float) -> int:
@@ -198,7 +206,55 @@ def plan_fleet(options: Options) -> tuple[list[NodePlan], float]:
         phase = rng.uniform(0, options.sample_seconds)
         episodes = _episodes(rng, duration, board if options.node_faults else None)
         plans.append(NodePlan(name, board, sharing, phase, episodes, node_faults=options.node_faults))
+    if options.creeping_counters:
+        _plan_creep(
+            plans, random.Random(options.seed * 7919 + 52)
+        )  # its own stream: the rest stays as it was
     return plans + [r for p in plans if (r := _replacement(p, duration)) is not None], duration
+
+
+CREEPING_SHARE: Final = 0.8
+"""With `Options.creeping_counters`: the share of nodes whose counters creep."""
+CREEP_AER_PER_HOUR: Final = (0.5, 12.0)
+CREEP_CRC_PER_HOUR: Final = (0.2, 6.0)
+"""Creep rates per GPU (uniform in these bounds): far below the rules' 100 per hour (`NvLinkDegraded`)."""
+
+
+def _plan_creep(plans: list[NodePlan], rng: random.Random) -> None:
+    for plan in plans:
+        if rng.random() >= CREEPING_SHARE:
+            continue
+        plan.creep = [
+            (
+                rng.randrange(500),
+                rng.uniform(*CREEP_AER_PER_HOUR),
+                rng.randrange(200),
+                rng.uniform(*CREEP_CRC_PER_HOUR) if rng.random() < 0.5 else 0.0,
+            )
+            for _ in range(plan.board.gpus)
+        ]
+
+
+def add_creep(gpu: dict[str, Any], plan: NodePlan, index: int, t: float) -> None:
+    """The creeping counters of one GPU at `t` (`Options.creeping_counters`), on top of any episode's."""
+    if plan.creep is None:
+        return
+    aer0, aer_rate, crc0, crc_rate = plan.creep[index]
+    aer = gpu["pcie"].setdefault("aer", {"fatal": 0, "nonFatal": 0, "correctable": 0})
+    aer["correctable"] = aer.get("correctable", 0) + aer0 + int(aer_rate * t / 3600)
+    if plan.board.kind not in NVLINKS:
+        return
+    nvlink = gpu.setdefault(
+        "nvlink",
+        {
+            "linksUp": NVLINKS[plan.board.kind],
+            "linksDown": 0,
+            "crcErrors": 0,
+            "replayErrors": 0,
+            "recoveryErrors": 0,
+        },
+    )
+    nvlink["crcErrors"] += crc0 + int(crc_rate * t / 3600)
 
 
 def _replacement(plan: NodePlan, duration: float) -> NodePlan | None:
@@ -406,6 +462,8 @@ class _Sampler:
             gpu = self._gpu(index, t, idle, cap, kinds, straggler)
             if plan.node_faults:
                 add_node_facts(gpu, plan, index, t)
+            if plan.creep is not None:
+                add_creep(gpu, plan, index, t)
             if fatal is not None and index == fatal.detail["gpu"] % board.gpus:
                 apply_fault(gpu, fatal, t)
             gpus.append(gpu)
@@ -617,6 +675,7 @@ def generate(options: Options, out: pathlib.Path) -> dict[str, int]:
         "generator": {
             "revision": REVISION,
             **({"nodeFaults": True} if options.node_faults else {}),
+            **({"creepingCounters": True} if options.creeping_counters else {}),
             "nodeDays": options.node_days,
             "seed": options.seed,
             "nodes": len(present),

@@ -264,6 +264,31 @@ def test_a_lost_gpu_is_lost_and_its_frozen_values_are_dropped(tmp_path: pathlib.
     assert lost["summary"]["gpuCount"] == 1
 
 
+def test_a_lost_gpu_keeps_its_xids_as_the_agent_reports_them(tmp_path: pathlib.Path) -> None:
+    # XID 79 (fallen off the bus) at 600 s, the GPU lost from 630 s: the agent keeps a lost GPU's XIDs
+    # (history.stamp), so XidCritical holds while it is lost. Before issue 52 the import dropped them with
+    # the lost GPU's frozen values: the node turned healthy at 630 s and a policy without a GPULost rule
+    # uncordoned a node whose GPU had fallen off the bus.
+    series: dict[tuple[str, frozenset[tuple[str, str]]], Value] = {}
+    for node in ("a", "b"):
+        series |= node_series(node)
+        for gpu in (0, 1):
+            series |= gpu_series(node, gpu)
+    series |= gpu_series("b", 0, xid79=after(600, 0, 1), lost=after(630, 0, 1))
+    out = tmp_path / "t.jsonl"
+    prometheus_import.run(options(seconds=7200), out, FakePrometheus(series))
+    _, records = read(out)
+    last = statuses(records, "b")[-1][1]["gpus"][0]
+    assert last.get("lost") is True, last
+    assert last.get("xids") == [{"code": 79, "count": 1, "lastSeen": "2026-01-05T00:10:00.000000Z"}], last
+
+    policy = json.loads(json.dumps(DRAIN_POLICY))
+    policy["spec"]["rules"] = [{"name": "xid", "condition": "XidCritical", "action": "Drain"}]
+    result = replayer.run(out, policy, tick_seconds=30)
+    acted = [a.action for a in result.actions if a.node == "b" and not a.action.startswith("Label")]
+    assert acted == ["Drain"], result.actions
+
+
 def test_where_the_series_stop_no_status_is_written_and_when_they_return_one_is_at_once(
     tmp_path: pathlib.Path,
 ) -> None:

@@ -183,3 +183,39 @@ def test_an_agent_gap_is_a_not_ready_agent_pod_and_the_replay_says_the_agent_is_
         if a.node == g["node"] and g["start"] <= a.t <= g["end"] and a.action in ("Cordon", "Drain")
     ]
     assert during == [], "missing data is never a fault"
+
+
+def test_creeping_counters_grow_slowly_on_most_nodes_and_trip_no_rule(tmp_path: pathlib.Path) -> None:
+    # Issue 52: real fleets' AER correctable and NVLink CRC counters creep; each such report is a change a
+    # verdict reads. The option adds that creep, below every rule's rate, and leaves the rest as the seed has.
+    plain, creeping = tmp_path / "plain.jsonl", tmp_path / "creeping.jsonl"
+    tracegen.generate(tracegen.Options(node_days=2, seed=5, nodes=12, sample_seconds=120), plain)
+    options = tracegen.Options(node_days=2, seed=5, nodes=12, sample_seconds=120, creeping_counters=True)
+    tracegen.generate(options, creeping)
+    with traces.open_trace(creeping) as (header, records):
+        assert header["generator"]["creepingCounters"] is True
+        gpunodes: dict[str, list[dict[str, Any]]] = {}
+        current: dict[str, dict[str, Any]] = {}
+        for record in records:
+            if record["kind"] != "gpunode" or record.get("deleted"):
+                continue
+            name = record["name"]
+            status = record.get("status") or traces.apply_status_patch(current[name], record["patch"])
+            current[name] = status
+            gpunodes.setdefault(name, []).append(status)
+    crept = []
+    for name, statuses in gpunodes.items():
+        aer = [
+            sum(g.get("pcie", {}).get("aer", {}).get("correctable", 0) for g in s["gpus"]) for s in statuses
+        ]
+        assert aer == sorted(aer), f"{name}: a counter never goes down"
+        if aer[-1] > aer[0]:
+            crept.append(name)
+    assert len(crept) >= 0.6 * len(gpunodes), (len(crept), len(gpunodes))
+    with traces.open_trace(plain) as (_, plain_records):
+        plain_truth = [r for r in plain_records if r["kind"] == "truth"]
+    with traces.open_trace(creeping) as (_, creeping_records):
+        assert [r for r in creeping_records if r["kind"] == "truth"] == plain_truth, "the same faults"
+    result = replayer.run(creeping, replayer.load_policy(POLICY))
+    reasons = {a.reason for a in result.actions}
+    assert not any("NvLinkDegraded" in r or "PcieErrors" in r for r in reasons), reasons
