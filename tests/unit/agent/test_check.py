@@ -150,7 +150,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         cli.main(["--version"])
     assert exited.value.code == 0
-    assert re.fullmatch(r"gpu-health-agent \d+\.\d+\.\d+\n", capsys.readouterr().out)
+    assert re.fullmatch(r"gpu-health-agent \d+\.\d+\.\d+(\.dev\d+|rc\d+)?\n", capsys.readouterr().out)
 
 
 def test_problems_are_sorted_worst_first() -> None:

@@ -27,8 +27,9 @@ def agent(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_version_has_one_source_of_truth() -> None:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert __version__ == project["version"]
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" in pyproject["project"]["dynamic"]  # read from gpuhealth_api.__version__ at build time
+    assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "gpuhealth_api.__version__"}
     done = agent("--version")
     assert (done.returncode, done.stdout) == (0, f"gpu-health-agent {__version__}\n")
 
