@@ -85,7 +85,7 @@ lint: venv ## ruff, mypy, import-linter, helm lint, promtool check rules, action
 .PHONY: lint-chart
 lint-chart: venv testbin ## helm lint every chart values variant; CRD copy not drifted; promtool check rules on the rendered rules
 	hack/sync-chart-crds.sh --check
-	for f in charts/gpu-health/ci/*-values.yaml; do "$(TESTBIN)/helm" lint --strict charts/gpu-health -f "$$f" || exit 1; done
+	for f in charts/gpu-health/ci/*-values.yaml charts/gpu-health/platforms/*.yaml; do "$(TESTBIN)/helm" lint --strict charts/gpu-health -f "$$f" || exit 1; done
 	$(PY) hack/chart_rules.py --helm "$(TESTBIN)/helm" --check
 
 .PHONY: lint-ci

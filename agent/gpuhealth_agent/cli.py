@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Final
 import prometheus_client
 
 from gpuhealth_agent import (
+    access_hints,
     check,
     dcgm,
     dcgm_discovery,
@@ -372,6 +373,7 @@ def _run(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
         boot_id=_boot_id(),
         boot_time=_boot_time(),
         sysfs_root=(args.sysfs_root or None) if plan is None else None,
+        gpu_access=access_hints.from_environment(),
     )
     registry = prometheus_client.CollectorRegistry()
     try:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Final
 
 from gpuhealth_agent import (
+    access_hints,
     changes,
     collector,
     dcgm,
@@ -64,6 +65,8 @@ class Settings:
     sysfs_root: str | None = None
     """Where to read PCIe AER and InfiniBand ports (`/sys` in production); None: the simulated
     backend's own tree if it has one (simulated.sysfs_root), else no sysfs facts."""
+    gpu_access: access_hints.GpuAccess | None = None
+    """How the chart says the pod reaches the GPUs; names the likely fix when the agent sees none."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,8 +333,8 @@ class Agent:
             reason=vocabulary.AgentErrorReason.NO_GPUS_VISIBLE.value,
             message=(
                 f"{seen} since the agent started, but {should}: the container runtime likely hides the "
-                "GPUs from the agent (check the agent pod's runtimeClassName, NVIDIA_VISIBLE_DEVICES and "
-                "device mounts). No GPU is judged until the agent sees them."
+                f"GPUs from the agent: {access_hints.hint(self.settings.gpu_access)}. "
+                "No GPU is judged until the agent sees them."
             ),
             since=self._error_since,
         )

@@ -430,6 +430,12 @@ async def _end_term(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["apply-crds"]:
+        # The chart's init container: the CRDs Helm never upgrades, before the operator starts.
+        from gpuhealth_operator import crd_upgrade  # noqa: PLC0415  (loads the Kubernetes client)
+
+        sys.exit(crd_upgrade.main(args[1:]))
     heap.tune_allocator()
     config = parse_args(argv)
     logformat.configure(config.log_level, config.log_format)

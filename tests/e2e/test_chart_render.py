@@ -119,7 +119,9 @@ def test_default_install_is_hardened_and_wired(control_plane: local.ControlPlane
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
     assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
-    assert ag_pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    # GPU nodes by each platform's label, ORed (test_chart_platforms.py): no nodeSelector to AND them.
+    assert "nodeSelector" not in ag_pod
+    assert ag_pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists"} in ag_pod["tolerations"]
     assert ag_pod["priorityClassName"] == "system-node-critical"
     assert "runtimeClassName" not in ag_pod
@@ -277,17 +279,6 @@ CONTRADICTIONS = [
     (
         ["--set", "operator.leaderElection.enabled=false"],
         "operator.replicas > 1 needs operator.leaderElection",
-    ),
-    (
-        [
-            "--set",
-            "defaultPolicy.enabled=true",
-            "--set",
-            "defaultPolicy.dryRun=false",
-            "--set",
-            "defaultPolicy.nodeSelector.matchLabels=null",
-        ],
-        "selects every node",
     ),
     (
         ["--set", "operator.leaderElection.renewDeadlineSeconds=15"],

@@ -149,6 +149,47 @@ its pod and, when image is set, that image in every container. Unset knobs leave
 {{- if $image }}
 {{- range $pod.containers }}{{ $_ := set . "image" $image }}{{ end }}
 {{- end }}
-{{- with $root.Values.repair.runtimeClassName }}{{ $_ := set $pod "runtimeClassName" . }}{{ end }}
+{{- with include "gpu-health.runtimeClass" (list $root $root.Values.repair.runtimeClassName) }}{{ $_ := set $pod "runtimeClassName" . }}{{ end }}
 {{- toYaml $job }}
+{{- end }}
+
+{{/*
+The RuntimeClass a GPU pod runs in, from a value: `auto` -> `nvidia` when the cluster has a RuntimeClass of that
+name (GPU Operator >= 25.10 uses CDI by default, and a pod that reaches the GPUs through NVIDIA_VISIBLE_DEVICES
+needs the `nvidia` class there), else none; "" -> none; any other string -> that class. `lookup` answers nothing
+under `helm template` (no cluster), so `auto` renders no class there: give the name to render it offline.
+*/}}
+{{- define "gpu-health.runtimeClass" -}}
+{{- $root := index . 0 -}}
+{{- $value := index . 1 -}}
+{{- if eq $value "auto" -}}
+{{- if lookup "node.k8s.io/v1" "RuntimeClass" "" "nvidia" -}}nvidia{{- end -}}
+{{- else -}}
+{{- $value -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+The Pod Security level the agent's pods need in the release namespace: a hostPath or a privileged container is
+admitted only at `privileged` (Pod Security Standards: baseline forbids both).
+*/}}
+{{- define "gpu-health.agent.podSecurityLevel" -}}
+{{- if or (has .Values.agent.gpuAccess.mode (list "volumeMounts" "hostDriver" "privileged")) (and (ne .Values.agent.backend "sim") (eq .Values.agent.sysfs.source "host")) -}}
+privileged
+{{- else -}}
+restricted
+{{- end -}}
+{{- end }}
+
+{{/*
+The GPU node selection of the agent as node affinity: the platform labels of agent.gpuNodeSelectorTerms, ORed
+(a nodeSelector can only AND), merged into agent.affinity unless that brings its own nodeAffinity.
+*/}}
+{{- define "gpu-health.agent.affinity" -}}
+{{- $affinity := deepCopy (default (dict) .Values.agent.affinity) -}}
+{{- if and .Values.agent.gpuNodeSelectorTerms (not (hasKey $affinity "nodeAffinity")) -}}
+{{- $required := dict "nodeSelectorTerms" .Values.agent.gpuNodeSelectorTerms -}}
+{{- $_ := set $affinity "nodeAffinity" (dict "requiredDuringSchedulingIgnoredDuringExecution" $required) -}}
+{{- end -}}
+{{- if $affinity }}{{ toYaml $affinity }}{{ end -}}
 {{- end }}

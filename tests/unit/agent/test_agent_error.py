@@ -10,7 +10,7 @@ from typing import Any
 
 import prometheus_client
 
-from gpuhealth_agent import check, metrics, reporter, runner, scenario, simulated, xids
+from gpuhealth_agent import access_hints, check, metrics, reporter, runner, scenario, simulated, xids
 from gpuhealth_api import status, vocabulary
 
 START = 1_800_000_000.0
@@ -194,3 +194,39 @@ def test_gpus_listed_but_none_readable_say_so() -> None:
     error = agent.run_once().status["agent"]["error"]
     assert error["reason"] == NO_GPUS
     assert error["message"].startswith("NVML lists GPUs but cannot open any (NoPermission)")
+
+
+def blind_message(access: access_hints.GpuAccess | None) -> str:
+    cluster = Cluster()
+    lib = Hidden(scenario.parse("gpus: 8\n"), clock=lambda: 0.0, start=0.0, identity_seed="n")
+    settings = runner.Settings(
+        "n", runner.BACKEND_NVML, interval_seconds=1, event_thread=False, gpu_access=access
+    )
+    agent = runner.Agent(
+        settings,
+        lib,
+        report=reporter.Reporter(cluster, heartbeat_seconds=60),  # type: ignore[arg-type]
+        agent_metrics=metrics.AgentMetrics(prometheus_client.CollectorRegistry()),
+        clock=lambda: START,
+    )
+    agent.run_once()
+    message: str = cluster.writes[0]["agent"]["error"]["message"]
+    return message
+
+
+def test_no_gpu_visible_without_a_runtime_class_names_the_gpu_operator_cdi_cause_and_the_value() -> None:
+    """GPU Operator >= 25.10 uses CDI by default: NVIDIA_VISIBLE_DEVICES works only in its `nvidia` class."""
+    message = blind_message(access_hints.GpuAccess(mode="envvar", runtime_class=""))
+    assert "CDI" in message
+    assert "agent.runtimeClassName=nvidia" in message
+
+
+def test_no_gpu_visible_in_the_nvidia_class_names_the_unprivileged_env_var_cause_and_the_value() -> None:
+    """The runtime class is there, so the toolkit itself refuses the env var of an unprivileged pod."""
+    message = blind_message(access_hints.GpuAccess(mode="envvar", runtime_class="nvidia"))
+    assert "agent.gpuAccess.mode=volumeMounts" in message
+
+
+def test_no_gpu_visible_without_an_nvidia_runtime_names_the_host_driver_mode() -> None:
+    message = blind_message(access_hints.GpuAccess(mode="volumeMounts", runtime_class=""))
+    assert "agent.gpuAccess.mode=hostDriver" in message
