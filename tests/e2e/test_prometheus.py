@@ -338,6 +338,18 @@ def run(
         (alert,) = prometheus.alerts("GPUHealthNodesUnhealthy", policy=policy)
         assert alert["labels"]["severity"] == "warning"
         assert alert["annotations"]["summary"] == f"1 GPU node(s) Unhealthy under policy {policy}"
+        # The per-node alert names the node (a series only for it: the healthy nodes have none).
+        wait(
+            lambda: (
+                prometheus.state("GPUHealthNodeUnhealthy", node=sick, condition="EccUncorrectable")
+                == "firing"
+            ),
+            "GPUHealthNodeUnhealthy firing for the sick node",
+            FIRING_TIMEOUT_SECONDS,
+        )
+        assert {a["labels"]["node"] for a in prometheus.alerts("GPUHealthNodeUnhealthy", policy=policy)} == {
+            sick
+        }
         wait(
             lambda: prometheus.state("GPUHealthAgentsStale", policy=policy) == "pending",
             "GPUHealthAgentsStale pending (three missed heartbeats)",
@@ -372,6 +384,7 @@ def run(
     wait(lambda: not mission.cordoned(sick), "the sick node uncordoned after its repair")
     for name, labels in (
         ("GPUHealthNodesUnhealthy", {"policy": policy}),
+        ("GPUHealthNodeUnhealthy", {"node": sick}),
         ("GPUHealthAgentsStale", {"policy": policy}),
         ("GPUHealthAgentScrapeDown", {"node": hung}),
     ):
