@@ -15,6 +15,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -194,31 +195,42 @@ def test_view_alone_reads_gpunodes_but_not_nodes_nor_drills(oncall: Oncall) -> N
     assert keys.DRILL_ANNOTATION not in (oncall.gpunode()["metadata"].get("annotations") or {})
 
 
-def test_status_watch_redraws_on_a_change(oncall: Oncall) -> None:
+def test_status_watch_redraws_on_a_change(oncall: Oncall, tmp_path: Path) -> None:
     """`--watch-count 2`: the first screen, then the next that differs (the node turns Healthy)."""
     env = oncall.cp.env()
     env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"
     command = [str(oncall.cp.binaries / "kubectl"), "gpuhealth", "--as", oncall.user, "status"]
-    watcher = subprocess.Popen(
-        [*command, "--watch", "--interval", "0.2", "--watch-count", "2"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert watcher.stdout is not None
-        first = watcher.stdout.readline()  # the "--- time" header of the first screen: it has drawn
-        assert first.startswith("--- "), first
-        oncall.set_health("Healthy", "", "None")
-        out, err = watcher.communicate(timeout=TIMEOUT)
-    finally:
-        watcher.kill()
-        watcher.wait()
+    with (tmp_path / "stderr").open("w+") as stderr:
+        watcher = subprocess.Popen(
+            [*command, "--watch", "--interval", "0.2", "--watch-count", "2"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+        # A deadline for the reads below: kill a watch that never ends (read() would wait forever).
+        deadline = threading.Timer(TIMEOUT, watcher.kill)
+        deadline.start()
+        try:
+            assert watcher.stdout is not None
+            first = watcher.stdout.readline()  # the "--- time" header of the first screen: it has drawn
+            assert first.startswith("--- "), first
+            oncall.set_health("Healthy", "", "None")
+            # read(), not communicate(): communicate reads the pipe itself, losing what readline buffered.
+            out = watcher.stdout.read()
+            watcher.wait(timeout=TIMEOUT)
+        finally:
+            deadline.cancel()
+            watcher.kill()
+            watcher.wait()
+            if watcher.stdout is not None:
+                watcher.stdout.close()
+        stderr.seek(0)
+        err = stderr.read()
     assert watcher.returncode == 0, err
     screens = (first + out).split("--- ")[1:]
     assert len(screens) == 2
-    assert oncall.node in screens[0] and "Every GPU node is Healthy" in screens[1]
+    assert oncall.node in screens[0] and "Every GPU node is Healthy" in screens[1], first + out
     oncall.set_health("Unhealthy", "EccUncorrectable,ThermalThrottled", "DryRun")
 
     # Without a count it runs until Ctrl-C, which ends it quietly with exit 0.
