@@ -131,6 +131,13 @@ def parser() -> argparse.ArgumentParser:
         help="port for /metrics and /healthz (default 9101; 0 = any free)",
     )
     run.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    run.add_argument(
+        "--gpu-telemetry-metrics",
+        choices=["on", "off"],
+        default="on",
+        help="off: no temperature, power and SM clock series on /metrics, where dcgm-exporter exports "
+        "them (fault series and GPUNode facts stay; default on)",
+    )
     chk = sub.add_parser(
         "check",
         help="read the GPUs once and print their health",
@@ -387,7 +394,7 @@ def _run(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
         settings,
         lib,
         report=reporter.Reporter(cluster, heartbeat_seconds=args.heartbeat),
-        agent_metrics=metrics.AgentMetrics(registry),
+        agent_metrics=metrics.AgentMetrics(registry, gpu_telemetry=args.gpu_telemetry_metrics == "on"),
         dcgm_source=_dcgm(args, api_client, args.node_name),
     )
     server = health.HealthServer(args.metrics_port, agent.liveness, registry).start()

@@ -41,18 +41,26 @@ NIC_ERRORS: Final = (("linkDowned", "link_downed"), ("symbolErrors", "symbol"), 
 FABRIC_CODES: Final = {name: code for code, name in nvml.FABRIC_STATES.items()}
 
 
+TELEMETRY_METRICS: Final = frozenset({facts.TEMPERATURE, facts.POWER, facts.SM_CLOCK})
+"""What dcgm-exporter exports as well (DCGM_FI_DEV_GPU_TEMP, _POWER_USAGE, _SM_CLOCK), sampled every few
+seconds per GPU: the bulk of a fleet's series. `gpu_telemetry=False` leaves them to it; every fault
+series stays (the operator judges GPUNode status, never these series)."""
+
+
 class AgentMetrics:
     """The agent's metric families, registered in `registry`."""
 
-    def __init__(self, registry: prometheus_client.CollectorRegistry) -> None:
+    def __init__(self, registry: prometheus_client.CollectorRegistry, *, gpu_telemetry: bool = True) -> None:
         self.registry = registry
         g, c, h = prometheus_client.Gauge, prometheus_client.Counter, prometheus_client.Histogram
         r = registry
         self.facts = {
             metric: g(f"{PREFIX}_{metric.name}", metric.help, (*GPU_LABELS, *metric.labels), registry=r)
             for metric in facts.METRICS
+            if gpu_telemetry or metric not in TELEMETRY_METRICS
         }
-        """One gauge family per fact metric of the fact table (facts.METRICS)."""
+        """One gauge family per fact metric of the fact table (facts.METRICS), less the telemetry ones
+        when `gpu_telemetry` is off (not registered at all: no family, no series)."""
         self.xids = c(
             f"{PREFIX}_gpu_xid_errors",
             "XID errors the agent received, by code.",
@@ -255,9 +263,9 @@ class AgentMetrics:
             value: Any = gpu
             for name in fact.path:
                 value = value.get(name) if isinstance(value, dict) else None
-            if value is None:
+            family = self.facts.get(fact.metric)
+            if value is None or family is None:
                 continue
-            family = self.facts[fact.metric]
             if fact.type is facts.Type.REASONS:
                 active = set(value)
                 for name in facts.REASON_BITS:

@@ -1,8 +1,9 @@
 """Prometheus metrics of the operator, all named `gpuhealth_operator_…`, in their own registry.
 
 Label values are bounded sets (health, action, condition/reason names, eviction
-results, policy names, GPU model names): no per-node or per-GPU labels, so the
-series count does not grow with the fleet.
+results, policy names, GPU model names): no per-GPU labels, and a `node` label
+only on `node_unhealthy`, whose series exist only for nodes not Healthy, so the
+series count follows the nodes in trouble, not the fleet.
 
 The fleet SLIs (GPUs by policy and model, out of service by reason, GPU-hours
 lost) are set from per-policy tallies (`GPUTally`) that the timer's pass
@@ -44,6 +45,7 @@ LABEL_MODEL = "model"
 LABEL_CONDITION = "condition"
 LABEL_KEY = "key"
 LABEL_VALUE = "value"
+LABEL_NODE = "node"
 
 OUT_OF_SERVICE_REASONS = ("cordoned", "isolated", "unknown")
 """Why GPUs a policy selects are out of service: on a node the policy cordoned; on a node kept free of
@@ -124,6 +126,7 @@ class Metrics:
     repairs: prometheus_client.Counter
     nodes_retired: FleetGauge
     repair_duration: prometheus_client.Histogram
+    node_unhealthy: FleetGauge
     _models: dict[str, set[str]] = dataclasses.field(default_factory=dict)
     """Models each policy's GPU series exist for (a model gone from the policy loses its series)."""
     _counted_at: dict[str, datetime.datetime] = dataclasses.field(default_factory=dict)
@@ -131,6 +134,8 @@ class Metrics:
     """Each policy's last GPU tally: carried forward while nothing it counts moved (`carry_gpus`)."""
     _domains: dict[tuple[str, str], set[tuple[str, str]]] = dataclasses.field(default_factory=dict)
     """(which gauge, policy) → the domains (key, value) its `domain_*` series exist for."""
+    _troubled: dict[str, set[tuple[str, str, str]]] = dataclasses.field(default_factory=dict)
+    """policy → the (node, condition, health) its `node_unhealthy` series exist for."""
     _standby: bool = False
     """The Lease was lost: fleet gauges hidden (set_leading(True) clears and shows them again)."""
 
@@ -319,6 +324,14 @@ class Metrics:
                 buckets=REPAIR_BUCKETS_SECONDS,
                 registry=registry,
             ),
+            node_unhealthy=FleetGauge(
+                f"{PREFIX}_node_unhealthy",
+                "1 for each true condition of each node the policy judges not Healthy (for an Unknown "
+                "node: why nothing is judged, e.g. AgentStale), with its health; no series for a "
+                "Healthy node, so alerts can name the node at a cost that follows the nodes in trouble.",
+                [LABEL_POLICY, LABEL_NODE, LABEL_CONDITION, LABEL_HEALTH],
+                registry=registry,
+            ),
         )
         for gauge in meters.fleet_gauges():
             gauge.shown = lambda: not meters._standby
@@ -348,6 +361,7 @@ class Metrics:
             self.domain_degraded,
             self.nodes_retired,
             self.domain_at_budget,
+            self.node_unhealthy,
         )
 
     def follow_passes(self, waiting: Callable[[], int]) -> None:
@@ -367,6 +381,7 @@ class Metrics:
             self._counted_at.clear()  # the time between terms is not lost GPU time this replica saw
             self._tallies.clear()
             self._domains.clear()
+            self._troubled.clear()
         self._standby = not leading
         self.leader.set(1 if leading else 0)
 
@@ -395,6 +410,21 @@ class Metrics:
         self._tallies.pop(name, None)
         self.set_degraded_domains(name, ())
         self.set_domains_at_budget(name, ())
+        self.set_unhealthy_nodes(name, ())
+
+    def set_unhealthy_nodes(self, policy: str, troubled: Iterable[tuple[str, str, str]]) -> None:
+        """The policy's nodes in trouble are `troubled` (node, condition, health): 1 for each, and the
+        series of a node that recovered (or left the policy) removed, so only they carry a series."""
+        now = set(troubled)
+        for node, condition, health in self._troubled.get(policy, set()) - now:
+            with contextlib.suppress(KeyError):
+                self.node_unhealthy.remove(policy, node, condition, health)
+        for node, condition, health in now:
+            self.node_unhealthy.labels(policy, node, condition, health).set(1)
+        if now:
+            self._troubled[policy] = now
+        else:
+            self._troubled.pop(policy, None)
 
     def set_degraded_domains(self, policy: str, degraded: Iterable[tuple[str, str]]) -> None:
         """The policy's degraded domains are `degraded` (key, value): 1 for each, and the series of a

@@ -227,6 +227,17 @@ async def run(ctx: context.Context) -> None:
         await asyncio.sleep(max(0.05, ctx.config.tick_seconds - elapsed))
 
 
+def _troubles(node: str, verdict: model.NodeVerdict) -> list[tuple[str, str, str]]:
+    """`node_unhealthy`'s series for one verdict: each true condition of a node not Healthy; an Unknown
+    node's one reason (it judges nothing else)."""
+    health = verdict.health
+    if health is vocabulary.Health.HEALTHY:
+        return []
+    if health is vocabulary.Health.UNKNOWN:
+        return [(node, verdicts.unknown_reason(verdict).value, health.value)]
+    return [(node, issue.value, health.value) for issue in verdict.issues]
+
+
 def policy_status(
     ctx: context.Context, name: str, now: datetime.datetime, *, count_gpus: bool = False
 ) -> dict[str, Any]:
@@ -242,6 +253,7 @@ def policy_status(
     generation = 0
     drain_failed = 0
     retired = 0
+    troubled: list[tuple[str, str, str]] = []  # (node, condition, health): node_unhealthy's series
     if policy is not None:
         generation = policy.generation
         for node in ctx.cache.selection(policy).selected:
@@ -256,6 +268,7 @@ def policy_status(
                     counts["unhealthyNodes"] += 1
                 elif verdict.health is vocabulary.Health.UNKNOWN:
                     unknown_counts[verdicts.unknown_reason(verdict).value] += 1
+                troubled.extend(_troubles(record.view.name, verdict))
                 if count_gpus:
                     _tally_gpus(ctx, tally, name, record, verdict)
             if record.view.unschedulable and record.view.cordoned_by == name:
@@ -273,6 +286,7 @@ def policy_status(
         ctx.meters.budget_pending.labels(name).set(counts["pendingNodes"])
         ctx.meters.drain_failed_nodes.labels(name).set(drain_failed)
         ctx.meters.nodes_retired.labels(name).set(retired)
+        ctx.meters.set_unhealthy_nodes(name, troubled)
         if count_gpus:
             ctx.meters.record_gpus(name, tally, now)
     if error is not None:

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpuhealth_api import keys, timestamps, vocabulary
-from gpuhealth_kubectl import completion, views
+from gpuhealth_api import __version__, keys, timestamps, vocabulary
+from gpuhealth_kubectl import completion, views, watch
 from gpuhealth_operator.decisions import drill as drills
 
 EXIT_FAILED = 1
@@ -45,6 +45,19 @@ def parser() -> argparse.ArgumentParser:
         help="the kubeconfig context to use (default: its current one)",
     )
     common.add_argument(
+        "--as",
+        dest="as_user",
+        metavar="USER",
+        default=argparse.SUPPRESS,
+        help="act as this user (impersonation, as kubectl --as): try what an on-call role allows",
+    )
+    common.add_argument(
+        "--as-group",
+        metavar="GROUP",
+        default=argparse.SUPPRESS,
+        help="act as a member of this group (with --as; one group)",
+    )
+    common.add_argument(
         "-o", "--output", choices=completion.OUTPUTS, default=argparse.SUPPRESS, help="text (default) or json"
     )
     top = argparse.ArgumentParser(
@@ -52,12 +65,24 @@ def parser() -> argparse.ArgumentParser:
         parents=[common],
         description="gpu-health day 2: the fleet at a glance, why a node was acted on, drills, pausing.",
     )
+    top.add_argument("--version", action="version", version=f"kubectl-gpuhealth {__version__}")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    commands.add_parser(
+    status = commands.add_parser(
         "status",
         parents=[common],
         help="the fleet at a glance: health per policy, budgets, breakers, nodes acted on",
     )
+    status.add_argument(
+        "-w", "--watch", action="store_true", help="poll and redraw on each change until Ctrl-C"
+    )
+    status.add_argument(
+        "--interval",
+        type=watch.interval,
+        default=watch.DEFAULT_INTERVAL,
+        help=f"seconds between polls with --watch (default {watch.DEFAULT_INTERVAL:g})",
+    )
+    # Hidden: stop after this many draws (tests and scripts; a person presses Ctrl-C).
+    status.add_argument("--watch-count", type=int, default=None, help=argparse.SUPPRESS)
     why = commands.add_parser(
         "why",
         parents=[common],
@@ -105,14 +130,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "drill" and not args.stop and not args.condition:
         print("kubectl gpuhealth drill: error: CONDITION is required (or --stop)", file=sys.stderr)
         return EXIT_USAGE
+    if getattr(args, "as_group", None) and not getattr(args, "as_user", None):
+        print("kubectl gpuhealth: error: --as-group needs --as", file=sys.stderr)
+        return EXIT_USAGE
     output = getattr(args, "output", "text")
     try:
-        kube = cluster.Cluster(getattr(args, "kubeconfig", None), getattr(args, "context", None))
+        kube = cluster.Cluster(
+            getattr(args, "kubeconfig", None),
+            getattr(args, "context", None),
+            as_user=getattr(args, "as_user", None),
+            as_group=getattr(args, "as_group", None),
+        )
     except cluster.Unreachable as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_UNREACHABLE
     try:
         report, text = COMMANDS[args.command](kube, args)
+        if args.command == "status" and args.watch:
+            _watch(kube, args, output, (report, text))
+            return 0
     except cluster.Unreachable as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_UNREACHABLE
@@ -131,13 +167,37 @@ def main(argv: Sequence[str] | None = None) -> int:
 Result = tuple[dict[str, Any], str]
 
 
+def _watch(kube: cluster.Cluster, args: argparse.Namespace, output: str, first: Result) -> None:
+    """`status --watch`: the first poll's error ended the command already (exit code as usual); a
+    later one (an API server restarting) is drawn as the screen and polled again."""
+    pending: list[Result] = [first]
+
+    def poll() -> tuple[str, str]:
+        try:
+            report, text = pending.pop() if pending else run_status(kube, args)
+        except (cluster.Unreachable, cluster.ApiError, cluster.NotFound) as error:
+            return f"error: {error}", f"error: {error}\n"
+        data = json.dumps(report, sort_keys=True, default=str)
+        return data, (data + "\n" if output == "json" else text)
+
+    watch.watch(
+        poll,
+        interval=args.interval,
+        count=args.watch_count,
+        sleep=time.sleep,
+        out=sys.stdout,
+        tty=output != "json" and sys.stdout.isatty(),
+        header=output != "json",
+    )
+
+
 def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
 def run_status(kube: cluster.Cluster, _: argparse.Namespace) -> Result:
     report = views.status_report(kube.policies(), kube.gpunodes(), kube.nodes(), _now())
-    return report, views.render_status(report)
+    return report, views.render_status(report, _now())
 
 
 def run_why(kube: cluster.Cluster, args: argparse.Namespace) -> Result:

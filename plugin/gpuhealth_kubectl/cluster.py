@@ -49,7 +49,14 @@ class ApiError(Exception):
 class Cluster:
     """One API server, as the kubeconfig's (or `--context`'s) context names it."""
 
-    def __init__(self, kubeconfig: str | None = None, context: str | None = None) -> None:
+    def __init__(
+        self,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        *,
+        as_user: str | None = None,
+        as_group: str | None = None,
+    ) -> None:
         configuration = client.Configuration()
         try:
             # None: $KUBECONFIG (every listed file, merged as kubectl does), else ~/.kube/config.
@@ -63,6 +70,12 @@ class Cluster:
         self.server: str = configuration.host
         self.sleep: Callable[[float], None] = time.sleep
         self._api = client.ApiClient(configuration)
+        # Impersonation as kubectl's --as/--as-group send it: the API server checks that the kubeconfig's
+        # user may `impersonate`, then authorizes every request as the named user.
+        if as_user:
+            self._api.set_default_header("Impersonate-User", as_user)  # type: ignore[no-untyped-call]
+        if as_group:
+            self._api.set_default_header("Impersonate-Group", as_group)  # type: ignore[no-untyped-call]
         self._core = client.CoreV1Api(self._api)
         self._custom = client.CustomObjectsApi(self._api)
 

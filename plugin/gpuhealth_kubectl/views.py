@@ -68,6 +68,13 @@ def age(value: object, now: datetime.datetime) -> str:
     return f"{seconds}s"
 
 
+def issue_list(value: object) -> list[str]:
+    """`status.issues` (comma-joined on the GPUNode, as `kubectl get` prints it) as a list for JSON."""
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    return [w.strip() for w in str(value or "").split(",") if w.strip()]
+
+
 def _node_view(node: Body | None, name: str) -> model.NodeView:
     meta = _meta(node or {})
     return model.NodeView(
@@ -112,13 +119,13 @@ def _verdict(gpunode: Body, policy: str) -> Body:
     own = _status(gpunode)
     verdicts = _policy_verdicts(gpunode)
     if policy in verdicts:
-        return dict(verdicts[policy])
+        return {**verdicts[policy], "issues": issue_list(verdicts[policy].get("issues"))}
     if verdicts:  # several policies judged the node, not this one yet: the status reports another's
         return {"policy": policy, "health": None, "issues": None, "action": None}
     return {
         "policy": policy,
         "health": own.get("health"),
-        "issues": own.get("issues"),
+        "issues": issue_list(own.get("issues")),
         "action": own.get("action"),
     }
 
@@ -171,9 +178,10 @@ def _node_row(g: Body, now: datetime.datetime) -> Report:
     row: Report = {
         "node": _name(g),
         "health": _status(g).get("health") or "Unknown",
-        "issues": _status(g).get("issues") or "",
+        "issues": issue_list(_status(g).get("issues")),
         "action": _status(g).get("action") or "",
-        "heartbeat": age((_status(g).get("agent") or {}).get("lastHeartbeatTime"), now),
+        # A time, not an age: JSON is for scripts; the table shows the age (render_status).
+        "lastHeartbeatTime": (_status(g).get("agent") or {}).get("lastHeartbeatTime"),
     }
     retired = retired_for(_status(g).get("repairs") or []) if row["action"] == "Retired" else None
     if retired is not None:  # healthy by now, maybe: what it was retired for
@@ -182,9 +190,8 @@ def _node_row(g: Body, now: datetime.datetime) -> Report:
 
 
 def _issues_words(row: Mapping[str, Any]) -> str:
-    words = [
-        w for w in (row.get("issues"), row.get("retiredFor") and f"retired for {row['retiredFor']}") if w
-    ]
+    issues = ",".join(row.get("issues") or [])
+    words = [w for w in (issues, row.get("retiredFor") and f"retired for {row['retiredFor']}") if w]
     return "; ".join(str(w) for w in words) or "-"
 
 
@@ -298,7 +305,8 @@ def _degraded_domains(policy_bodies: Sequence[Body], nodes: Sequence[Body]) -> l
     return [{"key": k, "value": v, "nodes": sorted(names)} for (k, v), names in sorted(groups.items())]
 
 
-def render_status(report: Report) -> str:
+def render_status(report: Report, now: datetime.datetime | None = None) -> str:
+    now = now or datetime.datetime.now(datetime.UTC)
     lines = []
     counts = ", ".join(f"{n} {h}" for h, n in report["health"].items()) or "none reported"
     lines.append(f"GPU nodes: {report['gpuNodes']} ({counts})")
@@ -336,7 +344,7 @@ def render_status(report: Report) -> str:
     if report["nodes"]:
         table = [["NODE", "HEALTH", "ISSUES", "ACTION", "HEARTBEAT"]]
         table += [
-            [n["node"], n["health"], _issues_words(n), n["action"] or "-", n["heartbeat"]]
+            [n["node"], n["health"], _issues_words(n), n["action"] or "-", age(n["lastHeartbeatTime"], now)]
             for n in report["nodes"]
         ]
         lines.extend(_table(table))
@@ -531,7 +539,7 @@ def why_report(
             if k in {"version", "backend", "lastHeartbeatTime", "error", "driverVersion"}
         },
         "health": own.get("health"),
-        "issues": own.get("issues") or "",
+        "issues": issue_list(own.get("issues")),
         "action": own.get("action"),
         "facts": gpu_facts(gpunode or {}),
         "straggler": own.get("straggler"),
@@ -584,7 +592,7 @@ def render_why(report: Report, now: datetime.datetime) -> str:
     if not report["gpuNodeExists"]:
         lines.append(f"{name}: no GPUNode, so no agent reports on this node and no policy judges it.")
     else:
-        issues = report["issues"] or "no issues"
+        issues = ",".join(report["issues"]) or "no issues"
         retired = report.get("retiredFor")
         why = ""
         if retired:
@@ -659,7 +667,7 @@ def render_why(report: Report, now: datetime.datetime) -> str:
         verdict = p.get("verdict") or {}
         dry_run = verdict.get("dryRun", p["dryRun"])  # as judged; the spec may have changed since
         mode = " (dryRun: decides and says, changes nothing)" if dry_run else ""
-        issues = f" ({verdict['issues']})" if verdict.get("issues") else ""
+        issues = f" ({','.join(issue_list(verdict['issues']))})" if verdict.get("issues") else ""
         lines.append(
             f"  policy {p['policy']}{mode}: {verdict.get('health') or 'not judged yet'}{issues},"
             f" action {verdict.get('action') or '-'}"

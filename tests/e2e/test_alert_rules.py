@@ -50,8 +50,9 @@ SAMPLE_SUFFIXES: Final = {
     "gauge": ("",),
     "summary": ("_count", "_sum", ""),
 }
-SCRAPE_LABELS: Final = frozenset({"job", "instance"})
-"""Target labels every scraped series carries."""
+SCRAPE_LABELS: Final = frozenset({"job", "instance", "cluster"})
+"""Target labels every scraped series carries; `cluster` where a multi-cluster setup adds it (a target or
+external label: the records keep it, the dashboard's $cluster selects it; absent, it changes nothing)."""
 EXTERNAL: Final = {
     # kube-state-metrics (the cordon and idle records; documented in docs/alerts.md).
     "kube_node_spec_unschedulable": frozenset({"node"}),

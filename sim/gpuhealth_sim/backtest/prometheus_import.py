@@ -40,6 +40,7 @@ import json
 import math
 import pathlib
 import re
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -49,8 +50,8 @@ from typing import Any, Final
 
 from gpuhealth_agent import changes, facts, history, metrics, nvml
 from gpuhealth_api import heartbeats, keys, timestamps
+from gpuhealth_sim.backtest import http_auth, traces
 from gpuhealth_sim.backtest import progress as progressing
-from gpuhealth_sim.backtest import traces
 from gpuhealth_sim.backtest.defaults import AGENT, NODE_LABELS
 
 POINTS_PER_QUERY: Final = 1_000
@@ -123,7 +124,8 @@ class Counts:
 
 
 class HttpFetch:
-    """Prometheus' HTTP API over urllib, with bounded retries (network errors and 5xx only)."""
+    """Prometheus' HTTP API over urllib, with bounded retries (network errors and 5xx only), sending
+    `auth`'s headers (bearer token or basic auth, extra ones such as a tenant) over its TLS context."""
 
     def __init__(
         self,
@@ -131,11 +133,15 @@ class HttpFetch:
         timeout_seconds: float = 30.0,
         retries: int = RETRIES,
         sleep: Callable[[float], None] | None = None,
+        auth: http_auth.Auth | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.timeout_seconds = timeout_seconds
         self.retries = retries
         self.sleep = sleep or time.sleep
+        auth = auth or http_auth.Auth()
+        self.headers = auth.request_headers()
+        self.context = auth.ssl_context()
 
     def __call__(self, path: str, params: Mapping[str, str]) -> Any:
         address = f"{self.url}{path}?{urllib.parse.urlencode(params)}"
@@ -144,7 +150,10 @@ class HttpFetch:
             if attempt:
                 self.sleep(min(8.0, 0.5 * 2**attempt))
             try:
-                with urllib.request.urlopen(address, timeout=self.timeout_seconds) as response:
+                request = urllib.request.Request(address, headers=self.headers)
+                with urllib.request.urlopen(
+                    request, timeout=self.timeout_seconds, context=self.context
+                ) as response:
                     return _data(json.loads(response.read()), self.url)
             except urllib.error.HTTPError as error:
                 body = _error_text(error)
@@ -154,6 +163,8 @@ class HttpFetch:
             except (urllib.error.URLError, OSError) as error:
                 reason = getattr(error, "reason", error)
                 failure = str(reason)
+                if isinstance(reason, ssl.SSLError):
+                    break  # a certificate refused (theirs or ours): asking again gives the same answer
             except (json.JSONDecodeError, UnicodeDecodeError):
                 raise PrometheusError(
                     f"{self.url} answered {path} with something not JSON: not Prometheus?"

@@ -27,7 +27,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from gpuhealth_api import heartbeats, keys, timestamps
-from gpuhealth_sim.backtest import defaults, progress, traces
+from gpuhealth_sim.backtest import defaults, http_auth, progress, traces
 
 if TYPE_CHECKING:
     from kubernetes import client
@@ -169,6 +169,26 @@ def add_import(actions: Any) -> None:
         f"(default {heartbeats.DEFAULT_HEARTBEAT_SECONDS}); 0: every step",
     )
     imported.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    auth = imported.add_argument_group(
+        "authentication", "for managed Prometheus services and authenticating proxies; secrets from files"
+    )
+    auth.add_argument(
+        "--bearer-token-file", metavar="FILE", help="send Authorization: Bearer <its first line>"
+    )
+    auth.add_argument("--basic-auth-user", metavar="USER", help="send basic auth as USER")
+    auth.add_argument(
+        "--basic-auth-password-file", metavar="FILE", help="basic auth's password: its first line"
+    )
+    auth.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="'NAME: VALUE'",
+        help="an extra header on every request, e.g. 'X-Scope-OrgID: team-a' (repeatable)",
+    )
+    auth.add_argument("--ca-file", metavar="FILE", help="PEM CA bundle that signed Prometheus' certificate")
+    auth.add_argument("--cert-file", metavar="FILE", help="PEM client certificate for mutual TLS")
+    auth.add_argument("--key-file", metavar="FILE", help="PEM key of --cert-file (if not in it)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -309,6 +329,19 @@ def _import(args: argparse.Namespace) -> int:
         print(f"gpu-health-sim: {window}", file=sys.stderr)
         return USAGE_ERROR
     start, end, step, labels = window
+    try:
+        auth = http_auth.from_flags(
+            bearer_token_file=args.bearer_token_file,
+            basic_auth_user=args.basic_auth_user,
+            basic_auth_password_file=args.basic_auth_password_file,
+            headers=args.header,
+            ca_file=args.ca_file,
+            cert_file=args.cert_file,
+            key_file=args.key_file,
+        )
+    except http_auth.AuthError as error:
+        print(f"gpu-health-sim: {error}", file=sys.stderr)
+        return USAGE_ERROR
     options = prometheus_import.Options(
         url=args.prometheus,
         start=start,
@@ -322,7 +355,9 @@ def _import(args: argparse.Namespace) -> int:
     )
     shown = None if args.quiet else progress.Progress(every_seconds=PROGRESS_SECONDS)
     try:
-        counts = prometheus_import.run(options, args.out, prometheus_import.HttpFetch(args.prometheus), shown)
+        counts = prometheus_import.run(
+            options, args.out, prometheus_import.HttpFetch(args.prometheus, auth=auth), shown
+        )
     except prometheus_import.PrometheusError as error:
         print(f"gpu-health-sim: {error}", file=sys.stderr)
         return INVALID_INPUT

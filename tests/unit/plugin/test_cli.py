@@ -54,7 +54,16 @@ def test_bash_completion_script_is_valid_bash() -> None:
 
 
 @pytest.mark.parametrize(
-    "argv", [[], ["bogus"], ["why"], ["drill", "n1"], ["status", "-o", "yaml"], ["completion", "fish"]]
+    "argv",
+    [
+        [],
+        ["bogus"],
+        ["why"],
+        ["drill", "n1"],
+        ["status", "-o", "yaml"],
+        ["completion", "fish"],
+        ["status", "--as-group", "g"],
+    ],
 )
 def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     try:

@@ -507,3 +507,24 @@ def test_why_renders_the_repair_history_as_lines_not_a_python_repr() -> None:
     )
     assert "Retired: validation after step reboot failed and no step is left" in section
     assert json.dumps(why)
+
+
+def test_json_gives_timestamps_and_lists_and_the_table_stays_human() -> None:
+    """`-o json` is data for scripts: RFC 3339 times (never "5s" ages) and lists (never comma-joined
+    strings); the table keeps ages and the comma-joined words."""
+    n1, g1 = drained_node()
+    report = views.status_report([policy("p")], [g1, gpunode("n2")], [n1, node("n2")], NOW)
+    (row,) = report["nodes"]
+    assert row["issues"] == ["EccUncorrectable", "ThermalThrottled"]
+    assert row["lastHeartbeatTime"] == t(5) and "heartbeat" not in row
+    text = views.render_status(report, NOW)
+    assert "EccUncorrectable,ThermalThrottled  Drained  5s" in text
+
+    why = views.why_report("n1", n1, g1, policy_bodies=[policy("p")], events=[], now=NOW)
+    assert why["issues"] == ["EccUncorrectable", "ThermalThrottled"]
+    assert why["policies"][0]["verdict"]["issues"] == ["EccUncorrectable", "ThermalThrottled"]
+    assert "n1: Unhealthy (EccUncorrectable,ThermalThrottled), action Drained" in views.render_why(why, NOW)
+    healthy = views.why_report("n2", node("n2"), gpunode("n2"), policy_bodies=[], events=[], now=NOW)
+    assert healthy["issues"] == []
+    dumped = json.dumps([report, why])
+    assert '"5s"' not in dumped and '"2m"' not in dumped
