@@ -81,6 +81,9 @@ NEEDS_REPAIR_MANUAL: Final = "manual"
 REPAIR_ANNOTATION: Final = f"{PREFIX}/repair"
 """On a Node: JSON of the repair cycle in progress (policy, cycle, step, phase, since, GPUs, bootId);
 absent when no repair runs. Written before a step's Job is created, so a new leader derives its name."""
+CRDS_VERSION_ANNOTATION: Final = f"{PREFIX}/crds-version"
+"""On each of gpu-health's CRDs: the chart version whose manifest `gpu-health-operator apply-crds` last
+applied (it applies only over an older one)."""
 REPAIR_CYCLES_ANNOTATION: Final = f"{PREFIX}/repair-cycles"
 """On a Node: the repair cycles it started recently, `<cycle>@<RFC 3339 start>` comma-separated, oldest
 first, the last 10 (the most `maxAttempts` allows). Written with the cycle's first state, before its first

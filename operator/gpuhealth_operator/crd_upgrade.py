@@ -21,10 +21,11 @@ from typing import Any, Final
 
 import yaml
 
+from gpuhealth_api import keys
+
 log = logging.getLogger(__name__)
 
-VERSION_ANNOTATION: Final = "gpuhealth.io/crds-version"
-"""On each CRD: the chart version whose manifest was last applied by this step."""
+VERSION_ANNOTATION: Final = keys.CRDS_VERSION_ANNOTATION
 FIELD_MANAGER: Final = "gpu-health-operator"
 VERSION_KEY: Final = "version"
 """The ConfigMap key holding the chart's version; every other `*.yaml` key is one CRD manifest."""

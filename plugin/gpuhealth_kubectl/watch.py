@@ -12,6 +12,8 @@ import datetime
 from collections.abc import Callable
 from typing import Final, TextIO
 
+from gpuhealth_api import timestamps
+
 CLEAR: Final = "\x1b[H\x1b[2J"
 """Cursor home, clear screen: what `watch(1)` does before each redraw on a terminal."""
 
@@ -41,7 +43,7 @@ def watch(
         while count is None or drawn < count:
             key, text = poll()
             if key != last:
-                stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                stamp = timestamps.render(datetime.datetime.now(datetime.UTC).replace(microsecond=0))
                 if tty:
                     out.write(CLEAR)
                 elif header:
