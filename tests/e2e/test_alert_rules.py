@@ -125,7 +125,9 @@ def registry_series(
     series: dict[str, frozenset[str]] = {}
     for collector in list(registry._collector_to_names):
         labelnames = frozenset(getattr(collector, "_labelnames", ()))
-        for family in collector.describe():
+        # A collector without describe() (the process collector) names its families by collecting.
+        describe = getattr(collector, "describe", None) or collector.collect
+        for family in describe():
             for suffix in SAMPLE_SUFFIXES[family.type]:
                 le = {"le"} if suffix == "_bucket" else set()
                 series[family.name + suffix] = labelnames | le | extra

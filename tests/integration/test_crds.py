@@ -377,8 +377,11 @@ def test_default_policy_example_is_accepted_as_written(crds: local.ControlPlane)
     stored = json.loads(result.stdout)
     assert stored["metadata"]["name"] == "default"
     spec = stored["spec"]
-    for field in ("nodeSelector", "dryRun", "maxUnavailable", "recovery"):
+    for field in ("dryRun", "maxUnavailable", "recovery"):
         assert spec[field] == written["spec"][field], field
+    # No selector: every Node with a GPUNode (the agent runs on the GPU nodes of every platform).
+    assert "nodeSelector" not in written["spec"]
+    assert "nodeSelector" not in spec
     assert {k: v for k, v in spec["drain"].items() if v is not None} == {
         "timeoutSeconds": 900,
         "deleteEmptyDirData": True,
