@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import context, draining, kube, node_patches, stopping
+from gpuhealth_operator import context, draining, kube, node_patches, repair_permission, stopping
 from gpuhealth_operator.actions import drain, events, jobs
 from gpuhealth_operator.decisions import (
     isolation,
@@ -641,6 +641,8 @@ async def begin(
         return NodeAction.DRAINED
     if ctx.breakers.paused(policy.name) is not None:
         return NodeAction.DRAINED  # no new step while the breaker holds disruptions back
+    if not repair_permission.may_try(ctx, policy.name, now):
+        return NodeAction.DRAINED  # the Job API refused the policy's last create: tried again later
     indexed = faulty_gpus(ctx, policy, name, verdict)
     gpus = tuple(u for _, u in indexed)
     past = history(ctx, name)
@@ -957,6 +959,8 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
     except kube.ApiError as error:
         if not 400 <= error.status < 500 or error.status in (408, 429):
             raise  # transient: the next pass creates it (or adopts it)
+        if repair_permission.refused(error.status):
+            return await _refused(ctx, policy, spec, name, state, verdict, action, error, now)
         return await _failed(
             ctx,
             policy,
@@ -972,6 +976,7 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
             ),
             now,
         )
+    repair_permission.note_permitted(ctx, policy.name)
     _note(
         ctx,
         name,
@@ -993,6 +998,70 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
     else:
         logger.info("node %s: %s started (Job %s/%s)", name, action.name, action.namespace, state.job)
     return Handled(phase)
+
+
+# --- no right to create Jobs (issue 45, leftover A): the install's state, not the node's failure -------
+
+
+async def _refused(  # noqa: PLR0917 - one refusal's inputs
+    ctx: context.Context,
+    policy: model.Policy,
+    spec: model.RepairSpec,
+    name: str,
+    state: repair.State,
+    verdict: model.NodeVerdict,
+    action: JobStep,
+    error: kube.ApiError,
+    now: datetime.datetime,
+) -> Handled | None:
+    """The Job API refused the create (403: no RBAC, the chart's `repair.enabled=false`; 404: no
+    namespace). A cycle's first step is taken back — its state and its counted start go, the node stays
+    Drained, no step counts — and tried again after `repair_permission.RETRY_SECONDS`. A later phase
+    (the rights withdrawn mid-cycle) waits for them until its own deadline, then fails as a timeout
+    would: the reset it follows did run. The policy says so once (`RepairPermitted`, one Event)."""
+    message = repair_permission.words(
+        policy.name,
+        action.namespace,
+        state.job,
+        status=error.status,
+        reason=error.reason,
+        api_message=_api_message(error),
+    )
+    if repair_permission.note_refused(ctx, policy.name, message, now):
+        await ctx.recorder.emit(
+            events.subject(ctx.cache, name),
+            vocabulary.EventReason.REMEDIATION_PAUSED,
+            message,
+            events.WARNING,
+        )
+    logger.warning("repair of node %s: %s", name, message)
+    phase = NodeAction.REPAIRING if state.phase is Phase.STEP else NodeAction.VALIDATING
+    if state.previous is None and state.phase is Phase.STEP:
+        undone = await _write_state(
+            ctx,
+            name,
+            None,
+            also={keys.REPAIR_CYCLES_ANNOTATION: repair.without_cycle(cycles(ctx, name), state.cycle)},
+        )
+        if undone:
+            ctx.repair_tokens.pop(name, None)
+        return Handled(NodeAction.DRAINED if undone else phase)
+    if times.seconds_between(state.since, now) < action.timeout_seconds:
+        return Handled(phase)
+    return await _failed(
+        ctx,
+        policy,
+        spec,
+        name,
+        state,
+        verdict,
+        repair.Transition(
+            repair.Outcome.FAILED,
+            Result.TIMED_OUT if state.phase is Phase.STEP else None,
+            f"its Job could not be created for {action.timeout_seconds:g}s: {message}",
+        ),
+        now,
+    )
 
 
 # --- a busy node (issue 45): no Job beside a workload pod, and no phase waits for ever --------------------
