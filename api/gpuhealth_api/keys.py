@@ -85,6 +85,10 @@ REPAIR_CYCLES_ANNOTATION: Final = f"{PREFIX}/repair-cycles"
 """On a Node: the repair cycles it started recently, `<cycle>@<RFC 3339 start>` comma-separated, oldest
 first, the last 10 (the most `maxAttempts` allows). Written with the cycle's first state, before its first
 Job: what maxAttempts counts, across restarts and leaders, apart from the 20-entry `status.repairs[]`."""
+REPAIR_WAITING_ANNOTATION: Final = f"{PREFIX}/repair-waiting"
+"""On a Node a policy drained: that policy, while its repair waits for a maxConcurrent place and the wait
+was said (Event DisruptionBudgetExceeded). A restarted or new leader finds it and does not say it again;
+removed when the wait ends (the cycle starts, the fault goes, the node is returned)."""
 REPAIR_ACTION_LABEL: Final = f"{PREFIX}/repair-action"
 """On a repair Job and its pods: `ResetGPU`, `RebootNode` or `Validation`."""
 REPAIR_CYCLE_LABEL: Final = f"{PREFIX}/repair-cycle"

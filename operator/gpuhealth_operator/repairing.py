@@ -36,7 +36,7 @@ from typing import Any, Final
 
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator import context, draining, kube, node_patches, repair_permission, stopping
-from gpuhealth_operator.actions import drain, events, jobs
+from gpuhealth_operator.actions import drain, events, jobs, nodes
 from gpuhealth_operator.decisions import (
     isolation,
     model,
@@ -128,8 +128,15 @@ def holders(ctx: context.Context) -> list[str]:
     return sorted(repairing | ctx.validations_running)
 
 
-def _stop_waiting(ctx: context.Context, name: str) -> None:
+async def _stop_waiting(ctx: context.Context, name: str) -> None:
+    """The wait for maxConcurrent ended: forget it, and its mark on the Node (written when it was said)."""
     ctx.repair_waiting.discard(name)
+    record = ctx.cache.node(name)
+    if record is not None and keys.REPAIR_WAITING_ANNOTATION in record.view.annotations:
+        body = await nodes.patch_metadata(
+            ctx.client, name, annotations={keys.REPAIR_WAITING_ANNOTATION: None}
+        )
+        ctx.cache.refresh_node(body)
 
 
 def _stop_busy_wait(ctx: context.Context, name: str) -> None:
@@ -139,10 +146,15 @@ def _stop_busy_wait(ctx: context.Context, name: str) -> None:
 async def _say_waiting(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict, limit: int
 ) -> None:
-    """Say once per wait (an Event on the node) that its repair waits for maxConcurrent, and for whom."""
+    """Say once per wait (an Event on the node) that its repair waits for maxConcurrent, and for whom.
+    Once per wait, not per process: the Node keeps the mark (`keys.REPAIR_WAITING_ANNOTATION`), written
+    after the Event (a crash between says it twice, never not at all)."""
     if name in ctx.repair_waiting:
         return
     ctx.repair_waiting.add(name)
+    record = ctx.cache.node(name)
+    if record is None or record.view.annotations.get(keys.REPAIR_WAITING_ANNOTATION) == policy.name:
+        return  # said by an earlier process (a restart, a leader change)
     issues = ", ".join(verdict.issues) or "a fault"
     await ctx.recorder.emit(
         events.subject(ctx.cache, name),
@@ -150,6 +162,10 @@ async def _say_waiting(
         f"Policy {policy.name} would repair the drained node ({issues}) but "
         f"{repair.wait_words(limit, holders(ctx))}; it waits, drained, for a place.",
     )
+    body = await nodes.patch_metadata(
+        ctx.client, name, annotations={keys.REPAIR_WAITING_ANNOTATION: policy.name}
+    )
+    ctx.cache.refresh_node(body)
 
 
 def namespace(ctx: context.Context) -> str:
@@ -612,7 +628,7 @@ async def take(
     if not view.unschedulable or (
         view.cordoned_by == policy.name and verdict.wanted_action is not vocabulary.Action.DRAIN
     ):
-        _stop_waiting(ctx, name)  # a wait for maxConcurrent ends with the cordon, or the fault
+        await _stop_waiting(ctx, name)  # a wait for maxConcurrent ends with the cordon, or the fault
     if not view.unschedulable:
         _stop_busy_wait(ctx, name)  # a wait for workload pods too (a cycle's ends in `_launch`)
     state = repair.parse(view.annotations.get(keys.REPAIR_ANNOTATION))
@@ -693,7 +709,7 @@ async def begin(
     if decision is repair.Start.WAIT:
         await _say_waiting(ctx, policy, name, verdict, limit)
         return NodeAction.DRAINED
-    _stop_waiting(ctx, name)
+    await _stop_waiting(ctx, name)
     if decision is repair.Start.RETIRE:
         count = repair.cycles_in_window(past, now, spec.attempt_window_seconds, started)
         return (
