@@ -89,6 +89,10 @@ REPAIR_WAITING_ANNOTATION: Final = f"{PREFIX}/repair-waiting"
 """On a Node a policy drained: that policy, while its repair waits for a maxConcurrent place and the wait
 was said (Event DisruptionBudgetExceeded). A restarted or new leader finds it and does not say it again;
 removed when the wait ends (the cycle starts, the fault goes, the node is returned)."""
+RELEASE_GPUS_ANNOTATION: Final = f"{PREFIX}/release-gpus"
+"""On a GPUNode: set by the operator before a ResetGPU step's Job (value: the repair cycle's start stamp,
+`REPAIR_CYCLE_STARTED_ANNOTATION`'s); the agent shuts NVML down and answers with `status.agent.released`
+(the same value), and initialises NVML again when it goes (after the Job ended, or at the step's deadline)."""
 REPAIR_ACTION_LABEL: Final = f"{PREFIX}/repair-action"
 """On a repair Job and its pods: `ResetGPU`, `RebootNode` or `Validation`."""
 REPAIR_CYCLE_LABEL: Final = f"{PREFIX}/repair-cycle"

@@ -35,7 +35,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import context, draining, kube, node_patches, repair_permission, stopping
+from gpuhealth_operator import (
+    context,
+    draining,
+    gpu_release,
+    kube,
+    node_patches,
+    repair_permission,
+    stopping,
+)
 from gpuhealth_operator.actions import drain, events, jobs, nodes
 from gpuhealth_operator.decisions import (
     isolation,
@@ -247,6 +255,11 @@ def report(
         return repair.Report(seen_at=None, boot_id=None, fault_gone=False)
     agent: Mapping[str, Any] = gpunode.status.get("agent") or {}
     boot = agent.get("bootId") if isinstance(agent, Mapping) else None
+    if gpu_release.released(ctx, name) is not None:
+        # Written while NVML was shut for a reset: the facts from before it, no evidence of its effect.
+        return repair.Report(
+            seen_at=None, boot_id=boot if isinstance(boot, str) and boot else None, fault_gone=False
+        )
     raw = signals.raw_signals(
         gpunode.status,
         record.view,
@@ -775,7 +788,10 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
     kind = action.key
     subject = events.subject(ctx.cache, name)
     if transition.outcome is repair.Outcome.WAIT:
+        if job.phase in (repair.JobPhase.SUCCEEDED, repair.JobPhase.FAILED) or state.phase is Phase.VALIDATE:
+            await gpu_release.end(ctx, name)  # the reset is over: the agent reports its effect
         return Handled(NodeAction.REPAIRING if state.phase is Phase.STEP else NodeAction.VALIDATING)
+    await gpu_release.end(ctx, name)
     if job.phase is repair.JobPhase.ACTIVE:
         await action.undo()  # timed out, or a reboot's pod that outlived the boot: never beside the next Job
     if transition.outcome is repair.Outcome.EFFECT:
@@ -862,6 +878,7 @@ async def _failed(  # noqa: PLR0917 - one failure's context
     now: datetime.datetime,
 ) -> Handled | None:
     """A step or validation failed: say so, then the next step, or retire."""
+    await gpu_release.end(ctx, name)  # no reset runs now: the agent takes the GPUs back
     step = spec.steps[state.step] if state.step < len(spec.steps) else None
     validating = state.phase is Phase.VALIDATE
     kind = vocabulary.VALIDATION_JOB if validating else (step.action.value if step else "")
@@ -956,6 +973,10 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
             words=_step_words(spec.steps[state.step], state, indexed),
         )
     step = spec.steps[state.step]
+    if state.phase is Phase.STEP and step.action is vocabulary.RepairAction.RESET_GPU:
+        held = await _until_released(ctx, policy, spec, name, state, verdict, action, now)
+        if held is not None:
+            return held
     try:
         created = await action.start(now)
     except jobs.StaleJob as error:
@@ -1014,6 +1035,46 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
     else:
         logger.info("node %s: %s started (Job %s/%s)", name, action.name, action.namespace, state.job)
     return Handled(phase)
+
+
+# --- the agent lets go of the GPUs before a reset (issue 48, Deliver 1; `gpu_release`) --------------------
+
+
+async def _until_released(  # noqa: PLR0917 - one wait's inputs
+    ctx: context.Context,
+    policy: model.Policy,
+    spec: model.RepairSpec,
+    name: str,
+    state: repair.State,
+    verdict: model.NodeVerdict,
+    action: JobStep,
+    now: datetime.datetime,
+) -> Handled | None:
+    """None: the agent released the GPUs for this cycle, the reset may start. Else the step waits (the
+    ask is written first), until its deadline from the step's start: then it fails, and the cycle moves
+    on (a node whose agent is gone is not held for ever)."""
+    stamp = repair.cycle_stamp(state)
+    if await gpu_release.ready(ctx, name, stamp):
+        return None
+    waited = times.seconds_between(state.since, now)
+    if waited < action.timeout_seconds:
+        logger.info("repair of node %s: %s waits for the agent to release the GPUs", name, action.name)
+        return Handled(NodeAction.REPAIRING)
+    return await _failed(
+        ctx,
+        policy,
+        spec,
+        name,
+        state,
+        verdict,
+        repair.Transition(
+            repair.Outcome.FAILED,
+            Result.TIMED_OUT,
+            f"the agent did not release the GPUs (status.agent.released) within {action.timeout_seconds:g}s "
+            f"of the ask (GPUNode annotation {keys.RELEASE_GPUS_ANNOTATION}={stamp}), so no reset ran",
+        ),
+        now,
+    )
 
 
 # --- no right to create Jobs (issue 45, leftover A): the install's state, not the node's failure -------
@@ -1186,6 +1247,7 @@ async def _retire(  # noqa: PLR0917 - one retire's inputs
     healthy by now, and a human needs to know what it was retired for."""
     if not await _write_state(ctx, name, None, retired=True):
         return Handled(NodeAction.REPAIRING if state is not None else NodeAction.DRAINED)
+    await gpu_release.end(ctx, name)
     cycle = state.cycle if state is not None else repair.next_cycle(history(ctx, name), cycles(ctx, name)) - 1
     record = repair.State(
         policy=policy.name,
@@ -1227,6 +1289,7 @@ async def cancel(
     """Stop the cycle: delete its Job, remove the state, record Cancelled, say so."""
     ns = namespace(ctx)
     deleted = await jobs.delete(ctx.client, ns, state.job)
+    await gpu_release.end(ctx, name)
     if not await _write_state(ctx, name, None):
         return  # changed meanwhile: the next pass decides again
     _stop_busy_wait(ctx, name)  # a busy wait said ends with its cycle
