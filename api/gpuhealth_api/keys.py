@@ -93,6 +93,20 @@ RELEASE_GPUS_ANNOTATION: Final = f"{PREFIX}/release-gpus"
 """On a GPUNode: set by the operator before a ResetGPU step's Job (value: the repair cycle's start stamp,
 `REPAIR_CYCLE_STARTED_ANNOTATION`'s); the agent shuts NVML down and answers with `status.agent.released`
 (the same value), and initialises NVML again when it goes (after the Job ended, or at the step's deadline)."""
+OPERANDS_PAUSED_ANNOTATION: Final = f"{PREFIX}/operands-paused"
+"""On a Node: the GPU Operator operand labels (`GPU_OPERATOR_OPERAND_LABELS`) the operator turned from
+"true" to "false" for a reset, comma-separated, written in the same patch as the labels; restored (only
+those still "false") and removed when the reset is over, also by a restarted or new leader."""
+GPU_OPERATOR_OPERAND_LABELS: Final = (
+    "nvidia.com/gpu.deploy.device-plugin",
+    "nvidia.com/gpu.deploy.dcgm",
+    "nvidia.com/gpu.deploy.dcgm-exporter",
+    "nvidia.com/gpu.deploy.gpu-feature-discovery",
+)
+"""The GPU Operator's per-node operand labels whose DaemonSet pods hold the GPU open (device plugin health
+checks, the DCGM host engine, dcgm-exporter, GFD). The operator's DaemonSets select `<label>=true`; it
+sets a missing label to "true" and honours a value already there (NVIDIA/gpu-operator,
+controllers/state_manager.go, `gpuStateLabels`, `addGPUStateLabels`)."""
 REPAIR_ACTION_LABEL: Final = f"{PREFIX}/repair-action"
 """On a repair Job and its pods: `ResetGPU`, `RebootNode` or `Validation`."""
 REPAIR_CYCLE_LABEL: Final = f"{PREFIX}/repair-cycle"

@@ -41,6 +41,7 @@ from gpuhealth_operator import (
     gpu_release,
     kube,
     node_patches,
+    operands,
     repair_permission,
     stopping,
 )
@@ -645,6 +646,8 @@ async def take(
     if not view.unschedulable:
         _stop_busy_wait(ctx, name)  # a wait for workload pods too (a cycle's ends in `_launch`)
     state = repair.parse(view.annotations.get(keys.REPAIR_ANNOTATION))
+    if state is None and keys.OPERANDS_PAUSED_ANNOTATION in view.annotations:
+        await operands.restore(ctx, name)  # a cycle that ended without it (a kill -9 between)
     if state is None or state.policy != policy.name:
         return None  # none, or another policy's (`sweep` cancels it when that policy is gone)
     why = cancel_reason(ctx, state, name)
@@ -789,9 +792,9 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
     subject = events.subject(ctx.cache, name)
     if transition.outcome is repair.Outcome.WAIT:
         if job.phase in (repair.JobPhase.SUCCEEDED, repair.JobPhase.FAILED) or state.phase is Phase.VALIDATE:
-            await gpu_release.end(ctx, name)  # the reset is over: the agent reports its effect
+            await _reset_over(ctx, name)  # the reset is over: the agent reports its effect
         return Handled(NodeAction.REPAIRING if state.phase is Phase.STEP else NodeAction.VALIDATING)
-    await gpu_release.end(ctx, name)
+    await _reset_over(ctx, name)
     if job.phase is repair.JobPhase.ACTIVE:
         await action.undo()  # timed out, or a reboot's pod that outlived the boot: never beside the next Job
     if transition.outcome is repair.Outcome.EFFECT:
@@ -878,7 +881,7 @@ async def _failed(  # noqa: PLR0917 - one failure's context
     now: datetime.datetime,
 ) -> Handled | None:
     """A step or validation failed: say so, then the next step, or retire."""
-    await gpu_release.end(ctx, name)  # no reset runs now: the agent takes the GPUs back
+    await _reset_over(ctx, name)  # no reset runs now: the agent and the operands take the GPUs back
     step = spec.steps[state.step] if state.step < len(spec.steps) else None
     validating = state.phase is Phase.VALIDATE
     kind = vocabulary.VALIDATION_JOB if validating else (step.action.value if step else "")
@@ -974,7 +977,10 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
         )
     step = spec.steps[state.step]
     if state.phase is Phase.STEP and step.action is vocabulary.RepairAction.RESET_GPU:
-        held = await _until_released(ctx, policy, spec, name, state, verdict, action, now)
+        # Nothing may hold the GPU open: the GPU Operator's operands leave, then the agent lets go.
+        held = await _until_operands_gone(ctx, policy, spec, name, state, verdict, action, now)
+        if held is None:
+            held = await _until_released(ctx, policy, spec, name, state, verdict, action, now)
         if held is not None:
             return held
     try:
@@ -1035,6 +1041,54 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
     else:
         logger.info("node %s: %s started (Job %s/%s)", name, action.name, action.namespace, state.job)
     return Handled(phase)
+
+
+# --- the GPU Operator's operands step aside for a reset (issue 48, Deliver 2; `operands`) -----------------
+
+
+async def _reset_over(ctx: context.Context, name: str) -> None:
+    """No reset runs (any more) on the node: the agent takes the GPUs back, the operands we paused
+    come back (only those still ours)."""
+    await gpu_release.end(ctx, name)
+    await operands.restore(ctx, name)
+
+
+async def _until_operands_gone(  # noqa: PLR0917 - one wait's inputs
+    ctx: context.Context,
+    policy: model.Policy,
+    spec: model.RepairSpec,
+    name: str,
+    state: repair.State,
+    verdict: model.NodeVerdict,
+    action: JobStep,
+    now: datetime.datetime,
+) -> Handled | None:
+    """None: no operand of the GPU Operator holds the GPU (none on the node, or its pods left). Else
+    the step waits (the labels turned off first, recorded), until its deadline: then it fails."""
+    labels = await operands.pause(ctx, name)
+    if labels is None:
+        return Handled(NodeAction.REPAIRING)  # the Node changed under the write: decided again
+    left = await operands.holders(ctx, name, labels)
+    if not left:
+        return None
+    if times.seconds_between(state.since, now) < action.timeout_seconds:
+        logger.info("repair of node %s: %s waits for operand pods to leave: %s", name, action.name, left)
+        return Handled(NodeAction.REPAIRING)
+    return await _failed(
+        ctx,
+        policy,
+        spec,
+        name,
+        state,
+        verdict,
+        repair.Transition(
+            repair.Outcome.FAILED,
+            Result.TIMED_OUT,
+            f"GPU Operator operand pods stayed on the node for {action.timeout_seconds:g}s after their "
+            f"labels were turned off ({', '.join(left)}), so no reset ran",
+        ),
+        now,
+    )
 
 
 # --- the agent lets go of the GPUs before a reset (issue 48, Deliver 1; `gpu_release`) --------------------
@@ -1247,7 +1301,7 @@ async def _retire(  # noqa: PLR0917 - one retire's inputs
     healthy by now, and a human needs to know what it was retired for."""
     if not await _write_state(ctx, name, None, retired=True):
         return Handled(NodeAction.REPAIRING if state is not None else NodeAction.DRAINED)
-    await gpu_release.end(ctx, name)
+    await _reset_over(ctx, name)
     cycle = state.cycle if state is not None else repair.next_cycle(history(ctx, name), cycles(ctx, name)) - 1
     record = repair.State(
         policy=policy.name,
@@ -1289,7 +1343,7 @@ async def cancel(
     """Stop the cycle: delete its Job, remove the state, record Cancelled, say so."""
     ns = namespace(ctx)
     deleted = await jobs.delete(ctx.client, ns, state.job)
-    await gpu_release.end(ctx, name)
+    await _reset_over(ctx, name)
     if not await _write_state(ctx, name, None):
         return  # changed meanwhile: the next pass decides again
     _stop_busy_wait(ctx, name)  # a busy wait said ends with its cycle
