@@ -55,7 +55,7 @@ def released(ctx: context.Context, name: str) -> str | None:
 async def ready(ctx: context.Context, name: str, stamp: str) -> bool:
     """Whether the agent let go for this ask: asks first where not asked yet (the ask before any Job).
     True at once for an agent that cannot release (`supported`)."""
-    if not supported(ctx, name) and asked(ctx, name) is None:
+    if (not ctx.config.release_gpus or not supported(ctx, name)) and asked(ctx, name) is None:
         return True
     if asked(ctx, name) != stamp:
         await _annotate(ctx, name, stamp)

@@ -39,7 +39,6 @@ from gpuhealth_operator import (
     settings,
     ticker,
 )
-from gpuhealth_operator import new_nodes as new_nodes_requests
 from gpuhealth_operator.decisions import policies, stragglers, times, trends, verdicts
 from gpuhealth_sim.backtest import memcluster
 from gpuhealth_sim.fleet import dra

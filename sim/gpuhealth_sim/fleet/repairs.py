@@ -243,10 +243,11 @@ class Executor:
     def _pass_release_asks(self) -> None:
         """The operator's GPU release asks (GPUNode annotation) to the simulated agents: one list for the
         fleet per poll, where a real agent watches its own GPUNode."""
-        listed: dict[str, Any] = self.custom.list_cluster_custom_object(
+        listed = self.custom.list_cluster_custom_object(
             resources.GROUP, resources.VERSION, resources.GPUNODE_PLURAL
         )
-        for item in listed.get("items") or []:
+        items = listed.get("items") if isinstance(listed, dict) else None
+        for item in items or []:
             meta = item.get("metadata") or {}
             name = meta.get("name", "")
             if self.sim.has_node(name):
