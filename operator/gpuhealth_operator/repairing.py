@@ -1036,7 +1036,8 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
             events.subject(ctx.cache, name),
             vocabulary.EventReason.REPAIR_STARTED,
             f"Repair cycle {state.cycle} by policy {policy.name}: {action.name} started (Job "
-            f"{action.namespace}/{state.job}, timeout {action.timeout_seconds:g}s).",
+            f"{action.namespace}/{state.job}, timeout {action.timeout_seconds:g}s)"
+            f"{_cleared(ctx, name, state)}.",
         )
     else:
         logger.info("node %s: %s started (Job %s/%s)", name, action.name, action.namespace, state.job)
@@ -1044,6 +1045,19 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
 
 
 # --- the GPU Operator's operands step aside for a reset (issue 48, Deliver 2; `operands`) -----------------
+
+
+def _cleared(ctx: context.Context, name: str, state: repair.State) -> str:
+    """What a reset waited for (said in its RepairStarted): the operands paused, the agent's release."""
+    if state.phase is not Phase.STEP:
+        return ""
+    said = []
+    labels = operands.paused(ctx, name)
+    if labels:
+        said.append("the GPU Operator's " + ", ".join(k.rsplit(".", 1)[1] for k in labels) + " left")
+    if gpu_release.released(ctx, name) is not None:
+        said.append("the agent released the GPUs")
+    return f" after {' and '.join(said)}" if said else ""
 
 
 async def _reset_over(ctx: context.Context, name: str) -> None:

@@ -38,7 +38,7 @@ from gpuhealth_api import resources
 from gpuhealth_sim import waiting, watches
 from gpuhealth_sim.backtest import tracerecord
 from gpuhealth_sim.controlplane import binaries, local, processes
-from gpuhealth_sim.demo import demotrace, live, record, summary, workload
+from gpuhealth_sim.demo import demotrace, live, operands, record, summary, workload
 from gpuhealth_sim.demo.defaults import DEFAULT_DURATION_SECONDS, DEFAULT_FLEET, DEFAULT_POLICY, REPO_ROOT
 from gpuhealth_sim.fleet import agentpool, dra, fleetfile, repairs
 
@@ -269,6 +269,10 @@ def _story(plane: local.ControlPlane, ctx: _Context) -> bool:
         say(f"created {len(spec.nodes)} kwok GPU nodes ({hardware(spec)})")
         replicas = start_training(plane, api, spec)
         say(f"namespace {workload.NAMESPACE}: {replicas} training pods Running, PDB maxUnavailable 2")
+        held = operands.start(api, spec)
+        say(
+            f"namespace {operands.NAMESPACE}: {held} GPU Operator operand pods (device plugin, dcgm-exporter)"
+        )
         plane.kubectl("cordon", human)
         human_at = time.time() - recorder.started_at
         say(f"a human cordoned {human} (kubectl cordon: no gpu-health annotation)")
@@ -293,6 +297,8 @@ def _story(plane: local.ControlPlane, ctx: _Context) -> bool:
             if not tty:
                 view.table()
             out.write("\n" + "\n".join(summary.render(result)) + "\n\n")
+            for line in operands.coordinated(seen.events()):  # issue 48: what each reset waited for
+                out.write(line + "\n")
             if options.summary_json is not None:
                 options.summary_json.write_text(json.dumps(result.to_json(), indent=2) + "\n")
             offset, end = sim.started_at - recorder.started_at, time.time() - recorder.started_at
