@@ -25,9 +25,6 @@ CONDITION: Final = vocabulary.PolicyConditionType.REPAIR_PERMITTED.value
 REASON_REFUSED: Final = vocabulary.PolicyConditionReason.JOB_CREATE_REFUSED.value
 REASON_PERMITTED: Final = vocabulary.PolicyConditionReason.JOBS_CREATED.value
 REASON_NOT_TRIED: Final = vocabulary.PolicyConditionReason.NOT_TRIED.value
-REFUSED_STATUSES: Final = frozenset({403, 404})
-"""A Job API answer that is the install's, not the node's: no right to create Jobs (RBAC), or no
-namespace (nor Job API) to create them in."""
 RETRY_SECONDS: Final = 60.0
 """How often a refused policy tries one create again: often enough that granting the rights starts a
 repair within a minute, rare enough that a fleet of drained nodes does not hammer the API server."""
@@ -36,8 +33,17 @@ repair within a minute, rare enough that a fleet of drained nodes does not hamme
 Refused = repair.Refused
 
 
-def refused(status: int) -> bool:
-    return status in REFUSED_STATUSES
+RBAC_WORDS: Final = "cannot create resource"
+"""What the API server's RBAC authorizer says in a 403 (`User "…" cannot create resource "jobs" …`). A
+403 without it is admission's (a ResourceQuota exceeded, a webhook, Pod Security): the template's or
+the namespace's limit, which fails the step as before."""
+
+
+def refused(status: int, message: str) -> bool:
+    """Whether the Job API's answer is the install's lack of rights (or of a namespace), not a failure."""
+    if status == 404:
+        return True
+    return status == 403 and RBAC_WORDS in message
 
 
 def may_try(ctx: context.Context, policy: str, now: datetime.datetime) -> bool:

@@ -1002,7 +1002,7 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
     except kube.ApiError as error:
         if not 400 <= error.status < 500 or error.status in (408, 429):
             raise  # transient: the next pass creates it (or adopts it)
-        if repair_permission.refused(error.status):
+        if repair_permission.refused(error.status, _api_message(error)):
             return await _refused(ctx, policy, spec, name, state, verdict, action, error, now)
         return await _failed(
             ctx,

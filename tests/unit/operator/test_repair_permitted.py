@@ -40,12 +40,16 @@ class Cluster(memcluster.MemoryKube):
         super().__init__()
         self.refusing: int | None = 403
         self.refused = 0
+        self.message: str | None = None
+        """The 403's message (default: RBAC's)."""
 
     def _jobs(self, method: str, path: str, body: object) -> kube.JsonObject:
         if method == "POST" and self.refusing is not None:
             self.refused += 1
             reason = "Forbidden" if self.refusing == 403 else "NotFound"
-            message = FORBIDDEN if self.refusing == 403 else 'namespaces "gpu-health" not found'
+            message = (
+                self.message or FORBIDDEN if self.refusing == 403 else 'namespaces "gpu-health" not found'
+            )
             raise kube.ApiError(self.refusing, reason, json.dumps({"kind": "Status", "message": message}))
         return super()._jobs(method, path, body)
 
@@ -149,6 +153,24 @@ class Fleet:
     def permitted(self) -> dict[str, Any]:
         conditions = (self.cluster.policies.get("p") or {}).get("status", {}).get("conditions") or []
         return next((c for c in conditions if c.get("type") == "RepairPermitted"), {})
+
+
+def test_a_403_of_admission_is_the_steps_failure_as_before() -> None:
+    """A ResourceQuota exceeded (or a webhook) also answers 403, but it is no missing right: the step
+    fails with the API server's words and the cycle moves on (tests/integration/test_operator_repair.py
+    has it against the real API server)."""
+
+    async def story() -> None:
+        fleet = Fleet(403)
+        fleet.cluster.message = (
+            'jobs.batch "x" is forbidden: exceeded quota: no-jobs, requested: count/jobs.batch=1'
+        )
+        await fleet.start()
+        await fleet.tick(times=10)
+        assert "RepairFailed" in fleet.reasons() and "NodeRetired" in fleet.reasons(), fleet.reasons()
+        assert fleet.naming_repair_enabled() == []
+
+    run(story)
 
 
 def run(test: Any) -> None:
