@@ -151,6 +151,8 @@ def fingerprint(node: status.GPUNodeStatus) -> str:
         "maxGpuCountSeen": agent.get("maxGpuCountSeen"),
         "heartbeatSeconds": agent.get("heartbeatSeconds"),
         "error": agent.get("error"),
+        "released": agent.get("released"),  # the operator waits for it before a reset: at once
+        "canRelease": agent.get("canRelease"),
         "gpuCount": summary.get("gpuCount"),
         "model": summary.get("model"),
         "gpus": [gpu_view(g) for g in node.get("gpus", [])],

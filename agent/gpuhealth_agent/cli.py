@@ -32,6 +32,7 @@ from gpuhealth_agent import (
     metrics,
     nvml,
     probe,
+    release,
     reporter,
     runner,
     scenario,
@@ -397,6 +398,10 @@ def _run(args: argparse.Namespace, plan: scenario.Scenario | None) -> int:
         agent_metrics=metrics.AgentMetrics(registry, gpu_telemetry=args.gpu_telemetry_metrics == "on"),
         dcgm_source=_dcgm(args, api_client, args.node_name),
     )
+    if plan is None:  # the operator may ask it to let go of NVML for a GPU reset (`release`)
+        watch = release.GPUNodeWatch(api_client, args.node_name, wake=agent.wake.set, stop=agent.stop)
+        agent.release = watch
+        watch.start()
     server = health.HealthServer(args.metrics_port, agent.liveness, registry).start()
     log.info(
         "gpu-health-agent %s on node %s: backend %s, interval %.1fs, heartbeat %.0fs, metrics/healthz on :%d",

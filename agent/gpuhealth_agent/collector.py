@@ -240,6 +240,12 @@ class Collector:
         identity = self._identity_at(index)
         return Gpu(index, identity.uuid if identity is not None else None)
 
+    def forget_handles(self) -> None:
+        """NVML was shut down (a release for a reset): its handles die with it, the next sample after a
+        new nvmlInit enumerates again. What the GPUs reported (tracks, XIDs) is kept."""
+        self._identities = None
+        self._answering = []
+
     def handles(self) -> list[Any]:
         """Device handles of the GPUs that answered the last enumeration (for event registration).
 

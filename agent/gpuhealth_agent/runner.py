@@ -28,6 +28,7 @@ from gpuhealth_agent import (
     metrics,
     nvml,
     outputs,
+    release,
     reporter,
     simulated,
     xids,
@@ -88,8 +89,14 @@ class Agent:
         dcgm_source: dcgm.DcgmSource | None = None,
         clock: Callable[[], float] = time.time,
         catalogue: xids.Catalogue | None = None,
+        release_source: release.Source | None = None,
     ) -> None:
         self.settings = settings
+        self.release = release_source
+        """What the operator asks to release (`release`); None: the agent is never asked (no canRelease)."""
+        self._released: str | None = None
+        """The ask the agent answered by shutting NVML down (`status.agent.released`); None: NVML is open."""
+        self._last_sample: collector.Sample | None = None
         self.lib, self.nvml_counter = nvml.counting(lib)
         self._calls_reported = 0
         self.reporter = report
@@ -163,12 +170,36 @@ class Agent:
         registered = self.watcher.open(self.collector.handles())
         log.info("watching %d GPUs for XID and double-bit ECC events", registered)
         if self.settings.event_thread:
-            self._threads.append(self.watcher.start_thread(self.stop))
+            self._session_stop = threading.Event()  # ends this NVML session's event thread (a release)
+            self._threads.append(self.watcher.start_thread(self._session_stop))
         return True
+
+    def _let_go(self, asked: str) -> None:
+        """Shut NVML down for the operator's reset (`release`): the event thread first, its set, then
+        nvmlShutdown. The facts sampled last are reported meanwhile, marked `released`."""
+        session = getattr(self, "_session_stop", None)
+        if session is not None:
+            session.set()
+        for thread in self._threads:
+            thread.join(timeout=2 * events.WAIT_MILLISECONDS / 1000)
+        self._threads = []
+        self.watcher.close()
+        if self._nvml_ready:
+            self._nvml_ready = False
+            try:
+                self.lib.nvmlShutdown()
+            except nvml.NVMLError as exc:
+                log.debug("nvmlShutdown failed: %s", exc)
+        self.collector.forget_handles()
+        self._released = asked
+        log.info("NVML shut down for a GPU reset (release %s)", asked)
 
     def close(self) -> None:
         self.stop.set()
         self.wake.set()
+        session = getattr(self, "_session_stop", None)
+        if session is not None:
+            session.set()
         for thread in self._threads:
             thread.join(timeout=2 * events.WAIT_MILLISECONDS / 1000)
         self.watcher.close()
@@ -184,16 +215,25 @@ class Agent:
 
     def run_once(self, now: float | None = None) -> TurnResult:
         now = self.clock() if now is None else now
+        asked = self.release.wanted() if self.release is not None else None
+        if asked is not None and asked != self._released and self._started:
+            self._let_go(asked)
+        elif asked is None and self._released is not None:
+            log.info("GPU release %s ended: initialising NVML again", self._released)
+            self._released = None  # NVML starts again below, and this turn's report goes out at once
         if not self._started:
             self.start(now)
-        elif not self._nvml_ready:
+        elif not self._nvml_ready and self._released is None:
             self._start_nvml(now)
-        if not self.settings.event_thread:
+        if not self.settings.event_thread and self._released is None:
             self.watcher.poll()
         received = self._take_events(now)
         self._expect_from_node()
-        if self._nvml_ready:
+        if self._released is not None and self._last_sample is not None:
+            sample = dataclasses.replace(self._last_sample, time=now)  # NVML is shut: the facts it had
+        elif self._nvml_ready:
             sample = self.collector.sample(now)
+            self._last_sample = sample
         else:
             sample = self.collector.blind(
                 now, collections.Counter({("nvmlInit", self._nvml_failure or "?"): 1})
@@ -301,6 +341,10 @@ class Agent:
             agent["bootId"] = self.settings.boot_id
         if self.settings.boot_time:
             agent["bootTime"] = self.settings.boot_time
+        if self.release is not None:
+            agent["canRelease"] = True
+        if self._released is not None:
+            agent["released"] = self._released
         error = self._error(sample)
         if error is not None:
             agent["error"] = error

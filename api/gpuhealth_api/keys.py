@@ -88,6 +88,28 @@ REPAIR_CYCLES_ANNOTATION: Final = f"{PREFIX}/repair-cycles"
 """On a Node: the repair cycles it started recently, `<cycle>@<RFC 3339 start>` comma-separated, oldest
 first, the last 10 (the most `maxAttempts` allows). Written with the cycle's first state, before its first
 Job: what maxAttempts counts, across restarts and leaders, apart from the 20-entry `status.repairs[]`."""
+REPAIR_WAITING_ANNOTATION: Final = f"{PREFIX}/repair-waiting"
+"""On a Node a policy drained: that policy, while its repair waits for a maxConcurrent place and the wait
+was said (Event DisruptionBudgetExceeded). A restarted or new leader finds it and does not say it again;
+removed when the wait ends (the cycle starts, the fault goes, the node is returned)."""
+RELEASE_GPUS_ANNOTATION: Final = f"{PREFIX}/release-gpus"
+"""On a GPUNode: set by the operator before a ResetGPU step's Job (value: the repair cycle's start stamp,
+`REPAIR_CYCLE_STARTED_ANNOTATION`'s); the agent shuts NVML down and answers with `status.agent.released`
+(the same value), and initialises NVML again when it goes (after the Job ended, or at the step's deadline)."""
+OPERANDS_PAUSED_ANNOTATION: Final = f"{PREFIX}/operands-paused"
+"""On a Node: the GPU Operator operand labels (`GPU_OPERATOR_OPERAND_LABELS`) the operator turned from
+"true" to "false" for a reset, comma-separated, written in the same patch as the labels; restored (only
+those still "false") and removed when the reset is over, also by a restarted or new leader."""
+GPU_OPERATOR_OPERAND_LABELS: Final = (
+    "nvidia.com/gpu.deploy.device-plugin",
+    "nvidia.com/gpu.deploy.dcgm",
+    "nvidia.com/gpu.deploy.dcgm-exporter",
+    "nvidia.com/gpu.deploy.gpu-feature-discovery",
+)
+"""The GPU Operator's per-node operand labels whose DaemonSet pods hold the GPU open (device plugin health
+checks, the DCGM host engine, dcgm-exporter, GFD). The operator's DaemonSets select `<label>=true`; it
+sets a missing label to "true" and honours a value already there (NVIDIA/gpu-operator,
+controllers/state_manager.go, `gpuStateLabels`, `addGPUStateLabels`)."""
 REPAIR_ACTION_LABEL: Final = f"{PREFIX}/repair-action"
 """On a repair Job and its pods: `ResetGPU`, `RebootNode` or `Validation`."""
 REPAIR_CYCLE_LABEL: Final = f"{PREFIX}/repair-cycle"

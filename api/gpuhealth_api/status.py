@@ -129,6 +129,8 @@ class AgentInfo(TypedDict, total=False):
     bootId: str  # the kernel's boot ID: a change means the node rebooted (and its GPUs were reset)
     bootTime: str  # RFC 3339, the node's clock (/proc/stat btime): when that boot began
     error: AgentError  # the agent cannot report its GPUs (it sees none): the node is Unknown, not faulty
+    canRelease: bool  # the agent lets go of NVML on request (GPUNode annotation gpuhealth.io/release-gpus)
+    released: str  # the release ask answered: NVML is shut for a reset (issue 48)
 
 
 class Summary(TypedDict, total=False):

@@ -293,6 +293,9 @@ class PolicyConditionType(enum.StrEnum):
     """A policy with IsolateGPU: whether GPUs are isolated by DeviceTaintRules or fall back to the node
     ladder (DRY_RUN / NOT_PROBED / PROBE_FAILED / PROBE_TIMED_OUT / DEVICE_TAINT_RULES /
     NODE_LADDER_FALLBACK)."""
+    REPAIR_PERMITTED = "RepairPermitted"
+    """A policy with `spec.repair`: whether the Job API lets the operator create its Jobs
+    (JOB_CREATE_REFUSED / JOBS_CREATED / NOT_TRIED)."""
 
 
 class PolicyConditionReason(enum.StrEnum):
@@ -312,3 +315,7 @@ class PolicyConditionReason(enum.StrEnum):
     PROBE_TIMED_OUT = "ProbeTimedOut"
     DEVICE_TAINT_RULES = "DeviceTaintRules"
     NODE_LADDER_FALLBACK = "NodeLadderFallback"
+    # RepairPermitted
+    JOB_CREATE_REFUSED = "JobCreateRefused"
+    JOBS_CREATED = "JobsCreated"
+    NOT_TRIED = "NotTried"

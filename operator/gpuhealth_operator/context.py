@@ -47,6 +47,7 @@ from gpuhealth_operator.decisions import (
     device_taints,
     isolation,
     model,
+    repair,
     stragglers,
     verdicts,
 )
@@ -329,11 +330,19 @@ class Context:
     """Nodes whose repair waits for workload pods to go and said so (`repairing._say_busy`, once per wait)."""
 
     repair_waiting: set[str] = dataclasses.field(default_factory=set)
+    """Nodes whose repair waits for maxConcurrent and said so (once per wait; only the policy that
+    cordoned a node repairs it, so one wait per node). A wait said by an earlier process is read from
+    the node's stored status (`repairing._say_waiting`)."""
+
+    repair_refused: dict[str, repair.Refused] = dataclasses.field(default_factory=dict)
+    """policy → its last repair Job create the Job API refused (`repair_permission`)."""
+
+    repair_permitted: set[str] = dataclasses.field(default_factory=set)
+    """Policies whose repair Job was created since this process began (`repair_permission`)."""
+
     gone_nodes: set[str] = dataclasses.field(default_factory=set)
     """Nodes deleted since the timer's last tick: their step Jobs are deleted on it (`orphan_jobs`).
     Kept when a Node is forgotten: that is when it is added."""
-    """Nodes whose repair waits for maxConcurrent and said so (once per wait; only the policy that
-    cordoned a node repairs it, so one wait per node)."""
 
     repair_templates: recent.Recent[str, dict[str, dict[str, Any]]] = dataclasses.field(
         default_factory=lambda: recent.Recent(30.0)
@@ -447,5 +456,7 @@ class Context:
         self.breakers.forget_policy(name)
         self.domains.forget_policy(name)
         self.policy_status_written.pop(name, None)
+        self.repair_refused.pop(name, None)
+        self.repair_permitted.discard(name)
         self.meters.forget_policy(name)
         self.drains.forget_policy(name)

@@ -186,7 +186,12 @@ async def uncordon(
     if body is None:
         return False
     record = ctx.cache.refresh_node(body)
-    bookkeeping = (nodes.DRAIN_STARTED_ANNOTATION, nodes.CORDONED_AT_ANNOTATION, keys.REPAIR_ANNOTATION)
+    bookkeeping = (
+        nodes.DRAIN_STARTED_ANNOTATION,
+        nodes.CORDONED_AT_ANNOTATION,
+        keys.REPAIR_ANNOTATION,
+        keys.REPAIR_WAITING_ANNOTATION,
+    )
     repair_label = {keys.REPAIR_NODE_UID_LABEL: None}  # the label a repair's Jobs select goes with its state
     if record is not None and (
         any(key in record.view.annotations for key in bookkeeping)

@@ -31,6 +31,7 @@ from gpuhealth_operator import (
     latency,
     pass_queue,
     reconciler,
+    repair_permission,
     resync,
     stopping,
     watching,
@@ -167,6 +168,7 @@ def store_policy(memo: context.Context, body: Mapping[str, Any]) -> model.Policy
     name = meta.get("name", "")
     generation = int(str(meta.get("generation") or 0))
     memo.breakers.note_reset(name, body)
+    repair_permission.observe(memo, name, body)  # a refusal said by a process before us
     memo.domains.note_status(name, body)
     try:
         policy = policies.parse_policy(name, generation, body.get("spec") or {})

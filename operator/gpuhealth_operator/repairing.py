@@ -35,8 +35,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import context, draining, kube, node_patches, stopping
-from gpuhealth_operator.actions import drain, events, jobs
+from gpuhealth_operator import (
+    context,
+    draining,
+    gpu_release,
+    kube,
+    node_patches,
+    operands,
+    repair_permission,
+    stopping,
+)
+from gpuhealth_operator.actions import drain, events, jobs, nodes
 from gpuhealth_operator.decisions import (
     isolation,
     model,
@@ -128,8 +137,15 @@ def holders(ctx: context.Context) -> list[str]:
     return sorted(repairing | ctx.validations_running)
 
 
-def _stop_waiting(ctx: context.Context, name: str) -> None:
+async def _stop_waiting(ctx: context.Context, name: str) -> None:
+    """The wait for maxConcurrent ended: forget it, and its mark on the Node (written when it was said)."""
     ctx.repair_waiting.discard(name)
+    record = ctx.cache.node(name)
+    if record is not None and keys.REPAIR_WAITING_ANNOTATION in record.view.annotations:
+        body = await nodes.patch_metadata(
+            ctx.client, name, annotations={keys.REPAIR_WAITING_ANNOTATION: None}
+        )
+        ctx.cache.refresh_node(body)
 
 
 def _stop_busy_wait(ctx: context.Context, name: str) -> None:
@@ -139,10 +155,15 @@ def _stop_busy_wait(ctx: context.Context, name: str) -> None:
 async def _say_waiting(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict, limit: int
 ) -> None:
-    """Say once per wait (an Event on the node) that its repair waits for maxConcurrent, and for whom."""
+    """Say once per wait (an Event on the node) that its repair waits for maxConcurrent, and for whom.
+    Once per wait, not per process: the Node keeps the mark (`keys.REPAIR_WAITING_ANNOTATION`), written
+    after the Event (a crash between says it twice, never not at all)."""
     if name in ctx.repair_waiting:
         return
     ctx.repair_waiting.add(name)
+    record = ctx.cache.node(name)
+    if record is None or record.view.annotations.get(keys.REPAIR_WAITING_ANNOTATION) == policy.name:
+        return  # said by an earlier process (a restart, a leader change)
     issues = ", ".join(verdict.issues) or "a fault"
     await ctx.recorder.emit(
         events.subject(ctx.cache, name),
@@ -150,6 +171,10 @@ async def _say_waiting(
         f"Policy {policy.name} would repair the drained node ({issues}) but "
         f"{repair.wait_words(limit, holders(ctx))}; it waits, drained, for a place.",
     )
+    body = await nodes.patch_metadata(
+        ctx.client, name, annotations={keys.REPAIR_WAITING_ANNOTATION: policy.name}
+    )
+    ctx.cache.refresh_node(body)
 
 
 def namespace(ctx: context.Context) -> str:
@@ -231,6 +256,11 @@ def report(
         return repair.Report(seen_at=None, boot_id=None, fault_gone=False)
     agent: Mapping[str, Any] = gpunode.status.get("agent") or {}
     boot = agent.get("bootId") if isinstance(agent, Mapping) else None
+    if gpu_release.released(ctx, name) is not None:
+        # Written while NVML was shut for a reset: the facts from before it, no evidence of its effect.
+        return repair.Report(
+            seen_at=None, boot_id=boot if isinstance(boot, str) and boot else None, fault_gone=False
+        )
     raw = signals.raw_signals(
         gpunode.status,
         record.view,
@@ -612,10 +642,12 @@ async def take(
     if not view.unschedulable or (
         view.cordoned_by == policy.name and verdict.wanted_action is not vocabulary.Action.DRAIN
     ):
-        _stop_waiting(ctx, name)  # a wait for maxConcurrent ends with the cordon, or the fault
+        await _stop_waiting(ctx, name)  # a wait for maxConcurrent ends with the cordon, or the fault
     if not view.unschedulable:
         _stop_busy_wait(ctx, name)  # a wait for workload pods too (a cycle's ends in `_launch`)
     state = repair.parse(view.annotations.get(keys.REPAIR_ANNOTATION))
+    if state is None and keys.OPERANDS_PAUSED_ANNOTATION in view.annotations:
+        await operands.restore(ctx, name)  # a cycle that ended without it (a kill -9 between)
     if state is None or state.policy != policy.name:
         return None  # none, or another policy's (`sweep` cancels it when that policy is gone)
     why = cancel_reason(ctx, state, name)
@@ -641,6 +673,8 @@ async def begin(
         return NodeAction.DRAINED
     if ctx.breakers.paused(policy.name) is not None:
         return NodeAction.DRAINED  # no new step while the breaker holds disruptions back
+    if not repair_permission.may_try(ctx, policy.name, now):
+        return NodeAction.DRAINED  # the Job API refused the policy's last create: tried again later
     indexed = faulty_gpus(ctx, policy, name, verdict)
     gpus = tuple(u for _, u in indexed)
     past = history(ctx, name)
@@ -691,7 +725,7 @@ async def begin(
     if decision is repair.Start.WAIT:
         await _say_waiting(ctx, policy, name, verdict, limit)
         return NodeAction.DRAINED
-    _stop_waiting(ctx, name)
+    await _stop_waiting(ctx, name)
     if decision is repair.Start.RETIRE:
         count = repair.cycles_in_window(past, now, spec.attempt_window_seconds, started)
         return (
@@ -757,7 +791,10 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
     kind = action.key
     subject = events.subject(ctx.cache, name)
     if transition.outcome is repair.Outcome.WAIT:
+        if job.phase in (repair.JobPhase.SUCCEEDED, repair.JobPhase.FAILED) or state.phase is Phase.VALIDATE:
+            await _reset_over(ctx, name)  # the reset is over: the agent reports its effect
         return Handled(NodeAction.REPAIRING if state.phase is Phase.STEP else NodeAction.VALIDATING)
+    await _reset_over(ctx, name)
     if job.phase is repair.JobPhase.ACTIVE:
         await action.undo()  # timed out, or a reboot's pod that outlived the boot: never beside the next Job
     if transition.outcome is repair.Outcome.EFFECT:
@@ -844,6 +881,7 @@ async def _failed(  # noqa: PLR0917 - one failure's context
     now: datetime.datetime,
 ) -> Handled | None:
     """A step or validation failed: say so, then the next step, or retire."""
+    await _reset_over(ctx, name)  # no reset runs now: the agent and the operands take the GPUs back
     step = spec.steps[state.step] if state.step < len(spec.steps) else None
     validating = state.phase is Phase.VALIDATE
     kind = vocabulary.VALIDATION_JOB if validating else (step.action.value if step else "")
@@ -938,6 +976,13 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
             words=_step_words(spec.steps[state.step], state, indexed),
         )
     step = spec.steps[state.step]
+    if state.phase is Phase.STEP and step.action is vocabulary.RepairAction.RESET_GPU:
+        # Nothing may hold the GPU open: the GPU Operator's operands leave, then the agent lets go.
+        held = await _until_operands_gone(ctx, policy, spec, name, state, verdict, action, now)
+        if held is None:
+            held = await _until_released(ctx, policy, spec, name, state, verdict, action, now)
+        if held is not None:
+            return held
     try:
         created = await action.start(now)
     except jobs.StaleJob as error:
@@ -957,6 +1002,8 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
     except kube.ApiError as error:
         if not 400 <= error.status < 500 or error.status in (408, 429):
             raise  # transient: the next pass creates it (or adopts it)
+        if repair_permission.refused(error.status, _api_message(error)):
+            return await _refused(ctx, policy, spec, name, state, verdict, action, error, now)
         return await _failed(
             ctx,
             policy,
@@ -972,6 +1019,7 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
             ),
             now,
         )
+    repair_permission.note_permitted(ctx, policy.name)
     _note(
         ctx,
         name,
@@ -988,11 +1036,177 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
             events.subject(ctx.cache, name),
             vocabulary.EventReason.REPAIR_STARTED,
             f"Repair cycle {state.cycle} by policy {policy.name}: {action.name} started (Job "
-            f"{action.namespace}/{state.job}, timeout {action.timeout_seconds:g}s).",
+            f"{action.namespace}/{state.job}, timeout {action.timeout_seconds:g}s)"
+            f"{_cleared(ctx, name, state)}.",
         )
     else:
         logger.info("node %s: %s started (Job %s/%s)", name, action.name, action.namespace, state.job)
     return Handled(phase)
+
+
+# --- the GPU Operator's operands step aside for a reset (issue 48, Deliver 2; `operands`) -----------------
+
+
+def _cleared(ctx: context.Context, name: str, state: repair.State) -> str:
+    """What a reset waited for (said in its RepairStarted): the operands paused, the agent's release."""
+    if state.phase is not Phase.STEP:
+        return ""
+    said = []
+    labels = operands.paused(ctx, name)
+    if labels:
+        said.append("the GPU Operator's " + ", ".join(k.rsplit(".", 1)[1] for k in labels) + " left")
+    if gpu_release.released(ctx, name) is not None:
+        said.append("the agent released the GPUs")
+    return f" after {' and '.join(said)}" if said else ""
+
+
+async def _reset_over(ctx: context.Context, name: str) -> None:
+    """No reset runs (any more) on the node: the agent takes the GPUs back, the operands we paused
+    come back (only those still ours)."""
+    await gpu_release.end(ctx, name)
+    await operands.restore(ctx, name)
+
+
+async def _until_operands_gone(  # noqa: PLR0917 - one wait's inputs
+    ctx: context.Context,
+    policy: model.Policy,
+    spec: model.RepairSpec,
+    name: str,
+    state: repair.State,
+    verdict: model.NodeVerdict,
+    action: JobStep,
+    now: datetime.datetime,
+) -> Handled | None:
+    """None: no operand of the GPU Operator holds the GPU (none on the node, or its pods left). Else
+    the step waits (the labels turned off first, recorded), until its deadline: then it fails."""
+    labels = await operands.pause(ctx, name)
+    if labels is None:
+        return Handled(NodeAction.REPAIRING)  # the Node changed under the write: decided again
+    left = await operands.holders(ctx, name, labels)
+    if not left:
+        return None
+    if times.seconds_between(state.since, now) < action.timeout_seconds:
+        logger.info("repair of node %s: %s waits for operand pods to leave: %s", name, action.name, left)
+        return Handled(NodeAction.REPAIRING)
+    return await _failed(
+        ctx,
+        policy,
+        spec,
+        name,
+        state,
+        verdict,
+        repair.Transition(
+            repair.Outcome.FAILED,
+            Result.TIMED_OUT,
+            f"GPU Operator operand pods stayed on the node for {action.timeout_seconds:g}s after their "
+            f"labels were turned off ({', '.join(left)}), so no reset ran",
+        ),
+        now,
+    )
+
+
+# --- the agent lets go of the GPUs before a reset (issue 48, Deliver 1; `gpu_release`) --------------------
+
+
+async def _until_released(  # noqa: PLR0917 - one wait's inputs
+    ctx: context.Context,
+    policy: model.Policy,
+    spec: model.RepairSpec,
+    name: str,
+    state: repair.State,
+    verdict: model.NodeVerdict,
+    action: JobStep,
+    now: datetime.datetime,
+) -> Handled | None:
+    """None: the agent released the GPUs for this cycle, the reset may start. Else the step waits (the
+    ask is written first), until its deadline from the step's start: then it fails, and the cycle moves
+    on (a node whose agent is gone is not held for ever)."""
+    stamp = repair.cycle_stamp(state)
+    if await gpu_release.ready(ctx, name, stamp):
+        return None
+    waited = times.seconds_between(state.since, now)
+    if waited < action.timeout_seconds:
+        logger.info("repair of node %s: %s waits for the agent to release the GPUs", name, action.name)
+        return Handled(NodeAction.REPAIRING)
+    return await _failed(
+        ctx,
+        policy,
+        spec,
+        name,
+        state,
+        verdict,
+        repair.Transition(
+            repair.Outcome.FAILED,
+            Result.TIMED_OUT,
+            f"the agent did not release the GPUs (status.agent.released) within {action.timeout_seconds:g}s "
+            f"of the ask (GPUNode annotation {keys.RELEASE_GPUS_ANNOTATION}={stamp}), so no reset ran",
+        ),
+        now,
+    )
+
+
+# --- no right to create Jobs (issue 45, leftover A): the install's state, not the node's failure -------
+
+
+async def _refused(  # noqa: PLR0917 - one refusal's inputs
+    ctx: context.Context,
+    policy: model.Policy,
+    spec: model.RepairSpec,
+    name: str,
+    state: repair.State,
+    verdict: model.NodeVerdict,
+    action: JobStep,
+    error: kube.ApiError,
+    now: datetime.datetime,
+) -> Handled | None:
+    """The Job API refused the create (403: no RBAC, the chart's `repair.enabled=false`; 404: no
+    namespace). A cycle's first step is taken back — its state and its counted start go, the node stays
+    Drained, no step counts — and tried again after `repair_permission.RETRY_SECONDS`. A later phase
+    (the rights withdrawn mid-cycle) waits for them until its own deadline, then fails as a timeout
+    would: the reset it follows did run. The policy says so once (`RepairPermitted`, one Event)."""
+    message = repair_permission.words(
+        policy.name,
+        action.namespace,
+        state.job,
+        status=error.status,
+        reason=error.reason,
+        api_message=_api_message(error),
+    )
+    if repair_permission.note_refused(ctx, policy.name, message, now):
+        await ctx.recorder.emit(
+            events.subject(ctx.cache, name),
+            vocabulary.EventReason.REMEDIATION_PAUSED,
+            message,
+            events.WARNING,
+        )
+    logger.warning("repair of node %s: %s", name, message)
+    phase = NodeAction.REPAIRING if state.phase is Phase.STEP else NodeAction.VALIDATING
+    if state.previous is None and state.phase is Phase.STEP:
+        undone = await _write_state(
+            ctx,
+            name,
+            None,
+            also={keys.REPAIR_CYCLES_ANNOTATION: repair.without_cycle(cycles(ctx, name), state.cycle)},
+        )
+        if undone:
+            ctx.repair_tokens.pop(name, None)
+        return Handled(NodeAction.DRAINED if undone else phase)
+    if times.seconds_between(state.since, now) < action.timeout_seconds:
+        return Handled(phase)
+    return await _failed(
+        ctx,
+        policy,
+        spec,
+        name,
+        state,
+        verdict,
+        repair.Transition(
+            repair.Outcome.FAILED,
+            Result.TIMED_OUT if state.phase is Phase.STEP else None,
+            f"its Job could not be created for {action.timeout_seconds:g}s: {message}",
+        ),
+        now,
+    )
 
 
 # --- a busy node (issue 45): no Job beside a workload pod, and no phase waits for ever --------------------
@@ -1101,6 +1315,7 @@ async def _retire(  # noqa: PLR0917 - one retire's inputs
     healthy by now, and a human needs to know what it was retired for."""
     if not await _write_state(ctx, name, None, retired=True):
         return Handled(NodeAction.REPAIRING if state is not None else NodeAction.DRAINED)
+    await _reset_over(ctx, name)
     cycle = state.cycle if state is not None else repair.next_cycle(history(ctx, name), cycles(ctx, name)) - 1
     record = repair.State(
         policy=policy.name,
@@ -1142,6 +1357,7 @@ async def cancel(
     """Stop the cycle: delete its Job, remove the state, record Cancelled, say so."""
     ns = namespace(ctx)
     deleted = await jobs.delete(ctx.client, ns, state.job)
+    await _reset_over(ctx, name)
     if not await _write_state(ctx, name, None):
         return  # changed meanwhile: the next pass decides again
     _stop_busy_wait(ctx, name)  # a busy wait said ends with its cycle

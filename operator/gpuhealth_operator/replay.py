@@ -95,7 +95,8 @@ class Operator:
         instance: str = "replay",
         straggler_observer: StragglerObserver | None = None,
     ) -> None:
-        config = settings.Settings(agent_pod_namespace=agent_pod_namespace)
+        # No release ask: the recorded agents answered the live operator's, not the replay's (issue 48).
+        config = settings.Settings(agent_pod_namespace=agent_pod_namespace, release_gpus=False)
         self._ctx = context.Context.create(config, client, metrics.Metrics.create(), instance=instance)
         self._ctx.clock = clock
         self._ctx.straggler_cohorts.observer = straggler_observer

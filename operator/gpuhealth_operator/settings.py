@@ -97,6 +97,10 @@ class Settings:
     repair_namespace: str | None = None
     """Namespace the repair Jobs run in; None: the templates' ConfigMap's namespace, else `gpu-health`."""
 
+    release_gpus: bool = True
+    """Ask a node's agent to let go of NVML before a ResetGPU Job and wait for its answer (`gpu_release`);
+    off in the backtest's replay, whose recorded agents cannot answer the replay's own asks."""
+
     log_level: str = "INFO"
     """Python logging level name."""
 

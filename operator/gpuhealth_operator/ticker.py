@@ -39,6 +39,7 @@ from gpuhealth_operator import (
     orphan_jobs,
     pausing,
     reconciler,
+    repair_permission,
     repairing,
     resting,
 )
@@ -316,6 +317,9 @@ def policy_status(
         ctx.meters.isolated_gpus.labels(name).set(counts["isolatedGPUs"])
     elif policy is not None:
         ctx.meters.isolated_gpus.labels(name).set(0)
+    permitted = repair_permission.condition(ctx, policy) if error is None else None
+    if permitted is not None:
+        conditions.append(permitted)
     for condition in conditions:
         before = next((c for c in written if c.get("type") == condition["type"]), {})
         same = before.get("status") == condition["status"] and before.get("lastTransitionTime")

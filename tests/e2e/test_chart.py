@@ -696,7 +696,15 @@ def test_agent_is_denied_another_nodes_gpunode(
     control_plane.kubectl("delete", resources.GPUNODE_PLURAL, other)
     message = as_agent.denied("create", "-f", "-", input=gpunode(other, node_uid(control_plane, other)))
     assert "may write only GPUNode" in message
-    as_agent.denied("get", resources.GPUNODE_PLURAL)  # no list: an agent never sees other nodes
+    # Issue 48: an agent watches its own GPUNode for the operator's release ask (list/watch by
+    # metadata.name; RBAC cannot narrow it to the caller's node, so it may read, never write, others).
+    own = release.gpu_nodes[0]
+    as_agent.allowed(
+        "get",
+        "--raw",
+        f"/apis/{resources.API_VERSION}/{resources.GPUNODE_PLURAL}?fieldSelector=metadata.name%3D{own}"
+        "&watch=1&timeoutSeconds=1",
+    )
 
 
 def test_agent_cannot_touch_nodes_or_pods(as_agent: Identity, release: Release, victim: str) -> None:

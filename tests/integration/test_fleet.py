@@ -185,6 +185,11 @@ def test_the_demo_shows_the_main_job_done(tmp_path: Path) -> None:
     assert "7 of 8 GPUs kept in service" in text and "GPU-hours saved against a whole-node drain" in text
     # Its own run, recorded and backtested under the same policy: one line. The trace holds the DRA
     # node's ResourceSlice, so the replay isolates its GPU as live did (and drains nothing there).
+    # Issue 48: the reset that returned gpu-node-7 waited for the GPU Operator's operands and the agent.
+    assert (
+        "gpu-node-7: the GPU reset started after the GPU Operator's device-plugin, dcgm-exporter left "
+        "and the agent released the GPUs"
+    ) in text, text
     (verdict,) = [line for line in text.splitlines() if line.startswith("backtest of this run")]
     # Every node, the XID node included, as live did: the DRA node's isolation no longer takes the
     # budget in the replay (it took the XID node's place once), so nothing may differ.

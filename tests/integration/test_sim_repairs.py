@@ -129,6 +129,38 @@ def pod_of(k8s: client.ApiClient, namespace: str, job: str) -> client.V1Pod:
     return pod
 
 
+def ask_release(k8s: client.ApiClient, node: str, value: str | None) -> None:
+    """What the operator does before a reset (issue 48): the GPUNode's release ask; with a value, wait
+    for the agent's answer (`status.agent.released`)."""
+    client.CustomObjectsApi(k8s).patch_cluster_custom_object(
+        resources.GROUP,
+        resources.VERSION,
+        resources.GPUNODE_PLURAL,
+        node,
+        {"metadata": {"annotations": {keys.RELEASE_GPUS_ANNOTATION: value}}},
+        _content_type="application/merge-patch+json",
+    )
+    if value is not None:
+        waiting.wait_until(
+            lambda: (status(k8s, node).get("agent") or {}).get("released") == value,
+            timeout_seconds=TIMEOUT,
+            message=f"{node}'s agent released the GPUs",
+        )
+
+
+def test_a_reset_while_the_agent_holds_the_gpu_fails(
+    running_fleet: agentpool.Fleet, executor: repairs.Executor, k8s: client.ApiClient, namespace: str
+) -> None:
+    """Issue 48, Deliver 5: nvidia-smi --gpu-reset refuses while a process has the GPU open; the sim's
+    agent holds it until released, and the sim counts the reset that met a holder."""
+    waiting.wait_until(lambda: gpu(k8s, FAILING, 3), timeout_seconds=TIMEOUT, message="GPU 3 reported")
+    run_job(k8s, namespace, "held", REBOOT, "ResetGPU", simulated.gpu_uuid(REBOOT, 0))
+    assert job_ended(k8s, namespace, "held") == "Failed"
+    assert executor.refused_resets == 1
+    (played,) = [p for p in executor.played if p.node == REBOOT]
+    assert "in use by gpu-health-agent" in played.outcome.message, played.outcome.message
+
+
 def test_a_reset_that_fixes_clears_the_gpus_volatile_state(
     running_fleet: agentpool.Fleet, executor: repairs.Executor, k8s: client.ApiClient, namespace: str
 ) -> None:
@@ -138,8 +170,10 @@ def test_a_reset_that_fixes_clears_the_gpus_volatile_state(
         message="the ECC fault on GPU 3 reported",
     )
     assert before["uuid"] == simulated.gpu_uuid(RESET_FIXES, 3)
+    ask_release(k8s, RESET_FIXES, "cycle-1")
     run_job(k8s, namespace, "reset", RESET_FIXES, "ResetGPU", before["uuid"])
     assert job_ended(k8s, namespace, "reset") == "Succeeded"
+    ask_release(k8s, RESET_FIXES, None)  # the agent takes NVML back and reports the reset's effect
     pod = pod_of(k8s, namespace, "reset")
     assert pod.status.phase == "Succeeded"
     assert pod.status.container_statuses[0].state.terminated.exit_code == 0

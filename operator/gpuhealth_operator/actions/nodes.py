@@ -121,6 +121,7 @@ async def drop_claim(
         keys.CORDONED_BY_ANNOTATION: None,
         keys.CORDONED_AT_ANNOTATION: None,
         keys.DRAIN_STARTED_ANNOTATION: None,
+        keys.REPAIR_WAITING_ANNOTATION: None,
         keys.OVERRIDDEN_EVIDENCE_ANNOTATION: baseline,
     }
     body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}

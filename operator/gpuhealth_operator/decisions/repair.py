@@ -46,6 +46,16 @@ PREVIOUS_MESSAGE: Final = 256
 
 
 @dataclasses.dataclass(frozen=True)
+class Refused:
+    """A policy's repair Job create refused by the Job API (403/404, `repair_permission`): the API
+    server's words, when it was last tried, whether it was said already."""
+
+    message: str
+    at: datetime.datetime
+    said: bool
+
+
+@dataclasses.dataclass(frozen=True)
 class Done:
     """How the phase before a state ended (its history entry, dated the state's `since`), written on the
     Node with the state: a leader that dies before its status write leaves it for the next one to record."""
@@ -266,6 +276,13 @@ def with_cycle(cycles: Cycles, number: int, started: datetime.datetime) -> str:
     the node lives."""
     kept = sorted([*(c for c in cycles if c[0] != number), (number, started)], key=lambda c: (c[1], c[0]))
     return ",".join(f"{n}@{times.render(w)}" for n, w in kept[-CYCLES_KEPT:])
+
+
+def without_cycle(cycles: Cycles, number: int) -> str | None:
+    """The annotation's value with the cycle's start taken back (a cycle whose first Job the Job API
+    refused never began); None: no cycle left, remove the annotation."""
+    kept = [c for c in cycles if c[0] != number]
+    return ",".join(f"{n}@{times.render(w)}" for n, w in kept) or None
 
 
 def cycles_in_window(

@@ -22,7 +22,7 @@ from kubernetes import client
 from gpuhealth_api import resources
 from gpuhealth_sim import waiting
 from gpuhealth_sim.controlplane import local
-from gpuhealth_sim.demo import workload
+from gpuhealth_sim.demo import operands, workload
 from gpuhealth_sim.fleet import dra, fleetfile, repairs
 
 MANAGED_BY: Final = ("app.kubernetes.io/managed-by", "gpu-health-demo")
@@ -31,7 +31,7 @@ CRDS: Final = (
     f"{resources.GPUNODE_PLURAL}.{resources.GROUP}",
     f"{resources.POLICY_PLURAL}.{resources.GROUP}",
 )
-NAMESPACES: Final = (workload.NAMESPACE, repairs.DEFAULT_NAMESPACE)
+NAMESPACES: Final = (workload.NAMESPACE, repairs.DEFAULT_NAMESPACE, operands.NAMESPACE)
 NODE_LEASE_NAMESPACE: Final = "kube-node-lease"
 GONE_SECONDS: Final = 120.0
 """How long `clean` waits for namespaces and CRDs to go (a real cluster finalises them in seconds)."""

@@ -45,7 +45,7 @@ from gpuhealth_api import resources
 from gpuhealth_sim import waiting, watches
 from gpuhealth_sim.backtest import tracerecord
 from gpuhealth_sim.controlplane import binaries, existing, local, processes
-from gpuhealth_sim.demo import borrowed, demotrace, live, record, summary, workload
+from gpuhealth_sim.demo import borrowed, demotrace, live, operands, record, summary, workload
 from gpuhealth_sim.demo.defaults import DEFAULT_DURATION_SECONDS, DEFAULT_FLEET, DEFAULT_POLICY, REPO_ROOT
 from gpuhealth_sim.fleet import agentpool, dra, fleetfile, repairs
 
@@ -339,6 +339,11 @@ def _story(plane: Cluster, ctx: _Context) -> bool:
         replicas = start_training(plane, api, spec)
         plane.kubectl("label", "--overwrite", "namespace", workload.NAMESPACE, *borrowed.label_args())
         say(f"namespace {workload.NAMESPACE}: {replicas} training pods Running, PDB maxUnavailable 2")
+        held = operands.start(api, spec)
+        plane.kubectl("label", "--overwrite", "namespace", operands.NAMESPACE, *borrowed.label_args())
+        say(
+            f"namespace {operands.NAMESPACE}: {held} GPU Operator operand pods (device plugin, dcgm-exporter)"
+        )
         plane.kubectl("cordon", human)
         human_at = time.time() - recorder.started_at
         say(f"a human cordoned {human} (kubectl cordon: no gpu-health annotation)")
@@ -363,6 +368,8 @@ def _story(plane: Cluster, ctx: _Context) -> bool:
             if not tty:
                 view.table()
             out.write("\n" + "\n".join(summary.render(result)) + "\n\n")
+            for line in operands.coordinated(seen.events()):  # issue 48: what each reset waited for
+                out.write(line + "\n")
             if options.summary_json is not None:
                 options.summary_json.write_text(json.dumps(result.to_json(), indent=2) + "\n")
             offset, end = sim.started_at - recorder.started_at, time.time() - recorder.started_at

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 from kubernetes import client
 
-from gpuhealth_agent import runner, scenario, simulated
+from gpuhealth_agent import release, runner, scenario, simulated
 from gpuhealth_sim.fleet import agents, dra, fleetfile, nodes
 
 log = logging.getLogger(__name__)
@@ -207,6 +207,21 @@ class Fleet:
         if self._builder is None:
             raise RuntimeError("the fleet is not running")
         return self._builder.scenario_for(self.spec.nodes[self._index[node]])
+
+    def ask_release(self, node: str, value: str | None) -> None:
+        """The operator's GPU release ask on the node's GPUNode (None: none), for its agent's next turn."""
+        index = self._index.get(node)
+        agent = self.agents[index] if index is not None and index < len(self.agents) else None
+        source = agent.release if agent is not None else None
+        if isinstance(source, release.Fixed) and source.value != value:
+            source.value = value
+
+    def holds_gpus(self, node: str) -> bool:
+        """Whether the node's agent has NVML open (a reset meanwhile fails: the GPU is in use)."""
+        index = self._index.get(node)
+        if index is None or self._builder is None:
+            return False
+        return bool(getattr(self._lib(index), "initialized", False))
 
     def reset_gpus(self, node: str, gpus: Sequence[int]) -> concurrent.futures.Future[None]:
         """Reset these GPUs (scenario indexes) of `node` at its next turn, as `nvidia-smi --gpu-reset`;

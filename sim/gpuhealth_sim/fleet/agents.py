@@ -18,7 +18,7 @@ from typing import Any
 
 from kubernetes import client
 
-from gpuhealth_agent import reporter, runner, scenario, simulated, xids
+from gpuhealth_agent import release, reporter, runner, scenario, simulated, xids
 from gpuhealth_sim.fleet import baselines, fleetfile
 
 
@@ -78,7 +78,11 @@ class Builder:
             self.api_client, plan.name, request_timeout_seconds=self.request_timeout_seconds
         )
         report = reporter.Reporter(cluster, heartbeat_seconds=self.fleet.heartbeat_seconds)
-        return runner.Agent(settings, lib, report=report, catalogue=self._catalogue)
+        # The operator's GPU release ask (issue 48) reaches a simulated agent from the repair executor,
+        # which reads the GPUNodes (`repairs.Executor`): a watch per simulated node would not scale.
+        return runner.Agent(
+            settings, lib, report=report, catalogue=self._catalogue, release_source=release.Fixed()
+        )
 
 
 def boot_id(node: str, boots: int) -> str:

@@ -45,7 +45,7 @@ from typing import Any, Final
 from kubernetes import client
 
 from gpuhealth_agent import scenario, simulated
-from gpuhealth_api import keys, timestamps, vocabulary
+from gpuhealth_api import keys, resources, timestamps, vocabulary
 from gpuhealth_sim.fleet import agentpool, defaults
 
 log = logging.getLogger(__name__)
@@ -197,12 +197,16 @@ class Executor:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
         self.sim = sim
         self.namespace = namespace
         self.seconds = {**DEFAULT_SECONDS, **(seconds or {})}
         self.poll_seconds = poll_seconds
         self.clock = clock
         self.played: list[Played] = []
+        self.refused_resets = 0
+        """ResetGPU pods that met a holder of the GPU (the agent, an operand pod) and failed: the bench's
+        "reset Jobs started while a holder ran"."""
         self.errors = 0
         """Pods the executor could not end (an API error, an effect that did not happen): logged."""
         self._seen: dict[str, float] = {}
@@ -236,8 +240,38 @@ class Executor:
                 log.warning("listing repair pods in %s failed: %s", self.namespace, error)
             self._stop.wait(self.poll_seconds)
 
+    def _pass_release_asks(self) -> None:
+        """The operator's GPU release asks (GPUNode annotation) to the simulated agents: one list for the
+        fleet per poll, where a real agent watches its own GPUNode."""
+        listed = self.custom.list_cluster_custom_object(
+            resources.GROUP, resources.VERSION, resources.GPUNODE_PLURAL
+        )
+        items = listed.get("items") if isinstance(listed, dict) else None
+        for item in items or []:
+            meta = item.get("metadata") or {}
+            name = meta.get("name", "")
+            if self.sim.has_node(name):
+                self.sim.ask_release(name, (meta.get("annotations") or {}).get(keys.RELEASE_GPUS_ANNOTATION))
+
+    def holders(self, node: str) -> list[str]:
+        """What holds the node's GPUs open now: its agent (NVML initialised) and the pods an operand label
+        of the GPU Operator selects (`nvidia.com/gpu.deploy.<operand>=true`, not finished)."""
+        found = ["gpu-health-agent"] if self.sim.has_node(node) and self.sim.holds_gpus(node) else []
+        pods = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")
+        for item in pods.items:
+            pod = self.core.api_client.sanitize_for_serialization(item)
+            selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+            finished = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+            if not finished and any(selector.get(k) == "true" for k in keys.GPU_OPERATOR_OPERAND_LABELS):
+                found.append(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}")
+        return found
+
     def poll_once(self) -> int:
         """Look at the repair pods once; start ending each that has run its time. Returns how many."""
+        try:
+            self._pass_release_asks()
+        except Exception as error:  # the API server may be down a moment; the next poll tries again
+            log.warning("reading the GPUNodes' release asks failed: %s", error)
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=keys.REPAIR_ACTION_LABEL)
         now = self.clock()
         started = 0
@@ -277,6 +311,11 @@ class Executor:
             plan = self.sim.scenario(node)
             uuids = [simulated.gpu_uuid(node, i) for i in range(plan.gpus)]
             outcome = decide(plan.repair, action, attempt, requested_gpus(pod), uuids)
+            held = self.holders(node) if action == vocabulary.RepairAction.RESET_GPU else []
+            if held:  # nvidia-smi --gpu-reset refuses while any process has the device open
+                outcome = Outcome(False, 1, f"GPU in use by {', '.join(held)} (nvidia-smi: reset refused)")
+                with self._lock:
+                    self.refused_resets += 1
             if outcome.reboot:
                 self.sim.reboot(node).result(timeout=EFFECT_TIMEOUT_SECONDS)
             elif outcome.reset:

@@ -436,12 +436,6 @@ def known(story: str, first: int, why: str) -> None:
         KNOWN[(story, point)] = why
 
 
-REPAIR_WAIT = (
-    "found by this test, not fixed here (repairing.py is another item's): repair's maxConcurrent wait is "
-    "said once per process (Context.repair_waiting), and nothing in the cluster records that it was said"
-)
-for point in range(5, 10):  # restarted while b waits for a's repair place
-    KNOWN[("repair-wait", point)] = REPAIR_WAIT
 KNOWN_IN_A_TERM = {k: v for k, v in KNOWN.items() if k[0] == "repair-wait"}
 """A new term keeps the cache and its trends, not what was said."""
 
