@@ -27,7 +27,7 @@ from gpuhealth_operator import (
     settings,
 )
 from gpuhealth_operator.actions import drain
-from gpuhealth_operator.decisions import breaker, isolation, model
+from gpuhealth_operator.decisions import breaker, isolation, model, repair
 from gpunode_facts import verdict
 
 NOT_STATE = {"config", "client", "meters", "recorder", "cache", "agent_pods", "eviction_slots", "clock"}
@@ -71,6 +71,10 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.drill_said[(policy, node)] = f"Drill: policy {policy} would cordon"
     ctx.drill_health[(policy, node)] = "Unhealthy"
     ctx.policy_status_written[policy] = {"observedGeneration": 1}
+    ctx.repair_refused[policy] = repair.Refused(
+        "jobs.batch is forbidden", datetime.datetime.now(datetime.UTC), True
+    )
+    ctx.repair_permitted.add(policy)
     ctx.verdicts.turned_unhealthy[policy][node] = datetime.datetime.now(datetime.UTC)
     ctx.breakers.states[policy] = breaker.Breaker(state=breaker.State.HALF_OPEN, trial=node)
     ctx.breakers.announced[policy] = breaker.Breaker()
@@ -103,6 +107,8 @@ FILLED = {
     "repair_busy_said",
     "validations_running",
     "gone_nodes",
+    "repair_refused",
+    "repair_permitted",
     "admission",
     "cordons_unknown",
     "verdicts",
@@ -180,6 +186,8 @@ def test_forget_node_empties_every_map_of_that_node_only() -> None:
             "isolation_support",
             "rules_read",
             "isolation_locks",
+            "repair_refused",
+            "repair_permitted",
         ]
         assert "gone" not in ctx.verdicts.wanting["p"]
         await asyncio.sleep(0)
@@ -216,6 +224,8 @@ def test_forget_policy_empties_every_map_of_that_policy_only() -> None:
             "drill_health",
             "policy_status_written",
             "breakers",
+            "repair_refused",
+            "repair_permitted",
         }
         per_policy |= {"isolation_support", "isolations", "rules_read", "isolation_locks", "domains"}
         per_policy.add("drains")  # the node's drain is "kept"'s (the last filled)
