@@ -73,7 +73,9 @@ import sys
 import time
 from typing import Any
 
-from gpuhealth_operator import heap, replay, settings, ticker
+from gpuhealth_operator import replay
+from gpuhealth_operator.runtime import heap, ticker
+from gpuhealth_operator.shared import settings
 from gpuhealth_sim.backtest import memcluster, replayer, tracegen
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

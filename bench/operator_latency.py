@@ -38,7 +38,7 @@ from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
 from gpuhealth_api import resources
-from gpuhealth_operator import kube
+from gpuhealth_operator.client import kube
 from gpuhealth_sim import waiting
 from gpuhealth_sim.controlplane import binaries, local
 

@@ -26,22 +26,13 @@ from typing import Any, Final, Literal, cast
 import kopf
 
 from gpuhealth_api import keys
-from gpuhealth_operator import (
-    agent_pods,
-    cache,
-    cohorts,
-    context,
-    handlers,
-    isolating,
-    kube,
-    metrics,
-    passes,
-    reconciler,
-    repairing,
-    settings,
-    ticker,
-)
+from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import policies
+from gpuhealth_operator.ladder.isolate import isolating
+from gpuhealth_operator.ladder.repair import repairing
+from gpuhealth_operator.runtime import handlers, passes, reconciler, ticker
+from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.state import agent_pods, cache, cohorts
 
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 """A watch event's type, as kopf hands it to a handler."""

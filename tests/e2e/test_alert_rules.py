@@ -32,7 +32,7 @@ import yaml
 
 from gpuhealth_agent import metrics as agent_metrics
 from gpuhealth_api import vocabulary
-from gpuhealth_operator import metrics as operator_metrics
+from gpuhealth_operator.shared import metrics as operator_metrics
 from gpuhealth_sim.controlplane import binaries
 
 pytestmark = pytest.mark.e2e

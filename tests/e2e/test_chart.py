@@ -932,7 +932,9 @@ def test_upgrade_then_uninstall_leaves_only_the_crds(
 
 
 def test_a_log_line_is_a_denial_by_its_message_not_its_timestamp() -> None:
-    assert not denied("2026-11-22 07:48:09,403 INFO gpuhealth_operator.leader: waiting for leader Lease ns/l")
+    assert not denied(
+        "2026-11-22 07:48:09,403 INFO gpuhealth_operator.runtime.leader: waiting for leader Lease ns/l"
+    )
     assert not denied("2026-11-22 07:48:08,209 INFO reporter: created GPUNode n owned by Node uid a4031-0403")
     assert denied("2026-11-22 07:48:09,500 ERROR reporter: (403) Reason: Forbidden")
     assert denied("2026-11-22 07:48:09,500 WARNING kopf: APIForbiddenError: nodes is forbidden")

@@ -22,8 +22,8 @@ import yaml
 from gpuhealth_agent import cli as agent_cli
 from gpuhealth_agent import metrics as agent_metrics
 from gpuhealth_api import __version__, resources
-from gpuhealth_operator import cli as operator_cli
-from gpuhealth_operator import metrics as operator_metrics
+from gpuhealth_operator.runtime import cli as operator_cli
+from gpuhealth_operator.shared import metrics as operator_metrics
 from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.e2e

@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import cli as operator_cli
-from gpuhealth_operator.actions import jobs
+from gpuhealth_operator.ladder.repair import jobs
+from gpuhealth_operator.runtime import cli as operator_cli
 from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.e2e

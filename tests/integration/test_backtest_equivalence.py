@@ -39,8 +39,8 @@ import gpunode_facts
 import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys, resources, timestamps
-from gpuhealth_operator import settings
 from gpuhealth_operator.decisions import device_taints
+from gpuhealth_operator.shared import settings
 from gpuhealth_sim import waiting, watches
 from gpuhealth_sim.backtest import liveactions, replayer, tracerecord, traces
 from gpuhealth_sim.controlplane import local

@@ -8,7 +8,8 @@ import pytest
 from kubernetes import client
 
 import operator_harness
-from gpuhealth_operator import kube, resync
+from gpuhealth_operator.client import kube
+from gpuhealth_operator.runtime import resync
 from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration

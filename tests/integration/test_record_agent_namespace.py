@@ -14,7 +14,7 @@ from kubernetes import client
 
 import agent_daemonset
 import operator_harness
-from gpuhealth_operator import settings
+from gpuhealth_operator.shared import settings
 from gpuhealth_sim import waiting
 from gpuhealth_sim.backtest import tracerecord, traces
 from gpuhealth_sim.controlplane import local

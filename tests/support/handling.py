@@ -8,7 +8,8 @@ from typing import Any, cast
 
 import kopf
 
-from gpuhealth_operator import context, passes
+from gpuhealth_operator.runtime import passes
+from gpuhealth_operator.shared import context
 
 Handler = Callable[..., Awaitable[None]]
 

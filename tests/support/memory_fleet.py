@@ -11,7 +11,8 @@ from typing import Any
 
 import handling
 from gpuhealth_api import keys, resources
-from gpuhealth_operator import context, handlers, metrics, settings, ticker
+from gpuhealth_operator.runtime import handlers, ticker
+from gpuhealth_operator.shared import context, metrics, settings
 from gpuhealth_sim.backtest import memcluster
 
 T0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)

@@ -27,19 +27,11 @@ import kopf
 
 import gpunode_facts
 from gpuhealth_api import keys, resources
-from gpuhealth_operator import (
-    cache,
-    context,
-    handlers,
-    kube,
-    metrics,
-    passes,
-    priming,
-    resync,
-    settings,
-    ticker,
-)
+from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import policies, stragglers, times, trends, verdicts
+from gpuhealth_operator.runtime import handlers, passes, priming, resync, ticker
+from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.state import cache
 from gpuhealth_sim.backtest import memcluster
 from gpuhealth_sim.fleet import dra
 
@@ -57,8 +49,8 @@ RESET: dict[str, Callable[[], object]] = {
     "gpuhealth_operator.decisions.stragglers._RATIOS": stragglers._RATIOS.table.clear,
     "gpuhealth_operator.decisions.times._parse": times._parse.cache_clear,
     "gpuhealth_operator.decisions.times.render": times.render.cache_clear,
-    "gpuhealth_operator.cache._READINGS": lambda: setattr(cache, "_READINGS", itertools.count(1)),
-    "gpuhealth_operator.cache.SHARED": cache.SHARED.table.clear,
+    "gpuhealth_operator.state.cache._READINGS": lambda: setattr(cache, "_READINGS", itertools.count(1)),
+    "gpuhealth_operator.state.cache.SHARED": cache.SHARED.table.clear,
 }
 """Every module-level store the operator writes at run time, by its dotted name, and how a new process
 has it. Test-only: the product keeps what survives a restart in the cluster, and these hold none of it

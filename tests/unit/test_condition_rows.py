@@ -15,8 +15,8 @@ import pytest
 
 from gpuhealth_agent import changes
 from gpuhealth_api import conditions, faults, status, vocabulary
-from gpuhealth_operator import cache
 from gpuhealth_operator.decisions import trends
+from gpuhealth_operator.state import cache
 
 Condition = vocabulary.Condition
 Scope = conditions.Scope

@@ -9,8 +9,8 @@ import yaml
 from gpuhealth_agent import scenario
 from gpuhealth_api import keys, resources
 from gpuhealth_api.vocabulary import Health
-from gpuhealth_operator import reconciler
 from gpuhealth_operator.decisions import policies
+from gpuhealth_operator.runtime import reconciler
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from gpuhealth_api import conditions, status
-from gpuhealth_operator.decisions import slotted
+from gpuhealth_operator.compact import slotted
 
 OTHER_FIELDS: Final = frozenset(
     {"index", "uuid", "model", "smClockMHz", "maxSmClockMHz", "throttledSince", "unreadable", "observedTime"}

@@ -13,7 +13,7 @@ restart remembers it:
   and the count of each critical XID, per GPU. A count past the baseline (or a
   GPU or XID code the baseline does not know) is new evidence.
 
-Pure functions only; `gpuhealth_operator.overrides` does the I/O.
+Pure functions only; `gpuhealth_operator.ladder.override.overrides` does the I/O.
 """
 
 from __future__ import annotations

@@ -102,7 +102,8 @@ from collections.abc import Hashable, Mapping, MutableSequence, Sequence
 from typing import Final, TypeVar
 
 from gpuhealth_api import faults, status
-from gpuhealth_operator.decisions import gpu_facts, interning, model, signals
+from gpuhealth_operator.compact import interning
+from gpuhealth_operator.decisions import gpu_facts, model, signals
 
 MIN_PEERS: Final = 4
 """Peers for the robust statistics: a node is judged against its cohort's median and MAD."""

@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from typing import Final
 
 from gpuhealth_api import conditions, faults, status, vocabulary
-from gpuhealth_operator.decisions import gpu_facts, interning, model
+from gpuhealth_operator.compact import interning
+from gpuhealth_operator.decisions import gpu_facts, model
 
 Condition = vocabulary.Condition
 

@@ -1,6 +1,6 @@
 """An in-memory cluster that answers the operator's requests: the backtest's API server.
 
-`MemoryKube` implements `gpuhealth_operator.kube.Client`, the operator's
+`MemoryKube` implements `gpuhealth_operator.client.kube.Client`, the operator's
 side of the API server (checked by mypy), over plain dicts, with the
 semantics the operator relies on, and no more:
 
@@ -39,7 +39,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from gpuhealth_api import resources
-from gpuhealth_operator import kube, replay
+from gpuhealth_operator import replay
+from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import device_taints
 
 JsonObject = dict[str, Any]

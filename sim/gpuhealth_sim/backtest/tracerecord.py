@@ -58,8 +58,9 @@ import urllib3
 from kubernetes import client
 
 from gpuhealth_api import keys, resources, timestamps, vocabulary
-from gpuhealth_operator import replay, settings
+from gpuhealth_operator import replay
 from gpuhealth_operator.decisions import device_taints, repair, times
+from gpuhealth_operator.shared import settings
 from gpuhealth_sim import watches
 from gpuhealth_sim.backtest import traces
 from gpuhealth_sim.backtest.defaults import DEFAULT_AGENT_POD_NAMESPACE

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import python_ast
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import breakers, isolation_support
-from gpuhealth_operator.actions import nodes
+from gpuhealth_operator.client import nodes
+from gpuhealth_operator.ladder.isolate import isolation_support
+from gpuhealth_operator.state import breakers
 
 ROOT = Path(__file__).resolve().parents[3]
 SCANNED = ("operator/gpuhealth_operator", "agent/gpuhealth_agent", "plugin/gpuhealth_kubectl")

@@ -3,8 +3,7 @@
 import asyncio
 from typing import Any, cast
 
-from gpuhealth_operator import kube
-from gpuhealth_operator.actions import events
+from gpuhealth_operator.client import events, kube
 
 
 class FakeEvents:

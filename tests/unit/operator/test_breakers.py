@@ -9,8 +9,10 @@ import drain_cluster
 import gpunode_facts
 import handling
 from gpuhealth_api import keys
-from gpuhealth_operator import breakers, context, handlers, ticker
 from gpuhealth_operator.decisions import breaker, model, times
+from gpuhealth_operator.runtime import handlers, ticker
+from gpuhealth_operator.shared import context
+from gpuhealth_operator.state import breakers
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 POLICY = model.Policy(name="p", breaker_max_new_unhealthy=1, breaker_window_seconds=600)

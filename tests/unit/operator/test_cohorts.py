@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator import cache, cohorts
 from gpuhealth_operator.decisions import liveness, model, policies, signals, stragglers, times
+from gpuhealth_operator.state import cache, cohorts
 
 T0 = datetime.datetime(2026, 11, 26, 12, 0, tzinfo=datetime.UTC)
 MAX_CLOCK = 1980

@@ -6,7 +6,7 @@ a rollback to an older chart, or an older second release, must not take fields a
 
 from typing import Any
 
-from gpuhealth_operator import crd_upgrade
+from gpuhealth_operator.runtime import crd_upgrade
 
 
 def live(version: str | None) -> dict[str, Any]:

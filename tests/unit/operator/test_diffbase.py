@@ -6,7 +6,7 @@ from typing import Any, cast
 
 import kopf
 
-from gpuhealth_operator import handlers, resync
+from gpuhealth_operator.runtime import handlers, resync
 
 NODE: dict[str, Any] = {
     "apiVersion": "v1",

@@ -4,8 +4,8 @@ event asks for a judgement only when what the domains count of it changed."""
 import datetime
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator import domain_states
 from gpuhealth_operator.decisions import model
+from gpuhealth_operator.state import domain_states
 
 Health = vocabulary.Health
 CLIQUE = "nvidia.com/gpu.clique"

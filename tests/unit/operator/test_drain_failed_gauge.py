@@ -11,9 +11,10 @@ from typing import Any
 
 import gpunode_facts
 from gpuhealth_api import keys
-from gpuhealth_operator import context, kube, metrics, settings, ticker
-from gpuhealth_operator.actions import drain, nodes
+from gpuhealth_operator.client import drain, kube, nodes
 from gpuhealth_operator.decisions import policies
+from gpuhealth_operator.runtime import ticker
+from gpuhealth_operator.shared import context, metrics, settings
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 FAILED = drain.Result(completed=False, blocking=("ns/db (PodDisruptionBudget)",), evicted=0, skipped=())

@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from gpuhealth_operator.actions import drain
+from gpuhealth_operator.client import drain
 
 OPTIONS = drain.Options(
     grace_period_seconds=None, delete_empty_dir_data=False, backoff_initial_seconds=1, backoff_max_seconds=30

@@ -5,7 +5,9 @@ import time
 from typing import Any
 
 import drain_cluster
-from gpuhealth_operator import context, handlers, kube, reconciler
+from gpuhealth_operator.client import kube
+from gpuhealth_operator.runtime import handlers, reconciler
+from gpuhealth_operator.shared import context
 
 
 def action(cluster: drain_cluster.DrainCluster, name: str) -> str | None:

@@ -16,9 +16,10 @@ import pytest
 
 import gpunode_facts
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import context, draining, kube, metrics, settings
-from gpuhealth_operator.actions import drain, protocol
+from gpuhealth_operator.client import drain, kube, protocol
 from gpuhealth_operator.decisions import policies, times
+from gpuhealth_operator.ladder.drain import draining
+from gpuhealth_operator.shared import context, metrics, settings
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 Progress = draining.Progress

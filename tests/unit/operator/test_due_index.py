@@ -18,8 +18,10 @@ import pytest
 
 import gpunode_facts
 from gpuhealth_api import keys
-from gpuhealth_operator import context, kube, metrics, settings, ticker
+from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import due, policies
+from gpuhealth_operator.runtime import ticker
+from gpuhealth_operator.shared import context, metrics, settings
 
 START = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 NODES = [f"n{i}" for i in range(10)]

@@ -7,7 +7,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from gpuhealth_operator import kube, leader
+from gpuhealth_operator.client import kube
+from gpuhealth_operator.runtime import leader
 
 IDENTITY = "me"
 TIMING = leader.Timing(duration_seconds=1.5, renew_deadline_seconds=1.0, renew_seconds=0.1, retry_seconds=0.1)

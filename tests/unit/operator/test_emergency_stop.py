@@ -8,9 +8,12 @@ from typing import Any
 
 import drain_cluster
 from gpuhealth_api import keys
-from gpuhealth_operator import cache, context, handlers, kube, metrics, settings, stopping
-from gpuhealth_operator.actions import drain
+from gpuhealth_operator.client import drain, kube
 from gpuhealth_operator.decisions import policies
+from gpuhealth_operator.ladder import stopping
+from gpuhealth_operator.runtime import handlers
+from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.state import cache
 
 NOW = datetime.datetime(2026, 11, 26, tzinfo=datetime.UTC)
 OPTIONS = drain.Options(

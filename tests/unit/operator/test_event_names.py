@@ -1,6 +1,6 @@
 """Event names: the same (node, reason, message) always lands on the same Event object."""
 
-from gpuhealth_operator.actions import events
+from gpuhealth_operator.client import events
 
 
 def test_same_report_same_name_and_different_report_different_name() -> None:

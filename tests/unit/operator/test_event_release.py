@@ -15,7 +15,8 @@ import kopf
 import gpunode_facts
 import handling
 from gpuhealth_api import keys, resources
-from gpuhealth_operator import context, handlers, metrics, settings
+from gpuhealth_operator.runtime import handlers
+from gpuhealth_operator.shared import context, metrics, settings
 from gpuhealth_sim.backtest import memcluster
 
 POLICY = {

@@ -4,7 +4,8 @@ import datetime
 
 import pytest
 
-from gpuhealth_operator import cache, reconciler
+from gpuhealth_operator.runtime import reconciler
+from gpuhealth_operator.state import cache
 
 NOW = datetime.datetime(2026, 11, 22, 12, 0, tzinfo=datetime.UTC)
 

@@ -5,8 +5,10 @@ import datetime
 
 import gpunode_facts
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import context, kube, metrics, settings, ticker
+from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import policies
+from gpuhealth_operator.runtime import ticker
+from gpuhealth_operator.shared import context, metrics, settings
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 A100 = "NVIDIA A100-SXM4-80GB"

@@ -14,20 +14,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator import (
-    admission,
-    breakers,
-    cache,
-    context,
-    domain_states,
-    drains,
-    kube,
-    metrics,
-    recent,
-    settings,
-)
-from gpuhealth_operator.actions import drain
+from gpuhealth_operator.client import drain, drains, kube
 from gpuhealth_operator.decisions import breaker, isolation, model, repair
+from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.state import admission, breakers, cache, domain_states, recent
 from gpunode_facts import verdict
 
 NOT_STATE = {"config", "client", "meters", "recorder", "cache", "agent_pods", "eviction_slots", "clock"}

@@ -19,8 +19,10 @@ import pytest
 import gpunode_facts
 import handling
 from gpuhealth_api import conditions, keys, resources, vocabulary
-from gpuhealth_operator import context, handlers, metrics, settings, stopping, ticker
 from gpuhealth_operator.decisions import model, overrides, policies, signals, verdicts
+from gpuhealth_operator.ladder import stopping
+from gpuhealth_operator.runtime import handlers, ticker
+from gpuhealth_operator.shared import context, metrics, settings
 from gpuhealth_sim.backtest import memcluster
 
 Condition = vocabulary.Condition

@@ -7,9 +7,10 @@ import asyncio
 import datetime
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator import context, isolating, metrics, settings
-from gpuhealth_operator.actions import protocol
+from gpuhealth_operator.client import protocol
 from gpuhealth_operator.decisions import device_taints, isolation, policies
+from gpuhealth_operator.ladder.isolate import isolating
+from gpuhealth_operator.shared import context, metrics, settings
 from gpuhealth_sim.backtest import memcluster
 
 NOW = datetime.datetime(2026, 11, 28, 12, 0, tzinfo=datetime.UTC)

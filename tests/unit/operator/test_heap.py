@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuhealth_operator import heap
+from gpuhealth_operator.runtime import heap
 
 MIB = 2**20
 

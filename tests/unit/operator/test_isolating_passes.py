@@ -12,8 +12,11 @@ import kopf
 import gpunode_facts
 import handling
 from gpuhealth_api import keys, resources, vocabulary
-from gpuhealth_operator import context, handlers, kube, metrics, recent, settings, ticker
+from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import device_taints
+from gpuhealth_operator.runtime import handlers, ticker
+from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.state import recent
 from gpuhealth_sim.backtest import memcluster
 
 NODE = "dra-0"

@@ -12,19 +12,11 @@ import pytest
 import gpunode_facts
 import handling
 from gpuhealth_api import keys, resources
-from gpuhealth_operator import (
-    context,
-    handlers,
-    isolating,
-    isolation_support,
-    kube,
-    metrics,
-    passes,
-    settings,
-    ticker,
-)
-from gpuhealth_operator.actions import device_rules
+from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import device_taints, times
+from gpuhealth_operator.ladder.isolate import device_rules, isolating, isolation_support
+from gpuhealth_operator.runtime import handlers, passes, ticker
+from gpuhealth_operator.shared import context, metrics, settings
 from gpuhealth_sim.backtest import memcluster
 
 GPUS = 8

@@ -1,7 +1,7 @@
 """IsolateGPU in GPUNode status: what the operator writes is what a restarted operator reads back."""
 
-from gpuhealth_operator import isolating
 from gpuhealth_operator.decisions import isolation
+from gpuhealth_operator.ladder.isolate import isolating
 
 
 def test_isolated_gpus_round_trip_through_status() -> None:

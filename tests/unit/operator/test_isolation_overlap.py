@@ -19,9 +19,10 @@ import pytest
 import gpunode_facts
 import handling
 from gpuhealth_api import keys, resources
-from gpuhealth_operator import context, handlers, isolating, metrics, settings, ticker
-from gpuhealth_operator.actions import device_rules
 from gpuhealth_operator.decisions import device_taints
+from gpuhealth_operator.ladder.isolate import device_rules, isolating
+from gpuhealth_operator.runtime import handlers, ticker
+from gpuhealth_operator.shared import context, metrics, settings
 from gpuhealth_sim.backtest import memcluster
 
 GPUS = 8

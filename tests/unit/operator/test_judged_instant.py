@@ -18,8 +18,9 @@ import pytest
 import gpunode_facts
 import memory_fleet
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import judging, reconciler, ticker
 from gpuhealth_operator.decisions import hysteresis, model, policies, times, verdicts
+from gpuhealth_operator.runtime import reconciler, ticker
+from gpuhealth_operator.verdict import judging
 
 T0 = memory_fleet.T0
 HOT = {"temperatureCelsius": 95, "clockEventReasons": ["HwThermalSlowdown"]}

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from gpuhealth_operator import kubeconfigs
+from gpuhealth_operator.client import kubeconfigs
 
 
 def write(
@@ -85,7 +85,8 @@ def test_in_cluster_reads_the_service_account_and_is_none_outside_a_pod(tmp_path
 def test_the_operator_does_not_load_the_kubernetes_client() -> None:
     """~40 MiB of generated models: kopf would import them, and nothing of the operator needs them."""
     code = (
-        "import sys, gpuhealth_operator.cli, gpuhealth_operator.handlers; print('kubernetes' in sys.modules)"
+        "import sys, gpuhealth_operator.runtime.cli, gpuhealth_operator.runtime.handlers;"
+        " print('kubernetes' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

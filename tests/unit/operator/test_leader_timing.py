@@ -6,7 +6,8 @@ import time
 import aiohttp
 import pytest
 
-from gpuhealth_operator import cli, kube, leader
+from gpuhealth_operator.client import kube
+from gpuhealth_operator.runtime import cli, leader
 
 
 class FakeClock:

@@ -16,7 +16,9 @@ from typing import Any, cast
 import gpunode_facts
 import handling
 from gpuhealth_api import keys, resources
-from gpuhealth_operator import cache, context, handlers, metrics, settings, ticker
+from gpuhealth_operator.runtime import handlers, ticker
+from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.state import cache
 from gpuhealth_sim.backtest import memcluster
 
 T0 = datetime.datetime(2026, 11, 26, 12, 0, tzinfo=datetime.UTC)

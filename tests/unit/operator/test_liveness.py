@@ -16,8 +16,10 @@ from hypothesis import strategies as st
 import gpunode_facts
 import handling
 from gpuhealth_api import resources, vocabulary
-from gpuhealth_operator import agent_pods, cli, context, handlers, metrics, reconciler, settings, ticker
 from gpuhealth_operator.decisions import clocks, liveness, model, signals, times
+from gpuhealth_operator.runtime import cli, handlers, reconciler, ticker
+from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.state import agent_pods
 from gpuhealth_sim.backtest import memcluster
 
 Condition = vocabulary.Condition

@@ -15,7 +15,7 @@ import pytest
 
 import drain_cluster
 import gpunode_facts
-from gpuhealth_operator import reconciler
+from gpuhealth_operator.runtime import reconciler
 
 NODES = {"a": {"pool": "gpu"}, "b": {"pool": "gpu"}}
 SPEC = drain_cluster.drain_spec("gpu", breaker={"maxNewUnhealthy": 10})

@@ -4,7 +4,8 @@ import asyncio
 
 from kopf._core.reactor import inventory
 
-from gpuhealth_operator import context, kube, metrics, settings
+from gpuhealth_operator.client import kube
+from gpuhealth_operator.shared import context, metrics, settings
 
 
 def make() -> context.Context:

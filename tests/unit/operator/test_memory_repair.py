@@ -21,8 +21,8 @@ import yaml
 
 import gpunode_facts
 from gpuhealth_api import vocabulary
-from gpuhealth_operator import cache
 from gpuhealth_operator.decisions import model, policies, verdicts
+from gpuhealth_operator.state import cache
 
 Condition = vocabulary.Condition
 Health = vocabulary.Health

@@ -10,7 +10,7 @@ import ast
 from pathlib import Path
 
 import python_ast
-from gpuhealth_operator import metrics
+from gpuhealth_operator.shared import metrics
 
 PACKAGE = Path(metrics.__file__).parent
 

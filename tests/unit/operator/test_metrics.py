@@ -4,7 +4,7 @@ import datetime
 
 import pytest
 
-from gpuhealth_operator import metrics
+from gpuhealth_operator.shared import metrics
 
 
 def samples(meters: metrics.Metrics, name: str) -> dict[tuple[tuple[str, str], ...], float]:

@@ -12,7 +12,7 @@ import datetime
 
 import prometheus_client
 
-from gpuhealth_operator import metrics
+from gpuhealth_operator.shared import metrics
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 FLEET_GAUGES = {

@@ -3,8 +3,8 @@
 import datetime
 
 from gpuhealth_api import keys
-from gpuhealth_operator import cache
 from gpuhealth_operator.decisions import policies
+from gpuhealth_operator.state import cache
 
 NOW = datetime.datetime(2026, 11, 26, tzinfo=datetime.UTC)
 

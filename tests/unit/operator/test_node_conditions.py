@@ -8,8 +8,8 @@ import pytest
 
 import gpunode_facts
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import cache
 from gpuhealth_operator.decisions import breaker, hysteresis, model, policies, severity, verdicts
+from gpuhealth_operator.state import cache
 
 NOW = datetime.datetime(2026, 11, 24, tzinfo=datetime.UTC)
 DEADLOCK = vocabulary.node_condition("KernelDeadlock")

@@ -14,7 +14,9 @@ import kopf
 import pytest
 
 import handling
-from gpuhealth_operator import cli, context, handlers, kube, metrics, priming, resync, settings
+from gpuhealth_operator.client import kube
+from gpuhealth_operator.runtime import cli, handlers, priming, resync
+from gpuhealth_operator.shared import context, metrics, settings
 
 POOL = "pool=a"
 

@@ -10,8 +10,8 @@ import drain_cluster
 import gpunode_facts
 import handling
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import handlers, ticker
 from gpuhealth_operator.decisions import model, overlap
+from gpuhealth_operator.runtime import handlers, ticker
 from gpunode_facts import verdict
 
 NOW = datetime.datetime(2026, 11, 22, tzinfo=datetime.UTC)

@@ -9,7 +9,7 @@ from typing import Any
 import gpunode_facts
 import handling
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import handlers
+from gpuhealth_operator.runtime import handlers
 from memory_fleet import MemoryFleet
 
 CORDON_ON_ECC = [{"name": "ecc", "condition": "EccUncorrectable", "action": "Cordon"}]

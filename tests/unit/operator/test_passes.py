@@ -16,7 +16,9 @@ import pytest
 
 import drain_cluster
 import gpunode_facts
-from gpuhealth_operator import handlers, metrics, pass_queue, passes, reconciler
+from gpuhealth_operator.runtime import handlers, passes, reconciler
+from gpuhealth_operator.shared import metrics
+from gpuhealth_operator.state import pass_queue
 from memory_fleet import MemoryFleet
 
 RULES = [

@@ -18,9 +18,12 @@ import pytest
 
 import gpunode_facts
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator import context, isolation_sweep, judging, kube, metrics, reconciler, settings, ticker
-from gpuhealth_operator.actions import drain
+from gpuhealth_operator.client import drain, kube
 from gpuhealth_operator.decisions import isolation, policies
+from gpuhealth_operator.ladder.isolate import isolation_sweep
+from gpuhealth_operator.runtime import reconciler, ticker
+from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.verdict import judging
 
 T0 = datetime.datetime(2026, 11, 28, 12, 0, tzinfo=datetime.UTC)
 NODES = [f"n{i}" for i in range(6)]

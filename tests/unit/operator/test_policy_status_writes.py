@@ -4,8 +4,10 @@ import asyncio
 import datetime
 from typing import Any
 
-from gpuhealth_operator import context, kube, metrics, settings, ticker
+from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import policies
+from gpuhealth_operator.runtime import ticker
+from gpuhealth_operator.shared import context, metrics, settings
 
 
 class Client(kube.Kube):

@@ -16,7 +16,9 @@ from typing import Any
 import kopf
 import pytest
 
-from gpuhealth_operator import context, handlers, kube, metrics, priming, resync, settings
+from gpuhealth_operator.client import kube
+from gpuhealth_operator.runtime import handlers, priming, resync
+from gpuhealth_operator.shared import context, metrics, settings
 
 LIST_VERSION = "100"
 

@@ -5,7 +5,7 @@ import datetime
 
 import pytest
 
-from gpuhealth_operator import recent
+from gpuhealth_operator.state import recent
 
 T0 = datetime.datetime(2026, 11, 25, 12, 0, tzinfo=datetime.UTC)
 

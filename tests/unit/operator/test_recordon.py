@@ -18,9 +18,9 @@ import pytest
 import drain_cluster
 import handling
 from gpuhealth_api import keys
-from gpuhealth_operator import handlers
-from gpuhealth_operator.actions import nodes
+from gpuhealth_operator.client import nodes
 from gpuhealth_operator.decisions import overrides
+from gpuhealth_operator.runtime import handlers
 
 OURS = "gpu-health-operator"
 CORDONED_AT = "2026-11-26T07:00:00.000000Z"

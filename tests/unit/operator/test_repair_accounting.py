@@ -18,8 +18,9 @@ from typing import Any
 import gpunode_facts
 import memory_fleet
 from gpuhealth_api import keys
-from gpuhealth_operator import context, kube, metrics, settings
+from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import repair
+from gpuhealth_operator.shared import context, metrics, settings
 
 NODE = "n1"
 ECC = {"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}
@@ -114,7 +115,7 @@ class RepairFleet(memory_fleet.MemoryFleet):
     async def resume(self) -> None:
         """The new process lists the cluster (its priming) as watch events."""
         import handling  # noqa: PLC0415
-        from gpuhealth_operator import handlers  # noqa: PLC0415
+        from gpuhealth_operator.runtime import handlers  # noqa: PLC0415
 
         for policy in self.policies:
             await handlers.on_policy({"type": "ADDED", "object": policy}, memo=self.ctx)  # type: ignore[typeddict-item]
@@ -399,7 +400,7 @@ def test_a_forged_new_node_validation_is_not_adopted() -> None:
 
     async def story() -> None:
         import handling  # noqa: PLC0415
-        from gpuhealth_operator import handlers  # noqa: PLC0415
+        from gpuhealth_operator.runtime import handlers  # noqa: PLC0415
 
         fleet = RepairFleet(validation={"timeoutSeconds": 120, "newNodes": True})
         fleet.policies[0]["metadata"]["creationTimestamp"] = "2026-01-01T11:00:00Z"

@@ -21,7 +21,8 @@ import gpunode_facts
 import handling
 import memory_fleet
 from gpuhealth_api import keys
-from gpuhealth_operator import context, handlers, metrics, settings
+from gpuhealth_operator.runtime import handlers
+from gpuhealth_operator.shared import context, metrics, settings
 
 RULES = [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}]
 RESET_ONLY = [{"name": "reset", "action": "ResetGPU", "timeoutSeconds": 300}]

@@ -10,9 +10,10 @@ import re
 import pytest
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator import cordoning, kube
-from gpuhealth_operator.actions import jobs
+from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import model, policies, repair
+from gpuhealth_operator.ladder.cordon import cordoning
+from gpuhealth_operator.ladder.repair import jobs
 
 RepairAction = vocabulary.RepairAction
 Result = vocabulary.RepairResult

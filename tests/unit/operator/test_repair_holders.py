@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from gpuhealth_operator import context, kube, metrics, repairing, settings
+from gpuhealth_operator.client import kube
+from gpuhealth_operator.ladder.repair import repairing
+from gpuhealth_operator.shared import context, metrics, settings
 
 
 def make() -> context.Context:

@@ -28,7 +28,9 @@ import yaml
 import gpunode_facts
 import handling
 from gpuhealth_api import resources
-from gpuhealth_operator import context, handlers, kube, metrics, settings, ticker
+from gpuhealth_operator.client import kube
+from gpuhealth_operator.runtime import handlers, ticker
+from gpuhealth_operator.shared import context, metrics, settings
 from gpuhealth_sim.backtest import memcluster
 
 T0 = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)

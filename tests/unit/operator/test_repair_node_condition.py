@@ -15,7 +15,9 @@ from typing import Any, cast
 import gpunode_facts
 import handling
 from gpuhealth_api import keys, resources
-from gpuhealth_operator import context, handlers, metrics, repairing, settings, ticker
+from gpuhealth_operator.ladder.repair import repairing
+from gpuhealth_operator.runtime import handlers, ticker
+from gpuhealth_operator.shared import context, metrics, settings
 from gpuhealth_sim.backtest import memcluster
 
 T0 = datetime.datetime(2026, 11, 26, 12, 0, tzinfo=datetime.UTC)

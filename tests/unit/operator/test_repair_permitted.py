@@ -22,7 +22,9 @@ import pytest
 import gpunode_facts
 import handling
 from gpuhealth_api import keys, resources
-from gpuhealth_operator import context, handlers, kube, metrics, settings, ticker
+from gpuhealth_operator.client import kube
+from gpuhealth_operator.runtime import handlers, ticker
+from gpuhealth_operator.shared import context, metrics, settings
 from gpuhealth_sim.backtest import memcluster
 
 T0 = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)

@@ -12,7 +12,8 @@ import gpunode_facts
 import handling
 import memory_fleet
 from gpuhealth_api import keys
-from gpuhealth_operator import cache, handlers
+from gpuhealth_operator.runtime import handlers
+from gpuhealth_operator.state import cache
 
 T0 = memory_fleet.T0
 

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 import local_http
-from gpuhealth_operator import kube
+from gpuhealth_operator.client import kube
 
 
 class SlowServer:

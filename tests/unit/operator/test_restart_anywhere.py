@@ -38,7 +38,7 @@ import gpuhealth_api
 import gpuhealth_operator
 import restart_world
 from gpuhealth_api import keys
-from gpuhealth_operator.decisions import interning
+from gpuhealth_operator.compact import interning
 
 World = restart_world.World
 FAULT = {0: {"ecc": {"uncorrectedVolatile": 2}}}
@@ -518,12 +518,12 @@ STORE_TYPES = (
     functools._lru_cache_wrapper,
 )
 CONSTANT = {
-    "gpuhealth_operator.breakers._RESTORED_STATES": "a table built at import",
-    "gpuhealth_operator.cache._DERIVATIONS": "a table built at import",
-    "gpuhealth_operator.cache._MOVING_SAMPLES": "a table built at import",
-    "gpuhealth_operator.cache.GPU_FIELDS": "a table built at import",
-    "gpuhealth_operator.cache._EMPTY_LIST": "the shared empty list (never appended to)",
-    "gpuhealth_operator.cache._COMPACTIONS": "a table built at import",
+    "gpuhealth_operator.state.breakers._RESTORED_STATES": "a table built at import",
+    "gpuhealth_operator.state.cache._DERIVATIONS": "a table built at import",
+    "gpuhealth_operator.state.cache._MOVING_SAMPLES": "a table built at import",
+    "gpuhealth_operator.state.cache.GPU_FIELDS": "a table built at import",
+    "gpuhealth_operator.state.cache._EMPTY_LIST": "the shared empty list (never appended to)",
+    "gpuhealth_operator.state.cache._COMPACTIONS": "a table built at import",
     "gpuhealth_operator.decisions.gpu_facts.FIELDS": "a table built at import",
     "gpuhealth_operator.decisions.overlap.LABEL_SEVERITY": "a table built at import",
     "gpuhealth_operator.decisions.overlap.HEALTH_STRENGTH": "a table built at import",
@@ -537,10 +537,10 @@ CONSTANT = {
     "gpuhealth_operator.decisions.text._NAMED": "a table built at import",
     "gpuhealth_operator.decisions.trends.RESTART_WITH": "a table built at import",
     "gpuhealth_operator.decisions.verdicts._CONDITION_LABELS": "a table built at import",
-    "gpuhealth_operator.heap._libc": "the C library, the same in every process",
-    "gpuhealth_operator.kubeconfigs._directory": "a path of the environment, the same in every process",
-    "gpuhealth_operator.reconciler.NODE_CONDITION": "a table built at import",
-    "gpuhealth_operator.remediation.LESSER_ACTIONS": "a table built at import",
+    "gpuhealth_operator.runtime.heap._libc": "the C library, the same in every process",
+    "gpuhealth_operator.client.kubeconfigs._directory": "a path of the environment, the same everywhere",
+    "gpuhealth_operator.runtime.reconciler.NODE_CONDITION": "a table built at import",
+    "gpuhealth_operator.ladder.remediation.LESSER_ACTIONS": "a table built at import",
     **{
         f"gpuhealth_api.{name}": "a table of the contract, built at import"
         for name in (

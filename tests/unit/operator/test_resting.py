@@ -18,7 +18,9 @@ import pytest
 import gpunode_facts
 import handling
 from gpuhealth_api import keys
-from gpuhealth_operator import cache, handlers, resting
+from gpuhealth_operator.runtime import handlers
+from gpuhealth_operator.state import cache
+from gpuhealth_operator.verdict import resting
 from memory_fleet import MemoryFleet
 
 RULES = [

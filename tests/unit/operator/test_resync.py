@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from gpuhealth_api import keys
-from gpuhealth_operator import context, handlers, kube, metrics, resync, settings
-from gpuhealth_operator.actions import drain
+from gpuhealth_operator.client import drain, kube
+from gpuhealth_operator.runtime import handlers, resync
+from gpuhealth_operator.shared import context, metrics, settings
 
 
 def test_gone_is_what_was_cached_and_is_not_listed() -> None:

@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuhealth_api import keys
-from gpuhealth_operator import admission, cache
 from gpuhealth_operator.decisions import budget, model, policies
+from gpuhealth_operator.state import admission, cache
 
 T0 = datetime.datetime(2026, 11, 22, 1, 0, 0, tzinfo=datetime.UTC)
 POOLS = ("pool-a", "pool-b", "pool-c")

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 import gpunode_facts
 from gpuhealth_api import faults
-from gpuhealth_operator import cache, context
 from gpuhealth_operator.decisions import gpu_facts, model, policies, signals
+from gpuhealth_operator.shared import context
+from gpuhealth_operator.state import cache
 from gpuhealth_sim.backtest import traces
 
 NOW = datetime.datetime(2026, 11, 24, tzinfo=datetime.UTC)

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from gpuhealth_operator import cache, reconciler
 from gpuhealth_operator.decisions import signals, times
+from gpuhealth_operator.runtime import reconciler
+from gpuhealth_operator.state import cache
 
 
 def status(score: float = 0.99, z: float = -0.3, peers: int = 7) -> dict[str, Any]:

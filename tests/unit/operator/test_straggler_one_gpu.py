@@ -19,8 +19,9 @@ import pytest
 import gpunode_facts
 import handling
 from gpuhealth_api import resources
-from gpuhealth_operator import context, handlers, metrics, reconciler, settings
 from gpuhealth_operator.decisions import stragglers, times
+from gpuhealth_operator.runtime import handlers, reconciler
+from gpuhealth_operator.shared import context, metrics, settings
 from gpuhealth_sim.backtest import memcluster
 
 NOW = datetime.datetime(2026, 11, 22, 1, 0, tzinfo=datetime.UTC)

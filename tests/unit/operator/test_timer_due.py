@@ -7,8 +7,11 @@ import pytest
 
 import gpunode_facts
 from gpuhealth_api import keys
-from gpuhealth_operator import context, judging, kube, metrics, reconciler, settings, ticker
+from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import policies, verdicts
+from gpuhealth_operator.runtime import reconciler, ticker
+from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.verdict import judging
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhealth_operator import kube
+from gpuhealth_operator.client import kube
 
 
 @pytest.fixture

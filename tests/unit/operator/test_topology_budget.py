@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import drain_cluster
-from gpuhealth_operator import admission, cache
 from gpuhealth_operator.decisions import budget, drill, model, policies
+from gpuhealth_operator.state import admission, cache
 
 T0 = datetime.datetime(2026, 11, 26, 12, 0, 0, tzinfo=datetime.UTC)
 RACK, ZONE = "example.com/rack", "topology.kubernetes.io/zone"

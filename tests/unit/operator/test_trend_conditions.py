@@ -12,8 +12,8 @@ import pytest
 
 import gpunode_facts
 from gpuhealth_api import conditions, faults, vocabulary
-from gpuhealth_operator import cache
 from gpuhealth_operator.decisions import gpu_facts, model, policies, severity, signals, trends, verdicts
+from gpuhealth_operator.state import cache
 
 Condition = vocabulary.Condition
 START = datetime.datetime(2026, 11, 24, tzinfo=datetime.UTC)

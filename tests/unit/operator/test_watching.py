@@ -15,7 +15,8 @@ import pytest
 from aiohttp import web
 
 import local_http
-from gpuhealth_operator import kube, watching
+from gpuhealth_operator.client import kube
+from gpuhealth_operator.runtime import watching
 
 PATH = "/api/v1/nodes"
 

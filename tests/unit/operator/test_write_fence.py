@@ -5,7 +5,7 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from gpuhealth_operator import kube
+from gpuhealth_operator.client import kube
 
 
 class Server:

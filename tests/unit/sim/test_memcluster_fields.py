@@ -15,8 +15,10 @@ from typing import Any, cast
 import yaml
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator import context, isolating, reconciler
 from gpuhealth_operator.decisions import isolation, model
+from gpuhealth_operator.ladder.isolate import isolating
+from gpuhealth_operator.runtime import reconciler
+from gpuhealth_operator.shared import context
 from gpuhealth_sim.backtest import memcluster, tracerecord
 from gpunode_facts import verdict
 

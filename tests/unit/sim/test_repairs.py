@@ -10,7 +10,7 @@ import pytest
 
 from gpuhealth_agent import runner, scenario, simulated
 from gpuhealth_api import keys, timestamps
-from gpuhealth_operator import kube
+from gpuhealth_operator.client import kube
 from gpuhealth_sim.backtest import memcluster, tracerecord, traces
 from gpuhealth_sim.fleet import fleetfile, repairs
 

@@ -121,7 +121,7 @@ def test_agent_pods_read_back_and_a_malformed_one_is_named(tmp_path: pathlib.Pat
 
 
 def test_a_gpunode_records_operator_part_must_be_an_object(tmp_path: pathlib.Path) -> None:
-    from gpuhealth_operator import isolating  # noqa: PLC0415 - the field's own name
+    from gpuhealth_operator.ladder.isolate import isolating  # noqa: PLC0415 - the field's own name
 
     assert isolating.STATUS_FIELD in traces.RESUMED_STATUS_FIELDS
     record = {"kind": "gpunode", "t": 1, "name": "n1", "status": {}, "operator": [{"type": "Ready"}]}

@@ -1,0 +1,1 @@
+"""The Kubernetes client and the requests the operator makes with it: Nodes, Events, evictions, status."""

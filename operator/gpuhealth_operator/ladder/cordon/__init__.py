@@ -1,0 +1,1 @@
+"""The cordon within the disruption budget, and what the fleet breakers decided."""

@@ -1,0 +1,1 @@
+"""Degraded topology domains: judged, their nodes marked, said."""

@@ -1,0 +1,1 @@
+"""A node's drain as an action over time."""

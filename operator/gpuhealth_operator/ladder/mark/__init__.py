@@ -1,0 +1,1 @@
+"""The Label and Taint actions: the node's health labels and the `gpuhealth.io/unhealthy` taint."""

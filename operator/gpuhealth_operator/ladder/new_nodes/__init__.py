@@ -1,0 +1,1 @@
+"""Validation of new nodes before they take work."""

@@ -1,0 +1,1 @@
+"""What every part of the operator shares: the context, the settings, the metrics."""

@@ -1,0 +1,136 @@
+"""A GPUNode's `status.conditions[]` item as the cache keeps it: its time of its own, the rest shared.
+
+Every node holds fifteen of our conditions. As dicts they were 4 KiB of every node's record, a sixth of
+the operator's memory per node (issue 29). What differs between nodes is mostly `lastTransitionTime`
+(when this node was first judged); type, status, reason, message and generation repeat across the
+fleet. So a condition is kept as its time and a shared `Shape` of the rest: 48 bytes, where the dict
+was 272. A condition holding a key we do not write stays a dict.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Final
+
+from gpuhealth_operator.compact import slotted
+from gpuhealth_operator.decisions import model
+
+SINCE: Final = "lastTransitionTime"
+_ABSENT: Final = slotted.ABSENT
+
+
+class Shape(slotted.ReadOnlyMapping):
+    """A condition's keys but its `lastTransitionTime`: what many nodes' conditions hold alike."""
+
+    __slots__ = tuple(k for k in model.ConditionRecord.__annotations__ if k != SINCE)
+
+
+_SHAPE_KEYS: Final = frozenset(Shape.KEYS)
+_KEYS: Final = _SHAPE_KEYS | {SINCE}
+_IN_ORDER: Final = (SINCE, *Shape.KEYS)
+
+
+class KeptCondition(Mapping[str, Any]):
+    """One condition item, read like the dict it was (`get`, `[]`, iteration, equality with a dict)."""
+
+    __slots__ = ("_shape", "_since")
+    _shape: Shape
+    _since: Any
+
+    def __init__(self, shape: Shape, since: object) -> None:
+        object.__setattr__(self, "_shape", shape)
+        object.__setattr__(self, "_since", since)
+
+    def __setattr__(self, key: str, value: object) -> None:
+        raise AttributeError(f"KeptCondition is read-only ({key})")
+
+    def __getitem__(self, key: str) -> Any:
+        if key == SINCE:
+            if self._since is _ABSENT:
+                raise KeyError(key)
+            return self._since
+        return self._shape[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """One call, not two (`Shape.get`): the conditions are read key by key when parsed."""
+        value = self._since if key == SINCE else getattr(self._shape, key) if key in _SHAPE_KEYS else _ABSENT
+        return default if value is _ABSENT else value
+
+    def __contains__(self, key: object) -> bool:
+        return (self._since is not _ABSENT) if key == SINCE else key in self._shape
+
+    def __iter__(self) -> Iterator[str]:
+        if self._since is not _ABSENT:
+            yield SINCE
+        yield from self._shape
+
+    def __len__(self) -> int:
+        return len(self._shape) + (self._since is not _ABSENT)
+
+    def values_in_order(self) -> tuple[Any, ...]:
+        """Every key's value in `_IN_ORDER` (ABSENT where unset): what `same` compares."""
+        return (self._since, *Shape._all(self._shape))
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is KeptCondition:
+            return bool(self._since == other._since and self._shape == other._shape)
+        if type(other) is dict:
+            return _matches(self, other)
+        return Mapping.__eq__(self, other)
+
+    def __hash__(self) -> int:
+        return hash((self._since, self._shape))
+
+    def __repr__(self) -> str:
+        return f"KeptCondition({dict(self)!r})"
+
+    def __copy__(self) -> KeptCondition:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> KeptCondition:
+        return self
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return _rebuilt, (dict(self),)
+
+
+def _in_order(raw: Mapping[str, Any]) -> tuple[Any, ...]:
+    return tuple(map(raw.get, _IN_ORDER, itertools.repeat(_ABSENT)))
+
+
+def _matches(kept: KeptCondition, raw: dict[str, Any]) -> bool:
+    """`kept == raw`: equal values of every known key, and as many keys, so no other (a missing one reads
+    ABSENT)."""
+    mine = kept.values_in_order()
+    return mine == _in_order(raw) and len(raw) == len(mine) - mine.count(_ABSENT)
+
+
+def _rebuilt(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    return kept(raw, lambda shape: shape)
+
+
+def kept(raw: Mapping[str, Any], share: Callable[[Shape], Shape]) -> Mapping[str, Any]:
+    """`raw` as a KeptCondition whose shape is `share`d (one copy across the fleet), or `raw` as it is
+    when it holds another key or a value that is not a scalar."""
+    if not raw.keys() <= _KEYS:
+        return raw
+    shape = Shape(raw)
+    try:
+        hash(shape)
+        hash(raw.get(SINCE))
+    except TypeError:
+        return raw
+    return KeptCondition(share(shape), raw.get(SINCE, _ABSENT))
+
+
+def same(held: Sequence[object], raw: Sequence[object]) -> bool:
+    """Whether the conditions `raw` (as decoded) equal those `held` (KeptConditions): what every agent
+    report asks of the conditions it carries unchanged, so without an `__eq__` dispatch per item."""
+    if len(held) != len(raw):
+        return False
+    if not all(type(k) is KeptCondition and type(r) is dict for k, r in zip(held, raw, strict=True)):
+        return list(held) == list(raw)
+    kept_ones: Sequence[KeptCondition] = held  # type: ignore[assignment]  # checked above
+    dicts: Sequence[dict[str, Any]] = raw  # type: ignore[assignment]  # checked above
+    return all(map(_matches, kept_ones, dicts))

@@ -1,0 +1,1 @@
+"""Judging: which verdict a node deserves under each policy, and when its pass need not run again."""

@@ -1,0 +1,144 @@
+"""A node's verdict under each policy that selects it: the one place a verdict is made.
+
+A verdict is judged from the cached Node and GPUNode, the node's straggler
+score, its agent pod, the isolation decided for its GPUs and the instant, and
+stored with those inputs (`context.Verdicts`): asked again from the same
+objects, the stored verdict is the answer, so the timer judges its due nodes
+for the budget's ranking and the reconcile that follows reuses those verdicts.
+
+A pass changes some of its own inputs as it acts (a human's uncordon answered
+by dropping our claim, GPUs isolated or taken to the node ladder, a cordon
+adopted from a deleted policy). It then asks again here, and what moved is
+judged again with every part folded in: the human override
+(`decisions.overrides`, inside `verdicts.judge`) and the GPUs' isolation
+(`verdicts.with_isolation`). Nothing else amends a verdict.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from gpuhealth_operator.decisions import isolation, liveness, model, overlap, policies, verdicts
+from gpuhealth_operator.shared import context
+from gpuhealth_operator.state import cache
+
+
+def selecting_policies(ctx: context.Context, record: cache.NodeRecord) -> list[model.Policy]:
+    """The policies that select the node, in name order."""
+    return [p for _, p in sorted(ctx.cache.policies.items()) if policies.selects(p, record.view)]
+
+
+def judge(
+    ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime
+) -> model.NodeVerdict | None:
+    """The node's verdict under `policy` now (None: its Node or GPUNode is gone)."""
+    record = ctx.cache.node(name)
+    gpunode = ctx.cache.gpunode(name)
+    if record is None or gpunode is None:
+        return None
+    key = (policy.name, name)
+    inputs = _inputs(ctx, policy, record, gpunode, now)
+    known = ctx.verdicts.judged_from(key, inputs)
+    if known is not None:
+        return known
+    _, _, _, straggler, _, agent_pod, isolated = inputs
+    verdict = verdicts.judge(
+        policy,
+        record.view,
+        gpunode.status,
+        gpunode.conditions,
+        straggler,
+        now,
+        report_age_seconds=gpunode.report_age(now),
+        agent_pod=agent_pod,
+        known_signals=gpunode.fact_signals,
+        memory=ctx.cache.memory(gpunode),
+    )
+    verdict = verdicts.with_isolation(verdict, isolated)
+    ctx.verdicts.remember(key, verdict, inputs)
+    return verdict
+
+
+def node_verdicts(
+    ctx: context.Context, name: str, now: datetime.datetime
+) -> list[tuple[model.Policy, model.NodeVerdict]] | None:
+    """Every selecting policy's verdict on the node, in name order; None: the node is gone.
+
+    Acting policies patch one Node, so theirs carry one wish for its labels and taint
+    (`overlap.combine`), or overlapping policies would undo each other's.
+    """
+    record = ctx.cache.node(name)
+    if record is None:
+        return None
+    judged: list[tuple[model.Policy, model.NodeVerdict]] = []
+    for policy in selecting_policies(ctx, record):
+        verdict = judge(ctx, policy, name, now)
+        if verdict is None:
+            return None
+        judged.append((policy, verdict))
+    acting = [(p, v) for p, v in judged if not p.dry_run]
+    if len(acting) > 1:
+        merged = overlap.combine([v for _, v in acting])
+        combined = dict(zip((p.name for p, _ in acting), merged, strict=True))
+        judged = [(p, combined.get(p.name, v)) for p, v in judged]
+    return judged
+
+
+def verdict_now(
+    ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime
+) -> model.NodeVerdict | None:
+    """`policy`'s verdict as the node stands now, as `node_verdicts` gives it (asked again after a step
+    of the pass changed what it is judged from); None: the node is gone or no longer selected."""
+    for selecting, verdict in node_verdicts(ctx, name, now) or ():
+        if selecting.name == policy.name:
+            return verdict
+    return None
+
+
+def judged_at(ctx: context.Context, name: str, now: datetime.datetime) -> bool:
+    """Whether every selecting policy's verdict on the node was judged at `now` from what the cache holds.
+
+    The timer judges its due nodes at one instant and acts on them one after another; a node that moved
+    meanwhile is judged again, and at an earlier instant than what moved it, which would stamp a cordon
+    before its fault was seen (`cordoned-at`) and time every clock from before its start.
+    """
+    record = ctx.cache.node(name)
+    gpunode = ctx.cache.gpunode(name)
+    if record is None or gpunode is None:
+        return True  # gone: the pass finds nothing to judge either way
+    return all(
+        ctx.verdicts.judged_from((policy.name, name), _inputs(ctx, policy, record, gpunode, now)) is not None
+        for policy in selecting_policies(ctx, record)
+    )
+
+
+_Inputs = tuple[
+    model.Policy,
+    cache.NodeRecord,
+    cache.GPUNodeRecord,
+    model.StragglerScore | None,
+    datetime.datetime,
+    liveness.AgentPod | None,
+    isolation.NodeIsolation | None,
+]
+
+
+def _inputs(
+    ctx: context.Context,
+    policy: model.Policy,
+    record: cache.NodeRecord,
+    gpunode: cache.GPUNodeRecord,
+    now: datetime.datetime,
+) -> _Inputs:
+    """What a verdict is judged from (`judge`): the same objects, the same verdict."""
+    name = record.view.name
+    isolated = ctx.isolations.get((policy.name, name))
+    return (
+        policy,
+        record,
+        gpunode,
+        ctx.stragglers.get((policy.name, name)),
+        now,
+        ctx.agent_pods.get(name),
+        isolated.decision if isolated is not None else None,
+    )
