@@ -1,28 +1,8 @@
 """The gpu-health cluster operator: judges GPUNode facts against GPUHealthPolicy and acts.
 
-Layers, outermost first (checked by import-linter): `handlers` (kopf) →
-`actions` (Kubernetes I/O) → `decisions` (pure logic, no kopf, no client).
+Packages, outermost first (checked by import-linter, docs/architecture.md): `runtime` (kopf, watches,
+passes, timer) → `ladder` (one sub-package per step) → `verdict` → `shared` (the context) → `client`
+(Kubernetes I/O) → `state` (the cache) → `decisions` (pure logic, no kopf, no client) → `compact`.
+Importing this package imports nothing else: the kubectl plugin and the simulator take the pure
+`decisions` without kopf.
 """
-
-import sys
-
-
-def _import_kopf_without_the_kubernetes_client() -> None:
-    """Import kopf while `kubernetes` cannot be imported, unless something imported either already.
-
-    kopf imports the Kubernetes client at its own import when the package is installed (it is a
-    dependency of this distribution), to recognise the client's model objects: ~250 generated
-    classes, ~40 MiB, more than the operator's whole cache at 1,000 nodes. The operator talks to
-    the API server through `kube` and never hands kopf such an object; kopf falls back to plain
-    dicts, as it does where the package is absent. Afterwards `kubernetes` imports normally.
-    """
-    if "kopf" in sys.modules or "kubernetes" in sys.modules:
-        return
-    sys.modules["kubernetes"] = None  # type: ignore[assignment]  # ImportError for kopf's `try: import`
-    try:
-        import kopf  # noqa: F401, PLC0415
-    finally:
-        del sys.modules["kubernetes"]
-
-
-_import_kopf_without_the_kubernetes_client()

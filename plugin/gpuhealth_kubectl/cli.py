@@ -6,10 +6,6 @@ kubectl runs any `kubectl-<name>` on PATH as `kubectl <name>`, so this is
 
 from __future__ import annotations
 
-# `cluster` first: it imports the Kubernetes client, after which importing `gpuhealth_operator`
-# (for its pure `decisions`) does not import kopf as well (see gpuhealth_operator/__init__.py).
-from gpuhealth_kubectl import cluster  # isort: skip
-
 import argparse
 import datetime
 import json
@@ -19,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpuhealth_api import __version__, keys, timestamps, vocabulary
-from gpuhealth_kubectl import completion, views, watch
+from gpuhealth_kubectl import cluster, completion, views, watch
 from gpuhealth_operator.decisions import drill as drills
 
 EXIT_FAILED = 1
