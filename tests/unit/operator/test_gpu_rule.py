@@ -1,4 +1,4 @@
-"""One GPU's DeviceTaintRule as an action (`isolating.GPURule`), on the in-memory cluster: made once
+"""One GPU's DeviceTaintRule as an action (`gpu_rules.GPURule`), on the in-memory cluster: made once
 (a second start adopts it and says nothing), seen by `observe`, deleted by `undo`; never made for a GPU
 the pass did not decide to isolate or that has no DRA device; every write makes the next pass list the
 rules afresh, so the GPU budget counts what is there."""
@@ -9,7 +9,7 @@ import datetime
 from gpuhealth_api import vocabulary
 from gpuhealth_operator.client import protocol
 from gpuhealth_operator.decisions import device_taints, isolation, policies
-from gpuhealth_operator.ladder.isolate import isolating
+from gpuhealth_operator.ladder.isolate import gpu_rules
 from gpuhealth_operator.shared import context, metrics, settings
 from gpuhealth_sim.backtest import memcluster
 
@@ -39,19 +39,19 @@ def gpu(
 def test_a_gpus_rule_is_made_once_seen_and_undone() -> None:
     async def scenario() -> None:
         kube, ctx = cluster()
-        action: protocol.Action[bool] = isolating.GPURule(ctx, ctx.cache.policies["iso"], "n", VERSION, gpu())
+        action: protocol.Action[bool] = gpu_rules.GPURule(ctx, ctx.cache.policies["iso"], "n", VERSION, gpu())
         assert action.name == "isolation of GPU 3 (GPU-3) by policy iso"
         assert await action.decide(NOW) is None
         assert not await action.observe()
 
-        ctx.rules_read.put((isolating.ALL, VERSION), [], NOW)  # a rule list read before the create
+        ctx.rules_read.put((gpu_rules.ALL, VERSION), [], NOW)  # a rule list read before the create
         assert await action.start(NOW) is True
         rule = device_taints.rule_name("n", 3)
         assert list(kube.rules) == [rule]
         made = kube.rules[rule]
         assert made["metadata"]["ownerReferences"][0]["uid"] == "uid-n", "deleted with its Node"
         assert made["spec"]["deviceSelector"]["device"] == "gpu-3"
-        assert ctx.rules_read.get((isolating.ALL, VERSION), NOW) is None, "the next pass lists afresh"
+        assert ctx.rules_read.get((gpu_rules.ALL, VERSION), NOW) is None, "the next pass lists afresh"
         assert await action.observe()
 
         assert await action.start(NOW) is False, "a rule of its name is adopted (a lost answer)"
@@ -70,11 +70,11 @@ def test_no_rule_is_made_for_a_gpu_not_decided_for_isolation_or_without_a_device
     async def scenario() -> None:
         _, ctx = cluster()
         policy = ctx.cache.policies["iso"]
-        waiting = isolating.GPURule(ctx, policy, "n", VERSION, gpu(isolation.Outcome.WAIT))
+        waiting = gpu_rules.GPURule(ctx, policy, "n", VERSION, gpu(isolation.Outcome.WAIT))
         assert await waiting.decide(NOW) == "it is not decided to be isolated"
-        unpublished = isolating.GPURule(ctx, policy, "n", VERSION, gpu(device=None))
+        unpublished = gpu_rules.GPURule(ctx, policy, "n", VERSION, gpu(device=None))
         assert await unpublished.decide(NOW) == "no DRA device of the node is this GPU"
-        held = isolating.GPURule(ctx, policy, "n", VERSION, isolation.Isolated(3, "GPU-3", "r"))
+        held = gpu_rules.GPURule(ctx, policy, "n", VERSION, isolation.Isolated(3, "GPU-3", "r"))
         assert await held.decide(NOW) == "it is not decided to be isolated", "a held rule is only undone"
 
     asyncio.run(scenario())

@@ -45,7 +45,7 @@ def fleet_with(
     max_concurrent: int = 1,
 ) -> memory_fleet.MemoryFleet:
     fleet = memory_fleet.MemoryFleet(RULES)
-    # The drain's deadline is the wall clock's (actions.drain): the test's clock starts from it.
+    # The drain's deadline is the wall clock's (client.drain): the test's clock starts from it.
     fleet.now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
     spec = fleet.policies[0]["spec"]
     spec["drain"] = {"timeoutSeconds": 900, **(drain or {})}

@@ -412,7 +412,7 @@ def test_a_job_belongs_to_the_cycle_that_stamped_it() -> None:
 
 
 class _FakeJobs:
-    """The Jobs API as `actions.jobs` uses it: one stored Job of the name, the create's 409."""
+    """The Jobs API as `ladder.repair.jobs` uses it: one stored Job of the name, the create's 409."""
 
     def __init__(self, stored: dict[str, object] | None) -> None:
         self.stored = stored
