@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final, TypeVar
 
 from gpuhealth_api import conditions, keys, vocabulary, xid_catalogue
-from gpuhealth_operator.decisions import breaker, model
+from gpuhealth_operator.decisions import breaker, model, step_kinds
 
 Condition = vocabulary.Condition
 
@@ -288,8 +288,7 @@ def _topology(value: object) -> model.Topology:
 
 
 DEFAULT_STEP_TIMEOUTS: Final[Mapping[vocabulary.RepairAction, float]] = {
-    vocabulary.RepairAction.RESET_GPU: 300.0,
-    vocabulary.RepairAction.REBOOT_NODE: 1800.0,
+    action: kind.default_timeout_seconds for action, kind in step_kinds.KINDS.items()
 }
 DEFAULT_VALIDATION_TIMEOUT: Final = 900.0
 MAX_REPAIR_STEPS: Final = 4

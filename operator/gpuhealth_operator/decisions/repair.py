@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator.decisions import model, times
+from gpuhealth_operator.decisions import model, step_kinds, times
 
 RepairAction = vocabulary.RepairAction
 Result = vocabulary.RepairResult
@@ -212,23 +212,10 @@ def belongs(job: Mapping[str, Any], state: State) -> bool:
 def next_step(spec: model.RepairSpec, start: int, gpus: Sequence[str]) -> int | None:
     """The first step at or after `start` that applies: ResetGPU only with faulty GPU UUIDs known."""
     for index in range(start, len(spec.steps)):
-        if spec.steps[index].action is RepairAction.RESET_GPU and not gpus:
+        if step_kinds.of(spec.steps[index].action).targets is step_kinds.Targets.FAULTY_GPUS and not gpus:
             continue
         return index
     return None
-
-
-REBOOT_REQUESTS: Final = frozenset(
-    {vocabulary.RecoveryAction.NODE_REBOOT.value, vocabulary.RecoveryAction.SYSTEM_REBOOT.value}
-)
-"""Recovery actions a reboot cures: a GPU reset first would be a step the driver said will not do."""
-RESET_REQUESTS: Final = frozenset(
-    {
-        vocabulary.RecoveryAction.GPU_RESET.value,
-        vocabulary.RecoveryAction.BUS_RESET.value,
-        vocabulary.RecoveryAction.DRAIN_AND_RESET.value,  # the drain is done: the node is drained
-    }
-)
 
 
 def first_step(spec: model.RepairSpec, gpus: Sequence[str], recovery: Iterable[str]) -> int | None:
@@ -236,12 +223,7 @@ def first_step(spec: model.RepairSpec, gpus: Sequence[str], recovery: Iterable[s
     reboot (`recovery`: the GPUs' `recoveryAction`s), its first applicable ResetGPU step when one asks
     for a reset, else (no request, or no such step) the first step that applies. The steps after it
     follow in the policy's order."""
-    asked = set(recovery)
-    wanted = (
-        RepairAction.REBOOT_NODE
-        if asked & REBOOT_REQUESTS
-        else (RepairAction.RESET_GPU if asked & RESET_REQUESTS else None)
-    )
+    wanted = step_kinds.asked_for(set(recovery))
     if wanted is not None:
         for index in range(len(spec.steps)):
             if spec.steps[index].action is wanted and next_step(spec, index, gpus) == index:
@@ -441,7 +423,7 @@ def observe_step(
     succeeded, is the step's effect: the agent writes a cleared fault at once, usually while the Job's
     pod is still ending, and its next report may be a heartbeat (5 minutes) away.
     """
-    reboot = step.action is RepairAction.REBOOT_NODE
+    reboot = step_kinds.of(step.action).effect is step_kinds.Effect.NEW_BOOT
     rebooted = (
         reboot
         and report.boot_id is not None

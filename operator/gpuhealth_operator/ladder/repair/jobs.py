@@ -22,13 +22,10 @@ import yaml
 
 from gpuhealth_api import gpu_uuids, keys, vocabulary
 from gpuhealth_operator.client import kube
+from gpuhealth_operator.decisions import step_kinds
 
 PACKAGED: Final = "repair-templates.yaml"
-TEMPLATE_KEYS: Final = (
-    vocabulary.RepairAction.RESET_GPU.value,
-    vocabulary.RepairAction.REBOOT_NODE.value,
-    vocabulary.VALIDATION_JOB,
-)
+TEMPLATE_KEYS: Final = (*(kind.template for kind in step_kinds.KINDS.values()), vocabulary.VALIDATION_JOB)
 MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "gpu-health"
 TTL_AFTER_FINISHED_SECONDS: Final = 3600

@@ -42,6 +42,7 @@ from gpuhealth_operator.decisions import (
     policies,
     repair,
     signals,
+    step_kinds,
     times,
     trends,
     workload_pods,
@@ -384,12 +385,10 @@ class JobStep:
         template = found.get(self.key)
         if template is None:
             raise jobs.TemplateError(f"no {self.key} template")
-        # ResetGPU: the faulty GPUs; RebootNode and Validation: every GPU the agent lists.
-        gpus = (
-            self.state.gpus
-            if self.key == vocabulary.RepairAction.RESET_GPU
-            else all_gpus(self.ctx, self.node)
-        )
+        # A step on the faulty GPUs (ResetGPU) gets those; the others and Validation every GPU listed.
+        kind = step_kinds.BY_TEMPLATE.get(self.key)
+        faulty = kind is not None and kind.targets is step_kinds.Targets.FAULTY_GPUS
+        gpus = self.state.gpus if faulty else all_gpus(self.ctx, self.node)
         record = self.ctx.cache.node(self.node)
         if record is not None and record.view.labels.get(keys.REPAIR_NODE_UID_LABEL) != record.uid:
             # The state was written without the label its pod selects (by an older operator, or a human
@@ -458,7 +457,7 @@ def _step_of(
 def _step_words(
     step: model.RepairStep, state: repair.State, indexed: Sequence[tuple[int | None, str]] = ()
 ) -> str:
-    if step.action is vocabulary.RepairAction.RESET_GPU:
+    if step_kinds.of(step.action).targets is step_kinds.Targets.FAULTY_GPUS:
         named = indexed or [(None, u) for u in state.gpus]
         return f"step {step.name} ({step.action.value}) on {repair.gpu_words(named)}"
     return f"step {step.name} ({step.action.value})"
@@ -970,7 +969,7 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
             words=_step_words(spec.steps[state.step], state, indexed),
         )
     step = spec.steps[state.step]
-    if state.phase is Phase.STEP and step.action is vocabulary.RepairAction.RESET_GPU:
+    if state.phase is Phase.STEP and step_kinds.of(step.action).gpus_free_first:
         # Nothing may hold the GPU open: the GPU Operator's operands leave, then the agent lets go.
         held = await _until_operands_gone(ctx, policy, spec, name, state, verdict, action, now)
         if held is None:
@@ -1409,9 +1408,6 @@ def dry_run_note(ctx: context.Context, policy: model.Policy, name: str, verdict:
     if first is None:
         return " Repair would retire the node: no step applies (no faulty GPU's UUID is known)."
     step = spec.steps[first]
-    if step.action is vocabulary.RepairAction.RESET_GPU:
-        doing = f"reset {repair.gpu_words(indexed)}"
-    else:
-        doing = "reboot the node"
+    doing = step_kinds.of(step.action).doing.format(gpus=repair.gpu_words(indexed))
     then = ", then validate" if spec.validation_timeout_seconds is not None else ""
     return f" Repair would then {doing} (step {step.name}, {step.action.value}){then}."
