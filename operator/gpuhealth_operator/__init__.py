@@ -1,7 +1,8 @@
 """The gpu-health cluster operator: judges GPUNode facts against GPUHealthPolicy and acts.
 
-Layers, outermost first (checked by import-linter): `handlers` (kopf) →
-`actions` (Kubernetes I/O) → `decisions` (pure logic, no kopf, no client).
+Packages, outermost first (checked by import-linter, drawn in docs/architecture.md): `runtime`
+(watches, handlers, passes, timer) → `ladder` (one sub-package per step) → `verdict` → `shared` →
+`client` (Kubernetes I/O) → `state` → `decisions` (pure logic, no kopf, no client) → `compact`.
 """
 
 import sys

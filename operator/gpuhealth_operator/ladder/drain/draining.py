@@ -1,4 +1,4 @@
-"""A node's drain as an action (`actions.protocol.Action[Progress]`), and the one answer to where it stands.
+"""A node's drain as an action (`client.protocol.Action[Progress]`), and the one answer to where it stands.
 
 The step of the node ladder after the cordon. `NodeDrain` offers the protocol:
 `observe` says how far the drain got (in this process, else from what survives
@@ -9,7 +9,7 @@ transition `remediation` asks for on a node it cordoned to drain; the timer's
 DrainFailed gauge (`timed_out`) and a kept cordon's action (`shown`) read the
 same answers, so "did this drain fail?" has one owner.
 
-The eviction loop itself is `actions.drain`; this process's drain bookkeeping
+The eviction loop itself is `client.drain`; this process's drain bookkeeping
 is `drains.Drains`. A schedulable node has no drain (`forget`), and Drained
 keeps meaning empty: a pod bound since is drained too (`_still_empty`).
 """
@@ -54,7 +54,7 @@ class Progress(enum.Enum):
 
 
 class NodeDrain:
-    """`policy`'s drain of one node (`actions.protocol.Action[Progress]`)."""
+    """`policy`'s drain of one node (`client.protocol.Action[Progress]`)."""
 
     def __init__(self, ctx: context.Context, policy: model.Policy, node: str) -> None:
         self.ctx = ctx

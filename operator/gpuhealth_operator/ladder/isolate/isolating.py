@@ -1,7 +1,7 @@
 """The IsolateGPU action: a DeviceTaintRule per faulty GPU, created as the GPU budget admits, deleted
 on recovery.
 
-One GPU's rule is an action (`GPURule`, `actions.protocol.Action[bool]`): observe whether it is
+One GPU's rule is an action (`GPURule`, `client.protocol.Action[bool]`): observe whether it is
 there, decide whether it may be made, start (create it), undo (delete it). The node pass (`isolate`)
 is its caller: for a node where a policy's IsolateGPU rule fired, or whose GPUs it holds isolated, it
 reads what only the cluster knows (`isolation_support`: whether the cluster acts on rules, the rules in
@@ -268,7 +268,7 @@ async def plan(
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class GPURule:
-    """One GPU isolated by one policy: its DeviceTaintRule (`actions.protocol.Action[bool]`).
+    """One GPU isolated by one policy: its DeviceTaintRule (`client.protocol.Action[bool]`).
 
     `observe`: whether the rule is there (a rule of ours gone while its GPU is faulty was deleted by
     someone else: an override); `decide`: why it may not be made now; `start`: create it (Event

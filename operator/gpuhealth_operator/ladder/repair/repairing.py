@@ -339,7 +339,7 @@ def cancel_reason(ctx: context.Context, state: repair.State, name: str) -> str |
 
 
 class JobStep:
-    """One repair step (or validation) as a Job on the node (`actions.protocol.Action[repair.JobView]`)."""
+    """One repair step (or validation) as a Job on the node (`client.protocol.Action[repair.JobView]`)."""
 
     def __init__(
         self,
