@@ -472,3 +472,18 @@ def test_history_is_bounded_newest_kept() -> None:
     assert len(history) == checks.HISTORY_LIMIT
     assert history[-1].time == at(checks.HISTORY_LIMIT + 4)
     assert history[0].time == at(5)
+
+
+def test_a_check_in_flight_on_a_deleted_node_still_counts_until_its_job_goes() -> None:
+    """The Job of a deleted Node lives until the garbage collector removes it: it holds its place."""
+    in_flight = (checks.InFlight("gone", "p", "quick"),)
+    plan = checks.plan([policy("p", {"a", "gone"}, check(max_concurrent=1))], [node("a")], in_flight, NOW)
+    assert plan.start == ()
+    assert [s.node for s in plan.waiting] == ["a"]
+
+
+def test_a_re_created_node_is_due_from_its_new_joining() -> None:
+    """A Node deleted and made again has a new GPUNode: its history starts empty, due from its creation."""
+    again = node("a", known_since=NOW - datetime.timedelta(hours=1))
+    assert [s.node for s in checks.plan([policy("p", {"a"})], [again], (), NOW).start] == ["a"]
+    assert checks.overdue([policy("p", {"a"})], [again], NOW) == []
