@@ -11,6 +11,7 @@ the field and what was expected. The result is an immutable, time-sorted
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -121,6 +122,7 @@ TOP_LEVEL_KEYS: Final[frozenset[str]] = frozenset(
         "description",
         "nics",
         "repair",
+        "checks",
     }
 )
 ENTRY_KEYS: Final[frozenset[str]] = frozenset(
@@ -136,6 +138,12 @@ STEP_OUTCOMES: Final = ("fixes", "fails", "noEffect")
 VALIDATION_OUTCOMES: Final = ("pass", "fail")
 VALIDATION_KEY: Final = "validation"
 REPAIR_KEYS: Final[tuple[str, ...]] = (*(a.value for a in vocabulary.RepairAction), VALIDATION_KEY)
+
+CHECK_OUTCOMES: Final = ("pass", "fail")
+MAX_CHECK_FIGURES: Final = 16
+"""Figures one check run may report (the operator keeps as many: decisions/checks.MAX_FIGURES)."""
+_TEMPLATE_KEY = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+"""A check template's key, as the policy's `activeChecks[].template` allows."""
 
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?!s))?(?:(\d+(?:\.\d+)?)s)?(?:(\d+)ms)?$")
 
@@ -163,6 +171,31 @@ class Repair:
     def outcome(self, key: str, attempt: int) -> str:
         """The outcome of attempt `attempt` (0 = the first) of a step action or of `validation`."""
         found = self.outcomes[key]
+        return found[min(attempt, len(found) - 1)]
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckOutcome:
+    """How one check pod ends on a simulated node: exit 0 or 1, and the figures its termination message
+    reports (a JSON object of numbers)."""
+
+    passed: bool
+    figures: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Checks:
+    """How the node answers gpu-health's active checks (`checks:`), played by the fleet simulator.
+
+    Per template key, the outcome of each attempt in turn; the last one holds for every later attempt. A
+    template the scenario does not name passes with no figures. The agent itself ignores this.
+    """
+
+    outcomes: Mapping[str, tuple[CheckOutcome, ...]] = dataclasses.field(default_factory=dict)
+
+    def outcome(self, template: str, attempt: int) -> CheckOutcome:
+        """The outcome of attempt `attempt` (0 = the first) of a check of this template on the node."""
+        found = self.outcomes.get(template) or (CheckOutcome(passed=True),)
         return found[min(attempt, len(found) - 1)]
 
 
@@ -229,6 +262,8 @@ class Scenario:
     """The keys the file's `defaults:` names (not the model's defaults)."""
     repair: Repair = dataclasses.field(default_factory=Repair)
     """How repair Jobs on the node turn out (`repair:`; default: every step fixes, validation passes)."""
+    checks: Checks = dataclasses.field(default_factory=Checks)
+    """How active checks on the node turn out (`checks:`; default: every check passes, no figures)."""
 
     @property
     def uses_sysfs(self) -> bool:
@@ -362,6 +397,7 @@ class _Validator:
         visible = self.integer(data.get("visibleGpus", gpus), "visibleGpus", minimum=0, maximum=gpus)
         said = frozenset(k for k in raw_defaults if k != "notSupported")
         repair = self.repair(data.get("repair"))
+        checks = self.checks(data.get("checks"))
         return Scenario(
             self.where,
             gpus,
@@ -375,7 +411,47 @@ class _Validator:
             nics=nics,
             defaults_said=said,
             repair=repair,
+            checks=checks,
         )
+
+    def checks(self, raw: object) -> Checks:
+        """`checks: {DcgmDiagQuick: pass, DcgmDiag: [fail, pass], Nccl: {busBandwidthGBps: 310}}`: per
+        template, pass | fail | a mapping of figures (a pass that reports them), or a list (per attempt)."""
+        if raw is None:
+            return Checks()
+        if not isinstance(raw, dict):
+            raise self.fail("checks", "a mapping like {DcgmDiagQuick: pass, DcgmDiag: fail}", raw)
+        what = "pass, fail, a mapping of figures like {busBandwidthGBps: 310}, or a list (one per attempt)"
+        outcomes: dict[str, tuple[CheckOutcome, ...]] = {}
+        for key, value in raw.items():
+            if not isinstance(key, str) or not _TEMPLATE_KEY.match(key):
+                raise self.fail(f"checks.{key}", "a template key like DcgmDiagQuick (letters, digits, -_.)")
+            items = value if isinstance(value, list) else [value]
+            if not items:
+                raise self.fail(f"checks.{key}", what, value)
+            found = []
+            for i, item in enumerate(items):
+                at = f"checks.{key}[{i}]" if isinstance(value, list) else f"checks.{key}"
+                found.append(self.check_outcome(item, at, what))
+            outcomes[key] = tuple(found)
+        return Checks(outcomes)
+
+    def check_outcome(self, item: object, at: str, what: str) -> CheckOutcome:
+        if item in CHECK_OUTCOMES:
+            return CheckOutcome(passed=item == "pass")
+        if not isinstance(item, dict) or not item:
+            raise self.fail(at, what, item)
+        if len(item) > MAX_CHECK_FIGURES:
+            raise self.fail(at, f"at most {MAX_CHECK_FIGURES} figures", len(item))
+        figures: dict[str, float] = {}
+        for name, number in item.items():
+            if not isinstance(name, str) or not 0 < len(name) <= 63:
+                raise self.fail(at, "figure names of 1 to 63 characters", name)
+            plain = isinstance(number, int | float) and not isinstance(number, bool)
+            if not plain or not math.isfinite(number):
+                raise self.fail(f"{at}.{name}", "a finite number", number)
+            figures[name] = float(number)
+        return CheckOutcome(passed=True, figures=figures)
 
     def repair(self, raw: object) -> Repair:
         """`repair: {ResetGPU: fixes, RebootNode: [fails, fixes], validation: pass}` (a list: per attempt)."""

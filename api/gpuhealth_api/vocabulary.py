@@ -250,6 +250,16 @@ class RepairResult(enum.StrEnum):
     RETIRED = "Retired"
 
 
+class CheckResult(enum.StrEnum):
+    """`status.checks[].result` on a GPUNode: how an active check's run ended."""
+
+    PASSED = "Passed"
+    FAILED = "Failed"
+    PREEMPTED = "Preempted"
+    """The scheduler preempted the check's pod for real work: tried again later, never a failure."""
+    TIMED_OUT = "TimedOut"
+
+
 class AgentErrorReason(enum.StrEnum):
     """`status.agent.error.reason`: why the agent cannot report its node's GPUs."""
 

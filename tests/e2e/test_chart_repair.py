@@ -33,6 +33,8 @@ RELEASE = "render"
 KUBE_VERSION = "1.36.0"
 UNIQUE_LABEL = "e2e.gpuhealth.io/chart-repair"
 TEMPLATE_KEYS = [a.value for a in vocabulary.RepairAction] + [vocabulary.VALIDATION_JOB]
+CHECK_KEYS = ["DcgmDiagQuick", "DcgmDiag"]
+"""The active checks' templates share the file and the ConfigMap (tests/e2e/test_chart_checks.py)."""
 VALUE_KEYS = {"ResetGPU": "resetGPU", "RebootNode": "rebootNode", "Validation": "validation"}
 
 
@@ -66,7 +68,7 @@ def operator_args(objects: list[dict[str, Any]]) -> list[str]:
 
 def test_packaged_templates_are_one_job_per_action() -> None:
     packaged = yaml.safe_load(PACKAGED.read_text())
-    assert sorted(packaged) == sorted(TEMPLATE_KEYS)
+    assert sorted(packaged) == sorted(TEMPLATE_KEYS + CHECK_KEYS)
     for key, job in packaged.items():
         assert (job["apiVersion"], job["kind"]) == ("batch/v1", "Job"), key
         pod = job["spec"]["template"]["spec"]
@@ -96,7 +98,9 @@ def test_values_hold_the_same_templates_as_the_package() -> None:
     # The values are what `helm show values` prints; a user who copies them starts from the real defaults.
     values = yaml.safe_load((CHART / "values.yaml").read_text())["repair"]["templates"]
     packaged = yaml.safe_load(PACKAGED.read_text())
-    assert {key: values[VALUE_KEYS[key]] for key in packaged} == packaged
+    assert {key: values[VALUE_KEYS[key]] for key in TEMPLATE_KEYS} == {
+        key: packaged[key] for key in TEMPLATE_KEYS
+    }
 
 
 def test_operator_is_pointed_at_the_templates_and_the_release_namespace(

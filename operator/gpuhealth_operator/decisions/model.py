@@ -88,6 +88,24 @@ class RepairSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class ActiveCheck:
+    """`spec.activeChecks[]`: a check Job run on each selected idle node at least every `every_seconds`."""
+
+    name: str
+    template: str
+    """A key of the chart's check templates (DcgmDiagQuick, DcgmDiag, or the user's own)."""
+    every_seconds: float
+    idle_for_seconds: float
+    """No pod using GPUs on the node for this long before a check starts."""
+    timeout_seconds: float
+    max_concurrent: int | str
+    """Checks in flight at once, all policies together: an int, or a percent string of the selected GPU
+    nodes of all policies with checks (rounded down, at least 1)."""
+    threshold: float | None = None
+    """A reported figure this many robust z-scores below same-model nodes fails the run; None: none."""
+
+
+@dataclasses.dataclass(frozen=True)
 class Policy:
     name: str
     generation: int = 0
@@ -117,6 +135,8 @@ class Policy:
     """`spec.topology`: per-domain budgets (on top of max_unavailable) and domain actions."""
     repair: RepairSpec | None = None
     """`spec.repair`: None (omitted) keeps a drained node cordoned until recovery.healthyForSeconds."""
+    active_checks: tuple[ActiveCheck, ...] = ()
+    """`spec.activeChecks`: none when omitted."""
     created: str = ""
     """metadata.creationTimestamp (RFC 3339; "" unknown): a node created later is new to the policy."""
 

@@ -96,6 +96,7 @@ def parse_policy(name: str, generation: int, spec: Mapping[str, Any]) -> model.P
         ),
         topology=_topology(spec.get("topology")),
         repair=_repair(spec.get("repair")),
+        active_checks=_active_checks(spec.get("activeChecks")),
     )
 
 
@@ -353,6 +354,84 @@ def _repair(value: object) -> model.RepairSpec | None:
 def resolve_max_concurrent(spec: model.RepairSpec, selected_count: int) -> int:
     """`spec.repair.maxConcurrent` in nodes: an int, or a percent of the selected GPU nodes; at least 1."""
     return _resolve_budget(spec.max_concurrent, selected_count)
+
+
+DEFAULT_CHECK_EVERY_SECONDS: Final = 604800.0
+"""A week: the ClusterMAX rating's expectation of active checks on idle nodes."""
+DEFAULT_CHECK_IDLE_FOR_SECONDS: Final = 900.0
+DEFAULT_CHECK_TIMEOUT_SECONDS: Final = 900.0
+DEFAULT_CHECK_MAX_CONCURRENT: Final = 1
+MAX_ACTIVE_CHECKS: Final = 8
+"""The CRD's maxItems for spec.activeChecks."""
+MIN_CHECK_EVERY_SECONDS: Final = 60
+_TEMPLATE_KEY = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+"""A ConfigMap key the chart's templates can have, at most 63 characters (it goes into a label)."""
+
+
+def _active_checks(value: object) -> tuple[model.ActiveCheck, ...]:
+    """`spec.activeChecks`; () when omitted. Reads the spec only, so a bad entry leaves it as it was."""
+    if value is None:
+        return ()
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        raise ValueError("spec.activeChecks: must be a list")
+    if len(value) > MAX_ACTIVE_CHECKS:
+        raise ValueError(f"spec.activeChecks: must have at most {MAX_ACTIVE_CHECKS} items")
+    checks: list[model.ActiveCheck] = []
+    for i, item in enumerate(value):
+        where = f"spec.activeChecks[{i}]"
+        if item is None:  # _mapping takes None for an omitted object; an entry is never omitted
+            raise ValueError(f"{where}: must be an object")
+        entry = _mapping(item, where)
+        name = entry.get("name")
+        if not isinstance(name, str) or not _STEP_NAME.match(name):
+            raise ValueError(f"{where}.name: required, a lowercase DNS label like 'quick', got {name!r}")
+        if any(c.name == name for c in checks):
+            raise ValueError(f"{where}.name: duplicate name {name!r}")
+        template = entry.get("template")
+        if not isinstance(template, str) or not _TEMPLATE_KEY.match(template):
+            raise ValueError(
+                f"{where}.template: required, a key of the chart's check templates like 'DcgmDiagQuick', "
+                f"got {template!r}"
+            )
+        threshold = entry.get("threshold")
+        if threshold is not None:
+            threshold = _number(threshold, f"{where}.threshold", minimum=0)
+            if threshold <= 0:
+                raise ValueError(f"{where}.threshold: must be greater than 0")
+        checks.append(
+            model.ActiveCheck(
+                name=name,
+                template=template,
+                every_seconds=_number(
+                    entry.get("everySeconds", DEFAULT_CHECK_EVERY_SECONDS),
+                    f"{where}.everySeconds",
+                    minimum=MIN_CHECK_EVERY_SECONDS,
+                    integer=True,
+                ),
+                idle_for_seconds=_number(
+                    entry.get("idleForSeconds", DEFAULT_CHECK_IDLE_FOR_SECONDS),
+                    f"{where}.idleForSeconds",
+                    minimum=0,
+                    integer=True,
+                ),
+                timeout_seconds=_number(
+                    entry.get("timeoutSeconds", DEFAULT_CHECK_TIMEOUT_SECONDS),
+                    f"{where}.timeoutSeconds",
+                    minimum=1,
+                    integer=True,
+                ),
+                max_concurrent=_max_unavailable(
+                    entry.get("maxConcurrent", DEFAULT_CHECK_MAX_CONCURRENT), f"{where}.maxConcurrent"
+                ),
+                threshold=threshold,
+            )
+        )
+    return tuple(checks)
+
+
+def resolve_check_max_concurrent(check: model.ActiveCheck, selected_count: int) -> int:
+    """A check's `maxConcurrent` in nodes: an int, or a percent of `selected_count`; at least 1."""
+    return _resolve_budget(check.max_concurrent, selected_count)
 
 
 def _list(value: object, where: str) -> Sequence[object]:
