@@ -59,11 +59,20 @@ def operand_pod(label: str) -> dict[str, Any]:
 
 
 class Fleet:
-    def __init__(self, *, confirms: bool = True, labels: dict[str, str] | None = None) -> None:
-        self.cluster = Cluster()
+    def __init__(
+        self,
+        *,
+        confirms: bool = True,
+        labels: dict[str, str] | None = None,
+        cluster: Cluster | None = None,
+        can_release: bool = True,
+    ) -> None:
+        self.cluster = cluster or Cluster()
         self.cluster.clock = self.epoch
         self.now = T0
         self.confirms = confirms
+        self.can_release = can_release
+        """The agent says it can release (`status.agent.canRelease`, issue 48); an older agent cannot."""
         self.faulty = True
         self.labels = {"pool": "gpu", **(labels or {})}
         self.operands_follow_labels = True
@@ -117,9 +126,11 @@ class Fleet:
         await self.report()
 
     async def restart(self) -> None:
-        """kill -9 and a new process (or a new leader): it lists the policy, the Node and the GPUNode."""
+        """kill -9 and a new process (or a new leader): it lists the policy (as stored, with its status),
+        the Node and the GPUNode."""
         self.ctx = self.operator()
-        await handlers.on_policy({"type": "ADDED", "object": self.policy()}, memo=self.ctx)  # type: ignore[typeddict-item]
+        stored = {**self.policy(), "status": (self.cluster.policies.get("p") or {}).get("status") or {}}
+        await handlers.on_policy({"type": "ADDED", "object": stored}, memo=self.ctx)  # type: ignore[typeddict-item]
         for node in self.cluster.nodes.values():
             await handling.handle(
                 handlers.on_node, {"type": "ADDED", "object": copy.deepcopy(node)}, self.ctx
@@ -177,7 +188,8 @@ class Fleet:
             observed=gpunode_facts.rfc3339(self.now),
             overrides=overrides,
         )
-        status["agent"]["canRelease"] = True
+        if self.can_release:
+            status["agent"]["canRelease"] = True
         asked = self.asked()
         if asked is not None and self.confirms:
             status["agent"]["released"] = asked
@@ -193,6 +205,10 @@ class Fleet:
             await self.report()
             await ticker.tick(self.ctx, full=True)
             self.daemonsets()
+
+    def action(self) -> str:
+        """The GPUNode's `status.action`."""
+        return str(self.cluster.gpunodes[NODE]["status"].get("action"))
 
     def jobs(self, action: str) -> list[dict[str, Any]]:
         return [
