@@ -47,6 +47,7 @@ from gpuhealth_operator import (
 )
 from gpuhealth_operator.actions import drain, events, jobs, nodes
 from gpuhealth_operator.decisions import (
+    hostengine,
     isolation,
     model,
     policies,
@@ -415,6 +416,9 @@ class JobStep:
             gpus=gpus,
             timeout_seconds=self.timeout_seconds,
             cycle_started=repair.cycle_stamp(self.state),
+            extra_env=await validation_env(self.ctx, self.node)
+            if self.key == vocabulary.VALIDATION_JOB
+            else None,
         )
         # Our identity on the Job: the token whose hash the state on the Node holds (`_sealed`).
         made = self.ctx.repair_tokens.get(self.node)
@@ -434,6 +438,13 @@ class JobStep:
 
     async def undo(self) -> bool:
         return await jobs.delete(self.ctx.client, self.namespace, self.state.job)
+
+
+async def validation_env(ctx: context.Context, node: str) -> dict[str, str]:
+    """A Validation Job's own variables: the node's running DCGM host engine, or "" where it runs none
+    (`decisions.hostengine`), so the template never starts a second one beside it."""
+    found = hostengine.address(await drain.list_pods(ctx.client, node))
+    return {keys.REPAIR_HOSTENGINE_ENV: found or ""}
 
 
 def _step_of(

@@ -17,6 +17,8 @@ from gpuhealth_sim.backtest import memcluster
 T0 = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
 NODE = "gpu-node-1"
 OPERATOR_NAMESPACE = "gpu-operator"
+HOST_IP = "10.0.0.7"
+"""The node's IP, as the kubelet writes it in its pods' `status.hostIP`."""
 
 
 class Cluster(memcluster.MemoryKube):
@@ -38,6 +40,9 @@ class Cluster(memcluster.MemoryKube):
 def operand_pod(label: str) -> dict[str, Any]:
     """The GPU Operator's DaemonSet pod of one operand on the node (it selects `<label>=true`)."""
     operand = label.rsplit(".", 1)[1]
+    container: dict[str, Any] = {"name": operand, "image": f"nvcr.io/nvidia/{operand}:fake"}
+    if operand == "dcgm":  # the standalone host engine, as the GPU Operator's nvidia-dcgm: hostPort 5555
+        container["ports"] = [{"name": "dcgm", "containerPort": 5555, "hostPort": 5555}]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -53,8 +58,8 @@ def operand_pod(label: str) -> dict[str, Any]:
                 }
             ],
         },
-        "spec": {"nodeName": NODE, "nodeSelector": {label: "true"}},
-        "status": {"phase": "Running"},
+        "spec": {"nodeName": NODE, "nodeSelector": {label: "true"}, "containers": [container]},
+        "status": {"phase": "Running", "hostIP": HOST_IP},
     }
 
 
