@@ -217,6 +217,16 @@ def faulty_gpus(
     )
 
 
+def reset_gpus(
+    ctx: context.Context, name: str, faulty: Sequence[tuple[int | None, str]]
+) -> list[tuple[int | None, str]]:
+    """The GPUs a ResetGPU step of the cycle resets: the faulty ones, or on an NVSwitch board every GPU of
+    the board (`decisions.repair.reset_together`)."""
+    gpunode = ctx.cache.gpunode(name)
+    listed = isolation.listed_gpus(gpunode.status) if gpunode is not None else []
+    return repair.reset_together(faulty, listed)
+
+
 def recovery_actions(ctx: context.Context, name: str) -> list[str]:
     """The recovery actions the driver asks for on the node's GPUs (`gpus[].recoveryAction`)."""
     gpunode = ctx.cache.gpunode(name)
@@ -686,7 +696,7 @@ async def begin(
         return NodeAction.DRAINED  # no new step while the breaker holds disruptions back
     if not repair_permission.may_try(ctx, policy.name, now):
         return NodeAction.DRAINED  # the Job API refused the policy's last create: tried again later
-    indexed = faulty_gpus(ctx, policy, name, verdict)
+    indexed = reset_gpus(ctx, name, faulty_gpus(ctx, policy, name, verdict))
     gpus = tuple(u for _, u in indexed)
     past = history(ctx, name)
     started = cycles(ctx, name)
@@ -1448,7 +1458,7 @@ def dry_run_note(ctx: context.Context, policy: model.Policy, name: str, verdict:
     spec = policy.repair
     if spec is None or verdict.wanted_action is not vocabulary.Action.DRAIN:
         return ""
-    indexed = faulty_gpus(ctx, policy, name, verdict)
+    indexed = reset_gpus(ctx, name, faulty_gpus(ctx, policy, name, verdict))
     first = repair.first_step(spec, [u for _, u in indexed], recovery_actions(ctx, name))
     if first is None:
         return " Repair would retire the node: no step applies (no faulty GPU's UUID is known)."

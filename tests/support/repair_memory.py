@@ -80,6 +80,8 @@ class Fleet:
         """The agent says it can release (`status.agent.canRelease`, issue 48); an older agent cannot."""
         self.faulty = True
         self.labels = {"pool": "gpu", **(labels or {})}
+        self.gpu_facts: dict[int, dict[str, Any]] = {}
+        """More facts per GPU index, merged into every report (e.g. NVSwitch fabric info)."""
         self.operands_follow_labels = True
         """The DaemonSet controller: a pod for each operand label that is "true", none otherwise."""
         self.ctx = self.operator()
@@ -188,6 +190,8 @@ class Fleet:
 
     async def report(self) -> None:
         overrides: dict[int, dict[str, Any]] = {0: {"ecc": {"uncorrectedVolatile": 2}}} if self.faulty else {}
+        for index, facts in self.gpu_facts.items():
+            overrides[index] = {**overrides.get(index, {}), **facts}
         status = gpunode_facts.agent_status(
             heartbeat=gpunode_facts.rfc3339(self.now),
             observed=gpunode_facts.rfc3339(self.now),
