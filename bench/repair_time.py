@@ -56,6 +56,16 @@ RepairStarted Event arrives the leader is killed with SIGKILL and the other
 takes over; every repair Job name must be ADDED once (one uid per name, none
 deleted) and the count must equal the steps and validations the nodes ran.
 
+`--operands` (on in `--issue-scenario`; issue 48's Measure): the demo's GPU
+Operator operand DaemonSets (device plugin, dcgm-exporter,
+`sim/gpuhealth_sim/demo/operands.py`) on every node, their labels set as the
+GPU Operator would; the operator turns them off for each reset and restores
+them. Reported: the resets the simulated node refused because a holder (an
+operand pod, the agent) still had the GPU open, validations that would have
+started a second host engine, and from a 100 ms sampler of the Nodes every
+node whose operand label was off without the operator's record of it, and
+every node not restored at the end.
+
 Usage: nice -n 5 .venv/bin/python bench/repair_time.py [--nodes 20] [--spacing 3]
        nice -n 5 .venv/bin/python bench/repair_time.py --issue-scenario
 """
@@ -81,6 +91,7 @@ from kubernetes import client
 from gpuhealth_api import keys, resources, vocabulary
 from gpuhealth_sim import waiting, watches
 from gpuhealth_sim.controlplane import binaries, local
+from gpuhealth_sim.demo import operands
 from gpuhealth_sim.fleet import agentpool, fleetfile, repairs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
@@ -448,6 +459,71 @@ def summarise(timeline: Timeline, paths: dict[str, str]) -> dict[str, Any]:
     return result
 
 
+class OperandLabels:
+    """Every 100 ms (issue 48's Measure): the nodes whose GPU Operator operand label is off without the
+    operator's record of it (`keys.OPERANDS_PAUSED_ANNOTATION` naming it): a change nobody would restore.
+    At the end: every operand label back to "true", no record left."""
+
+    def __init__(self, core: client.CoreV1Api) -> None:
+        self.core = core
+        self.samples = 0
+        self.paused_seen = 0
+        self.unrecorded: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="operand-labels", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _nodes(self) -> list[dict[str, Any]]:
+        response: Any = self.core.list_node(
+            label_selector=f"{operator_harness.Fleet.LABEL_KEY}={LABEL}", _preload_content=False
+        )
+        items: list[dict[str, Any]] = json.loads(response.data)["items"]
+        return items
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            try:
+                nodes = self._nodes()
+            except Exception:  # the API server busy a moment: the next sample
+                continue
+            self.samples += 1
+            for node in nodes:
+                meta = node["metadata"]
+                labels = meta.get("labels") or {}
+                recorded = set(
+                    ((meta.get("annotations") or {}).get(keys.OPERANDS_PAUSED_ANNOTATION) or "").split(",")
+                )
+                off = {k for k in operands.OPERANDS.values() if labels.get(k) == "false"}
+                if off:
+                    self.paused_seen += 1
+                if off - recorded:
+                    self.unrecorded.add(meta["name"])
+
+    def summary(self, core: client.CoreV1Api) -> dict[str, Any]:
+        left = []
+        for node in self._nodes():
+            meta = node["metadata"]
+            labels = meta.get("labels") or {}
+            if any(
+                labels.get(k) != "true" for k in operands.OPERANDS.values()
+            ) or keys.OPERANDS_PAUSED_ANNOTATION in (meta.get("annotations") or {}):
+                left.append(meta["name"])
+        return {
+            "samples_100ms": self.samples,
+            "node_samples_with_a_label_paused": self.paused_seen,
+            "nodes_with_a_label_off_unrecorded": sorted(self.unrecorded),
+            "nodes_not_restored_at_end": left,
+        }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=20)
@@ -477,12 +553,18 @@ def main() -> None:
     parser.add_argument(
         "--issue-scenario", action="store_true", help="issue 26's Measure (see the docstring)"
     )
+    parser.add_argument(
+        "--operands",
+        action="store_true",
+        help="GPU Operator operand DaemonSets (device plugin, dcgm-exporter) on every node (issue 48)",
+    )
     args = parser.parse_args()
     if args.issue_scenario:
         args.nodes, args.faulted, args.spacing = 200, 20, 10.0
         args.reboot_every, args.reset_fails, args.validation_fails = 0, 3, 2
         args.reset_seconds, args.reboot_seconds, args.validation_seconds = 5.0, 5.0, 10.0
         args.workload_every, args.replicas, args.kill_after = 10, 2, 5
+        args.operands = True
     spec, paths = fleet_spec(args)
     results: dict[str, Any] = {
         "load_average_at_start": Path("/proc/loadavg").read_text().split()[:3],
@@ -520,7 +602,8 @@ def main() -> None:
                     },
                 },
             )
-            sim = agentpool.Fleet(fleetfile.parse(spec, source="bench/repair_time.py"), api)
+            parsed = fleetfile.parse(spec, source="bench/repair_time.py")
+            sim = agentpool.Fleet(parsed, api)
             seconds = {
                 "ResetGPU": args.reset_seconds,
                 "RebootNode": args.reboot_seconds,
@@ -529,6 +612,7 @@ def main() -> None:
             executor = repairs.Executor(api, sim, namespace=repairs.DEFAULT_NAMESPACE, seconds=seconds)
             timeline = Timeline(set(paths))
             sampler = Sampler(timeline)
+            labels_sampler = OperandLabels(client.CoreV1Api(api))
             core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
             custom = client.CustomObjectsApi(api)
 
@@ -627,6 +711,9 @@ def main() -> None:
                         message="the workload pods run",
                     )
                 results["workload_pods"] = len(workload_nodes)
+                if args.operands:
+                    results["operand_pods"] = operands.start(api, parsed)
+                    labels_sampler.start()
                 sampler.start(args.max_concurrent)
                 sim.start()
                 executor.start()
@@ -661,6 +748,7 @@ def main() -> None:
                 results["load_average_at_end"] = Path("/proc/loadavg").read_text().split()[:3]
             finally:
                 sampler.stop()
+                labels_sampler.stop()
                 executor.stop()
                 sim.stop()
                 for follower in followers:
@@ -669,7 +757,14 @@ def main() -> None:
                     follower.stop()
                 for operator in operators:
                     operator.stop()
-            results["executor"] = {"pods_played": len(executor.played), "errors": executor.errors}
+            results["executor"] = {
+                "pods_played": len(executor.played),
+                "errors": executor.errors,
+                "reset_jobs_refused_while_a_holder_ran": executor.refused_resets,
+                "validations_with_a_second_hostengine": executor.second_hostengines,
+            }
+            if args.operands:
+                results["operand_labels"] = labels_sampler.summary(core)
             results["operators_without_traceback"] = {
                 o.identity: "Traceback" not in o.log() for o in operators
             }

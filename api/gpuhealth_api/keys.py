@@ -133,6 +133,10 @@ REPAIR_GPUS_ENV: Final = "GPUHEALTH_GPU_UUIDS"
 it from its environment (`"$GPUHEALTH_GPU_UUIDS"` in a shell), or `$(GPUHEALTH_GPU_UUIDS)` as an argument of
 its own, never inside an `sh -c` script's text."""
 REPAIR_ACTION_ENV: Final = "GPUHEALTH_REPAIR_ACTION"
+REPAIR_HOSTENGINE_ENV: Final = "GPUHEALTH_HOSTENGINE"
+"""Environment variable in every container of a Validation Job: the node's running DCGM host engine as
+`<IP>:<port>` (the GPU Operator's standalone `nvidia-dcgm`), for `dcgmi diag --host`; empty where the node
+runs none, and the template starts its own (DCGM expects one host engine per node)."""
 UNVALIDATED_TAINT: Final = f"{PREFIX}/unvalidated"
 """NoSchedule taint on a new node of a policy with `spec.repair.validation.newNodes: true` (a Node created
 after the policy, never validated) until its first validation Job passes; it stays on a node that failed."""

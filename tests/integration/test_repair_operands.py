@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -199,3 +200,55 @@ def test_an_operator_restarted_mid_step_restores_what_the_earlier_one_paused(
 
     waiting.wait_until(restored, timeout_seconds=TIMEOUT, message="restored by the restarted operator")
     assert len(resets(k8s, jobs_namespace, name)) == 1, "a second reset Job after the restart"
+
+
+def test_a_leader_change_mid_step_restores_what_was_paused_and_a_human_edit_wins(
+    fleet: operator_harness.Fleet,
+    k8s: client.ApiClient,
+    jobs_namespace: str,
+    device_plugin: str,
+    operator: operator_harness.OperatorProcess,
+    tmp_path: Path,
+) -> None:
+    """Two replicas on one Lease: the leader pauses the operands and starts the reset, then dies (kill -9,
+    no Lease release); while no one leads, a human removes the exporter's label; the standby takes the
+    Lease and, when the Job ends, restores the device plugin only (what the Node's record says was
+    paused and is still ours): the exporter stays removed, GFD stays "false" (off before), one reset."""
+    standby = operator_harness.OperatorProcess(
+        kubeconfig=operator.kubeconfig,
+        log_path=tmp_path / "standby.log",
+        lease_name=operator.lease_name,
+        identity=f"{operator.identity}-standby",
+        extra_args=operator.extra_args,
+    ).start()
+    try:
+        waiting.wait_until(standby.healthz, timeout_seconds=30, message="the standby serves /healthz")
+        assert not standby.is_leading(), "two leaders"
+        name = f"{fleet.label}-l"
+        start(fleet, k8s, name)
+        job = until_reset(fleet, k8s, jobs_namespace, name)
+        paused = fleet.node(name)["metadata"]["annotations"][keys.OPERANDS_PAUSED_ANNOTATION]
+        assert paused == f"{DP},{EXPORTER}", paused
+        operator.kill()  # the leader dies mid-step
+        fleet.core.patch_node(name, {"metadata": {"labels": {EXPORTER: None}}})  # the human: exporter off
+        waiting.wait_until(standby.is_leading, timeout_seconds=30, message="the standby takes the Lease")
+        assert labels(fleet, name)[DP] == "false", "restored while the reset Job still runs"
+        repair_jobs.end(k8s, jobs_namespace, job, ok=True)
+
+        def restored() -> bool:
+            report(fleet, name, faulty=False)
+            return labels(fleet, name).get(DP) == "true"
+
+        waiting.wait_until(restored, timeout_seconds=TIMEOUT, message="restored by the new leader")
+        now = labels(fleet, name)
+        assert EXPORTER not in now, "the human's removal was undone"
+        assert now[GFD] == "false", "a label the operator never paused was changed"
+        annotations = fleet.node(name)["metadata"].get("annotations") or {}
+        assert keys.OPERANDS_PAUSED_ANNOTATION not in annotations, annotations
+        assert len(resets(k8s, jobs_namespace, name)) == 1, "a second reset Job after the leader change"
+        waiting.wait_until(lambda: plugin_pods(k8s, name), timeout_seconds=TIMEOUT, message="the plugin back")
+    finally:
+        standby.stop()
+        print(f"--- {standby.identity}\n{standby.log()[-10000:]}")
+        operator.start()  # the module's operator, for the tests after this one
+        waiting.wait_until(operator.is_leading, timeout_seconds=30, message="the operator leads again")

@@ -19,6 +19,8 @@ from gpuhealth_sim.backtest import memcluster
 T0 = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
 NODE = "gpu-node-1"
 OPERATOR_NAMESPACE = "gpu-operator"
+HOST_IP = "10.0.0.7"
+"""The node's IP, as the kubelet writes it in its pods' `status.hostIP`."""
 
 
 class Cluster(memcluster.MemoryKube):
@@ -40,6 +42,9 @@ class Cluster(memcluster.MemoryKube):
 def operand_pod(label: str) -> dict[str, Any]:
     """The GPU Operator's DaemonSet pod of one operand on the node (it selects `<label>=true`)."""
     operand = label.rsplit(".", 1)[1]
+    container: dict[str, Any] = {"name": operand, "image": f"nvcr.io/nvidia/{operand}:fake"}
+    if operand == "dcgm":  # the standalone host engine, as the GPU Operator's nvidia-dcgm: hostPort 5555
+        container["ports"] = [{"name": "dcgm", "containerPort": 5555, "hostPort": 5555}]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -55,19 +60,30 @@ def operand_pod(label: str) -> dict[str, Any]:
                 }
             ],
         },
-        "spec": {"nodeName": NODE, "nodeSelector": {label: "true"}},
-        "status": {"phase": "Running"},
+        "spec": {"nodeName": NODE, "nodeSelector": {label: "true"}, "containers": [container]},
+        "status": {"phase": "Running", "hostIP": HOST_IP},
     }
 
 
 class Fleet:
-    def __init__(self, *, confirms: bool = True, labels: dict[str, str] | None = None) -> None:
-        self.cluster = Cluster()
+    def __init__(
+        self,
+        *,
+        confirms: bool = True,
+        labels: dict[str, str] | None = None,
+        cluster: Cluster | None = None,
+        can_release: bool = True,
+    ) -> None:
+        self.cluster = cluster or Cluster()
         self.cluster.clock = self.epoch
         self.now = T0
         self.confirms = confirms
+        self.can_release = can_release
+        """The agent says it can release (`status.agent.canRelease`, issue 48); an older agent cannot."""
         self.faulty = True
         self.labels = {"pool": "gpu", **(labels or {})}
+        self.gpu_facts: dict[int, dict[str, Any]] = {}
+        """More facts per GPU index, merged into every report (e.g. NVSwitch fabric info)."""
         self.operands_follow_labels = True
         """The DaemonSet controller: a pod for each operand label that is "true", none otherwise."""
         self.ctx = self.operator()
@@ -119,9 +135,11 @@ class Fleet:
         await self.report()
 
     async def restart(self) -> None:
-        """kill -9 and a new process (or a new leader): it lists the policy, the Node and the GPUNode."""
+        """kill -9 and a new process (or a new leader): it lists the policy (as stored, with its status),
+        the Node and the GPUNode."""
         self.ctx = self.operator()
-        await handlers.on_policy({"type": "ADDED", "object": self.policy()}, memo=self.ctx)  # type: ignore[typeddict-item]
+        stored = {**self.policy(), "status": (self.cluster.policies.get("p") or {}).get("status") or {}}
+        await handlers.on_policy({"type": "ADDED", "object": stored}, memo=self.ctx)  # type: ignore[typeddict-item]
         for node in self.cluster.nodes.values():
             await handling.handle(
                 handlers.on_node, {"type": "ADDED", "object": copy.deepcopy(node)}, self.ctx
@@ -174,12 +192,15 @@ class Fleet:
 
     async def report(self) -> None:
         overrides: dict[int, dict[str, Any]] = {0: {"ecc": {"uncorrectedVolatile": 2}}} if self.faulty else {}
+        for index, facts in self.gpu_facts.items():
+            overrides[index] = {**overrides.get(index, {}), **facts}
         status = gpunode_facts.agent_status(
             heartbeat=gpunode_facts.rfc3339(self.now),
             observed=gpunode_facts.rfc3339(self.now),
             overrides=overrides,
         )
-        status["agent"]["canRelease"] = True
+        if self.can_release:
+            status["agent"]["canRelease"] = True
         asked = self.asked()
         if asked is not None and self.confirms:
             status["agent"]["released"] = asked
@@ -195,6 +216,10 @@ class Fleet:
             await self.report()
             await ticker.tick(self.ctx, full=True)
             self.daemonsets()
+
+    def action(self) -> str:
+        """The GPUNode's `status.action`."""
+        return str(self.cluster.gpunodes[NODE]["status"].get("action"))
 
     def jobs(self, action: str) -> list[dict[str, Any]]:
         return [

@@ -172,9 +172,7 @@ def test_architecture_md_module_table_names_every_operator_module() -> None:
     # A new contributor finds the room for a change from this table: every module is in it, by
     # its path under operator/gpuhealth_operator/, and every path in it exists.
     package = ROOT / "operator" / "gpuhealth_operator"
-    modules = {
-        str(path.relative_to(package)) for path in package.rglob("*.py") if path.name != "__init__.py"
-    }
+    modules = {str(path.relative_to(package)) for path in package.rglob("*.py") if path.name != "__init__.py"}
     named = _operator_module_table()
     assert sorted(modules - named) == [], "modules missing from docs/architecture.md's operator table"
     assert sorted(named - modules) == [], "paths in docs/architecture.md's operator table that do not exist"

@@ -145,9 +145,23 @@ its pod and, when image is set, that image in every container. Unset knobs leave
 {{- $root := index . 0 -}}
 {{- $job := deepCopy (index . 1) -}}
 {{- $image := index . 2 -}}
+{{- $action := index . 3 -}}
 {{- $pod := $job.spec.template.spec -}}
 {{- if $image }}
 {{- range $pod.containers }}{{ $_ := set . "image" $image }}{{ end }}
+{{- end }}
+{{- /* No NVIDIA toolkit on the node (GKE): the driver's own directory, as GKE mounts it for GPU pods. */ -}}
+{{- $driver := $root.Values.repair.hostDriverPath -}}
+{{- if and $driver (has $action (list "ResetGPU" "Validation")) }}
+{{- $_ := set $pod "volumes" (append ($pod.volumes | default list) (dict "name" "nvidia-host-driver" "hostPath" (dict "path" $driver "type" "Directory"))) }}
+{{- range $pod.containers }}
+{{- $_ := set . "volumeMounts" (append (.volumeMounts | default list) (dict "name" "nvidia-host-driver" "mountPath" "/usr/local/nvidia" "readOnly" true)) }}
+{{- $_ := set . "env" (concat (.env | default list) (list (dict "name" "PATH" "value" "/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin") (dict "name" "LD_LIBRARY_PATH" "value" "/usr/local/nvidia/lib64"))) }}
+{{- end }}
+{{- end }}
+{{- /* A platform whose supported reboot is its own API (Bottlerocket: apiclient reboot). */ -}}
+{{- if and $root.Values.repair.rebootCommand (eq $action "RebootNode") }}
+{{- range $pod.containers }}{{ $_ := set . "command" $root.Values.repair.rebootCommand }}{{ end }}
 {{- end }}
 {{- with include "gpu-health.runtimeClass" (list $root $root.Values.repair.runtimeClassName) }}{{ $_ := set $pod "runtimeClassName" . }}{{ end }}
 {{- toYaml $job }}

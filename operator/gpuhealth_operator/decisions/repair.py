@@ -231,6 +231,34 @@ def first_step(spec: model.RepairSpec, gpus: Sequence[str], recovery: Iterable[s
     return next_step(spec, 0, gpus)
 
 
+def reset_together(
+    faulty: Sequence[tuple[int | None, str]], listed: Sequence[Mapping[str, Any]]
+) -> list[tuple[int | None, str]]:
+    """The (index, UUID) of the GPUs a ResetGPU step resets, by index.
+
+    On an NVSwitch board (HGX) a GPU cannot be reset alone: the driver resets the board's GPUs, with its
+    NVSwitches, together. A faulty GPU that reports fabric info (`gpus[].fabric`: the agent reports it only
+    where NVML supports it, NVSwitch and NVL systems) is on such a board, and every listed GPU with fabric
+    info of the same clique (`fabric.cliqueId`; where either lacks one, the node's fabric as a whole) joins
+    the reset. Elsewhere (PCIe GPUs, or a faulty GPU the listing lacks) the faulty GPUs alone."""
+    by_uuid = {g.get("uuid"): g for g in listed if isinstance(g.get("uuid"), str)}
+    chosen = {uuid: index for index, uuid in faulty}
+    for _, uuid in faulty:
+        fabric = (by_uuid.get(uuid) or {}).get("fabric")
+        if not isinstance(fabric, Mapping):
+            continue
+        clique = fabric.get("cliqueId")
+        for other in listed:
+            theirs = other.get("fabric")
+            if not isinstance(theirs, Mapping) or not isinstance(other.get("uuid"), str):
+                continue
+            other_clique = theirs.get("cliqueId")
+            if clique is None or other_clique is None or other_clique == clique:
+                index = other.get("index")
+                chosen.setdefault(other["uuid"], index if isinstance(index, int) else None)
+    return sorted(((i, u) for u, i in chosen.items()), key=lambda g: (g[0] is None, g[0] or 0, g[1]))
+
+
 # --- may a cycle start -------------------------------------------------------------------------------
 
 

@@ -18,7 +18,10 @@ scenario's `repair:` outcome for that attempt and
   as a real reset finishes before its container exits;
 - `fails`: ends the pod Failed (exit code 1, reason Error), nothing changes;
 - `noEffect`: ends the pod Succeeded, nothing changes;
-- validation `pass` / `fail`: Succeeded (exit 0) / Failed (exit 1).
+- validation `pass` / `fail`: Succeeded (exit 0) / Failed (exit 1); and Failed
+  whatever the scenario says where the node runs the GPU Operator's standalone
+  DCGM host engine (an `nvidia.com/gpu.deploy.dcgm=true` pod) and the pod was
+  not pointed at it (`GPUHEALTH_HOSTENGINE` empty): its own would be a second.
 
 A ResetGPU pod naming a UUID that is not a GPU of the node fails as
 nvidia-smi would (exit 1). The pod's end is written through the API server
@@ -63,6 +66,11 @@ EFFECT_TIMEOUT_SECONDS: Final = 30.0
 """How long to wait for the node's agent turn that performs a reset or reboot."""
 FIXES, FAILS, NO_EFFECT = scenario.STEP_OUTCOMES
 PASS, FAIL = scenario.VALIDATION_OUTCOMES
+DCGM_LABEL: Final = "nvidia.com/gpu.deploy.dcgm"
+"""The GPU Operator's operand label of its standalone DCGM host engine (`nvidia-dcgm`)."""
+SECOND_HOSTENGINE: Final = (
+    "a second nv-hostengine would start beside the node's (DCGM allows one per node): validation failed"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +129,22 @@ def decide(
     gpus = tuple(sorted({node_uuids.index(u) for u in requested}))
     said_gpus = ", ".join(str(g) for g in gpus) or "none named"
     return Outcome(True, 0, f"simulated reset of GPU {said_gpus}", reset=gpus)
+
+
+def pod_env(pod: Mapping[str, Any], name: str) -> str | None:
+    """The value of the first variable `name` in the pod's containers (None: not set)."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for env in container.get("env") or []:
+            if env.get("name") == name:
+                return str(env.get("value") or "")
+    return None
+
+
+def second_hostengine(pod: Mapping[str, Any], running: Sequence[str]) -> bool:
+    """Whether a Validation pod would start a second DCGM host engine: the node runs one (`running`) and
+    the pod was not pointed at it (`keys.REPAIR_HOSTENGINE_ENV` empty or absent), so its template starts
+    its own, which DCGM refuses beside the node's."""
+    return bool(running) and not pod_env(pod, keys.REPAIR_HOSTENGINE_ENV)
 
 
 def requested_gpus(pod: Mapping[str, Any]) -> list[str]:
@@ -207,6 +231,8 @@ class Executor:
         self.refused_resets = 0
         """ResetGPU pods that met a holder of the GPU (the agent, an operand pod) and failed: the bench's
         "reset Jobs started while a holder ran"."""
+        self.second_hostengines = 0
+        """Validation pods that would have started a second DCGM host engine beside the node's, and failed."""
         self.errors = 0
         """Pods the executor could not end (an API error, an effect that did not happen): logged."""
         self._seen: dict[str, float] = {}
@@ -266,6 +292,19 @@ class Executor:
                 found.append(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}")
         return found
 
+    def hostengines(self, node: str) -> list[str]:
+        """The node's running standalone DCGM host engines: pods selecting the GPU Operator's
+        `nvidia.com/gpu.deploy.dcgm=true` (its `nvidia-dcgm`), not finished."""
+        pods = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")
+        found = []
+        for item in pods.items:
+            pod = self.core.api_client.sanitize_for_serialization(item)
+            selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+            finished = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+            if not finished and selector.get(DCGM_LABEL) == "true":
+                found.append(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}")
+        return found
+
     def poll_once(self) -> int:
         """Look at the repair pods once; start ending each that has run its time. Returns how many."""
         try:
@@ -312,6 +351,11 @@ class Executor:
             uuids = [simulated.gpu_uuid(node, i) for i in range(plan.gpus)]
             outcome = decide(plan.repair, action, attempt, requested_gpus(pod), uuids)
             held = self.holders(node) if action == vocabulary.RepairAction.RESET_GPU else []
+            if action == vocabulary.VALIDATION_JOB and second_hostengine(pod, self.hostengines(node)):
+                # DCGM allows one nv-hostengine per node: the template's own would not start.
+                outcome = Outcome(False, 1, SECOND_HOSTENGINE)
+                with self._lock:
+                    self.second_hostengines += 1
             if held:  # nvidia-smi --gpu-reset refuses while any process has the device open
                 outcome = Outcome(False, 1, f"GPU in use by {', '.join(held)} (nvidia-smi: reset refused)")
                 with self._lock:

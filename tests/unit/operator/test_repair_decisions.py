@@ -529,3 +529,65 @@ def test_a_cleared_fault_written_while_the_reset_job_ends_counts_without_waiting
         state, RESET, _job(repair.JobPhase.FAILED, 20), _report(5, gone=True), _at(21)
     )
     assert (failed.outcome, failed.result) == (repair.Outcome.FAILED, Result.FAILED)
+
+
+# --- NVSwitch boards: a ResetGPU resets the board's GPUs together (issue 48, item 4) --------------------
+
+
+def fabric_gpu(index: int, clique: int | None = 1, *, fabric: bool = True) -> dict[str, object]:
+    gpu: dict[str, object] = {"index": index, "uuid": f"GPU-{index:08d}-0000-0000-0000-000000000000"}
+    if fabric:
+        gpu["fabric"] = {"state": "Completed", "status": "Success"} | (
+            {"cliqueId": clique} if clique is not None else {}
+        )
+    return gpu
+
+
+def uuid(index: int) -> str:
+    return f"GPU-{index:08d}-0000-0000-0000-000000000000"
+
+
+@pytest.mark.parametrize(
+    ("listed", "faulty", "expected"),
+    [
+        ([fabric_gpu(i, fabric=False) for i in range(8)], [3], [3]),  # PCIe GPUs: the faulty one alone
+        ([fabric_gpu(i) for i in range(8)], [3], list(range(8))),  # HGX: the whole board
+        ([fabric_gpu(i, clique=None) for i in range(4)], [1], [0, 1, 2, 3]),  # no clique: the node's fabric
+        (
+            [*(fabric_gpu(i, 1) for i in range(4)), *(fabric_gpu(i, 2) for i in range(4, 8))],
+            [5],
+            [4, 5, 6, 7],
+        ),
+        (
+            [*(fabric_gpu(i, 1) for i in range(4)), *(fabric_gpu(i, 2) for i in range(4, 8))],
+            [0, 6],
+            list(range(8)),
+        ),
+    ],
+    ids=["pcie", "hgx-board", "no-clique", "two-boards", "faults-on-both"],
+)
+def test_a_reset_on_an_nvswitch_board_takes_the_boards_gpus_together(
+    listed: list[dict[str, object]], faulty: list[int], expected: list[int]
+) -> None:
+    found = repair.reset_together([(i, uuid(i)) for i in faulty], listed)
+    assert found == [(i, uuid(i)) for i in expected]
+
+
+@pytest.mark.parametrize(
+    ("recovery", "first"),
+    [
+        ([], 0),  # no request: the policy's first step
+        (["None"], 0),
+        (["NodeReboot"], 1),  # the driver asks for a reboot: no reset first
+        (["GpuReset", "SystemReboot"], 1),  # a reboot cures both
+        (["DrainAndReset"], 0),
+        (["BusReset"], 0),
+    ],
+)
+def test_the_drivers_recovery_action_picks_the_first_step(recovery: list[str], first: int) -> None:
+    assert repair.first_step(SPEC, [uuid(0)], recovery) == first
+
+
+def test_a_reset_request_without_a_reset_step_starts_at_the_first_step() -> None:
+    only_reboot = model.RepairSpec(steps=(REBOOT,))
+    assert repair.first_step(only_reboot, [uuid(0)], ["GpuReset"]) == 0

@@ -121,3 +121,37 @@ def test_a_node_the_gpu_operator_does_not_manage_is_left_alone() -> None:
         assert PAUSED not in fleet.node_annotations()
 
     asyncio.run(story())
+
+
+def test_a_reset_on_an_nvswitch_board_names_every_gpu_of_the_board() -> None:
+    """Issue 48, item 4: on an HGX board (the agent reports fabric info for its GPUs) one GPU cannot be
+    reset alone: the ResetGPU Job gets every GPU of the board, the Event says so."""
+
+    async def story() -> None:
+        fleet = repair_memory.Fleet()
+        fleet.gpu_facts = {
+            i: {"fabric": {"state": "Completed", "status": "Success", "cliqueId": 7}} for i in range(8)
+        }
+        await up_to_the_reset(fleet)
+        await fleet.tick(times=2)
+        (reset,) = fleet.jobs("ResetGPU")
+        (container,) = reset["spec"]["template"]["spec"]["containers"]
+        uuids = next(e["value"] for e in container["env"] if e["name"] == keys.REPAIR_GPUS_ENV).split(",")
+        status = fleet.cluster.gpunodes[repair_memory.NODE]["status"]
+        assert uuids == [g["uuid"] for g in status["gpus"]], uuids
+
+    asyncio.run(story())
+
+
+def test_a_reset_of_a_pcie_gpu_names_it_alone() -> None:
+    async def story() -> None:
+        fleet = repair_memory.Fleet()
+        await up_to_the_reset(fleet)
+        await fleet.tick(times=2)
+        (reset,) = fleet.jobs("ResetGPU")
+        (container,) = reset["spec"]["template"]["spec"]["containers"]
+        uuids = next(e["value"] for e in container["env"] if e["name"] == keys.REPAIR_GPUS_ENV).split(",")
+        status = fleet.cluster.gpunodes[repair_memory.NODE]["status"]
+        assert uuids == [status["gpus"][0]["uuid"]], uuids
+
+    asyncio.run(story())

@@ -12,30 +12,23 @@ not said again after a restart; and once the rights appear, the repair starts.
 from __future__ import annotations
 
 import asyncio
-import copy
-import datetime
 import json
 from typing import Any
 
 import pytest
 
-import gpunode_facts
-import handling
-from gpuhealth_api import keys, resources
+import repair_memory
+from gpuhealth_api import keys
 from gpuhealth_operator.client import kube
-from gpuhealth_operator.runtime import handlers, ticker
-from gpuhealth_operator.shared import context, metrics, settings
-from gpuhealth_sim.backtest import memcluster
 
-T0 = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
-NODE = "gpu-node-1"
+NODE = repair_memory.NODE
 FORBIDDEN = (
     'jobs.batch is forbidden: User "system:serviceaccount:gpu-health:gpu-health-operator" cannot create '
     'resource "jobs" in API group "batch" in the namespace "gpu-health"'
 )
 
 
-class Cluster(memcluster.MemoryKube):
+class Cluster(repair_memory.Cluster):
     """The in-memory cluster whose Job API refuses creates while `refusing` is set."""
 
     def __init__(self) -> None:
@@ -56,90 +49,15 @@ class Cluster(memcluster.MemoryKube):
         return super()._jobs(method, path, body)
 
 
-class Fleet:
+class Fleet(repair_memory.Fleet):
+    """The shared repair fleet (`repair_memory`) on a cluster whose Job API refuses, with an agent of
+    before issue 48 (not asked to release), the fault there all along."""
+
     def __init__(self, refusing: int) -> None:
-        self.cluster = Cluster()
-        self.cluster.refusing = refusing
-        self.cluster.clock = self.epoch
-        self.now = T0
-        self.ctx = self.operator()
-        self.policy: dict[str, Any] = {}
-
-    def epoch(self) -> float:
-        return self.now.timestamp()
-
-    def operator(self) -> context.Context:
-        ctx = context.Context.create(
-            settings.Settings(), self.cluster, metrics.Metrics.create(), instance="t"
-        )
-        ctx.clock = lambda: self.now
-        return ctx
-
-    async def restart(self) -> None:
-        """A new operator process lists the policy (as stored, with its status), Nodes and GPUNodes."""
-        self.ctx = self.operator()
-        stored = {**self.policy, "status": (self.cluster.policies.get("p") or {}).get("status") or {}}
-        await handlers.on_policy({"type": "ADDED", "object": stored}, memo=self.ctx)  # type: ignore[typeddict-item]
-        for node in self.cluster.nodes.values():
-            await handling.handle(
-                handlers.on_node, {"type": "ADDED", "object": copy.deepcopy(node)}, self.ctx
-            )
-        for gpunode in self.cluster.gpunodes.values():
-            await handling.handle(
-                handlers.on_gpunode, {"type": "ADDED", "object": copy.deepcopy(gpunode)}, self.ctx
-            )
-
-    async def start(self) -> None:
-        spec = {
-            "nodeSelector": {"matchLabels": {"pool": "gpu"}},
-            "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}],
-            "maxUnavailable": "100%",
-            "recovery": {"healthyForSeconds": 3600, "uncordon": True},
-            "repair": {
-                "steps": [
-                    {"name": "reset", "action": "ResetGPU", "timeoutSeconds": 300},
-                    {"name": "reboot", "action": "RebootNode", "timeoutSeconds": 600},
-                ],
-                "validation": {"timeoutSeconds": 300},
-                "maxConcurrent": 1,
-            },
-        }
-        self.policy = {"apiVersion": resources.API_VERSION, "kind": resources.POLICY_KIND}
-        self.policy |= {"metadata": {"name": "p", "generation": 1}, "spec": spec}
-        await handlers.on_policy({"type": "ADDED", "object": self.policy}, memo=self.ctx)  # type: ignore[typeddict-item]
-        node = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": NODE,
-                "uid": "uid-1",
-                "labels": {"pool": "gpu"},
-                "creationTimestamp": gpunode_facts.rfc3339(self.now),
-            },
-            "spec": {},
-        }
-        stored = self.cluster.put_node(node)
-        await handling.handle(handlers.on_node, {"type": "ADDED", "object": copy.deepcopy(stored)}, self.ctx)
-        await self.report(faulty=True)
-
-    async def report(self, *, faulty: bool) -> None:
-        overrides: dict[int, dict[str, Any]] = {0: {"ecc": {"uncorrectedVolatile": 2}}} if faulty else {}
-        status = gpunode_facts.agent_status(
-            heartbeat=gpunode_facts.rfc3339(self.now),
-            observed=gpunode_facts.rfc3339(self.now),
-            overrides=overrides,
-        )
-        stored = self.cluster.put_gpunode(NODE, status)
-        await handling.handle(
-            handlers.on_gpunode, {"type": "MODIFIED", "object": copy.deepcopy(stored)}, self.ctx
-        )
-
-    async def tick(self, seconds: float = 1.0, times: int = 1) -> None:
-        """The clock moves on; the agent heartbeats (the fault still there), so the node is never stale."""
-        for _ in range(times):
-            self.now += datetime.timedelta(seconds=seconds)
-            await self.report(faulty=True)
-            await ticker.tick(self.ctx, full=True)
+        cluster = Cluster()
+        cluster.refusing = refusing
+        super().__init__(cluster=cluster, can_release=False)
+        self.cluster: Cluster = cluster
 
     def node(self) -> dict[str, Any]:
         return self.cluster.nodes[NODE]

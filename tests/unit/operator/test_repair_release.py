@@ -14,135 +14,30 @@ runs; never AgentStale.
 from __future__ import annotations
 
 import asyncio
-import copy
-import datetime
-from typing import Any
 
-import gpunode_facts
-import handling
-from gpuhealth_api import keys, resources
-from gpuhealth_operator.client import kube
-from gpuhealth_operator.runtime import handlers, ticker
-from gpuhealth_operator.shared import context, metrics, settings
-from gpuhealth_sim.backtest import memcluster
+import repair_memory
+from gpuhealth_api import keys
 
-T0 = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
-NODE = "gpu-node-1"
-RELEASE = "gpuhealth.io/release-gpus"
+NODE = repair_memory.NODE
 
 
-class Cluster(memcluster.MemoryKube):
-    """The in-memory cluster, also serving merge patches of a GPUNode's annotations."""
+class Fleet(repair_memory.Fleet):
+    """The shared repair fleet (`repair_memory`), also noting, for each ResetGPU Job, whether the
+    release was asked before it was created."""
 
-    async def request(self, method: str, path: str, **kwargs: Any) -> kube.JsonObject:
-        name = path.removeprefix(memcluster.GPUNODES)
-        if method == "PATCH" and path.startswith(memcluster.GPUNODES) and "/" not in name:
-            current = self.gpunodes.get(name)
-            if current is None:
-                raise kube.ApiError(404, "NotFound", path)
-            body = kwargs.get("body")
-            assert isinstance(body, dict) and set(body) == {"metadata"}, body
-            self.gpunodes[name] = self.bump(memcluster.merge_patch(copy.deepcopy(current), body))
-            return copy.deepcopy(self.gpunodes[name])
-        return await super().request(method, path, **kwargs)
-
-
-class Fleet:
     def __init__(self, *, confirms: bool) -> None:
-        self.cluster = Cluster()
-        self.cluster.clock = self.epoch
-        self.now = T0
-        self.confirms = confirms
-        self.faulty = True
-        config = settings.Settings()
-        self.ctx = context.Context.create(config, self.cluster, metrics.Metrics.create(), instance="t")
-        self.ctx.clock = lambda: self.now
+        super().__init__(confirms=confirms)
         self.asked_before_job: list[bool] = []
-
-    def epoch(self) -> float:
-        return self.now.timestamp()
-
-    async def start(self) -> None:
-        spec = {
-            "nodeSelector": {"matchLabels": {"pool": "gpu"}},
-            "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}],
-            "maxUnavailable": "100%",
-            "recovery": {"healthyForSeconds": 3600, "uncordon": True},
-            "repair": {
-                "steps": [
-                    {"name": "reset", "action": "ResetGPU", "timeoutSeconds": 300},
-                    {"name": "reboot", "action": "RebootNode", "timeoutSeconds": 600},
-                ],
-                "validation": {"timeoutSeconds": 300},
-                "maxConcurrent": 1,
-            },
-        }
-        policy: dict[str, Any] = {"apiVersion": resources.API_VERSION, "kind": resources.POLICY_KIND}
-        policy |= {"metadata": {"name": "p", "generation": 1}, "spec": spec}
-        await handlers.on_policy({"type": "ADDED", "object": policy}, memo=self.ctx)  # type: ignore[typeddict-item]
-        node = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": NODE,
-                "uid": "uid-1",
-                "labels": {"pool": "gpu"},
-                "creationTimestamp": gpunode_facts.rfc3339(self.now),
-            },
-            "spec": {},
-        }
-        stored = self.cluster.put_node(node)
-        await handling.handle(handlers.on_node, {"type": "ADDED", "object": copy.deepcopy(stored)}, self.ctx)
-        await self.report()
-
-    def asked(self) -> str | None:
-        gpunode = self.cluster.gpunodes.get(NODE) or {}
-        return ((gpunode.get("metadata") or {}).get("annotations") or {}).get(RELEASE)
-
-    async def report(self) -> None:
-        """The agent's report: released while the annotation asks (if it `confirms`), facts kept."""
-        overrides: dict[int, dict[str, Any]] = {0: {"ecc": {"uncorrectedVolatile": 2}}} if self.faulty else {}
-        status = gpunode_facts.agent_status(
-            heartbeat=gpunode_facts.rfc3339(self.now),
-            observed=gpunode_facts.rfc3339(self.now),
-            overrides=overrides,
-        )
-        status["agent"]["canRelease"] = True  # an agent of issue 48
-        asked = self.asked()
-        if asked is not None and self.confirms:
-            status["agent"]["released"] = asked
-        stored = self.cluster.put_gpunode(NODE, status)
-        event = {"type": "MODIFIED", "object": copy.deepcopy(stored)}
-        await handling.handle(handlers.on_gpunode, event, self.ctx)
 
     async def tick(self, seconds: float = 1.0, times: int = 1) -> None:
         for _ in range(times):
-            self.now += datetime.timedelta(seconds=seconds)
             before = set(self.resets())
-            await self.report()
-            await ticker.tick(self.ctx, full=True)
+            await super().tick(seconds)
             for _ in set(self.resets()) - before:
                 self.asked_before_job.append(self.asked() is not None)
 
     def resets(self) -> list[str]:
-        return [
-            j["metadata"]["name"]
-            for j in self.cluster.job_log
-            if (j["metadata"].get("labels") or {}).get(keys.REPAIR_ACTION_LABEL) == "ResetGPU"
-        ]
-
-    def jobs(self, action: str) -> list[str]:
-        return [
-            j["metadata"]["name"]
-            for j in self.cluster.job_log
-            if (j["metadata"].get("labels") or {}).get(keys.REPAIR_ACTION_LABEL) == action
-        ]
-
-    def messages(self, reason: str) -> list[str]:
-        return [str(e.get("message")) for e in self.cluster.event_log if e.get("reason") == reason]
-
-    def action(self) -> str:
-        return str(self.cluster.gpunodes[NODE]["status"].get("action"))
+        return [j["metadata"]["name"] for j in self.jobs("ResetGPU")]
 
 
 def test_no_reset_job_before_the_agent_released_and_the_ask_goes_after_it() -> None:

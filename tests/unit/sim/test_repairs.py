@@ -334,3 +334,27 @@ def test_a_reset_leaves_an_xid_the_agent_cannot_see_was_reset() -> None:
         assert [x["code"] for x in agent.run_once().status["gpus"][2].get("xids", [])] == [48]
     finally:
         agent.close()
+
+
+def validation_pod(hostengine: str | None) -> dict[str, Any]:
+    env = [{"name": keys.REPAIR_GPUS_ENV, "value": ""}]
+    if hostengine is not None:
+        env.append({"name": keys.REPAIR_HOSTENGINE_ENV, "value": hostengine})
+    return {"spec": {"containers": [{"name": "validation", "env": env}]}}
+
+
+@pytest.mark.parametrize(
+    ("hostengine", "running", "second"),
+    [
+        ("", ["gpu-operator/nvidia-dcgm-x"], True),  # the node runs one, the template starts its own
+        (None, ["gpu-operator/nvidia-dcgm-x"], True),  # an older operator: not told of it
+        ("10.0.0.7:5555", ["gpu-operator/nvidia-dcgm-x"], False),  # pointed at the node's: dcgmi --host
+        ("", [], False),  # none on the node: its own is the only one
+    ],
+    ids=["own-beside-the-nodes", "not-told", "uses-the-nodes", "none-running"],
+)
+def test_a_validation_that_would_start_a_second_host_engine_fails(
+    hostengine: str | None, running: list[str], second: bool
+) -> None:
+    """Issue 48, Deliver 5: DCGM allows one nv-hostengine per node; the simulated node refuses a second."""
+    assert repairs.second_hostengine(validation_pod(hostengine), running) is second

@@ -266,6 +266,7 @@ async def _start(ctx: context.Context, name: str, policy: model.Policy, now: dat
             timeout_seconds=spec.validation_timeout_seconds or 0.0,
             cycle_started=record.created,
             guard=False,  # no repair label on a new node: the ownerReference and `orphan_jobs` only
+            extra_env=await repairing.validation_env(ctx, name),
         )
         body["metadata"]["annotations"][keys.REPAIR_TOKEN_ANNOTATION] = token
         _, created = await jobs.create(ctx.client, body, belongs=lambda job: _belongs(job, ours))

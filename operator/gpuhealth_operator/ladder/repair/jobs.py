@@ -119,6 +119,7 @@ def fill(
     timeout_seconds: float,
     cycle_started: str,
     guard: bool = True,
+    extra_env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The Job of one step (or validation) on one node from its template; `cycle_started` stamps the
     cycle it belongs to (`keys.REPAIR_CYCLE_STARTED_ANNOTATION`).
@@ -126,7 +127,8 @@ def fill(
     The Job is owned by the Node `node_uid` (an ownerReference): the garbage collector deletes it with
     that Node, and a Node re-created under the name owns it not (`orphan_jobs`). `guard`: its pod also
     selects the Node's `keys.REPAIR_NODE_UID_LABEL` (`set_state` writes it before the Job), so no kubelet
-    of another Node of the name admits it.
+    of another Node of the name admits it. `extra_env`: more variables set in every container, as ours
+    (`keys.REPAIR_HOSTENGINE_ENV` of a Validation Job).
 
     ParameterError: a GPU UUID is not of NVML's form; TemplateError: the template names a ServiceAccount,
     or the Node's UID is unknown.
@@ -184,6 +186,7 @@ def fill(
         {"name": keys.REPAIR_NODE_ENV, "value": node},
         {"name": keys.REPAIR_GPUS_ENV, "value": ",".join(gpus)},
         {"name": keys.REPAIR_ACTION_ENV, "value": action},
+        *({"name": k, "value": v} for k, v in (extra_env or {}).items()),
     ]
     ours = {e["name"] for e in env}
     for field in ("containers", "initContainers"):

@@ -37,6 +37,7 @@ from typing import Any, Final
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator.client import drain, events, kube, nodes
 from gpuhealth_operator.decisions import (
+    hostengine,
     isolation,
     model,
     policies,
@@ -209,6 +210,16 @@ def faulty_gpus(
         ((g.index, g.uuid) for g in found.gpus if g.uuid is not None),
         key=lambda g: (g[0] is None, g[0] or 0, g[1]),
     )
+
+
+def reset_gpus(
+    ctx: context.Context, name: str, faulty: Sequence[tuple[int | None, str]]
+) -> list[tuple[int | None, str]]:
+    """The GPUs a ResetGPU step of the cycle resets: the faulty ones, or on an NVSwitch board every GPU of
+    the board (`decisions.repair.reset_together`)."""
+    gpunode = ctx.cache.gpunode(name)
+    listed = isolation.listed_gpus(gpunode.status) if gpunode is not None else []
+    return repair.reset_together(faulty, listed)
 
 
 def recovery_actions(ctx: context.Context, name: str) -> list[str]:
@@ -408,6 +419,9 @@ class JobStep:
             gpus=gpus,
             timeout_seconds=self.timeout_seconds,
             cycle_started=repair.cycle_stamp(self.state),
+            extra_env=await validation_env(self.ctx, self.node)
+            if self.key == vocabulary.VALIDATION_JOB
+            else None,
         )
         # Our identity on the Job: the token whose hash the state on the Node holds (`_sealed`).
         made = self.ctx.repair_tokens.get(self.node)
@@ -427,6 +441,13 @@ class JobStep:
 
     async def undo(self) -> bool:
         return await jobs.delete(self.ctx.client, self.namespace, self.state.job)
+
+
+async def validation_env(ctx: context.Context, node: str) -> dict[str, str]:
+    """A Validation Job's own variables: the node's running DCGM host engine, or "" where it runs none
+    (`decisions.hostengine`), so the template never starts a second one beside it."""
+    found = hostengine.address(await drain.list_pods(ctx.client, node))
+    return {keys.REPAIR_HOSTENGINE_ENV: found or ""}
 
 
 def _step_of(
@@ -668,7 +689,7 @@ async def begin(
         return NodeAction.DRAINED  # no new step while the breaker holds disruptions back
     if not repair_permission.may_try(ctx, policy.name, now):
         return NodeAction.DRAINED  # the Job API refused the policy's last create: tried again later
-    indexed = faulty_gpus(ctx, policy, name, verdict)
+    indexed = reset_gpus(ctx, name, faulty_gpus(ctx, policy, name, verdict))
     gpus = tuple(u for _, u in indexed)
     past = history(ctx, name)
     started = cycles(ctx, name)
@@ -786,7 +807,7 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
     if transition.outcome is repair.Outcome.WAIT:
         if job.phase in (repair.JobPhase.SUCCEEDED, repair.JobPhase.FAILED) or state.phase is Phase.VALIDATE:
             await _reset_over(ctx, name)  # the reset is over: the agent reports its effect
-        return Handled(NodeAction.REPAIRING if state.phase is Phase.STEP else NodeAction.VALIDATING)
+        return Handled(_phase_action(state))
     await _reset_over(ctx, name)
     if job.phase is repair.JobPhase.ACTIVE:
         await action.undo()  # timed out, or a reboot's pod that outlived the boot: never beside the next Job
@@ -942,7 +963,7 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
 ) -> Handled | None:
     """Create the state's Job (written on the Node already) when the node is safe for it."""
     action = _step_of(ctx, policy, spec, name, state)
-    phase = NodeAction.REPAIRING if state.phase is Phase.STEP else NodeAction.VALIDATING
+    phase = _phase_action(state)
     why = await action.decide(now)
     if why is not None:
         logger.info("repair of node %s: %s waits: %s", name, action.name, why)
@@ -1078,23 +1099,18 @@ async def _until_operands_gone(  # noqa: PLR0917 - one wait's inputs
     left = await operands.holders(ctx, name, labels)
     if not left:
         return None
-    if times.seconds_between(state.since, now) < action.timeout_seconds:
-        logger.info("repair of node %s: %s waits for operand pods to leave: %s", name, action.name, left)
-        return Handled(NodeAction.REPAIRING)
-    return await _failed(
+    return await _wait_or_fail(
         ctx,
         policy,
         spec,
         name,
         state,
         verdict,
-        repair.Transition(
-            repair.Outcome.FAILED,
-            Result.TIMED_OUT,
-            f"GPU Operator operand pods stayed on the node for {action.timeout_seconds:g}s after their "
-            f"labels were turned off ({', '.join(left)}), so no reset ran",
-        ),
+        action,
         now,
+        waiting=f"for operand pods to leave: {left}",
+        failure=f"GPU Operator operand pods stayed on the node for {action.timeout_seconds:g}s after their "
+        f"labels were turned off ({', '.join(left)}), so no reset ran",
     )
 
 
@@ -1117,25 +1133,69 @@ async def _until_released(  # noqa: PLR0917 - one wait's inputs
     stamp = repair.cycle_stamp(state)
     if await gpu_release.ready(ctx, name, stamp):
         return None
-    waited = times.seconds_between(state.since, now)
-    if waited < action.timeout_seconds:
-        logger.info("repair of node %s: %s waits for the agent to release the GPUs", name, action.name)
-        return Handled(NodeAction.REPAIRING)
-    return await _failed(
+    return await _wait_or_fail(
         ctx,
         policy,
         spec,
         name,
         state,
         verdict,
-        repair.Transition(
-            repair.Outcome.FAILED,
-            Result.TIMED_OUT,
-            f"the agent did not release the GPUs (status.agent.released) within {action.timeout_seconds:g}s "
-            f"of the ask (GPUNode annotation {keys.RELEASE_GPUS_ANNOTATION}={stamp}), so no reset ran",
-        ),
+        action,
         now,
+        waiting="for the agent to release the GPUs",
+        failure=f"the agent did not release the GPUs (status.agent.released) within "
+        f"{action.timeout_seconds:g}s of the ask (GPUNode annotation "
+        f"{keys.RELEASE_GPUS_ANNOTATION}={stamp}), so no reset ran",
     )
+
+
+# --- the one shape of every wait before a phase's Job: wait until the phase's deadline, then fail ---------
+
+
+def _phase_action(state: repair.State) -> NodeAction:
+    """The status action while the state's phase waits or runs."""
+    return NodeAction.REPAIRING if state.phase is Phase.STEP else NodeAction.VALIDATING
+
+
+async def _wait_or_fail(  # noqa: PLR0917 - one wait's inputs
+    ctx: context.Context,
+    policy: model.Policy,
+    spec: model.RepairSpec,
+    name: str,
+    state: repair.State,
+    verdict: model.NodeVerdict,
+    action: JobStep,
+    now: datetime.datetime,
+    *,
+    waiting: str | None,
+    failure: str,
+    result: Result | None = Result.TIMED_OUT,
+) -> Handled | None:
+    """The phase's Job may not start yet: it waits (`waiting`: what for, logged; None: say nothing) until
+    its deadline, counted from the phase's start (Job or no Job, so nothing holds a maxConcurrent place for
+    ever); then the phase fails with `failure` (`result`: None, the phase's own failed result)."""
+    if times.seconds_between(state.since, now) < action.timeout_seconds:
+        if waiting is not None:
+            logger.info("repair of node %s: %s waits %s", name, action.name, waiting)
+        return Handled(_phase_action(state))
+    return await _timed_out(ctx, policy, spec, name, state, verdict, now, failure=failure, result=result)
+
+
+async def _timed_out(  # noqa: PLR0917 - one failure's inputs
+    ctx: context.Context,
+    policy: model.Policy,
+    spec: model.RepairSpec,
+    name: str,
+    state: repair.State,
+    verdict: model.NodeVerdict,
+    now: datetime.datetime,
+    *,
+    failure: str,
+    result: Result | None,
+) -> Handled | None:
+    """A wait before a phase's Job reached its deadline: the phase fails, the cycle moves on."""
+    transition = repair.Transition(repair.Outcome.FAILED, result, failure)
+    return await _failed(ctx, policy, spec, name, state, verdict, transition, now)
 
 
 # --- no right to create Jobs (issue 45, leftover A): the install's state, not the node's failure -------
@@ -1173,7 +1233,7 @@ async def _refused(  # noqa: PLR0917 - one refusal's inputs
             events.WARNING,
         )
     logger.warning("repair of node %s: %s", name, message)
-    phase = NodeAction.REPAIRING if state.phase is Phase.STEP else NodeAction.VALIDATING
+    phase = _phase_action(state)
     if state.previous is None and state.phase is Phase.STEP:
         undone = await _write_state(
             ctx,
@@ -1184,21 +1244,18 @@ async def _refused(  # noqa: PLR0917 - one refusal's inputs
         if undone:
             ctx.repair_tokens.pop(name, None)
         return Handled(NodeAction.DRAINED if undone else phase)
-    if times.seconds_between(state.since, now) < action.timeout_seconds:
-        return Handled(phase)
-    return await _failed(
+    return await _wait_or_fail(
         ctx,
         policy,
         spec,
         name,
         state,
         verdict,
-        repair.Transition(
-            repair.Outcome.FAILED,
-            Result.TIMED_OUT if state.phase is Phase.STEP else None,
-            f"its Job could not be created for {action.timeout_seconds:g}s: {message}",
-        ),
+        action,
         now,
+        waiting=None,  # said above, and once by the policy
+        failure=f"its Job could not be created for {action.timeout_seconds:g}s: {message}",
+        result=Result.TIMED_OUT if state.phase is Phase.STEP else None,
     )
 
 
@@ -1220,7 +1277,7 @@ async def _while_busy(  # noqa: PLR0917 - one wait's inputs
     no Job), then the phase fails, so a pod that never goes holds no maxConcurrent place for ever."""
     assert action.found is not None
     found = action.found
-    phase = NodeAction.REPAIRING if state.phase is Phase.STEP else NodeAction.VALIDATING
+    phase = _phase_action(state)
     step = workload_pods.while_busy(state.since, action.timeout_seconds, now, evictable=bool(found.evictable))
     if step is workload_pods.BusyStep.FAIL:
         _stop_busy_wait(ctx, name)
@@ -1228,16 +1285,7 @@ async def _while_busy(  # noqa: PLR0917 - one wait's inputs
             f"the node stayed busy for {action.timeout_seconds:g}s after the phase began, so no Job ran "
             f"beside its {workload_pods.words(found.pods)}"
         )
-        return await _failed(
-            ctx,
-            policy,
-            spec,
-            name,
-            state,
-            verdict,
-            repair.Transition(repair.Outcome.FAILED, None, message),
-            now,
-        )
+        return await _timed_out(ctx, policy, spec, name, state, verdict, now, failure=message, result=None)
     await _say_busy(
         ctx,
         name,
@@ -1403,7 +1451,7 @@ def dry_run_note(ctx: context.Context, policy: model.Policy, name: str, verdict:
     spec = policy.repair
     if spec is None or verdict.wanted_action is not vocabulary.Action.DRAIN:
         return ""
-    indexed = faulty_gpus(ctx, policy, name, verdict)
+    indexed = reset_gpus(ctx, name, faulty_gpus(ctx, policy, name, verdict))
     first = repair.first_step(spec, [u for _, u in indexed], recovery_actions(ctx, name))
     if first is None:
         return " Repair would retire the node: no step applies (no faulty GPU's UUID is known)."
