@@ -26,7 +26,7 @@ from gpuhealth_operator.state import cache
 
 Condition = vocabulary.Condition
 Health = vocabulary.Health
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 NOW = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
 NODE = model.NodeView(name="n", labels={"nvidia.com/gpu.count": "2"}, gpu_capacity=2)
 DEFAULT = policies.parse_policy(

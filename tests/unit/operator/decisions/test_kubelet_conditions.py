@@ -19,7 +19,7 @@ from gpuhealth_api import vocabulary
 from gpuhealth_operator.decisions import policies
 from memory_fleet import MemoryFleet
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 KUBELET = ["Ready", "MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable"]
 
 

@@ -18,7 +18,7 @@ from gpuhealth_api import __version__
 from gpuhealth_operator.shared import metrics
 from gpuhealth_sim.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 OPERATOR = [sys.executable, "-m", "gpuhealth_operator.runtime.cli"]
 NO_PORTS = ["--metrics-port", "0", "--health-port", "0"]
 
