@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 
 import gpunode_facts
 import handling
+import operator_context
 from gpuhealth_api import resources, vocabulary
 from gpuhealth_operator.decisions import clocks, liveness, model, signals, times
 from gpuhealth_operator.runtime import cli, handlers, reconciler, ticker
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import settings
 from gpuhealth_operator.state import agent_pods
 from gpuhealth_sim.backtest import memcluster
 
@@ -133,7 +134,7 @@ def test_a_node_whose_agent_is_stale_leaves_its_straggler_cohort() -> None:
 
     async def scenario() -> None:
         cluster = memcluster.MemoryKube()
-        ctx = context.Context.create(settings.Settings(), cluster, metrics.Metrics.create(), instance="t")
+        ctx = operator_context.new_context(cluster)
         clock = [NOW]
         ctx.clock = lambda: clock[0]
         rule = {"name": "straggler", "condition": "Straggler", "action": "Label", "forSeconds": 300}
@@ -239,8 +240,7 @@ def test_only_the_daemonsets_pods_in_the_agents_namespace_are_the_agent(
     namespace: str, owners: Any, agent: bool
 ) -> None:
     cluster: Any = memcluster.MemoryKube()
-    ctx = context.Context.create(settings.Settings(), cluster, metrics.Metrics.create(), instance="t")
-    ctx.clock = lambda: NOW
+    ctx = operator_context.new_context(cluster, clock=lambda: NOW)
     body = owned_pod("a", "n1", True, namespace, owners)
     asyncio.run(handlers.on_agent_pod({"type": "MODIFIED", "object": body}, memo=ctx))  # type: ignore[typeddict-item]
     assert (ctx.agent_pods.get("n1") is not None) is agent
@@ -255,7 +255,7 @@ def test_a_tenant_pod_with_the_agents_labels_turning_not_ready_does_not_hide_a_f
 
     async def scenario() -> None:
         cluster = memcluster.MemoryKube()
-        ctx = context.Context.create(settings.Settings(), cluster, metrics.Metrics.create(), instance="t")
+        ctx = operator_context.new_context(cluster)
         clock = [NOW]
         ctx.clock = lambda: clock[0]
         rule = {"name": "hot", "condition": "ThermalThrottled", "action": "Cordon", "forSeconds": 120}

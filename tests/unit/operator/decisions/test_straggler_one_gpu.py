@@ -18,10 +18,10 @@ import pytest
 
 import gpunode_facts
 import handling
+import operator_context
 from gpuhealth_api import resources
 from gpuhealth_operator.decisions import stragglers, times
 from gpuhealth_operator.runtime import handlers, reconciler
-from gpuhealth_operator.shared import context, metrics, settings
 from gpuhealth_sim.backtest import memcluster
 
 NOW = datetime.datetime(2026, 11, 22, 1, 0, tzinfo=datetime.UTC)
@@ -55,7 +55,7 @@ def flags_over_time(
 
     async def scenario() -> None:
         cluster = memcluster.MemoryKube()
-        ctx = context.Context.create(settings.Settings(), cluster, metrics.Metrics.create(), instance="t")
+        ctx = operator_context.new_context(cluster)
         now = [NOW]
         ctx.clock = lambda: now[0]
         rule = {"name": "straggler", "condition": "Straggler", "action": "Label", "forSeconds": 300}

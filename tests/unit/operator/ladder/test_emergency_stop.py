@@ -7,12 +7,13 @@ import time
 from typing import Any
 
 import drain_cluster
+import operator_context
 from gpuhealth_api import keys
 from gpuhealth_operator.client import drain, kube
 from gpuhealth_operator.decisions import policies
 from gpuhealth_operator.ladder import stopping
 from gpuhealth_operator.runtime import handlers
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import context, settings
 from gpuhealth_operator.state import cache
 
 NOW = datetime.datetime(2026, 11, 26, tzinfo=datetime.UTC)
@@ -118,7 +119,7 @@ def test_an_excluded_node_keeps_its_cordons_budget_slot() -> None:
 
 def make_context() -> context.Context:
     client = kube.Kube(kube.Credentials("https://127.0.0.1:1", None, True, None, None, None))
-    return context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+    return operator_context.new_context(client)
 
 
 def test_why_stop_names_each_emergency_stop() -> None:
@@ -270,7 +271,7 @@ def test_a_drained_node_drained_again_after_a_restart_stops_at_once_on_the_exclu
         cluster.add_pod("n", "late")
         cluster.guarded.add("work/late")
         config = settings.Settings(eviction_backoff_initial_seconds=30, eviction_backoff_max_seconds=30)
-        restarted = context.Context.create(config, cluster, metrics.Metrics.create(), instance="t2")  # type: ignore[arg-type]
+        restarted = operator_context.new_context(cluster, config=config, instance="t2")  # type: ignore[arg-type]
         policy = drain_cluster.policy_body("p", drain_cluster.drain_spec("gpu"))
         await handlers.on_policy(drain_cluster.event("ADDED", policy), memo=restarted)
         await drain_cluster.deliver(cluster, restarted, "n")

@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 
 import gpunode_facts
+import operator_context
 from gpuhealth_api import keys
 from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import due, policies
 from gpuhealth_operator.runtime import ticker
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import context
 
 START = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 NODES = [f"n{i}" for i in range(10)]
@@ -29,7 +30,7 @@ NODES = [f"n{i}" for i in range(10)]
 
 def _context() -> context.Context:
     client = kube.Kube(kube.Credentials("https://127.0.0.1:1", None, True, None, None, None))
-    return context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+    return operator_context.new_context(client)
 
 
 def _policy(name: str, threshold: int = 1) -> policies.model.Policy:

@@ -14,9 +14,9 @@ import kopf
 
 import gpunode_facts
 import handling
+import operator_context
 from gpuhealth_api import keys, resources
 from gpuhealth_operator.runtime import handlers
-from gpuhealth_operator.shared import context, metrics, settings
 from gpuhealth_sim.backtest import memcluster
 
 POLICY = {
@@ -35,7 +35,7 @@ def event(kind: str, body: dict[str, Any]) -> kopf.RawEvent:
 def test_a_faulty_gpunode_event_is_acted_on_and_released() -> None:
     async def scenario() -> None:
         client = memcluster.MemoryKube()
-        ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+        ctx = operator_context.new_context(client)
         await handlers.on_policy(event("ADDED", copy.deepcopy(POLICY)), memo=ctx)
         node = {
             "apiVersion": "v1",

@@ -4,11 +4,12 @@ import dataclasses
 import datetime
 
 import gpunode_facts
+import operator_context
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import policies
 from gpuhealth_operator.runtime import ticker
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import context, metrics
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -35,7 +36,7 @@ def node(
 
 def fleet() -> context.Context:
     client = kube.Kube(kube.Credentials("https://127.0.0.1:1", None, True, None, None, None))
-    ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+    ctx = operator_context.new_context(client)
     ctx.cache.put_policy(
         policies.parse_policy(
             "p",

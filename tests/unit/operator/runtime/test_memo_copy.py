@@ -4,13 +4,14 @@ import asyncio
 
 from kopf._core.reactor import inventory
 
+import operator_context
 from gpuhealth_operator.client import kube
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import context
 
 
 def make() -> context.Context:
     client = kube.Kube(kube.Credentials("https://127.0.0.1:1", None, True, None, None, None))
-    return context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+    return operator_context.new_context(client)
 
 
 def test_every_object_gets_the_same_context() -> None:

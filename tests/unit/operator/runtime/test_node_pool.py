@@ -14,9 +14,10 @@ import kopf
 import pytest
 
 import handling
+import operator_context
 from gpuhealth_operator.client import kube
 from gpuhealth_operator.runtime import cli, handlers, priming, resync
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import context, settings
 
 POOL = "pool=a"
 
@@ -62,7 +63,7 @@ class Cluster(kube.Kube):
 
 def pooled(client: Cluster, selector: str = POOL) -> context.Context:
     config = settings.Settings(node_selector=selector, agent_pod_selector="")
-    return context.Context.create(config, client, metrics.Metrics.create(), instance="t")
+    return operator_context.new_context(client, config=config)
 
 
 def event(kind: str | None, body: dict[str, Any]) -> kopf.RawEvent:
@@ -77,7 +78,7 @@ def test_the_flag_is_parsed_and_defaults_to_every_node() -> None:
 def test_only_the_pools_nodes_are_watched_and_every_gpunode() -> None:
     config = settings.Settings(node_selector=POOL, agent_pod_selector="")
     client = kube.Kube(kube.Credentials("http://127.0.0.1:1", None, True, None, None, None))
-    ctx = context.Context.create(config, client, metrics.Metrics.create(), instance="t")
+    ctx = operator_context.new_context(client, config=config)
     assert [(w.kind, w.label_selector) for w in handlers.watches(ctx, lambda: None)] == [
         ("nodes", POOL),
         ("gpunodes", ""),  # another pool's are ignored by `handlers.in_pool`

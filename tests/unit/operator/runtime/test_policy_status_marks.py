@@ -17,12 +17,13 @@ from typing import Any
 import pytest
 
 import gpunode_facts
+import operator_context
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator.client import drain, kube
 from gpuhealth_operator.decisions import isolation, policies
 from gpuhealth_operator.ladder.isolate import isolation_sweep
 from gpuhealth_operator.runtime import reconciler, ticker
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import context, metrics
 from gpuhealth_operator.verdict import judging
 
 T0 = datetime.datetime(2026, 11, 28, 12, 0, tzinfo=datetime.UTC)
@@ -69,8 +70,7 @@ def fleet(monkeypatch: pytest.MonkeyPatch) -> context.Context:
     monkeypatch.setattr(reconciler, "reconcile_node", not_acting)
     monkeypatch.setattr(judging, "judge", lambda *args: None)
     monkeypatch.setattr(isolation_sweep, "sweep", not_acting)  # no DeviceTaintRule is served here
-    ctx = context.Context.create(settings.Settings(), Client(), metrics.Metrics.create(), instance="t")
-    ctx.clock = lambda: T0
+    ctx = operator_context.new_context(Client(), clock=lambda: T0)
     ctx.cache.put_policy(
         policies.parse_policy(
             "a",

@@ -4,10 +4,10 @@ import asyncio
 import datetime
 from typing import Any
 
+import operator_context
 from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import policies
 from gpuhealth_operator.runtime import ticker
-from gpuhealth_operator.shared import context, metrics, settings
 
 
 class Client(kube.Kube):
@@ -34,7 +34,7 @@ def policy(name: str) -> Any:
 def test_a_policy_deleted_meanwhile_does_not_stop_the_others_status() -> None:
     async def scenario() -> tuple[list[str], set[str]]:
         client = Client()
-        ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+        ctx = operator_context.new_context(client)
         for name in ("a-first", "gone", "z-last"):
             ctx.cache.put_policy(policy(name))
         await ticker.write_policy_statuses(ctx, datetime.datetime.now(datetime.UTC))
@@ -50,7 +50,7 @@ def test_a_pass_without_statuses_writes_none_and_the_next_full_one_does() -> Non
 
     async def scenario() -> tuple[list[str], list[str]]:
         client = Client()
-        ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+        ctx = operator_context.new_context(client)
         ctx.cache.put_policy(policy("a"))
         await ticker.tick(ctx, statuses=False)
         quiet = list(client.applied)

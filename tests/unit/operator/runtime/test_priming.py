@@ -16,9 +16,10 @@ from typing import Any
 import kopf
 import pytest
 
+import operator_context
 from gpuhealth_operator.client import kube
 from gpuhealth_operator.runtime import handlers, priming, resync
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import context, settings
 
 LIST_VERSION = "100"
 
@@ -62,13 +63,11 @@ def gpunode(name: str, version: str) -> dict[str, Any]:
 
 def kept_cache(client: Paged) -> context.Context:
     """A context over a cache an earlier term left: nodes `kept` and `deleted` at version 50."""
-    ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+    ctx = operator_context.new_context(client)
     for name in ("kept", "deleted"):
         ctx.cache.put_node(node(name, "50"))
         ctx.cache.put_gpunode(gpunode(name, "50"), ctx.clock())
-    return context.Context.create(
-        settings.Settings(), client, metrics.Metrics.create(), instance="t2", cluster=ctx.cache
-    )
+    return operator_context.new_context(client, instance="t2", cluster=ctx.cache)
 
 
 def test_backoff_doubles_from_the_retry_period_up_to_a_cap() -> None:
@@ -98,7 +97,7 @@ def test_each_page_is_in_the_cache_before_the_next_is_asked_for() -> None:
                 resync.GPUNODES_PATH: [gpunode(n, "60") for n in names],
             }
         )
-        ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+        ctx = operator_context.new_context(client)
         client.ctx = ctx
         await priming.prime(ctx)
         assert client.cache_sizes == [0, 250, 500]

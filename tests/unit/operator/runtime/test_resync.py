@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
+import operator_context
 from gpuhealth_api import keys
 from gpuhealth_operator.client import drain, kube
 from gpuhealth_operator.runtime import handlers, resync
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import settings
 
 
 def test_gone_is_what_was_cached_and_is_not_listed() -> None:
@@ -84,7 +85,7 @@ def test_resync_frees_the_budget_place_and_memory_of_a_node_deleted_unseen() -> 
                 resync.POLICIES_PATH: [],
             }
         )
-        ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+        ctx = operator_context.new_context(client)
         for name, cordoned in (("kept", False), ("other", False), ("deleted", True)):
             ctx.cache.put_node(node(name, cordoned))
             ctx.cache.put_gpunode({"metadata": {"name": name, "resourceVersion": "50"}}, ctx.clock())
@@ -125,7 +126,7 @@ def test_resync_keeps_a_policy_that_is_listed_and_frees_its_place() -> None:
         client = Listed(
             {resync.NODES_PATH: ["kept", "x"], resync.GPUNODES_PATH: ["kept"], resync.POLICIES_PATH: ["p"]}
         )
-        ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+        ctx = operator_context.new_context(client)
         for name, cordoned in (("kept", False), ("deleted", True)):
             ctx.cache.put_node(node(name, cordoned))
             ctx.cache.put_gpunode({"metadata": {"name": name, "resourceVersion": "50"}}, ctx.clock())
@@ -181,7 +182,7 @@ def test_the_periodic_resync_prunes_without_any_relist() -> None:
     async def scenario() -> None:
         client = Listed({resync.NODES_PATH: ["kept"], resync.GPUNODES_PATH: [], resync.POLICIES_PATH: []})
         config = settings.Settings(resync_seconds=0.05)
-        ctx = context.Context.create(config, client, metrics.Metrics.create(), instance="t")
+        ctx = operator_context.new_context(client, config=config)
         ctx.cache.put_node(node("kept", False))
         ctx.cache.put_node(node("deleted", True))
         task = asyncio.create_task(resync.run(ctx, resync.Relists()))
@@ -202,7 +203,7 @@ def test_a_relist_resyncs_long_before_the_period(monkeypatch: pytest.MonkeyPatch
 
     async def scenario() -> None:
         client = Listed({resync.NODES_PATH: ["kept"], resync.GPUNODES_PATH: [], resync.POLICIES_PATH: []})
-        ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+        ctx = operator_context.new_context(client)
         ctx.cache.put_node(node("kept", False))
         ctx.cache.put_node(node("deleted", True))
         relists = resync.Relists()

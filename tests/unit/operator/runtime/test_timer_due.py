@@ -6,11 +6,12 @@ import datetime
 import pytest
 
 import gpunode_facts
+import operator_context
 from gpuhealth_api import keys
 from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import policies, verdicts
 from gpuhealth_operator.runtime import reconciler, ticker
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import context
 from gpuhealth_operator.verdict import judging
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
@@ -23,7 +24,7 @@ def make_context(
     seen: datetime.datetime = NOW - datetime.timedelta(seconds=10),
 ) -> context.Context:
     client = kube.Kube(kube.Credentials("https://127.0.0.1:1", None, True, None, None, None))
-    ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+    ctx = operator_context.new_context(client)
     ctx.cache.put_node(
         {
             "metadata": {

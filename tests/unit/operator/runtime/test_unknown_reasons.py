@@ -15,11 +15,12 @@ import prometheus_client
 from prometheus_client import parser
 
 import gpunode_facts
+import operator_context
 from gpuhealth_api import vocabulary
 from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import policies
 from gpuhealth_operator.runtime import ticker
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import context, metrics
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 C = vocabulary.Condition
@@ -39,7 +40,7 @@ NODES: dict[str, tuple[vocabulary.Health, tuple[vocabulary.Condition, ...]]] = {
 
 def fleet(policy_names: tuple[str, ...] = ("p",)) -> context.Context:
     client = kube.Kube(kube.Credentials("https://127.0.0.1:1", None, True, None, None, None))
-    ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+    ctx = operator_context.new_context(client)
     for name in policy_names:
         ctx.cache.put_policy(
             policies.parse_policy(

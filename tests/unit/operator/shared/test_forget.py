@@ -13,10 +13,11 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
+import operator_context
 from gpuhealth_api import vocabulary
 from gpuhealth_operator.client import drain, drains, kube
 from gpuhealth_operator.decisions import breaker, isolation, model, repair
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import context
 from gpuhealth_operator.state import admission, breakers, cache, domain_states, recent
 from gpunode_facts import verdict
 
@@ -147,7 +148,7 @@ def mentions(value: Any, name: str) -> bool:
 
 def make() -> context.Context:
     client = kube.Kube(kube.Credentials("https://127.0.0.1:1", None, True, None, None, None))
-    return context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+    return operator_context.new_context(client)
 
 
 def state(ctx: context.Context) -> dict[str, Any]:

@@ -18,11 +18,11 @@ import pytest
 
 import gpunode_facts
 import handling
+import operator_context
 from gpuhealth_api import conditions, keys, resources, vocabulary
 from gpuhealth_operator.decisions import model, overrides, policies, signals, verdicts
 from gpuhealth_operator.ladder import stopping
 from gpuhealth_operator.runtime import handlers, ticker
-from gpuhealth_operator.shared import context, metrics, settings
 from gpuhealth_sim.backtest import memcluster
 
 Condition = vocabulary.Condition
@@ -39,12 +39,7 @@ class Fleet:
 
     def __init__(self, *, uncordon: bool = True) -> None:
         self.cluster: Any = cast(Any, memcluster.MemoryKube())
-        self.ctx = context.Context.create(
-            settings.Settings(),
-            self.cluster,
-            metrics.Metrics.create(),
-            instance="t",
-        )
+        self.ctx = operator_context.new_context(self.cluster)
         self.now = T0
         self.ctx.clock = lambda: self.now
         spec = {
@@ -427,10 +422,7 @@ def test_a_maintenance_that_outlasts_its_limit_is_judged_again_and_said_so(label
             await fleet.tick(600)
         assert fleet.health("n") == "Unknown", "within the limit"
         # The operator restarts from the same cluster: the limit counts from the stored condition.
-        fleet.ctx = context.Context.create(
-            settings.Settings(), fleet.cluster, metrics.Metrics.create(), instance="t2"
-        )
-        fleet.ctx.clock = lambda: fleet.now
+        fleet.ctx = operator_context.new_context(fleet.cluster, instance="t2", clock=lambda: fleet.now)
         await handlers.on_policy({"type": "ADDED", "object": fleet.policy}, memo=fleet.ctx)  # type: ignore[typeddict-item]
         await handling.handle(
             handlers.on_node, {"type": "ADDED", "object": copy.deepcopy(fleet.cluster.nodes["n"])}, fleet.ctx

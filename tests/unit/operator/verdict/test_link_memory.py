@@ -15,9 +15,10 @@ from typing import Any, cast
 
 import gpunode_facts
 import handling
+import operator_context
 from gpuhealth_api import keys, resources
 from gpuhealth_operator.runtime import handlers, ticker
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import context
 from gpuhealth_operator.state import cache
 from gpuhealth_sim.backtest import memcluster
 
@@ -46,10 +47,7 @@ class Fleet:
         self.policy |= {"metadata": {"name": "p", "generation": 1}, "spec": spec}
 
     def operator(self, instance: str) -> context.Context:
-        ctx = context.Context.create(
-            settings.Settings(), self.cluster, metrics.Metrics.create(), instance=instance
-        )
-        ctx.clock = lambda: self.now
+        ctx = operator_context.new_context(self.cluster, instance=instance, clock=lambda: self.now)
         return ctx
 
     async def start(self, names: list[str], **facts: Any) -> None:

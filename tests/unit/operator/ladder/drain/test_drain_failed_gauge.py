@@ -10,11 +10,12 @@ import datetime
 from typing import Any
 
 import gpunode_facts
+import operator_context
 from gpuhealth_api import keys
 from gpuhealth_operator.client import drain, kube, nodes
 from gpuhealth_operator.decisions import policies
 from gpuhealth_operator.runtime import ticker
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import context
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 FAILED = drain.Result(completed=False, blocking=("ns/db (PodDisruptionBudget)",), evicted=0, skipped=())
@@ -41,7 +42,7 @@ def node(name: str, *, cordoned_by: str | None = "p", drain_started: bool = True
 def fleet(*bodies: tuple[dict[str, Any], str]) -> context.Context:
     """Nodes with the GPUNode status.action each had; one drain policy `p` over them."""
     client = kube.Kube(kube.Credentials("https://127.0.0.1:1", None, True, None, None, None))
-    ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+    ctx = operator_context.new_context(client)
     ctx.meters.set_leading(True)
     spec = {
         "nodeSelector": {"matchLabels": {"pool": "gpu"}},

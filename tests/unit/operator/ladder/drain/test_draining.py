@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 
 import gpunode_facts
+import operator_context
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator.client import drain, kube, protocol
 from gpuhealth_operator.decisions import policies, times
 from gpuhealth_operator.ladder.drain import draining
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import context
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 Progress = draining.Progress
@@ -32,7 +33,7 @@ def cluster(action: str | None, *, started: datetime.datetime | None) -> context
     The client points at a closed port: any request fails, so a test passes only if none was needed.
     """
     client = kube.Kube(kube.Credentials("https://127.0.0.1:1", None, True, None, None, None))
-    ctx = context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+    ctx = operator_context.new_context(client)
     spec = {
         "nodeSelector": {"matchLabels": {"pool": "gpu"}},
         "rules": [{"name": "e", "condition": "EccUncorrectable", "action": "Drain"}],

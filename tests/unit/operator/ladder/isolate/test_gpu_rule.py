@@ -6,11 +6,12 @@ rules afresh, so the GPU budget counts what is there."""
 import asyncio
 import datetime
 
+import operator_context
 from gpuhealth_api import vocabulary
 from gpuhealth_operator.client import protocol
 from gpuhealth_operator.decisions import device_taints, isolation, policies
 from gpuhealth_operator.ladder.isolate import isolating
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import context
 from gpuhealth_sim.backtest import memcluster
 
 NOW = datetime.datetime(2026, 11, 28, 12, 0, tzinfo=datetime.UTC)
@@ -22,8 +23,7 @@ ECC = vocabulary.Condition.ECC_UNCORRECTABLE
 def cluster() -> tuple[memcluster.MemoryKube, context.Context]:
     kube = memcluster.MemoryKube()
     kube.serve_device_taint_rules(VERSION)
-    ctx = context.Context.create(settings.Settings(), kube, metrics.Metrics.create(), instance="t")
-    ctx.clock = lambda: NOW
+    ctx = operator_context.new_context(kube, clock=lambda: NOW)
     spec = {"rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "IsolateGPU"}]}
     ctx.cache.put_policy(policies.parse_policy("iso", 1, spec))
     ctx.cache.put_node({"metadata": {"name": "n", "uid": "uid-n", "resourceVersion": "1"}, "spec": {}})

@@ -11,11 +11,12 @@ import kopf
 
 import gpunode_facts
 import handling
+import operator_context
 from gpuhealth_api import keys, resources, vocabulary
 from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import device_taints
 from gpuhealth_operator.runtime import handlers, ticker
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import context, settings
 from gpuhealth_operator.state import recent
 from gpuhealth_sim.backtest import memcluster
 
@@ -69,8 +70,7 @@ class Cluster(memcluster.MemoryKube):
 async def faulty_dra_node(cluster: Cluster, clock: Clock, *nodes: str, **spec: Any) -> context.Context:
     """A context on `cluster` under `clock`, the IsolateGPU policy (with `spec`) and DRA nodes."""
     config = settings.Settings()
-    ctx = context.Context.create(config, cluster, metrics.Metrics.create(), instance="t")
-    ctx.clock = clock
+    ctx = operator_context.new_context(cluster, config=config, clock=clock)
     cluster.serve_device_taint_rules(VERSION)
     policy = copy.deepcopy(POLICY)
     policy["spec"].update(spec)

@@ -11,12 +11,13 @@ import pytest
 
 import gpunode_facts
 import handling
+import operator_context
 from gpuhealth_api import keys, resources
 from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import device_taints, times
 from gpuhealth_operator.ladder.isolate import device_rules, isolating, isolation_support
 from gpuhealth_operator.runtime import handlers, passes, ticker
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import context
 from gpuhealth_sim.backtest import memcluster
 
 GPUS = 8
@@ -92,14 +93,7 @@ def quick_probe(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def new_context(cluster: Cluster, clock: Clock, kept: Any = None) -> context.Context:
     """A term's context; `kept`: the cache an earlier term of the same process kept."""
-    ctx = context.Context.create(
-        settings.Settings(),
-        cluster,  # type: ignore[arg-type]
-        metrics.Metrics.create(),
-        instance="t",
-        cluster=kept,
-    )
-    ctx.clock = clock
+    ctx = operator_context.new_context(cluster, cluster=kept, clock=clock)  # type: ignore[arg-type]
     return ctx
 
 

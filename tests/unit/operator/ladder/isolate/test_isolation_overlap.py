@@ -18,11 +18,12 @@ import pytest
 
 import gpunode_facts
 import handling
+import operator_context
 from gpuhealth_api import keys, resources
 from gpuhealth_operator.decisions import device_taints
 from gpuhealth_operator.ladder.isolate import device_rules, isolating
 from gpuhealth_operator.runtime import handlers, ticker
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import context
 from gpuhealth_sim.backtest import memcluster
 
 GPUS = 8
@@ -98,13 +99,7 @@ def quick_probe(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def new_context(cluster: Cluster, clock: Clock) -> context.Context:
-    ctx = context.Context.create(
-        settings.Settings(),
-        cluster,  # type: ignore[arg-type]
-        metrics.Metrics.create(),
-        instance="t",
-    )
-    ctx.clock = clock
+    ctx = operator_context.new_context(cluster, clock=clock)  # type: ignore[arg-type]
     return ctx
 
 

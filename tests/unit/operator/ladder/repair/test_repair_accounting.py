@@ -17,10 +17,10 @@ from typing import Any
 
 import gpunode_facts
 import memory_fleet
+import operator_context
 from gpuhealth_api import keys
 from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import repair
-from gpuhealth_operator.shared import context, metrics, settings
 
 NODE = "n1"
 ECC = {"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}
@@ -106,10 +106,7 @@ class RepairFleet(memory_fleet.MemoryFleet):
 
     def restart(self) -> None:
         """A new operator process (or a new leader) on the same cluster: nothing kept in memory."""
-        ctx = context.Context.create(
-            settings.Settings(), self.cluster, metrics.Metrics.create(), instance="t2"
-        )
-        ctx.clock = lambda: self.now
+        ctx = operator_context.new_context(self.cluster, instance="t2", clock=lambda: self.now)
         self.ctx = ctx
 
     async def resume(self) -> None:

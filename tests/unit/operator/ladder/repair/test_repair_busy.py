@@ -20,9 +20,9 @@ import pytest
 import gpunode_facts
 import handling
 import memory_fleet
+import operator_context
 from gpuhealth_api import keys
 from gpuhealth_operator.runtime import handlers
-from gpuhealth_operator.shared import context, metrics, settings
 
 RULES = [{"name": "ecc", "condition": "EccUncorrectable", "action": "Drain"}]
 RESET_ONLY = [{"name": "reset", "action": "ResetGPU", "timeoutSeconds": 300}]
@@ -243,8 +243,7 @@ async def test_an_evictable_pod_that_lands_after_the_reset_is_drained_then_valid
 
 async def restart(fleet: memory_fleet.MemoryFleet) -> None:
     """A new operator process on the same cluster: nothing in memory, the cluster as it is."""
-    fleet.ctx = context.Context.create(settings.Settings(), fleet.cluster, metrics.Metrics.create(), "t2")
-    fleet.ctx.clock = lambda: fleet.now
+    fleet.ctx = operator_context.new_context(fleet.cluster, instance="t2", clock=lambda: fleet.now)
     for policy in fleet.policies:
         await handlers.on_policy({"type": "ADDED", "object": policy}, memo=fleet.ctx)  # type: ignore[typeddict-item]
     for node in list(fleet.cluster.nodes.values()):

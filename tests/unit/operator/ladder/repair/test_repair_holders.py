@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import operator_context
 from gpuhealth_operator.client import kube
 from gpuhealth_operator.ladder.repair import repairing
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import context
 
 
 def make() -> context.Context:
     client = kube.Kube(kube.Credentials("https://127.0.0.1:1", None, True, None, None, None))
-    return context.Context.create(settings.Settings(), client, metrics.Metrics.create(), instance="t")
+    return operator_context.new_context(client)
 
 
 def test_a_running_new_node_validation_holds_a_repair_place() -> None:

@@ -27,10 +27,11 @@ import yaml
 
 import gpunode_facts
 import handling
+import operator_context
 from gpuhealth_api import resources
 from gpuhealth_operator.client import kube
 from gpuhealth_operator.runtime import handlers, ticker
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import context, settings
 from gpuhealth_sim.backtest import memcluster
 
 T0 = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
@@ -92,8 +93,7 @@ class Fleet:
     def operator(self) -> context.Context:
         """A new operator process on the same cluster."""
         config = settings.Settings(repair_templates=f"{NAMESPACE}/{CONFIGMAP}", repair_namespace=NAMESPACE)
-        ctx = context.Context.create(config, self.cluster, metrics.Metrics.create(), instance="t")
-        ctx.clock = lambda: self.now
+        ctx = operator_context.new_context(self.cluster, config=config, clock=lambda: self.now)
         return ctx
 
     async def restart(self) -> None:

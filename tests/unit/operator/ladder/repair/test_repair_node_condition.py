@@ -14,10 +14,10 @@ from typing import Any, cast
 
 import gpunode_facts
 import handling
+import operator_context
 from gpuhealth_api import keys, resources
 from gpuhealth_operator.ladder.repair import repairing
 from gpuhealth_operator.runtime import handlers, ticker
-from gpuhealth_operator.shared import context, metrics, settings
 from gpuhealth_sim.backtest import memcluster
 
 T0 = datetime.datetime(2026, 11, 26, 12, 0, tzinfo=datetime.UTC)
@@ -34,10 +34,7 @@ class Fleet:
     def __init__(self) -> None:
         self.now = T0
         self.cluster: Any = cast(Any, memcluster.MemoryKube(clock=self.epoch))
-        self.ctx = context.Context.create(
-            settings.Settings(), self.cluster, metrics.Metrics.create(), instance="t"
-        )
-        self.ctx.clock = lambda: self.now
+        self.ctx = operator_context.new_context(self.cluster, clock=lambda: self.now)
         spec = {
             "nodeSelector": {"matchLabels": {"pool": "gpu"}},
             "rules": [

@@ -20,10 +20,11 @@ from typing import Any
 
 import gpunode_facts
 import handling
+import operator_context
 from gpuhealth_api import keys, resources
 from gpuhealth_operator.client import kube
 from gpuhealth_operator.runtime import handlers, ticker
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import settings
 from gpuhealth_sim.backtest import memcluster
 
 T0 = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
@@ -55,8 +56,7 @@ class Fleet:
         self.confirms = confirms
         self.faulty = True
         config = settings.Settings()
-        self.ctx = context.Context.create(config, self.cluster, metrics.Metrics.create(), instance="t")
-        self.ctx.clock = lambda: self.now
+        self.ctx = operator_context.new_context(self.cluster, config=config, clock=lambda: self.now)
         self.asked_before_job: list[bool] = []
 
     def epoch(self) -> float:
