@@ -100,7 +100,7 @@ def test_keys_given_as_data_leave_no_copy_behind_when_the_process_ends(tmp_path:
     temp.mkdir()
     code = (
         "import pathlib, sys\n"
-        "from gpuhealth_operator import kubeconfigs\n"
+        "from gpuhealth_operator.client import kubeconfigs\n"
         "for _ in range(3):  # a new term reads the kubeconfig again: still one copy of each\n"
         "    found = kubeconfigs.from_file(pathlib.Path(sys.argv[1]))\n"
         "    assert pathlib.Path(found.private_key_path).read_bytes() == b'KEY'\n"

@@ -12,7 +12,7 @@ from pathlib import Path
 import python_ast
 from gpuhealth_operator.shared import metrics
 
-PACKAGE = Path(metrics.__file__).parent
+PACKAGE = Path(metrics.__file__).parent.parent  # the whole operator, not shared/ where metrics.py lives
 
 
 def calls() -> list[tuple[str, int, str, int]]:
