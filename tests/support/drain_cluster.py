@@ -20,10 +20,11 @@ import kopf
 
 import gpunode_facts
 import handling
+import operator_context
 from gpuhealth_api import keys, resources
 from gpuhealth_operator.client import kube
 from gpuhealth_operator.runtime import handlers
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import context, settings
 from gpuhealth_sim.backtest import memcluster
 
 PODS = "/api/v1/pods"
@@ -134,7 +135,7 @@ def node_body(name: str, labels: dict[str, str]) -> dict[str, Any]:
 
 def make_context(cluster: DrainCluster) -> context.Context:
     config = settings.Settings(eviction_backoff_initial_seconds=0.01, eviction_backoff_max_seconds=0.01)
-    return context.Context.create(config, cluster, metrics.Metrics.create(), instance="t")  # type: ignore[arg-type]
+    return operator_context.new_context(cluster, config=config)  # type: ignore[arg-type]
 
 
 async def start(

@@ -10,9 +10,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import handling
+import operator_context
 from gpuhealth_api import keys, resources
 from gpuhealth_operator.runtime import handlers, ticker
-from gpuhealth_operator.shared import context, metrics, settings
 from gpuhealth_sim.backtest import memcluster
 
 T0 = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
@@ -23,9 +23,7 @@ class MemoryFleet:
 
     def __init__(self, rules: Sequence[Mapping[str, Any]], policies: Sequence[str] = ("p",)) -> None:
         self.cluster: Any = memcluster.MemoryKube()
-        self.ctx = context.Context.create(
-            settings.Settings(), self.cluster, metrics.Metrics.create(), instance="t"
-        )
+        self.ctx = operator_context.new_context(self.cluster)
         self.now = T0
         self.ctx.clock = lambda: self.now
         self.policies = [

@@ -10,10 +10,11 @@ from typing import Any
 
 import gpunode_facts
 import handling
+import operator_context
 from gpuhealth_api import keys, resources
 from gpuhealth_operator.client import kube
 from gpuhealth_operator.runtime import handlers, ticker
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import context
 from gpuhealth_sim.backtest import memcluster
 
 T0 = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
@@ -92,10 +93,7 @@ class Fleet:
         return self.now.timestamp()
 
     def operator(self) -> context.Context:
-        ctx = context.Context.create(
-            settings.Settings(), self.cluster, metrics.Metrics.create(), instance="t"
-        )
-        ctx.clock = lambda: self.now
+        ctx = operator_context.new_context(self.cluster, clock=lambda: self.now)
         return ctx
 
     def policy(self) -> dict[str, Any]:

@@ -26,11 +26,12 @@ from typing import Any
 import kopf
 
 import gpunode_facts
+import operator_context
 from gpuhealth_api import keys, resources
 from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import policies, stragglers, times, trends, verdicts
 from gpuhealth_operator.runtime import handlers, passes, priming, resync, ticker
-from gpuhealth_operator.shared import context, metrics, settings
+from gpuhealth_operator.shared import context
 from gpuhealth_operator.state import cache
 from gpuhealth_sim.backtest import memcluster
 from gpuhealth_sim.fleet import dra
@@ -141,13 +142,7 @@ class World:
             kept = self.ctx.cache
         else:
             fresh_process()
-        self.ctx = context.Context.create(
-            settings.Settings(),
-            self.cluster,
-            metrics.Metrics.create(),
-            instance=f"t{self.restarts}",
-            cluster=kept,
-        )
+        self.ctx = operator_context.new_context(self.cluster, instance=f"t{self.restarts}", cluster=kept)
         self.restarts += 1
         self.ctx.clock = self.clock
         await priming.prime(self.ctx)

@@ -16,7 +16,7 @@ Everything else is a set the caller already holds (running drains, nodes
 waiting for the budget, agents whose pod is not Ready) and passes in. So the
 candidates are a superset of the due nodes, and `is_due` still decides: a
 node the old scan of every node would have judged is never missed (the
-property tests in tests/unit/operator/test_due.py hold the two equal).
+property tests in tests/unit/operator/runtime/test_due_index.py hold the two equal).
 """
 
 from __future__ import annotations

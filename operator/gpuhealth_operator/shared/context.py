@@ -8,7 +8,7 @@ that matters (DESIGN.md, safety rule 6).
 
 Every per-node and per-policy map is emptied of a node or a policy by
 `forget_node` and `forget_policy` only; a map added here must be added there
-(tests/unit/operator/test_forget.py fails otherwise). Collections are changed
+(tests/unit/operator/shared/test_forget.py fails otherwise). Collections are changed
 in place, never rebound. kopf keeps a shallow copy of the memo for every
 object it watches (`copy.copy`: ~0.4 KiB per Node, GPUNode and pod);
 `Context.__copy__` returns the one context instead, which is all any handler

@@ -19,7 +19,7 @@ same arguments, only for the members whose calls could answer otherwise or chang
 A cohort's median and scale are worked out again (from all its scores) only when a member's score or the
 membership changed. A member left alone is one whose calls would return what they returned and change
 nothing, so the scores, the samples and the moved nodes are those of the full computation (the property
-test `tests/unit/operator/test_cohorts.py` compares the two). Time going backwards, a policy's threshold
+test `tests/unit/operator/state/test_cohorts.py` compares the two). Time going backwards, a policy's threshold
 or forSeconds changing start the policy's cohorts afresh.
 """
 
