@@ -29,7 +29,7 @@ from gpuhealth_api import keys
 from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import policies
 from gpuhealth_operator.ladder.isolate import isolating
-from gpuhealth_operator.ladder.repair import repairing
+from gpuhealth_operator.ladder.repair import reading
 from gpuhealth_operator.runtime import handlers, passes, reconciler, ticker
 from gpuhealth_operator.shared import context, metrics, settings
 from gpuhealth_operator.state import agent_pods, cache, cohorts
@@ -49,7 +49,7 @@ OPERATOR_STATUS_FIELDS: Final = frozenset(
         "conditions",
         "straggler",
         reconciler.POLICIES_FIELD,
-        repairing.STATUS_FIELD,
+        reading.STATUS_FIELD,
         *isolating.STATUS_FIELDS,
     }
 )

@@ -7,7 +7,7 @@ safety checks: the breaker, an evictable pod); `start` sends the request that be
 transition (`decisions`), which keeps every transition testable without a cluster; `undo` stops
 and removes what `start` began (a cancel).
 
-Repair steps implement it (`repairing.JobStep`: a step's Kubernetes Job), and so do the node
+Repair steps implement it (`job_step.JobStep`: a step's Kubernetes Job), and so do the node
 ladder's drain (`draining.NodeDrain`) and one GPU's isolation (`gpu_rules.GPURule`: its
 DeviceTaintRule; which GPUs, within which GPU budget, is the node pass's, as which node is the cordon's).
 The cordon (`cordoning`: its budget admission must check and hold a place in one step) and the labels

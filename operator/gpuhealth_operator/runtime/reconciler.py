@@ -50,7 +50,7 @@ from gpuhealth_operator.decisions import (
 from gpuhealth_operator.ladder import remediation, stopping
 from gpuhealth_operator.ladder.drill import drills
 from gpuhealth_operator.ladder.isolate import isolating
-from gpuhealth_operator.ladder.repair import repairing
+from gpuhealth_operator.ladder.repair import reading
 from gpuhealth_operator.shared import context
 from gpuhealth_operator.state import cache, cohorts
 from gpuhealth_operator.verdict import judging, resting
@@ -305,7 +305,7 @@ def desired_status(
     if straggler is not None:
         desired["straggler"] = straggler
     desired.update(isolating.status_fields(ctx, name))  # every policy's isolated GPUs
-    desired.update(repairing.status_fields(ctx, name))  # the repair history (ours: kept in every write)
+    desired.update(reading.status_fields(ctx, name))  # the repair history (ours: kept in every write)
     return desired
 
 
@@ -314,7 +314,7 @@ def _differs(current: dict[str, Any], desired: dict[str, Any]) -> bool:
         return True
     if stragglers.status_moved(current.get("straggler"), desired.get("straggler")):
         return True
-    owned = (*isolating.STATUS_FIELDS, POLICIES_FIELD, repairing.STATUS_FIELD)
+    owned = (*isolating.STATUS_FIELDS, POLICIES_FIELD, reading.STATUS_FIELD)
     if any(k not in desired and current.get(k) for k in owned):
         return True
     have = {c.get("type"): c for c in current.get("conditions") or []}
@@ -332,12 +332,12 @@ async def write_history(ctx: context.Context, name: str) -> None:
     are logged; the next pass that writes the status carries the history too."""
     gpunode = ctx.cache.gpunode(name)
     made = ctx.repair_history.get(name)
-    if gpunode is None or made is None or gpunode.status.get(repairing.STATUS_FIELD) == made:
+    if gpunode is None or made is None or gpunode.status.get(reading.STATUS_FIELD) == made:
         return
     owned = (*KEPT_STATUS_FIELDS, *isolating.STATUS_FIELDS)
     stored: Mapping[str, Any] = gpunode.status
     desired = {k: _plain(stored[k]) for k in owned if k in stored}  # the cache keeps shared read-only forms
-    desired[repairing.STATUS_FIELD] = made
+    desired[reading.STATUS_FIELD] = made
     try:
         ctx.cache.refresh_gpunode(await status.apply_gpunode(ctx.client, name, desired), ctx.clock())
     except kube.ApiError:

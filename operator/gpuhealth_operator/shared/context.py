@@ -310,7 +310,7 @@ class Context:
 
     validations_running: set[str] = dataclasses.field(default_factory=set)
     """Nodes whose new-node validation Job this process created or saw (`new_nodes`): they hold places
-    of repair maxConcurrent with the repairs (`repairing.holders`). Kept when a Node is forgotten: a
+    of repair maxConcurrent with the repairs (`reading.holders`). Kept when a Node is forgotten: a
     deleted node's Job is still to be deleted."""
 
     repair_tokens: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
@@ -329,7 +329,7 @@ class Context:
     repair_waiting: set[str] = dataclasses.field(default_factory=set)
     """Nodes whose repair waits for maxConcurrent and said so (once per wait; only the policy that
     cordoned a node repairs it, so one wait per node). A wait said by an earlier process is read from
-    the node's stored status (`repairing._say_waiting`)."""
+    the node's stored status (`reading.say_waiting`)."""
 
     repair_refused: dict[str, repair.Refused] = dataclasses.field(default_factory=dict)
     """policy → its last repair Job create the Job API refused (`repair_permission`)."""

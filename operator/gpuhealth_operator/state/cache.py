@@ -64,7 +64,7 @@ class NodeRecord:
     """metadata.creationTimestamp (RFC 3339): whether the node is new to a policy (`decisions.new_nodes`)."""
     condition_written: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Other tools' Node conditions by type → the later of their lastHeartbeatTime and lastTransitionTime
-    (RFC 3339, their writer's clock): whether a version was written after a reboot (`repairing.report`).
+    (RFC 3339, their writer's clock): whether a version was written after a reboot (`reading.report`).
     Not in `reads_like`: a heartbeat of theirs asks for no pass."""
 
     @functools.cached_property

@@ -33,7 +33,7 @@ from typing import Any, Final
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator.client import events, kube, nodes
 from gpuhealth_operator.decisions import model, new_nodes, policies, repair, times
-from gpuhealth_operator.ladder.repair import jobs, repairing
+from gpuhealth_operator.ladder.repair import job_step, jobs, reading, records
 from gpuhealth_operator.shared import context
 from gpuhealth_operator.state import cache, pass_queue
 
@@ -82,7 +82,7 @@ async def sweep(ctx: context.Context, now: datetime.datetime) -> None:
     for gone in [n for n in ctx.validations_running if ctx.cache.node(n) is None]:
         ctx.validations_running.discard(gone)
         try:
-            await jobs.delete(ctx.client, repairing.namespace(ctx), new_nodes.job_name(gone))
+            await jobs.delete(ctx.client, reading.namespace(ctx), new_nodes.job_name(gone))
         except kube.ApiError:
             ctx.validations_running.add(gone)
             logger.warning(
@@ -127,7 +127,7 @@ async def _visit(
         if record is None:
             return False
         job_name = new_nodes.job_name(name)
-        ns = repairing.namespace(ctx)
+        ns = reading.namespace(ctx)
         tainted = keys.UNVALIDATED_TAINT in record.view.taint_keys
         body = await jobs.read(ctx.client, ns, job_name) if tainted else None
         if body is not None and not _belongs(body, record):
@@ -137,7 +137,7 @@ async def _visit(
         # when first seen new. Forgotten with the node (`Context.forget_node`).
         in_service = ctx.new_nodes_in_service.get(name) == record.uid
         if not tainted and policy is not None and not policy.dry_run and not in_service:
-            busy = bool(await repairing.workload(ctx, policy, name))
+            busy = bool(await reading.workload(ctx, policy, name))
             if busy:
                 ctx.new_nodes_in_service[name] = record.uid
                 in_service = True
@@ -226,17 +226,17 @@ async def _start(ctx: context.Context, name: str, policy: model.Policy, now: dat
     if paused is not None:
         logger.info("new node %s waits: policy %s's breaker is %s", name, policy.name, paused.state.value)
         return
-    if await repairing.workload(ctx, policy, name):
+    if await reading.workload(ctx, policy, name):
         logger.info("new node %s waits: a workload pod runs on it", name)
         return
     async with ctx.admission.lock:  # the count of repairs in progress with `repairing.begin`'s
-        running = len(set(repairing.holders(ctx)) - {name})
+        running = len(set(reading.holders(ctx)) - {name})
         limit = policies.resolve_max_concurrent(spec, len(ctx.cache.selection(policy).selected))
         if running >= limit:
             logger.info("new node %s waits: %d of %d repairs/validations run", name, running, limit)
             return
         ctx.validations_running.add(name)
-    ns = repairing.namespace(ctx)
+    ns = reading.namespace(ctx)
     job_name = new_nodes.job_name(name)
     # Our identity on the Job: a new token, its hash on the Node first (a Job never outlives its hash).
     token = secrets.token_urlsafe(24)
@@ -250,7 +250,7 @@ async def _start(ctx: context.Context, name: str, policy: model.Policy, now: dat
         raise  # the next pass tries again
     ours = ctx.cache.refresh_node(marked) or record
     try:
-        template = (await repairing.templates(ctx, now)).get(vocabulary.VALIDATION_JOB)
+        template = (await reading.templates(ctx, now)).get(vocabulary.VALIDATION_JOB)
         if template is None:
             raise jobs.TemplateError(f"no {vocabulary.VALIDATION_JOB} template")
         body = jobs.fill(
@@ -262,11 +262,11 @@ async def _start(ctx: context.Context, name: str, policy: model.Policy, now: dat
             policy=policy.name,
             cycle=0,
             action=vocabulary.VALIDATION_JOB,
-            gpus=repairing.all_gpus(ctx, name),
+            gpus=reading.all_gpus(ctx, name),
             timeout_seconds=spec.validation_timeout_seconds or 0.0,
             cycle_started=record.created,
             guard=False,  # no repair label on a new node: the ownerReference and `orphan_jobs` only
-            extra_env=await repairing.validation_env(ctx, name),
+            extra_env=await job_step.validation_env(ctx, name),
         )
         body["metadata"]["annotations"][keys.REPAIR_TOKEN_ANNOTATION] = token
         _, created = await jobs.create(ctx.client, body, belongs=lambda job: _belongs(job, ours))
@@ -316,7 +316,7 @@ def _note(ctx: context.Context, name: str, now: datetime.datetime, result: Resul
     # The entry is written with the node's next status, and the timer's sweep runs outside any pass over
     # the node: ask for one, or a validation's Started waits for its end (a new process loses it).
     ctx.passes.request(name, pass_queue.Ask("timer"))
-    repairing.record(
+    records.record(
         ctx,
         name,
         now,

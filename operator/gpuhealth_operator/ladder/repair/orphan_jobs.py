@@ -26,7 +26,7 @@ from typing import Any
 
 from gpuhealth_api import keys, timestamps, vocabulary
 from gpuhealth_operator.client import events, kube
-from gpuhealth_operator.ladder.repair import jobs, repairing
+from gpuhealth_operator.ladder.repair import jobs, reading
 from gpuhealth_operator.shared import context
 
 logger = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ async def sweep(ctx: context.Context, *, full: bool) -> None:
 
 
 async def _list(ctx: context.Context, selector: str) -> list[kube.JsonObject]:
-    found = await ctx.client.get(jobs.jobs_path(repairing.namespace(ctx)), {"labelSelector": selector})
+    found = await ctx.client.get(jobs.jobs_path(reading.namespace(ctx)), {"labelSelector": selector})
     items = found.get("items") or []
     return [dict(j) for j in items if isinstance(j, Mapping)]
 

@@ -30,27 +30,29 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-import secrets
-from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Sequence
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator.client import drain, events, kube, nodes
+from gpuhealth_operator.client import events, kube
 from gpuhealth_operator.decisions import (
-    hostengine,
-    isolation,
     model,
     policies,
     repair,
-    signals,
     step_kinds,
     times,
-    trends,
     workload_pods,
 )
-from gpuhealth_operator.ladder import node_patches, stopping
+from gpuhealth_operator.ladder import stopping
 from gpuhealth_operator.ladder.drain import draining
-from gpuhealth_operator.ladder.repair import gpu_release, jobs, operands, repair_permission
+from gpuhealth_operator.ladder.repair import (
+    gpu_release,
+    job_step,
+    jobs,
+    operands,
+    reading,
+    records,
+    repair_permission,
+)
 from gpuhealth_operator.shared import context
 
 logger = logging.getLogger(__name__)
@@ -58,9 +60,6 @@ logger = logging.getLogger(__name__)
 NodeAction = vocabulary.NodeAction
 Result = vocabulary.RepairResult
 Phase = repair.Phase
-STATUS_FIELD: Final = "repairs"
-PACKAGED_KEY: Final = ""
-"""The `repair_templates` key of the packaged templates."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,563 +68,6 @@ class Handled:
 
     action: NodeAction
     returned: bool = False
-
-
-# --- reading -----------------------------------------------------------------------------------------
-
-
-def state_of(ctx: context.Context, name: str) -> repair.State | None:
-    record = ctx.cache.node(name)
-    return repair.parse(record.view.annotations.get(keys.REPAIR_ANNOTATION)) if record is not None else None
-
-
-def cycles(ctx: context.Context, name: str) -> repair.Cycles:
-    """The node's recent cycle starts (`keys.REPAIR_CYCLES_ANNOTATION`): what maxAttempts counts."""
-    record = ctx.cache.node(name)
-    return repair.parse_cycles(record.view.annotations.get(keys.REPAIR_CYCLES_ANNOTATION) if record else None)
-
-
-def history(ctx: context.Context, name: str) -> list[dict[str, Any]]:
-    """The node's `status.repairs[]`: as this process last made it, else as stored."""
-    made = ctx.repair_history.get(name)
-    if made is not None:
-        return made
-    gpunode = ctx.cache.gpunode(name)
-    stored = gpunode.status.get(STATUS_FIELD) if gpunode is not None else None
-    return [dict(e) for e in stored if isinstance(e, Mapping)] if isinstance(stored, list) else []
-
-
-def status_fields(ctx: context.Context, name: str) -> dict[str, Any]:
-    """The GPUNode status field of repair (kept in every status write: it is ours under server-side apply)."""
-    listed = history(ctx, name)
-    return {STATUS_FIELD: listed} if listed else {}
-
-
-@dataclasses.dataclass(frozen=True)
-class Busy:
-    """The pods that make a node busy (`decisions.workload_pods`), and those of them the policy's drain
-    evicts: no repair step, validation or new-node validation starts beside any of `pods`."""
-
-    pods: list[kube.JsonObject]
-    evictable: list[kube.JsonObject]
-
-
-async def busy(ctx: context.Context, policy: model.Policy, name: str) -> Busy:
-    """What runs on the node that repair must not run beside, whatever the drain's skip rules."""
-    found = [dict(p) for p in workload_pods.busy(await drain.list_pods(ctx.client, name), namespace(ctx))]
-    return Busy(found, drain.classify(found, ctx.drain_options(policy)).wanted)
-
-
-async def workload(ctx: context.Context, policy: model.Policy, name: str) -> list[kube.JsonObject]:
-    """The pods that make the node busy (`busy`)."""
-    return (await busy(ctx, policy, name)).pods
-
-
-def in_progress(ctx: context.Context) -> int:
-    """Repairs in progress, all policies: nodes with the repair annotation."""
-    return len(holders(ctx))
-
-
-def holders(ctx: context.Context) -> list[str]:
-    """The nodes with a repair in progress (all policies) or a new node's validation Job running
-    (`new_nodes`): they hold maxConcurrent places."""
-    repairing = {n for n, r in ctx.cache.nodes.items() if keys.REPAIR_ANNOTATION in r.view.annotations}
-    return sorted(repairing | ctx.validations_running)
-
-
-async def _stop_waiting(ctx: context.Context, name: str) -> None:
-    """The wait for maxConcurrent ended: forget it, and its mark on the Node (written when it was said)."""
-    ctx.repair_waiting.discard(name)
-    record = ctx.cache.node(name)
-    if record is not None and keys.REPAIR_WAITING_ANNOTATION in record.view.annotations:
-        body = await nodes.patch_metadata(
-            ctx.client, name, annotations={keys.REPAIR_WAITING_ANNOTATION: None}
-        )
-        ctx.cache.refresh_node(body)
-
-
-def _stop_busy_wait(ctx: context.Context, name: str) -> None:
-    ctx.repair_busy_said.discard(name)
-
-
-async def _say_waiting(
-    ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict, limit: int
-) -> None:
-    """Say once per wait (an Event on the node) that its repair waits for maxConcurrent, and for whom.
-    Once per wait, not per process: the Node keeps the mark (`keys.REPAIR_WAITING_ANNOTATION`), written
-    after the Event (a crash between says it twice, never not at all)."""
-    if name in ctx.repair_waiting:
-        return
-    ctx.repair_waiting.add(name)
-    record = ctx.cache.node(name)
-    if record is None or record.view.annotations.get(keys.REPAIR_WAITING_ANNOTATION) == policy.name:
-        return  # said by an earlier process (a restart, a leader change)
-    issues = ", ".join(verdict.issues) or "a fault"
-    await ctx.recorder.emit(
-        events.subject(ctx.cache, name),
-        vocabulary.EventReason.BUDGET_EXCEEDED,
-        f"Policy {policy.name} would repair the drained node ({issues}) but "
-        f"{repair.wait_words(limit, holders(ctx))}; it waits, drained, for a place.",
-    )
-    body = await nodes.patch_metadata(
-        ctx.client, name, annotations={keys.REPAIR_WAITING_ANNOTATION: policy.name}
-    )
-    ctx.cache.refresh_node(body)
-
-
-def namespace(ctx: context.Context) -> str:
-    if ctx.config.repair_namespace:
-        return ctx.config.repair_namespace
-    if ctx.config.repair_templates:
-        return ctx.config.repair_templates.split("/", 1)[0]
-    return jobs.DEFAULT_NAMESPACE
-
-
-async def templates(ctx: context.Context, now: datetime.datetime) -> dict[str, dict[str, Any]]:
-    """The Job templates (`--repair-templates`, else packaged); TemplateError says why none."""
-    where = ctx.config.repair_templates
-    if not where:
-        return await ctx.repair_templates.read(PACKAGED_KEY, now, _packaged)
-    ns, name = where.split("/", 1)
-    return await ctx.repair_templates.read(where, now, lambda: jobs.read_templates(ctx.client, ns, name))
-
-
-async def _packaged() -> dict[str, dict[str, Any]]:
-    return jobs.packaged_templates()
-
-
-def faulty_gpus(
-    ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict
-) -> list[tuple[int | None, str]]:
-    """(index, UUID) of the GPUs showing the conditions of the fired Cordon/Drain rules."""
-    record = ctx.cache.node(name)
-    gpunode = ctx.cache.gpunode(name)
-    if record is None or gpunode is None:
-        return []
-    wanted = {r.condition for r in verdict.fired_rules if r.action in vocabulary.DISRUPTIVE_ACTIONS} or set(
-        verdict.issues
-    )
-    found = isolation.attribute(gpunode.status, record.view, wanted, critical_xids=policies.rule_xids(policy))
-    return sorted(
-        ((g.index, g.uuid) for g in found.gpus if g.uuid is not None),
-        key=lambda g: (g[0] is None, g[0] or 0, g[1]),
-    )
-
-
-def reset_gpus(
-    ctx: context.Context, name: str, faulty: Sequence[tuple[int | None, str]]
-) -> list[tuple[int | None, str]]:
-    """The GPUs a ResetGPU step of the cycle resets: the faulty ones, or on an NVSwitch board every GPU of
-    the board (`decisions.repair.reset_together`)."""
-    gpunode = ctx.cache.gpunode(name)
-    listed = isolation.listed_gpus(gpunode.status) if gpunode is not None else []
-    return repair.reset_together(faulty, listed)
-
-
-def recovery_actions(ctx: context.Context, name: str) -> list[str]:
-    """The recovery actions the driver asks for on the node's GPUs (`gpus[].recoveryAction`)."""
-    gpunode = ctx.cache.gpunode(name)
-    listed = isolation.listed_gpus(gpunode.status) if gpunode is not None else []
-    return [a for g in listed if isinstance(a := g.get("recoveryAction"), str) and a]
-
-
-def all_gpus(ctx: context.Context, name: str) -> tuple[str, ...]:
-    """UUIDs of every GPU the agent lists on the node."""
-    gpunode = ctx.cache.gpunode(name)
-    listed = isolation.listed_gpus(gpunode.status) if gpunode is not None else []
-    return tuple(u for g in listed if isinstance(u := g.get("uuid"), str) and u)
-
-
-FRESH_CONDITION_WAIT_SECONDS: Final = 300.0
-"""How long after the boot a `nodeCondition` rule's condition, not written again since, is waited for
-before it is judged as the Node holds it (its tool uninstalled, or one that writes on change only).
-node-problem-detector writes each of its conditions when it starts, seconds after the boot."""
-
-
-def report(
-    ctx: context.Context,
-    policy: model.Policy,
-    name: str,
-    now: datetime.datetime,
-    state: repair.State | None = None,
-) -> repair.Report:
-    """The agent's latest report as repair reads it: when it was seen, its bootId, and whether it shows
-    the fault of the policy's Cordon/Drain rules — all from the one stored version, read without an
-    await in between (a verdict judged before an await could be of an older report than `seen_at`).
-
-    Another tool's Node condition counts only in a version written after the node's boot (issue 45,
-    item 5): the kubelet keeps the one written before a reboot until that tool writes again, and a
-    reboot that fixed the fault is not NoEffect on the old one. `state`: the cycle in progress."""
-    gpunode = ctx.cache.gpunode(name)
-    record = ctx.cache.node(name)
-    if gpunode is None or record is None:
-        return repair.Report(seen_at=None, boot_id=None, fault_gone=False)
-    agent: Mapping[str, Any] = gpunode.status.get("agent") or {}
-    boot = agent.get("bootId") if isinstance(agent, Mapping) else None
-    if gpu_release.released(ctx, name) is not None:
-        # Written while NVML was shut for a reset: the facts from before it, no evidence of its effect.
-        return repair.Report(
-            seen_at=None, boot_id=boot if isinstance(boot, str) and boot else None, fault_gone=False
-        )
-    raw = signals.raw_signals(
-        gpunode.status,
-        record.view,
-        policies.rule_xids(policy),
-        now,
-        gpunode.report_age(now),
-        agent_pod=ctx.agent_pods.get(name),
-        known=gpunode.fact_signals,
-        thresholds=trends.thresholds(policy),
-        memory=ctx.cache.memory(gpunode),
-    )
-    booted = _booted_at(agent, boot, state)
-    shown: list[bool | None] = []
-    judged = True
-    for rule in policy.rules:
-        if isolation.node_action(rule.action) not in vocabulary.DISRUPTIVE_ACTIONS:
-            continue
-        if isinstance(rule.condition, vocabulary.NodeCondition):
-            if _written_before(record.condition_written.get(rule.condition.node_type), booted, now):
-                judged = False
-                shown.append(None)  # not yet written since the boot: unknown, wait for a fresh one
-                continue
-            shown.append(signals.node_condition_signal(record.view, rule.condition).present)
-        elif rule.condition in raw:
-            shown.append(raw[rule.condition].present)
-    return repair.Report(
-        seen_at=gpunode.report_seen_at,
-        boot_id=boot if isinstance(boot, str) and boot else None,
-        fault_gone=all(present is False for present in shown),  # unknown (a stale agent) is not gone
-        judged=judged,
-    )
-
-
-def _booted_at(
-    agent: Mapping[str, Any], boot: object, state: repair.State | None
-) -> datetime.datetime | None:
-    """Since when the node runs its current boot: the agent's `bootTime` (the node's clock, as the
-    Node conditions' stamps), else, after a reboot step saw a new bootId, the step's start."""
-    booted = times.parse(agent.get("bootTime")) if isinstance(agent, Mapping) else None
-    if booted is not None:
-        return booted
-    if state is not None and state.boot_id and isinstance(boot, str) and boot and boot != state.boot_id:
-        return state.since
-    return None
-
-
-def _written_before(written: str | None, booted: datetime.datetime | None, now: datetime.datetime) -> bool:
-    """Whether a Node condition last written at `written` is older than the boot at `booted`, within
-    FRESH_CONDITION_WAIT_SECONDS of it (after that it is judged as it stands: the wait is bounded, also
-    for a `bootTime` ahead of the operator's clock, a skewed node's or a lying agent's)."""
-    if booted is None or abs(times.seconds_between(booted, now)) >= FRESH_CONDITION_WAIT_SECONDS:
-        return False
-    stamp = times.parse(written)
-    return stamp is None or stamp <= booted
-
-
-def _boot_id(ctx: context.Context, name: str) -> str | None:
-    gpunode = ctx.cache.gpunode(name)
-    agent = (gpunode.status.get("agent") or {}) if gpunode is not None else {}
-    boot = agent.get("bootId") if isinstance(agent, Mapping) else None
-    return boot if isinstance(boot, str) and boot else None
-
-
-def cancel_reason(ctx: context.Context, state: repair.State, name: str) -> str | None:
-    """Why the cycle in progress must stop now (None: it goes on)."""
-    record = ctx.cache.node(name)
-    if record is None:
-        return "the node is gone"
-    view = record.view
-    if not view.unschedulable or view.cordoned_by != state.policy or record.cordon_taken_over:
-        return "the node was made schedulable by someone other than gpu-health"
-    why = stopping.why_stop(ctx, state.policy, name)
-    if why is not None:
-        return why
-    current = ctx.cache.policies.get(state.policy)
-    if current is None or current.repair is None:
-        return f"policy {state.policy} no longer has spec.repair"
-    return None
-
-
-# --- the action protocol: a step's Job ---------------------------------------------------------------
-
-
-class JobStep:
-    """One repair step (or validation) as a Job on the node (`client.protocol.Action[repair.JobView]`)."""
-
-    def __init__(
-        self,
-        ctx: context.Context,
-        policy: model.Policy,
-        node: str,
-        state: repair.State,
-        *,
-        key: str,
-        timeout_seconds: float,
-        words: str,
-    ) -> None:
-        self.ctx = ctx
-        self.policy = policy
-        self.node = node
-        self.state = state
-        self.key = key
-        self.timeout_seconds = timeout_seconds
-        self._words = words
-        self.namespace = namespace(ctx)
-        self.found: Busy | None = None
-        """What `decide` found on the node (None: it did not look)."""
-
-    @property
-    def name(self) -> str:
-        return self._words
-
-    async def decide(self, now: datetime.datetime) -> str | None:
-        """Why no Job may be created now: the breaker holds disruptions back, or the node is busy
-        (`found`: a workload pod, evictable or not)."""
-        paused = self.ctx.breakers.paused(self.policy.name)
-        if paused is not None:
-            return f"the policy's fleet circuit breaker is {paused.state.value}: {paused.reason}"
-        self.found = await busy(self.ctx, self.policy, self.node)
-        if self.found.pods:
-            return workload_pods.words(self.found.pods)
-        return None
-
-    async def start(self, now: datetime.datetime) -> bool:
-        """Create the Job from its template; False: it existed (adopted). TemplateError, ApiError."""
-        found = await templates(self.ctx, now)
-        template = found.get(self.key)
-        if template is None:
-            raise jobs.TemplateError(f"no {self.key} template")
-        # A step on the faulty GPUs (ResetGPU) gets those; the others and Validation every GPU listed.
-        kind = step_kinds.BY_TEMPLATE.get(self.key)
-        faulty = kind is not None and kind.targets is step_kinds.Targets.FAULTY_GPUS
-        gpus = self.state.gpus if faulty else all_gpus(self.ctx, self.node)
-        record = self.ctx.cache.node(self.node)
-        if record is not None and record.view.labels.get(keys.REPAIR_NODE_UID_LABEL) != record.uid:
-            # The state was written without the label its pod selects (by an older operator, or a human
-            # removed it): write it first, or the kubelet would refuse the pod.
-            if not await _write_state(self.ctx, self.node, self.state):
-                raise jobs.StaleJob(f"the Node {self.node} changed while its repair label was written")
-            record = self.ctx.cache.node(self.node)
-        body = jobs.fill(
-            template,
-            name=self.state.job,
-            namespace=self.namespace,
-            node=self.node,
-            node_uid=record.uid if record is not None else "",
-            policy=self.policy.name,
-            cycle=self.state.cycle,
-            action=self.key,
-            gpus=gpus,
-            timeout_seconds=self.timeout_seconds,
-            cycle_started=repair.cycle_stamp(self.state),
-            extra_env=await validation_env(self.ctx, self.node)
-            if self.key == vocabulary.VALIDATION_JOB
-            else None,
-        )
-        # Our identity on the Job: the token whose hash the state on the Node holds (`_sealed`).
-        made = self.ctx.repair_tokens.get(self.node)
-        if made is None or made[0] != self.state.token:
-            raise jobs.StaleJob(f"no token of this process for Job {self.state.job}")
-        body["metadata"]["annotations"][keys.REPAIR_TOKEN_ANNOTATION] = made[1]
-        _, created = await jobs.create(self.ctx.client, body, belongs=self._ours)
-        return created
-
-    def _ours(self, job: Mapping[str, Any]) -> bool:
-        return repair.belongs(job, self.state)
-
-    async def observe(self) -> repair.JobView:
-        """The Job of this cycle: one of the same name from another cycle is none of ours (missing)."""
-        found = await jobs.read(self.ctx.client, self.namespace, self.state.job)
-        return repair.job_view(found if found is not None and self._ours(found) else None)
-
-    async def undo(self) -> bool:
-        return await jobs.delete(self.ctx.client, self.namespace, self.state.job)
-
-
-async def validation_env(ctx: context.Context, node: str) -> dict[str, str]:
-    """A Validation Job's own variables: the node's running DCGM host engine, or "" where it runs none
-    (`decisions.hostengine`), so the template never starts a second one beside it."""
-    found = hostengine.address(await drain.list_pods(ctx.client, node))
-    return {keys.REPAIR_HOSTENGINE_ENV: found or ""}
-
-
-def _step_of(
-    ctx: context.Context, policy: model.Policy, spec: model.RepairSpec, name: str, state: repair.State
-) -> JobStep:
-    step = spec.steps[state.step]
-    if state.phase is Phase.VALIDATE:
-        return JobStep(
-            ctx,
-            policy,
-            name,
-            state,
-            key=vocabulary.VALIDATION_JOB,
-            timeout_seconds=spec.validation_timeout_seconds or 0.0,
-            words=f"validation after step {step.name} ({step.action.value})",
-        )
-    return JobStep(
-        ctx,
-        policy,
-        name,
-        state,
-        key=step.action.value,
-        timeout_seconds=step.timeout_seconds,
-        words=_step_words(step, state),
-    )
-
-
-def _step_words(
-    step: model.RepairStep, state: repair.State, indexed: Sequence[tuple[int | None, str]] = ()
-) -> str:
-    if step_kinds.of(step.action).targets is step_kinds.Targets.FAULTY_GPUS:
-        named = indexed or [(None, u) for u in state.gpus]
-        return f"step {step.name} ({step.action.value}) on {repair.gpu_words(named)}"
-    return f"step {step.name} ({step.action.value})"
-
-
-# --- writing -----------------------------------------------------------------------------------------
-
-
-async def _write_state(
-    ctx: context.Context,
-    name: str,
-    state: repair.State | None,
-    *,
-    retired: bool = False,
-    also: Mapping[str, str | None] | None = None,
-) -> bool:
-    """Write the node's repair state (None: remove it) on the cached version; False on a conflict."""
-    record = ctx.cache.node(name)
-    if record is None:
-        return False
-    try:
-        body = await jobs.set_state(
-            ctx.client,
-            name,
-            value=repair.render(state) if state is not None else None,
-            resource_version=record.resource_version,
-            retired=retired,
-            also=also,
-            node_uid=record.uid,
-        )
-    except kube.ApiError as error:
-        if not error.conflict:
-            raise
-        await node_patches.refresh(ctx, name)
-        return False
-    return ctx.cache.refresh_node(body) is not None
-
-
-def _sealed(ctx: context.Context, name: str, state: repair.State) -> repair.State:
-    """The state with a new Job token: this process keeps the token, the state (on the Node) its hash."""
-    token = secrets.token_urlsafe(24)
-    digest = repair.token_digest(token)
-    ctx.repair_tokens[name] = (digest, token)
-    return dataclasses.replace(state, token=digest)
-
-
-def _note(
-    ctx: context.Context,
-    name: str,
-    now: datetime.datetime,
-    state: repair.State,
-    *,
-    step: str,
-    action: str,
-    result: Result,
-    message: str,
-    fault: str = "",
-) -> None:
-    record(
-        ctx,
-        name,
-        now,
-        cycle=state.cycle,
-        step=step,
-        action=action,
-        gpus=state.gpus,
-        result=result,
-        message=message,
-        fault=fault,
-    )
-
-
-def record(
-    ctx: context.Context,
-    name: str,
-    now: datetime.datetime,
-    *,
-    cycle: int,
-    step: str,
-    action: str,
-    gpus: tuple[str, ...],
-    result: Result,
-    message: str,
-    fault: str = "",
-) -> None:
-    """One `status.repairs[]` entry (written with the node's next status) and its count in the metric."""
-    item = repair.entry(
-        now, cycle=cycle, step=step, action=action, gpus=gpus, result=result, message=message, fault=fault
-    )
-    ctx.repair_history[name] = repair.with_entry(history(ctx, name), item)
-    ctx.meters.repairs.labels(action or "none", result.value).inc()
-
-
-def _started(ctx: context.Context, name: str, state: repair.State) -> bool:
-    """Whether this state's Job was created (its Started entry names it)."""
-    return any(
-        e.get("result") == Result.STARTED and state.job in str(e.get("message") or "")
-        for e in history(ctx, name)
-    )
-
-
-def _fill_gaps(ctx: context.Context, name: str, step: str, action: JobStep, job: repair.JobView) -> None:
-    """History a leader made and died before writing (its status write follows the Job by a pass): how
-    the phase before this state ended (written on the Node with the state) and this state's Started (its
-    Job is there), both dated when the state was written."""
-    state = action.state
-    done = state.previous
-    if done is not None and not repair.recorded(history(ctx, name), state):
-        _note(
-            ctx,
-            name,
-            state.since,
-            state,
-            step=done.step,
-            action=done.action,
-            result=done.result,
-            message=done.message,
-        )
-    if job.phase is not repair.JobPhase.MISSING and not _started(ctx, name, state):
-        _note(
-            ctx,
-            name,
-            state.since,
-            state,
-            step=step,
-            action=action.key,
-            result=Result.STARTED,
-            message=f"Job {action.namespace}/{state.job} created (recorded by the next leader)",
-        )
-
-
-def _finished_seen(
-    ctx: context.Context, name: str, state: repair.State, job: repair.JobView, now: datetime.datetime
-) -> datetime.datetime | None:
-    """When this process first saw the state's Job finished (its clock), `now` the first time; None while
-    the Job runs. `now` is read after the Job (a pass's start could precede a report seen meanwhile)."""
-    if job.phase not in (repair.JobPhase.SUCCEEDED, repair.JobPhase.FAILED):
-        return None
-    known = ctx.repair_finished_seen.get(name)
-    if known is None or known[0] != state.job:
-        known = ctx.repair_finished_seen[name] = (state.job, now)
-    return known[1]
-
-
-def _observe_duration(ctx: context.Context, state: repair.State, result: str, now: datetime.datetime) -> None:
-    started = state.started or state.since
-    ctx.meters.repair_duration.labels(result).observe(max(0.0, times.seconds_between(started, now)))
 
 
 # --- the cycle ---------------------------------------------------------------------------------------
@@ -656,15 +98,15 @@ async def take(
     if not view.unschedulable or (
         view.cordoned_by == policy.name and verdict.wanted_action is not vocabulary.Action.DRAIN
     ):
-        await _stop_waiting(ctx, name)  # a wait for maxConcurrent ends with the cordon, or the fault
+        await reading.stop_waiting(ctx, name)  # a wait for maxConcurrent ends with the cordon, or the fault
     if not view.unschedulable:
-        _stop_busy_wait(ctx, name)  # a wait for workload pods too (a cycle's ends in `_launch`)
+        reading.stop_busy_wait(ctx, name)  # a wait for workload pods too (a cycle's ends in `_launch`)
     state = repair.parse(view.annotations.get(keys.REPAIR_ANNOTATION))
     if state is None and keys.OPERANDS_PAUSED_ANNOTATION in view.annotations:
         await operands.restore(ctx, name)  # a cycle that ended without it (a kill -9 between)
     if state is None or state.policy != policy.name:
         return None  # none, or another policy's (`sweep` cancels it when that policy is gone)
-    why = cancel_reason(ctx, state, name)
+    why = reading.cancel_reason(ctx, state, name)
     if why is not None:
         await cancel(ctx, name, state, why, now)
         return None
@@ -689,11 +131,11 @@ async def begin(
         return NodeAction.DRAINED  # no new step while the breaker holds disruptions back
     if not repair_permission.may_try(ctx, policy.name, now):
         return NodeAction.DRAINED  # the Job API refused the policy's last create: tried again later
-    indexed = reset_gpus(ctx, name, faulty_gpus(ctx, policy, name, verdict))
+    indexed = reading.reset_gpus(ctx, name, reading.faulty_gpus(ctx, policy, name, verdict))
     gpus = tuple(u for _, u in indexed)
-    past = history(ctx, name)
-    started = cycles(ctx, name)
-    first = repair.first_step(spec, gpus, recovery_actions(ctx, name))
+    past = reading.history(ctx, name)
+    started = reading.cycles(ctx, name)
+    first = repair.first_step(spec, gpus, reading.recovery_actions(ctx, name))
     state: repair.State | None = None
     if first is not None:
         cycle = repair.next_cycle(past, started)
@@ -704,13 +146,13 @@ async def begin(
             phase=Phase.STEP,
             since=now,
             gpus=gpus,
-            boot_id=_boot_id(ctx, name),
+            boot_id=reading.boot_id(ctx, name),
             job=repair.job_name(name, cycle, first),
             started=now,
             fault=",".join(verdict.issues),
         )
-        state = _sealed(ctx, name, state)
-        first_step = _step_of(ctx, policy, spec, name, state)
+        state = records.sealed(ctx, name, state)
+        first_step = job_step.step_of(ctx, policy, spec, name, state)
         why = await first_step.decide(now)
         if why is not None:
             logger.info("repair of node %s by policy %s waits: %s", name, policy.name, why)
@@ -719,17 +161,23 @@ async def begin(
                     ctx, name, f"Repair of the drained node by policy {policy.name}", first_step.found
                 )
             return NodeAction.DRAINED
-        _stop_busy_wait(ctx, name)
+        reading.stop_busy_wait(ctx, name)
     async with ctx.admission.lock:  # one count of repairs in progress at a time, with the budgets'
         selected = len(ctx.cache.selection(policy).selected)
         limit = policies.resolve_max_concurrent(spec, selected)
         decision = repair.may_start(
-            spec, history=past, in_progress=in_progress(ctx), limit=limit, gpus=gpus, now=now, started=started
+            spec,
+            history=past,
+            in_progress=reading.in_progress(ctx),
+            limit=limit,
+            gpus=gpus,
+            now=now,
+            started=started,
         )
         written = (
             decision is repair.Start.GO
             and state is not None
-            and await _write_state(  # the cycle's start is counted before its first Job exists
+            and await records.write_state(  # the cycle's start is counted before its first Job exists
                 ctx,
                 name,
                 state,
@@ -737,9 +185,9 @@ async def begin(
             )
         )
     if decision is repair.Start.WAIT:
-        await _say_waiting(ctx, policy, name, verdict, limit)
+        await reading.say_waiting(ctx, policy, name, verdict, limit)
         return NodeAction.DRAINED
-    await _stop_waiting(ctx, name)
+    await reading.stop_waiting(ctx, name)
     if decision is repair.Start.RETIRE:
         count = repair.cycles_in_window(past, now, spec.attempt_window_seconds, started)
         return (
@@ -777,15 +225,20 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
             ctx, policy, name, state, "the policy's repair steps changed under the cycle", now
         )
     step = spec.steps[state.step]
-    action = _step_of(ctx, policy, spec, name, state)
+    action = job_step.step_of(ctx, policy, spec, name, state)
     job = await action.observe()
-    _fill_gaps(ctx, name, step.name, action, job)
-    if job.phase is repair.JobPhase.MISSING and not _started(ctx, name, state):
+    records.fill_gaps(ctx, name, step.name, action, job)
+    if job.phase is repair.JobPhase.MISSING and not records.started(ctx, name, state):
         return await _launch(ctx, policy, spec, name, state, verdict, now)  # written, never created
-    seen = report(ctx, policy, name, now, state)
+    seen = reading.report(ctx, policy, name, now, state)
     if state.phase is Phase.STEP:
         transition = repair.observe_step(
-            state, step, job, seen, now, finished_seen=_finished_seen(ctx, name, state, job, ctx.clock())
+            state,
+            step,
+            job,
+            seen,
+            now,
+            finished_seen=records.finished_seen(ctx, name, state, job, ctx.clock()),
         )
     else:
         transition = repair.observe_validation(state, spec.validation_timeout_seconds or 0.0, job, now)
@@ -812,7 +265,7 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
     if job.phase is repair.JobPhase.ACTIVE:
         await action.undo()  # timed out, or a reboot's pod that outlived the boot: never beside the next Job
     if transition.outcome is repair.Outcome.EFFECT:
-        _note(
+        records.note(
             ctx,
             name,
             now,
@@ -823,8 +276,8 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
             message=transition.message,
         )
         if spec.validation_timeout_seconds is None:
-            if await _write_state(ctx, name, None):
-                _observe_duration(ctx, state, "returned", now)
+            if await records.write_state(ctx, name, None):
+                records.observe_duration(ctx, state, "returned", now)
                 await ctx.recorder.emit(
                     subject,
                     vocabulary.EventReason.REPAIR_SUCCEEDED,
@@ -833,24 +286,24 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
                     f"after {policy.recovery_healthy_for_seconds:g}s of health.",
                 )
             return None
-        validating = _sealed(
+        validating = records.sealed(
             ctx,
             name,
             dataclasses.replace(
                 state,
                 phase=Phase.VALIDATE,
                 since=now,
-                boot_id=_boot_id(ctx, name),
+                boot_id=reading.boot_id(ctx, name),
                 job=repair.job_name(name, state.cycle, state.step, validation=True),
                 previous=repair.Done(step.name, kind, Result.SUCCEEDED, transition.message),
             ),
         )
-        if not await _write_state(ctx, name, validating):
+        if not await records.write_state(ctx, name, validating):
             return Handled(NodeAction.REPAIRING)
         launched = await _launch(ctx, policy, spec, name, validating, verdict, now)
         return launched if launched is not None else Handled(NodeAction.VALIDATING)
     if transition.outcome is repair.Outcome.PASSED:
-        _note(
+        records.note(
             ctx,
             name,
             now,
@@ -865,7 +318,7 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
             vocabulary.EventReason.VALIDATION_PASSED,
             f"Validation after step {step.name} ({step.action.value}) passed: {transition.message}.",
         )
-        _observe_duration(ctx, state, "returned", now)
+        records.observe_duration(ctx, state, "returned", now)
         await ctx.recorder.emit(
             subject,
             vocabulary.EventReason.REPAIR_SUCCEEDED,
@@ -878,7 +331,7 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
             ),
         )
         if not policy.recovery_uncordon:
-            await _write_state(ctx, name, None)
+            await records.write_state(ctx, name, None)
             return Handled(NodeAction.DRAINED)
         return Handled(NodeAction.VALIDATING, returned=True)
     return await _failed(ctx, policy, spec, name, state, verdict, transition, now)
@@ -900,7 +353,7 @@ async def _failed(  # noqa: PLR0917 - one failure's context
     validating = state.phase is Phase.VALIDATE
     kind = vocabulary.VALIDATION_JOB if validating else (step.action.value if step else "")
     result = transition.result or (Result.VALIDATION_FAILED if validating else Result.FAILED)
-    _note(
+    records.note(
         ctx,
         name,
         now,
@@ -915,7 +368,7 @@ async def _failed(  # noqa: PLR0917 - one failure's context
         if validating and step
         else (f"Repair step {step.name} ({kind})" if step else "Repair step")
     )
-    indexed = faulty_gpus(ctx, policy, name, verdict)
+    indexed = reading.faulty_gpus(ctx, policy, name, verdict)
     gpus = tuple(u for _, u in indexed) or state.gpus
     following = repair.next_step(spec, state.step + 1, gpus)
     then = (
@@ -938,14 +391,14 @@ async def _failed(  # noqa: PLR0917 - one failure's context
         phase=Phase.STEP,
         since=now,
         gpus=gpus,
-        boot_id=_boot_id(ctx, name),
+        boot_id=reading.boot_id(ctx, name),
         job=repair.job_name(name, state.cycle, following),
         started=state.started,
         fault=state.fault,
         previous=repair.Done(step.name if step else "", kind, result, transition.message),
     )
-    nxt = _sealed(ctx, name, nxt)
-    if not await _write_state(ctx, name, nxt):
+    nxt = records.sealed(ctx, name, nxt)
+    if not await records.write_state(ctx, name, nxt):
         return Handled(NodeAction.REPAIRING)
     return await _launch(ctx, policy, spec, name, nxt, verdict, now, indexed=indexed)
 
@@ -962,7 +415,7 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
     indexed: Sequence[tuple[int | None, str]] = (),
 ) -> Handled | None:
     """Create the state's Job (written on the Node already) when the node is safe for it."""
-    action = _step_of(ctx, policy, spec, name, state)
+    action = job_step.step_of(ctx, policy, spec, name, state)
     phase = _phase_action(state)
     why = await action.decide(now)
     if why is not None:
@@ -970,24 +423,24 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
         if action.found is not None and action.found.pods:
             return await _while_busy(ctx, policy, spec, name, state, verdict, action, now)
         return Handled(phase)
-    _stop_busy_wait(ctx, name)
+    reading.stop_busy_wait(ctx, name)
     made = ctx.repair_tokens.get(name)
     if made is None or made[0] != state.token:
         # Written by another process (a restart, an earlier leader) whose token died with it: a new one,
         # its hash on the Node first, so that the Job created now is still known by it after us.
-        state = _sealed(ctx, name, state)
-        if not await _write_state(ctx, name, state):
+        state = records.sealed(ctx, name, state)
+        if not await records.write_state(ctx, name, state):
             return Handled(phase)
-        action = _step_of(ctx, policy, spec, name, state)
+        action = job_step.step_of(ctx, policy, spec, name, state)
     if state.phase is Phase.STEP and indexed:
-        action = JobStep(
+        action = job_step.JobStep(
             ctx,
             policy,
             name,
             state,
             key=action.key,
             timeout_seconds=action.timeout_seconds,
-            words=_step_words(spec.steps[state.step], state, indexed),
+            words=job_step.step_words(spec.steps[state.step], state, indexed),
         )
     step = spec.steps[state.step]
     if state.phase is Phase.STEP and step_kinds.of(step.action).gpus_free_first:
@@ -1034,7 +487,7 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
             now,
         )
     repair_permission.note_permitted(ctx, policy.name)
-    _note(
+    records.note(
         ctx,
         name,
         now,
@@ -1088,7 +541,7 @@ async def _until_operands_gone(  # noqa: PLR0917 - one wait's inputs
     name: str,
     state: repair.State,
     verdict: model.NodeVerdict,
-    action: JobStep,
+    action: job_step.JobStep,
     now: datetime.datetime,
 ) -> Handled | None:
     """None: no operand of the GPU Operator holds the GPU (none on the node, or its pods left). Else
@@ -1124,7 +577,7 @@ async def _until_released(  # noqa: PLR0917 - one wait's inputs
     name: str,
     state: repair.State,
     verdict: model.NodeVerdict,
-    action: JobStep,
+    action: job_step.JobStep,
     now: datetime.datetime,
 ) -> Handled | None:
     """None: the agent released the GPUs for this cycle, the reset may start. Else the step waits (the
@@ -1164,7 +617,7 @@ async def _wait_or_fail(  # noqa: PLR0917 - one wait's inputs
     name: str,
     state: repair.State,
     verdict: model.NodeVerdict,
-    action: JobStep,
+    action: job_step.JobStep,
     now: datetime.datetime,
     *,
     waiting: str | None,
@@ -1208,7 +661,7 @@ async def _refused(  # noqa: PLR0917 - one refusal's inputs
     name: str,
     state: repair.State,
     verdict: model.NodeVerdict,
-    action: JobStep,
+    action: job_step.JobStep,
     error: kube.ApiError,
     now: datetime.datetime,
 ) -> Handled | None:
@@ -1235,11 +688,13 @@ async def _refused(  # noqa: PLR0917 - one refusal's inputs
     logger.warning("repair of node %s: %s", name, message)
     phase = _phase_action(state)
     if state.previous is None and state.phase is Phase.STEP:
-        undone = await _write_state(
+        undone = await records.write_state(
             ctx,
             name,
             None,
-            also={keys.REPAIR_CYCLES_ANNOTATION: repair.without_cycle(cycles(ctx, name), state.cycle)},
+            also={
+                keys.REPAIR_CYCLES_ANNOTATION: repair.without_cycle(reading.cycles(ctx, name), state.cycle)
+            },
         )
         if undone:
             ctx.repair_tokens.pop(name, None)
@@ -1269,7 +724,7 @@ async def _while_busy(  # noqa: PLR0917 - one wait's inputs
     name: str,
     state: repair.State,
     verdict: model.NodeVerdict,
-    action: JobStep,
+    action: job_step.JobStep,
     now: datetime.datetime,
 ) -> Handled | None:
     """The phase's Job may not start: pods run on the node. Drain it again where the policy's drain
@@ -1280,7 +735,7 @@ async def _while_busy(  # noqa: PLR0917 - one wait's inputs
     phase = _phase_action(state)
     step = workload_pods.while_busy(state.since, action.timeout_seconds, now, evictable=bool(found.evictable))
     if step is workload_pods.BusyStep.FAIL:
-        _stop_busy_wait(ctx, name)
+        reading.stop_busy_wait(ctx, name)
         message = (
             f"the node stayed busy for {action.timeout_seconds:g}s after the phase began, so no Job ran "
             f"beside its {workload_pods.words(found.pods)}"
@@ -1304,10 +759,10 @@ async def _say_busy(
     ctx: context.Context,
     name: str,
     what: str,
-    found: Busy,
+    found: reading.Busy,
     *,
     state: repair.State | None = None,
-    action: JobStep | None = None,
+    action: job_step.JobStep | None = None,
 ) -> None:
     """Say once per wait (Event RemediationPaused) which pods hold the repair back, and until when."""
     if name in ctx.repair_busy_said:
@@ -1354,10 +809,14 @@ async def _retire(  # noqa: PLR0917 - one retire's inputs
     """Give up: label needs-repair=manual, the cordon stays, the repair state goes; say so. The Retired
     entry names the fault that began the cycle (`fault`, else the state's): a retired node may report
     healthy by now, and a human needs to know what it was retired for."""
-    if not await _write_state(ctx, name, None, retired=True):
+    if not await records.write_state(ctx, name, None, retired=True):
         return Handled(NodeAction.REPAIRING if state is not None else NodeAction.DRAINED)
     await _reset_over(ctx, name)
-    cycle = state.cycle if state is not None else repair.next_cycle(history(ctx, name), cycles(ctx, name)) - 1
+    cycle = (
+        state.cycle
+        if state is not None
+        else repair.next_cycle(reading.history(ctx, name), reading.cycles(ctx, name)) - 1
+    )
     record = repair.State(
         policy=policy.name,
         cycle=max(cycle, 0),
@@ -1368,7 +827,7 @@ async def _retire(  # noqa: PLR0917 - one retire's inputs
         boot_id=None,
         job="",
     )
-    _note(
+    records.note(
         ctx,
         name,
         now,
@@ -1380,7 +839,7 @@ async def _retire(  # noqa: PLR0917 - one retire's inputs
         fault=fault or (state.fault if state is not None else ""),
     )
     if state is not None:
-        _observe_duration(ctx, state, "retired", now)
+        records.observe_duration(ctx, state, "retired", now)
     await ctx.recorder.emit(
         events.subject(ctx.cache, name),
         vocabulary.EventReason.NODE_RETIRED,
@@ -1396,12 +855,12 @@ async def cancel(
     ctx: context.Context, name: str, state: repair.State, why: str, now: datetime.datetime
 ) -> None:
     """Stop the cycle: delete its Job, remove the state, record Cancelled, say so."""
-    ns = namespace(ctx)
+    ns = reading.namespace(ctx)
     deleted = await jobs.delete(ctx.client, ns, state.job)
     await _reset_over(ctx, name)
-    if not await _write_state(ctx, name, None):
+    if not await records.write_state(ctx, name, None):
         return  # changed meanwhile: the next pass decides again
-    _stop_busy_wait(ctx, name)  # a busy wait said ends with its cycle
+    reading.stop_busy_wait(ctx, name)  # a busy wait said ends with its cycle
     kind = vocabulary.VALIDATION_JOB if state.phase is Phase.VALIDATE else ""
     policy = ctx.cache.policies.get(state.policy)
     if (
@@ -1411,8 +870,10 @@ async def cancel(
         and state.step < len(policy.repair.steps)
     ):
         kind = policy.repair.steps[state.step].action.value
-    _note(ctx, name, now, state, step="", action=kind, result=Result.CANCELLED, message=f"cancelled: {why}")
-    _observe_duration(ctx, state, "cancelled", now)
+    records.note(
+        ctx, name, now, state, step="", action=kind, result=Result.CANCELLED, message=f"cancelled: {why}"
+    )
+    records.observe_duration(ctx, state, "cancelled", now)
     gone = "deleted" if deleted else "already gone"
     await ctx.recorder.emit(
         events.subject(ctx.cache, name),
@@ -1430,10 +891,10 @@ async def sweep(ctx: context.Context, now: datetime.datetime) -> list[str]:
     cancelled: list[str] = []
     for name in ctx.cache.in_node_order(ctx.cache.repairing):  # the annotated nodes, not the fleet
         async with ctx.node_locks[name]:
-            state = state_of(ctx, name)
+            state = reading.state_of(ctx, name)
             if state is None:
                 continue
-            why = cancel_reason(ctx, state, name)
+            why = reading.cancel_reason(ctx, state, name)
             if why is not None:
                 try:
                     await cancel(ctx, name, state, why, now)
@@ -1451,8 +912,8 @@ def dry_run_note(ctx: context.Context, policy: model.Policy, name: str, verdict:
     spec = policy.repair
     if spec is None or verdict.wanted_action is not vocabulary.Action.DRAIN:
         return ""
-    indexed = reset_gpus(ctx, name, faulty_gpus(ctx, policy, name, verdict))
-    first = repair.first_step(spec, [u for _, u in indexed], recovery_actions(ctx, name))
+    indexed = reading.reset_gpus(ctx, name, reading.faulty_gpus(ctx, policy, name, verdict))
+    first = repair.first_step(spec, [u for _, u in indexed], reading.recovery_actions(ctx, name))
     if first is None:
         return " Repair would retire the node: no step applies (no faulty GPU's UUID is known)."
     step = spec.steps[first]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator_context
 from gpuhealth_operator.client import kube
-from gpuhealth_operator.ladder.repair import repairing
+from gpuhealth_operator.ladder.repair import reading
 from gpuhealth_operator.shared import context
 
 
@@ -15,7 +15,7 @@ def make() -> context.Context:
 
 def test_a_running_new_node_validation_holds_a_repair_place() -> None:
     ctx = make()
-    assert repairing.in_progress(ctx) == 0
+    assert reading.in_progress(ctx) == 0
     ctx.validations_running.add("new-node-1")
-    assert repairing.holders(ctx) == ["new-node-1"]
-    assert repairing.in_progress(ctx) == 1  # a repair with maxConcurrent 1 waits for it
+    assert reading.holders(ctx) == ["new-node-1"]
+    assert reading.in_progress(ctx) == 1  # a repair with maxConcurrent 1 waits for it

@@ -16,7 +16,7 @@ import gpunode_facts
 import handling
 import operator_context
 from gpuhealth_api import keys, resources
-from gpuhealth_operator.ladder.repair import repairing
+from gpuhealth_operator.ladder.repair import reading
 from gpuhealth_operator.runtime import handlers, ticker
 from gpuhealth_sim.backtest import memcluster
 
@@ -111,7 +111,7 @@ class Fleet:
         return dict(self.cluster.nodes["n"]["metadata"].get("labels", {}))
 
     def results(self) -> list[tuple[str, str]]:
-        return [(r.get("step", ""), r.get("result", "")) for r in repairing.history(self.ctx, "n")]
+        return [(r.get("step", ""), r.get("result", "")) for r in reading.history(self.ctx, "n")]
 
     async def rebooting(self, *, boot_time: str | None = at(100)) -> None:
         """The condition fires, the node is cordoned and drained, the RebootNode Job starts and the node
@@ -158,7 +158,7 @@ def test_a_fresh_condition_still_true_after_the_reboot_is_no_effect() -> None:
 
 
 def test_no_fresh_condition_within_the_wait_is_judged_on_what_the_node_holds() -> None:
-    """The wait is bounded (`repairing.FRESH_CONDITION_WAIT_SECONDS`): a tool that never writes again
+    """The wait is bounded (`reading.FRESH_CONDITION_WAIT_SECONDS`): a tool that never writes again
     (uninstalled) leaves its last version, judged as it stands."""
 
     async def scenario() -> None:
@@ -166,7 +166,7 @@ def test_no_fresh_condition_within_the_wait_is_judged_on_what_the_node_holds() -
         await fleet.rebooting()
         await fleet.tick(5)
         assert fleet.action() == "Repairing"
-        await fleet.tick(repairing.FRESH_CONDITION_WAIT_SECONDS)
+        await fleet.tick(reading.FRESH_CONDITION_WAIT_SECONDS)
         await fleet.tick(5)
         assert ("reboot", "NoEffect") in fleet.results(), fleet.results()
 
