@@ -56,8 +56,8 @@ RepairStarted Event arrives the leader is killed with SIGKILL and the other
 takes over; every repair Job name must be ADDED once (one uid per name, none
 deleted) and the count must equal the steps and validations the nodes ran.
 
-Usage: nice -n 5 .venv/bin/python bench/repair_time.py [--nodes 20] [--spacing 3]
-       nice -n 5 .venv/bin/python bench/repair_time.py --issue-scenario
+Usage: PYTHONPATH=tests/support nice -n 5 .venv/bin/python bench/repair_time.py [--nodes 20] [--spacing 3]
+       PYTHONPATH=tests/support nice -n 5 .venv/bin/python bench/repair_time.py --issue-scenario
 """
 
 from __future__ import annotations
@@ -69,7 +69,6 @@ import math
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -78,13 +77,11 @@ from typing import Any
 
 from kubernetes import client
 
+import operator_harness
 from gpuhealth_api import keys, resources, vocabulary
 from gpuhealth_sim import waiting, watches
 from gpuhealth_sim.controlplane import binaries, local
 from gpuhealth_sim.fleet import agentpool, fleetfile, repairs
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
-import operator_harness
 
 ROOT = Path(__file__).resolve().parent.parent
 LABEL = "repairbench"
