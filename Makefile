@@ -21,8 +21,9 @@ IMAGE_DIGEST ?=
 CHART_REGISTRY ?=
 
 # bench/ is scripts, not a package: Python puts bench/ on the path of the one it runs (`import common`);
-# those that drive a real operator import tests/support's harness, found through this PYTHONPATH.
-BENCH_PATH = PYTHONPATH=tests/support
+# those that drive a real operator import tests/support's harness, found through this PYTHONPATH (and
+# MYPYPATH for `make lint`'s second mypy run over bench/).
+BENCH_PATH = PYTHONPATH=tests/support MYPYPATH=tests/support
 
 ##@ Quick start
 
@@ -83,6 +84,7 @@ lint: venv ## ruff, mypy, import-linter, helm lint, promtool check rules, action
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check api agent operator sim plugin
 	$(BIN)/mypy
+	$(BENCH_PATH) $(BIN)/mypy bench
 	$(BIN)/lint-imports
 	$(MAKE) --no-print-directory lint-chart lint-ci release-check
 
