@@ -14,21 +14,20 @@ from gpuhealth_operator.decisions import stragglers
 from gpuhealth_sim.backtest import replayer, tracegen
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
-POLICY = ROOT / "examples" / "default-policy.yaml"
+TRACE = tracegen.Options(10, 2)
+"""Ten generated node-days, seed 2: the smallest seed-2 trace on which the window changes an action."""
 
 
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    """Ten generated node-days, seed 2: the smallest seed-2 trace on which the window changes an action."""
-    path = tmp_path_factory.mktemp("trace") / "stragglers.jsonl.gz"
-    tracegen.generate(tracegen.Options(10, 2), path)
+    tracegen.generate(TRACE, path := tmp_path_factory.mktemp("switch") / "seed2.jsonl.gz")
     return path
 
 
 def test_per_sample_replay_is_the_old_judgement_and_differs_from_the_window(
     trace: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    policy = replayer.load_policy(POLICY)
+    policy = replayer.load_policy(ROOT / "examples" / "default-policy.yaml")
     windowed = replayer.run(trace, policy, 30.0).to_json()
     per_sample = replayer.run(trace, policy, 30.0, straggler_window=False).to_json()
     # The old judgement as the benchmark used to get it (the test may patch; the benchmark may not).
