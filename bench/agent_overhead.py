@@ -41,12 +41,13 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import common
 from prometheus_client import parser
 
 from gpuhealth_sim import waiting
 from gpuhealth_sim.controlplane import binaries, local
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = common.ROOT
 NODE = "bench-agent-0"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = 1024
@@ -92,9 +93,7 @@ def cluster(kubeconfig: str | None) -> Iterator[tuple[Path, local.ControlPlane |
         yield Path(kubeconfig), None
         return
     with local.ControlPlane(binaries.locate(cwd=ROOT)) as plane:
-        crds = [arg for p in sorted((ROOT / "crds").glob("*.yaml")) for arg in ("-f", str(p))]
-        plane.kubectl("apply", "--server-side", *crds)
-        plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", *crds)
+        common.install_crds(plane)
         yield plane.kubeconfig, plane
 
 

@@ -19,7 +19,6 @@ import sys
 import time
 from typing import Any
 
-from gpuhealth_operator.decisions import stragglers
 from gpuhealth_sim.backtest import replayer, scoring, subcommands, tracegen, traces
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -62,12 +61,7 @@ def _revision(trace: pathlib.Path) -> object:
 
 def per_sample(trace: pathlib.Path, tick_seconds: float) -> dict[str, Any]:
     """The straggler score with the rule as it was before the window: every sample must be flagged."""
-    windowed = stragglers.windowed
-    stragglers.windowed = lambda _samples, score, *_, **__: score  # the old judgement
-    try:
-        result = replayer.run(trace, replayer.load_policy(POLICY), tick_seconds)
-    finally:
-        stragglers.windowed = windowed
+    result = replayer.run(trace, replayer.load_policy(POLICY), tick_seconds, straggler_window=False)
     return scoring.score(trace, result, baseline=False)
 
 

@@ -15,7 +15,6 @@ real agent per node (sim backend, 8 GPUs each) in this process. Reports:
 
 import argparse
 import datetime
-import json
 import logging
 import os
 import platform
@@ -23,15 +22,16 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import Any, cast
 
+import common
 from kubernetes import client
 
 from gpuhealth_api import resources
 from gpuhealth_sim.controlplane import binaries, local
 from gpuhealth_sim.fleet import agentpool, fleetfile
 
-ROOT = Path(__file__).resolve().parent.parent
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+ROOT = common.ROOT
 
 
 def cpu_seconds() -> float:
@@ -47,22 +47,6 @@ def rss_mib() -> tuple[float, float]:
             key, amount, _ = line.split()
             values[key] = int(amount) / 1024
     return values["VmRSS:"], values["VmHWM:"]
-
-
-def children_cpu_seconds() -> dict[str, float]:
-    """CPU seconds used so far by each direct child process (the control plane), by command name."""
-    me = os.getpid()
-    result: dict[str, float] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        name = text[text.index("(") + 1 : text.rindex(")")]
-        fields = text[text.rindex(")") + 2 :].split()
-        if int(fields[1]) == me:
-            result[name] = result.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-    return result
 
 
 def fleet_spec(nodes: int, interval: float, heartbeat: float, workers: int) -> fleetfile.Fleet:
@@ -94,11 +78,14 @@ def fleet_spec(nodes: int, interval: float, heartbeat: float, workers: int) -> f
 
 def heartbeat_ages(custom: client.CustomObjectsApi, now: float) -> list[float]:
     """Age of every GPUNode's lastHeartbeatTime, listed in pages (one 6 MB list can time out)."""
-    items: list[dict] = []
+    items: list[dict[str, Any]] = []
     token = None
     while True:
-        page = custom.list_cluster_custom_object(
-            resources.GROUP, resources.VERSION, resources.GPUNODE_PLURAL, limit=200, _continue=token
+        page = cast(  # the client hints a custom object list as `object`; it is the decoded JSON
+            "dict[str, Any]",
+            custom.list_cluster_custom_object(
+                resources.GROUP, resources.VERSION, resources.GPUNODE_PLURAL, limit=200, _continue=token
+            ),
         )
         items += page.get("items", [])
         token = page.get("metadata", {}).get("continue")
@@ -148,9 +135,7 @@ def main() -> int:
     directory = args.binaries or binaries.locate(cwd=ROOT)
     results["kwok"] = not args.no_kwok
     with local.ControlPlane(directory, with_kwok=not args.no_kwok) as plane:
-        crds = [arg for path in sorted((ROOT / "crds").glob("*.yaml")) for arg in ("-f", str(path))]
-        plane.kubectl("apply", "--server-side", *crds)
-        plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", *crds)
+        common.install_crds(plane)
         configuration = plane.api_client().configuration
         configuration.connection_pool_maxsize = args.workers + 4  # one connection per worker, no blocking
         api = client.ApiClient(configuration)
@@ -179,15 +164,15 @@ def main() -> int:
         stats_before = (sim.stats.turns, sim.stats.writes, sim.stats.busy_seconds)
         late_before = sim.stats.late_turns
         sim.stats.max_lateness_seconds = 0.0
-        cpu0, children0, wall0 = cpu_seconds(), children_cpu_seconds(), time.monotonic()
+        cpu0, children0, wall0 = cpu_seconds(), common.children_cpu_seconds(), time.monotonic()
         oldest = 0.0
         missing = 0
         while time.monotonic() - wall0 < args.seconds:
             time.sleep(2)
             now = time.time()
-            writes = sim.last_writes()
-            missing = max(missing, sum(1 for w in writes if w is None))
-            oldest = max([oldest, *(now - w for w in writes if w is not None)])
+            last = sim.last_writes()
+            missing = max(missing, sum(1 for w in last if w is None))
+            oldest = max([oldest, *(now - w for w in last if w is not None)])
             if int(time.monotonic() - wall0) % 30 < 2:
                 print(
                     f"  t={time.monotonic() - wall0:5.0f}s turns={sim.stats.turns} writes={sim.stats.writes} "
@@ -196,7 +181,7 @@ def main() -> int:
                 )
         wall = time.monotonic() - wall0
         cpu = cpu_seconds() - cpu0
-        children1 = children_cpu_seconds()
+        children1 = common.children_cpu_seconds()
         rss, peak = rss_mib()
         turns = sim.stats.turns - stats_before[0]
         writes = sim.stats.writes - stats_before[1]
@@ -237,10 +222,8 @@ def main() -> int:
             }
         )
         sim.stop()
-        api.close()
-    print(json.dumps(results, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        api.close()  # type: ignore[no-untyped-call]  # kubernetes ships no hints for it
+    common.report(results, args.json)
     return 0
 
 

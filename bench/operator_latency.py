@@ -13,7 +13,7 @@ GPUs, runs the operator as a subprocess, and measures:
 - API requests per second sent by the operator's reconciler (its metric),
   at rest and during the burst.
 
-Usage: .venv/bin/python bench/operator_latency.py [--nodes 200] [--trials 20]
+Usage: PYTHONPATH=tests/support .venv/bin/python bench/operator_latency.py [--nodes 200] [--trials 20]
 Goals: single-fault p99 <= 1 s; burst all cordoned <= 5 s; <= 40 KB RSS per node.
 """
 
@@ -23,30 +23,27 @@ import argparse
 import asyncio
 import concurrent.futures
 import datetime
+import functools
 import json
-import platform
 import re
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import common
 from kubernetes import client
-from kubernetes.watch.watch import iter_resp_lines
 
+import gpunode_facts
+import operator_harness
 from gpuhealth_api import resources
 from gpuhealth_operator.client import kube
 from gpuhealth_sim import waiting
 from gpuhealth_sim.controlplane import binaries, local
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
-import gpunode_facts
-import operator_harness
-
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = common.ROOT
 ECC = {0: {"ecc": {"uncorrectedVolatile": 1}}}
 
 
@@ -171,7 +168,7 @@ class CordonWatch:
             response = core.list_node(
                 label_selector=self.selector, watch=True, timeout_seconds=30, _preload_content=False
             )
-            for line in iter_resp_lines(response):
+            for line in common.lines(response):
                 event = json.loads(line)
                 if event.get("type") not in ("ADDED", "MODIFIED", "DELETED"):
                     break  # ERROR (resource version too old) or BOOKMARK: list and watch again
@@ -185,7 +182,7 @@ class CordonWatch:
                         self.cordoned.pop(name, None)
                 if self.stop.is_set():
                     break
-            response.release_conn()
+            common.raw(response).release_conn()
 
     def seen(self, name: str) -> float | None:
         with self.lock:
@@ -207,9 +204,7 @@ def main() -> None:
         plane = local.ControlPlane(binaries.locate(cwd=ROOT), workdir / "cp")
         plane.start()
         try:
-            crd_args = [a for p in sorted((ROOT / "crds").glob("*.yaml")) for a in ("-f", str(p))]
-            plane.kubectl("apply", "--server-side", *crd_args)
-            plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", *crd_args)
+            common.install_crds(plane)
             api = plane.api_client()
             operator_harness.ensure_namespace(api, "gpu-health")
             fleet = operator_harness.Fleet(api, label="bench")
@@ -225,9 +220,10 @@ def main() -> None:
                 kubeconfig=Path(plane.kubeconfig), log_path=workdir / "operator.log", identity="bench"
             ).start()
             waiting.wait_until(operator.is_leading, timeout_seconds=60, message="operator leads")
-            assert operator.process is not None
+            pid = operator.pid
+            assert pid is not None
             time.sleep(2)
-            rss_empty = rss_kib(operator.process.pid)
+            rss_empty = rss_kib(pid)
 
             names = [f"bench-gpu-{i:03d}" for i in range(args.nodes)]
             half = args.nodes // 2
@@ -236,15 +232,13 @@ def main() -> None:
                 listed = client.CoreV1Api(api).list_node(
                     label_selector=f"{operator_harness.Fleet.LABEL_KEY}=bench"
                 )
-                labelled = sum(
-                    1 for n in listed.items if (n.metadata.labels or {}).get("gpuhealth.io/health")
-                )
+                labelled = common.health_labelled(listed.items)
                 return labelled == count
 
             def settled_rss() -> int:
                 # Idle API connections close after 15 s and the timer's full pass returns freed heap.
                 time.sleep(25)
-                return rss_kib(operator.process.pid)
+                return rss_kib(pid)
 
             started = time.monotonic()
             with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -285,12 +279,14 @@ def main() -> None:
                     name, gpunode_facts.agent_status(overrides=ECC, observed=gpunode_facts.rfc3339(observed))
                 )
                 seen = waiting.wait_until(
-                    lambda n=name: watcher.seen(n), timeout_seconds=30, message=f"{name} cordoned"
+                    functools.partial(watcher.seen, name), timeout_seconds=30, message=f"{name} cordoned"
                 )
                 single.append(seen - observed.timestamp())
                 fleet.report(name, gpunode_facts.agent_status())
                 waiting.wait_until(
-                    lambda n=name: watcher.seen(n) is None, timeout_seconds=30, message=f"{name} uncordoned"
+                    functools.partial(common.uncordoned, watcher, name),
+                    timeout_seconds=30,
+                    message=f"{name} uncordoned",
                 )
             results["single_p50_seconds"] = round(percentile(single, 50), 3)
             results["single_p99_seconds"] = round(percentile(single, 99), 3)
@@ -299,7 +295,7 @@ def main() -> None:
             # Burst: every node at once.
             time.sleep(2)
             before, t_before = api_requests(operator), time.monotonic()
-            cpu_before = cpu_seconds(operator.process.pid)
+            cpu_before = cpu_seconds(pid)
             observed_at = asyncio.run(inject_faults(Path(plane.kubeconfig), names))
             last_write = time.time()
             burst_start = min(observed_at.values())
@@ -318,14 +314,14 @@ def main() -> None:
             results["burst_requests_per_second"] = round(
                 (api_requests(operator) - before) / (time.monotonic() - t_before), 1
             )
-            results["burst_operator_cpu_seconds"] = round(cpu_seconds(operator.process.pid) - cpu_before, 1)
+            results["burst_operator_cpu_seconds"] = round(cpu_seconds(pid) - cpu_before, 1)
             time.sleep(10)  # the deferred writes (status, Events) of the burst land
             results.update(burst_requests(plane, burst_start, max(seen_at.values()), len(names)))
             api_seconds = results["burst_api_seconds_total"]
             results["burst_operator_cpu_over_api_seconds"] = (
                 round(results["burst_operator_cpu_seconds"] / api_seconds, 4) if api_seconds else None
             )
-            results["rss_after_burst_mib"] = round(rss_kib(operator.process.pid) / 1024, 1)
+            results["rss_after_burst_mib"] = round(rss_kib(pid) / 1024, 1)
             watcher.stop.set()
             operator.stop()
             errors = re.findall(r"reconcile of node .* failed", operator.log())
@@ -335,18 +331,7 @@ def main() -> None:
         finally:
             plane.stop()
 
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if "model name" in line
-        ),
-        platform.processor(),
-    )
-    print(
-        f"machine: {cpu}, {len(re.findall('^processor', Path('/proc/cpuinfo').read_text(), re.M))} cores, "
-        f"Python {platform.python_version()}"
-    )
+    print(common.machine_line())
     for key, value in results.items():
         print(f"{key}: {value}")
     print(f"single fault p50 {statistics.median(single):.3f}s" if single else "")

@@ -14,7 +14,8 @@ by `operator_scale.Writer`; no agents run). Then:
    lists again): the peak from the theft until 20 s after it leads again
    with every node judged, and RSS at that moment.
 
-    KUBEBUILDER_ASSETS=$(hack/testbin.sh) .venv/bin/python bench/operator_priming.py --nodes 1500
+    KUBEBUILDER_ASSETS=$(hack/testbin.sh) PYTHONPATH=tests/support \
+        .venv/bin/python bench/operator_priming.py --nodes 1500
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import logging
 import os
 import platform
@@ -33,15 +33,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import operator_scale  # this directory is on sys.path when run as a script
+import common
+import operator_scale
 from kubernetes import client
 
+import operator_harness
 from gpuhealth_sim import waiting
 from gpuhealth_sim.controlplane import binaries, local
 from gpuhealth_sim.fleet import agentpool
 
-ROOT = operator_scale.ROOT
-import operator_harness  # noqa: E402  (on sys.path through operator_scale)
+ROOT = common.ROOT
 
 SETTLE_SECONDS = 20.0
 
@@ -98,6 +99,7 @@ def steal_lease(api: client.ApiClient, name: str) -> None:
     """Another holder takes the Lease (3 s duration, never renewed): the operator's term ends."""
     coordination = client.CoordinationV1Api(api)
     lease = coordination.read_namespaced_lease(name, "gpu-health")
+    assert lease.spec is not None, "the operator's Lease has a spec"
     now = datetime.datetime.now(datetime.UTC)
     lease.spec.holder_identity = "bench-thief"
     lease.spec.lease_duration_seconds = 3
@@ -112,9 +114,7 @@ def measure(nodes: int, workdir: Path, results: dict[str, Any]) -> None:
     operator: operator_harness.OperatorProcess | None = None
     writer: operator_scale.Writer | None = None
     try:
-        crd_args = [a for p in sorted((ROOT / "crds").glob("*.yaml")) for a in ("-f", str(p))]
-        plane.kubectl("apply", "--server-side", *crd_args)
-        plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", *crd_args)
+        common.install_crds(plane)
         configuration = plane.api_client().configuration
         configuration.connection_pool_maxsize = 40
         api = client.ApiClient(configuration)
@@ -146,10 +146,8 @@ def measure(nodes: int, workdir: Path, results: dict[str, Any]) -> None:
         direct = tuple(p for p in spec.nodes if p.pool == "direct")[:nodes]
         began = time.monotonic()
         agentpool.Fleet(dataclasses.replace(spec, nodes=direct), api, workers=32).create_nodes()
-        listed = json.loads(
-            client.CoreV1Api(api)
-            .list_node(label_selector=operator_scale._selector(), _preload_content=False)
-            .data
+        listed = common.body(
+            client.CoreV1Api(api).list_node(label_selector=operator_scale._selector(), _preload_content=False)
         )["items"]
         uids = {n["metadata"]["name"]: n["metadata"]["uid"] for n in listed}
         writer = operator_scale.Writer(Path(plane.kubeconfig))
@@ -222,17 +220,15 @@ def main() -> int:
     results: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "command": " ".join(["bench/operator_priming.py", *sys.argv[1:]]),
-        "load_average_at_start": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
+        "load_average_at_start": common.load_average(),
         "nodes": args.nodes,
     }
     with tempfile.TemporaryDirectory(prefix="gpuhealth-bench-priming-") as tmp:
         try:
             measure(args.nodes, Path(tmp), results)
         finally:
-            results["load_average_at_end"] = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-            print(json.dumps(results, indent=2))
-            if args.json:
-                args.json.write_text(json.dumps(results, indent=2) + "\n")
+            results["load_average_at_end"] = common.load_average()
+            common.report(results, args.json)
     return 0
 
 

@@ -22,7 +22,8 @@ Measures:
 - a burst on 1 % of the nodes at once: operator CPU, per-node latency, last
   cordon after the last fault write.
 
-    KUBEBUILDER_ASSETS=$(hack/testbin.sh) .venv/bin/python bench/operator_scale.py [--quick]
+    KUBEBUILDER_ASSETS=$(hack/testbin.sh) PYTHONPATH=tests/support \
+        .venv/bin/python bench/operator_scale.py [--quick]
 Goals: RSS ≤ 200 MB (aim 100 MB); single-fault p99 ≤ 1 s (aim 100 ms).
 """
 
@@ -35,6 +36,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import datetime
+import functools
 import json
 import logging
 import os
@@ -48,25 +50,24 @@ from collections.abc import Coroutine, Iterable
 from pathlib import Path
 from typing import Any
 
+import common
 import urllib3
 from kubernetes import client
-from kubernetes.watch.watch import iter_resp_lines
 
+import gpunode_facts
+import operator_harness
 from gpuhealth_api import resources
 from gpuhealth_operator.client import kube
 from gpuhealth_sim import waiting
 from gpuhealth_sim.controlplane import binaries, local
 from gpuhealth_sim.fleet import agentpool, fleetfile
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "support"))
-import gpunode_facts  # noqa: E402
-import operator_harness  # noqa: E402
+ROOT = common.ROOT
 
 LABEL = {"gpuhealth.io/bench": "scale"}
 POLICY = "scale"
 ECC = {0: {"ecc": {"uncorrectedVolatile": 1}}}
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+CLOCK_TICKS = common.CLOCK_TICKS
 WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION"})
 GPUNODES = f"/apis/{resources.GROUP}/{resources.VERSION}/{resources.GPUNODE_PLURAL}"
 
@@ -84,22 +85,6 @@ def rss_mib(pid: int) -> float:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def children_cpu_seconds() -> dict[str, float]:
-    """CPU seconds of each direct child process of this one (control plane, operator), by name."""
-    me = os.getpid()
-    result: dict[str, float] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        name = text[text.index("(") + 1 : text.rindex(")")]
-        fields = text[text.rindex(")") + 2 :].split()
-        if int(fields[1]) == me:
-            result[name] = result.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-    return result
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -154,7 +139,7 @@ def apiserver_writes(api: client.ApiClient) -> dict[str, float]:
     if token:
         headers["Authorization"] = token
     response = api.call_api("GET", f"{api.configuration.host}/metrics", header_params=headers)
-    text = response.read().decode()
+    text = response.read().decode()  # type: ignore[no-untyped-call]  # kubernetes ships no hints for it
     counts: dict[str, float] = {}
     pattern = re.compile(r"^apiserver_request_total\{(.*)\} (\S+)$")
     for line in text.splitlines():
@@ -291,7 +276,7 @@ class CordonWatch:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         page = self.core.list_node(label_selector=_selector(), limit=1, _preload_content=False)
-        self.version = json.loads(page.data)["metadata"]["resourceVersion"]
+        self.version = common.body(page)["metadata"]["resourceVersion"]
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -314,12 +299,12 @@ class CordonWatch:
             _preload_content=False,
         )
         try:
-            for line in iter_resp_lines(response):
+            for line in common.lines(response):
                 event = json.loads(line)
                 node = event.get("object") or {}
                 if event.get("type") == "ERROR":  # 410: the version is gone; list it anew
                     page = self.core.list_node(label_selector=_selector(), limit=1, _preload_content=False)
-                    self.version = json.loads(page.data)["metadata"]["resourceVersion"]
+                    self.version = common.body(page)["metadata"]["resourceVersion"]
                     return
                 self.version = (node.get("metadata") or {}).get("resourceVersion", self.version)
                 if event.get("type") not in ("ADDED", "MODIFIED"):
@@ -334,7 +319,7 @@ class CordonWatch:
                 if self.stop.is_set():
                     return
         finally:
-            response.release_conn()
+            common.raw(response).release_conn()
 
     def seen(self, name: str) -> float | None:
         with self.lock:
@@ -404,9 +389,7 @@ def measure(plan: Plan, workdir: Path, results: dict[str, Any]) -> None:
     sim: agentpool.Fleet | None = None
     stop_trickle = threading.Event()
     try:
-        crd_args = [a for p in sorted((ROOT / "crds").glob("*.yaml")) for a in ("-f", str(p))]
-        plane.kubectl("apply", "--server-side", *crd_args)
-        plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", *crd_args)
+        common.install_crds(plane)
         configuration = plane.api_client().configuration
         configuration.connection_pool_maxsize = 80
         api = client.ApiClient(configuration)
@@ -425,6 +408,7 @@ def measure(plan: Plan, workdir: Path, results: dict[str, Any]) -> None:
         operator = operator_harness.OperatorProcess(
             kubeconfig=Path(plane.kubeconfig), log_path=workdir / "operator.log", identity="bench"
         ).start()
+        first = operator  # not None, for the lambdas below (`operator` is the restarted one later)
         waiting.wait_until(operator.is_leading, timeout_seconds=60, message="operator leads")
         assert operator.pid is not None
         time.sleep(2)
@@ -444,8 +428,8 @@ def measure(plan: Plan, workdir: Path, results: dict[str, Any]) -> None:
             sim.start()
         writer = Writer(Path(plane.kubeconfig))
         direct = {p.name for p in direct_plans}
-        listed = json.loads(
-            client.CoreV1Api(api).list_node(label_selector=_selector(), _preload_content=False).data
+        listed = common.body(
+            client.CoreV1Api(api).list_node(label_selector=_selector(), _preload_content=False)
         )["items"]
         uids = {
             n["metadata"]["name"]: n["metadata"]["uid"] for n in listed if n["metadata"]["name"] in direct
@@ -458,7 +442,7 @@ def measure(plan: Plan, workdir: Path, results: dict[str, Any]) -> None:
         names = sorted(direct)
         trickle = writer.submit(writer.trickle(names, plan.heartbeat, stop_trickle))
         waiting.wait_until(
-            lambda: judged(operator, "Healthy") >= plan.nodes,
+            lambda: judged(first, "Healthy") >= plan.nodes,
             timeout_seconds=1800,
             interval_seconds=1,
             message="every node judged",
@@ -472,7 +456,8 @@ def measure(plan: Plan, workdir: Path, results: dict[str, Any]) -> None:
         results["rss_per_node_kib"] = round(
             (results["rss_settled_mib"] - results["rss_empty_mib"]) * 1024 / plan.nodes, 1
         )
-        writes0, cpu0, children0 = apiserver_writes(api), cpu_seconds(operator.pid), children_cpu_seconds()
+        writes0, cpu0 = apiserver_writes(api), cpu_seconds(operator.pid)
+        children0 = common.children_cpu_seconds()
         t0 = time.monotonic()
         ops0 = metric_sum(operator.metrics(), "gpuhealth_operator_api_requests_total")
         verbs0 = by_label(operator.metrics(), "gpuhealth_operator_api_requests_total", "verb")
@@ -489,7 +474,7 @@ def measure(plan: Plan, workdir: Path, results: dict[str, Any]) -> None:
         results["idle_operator_cpu_ms_per_event"] = (
             round(1000 * (cpu_seconds(operator.pid) - idle_cpu0) / events, 3) if events else None
         )
-        children1 = children_cpu_seconds()
+        children1 = common.children_cpu_seconds()
         writes = rates(writes0, apiserver_writes(api), wall)
         results["idle_window_seconds"] = round(wall)
         results["idle_operator_cpu_millicores"] = round(1000 * (cpu_seconds(operator.pid) - cpu0) / wall, 1)
@@ -517,7 +502,7 @@ def measure(plan: Plan, workdir: Path, results: dict[str, Any]) -> None:
             writer.held.add(name)
             stamped = writer.run(writer.faults([name], plan.heartbeat))
             seen = waiting.wait_until(
-                lambda n=name: watch.seen(n),
+                functools.partial(watch.seen, name),
                 timeout_seconds=60,
                 message=f"{name} cordoned",
                 interval_seconds=0.02,
@@ -525,7 +510,9 @@ def measure(plan: Plan, workdir: Path, results: dict[str, Any]) -> None:
             single.append(seen - stamped[name])
             writer.run(writer.heal([name], plan.heartbeat))
             waiting.wait_until(
-                lambda n=name: watch.seen(n) is None, timeout_seconds=60, message=f"{name} uncordoned"
+                functools.partial(common.uncordoned, watch, name),
+                timeout_seconds=60,
+                message=f"{name} uncordoned",
             )
             writer.held.discard(name)
         results["single_trials"] = len(single)
@@ -660,17 +647,15 @@ def main() -> int:
     results: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "command": " ".join(["bench/operator_scale.py", *sys.argv[1:]]),
-        "load_average_at_start": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
+        "load_average_at_start": common.load_average(),
         **dataclasses.asdict(plan),
     }
     with tempfile.TemporaryDirectory(prefix="gpuhealth-bench-scale-") as tmp:
         try:
             measure(plan, Path(tmp), results)
         finally:
-            results["load_average_at_end"] = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-            print(json.dumps(results, indent=2))
-            if args.json:
-                args.json.write_text(json.dumps(results, indent=2) + "\n")
+            results["load_average_at_end"] = common.load_average()
+            common.report(results, args.json)
     return 0
 
 

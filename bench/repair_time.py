@@ -66,8 +66,8 @@ started a second host engine, and from a 100 ms sampler of the Nodes every
 node whose operand label was off without the operator's record of it, and
 every node not restored at the end.
 
-Usage: nice -n 5 .venv/bin/python bench/repair_time.py [--nodes 20] [--spacing 3]
-       nice -n 5 .venv/bin/python bench/repair_time.py --issue-scenario
+Usage: PYTHONPATH=tests/support nice -n 5 .venv/bin/python bench/repair_time.py [--nodes 20] [--spacing 3]
+       PYTHONPATH=tests/support nice -n 5 .venv/bin/python bench/repair_time.py --issue-scenario
 """
 
 from __future__ import annotations
@@ -79,7 +79,6 @@ import math
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -88,14 +87,12 @@ from typing import Any
 
 from kubernetes import client
 
+import operator_harness
 from gpuhealth_api import keys, resources, vocabulary
 from gpuhealth_sim import waiting, watches
 from gpuhealth_sim.controlplane import binaries, local
 from gpuhealth_sim.demo import operands
 from gpuhealth_sim.fleet import agentpool, fleetfile, repairs
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
-import operator_harness
 
 ROOT = Path(__file__).resolve().parent.parent
 LABEL = "repairbench"

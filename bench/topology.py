@@ -19,7 +19,7 @@ in r5) is written at once. Each cordoned node is repaired (reported healthy)
   node's domains last had a free place (a Node watch's timeline) to its
   cordon; the first wave from the fault's write. Goal: the last within 1 s.
 
-Usage: .venv/bin/python bench/topology.py [--hold 3] [--timeout 300]
+Usage: PYTHONPATH=tests/support .venv/bin/python bench/topology.py [--hold 3] [--timeout 300]
 """
 
 from __future__ import annotations
@@ -27,9 +27,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import platform
 import re
-import sys
 import tempfile
 import threading
 import time
@@ -37,18 +35,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import common
 import urllib3
 from kubernetes import client
-from kubernetes.watch.watch import iter_resp_lines
 
+import gpunode_facts
+import operator_harness
 from gpuhealth_sim import waiting
 from gpuhealth_sim.controlplane import binaries, local
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
-import gpunode_facts
-import operator_harness
-
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = common.ROOT
 ECC = {0: {"ecc": {"uncorrectedVolatile": 1}}}
 RACK, ZONE, CLIQUE = "example.com/rack", "topology.kubernetes.io/zone", "nvidia.com/gpu.clique"
 LIMITS = {RACK: 1, ZONE: 3, CLIQUE: 1}
@@ -112,7 +108,7 @@ class Timeline:
                 timeout_seconds=30,
                 _preload_content=False,
             )
-            for line in iter_resp_lines(response):
+            for line in common.lines(response):
                 event = json.loads(line)
                 if event.get("type") not in ("ADDED", "MODIFIED", "DELETED"):
                     break
@@ -125,7 +121,7 @@ class Timeline:
                     self.state[name] = out
                 if self.stop.is_set():
                     break
-            response.release_conn()
+            common.raw(response).release_conn()
 
     def cordoned_at(self, name: str) -> float | None:
         with self.lock:
@@ -179,9 +175,7 @@ def main() -> None:
         plane = local.ControlPlane(binaries.locate(cwd=ROOT), workdir / "cp")
         plane.start()
         try:
-            crd_args = [a for p in sorted((ROOT / "crds").glob("*.yaml")) for a in ("-f", str(p))]
-            plane.kubectl("apply", "--server-side", *crd_args)
-            plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", *crd_args)
+            common.install_crds(plane)
             api = plane.api_client()
             operator_harness.ensure_namespace(api, "gpu-health")
             fleet = operator_harness.Fleet(api, label=LABEL)
@@ -210,9 +204,7 @@ def main() -> None:
 
             def judged() -> bool:
                 listed = core.list_node(label_selector=f"{operator_harness.Fleet.LABEL_KEY}={LABEL}")
-                return (
-                    sum(1 for n in listed.items if (n.metadata.labels or {}).get("gpuhealth.io/health")) == 64
-                )
+                return common.health_labelled(listed.items) == 64
 
             waiting.wait_until(judged, timeout_seconds=120, message="every node judged", interval_seconds=0.5)
             timeline = Timeline(api).start()
@@ -230,7 +222,7 @@ def main() -> None:
                     listed = core.list_node(
                         label_selector=f"{operator_harness.Fleet.LABEL_KEY}={LABEL}", _preload_content=False
                     )
-                    items = json.loads(listed.data)["items"]
+                    items = common.body(listed)["items"]
                     out = {n["metadata"]["name"] for n in items if (n.get("spec") or {}).get("unschedulable")}
                     for domain, count in domain_counts(out, labels).items():
                         most[domain] = max(most.get(domain, 0), count)
@@ -309,16 +301,7 @@ def main() -> None:
             Path("/tmp/gpuhealth-bench-topology-operator.log").write_text(operator.log())
         finally:
             plane.stop()
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if "model name" in line
-        ),
-        platform.processor(),
-    )
-    cores = len(re.findall("^processor", Path("/proc/cpuinfo").read_text(), re.M))
-    print(f"machine: {cpu}, {cores} cores, Python {platform.python_version()}")
+    print(common.machine_line())
     for key, value in results.items():
         print(f"{key}: {value}")
     passed = (

@@ -22,33 +22,32 @@ list of the Nodes):
 - never: a mark on a node of another clique, a healthy node of the clique
   unschedulable, a mark while 4 nodes are faulty.
 
-Usage: .venv/bin/python bench/topology_domains.py [--rounds 3] [--hold 10]
+Usage: PYTHONPATH=tests/support .venv/bin/python bench/topology_domains.py [--rounds 3] [--hold 10]
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import json
 import os
 import platform
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import common
 from kubernetes import client
 
+import gpunode_facts
+import operator_harness
 from gpuhealth_sim import waiting
 from gpuhealth_sim.controlplane import binaries, local
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
-import gpunode_facts
-import operator_harness
-
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = common.ROOT
 ECC = {0: {"ecc": {"uncorrectedVolatile": 1}}}
 RACK, ZONE, CLIQUE = "example.com/rack", "topology.kubernetes.io/zone", "nvidia.com/gpu.clique"
 MARK = "gpuhealth.io/domain-degraded"
@@ -88,7 +87,7 @@ class Sampler:
                 label_selector=f"{operator_harness.Fleet.LABEL_KEY}={LABEL}", _preload_content=False
             )
             at = time.monotonic()
-            items = json.loads(listed.data)["items"]
+            items = common.body(listed)["items"]
             marked = {n["metadata"]["name"] for n in items if (n["metadata"].get("labels") or {}).get(MARK)}
             tainted = {
                 n["metadata"]["name"]
@@ -112,6 +111,11 @@ class Sampler:
         raise TimeoutError("the sampled condition did not hold in time")
 
 
+def cleared(sampler: Sampler, members: frozenset[str]) -> bool:
+    """Whether none of `members` was unschedulable in the sampler's last three samples."""
+    return not any(members & s[3] for s in sampler.samples[-3:])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -129,9 +133,7 @@ def main() -> None:
         plane = local.ControlPlane(binaries.locate(cwd=ROOT), workdir / "cp")
         plane.start()
         try:
-            crd_args = [a for p in sorted((ROOT / "crds").glob("*.yaml")) for a in ("-f", str(p))]
-            plane.kubectl("apply", "--server-side", *crd_args)
-            plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", *crd_args)
+            common.install_crds(plane)
             api = plane.api_client()
             operator_harness.ensure_namespace(api, "gpu-health")
             fleet = operator_harness.Fleet(api, label=LABEL)
@@ -154,9 +156,7 @@ def main() -> None:
 
             def judged() -> bool:
                 listed = core.list_node(label_selector=f"{operator_harness.Fleet.LABEL_KEY}={LABEL}")
-                return (
-                    sum(1 for n in listed.items if (n.metadata.labels or {}).get("gpuhealth.io/health")) == 64
-                )
+                return common.health_labelled(listed.items) == 64
 
             waiting.wait_until(judged, timeout_seconds=120, message="every node judged", interval_seconds=0.5)
             sampler = Sampler(core).start()
@@ -201,7 +201,7 @@ def main() -> None:
                         violations.append(f"{clique}: a healthy node of the clique was unschedulable")
                     # Wait for the faulty nodes' own uncordon before the next round.
                     waiting.wait_until(
-                        lambda ms=set(members): not any(ms & s[3] for s in sampler.samples[-3:]),
+                        functools.partial(cleared, sampler, frozenset(members)),
                         timeout_seconds=120,
                         message="the clique uncordoned",
                     )

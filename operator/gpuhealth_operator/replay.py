@@ -75,6 +75,8 @@ class Operator:
     `agent_pod_namespace`: where agent pods count (the recording's namespace; None: any namespace).
     `instance`: the reporting instance of its Events.
     `straggler_observer`: told each sample a straggler window takes ((policy, node), its time, the score).
+    `straggler_window`: False judges stragglers on each sample alone (the rule before the window; a
+    benchmark's comparison), not on their window.
     """
 
     def __init__(
@@ -85,12 +87,14 @@ class Operator:
         agent_pod_namespace: str | None = None,
         instance: str = "replay",
         straggler_observer: StragglerObserver | None = None,
+        straggler_window: bool = True,
     ) -> None:
         # No release ask: the recorded agents answered the live operator's, not the replay's (issue 48).
         config = settings.Settings(agent_pod_namespace=agent_pod_namespace, release_gpus=False)
         self._ctx = context.Context.create(config, client, metrics.Metrics.create(), instance=instance)
         self._ctx.clock = clock
         self._ctx.straggler_cohorts.observer = straggler_observer
+        self._ctx.straggler_cohorts.window = straggler_window
 
     async def policy_event(self, kind: EventType, body: dict[str, Any]) -> None:
         """A GPUHealthPolicy watch event."""

@@ -344,16 +344,20 @@ class _PolicyCohorts:
         sampled_at = member.record.report_seen_at if stragglers.settled(samples) else None
         was: model.StragglerScore | None = self.outs[i]
         takes = sampled_at is not None and (not samples or samples[-1][0] != sampled_at)
-        out = stragglers.windowed(
-            samples,
-            judged,
-            sampled_at,
-            now,
-            self.for_seconds,
-            member.period,
-            self.threshold,
-            was_flagged=was is not None and was.flagged,
-            flagged_since=was.since if was is not None else None,
+        out = (
+            stragglers.windowed(
+                samples,
+                judged,
+                sampled_at,
+                now,
+                self.for_seconds,
+                member.period,
+                self.threshold,
+                was_flagged=was is not None and was.flagged,
+                flagged_since=was.since if was is not None else None,
+            )
+            if ctx.straggler_cohorts.window
+            else judged  # `Cohorts.window` off: each sample's own judgement, the rule before the window
         )
         observer = ctx.straggler_cohorts.observer
         if takes and observer is not None:
@@ -422,6 +426,9 @@ class Cohorts:
         delete from them (`Context.forget_verdicts`, `forget_policy`), so the same sizes say untouched."""
         self.observer: Observer | None = None
         """Told each sample a window takes (a benchmark's view of the z-scores); None in service."""
+        self.window = True
+        """Judge on the window (`stragglers.windowed`); False: on each sample alone, the rule before the
+        window, which a benchmark replays to compare with (never False in service)."""
 
 
 def score(ctx: Fleet, now: datetime.datetime) -> set[str]:

@@ -261,6 +261,7 @@ class Replay:
         *,
         agent_pod_namespace: str | None = None,
         straggler_observer: replay.StragglerObserver | None = None,
+        straggler_window: bool = True,
     ) -> None:
         self.start = start
         self.now = start
@@ -274,6 +275,7 @@ class Replay:
             agent_pod_namespace=agent_pod_namespace,
             instance="backtest",
             straggler_observer=straggler_observer,
+            straggler_window=straggler_window,
         )
         self.policy = policy
         self.name = str(policy["metadata"]["name"])
@@ -666,9 +668,11 @@ def run(
     tick_seconds: float = 30.0,
     *,
     straggler_observer: replay.StragglerObserver | None = None,
+    straggler_window: bool = True,
 ) -> Result:
     """Replay `trace` under `policy`; raises traces.TraceError on a bad trace. `straggler_observer`: told
-    each sample a straggler window takes (`replay.StragglerObserver`)."""
+    each sample a straggler window takes (`replay.StragglerObserver`). `straggler_window`: False judges
+    stragglers on each sample alone, the rule before the window (bench/backtest_quality.py's comparison)."""
     logging.getLogger("gpuhealth_operator").setLevel(logging.ERROR)
     import time  # noqa: PLC0415
 
@@ -681,6 +685,7 @@ def run(
             tick_seconds,
             agent_pod_namespace=namespace if isinstance(namespace, str) and namespace else None,
             straggler_observer=straggler_observer,
+            straggler_window=straggler_window,
         )
         result = asyncio.run(replay.run(records))
     result.seconds = time.perf_counter() - began
