@@ -138,13 +138,32 @@ def fact_signals(
             signals[condition] = model.Signal(condition, None, "unknown: the agent has not reported GPUs yet")
         return signals
     limits = dict(thresholds)
-    history = memory.gpu if memory is not None else faults.no_history
+    history = _once_per_gpu(memory.gpu) if memory is not None else faults.no_history
+    # Most reports list no fact their agent cannot read: then no condition has an unread GPU to name.
+    unread = any(isinstance(g, gpu_facts.MAPPINGS) and isinstance(g.get("unreadable"), list) for g in gpus)
     for condition, check in conditions.gpu_checks(rule_xids, limits, history).items():
         if condition is not Condition.GPU_LOST:  # per GPU and per node: _lost
-            signals[condition] = _per_gpu(condition, gpus, check)
+            signals[condition] = _per_gpu(condition, gpus, check, unread=unread)
     signals[Condition.GPU_LOST] = _lost(facts, node, gpus)
     signals[Condition.NIC_DEGRADED] = _nics(facts, limits, memory)
     return signals
+
+
+def _once_per_gpu(history: faults.History) -> faults.History:
+    """`history` asked once per GPU of one report: each trend condition asks it of every GPU, and what it
+    answers (`trends.Trends.gpu`) reads the GPU's key and link cohort anew each time (issue 52). By
+    identity, each entry holding its GPU so that no id is reused while the answers live."""
+    answers: dict[int, tuple[status.GPUStatus, faults.Trend]] = {}
+
+    def once(gpu: status.GPUStatus) -> faults.Trend:
+        found = answers.get(id(gpu))
+        if found is not None and found[0] is gpu:
+            return found[1]
+        trend = history(gpu)
+        answers[id(gpu)] = (gpu, trend)
+        return trend
+
+    return once
 
 
 def node_condition_signal(node: model.NodeView, condition: vocabulary.NodeCondition) -> model.Signal:
@@ -327,7 +346,10 @@ def gpu_name(gpu: status.GPUStatus) -> str:
     return label
 
 
-def _per_gpu(condition: Condition, gpus: list[status.GPUStatus], check: GPUFault) -> model.Signal:
+def _per_gpu(
+    condition: Condition, gpus: list[status.GPUStatus], check: GPUFault, *, unread: bool = True
+) -> model.Signal:
+    """`unread`: whether any GPU may list facts it cannot read (False: none does, `_unread` finds none)."""
     found: list[str] = []
     for gpu in gpus:
         if not isinstance(gpu, gpu_facts.MAPPINGS):
@@ -337,10 +359,10 @@ def _per_gpu(condition: Condition, gpus: list[status.GPUStatus], check: GPUFault
             continue
         found.append(f"{gpu_name(gpu)}: {fault}")
     if not found:
-        unread = _unread(condition, gpus)
-        if unread:
+        unread_gpus = _unread(condition, gpus) if unread else None
+        if unread_gpus:
             # A fact that cannot be read is no evidence either way: the condition keeps its state.
-            return model.Signal(condition, None, f"unknown: {unread}")
+            return model.Signal(condition, None, f"unknown: {unread_gpus}")
         return _HEALTHY[condition]
     # No observed_at: the agent's stamps (observedTime, XID lastSeen) are its clock, which may be
     # minutes off; forSeconds counts from when the operator received the evidence (issue 24).
