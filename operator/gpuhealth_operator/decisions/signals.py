@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime
 import operator
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, cast
 
 from gpuhealth_api import conditions, faults, heartbeats, keys, status, vocabulary
 from gpuhealth_operator.decisions import gpu_facts, liveness, model, times, trends
@@ -206,13 +206,22 @@ _STEADY: Final = operator.attrgetter(
 read from cached GPU facts in one C call."""
 
 
-def still_healthy(judged: FactSignals, older: status.GPUNodeStatus, newer: status.GPUNodeStatus) -> bool:
+def still_healthy(
+    judged: FactSignals,
+    older: status.GPUNodeStatus,
+    newer: status.GPUNodeStatus,
+    memory: trends.Trends | None = None,
+) -> bool:
     """Whether `newer` facts get the signals `judged` of `older`, all healthy, without judging them again.
 
     A healthy GPU's report moves its clocks, temperature and utilization, not its faults: when each
     GPU holds what `older`'s did in every field a predicate reads (`conditions.READS`) but those that
     move, and the predicates that read those find nothing, every answer is older's (and a healthy
     signal's message is fixed). For the GPUs a cache keeps (`gpu_facts.GPUFacts`) only.
+
+    With `memory` (what is remembered up to `newer`, `trends.advance`), a GPU whose other fields moved
+    too (a counter creeping below its rule's rate, as most of a real fleet's do: issue 52) keeps them if
+    every predicate under every key judged finds nothing in it (`_healthy_under`).
     """
     if not judged or any(s.present is not False for signals in judged.values() for s in signals.values()):
         return False
@@ -229,11 +238,42 @@ def still_healthy(judged: FactSignals, older: status.GPUNodeStatus, newer: statu
         if type(gpu) is not type(was) or type(was) is not gpu_facts.GPUFacts:
             return False
         if _STEADY(gpu) != _STEADY(was):
-            return False
+            if memory is None or not _healthy_under(judged, gpu, was, memory):
+                return False
+            continue
         for check in _MOVING_CHECKS:
             if check(gpu) is not None:
                 return False
     return True
+
+
+def _healthy_under(
+    judged: FactSignals, gpu: status.GPUStatus, was: Mapping[str, object], memory: trends.Trends
+) -> bool:
+    """Whether every predicate, under each key of `judged` (its XIDs and trend thresholds), finds nothing in
+    `gpu` with `memory`, which `was` (its version in the report judged) shares every link fact with.
+
+    The memory is asked without the fleet's link cohorts (`trends.with_cohorts`): they only raise the
+    links up NvLinkDegraded expects (`trends.Expected`), so a GPU found healthy with them in `was` (whose
+    links up, links down and so the links seen and the cohort's key are `gpu`'s) is healthy with them now
+    iff its counters grow slowly enough, which the predicates judge alike with or without them. The
+    facts the agent cannot read are `was`'s: none, its signals being all False.
+    """
+    if gpu.get("unreadable") != was.get("unreadable") or _links(gpu) != _links(was):
+        return False
+    for rule_xids, _, thresholds, _ in judged:
+        for check in conditions.gpu_checks(rule_xids, dict(thresholds), memory.gpu).values():
+            if check(gpu) is not None:
+                return False
+    return True
+
+
+def _links(gpu: Mapping[str, object]) -> tuple[object, object, object] | None:
+    nvlink = gpu.get("nvlink")
+    if not faults.is_mapping(nvlink):
+        return None if nvlink is None else (nvlink, None, None)
+    links = cast("Mapping[str, object]", nvlink)
+    return links.get("linksUp"), links.get("linksDown"), gpu.get("model")
 
 
 def agent_stale(
