@@ -26,7 +26,7 @@ from typing import Any
 import kopf
 
 import gpunode_facts
-from gpuhealth_api import keys, resources
+from gpuhealth_api import faults, keys, resources
 from gpuhealth_operator import (
     cache,
     context,
@@ -59,6 +59,8 @@ RESET: dict[str, Callable[[], object]] = {
     "gpuhealth_operator.decisions.times.render": times.render.cache_clear,
     "gpuhealth_operator.cache._READINGS": lambda: setattr(cache, "_READINGS", itertools.count(1)),
     "gpuhealth_operator.cache.SHARED": cache.SHARED.table.clear,
+    "gpuhealth_api.faults._PATHS": faults._PATHS.clear,
+    "gpuhealth_api.faults._MAPPING_TYPES": lambda: faults._MAPPING_TYPES.intersection_update({dict}),
 }
 """Every module-level store the operator writes at run time, by its dotted name, and how a new process
 has it. Test-only: the product keeps what survives a restart in the cluster, and these hold none of it
