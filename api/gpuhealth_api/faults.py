@@ -300,14 +300,38 @@ def fact(record: Mapping[str, object], path: str) -> int | float | None:
     if path == "active":
         state = record.get("state")
         return None if not isinstance(state, str) else int(state == NIC_ACTIVE)
+    parts = _PATHS.get(path)
+    if parts is None:
+        parts = _PATHS[path] = tuple(path.split("."))
     value: object = record
-    for part in path.split("."):
-        if not isinstance(value, Mapping):
+    for part in parts:
+        if not is_mapping(value):
             return None
-        value = value.get(part)
+        value = value.get(part)  # type: ignore[attr-defined]  # is_mapping: a Mapping
+    kind = type(value)
+    if kind is int or kind is float:  # nearly every fact: no bool, no subclass to ask about
+        return value  # type: ignore[return-value]  # int or float, as tested
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return value
+
+
+_PATHS: Final[dict[str, tuple[str, ...]]] = {}
+"""Each dotted path's parts, split once: `fact` runs per counter per GPU per report (issue 52)."""
+_MAPPING_TYPES: Final[set[type]] = {dict}
+"""The types found to be Mappings: `isinstance` against the ABC costs a call into `abc` each time, and the
+cache's read-only facts (a class of their own) are asked millions of times in a backtest (issue 52)."""
+
+
+def is_mapping(value: object) -> bool:
+    """`isinstance(value, Mapping)`, remembering the types found to be one (a class stays one)."""
+    kind = type(value)
+    if kind in _MAPPING_TYPES:
+        return True
+    if isinstance(value, Mapping):
+        _MAPPING_TYPES.add(kind)
+        return True
+    return False
 
 
 def _growing(record: Mapping[str, object], trend: Trend, paths: Iterable[str], threshold: float) -> list[str]:

@@ -27,7 +27,7 @@ import kopf
 
 import gpunode_facts
 import operator_context
-from gpuhealth_api import keys, resources
+from gpuhealth_api import faults, keys, resources
 from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import policies, stragglers, times, trends, verdicts
 from gpuhealth_operator.runtime import handlers, passes, priming, resync, ticker
@@ -52,6 +52,8 @@ RESET: dict[str, Callable[[], object]] = {
     "gpuhealth_operator.decisions.times.render": times.render.cache_clear,
     "gpuhealth_operator.state.cache._READINGS": lambda: setattr(cache, "_READINGS", itertools.count(1)),
     "gpuhealth_operator.state.cache.SHARED": cache.SHARED.table.clear,
+    "gpuhealth_api.faults._PATHS": faults._PATHS.clear,
+    "gpuhealth_api.faults._MAPPING_TYPES": lambda: faults._MAPPING_TYPES.intersection_update({dict}),
 }
 """Every module-level store the operator writes at run time, by its dotted name, and how a new process
 has it. Test-only: the product keeps what survives a restart in the cluster, and these hold none of it

@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime
 import operator
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, cast
 
 from gpuhealth_api import conditions, faults, heartbeats, keys, status, vocabulary
 from gpuhealth_operator.decisions import gpu_facts, liveness, model, times, trends
@@ -138,13 +138,32 @@ def fact_signals(
             signals[condition] = model.Signal(condition, None, "unknown: the agent has not reported GPUs yet")
         return signals
     limits = dict(thresholds)
-    history = memory.gpu if memory is not None else faults.no_history
+    history = _once_per_gpu(memory.gpu) if memory is not None else faults.no_history
+    # Most reports list no fact their agent cannot read: then no condition has an unread GPU to name.
+    unread = any(isinstance(g, gpu_facts.MAPPINGS) and isinstance(g.get("unreadable"), list) for g in gpus)
     for condition, check in conditions.gpu_checks(rule_xids, limits, history).items():
         if condition is not Condition.GPU_LOST:  # per GPU and per node: _lost
-            signals[condition] = _per_gpu(condition, gpus, check)
+            signals[condition] = _per_gpu(condition, gpus, check, unread=unread)
     signals[Condition.GPU_LOST] = _lost(facts, node, gpus)
     signals[Condition.NIC_DEGRADED] = _nics(facts, limits, memory)
     return signals
+
+
+def _once_per_gpu(history: faults.History) -> faults.History:
+    """`history` asked once per GPU of one report: each trend condition asks it of every GPU, and what it
+    answers (`trends.Trends.gpu`) reads the GPU's key and link cohort anew each time (issue 52). By
+    identity, each entry holding its GPU so that no id is reused while the answers live."""
+    answers: dict[int, tuple[status.GPUStatus, faults.Trend]] = {}
+
+    def once(gpu: status.GPUStatus) -> faults.Trend:
+        found = answers.get(id(gpu))
+        if found is not None and found[0] is gpu:
+            return found[1]
+        trend = history(gpu)
+        answers[id(gpu)] = (gpu, trend)
+        return trend
+
+    return once
 
 
 def node_condition_signal(node: model.NodeView, condition: vocabulary.NodeCondition) -> model.Signal:
@@ -187,13 +206,22 @@ _STEADY: Final = operator.attrgetter(
 read from cached GPU facts in one C call."""
 
 
-def still_healthy(judged: FactSignals, older: status.GPUNodeStatus, newer: status.GPUNodeStatus) -> bool:
+def still_healthy(
+    judged: FactSignals,
+    older: status.GPUNodeStatus,
+    newer: status.GPUNodeStatus,
+    memory: trends.Trends | None = None,
+) -> bool:
     """Whether `newer` facts get the signals `judged` of `older`, all healthy, without judging them again.
 
     A healthy GPU's report moves its clocks, temperature and utilization, not its faults: when each
     GPU holds what `older`'s did in every field a predicate reads (`conditions.READS`) but those that
     move, and the predicates that read those find nothing, every answer is older's (and a healthy
     signal's message is fixed). For the GPUs a cache keeps (`gpu_facts.GPUFacts`) only.
+
+    With `memory` (what is remembered up to `newer`, `trends.advance`), a GPU whose other fields moved
+    too (a counter creeping below its rule's rate, as most of a real fleet's do: issue 52) keeps them if
+    every predicate under every key judged finds nothing in it (`_healthy_under`).
     """
     if not judged or any(s.present is not False for signals in judged.values() for s in signals.values()):
         return False
@@ -210,11 +238,42 @@ def still_healthy(judged: FactSignals, older: status.GPUNodeStatus, newer: statu
         if type(gpu) is not type(was) or type(was) is not gpu_facts.GPUFacts:
             return False
         if _STEADY(gpu) != _STEADY(was):
-            return False
+            if memory is None or not _healthy_under(judged, gpu, was, memory):
+                return False
+            continue
         for check in _MOVING_CHECKS:
             if check(gpu) is not None:
                 return False
     return True
+
+
+def _healthy_under(
+    judged: FactSignals, gpu: status.GPUStatus, was: Mapping[str, object], memory: trends.Trends
+) -> bool:
+    """Whether every predicate, under each key of `judged` (its XIDs and trend thresholds), finds nothing in
+    `gpu` with `memory`, which `was` (its version in the report judged) shares every link fact with.
+
+    The memory is asked without the fleet's link cohorts (`trends.with_cohorts`): they only raise the
+    links up NvLinkDegraded expects (`trends.Expected`), so a GPU found healthy with them in `was` (whose
+    links up, links down and so the links seen and the cohort's key are `gpu`'s) is healthy with them now
+    iff its counters grow slowly enough, which the predicates judge alike with or without them. The
+    facts the agent cannot read are `was`'s: none, its signals being all False.
+    """
+    if gpu.get("unreadable") != was.get("unreadable") or _links(gpu) != _links(was):
+        return False
+    for rule_xids, _, thresholds, _ in judged:
+        for check in conditions.gpu_checks(rule_xids, dict(thresholds), memory.gpu).values():
+            if check(gpu) is not None:
+                return False
+    return True
+
+
+def _links(gpu: Mapping[str, object]) -> tuple[object, object, object] | None:
+    nvlink = gpu.get("nvlink")
+    if not faults.is_mapping(nvlink):
+        return None if nvlink is None else (nvlink, None, None)
+    links = cast("Mapping[str, object]", nvlink)
+    return links.get("linksUp"), links.get("linksDown"), gpu.get("model")
 
 
 def agent_stale(
@@ -327,7 +386,10 @@ def gpu_name(gpu: status.GPUStatus) -> str:
     return label
 
 
-def _per_gpu(condition: Condition, gpus: list[status.GPUStatus], check: GPUFault) -> model.Signal:
+def _per_gpu(
+    condition: Condition, gpus: list[status.GPUStatus], check: GPUFault, *, unread: bool = True
+) -> model.Signal:
+    """`unread`: whether any GPU may list facts it cannot read (False: none does, `_unread` finds none)."""
     found: list[str] = []
     for gpu in gpus:
         if not isinstance(gpu, gpu_facts.MAPPINGS):
@@ -337,10 +399,10 @@ def _per_gpu(condition: Condition, gpus: list[status.GPUStatus], check: GPUFault
             continue
         found.append(f"{gpu_name(gpu)}: {fault}")
     if not found:
-        unread = _unread(condition, gpus)
-        if unread:
+        unread_gpus = _unread(condition, gpus) if unread else None
+        if unread_gpus:
             # A fact that cannot be read is no evidence either way: the condition keeps its state.
-            return model.Signal(condition, None, f"unknown: {unread}")
+            return model.Signal(condition, None, f"unknown: {unread_gpus}")
         return _HEALTHY[condition]
     # No observed_at: the agent's stamps (observedTime, XID lastSeen) are its clock, which may be
     # minutes off; forSeconds counts from when the operator received the evidence (issue 24).

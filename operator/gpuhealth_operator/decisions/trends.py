@@ -23,7 +23,7 @@ import dataclasses
 import datetime
 import types
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, cast
 
 from gpuhealth_api import conditions, faults, status, vocabulary
 from gpuhealth_operator.compact import interning
@@ -102,9 +102,10 @@ def link_member(gpu: Mapping[str, object]) -> tuple[LinkCohort, int] | None:
     """The GPU's cohort and its links up; None without NVLink facts (no NVLink, NOT_SUPPORTED)."""
     nvlink = gpu.get("nvlink")
     model_name = gpu.get("model")
-    if not isinstance(nvlink, Mapping) or not isinstance(model_name, str):
+    if not faults.is_mapping(nvlink) or not isinstance(model_name, str):
         return None
-    up, down = nvlink.get("linksUp"), nvlink.get("linksDown")
+    links = cast("Mapping[str, object]", nvlink)  # is_mapping said so
+    up, down = links.get("linksUp"), links.get("linksDown")
     if type(up) is not int or type(down) is not int or up < 0 or down < 0 or up + down == 0:
         return None
     return (model_name, up + down), up

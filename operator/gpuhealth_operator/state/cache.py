@@ -190,7 +190,14 @@ class GPUNodeRecord:
         """Take over `older`'s fact signals, all healthy, if this report leaves them so
         (`signals.still_healthy`): judging every GPU of every report is a time per report."""
         judged = older.held("fact_signals")
-        if judged and judged is not UNSET and signals.still_healthy(judged, older.status, self.status):
+        memory = self.held("memory")
+        if (
+            judged
+            and judged is not UNSET
+            and signals.still_healthy(
+                judged, older.status, self.status, memory if memory is not UNSET else None
+            )
+        ):
             self.hold("fact_signals", dict(judged))  # its own: a key judged later is this version's
 
     def reads_like(self, older: GPUNodeRecord) -> bool:
@@ -838,8 +845,8 @@ class ClusterCache:
                 if record.same_report(old):
                     record.inherit(old)  # the answer to our own status write: nothing to judge again
                 else:
-                    record.inherit_healthy_signals(old)
                     record.hold("memory", trends.advance(old.memory, record.status, now))
+                    record.inherit_healthy_signals(old)  # judged with the memory up to this report
                 record.inherit_conditions(old)
                 if record.reads_like(old):
                     record.hold("reading", old.reading)

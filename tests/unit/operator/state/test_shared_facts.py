@@ -147,7 +147,7 @@ def test_our_own_status_write_keeps_what_was_judged_of_the_report_and_a_new_repo
     store = cache.ClusterCache()
     report = gpunode_facts.agent_status()
     first = store.put_gpunode(body("n", report), now=NOW)
-    first.fact_signals[(frozenset(), 8)] = {}  # judged
+    first.fact_signals[(frozenset(), 8, (), ())] = {}  # judged (a key as `signals.FactSignals` has it)
     assert first.performance[1] == 1.0  # scored
     ours = body("n", {**report, "health": "Healthy", "action": "None"}, version=2)
     second = store.put_gpunode(ours, now=NOW)
