@@ -32,7 +32,7 @@ from gpuhealth_operator.ladder.isolate import isolating
 from gpuhealth_operator.ladder.repair import reading
 from gpuhealth_operator.runtime import handlers, passes, reconciler, ticker
 from gpuhealth_operator.shared import context, metrics, settings
-from gpuhealth_operator.state import agent_pods, cache, cohorts
+from gpuhealth_operator.state import agent_pods, cohorts, compaction
 
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 """A watch event's type, as kopf hands it to a handler."""
@@ -63,9 +63,9 @@ is_agent_pod = agent_pods.is_agent
 """Whether a pod is an agent pod in a namespace (None: any), by the operator's own rule."""
 pod_readiness = agent_pods.pod_readiness
 """(node, namespace/name, Ready, since) of a pod, as the operator reads it; None if unscheduled."""
-compact_gpu = cache.compact_gpu
+compact_gpu = compaction.compact_gpu
 """One reported GPU as the operator keeps it (`gpu_facts.GPUFacts`)."""
-recompact_gpu = cache.recompact_gpu
+recompact_gpu = compaction.recompact_gpu
 """`compact_gpu` of a GPU whose reported facts changed only in the fields given (a trace's patch)."""
 
 

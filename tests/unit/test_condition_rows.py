@@ -16,7 +16,7 @@ import pytest
 from gpuhealth_agent import changes
 from gpuhealth_api import conditions, faults, status, vocabulary
 from gpuhealth_operator.decisions import trends
-from gpuhealth_operator.state import cache
+from gpuhealth_operator.state import cache, compaction
 
 Condition = vocabulary.Condition
 Scope = conditions.Scope
@@ -98,7 +98,7 @@ def changed(gpu: dict[str, Any], path: str) -> dict[str, Any]:
 @pytest.mark.parametrize(("row", "path"), GPU_READS)
 def test_the_operator_keeps_every_fact_a_predicate_reads(row: conditions.Row, path: str) -> None:
     gpu = changed(base_gpu(), path)
-    kept = cache.compact_gpu(gpu)
+    kept = compaction.compact_gpu(gpu)
     assert at(kept, path) == at(gpu, path)
 
 
@@ -150,8 +150,10 @@ def test_every_per_gpu_condition_has_a_faulty_gpu_here() -> None:
 def test_a_fault_one_report_shows_fires_on_the_facts_the_operator_keeps(condition: Condition) -> None:
     gpu = {"index": 0, "uuid": "GPU-0"} | FAULTY[condition]
     seen_up = {"nvlink": {"linksUp": 18, "linksDown": 0}} if condition is Condition.NVLINK_DEGRADED else {}
-    memory = trends.advance(None, {"gpus": [cache.compact_gpu({"index": 0, "uuid": "GPU-0"} | seen_up)]}, T0)
-    kept = cache.compact_gpu(gpu)
+    memory = trends.advance(
+        None, {"gpus": [compaction.compact_gpu({"index": 0, "uuid": "GPU-0"} | seen_up)]}, T0
+    )
+    kept = compaction.compact_gpu(gpu)
     memory = trends.advance(memory, {"gpus": [kept]}, T0 + datetime.timedelta(minutes=1))
     check = conditions.gpu_checks(frozenset({79}), history=memory.gpu)[condition]
     assert check(kept) is not None
@@ -168,7 +170,7 @@ def test_a_counter_growing_fast_fires_its_trend_on_the_facts_the_operator_keeps(
     for minutes, value in ((0, 0), (30, 100_000)):
         gpu: dict[str, Any] = {"index": 0, "uuid": "GPU-0", "nvlink": {"linksUp": 18, "linksDown": 0}}
         put(gpu, counter, value)
-        reports.append((T0 + datetime.timedelta(minutes=minutes), cache.compact_gpu(gpu)))
+        reports.append((T0 + datetime.timedelta(minutes=minutes), compaction.compact_gpu(gpu)))
     memory = None
     for now, kept in reports:
         memory = trends.advance(memory, {"gpus": [kept]}, now)

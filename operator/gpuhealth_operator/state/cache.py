@@ -3,7 +3,7 @@ for policies).
 
 Reconciling reads only this cache, never the API server, so a pass over the
 whole fleet costs no requests; only changes are written. Of a GPUNode only
-the facts the decisions read are kept (see GPU_FIELDS), to keep the memory
+the facts the decisions read are kept (`compaction.GPU_FIELDS`), to keep the memory
 per node small. Writes refresh the
 cache from the API server's answer at once, so the next decision never works
 on a view older than our own last write.
@@ -17,17 +17,15 @@ import functools
 import itertools
 import sys
 import types
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
 from gpuhealth_api import keys, status, vocabulary
-from gpuhealth_operator.compact import interning
 from gpuhealth_operator.decisions import (
     budget,
     clocks,
     due,
-    gpu_facts,
     hysteresis,
     model,
     overrides,
@@ -37,7 +35,7 @@ from gpuhealth_operator.decisions import (
     times,
     trends,
 )
-from gpuhealth_operator.state import kept_conditions, link_cohorts
+from gpuhealth_operator.state import compaction, kept_conditions, link_cohorts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,7 +254,7 @@ class GPUNodeRecord:
 
 def _parsed_conditions(record: GPUNodeRecord) -> Mapping[vocabulary.ConditionKey, model.ConditionState]:
     states = hysteresis.from_status(record.status.get("conditions") or [])
-    return types.MappingProxyType({k: SHARED.share(v) for k, v in states.items()})
+    return types.MappingProxyType({k: compaction.SHARED.share(v) for k, v in states.items()})
 
 
 def _straggler_facts(record: GPUNodeRecord) -> tuple[stragglers.Clocks | None, stragglers.Performance]:
@@ -328,8 +326,8 @@ def node_record(body: Mapping[str, Any]) -> NodeRecord:
     """The Node as the decisions read it; label and condition strings shared across the fleet (`SHARED`)."""
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
-    share = SHARED.value
-    SHARED.check()
+    share = compaction.SHARED.value
+    compaction.SHARED.check()
     taints = tuple(share(t) for t in spec.get("taints") or [] if isinstance(t, Mapping))
     capacity = (body.get("status") or {}).get("capacity") or {}
     condition = None
@@ -357,7 +355,9 @@ def node_record(body: Mapping[str, Any]) -> NodeRecord:
         unschedulable=bool(spec.get("unschedulable", False)),
         taint_keys=frozenset(str(t.get("key", "")) for t in taints) if taints else _NO_KEYS,
         gpu_capacity=_int_or_none(capacity.get(keys.GPU_RESOURCE)),
-        conditions=SHARED.mapping(others),  # most nodes hold the same few conditions alike: one copy
+        conditions=compaction.SHARED.mapping(
+            others
+        ),  # most nodes hold the same few conditions alike: one copy
     )
     return NodeRecord(
         view=view,
@@ -371,179 +371,6 @@ def node_record(body: Mapping[str, Any]) -> NodeRecord:
     )
 
 
-GPU_FIELDS = gpu_facts.FIELDS
-"""Per-GPU facts the decision core reads (`gpu_facts`); the rest is not kept in memory."""
-
-
-class SharedValues(interning.Table):
-    """One copy of each small value that many GPUs and nodes hold alike (a bounded table).
-
-    A healthy fleet reports the same `ecc`, `remappedRows` and `pcie` dicts, the
-    same empty `xids`, the same clocks and, per report, the same `observedTime`
-    on every GPU: stored once each, they cost a GPU a few pointers instead of
-    ~1 KiB. Shared values are why a cache record must never be mutated (no
-    reader does; they all build new objects). The table forgets everything
-    when it holds `limit` entries, so values that came and went (heartbeat
-    times) do not pile up; what is already shared stays shared. Keys carry
-    the values' types: 1, 1.0 and True are equal in Python, not in a fact.
-
-    Compaction runs for every report and every answer to our own status write,
-    so the common cases are single C calls (`dict.setdefault`), not a walk.
-    """
-
-    def __init__(self, limit: int = 8192) -> None:
-        super().__init__(limit)  # `check` once per record, not per value
-
-    def share(self, value: Hashable) -> Any:
-        """`value` or an equal one of the same type already held."""
-        return self.table.setdefault((type(value), value), value)
-
-    def value(self, value: Any) -> Any:
-        """A shared equal of a JSON value: strings, numbers, flat lists and flat dicts; others as they are."""
-        kind = type(value)
-        if kind is str:
-            return sys.intern(value) if len(value) <= INTERNED_LENGTH else self.table.setdefault(value, value)
-        if kind is int:  # CPython holds one copy of -5..256 already
-            return value if -5 <= value <= 256 else self.table.setdefault((int, value), value)
-        if kind is float:
-            return self.table.setdefault((float, value), value)
-        if kind is list:
-            return self.sequence(value) if value else _EMPTY_LIST
-        if kind is dict:
-            return self.mapping(value)
-        return value
-
-    def mapping(self, raw: Mapping[str, Any], keys: Iterable[str] | None = None) -> dict[str, Any]:
-        """A dict of `raw`'s `keys` (default all); one shared copy when its values are all scalars."""
-        kept = {k: raw[k] for k in (raw if keys is None else keys) if k in raw}
-        try:
-            return self.table.setdefault((dict, *kept, *kept.values(), *map(type, kept.values())), kept)  # type: ignore[no-any-return]
-        except TypeError:  # a nested value: share the parts instead
-            return self.each(kept)
-
-    def each(self, raw: Mapping[str, Any]) -> dict[str, Any]:
-        """A dict of `raw`'s items, each key interned and each value shared (`value`); the dict its own."""
-        return {sys.intern(k): self.value(v) for k, v in raw.items()}
-
-    def part(self, raw: Mapping[str, Any], wanted: tuple[str, ...]) -> dict[str, Any]:
-        """`mapping(raw, wanted)` for a GPU's nested facts (`ecc`, `pcie`, ...), looked up in C calls."""
-        values = tuple(map(raw.get, wanted, itertools.repeat(_MISSING, len(wanted))))
-        try:
-            return self.table[(wanted, values, tuple(map(type, values)))]  # type: ignore[no-any-return]
-        except KeyError:
-            kept = {k: v for k, v in zip(wanted, values, strict=True) if v is not _MISSING}
-            shared = self.mapping(kept)
-            self.table[(wanted, values, tuple(map(type, values)))] = shared
-            return shared
-        except TypeError:  # a nested value
-            return self.mapping(raw, wanted)
-
-    def sequence(self, raw: list[Any]) -> list[Any]:
-        """One shared copy of a list of scalars; a list of records with shared parts otherwise."""
-        try:
-            return self.table.setdefault((list, *raw, *map(type, raw)), raw)  # type: ignore[no-any-return]
-        except TypeError:
-            return [self.value(v) for v in raw]
-
-
-INTERNED_LENGTH = 24
-"""Short strings (models, reasons, enum values) go to Python's own table for good; longer ones (times)
-to `SharedValues`, which can forget them."""
-
-_MISSING: Any = object()
-"""A nested fact's key the agent did not report (None is a value)."""
-
-_EMPTY_LIST: list[Any] = []
-"""Every GPU's empty `xids` and `clockEventReasons` (read-only, as all cached facts)."""
-
-SHARED = SharedValues()
-"""The operator's one table: records of every node draw on it."""
-
-_UNIQUE_FIELDS = frozenset({"uuid"})
-"""GPU fields no two GPUs share: not worth a table entry."""
-_WHOLE = tuple(
-    (sys.intern(k), gpu_facts.setter(k))
-    for k, wanted in GPU_FIELDS.items()
-    if wanted is None and k not in _UNIQUE_FIELDS
-)
-_UNIQUE = tuple((k, gpu_facts.setter(k)) for k in _UNIQUE_FIELDS)
-_PARTS = tuple(
-    (sys.intern(k), gpu_facts.setter(k), tuple(sys.intern(w) for w in sorted(wanted)))
-    for k, wanted in GPU_FIELDS.items()
-    if wanted is not None
-)
-
-
-def compact_gpu(gpu: Mapping[str, Any], shared: SharedValues = SHARED) -> gpu_facts.GPUFacts:
-    """The GPU facts the decisions need (GPU_FIELDS) in slots, their values shared across the fleet.
-
-    Runs once per GPU per GPUNode version (every agent report and every answer to our status write),
-    so it walks the few kept keys, not the many reported ones, fills the slots directly, and shares
-    the common scalar types inline (`SharedValues.value` for the rest). Facts already compact
-    (read-only) are their own compaction: a backtest's in-memory cluster answers a status write with
-    the facts it was given.
-    """
-    if type(gpu) is gpu_facts.GPUFacts:
-        return gpu
-    table, value, absent, intern = shared.table, shared.value, gpu_facts.ABSENT, sys.intern
-    facts = gpu_facts.empty()
-    get = gpu.get
-    for key, put in _WHOLE:
-        raw = get(key, absent)
-        kind = type(raw)
-        if kind is int:  # the commonest fact (counters, clocks, degrees)
-            put(facts, raw if -5 <= raw <= 256 else table.setdefault((int, raw), raw))
-        elif kind is str and len(raw) <= INTERNED_LENGTH:
-            put(facts, intern(raw))
-        elif raw is absent:
-            put(facts, absent)
-        elif kind is list and not raw:
-            put(facts, _EMPTY_LIST)
-        else:
-            put(facts, value(raw))
-    for key, put in _UNIQUE:
-        put(facts, get(key, absent))
-    part = shared.part
-    for key, put, wanted in _PARTS:
-        raw = get(key, absent)
-        put(facts, part(raw, wanted) if isinstance(raw, Mapping) else value(raw))
-    return facts
-
-
-_COMPACTIONS: dict[str, tuple[Any, Any]] = {
-    **{key: (put, None) for key, put in _WHOLE},
-    **{key: (put, False) for key, put in _UNIQUE},
-    **{key: (put, wanted) for key, put, wanted in _PARTS},
-}
-"""Per kept field, its slot's setter and how `compact_gpu` keeps it (shared whole, as is, or a part)."""
-_SETTERS = tuple(gpu_facts.setter(key) for key in GPU_FIELDS)
-
-
-def recompact_gpu(
-    previous: gpu_facts.GPUFacts, changed: Mapping[str, Any], shared: SharedValues = SHARED
-) -> gpu_facts.GPUFacts:
-    """`compact_gpu` of a GPU whose reported facts are `previous`'s but for `changed` (each changed
-    field's new value, `gpu_facts.ABSENT` if removed): the kept slots copied, the changed ones kept
-    as `compact_gpu` keeps them. For a caller that knows what changed (a replay applying a trace's
-    patches, where a healthy GPU's report moves two or three of its seventeen kept fields)."""
-    kept = [key for key in changed if key in _COMPACTIONS]
-    if not kept:
-        return previous
-    facts = gpu_facts.empty()
-    for put, value in zip(_SETTERS, gpu_facts.values(previous), strict=True):
-        put(facts, value)
-    for key in kept:
-        put, how = _COMPACTIONS[key]
-        raw = changed[key]
-        if how is False:
-            put(facts, raw)
-        elif how is not None and isinstance(raw, Mapping):
-            put(facts, shared.part(raw, how))
-        else:
-            put(facts, shared.value(raw))  # what compact_gpu's inline cases do for the common types
-    return facts
-
-
 _SHARED_STATUS = ("summary", "health", "issues", "action")
 """Status fields besides `gpus` whose values repeat across nodes. Not `conditions`, `agent`, `straggler`:
 every node has its own times and scores there, so sharing them would only cost a table entry."""
@@ -554,9 +381,9 @@ def _condition(raw: object) -> object:
     another node holds the same one (nodes first judged in the same second)."""
     if type(raw) is not dict:
         return raw
-    shared = SHARED.each(raw)
-    condition = kept_conditions.kept(shared, SHARED.share)
-    return SHARED.mapping(shared) if condition is shared else SHARED.share(condition)
+    shared = compaction.SHARED.each(raw)
+    condition = kept_conditions.kept(shared, compaction.SHARED.share)
+    return compaction.SHARED.mapping(shared) if condition is shared else compaction.SHARED.share(condition)
 
 
 def _conditions(raw: object, older: GPUNodeRecord | None) -> object:
@@ -582,17 +409,17 @@ def gpunode_record(
     meta = body.get("metadata") or {}
     raw_status: status.GPUNodeStatus = dict(body.get("status") or {})  # type: ignore[assignment]
     gpus = raw_status.get("gpus")
-    SHARED.check()
+    compaction.SHARED.check()
     if isinstance(gpus, list):
-        raw_status["gpus"] = [compact_gpu(g) if isinstance(g, Mapping) else g for g in gpus]  # type: ignore[misc]
+        raw_status["gpus"] = [compaction.compact_gpu(g) if isinstance(g, Mapping) else g for g in gpus]  # type: ignore[misc]
     if "conditions" in raw_status:
         raw_status["conditions"] = _conditions(raw_status["conditions"], older)  # type: ignore[typeddict-item]
     agent = raw_status.get("agent")
     if type(agent) is dict:  # its own heartbeat time in every report: only its values are shared
-        raw_status["agent"] = SHARED.each(agent)  # type: ignore[typeddict-item]
+        raw_status["agent"] = compaction.SHARED.each(agent)  # type: ignore[typeddict-item]
     for key in _SHARED_STATUS:
         if key in raw_status:
-            raw_status[key] = SHARED.value(raw_status[key])  # type: ignore[literal-required]
+            raw_status[key] = compaction.SHARED.value(raw_status[key])  # type: ignore[literal-required]
     return GPUNodeRecord(
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),

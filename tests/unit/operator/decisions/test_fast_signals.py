@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import gpunode_facts
 from gpuhealth_api import conditions, faults, vocabulary
 from gpuhealth_operator.decisions import model, policies, signals, trends
-from gpuhealth_operator.state import cache
+from gpuhealth_operator.state import cache, compaction
 
 Condition = vocabulary.Condition
 NOW = datetime.datetime(2026, 11, 24, tzinfo=datetime.UTC)
@@ -57,7 +57,7 @@ _PATHS = st.sampled_from(
 @given(record=st.dictionaries(_FIELDS, _NESTED, max_size=5), path=_PATHS, cached=st.booleans())
 def test_a_fact_read_fast_is_the_fact_read_slowly(record: dict[str, Any], path: str, cached: bool) -> None:
     """Whatever the record holds (numbers, bools, strings, nested maps, as decoded or as cached)."""
-    held: Mapping[str, Any] = cache.compact_gpu(record) if cached else record
+    held: Mapping[str, Any] = compaction.compact_gpu(record) if cached else record
     fast, slow = faults.fact(held, path), slow_fact(held, path)
     assert fast == slow and type(fast) is type(slow)
 

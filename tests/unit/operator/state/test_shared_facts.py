@@ -16,7 +16,7 @@ import gpunode_facts
 from gpuhealth_api import faults
 from gpuhealth_operator.decisions import gpu_facts, model, policies, signals
 from gpuhealth_operator.shared import context
-from gpuhealth_operator.state import cache
+from gpuhealth_operator.state import cache, compaction
 from gpuhealth_sim.backtest import traces
 
 NOW = datetime.datetime(2026, 11, 24, tzinfo=datetime.UTC)
@@ -81,7 +81,7 @@ def test_one_nodes_fault_is_not_seen_on_another_that_shares_its_healthy_facts() 
 
 def test_the_table_forgets_rather_than_grows() -> None:
     """Heartbeat times come and go: the table holds at most its limit, and what it shared stays equal."""
-    shared = cache.SharedValues(limit=50)
+    shared = compaction.SharedValues(limit=50)
     kept = []
     for i in range(1000):
         shared.check()
@@ -92,8 +92,8 @@ def test_the_table_forgets_rather_than_grows() -> None:
 
 def test_cached_gpu_facts_read_like_the_reported_dict() -> None:
     reported = gpunode_facts.healthy_gpu(3, observed="2026-11-24T00:00:00Z")
-    facts = cache.compact_gpu(json.loads(json.dumps(reported)))
-    kept = {k: reported[k] for k in cache.GPU_FIELDS if k in reported}
+    facts = compaction.compact_gpu(json.loads(json.dumps(reported)))
+    kept = {k: reported[k] for k in compaction.GPU_FIELDS if k in reported}
     kept["ecc"] = {"uncorrectedVolatile": 0, "correctedVolatile": 0, "correctedAggregate": 0}
     kept["remappedRows"] = {"failure": False, "pending": False, "correctable": 0, "uncorrectable": 0}
     kept["retiredPages"] = {"pending": False, "doubleBit": 0}
@@ -108,7 +108,7 @@ def test_cached_gpu_facts_read_like_the_reported_dict() -> None:
     with pytest.raises(AttributeError):
         facts.smClockMHz = 0  # type: ignore[attr-defined]
     assert copy.deepcopy(facts) is facts and pickle.loads(pickle.dumps(facts)) == facts
-    assert cache.compact_gpu(facts) is facts, (
+    assert compaction.compact_gpu(facts) is facts, (
         "already compact: nothing to do (a backtest's answers carry them)"
     )
 
@@ -333,7 +333,7 @@ _VALUES = st.one_of(
         max_size=4,
     ),
 )
-_KEYS = st.sampled_from([*cache.GPU_FIELDS, "powerDrawWatts", "pciBusId"])
+_KEYS = st.sampled_from([*compaction.GPU_FIELDS, "powerDrawWatts", "pciBusId"])
 
 
 @settings(max_examples=400, deadline=None)
@@ -348,7 +348,7 @@ def test_compacting_only_the_changed_fields_is_compacting_the_gpu(
     those the operator would keep of the whole merged GPU (`compact_gpu`), whatever the patch holds."""
     merged = traces.merge_patch(base, change)
     changed = {k: merged.get(k, gpu_facts.ABSENT) for k in change}
-    assert cache.recompact_gpu(cache.compact_gpu(base), changed) == cache.compact_gpu(merged)
+    assert compaction.recompact_gpu(compaction.compact_gpu(base), changed) == compaction.compact_gpu(merged)
 
 
 def test_kept_conditions_read_like_the_decoded_dicts_and_a_foreign_key_keeps_the_dict() -> None:
