@@ -46,6 +46,12 @@ from gpuhealth_operator.decisions import stragglers
 from gpuhealth_sim.backtest import replayer, traces
 
 STRAGGLER_SLOWDOWN: Final = 0.10
+JUDGEABLE_SECONDS: Final = 1800.0
+"""The shortest straggler episode a windowed rule must find: the verdict's median over the last 6
+reports turns after 4 slow ones (20 minutes at the agent's 300 s heartbeat), then the rule's forSeconds
+(300 s in the default policy) runs. The generator draws episodes of 60-360 minutes; shorter ones are
+those a trace's end cut. A shorter episode that is found still counts; one missed is reported apart
+(`too_short_missed`), not as a miss (issue 47, seed 107)."""
 RECOVERY_SLACK: Final = 1200.0
 """The operator uncordons recovery.healthyForSeconds after a repair: actions until then are not false."""
 EXPLAINED_SLACK: Final = 600.0
@@ -82,6 +88,8 @@ class StragglerScore:
     found: int
     explained_flags: int = 0
     """Flags where the truth had the node slowed by something else (thermal, power brake, power cap)."""
+    too_short_missed: int = 0
+    """Episodes of at least 10 % shorter than `JUDGEABLE_SECONDS` and not found: left out of recall."""
 
     @property
     def precision(self) -> float | None:
@@ -100,6 +108,7 @@ class StragglerScore:
             "episodes": self.episodes,
             "found": self.found,
             "explainedFlags": self.explained_flags,
+            "tooShortMissed": self.too_short_missed,
             "precision": _round(self.precision),
             "recall": _round(self.recall),
         }
@@ -282,7 +291,17 @@ def score_stragglers(
             false_flags += explained_are_wrong
         else:
             false_flags += 1
-    return StragglerScore(len(flags), true_flags, false_flags, len(wanted), len(found), explained_flags)
+    short = [i for i, e in enumerate(episodes) if e in wanted and e["end"] - e["start"] < JUDGEABLE_SECONDS]
+    missed_short = [i for i in short if i not in found]
+    return StragglerScore(
+        len(flags),
+        true_flags,
+        false_flags,
+        len(wanted) - len(missed_short),
+        len(found),
+        explained_flags,
+        too_short_missed=len(missed_short),
+    )
 
 
 SLOWING: Final = frozenset({"straggler", "thermal", "powerBrake", "powerCap"})

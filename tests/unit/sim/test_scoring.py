@@ -46,9 +46,9 @@ def test_a_dry_run_that_would_drain_counts_as_acting() -> None:
 
 def test_straggler_precision_and_recall_per_episode() -> None:
     truth = [
-        straggler("s1", 0, 1000, 0.2),
-        straggler("s2", 0, 1000, 0.15),  # never flagged: recall 1/2
-        straggler("s3", 0, 1000, 0.06),  # below 10 %: not counted in recall, a flag on it is right
+        straggler("s1", 0, 3600, 0.2),
+        straggler("s2", 0, 3600, 0.15),  # never flagged: recall 1/2
+        straggler("s3", 0, 3600, 0.06),  # below 10 %: not counted in recall, a flag on it is right
         {"kind": "truth", "type": "thermal", "node": "h", "start": 0, "end": 100},
     ]
     flags = [
@@ -200,3 +200,18 @@ def test_a_replay_warns_a_node_already_degraded_when_memory_degrading_joins(tmp_
     warned = scoring.score(path, result, baseline=False)["earlyWarnings"]
     assert warned["warned"] == 1 and warned["withWarningPhaseWarned"] == 1
     assert warned["leadSecondsP50"] == 240  # from the issues, not from the next Node change
+
+
+def test_a_straggler_episode_too_short_to_judge_is_not_a_miss() -> None:
+    """Seed 107 (issue 47): an episode the trace's end cut to 11 minutes had 2 reports, fewer than the
+    verdict's median window and the rule's forSeconds need; no windowed rule can label it, so missing it
+    is not a miss. Found, it still counts; missed, it is reported apart."""
+    truth = [
+        straggler("long", 0, 3600, 0.2),
+        straggler("cut", 10_000, 10_000 + 660, 0.15),  # never flagged, too short to judge
+        straggler("quick", 20_000, 20_000 + 900, 0.2),  # short but flagged: found
+    ]
+    got = scoring.score_stragglers(truth, [scoring.Flag(900, "long"), scoring.Flag(20_500, "quick")])
+    assert (got.episodes, got.found, got.recall) == (2, 2, 1.0)
+    assert got.too_short_missed == 1
+    assert got.to_json()["tooShortMissed"] == 1
