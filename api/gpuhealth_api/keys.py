@@ -125,6 +125,22 @@ REPAIR_NODE_UID_LABEL: Final = f"{PREFIX}/repair-node-uid"
 """On a Node while a repair cycle runs on it: the Node's own UID. Every step Job's pod selects it
 (nodeSelector), so a kubelet admits the pod only on the Node it was made for: a machine registering
 later under the name (a new Node, without the label) refuses it, even while no garbage collector runs."""
+# Active checks (`spec.activeChecks`, DESIGN.md "Active checks"): the check Jobs and the on-demand request.
+CHECK_LABEL: Final = f"{PREFIX}/check"
+"""On a check Job and its pods: the check's name (`spec.activeChecks[].name`, GPUNode `status.checks[].name`).
+With POLICY_LABEL and NODE_LABEL: `kubectl get jobs -l gpuhealth.io/check` lists every check in flight."""
+CHECK_TEMPLATE_LABEL: Final = f"{PREFIX}/check-template"
+"""On a check Job and its pods: the template key it was made from (`DcgmDiagQuick`, `DcgmDiag`, a user's);
+the simulated fleet ends the pod as the node scenario's `checks:` says for this template."""
+CHECK_NOW_ANNOTATION: Final = f"{PREFIX}/check-now"
+"""On a GPUNode: a request to run a check now (`kubectl gpuhealth check NODE`): JSON
+`{"id": TOKEN, "check": NAME-OR-TEMPLATE}` (`check` optional: the node's first check). The operator starts
+it under every guard of a scheduled check except `everySeconds` (a place under maxConcurrent is waited
+for), then removes the annotation; the run carries the token (Job annotation CHECK_REQUEST_ANNOTATION,
+GPUNode `status.checks[].requestId`). A request it cannot run is removed with a `CheckRefused` Event whose
+message names the token and the reason."""
+CHECK_REQUEST_ANNOTATION: Final = f"{PREFIX}/check-request"
+"""On a check Job started on request: the request's token (CHECK_NOW_ANNOTATION's `id`)."""
 REPAIR_NODE_ENV: Final = "GPUHEALTH_NODE"
 """Environment variable in every container of a repair Job: the node's name."""
 REPAIR_GPUS_ENV: Final = "GPUHEALTH_GPU_UUIDS"

@@ -220,6 +220,14 @@ class EventReason(enum.StrEnum):
     VALIDATION_FAILED = "ValidationFailed"
     NODE_RETIRED = "NodeRetired"
     """Repair gave up on the node: it stays cordoned with `gpuhealth.io/needs-repair=manual`."""
+    CHECK_PASSED = "CheckPassed"
+    """An active check's run passed (names the check, its template and its figures)."""
+    CHECK_FAILED = "CheckFailed"
+    """An active check's run failed or timed out: condition ActiveCheckFailed holds until a later run passes."""
+    CHECK_PREEMPTED = "CheckPreempted"
+    """The scheduler preempted a check's pod for real work: tried again later, never a failure."""
+    CHECK_REFUSED = "CheckRefused"
+    """A request to check now (`kubectl gpuhealth check`) was not run: the message names its token and why."""
 
 
 class RepairAction(enum.StrEnum):
