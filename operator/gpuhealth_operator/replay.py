@@ -93,8 +93,8 @@ class Operator:
         config = settings.Settings(agent_pod_namespace=agent_pod_namespace, release_gpus=False)
         self._ctx = context.Context.create(config, client, metrics.Metrics.create(), instance=instance)
         self._ctx.clock = clock
-        self._ctx.straggler_cohorts.observer = straggler_observer
-        self._ctx.straggler_cohorts.window = straggler_window
+        self._ctx.judging.straggler_cohorts.observer = straggler_observer
+        self._ctx.judging.straggler_cohorts.window = straggler_window
 
     async def policy_event(self, kind: EventType, body: dict[str, Any]) -> None:
         """A GPUHealthPolicy watch event."""
@@ -121,7 +121,7 @@ class Operator:
 
     def cluster_dra_changed(self) -> None:
         """The cluster's answer on DeviceTaintRules changed: the next isolation pass probes it again."""
-        self._ctx.isolation_support.clear()
+        self._ctx.steps.isolate.support.clear()
 
     def selects(self, policy: str, node: str) -> bool:
         """Whether the policy named `policy` (if known) selects `node` now (its labels, its GPUNode)."""

@@ -140,7 +140,7 @@ class World:
         stores kept, its running drains stopped, a new Context primed into the kept cache."""
         kept = None
         if new_term:
-            self.ctx.drains.cancel_all()
+            self.ctx.steps.drain.cancel_all()
             kept = self.ctx.cache
         else:
             fresh_process()
@@ -218,7 +218,7 @@ class World:
     async def _quiesce(self) -> None:
         for _ in range(100):
             await passes.settle(self.ctx)
-            running = [t for t in self.ctx.drains.tasks.values() if not t.done()]
+            running = [t for t in self.ctx.steps.drain.tasks.values() if not t.done()]
             if not running and not self.ctx.passes.busy:
                 return
             if running:

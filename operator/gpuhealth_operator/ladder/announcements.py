@@ -32,7 +32,7 @@ async def cordoned(ctx: context.Context, policy: str, name: str, issues: str, dr
     if record is None or not record.view.unschedulable or record.view.cordoned_by != policy:
         return
     cordoned_at = record.view.annotations.get(keys.CORDONED_AT_ANNOTATION)
-    if cordoned_at is None or ctx.announced_cordons.get(name) == cordoned_at:
+    if cordoned_at is None or ctx.steps.cordon.announced.get(name) == cordoned_at:
         return  # announced by this process, or a cordon from before cordons had an identity
     draining = draining or keys.DRAIN_STARTED_ANNOTATION in record.view.annotations
     what = "cordoned and will be drained" if draining else "cordoned"
@@ -43,7 +43,7 @@ async def cordoned(ctx: context.Context, policy: str, name: str, issues: str, dr
         cordoned_at,
         events.WARNING,
     ):
-        ctx.announced_cordons[name] = cordoned_at
+        ctx.steps.cordon.announced[name] = cordoned_at
 
 
 async def drained(ctx: context.Context, name: str, message: str) -> bool:

@@ -136,12 +136,12 @@ async def _dry_run(
         message += planned.ladder_note
         if disruptive:
             message += repairing.dry_run_note(ctx, policy, name, verdict)
-        if ctx.dry_run_said.get(key) != message:
-            ctx.dry_run_said[key] = message
+        if ctx.steps.dry_run.said.get(key) != message:
+            ctx.steps.dry_run.said[key] = message
             ctx.meters.actions.labels(
                 vocabulary.NodeAction.DRY_RUN.value, node_patches.first_reason(verdict)
             ).inc()
             await ctx.recorder.emit(events.subject(ctx.cache, name), vocabulary.EventReason.DRY_RUN, message)
     elif not changes:
-        ctx.dry_run_said.pop(key, None)
+        ctx.steps.dry_run.said.pop(key, None)
     return NodeAction.DRY_RUN if verdict.wanted_action is not None else NodeAction.NONE

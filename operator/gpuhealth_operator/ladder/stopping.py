@@ -96,8 +96,8 @@ async def say_stopped(ctx: context.Context, policy: str, node: str, reason: str)
 async def stop_drains(ctx: context.Context, *, quiet: frozenset[str] = frozenset()) -> dict[str, str]:
     """Cancel every running drain that must stop; node → why. Each is said in an Event unless in `quiet`."""
     stopped: dict[str, str] = {}
-    for node, task in list(ctx.drains.tasks.items()):
-        policy = ctx.drains.policies.get(node)
+    for node, task in list(ctx.steps.drain.tasks.items()):
+        policy = ctx.steps.drain.policies.get(node)
         if task.done() or policy is None:
             continue
         reason = why_stop(ctx, policy, node)
@@ -106,7 +106,7 @@ async def stop_drains(ctx: context.Context, *, quiet: frozenset[str] = frozenset
         task.cancel()
         stopped[node] = reason
     for node, reason in stopped.items():
-        policy = ctx.drains.policies.get(node, "")
+        policy = ctx.steps.drain.policies.get(node, "")
         if node not in quiet and ctx.cache.node(node) is not None:
             await say_stopped(ctx, policy, node, reason)
     return stopped
@@ -159,7 +159,7 @@ async def adopt(ctx: context.Context, policy: str, name: str) -> None:
         return  # changed meanwhile (a human uncordoned it, another policy adopted it): not ours
     if ctx.cache.refresh_node(body) is None:
         return
-    ctx.drains.handed_over(name)  # the deleted policy's drain ended; the adopting policy drains anew
+    ctx.steps.drain.handed_over(name)  # the deleted policy's drain ended; the adopting policy drains anew
     await ctx.recorder.emit(
         events.subject(ctx.cache, name),
         vocabulary.EventReason.NODE_CORDONED,

@@ -401,7 +401,7 @@ async def _end_term(
     if term is not None:
         term.end()
     kopf_stop.set()
-    ctx.drains.cancel_all()
+    ctx.steps.drain.cancel_all()
     pending = {task for task in tasks if not task.done()}
     for task in pending:
         if task.get_name() != "kopf":

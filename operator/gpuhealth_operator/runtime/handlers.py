@@ -50,7 +50,7 @@ async def on_node(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None
             memo.cache.remove_gpunode(name)
         memo.agent_pods.forget_node(name)
         memo.forget_node(name)
-        memo.gone_nodes.add(name)  # its step Jobs go on the next tick (`orphan_jobs`)
+        memo.steps.repair.gone_nodes.add(name)  # its step Jobs go on the next tick (`orphan_jobs`)
         if gone is not None and gone.view.unschedulable:
             memo.passes.request(name, pass_queue.Ask("node", judge=False, wake=True))  # its place is free
         return
@@ -61,7 +61,7 @@ async def on_node(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None
         await fetch_gpunode(memo, name)  # its events were dropped while the Node was not in our pool
     # Kubelet (or kwok) heartbeats change the Node every few seconds; only what we judge matters.
     moved = before is None or before.view != after.view
-    draining = name in memo.drains  # an exclude label stops a running drain at once
+    draining = name in memo.steps.drain  # an exclude label stops a running drain at once
     if moved or draining:
         ask = pass_queue.Ask(
             "node",
@@ -163,7 +163,7 @@ def store_policy(memo: context.Context, body: Mapping[str, Any]) -> model.Policy
     generation = int(str(meta.get("generation") or 0))
     memo.breakers.note_reset(name, body)
     repair_permission.observe(memo, name, body)  # a refusal said by a process before us
-    memo.domains.note_status(name, body)
+    memo.steps.domain.note_status(name, body)
     try:
         policy = policies.parse_policy(name, generation, body.get("spec") or {})
         policy = dataclasses.replace(policy, created=str(meta.get("creationTimestamp") or ""))
@@ -187,7 +187,7 @@ async def on_policy(event: kopf.RawEvent, memo: context.Context, **_: Any) -> No
     if current is not None:  # each term's start (kopf lists it), a change, an answer not yet known
         await isolation_support.prepare(memo, current)  # does the cluster act on DeviceTaintRules?
     if policy is None:
-        if name in memo.domains.states and name not in memo.cache.policies:
+        if name in memo.steps.domain.states and name not in memo.cache.policies:
             await domain_actions.evaluate(memo, memo.clock())  # invalid now: its marks go
         return
     for node in [r.view.name for r in memo.cache.nodes.values() if policies.selects(policy, r.view)]:

@@ -77,7 +77,7 @@ async def _converge(
 
 async def prime(ctx: context.Context) -> Primed:
     """List the cluster into the cache (kept from an earlier term, if any) and prune what is gone."""
-    ctx.resting.clear()  # a term judges every node afresh: another replica may have acted meanwhile
+    ctx.judging.resting.clear()  # a term judges every node afresh: another replica may have acted meanwhile
     listed: dict[str, int] = {}
     pruned: dict[str, list[str]] = {}
     versions: dict[str, str] = {}

@@ -192,7 +192,7 @@ async def _reconcile(ctx: context.Context, name: str, now: datetime.datetime) ->
     if resting.unchanged(ctx, name, selecting, now):
         gpunode.rest()
         return  # at rest, and its report changes nothing a verdict reads: the last pass stands
-    ctx.resting.pop(name, None)
+    ctx.judging.resting.pop(name, None)
     previous = gpunode.conditions
     judged = judging.node_verdicts(ctx, name, now)
     if judged is None:
@@ -301,7 +301,7 @@ def desired_status(
     }
     if results:
         desired[POLICIES_FIELD] = policy_verdicts(results)
-    straggler = stragglers.status_of(ctx.stragglers.get((policy.name, name)))
+    straggler = stragglers.status_of(ctx.judging.stragglers.get((policy.name, name)))
     if straggler is not None:
         desired["straggler"] = straggler
     desired.update(isolating.status_fields(ctx, name))  # every policy's isolated GPUs
@@ -331,7 +331,7 @@ async def write_history(ctx: context.Context, name: str) -> None:
     longer selected node): the operator's fields as stored, with the history this process made. Errors
     are logged; the next pass that writes the status carries the history too."""
     gpunode = ctx.cache.gpunode(name)
-    made = ctx.repair_history.get(name)
+    made = ctx.steps.repair.history.get(name)
     if gpunode is None or made is None or gpunode.status.get(reading.STATUS_FIELD) == made:
         return
     owned = (*KEPT_STATUS_FIELDS, *isolating.STATUS_FIELDS)

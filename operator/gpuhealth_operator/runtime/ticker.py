@@ -58,7 +58,7 @@ def is_due(ctx: context.Context, name: str, now: datetime.datetime) -> bool:
     gpunode = ctx.cache.gpunode(name)
     if record is None or gpunode is None:
         return False  # gone: nothing to judge
-    if name in ctx.drains or (
+    if name in ctx.steps.drain or (
         ctx.admission.notified and any(ctx.admission.waiting(policy, name) for policy in ctx.cache.policies)
     ):
         return True
@@ -85,7 +85,7 @@ def due_nodes(ctx: context.Context, now: datetime.datetime, *, full: bool) -> li
     if full or taken is None:
         pool: list[str] = list(ctx.cache.gpunodes)
     else:
-        taken |= ctx.drains.tasks.keys()
+        taken |= ctx.steps.drain.tasks.keys()
         taken |= {name for _, name in ctx.admission.notified}
         taken |= ctx.agent_pods.not_ready_nodes
         pool = ctx.cache.in_order(taken)
@@ -163,12 +163,12 @@ async def update_policy_statuses(
     refreshes counts them only when due), and every full pass recounts all: the safety net for what
     moves with time alone (a drain that timed out before a restart)."""
     marks = _status_marks(ctx)  # kept once written: a failed write is tried again at the next pass
-    if full or (refresh and marks != ctx.gpus_counted_marks):
+    if full or (refresh and marks != ctx.status.gpus_marks):
         await write_policy_statuses(ctx, now, count_gpus=True)
-        ctx.status_marks = ctx.gpus_counted_marks = marks
-    elif marks != ctx.status_marks:
+        ctx.status.marks = ctx.status.gpus_marks = marks
+    elif marks != ctx.status.marks:
         await write_policy_statuses(ctx, now)
-        ctx.status_marks = marks
+        ctx.status.marks = marks
     elif refresh:
         ctx.meters.carry_gpus(now)
 
@@ -182,13 +182,13 @@ def _status_marks(ctx: context.Context) -> tuple[object, ...]:
         ctx.cache.marks,
         ctx.verdicts.changes,
         frozenset(ctx.admission.notified),
-        frozenset(ctx.drains.tasks),
-        tuple((name, result.completed) for name, result in ctx.drains.results.items()),
-        tuple(ctx.isolations.items()),
-        tuple(ctx.isolation_support.items()),
+        frozenset(ctx.steps.drain.tasks),
+        tuple((name, result.completed) for name, result in ctx.steps.drain.results.items()),
+        tuple(ctx.steps.isolated.items()),
+        tuple(ctx.steps.isolate.support.items()),
         tuple(ctx.breakers.states.items()),
         tuple(ctx.breakers.acted.items()),
-        tuple(ctx.domains.states.items()),
+        tuple(ctx.steps.domain.states.items()),
     )
 
 
@@ -233,7 +233,7 @@ def policy_status(
     ctx: context.Context, name: str, now: datetime.datetime, *, count_gpus: bool = False
 ) -> dict[str, Any]:
     """The policy's status, its gauges set on the way; its GPUs counted when `count_gpus` or due."""
-    previous = ctx.policy_status_written.get(name) or {}
+    previous = ctx.status.written.get(name) or {}
     error = ctx.cache.policy_errors.get(name)
     policy = ctx.cache.policies.get(name)
     counts = {"selectedNodes": 0, "unhealthyNodes": 0, "cordonedNodes": 0, "pendingNodes": 0}
@@ -347,7 +347,7 @@ def _tally_gpus(
         reason = "unknown"
     healthy = verdict.health is vocabulary.Health.HEALTHY
     model_name = str(name or metrics.UNKNOWN_MODEL)
-    isolated = ctx.isolations.get((policy, view.name))
+    isolated = ctx.steps.isolated.get((policy, view.name))
     if reason is None and isolated is not None and isolated.in_place:
         # IsolateGPU: the GPUs under a DeviceTaintRule are out, the node's others stay in service.
         gone = min(len(isolated.in_place), count)
@@ -372,7 +372,7 @@ async def write_policy_statuses(
 ) -> None:
     for name in sorted(set(ctx.cache.policies) | set(ctx.cache.policy_errors)):
         desired = policy_status(ctx, name, now, count_gpus=count_gpus)
-        previous = ctx.policy_status_written.get(name)
+        previous = ctx.status.written.get(name)
         if previous is not None and _same(previous, desired):
             continue
         try:
@@ -381,4 +381,4 @@ async def write_policy_statuses(
             if not error.not_found:
                 raise
             continue  # deleted meanwhile: its DELETED event (or the resync) forgets it; the others go on
-        ctx.policy_status_written[name] = desired
+        ctx.status.written[name] = desired

@@ -2,13 +2,15 @@
 
 It holds the clients, settings, the cluster cache and the bookkeeping that
 must be shared between concurrent handlers: per-node locks, the budget's
-admissions (`admission`), running drains and the latest verdicts. Nothing
+admissions (`admission`), the breakers and the latest verdicts; judging's
+memory (`judging`, `verdict/memory.py`) and each ladder step's (`steps`,
+`ladder/memories.py`: one class per step, in the step's package). Nothing
 here survives a restart, and nothing needs to: the cluster holds the state
 that matters (DESIGN.md, safety rule 6).
 
 Every per-node and per-policy map is emptied of a node or a policy by
-`forget_node` and `forget_policy` only; a map added here must be added there
-(tests/unit/operator/shared/test_forget.py fails otherwise). Collections are changed
+`forget_node` and `forget_policy` only, which reach every memory through its
+own `forget_*` (tests/unit/operator/shared/test_forget.py walks them all). Collections are changed
 in place, never rebound. kopf keeps a shallow copy of the memo for every
 object it watches (`copy.copy`: ~0.4 KiB per Node, GPUNode and pod);
 `Context.__copy__` returns the one context instead, which is all any handler
@@ -23,63 +25,28 @@ import dataclasses
 import datetime
 import weakref
 from collections.abc import Callable, Iterator, MutableMapping
-from typing import Any
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator.client import drain, drains, events, kube
-from gpuhealth_operator.decisions import (
-    breaker,
-    budget,
-    device_taints,
-    isolation,
-    model,
-    repair,
-    stragglers,
-    verdicts,
-)
+from gpuhealth_operator.client import drain, events, kube
+from gpuhealth_operator.decisions import breaker, budget, model, verdicts
+from gpuhealth_operator.ladder import memories
 from gpuhealth_operator.shared import metrics, settings
-from gpuhealth_operator.state import (
-    admission,
-    agent_pods,
-    breakers,
-    cache,
-    cohorts,
-    domain_states,
-    pass_queue,
-    recent,
-)
+from gpuhealth_operator.state import admission, agent_pods, breakers, cache, pass_queue
+from gpuhealth_operator.verdict import memory
 
-POLICY, NODE = 0, 1
+POLICY, NODE = memory.POLICY, memory.NODE
 """Positions in a (policy, node) key."""
 
-
-StragglerSamples = stragglers.Samples
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Rest:
-    """What a pass that ended at rest judged a node from (`resting`)."""
-
-    node: int
-    """The Node version's `reading` (`cache.NodeRecord.reads_like`: a kubelet's heartbeat keeps it)."""
-    reading: int
-    """The GPUNode version's `reading` (`cache.GPUNodeRecord.reads_like`)."""
-    judged: tuple[tuple[model.Policy, object, object], ...]
-    """Each selecting policy, in name order, with the node's straggler score under it and its agent pod."""
-    repairs: object
-    """The node's repair history in memory (`repair_history`: replaced, never changed in place)."""
-    links: tuple[int | None, ...] = ()
-    """The links up its GPUs' cohorts expected (`trends.Trends.expectations`): other nodes move them."""
+StragglerSamples = memory.Samples
+Rest = memory.Rest
+"""What a pass that ended at rest judged a node from: judging's (`verdict.memory`)."""
 
 
 def wall_clock() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-def _drop(mapping: MutableMapping[tuple[str, str], Any], name: str, position: int) -> None:
-    """Delete, in place, every (policy, node) key whose part at `position` is `name`."""
-    for key in [k for k in mapping if k[position] == name]:
-        del mapping[key]
+_drop = memory.drop
 
 
 def _weakly(value: object) -> object:
@@ -185,15 +152,34 @@ class Verdicts(MutableMapping[tuple[str, str], model.NodeVerdict]):
         return len(self._all)
 
 
-_Drains = drains.Drains
-"""The drains' owner under a name the `Context.drains` field does not shadow."""
-
 _ClusterCache = cache.ClusterCache
 """The cache's class under a name the `Context.cache` field does not shadow (in `create`)."""
 
 
+@dataclasses.dataclass(eq=False)
+class StatusMemory:
+    """What the policies' status was last written as and counted from (`ticker.update_policy_statuses`)."""
+
+    written: dict[str, dict[str, object]] = dataclasses.field(default_factory=dict)
+    """policy → the status last written, so an unchanged status is not written again."""
+
+    marks: tuple[object, ...] = ()
+    """`ticker._status_marks` when the policies' status was last counted (a snapshot, no memory of a
+    node or a policy)."""
+
+    gpus_marks: tuple[object, ...] = ()
+    """`ticker._status_marks` when every policy's GPUs were last counted (a refresh carries the gauges
+    forward while they are the same)."""
+
+    def forget_policy(self, name: str) -> None:
+        self.written.pop(name, None)
+
+
 @dataclasses.dataclass
 class Context:
+    """What every layer above passes around (issue 46: at most 15 fields). A step's own memory is
+    its package's (`ladder/memories.py`, held as `steps`), judging's is `judging`."""
+
     config: settings.Settings
     client: kube.Client
     meters: metrics.Metrics
@@ -216,135 +202,20 @@ class Context:
     admission: admission.Admission = dataclasses.field(default_factory=admission.Admission)
     """The budget's locks, in-flight cordons and waiting nodes."""
 
-    verdicts: Verdicts = dataclasses.field(default_factory=Verdicts)
-    """(policy, node) → the latest verdict; the budget ranks every waiting node from these."""
-
-    stragglers: dict[tuple[str, str], model.StragglerScore] = dataclasses.field(default_factory=dict)
-    """(policy, node) → straggler score from the latest cohort pass."""
-
-    straggler_samples: collections.defaultdict[tuple[str, str], StragglerSamples] = dataclasses.field(
-        default_factory=lambda: collections.defaultdict(stragglers.Samples)
-    )
-    """(policy, node) → its recent z-scores, the window a sustained Straggler is judged on."""
-
-    straggler_cohorts: cohorts.Cohorts = dataclasses.field(default_factory=cohorts.Cohorts)
-    """The straggler cohorts as the last tick left them: a tick works on the members that changed."""
-
-    resting: dict[str, Rest] = dataclasses.field(default_factory=dict)
-    """node → what the last pass over it judged it from, if that pass left it at rest (`resting`)."""
-
-    cordons_unknown: dict[str, str] = dataclasses.field(default_factory=dict)
-    """node → the resourceVersion its cordon was computed from, while that cordon's answer was lost
-    (a 504, a timeout): it may have landed, so the node stays in flight in the budget (`admission`)
-    until the cache holds a newer version (`remediation`)."""
-
-    drains: _Drains = dataclasses.field(default_factory=_Drains)
-    """The drains running in this process and how each ended (`drains`: their one owner)."""
-
-    announced_cordons: dict[str, str] = dataclasses.field(default_factory=dict)
-    """node → the identity (`cordoned-at`) of its cordon this process saw announced: said once."""
-
-    dry_run_said: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
-    """(policy, node) → the last DryRun message, so it is said once per change."""
-
-    drill_said: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
-    """(policy, node) → the last Drill message (policy "": the drill's start, end), said once per change."""
-
-    drill_health: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
-    """(policy, node) → the health a running fire drill judged; the `drill_nodes` gauge counts these."""
-
-    policy_status_written: dict[str, dict[str, object]] = dataclasses.field(default_factory=dict)
-    """policy → the status last written, so an unchanged status is not written again."""
-
-    status_marks: tuple[object, ...] = ()
-    """`ticker._status_marks` when the policies' status was last counted."""
-
-    gpus_counted_marks: tuple[object, ...] = ()
-    """`ticker._status_marks` when every policy's GPUs were last counted (a refresh carries the gauges
-    forward while they are the same)."""
-
-    isolation_support: dict[str, isolation.Support] = dataclasses.field(default_factory=dict)
-    """policy → whether the cluster acts on DeviceTaintRules, probed for its generation (`isolating`)."""
-
-    isolations: dict[tuple[str, str], isolation.NodeState] = dataclasses.field(default_factory=dict)
-    """(policy, node) → its GPUs' isolation: the last decision, the rules in place, the overrides."""
-
-    rules_read: recent.Recent[tuple[str, str], list[kube.JsonObject]] = dataclasses.field(
-        default_factory=recent.Recent
-    )
-    """(policy, DeviceTaintRule API version) → the policy's rules of nodes, as last listed (`isolating`)."""
-
-    devices_read: recent.Recent[str, dict[str, device_taints.Device]] = dataclasses.field(
-        default_factory=recent.Recent
-    )
-    """node → its DRA devices by GPU UUID, from its ResourceSlices as last listed (`isolating`)."""
-
-    isolation_discovery: recent.Recent[str, isolation.Support] = dataclasses.field(
-        default_factory=lambda: recent.Recent(300.0)
-    )
-    """What discovery alone says of DeviceTaintRules (a served version changes only with an API server
-    restart), for dry runs, drills and deleted policies' rules: never a probe's answer (`isolating`)."""
-
-    isolation_locks: collections.defaultdict[str, asyncio.Lock] = dataclasses.field(
-        default_factory=lambda: collections.defaultdict(asyncio.Lock)
-    )
-    """policy → one isolating node at a time, so the GPU budget is counted before it is spent."""
-
-    eviction_slots: asyncio.Semaphore = dataclasses.field(default_factory=lambda: asyncio.Semaphore(16))
-    """Evictions in flight across all drains (sized from settings by `create`)."""
-
     breakers: breakers.Breakers = dataclasses.field(default_factory=breakers.Breakers)
     """policy → its fleet circuit breaker; admission asks it (the same object) under its lock."""
 
-    domains: domain_states.DomainStates = dataclasses.field(default_factory=domain_states.DomainStates)
-    """policy → its degraded topology domains, and what they last counted of each node (`domain_actions`)."""
+    verdicts: Verdicts = dataclasses.field(default_factory=Verdicts)
+    """(policy, node) → the latest verdict; the budget ranks every waiting node from these."""
 
-    repair_history: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
-    """node → its GPUNode `status.repairs[]` as this process last made it (`repairing`), written with
-    the node's next status; absent: the status as stored is the history."""
+    judging: memory.JudgingMemory = dataclasses.field(default_factory=memory.JudgingMemory)
+    """Judging's memory: straggler scores, their windows and cohorts, what passes at rest judged."""
 
-    repair_finished_seen: dict[str, tuple[str, datetime.datetime]] = dataclasses.field(default_factory=dict)
-    """node → (its repair Job, when this process first saw that Job finished, its own clock): a step's
-    effect is judged from reports first seen after it (`repair.observe_step`), never from the Job's
-    completionTime (another machine's clock). Lost on a restart: the new process's sighting counts."""
+    steps: memories.Memories = dataclasses.field(default_factory=memories.Memories)
+    """Each ladder step's memory (`ctx.steps.isolate`, `.repair`, ...), and the views between them."""
 
-    validations_running: set[str] = dataclasses.field(default_factory=set)
-    """Nodes whose new-node validation Job this process created or saw (`new_nodes`): they hold places
-    of repair maxConcurrent with the repairs (`reading.holders`). Kept when a Node is forgotten: a
-    deleted node's Job is still to be deleted."""
-
-    repair_tokens: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
-    """node → (SHA-256, token) of the repair Job token this process made last (`repairing`): the Node holds
-    only the hash; a restarted process makes a new token before it creates a Job."""
-    new_nodes_in_service: dict[str, str] = dataclasses.field(default_factory=dict)
-    """node → the Node UID it had when first seen new but already busy (`new_nodes`): in service, not new.
-    Another UID under the name (a Node deleted and created again) is a node of its own."""
-
-    new_nodes_said: dict[str, str] = dataclasses.field(default_factory=dict)
-    """node → the Node UID whose dry-run "would validate new node" Event was posted (once per node life)."""
-
-    repair_busy_said: set[str] = dataclasses.field(default_factory=set)
-    """Nodes whose repair waits for workload pods to go and said so (`repairing._say_busy`, once per wait)."""
-
-    repair_waiting: set[str] = dataclasses.field(default_factory=set)
-    """Nodes whose repair waits for maxConcurrent and said so (once per wait; only the policy that
-    cordoned a node repairs it, so one wait per node). A wait said by an earlier process is read from
-    the node's stored status (`reading.say_waiting`)."""
-
-    repair_refused: dict[str, repair.Refused] = dataclasses.field(default_factory=dict)
-    """policy → its last repair Job create the Job API refused (`repair_permission`)."""
-
-    repair_permitted: set[str] = dataclasses.field(default_factory=set)
-    """Policies whose repair Job was created since this process began (`repair_permission`)."""
-
-    gone_nodes: set[str] = dataclasses.field(default_factory=set)
-    """Nodes deleted since the timer's last tick: their step Jobs are deleted on it (`orphan_jobs`).
-    Kept when a Node is forgotten: that is when it is added."""
-
-    repair_templates: recent.Recent[str, dict[str, dict[str, Any]]] = dataclasses.field(
-        default_factory=lambda: recent.Recent(30.0)
-    )
-    """The repair Job templates as last read (one key: the ConfigMap, or the packaged file)."""
+    status: StatusMemory = dataclasses.field(default_factory=StatusMemory)
+    """The policies' status as last written, and what it was counted from (`marks`)."""
 
     def __post_init__(self) -> None:
         self.admission.breakers = self.breakers
@@ -371,15 +242,13 @@ class Context:
             meters=meters,
             cache=cluster if cluster is not None else cache.ClusterCache(),
             recorder=events.Recorder(client=client, instance=instance),
-            eviction_slots=asyncio.Semaphore(config.eviction_concurrency),
+            steps=memories.Memories.create(config.eviction_concurrency),
         )
 
     def count_drills(self) -> None:
-        """Set the `drill_nodes` gauge from `drill_health`: per policy, the drilled nodes by judged health."""
-        counts = collections.Counter((policy, health) for (policy, _), health in self.drill_health.items())
-        for policy in {p for p, _ in self.drill_health} | set(self.cache.policies):
-            for health in vocabulary.Health:
-                self.meters.drill_nodes.labels(policy, health.value).set(counts[(policy, health.value)])
+        """Set the `drill_nodes` gauge from the drills' judged health: per policy, nodes by health."""
+        for (policy, health), count in self.steps.drill.counts(self.cache.policies).items():
+            self.meters.drill_nodes.labels(policy, health).set(count)
 
     def forget_verdicts(self, name: str) -> None:
         """No policy selects the node any more: forget what policies said about it.
@@ -388,19 +257,11 @@ class Context:
         the node still exists and a drain of it still runs.
         """
         self.verdicts.forget_node(name)
-        self.resting.pop(name, None)
-        _drop(self.stragglers, name, NODE)
-        _drop(self.straggler_samples, name, NODE)
-        _drop(self.dry_run_said, name, NODE)
-        _drop(self.drill_said, name, NODE)
-        _drop(self.drill_health, name, NODE)
+        self.judging.forget_verdicts(name)
+        self.steps.forget_verdicts(name)
         self.count_drills()
-        _drop(self.isolations, name, NODE)
-        self.devices_read.drop(name)
         self.admission.forget_node(name)
-        self.cordons_unknown.pop(name, None)  # its in-flight place went with `admission.forget_node`
         self.breakers.forget_node(name)
-        self.domains.forget_node(name)
 
     def drain_options(self, policy: model.Policy) -> drain.Options:
         """How `policy` drains a node (and so which pods count as its evictable workload)."""
@@ -421,15 +282,8 @@ class Context:
         node gone from the cache and stops.
         """
         self.forget_verdicts(name)
-        self.drains.forget_node(name)
-        self.announced_cordons.pop(name, None)
-        self.repair_history.pop(name, None)
-        self.repair_finished_seen.pop(name, None)
-        self.repair_waiting.discard(name)
-        self.repair_tokens.pop(name, None)
-        self.new_nodes_in_service.pop(name, None)
-        self.new_nodes_said.pop(name, None)
-        self.repair_busy_said.discard(name)
+        self.judging.forget_node(name)
+        self.steps.forget_node(name)
         lock = self.node_locks.get(name)
         if lock is not None and not lock.locked():
             del self.node_locks[name]
@@ -437,23 +291,9 @@ class Context:
     def forget_policy(self, name: str) -> None:
         """The policy is gone: forget its verdicts, budget, Events said and status written."""
         self.verdicts.forget_policy(name)
-        self.resting.clear()  # what passes judged under it: every node it selected is judged again
-        _drop(self.stragglers, name, POLICY)
-        _drop(self.straggler_samples, name, POLICY)
-        _drop(self.dry_run_said, name, POLICY)
-        _drop(self.drill_said, name, POLICY)
-        _drop(self.drill_health, name, POLICY)
-        _drop(self.isolations, name, POLICY)
-        self.isolation_support.pop(name, None)
-        self.rules_read.drop_where(lambda key: key[0] == name)
-        lock = self.isolation_locks.get(name)
-        if lock is not None and not lock.locked():
-            del self.isolation_locks[name]
+        self.judging.forget_policy(name)
+        self.steps.forget_policy(name)
         self.admission.forget_policy(name)
         self.breakers.forget_policy(name)
-        self.domains.forget_policy(name)
-        self.policy_status_written.pop(name, None)
-        self.repair_refused.pop(name, None)
-        self.repair_permitted.discard(name)
+        self.status.forget_policy(name)
         self.meters.forget_policy(name)
-        self.drains.forget_policy(name)

@@ -7,8 +7,8 @@ member on every tick that cost grew with the fleet, not with the reports (about 
 nodes). Here each policy's cohorts are kept across ticks, and a tick calls those same functions, with the
 same arguments, only for the members whose calls could answer otherwise or change something:
 
-- touched: its GPUNode record, its agent pod's record, its samples or its `Context.stragglers` entry is
-  another object than the last tick saw (a report, our own status write, a pod turning Ready, a node
+- touched: its GPUNode record, its agent pod's record, its samples or its `Context.judging.stragglers`
+  entry is another object than the last tick saw (a report, our own status write, a pod turning Ready, a node
   forgotten by `Context.forget_verdicts`), or a deadline came: its agent may turn stale (a second before
   the stale limit or the pod's grace runs out), its clock window drops a report, or its window's
   judgement expires (`Samples.memo`'s valid-until);
@@ -58,6 +58,13 @@ class Fleet(Protocol):
     def cache(self) -> cache.ClusterCache: ...
     @property
     def agent_pods(self) -> agent_pods.AgentPods: ...
+    @property
+    def judging(self) -> Judged: ...
+
+
+class Judged(Protocol):
+    """What the cohorts keep of judging's memory (`verdict.memory.JudgingMemory` is one)."""
+
     @property
     def stragglers(self) -> dict[Key, model.StragglerScore]: ...
     @property
@@ -135,7 +142,7 @@ class _PolicyCohorts:
         self.samples: list[Any] = []  # what the last tick saw (`_UNSEEN`: nothing yet)
         self.outs: list[Any] = []  # what the last tick saw (`_UNSEEN`: nothing yet)
         self.count = 0
-        """How many of `outs` are scores (entries of this policy in `Context.stragglers`)."""
+        """How many of `outs` are scores (entries of this policy in `Context.judging.stragglers`)."""
         self.groups: dict[stragglers.Cohort, _Group] = {}
         self.dirty: set[stragglers.Cohort] = set()
         self.pending: set[int] = set()
@@ -148,7 +155,7 @@ class _PolicyCohorts:
     def forget(self, ctx: Fleet, moved: set[str]) -> None:
         """The policy has no straggler cohorts any more: its scores go."""
         for key in self.keys:
-            if ctx.stragglers.pop(key, None) is not None:
+            if ctx.judging.stragglers.pop(key, None) is not None:
                 moved.add(key[1])
 
     def reselect(self, ctx: Fleet, policy: str, selected: frozenset[str], moved: set[str]) -> None:
@@ -159,7 +166,7 @@ class _PolicyCohorts:
             member = old[name][0]
             if member.group is not None:
                 self._leave_group(name, member)
-            if ctx.stragglers.pop((policy, name), None) is not None:
+            if ctx.judging.stragglers.pop((policy, name), None) is not None:
                 moved.add(name)
         pending = {self.names[i] for i in self.pending}
         self.selected = selected
@@ -173,7 +180,13 @@ class _PolicyCohorts:
             kept = old.get(name)
             if kept is None:
                 key = self.keys[i]
-                kept = (_Member(), _UNSEEN, _UNSEEN, ctx.straggler_samples.get(key), ctx.stragglers.get(key))
+                kept = (
+                    _Member(),
+                    _UNSEEN,
+                    _UNSEEN,
+                    ctx.judging.straggler_samples.get(key),
+                    ctx.judging.stragglers.get(key),
+                )
                 self.pending.add(i)
             elif name in pending:
                 self.pending.add(i)
@@ -218,8 +231,8 @@ class _PolicyCohorts:
         seen: list[tuple[list[Any], list[Any]]] = [(self.records, records), (self.pods, pods)]
         samples, outs = self.samples, self.outs
         if scan:
-            samples = list(map(ctx.straggler_samples.get, keys))
-            outs = list(map(ctx.stragglers.get, keys))
+            samples = list(map(ctx.judging.straggler_samples.get, keys))
+            outs = list(map(ctx.judging.stragglers.get, keys))
             seen += [(self.samples, samples), (self.outs, outs)]
         everyone = range(len(names))
         for last, current in seen:
@@ -285,7 +298,7 @@ class _PolicyCohorts:
             member.look_due = _stale_due(gpunode, agent_pod)
             performance = gpunode.performance
             if performance[1] is not None:
-                samples = ctx.straggler_samples[key]
+                samples = ctx.judging.straggler_samples[key]
                 self.samples[i] = samples
                 period = heartbeat_seconds(gpunode)
                 sampled_at = gpunode.report_seen_at
@@ -308,7 +321,7 @@ class _PolicyCohorts:
                 self._leave_group(name, member)
             member.memo_due = None
             if self.outs[i] is not None:
-                del ctx.stragglers[key]
+                del ctx.judging.stragglers[key]
                 self.outs[i] = None
                 self.count -= 1
                 moved.add(name)
@@ -339,7 +352,7 @@ class _PolicyCohorts:
         name, key, member = self.names[i], self.keys[i], self.members[i]
         assert member.group is not None and member.record is not None
         judged = self.groups[member.group].judged[name]
-        samples = ctx.straggler_samples[key]
+        samples = ctx.judging.straggler_samples[key]
         self.samples[i] = samples
         sampled_at = member.record.report_seen_at if stragglers.settled(samples) else None
         was: model.StragglerScore | None = self.outs[i]
@@ -356,15 +369,15 @@ class _PolicyCohorts:
                 was_flagged=was is not None and was.flagged,
                 flagged_since=was.since if was is not None else None,
             )
-            if ctx.straggler_cohorts.window
+            if ctx.judging.straggler_cohorts.window
             else judged  # `Cohorts.window` off: each sample's own judgement, the rule before the window
         )
-        observer = ctx.straggler_cohorts.observer
+        observer = ctx.judging.straggler_cohorts.observer
         if takes and observer is not None:
             assert sampled_at is not None
             observer(key, sampled_at, out)
         if out is not was:
-            ctx.stragglers[key] = out
+            ctx.judging.stragglers[key] = out
             self.outs[i] = out
             self.count += was is None
             if judged_part(was) != judged_part(out):
@@ -422,8 +435,9 @@ class Cohorts:
         self.policies: dict[str, _PolicyCohorts] = {}
         self.now: datetime.datetime | None = None
         self.sizes = (-1, -1)
-        """`Context.stragglers`' and `straggler_samples`' sizes as the last tick left them: others only
-        delete from them (`Context.forget_verdicts`, `forget_policy`), so the same sizes say untouched."""
+        """`Context.judging.stragglers`' and `straggler_samples`' sizes as the last tick left them:
+        others only delete from them (`Context.forget_verdicts`, `forget_policy`), so the same sizes
+        say untouched."""
         self.observer: Observer | None = None
         """Told each sample a window takes (a benchmark's view of the z-scores); None in service."""
         self.window = True
@@ -432,14 +446,15 @@ class Cohorts:
 
 
 def score(ctx: Fleet, now: datetime.datetime) -> set[str]:
-    """`reconciler.score_stragglers`: the straggler scores per policy cohort in `ctx.stragglers`, worked
-    out again where something changed (module docstring); the nodes whose `judged_part` changed."""
-    store: Cohorts = ctx.straggler_cohorts
+    """`reconciler.score_stragglers`: the straggler scores per policy cohort in
+    `ctx.judging.stragglers`, worked out again where something changed (module docstring); the
+    nodes whose `judged_part` changed."""
+    store: Cohorts = ctx.judging.straggler_cohorts
     moved: set[str] = set()
     if store.now is not None and now < store.now:
         store.policies.clear()  # time went back: a deadline passed may be ahead again
     store.now = now
-    scan = store.sizes != (len(ctx.stragglers), len(ctx.straggler_samples))
+    scan = store.sizes != (len(ctx.judging.stragglers), len(ctx.judging.straggler_samples))
     live: set[str] = set()
     for policy in ctx.cache.policies.values():
         rules = [r for r in policy.rules if r.condition is vocabulary.Condition.STRAGGLER]
@@ -454,13 +469,15 @@ def score(ctx: Fleet, now: datetime.datetime) -> set[str]:
         state.tick(ctx, policy, now, moved, scan=scan)
     for name in [n for n in store.policies if n not in live]:
         store.policies.pop(name).forget(ctx, moved)
-    if len(ctx.stragglers) != sum(state.count for state in store.policies.values()):
-        for key, value in list(ctx.stragglers.items()):  # written by someone else: the full pass clears it
+    if len(ctx.judging.stragglers) != sum(state.count for state in store.policies.values()):
+        for key, value in list(
+            ctx.judging.stragglers.items()
+        ):  # written by someone else: the full pass clears it
             state = store.policies.get(key[0])
             i = state.index.get(key[1]) if state is not None else None
             if state is None or i is None or state.outs[i] is not value:
-                del ctx.stragglers[key]
+                del ctx.judging.stragglers[key]
                 if judged_part(value) is not None:
                     moved.add(key[1])
-    store.sizes = (len(ctx.stragglers), len(ctx.straggler_samples))
+    store.sizes = (len(ctx.judging.stragglers), len(ctx.judging.straggler_samples))
     return moved

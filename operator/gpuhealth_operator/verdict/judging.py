@@ -132,12 +132,12 @@ def _inputs(
 ) -> _Inputs:
     """What a verdict is judged from (`judge`): the same objects, the same verdict."""
     name = record.view.name
-    isolated = ctx.isolations.get((policy.name, name))
+    isolated = ctx.steps.isolated.get((policy.name, name))
     return (
         policy,
         record,
         gpunode,
-        ctx.stragglers.get((policy.name, name)),
+        ctx.judging.stragglers.get((policy.name, name)),
         now,
         ctx.agent_pods.get(name),
         isolated.decision if isolated is not None else None,

@@ -43,15 +43,15 @@ def _judged(
     ctx: context.Context, name: str, selecting: Sequence[model.Policy]
 ) -> tuple[tuple[model.Policy, object, object], ...]:
     pod = ctx.agent_pods.get(name)
-    return tuple((p, ctx.stragglers.get((p.name, name)), pod) for p in selecting)
+    return tuple((p, ctx.judging.stragglers.get((p.name, name)), pod) for p in selecting)
 
 
 def _quiet(ctx: context.Context, name: str, selecting: Sequence[model.Policy]) -> bool:
     """Nothing of the node's runs or waits: no drain, no cordon in flight, no budget wait, no isolation
     (under any policy: the status lists every policy's), an agent pod not known to be NotReady."""
-    if name in ctx.drains or name in ctx.cordons_unknown or ctx.agent_pods.not_ready(name):
+    if name in ctx.steps.drain or name in ctx.steps.cordons_unknown or ctx.agent_pods.not_ready(name):
         return False
-    if any((policy, name) in ctx.isolations for policy in ctx.cache.policies):
+    if any((policy, name) in ctx.steps.isolated for policy in ctx.cache.policies):
         return False
     return not any(ctx.admission.waiting(p.name, name) for p in selecting)
 
@@ -60,13 +60,13 @@ def unchanged(
     ctx: context.Context, name: str, selecting: Sequence[model.Policy], now: datetime.datetime
 ) -> bool:
     """Whether the last pass, which ended at rest, judged the node from what the cache holds now."""
-    rest = ctx.resting.get(name)
+    rest = ctx.judging.resting.get(name)
     record, gpunode = ctx.cache.node(name), ctx.cache.gpunode(name)
     if rest is None or record is None or gpunode is None:
         return False
     if rest.node != record.reading or rest.reading != gpunode.reading:
         return False
-    if rest.repairs is not ctx.repair_history.get(name):
+    if rest.repairs is not ctx.steps.repairs.get(name):
         return False  # its status field changes
     if rest.links != _link_cohorts(ctx, gpunode):
         return False  # what its GPUs' links should be moved with the fleet (`link_cohorts`)
@@ -116,11 +116,11 @@ def remember(
         return  # the records at rest say so too, as the pass wrote them; the verdicts are the source
     selecting = [policy for policy, _, _ in results]
     if _quiet(ctx, name, selecting):
-        ctx.resting[name] = context.Rest(
+        ctx.judging.resting[name] = context.Rest(
             record.reading,
             gpunode.reading,
             _judged(ctx, name, selecting),
-            ctx.repair_history.get(name),
+            ctx.steps.repairs.get(name),
             _link_cohorts(ctx, gpunode),
         )
 

@@ -30,16 +30,27 @@ def _everything_written() -> dict[str, Any]:
     a straggler score, an isolated GPU, a repair history."""
     name = "n"
     ctx = types.SimpleNamespace(
-        stragglers={("a", name): model.StragglerScore(score=0.8, z_score=-4.0, peers=8, flagged=True)},
-        isolations={
-            ("a", name): isolation.NodeState(
-                None,
-                in_place=(isolation.Isolated(3, "GPU-3", "gpuhealth-n-gpu-3", "2026-11-23T19:00:00.000Z"),),
-            )
-        },
+        judging=types.SimpleNamespace(
+            stragglers={("a", name): model.StragglerScore(score=0.8, z_score=-4.0, peers=8, flagged=True)},
+        ),
+        steps=types.SimpleNamespace(
+            isolate=types.SimpleNamespace(
+                isolations={
+                    ("a", name): isolation.NodeState(
+                        None,
+                        in_place=(
+                            isolation.Isolated(3, "GPU-3", "gpuhealth-n-gpu-3", "2026-11-23T19:00:00.000Z"),
+                        ),
+                    )
+                }
+            ),
+            repair=types.SimpleNamespace(
+                history={name: [{"time": "2026-11-26T15:00:00Z", "cycle": 1, "result": "Started"}]}
+            ),
+        ),
         cache=types.SimpleNamespace(gpunode=lambda _: None),
-        repair_history={name: [{"time": "2026-11-26T15:00:00Z", "cycle": 1, "result": "Started"}]},
     )
+    ctx.steps.isolated = ctx.steps.isolate.isolations
     policy_a, policy_b = model.Policy(name="a"), model.Policy(name="b", dry_run=True)
     judged = verdict(node=name)
     action = vocabulary.NodeAction.NONE

@@ -55,7 +55,7 @@ def _pending_as_stored(ctx: context.Context, policy: str, name: str) -> bool:
     status already Pending was said (by this policy's entry in `status.policies` where several policies
     select the node, else by `status.action`). Not where GPUs wait to be isolated (also Pending)."""
     gpunode = ctx.cache.gpunode(name)
-    isolation = ctx.isolations.get((policy, name))
+    isolation = ctx.steps.isolate.isolations.get((policy, name))
     if gpunode is None or (isolation is not None and isolation.decision is not None):
         return False  # GPUs of the node wait for isolation, or were judged for it: Pending may be theirs
     stored = gpunode.status
@@ -72,7 +72,7 @@ async def cordon(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict, now: datetime.datetime
 ) -> bool:
     """Cordon within the budget; False when the budget says wait (True too when the Node is gone)."""
-    for lost in list(ctx.cordons_unknown):  # almost always none: places the cluster has settled since
+    for lost in list(ctx.steps.cordon.unknown):  # almost always none: places the cluster has settled since
         settle_unknown(ctx, policy, lost)
     if not await ctx.admission.admit(policy, name, ctx.cache, ctx.verdicts.wanting, now):
         return False
@@ -104,7 +104,7 @@ async def cordon(
     except BaseException as error:
         if sent_from is not None and outcome_unknown(error):
             # It may have landed: the node keeps its place (in flight) until the cluster says.
-            ctx.cordons_unknown[name] = sent_from
+            ctx.steps.cordon.unknown[name] = sent_from
         else:
             _settled(ctx, policy, name)
         raise
@@ -130,7 +130,7 @@ def outcome_unknown(error: BaseException) -> bool:
 
 def _settled(ctx: context.Context, policy: model.Policy, name: str) -> None:
     """The cordon's outcome is known (in the cache, or refused): its node is no longer in flight."""
-    ctx.cordons_unknown.pop(name, None)
+    ctx.steps.cordon.unknown.pop(name, None)
     ctx.admission.release(policy, name)
 
 
@@ -138,7 +138,7 @@ def settle_unknown(ctx: context.Context, policy: model.Policy, name: str) -> Non
     """A cordon whose answer was lost holds its place until a newer Node version than the one it was
     computed from is seen: its resourceVersion precondition means it cannot land after that, so that
     version (cordoned, or not) is the truth the budget counts from then on."""
-    sent_from = ctx.cordons_unknown.get(name)
+    sent_from = ctx.steps.cordon.unknown.get(name)
     if sent_from is None:
         return
     record = ctx.cache.node(name)

@@ -76,7 +76,7 @@ def held(ctx: context.Context, selection: cache.Selection) -> list[datetime.date
     nodes = {n for p in acting for n in ctx.verdicts.wanting.get(p, {}) if n not in out}
     nodes.update(
         node
-        for (policy, node), state in ctx.isolations.items()
+        for (policy, node), state in ctx.steps.isolate.isolations.items()
         if policy in acting and state.decision is not None and state.decision.with_outcome(Outcome.WAIT)
     )
     times = []

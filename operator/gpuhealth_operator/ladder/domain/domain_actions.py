@@ -72,7 +72,7 @@ async def node_changed(ctx: context.Context, name: str) -> None:
             verdict = ctx.verdicts.get((policy.name, name))
             health = verdict.health if verdict is not None else Health.UNKNOWN
         labels = record.view.labels if record is not None else {}
-        due = ctx.domains.changed(policy, name, health, labels) or due
+        due = ctx.steps.domain.changed(policy, name, health, labels) or due
     if due:
         await evaluate(ctx, ctx.clock())
 
@@ -81,17 +81,17 @@ async def on_timer(ctx: context.Context, now: datetime.datetime, *, full: bool) 
     """The timer's part: judge while a recovery clock runs (it clears by time alone), and on every full
     pass (marks a human removed come back, a relabelled node's old marks go)."""
     recovering = any(
-        s.recovering_since is not None for states in ctx.domains.states.values() for s in states.values()
+        s.recovering_since is not None for states in ctx.steps.domain.states.values() for s in states.values()
     )
-    if full or recovering or ctx.domains.recorded:
+    if full or recovering or ctx.steps.domain.recorded:
         await evaluate(ctx, now)
 
 
 async def evaluate(ctx: context.Context, now: datetime.datetime) -> None:
     """Judge every policy's domains, say the transitions, and make the Nodes' marks match."""
-    async with ctx.domains.lock:
-        for name in [p for p in ctx.domains.states if p not in ctx.cache.policies]:
-            ctx.domains.states.pop(name, None)  # invalid now (or deleted): it marks nothing
+    async with ctx.steps.domain.lock:
+        for name in [p for p in ctx.steps.domain.states if p not in ctx.cache.policies]:
+            ctx.steps.domain.states.pop(name, None)  # invalid now (or deleted): it marks nothing
             ctx.meters.set_degraded_domains(name, ())
         for policy in sorted(ctx.cache.policies.values(), key=lambda p: p.name):
             await _judge(ctx, policy, now)
@@ -99,10 +99,10 @@ async def evaluate(ctx: context.Context, now: datetime.datetime) -> None:
 
 
 async def _judge(ctx: context.Context, policy: model.Policy, now: datetime.datetime) -> None:
-    first = policy.name not in ctx.domains.states  # this process's first judgement of the policy
-    previous = ctx.domains.previous(policy)
+    first = policy.name not in ctx.steps.domain.states  # this process's first judgement of the policy
+    previous = ctx.steps.domain.previous(policy)
     if not policy.topology.domains and not previous:
-        ctx.domains.states.pop(policy.name, None)
+        ctx.steps.domain.states.pop(policy.name, None)
         return
     members = []
     for node in ctx.cache.selection(policy).selected:
@@ -115,7 +115,7 @@ async def _judge(ctx: context.Context, policy: model.Policy, now: datetime.datet
     current = domains.judge(
         policy.topology.domains, members, previous, policy.recovery_healthy_for_seconds, now
     )
-    ctx.domains.states[policy.name] = current
+    ctx.steps.domain.states[policy.name] = current
     changed = domains.transitions(previous, current)
     for state in changed.degraded:
         if first and _marked_before(ctx, policy, state):
@@ -135,7 +135,7 @@ def _marked_before(ctx: context.Context, policy: model.Policy, state: domains.Do
         return False
     others = domains.wanted_marks(
         states
-        for name, states in ctx.domains.states.items()
+        for name, states in ctx.steps.domain.states.items()
         if name != policy.name and (other := ctx.cache.policies.get(name)) is not None and not other.dry_run
     )
     want = domains.marks_for(state.action)
@@ -190,7 +190,7 @@ def wanted(ctx: context.Context) -> dict[str, domains.Marks]:
     """node → the marks the acting policies' degraded domains want on it."""
     acting = [
         states
-        for name, states in ctx.domains.states.items()
+        for name, states in ctx.steps.domain.states.items()
         if (policy := ctx.cache.policies.get(name)) is not None and not policy.dry_run
     ]
     return domains.wanted_marks(acting)
@@ -252,7 +252,7 @@ def status(ctx: context.Context, name: str) -> dict[str, object]:
     free place (`budget.at_budget`, counted as admission counts them); {} while there is neither. Sets
     the at-budget gauge on the way (the degraded one is set by `evaluate`)."""
     topology: dict[str, object] = {}
-    degraded = ctx.domains.status(name, STATUS_LIMIT)
+    degraded = ctx.steps.domain.status(name, STATUS_LIMIT)
     if degraded:
         topology["degraded"] = degraded
     policy = ctx.cache.policies.get(name)

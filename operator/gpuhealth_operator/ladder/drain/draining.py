@@ -70,7 +70,7 @@ class NodeDrain:
 
     def progress(self) -> Progress:
         """`observe`, from memory and the cache alone."""
-        drains, name = self.ctx.drains, self.node
+        drains, name = self.ctx.steps.drain, self.node
         if drains.running(name):
             return Progress.RUNNING
         result = drains.results.get(name)
@@ -121,13 +121,13 @@ class NodeDrain:
                     return False
         deadline = _deadline(self.policy, started)
         task = asyncio.create_task(self._run(started, deadline), name=f"drain-{self.node}")
-        self.ctx.drains.start(self.node, self.policy.name, task)
+        self.ctx.steps.drain.start(self.node, self.policy.name, task)
         return True
 
     async def undo(self) -> bool:
         """Cancel the drain and forget how it ended (its cordon is gone); False when none was kept."""
-        kept = self.node in self.ctx.drains
-        self.ctx.drains.stop(self.node)
+        kept = self.node in self.ctx.steps.drain
+        self.ctx.steps.drain.stop(self.node)
         return kept
 
     async def _run(self, started: datetime.datetime, deadline: datetime.datetime) -> drain.Result:
@@ -138,7 +138,7 @@ class NodeDrain:
                 name,
                 options=ctx.drain_options(policy),
                 deadline=deadline,
-                semaphore=ctx.eviction_slots,
+                semaphore=ctx.steps.drain.eviction_slots,
                 on_eviction=lambda outcome: ctx.meters.evictions.labels(outcome).inc(),
                 should_stop=lambda: stopping.why_stop(ctx, policy.name, name) is not None,
             )
@@ -165,7 +165,7 @@ class NodeDrain:
                 drain.failed_message(policy.name, policy.drain_timeout_seconds, result),
                 events.WARNING,
             )
-        ctx.drains.finished(name, result, unsaid=unsaid)
+        ctx.steps.drain.finished(name, result, unsaid=unsaid)
         return result
 
 
@@ -181,19 +181,19 @@ async def advance(
         return NodeAction.CORDONED
     if progress is Progress.GONE:
         return NodeAction.NONE
-    looked = ctx.drains.checked.get(name)
+    looked = ctx.steps.drain.checked.get(name)
     why_not = await action.decide(now)
     if why_not is None:
         return NodeAction.DRAINING if await action.start(now) else NodeAction.NONE
     if progress is not Progress.DRAINED:
         return NodeAction.CORDONED  # timed out before a restart
-    unsaid = ctx.drains.unsaid.get(name)
+    unsaid = ctx.steps.drain.unsaid.get(name)
     if (
         unsaid is not None
-        and ctx.drains.checked.get(name) != looked  # once per look at the pods, not once per pass
+        and ctx.steps.drain.checked.get(name) != looked  # once per look at the pods, not once per pass
         and await announcements.drained(ctx, name, unsaid)
     ):
-        ctx.drains.said(name)
+        ctx.steps.drain.said(name)
     return NodeAction.DRAINED
 
 
@@ -215,9 +215,9 @@ async def again(ctx: context.Context, policy: model.Policy, name: str, now: date
 
 def shown(ctx: context.Context, name: str) -> NodeAction:
     """Where a cordoned node's drain stands when none is to be advanced (a Cordon rule, a kept cordon)."""
-    if ctx.drains.running(name):
+    if ctx.steps.drain.running(name):
         return NodeAction.DRAINING
-    result = ctx.drains.results.get(name)
+    result = ctx.steps.drain.results.get(name)
     if (result is not None and result.completed) or _status_action(ctx, name) == NodeAction.DRAINED:
         return NodeAction.DRAINED
     return NodeAction.CORDONED
@@ -232,10 +232,10 @@ def timed_out(
     calls a drain that timed out before a restart: one that would resume is not failed.
     """
     name = record.view.name
-    result = ctx.drains.results.get(name)
+    result = ctx.steps.drain.results.get(name)
     if result is not None:
         return not result.completed
-    if name in ctx.drains:
+    if name in ctx.steps.drain:
         return False
     return _failed_before_a_restart(ctx, policy, name, now)
 
@@ -247,12 +247,12 @@ async def say_done(ctx: context.Context, policy: model.Policy, name: str) -> Non
     last eviction and its Event) and the node holds no evictable pod now. `announcements` names the
     Event after the cordon, so a drain a dead term did say is not said twice. A drain that did not
     empty the node is not said."""
-    result, unsaid = ctx.drains.results.get(name), ctx.drains.unsaid.get(name)
+    result, unsaid = ctx.steps.drain.results.get(name), ctx.steps.drain.unsaid.get(name)
     record = ctx.cache.node(name)
     if unsaid is None:
         if (
             result is not None  # this term's drain ended: said, or failed or stopped
-            or ctx.drains.running(name)
+            or ctx.steps.drain.running(name)
             or record is None
             or keys.DRAIN_STARTED_ANNOTATION not in record.view.annotations
         ):
@@ -263,7 +263,7 @@ async def say_done(ctx: context.Context, policy: model.Policy, name: str) -> Non
             return
         unsaid = drain.drained_message(policy.name, ended)
     if await announcements.drained(ctx, name, unsaid):
-        ctx.drains.said(name)
+        ctx.steps.drain.said(name)
 
 
 async def forget(ctx: context.Context, name: str) -> None:
@@ -271,7 +271,7 @@ async def forget(ctx: context.Context, name: str) -> None:
     record = ctx.cache.node(name)
     if record is None or record.view.unschedulable:
         return
-    ctx.drains.stop(name)
+    ctx.steps.drain.stop(name)
     if keys.DRAIN_STARTED_ANNOTATION in record.view.annotations:
         ctx.cache.refresh_node(await nodes.set_drain_started(ctx.client, name, None))
 
@@ -282,11 +282,11 @@ async def _still_empty(ctx: context.Context, name: str, options: drain.Options) 
     A pod can land on a cordoned node (bound by `nodeName`, or tolerating the
     cordon); `kubectl drain` would evict it, and so do we.
     """
-    checked = ctx.drains.checked.get(name)
+    checked = ctx.steps.drain.checked.get(name)
     clock = time.monotonic()
     if checked is not None and clock - checked < DRAINED_RECHECK_SECONDS:
         return True
-    ctx.drains.looked(name, clock)
+    ctx.steps.drain.looked(name, clock)
     return not drain.classify(await drain.list_pods(ctx.client, name), options).wanted
 
 

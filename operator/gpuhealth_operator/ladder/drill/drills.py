@@ -109,7 +109,7 @@ async def _judge(
     previous = hysteresis.from_status(gpunode.status.get("conditions") or [])
     synthetic = drill.signal(wanted, now)
     for policy in selecting:
-        straggler = ctx.stragglers.get((policy.name, name))
+        straggler = ctx.judging.stragglers.get((policy.name, name))
         verdict = verdicts.judge(
             policy,
             record.view,
@@ -135,7 +135,7 @@ async def _judge(
         message += planned.probe_note
         if await _say(ctx, name, policy.name, message) and changes and verdict.wanted_action is not None:
             ctx.meters.drill_actions.labels(verdict.wanted_action.value, wanted.condition.value).inc()
-        ctx.drill_health[(policy.name, name)] = verdict.health.value
+        ctx.steps.drill.health[(policy.name, name)] = verdict.health.value
     ctx.count_drills()
     return NodeAction.DRILL if action in OUTRANKED else action
 
@@ -148,15 +148,15 @@ def _budgets(ctx: context.Context, policy: model.Policy) -> list[budget.Budget]:
 
 
 def _running(ctx: context.Context, name: str) -> bool:
-    return any(node == name for _, node in ctx.drill_health)
+    return any(node == name for _, node in ctx.steps.drill.health)
 
 
 async def _end(ctx: context.Context, name: str) -> None:
     """Forget the node's drill verdicts (what was said about the drill itself stays, so it is said once)."""
-    for key in [k for k in ctx.drill_health if k[1] == name]:
-        del ctx.drill_health[key]
-    for key in [k for k in ctx.drill_said if k[1] == name and k[0] != NODE_KEY]:
-        del ctx.drill_said[key]
+    for key in [k for k in ctx.steps.drill.health if k[1] == name]:
+        del ctx.steps.drill.health[key]
+    for key in [k for k in ctx.steps.drill.said if k[1] == name and k[0] != NODE_KEY]:
+        del ctx.steps.drill.said[key]
     ctx.count_drills()
 
 
@@ -164,9 +164,9 @@ async def _say(
     ctx: context.Context, name: str, policy: str, message: str, type_: str = events.NORMAL
 ) -> bool:
     """Emit a Drill Event unless this was the last thing said under (policy, node); whether it was emitted."""
-    if ctx.drill_said.get((policy, name)) == message:
+    if ctx.steps.drill.said.get((policy, name)) == message:
         return False
-    ctx.drill_said[(policy, name)] = message
+    ctx.steps.drill.said[(policy, name)] = message
     await ctx.recorder.emit(events.subject(ctx.cache, name), vocabulary.EventReason.DRILL, message, type_)
     return True
 

@@ -97,7 +97,7 @@ class GPURule:
         try:
             created = await device_rules.create(self.ctx.client, self.api_version, body)
         finally:  # the next pass lists it and counts it against the GPU budget, even if the answer was lost
-            self.ctx.rules_read.drop((ALL, self.api_version))
+            self.ctx.steps.isolate.rules_read.drop((ALL, self.api_version))
         if not created:
             return False
         meters = self.ctx.meters
@@ -124,7 +124,7 @@ class GPURule:
         try:
             return await device_rules.delete(self.ctx.client, self.api_version, self.rule)
         finally:  # also when the answer is lost: the next pass lists what is there
-            self.ctx.rules_read.drop((ALL, self.api_version))
+            self.ctx.steps.isolate.rules_read.drop((ALL, self.api_version))
 
 
 async def node_pass(  # noqa: PLR0917 - one pass's inputs

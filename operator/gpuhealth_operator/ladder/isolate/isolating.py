@@ -8,9 +8,10 @@ reads what only the cluster knows (`isolation_support`: whether the cluster acts
 place, the node's DRA devices), asks the pure `decisions.isolation` per faulty GPU, has the budget
 admit new rules (`admission.admit_gpus`: one GPU budget over all policies, the breakers), creates
 them (Event `GPUIsolated`) and deletes those of GPUs that recovered (hysteresis as for an uncordon;
-Event `GPURestored`). What it decides is kept in `Context.isolations`, which the node's verdict is
-judged from (`judging`): IsolateGPU comes off the node ladder when every faulty GPU is isolated or
-waits for the GPU budget (`verdicts.with_isolation`); otherwise the node is cordoned and drained.
+Event `GPURestored`). What it decides is kept in `Context.steps.isolate.isolations`, which the
+node's verdict is judged from (`judging`): IsolateGPU comes off the node ladder when every faulty
+GPU is isolated or waits for the GPU budget (`verdicts.with_isolation`); otherwise the node is
+cordoned and drained.
 
 A rule of ours that someone else deletes is an override, as a human uncordon is: the GPU is not
 isolated again, and the node not drained for it, until new evidence (a new episode of its condition).
@@ -52,7 +53,9 @@ STATUS_FIELDS: Final = (STATUS_FIELD, FRACTION_FIELD)
 
 def isolated_gpus(ctx: context.Context, policy: str) -> int:
     """GPUs the policy isolates now, as of the last pass over each node."""
-    return sum(len(state.in_place) for (owner, _), state in ctx.isolations.items() if owner == policy)
+    return sum(
+        len(state.in_place) for (owner, _), state in ctx.steps.isolate.isolations.items() if owner == policy
+    )
 
 
 # --- one node -------------------------------------------------------------------------------------
@@ -96,7 +99,9 @@ def status_fields(ctx: context.Context, name: str) -> dict[str, Any]:
     """The GPUNode status fields of isolation (empty when nothing to say): every policy's GPUs of the
     node, not only the reported policy's, so a GPU stays listed while another policy's verdict (a
     drain) is shown, and a restarted operator reads it back (`from_status`)."""
-    state = isolation.of_node([s for (_, node), s in sorted(ctx.isolations.items()) if node == name])
+    state = isolation.of_node(
+        [s for (_, node), s in sorted(ctx.steps.isolate.isolations.items()) if node == name]
+    )
     listed = to_status(state)
     if not listed:
         return {}
@@ -111,7 +116,7 @@ def node_action(
 ) -> vocabulary.NodeAction:
     """`Isolated` when GPUs are isolated and the node itself has nothing stronger than a taint;
     `Pending` when faulty GPUs only wait for maxUnavailableGPUs."""
-    state = ctx.isolations.get((policy, name))
+    state = ctx.steps.isolate.isolations.get((policy, name))
     lesser = action in (
         vocabulary.NodeAction.NONE,
         vocabulary.NodeAction.EVENT,
@@ -130,7 +135,7 @@ async def isolate(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict, now: datetime.datetime
 ) -> None:
     """Isolate and restore the node's GPUs under `policy`, and keep what was decided for its verdict
-    (`Context.isolations`: the node ladder only if needed)."""
+    (`Context.steps.isolate.isolations`: the node ladder only if needed)."""
     key = (policy.name, name)
     wanted = {r.condition for r in verdict.fired_rules if r.action is Action.ISOLATE_GPU}
     gpunode, record = ctx.cache.gpunode(name), ctx.cache.node(name)
@@ -138,7 +143,7 @@ async def isolate(
         return
     # After a restart the status says what is isolated; it lists every policy's GPUs of the node, so
     # only a policy with IsolateGPU reads it (`_pass` keeps its own rules), one without probes nothing.
-    state = ctx.isolations.get(key) or (
+    state = ctx.steps.isolate.isolations.get(key) or (
         from_status(gpunode.status.get(STATUS_FIELD))
         if isolation_support.isolates(policy)
         else isolation.NodeState()
@@ -149,18 +154,18 @@ async def isolate(
         and not state.overridden
         and not isolation_support.holds(ctx, policy, name, now)
     ):
-        ctx.isolations.pop(key, None)
+        ctx.steps.isolate.isolations.pop(key, None)
         return
     if verdict.health is vocabulary.Health.UNKNOWN:
         return  # missing data changes nothing
-    async with ctx.isolation_locks[policy.name]:
+    async with ctx.steps.isolate.locks[policy.name]:
         found = await isolation_support.support(ctx, policy)
-    async with ctx.isolation_locks[ALL]:
+    async with ctx.steps.isolate.locks[ALL]:
         rules = await isolation_support.rules(ctx, found.api_version, now)
         state = await gpu_rules.node_pass(ctx, policy, name, verdict, now, state, wanted, found, rules)
     if ctx.cache.gpunode(name) is None or ctx.cache.node(name) is None:
         return  # deleted meanwhile and forgotten: keep no isolation of it (the policy counts them)
-    ctx.isolations[key] = state
+    ctx.steps.isolate.isolations[key] = state
 
 
 async def preview(
@@ -182,7 +187,7 @@ async def preview(
     if not wanted or gpunode is None or record is None or verdict.health is vocabulary.Health.UNKNOWN:
         return None
     now = ctx.clock()
-    known = ctx.isolation_support.get(policy.name)
+    known = ctx.steps.isolate.support.get(policy.name)
     if known is None or known.generation != policy.generation:
         # Not probed (a dry run never is; an acting policy not yet in this term): discovery, kept
         # apart from the probe's answers, so a drill or a dry run never decides a real action.

@@ -55,7 +55,7 @@ async def support(ctx: context.Context, policy: model.Policy) -> isolation.Suppo
     An answer that is not `definite` (transient errors) is probed again `recent.SECONDS` later; after
     `PROBE_FALLBACK_SECONDS` of such answers the node ladder is taken until a probe answers.
     """
-    known = ctx.isolation_support.get(policy.name)
+    known = ctx.steps.isolate.support.get(policy.name)
     now = ctx.clock()
     if (
         known is not None
@@ -66,9 +66,9 @@ async def support(ctx: context.Context, policy: model.Policy) -> isolation.Suppo
     found = await device_rules.probe(ctx.client, policy.name, policy.generation)
     if not found.definite:
         found = _failing(found, known, now)
-    ctx.isolation_support[policy.name] = found
+    ctx.steps.isolate.support[policy.name] = found
     if found.api_version is not None:  # the version discovery served: `sweep` finds rules by it later
-        ctx.isolation_discovery.put(
+        ctx.steps.isolate.discovery.put(
             ALL, isolation.Support(0, found.api_version, DISCOVERY_ONLY, definite=False), now
         )
     if found.definite:
@@ -113,10 +113,10 @@ async def prepare(ctx: context.Context, policy: model.Policy) -> None:
     while the last probe met only transient errors. Cheap when known (no request)."""
     if not isolates(policy) or policy.dry_run:
         return
-    known = ctx.isolation_support.get(policy.name)
+    known = ctx.steps.isolate.support.get(policy.name)
     if known is not None and known.generation == policy.generation and known.definite and not known.timed_out:
         return
-    async with ctx.isolation_locks[policy.name]:
+    async with ctx.steps.isolate.locks[policy.name]:
         await support(ctx, policy)
 
 
@@ -124,7 +124,7 @@ def condition(ctx: context.Context, policy: model.Policy) -> dict[str, Any] | No
     """The policy's `GPUIsolation` condition (without times); None for a policy without IsolateGPU."""
     if not isolates(policy):
         return None
-    found = ctx.isolation_support.get(policy.name)
+    found = ctx.steps.isolate.support.get(policy.name)
     if policy.dry_run:
         return {
             "type": CONDITION,
@@ -168,16 +168,16 @@ def condition(ctx: context.Context, policy: model.Policy) -> dict[str, Any] | No
 
 def probed(ctx: context.Context, policy: model.Policy) -> bool:
     """Whether this term has the probe's answer for the policy's generation (definite or not)."""
-    known = ctx.isolation_support.get(policy.name)
+    known = ctx.steps.isolate.support.get(policy.name)
     return known is not None and known.generation == policy.generation
 
 
 def known_version(ctx: context.Context, now: datetime.datetime) -> str | None:
     """The version rules are in as this term knows it, with no request: a probe's, else discovery's."""
-    for known in ctx.isolation_support.values():
+    for known in ctx.steps.isolate.support.values():
         if known.definite and known.api_version is not None:
             return known.api_version
-    seen = ctx.isolation_discovery.get(ALL, now)  # also what the last probe found (`support`)
+    seen = ctx.steps.isolate.discovery.get(ALL, now)  # also what the last probe found (`support`)
     return seen.api_version if seen is not None else None
 
 
@@ -186,9 +186,9 @@ async def any_version(ctx: context.Context, now: datetime.datetime) -> str | Non
     None without a reason to look: after the term's first look, an isolating policy, a recent probe
     (the last isolating policy was just deleted) or a GPUNode status listing isolated GPUs."""
     known = known_version(ctx, now)
-    if known is not None or ctx.isolation_discovery.get(ALL, now) is not None:
+    if known is not None or ctx.steps.isolate.discovery.get(ALL, now) is not None:
         return known  # None: discovery serves no version, so no rule of ours is anywhere
-    first = not len(ctx.isolation_discovery) and bool(ctx.cache.gpunodes)  # the term's first look
+    first = not len(ctx.steps.isolate.discovery) and bool(ctx.cache.gpunodes)  # the term's first look
     if (
         not first
         and not any(isolates(p) for p in ctx.cache.policies.values())
@@ -208,7 +208,7 @@ async def _discovered_any(ctx: context.Context, now: datetime.datetime) -> isola
             0, await device_rules.served_version(ctx.client), DISCOVERY_ONLY, definite=False
         )
 
-    return await ctx.isolation_discovery.read(ALL, now, load)
+    return await ctx.steps.isolate.discovery.read(ALL, now, load)
 
 
 async def discovered(ctx: context.Context, policy: model.Policy, now: datetime.datetime) -> isolation.Support:
@@ -231,7 +231,7 @@ async def rules(
         listed = await device_rules.of_nodes(ctx.client, api_version)
         return [r for r in listed if keys.NODE_LABEL in ((r.get("metadata") or {}).get("labels") or {})]
 
-    return await ctx.rules_read.read((ALL, api_version), now, load)
+    return await ctx.steps.isolate.rules_read.read((ALL, api_version), now, load)
 
 
 def holds(ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime) -> bool:
@@ -239,7 +239,7 @@ def holds(ctx: context.Context, policy: model.Policy, name: str, now: datetime.d
     or one of a policy that lost its IsolateGPU rule (it neither reads the status back after a
     restart nor is probed); its pass must restore it. Any version known will do (the sweep's)."""
     version = known_version(ctx, now)
-    listed = ctx.rules_read.get((ALL, version), now) if version is not None else None
+    listed = ctx.steps.isolate.rules_read.get((ALL, version), now) if version is not None else None
     node_label, policy_label = device_taints.label_value(name), device_taints.label_value(policy.name)
     return any(
         owner(rule) == policy_label
@@ -250,7 +250,9 @@ def holds(ctx: context.Context, policy: model.Policy, name: str, now: datetime.d
 
 async def devices(ctx: context.Context, name: str, now: datetime.datetime) -> dict[str, device_taints.Device]:
     """The node's DRA devices by GPU UUID, from its ResourceSlices listed once per `recent.SECONDS`."""
-    return await ctx.devices_read.read(name, now, lambda: device_rules.devices(ctx.client, name))
+    return await ctx.steps.isolate.devices_read.read(
+        name, now, lambda: device_rules.devices(ctx.client, name)
+    )
 
 
 def gpu_count(ctx: context.Context, node: str) -> int:

@@ -33,7 +33,7 @@ async def sweep(ctx: context.Context, now: datetime.datetime) -> None:
     if version is None:
         return
     try:
-        async with ctx.isolation_locks[ALL]:
+        async with ctx.steps.isolate.locks[ALL]:
             await _sweep(ctx, version, now)
     except device_rules.TRANSIENT as error:
         logger.warning(
@@ -73,16 +73,18 @@ async def _sweep(ctx: context.Context, version: str, now: datetime.datetime) -> 
                 adopted = False
                 await device_rules.delete(ctx.client, version, name)
         finally:
-            ctx.rules_read.drop((ALL, version))
+            ctx.steps.isolate.rules_read.drop((ALL, version))
         subject = events.subject(ctx.cache, node)
         if adopter is not None:
             if not adopted:
                 continue  # deleted or adopted meanwhile: the next list says what is there
             key = (adopter.name, node)
-            state = ctx.isolations.get(key) or isolation.NodeState()
+            state = ctx.steps.isolate.isolations.get(key) or isolation.NodeState()
             if all(g.uuid != uuid for g in state.in_place):
                 taken = isolation.Isolated(index, uuid, name)
-                ctx.isolations[key] = dataclasses.replace(state, in_place=(*state.in_place, taken))
+                ctx.steps.isolate.isolations[key] = dataclasses.replace(
+                    state, in_place=(*state.in_place, taken)
+                )
             # The adopter restores a recovered GPU only on a pass over the node: ask for one now, or it
             # waits for the next agent report (a 300 s heartbeat at rest) or the next full pass.
             ctx.passes.request(node, pass_queue.Ask("timer"))

@@ -4,7 +4,7 @@ Every timer pass (`sweep`) looks for the nodes a policy with newNodes selects (a
 excluded) that are new to it (`decisions.new_nodes.is_new`: created after the policy, never validated
 as new). Such a node gets the NoSchedule taint `keys.UNVALIDATED_TAINT` at once (unless a workload
 pod already runs on it, `decisions.workload_pods`, whatever the drain would evict: then it is in
-service, not new; remembered per Node UID in `Context.new_nodes_in_service`, forgotten with the
+service, not new; remembered per Node UID in `Context.steps.new_nodes.in_service`, forgotten with the
 node), then the policy's Validation Job (`decisions.new_nodes.job_name`, adopted on 409), within the
 policy's repair maxConcurrent (repairs in progress and running new-node validations together), never
 while the policy's fleet circuit breaker holds disruptions back, on a node under repair or busy with a
@@ -79,12 +79,12 @@ def _facts(
 
 async def sweep(ctx: context.Context, now: datetime.datetime) -> None:
     """One timer pass over the fleet; one node's error is logged and retried next pass."""
-    for gone in [n for n in ctx.validations_running if ctx.cache.node(n) is None]:
-        ctx.validations_running.discard(gone)
+    for gone in [n for n in ctx.steps.repair.validations if ctx.cache.node(n) is None]:
+        ctx.steps.repair.validations.discard(gone)
         try:
             await jobs.delete(ctx.client, reading.namespace(ctx), new_nodes.job_name(gone))
         except kube.ApiError:
-            ctx.validations_running.add(gone)
+            ctx.steps.repair.validations.add(gone)
             logger.warning(
                 "deleting the new-node validation Job of deleted node %s failed", gone, exc_info=True
             )
@@ -135,11 +135,11 @@ async def _visit(
         busy = False
         # In service: this Node (its UID: one created again under the name is another node) was busy
         # when first seen new. Forgotten with the node (`Context.forget_node`).
-        in_service = ctx.new_nodes_in_service.get(name) == record.uid
+        in_service = ctx.steps.new_nodes.in_service.get(name) == record.uid
         if not tainted and policy is not None and not policy.dry_run and not in_service:
             busy = bool(await reading.workload(ctx, policy, name))
             if busy:
-                ctx.new_nodes_in_service[name] = record.uid
+                ctx.steps.new_nodes.in_service[name] = record.uid
                 in_service = True
                 logger.info(
                     "node %s is new to policy %s but already runs pods: in service", name, policy.name
@@ -150,8 +150,8 @@ async def _visit(
         if step is Step.NOTHING:
             return False
         if step is Step.DRY_RUN:
-            if ctx.new_nodes_said.get(name) != record.uid:
-                ctx.new_nodes_said[name] = record.uid
+            if ctx.steps.new_nodes.said.get(name) != record.uid:
+                ctx.steps.new_nodes.said[name] = record.uid
                 assert policy is not None
                 await ctx.recorder.emit(
                     events.subject(ctx.cache, name),
@@ -172,7 +172,7 @@ async def _visit(
         if step is Step.CANCEL:
             deleted = body is not None and await jobs.delete(ctx.client, ns, job_name)
             await _set_taint(ctx, record, present=False)
-            ctx.validations_running.discard(name)
+            ctx.steps.repair.validations.discard(name)
             logger.info(
                 "validation of new node %s cancelled (no longer a new node of a policy with newNodes)%s",
                 name,
@@ -182,7 +182,7 @@ async def _visit(
         if step is Step.START:
             return True
         assert policy is not None and policy.repair is not None
-        ctx.validations_running.add(name)
+        ctx.steps.repair.validations.add(name)
         timeout = policy.repair.validation_timeout_seconds or 0.0
         view = repair.job_view(body)
         created = str(((body or {}).get("metadata") or {}).get("creationTimestamp") or "")
@@ -195,7 +195,7 @@ async def _visit(
             await _failed(ctx, record, policy, transition.message, now)
         if view.phase is repair.JobPhase.ACTIVE:
             await jobs.delete(ctx.client, ns, job_name)  # timed out (after the Node says so: no second Job)
-        ctx.validations_running.discard(name)
+        ctx.steps.repair.validations.discard(name)
         return False
 
 
@@ -235,7 +235,7 @@ async def _start(ctx: context.Context, name: str, policy: model.Policy, now: dat
         if running >= limit:
             logger.info("new node %s waits: %d of %d repairs/validations run", name, running, limit)
             return
-        ctx.validations_running.add(name)
+        ctx.steps.repair.validations.add(name)
     ns = reading.namespace(ctx)
     job_name = new_nodes.job_name(name)
     # Our identity on the Job: a new token, its hash on the Node first (a Job never outlives its hash).
@@ -246,7 +246,7 @@ async def _start(ctx: context.Context, name: str, policy: model.Policy, now: dat
             {"metadata": {"annotations": {keys.VALIDATION_TOKEN_ANNOTATION: repair.token_digest(token)}}},
         )
     except kube.ApiError:
-        ctx.validations_running.discard(name)
+        ctx.steps.repair.validations.discard(name)
         raise  # the next pass tries again
     ours = ctx.cache.refresh_node(marked) or record
     try:
@@ -271,15 +271,15 @@ async def _start(ctx: context.Context, name: str, policy: model.Policy, now: dat
         body["metadata"]["annotations"][keys.REPAIR_TOKEN_ANNOTATION] = token
         _, created = await jobs.create(ctx.client, body, belongs=lambda job: _belongs(job, ours))
     except jobs.StaleJob as error:
-        ctx.validations_running.discard(name)
+        ctx.steps.repair.validations.discard(name)
         logger.info("new node %s waits: %s", name, error)
         return
     except jobs.TemplateError as error:
-        ctx.validations_running.discard(name)
+        ctx.steps.repair.validations.discard(name)
         await _failed(ctx, record, policy, f"no Job could be made: {error}", now)
         return
     except kube.ApiError as error:
-        ctx.validations_running.discard(name)
+        ctx.steps.repair.validations.discard(name)
         if not 400 <= error.status < 500 or error.status in (408, 429):
             raise
         await _failed(

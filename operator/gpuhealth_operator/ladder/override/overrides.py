@@ -67,7 +67,7 @@ async def react(
     if patched is not node_patches.Patched.WRITTEN or dropped_from is None:
         return
     claimant = dropped_from.view.cordoned_by
-    ctx.drains.stop(name)
+    ctx.steps.drain.stop(name)
     ctx.meters.actions.labels(vocabulary.NodeAction.OVERRIDDEN.value, "Uncordoned").inc()
     logger.info("node %s was made schedulable by someone else: policy %s's claim dropped", name, claimant)
     what = (

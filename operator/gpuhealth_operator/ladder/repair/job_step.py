@@ -105,7 +105,7 @@ class JobStep:
             else None,
         )
         # Our identity on the Job: the token whose hash the state on the Node holds (`_sealed`).
-        made = self.ctx.repair_tokens.get(self.node)
+        made = self.ctx.steps.repair.tokens.get(self.node)
         if made is None or made[0] != self.state.token:
             raise jobs.StaleJob(f"no token of this process for Job {self.state.job}")
         body["metadata"]["annotations"][keys.REPAIR_TOKEN_ANNOTATION] = made[1]

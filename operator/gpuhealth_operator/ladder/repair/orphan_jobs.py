@@ -8,10 +8,10 @@ machine nobody cordoned or drained. Two things delete such a Job:
   the Node's UID), so deleting the Node deletes the Job and then its pods, and a Node re-created under
   the name (a new UID) owns none of them;
 - this module, in case the collector is late or the Job was made before Jobs had an owner: on the
-  timer's next tick after a Node is deleted (`Context.gone_nodes`), and on every full pass (after a
-  restart, for Nodes deleted or re-created while no operator ran), it deletes every step Job whose Node
-  is gone or has another UID than the one the Job was made for (a Job with no owner: was created
-  before the Node was, both stamps of the API server's clock).
+  timer's next tick after a Node is deleted (`Context.steps.repair.gone_nodes`), and on every full
+  pass (after a restart, for Nodes deleted or re-created while no operator ran), it deletes every
+  step Job whose Node is gone or has another UID than the one the Job was made for (a Job with no
+  owner: was created before the Node was, both stamps of the API server's clock).
 
 No new step starts on a re-created Node by itself: it carries no repair annotation and no cordon of
 ours, so it takes a new fault, cordon and drain first (`repairing.begin`).
@@ -103,7 +103,7 @@ async def _identity(ctx: context.Context, name: str) -> NodeIdentity | None:
 
 async def sweep(ctx: context.Context, *, full: bool) -> None:
     """Delete the step Jobs of the Nodes deleted since the last tick (all stale ones when `full`)."""
-    gone, ctx.gone_nodes = ctx.gone_nodes, set()
+    gone, ctx.steps.repair.gone_nodes = ctx.steps.repair.gone_nodes, set()
     if not (full or gone) or not in_use(ctx):
         return
     ours = f"{jobs.MANAGED_BY_LABEL}={jobs.MANAGED_BY}"
@@ -117,7 +117,7 @@ async def sweep(ctx: context.Context, *, full: bool) -> None:
         if error.status in (401, 403):  # no right to Jobs: none of ours can exist to delete
             logger.debug("step Jobs not listed: %s %s", error.status, error.reason)
             return
-        ctx.gone_nodes |= gone  # the next tick tries again
+        ctx.steps.repair.gone_nodes |= gone  # the next tick tries again
         logger.warning("deleting the step Jobs of deleted Nodes failed (will retry)", exc_info=True)
 
 

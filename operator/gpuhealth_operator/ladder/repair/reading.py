@@ -54,7 +54,7 @@ def cycles(ctx: context.Context, name: str) -> repair.Cycles:
 
 def history(ctx: context.Context, name: str) -> list[dict[str, Any]]:
     """The node's `status.repairs[]`: as this process last made it, else as stored."""
-    made = ctx.repair_history.get(name)
+    made = ctx.steps.repair.history.get(name)
     if made is not None:
         return made
     gpunode = ctx.cache.gpunode(name)
@@ -97,12 +97,12 @@ def holders(ctx: context.Context) -> list[str]:
     """The nodes with a repair in progress (all policies) or a new node's validation Job running
     (`new_nodes`): they hold maxConcurrent places."""
     repairing = {n for n, r in ctx.cache.nodes.items() if keys.REPAIR_ANNOTATION in r.view.annotations}
-    return sorted(repairing | ctx.validations_running)
+    return sorted(repairing | ctx.steps.repair.validations)
 
 
 async def stop_waiting(ctx: context.Context, name: str) -> None:
     """The wait for maxConcurrent ended: forget it, and its mark on the Node (written when it was said)."""
-    ctx.repair_waiting.discard(name)
+    ctx.steps.repair.waiting.discard(name)
     record = ctx.cache.node(name)
     if record is not None and keys.REPAIR_WAITING_ANNOTATION in record.view.annotations:
         body = await nodes.patch_metadata(
@@ -112,7 +112,7 @@ async def stop_waiting(ctx: context.Context, name: str) -> None:
 
 
 def stop_busy_wait(ctx: context.Context, name: str) -> None:
-    ctx.repair_busy_said.discard(name)
+    ctx.steps.repair.busy_said.discard(name)
 
 
 async def say_waiting(
@@ -121,9 +121,9 @@ async def say_waiting(
     """Say once per wait (an Event on the node) that its repair waits for maxConcurrent, and for whom.
     Once per wait, not per process: the Node keeps the mark (`keys.REPAIR_WAITING_ANNOTATION`), written
     after the Event (a crash between says it twice, never not at all)."""
-    if name in ctx.repair_waiting:
+    if name in ctx.steps.repair.waiting:
         return
-    ctx.repair_waiting.add(name)
+    ctx.steps.repair.waiting.add(name)
     record = ctx.cache.node(name)
     if record is None or record.view.annotations.get(keys.REPAIR_WAITING_ANNOTATION) == policy.name:
         return  # said by an earlier process (a restart, a leader change)
@@ -152,9 +152,11 @@ async def templates(ctx: context.Context, now: datetime.datetime) -> dict[str, d
     """The Job templates (`--repair-templates`, else packaged); TemplateError says why none."""
     where = ctx.config.repair_templates
     if not where:
-        return await ctx.repair_templates.read(PACKAGED_KEY, now, _packaged)
+        return await ctx.steps.repair.templates.read(PACKAGED_KEY, now, _packaged)
     ns, name = where.split("/", 1)
-    return await ctx.repair_templates.read(where, now, lambda: jobs.read_templates(ctx.client, ns, name))
+    return await ctx.steps.repair.templates.read(
+        where, now, lambda: jobs.read_templates(ctx.client, ns, name)
+    )
 
 
 async def _packaged() -> dict[str, dict[str, Any]]:

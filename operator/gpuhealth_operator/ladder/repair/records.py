@@ -68,7 +68,7 @@ def sealed(ctx: context.Context, name: str, state: repair.State) -> repair.State
     """The state with a new Job token: this process keeps the token, the state (on the Node) its hash."""
     token = secrets.token_urlsafe(24)
     digest = repair.token_digest(token)
-    ctx.repair_tokens[name] = (digest, token)
+    ctx.steps.repair.tokens[name] = (digest, token)
     return dataclasses.replace(state, token=digest)
 
 
@@ -115,7 +115,7 @@ def record(
     item = repair.entry(
         now, cycle=cycle, step=step, action=action, gpus=gpus, result=result, message=message, fault=fault
     )
-    ctx.repair_history[name] = repair.with_entry(reading.history(ctx, name), item)
+    ctx.steps.repair.history[name] = repair.with_entry(reading.history(ctx, name), item)
     ctx.meters.repairs.labels(action or "none", result.value).inc()
 
 
@@ -166,9 +166,9 @@ def finished_seen(
     the Job runs. `now` is read after the Job (a pass's start could precede a report seen meanwhile)."""
     if job.phase not in (repair.JobPhase.SUCCEEDED, repair.JobPhase.FAILED):
         return None
-    known = ctx.repair_finished_seen.get(name)
+    known = ctx.steps.repair.finished_seen.get(name)
     if known is None or known[0] != state.job:
-        known = ctx.repair_finished_seen[name] = (state.job, now)
+        known = ctx.steps.repair.finished_seen[name] = (state.job, now)
     return known[1]
 
 

@@ -48,33 +48,33 @@ def refused(status: int, message: str) -> bool:
 
 def may_try(ctx: context.Context, policy: str, now: datetime.datetime) -> bool:
     """Whether a Job of the policy may be tried now (not refused within `RETRY_SECONDS`)."""
-    known = ctx.repair_refused.get(policy)
+    known = ctx.steps.repair.refused.get(policy)
     return known is None or not 0 <= times.seconds_between(known.at, now) < RETRY_SECONDS
 
 
 def note_refused(ctx: context.Context, policy: str, message: str, now: datetime.datetime) -> bool:
     """Record a refusal; True when it is news to say (not said by this process or one before it)."""
-    known = ctx.repair_refused.get(policy)
+    known = ctx.steps.repair.refused.get(policy)
     said = known is not None and known.said
-    ctx.repair_refused[policy] = Refused(message, now, said=True)
+    ctx.steps.repair.refused[policy] = Refused(message, now, said=True)
     return not said
 
 
 def note_permitted(ctx: context.Context, policy: str) -> None:
     """A Job of the policy was created (or adopted): the rights are there."""
-    ctx.repair_refused.pop(policy, None)
-    ctx.repair_permitted.add(policy)
+    ctx.steps.repair.refused.pop(policy, None)
+    ctx.steps.repair.permitted.add(policy)
 
 
 def observe(ctx: context.Context, policy: str, body: Mapping[str, Any]) -> None:
     """Take up a refusal a process before us recorded in the policy's status (its Event was said)."""
-    if policy in ctx.repair_refused or policy in ctx.repair_permitted:
+    if policy in ctx.steps.repair.refused or policy in ctx.steps.repair.permitted:
         return
     for c in (body.get("status") or {}).get("conditions") or []:
         if isinstance(c, Mapping) and c.get("type") == CONDITION and c.get("status") == "False":
             at = times.parse(c.get("lastTransitionTime")) or ctx.clock()
             # Tried again at once by this process: "at" only dates the condition, the wait restarts.
-            ctx.repair_refused[policy] = Refused(
+            ctx.steps.repair.refused[policy] = Refused(
                 str(c.get("message") or ""), at - datetime.timedelta(seconds=RETRY_SECONDS), said=True
             )
 
@@ -83,7 +83,7 @@ def condition(ctx: context.Context, policy: model.Policy | None) -> dict[str, An
     """The policy's `RepairPermitted` condition (None: the policy has no `spec.repair`)."""
     if policy is None or policy.repair is None:
         return None
-    known = ctx.repair_refused.get(policy.name)
+    known = ctx.steps.repair.refused.get(policy.name)
     if known is not None:
         return {
             "type": CONDITION,
@@ -91,7 +91,7 @@ def condition(ctx: context.Context, policy: model.Policy | None) -> dict[str, An
             "reason": REASON_REFUSED,
             "message": known.message,
         }
-    if policy.name in ctx.repair_permitted:
+    if policy.name in ctx.steps.repair.permitted:
         return {
             "type": CONDITION,
             "status": "True",

@@ -424,7 +424,7 @@ async def _launch(  # noqa: PLR0917 - one launch's inputs
             return await _while_busy(ctx, policy, spec, name, state, verdict, action, now)
         return Handled(phase)
     reading.stop_busy_wait(ctx, name)
-    made = ctx.repair_tokens.get(name)
+    made = ctx.steps.repair.tokens.get(name)
     if made is None or made[0] != state.token:
         # Written by another process (a restart, an earlier leader) whose token died with it: a new one,
         # its hash on the Node first, so that the Job created now is still known by it after us.
@@ -697,7 +697,7 @@ async def _refused(  # noqa: PLR0917 - one refusal's inputs
             },
         )
         if undone:
-            ctx.repair_tokens.pop(name, None)
+            ctx.steps.repair.tokens.pop(name, None)
         return Handled(NodeAction.DRAINED if undone else phase)
     return await _wait_or_fail(
         ctx,
@@ -765,9 +765,9 @@ async def _say_busy(
     action: job_step.JobStep | None = None,
 ) -> None:
     """Say once per wait (Event RemediationPaused) which pods hold the repair back, and until when."""
-    if name in ctx.repair_busy_said:
+    if name in ctx.steps.repair.busy_said:
         return
-    ctx.repair_busy_said.add(name)
+    ctx.steps.repair.busy_said.add(name)
     then = (
         "the drain evicts them first"
         if found.evictable

@@ -158,7 +158,7 @@ def test_a_node_whose_agent_is_stale_leaves_its_straggler_cohort() -> None:
 
         def scored(at: datetime.datetime) -> dict[str, int]:
             reconciler.score_stragglers(ctx, at)
-            return {node: score.peers for (_, node), score in ctx.stragglers.items()}
+            return {node: score.peers for (_, node), score in ctx.judging.stragglers.items()}
 
         assert scored(NOW) == dict.fromkeys(names, 5)
         ctx.agent_pods.observe(pod("a0", "n0", False, times.render(NOW)), NOW)  # its agent died

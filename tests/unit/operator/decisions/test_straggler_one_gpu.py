@@ -87,7 +87,7 @@ def flags_over_time(
                 )
             reconciler.score_stragglers(ctx, now[0])
             for name in names:
-                score = ctx.stragglers.get(("p", name))
+                score = ctx.judging.stragglers.get(("p", name))
                 flags[name].append(score is not None and score.flagged)
             now[0] += datetime.timedelta(seconds=HEARTBEAT)
 

@@ -207,7 +207,7 @@ def test_a_node_that_leaves_the_policys_selection_stops_its_drain_at_once() -> N
         cluster.add_pod("n", "guarded")
         cluster.guarded.add("work/guarded")
         await drain_cluster.report(cluster, ctx, "n", ecc=1)
-        drain_task = ctx.drains.tasks["n"]
+        drain_task = ctx.steps.drain.tasks["n"]
         await drain_cluster.until(lambda: len(cluster.evictions) >= 3)
         await drain_cluster.node_changed(cluster, ctx, "n", pool="cpu")
         changed = time.monotonic()
@@ -234,8 +234,8 @@ def test_a_narrowed_selector_stops_the_drain_but_another_selecting_policy_may_dr
         cluster.add_pod("n", "guarded")
         cluster.guarded.add("work/guarded")
         await drain_cluster.report(cluster, ctx, "n", ecc=1)
-        first = ctx.drains.tasks["n"]
-        stopped_policy = ctx.drains.policies["n"]
+        first = ctx.steps.drain.tasks["n"]
+        stopped_policy = ctx.steps.drain.policies["n"]
         await drain_cluster.until(lambda: len(cluster.evictions) >= 2)
         body = drain_cluster.policy_body(stopped_policy, drain_cluster.drain_spec("elsewhere"))
         body["metadata"]["generation"] = 2
@@ -245,7 +245,7 @@ def test_a_narrowed_selector_stops_the_drain_but_another_selecting_policy_may_dr
         other = "q" if stopped_policy == "p" else "p"
         assert stopping.why_stop(ctx, other, "n") is None, "the other policy still selects the node"
         assert stopping.why_stop(ctx, stopped_policy, "n") is not None
-        for task in ctx.drains.tasks.values():
+        for task in ctx.steps.drain.tasks.values():
             task.cancel()
 
     asyncio.run(scenario())
@@ -263,7 +263,7 @@ def test_a_drained_node_drained_again_after_a_restart_stops_at_once_on_the_exclu
             cluster, {"p": drain_cluster.drain_spec("gpu")}, {"n": {"pool": "gpu"}}
         )
         await drain_cluster.report(cluster, ctx, "n", ecc=1)
-        await drain_cluster.until(lambda: "n" in ctx.drains.results)
+        await drain_cluster.until(lambda: "n" in ctx.steps.drain.results)
         await drain_cluster.report(cluster, ctx, "n", ecc=1)  # the next pass sees the drain ended
         assert cluster.gpunodes["n"]["status"]["action"] == "Drained"
 
@@ -276,7 +276,7 @@ def test_a_drained_node_drained_again_after_a_restart_stops_at_once_on_the_exclu
         await handlers.on_policy(drain_cluster.event("ADDED", policy), memo=restarted)
         await drain_cluster.deliver(cluster, restarted, "n")
         await drain_cluster.report(cluster, restarted, "n", ecc=1)
-        drain_task = restarted.drains.tasks["n"]
+        drain_task = restarted.steps.drain.tasks["n"]
         await drain_cluster.until(lambda: any(key == "work/late" for _, key in cluster.evictions))
 
         await drain_cluster.node_changed(cluster, restarted, "n", **{keys.EXCLUDE_LABEL: "true"})

@@ -134,8 +134,8 @@ class History:
             if not ctx.admission.start_waiting("p", name):
                 ctx.admission.stop_waiting("p", name)
         elif roll < 0.65:
-            if ctx.drains.tasks.pop(name, None) is None:
-                ctx.drains.tasks[name] = object()  # type: ignore[assignment]  # only its presence is read
+            if ctx.steps.drain.tasks.pop(name, None) is None:
+                ctx.steps.drain.tasks[name] = object()  # type: ignore[assignment]  # only its presence is read
         elif roll < 0.7:
             self.agent_pod(name, ready=self.random.random() < 0.5)
         elif roll < 0.72:

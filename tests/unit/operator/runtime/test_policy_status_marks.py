@@ -168,14 +168,14 @@ class History:
     def isolated(self, name: str) -> None:
         key = (self.rng.choice(POLICIES), name)
         if self.rng.random() < 0.3:
-            self.ctx.isolations.pop(key, None)
+            self.ctx.steps.isolate.isolations.pop(key, None)
             return
         gpus = self.rng.sample(range(8), self.rng.randint(0, 3))
         held = tuple(isolation.Isolated(i, f"GPU-{i}", f"rule-{i}") for i in sorted(gpus))
-        self.ctx.isolations[key] = isolation.NodeState(None, held)
+        self.ctx.steps.isolate.isolations[key] = isolation.NodeState(None, held)
 
     def drain(self, name: str) -> None:
-        drains = self.ctx.drains
+        drains = self.ctx.steps.drain
         what = self.rng.choice(["none", "failed", "completed", "running"])
         drains.results.pop(name, None)
         drains.tasks.pop(name, None)
@@ -187,13 +187,13 @@ class History:
 
     def probed(self) -> None:
         found = self.rng.choice([None, "v1alpha3", "v1beta2"])
-        self.ctx.isolation_support["b"] = isolation.Support(
+        self.ctx.steps.isolate.support["b"] = isolation.Support(
             1, found, "probed", definite=self.rng.random() < 0.7
         )
 
 
 def written(ctx: context.Context) -> dict[str, Any]:
-    return {name: _without_times(status) for name, status in ctx.policy_status_written.items()}
+    return {name: _without_times(status) for name, status in ctx.status.written.items()}
 
 
 def recounted(ctx: context.Context, now: datetime.datetime) -> tuple[dict[str, Any], metrics.Metrics]:
@@ -330,6 +330,6 @@ def test_a_status_write_that_failed_is_tried_again_at_the_next_pass(monkeypatch:
             await ticker.tick(ctx)
         await ticker.tick(ctx)
         assert client.applied == ["a", "b", "a"]
-        assert ctx.policy_status_written["a"]["pendingNodes"] == 1
+        assert ctx.status.written["a"]["pendingNodes"] == 1
 
     asyncio.run(scenario())

@@ -38,7 +38,7 @@ def test_a_policy_deleted_meanwhile_does_not_stop_the_others_status() -> None:
         for name in ("a-first", "gone", "z-last"):
             ctx.cache.put_policy(policy(name))
         await ticker.write_policy_statuses(ctx, datetime.datetime.now(datetime.UTC))
-        return client.applied, set(ctx.policy_status_written)
+        return client.applied, set(ctx.status.written)
 
     applied, written = asyncio.run(scenario())
     assert applied == ["a-first", "z-last"]

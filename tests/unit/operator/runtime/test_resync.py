@@ -103,8 +103,8 @@ def test_resync_frees_the_budget_place_and_memory_of_a_node_deleted_unseen() -> 
         policy = ctx.cache.policies["p"]
         assert ctx.cache.selection(policy).unavailable == {"deleted"}
         ctx.node_locks["deleted"]
-        ctx.drains.tasks["deleted"] = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
-        ctx.drains.results["deleted"] = drain.Result(completed=True, blocking=(), evicted=1, skipped=())
+        ctx.steps.drain.tasks["deleted"] = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
+        ctx.steps.drain.results["deleted"] = drain.Result(completed=True, blocking=(), evicted=1, skipped=())
         ctx.admission.notified.add(("p", "other"))
 
         pruned = await resync.resync(ctx)
@@ -113,8 +113,8 @@ def test_resync_frees_the_budget_place_and_memory_of_a_node_deleted_unseen() -> 
         assert set(ctx.cache.nodes) == {"kept", "other"}
         assert set(ctx.cache.gpunodes) == {"kept", "other"}
         assert "deleted" not in ctx.node_locks
-        assert "deleted" not in ctx.drains
-        assert "deleted" not in ctx.drains.results
+        assert "deleted" not in ctx.steps.drain
+        assert "deleted" not in ctx.steps.drain.results
         assert ctx.cache.policies == {}
         assert not ctx.admission.notified
 

@@ -17,15 +17,26 @@ import operator_context
 from gpuhealth_api import vocabulary
 from gpuhealth_operator.client import drain, drains, kube
 from gpuhealth_operator.decisions import breaker, isolation, model, repair
+from gpuhealth_operator.ladder import memories
 from gpuhealth_operator.shared import context
+from gpuhealth_operator.verdict import memory
 from gpuhealth_operator.state import admission, breakers, cache, domain_states, recent
 from gpunode_facts import verdict
 
-NOT_STATE = {"config", "client", "meters", "recorder", "cache", "agent_pods", "eviction_slots", "clock"}
-NOT_STATE |= {"isolation_discovery"}  # what discovery says of DeviceTaintRules, cluster-wide
-NOT_STATE |= {"repair_templates"}  # the repair Job templates, cluster-wide
-NOT_STATE |= {"status_marks", "gpus_counted_marks"}  # what the policy status counted, snapshots
-NOT_STATE |= {"straggler_cohorts"}  # `cohorts`: follows the selections and policies at the next tick
+NOT_STATE = {
+    "config",
+    "client",
+    "meters",
+    "recorder",
+    "cache",
+    "agent_pods",
+    "steps.drain.eviction_slots",
+    "clock",
+}
+NOT_STATE |= {"steps.isolate.discovery"}  # what discovery says of DeviceTaintRules, cluster-wide
+NOT_STATE |= {"steps.repair.templates"}  # the repair Job templates, cluster-wide
+NOT_STATE |= {"status.marks", "status.gpus_marks"}  # what the policy status counted, snapshots
+NOT_STATE |= {"judging.straggler_cohorts"}  # `cohorts`: follows the selections and policies at the next tick
 NOT_STATE |= {"passes"}  # asked passes: each runs once and finds a forgotten node gone (no memory kept)
 """Context fields that hold no per-node or per-policy memory (the cache and the agent pods, views of
 the cluster, are tested on their own)."""
@@ -34,54 +45,58 @@ the cluster, are tested on their own)."""
 def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.node_locks[node]  # a defaultdict: looking a key up creates its lock
     ctx.admission.in_flight.add(node)
-    ctx.cordons_unknown[node] = "41"
+    ctx.steps.cordon.unknown[node] = "41"
     ctx.admission.notified.add((policy, node))
     ctx.verdicts.remember(
         (policy, node),
         dataclasses.replace(verdict(node=node), wanted_action=vocabulary.Action.DRAIN),
         (object(),),
     )
-    ctx.stragglers[(policy, node)] = model.StragglerScore(score=1.0, z_score=-4.0, peers=8, flagged=True)
-    ctx.straggler_samples[(policy, node)].append((datetime.datetime(2026, 1, 5, tzinfo=datetime.UTC), -4.0))
-    ctx.drains.tasks[node] = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
-    ctx.drains.results[node] = drain.Result(completed=True, blocking=(), evicted=1, skipped=())
-    ctx.drains.checked[node] = 1.0
-    ctx.drains.unsaid[node] = "Node drained by policy p."
-    ctx.drains.policies[node] = policy
-    ctx.announced_cordons[node] = "2026-01-01T00:00:00Z"
-    ctx.repair_history[node] = [{"cycle": 1, "result": "Started"}]
-    ctx.repair_finished_seen[node] = ("gpuhealth-repair-job", datetime.datetime.now(datetime.UTC))
-    ctx.repair_waiting.add(node)
-    ctx.repair_tokens[node] = ("digest", "token")
-    ctx.new_nodes_in_service[node] = f"uid-{node}"
-    ctx.new_nodes_said[node] = f"uid-{node}"
-    ctx.repair_busy_said.add(node)
-    ctx.validations_running.add(node)
-    ctx.gone_nodes.add(node)
-    ctx.dry_run_said[(policy, node)] = f"Dry run: policy {policy} would cordon"
-    ctx.drill_said[(policy, node)] = f"Drill: policy {policy} would cordon"
-    ctx.drill_health[(policy, node)] = "Unhealthy"
-    ctx.policy_status_written[policy] = {"observedGeneration": 1}
-    ctx.repair_refused[policy] = repair.Refused(
+    ctx.judging.stragglers[(policy, node)] = model.StragglerScore(
+        score=1.0, z_score=-4.0, peers=8, flagged=True
+    )
+    ctx.judging.straggler_samples[(policy, node)].append(
+        (datetime.datetime(2026, 1, 5, tzinfo=datetime.UTC), -4.0)
+    )
+    ctx.steps.drain.tasks[node] = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
+    ctx.steps.drain.results[node] = drain.Result(completed=True, blocking=(), evicted=1, skipped=())
+    ctx.steps.drain.checked[node] = 1.0
+    ctx.steps.drain.unsaid[node] = "Node drained by policy p."
+    ctx.steps.drain.policies[node] = policy
+    ctx.steps.cordon.announced[node] = "2026-01-01T00:00:00Z"
+    ctx.steps.repair.history[node] = [{"cycle": 1, "result": "Started"}]
+    ctx.steps.repair.finished_seen[node] = ("gpuhealth-repair-job", datetime.datetime.now(datetime.UTC))
+    ctx.steps.repair.waiting.add(node)
+    ctx.steps.repair.tokens[node] = ("digest", "token")
+    ctx.steps.new_nodes.in_service[node] = f"uid-{node}"
+    ctx.steps.new_nodes.said[node] = f"uid-{node}"
+    ctx.steps.repair.busy_said.add(node)
+    ctx.steps.repair.validations.add(node)
+    ctx.steps.repair.gone_nodes.add(node)
+    ctx.steps.dry_run.said[(policy, node)] = f"Dry run: policy {policy} would cordon"
+    ctx.steps.drill.said[(policy, node)] = f"Drill: policy {policy} would cordon"
+    ctx.steps.drill.health[(policy, node)] = "Unhealthy"
+    ctx.status.written[policy] = {"observedGeneration": 1}
+    ctx.steps.repair.refused[policy] = repair.Refused(
         "jobs.batch is forbidden", datetime.datetime.now(datetime.UTC), True
     )
-    ctx.repair_permitted.add(policy)
+    ctx.steps.repair.permitted.add(policy)
     ctx.verdicts.turned_unhealthy[policy][node] = datetime.datetime.now(datetime.UTC)
     ctx.breakers.states[policy] = breaker.Breaker(state=breaker.State.HALF_OPEN, trial=node)
     ctx.breakers.announced[policy] = breaker.Breaker()
     ctx.breakers.resets[policy] = "now"
     ctx.breakers.acted[policy] = ("before", datetime.datetime.now(datetime.UTC))
-    ctx.isolation_support[policy] = isolation.Support(1, None, "not served")
-    ctx.isolations[(policy, node)] = isolation.NodeState()
-    ctx.isolation_locks[policy]  # a defaultdict: looking a key up creates its lock
+    ctx.steps.isolate.support[policy] = isolation.Support(1, None, "not served")
+    ctx.steps.isolate.isolations[(policy, node)] = isolation.NodeState()
+    ctx.steps.isolate.locks[policy]  # a defaultdict: looking a key up creates its lock
     now = datetime.datetime.now(datetime.UTC)
-    ctx.rules_read.put((policy, "v1beta2"), [], now)
-    ctx.devices_read.put(node, {}, now)
-    ctx.domains.states[policy] = {}
-    ctx.domains.recorded[policy] = [{"key": "rack", "value": "r1"}]
-    ctx.domains.seen[(policy, node)] = ("Unhealthy", ("r1",))
+    ctx.steps.isolate.rules_read.put((policy, "v1beta2"), [], now)
+    ctx.steps.isolate.devices_read.put(node, {}, now)
+    ctx.steps.domain.states[policy] = {}
+    ctx.steps.domain.recorded[policy] = [{"key": "rack", "value": "r1"}]
+    ctx.steps.domain.seen[(policy, node)] = ("Unhealthy", ("r1",))
     RECORDS[node] = cache.node_record({"metadata": {"name": node}})  # held: the rest refers to it weakly
-    ctx.resting[node] = context.Rest(RECORDS[node].reading, 1, (), None)
+    ctx.judging.resting[node] = context.Rest(RECORDS[node].reading, 1, (), None)
 
 
 RECORDS: dict[str, cache.NodeRecord] = {}
@@ -89,36 +104,36 @@ RECORDS: dict[str, cache.NodeRecord] = {}
 
 FILLED = {
     "node_locks",
-    "repair_history",
-    "repair_finished_seen",
-    "repair_waiting",
-    "repair_tokens",
-    "new_nodes_in_service",
-    "new_nodes_said",
-    "repair_busy_said",
-    "validations_running",
-    "gone_nodes",
-    "repair_refused",
-    "repair_permitted",
+    "steps.repair.history",
+    "steps.repair.finished_seen",
+    "steps.repair.waiting",
+    "steps.repair.tokens",
+    "steps.new_nodes.in_service",
+    "steps.new_nodes.said",
+    "steps.repair.busy_said",
+    "steps.repair.validations",
+    "steps.repair.gone_nodes",
+    "steps.repair.refused",
+    "steps.repair.permitted",
     "admission",
-    "cordons_unknown",
+    "steps.cordon.unknown",
     "verdicts",
-    "stragglers",
-    "straggler_samples",
-    "drains",
-    "announced_cordons",
-    "dry_run_said",
-    "drill_said",
-    "drill_health",
-    "policy_status_written",
+    "judging.stragglers",
+    "judging.straggler_samples",
+    "steps.drain",
+    "steps.cordon.announced",
+    "steps.dry_run.said",
+    "steps.drill.said",
+    "steps.drill.health",
+    "status.written",
     "breakers",
-    "isolation_support",
-    "isolations",
-    "rules_read",
-    "devices_read",
-    "isolation_locks",
-    "domains",
-    "resting",
+    "steps.isolate.support",
+    "steps.isolate.isolations",
+    "steps.isolate.rules_read",
+    "steps.isolate.devices_read",
+    "steps.isolate.locks",
+    "steps.domain",
+    "judging.resting",
 }
 """The Context fields `fill` puts a node and a policy into."""
 
@@ -151,12 +166,33 @@ def make() -> context.Context:
     return operator_context.new_context(client)
 
 
+def stores(holder: object, prefix: str = "") -> dict[str, Any]:
+    """Every store of the context by its path (`steps.isolate.isolations`): the memories walked into."""
+    found: dict[str, Any] = {}
+    for field in dataclasses.fields(holder):  # type: ignore[arg-type]
+        value = getattr(holder, field.name)
+        if isinstance(value, MEMORIES):
+            found.update(stores(value, f"{prefix}{field.name}."))
+        else:
+            found[prefix + field.name] = value
+    return found
+
+
+MEMORIES = (memory.JudgingMemory, memories.Memories, context.StatusMemory)
+MEMORIES += tuple(
+    type(value)
+    for _, value in memories.Memories().each()
+    if dataclasses.is_dataclass(value) and not isinstance(value, domain_states.DomainStates)
+)
+"""The memories `stores` walks into; the drains' and the domains' (one store each) are walked by `mentions`."""
+
+
 def state(ctx: context.Context) -> dict[str, Any]:
-    return {f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx) if f.name not in NOT_STATE}
+    return {name: value for name, value in stores(ctx).items() if name not in NOT_STATE}
 
 
 def test_every_map_is_known() -> None:
-    assert {f.name for f in dataclasses.fields(context.Context)} - NOT_STATE == FILLED
+    assert set(stores(make())) - NOT_STATE == FILLED
 
 
 def test_forget_node_empties_every_map_of_that_node_only() -> None:
@@ -164,26 +200,26 @@ def test_forget_node_empties_every_map_of_that_node_only() -> None:
         ctx = make()
         fill(ctx, "p", "gone")
         fill(ctx, "p", "kept")
-        running = ctx.drains.tasks["gone"]
+        running = ctx.steps.drain.tasks["gone"]
         ctx.forget_node("gone")
         # a deleted node's validation Job is still to be deleted (new_nodes.sweep): it holds its place;
         # and its step Jobs are deleted on the next tick (orphan_jobs.sweep)
-        assert [name for name, value in state(ctx).items() if mentions(value, "gone")] == [
-            "validations_running",
-            "gone_nodes",
-        ]
-        assert [name for name, value in state(ctx).items() if not mentions(value, "kept")] == [
-            "policy_status_written",  # per policy only
-            "isolation_support",
-            "rules_read",
-            "isolation_locks",
-            "repair_refused",
-            "repair_permitted",
-        ]
+        assert {name for name, value in state(ctx).items() if mentions(value, "gone")} == {
+            "steps.repair.validations",
+            "steps.repair.gone_nodes",
+        }
+        assert {name for name, value in state(ctx).items() if not mentions(value, "kept")} == {
+            "status.written",  # per policy only
+            "steps.isolate.support",
+            "steps.isolate.rules_read",
+            "steps.isolate.locks",
+            "steps.repair.refused",
+            "steps.repair.permitted",
+        }
         assert "gone" not in ctx.verdicts.wanting["p"]
         await asyncio.sleep(0)
         assert running.cancelled(), "the drain of a deleted node is cancelled"
-        ctx.drains.tasks["kept"].cancel()
+        ctx.steps.drain.tasks["kept"].cancel()
 
     asyncio.run(scenario())
 
@@ -208,20 +244,26 @@ def test_forget_policy_empties_every_map_of_that_policy_only() -> None:
         per_policy = {
             "admission",
             "verdicts",
-            "stragglers",
-            "straggler_samples",
-            "dry_run_said",
-            "drill_said",
-            "drill_health",
-            "policy_status_written",
+            "judging.stragglers",
+            "judging.straggler_samples",
+            "steps.dry_run.said",
+            "steps.drill.said",
+            "steps.drill.health",
+            "status.written",
             "breakers",
-            "repair_refused",
-            "repair_permitted",
+            "steps.repair.refused",
+            "steps.repair.permitted",
         }
-        per_policy |= {"isolation_support", "isolations", "rules_read", "isolation_locks", "domains"}
-        per_policy.add("drains")  # the node's drain is "kept"'s (the last filled)
+        per_policy |= {
+            "steps.isolate.support",
+            "steps.isolate.isolations",
+            "steps.isolate.rules_read",
+            "steps.isolate.locks",
+            "steps.domain",
+        }
+        per_policy.add("steps.drain")  # the node's drain is "kept"'s (the last filled)
         assert {name for name, value in state(ctx).items() if mentions(value, "kept")} == per_policy
-        ctx.drains.tasks["n"].cancel()
+        ctx.steps.drain.tasks["n"].cancel()
 
     asyncio.run(scenario())
 
@@ -235,19 +277,19 @@ def test_forget_verdicts_keeps_the_nodes_own_memory() -> None:
         ctx.forget_verdicts("n")
         assert {name for name, value in state(ctx).items() if mentions(value, "n")} == {
             "node_locks",
-            "drains",
-            "announced_cordons",
-            "repair_history",
-            "repair_finished_seen",
-            "repair_waiting",
-            "repair_tokens",
-            "new_nodes_in_service",
-            "new_nodes_said",
-            "repair_busy_said",
-            "validations_running",
-            "gone_nodes",
+            "steps.drain",
+            "steps.cordon.announced",
+            "steps.repair.history",
+            "steps.repair.finished_seen",
+            "steps.repair.waiting",
+            "steps.repair.tokens",
+            "steps.new_nodes.in_service",
+            "steps.new_nodes.said",
+            "steps.repair.busy_said",
+            "steps.repair.validations",
+            "steps.repair.gone_nodes",
         }
-        assert not ctx.drains.tasks["n"].cancelled()
-        ctx.drains.tasks["n"].cancel()
+        assert not ctx.steps.drain.tasks["n"].cancelled()
+        ctx.steps.drain.tasks["n"].cancel()
 
     asyncio.run(scenario())

@@ -4,8 +4,8 @@
 4ac2ccd): every member of every cohort judged on every tick. Random fleets, reports, ticks, stale agents,
 agent pods not Ready or gone, idle GPUs, lost GPUs, our own status writes, members leaving and joining
 the selection, forgotten nodes, policies' thresholds changing and time going back: after every tick both
-leave the same `ctx.stragglers` (to the sign of a zero), the same samples (windows, memos) and the same
-nodes to judge again.
+leave the same `ctx.judging.stragglers` (to the sign of a zero), the same samples (windows, memos) and
+the same nodes to judge again.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ MAX_CLOCK = 1980
 
 def full_score_stragglers(ctx: Any, now: datetime.datetime) -> set[str]:
     """`reconciler.score_stragglers` at 4ac2ccd, word for word (`_heartbeat_seconds`, `judged_part`)."""
-    before = dict(ctx.stragglers)
-    ctx.stragglers.clear()
+    before = dict(ctx.judging.stragglers)
+    ctx.judging.stragglers.clear()
     for policy in ctx.cache.policies.values():
         rules = [r for r in policy.rules if r.condition is vocabulary.Condition.STRAGGLER]
         if not rules:
@@ -47,7 +47,7 @@ def full_score_stragglers(ctx: Any, now: datetime.datetime) -> set[str]:
                 fresh[name] = gpunode
         performance = {
             name: stragglers.smoothed(
-                ctx.straggler_samples[(policy.name, name)],
+                ctx.judging.straggler_samples[(policy.name, name)],
                 gpunode.performance,
                 gpunode.clocks,
                 gpunode.report_seen_at,
@@ -59,8 +59,8 @@ def full_score_stragglers(ctx: Any, now: datetime.datetime) -> set[str]:
             for name, gpunode in fresh.items()
         }
         for name, score in stragglers.judge_nodes(performance, threshold).items():
-            samples = ctx.straggler_samples[(policy.name, name)]
-            ctx.stragglers[(policy.name, name)] = stragglers.windowed(
+            samples = ctx.judging.straggler_samples[(policy.name, name)]
+            ctx.judging.stragglers[(policy.name, name)] = stragglers.windowed(
                 samples,
                 score,
                 fresh[name].report_seen_at if stragglers.settled(samples) else None,
@@ -71,11 +71,11 @@ def full_score_stragglers(ctx: Any, now: datetime.datetime) -> set[str]:
                 was_flagged=(was := before.get((policy.name, name))) is not None and was.flagged,
                 flagged_since=was.since if was is not None else None,
             )
-    keys = before.keys() | ctx.stragglers.keys()
+    keys = before.keys() | ctx.judging.stragglers.keys()
     return {
         key[1]
         for key in keys
-        if cohorts.judged_part(before.get(key)) != cohorts.judged_part(ctx.stragglers.get(key))
+        if cohorts.judged_part(before.get(key)) != cohorts.judged_part(ctx.judging.stragglers.get(key))
     }
 
 
@@ -99,9 +99,11 @@ def fake_context(shared: FakeCache, pods: dict[str, liveness.AgentPod]) -> Any:
     return types.SimpleNamespace(
         cache=shared,
         agent_pods=types.SimpleNamespace(nodes=pods),
-        stragglers={},
-        straggler_samples=collections.defaultdict(stragglers.Samples),
-        straggler_cohorts=cohorts.Cohorts(),
+        judging=types.SimpleNamespace(
+            stragglers={},
+            straggler_samples=collections.defaultdict(stragglers.Samples),
+            straggler_cohorts=cohorts.Cohorts(),
+        ),
     )
 
 
@@ -174,7 +176,7 @@ def exact(scores: dict[tuple[str, str], model.StragglerScore]) -> dict[tuple[str
 def samples_of(ctx: Any) -> dict[tuple[str, str], str]:
     return {
         key: repr((list(s), list(s.clocks), s.memo, s.smoothed_score))
-        for key, s in ctx.straggler_samples.items()
+        for key, s in ctx.judging.straggler_samples.items()
     }
 
 
@@ -247,19 +249,19 @@ def run_scenario(seed: int, ticks: int) -> tuple[int, int]:
                 shared.selected[policy] ^= {node.name}
             elif event == 8:  # Context.forget_verdicts
                 for ctx in (full, kept):
-                    for key in [k for k in ctx.stragglers if k[1] == node.name]:
-                        del ctx.stragglers[key]
-                    for key in [k for k in ctx.straggler_samples if k[1] == node.name]:
-                        del ctx.straggler_samples[key]
+                    for key in [k for k in ctx.judging.stragglers if k[1] == node.name]:
+                        del ctx.judging.stragglers[key]
+                    for key in [k for k in ctx.judging.straggler_samples if k[1] == node.name]:
+                        del ctx.judging.straggler_samples[key]
             elif event == 9 and rng.random() < 0.3:
                 name = rng.choice(["a", "b", "c"])
                 if name in shared.policies and rng.random() < 0.3:
                     del shared.policies[name]  # and Context.forget_policy
                     for ctx in (full, kept):
-                        for key in [k for k in ctx.stragglers if k[0] == name]:
-                            del ctx.stragglers[key]
-                        for key in [k for k in ctx.straggler_samples if k[0] == name]:
-                            del ctx.straggler_samples[key]
+                        for key in [k for k in ctx.judging.stragglers if k[0] == name]:
+                            del ctx.judging.stragglers[key]
+                        for key in [k for k in ctx.judging.straggler_samples if k[0] == name]:
+                            del ctx.judging.straggler_samples[key]
                 else:
                     shared.policies[name] = straggler_policy(name, rng)
                     shared.selected.setdefault(name, {n for n in names if rng.random() < 0.8})
@@ -270,9 +272,9 @@ def run_scenario(seed: int, ticks: int) -> tuple[int, int]:
         expected = full_score_stragglers(full, now)
         got = cohorts.score(kept, now)
         assert got == expected, (seed, now)
-        assert exact(kept.stragglers) == exact(full.stragglers), (seed, now)
+        assert exact(kept.judging.stragglers) == exact(full.judging.stragglers), (seed, now)
         assert samples_of(kept) == samples_of(full), (seed, now)
-        flags += sum(1 for s in full.stragglers.values() if s.flagged)
+        flags += sum(1 for s in full.judging.stragglers.values() if s.flagged)
     return ticks, flags
 
 

@@ -60,7 +60,7 @@ async def at_rest(name: str) -> MemoryFleet:
     await fleet.start([name])
     await heartbeat(fleet, name, 0)
     await heartbeat(fleet, name)  # the first pass wrote the status; this one ends at rest
-    assert name in fleet.ctx.resting, "a healthy node with its status written rests"
+    assert name in fleet.ctx.judging.resting, "a healthy node with its status written rests"
     return fleet
 
 
@@ -121,7 +121,7 @@ def test_a_node_at_rest_holds_no_parsed_conditions_and_its_next_judgement_parses
         fleet = await at_rest("n")
         await heartbeat(fleet, "n", temperature=44)
         record = fleet.ctx.cache.gpunode("n")
-        assert record is not None and "n" in fleet.ctx.resting
+        assert record is not None and "n" in fleet.ctx.judging.resting
         assert record.held("conditions") is cache.UNSET, "a node at rest kept its parsed conditions"
         hot = {0: {"temperatureCelsius": 95, "clockEventReasons": ["HwThermalSlowdown"]}}
         await heartbeat(fleet, "n", overrides=hot)
@@ -136,7 +136,7 @@ def test_a_fault_in_the_report_after_rest_is_cordoned_by_that_report() -> None:
         fleet = await at_rest("n")
         await heartbeat(fleet, "n", overrides={3: {"ecc": {"uncorrectedVolatile": 1}}})
         assert fleet.cordoned("n")
-        assert "n" not in fleet.ctx.resting
+        assert "n" not in fleet.ctx.judging.resting
         assert status(fleet, "n")["health"] == "Unhealthy"
 
     asyncio.run(scenario())
@@ -296,7 +296,7 @@ def test_a_pass_cut_by_an_api_outage_leaves_nothing_kept_and_the_next_report_is_
         fleet.cluster.request = down
         mislabel = {keys.HEALTH_LABEL: "unhealthy"}
         await fleet.edit_node("n", lambda node: node["metadata"]["labels"].update(mislabel))
-        assert "n" not in fleet.ctx.resting, "a pass that did not finish keeps nothing"
+        assert "n" not in fleet.ctx.judging.resting, "a pass that did not finish keeps nothing"
         fleet.cluster.request = serve
         await heartbeat(fleet, "n")
         assert fleet.labels("n")[keys.HEALTH_LABEL] == "healthy"
@@ -310,7 +310,7 @@ def test_a_deleted_and_recreated_node_is_judged_afresh() -> None:
         fleet.cluster.delete_gpunode("n")
         gone = {"metadata": {"name": "n", "uid": "uid-gpunode-n", "resourceVersion": "99"}}
         await handling.handle(handlers.on_gpunode, {"type": "DELETED", "object": gone}, fleet.ctx)
-        assert "n" not in fleet.ctx.resting
+        assert "n" not in fleet.ctx.judging.resting
         await heartbeat(fleet, "n", overrides={5: {"ecc": {"uncorrectedVolatile": 1}}})  # its new GPUNode
         assert fleet.cordoned("n")
 

@@ -47,8 +47,8 @@ def test_a_cordon_with_a_lost_answer_holds_its_budget_place(how: str) -> None:
         await reconciler.reconcile_node(ctx, "b", "timer")
         assert unschedulable(cluster) == ["a"]
         assert cluster.gpunodes["b"]["status"]["action"] == "Pending"
-        assert "a" not in ctx.cordons_unknown
-        for task in ctx.drains.tasks.values():
+        assert "a" not in ctx.steps.cordon.unknown
+        for task in ctx.steps.drain.tasks.values():
             task.cancel()
 
     asyncio.run(scenario())
@@ -71,8 +71,8 @@ def test_a_lost_cordon_of_a_node_that_recovered_frees_the_place_once_a_newer_ver
         await drain_cluster.deliver(cluster, ctx, "a")
         await drain_cluster.report(cluster, ctx, "b", ecc=1, observed=EARLIER)
         assert unschedulable(cluster) == ["b"], "a newer version of `a` says its cordon did not land"
-        assert ctx.cordons_unknown == {} and ctx.admission.in_flight == set()
-        for task in ctx.drains.tasks.values():
+        assert ctx.steps.cordon.unknown == {} and ctx.admission.in_flight == set()
+        for task in ctx.steps.drain.tasks.values():
             task.cancel()
 
     asyncio.run(scenario())

@@ -68,8 +68,8 @@ def stuck(ctx: context.Context) -> float | None:
 
 def test_a_node_whose_drain_timed_out_counts_while_it_stays_cordoned() -> None:
     ctx = fleet((node("a"), "Cordoned"), (node("b"), "Drained"), (node("c", drain_started=False), "Cordoned"))
-    ctx.drains.results["a"] = FAILED
-    ctx.drains.results["b"] = COMPLETED
+    ctx.steps.drain.results["a"] = FAILED
+    ctx.steps.drain.results["b"] = COMPLETED
     assert stuck(ctx) == 1
     assert stuck(ctx) == 1, "still stuck a pass later: the alert does not resolve on its own"
 
@@ -77,11 +77,11 @@ def test_a_node_whose_drain_timed_out_counts_while_it_stays_cordoned() -> None:
 def test_a_running_drain_is_not_a_failed_one() -> None:
     async def scenario() -> float | None:
         ctx = fleet((node("a"), "Draining"))
-        ctx.drains.tasks["a"] = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
+        ctx.steps.drain.tasks["a"] = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
         try:
             return stuck(ctx)
         finally:
-            ctx.drains.tasks["a"].cancel()
+            ctx.steps.drain.tasks["a"].cancel()
 
     assert asyncio.run(scenario()) == 0
 
@@ -105,14 +105,14 @@ def test_after_a_restart_a_drain_whose_deadline_has_not_come_is_not_counted() ->
 
 def test_the_gauge_falls_to_zero_once_a_human_moves_the_node_on() -> None:
     ctx = fleet((node("a"), "Cordoned"))
-    ctx.drains.results["a"] = FAILED
+    ctx.steps.drain.results["a"] = FAILED
     assert stuck(ctx) == 1
     ctx.cache.put_node(node("a", cordoned_by=None, drain_started=False))  # uncordoned by a human
-    ctx.drains.results.pop("a")  # as overrides.py does on the override
+    ctx.steps.drain.results.pop("a")  # as overrides.py does on the override
     assert stuck(ctx) == 0
 
 
 def test_a_node_another_policy_cordoned_is_not_this_policys_failed_drain() -> None:
     ctx = fleet((node("a", cordoned_by="other"), "Cordoned"))
-    ctx.drains.results["a"] = FAILED
+    ctx.steps.drain.results["a"] = FAILED
     assert stuck(ctx) == 0

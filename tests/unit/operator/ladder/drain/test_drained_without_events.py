@@ -23,7 +23,7 @@ def test_a_drain_completes_while_events_are_refused_and_the_event_follows_when_a
         cluster.add_pod("n", "job")
         cluster.refuse_events = True  # an Event quota, or an admission webhook, says no to every Event
         await drain_cluster.report(cluster, ctx, "n", ecc=1)
-        await asyncio.wait({ctx.drains.tasks["n"]}, timeout=5)
+        await asyncio.wait({ctx.steps.drain.tasks["n"]}, timeout=5)
         assert cluster.pods == {}, "the pod was evicted"
         lists = cluster.pod_lists
         for _ in range(5):  # the timer's passes
@@ -35,7 +35,7 @@ def test_a_drain_completes_while_events_are_refused_and_the_event_follows_when_a
         assert not [e for e in cluster.event_log if e["reason"] == "NodeDrained"]
 
         cluster.refuse_events = False  # the quota frees up: the Event is said, once
-        ctx.drains.checked.clear()  # as if the recheck period passed
+        ctx.steps.drain.checked.clear()  # as if the recheck period passed
         for _ in range(3):
             await reconciler.reconcile_node(ctx, "n", "timer")
         drained = [e for e in cluster.event_log if e["reason"] == "NodeDrained"]
@@ -59,7 +59,7 @@ async def _drained_unsaid(cluster: drain_cluster.DrainCluster) -> context.Contex
     cluster.add_pod("n", "job")
     cluster.refuse_events = True
     await drain_cluster.report(cluster, ctx, "n", ecc=1)
-    await asyncio.wait({ctx.drains.tasks["n"]}, timeout=5)
+    await asyncio.wait({ctx.steps.drain.tasks["n"]}, timeout=5)
     assert cluster.pods == {}, "the pod was evicted"
     return ctx
 

@@ -83,7 +83,7 @@ def test_a_drain_that_timed_out_before_a_restart_stays_failed_and_asks_nothing()
     why = asyncio.run(the_drain(ctx).decide(NOW))
     assert why is not None and "timed out" in why
     assert asyncio.run(draining.advance(ctx, policy, "n", NOW)) is NodeAction.CORDONED
-    assert "n" not in ctx.drains, "no drain started"
+    assert "n" not in ctx.steps.drain, "no drain started"
     record = ctx.cache.node("n")
     assert record is not None and draining.timed_out(ctx, policy, record, NOW), (
         "the DrainFailed gauge counts it"
@@ -119,7 +119,7 @@ def test_a_drain_running_at_a_restart_resumes_with_the_deadline_it_began_with(
 
 def test_a_failed_drain_of_this_term_is_kept_until_its_cordon_goes() -> None:
     ctx = cluster("Cordoned", started=NOW)
-    ctx.drains.finished("n", drain.Result(completed=False, blocking=("ns/db",), evicted=0, skipped=()))
+    ctx.steps.drain.finished("n", drain.Result(completed=False, blocking=("ns/db",), evicted=0, skipped=()))
     assert asyncio.run(the_drain(ctx).observe()) is Progress.FAILED
     assert asyncio.run(draining.advance(ctx, ctx.cache.policies["p"], "n", NOW)) is NodeAction.CORDONED
     assert draining.shown(ctx, "n") is NodeAction.CORDONED

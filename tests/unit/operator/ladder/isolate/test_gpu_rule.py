@@ -44,14 +44,18 @@ def test_a_gpus_rule_is_made_once_seen_and_undone() -> None:
         assert await action.decide(NOW) is None
         assert not await action.observe()
 
-        ctx.rules_read.put((gpu_rules.ALL, VERSION), [], NOW)  # a rule list read before the create
+        ctx.steps.isolate.rules_read.put(
+            (gpu_rules.ALL, VERSION), [], NOW
+        )  # a rule list read before the create
         assert await action.start(NOW) is True
         rule = device_taints.rule_name("n", 3)
         assert list(kube.rules) == [rule]
         made = kube.rules[rule]
         assert made["metadata"]["ownerReferences"][0]["uid"] == "uid-n", "deleted with its Node"
         assert made["spec"]["deviceSelector"]["device"] == "gpu-3"
-        assert ctx.rules_read.get((gpu_rules.ALL, VERSION), NOW) is None, "the next pass lists afresh"
+        assert ctx.steps.isolate.rules_read.get((gpu_rules.ALL, VERSION), NOW) is None, (
+            "the next pass lists afresh"
+        )
         assert await action.observe()
 
         assert await action.start(NOW) is False, "a rule of its name is adopted (a lost answer)"

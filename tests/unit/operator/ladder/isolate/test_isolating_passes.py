@@ -111,7 +111,7 @@ def test_a_node_deleted_while_its_rules_are_listed_is_left_alone() -> None:
         await report_fault(cluster, ctx)
         assert cluster.on_rules_list is None, "the pass listed the rules"
         assert cluster.rules == {}
-        assert not [key for key in ctx.isolations if key[1] == NODE]
+        assert not [key for key in ctx.steps.isolate.isolations if key[1] == NODE]
 
     asyncio.run(scenario())
 

@@ -154,7 +154,7 @@ def test_a_drill_in_a_new_term_does_not_turn_a_gate_off_cluster_into_isolation()
     async def scenario() -> None:
         cluster, clock = Cluster(acting=False), Clock()
         ctx = await start(cluster, clock, ("n",), policy_body())
-        assert ctx.isolation_support["iso"].api_version is None, "the first term's probe: node ladder"
+        assert ctx.steps.isolate.support["iso"].api_version is None, "the first term's probe: node ladder"
         successor = await new_term(cluster, clock, ctx)
         drill = {keys.DRILL_ANNOTATION: "EccUncorrectable", keys.DRILL_STARTED_ANNOTATION: times.render(T0)}
         await report(cluster, successor, "n", faulty=False, annotations=drill)
@@ -189,14 +189,14 @@ def test_a_drill_before_the_probe_says_the_answer_is_not_known_and_stores_none()
     async def scenario() -> None:
         cluster, clock = Cluster(), Clock()
         ctx = await start(cluster, clock, ("n",), policy_body())
-        ctx.isolation_support.clear()  # as before a term's first probe
+        ctx.steps.isolate.support.clear()  # as before a term's first probe
         drill = {keys.DRILL_ANNOTATION: "EccUncorrectable", keys.DRILL_STARTED_ANNOTATION: times.render(T0)}
         await report(cluster, ctx, "n", faulty=False, annotations=drill)
         said = [
             e["message"] for e in cluster.event_log if e["reason"] == "Drill" and "policy iso" in e["message"]
         ]
         assert said and "not probed yet" in said[-1], said
-        assert "iso" not in ctx.isolation_support or not ctx.isolation_support["iso"].definite
+        assert "iso" not in ctx.steps.isolate.support or not ctx.steps.isolate.support["iso"].definite
         assert cluster.node_rules() == {}
 
     asyncio.run(scenario())
@@ -453,7 +453,7 @@ def test_an_open_breaker_names_itself_to_a_drill_and_a_new_isolation_waits_for_i
             await report(cluster, ctx, name)
         waiting = [
             gpu.reason
-            for (_, node), state in ctx.isolations.items()
+            for (_, node), state in ctx.steps.isolate.isolations.items()
             if state.decision is not None
             for gpu in state.decision.gpus
             if gpu.outcome == "Wait"
@@ -475,7 +475,7 @@ def test_a_drill_while_the_probe_has_no_answer_says_the_gpu_would_wait() -> None
             e["message"] for e in cluster.event_log if e["reason"] == "Drill" and "policy iso" in e["message"]
         ]
         assert said and "wait to isolate the faulty GPU" in said[-1] and "503" in said[-1], said
-        assert not ctx.isolation_support["iso"].definite, "the drill stored no answer"
+        assert not ctx.steps.isolate.support["iso"].definite, "the drill stored no answer"
 
     asyncio.run(scenario())
 

@@ -206,7 +206,7 @@ def test_the_isolated_gpu_stays_listed_while_a_drain_policys_verdict_is_shown() 
         assert cluster.status()["action"] in {"Draining", "Drained"}, "the drain is the strongest action"
         assert by_policy(cluster.status())["iso"] == ("Unhealthy", "Isolated")
         assert_isolated(cluster)
-        assert "drain" not in ctx.isolation_support, "a policy without IsolateGPU probes nothing"
+        assert "drain" not in ctx.steps.isolate.support, "a policy without IsolateGPU probes nothing"
 
         ctx = await restart(cluster, clock)
         for _ in range(3):
@@ -214,7 +214,7 @@ def test_the_isolated_gpu_stays_listed_while_a_drain_policys_verdict_is_shown() 
             assert_isolated(cluster)
         assert len(cluster.reasons("GPUIsolated")) == 1, "isolated again after the restart"
         assert cluster.reasons("GPURestored") == [] and cluster.reasons("OverriddenByUser") == []
-        assert "drain" not in ctx.isolation_support, "a policy without IsolateGPU probes nothing"
+        assert "drain" not in ctx.steps.isolate.support, "a policy without IsolateGPU probes nothing"
 
         await recover(cluster, ctx, clock)
         assert_restored(cluster)

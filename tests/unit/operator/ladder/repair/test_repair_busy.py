@@ -131,7 +131,7 @@ async def settle(fleet: memory_fleet.MemoryFleet, seconds: float = 1.0, times: i
                 await fleet.deliver(node, report(faulty=faulty))
         await fleet.tick(0)
         await asyncio.sleep(0)
-        for task in list(fleet.ctx.drains.tasks.values()):
+        for task in list(fleet.ctx.steps.drain.tasks.values()):
             if not task.done():
                 await asyncio.wait_for(asyncio.shield(task), 10)
 

@@ -16,6 +16,6 @@ def make() -> context.Context:
 def test_a_running_new_node_validation_holds_a_repair_place() -> None:
     ctx = make()
     assert reading.in_progress(ctx) == 0
-    ctx.validations_running.add("new-node-1")
+    ctx.steps.repair.validations.add("new-node-1")
     assert reading.holders(ctx) == ["new-node-1"]
     assert reading.in_progress(ctx) == 1  # a repair with maxConcurrent 1 waits for it
