@@ -25,12 +25,11 @@ from typing import Any
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator.client import kube, status
 from gpuhealth_operator.decisions import model, times, verdicts
-from gpuhealth_operator.ladder.cordon import pausing
+from gpuhealth_operator.ladder import steps
 from gpuhealth_operator.ladder.domain import domain_actions
 from gpuhealth_operator.ladder.drain import draining
-from gpuhealth_operator.ladder.isolate import isolating, isolation_support, isolation_sweep
-from gpuhealth_operator.ladder.new_nodes import new_nodes
-from gpuhealth_operator.ladder.repair import orphan_jobs, repair_permission, repairing
+from gpuhealth_operator.ladder.isolate import isolating, isolation_support
+from gpuhealth_operator.ladder.repair import repair_permission
 from gpuhealth_operator.runtime import heap, reconciler
 from gpuhealth_operator.shared import context, metrics
 from gpuhealth_operator.state import cache
@@ -141,15 +140,10 @@ async def tick(
             logger.error("reconcile of node %s failed", name, exc_info=result)
         elif isinstance(result, BaseException):
             raise result  # cancelled: the timer is stopping
-    await pausing.announce(ctx, now)
-    for name in await repairing.sweep(
-        ctx, now
-    ):  # repairs of nodes excluded, deselected, or of deleted/dry-run policies
-        await reconciler.write_history(ctx, name)  # their Cancelled, where no pass writes the status
-    await new_nodes.sweep(ctx, now)  # validation of new nodes (spec.repair.validation.newNodes)
-    await orphan_jobs.sweep(ctx, full=full)  # step Jobs whose Node was deleted or re-created
-    await isolation_sweep.sweep(ctx, now)  # the DeviceTaintRules of deleted policies: adopted or restored
-    await domain_actions.on_timer(ctx, now, full=refresh)  # recovery holds, and marks drifted meanwhile
+    swept = steps.Tick(now, full=full, refresh=refresh)
+    for step in steps.STEPS:  # each ladder step's timer sweep, in the ladder's order (`ladder/steps.py`)
+        for name in await step.sweep(ctx, swept) or ():
+            await reconciler.write_history(ctx, name)  # a repair's Cancelled, where no pass writes the status
     if statuses:
         await update_policy_statuses(ctx, now, full=full, refresh=refresh)
 
