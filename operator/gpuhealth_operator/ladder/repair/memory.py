@@ -35,7 +35,7 @@ class RepairMemory:
     only the hash; a restarted process makes a new token before it creates a Job."""
 
     busy_said: set[str] = dataclasses.field(default_factory=set)
-    """Nodes whose repair waits for workload pods to go and said so (`repairing._say_busy`, once per wait)."""
+    """Nodes whose repair waits for workload pods to go and said so (`outcomes.say_busy`, once per wait)."""
 
     waiting: set[str] = dataclasses.field(default_factory=set)
     """Nodes whose repair waits for maxConcurrent and said so (once per wait; only the policy that

@@ -488,7 +488,7 @@ class _LostAnswer(_FakeJobs):
 
 
 def test_a_create_whose_answer_is_lost_is_adopted_by_name_never_a_second_job() -> None:
-    """The outcome is unknown (`cordoning.outcome_unknown`): the error propagates, so `repairing._launch`
+    """The outcome is unknown (`cordoning.outcome_unknown`): the error propagates, so `stepping.launch`
     neither fails the step nor creates again in that pass; the next pass's create meets 409 and adopts the
     Job that landed, as this cycle's (its stamp)."""
     state = dataclasses.replace(_state(), started=_at(0))
