@@ -19,8 +19,8 @@ from gpuhealth_operator.client import drain, drains, kube
 from gpuhealth_operator.decisions import breaker, isolation, model, repair
 from gpuhealth_operator.ladder import memories
 from gpuhealth_operator.shared import context
-from gpuhealth_operator.verdict import memory
 from gpuhealth_operator.state import admission, breakers, cache, domain_states, recent
+from gpuhealth_operator.verdict import memory
 from gpunode_facts import verdict
 
 NOT_STATE = {
@@ -184,7 +184,7 @@ MEMORIES += tuple(
     for _, value in memories.Memories().each()
     if dataclasses.is_dataclass(value) and not isinstance(value, domain_states.DomainStates)
 )
-"""The memories `stores` walks into; the drains' and the domains' (one store each) are walked by `mentions`."""
+"""The memories `stores` walks into; the drains' and the domains' (one store each) `mentions` walks."""
 
 
 def state(ctx: context.Context) -> dict[str, Any]:
