@@ -253,6 +253,12 @@ def _healthy_under(
     """Whether every predicate, under each key of `judged` (its XIDs and trend thresholds), finds nothing in
     `gpu` with `memory`, which `was` (its version in the report judged) shares every link fact with.
 
+    Only the predicates that read a field that moved (`conditions.READS`) are asked: one whose fields
+    are `was`'s found nothing in them under every key and finds nothing now, since what it reads of the
+    memory for them cannot have grown (a counter that stays put grows no faster as its window slides
+    on, its peak stays the most it was) — the argument `still_healthy` already makes for a GPU whose
+    steady fields all stayed. A GPU of another key (`trends.gpu_key`) has another memory: all are asked.
+
     The memory is asked without the fleet's link cohorts (`trends.with_cohorts`): they only raise the
     links up NvLinkDegraded expects (`trends.Expected`), so a GPU found healthy with them in `was` (whose
     links up, links down and so the links seen and the cohort's key are `gpu`'s) is healthy with them now
@@ -261,11 +267,29 @@ def _healthy_under(
     """
     if gpu.get("unreadable") != was.get("unreadable") or _links(gpu) != _links(was):
         return False
+    asked = _asked(gpu, was)
     for rule_xids, _, thresholds, _ in judged:
-        for check in conditions.gpu_checks(rule_xids, dict(thresholds), memory.gpu).values():
-            if check(gpu) is not None:
+        checks = conditions.gpu_checks(rule_xids, dict(thresholds), memory.gpu)
+        for condition in asked:
+            if checks[condition](gpu) is not None:
                 return False
     return True
+
+
+def _asked(gpu: Mapping[str, object], was: Mapping[str, object]) -> tuple[Condition, ...]:
+    """The per-GPU conditions whose predicate reads a field in which `gpu` differs from `was` (all of
+    them when it is another GPU: its memory is another's)."""
+    if trends.gpu_key(gpu) != trends.gpu_key(was):  # type: ignore[arg-type]
+        return _CHECKED
+    moved = {field for field in _READ_FIELDS if (now := gpu.get(field)) is not (then := was.get(field)) and now != then}
+    return tuple(condition for condition, fields in _CHECKED_READS if not fields.isdisjoint(moved))
+
+
+_CHECKED: Final = tuple(conditions.gpu_checks(frozenset()))
+"""Every per-GPU predicate's condition (`conditions.gpu_checks`), in its order."""
+_CHECKED_READS: Final = tuple((condition, conditions.READS[condition]) for condition in _CHECKED)
+_READ_FIELDS: Final = tuple(sorted(set().union(*conditions.READS.values())))
+"""Every GPU field a per-GPU predicate reads."""
 
 
 def _links(gpu: Mapping[str, object]) -> tuple[object, object, object] | None:
