@@ -232,10 +232,27 @@ def _track(  # noqa: PLR0917 - one GPU's or port's paths
     at: float,
     fields: tuple[str, ...] | None,
 ) -> Track | None:
-    """`fields`: the top-level fields the paths read (None: the whole record, a NIC port)."""
+    """`fields`: the top-level fields the paths read (None: the whole record, a NIC port).
+
+    Only the paths under a field that moved since `previous.source` are read again (a creeping counter
+    moves one field of a GPU's four): `previous` was advanced from those same values of the others, and
+    advancing a path by the value it was last advanced by changes nothing a `View` answers (its peak
+    is that value's at least, its series ends in it; only the points that slid out of the window stay
+    until the path moves, which `View.per_hour` skips alike)."""
     source = (record,) if fields is None else tuple(map(record.get, fields))
     if previous is not None and previous.source == source:
         return previous
+    if previous is not None and fields is not None and len(previous.source) == len(fields):
+        moved = {
+            field
+            for field, now, then in zip(fields, source, previous.source, strict=True)
+            if now is not then and now != then
+        }
+        for path, restarted in RESTART_WITH.items():
+            if _field(path) in moved:  # it restarts its counters, wherever they are
+                moved.update(map(_field, restarted))
+        peaks = tuple(path for path in peaks if _field(path) in moved)
+        counters = tuple(path for path in counters if _field(path) in moved)
     new_peaks = dict(previous.peaks) if previous else {}
     new_counters = dict(previous.counters) if previous else {}
     new_last = dict(previous.last) if previous else {}
@@ -268,6 +285,11 @@ def _track(  # noqa: PLR0917 - one GPU's or port's paths
     ):
         return previous
     return _shared(Track(new_peaks, new_counters, new_last, source))
+
+
+def _field(path: str) -> str:
+    """The top-level field a path reads (`ecc` of `ecc.correctedVolatile`)."""
+    return path.split(".", 1)[0]
 
 
 _TRACKS: Final = interning.Table(8192)
