@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import operator
 import types
 from collections.abc import Mapping
 from typing import Final, cast
@@ -49,6 +50,8 @@ _GPU_FIELDS: Final = tuple(
     sorted({p.split(".", 1)[0] for p in (*_GPU_COUNTERS, *faults.GPU_PEAKS, *RESTART_WITH)})
 )
 """The GPU fields the tracked paths read."""
+_GPU_SOURCE: Final = operator.attrgetter(*_GPU_FIELDS)
+"""Those fields of cached GPU facts (`gpu_facts.GPUFacts`), read in one C call: every report asks."""
 
 Points = tuple[tuple[float, float], ...]
 """A counter's (time, value) change points, oldest first; the last value is the latest seen."""
@@ -239,7 +242,12 @@ def _track(  # noqa: PLR0917 - one GPU's or port's paths
     advancing a path by the value it was last advanced by changes nothing a `View` answers (its peak
     is that value's at least, its series ends in it; only the points that slid out of the window stay
     until the path moves, which `View.per_hour` skips alike)."""
-    source = (record,) if fields is None else tuple(map(record.get, fields))
+    if fields is None:
+        source: tuple[object, ...] = (record,)
+    elif fields is _GPU_FIELDS and type(record) is gpu_facts.GPUFacts:
+        source = _GPU_SOURCE(record)  # in one C call (`gpu_facts.ABSENT` for a field not reported)
+    else:
+        source = tuple(map(record.get, fields))
     if previous is not None and previous.source == source:
         return previous
     if previous is not None and fields is not None and len(previous.source) == len(fields):
