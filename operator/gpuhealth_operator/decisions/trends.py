@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import operator
 import types
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from typing import Final, cast
 
 from gpuhealth_api import conditions, faults, status, vocabulary
@@ -251,16 +253,15 @@ def _track(  # noqa: PLR0917 - one GPU's or port's paths
     if previous is not None and previous.source == source:
         return previous
     if previous is not None and fields is not None and len(previous.source) == len(fields):
-        moved = {
+        moved = frozenset(
             field
             for field, now, then in zip(fields, source, previous.source, strict=True)
             if now is not then and now != then
-        }
-        for path, restarted in RESTART_WITH.items():
-            if _field(path) in moved:  # it restarts its counters, wherever they are
-                moved.update(map(_field, restarted))
-        peaks = tuple(path for path in peaks if _field(path) in moved)
-        counters = tuple(path for path in counters if _field(path) in moved)
+        )
+        if fields is _GPU_FIELDS and peaks is faults.GPU_PEAKS and counters is _GPU_COUNTERS:
+            peaks, counters = _GPU_PATHS_MOVED[moved]
+        else:
+            peaks, counters = _paths_moved(moved, peaks, counters)
     new_peaks = dict(previous.peaks) if previous else {}
     new_counters = dict(previous.counters) if previous else {}
     new_last = dict(previous.last) if previous else {}
@@ -297,7 +298,38 @@ def _track(  # noqa: PLR0917 - one GPU's or port's paths
 
 def _field(path: str) -> str:
     """The top-level field a path reads (`ecc` of `ecc.correctedVolatile`)."""
-    return path.split(".", 1)[0]
+    field = _FIELD_OF.get(path)
+    return path.split(".", 1)[0] if field is None else field
+
+
+_FIELD_OF: Final[Mapping[str, str]] = types.MappingProxyType(
+    {path: path.split(".", 1)[0] for path in (*_GPU_COUNTERS, *faults.GPU_PEAKS, *RESTART_WITH)}
+)
+"""`_field` of each GPU path tracked, worked out once (asked per path of every GPU that moved)."""
+
+
+def _paths_moved(
+    moved: AbstractSet[str], peaks: tuple[str, ...], counters: tuple[str, ...]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The peaks and counters under the fields that `moved`, and the counters a moved fact restarts
+    (`RESTART_WITH`), wherever they are."""
+    moved = set(moved)
+    for path, restarted in RESTART_WITH.items():
+        if _field(path) in moved:
+            moved.update(map(_field, restarted))
+    return tuple(p for p in peaks if _field(p) in moved), tuple(p for p in counters if _field(p) in moved)
+
+
+_GPU_PATHS_MOVED: Final[Mapping[frozenset[str], tuple[tuple[str, ...], tuple[str, ...]]]] = (
+    types.MappingProxyType(
+        {
+            frozenset(moved): _paths_moved(frozenset(moved), faults.GPU_PEAKS, _GPU_COUNTERS)
+            for size in range(len(_GPU_FIELDS) + 1)
+            for moved in itertools.combinations(_GPU_FIELDS, size)
+        }
+    )
+)
+"""`_paths_moved` of a GPU's tracked paths for every set of its fields that may move, worked out once."""
 
 
 _TRACKS: Final = interning.Table(8192)
