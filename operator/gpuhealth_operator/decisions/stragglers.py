@@ -206,18 +206,18 @@ def clocks_of(facts: status.GPUNodeStatus) -> Clocks | None:
     throttled: list[int] = []
     for position, gpu in enumerate(gpus):
         if type(gpu) is gpu_facts.GPUFacts:
-            facts = _CLOCK_FACTS(gpu)  # one C call (`gpu_facts.ABSENT` reads as a fact not reported)
+            read: tuple[object, ...] = _CLOCK_FACTS(gpu)  # one C call (ABSENT: not reported)
         elif isinstance(gpu, gpu_facts.MAPPINGS):
-            facts = tuple(map(gpu.get, _CLOCK_FIELDS))
+            read = tuple(map(gpu.get, _CLOCK_FIELDS))
         else:
             ratios.append(None)
             continue
-        ratio = _clock_ratio(*facts)
+        ratio = _clock_ratio(*read)
         ratios.append(ratio)
         if ratio is None:
             continue
         busy += 1
-        reasons = facts[4]
+        reasons = read[4]
         if isinstance(reasons, list) and _SLOWDOWN_REASONS.intersection(
             r for r in reasons if isinstance(r, str)
         ):
