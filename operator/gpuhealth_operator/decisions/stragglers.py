@@ -96,6 +96,7 @@ import bisect
 import dataclasses
 import datetime
 import math
+import operator
 import statistics
 from collections import defaultdict
 from collections.abc import Hashable, Mapping, MutableSequence, Sequence
@@ -204,12 +205,19 @@ def clocks_of(facts: status.GPUNodeStatus) -> Clocks | None:
     busy = 0
     throttled: list[int] = []
     for position, gpu in enumerate(gpus):
-        ratio = _clock_ratio(gpu) if isinstance(gpu, gpu_facts.MAPPINGS) else None
+        if type(gpu) is gpu_facts.GPUFacts:
+            read: tuple[object, ...] = _CLOCK_FACTS(gpu)  # one C call (ABSENT: not reported)
+        elif isinstance(gpu, gpu_facts.MAPPINGS):
+            read = tuple(map(gpu.get, _CLOCK_FIELDS))
+        else:
+            ratios.append(None)
+            continue
+        ratio = _clock_ratio(*read)
         ratios.append(ratio)
         if ratio is None:
             continue
         busy += 1
-        reasons = gpu.get("clockEventReasons")
+        reasons = read[4]
         if isinstance(reasons, list) and _SLOWDOWN_REASONS.intersection(
             r for r in reasons if isinstance(r, str)
         ):
@@ -308,9 +316,17 @@ def _episode_ended(samples: Samples) -> None:
     samples.memo = None
 
 
-def _clock_ratio(gpu: status.GPUStatus) -> float | None:
-    clock, max_clock = _number(gpu.get("smClockMHz")), _number(gpu.get("maxSmClockMHz"))
-    if gpu.get("lost") is True or clock is None or max_clock is None or not _busy(gpu):
+_CLOCK_FIELDS: Final = ("smClockMHz", "maxSmClockMHz", "lost", "utilizationPercent", "clockEventReasons")
+"""What `clocks_of` reads of a GPU (`_clock_ratio`'s arguments in order)."""
+_CLOCK_FACTS: Final = operator.attrgetter(*_CLOCK_FIELDS)
+
+
+def _clock_ratio(
+    sm_clock: object, max_sm_clock: object, lost: object, utilization: object, reasons: object
+) -> float | None:
+    """A GPU's SM clock over its maximum, from its `_CLOCK_FIELDS`; None when not busy or without clocks."""
+    clock, max_clock = _number(sm_clock), _number(max_sm_clock)
+    if lost is True or clock is None or max_clock is None or not _busy(utilization, reasons):
         return None
     if max_clock <= 0 or clock < 0:
         return None
@@ -327,13 +343,12 @@ def _interned(value: _T) -> _T:
     return _RATIOS.one(value, value)
 
 
-def _busy(gpu: status.GPUStatus) -> bool:
+def _busy(utilization_percent: object, reasons: object) -> bool:
     """Utilization above signals.BUSY_UTILIZATION_PERCENT; where the board reports none (a GPU in MIG
     mode: NVML has no utilization for it), a GPU whose clock event reasons do not say GpuIdle."""
-    utilization = _number(gpu.get("utilizationPercent"))
+    utilization = _number(utilization_percent)
     if utilization is not None:
         return utilization > signals.BUSY_UTILIZATION_PERCENT
-    reasons = gpu.get("clockEventReasons")
     return isinstance(reasons, list) and IDLE_REASON not in reasons
 
 

@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
+import operator
 import types
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from typing import Final, cast
 
 from gpuhealth_api import conditions, faults, status, vocabulary
@@ -49,6 +52,8 @@ _GPU_FIELDS: Final = tuple(
     sorted({p.split(".", 1)[0] for p in (*_GPU_COUNTERS, *faults.GPU_PEAKS, *RESTART_WITH)})
 )
 """The GPU fields the tracked paths read."""
+_GPU_SOURCE: Final = operator.attrgetter(*_GPU_FIELDS)
+"""Those fields of cached GPU facts (`gpu_facts.GPUFacts`), read in one C call: every report asks."""
 
 Points = tuple[tuple[float, float], ...]
 """A counter's (time, value) change points, oldest first; the last value is the latest seen."""
@@ -232,10 +237,31 @@ def _track(  # noqa: PLR0917 - one GPU's or port's paths
     at: float,
     fields: tuple[str, ...] | None,
 ) -> Track | None:
-    """`fields`: the top-level fields the paths read (None: the whole record, a NIC port)."""
-    source = (record,) if fields is None else tuple(map(record.get, fields))
+    """`fields`: the top-level fields the paths read (None: the whole record, a NIC port).
+
+    Only the paths under a field that moved since `previous.source` are read again (a creeping counter
+    moves one field of a GPU's four): `previous` was advanced from those same values of the others, and
+    advancing a path by the value it was last advanced by changes nothing a `View` answers (its peak
+    is that value's at least, its series ends in it; only the points that slid out of the window stay
+    until the path moves, which `View.per_hour` skips alike)."""
+    if fields is None:
+        source: tuple[object, ...] = (record,)
+    elif fields is _GPU_FIELDS and type(record) is gpu_facts.GPUFacts:
+        source = _GPU_SOURCE(record)  # in one C call (`gpu_facts.ABSENT` for a field not reported)
+    else:
+        source = tuple(map(record.get, fields))
     if previous is not None and previous.source == source:
         return previous
+    if previous is not None and fields is not None and len(previous.source) == len(fields):
+        moved = frozenset(
+            field
+            for field, now, then in zip(fields, source, previous.source, strict=True)
+            if now is not then and now != then
+        )
+        if fields is _GPU_FIELDS and peaks is faults.GPU_PEAKS and counters is _GPU_COUNTERS:
+            peaks, counters = _GPU_PATHS_MOVED[moved]
+        else:
+            peaks, counters = _paths_moved(moved, peaks, counters)
     new_peaks = dict(previous.peaks) if previous else {}
     new_counters = dict(previous.counters) if previous else {}
     new_last = dict(previous.last) if previous else {}
@@ -268,6 +294,42 @@ def _track(  # noqa: PLR0917 - one GPU's or port's paths
     ):
         return previous
     return _shared(Track(new_peaks, new_counters, new_last, source))
+
+
+def _field(path: str) -> str:
+    """The top-level field a path reads (`ecc` of `ecc.correctedVolatile`)."""
+    field = _FIELD_OF.get(path)
+    return path.split(".", 1)[0] if field is None else field
+
+
+_FIELD_OF: Final[Mapping[str, str]] = types.MappingProxyType(
+    {path: path.split(".", 1)[0] for path in (*_GPU_COUNTERS, *faults.GPU_PEAKS, *RESTART_WITH)}
+)
+"""`_field` of each GPU path tracked, worked out once (asked per path of every GPU that moved)."""
+
+
+def _paths_moved(
+    moved: AbstractSet[str], peaks: tuple[str, ...], counters: tuple[str, ...]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The peaks and counters under the fields that `moved`, and the counters a moved fact restarts
+    (`RESTART_WITH`), wherever they are."""
+    moved = set(moved)
+    for path, restarted in RESTART_WITH.items():
+        if _field(path) in moved:
+            moved.update(map(_field, restarted))
+    return tuple(p for p in peaks if _field(p) in moved), tuple(p for p in counters if _field(p) in moved)
+
+
+_GPU_PATHS_MOVED: Final[Mapping[frozenset[str], tuple[tuple[str, ...], tuple[str, ...]]]] = (
+    types.MappingProxyType(
+        {
+            frozenset(moved): _paths_moved(frozenset(moved), faults.GPU_PEAKS, _GPU_COUNTERS)
+            for size in range(len(_GPU_FIELDS) + 1)
+            for moved in itertools.combinations(_GPU_FIELDS, size)
+        }
+    )
+)
+"""`_paths_moved` of a GPU's tracked paths for every set of its fields that may move, worked out once."""
 
 
 _TRACKS: Final = interning.Table(8192)

@@ -38,6 +38,19 @@ def _members(gpus: object) -> tuple[tuple[Cohort, int], ...]:
     return tuple(found)
 
 
+def _member(gpu: object) -> tuple[Cohort, int] | None:
+    return trends.link_member(gpu) if isinstance(gpu, gpu_facts.MAPPINGS) else None
+
+
+def _same_members(old: object, new: object) -> bool:
+    """Whether two reports' GPUs, place by place, have the same cohorts and links up (so `_members` of
+    each are equal), looking only at the GPUs that are other objects: most of a report's are the last
+    one's, kept by the cache (`compaction`); False when unsure (then `_members` are compared)."""
+    if type(old) is not list or type(new) is not list or len(old) != len(new):
+        return False
+    return all(_member(was) == _member(gpu) for was, gpu in zip(old, new, strict=True) if was is not gpu)
+
+
 class LinkCohorts:
     """Per cohort, how many of the fleet's GPUs report each count of links up."""
 
@@ -49,7 +62,7 @@ class LinkCohorts:
 
     def replace(self, old: object, new: object) -> None:
         """A GPUNode's `status.gpus` went from `old` to `new` (None: it was not there / is gone)."""
-        if old is new:
+        if old is new or _same_members(old, new):
             return
         before, after = _members(old), _members(new)
         if before == after:
