@@ -6,8 +6,8 @@ creates the demo fleet's simulated H100 nodes (13) running a training Deployment
 PodDisruptionBudget, has "a human" cordon one node, then starts the real
 operator as a subprocess and the simulated fleet (real agent code) with
 scripted faults, and the simulator's repair executor, which plays the nodes'
-side of the policy's repair Jobs (a GPU reset, a reboot, a validation) as
-their scenarios say. While the story plays out it shows the fleet live; at the
+side of the policy's repair Jobs (a GPU reset, a reboot, a validation) and of
+its active checks' Jobs as their scenarios say. While the story plays out it shows the fleet live; at the
 end it prints what was detected and done, with detection-to-action times
 taken from the cluster, and tears everything down (or, with --keep, leaves
 it running for kubectl until Ctrl-C).
@@ -47,7 +47,7 @@ from gpuhealth_sim.backtest import tracerecord
 from gpuhealth_sim.controlplane import binaries, existing, local, processes
 from gpuhealth_sim.demo import borrowed, demotrace, live, operands, record, summary, workload
 from gpuhealth_sim.demo.defaults import DEFAULT_DURATION_SECONDS, DEFAULT_FLEET, DEFAULT_POLICY, REPO_ROOT
-from gpuhealth_sim.fleet import agentpool, dra, fleetfile, repairs
+from gpuhealth_sim.fleet import agentpool, checks, dra, fleetfile, repairs
 
 REFRESH_SECONDS = 1.0
 OPERATOR = "gpu-health-operator"
@@ -55,6 +55,8 @@ FIELD_MANAGER = "gpu-health-demo"
 TRACE = "run.jsonl.gz"
 """The demo's own run, recorded as `gpu-health-sim record` would (in the workdir)."""
 TICK_SECONDS = 1.0
+DEMO_CHECK_SECONDS = 2.0
+"""How long a simulated active check runs in the demo: short, so a check's end shows within the story."""
 """The backtest's timer, as the demo's operator runs it (its default --tick-seconds)."""
 
 
@@ -324,6 +326,7 @@ def _story(plane: Cluster, ctx: _Context) -> bool:
     )
     client.CoreV1Api(api).create_namespace(namespace)
     executor = repairs.Executor(api, sim, namespace=repairs.DEFAULT_NAMESPACE)
+    checker = checks.Executor(api, sim, seconds=DEMO_CHECK_SECONDS)
     human = human_cordoned_node(spec)
     operator = processes.ManagedProcess(
         OPERATOR, operator_command(plane.kubeconfig), workdir / "operator.log", env=plane.env()
@@ -353,6 +356,7 @@ def _story(plane: Cluster, ctx: _Context) -> bool:
         with _following(api, seen):
             sim.start()
             executor.start()
+            checker.start()
             assert sim.started_at is not None
             seen.started_at = sim.started_at
             say(f"started the simulated fleet: faults are scripted in {options.fleet_path.name}")
@@ -386,6 +390,7 @@ def _story(plane: Cluster, ctx: _Context) -> bool:
         return True
     finally:
         executor.stop()
+        checker.stop()
         sim.stop()
         recorder.stop()
         operator.stop(grace_seconds=5)
