@@ -71,22 +71,19 @@ def priority_class(k8s: client.ApiClient) -> str:
     return PRIORITY_CLASS
 
 
-def executor_for(
-    k8s: client.ApiClient, sim: agentpool.Fleet, namespace: str, seconds: float
+@pytest.fixture
+def executor(
+    running_fleet: agentpool.Fleet, k8s: client.ApiClient, namespace: str
 ) -> Iterator[checks.Executor]:
-    played = checks.Executor(k8s, sim, namespace=namespace, seconds=seconds, poll_seconds=0.1)
+    # The node whose check a workload preempts runs long enough to be still running when it arrives.
+    played = checks.Executor(
+        k8s, running_fleet, namespace=namespace, seconds=0.2, node_seconds={PREEMPTED: 60.0}, poll_seconds=0.1
+    )
     played.start()
     try:
         yield played
     finally:
         played.stop()
-
-
-@pytest.fixture
-def executor(
-    running_fleet: agentpool.Fleet, k8s: client.ApiClient, namespace: str
-) -> Iterator[checks.Executor]:
-    yield from executor_for(k8s, running_fleet, namespace, 0.2)
 
 
 def gpu_pod(node: str, *, labels: dict[str, str], priority_class: str | None) -> dict[str, Any]:
@@ -191,16 +188,8 @@ def test_figures_are_the_termination_message(
     assert json.loads(terminated(k8s, namespace, job).message) == {"busBandwidthGBps": 310.5, "seconds": 20}
 
 
-@pytest.fixture
-def slow_executor(
-    running_fleet: agentpool.Fleet, k8s: client.ApiClient, namespace: str
-) -> Iterator[checks.Executor]:
-    """Checks that run long enough to be still running when a workload arrives."""
-    yield from executor_for(k8s, running_fleet, namespace, 30.0)
-
-
 def test_a_workload_preempts_a_check_and_the_executor_leaves_it_alone(
-    slow_executor: checks.Executor, k8s: client.ApiClient, namespace: str, priority_class: str
+    executor: checks.Executor, k8s: client.ApiClient, namespace: str, priority_class: str
 ) -> None:
     job = run_check(k8s, namespace, PREEMPTED, "DcgmDiagQuick", priority_class)
     check = pod_running(k8s, namespace, f"job-name={job}")
@@ -218,4 +207,4 @@ def test_a_workload_preempts_a_check_and_the_executor_leaves_it_alone(
         message="the preempted check pod gone",
     )
     assert job_ended(k8s, namespace, job) == "Failed"
-    assert (slow_executor.played, slow_executor.errors) == ([], 0)
+    assert (executor.played, executor.errors) == ([], 0)
