@@ -35,6 +35,9 @@ class Condition(enum.StrEnum):
     """Pre-failure: corrected ECC errors or correctable row remaps grow faster than the rule's threshold per
     hour, XID 92 (high single-bit ECC rate), or retired pages pending."""
     STRAGGLER = "Straggler"
+    ACTIVE_CHECK_FAILED = "ActiveCheckFailed"
+    """An active check's run failed (GPUNode `status.checks[]`, policy `spec.activeChecks`) and no later run
+    of that check passed."""
     AGENT_STALE = "AgentStale"
     AGENT_ERROR = "AgentError"
     """The agent reports it cannot do its job (`status.agent.error`): health Unknown, never a disruption.
