@@ -32,6 +32,9 @@ class CheckMemory:
     refused: dict[str, str] = dataclasses.field(default_factory=dict)
     """node → the token of the on-demand request refused last (its annotation's removal may lag)."""
 
+    in_flight: int = 0
+    """Check Jobs running as the last pass counted them (none, with no policy wanting checks: no list)."""
+
     listed: bool = False
     """Whether this process listed the check Jobs yet: a new leader lists (adopts) them before it plans,
     even with no policy with activeChecks (a deleted policy's check still ends and is recorded)."""
