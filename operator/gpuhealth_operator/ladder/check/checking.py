@@ -124,6 +124,8 @@ async def _end(
             continue
         node, message, _ = check_results.end(ctx, job, pod, result, now)
         ctx.checks.recorded[uid] = node
+        if result is vocabulary.CheckResult.PREEMPTED:
+            ctx.checks.idle_since.pop(node, None)  # work arrived: idle again only from when it is gone
         logger.info("check Job %s on node %s ended: %s", meta.get("name"), node, result.value)
         await check_results.say(ctx, node, result, message)
         ended.append((job, node))
@@ -168,11 +170,15 @@ def uses_gpus(pod: Mapping[str, Any]) -> bool:
 async def _busy_nodes(ctx: context.Context) -> set[str]:
     """The nodes a pod using GPUs is bound to (pods not yet ended)."""
     found = await ctx.client.list_all(PODS_PATH, {"fieldSelector": RUNNING})
-    return {
-        str((p.get("spec") or {}).get("nodeName"))
-        for p in found
-        if (p.get("spec") or {}).get("nodeName") and uses_gpus(p)
-    }
+    busy: set[str] = set()
+    for pod in found:
+        if not uses_gpus(pod):
+            continue
+        # Bound, or nominated: the scheduler preempts for it there and binds it once the victims are gone.
+        for where in ((pod.get("spec") or {}).get("nodeName"), (pod.get("status") or {}).get("nominatedNodeName")):
+            if isinstance(where, str) and where:
+                busy.add(where)
+    return busy
 
 
 def _state(ctx: context.Context, name: str) -> checks.NodeState | None:
