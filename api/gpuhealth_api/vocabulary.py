@@ -226,7 +226,7 @@ class EventReason(enum.StrEnum):
     CHECK_PASSED = "CheckPassed"
     """An active check's run passed (names the check, its template and its figures)."""
     CHECK_FAILED = "CheckFailed"
-    """An active check's run failed or timed out: condition ActiveCheckFailed holds until a later run passes."""
+    """An active check's run failed or timed out; a failed run holds ActiveCheckFailed until a later pass."""
     CHECK_PREEMPTED = "CheckPreempted"
     """The scheduler preempted a check's pod for real work: tried again later, never a failure."""
     CHECK_REFUSED = "CheckRefused"

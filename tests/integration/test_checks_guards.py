@@ -97,7 +97,11 @@ def test_two_policies_one_check_and_max_concurrent_over_all(
     ended = 0
     deadline = time.monotonic() + 20
     while ended < 2 and time.monotonic() < deadline:
-        running = [j for j in check_jobs.jobs(k8s, jobs_namespace) if j["metadata"]["labels"][keys.NODE_LABEL] in nodes]
+        running = [
+            j
+            for j in check_jobs.jobs(k8s, jobs_namespace)
+            if j["metadata"]["labels"][keys.NODE_LABEL] in nodes
+        ]
         assert len(running) <= 1, "maxConcurrent 1 over both policies"
         if running:
             check_jobs.end(k8s, jobs_namespace, running[0], ok=True)

@@ -41,7 +41,11 @@ def workload(node: str, gpus: int) -> dict[str, object]:
         "spec": {
             "nodeSelector": {"kubernetes.io/hostname": node},
             "containers": [
-                {"name": "train", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": {keys.GPU_RESOURCE: str(gpus)}}}
+                {
+                    "name": "train",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"limits": {keys.GPU_RESOURCE: str(gpus)}},
+                }
             ],
         },
     }

@@ -20,7 +20,12 @@ from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
-ARGS = ["--lease-duration-seconds=2", "--lease-renew-seconds=0.5", "--lease-retry-seconds=0.5", "--tick-seconds=0.5"]
+ARGS = [
+    "--lease-duration-seconds=2",
+    "--lease-renew-seconds=0.5",
+    "--lease-retry-seconds=0.5",
+    "--tick-seconds=0.5",
+]
 jobs_namespace = check_jobs.jobs_namespace_fixture("checks-restart")
 
 
@@ -30,7 +35,9 @@ def fleet(k8s: client.ApiClient) -> Iterator[operator_harness.Fleet]:
         yield nodes
 
 
-def start(crds: local.ControlPlane, log: Path, lease: str, jobs_namespace: str) -> operator_harness.OperatorProcess:
+def start(
+    crds: local.ControlPlane, log: Path, lease: str, jobs_namespace: str
+) -> operator_harness.OperatorProcess:
     process = operator_harness.OperatorProcess(
         kubeconfig=Path(crds.kubeconfig),
         log_path=log,
@@ -43,13 +50,19 @@ def start(crds: local.ControlPlane, log: Path, lease: str, jobs_namespace: str) 
 
 
 def test_a_check_in_flight_is_adopted_after_a_kill_and_its_result_recorded_once(
-    crds: local.ControlPlane, k8s: client.ApiClient, fleet: operator_harness.Fleet, jobs_namespace: str, tmp_path: Path
+    crds: local.ControlPlane,
+    k8s: client.ApiClient,
+    fleet: operator_harness.Fleet,
+    jobs_namespace: str,
+    tmp_path: Path,
 ) -> None:
     operator_harness.ensure_namespace(k8s, "gpu-health")
     lease = f"gpu-health-operator-chkrestart-{secrets.token_hex(2)}"
     name = f"{fleet.label}-n"
     fleet.add_node(name)
-    check_jobs.check_policy(fleet, rules=[{"name": "diag", "condition": "ActiveCheckFailed", "action": "Label"}])
+    check_jobs.check_policy(
+        fleet, rules=[{"name": "diag", "condition": "ActiveCheckFailed", "action": "Label"}]
+    )
     first = start(crds, tmp_path / "first.log", lease, jobs_namespace)
     try:
         job = check_jobs.wait_job(k8s, jobs_namespace, name)
@@ -75,14 +88,16 @@ def test_a_check_in_flight_is_adopted_after_a_kill_and_its_result_recorded_once(
     third = start(crds, tmp_path / "third.log", lease, jobs_namespace)
     try:
         waiting.wait_until(
-            lambda: [
-                c["status"]
-                for c in (fleet.gpunode(name).get("status") or {}).get("conditions") or []
-                if c["type"] == "ActiveCheckFailed"
-            ]
-            == ["True"],
+            lambda: (
+                [
+                    c["status"]
+                    for c in (fleet.gpunode(name).get("status") or {}).get("conditions") or []
+                    if c["type"] == "ActiveCheckFailed"
+                ]
+                == ["True"]
+            ),
             timeout_seconds=30,
-            message="ActiveCheckFailed True under the third leader (the second may have died before writing it)",
+            message="ActiveCheckFailed True under the third leader (the second may die before writing it)",
         )
         deadline = time.monotonic() + 3  # its passes judge the node from the stored history: it stays True
         while time.monotonic() < deadline:

@@ -32,7 +32,9 @@ fleet = operator_fixtures.fleet_fixture("chk")
 
 
 def condition(fleet: operator_harness.Fleet, node: str, kind: str) -> dict[str, object] | None:
-    found = [c for c in (fleet.gpunode(node).get("status") or {}).get("conditions") or [] if c["type"] == kind]
+    found = [
+        c for c in (fleet.gpunode(node).get("status") or {}).get("conditions") or [] if c["type"] == kind
+    ]
     return found[0] if found else None
 
 
@@ -78,7 +80,9 @@ def test_an_idle_node_is_checked_through_the_scheduler_and_its_pass_recorded(
         assert not check_jobs.jobs(k8s, jobs_namespace, name)
         time.sleep(0.5)
     text = operator.metrics()
-    assert f'gpuhealth_operator_checks_total{{check="quick",policy="{fleet.label}",result="Passed"}} 1.0' in text
+    assert (
+        f'gpuhealth_operator_checks_total{{check="quick",policy="{fleet.label}",result="Passed"}} 1.0' in text
+    )
     assert "gpuhealth_operator_checks_in_flight 0.0" in text
     assert f'gpuhealth_operator_check_gpu_seconds_total{{check="quick",policy="{fleet.label}"}}' in text
 
@@ -112,7 +116,9 @@ def test_a_later_pass_on_request_clears_the_condition(
 ) -> None:
     name = f"{fleet.label}-req"
     fleet.add_node(name)
-    check_jobs.check_policy(fleet, rules=[{"name": "diag", "condition": "ActiveCheckFailed", "action": "Label"}])
+    check_jobs.check_policy(
+        fleet, rules=[{"name": "diag", "condition": "ActiveCheckFailed", "action": "Label"}]
+    )
     first = check_jobs.wait_job(k8s, jobs_namespace, name)
     check_jobs.end(k8s, jobs_namespace, first, ok=False, message="failed")
     check_jobs.wait_run(fleet, name, "Failed")

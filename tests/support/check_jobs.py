@@ -123,13 +123,17 @@ def check_policy(fleet: operator_harness.Fleet, *checks: Mapping[str, Any], **sp
 def jobs(k8s: client.ApiClient, namespace: str, node: str | None = None) -> list[dict[str, Any]]:
     """The check Jobs (of `node`, or all) not being deleted."""
     selector = keys.CHECK_LABEL + (f",{keys.NODE_LABEL}={node}" if node else "")
-    listed = client.BatchV1Api(k8s).list_namespaced_job(namespace, label_selector=selector, _preload_content=False)
+    listed = client.BatchV1Api(k8s).list_namespaced_job(
+        namespace, label_selector=selector, _preload_content=False
+    )
     items: list[dict[str, Any]] = yaml.safe_load(listed.data)["items"]
     return [j for j in items if not j["metadata"].get("deletionTimestamp")]
 
 
 def wait_job(k8s: client.ApiClient, namespace: str, node: str) -> dict[str, Any]:
-    waiting.wait_until(lambda: jobs(k8s, namespace, node), timeout_seconds=TIMEOUT, message=f"{node}: a check Job")
+    waiting.wait_until(
+        lambda: jobs(k8s, namespace, node), timeout_seconds=TIMEOUT, message=f"{node}: a check Job"
+    )
     (job,) = jobs(k8s, namespace, node)
     return job
 
@@ -139,7 +143,9 @@ def bound_pod(k8s: client.ApiClient, namespace: str, job: Mapping[str, Any]) -> 
     selector = f"job-name={job['metadata']['name']}"
 
     def running() -> dict[str, Any] | None:
-        listed = client.CoreV1Api(k8s).list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
+        listed = client.CoreV1Api(k8s).list_namespaced_pod(
+            namespace, label_selector=selector, _preload_content=False
+        )
         for pod in yaml.safe_load(listed.data)["items"]:
             if pod["spec"].get("nodeName") and (pod.get("status") or {}).get("phase") == "Running":
                 return dict(pod)
@@ -151,7 +157,9 @@ def bound_pod(k8s: client.ApiClient, namespace: str, job: Mapping[str, Any]) -> 
     return pod
 
 
-def end(k8s: client.ApiClient, namespace: str, job: Mapping[str, Any], *, ok: bool, message: str = "") -> None:
+def end(
+    k8s: client.ApiClient, namespace: str, job: Mapping[str, Any], *, ok: bool, message: str = ""
+) -> None:
     """Play the node: the check's pod exits (0 or 1) with `message` as its termination message."""
     pod = bound_pod(k8s, namespace, job)
     outcome = repairs.Outcome(ok, 0 if ok else 1, message)

@@ -56,7 +56,11 @@ def runs_of(entries: object) -> tuple[Run, ...]:
             continue
         raw = entry.get("figures")
         figures = (
-            {str(k): float(v) for k, v in raw.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+            {
+                str(k): float(v)
+                for k, v in raw.items()
+                if isinstance(v, int | float) and not isinstance(v, bool)
+            }
             if isinstance(raw, Mapping)
             else {}
         )

@@ -48,7 +48,9 @@ def build(
 ) -> dict[str, Any]:
     """The check Job of `start` from its template; TemplateError when it names a ServiceAccount."""
     if not node_uid:
-        raise jobs.TemplateError(f"the UID of Node {start.node} is not known: a Job must be owned by its Node")
+        raise jobs.TemplateError(
+            f"the UID of Node {start.node} is not known: a Job must be owned by its Node"
+        )
     job = copy.deepcopy(dict(template))
     job["apiVersion"], job["kind"] = "batch/v1", "Job"
     labels = {
@@ -138,7 +140,9 @@ async def list_jobs(client: kube.Client, namespace: str) -> list[kube.JsonObject
 
 async def list_pods(client: kube.Client, namespace: str) -> dict[str, kube.JsonObject]:
     """The check Jobs' pods by their Job's name (the newest of a Job's, should there be two)."""
-    listed = await client.list_all(f"/api/v1/namespaces/{namespace}/pods", {"labelSelector": keys.CHECK_LABEL})
+    listed = await client.list_all(
+        f"/api/v1/namespaces/{namespace}/pods", {"labelSelector": keys.CHECK_LABEL}
+    )
     found: dict[str, kube.JsonObject] = {}
     for pod in sorted(listed, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or "")):
         owner = ((pod.get("metadata") or {}).get("labels") or {}).get("job-name")

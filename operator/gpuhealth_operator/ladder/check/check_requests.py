@@ -66,8 +66,10 @@ def _choose(
     acting = [p for p in wanting if not p.dry_run and request.node in selected[p.name]]
     if not acting:
         dry = any(request.node in selected[p.name] for p in wanting)
-        return "only a dry-run policy with activeChecks selects the node" if dry else (
-            "no policy with activeChecks selects the node"
+        return (
+            "only a dry-run policy with activeChecks selects the node"
+            if dry
+            else ("no policy with activeChecks selects the node")
         )
     for policy in acting:
         for check in policy.active_checks:
@@ -78,6 +80,7 @@ def _choose(
 
 async def take(
     ctx: context.Context,
+    *,
     wanting: Sequence[model.Policy],
     states: Sequence[checks.NodeState],
     busy: set[str],
@@ -115,12 +118,21 @@ async def take(
             continue
         limit = policies.resolve_check_max_concurrent(check, acting_nodes)
         if len(flying) + len(starts) >= limit:
-            logger.info("check request %s on node %s waits: %d checks run (maxConcurrent %d)",
-                        request.token, name, len(flying) + len(starts), limit)
+            logger.info(
+                "check request %s on node %s waits: %d checks run (maxConcurrent %d)",
+                request.token,
+                name,
+                len(flying) + len(starts),
+                limit,
+            )
             continue
         await _remove(ctx, name)
-        starts.append((checks.Start(name, policy.name, check.name, check.template, check.timeout_seconds),
-                       request.token))
+        starts.append(
+            (
+                checks.Start(name, policy.name, check.name, check.template, check.timeout_seconds),
+                request.token,
+            )
+        )
     return starts
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator.client import events, kube
+from gpuhealth_operator.client import events
 from gpuhealth_operator.decisions import check_runs, checks, times
 from gpuhealth_operator.ladder.check import check_jobs
 from gpuhealth_operator.shared import context
@@ -146,11 +146,13 @@ def end(
     ctx.checks.history[node] = sorted(listed, key=lambda e: str(e.get("time")))[-check_runs.HISTORY_LIMIT :]
     ctx.meters.checks.labels(policy_name, check, judged.value).inc()
     gpus, seconds = _gpu_seconds(pod, now)
-    ctx.meters.check_gpu_seconds.labels(policy_name, check).inc(gpus * seconds)  # the series from the first run
+    ctx.meters.check_gpu_seconds.labels(policy_name, check).inc(
+        gpus * seconds
+    )  # the series from the first run
     return node, _words(check, template, policy_name, judged, figures, words, request), entry
 
 
-def _words(
+def _words(  # noqa: PLR0917 - the run's parts, in the order an Event says them
     check: str,
     template: str,
     policy: str,
@@ -164,7 +166,7 @@ def _words(
         Result.PASSED: "passed",
         Result.FAILED: "failed: condition ActiveCheckFailed holds until a later run passes",
         Result.TIMED_OUT: "timed out (not judged a GPU fault: it is tried again when due)",
-        Result.PREEMPTED: "was preempted by a workload that wanted the GPUs: tried again once the node is idle",
+        Result.PREEMPTED: "was preempted by a workload that wanted the GPUs: tried again once idle",
     }[result]
     if figures:
         said += "; figures " + ", ".join(f"{k}={v:g}" for k, v in figures.items())
@@ -177,7 +179,4 @@ def _words(
 
 async def say(ctx: context.Context, node: str, result: vocabulary.CheckResult, message: str) -> None:
     kind = events.NORMAL if result in (Result.PASSED, Result.PREEMPTED) else events.WARNING
-    try:
-        await ctx.recorder.emit(events.subject(ctx.cache, node), REASONS[result], message, kind)
-    except kube.ApiError:
-        pass  # an Event is a courtesy: the run is in the node's status
+    await ctx.recorder.emit(events.subject(ctx.cache, node), REASONS[result], message, kind)  # never raises

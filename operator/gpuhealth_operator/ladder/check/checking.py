@@ -77,7 +77,9 @@ async def sweep(ctx: context.Context, now: datetime.datetime, write: Writer) -> 
     for late in checks.overdue(entries, states, now):
         counts[(late.policy, late.check)] = counts.get((late.policy, late.check), 0) + 1
     ctx.meters.set_checks_overdue(counts)
-    requested = await check_requests.take(ctx, wanting, states, busy, flying, now)
+    requested = await check_requests.take(
+        ctx, wanting=wanting, states=states, busy=busy, flying=flying, now=now
+    )
     taken = {f.node for f in flying} | {s.node for s, _ in requested}
     plan = checks.plan(entries, states, [*flying, *(_flying(s) for s, _ in requested)], now)
     starting = [*requested, *((s, None) for s in plan.start if s.node not in taken)]
@@ -175,7 +177,10 @@ async def _busy_nodes(ctx: context.Context) -> set[str]:
         if not uses_gpus(pod):
             continue
         # Bound, or nominated: the scheduler preempts for it there and binds it once the victims are gone.
-        for where in ((pod.get("spec") or {}).get("nodeName"), (pod.get("status") or {}).get("nominatedNodeName")):
+        for where in (
+            (pod.get("spec") or {}).get("nodeName"),
+            (pod.get("status") or {}).get("nominatedNodeName"),
+        ):
             if isinstance(where, str) and where:
                 busy.add(where)
     return busy

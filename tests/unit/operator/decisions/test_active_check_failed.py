@@ -31,7 +31,9 @@ def test_a_failed_run_holds_the_condition_until_a_later_pass() -> None:
     failed = signal(facts(("2025-12-31T23:00:00Z", "Failed")))
     assert failed.present is True
     assert "quick" in failed.message
-    assert signal(facts(("2025-12-31T23:00:00Z", "Failed"), ("2025-12-31T23:30:00Z", "Passed"))).present is False
+    assert (
+        signal(facts(("2025-12-31T23:00:00Z", "Failed"), ("2025-12-31T23:30:00Z", "Passed"))).present is False
+    )
 
 
 def test_preempted_and_no_history_are_no_fault() -> None:
