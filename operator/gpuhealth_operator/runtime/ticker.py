@@ -25,6 +25,7 @@ from typing import Any
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator.client import kube, status
 from gpuhealth_operator.decisions import model, times, verdicts
+from gpuhealth_operator.ladder.check import checking
 from gpuhealth_operator.ladder.cordon import pausing
 from gpuhealth_operator.ladder.domain import domain_actions
 from gpuhealth_operator.ladder.drain import draining
@@ -148,6 +149,10 @@ async def tick(
         await reconciler.write_history(ctx, name)  # their Cancelled, where no pass writes the status
     await new_nodes.sweep(ctx, now)  # validation of new nodes (spec.repair.validation.newNodes)
     await orphan_jobs.sweep(ctx, full=full)  # step Jobs whose Node was deleted or re-created
+    try:
+        await checking.sweep(ctx, now, reconciler.write_history)  # active checks: ended, then started
+    except (kube.ApiError, *reconciler.TRANSIENT_ERRORS):
+        logger.warning("the active checks' pass failed (will retry)", exc_info=True)
     await isolation_sweep.sweep(ctx, now)  # the DeviceTaintRules of deleted policies: adopted or restored
     await domain_actions.on_timer(ctx, now, full=refresh)  # recovery holds, and marks drifted meanwhile
     if statuses:

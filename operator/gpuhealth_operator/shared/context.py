@@ -43,6 +43,7 @@ from gpuhealth_operator.state import (
     agent_pods,
     breakers,
     cache,
+    check_memory,
     cohorts,
     domain_states,
     pass_queue,
@@ -346,6 +347,9 @@ class Context:
     )
     """The repair Job templates as last read (one key: the ConfigMap, or the packaged file)."""
 
+    checks: check_memory.CheckMemory = dataclasses.field(default_factory=check_memory.CheckMemory)
+    """The active-check step's memory (`ladder.check`): histories made, idleness seen, Events said."""
+
     def __post_init__(self) -> None:
         self.admission.breakers = self.breakers
         self.admission.turned = self.verdicts.turned_unhealthy
@@ -430,6 +434,7 @@ class Context:
         self.new_nodes_in_service.pop(name, None)
         self.new_nodes_said.pop(name, None)
         self.repair_busy_said.discard(name)
+        self.checks.forget_node(name)
         lock = self.node_locks.get(name)
         if lock is not None and not lock.locked():
             del self.node_locks[name]
@@ -455,5 +460,6 @@ class Context:
         self.policy_status_written.pop(name, None)
         self.repair_refused.pop(name, None)
         self.repair_permitted.discard(name)
+        self.checks.forget_policy(name)
         self.meters.forget_policy(name)
         self.drains.forget_policy(name)

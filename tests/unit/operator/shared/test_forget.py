@@ -18,7 +18,7 @@ from gpuhealth_api import vocabulary
 from gpuhealth_operator.client import drain, drains, kube
 from gpuhealth_operator.decisions import breaker, isolation, model, repair
 from gpuhealth_operator.shared import context
-from gpuhealth_operator.state import admission, breakers, cache, domain_states, recent
+from gpuhealth_operator.state import admission, breakers, cache, check_memory, domain_states, recent
 from gpunode_facts import verdict
 
 NOT_STATE = {"config", "client", "meters", "recorder", "cache", "agent_pods", "eviction_slots", "clock"}
@@ -80,6 +80,11 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.domains.states[policy] = {}
     ctx.domains.recorded[policy] = [{"key": "rack", "value": "r1"}]
     ctx.domains.seen[(policy, node)] = ("Unhealthy", ("r1",))
+    ctx.checks.history[node] = [{"name": "quick", "result": "Passed"}]
+    ctx.checks.idle_since[node] = now
+    ctx.checks.recorded[f"uid-{node}"] = node
+    ctx.checks.dry_run_said[(policy, node)] = "quick"
+    ctx.checks.refused[node] = "token"
     RECORDS[node] = cache.node_record({"metadata": {"name": node}})  # held: the rest refers to it weakly
     ctx.resting[node] = context.Rest(RECORDS[node].reading, 1, (), None)
 
@@ -119,6 +124,7 @@ FILLED = {
     "isolation_locks",
     "domains",
     "resting",
+    "checks",
 }
 """The Context fields `fill` puts a node and a policy into."""
 
@@ -140,7 +146,8 @@ def mentions(value: Any, name: str) -> bool:
         | breakers.Breakers
         | recent.Recent
         | domain_states.DomainStates
-        | drains.Drains,
+        | drains.Drains
+        | check_memory.CheckMemory,
     ):
         return any(mentions(v, name) for v in vars(value).values())
     return False  # locks, tasks, results: leaves
@@ -220,6 +227,7 @@ def test_forget_policy_empties_every_map_of_that_policy_only() -> None:
         }
         per_policy |= {"isolation_support", "isolations", "rules_read", "isolation_locks", "domains"}
         per_policy.add("drains")  # the node's drain is "kept"'s (the last filled)
+        per_policy.add("checks")  # its DryRun "would check" said
         assert {name for name, value in state(ctx).items() if mentions(value, "kept")} == per_policy
         ctx.drains.tasks["n"].cancel()
 
@@ -244,6 +252,7 @@ def test_forget_verdicts_keeps_the_nodes_own_memory() -> None:
             "new_nodes_in_service",
             "new_nodes_said",
             "repair_busy_said",
+            "checks",  # its run history and idleness: the node still exists
             "validations_running",
             "gone_nodes",
         }
