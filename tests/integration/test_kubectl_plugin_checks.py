@@ -8,7 +8,6 @@ with a `CheckRefused` Event naming the token.
 
 from __future__ import annotations
 
-import copy
 import datetime
 import json
 import os
@@ -40,35 +39,11 @@ QUICK = {
     "maxConcurrent": 1,
 }
 CORDON = {"name": "ecc-cordon", "condition": "EccUncorrectable", "action": "Cordon"}
-CHECKS_SCHEMA = {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
-
-
-@pytest.fixture(scope="module")
-def checks_field(crds: local.ControlPlane, k8s: client.ApiClient) -> None:
-    """GPUNode `status.checks[]` kept by the API server. TODO(merge h/checkstep): the check step's CRD
-    declares the field; until then the test cluster's CRD gets a permissive schema of it (else the API
-    server prunes what the test writes as the operator)."""
-    ext = client.ApiextensionsV1Api(k8s)
-    name = f"{resources.GPUNODE_PLURAL}.{resources.GROUP}"
-    body = ext.api_client.sanitize_for_serialization(ext.read_custom_resource_definition(name))
-    for version in body["spec"]["versions"]:
-        status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
-        if "checks" in status.get("properties", {}):
-            return
-        status.setdefault("properties", {})["checks"] = copy.deepcopy(CHECKS_SCHEMA)
-    ext.replace_custom_resource_definition(name, body)
-
-    def kept() -> bool:
-        probe = client.CustomObjectsApi(k8s)
-        found = probe.list_cluster_custom_object(resources.GROUP, resources.VERSION, resources.GPUNODE_PLURAL)
-        return isinstance(found, dict)
-
-    waiting.wait_until(kept, timeout_seconds=TIMEOUT, message="the GPUNode CRD served again")
 
 
 @pytest.fixture
 def fleet(
-    request: pytest.FixtureRequest, k8s: client.ApiClient, checks_field: None
+    request: pytest.FixtureRequest, crds: local.ControlPlane, k8s: client.ApiClient
 ) -> Iterator[operator_harness.Fleet]:
     with operator_harness.Fleet(k8s, label=operator_fixtures.label_for("kc", request)) as nodes:
         yield nodes
