@@ -9,6 +9,7 @@ The history is the operator's status field under server-side apply: what this pr
 from __future__ import annotations
 
 import datetime
+import types
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -21,12 +22,14 @@ from gpuhealth_operator.shared import context
 Result = vocabulary.CheckResult
 STATUS_FIELD: Final = check_runs.STATUS_FIELD
 
-REASONS: Final = {
-    Result.PASSED: vocabulary.EventReason.CHECK_PASSED,
-    Result.FAILED: vocabulary.EventReason.CHECK_FAILED,
-    Result.TIMED_OUT: vocabulary.EventReason.CHECK_FAILED,
-    Result.PREEMPTED: vocabulary.EventReason.CHECK_PREEMPTED,
-}
+REASONS: Final = types.MappingProxyType(
+    {
+        Result.PASSED: vocabulary.EventReason.CHECK_PASSED,
+        Result.FAILED: vocabulary.EventReason.CHECK_FAILED,
+        Result.TIMED_OUT: vocabulary.EventReason.CHECK_FAILED,
+        Result.PREEMPTED: vocabulary.EventReason.CHECK_PREEMPTED,
+    }
+)
 
 
 def history(ctx: context.Context, name: str) -> list[dict[str, Any]]:
