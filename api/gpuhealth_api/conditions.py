@@ -49,6 +49,9 @@ class Scope(enum.Enum):
     """The node against its peers (Straggler: `decisions.stragglers`)."""
     AGENT = "agent"
     """The agent, its pod or the Node's labels, not the GPUs' facts."""
+    CHECK = "check"
+    """The operator's own active checks' runs (GPUNode `status.checks[]`), not the agent's facts: judged
+    while the agent is stale too (the history is the operator's evidence, kept in the cluster)."""
 
 
 Bind = Callable[[frozenset[int], float, faults.History], faults.GPUFault]
@@ -181,6 +184,8 @@ ROWS: Final[tuple[Row, ...]] = (
         default_threshold=faults.PCIE_ERRORS_THRESHOLD,
         rule_threshold=True,
     ),
+    # A failed diagnostic: the GPUs failed a test made to find faults; it clears when a later run passes.
+    Row(Condition.ACTIVE_CHECK_FAILED, Kind.FATAL, Scope.CHECK),
     Row(Condition.AGENT_STALE, Kind.BLIND, Scope.AGENT),
     Row(Condition.AGENT_ERROR, Kind.BLIND, Scope.AGENT, rule=False),
     Row(Condition.GPU_OPERATOR_MAINTENANCE, Kind.BLIND, Scope.AGENT, rule=False),

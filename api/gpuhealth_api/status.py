@@ -183,6 +183,18 @@ class RepairStatus(TypedDict, total=False):
     fault: str  # the issues that began the cycle (a step's Started, Retired)
 
 
+class CheckStatus(TypedDict, total=False):
+    name: str  # spec.activeChecks[].name
+    template: str
+    policy: str
+    started: str  # RFC 3339
+    time: str  # RFC 3339: the run's end
+    result: str  # vocabulary.CheckResult
+    figures: dict[str, float]
+    message: str
+    requestId: str  # the on-demand request's token (keys.CHECK_NOW_ANNOTATION)
+
+
 class GPUNodeStatus(TypedDict, total=False):
     agent: AgentInfo
     summary: Summary
@@ -197,6 +209,7 @@ class GPUNodeStatus(TypedDict, total=False):
     isolatedGPUs: list[IsolatedGPUStatus]
     isolatedFraction: str
     repairs: list[RepairStatus]  # repair history (spec.repair), oldest first, the last 20
+    checks: list[CheckStatus]  # active checks' runs (spec.activeChecks), oldest first, the last 20
 
 
 # Clock-event reason names as the agent reports them (NVML nvmlClocksEventReason*).

@@ -35,6 +35,9 @@ class Condition(enum.StrEnum):
     """Pre-failure: corrected ECC errors or correctable row remaps grow faster than the rule's threshold per
     hour, XID 92 (high single-bit ECC rate), or retired pages pending."""
     STRAGGLER = "Straggler"
+    ACTIVE_CHECK_FAILED = "ActiveCheckFailed"
+    """An active check's run failed (GPUNode `status.checks[]`, policy `spec.activeChecks`) and no later run
+    of that check passed."""
     AGENT_STALE = "AgentStale"
     AGENT_ERROR = "AgentError"
     """The agent reports it cannot do its job (`status.agent.error`): health Unknown, never a disruption.
@@ -223,7 +226,7 @@ class EventReason(enum.StrEnum):
     CHECK_PASSED = "CheckPassed"
     """An active check's run passed (names the check, its template and its figures)."""
     CHECK_FAILED = "CheckFailed"
-    """An active check's run failed or timed out: condition ActiveCheckFailed holds until a later run passes."""
+    """An active check's run failed or timed out; a failed run holds ActiveCheckFailed until a later pass."""
     CHECK_PREEMPTED = "CheckPreempted"
     """The scheduler preempted a check's pod for real work: tried again later, never a failure."""
     CHECK_REFUSED = "CheckRefused"

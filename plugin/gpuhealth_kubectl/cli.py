@@ -1,4 +1,5 @@
-"""`kubectl-gpuhealth`: the command line. Exit codes: 0 done, 1 not found or refused, 2 usage, 3 no cluster.
+"""`kubectl-gpuhealth`: the command line. Exit codes: 0 done (`check`: passed), 1 not found, refused or not
+passed, 2 usage, 3 no cluster.
 
 kubectl runs any `kubectl-<name>` on PATH as `kubectl <name>`, so this is
 `kubectl gpuhealth status` once the distribution is installed (or through krew).
@@ -15,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpuhealth_api import __version__, keys, timestamps, vocabulary
-from gpuhealth_kubectl import cluster, completion, views, watch
+from gpuhealth_kubectl import checkcmd, checkviews, cluster, completion, views, watch
 from gpuhealth_operator.decisions import drill as drills
 
 EXIT_FAILED = 1
@@ -108,6 +109,7 @@ def parser() -> argparse.ArgumentParser:
         help="let a policy act again: spec.dryRun=false, or reset its open circuit breaker",
     )
     resume.add_argument("policy", metavar="POLICY")
+    checkcmd.add_parser(commands, common)
     shell = commands.add_parser(
         "completion", help="print a shell completion script: source <(kubectl-gpuhealth completion bash)"
     )
@@ -140,15 +142,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except cluster.Unreachable as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_UNREACHABLE
+    code = 0
     try:
-        report, text = COMMANDS[args.command](kube, args)
+        if args.command == "check":
+            (report, text), code = checkcmd.run_check(kube, args)
+        else:
+            report, text = COMMANDS[args.command](kube, args)
         if args.command == "status" and args.watch:
             _watch(kube, args, output, (report, text))
             return 0
     except cluster.Unreachable as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_UNREACHABLE
-    except (Failed, cluster.NotFound, cluster.ApiError) as error:
+    except (Failed, checkcmd.Refused, checkcmd.NoResult, cluster.NotFound, cluster.ApiError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_FAILED
     finally:
@@ -157,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         json.dumps(report, indent=2, sort_keys=True, default=str) if output == "json" else text,
         end="" if output != "json" else "\n",
     )
-    return 0
+    return code
 
 
 Result = tuple[dict[str, Any], str]
@@ -192,8 +198,15 @@ def _now() -> datetime.datetime:
 
 
 def run_status(kube: cluster.Cluster, _: argparse.Namespace) -> Result:
-    report = views.status_report(kube.policies(), kube.gpunodes(), kube.nodes(), _now())
-    return report, views.render_status(report, _now())
+    policy_bodies, gpunodes, nodes, now = kube.policies(), kube.gpunodes(), kube.nodes(), _now()
+    report = views.status_report(policy_bodies, gpunodes, nodes, now)
+    text = views.render_status(report, now)
+    if checkviews.has_checks(policy_bodies):  # a fleet without active checks sees no word of them
+        overdue = checkviews.overdue(policy_bodies, gpunodes, nodes, now)
+        report["checks"] = {"overdue": overdue, "overdueNodes": len({o["node"] for o in overdue})}
+        lines = [f"Checks overdue (no pass within everySeconds): {report['checks']['overdueNodes']} nodes"]
+        text += "\n" + "\n".join([*lines, *checkviews.render_overdue(overdue, now)]) + "\n"
+    return report, text
 
 
 def run_why(kube: cluster.Cluster, args: argparse.Namespace) -> Result:
@@ -201,10 +214,23 @@ def run_why(kube: cluster.Cluster, args: argparse.Namespace) -> Result:
     if node is None and gpunode is None:
         raise Failed(f"no Node and no GPUNode named {args.node!r}")
     now = _now()
+    policy_bodies = kube.policies()
     report = views.why_report(
-        args.node, node, gpunode, policy_bodies=kube.policies(), events=kube.events(args.node), now=now
+        args.node, node, gpunode, policy_bodies=policy_bodies, events=kube.events(args.node), now=now
     )
-    return report, views.render_why(report, now)
+    text = views.render_why(report, now)
+    history = checkviews.history(gpunode or {})
+    if history or checkviews.has_checks(policy_bodies):
+        overdue = checkviews.overdue(policy_bodies, [gpunode] if gpunode else [], [node] if node else [], now)
+        report["checks"] = {"history": history, "overdue": overdue}
+        lines = ["", f"Active checks (last {checkviews.PER_CHECK} runs of each, newest first):"]
+        lines += checkviews.render_history(history, now)
+        lines += [
+            f"  overdue: {o['check']} (policy {o['policy']}) for {views.age(o['since'], now)}"
+            for o in overdue
+        ]
+        text += "\n".join(lines) + "\n"
+    return report, text
 
 
 def run_drill(kube: cluster.Cluster, args: argparse.Namespace) -> Result:

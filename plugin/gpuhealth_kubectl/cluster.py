@@ -125,12 +125,19 @@ class Cluster:
             _content_type="application/merge-patch+json",
         )
 
-    def annotate_gpunode(self, name: str, annotations: Mapping[str, str | None]) -> Body:
+    def annotate_gpunode(
+        self, name: str, annotations: Mapping[str, str | None], *, resource_version: str | None = None
+    ) -> Body:
+        """`resource_version`: only if the GPUNode is still at it (else ApiError 409), for taking back a
+        request that someone may be taking up at the same moment."""
+        metadata: dict[str, Any] = {"annotations": dict(annotations)}
+        if resource_version is not None:
+            metadata["resourceVersion"] = resource_version
         return self._call(
             self._custom.patch_cluster_custom_object,
             *_crd(resources.GPUNODE_PLURAL),
             name,
-            {"metadata": {"annotations": dict(annotations)}},
+            {"metadata": metadata},
             _content_type="application/merge-patch+json",
         )
 

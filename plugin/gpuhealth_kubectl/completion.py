@@ -13,12 +13,14 @@ from typing import Final
 
 from gpuhealth_api import vocabulary
 
-COMMANDS: Final = ("status", "why", "drill", "pause", "resume", "completion")
+COMMANDS: Final = ("status", "why", "check", "drill", "pause", "resume", "completion")
 GLOBAL_FLAGS: Final = ("--kubeconfig", "--context", "-o", "--output")
-COMMAND_FLAGS: Final = {"drill": ("--ttl", "--stop")}
+COMMAND_FLAGS: Final = {"drill": ("--ttl", "--stop"), "check": ("--template", "--timeout", "--no-wait")}
 OUTPUTS: Final = ("text", "json")
 SHELLS: Final = ("bash", "zsh")
-FLAGS_WITH_VALUES: Final = frozenset({"--kubeconfig", "--context", "-o", "--output", "--ttl"})
+FLAGS_WITH_VALUES: Final = frozenset(
+    {"--kubeconfig", "--context", "-o", "--output", "--ttl", "--template", "--timeout"}
+)
 
 Names = Callable[[str], Sequence[str]]
 """`names("nodes")` / `names("policies")`: what the cluster has, or nothing."""
@@ -44,7 +46,7 @@ def candidates(words: Sequence[str], names: Names) -> list[str]:
     if command is None:
         return _matching(COMMANDS, current)
     argument = len(positional) - 1  # how many arguments of the command are already typed
-    if command in {"why", "drill"} and argument == 0:
+    if command in {"why", "drill", "check"} and argument == 0:
         return _matching(names("nodes"), current)
     if command == "drill" and argument == 1:
         # Any case, as `drill` accepts it: "ecc" completes to EccUncorrectable.

@@ -138,7 +138,7 @@ def _run(args: argparse.Namespace, spec: fleetfile.Fleet) -> int:
     if (problem := kubeconfigs.unusable(args.kubeconfig, args.context)) is not None:
         print(f"gpu-health-sim: cannot load the {problem}", file=sys.stderr)  # one line, no traceback
         return USAGE_ERROR
-    from gpuhealth_sim.fleet import agentpool, repairs  # noqa: PLC0415 - the agent and the Kubernetes client
+    from gpuhealth_sim.fleet import agentpool, checks, repairs  # noqa: PLC0415 - the agent and the Kubernetes client
 
     logformat.configure(args.log_level, args.log_format)
     log = logging.getLogger("gpu-health-sim")
@@ -165,6 +165,14 @@ def _run(args: argparse.Namespace, spec: fleetfile.Fleet) -> int:
                 return executor.stop
 
             companions.append(play_repairs)
+
+        def play_checks(running: agentpool.Fleet) -> Callable[[], None]:
+            # Check pods are known by their label in any namespace; none exist until a policy has checks.
+            executor = checks.Executor(api, running)
+            executor.start()
+            return executor.stop
+
+        companions.append(play_checks)
         sim = agentpool.run(
             spec, api, stop, workers=workers, delete_nodes=args.delete_nodes, companions=companions
         )

@@ -74,9 +74,22 @@ NODE_TABLE: Final = (
     'gpuhealth_operator_node_unhealthy{cluster=~"$cluster"}'
     ' * on (cluster, instance) group_left () (gpuhealth_operator_leader{cluster=~"$cluster"} == 1))'
 )
+CHECKS_BY_RESULT: Final = (
+    'sum by (result) (increase(gpuhealth_operator_checks_total{cluster=~"$cluster"}[1h]))'
+)
+CHECKS_OVERDUE: Final = (
+    'sum by (policy, check) (gpuhealth_operator_checks_overdue_nodes{cluster=~"$cluster"})'
+)
+CHECK_GPU_HOURS: Final = (
+    'sum(increase(gpuhealth_operator_check_gpu_seconds_total{cluster=~"$cluster"}[24h])) / 3600'
+)
+NO_CHECKS: Final = "series per policy and check only once a policy has spec.activeChecks; this run's has none"
 EMPTY_UNTIL_AN_ERROR: Final[dict[str, str]] = {
     NODE_TABLE: "series only while a node is not Healthy: the sick node recovered before the check"
     " (GPUHealthNodeUnhealthy firing for it proved the series)",
+    CHECKS_BY_RESULT: NO_CHECKS,
+    CHECKS_OVERDUE: NO_CHECKS,
+    CHECK_GPU_HOURS: NO_CHECKS,
 }
 """Dashboard expressions allowed to return nothing in a run without failures, and why."""
 CLUSTER: Final = "e2e"

@@ -175,6 +175,11 @@ def test_the_demo_shows_the_main_job_done(tmp_path: Path) -> None:
     healthy = [f"gpu-node-{i}" for i in (0, 1, 2, 4, 6, 8, 10)]  # gpu-node-12: below
     assert not [n for n in healthy if n in result and did(n)], text
     assert "Summary after" in text and "cordoned by a human: still cordoned" in text
+    # Active checks on the idle nodes (no training there): one passes, one is preempted by real work.
+    passing, preempted = "gpu-node-13", "gpu-node-14"
+    assert "check passed" in did(passing) and not result[passing]["unschedulable"], text
+    assert "check preempted" in did(preempted) and "check failed" not in did(preempted), text
+    assert f"real work arrived on {preempted} while its check ran" in text, text
     # The DRA node: only its faulty GPU isolated, the node itself schedulable; GPU-hours saved stated.
     dra_node = "gpu-node-12"
     assert did(dra_node) == ["GPU isolated"], text

@@ -67,6 +67,10 @@ class ApiError(Exception):
         return self.status == 409
 
 
+TRANSIENT_ERRORS = (ApiError, aiohttp.ClientError, OSError, asyncio.TimeoutError)
+"""What a request can fail with that the next pass tries again: the API server's refusal, the connection."""
+
+
 class NotLeading(ApiError):
     """A write refused before it was sent: this replica's leader term does not allow writes now."""
 

@@ -29,12 +29,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator.decisions import model, policies, stragglers, times
+from gpuhealth_operator.decisions import check_runs, model, policies, stragglers, times
 
 Result = vocabulary.CheckResult
+# The history and its condition live in `check_runs` (`signals` judges the condition from it).
+Run = check_runs.Run
+Failing = check_runs.Failing
+HISTORY_LIMIT: Final = check_runs.HISTORY_LIMIT
+check_failed = check_runs.check_failed
+with_run = check_runs.with_run
 
-HISTORY_LIMIT: Final = 20
-"""GPUNode `status.checks[]` keeps the last this many runs (as `status.repairs[]` does)."""
 MESSAGE_CHARS: Final = 1024
 """A run's message is cut to this length: a termination message can be 4096 bytes of anything."""
 MAX_FIGURES: Final = 16
@@ -47,19 +51,10 @@ PREEMPTION_REASON: Final = "PreemptionByScheduler"
 """The reason kube-scheduler gives the pod condition DisruptionTarget of a pod it preempts
 (k8s.io/api core/v1 PodReasonPreemptionByScheduler)."""
 DISRUPTION_TARGET: Final = "DisruptionTarget"
+POD_FAILURE_POLICY: Final = "PodFailurePolicy"
+"""The Job controller's reason for condition Failed when a podFailurePolicy rule failed the Job."""
 DEADLINE_EXCEEDED: Final = "DeadlineExceeded"
 """The Job controller's reason for condition Failed once activeDeadlineSeconds ran out."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-    """One finished run of a check on a node (an entry of GPUNode `status.checks[]`)."""
-
-    check: str
-    time: datetime.datetime
-    result: vocabulary.CheckResult
-    figures: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    message: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,14 +127,6 @@ class Overdue:
     check: str
     since: datetime.datetime | None
     """When it became overdue (its last pass, else its node's joining, plus everySeconds); None: unknown."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Failing:
-    """ActiveCheckFailed holds: `check` failed at `since` and has not passed since."""
-
-    check: str
-    since: datetime.datetime
 
 
 def plan(
@@ -253,7 +240,7 @@ def result_of(
 
     Preemption first: a preempted pod's container is killed, so its Job fails like a failed check, and only
     the pod's DisruptionTarget condition (reason PreemptionByScheduler) tells the two apart."""
-    if _condition(pod, DISRUPTION_TARGET, reason=PREEMPTION_REASON):
+    if _condition(pod, DISRUPTION_TARGET, reason=PREEMPTION_REASON) or _disrupted(job):
         return Result.PREEMPTED
     if _condition(job, "Failed", reason=DEADLINE_EXCEEDED):
         return Result.TIMED_OUT
@@ -270,6 +257,24 @@ def result_of(
     if started is not None and now is not None and deadline is not None:
         return Result.TIMED_OUT if times.seconds_between(started, now) >= deadline else None
     return None
+
+
+def _disrupted(job: object) -> bool:
+    """The Job's podFailurePolicy failed it for its pod's DisruptionTarget condition (the check Jobs' rule,
+    `ladder.check.check_jobs`): what is left of a preemption once the pod is deleted. The Job does not
+    keep the condition's reason: a check evicted (a drain's) also reads as preempted, interrupted, never a
+    failure of the GPUs."""
+    conditions = _status(job).get("conditions")
+    if not isinstance(conditions, Sequence) or isinstance(conditions, str):
+        return False
+    return any(
+        isinstance(c, Mapping)
+        and c.get("type") == "Failed"
+        and c.get("status") == "True"
+        and c.get("reason") == POD_FAILURE_POLICY
+        and DISRUPTION_TARGET in str(c.get("message") or "")
+        for c in conditions
+    )
 
 
 def _status(body: object) -> Mapping[str, Any]:
@@ -386,30 +391,3 @@ def judge_run(
         return result, ""
     words = ", ".join(f"{name}={figures[name]:g}" for name in low)
     return Result.FAILED, f"{words}: more than {threshold:g} robust z-scores below same-model nodes"
-
-
-# --- the condition and the history --------------------------------------------------------------------
-
-
-def check_failed(runs: Sequence[Run]) -> Failing | None:
-    """ActiveCheckFailed: true from a failed run of a check until a later run of that check passes.
-
-    Preempted and TimedOut runs change nothing: a preemption is the job's right, and a timeout says the
-    check did not finish (an image pull, a slow start), not that a GPU failed; missing data is not a fault.
-    The earliest failing check is named."""
-    failing: list[Failing] = []
-    for name in sorted({r.check for r in runs}):
-        since: datetime.datetime | None = None
-        for item in sorted((r for r in runs if r.check == name), key=lambda r: r.time):
-            if item.result is Result.PASSED:
-                since = None
-            elif item.result is Result.FAILED and since is None:
-                since = item.time
-        if since is not None:
-            failing.append(Failing(check=name, since=since))
-    return min(failing, key=lambda f: (f.since, f.check)) if failing else None
-
-
-def with_run(history: Sequence[Run], item: Run) -> tuple[Run, ...]:
-    """The history with one more run, oldest dropped past HISTORY_LIMIT, in time order."""
-    return tuple(sorted((*history, item), key=lambda r: r.time)[-HISTORY_LIMIT:])

@@ -25,7 +25,7 @@ from collections.abc import Set as AbstractSet
 from typing import Final, cast
 
 from gpuhealth_api import conditions, faults, heartbeats, keys, status, vocabulary
-from gpuhealth_operator.decisions import gpu_facts, liveness, model, times, trends
+from gpuhealth_operator.decisions import check_runs, gpu_facts, liveness, model, times, trends
 
 Condition = vocabulary.Condition
 
@@ -99,6 +99,7 @@ def raw_signals(
         Condition.AGENT_STALE: stale,
         Condition.AGENT_ERROR: error,
         Condition.GPU_OPERATOR_MAINTENANCE: maintenance,
+        Condition.ACTIVE_CHECK_FAILED: active_check_signal(facts),
     }
     # GPUs the GPU Operator takes away on purpose are no fault; a stale agent's facts are old; an agent in
     # error (it sees no GPU) reports none to judge.
@@ -122,6 +123,18 @@ def raw_signals(
     if judged is None:
         judged = known[key] = fact_signals(facts, node, rule_xids, thresholds, memory)
     return signals | judged
+
+
+def active_check_signal(facts: status.GPUNodeStatus) -> model.Signal:
+    """ActiveCheckFailed from the node's check history (`check_runs.check_failed`): the operator's own
+    evidence, stored in the cluster, so judged whatever the agent's state and after a restart."""
+    condition = Condition.ACTIVE_CHECK_FAILED
+    failing = check_runs.check_failed(check_runs.runs_of(facts.get(check_runs.STATUS_FIELD)))
+    if failing is None:
+        return model.Signal(condition, False, "no active check failed since its last pass")
+    return model.Signal(
+        condition, True, f"active check {failing.check} failed at {times.render(failing.since)}"
+    )
 
 
 def fact_signals(

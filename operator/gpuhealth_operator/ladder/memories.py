@@ -19,6 +19,7 @@ from collections.abc import Container, Iterator, Mapping
 from typing import Any, Protocol
 
 from gpuhealth_operator.decisions import isolation
+from gpuhealth_operator.ladder.check.memory import CheckMemory
 from gpuhealth_operator.ladder.cordon.memory import CordonMemory
 from gpuhealth_operator.ladder.domain.memory import DomainMemory
 from gpuhealth_operator.ladder.drain.memory import DrainMemory
@@ -66,6 +67,7 @@ class Memories:
     drill: DrillMemory = dataclasses.field(default_factory=DrillMemory)
     domain: DomainMemory = dataclasses.field(default_factory=DomainMemory)
     new_nodes: NewNodesMemory = dataclasses.field(default_factory=NewNodesMemory)
+    check: CheckMemory = dataclasses.field(default_factory=CheckMemory)
 
     @classmethod
     def create(cls, eviction_concurrency: int) -> Memories:

@@ -3,7 +3,7 @@
 Every second the timer (`runtime/ticker.py`) judges the due nodes and walks them down the ladder
 (`remediation`); then it gives each step below its timer sweep, in this order: what time alone
 changes for that step (a breaker's announcement, a repair that must stop, a new node to validate,
-a Job whose Node went, a deleted policy's DeviceTaintRules, a domain's recovery). A sweep returns
+a Job whose Node went, the active checks ended and started, a deleted policy's DeviceTaintRules, a domain's recovery). A sweep returns
 the nodes whose GPUNode status must be written after it (a cancelled repair's history: no pass may
 write it), or None.
 
@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections.abc import Awaitable, Callable, Iterable
+
+from gpuhealth_operator.ladder.check import checking
 
 from gpuhealth_operator.ladder.cordon import pausing
 from gpuhealth_operator.ladder.domain import domain_actions
@@ -34,6 +36,9 @@ class Tick:
     """Every node judged (`--full-pass-seconds`): stale ones swept too."""
     refresh: bool
     """The periodic part that is not judging (drifted marks put back)."""
+    write: Callable[[context.Context, str], Awaitable[None]]
+    """Writes a node's operator status with the histories this process made (`reconciler.write_history`),
+    for a step that records a run mid-sweep (the active checks)."""
 
 
 Sweep = Callable[[context.Context, Tick], Awaitable[Iterable[str] | None]]
@@ -51,6 +56,7 @@ STEPS: tuple[Step, ...] = (
     Step("repair", lambda ctx, tick: repairing.sweep(ctx, tick.now)),  # excluded, deselected, dry run
     Step("new_nodes", lambda ctx, tick: new_nodes.sweep(ctx, tick.now)),  # spec.repair.validation
     Step("orphan_jobs", lambda ctx, tick: orphan_jobs.sweep(ctx, full=tick.full)),  # Node deleted
+    Step("check", lambda ctx, tick: checking.on_timer(ctx, tick.now, tick.write)),  # ended, then started
     Step("isolate", lambda ctx, tick: isolation_sweep.sweep(ctx, tick.now)),  # deleted policies' rules
     Step("domain", lambda ctx, tick: domain_actions.on_timer(ctx, tick.now, full=tick.refresh)),
 )

@@ -48,6 +48,7 @@ from gpuhealth_operator.decisions import (
     verdicts,
 )
 from gpuhealth_operator.ladder import remediation, stopping
+from gpuhealth_operator.ladder.check import check_results
 from gpuhealth_operator.ladder.drill import drills
 from gpuhealth_operator.ladder.isolate import isolating
 from gpuhealth_operator.ladder.repair import reading
@@ -60,7 +61,7 @@ logger = logging.getLogger(__name__)
 Health = vocabulary.Health
 Condition = vocabulary.Condition
 
-TRANSIENT_ERRORS = (kube.ApiError, aiohttp.ClientError, OSError, asyncio.TimeoutError)
+TRANSIENT_ERRORS = kube.TRANSIENT_ERRORS
 
 NODE_CONDITION: dict[Health, str] = {
     Health.HEALTHY: "True",
@@ -306,6 +307,7 @@ def desired_status(
         desired["straggler"] = straggler
     desired.update(isolating.status_fields(ctx, name))  # every policy's isolated GPUs
     desired.update(reading.status_fields(ctx, name))  # the repair history (ours: kept in every write)
+    desired.update(check_results.status_fields(ctx, name))  # the active checks' runs (ours too)
     return desired
 
 
@@ -314,7 +316,7 @@ def _differs(current: dict[str, Any], desired: dict[str, Any]) -> bool:
         return True
     if stragglers.status_moved(current.get("straggler"), desired.get("straggler")):
         return True
-    owned = (*isolating.STATUS_FIELDS, POLICIES_FIELD, reading.STATUS_FIELD)
+    owned = (*isolating.STATUS_FIELDS, POLICIES_FIELD, reading.STATUS_FIELD, check_results.STATUS_FIELD)
     if any(k not in desired and current.get(k) for k in owned):
         return True
     have = {c.get("type"): c for c in current.get("conditions") or []}
@@ -331,13 +333,20 @@ async def write_history(ctx: context.Context, name: str) -> None:
     longer selected node): the operator's fields as stored, with the history this process made. Errors
     are logged; the next pass that writes the status carries the history too."""
     gpunode = ctx.cache.gpunode(name)
-    made = ctx.steps.repair.history.get(name)
-    if gpunode is None or made is None or gpunode.status.get(reading.STATUS_FIELD) == made:
+    made = {
+        field: listed
+        for field, listed in (
+            (reading.STATUS_FIELD, ctx.steps.repair.history.get(name)),
+            (check_results.STATUS_FIELD, ctx.steps.check.history.get(name)),  # the active checks' runs
+        )
+        if listed is not None
+    }
+    if gpunode is None or all(_plain(gpunode.status.get(k)) == v for k, v in made.items()):
         return
-    owned = (*KEPT_STATUS_FIELDS, *isolating.STATUS_FIELDS)
+    owned = (*KEPT_STATUS_FIELDS, *isolating.STATUS_FIELDS, reading.STATUS_FIELD, check_results.STATUS_FIELD)
     stored: Mapping[str, Any] = gpunode.status
     desired = {k: _plain(stored[k]) for k in owned if k in stored}  # the cache keeps shared read-only forms
-    desired[reading.STATUS_FIELD] = made
+    desired.update(made)
     try:
         ctx.cache.refresh_gpunode(await status.apply_gpunode(ctx.client, name, desired), ctx.clock())
     except kube.ApiError:

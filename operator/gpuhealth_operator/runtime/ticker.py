@@ -140,7 +140,7 @@ async def tick(
             logger.error("reconcile of node %s failed", name, exc_info=result)
         elif isinstance(result, BaseException):
             raise result  # cancelled: the timer is stopping
-    swept = steps.Tick(now, full=full, refresh=refresh)
+    swept = steps.Tick(now, full=full, refresh=refresh, write=reconciler.write_history)
     for step in steps.STEPS:  # each ladder step's timer sweep, in the ladder's order (`ladder/steps.py`)
         for name in await step.sweep(ctx, swept) or ():
             await reconciler.write_history(ctx, name)  # a repair's Cancelled, where no pass writes the status

@@ -25,7 +25,7 @@ import dataclasses
 import datetime
 import platform
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import prometheus_client
 from prometheus_client import metrics_core
@@ -46,6 +46,7 @@ LABEL_CONDITION = "condition"
 LABEL_KEY = "key"
 LABEL_VALUE = "value"
 LABEL_NODE = "node"
+LABEL_CHECK = "check"
 
 OUT_OF_SERVICE_REASONS = ("cordoned", "isolated", "unknown")
 """Why GPUs a policy selects are out of service: on a node the policy cordoned; on a node kept free of
@@ -127,6 +128,10 @@ class Metrics:
     nodes_retired: FleetGauge
     repair_duration: prometheus_client.Histogram
     node_unhealthy: FleetGauge
+    checks: prometheus_client.Counter
+    checks_in_flight: FleetGauge
+    checks_overdue: FleetGauge
+    check_gpu_seconds: prometheus_client.Counter
     _models: dict[str, set[str]] = dataclasses.field(default_factory=dict)
     """Models each policy's GPU series exist for (a model gone from the policy loses its series)."""
     _counted_at: dict[str, datetime.datetime] = dataclasses.field(default_factory=dict)
@@ -332,6 +337,30 @@ class Metrics:
                 [LABEL_POLICY, LABEL_NODE, LABEL_CONDITION, LABEL_HEALTH],
                 registry=registry,
             ),
+            checks=prometheus_client.Counter(
+                f"{PREFIX}_checks",
+                "Active checks' runs ended (spec.activeChecks), by policy, check and result (Passed, "
+                "Failed, Preempted, TimedOut).",
+                [LABEL_POLICY, LABEL_CHECK, LABEL_RESULT],
+                registry=registry,
+            ),
+            checks_in_flight=FleetGauge(
+                f"{PREFIX}_checks_in_flight",
+                "Active check Jobs running now, all policies together (what maxConcurrent bounds).",
+                registry=registry,
+            ),
+            checks_overdue=FleetGauge(
+                f"{PREFIX}_checks_overdue_nodes",
+                "Nodes the policy selects with no pass of the check within its everySeconds.",
+                [LABEL_POLICY, LABEL_CHECK],
+                registry=registry,
+            ),
+            check_gpu_seconds=prometheus_client.Counter(
+                f"{PREFIX}_check_gpu_seconds",
+                "GPU-seconds spent on active checks: each check pod's GPUs times the seconds it ran.",
+                [LABEL_POLICY, LABEL_CHECK],
+                registry=registry,
+            ),
         )
         for gauge in meters.fleet_gauges():
             gauge.shown = lambda: not meters._standby
@@ -362,6 +391,8 @@ class Metrics:
             self.nodes_retired,
             self.domain_at_budget,
             self.node_unhealthy,
+            self.checks_in_flight,
+            self.checks_overdue,
         )
 
     def follow_passes(self, waiting: Callable[[], int]) -> None:
@@ -411,6 +442,16 @@ class Metrics:
         self.set_degraded_domains(name, ())
         self.set_domains_at_budget(name, ())
         self.set_unhealthy_nodes(name, ())
+
+    def set_checks_overdue(self, counts: Mapping[tuple[str, str], int]) -> None:
+        """The overdue nodes per (policy, check); a pair no longer counted loses its series."""
+        shown = prometheus_client.Gauge.collect(self.checks_overdue)  # a standby's series too
+        for labels in {(m.labels[LABEL_POLICY], m.labels[LABEL_CHECK]) for f in shown for m in f.samples}:
+            if labels not in counts:
+                with contextlib.suppress(KeyError):
+                    self.checks_overdue.remove(*labels)
+        for (policy, check), count in counts.items():
+            self.checks_overdue.labels(policy, check).set(count)
 
     def set_unhealthy_nodes(self, policy: str, troubled: Iterable[tuple[str, str, str]]) -> None:
         """The policy's nodes in trouble are `troubled` (node, condition, health): 1 for each, and the

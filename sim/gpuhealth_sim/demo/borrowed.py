@@ -22,7 +22,7 @@ from kubernetes import client
 from gpuhealth_api import resources
 from gpuhealth_sim import waiting
 from gpuhealth_sim.controlplane import local
-from gpuhealth_sim.demo import operands, workload
+from gpuhealth_sim.demo import checkstory, operands, workload
 from gpuhealth_sim.fleet import dra, fleetfile, repairs
 
 MANAGED_BY: Final = ("app.kubernetes.io/managed-by", "gpu-health-demo")
@@ -165,6 +165,10 @@ def clean(
         deviceclass = (dra.GROUP, dra.VERSION, "deviceclasses", dra.DEVICE_CLASS)
         _delete(custom.delete_cluster_custom_object, *deviceclass)
     _delete_events(core, {*names, policy})
+    scheduling = client.SchedulingV1Api(api)
+    found = _exists(scheduling.read_priority_class, checkstory.PRIORITY_CLASS)
+    if found is not None and _ours(found.metadata):  # made by the demo (else someone's: left alone)
+        _delete(scheduling.delete_priority_class, checkstory.PRIORITY_CLASS)
     for name in CRDS:
         crd = _exists(extensions.read_custom_resource_definition, name)
         if crd is not None and _ours(crd.metadata):

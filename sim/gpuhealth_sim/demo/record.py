@@ -33,6 +33,12 @@ REPAIR_HAPPENINGS: Mapping[str, str] = {
     vocabulary.EventReason.NODE_RETIRED: "retired",
 }
 """Repair's Events, as happenings on the node (detail: the Event's message)."""
+CHECK_HAPPENINGS: Mapping[str, str] = {
+    vocabulary.EventReason.CHECK_PASSED: "check passed",
+    vocabulary.EventReason.CHECK_FAILED: "check failed",
+    vocabulary.EventReason.CHECK_PREEMPTED: "check preempted",
+}
+"""Active checks' Events, as happenings on the node (detail: the Event's message)."""
 WATCHED_LABELS: Mapping[str, str] = {
     keys.THERMAL_LABEL: "thermal-throttled",
     keys.STRAGGLER_LABEL: "straggler",
@@ -227,6 +233,8 @@ class Record:
                 self._happen(Happening(at, line.node, ISOLATION_HAPPENINGS[reason], gpu))
             elif reason in REPAIR_HAPPENINGS:
                 self._happen(Happening(at, line.node, REPAIR_HAPPENINGS[reason], line.message))
+            elif reason in CHECK_HAPPENINGS:
+                self._happen(Happening(at, line.node, CHECK_HAPPENINGS[reason], line.message))
             return line
 
     def _happen(self, happening: Happening) -> None:

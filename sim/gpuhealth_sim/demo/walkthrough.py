@@ -2,12 +2,12 @@
 
 It starts a local control plane (etcd, kube-apiserver, controller manager,
 scheduler, kwok), installs the CRDs and a demo policy with short timers,
-creates the demo fleet's simulated H100 nodes (13) running a training Deployment guarded by a
+creates the demo fleet's simulated H100 nodes (15) running a training Deployment guarded by a
 PodDisruptionBudget, has "a human" cordon one node, then starts the real
 operator as a subprocess and the simulated fleet (real agent code) with
 scripted faults, and the simulator's repair executor, which plays the nodes'
-side of the policy's repair Jobs (a GPU reset, a reboot, a validation) as
-their scenarios say. While the story plays out it shows the fleet live; at the
+side of the policy's repair Jobs (a GPU reset, a reboot, a validation) and of
+its active checks' Jobs as their scenarios say. While the story plays out it shows the fleet live; at the
 end it prints what was detected and done, with detection-to-action times
 taken from the cluster, and tears everything down (or, with --keep, leaves
 it running for kubectl until Ctrl-C).
@@ -45,9 +45,9 @@ from gpuhealth_api import resources
 from gpuhealth_sim import waiting, watches
 from gpuhealth_sim.backtest import tracerecord
 from gpuhealth_sim.controlplane import binaries, existing, local, processes
-from gpuhealth_sim.demo import borrowed, demotrace, live, operands, record, summary, workload
+from gpuhealth_sim.demo import borrowed, checkstory, demotrace, live, operands, record, summary, workload
 from gpuhealth_sim.demo.defaults import DEFAULT_DURATION_SECONDS, DEFAULT_FLEET, DEFAULT_POLICY, REPO_ROOT
-from gpuhealth_sim.fleet import agentpool, dra, fleetfile, repairs
+from gpuhealth_sim.fleet import agentpool, checks, dra, fleetfile, repairs
 
 REFRESH_SECONDS = 1.0
 OPERATOR = "gpu-health-operator"
@@ -115,9 +115,11 @@ def hardware(spec: fleetfile.Fleet) -> str:
 
 
 def human_cordoned_node(spec: fleetfile.Fleet) -> str:
-    """The node "a human" cordons before the operator starts: the fleet's last device-plugin node."""
+    """The node "a human" cordons before the operator starts: the last device-plugin node of the
+    training job's pool (`start_training`; other pools are idle, for active checks)."""
     plugin = [plan for plan in spec.nodes if not plan.dra]
-    return (plugin or spec.nodes)[-1].name
+    training = [p for p in plugin if dict(plugin[0].labels).items() <= p.labels.items()] if plugin else []
+    return (training or plugin or spec.nodes)[-1].name
 
 
 class _Say:
@@ -156,9 +158,11 @@ def install(plane: Cluster, options: Options) -> None:
 
 def start_training(plane: Cluster, api: client.ApiClient, spec: fleetfile.Fleet) -> int:
     """The Deployment (one whole-node pod per GPU node) and its PDB; returns the replica count."""
+    # One pod per node of the first pool's labels: other pools' nodes stay idle (active checks run there).
     plugin = [plan for plan in spec.nodes if not plan.dra]
-    gpus = min(plan.gpu_count for plan in plugin)
     selector = dict(plugin[0].labels)
+    plugin = [plan for plan in plugin if selector.items() <= plan.labels.items()]
+    gpus = min(plan.gpu_count for plan in plugin)
     replicas = len(plugin)
     _apply(plane, *workload.manifests(replicas, gpus, selector))
     dra_gpus = sum(plan.gpu_count for plan in spec.nodes if plan.dra)
@@ -318,12 +322,17 @@ def _story(plane: Cluster, ctx: _Context) -> bool:
         borrowed.mark_crds(plane)  # ours to remove at the end (and to adopt, if a run was killed)
     say(f"installed the CRDs and policy {options.policy_path.name}")
     api = plane.api_client()
+    checkstory.ensure_priority_class(api, borrowed.labels())  # the chart's, for the policy's check pods
     sim = agentpool.Fleet(spec, api)
     namespace = client.V1Namespace(
         metadata=client.V1ObjectMeta(name=repairs.DEFAULT_NAMESPACE, labels=borrowed.labels())
     )
     client.CoreV1Api(api).create_namespace(namespace)
     executor = repairs.Executor(api, sim, namespace=repairs.DEFAULT_NAMESPACE)
+    checker = checks.Executor(
+        api, sim, seconds=checkstory.CHECK_SECONDS, node_seconds=checkstory.NODE_SECONDS
+    )
+    arrival = checkstory.Arrival(api, spec, say)
     human = human_cordoned_node(spec)
     operator = processes.ManagedProcess(
         OPERATOR, operator_command(plane.kubeconfig), workdir / "operator.log", env=plane.env()
@@ -353,6 +362,8 @@ def _story(plane: Cluster, ctx: _Context) -> bool:
         with _following(api, seen):
             sim.start()
             executor.start()
+            checker.start()
+            arrival.start()
             assert sim.started_at is not None
             seen.started_at = sim.started_at
             say(f"started the simulated fleet: faults are scripted in {options.fleet_path.name}")
@@ -386,6 +397,8 @@ def _story(plane: Cluster, ctx: _Context) -> bool:
         return True
     finally:
         executor.stop()
+        checker.stop()
+        arrival.stop()
         sim.stop()
         recorder.stop()
         operator.stop(grace_seconds=5)

@@ -26,7 +26,8 @@ scenario's `repair:` outcome for that attempt and
 A ResetGPU pod naming a UUID that is not a GPU of the node fails as
 nvidia-smi would (exit 1). The pod's end is written through the API server
 (pods/status, a JSON merge patch of phase, conditions and containerStatuses),
-so the Job controller sees it as from a kubelet. Each pod is played once;
+so the Job controller sees it as from a kubelet, unless the pod went meanwhile (`podplay`, shared with
+the check executor). Each pod is played once;
 attempts are counted per node and action, so `ResetGPU: [fails, fixes]`
 fails the first reset of a node and fixes the second.
 
@@ -48,8 +49,8 @@ from typing import Any, Final
 from kubernetes import client
 
 from gpuhealth_agent import scenario, simulated
-from gpuhealth_api import keys, resources, timestamps, vocabulary
-from gpuhealth_sim.fleet import agentpool, defaults
+from gpuhealth_api import keys, resources, vocabulary
+from gpuhealth_sim.fleet import agentpool, defaults, podplay
 
 log = logging.getLogger(__name__)
 
@@ -73,21 +74,8 @@ SECOND_HOSTENGINE: Final = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    """How one repair pod ends, and what it does to the node first."""
-
-    succeeded: bool
-    exit_code: int
-    message: str
-    reset: tuple[int, ...] = ()
-    """GPUs (scenario indexes) to reset before the pod ends."""
-    reboot: bool = False
-    """Reboot the node before the pod ends (every GPU reset, a new bootId)."""
-
-    @property
-    def phase(self) -> str:
-        return "Succeeded" if self.succeeded else "Failed"
+Outcome = podplay.Outcome
+"""How one repair pod ends, and what it does to the node first (shared with the check executor)."""
 
 
 def scenario_key(action: str) -> str | None:
@@ -156,43 +144,7 @@ def requested_gpus(pod: Mapping[str, Any]) -> list[str]:
     return []
 
 
-def terminal_status(pod: Mapping[str, Any], outcome: Outcome, now: float) -> dict[str, Any]:
-    """The pod's status as a kubelet writes it when its (restartPolicy Never) containers exited."""
-    stamp = timestamps.rfc3339(now)
-    status = pod.get("status") or {}
-    started = {
-        c.get("name"): ((c.get("state") or {}).get("running") or {}).get("startedAt")
-        for c in status.get("containerStatuses") or []
-    }
-    reason = "Completed" if outcome.succeeded else "Error"
-    containers = [
-        {
-            "name": c["name"],
-            "image": c.get("image", ""),
-            "imageID": "",
-            "ready": False,
-            "started": False,
-            "restartCount": 0,
-            "state": {
-                "terminated": {
-                    "exitCode": outcome.exit_code,
-                    "reason": reason,
-                    "message": outcome.message,
-                    "startedAt": started.get(c["name"]) or status.get("startTime") or stamp,
-                    "finishedAt": stamp,
-                }
-            },
-        }
-        for c in (pod.get("spec") or {}).get("containers") or []
-    ]
-    ended = "PodCompleted" if outcome.succeeded else "PodFailed"
-    conditions = [
-        c for c in status.get("conditions") or [] if c.get("type") not in {"Ready", "ContainersReady"}
-    ] + [
-        {"type": kind, "status": "False", "reason": ended, "lastTransitionTime": stamp}
-        for kind in ("Ready", "ContainersReady")
-    ]
-    return {"status": {"phase": outcome.phase, "conditions": conditions, "containerStatuses": containers}}
+terminal_status = podplay.terminal_status
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,36 +187,20 @@ class Executor:
         """Validation pods that would have started a second DCGM host engine beside the node's, and failed."""
         self.errors = 0
         """Pods the executor could not end (an API error, an effect that did not happen): logged."""
-        self._seen: dict[str, float] = {}
-        """Pod UID → when it was first seen Running."""
-        self._taken: set[str] = set()
+        self.left = 0
+        """Pods that went (deleted, evicted) before their end was written: left alone."""
+        self._clock = podplay.Clock()
         self._attempts: collections.Counter[tuple[str, str]] = collections.Counter()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = podplay.Loop("sim-repairs", self.poll_once, poll_seconds)
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="sim-repairs")
 
     def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("the repair executor is already running")
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="sim-repairs", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
+        self._loop.stop()
         self._pool.shutdown(wait=True, cancel_futures=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.poll_once()
-            except Exception as error:  # the API server may be down a moment; try again next poll
-                log.warning("listing repair pods in %s failed: %s", self.namespace, error)
-            self._stop.wait(self.poll_seconds)
 
     def _pass_release_asks(self) -> None:
         """The operator's GPU release asks (GPUNode annotation) to the simulated agents: one list for the
@@ -317,24 +253,13 @@ class Executor:
         for item in pods.items:
             pod = self.core.api_client.sanitize_for_serialization(item)
             uid = pod["metadata"].get("uid", "")
-            node = (pod.get("spec") or {}).get("nodeName")
+            node = (pod.get("spec") or {}).get("nodeName") or ""
             action = (pod["metadata"].get("labels") or {}).get(keys.REPAIR_ACTION_LABEL, "")
-            phase = (pod.get("status") or {}).get("phase")
-            if (
-                phase != "Running"
-                or not node
-                or not self.sim.has_node(node)
-                or scenario_key(action) is None
-                or pod["metadata"].get("deletionTimestamp")
-            ):
+            if not podplay.playable(pod) or not self.sim.has_node(node) or scenario_key(action) is None:
                 continue
             with self._lock:
-                if uid in self._taken:
+                if not self._clock.due(uid, now, self.seconds.get(action, 0.0)):
                     continue
-                seen = self._seen.setdefault(uid, now)
-                if now - seen < self.seconds.get(action, 0.0):
-                    continue
-                self._taken.add(uid)
             self._pool.submit(self._end, pod, node, action)
             started += 1
         return started
@@ -365,12 +290,11 @@ class Executor:
             elif outcome.reset:
                 self.sim.reset_gpus(node, outcome.reset).result(timeout=EFFECT_TIMEOUT_SECONDS)
             now = self.clock()
-            self.core.patch_namespaced_pod_status(
-                name,
-                self.namespace,
-                terminal_status(pod, outcome, now),
-                _content_type="application/merge-patch+json",
-            )
+            if not podplay.end_pod(self.core, pod, outcome, now):
+                with self._lock:
+                    self.left += 1
+                log.info("repair pod %s on %s went before it ended: left alone", name, node)
+                return
         except Exception as error:
             with self._lock:
                 self.errors += 1

@@ -245,6 +245,8 @@ def schema_type(annotation: Any) -> str:
         return "array"
     if isinstance(annotation, type) and issubclass(annotation, dict):
         return "object"
+    if typing.get_origin(annotation) is dict:  # a map (status.checks[].figures)
+        return "object"
     raise AssertionError(f"no schema type for {annotation!r}")
 
 
@@ -264,6 +266,10 @@ def compare(shape: Any, schema: dict[str, Any], where: str, extras: dict[str, se
         expected = schema_type(annotation)
         if node.get("type") != expected:
             problems.append(f"{path}: CRD type {node.get('type')}, status.py {expected}")
+        elif expected == "object" and typing.get_origin(annotation) is dict:
+            (_, value) = typing.get_args(annotation)
+            if node["additionalProperties"].get("type") != schema_type(value):
+                problems.append(f"{path}{{}}: CRD type of values is not status.py's {schema_type(value)}")
         elif expected == "object":
             problems += compare(annotation, node, path, extras)
         elif expected == "array":

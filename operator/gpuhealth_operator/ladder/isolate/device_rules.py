@@ -27,7 +27,7 @@ PROBE_POLL_SECONDS: Final = 0.25
 PROBE_ATTEMPTS: Final = 3
 PROBE_RETRY_SECONDS: Final = 1.0
 """Wait before the second attempt of a probe that met a transient error (twice that before the third)."""
-TRANSIENT: Final = (kube.ApiError, aiohttp.ClientError, OSError, asyncio.TimeoutError)
+TRANSIENT: Final = kube.TRANSIENT_ERRORS
 """What a request may raise; an ApiError is transient only as `transient` says."""
 SLICE_VERSIONS: Final = ("v1", "v1beta2", "v1beta1")
 """resource.k8s.io versions to list ResourceSlices in, preferred first."""

@@ -67,6 +67,17 @@ def parse_templates(data: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         if not isinstance(manifest, Mapping) or not isinstance(manifest.get("spec"), Mapping):
             raise TemplateError(f"template {key}: not a Job manifest (no spec)")
         templates[key] = dict(manifest)
+    # Any other key may be an active check's template (spec.activeChecks[].template, the user's own):
+    # kept when it is a Job manifest, else left for the check that names it to say it is missing.
+    for key, raw in data.items():
+        if key in templates or key in TEMPLATE_KEYS or not isinstance(key, str):
+            continue
+        try:
+            manifest = yaml.safe_load(raw) if isinstance(raw, str) else raw
+        except yaml.YAMLError:
+            continue
+        if isinstance(manifest, Mapping) and isinstance(manifest.get("spec"), Mapping):
+            templates[key] = dict(manifest)
     return templates
 
 
@@ -202,6 +213,11 @@ def fill(
     job["spec"] = spec
     job.pop("status", None)
     return job
+
+
+def without_token(pod_spec: dict[str, Any], key: str) -> dict[str, Any]:
+    """`_without_token`, for the active checks' Jobs (`ladder.check.check_jobs`)."""
+    return _without_token(pod_spec, key)
 
 
 def _without_token(pod_spec: dict[str, Any], key: str) -> dict[str, Any]:

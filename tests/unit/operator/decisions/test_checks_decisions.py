@@ -332,6 +332,21 @@ def test_a_pod_the_scheduler_preempted_is_preempted_never_failed() -> None:
     assert checks.result_of(None, pod("Failed", PREEMPTED)) is Result.PREEMPTED
 
 
+def test_a_job_its_pod_failure_policy_failed_for_a_disruption_is_preempted_once_the_pod_is_gone() -> None:
+    # The check Job's podFailurePolicy fails it on the pod's DisruptionTarget condition: once the preempted
+    # pod is deleted only the Job's condition is left to tell a preemption from a failed check.
+    by_policy = {
+        "type": "Failed",
+        "status": "True",
+        "reason": "PodFailurePolicy",
+        "message": "Pod ns/check-a-x has condition DisruptionTarget matching FailJob rule at index 0",
+    }
+    assert checks.result_of(job(by_policy), None) is Result.PREEMPTED
+    assert checks.result_of(job({**by_policy, "message": "Pod ns/x has condition Other"}), None) is (
+        Result.FAILED
+    )
+
+
 def test_another_disruption_is_a_failure_not_a_preemption() -> None:
     evicted = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
     assert checks.result_of(job(FAILED), pod("Failed", evicted)) is Result.FAILED

@@ -95,6 +95,11 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.steps.domain.states[policy] = {}
     ctx.steps.domain.recorded[policy] = [{"key": "rack", "value": "r1"}]
     ctx.steps.domain.seen[(policy, node)] = ("Unhealthy", ("r1",))
+    ctx.steps.check.history[node] = [{"name": "quick", "result": "Passed"}]
+    ctx.steps.check.idle_since[node] = now
+    ctx.steps.check.recorded[f"uid-{node}"] = node
+    ctx.steps.check.dry_run_said[(policy, node)] = "quick"
+    ctx.steps.check.refused[node] = "token"
     RECORDS[node] = cache.node_record({"metadata": {"name": node}})  # held: the rest refers to it weakly
     ctx.judging.resting[node] = context.Rest(RECORDS[node].reading, 1, (), None)
 
@@ -134,6 +139,7 @@ FILLED = {
     "steps.isolate.locks",
     "steps.domain",
     "judging.resting",
+    "steps.check",
 }
 """The Context fields `fill` puts a node and a policy into."""
 
@@ -155,7 +161,7 @@ def mentions(value: Any, name: str) -> bool:
         | breakers.Breakers
         | recent.Recent
         | domain_states.DomainStates
-        | drains.Drains,
+        | drains.Drains
     ):
         return any(mentions(v, name) for v in vars(value).values())
     return False  # locks, tasks, results: leaves
@@ -262,6 +268,7 @@ def test_forget_policy_empties_every_map_of_that_policy_only() -> None:
             "steps.domain",
         }
         per_policy.add("steps.drain")  # the node's drain is "kept"'s (the last filled)
+        per_policy.add("steps.check")  # its DryRun "would check" said
         assert {name for name, value in state(ctx).items() if mentions(value, "kept")} == per_policy
         ctx.steps.drain.tasks["n"].cancel()
 
@@ -286,6 +293,7 @@ def test_forget_verdicts_keeps_the_nodes_own_memory() -> None:
             "steps.new_nodes.in_service",
             "steps.new_nodes.said",
             "steps.repair.busy_said",
+            "steps.check",  # its run history and idleness: the node still exists
             "steps.repair.validations",
             "steps.repair.gone_nodes",
         }

@@ -1,0 +1,255 @@
+"""Active checks (`spec.activeChecks`, issue 51): the step that ends and starts them, on the timer.
+
+Every timer pass (`sweep`):
+
+1. lists the check Jobs (label `keys.CHECK_LABEL`, any policy, any process: a restarted or new leader
+   adopts what runs) and their pods; a Job that ended (`checks.result_of`, also TimedOut past its timeout
+   and grace) is judged, appended to GPUNode `status.checks[]` (`check_results`), said in an Event, and
+   deleted once the status holds it;
+2. sees which selected GPU nodes run a pod using GPUs (any pod requesting `nvidia.com/gpu` or a DRA
+   claim, but a check's): a node is idle since this process first saw it without one (a new process
+   waits `idleForSeconds` again: it never checks a node whose workload it did not see end);
+3. honours on-demand requests (`check_requests`), then asks `checks.plan` which checks start: guards
+   (unschedulable, in repair or a new node's validation, excluded, GPU Operator maintenance, overridden
+   by a human), idle for `idleForSeconds`, due by `everySeconds`, never two on one node, within
+   maxConcurrent over all policies; a dry-run policy's check is a `DryRun` Event "would check";
+4. creates each Job (`check_jobs.build`: through the scheduler, every GPU, PriorityClass
+   gpu-health-check) and sets the gauges (in flight, nodes overdue).
+
+One pass's error is logged; the next pass retries (the Jobs and the status are the state).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final
+
+from gpuhealth_api import keys, vocabulary
+from gpuhealth_operator.client import events, kube
+from gpuhealth_operator.decisions import checks, model, policies, signals, times
+from gpuhealth_operator.ladder.check import check_jobs, check_requests, check_results
+from gpuhealth_operator.ladder.repair import jobs, reading
+from gpuhealth_operator.shared import context
+from gpuhealth_operator.state import pass_queue
+
+logger = logging.getLogger(__name__)
+
+Writer = Callable[[context.Context, str], Awaitable[None]]
+"""Writes a node's operator status with its check history (`reconciler.write_history`)."""
+PODS_PATH: Final = "/api/v1/pods"
+RUNNING: Final = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+def _wanting(ctx: context.Context) -> list[model.Policy]:
+    return sorted((p for p in ctx.cache.policies.values() if p.active_checks), key=lambda p: p.name)
+
+
+async def on_timer(ctx: context.Context, now: datetime.datetime, write: Writer) -> None:
+    """The timer's sweep of the checks (`ladder/steps.py`): a failed request is logged, tried next pass."""
+    try:
+        await sweep(ctx, now, write)
+    except kube.TRANSIENT_ERRORS:
+        logger.warning("the active checks' pass failed (will retry)", exc_info=True)
+
+
+async def sweep(ctx: context.Context, now: datetime.datetime, write: Writer) -> None:
+    """One timer pass (module docstring)."""
+    wanting = _wanting(ctx)
+    if not wanting and ctx.steps.check.listed and not ctx.steps.check.in_flight and not ctx.steps.check.recorded:
+        return  # nothing runs and nothing is wanted: no request at all
+    ns = reading.namespace(ctx)
+    listed = await check_jobs.list_jobs(ctx.client, ns)
+    pods = await check_jobs.list_pods(ctx.client, ns) if listed else {}
+    ctx.steps.check.listed = True
+    flying = await _end(ctx, listed, pods, now, write)
+    ctx.steps.check.in_flight = len(flying)
+    ctx.meters.checks_in_flight.set(len(flying))
+    if not wanting:
+        ctx.meters.set_checks_overdue({})
+        return
+    busy = await _busy_nodes(ctx)
+    entries = [
+        checks.PolicyChecks(p.name, p.dry_run, p.active_checks, frozenset(ctx.cache.selection(p).selected))
+        for p in wanting
+    ]
+    names = sorted(set().union(*(e.nodes for e in entries)))
+    for name in names:
+        if name in busy:
+            ctx.steps.check.idle_since.pop(name, None)
+        else:
+            ctx.steps.check.idle_since.setdefault(name, now)
+    states = [s for s in (_state(ctx, name) for name in names) if s is not None]
+    counts: dict[tuple[str, str], int] = {(e.policy, c.name): 0 for e in entries for c in e.checks}
+    for late in checks.overdue(entries, states, now):
+        counts[(late.policy, late.check)] = counts.get((late.policy, late.check), 0) + 1
+    ctx.meters.set_checks_overdue(counts)
+    requested = await check_requests.take(
+        ctx, wanting=wanting, states=states, busy=busy, flying=flying, now=now
+    )
+    taken = {f.node for f in flying} | {s.node for s, _ in requested}
+    plan = checks.plan(entries, states, [*flying, *(_flying(s) for s, _ in requested)], now)
+    starting = [*requested, *((s, None) for s in plan.start if s.node not in taken)]
+    for start, request in starting:
+        try:
+            if await _start(ctx, start, request, ns, now):
+                ctx.steps.check.in_flight += 1
+        except (kube.ApiError, jobs.TemplateError) as error:
+            logger.warning("check %s on node %s not started (will retry): %s", start.check, start.node, error)
+    ctx.meters.checks_in_flight.set(ctx.steps.check.in_flight)
+    await _dry_run(ctx, plan.would_start)
+
+
+def _flying(start: checks.Start) -> checks.InFlight:
+    return checks.InFlight(start.node, start.policy, start.check)
+
+
+async def _end(
+    ctx: context.Context,
+    listed: Sequence[Mapping[str, Any]],
+    pods: Mapping[str, Mapping[str, Any]],
+    now: datetime.datetime,
+    write: Writer,
+) -> list[checks.InFlight]:
+    """End the check Jobs that ended; the ones that run."""
+    flying: list[checks.InFlight] = []
+    ended: list[tuple[Mapping[str, Any], str]] = []
+    for job in listed:
+        meta = job.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        node, uid = str(labels.get(keys.NODE_LABEL) or ""), str(meta.get("uid") or "")
+        if uid in ctx.steps.check.recorded:
+            ended.append((job, node))  # recorded: its status write or deletion is to be done again
+            continue
+        pod = pods.get(str(meta.get("name") or ""))
+        started = times.parse(check_jobs.started_at(job))
+        result = checks.result_of(
+            job, pod, started=started, timeout_seconds=check_jobs.timeout_of(job), now=now
+        )
+        if result is None:
+            if meta.get("deletionTimestamp") is None or pod is not None:  # its pod may hold the GPUs
+                policy, check = labels.get(keys.POLICY_LABEL), labels.get(keys.CHECK_LABEL)
+                flying.append(checks.InFlight(node, str(policy or ""), str(check or "")))
+            continue
+        node, message, _ = check_results.end(ctx, job, pod, result, now)
+        ctx.steps.check.recorded[uid] = node
+        if result is vocabulary.CheckResult.PREEMPTED:
+            ctx.steps.check.idle_since.pop(node, None)  # work arrived: idle again only from when it is gone
+        logger.info("check Job %s on node %s ended: %s", meta.get("name"), node, result.value)
+        await check_results.say(ctx, node, result, message)
+        ended.append((job, node))
+    for job, node in ended:
+        meta = job.get("metadata") or {}
+        made = ctx.steps.check.history.get(node)
+        if made is not None and ctx.cache.gpunode(node) is not None:
+            await write(ctx, node)
+            # The answer to our own write is in the cache, so its watch event judges nothing: ask for a
+            # pass, in which ActiveCheckFailed is judged from the new history (and rules act on it).
+            ctx.passes.request(node, pass_queue.Ask("timer"))
+            gpunode = ctx.cache.gpunode(node)
+            stored = gpunode.status.get(check_results.STATUS_FIELD) if gpunode is not None else None
+            if stored is None or check_results.history(ctx, node) != [dict(e) for e in stored]:
+                continue  # not written (logged): written and deleted at the next pass
+        try:
+            await check_jobs.delete(ctx.client, str(meta.get("namespace")), str(meta.get("name")))
+        except kube.ApiError:
+            logger.warning("deleting check Job %s failed (will retry)", meta.get("name"), exc_info=True)
+            continue
+        ctx.steps.check.recorded.pop(str(meta.get("uid") or ""), None)
+    return flying
+
+
+def uses_gpus(pod: Mapping[str, Any]) -> bool:
+    """The pod requests GPUs (the device plugin's resource, or any DRA claim) and is not a check's."""
+    meta = pod.get("metadata") or {}
+    if keys.CHECK_LABEL in (meta.get("labels") or {}):
+        return False
+    spec = pod.get("spec") or {}
+    if spec.get("resourceClaims"):
+        return True
+    for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        resources = container.get("resources") or {}
+        for part in ("limits", "requests"):
+            value = (resources.get(part) or {}).get(keys.GPU_RESOURCE)
+            if value is not None and str(value) not in ("0", ""):
+                return True
+    return False
+
+
+async def _busy_nodes(ctx: context.Context) -> set[str]:
+    """The nodes a pod using GPUs is bound to (pods not yet ended)."""
+    found = await ctx.client.list_all(PODS_PATH, {"fieldSelector": RUNNING})
+    busy: set[str] = set()
+    for pod in found:
+        if not uses_gpus(pod):
+            continue
+        # Bound, or nominated: the scheduler preempts for it there and binds it once the victims are gone.
+        for where in (
+            (pod.get("spec") or {}).get("nodeName"),
+            (pod.get("status") or {}).get("nominatedNodeName"),
+        ):
+            if isinstance(where, str) and where:
+                busy.add(where)
+    return busy
+
+
+def _state(ctx: context.Context, name: str) -> checks.NodeState | None:
+    record = ctx.cache.node(name)
+    gpunode = ctx.cache.gpunode(name)
+    if record is None or gpunode is None:
+        return None
+    view = record.view
+    return checks.NodeState(
+        name=name,
+        idle_since=ctx.steps.check.idle_since.get(name),
+        known_since=times.parse(gpunode.created),
+        runs=check_results.runs(ctx, name),
+        schedulable=not view.unschedulable,
+        in_repair=keys.REPAIR_ANNOTATION in view.annotations or keys.UNVALIDATED_TAINT in view.taint_keys,
+        excluded=policies.excluded(view),
+        maintenance=signals.gpu_operator_maintenance(view.labels) is not None,
+        overridden=any(
+            (v := ctx.verdicts.get((p, name))) is not None and v.overridden for p in ctx.cache.policies
+        ),
+    )
+
+
+async def _start(
+    ctx: context.Context, start: checks.Start, request: str | None, ns: str, now: datetime.datetime
+) -> bool:
+    """Create the check's Job; False when one of the node's exists (it runs: adopted next pass)."""
+    record = ctx.cache.node(start.node)
+    if record is None:
+        return False
+    template = (await reading.templates(ctx, now)).get(start.template)
+    if template is None:
+        raise jobs.TemplateError(f"no Job template {start.template!r} in the repair templates")
+    gpus = record.view.gpu_capacity or len(reading.all_gpus(ctx, start.node)) or 1
+    body = check_jobs.build(template, start, namespace=ns, node_uid=record.uid, gpus=gpus, request_id=request)
+    created = await check_jobs.create(ctx.client, body)
+    logger.info(
+        "check %s (%s, policy %s) on node %s: Job %s/%s %s",
+        start.check,
+        start.template,
+        start.policy,
+        start.node,
+        ns,
+        body["metadata"]["name"],
+        "created" if created else "exists",
+    )
+    return created
+
+
+async def _dry_run(ctx: context.Context, would: Sequence[checks.Start]) -> None:
+    for start in would:
+        key = (start.policy, start.node)
+        if ctx.steps.check.dry_run_said.get(key) == start.check:
+            continue
+        ctx.steps.check.dry_run_said[key] = start.check
+        await ctx.recorder.emit(
+            events.subject(ctx.cache, start.node),
+            vocabulary.EventReason.DRY_RUN,
+            f"Dry run: policy {start.policy} would check node {start.node} with active check {start.check} "
+            f"(template {start.template}, timeout {start.timeout_seconds:g}s).",
+        )

@@ -1,0 +1,59 @@
+"""What the active-check step remembers between timer passes (`ctx.steps.check`): one object, emptied of
+a node or a policy by `forget_verdicts` / `forget_node` / `forget_policy` only.
+
+Nothing here is needed after a restart: the check Jobs in flight are listed from the cluster (adopted),
+the run history is GPUNode `status.checks[]`, and idleness is seen again (a new process waits
+`idleForSeconds` from its first sighting: it never checks a node whose workload it did not see end).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from typing import Any
+
+
+@dataclasses.dataclass(eq=False)
+class CheckMemory:
+    history: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    """node → its GPUNode `status.checks[]` as this process last made it, written with the node's next
+    status; absent: the status as stored is the history."""
+
+    idle_since: dict[str, datetime.datetime] = dataclasses.field(default_factory=dict)
+    """node → since when this process has seen no pod using GPUs on it (absent: one runs, or not seen)."""
+
+    recorded: dict[str, str] = dataclasses.field(default_factory=dict)
+    """check Job UID → node: runs recorded whose Job is still to be deleted (recorded once, deleted again
+    until it goes). Forgotten with the node: its Jobs are owned by the Node, the garbage collector's."""
+
+    dry_run_said: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
+    """(policy, node) → the check its DryRun "would check" Event named: said once per check due."""
+
+    refused: dict[str, str] = dataclasses.field(default_factory=dict)
+    """node → the token of the on-demand request refused last (its annotation's removal may lag)."""
+
+    in_flight: int = 0
+    """Check Jobs running as the last pass counted them (none, with no policy wanting checks: no list)."""
+
+    listed: bool = False
+    """Whether this process listed the check Jobs yet: a new leader lists (adopts) them before it plans,
+    even with no policy with activeChecks (a deleted policy's check still ends and is recorded)."""
+
+    def forget_verdicts(self, name: str) -> None:
+        """No policy selects the node now: its dry runs are said again if one does; its runs are kept
+        (the history is the GPUNode's, and a check in flight still ends and is recorded)."""
+        for key in [k for k in self.dry_run_said if k[1] == name]:
+            del self.dry_run_said[key]
+
+    def forget_node(self, name: str) -> None:
+        self.history.pop(name, None)
+        self.idle_since.pop(name, None)
+        self.refused.pop(name, None)
+        for uid in [u for u, node in self.recorded.items() if node == name]:
+            del self.recorded[uid]
+        for key in [k for k in self.dry_run_said if k[1] == name]:
+            del self.dry_run_said[key]
+
+    def forget_policy(self, name: str) -> None:
+        for key in [k for k in self.dry_run_said if k[0] == name]:
+            del self.dry_run_said[key]

@@ -1,0 +1,184 @@
+"""The active-check integration tests' Job side: a templates ConfigMap with a check template, the chart's
+PriorityClass, and the test playing the node (listing a node's check Jobs, ending a check's pod as a
+kubelet would, with a termination message).
+
+kwok runs check pods (label `gpuhealth.io/check`) and leaves them Running (its stages): only the test
+(or the simulated fleet's executor) ends them; kube-scheduler binds and preempts them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any, Final
+
+import pytest
+import yaml
+from kubernetes import client
+
+import operator_harness
+import repair_jobs
+from gpuhealth_api import keys
+from gpuhealth_sim import waiting
+from gpuhealth_sim.fleet import repairs
+
+TEMPLATES: Final = repair_jobs.TEMPLATES
+TEMPLATE: Final = "QuickTest"
+"""The check template the tests' policies name: a pause container (kwok runs nothing)."""
+TIMEOUT: Final = 30.0
+PRIORITY_CLASS: Final = "gpu-health-check"
+
+
+def check_template() -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"labels": {"template": TEMPLATE}},
+            "spec": {
+                "template": {
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "check",
+                                "image": "registry.k8s.io/pause:3.10",
+                                "resources": {"limits": {keys.GPU_RESOURCE: "1"}},
+                            }
+                        ]
+                    }
+                }
+            },
+        }
+    )
+
+
+def ensure_priority_class(k8s: client.ApiClient) -> None:
+    """The chart's PriorityClass of check pods (one per cluster: shared by every test module)."""
+    body = {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": PRIORITY_CLASS},
+        "value": -100,
+        "preemptionPolicy": "Never",
+        "description": "gpu-health active checks: below every workload",
+    }
+    with contextlib.suppress(client.ApiException):
+        client.SchedulingV1Api(k8s).create_priority_class(body)
+
+
+def jobs_namespace_fixture(prefix: str) -> Any:
+    """A module fixture `jobs_namespace`: a namespace holding the TEMPLATES ConfigMap (the repair
+    templates and TEMPLATE), and the PriorityClass; the namespace is deleted after the module."""
+
+    @pytest.fixture(scope="module", name="jobs_namespace")
+    def jobs_namespace(k8s: client.ApiClient) -> Iterator[str]:
+        ensure_priority_class(k8s)
+        name = f"{prefix}-{secrets.token_hex(3)}"
+        core = client.CoreV1Api(k8s)
+        core.create_namespace(body={"metadata": {"name": name}})
+        waiting.wait_until(
+            lambda: core.read_namespaced_service_account("default", name),
+            timeout_seconds=30,
+            message="service account default",
+        )
+        data = {key: repair_jobs.job_template(key) for key in ("ResetGPU", "RebootNode", "Validation")}
+        data[TEMPLATE] = check_template()
+        core.create_namespaced_config_map(name, {"metadata": {"name": TEMPLATES}, "data": data})
+        try:
+            yield name
+        finally:
+            core.delete_namespace(name)
+
+    return jobs_namespace
+
+
+def active_check(**overrides: Any) -> dict[str, Any]:
+    """A check every minute (the CRD's minimum) on nodes idle for 1 s, of TEMPLATE."""
+    return {
+        "name": "quick",
+        "template": TEMPLATE,
+        "everySeconds": 60,
+        "idleForSeconds": 1,
+        "timeoutSeconds": 60,
+        "maxConcurrent": 10,
+        **overrides,
+    }
+
+
+def check_policy(fleet: operator_harness.Fleet, *checks: Mapping[str, Any], **spec: Any) -> None:
+    fleet.policy(
+        fleet.label,
+        {
+            "maxUnavailable": "100%",
+            # A rule is required; this one never fires on the tests' healthy facts.
+            "rules": [{"name": "ecc", "condition": "EccUncorrectable", "action": "Event"}],
+            "activeChecks": [dict(c) for c in checks or (active_check(),)],
+            **spec,
+        },
+    )
+
+
+def jobs(k8s: client.ApiClient, namespace: str, node: str | None = None) -> list[dict[str, Any]]:
+    """The check Jobs (of `node`, or all) not being deleted."""
+    selector = keys.CHECK_LABEL + (f",{keys.NODE_LABEL}={node}" if node else "")
+    listed = client.BatchV1Api(k8s).list_namespaced_job(
+        namespace, label_selector=selector, _preload_content=False
+    )
+    items: list[dict[str, Any]] = yaml.safe_load(listed.data)["items"]
+    return [j for j in items if not j["metadata"].get("deletionTimestamp")]
+
+
+def wait_job(k8s: client.ApiClient, namespace: str, node: str) -> dict[str, Any]:
+    waiting.wait_until(
+        lambda: jobs(k8s, namespace, node), timeout_seconds=TIMEOUT, message=f"{node}: a check Job"
+    )
+    (job,) = jobs(k8s, namespace, node)
+    return job
+
+
+def bound_pod(k8s: client.ApiClient, namespace: str, job: Mapping[str, Any]) -> dict[str, Any]:
+    """The Job's pod once the scheduler bound it and kwok runs it."""
+    selector = f"job-name={job['metadata']['name']}"
+
+    def running() -> dict[str, Any] | None:
+        listed = client.CoreV1Api(k8s).list_namespaced_pod(
+            namespace, label_selector=selector, _preload_content=False
+        )
+        for pod in yaml.safe_load(listed.data)["items"]:
+            if pod["spec"].get("nodeName") and (pod.get("status") or {}).get("phase") == "Running":
+                return dict(pod)
+        return None
+
+    pod: dict[str, Any] = waiting.wait_until(
+        running, timeout_seconds=TIMEOUT, message=f"the pod of {job['metadata']['name']} bound and Running"
+    )
+    return pod
+
+
+def end(
+    k8s: client.ApiClient, namespace: str, job: Mapping[str, Any], *, ok: bool, message: str = ""
+) -> None:
+    """Play the node: the check's pod exits (0 or 1) with `message` as its termination message."""
+    pod = bound_pod(k8s, namespace, job)
+    outcome = repairs.Outcome(ok, 0 if ok else 1, message)
+    client.CoreV1Api(k8s).patch_namespaced_pod_status(
+        pod["metadata"]["name"],
+        namespace,
+        repairs.terminal_status(pod, outcome, time.time()),
+        _content_type="application/merge-patch+json",
+    )
+
+
+def runs(fleet: operator_harness.Fleet, node: str) -> list[dict[str, Any]]:
+    """The node's GPUNode `status.checks[]`."""
+    return list((fleet.gpunode(node).get("status") or {}).get("checks") or [])
+
+
+def wait_run(fleet: operator_harness.Fleet, node: str, result: str, count: int = 1) -> list[dict[str, Any]]:
+    return waiting.wait_until(
+        lambda: (found := [r for r in runs(fleet, node) if r.get("result") == result])[count - 1 :] and found,
+        timeout_seconds=TIMEOUT,
+        message=f"{node}: {count} run(s) {result} in status.checks[]",
+    )
