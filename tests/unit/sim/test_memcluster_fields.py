@@ -20,7 +20,6 @@ from gpuhealth_operator.ladder.check import memory
 from gpuhealth_operator.ladder.isolate import isolating
 from gpuhealth_operator.runtime import reconciler
 from gpuhealth_operator.shared import context
-from gpuhealth_operator.state import check_memory
 from gpuhealth_sim.backtest import memcluster, tracerecord
 from gpunode_facts import verdict
 

@@ -37,6 +37,7 @@ NOT_STATE |= {"steps.isolate.discovery"}  # what discovery says of DeviceTaintRu
 NOT_STATE |= {"steps.repair.templates"}  # the repair Job templates, cluster-wide
 NOT_STATE |= {"status.marks", "status.gpus_marks"}  # what the policy status counted, snapshots
 NOT_STATE |= {"judging.straggler_cohorts"}  # `cohorts`: follows the selections and policies at the next tick
+NOT_STATE |= {"steps.check.in_flight", "steps.check.listed"}  # counts of the last pass, no names
 NOT_STATE |= {"passes"}  # asked passes: each runs once and finds a forgotten node gone (no memory kept)
 """Context fields that hold no per-node or per-policy memory (the cache and the agent pods, views of
 the cluster, are tested on their own)."""
@@ -139,7 +140,11 @@ FILLED = {
     "steps.isolate.locks",
     "steps.domain",
     "judging.resting",
-    "steps.check",
+    "steps.check.history",
+    "steps.check.idle_since",
+    "steps.check.recorded",
+    "steps.check.dry_run_said",
+    "steps.check.refused",
 }
 """The Context fields `fill` puts a node and a policy into."""
 
@@ -268,7 +273,7 @@ def test_forget_policy_empties_every_map_of_that_policy_only() -> None:
             "steps.domain",
         }
         per_policy.add("steps.drain")  # the node's drain is "kept"'s (the last filled)
-        per_policy.add("steps.check")  # its DryRun "would check" said
+        per_policy.add("steps.check.dry_run_said")  # its DryRun "would check" said
         assert {name for name, value in state(ctx).items() if mentions(value, "kept")} == per_policy
         ctx.steps.drain.tasks["n"].cancel()
 
@@ -293,7 +298,10 @@ def test_forget_verdicts_keeps_the_nodes_own_memory() -> None:
             "steps.new_nodes.in_service",
             "steps.new_nodes.said",
             "steps.repair.busy_said",
-            "steps.check",  # its run history and idleness: the node still exists
+            "steps.check.history",  # its run history and idleness: the node still exists
+            "steps.check.idle_since",
+            "steps.check.recorded",
+            "steps.check.refused",
             "steps.repair.validations",
             "steps.repair.gone_nodes",
         }
