@@ -3,7 +3,8 @@
 Every second the timer (`runtime/ticker.py`) judges the due nodes and walks them down the ladder
 (`remediation`); then it gives each step below its timer sweep, in this order: what time alone
 changes for that step (a breaker's announcement, a repair that must stop, a new node to validate,
-a Job whose Node went, the active checks ended and started, a deleted policy's DeviceTaintRules, a domain's recovery). A sweep returns
+a Job whose Node went, the active checks ended and started, a deleted policy's DeviceTaintRules,
+a domain's recovery). A sweep returns
 the nodes whose GPUNode status must be written after it (a cancelled repair's history: no pass may
 write it), or None.
 
@@ -18,7 +19,6 @@ import datetime
 from collections.abc import Awaitable, Callable, Iterable
 
 from gpuhealth_operator.ladder.check import checking
-
 from gpuhealth_operator.ladder.cordon import pausing
 from gpuhealth_operator.ladder.domain import domain_actions
 from gpuhealth_operator.ladder.isolate import isolation_sweep

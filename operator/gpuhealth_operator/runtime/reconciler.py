@@ -34,8 +34,6 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import aiohttp
-
 from gpuhealth_api import heartbeats, vocabulary
 from gpuhealth_operator.client import events, kube, nodes, status
 from gpuhealth_operator.decisions import (

@@ -146,7 +146,8 @@ def end(
     if isinstance(request, str) and request:
         entry["requestId"] = request
     listed = [*history(ctx, node), entry]
-    ctx.steps.check.history[node] = sorted(listed, key=lambda e: str(e.get("time")))[-check_runs.HISTORY_LIMIT :]
+    by_time = sorted(listed, key=lambda e: str(e.get("time")))
+    ctx.steps.check.history[node] = by_time[-check_runs.HISTORY_LIMIT :]
     ctx.meters.checks.labels(policy_name, check, judged.value).inc()
     gpus, seconds = _gpu_seconds(pod, now)
     ctx.meters.check_gpu_seconds.labels(policy_name, check).inc(

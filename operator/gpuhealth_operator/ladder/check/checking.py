@@ -57,7 +57,8 @@ async def on_timer(ctx: context.Context, now: datetime.datetime, write: Writer) 
 async def sweep(ctx: context.Context, now: datetime.datetime, write: Writer) -> None:
     """One timer pass (module docstring)."""
     wanting = _wanting(ctx)
-    if not wanting and ctx.steps.check.listed and not ctx.steps.check.in_flight and not ctx.steps.check.recorded:
+    memory = ctx.steps.check
+    if not wanting and memory.listed and not memory.in_flight and not memory.recorded:
         return  # nothing runs and nothing is wanted: no request at all
     ns = reading.namespace(ctx)
     listed = await check_jobs.list_jobs(ctx.client, ns)

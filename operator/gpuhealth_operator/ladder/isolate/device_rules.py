@@ -14,8 +14,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Final
 
-import aiohttp
-
 from gpuhealth_api import keys
 from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import device_taints, isolation

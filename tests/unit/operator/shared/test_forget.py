@@ -166,7 +166,7 @@ def mentions(value: Any, name: str) -> bool:
         | breakers.Breakers
         | recent.Recent
         | domain_states.DomainStates
-        | drains.Drains
+        | drains.Drains,
     ):
         return any(mentions(v, name) for v in vars(value).values())
     return False  # locks, tasks, results: leaves
