@@ -50,6 +50,7 @@ OPERATOR_STATUS_FIELDS: Final = frozenset(
         "straggler",
         reconciler.POLICIES_FIELD,
         reading.STATUS_FIELD,
+        "checks",  # the active checks' runs (`ladder.check.check_results.STATUS_FIELD`)
         *isolating.STATUS_FIELDS,
     }
 )

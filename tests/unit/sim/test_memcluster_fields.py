@@ -19,6 +19,7 @@ from gpuhealth_operator.decisions import isolation, model
 from gpuhealth_operator.ladder.isolate import isolating
 from gpuhealth_operator.runtime import reconciler
 from gpuhealth_operator.shared import context
+from gpuhealth_operator.state import check_memory
 from gpuhealth_sim.backtest import memcluster, tracerecord
 from gpunode_facts import verdict
 
@@ -39,6 +40,9 @@ def _everything_written() -> dict[str, Any]:
         },
         cache=types.SimpleNamespace(gpunode=lambda _: None),
         repair_history={name: [{"time": "2026-11-26T15:00:00Z", "cycle": 1, "result": "Started"}]},
+        checks=check_memory.CheckMemory(
+            history={name: [{"name": "quick", "time": "2026-11-26T16:00:00Z", "result": "Passed"}]}
+        ),
     )
     policy_a, policy_b = model.Policy(name="a"), model.Policy(name="b", dry_run=True)
     judged = verdict(node=name)
@@ -63,7 +67,8 @@ def _crd_status_fields() -> set[str]:
 
 def test_every_field_the_operator_writes_survives_an_agent_report() -> None:
     written = _everything_written()
-    assert {reconciler.POLICIES_FIELD, "straggler", "repairs", *isolating.STATUS_FIELDS} <= set(written)
+    owned = {reconciler.POLICIES_FIELD, "straggler", "repairs", "checks", *isolating.STATUS_FIELDS}
+    assert owned <= set(written)
     assert set(written) <= memcluster.OPERATOR_STATUS_FIELDS
 
     cluster = memcluster.MemoryKube()

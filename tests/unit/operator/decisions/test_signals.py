@@ -253,9 +253,10 @@ def test_stale_agent_makes_every_fact_unknown() -> None:
     got = signals.raw_signals(facts, model.NodeView(name="n"), XIDS, NOW, 3600)
     assert got[Condition.AGENT_STALE].present is True
     agent = (Condition.AGENT_STALE, Condition.AGENT_ERROR, Condition.GPU_OPERATOR_MAINTENANCE)
-    assert {c: s.present for c, s in got.items() if c not in agent} == dict.fromkeys(
-        signals.FACT_CONDITIONS, None
-    )
+    assert {c: s.present for c, s in got.items() if c not in agent} == {
+        **dict.fromkeys(signals.FACT_CONDITIONS, None),
+        Condition.ACTIVE_CHECK_FAILED: False,  # the operator's own evidence: no run failed
+    }
 
 
 def test_gpus_not_reported_yet_is_unknown_not_lost() -> None:
@@ -281,7 +282,7 @@ def test_garbage_fields_are_no_fault() -> None:
     facts: Any = {"agent": _agent(), "gpus": [gpu, "not a gpu"]}
     got = signals.raw_signals(facts, model.NodeView(name="n"), XIDS, NOW)
     assert {c: s.present for c, s in got.items()} == dict.fromkeys(
-        (*signals.FACT_CONDITIONS, *verdicts.BLIND),
+        (*signals.FACT_CONDITIONS, *verdicts.BLIND, Condition.ACTIVE_CHECK_FAILED),
         False,
     )
 
