@@ -111,6 +111,7 @@ bench: venv testbin ## Run the benchmarks and print their results (see bench/RES
 	$(BENCH_PATH) $(PY) bench/backtest_quality.py
 	$(BENCH_PATH) KUBEBUILDER_ASSETS="$(TESTBIN)" $(PY) bench/operator_scale.py
 	$(BENCH_PATH) KUBEBUILDER_ASSETS="$(TESTBIN)" $(PY) bench/repair_time.py
+	$(BENCH_PATH) KUBEBUILDER_ASSETS="$(TESTBIN)" $(PY) bench/checks_coverage.py
 	$(BENCH_PATH) $(PY) bench/fleet_model.py --largest-minutes 5
 
 .PHONY: bench-quick
