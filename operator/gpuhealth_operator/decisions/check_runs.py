@@ -69,9 +69,28 @@ def runs_of(entries: object) -> tuple[Run, ...]:
     return tuple(sorted(runs, key=lambda r: r.time))
 
 
-def check_failed(runs: Sequence[Run]) -> Failing | None:
-    """ActiveCheckFailed: true from a failed run of a check until a later run of that check passes.
+VALIDATED: Final = vocabulary.RepairResult.VALIDATION_PASSED.value
+"""A GPUNode `status.repairs[]` result that clears every check failed before it (`check_failed`)."""
 
+
+def validations_of(entries: object) -> tuple[datetime.datetime, ...]:
+    """When the node's repair validations passed (GPUNode `status.repairs[]`, result ValidationPassed);
+    an entry without a time is left out (missing data clears nothing)."""
+    if not isinstance(entries, Sequence) or isinstance(entries, str):
+        return ()
+    found = (
+        times.parse(e.get("time")) for e in entries if isinstance(e, Mapping) and e.get("result") == VALIDATED
+    )
+    return tuple(sorted(t for t in found if t is not None))
+
+
+def check_failed(runs: Sequence[Run], validated: Sequence[datetime.datetime] = ()) -> Failing | None:
+    """ActiveCheckFailed: true from a failed run of a check until a later run of that check passes, or a
+    later repair validation passes (`validated`, `validations_of`).
+
+    A validation clears it because it is the node's check too (DCGM diag -r 2 on every GPU, at least as
+    thorough as a quick check), and the only one that can: a failure drains the node, and no check runs
+    on a cordoned node. A failed run after the validation sets it again.
     Preempted and TimedOut runs change nothing: a preemption is the job's right, and a timeout says the
     check did not finish (an image pull, a slow start), not that a GPU failed; missing data is not a fault.
     The earliest failing check is named."""
@@ -79,10 +98,14 @@ def check_failed(runs: Sequence[Run]) -> Failing | None:
     for name in sorted({r.check for r in runs}):
         since: datetime.datetime | None = None
         for item in sorted((r for r in runs if r.check == name), key=lambda r: r.time):
+            if since is not None and any(since < v <= item.time for v in validated):
+                since = None  # a validation passed between the failure and this run
             if item.result is Result.PASSED:
                 since = None
             elif item.result is Result.FAILED and since is None:
                 since = item.time
+        if since is not None and any(v > since for v in validated):
+            since = None  # a validation passed after the last failure
         if since is not None:
             failing.append(Failing(check=name, since=since))
     return min(failing, key=lambda f: (f.since, f.check)) if failing else None

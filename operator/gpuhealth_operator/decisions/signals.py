@@ -125,12 +125,20 @@ def raw_signals(
     return signals | judged
 
 
+REPAIRS_FIELD: Final = "repairs"
+"""GPUNode `status.repairs[]`: its ValidationPassed entries clear ActiveCheckFailed (`check_runs`)."""
+
+
 def active_check_signal(facts: status.GPUNodeStatus) -> model.Signal:
     """ActiveCheckFailed from the node's check history (`check_runs.check_failed`): the operator's own
     evidence, stored in the cluster, so judged whatever the agent's state and after a restart."""
     condition = Condition.ACTIVE_CHECK_FAILED
-    failing = check_runs.check_failed(check_runs.runs_of(facts.get(check_runs.STATUS_FIELD)))
+    runs = check_runs.runs_of(facts.get(check_runs.STATUS_FIELD))
+    validated = check_runs.validations_of(facts.get(REPAIRS_FIELD))
+    failing = check_runs.check_failed(runs, validated)
     if failing is None:
+        if check_runs.check_failed(runs) is not None:
+            return model.Signal(condition, False, "cleared by a repair validation that passed after it")
         return model.Signal(condition, False, "no active check failed since its last pass")
     return model.Signal(
         condition, True, f"active check {failing.check} failed at {times.render(failing.since)}"

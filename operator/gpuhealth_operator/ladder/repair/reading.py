@@ -175,10 +175,15 @@ def faulty_gpus(
         verdict.issues
     )
     found = isolation.attribute(gpunode.status, record.view, wanted, critical_xids=policies.rule_xids(policy))
-    return sorted(
-        ((g.index, g.uuid) for g in found.gpus if g.uuid is not None),
-        key=lambda g: (g[0] is None, g[0] or 0, g[1]),
-    )
+    faults = {(g.index, g.uuid) for g in found.gpus if g.uuid is not None}
+    if vocabulary.Condition.ACTIVE_CHECK_FAILED in wanted:
+        # A check runs on every GPU of the node and its verdict names none: each is the failed run's suspect.
+        faults |= {
+            (f.index, f.uuid)
+            for g in isolation.listed_gpus(gpunode.status)
+            if (f := isolation.gpu_fault(g, ())).uuid
+        }
+    return sorted(((i, u) for i, u in faults if u is not None), key=lambda g: (g[0] is None, g[0] or 0, g[1]))
 
 
 def reset_gpus(
@@ -252,6 +257,10 @@ def report(
     judged = True
     for rule in policy.rules:
         if isolation.node_action(rule.action) not in vocabulary.DISRUPTIVE_ACTIONS:
+            continue
+        if rule.condition is vocabulary.Condition.ACTIVE_CHECK_FAILED:
+            # Its evidence is a check run, never an agent report, and no check runs on the cordoned node:
+            # counted here it would hold every step NoEffect. The validation is its run (`check_runs`).
             continue
         if isinstance(rule.condition, vocabulary.NodeCondition):
             if _written_before(record.condition_written.get(rule.condition.node_type), booted, now):

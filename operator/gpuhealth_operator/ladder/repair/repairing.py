@@ -249,6 +249,16 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
             verdict.wanted_action in vocabulary.DISRUPTIVE_ACTIONS
             or verdict.health not in (vocabulary.Health.HEALTHY, vocabulary.Health.DEGRADED)
         ):
+            if _check_failed(verdict) and not _validated(ctx, name, state):
+                # Only this validation clears ActiveCheckFailed (`check_runs.check_failed`): record it now,
+                # and return the node on a later pass, once the verdict is judged from a status that holds
+                # the record (this pass writes it). Uncordoned first, the old failure would cordon again.
+                _note_passed(ctx, name, now, state, step, action.key, transition.message)
+                await ctx.recorder.emit(
+                    events.subject(ctx.cache, name),
+                    vocabulary.EventReason.VALIDATION_PASSED,
+                    f"Validation after step {step.name} ({step.action.value}) passed: {transition.message}.",
+                )
             return outcomes.Handled(NodeAction.VALIDATING)  # the verdict catches up with the report next pass
     kind = action.key
     subject = events.subject(ctx.cache, name)
@@ -298,21 +308,13 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
         launched = await stepping.launch(ctx, policy, spec, name, validating, verdict, now)
         return launched if launched is not None else outcomes.Handled(NodeAction.VALIDATING)
     if transition.outcome is repair.Outcome.PASSED:
-        records.note(
-            ctx,
-            name,
-            now,
-            state,
-            step=step.name,
-            action=kind,
-            result=Result.VALIDATION_PASSED,
-            message=transition.message,
-        )
-        await ctx.recorder.emit(
-            subject,
-            vocabulary.EventReason.VALIDATION_PASSED,
-            f"Validation after step {step.name} ({step.action.value}) passed: {transition.message}.",
-        )
+        if not _validated(ctx, name, state):  # else recorded and said by the pass that cleared a check
+            _note_passed(ctx, name, now, state, step, kind, transition.message)
+            await ctx.recorder.emit(
+                subject,
+                vocabulary.EventReason.VALIDATION_PASSED,
+                f"Validation after step {step.name} ({step.action.value}) passed: {transition.message}.",
+            )
         records.observe_duration(ctx, state, "returned", now)
         await ctx.recorder.emit(
             subject,
@@ -330,6 +332,33 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
             return outcomes.Handled(NodeAction.DRAINED)
         return outcomes.Handled(NodeAction.VALIDATING, returned=True)
     return await stepping.failed(ctx, policy, spec, name, state, verdict, transition, now)
+
+
+def _check_failed(verdict: model.NodeVerdict) -> bool:
+    state = verdict.conditions.get(vocabulary.Condition.ACTIVE_CHECK_FAILED)
+    return state is not None and state.status == "True"
+
+
+def _validated(ctx: context.Context, name: str, state: repair.State) -> bool:
+    """Whether the cycle's ValidationPassed is in the node's history already."""
+    return any(
+        e.get("cycle") == state.cycle and e.get("result") == Result.VALIDATION_PASSED
+        for e in reading.history(ctx, name)
+    )
+
+
+def _note_passed(  # noqa: PLR0917 - the entry's parts
+    ctx: context.Context,
+    name: str,
+    now: datetime.datetime,
+    state: repair.State,
+    step: model.RepairStep,
+    kind: str,
+    message: str,
+) -> None:
+    records.note(
+        ctx, name, now, state, step=step.name, action=kind, result=Result.VALIDATION_PASSED, message=message
+    )
 
 
 async def cancel(

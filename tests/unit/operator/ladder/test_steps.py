@@ -18,6 +18,7 @@ def test_the_registered_steps_in_order() -> None:
         "repair",
         "new_nodes",
         "orphan_jobs",
+        "check",
         "isolate",
         "domain",
     ]
