@@ -27,7 +27,7 @@ from gpuhealth_sim.controlplane import binaries, local
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 SIM = Path(sys.executable).parent / "gpu-health-sim"
-DEMO_NODES = [f"gpu-node-{i}" for i in range(13)]
+DEMO_NODES = [f"gpu-node-{i}" for i in range(15)]
 USERS_NODE = "users-node-1"
 USERS_NAMESPACE = "team-a"
 CRDS = [f"{resources.GPUNODE_PLURAL}.{resources.GROUP}", f"{resources.POLICY_PLURAL}.{resources.GROUP}"]
@@ -181,7 +181,7 @@ def test_ctrl_c_mid_demo_removes_everything(
     )
     assert demo.process.poll() is None, demo.text
     nodes = client.CoreV1Api(k8s).list_node(label_selector="gpuhealth.io/demo=true").items
-    assert len(nodes) == 13, demo.text
+    assert len(nodes) == len(DEMO_NODES), demo.text
     demo.process.send_signal(signal.SIGINT)
     code = demo.wait(timeout=240)
     assert code == 130, demo.text

@@ -58,12 +58,14 @@ async def sweep(ctx: context.Context, now: datetime.datetime, write: Writer) -> 
     """One timer pass (module docstring)."""
     wanting = _wanting(ctx)
     memory = ctx.steps.check
-    if not wanting and memory.listed and not memory.in_flight and not memory.recorded:
-        return  # nothing runs and nothing is wanted: no request at all
+    if not wanting and not memory.in_flight and not memory.recorded:
+        # Nothing is wanted and this process started nothing: no request at all. The chart grants no
+        # right to list Jobs until checks or repair are enabled; a sweep that listed them anyway would be
+        # refused every second. (A check of a policy deleted while no replica led ends by its deadline.)
+        return
     ns = reading.namespace(ctx)
     listed = await check_jobs.list_jobs(ctx.client, ns)
     pods = await check_jobs.list_pods(ctx.client, ns) if listed else {}
-    ctx.steps.check.listed = True
     flying = await _end(ctx, listed, pods, now, write)
     ctx.steps.check.in_flight = len(flying)
     ctx.meters.checks_in_flight.set(len(flying))

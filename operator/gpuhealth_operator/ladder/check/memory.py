@@ -35,10 +35,6 @@ class CheckMemory:
     in_flight: int = 0
     """Check Jobs running as the last pass counted them (none, with no policy wanting checks: no list)."""
 
-    listed: bool = False
-    """Whether this process listed the check Jobs yet: a new leader lists (adopts) them before it plans,
-    even with no policy with activeChecks (a deleted policy's check still ends and is recorded)."""
-
     def forget_verdicts(self, name: str) -> None:
         """No policy selects the node now: its dry runs are said again if one does; its runs are kept
         (the history is the GPUNode's, and a check in flight still ends and is recorded)."""

@@ -37,7 +37,7 @@ NOT_STATE |= {"steps.isolate.discovery"}  # what discovery says of DeviceTaintRu
 NOT_STATE |= {"steps.repair.templates"}  # the repair Job templates, cluster-wide
 NOT_STATE |= {"status.marks", "status.gpus_marks"}  # what the policy status counted, snapshots
 NOT_STATE |= {"judging.straggler_cohorts"}  # `cohorts`: follows the selections and policies at the next tick
-NOT_STATE |= {"steps.check.in_flight", "steps.check.listed"}  # counts of the last pass, no names
+NOT_STATE |= {"steps.check.in_flight"}  # a count of the last pass, no names
 NOT_STATE |= {"passes"}  # asked passes: each runs once and finds a forgotten node gone (no memory kept)
 """Context fields that hold no per-node or per-policy memory (the cache and the agent pods, views of
 the cluster, are tested on their own)."""
