@@ -19,6 +19,7 @@ import gpunode_facts
 import operator_fixtures
 import operator_harness
 import repair_jobs
+from check_jobs import condition
 from gpuhealth_api import keys
 from gpuhealth_sim import waiting
 
@@ -30,13 +31,6 @@ operator = operator_fixtures.operator_fixture(
     "checks-repair", lambda request: [*operator_harness.QUICK_TIMER, repair_jobs.templates_flag(request)]
 )
 fleet = operator_fixtures.fleet_fixture("chr")
-
-
-def condition(fleet: operator_harness.Fleet, node: str, kind: str) -> dict[str, object] | None:
-    found = [
-        c for c in (fleet.gpunode(node).get("status") or {}).get("conditions") or [] if c["type"] == kind
-    ]
-    return found[0] if found else None
 
 
 def repair_job(

@@ -18,6 +18,7 @@ import check_jobs
 import operator_fixtures
 import operator_harness
 import repair_jobs
+from check_jobs import condition
 from gpuhealth_api import keys
 from gpuhealth_sim import waiting
 
@@ -29,13 +30,6 @@ operator = operator_fixtures.operator_fixture(
     "checks-run", lambda request: [*operator_harness.QUICK_TIMER, repair_jobs.templates_flag(request)]
 )
 fleet = operator_fixtures.fleet_fixture("chk")
-
-
-def condition(fleet: operator_harness.Fleet, node: str, kind: str) -> dict[str, object] | None:
-    found = [
-        c for c in (fleet.gpunode(node).get("status") or {}).get("conditions") or [] if c["type"] == kind
-    ]
-    return found[0] if found else None
 
 
 def test_an_idle_node_is_checked_through_the_scheduler_and_its_pass_recorded(

@@ -171,6 +171,14 @@ def end(
     )
 
 
+def condition(fleet: operator_harness.Fleet, node: str, kind: str) -> dict[str, object] | None:
+    """The GPUNode's status condition of type `kind` (ActiveCheckFailed), or None while it has none."""
+    found = [
+        c for c in (fleet.gpunode(node).get("status") or {}).get("conditions") or [] if c["type"] == kind
+    ]
+    return found[0] if found else None
+
+
 def runs(fleet: operator_harness.Fleet, node: str) -> list[dict[str, Any]]:
     """The node's GPUNode `status.checks[]`."""
     return list((fleet.gpunode(node).get("status") or {}).get("checks") or [])
