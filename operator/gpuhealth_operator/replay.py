@@ -4,10 +4,12 @@ A replay (`gpuhealth_sim.backtest.replayer`) runs the live operator's own
 code, not a copy of it: `Operator` is one term of the operator over any `kube.Client`
 (the in-memory cluster, in a backtest) with the replay's clock instead of the
 wall clock. The replay hands it the watch events kopf would have delivered
-(Node, GPUNode, GPUHealthPolicy, agent Pod), runs the timer's pass when its
-simulated clock says so, and reads back what it reports on: which nodes a
-policy selects, the budget it resolved, whether a node's agent pod is Ready.
-What the operator wrote, it reads from its cluster client.
+(Node, GPUNode, GPUHealthPolicy, agent Pod) and the active checks' runs a
+recording saw end (`check_run`: a replay runs no check Jobs, so the check
+step is off there), runs the timer's pass when its simulated clock says so,
+and reads back what it reports on: which nodes a policy selects, the budget
+it resolved, whether a node's agent pod is Ready. What the operator wrote, it
+reads from its cluster client.
 
 The simulator imports of the operator only this module, `kube`, `settings`
 and the pure `decisions` (an import contract holds it to that), so the
@@ -28,11 +30,12 @@ import kopf
 from gpuhealth_api import keys
 from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import policies
+from gpuhealth_operator.ladder.check import check_results
 from gpuhealth_operator.ladder.isolate import isolating
 from gpuhealth_operator.ladder.repair import reading
 from gpuhealth_operator.runtime import handlers, passes, reconciler, ticker
 from gpuhealth_operator.shared import context, metrics, settings
-from gpuhealth_operator.state import agent_pods, cohorts, compaction
+from gpuhealth_operator.state import agent_pods, cohorts, compaction, pass_queue
 
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 """A watch event's type, as kopf hands it to a handler."""
@@ -91,7 +94,10 @@ class Operator:
         straggler_window: bool = True,
     ) -> None:
         # No release ask: the recorded agents answered the live operator's, not the replay's (issue 48).
-        config = settings.Settings(agent_pod_namespace=agent_pod_namespace, release_gpus=False)
+        # No check Jobs either: none runs in a replay; the recorded runs come through `check_run`.
+        config = settings.Settings(
+            agent_pod_namespace=agent_pod_namespace, release_gpus=False, run_checks=False
+        )
         self._ctx = context.Context.create(config, client, metrics.Metrics.create(), instance=instance)
         self._ctx.clock = clock
         self._ctx.judging.straggler_cohorts.observer = straggler_observer
@@ -114,6 +120,23 @@ class Operator:
     async def agent_pod_event(self, kind: EventType, body: dict[str, Any]) -> None:
         """An agent Pod watch event (its node and Ready condition): the agent's liveness."""
         await handlers.on_agent_pod(_event(kind, body), memo=self._ctx)
+
+    async def check_run(self, node: str, entry: dict[str, Any]) -> None:
+        """An active check's run the recording saw end (an entry of GPUNode `status.checks[]`): added to
+        the node's history as the check step adds the end of its own Job, said in its Event, written,
+        and the node judged (ActiveCheckFailed from the history, acted on by the policy's rules). An
+        entry that is no run, or one the history holds, or of a node without a GPUNode, changes nothing."""
+        if self._ctx.cache.gpunode(node) is None:
+            return
+        found = check_results.replayed(self._ctx, node, entry)
+        if found is None:
+            return
+        result, message = found
+        await check_results.say(self._ctx, node, result, message)
+        await reconciler.write_history(self._ctx, node)
+        # As the check step does: the answer to our own write judges nothing by itself.
+        self._ctx.passes.request(node, pass_queue.Ask("timer"))
+        await passes.settle(self._ctx)
 
     async def tick(self, *, full: bool, statuses: bool = True, refresh: bool | None = None) -> None:
         """One timer pass (`ticker.tick`): `full` judges every node, `statuses` refreshes the policies',

@@ -101,6 +101,11 @@ class Settings:
     """Ask a node's agent to let go of NVML before a ResetGPU Job and wait for its answer (`gpu_release`);
     off in the backtest's replay, whose recorded agents cannot answer the replay's own asks."""
 
+    run_checks: bool = True
+    """Start, adopt and end the active checks' Jobs (`spec.activeChecks`, `ladder/check`); off in the
+    backtest's replay, which cannot run Jobs: it hands the operator the runs its trace recorded
+    (`replay.Operator.check_run`), whose condition the same judging derives."""
+
     log_level: str = "INFO"
     """Python logging level name."""
 

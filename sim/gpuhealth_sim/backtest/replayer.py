@@ -42,6 +42,16 @@ step) ends as the recorded one did, when it did. A trace without them (older, or
 recorded without the right to list Jobs) leaves a replay's repair Jobs running:
 each step times out, and only a reboot's new bootId in the trace counts.
 
+A `check` record (format 6) is an active check's run the recording saw end (an
+entry of GPUNode `status.checks[]`): a replay runs no check Jobs (its operator's
+check step is off), so the run is handed to the operator at its time
+(`Operator.check_run`), which adds it to the node's history as its check step
+adds a Job's end, says its Event (CheckPassed, CheckFailed, CheckPreempted) and
+judges the node: ActiveCheckFailed from the history, acted on by the policy's
+rules. The result is the recorded operator's judgement (a candidate policy's
+`threshold` is not applied again); a trace without them replays as if no check
+ran.
+
 An `agentpod` record (format 4) is the agent's DaemonSet pod as the operator's
 pod watch delivers it, handed to its own handler (`Operator.agent_pod_event`): a
 NotReady or deleted pod makes the agent stale after the same grace as live. A
@@ -331,6 +341,8 @@ class Replay:
                 await self._agent_pod(record, gone)
             elif kind == "job":
                 self._job(record)
+            elif kind == "check":
+                await self.operator.check_run(str(record["node"]), dict(record["run"]))
             elif kind == "node" and gone:
                 await self._node_deleted(record["name"])
             elif kind == "node":

@@ -1,4 +1,4 @@
-"""`gpu-health-sim record`: follow a live cluster's Nodes and GPUNodes into a trace (format 4).
+"""`gpu-health-sim record`: follow a live cluster's Nodes and GPUNodes into a trace (format 6).
 
 Two parts, kept apart. `Compactor` is pure: given each version of a Node or
 GPUNode as it arrives, it returns the trace record to append, or None when
@@ -25,6 +25,11 @@ live operator did, not only once its heartbeat is three periods old. A
 tenant's own DaemonSet with the agent's labels, in another namespace, is not
 recorded; the header's `agentPodNamespace` tells the replay the same rule.
 Without the right to list pods, record goes on without them and says so.
+
+Each run of an active check the operator adds to a GPUNode's `status.checks[]`
+is written once, as a `check` record after that GPUNode's own (the runs it
+holds when the recording finds it too), so a replay, which runs no check Jobs,
+is handed the same results at the same time.
 
 gpu-health's repair Jobs (labelled `gpuhealth.io/repair-action`, any
 namespace) are followed too: each one's end, once, as the operator reads it
@@ -59,13 +64,15 @@ from kubernetes import client
 
 from gpuhealth_api import keys, resources, timestamps, vocabulary
 from gpuhealth_operator import replay
-from gpuhealth_operator.decisions import device_taints, repair, times
+from gpuhealth_operator.decisions import check_runs, device_taints, repair, times
 from gpuhealth_operator.shared import settings
 from gpuhealth_sim import watches
 from gpuhealth_sim.backtest import traces
 from gpuhealth_sim.backtest.defaults import DEFAULT_AGENT_POD_NAMESPACE
 
 AGENT_STATUS_FIELDS: Final = ("agent", "summary", "gpus", "nics")
+CHECKS_FIELD: Final = check_runs.STATUS_FIELD
+"""GPUNode `status.checks[]`, the active checks' runs the operator wrote: each new one a `check` record."""
 """The agent's part of a GPUNode status; the rest (health, issues, conditions...) is the operator's."""
 
 
@@ -160,6 +167,8 @@ class Compactor:
         self.agent_pod_namespace = agent_pod_namespace
         self._nodes: dict[str, dict[str, Any]] = {}
         self._gpunodes: dict[str, dict[str, Any]] = {}
+        self._runs: dict[str, list[dict[str, Any]]] = {}
+        """Each GPUNode's `status.checks[]` as last recorded (a run is written once, when it appears)."""
         self._objects: dict[tuple[str, str], dict[str, Any]] = {}
         self._rules: dict[str, Any] = {"version": None, "actedOn": None}
         self._last_t = 0.0
@@ -197,6 +206,24 @@ class Compactor:
         if before is None and resumed:
             record["operator"] = resumed  # where the replay goes on from, as a restarted operator
         return record
+
+    def gpunode_records(self, obj: Mapping[str, Any], at: float) -> list[dict[str, Any]]:
+        """A GPUNode version's records: its agent status (`gpunode`), then each active check's run
+        (`check`) its `status.checks[]` holds that the last version did not (all of them the first
+        time: the runs before the recording began, for the condition they hold)."""
+        found = self.gpunode(obj, at)
+        listed = [found] if found is not None else []
+        name = (obj.get("metadata") or {}).get("name")
+        entries = (obj.get("status") or {}).get(CHECKS_FIELD)
+        if not name or not isinstance(entries, list):
+            return listed
+        runs = [dict(e) for e in entries if isinstance(e, Mapping)]
+        before = self._runs.get(name, [])
+        self._runs[name] = runs
+        for run in runs:
+            if run not in before:
+                listed.append({"kind": "check", "t": self._t(at), "node": name, "run": run})
+        return listed
 
     def job(self, obj: Mapping[str, Any], at: float) -> dict[str, Any] | None:
         """A repair Job's `job` record the first time a version shows it ended; None before and after."""
@@ -270,6 +297,7 @@ class Compactor:
             kept = self._nodes.pop(name, None)
         elif kind == "gpunode":
             kept = self._gpunodes.pop(name, None)
+            self._runs.pop(name, None)
         else:
             kept = self._objects.pop((kind, name), None)
         if kept is None:
@@ -469,7 +497,7 @@ class Recorder:
         if kind == "DELETED":
             self._append_all(lambda: self._compactor.deleted("gpunode", _name(obj), at))
         else:
-            self._append(lambda: self._compactor.gpunode(obj, at))
+            self._append_all(lambda: self._compactor.gpunode_records(obj, at))
 
     def _on_agent_pod(self, kind: str, obj: dict[str, Any], at: float) -> None:
         if kind == "DELETED":

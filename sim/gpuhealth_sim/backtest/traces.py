@@ -26,6 +26,8 @@ line is one record, in time order:
     {"kind": "agentpod", "t": SECONDS, "name": "NAMESPACE/POD", "deleted": true}
     {"kind": "job", "t": SECONDS, "name": "NAMESPACE/JOB", "node": NODE, "action": ACTION,
                     "ended": "Succeeded" | "Failed", "at": RFC3339}
+    {"kind": "check", "t": SECONDS, "node": NODE, "run": {an entry of GPUNode status.checks[]:
+                      name, template, policy, time, result, started, figures, message, requestId}}
     {"kind": "truth", ...}   (ground truth of a synthetic trace; see docs/backtest.md)
 
 Version 2 added the last four kinds before `truth` (DRA: what IsolateGPU
@@ -42,6 +44,11 @@ on from there. Version 5 added the end of each repair Job (`job`: gpu-health's
 Jobs labelled with a repair action, once each, when it succeeded or failed and
 at what time the Job says), so a replay's own Job of that name ends so; an
 older trace is read as one without them, where a replay's repair Jobs never end.
+Version 6 added the active checks' runs (`check`: each entry the recorded
+operator added to a GPUNode's `status.checks[]`, once, after the GPUNode's own
+record; a run already there when the recording found the node too), which a
+replay hands its operator at their time; an older trace is read as one without
+them, where no check ran.
 
 `t` is seconds since the header's `start` (epoch seconds, UTC). A GPUNode
 `patch` is an RFC 7386 merge patch of the node's previous agent status, except
@@ -65,8 +72,8 @@ from collections.abc import Iterator, Mapping
 from typing import IO, Any, Final, cast
 
 FORMAT: Final = "gpu-health-trace"
-VERSION: Final = 5
-READS: Final = frozenset({1, 2, 3, 4, 5})
+VERSION: Final = 6
+READS: Final = frozenset({1, 2, 3, 4, 5, 6})
 """Format versions this module reads (each only adds records to the one before)."""
 RESUMED_STATUS_FIELDS: Final = ("conditions", "isolatedGPUs")
 """Of the operator's part of a GPUNode status, what a restarted operator reads back (its conditions'
@@ -74,7 +81,7 @@ times, the GPUs it isolated: `isolating.STATUS_FIELD`): a GPUNode's first record
 so a replay goes on from where the recording began."""
 OBJECT_KINDS: Final = frozenset({"resourceslice", "devicetaintrule"})
 """Record kinds carrying an `object` (a version) or a `name` with `deleted: true` (its deletion)."""
-KINDS: Final = frozenset({"node", "gpunode", "cluster", "agentpod", "job", "truth"}) | OBJECT_KINDS
+KINDS: Final = frozenset({"node", "gpunode", "cluster", "agentpod", "job", "check", "truth"}) | OBJECT_KINDS
 JOB_ENDINGS: Final = ("Succeeded", "Failed")
 
 
@@ -197,6 +204,8 @@ def _check(record: object, where: str) -> dict[str, Any]:
         _check_agent_pod(record, where)
     elif kind == "job":
         _check_job(record, where)
+    elif kind == "check":
+        _check_run(record, where)
     elif not isinstance(record.get("name"), str) or not record["name"]:
         raise TraceError(f"{where}: gpunode record needs a `name`")
     elif not isinstance(record.get("status"), dict) and not isinstance(record.get("patch"), dict):
@@ -228,6 +237,20 @@ def _check_job(record: dict[str, Any], where: str) -> None:
         raise TraceError(
             f"{where}: job record needs a `name` (NAMESPACE/JOB), a `node`, an `action`, `ended` "
             f"({' or '.join(JOB_ENDINGS)}) and `at` (a time)"
+        )
+
+
+def _check_run(record: dict[str, Any], where: str) -> None:
+    node, run = record.get("node"), record.get("run")
+    if (
+        not isinstance(node, str)
+        or not node
+        or not isinstance(run, dict)
+        or not all(isinstance(run.get(k), str) and run[k] for k in ("name", "time", "result"))
+    ):
+        raise TraceError(
+            f"{where}: check record needs a `node` and a `run` (an entry of GPUNode status.checks[]: "
+            "its `name`, `time` and `result` at least)"
         )
 
 
@@ -308,7 +331,46 @@ def has_truth(path: pathlib.Path) -> bool:
     return False
 
 
+CHECK_FAULT: Final = "ActiveCheckFailed"
+"""The `fault` of a truth fault a recorded failed check stands for (`check_truth`)."""
+
+
 def read_truth(path: pathlib.Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The header and the truth records of a trace (the whole trace is checked on the way)."""
+    """The header and the truth of a trace (the whole trace is checked on the way): its truth records,
+    then the faults its failed active checks found (`check_truth`)."""
     with open_trace(path) as (header, records):
-        return header, [r for r in records if r["kind"] == "truth"]
+        truth: list[dict[str, Any]] = []
+        checks: list[dict[str, Any]] = []
+        for record in records:
+            if record["kind"] == "truth":
+                truth.append(record)
+            elif record["kind"] == "check":
+                checks.append(record)
+        return header, truth + check_truth(checks)
+
+
+def check_truth(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A failed run of an active check is a fault the trace itself holds evidence of (a DCGM diagnostic
+    that failed on the node), whatever the counters said: a `fatal` truth fault (`fault`
+    ActiveCheckFailed) from the record's time until a later run of the same check on the node passes
+    (then the condition no longer holds), else to the end of the trace. Failures before that pass are
+    one fault; preempted and timed-out runs change nothing (`check_runs.check_failed`'s rule)."""
+    faults: list[dict[str, Any]] = []
+    open_: dict[tuple[str, str], dict[str, Any]] = {}
+    for record in sorted(records, key=lambda r: float(r["t"])):
+        run = record["run"]
+        key = (str(record["node"]), str(run["name"]))
+        if run["result"] == "Failed" and key not in open_:
+            open_[key] = fault = {
+                "kind": "truth",
+                "type": "fatal",
+                "node": key[0],
+                "start": float(record["t"]),
+                "end": float("inf"),
+                "fault": CHECK_FAULT,
+                "check": key[1],
+            }
+            faults.append(fault)
+        elif run["result"] == "Passed" and key in open_:
+            open_.pop(key)["end"] = float(record["t"])
+    return faults

@@ -145,15 +145,42 @@ def end(
     request = ((job.get("metadata") or {}).get("annotations") or {}).get(keys.CHECK_REQUEST_ANNOTATION)
     if isinstance(request, str) and request:
         entry["requestId"] = request
-    listed = [*history(ctx, node), entry]
-    by_time = sorted(listed, key=lambda e: str(e.get("time")))
-    ctx.steps.check.history[node] = by_time[-check_runs.HISTORY_LIMIT :]
+    add(ctx, node, entry)
     ctx.meters.checks.labels(policy_name, check, judged.value).inc()
     gpus, seconds = _gpu_seconds(pod, now)
     ctx.meters.check_gpu_seconds.labels(policy_name, check).inc(
         gpus * seconds
     )  # the series from the first run
     return node, _words(check, template, policy_name, judged, figures, words, request), entry
+
+
+def add(ctx: context.Context, node: str, entry: Mapping[str, Any]) -> None:
+    """Add a run's entry to the node's history (in time order, the last HISTORY_LIMIT kept)."""
+    listed = [*history(ctx, node), _plain(entry)]
+    by_time = sorted(listed, key=lambda e: str(e.get("time")))
+    ctx.steps.check.history[node] = by_time[-check_runs.HISTORY_LIMIT :]
+
+
+def replayed(ctx: context.Context, node: str, entry: Mapping[str, Any]) -> tuple[Result, str] | None:
+    """A run recorded elsewhere (a backtest's trace: its live operator judged it) added to the node's
+    history as `end` adds one: (its result, the Event message `end` said); None for an entry that is
+    no run (`check_runs.runs_of` would leave it out) or one the history holds already."""
+    if not check_runs.runs_of([entry]) or _plain(entry) in history(ctx, node):
+        return None
+    add(ctx, node, entry)
+    result = Result(entry["result"])
+    figures = check_runs.runs_of([entry])[0].figures
+    message = entry.get("message")
+    words = _words(
+        str(entry["name"]),
+        str(entry.get("template") or ""),
+        str(entry.get("policy") or ""),
+        result,
+        figures,
+        message if isinstance(message, str) else "",
+        entry.get("requestId"),
+    )
+    return result, words
 
 
 def _words(  # noqa: PLR0917 - the run's parts, in the order an Event says them

@@ -56,6 +56,8 @@ async def on_timer(ctx: context.Context, now: datetime.datetime, write: Writer) 
 
 async def sweep(ctx: context.Context, now: datetime.datetime, write: Writer) -> None:
     """One timer pass (module docstring)."""
+    if not ctx.config.run_checks:
+        return  # a backtest's replay: no Jobs run there; it is handed the recorded runs instead
     wanting = _wanting(ctx)
     memory = ctx.steps.check
     if not wanting and not memory.in_flight and not memory.recorded:
