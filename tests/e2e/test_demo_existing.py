@@ -27,7 +27,7 @@ from gpuhealth_sim.controlplane import binaries, local
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 SIM = Path(sys.executable).parent / "gpu-health-sim"
-DEMO_NODES = [f"gpu-node-{i}" for i in range(15)]
+DEMO_NODES = [f"gpu-node-{i}" for i in range(16)]
 USERS_NODE = "users-node-1"
 USERS_NAMESPACE = "team-a"
 CRDS = [f"{resources.GPUNODE_PLURAL}.{resources.GROUP}", f"{resources.POLICY_PLURAL}.{resources.GROUP}"]

@@ -180,6 +180,14 @@ def test_the_demo_shows_the_main_job_done(tmp_path: Path) -> None:
     assert "check passed" in did(passing) and not result[passing]["unschedulable"], text
     assert "check preempted" in did(preempted) and "check failed" not in did(preempted), text
     assert f"real work arrived on {preempted} while its check ran" in text, text
+    # A node whose check fails (its scenario's `checks:`): ActiveCheckFailed, drained by the rule `check`,
+    # repaired (every GPU reset: a check names none), validated and back in service.
+    failing = "gpu-node-15"
+    assert "ActiveCheckFailed" in result[failing]["detected"], text
+    failed_story = did(failing)
+    assert "check failed" in failed_story and {"cordoned", "drained"} <= set(failed_story), text
+    assert "validation passed" in failed_story and "uncordoned" in failed_story, text
+    assert not result[failing]["unschedulable"], text
     # The DRA node: only its faulty GPU isolated, the node itself schedulable; GPU-hours saved stated.
     dra_node = "gpu-node-12"
     assert did(dra_node) == ["GPU isolated"], text
@@ -203,5 +211,6 @@ def test_the_demo_shows_the_main_job_done(tmp_path: Path) -> None:
     figures = re.search(r"fatal faults acted on (\d+)/(\d+)", verdict)
     assert figures is not None, verdict
     acted, faults = map(int, figures.groups())
-    assert faults == 3 and acted == 3 and "false disruptive 0" in verdict, verdict
+    # The failed check is a fault the trace holds (its check record) and the replay drains it as live did.
+    assert faults == 4 and acted == 4 and "false disruptive 0" in verdict, verdict
     assert "stragglers labelled 1/1" in verdict, verdict

@@ -333,6 +333,11 @@ def has_truth(path: pathlib.Path) -> bool:
 
 CHECK_FAULT: Final = "ActiveCheckFailed"
 """The `fault` of a truth fault a recorded failed check stands for (`check_truth`)."""
+RESOLUTION_SECONDS: Final = 0.001
+"""A recording's times are milliseconds (`tracerecord`). A replay's clock is the header's epoch plus `t`,
+and its actions' times that clock less the epoch: an action at a record's instant can read a float's
+hair before the record's `t` (start 1764666540.370123, t 13.143: 13.14299988...). A fault that starts
+at a record starts this much earlier, so the action at its instant is on it."""
 
 
 def read_truth(path: pathlib.Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -352,9 +357,10 @@ def read_truth(path: pathlib.Path) -> tuple[dict[str, Any], list[dict[str, Any]]
 def check_truth(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A failed run of an active check is a fault the trace itself holds evidence of (a DCGM diagnostic
     that failed on the node), whatever the counters said: a `fatal` truth fault (`fault`
-    ActiveCheckFailed) from the record's time until a later run of the same check on the node passes
-    (then the condition no longer holds), else to the end of the trace. Failures before that pass are
-    one fault; preempted and timed-out runs change nothing (`check_runs.check_failed`'s rule)."""
+    ActiveCheckFailed) from the record's time (less RESOLUTION_SECONDS) until a later run of the same
+    check on the node passes (then the condition no longer holds), else to the end of the trace.
+    Failures before that pass are one fault; preempted and timed-out runs change nothing
+    (`check_runs.check_failed`'s rule)."""
     faults: list[dict[str, Any]] = []
     open_: dict[tuple[str, str], dict[str, Any]] = {}
     for record in sorted(records, key=lambda r: float(r["t"])):
@@ -365,7 +371,7 @@ def check_truth(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "kind": "truth",
                 "type": "fatal",
                 "node": key[0],
-                "start": float(record["t"]),
+                "start": float(record["t"]) - RESOLUTION_SECONDS,
                 "end": float("inf"),
                 "fault": CHECK_FAULT,
                 "check": key[1],

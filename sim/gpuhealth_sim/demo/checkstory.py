@@ -1,11 +1,11 @@
 """The demo's active checks: what the check pods need, and real work arriving on a node under check.
 
-The demo fleet (examples/fleets/demo.yaml) has two idle nodes outside the training job's pool, which
-the demo policy's check runs on: `PASSING` passes, and `PREEMPTED`'s check runs long (`NODE_SECONDS`)
+The demo fleet (examples/fleets/demo.yaml) has three idle nodes outside the training job's pool, which
+the demo policy's check runs on: `PASSING` passes, `PREEMPTED`'s check runs long (`NODE_SECONDS`)
 until `Arrival` starts a whole-node inference pod there, which kube-scheduler makes room for by
-preempting the check (result Preempted, no failure). No demo node fails its check: the demo's own
-backtest (demotrace) cannot replay check results yet, so a node drained for ActiveCheckFailed would
-read as a difference from live.
+preempting the check (result Preempted, no failure), and `FAILING`'s fails (its scenario's `checks:`):
+ActiveCheckFailed, drained, repaired and back. The demo's own backtest replays the recorded runs
+(trace `check` records), so that drain is the replay's too.
 
 The check pods' PriorityClass comes with the chart; the demo installs no chart, so it creates it.
 """
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 PRIORITY_CLASS: Final = "gpu-health-check"
 PRIORITY: Final = -100
 """As the chart's `checks.priorityClass.value`: below every workload."""
-PASSING, PREEMPTED = "gpu-node-13", "gpu-node-14"
+PASSING, PREEMPTED, FAILING = "gpu-node-13", "gpu-node-14", "gpu-node-15"
 CHECK_SECONDS: Final = 2.0
 """How long a simulated check runs in the demo: short, so its end shows within the story."""
 NODE_SECONDS: Final[Mapping[str, float]] = MappingProxyType({PREEMPTED: 120.0})

@@ -2,7 +2,7 @@
 
 It starts a local control plane (etcd, kube-apiserver, controller manager,
 scheduler, kwok), installs the CRDs and a demo policy with short timers,
-creates the demo fleet's simulated H100 nodes (15) running a training Deployment guarded by a
+creates the demo fleet's simulated H100 nodes (16) running a training Deployment guarded by a
 PodDisruptionBudget, has "a human" cordon one node, then starts the real
 operator as a subprocess and the simulated fleet (real agent code) with
 scripted faults, and the simulator's repair executor, which plays the nodes'

@@ -65,9 +65,11 @@ def run_entry(result: str, t: float) -> dict[str, Any]:
     return entry
 
 
-def write_trace(path: pathlib.Path, runs: list[tuple[float, str, dict[str, Any]]]) -> pathlib.Path:
+def write_trace(
+    path: pathlib.Path, runs: list[tuple[float, str, dict[str, Any]]], start: float = START.timestamp()
+) -> pathlib.Path:
     """Four nodes reporting every minute for an hour; `runs`: (t, node, entry) of check records."""
-    with traces.Writer(path, {"start": START.timestamp()}) as writer:
+    with traces.Writer(path, {"start": start}) as writer:
         for name in NODES:
             obj = {
                 "metadata": {"name": name, "labels": {"nvidia.com/gpu.present": "true"}},
@@ -194,3 +196,18 @@ def test_a_failed_check_is_a_fault_the_score_counts_acted_on_not_a_false_drain(
     assert fatal["byFault"] == {"ActiveCheckFailed": {"faults": 1, "acted": 1}}, fatal
     assert fatal["falseDisruptive"] == 0, fatal["falseDisruptiveActions"]
     assert fatal["secondsToActionP50"] is not None and fatal["secondsToActionP50"] < 60
+
+
+def test_a_drain_at_the_instant_of_a_recorded_failure_is_acted_on_whatever_the_clocks_rounding(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A recording's start and times are fractional (the demo's: start ...540.37, the run at t=13.143):
+    the replay's clock (start + t, less start) reads the drain a float's hair before the record's t."""
+    runs = [(13.143, "n1", run_entry("Failed", 13.0))]
+    trace = write_trace(tmp_path / "demo-like.jsonl", runs, start=1_764_666_540.370_123)
+    result = replayer.run(trace, replayer.load_policy(policy(tmp_path / "p.yaml")))
+    assert [a.action for a in result.actions if a.node == "n1" and a.action in ("Cordon", "Drain")] == [
+        "Drain"
+    ], result.actions
+    fatal = scoring.score(trace, result, baseline=False)["fatal"]
+    assert (fatal["acted"], fatal["faults"], fatal["falseDisruptive"]) == (1, 1, 0), fatal
