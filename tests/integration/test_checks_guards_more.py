@@ -9,6 +9,7 @@ An idle control node beside each guarded one is checked: the sweep ran, and left
 
 from __future__ import annotations
 
+import datetime
 import os
 import pathlib
 import subprocess
@@ -119,6 +120,61 @@ def test_a_node_in_a_repair_step_is_not_checked_and_a_request_is_refused(
     refusal_names_the_token(fleet, name, "the node is in repair")
     assert keys.CHECK_NOW_ANNOTATION not in (fleet.gpunode(name)["metadata"].get("annotations") or {})
     never(k8s, jobs_namespace, name, seconds=1)
+
+
+def tainted(fleet: operator_harness.Fleet, name: str) -> bool:
+    return any(t.get("key") == keys.UNVALIDATED_TAINT for t in fleet.node(name)["spec"].get("taints") or [])
+
+
+def test_a_new_node_under_validation_is_not_checked_until_it_passes(
+    fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str, crds: local.ControlPlane
+) -> None:
+    old = f"{fleet.label}-old"
+    fleet.add_node(old)
+    check_jobs.check_policy(
+        fleet,
+        repair={
+            "steps": [{"name": "reset", "action": "ResetGPU", "timeoutSeconds": 120}],
+            "validation": {"timeoutSeconds": 120, "newNodes": True},
+            "maxConcurrent": 2,
+        },
+    )
+    created = fleet.custom.get_cluster_custom_object(
+        resources.GROUP, resources.VERSION, resources.POLICY_PLURAL, fleet.label
+    )["metadata"]["creationTimestamp"]
+    since = datetime.datetime.fromisoformat(created.replace("Z", "+00:00"))
+    # creationTimestamp has whole seconds: a node "created after the policy" must be in a later second.
+    waiting.wait_until(
+        lambda: datetime.datetime.now(datetime.UTC) >= since + datetime.timedelta(seconds=1.2),
+        timeout_seconds=5,
+        message="a second after the policy",
+    )
+    name = f"{fleet.label}-new"
+    fleet.add_node(name)
+    waiting.wait_until(lambda: tainted(fleet, name), timeout_seconds=TIMEOUT, message="tainted unvalidated")
+    validation = waiting.wait_until(
+        lambda: next(
+            (
+                j
+                for j in repair_jobs.jobs(k8s, jobs_namespace, name)
+                if j["metadata"]["labels"].get(keys.REPAIR_ACTION_LABEL) == "Validation"
+            ),
+            None,
+        ),
+        timeout_seconds=TIMEOUT,
+        message="the new node's validation Job",
+    )
+    check_jobs.wait_job(k8s, jobs_namespace, old)  # the node there before the policy: checked
+    never(k8s, jobs_namespace, name)
+    assert not cordoned(fleet, name), "schedulable: only the validation holds it"
+
+    out = refused(plugin_check(crds, name))
+    assert "the node is in repair" in out
+    refusal_names_the_token(fleet, name, "the node is in repair")
+
+    repair_jobs.end(k8s, jobs_namespace, validation, ok=True)
+    waiting.wait_until(lambda: not tainted(fleet, name), timeout_seconds=TIMEOUT, message="validated")
+    check_jobs.wait_job(k8s, jobs_namespace, name)
 
 
 def test_an_overridden_node_is_not_checked_until_its_fault_clears(
