@@ -6,8 +6,10 @@ the first acting policy, by name, that selects it). It runs under every guard of
 for the GPUs, or be preempted at once), so does a check already running there. A place under
 maxConcurrent is waited for (the annotation stays). The annotation is removed before the Job is created
 (a request never starts two runs); a refusal removes it with a `CheckRefused` Event naming the token and
-the reason. The run's Job carries the token (`keys.CHECK_REQUEST_ANNOTATION`), and so does its entry in
-`status.checks[]` (`requestId`).
+the reason, the most telling one first (`_guard`); where no policy selecting the node has activeChecks
+the sweep refuses it without listing any Job (an install with checks off has no grant to). The run's
+Job carries the token (`keys.CHECK_REQUEST_ANNOTATION`), and so does its entry in `status.checks[]`
+(`requestId`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import datetime
 import json
 import logging
 from collections.abc import Sequence
+from typing import Final
 
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator.client import events, gpunodes, kube
@@ -47,15 +50,21 @@ def parse(node: str, raw: str) -> Request | str:
     return Request(node, body["id"][:128], wanted)
 
 
+EXCLUDED: Final = f"the node is excluded ({keys.EXCLUDE_LABEL})"
+NO_POLICY: Final = "no policy selecting the node has activeChecks"
+
+
 def _guard(state: checks.NodeState | None) -> str | None:
+    """Why no check may start on the node, the most telling reason first: a node in repair or excluded
+    is usually unschedulable too, and "unschedulable" would hide what holds it."""
     if state is None:
         return "the node has no GPUNode or Node"
     reasons = (
-        (not state.schedulable, "the node is unschedulable"),
         (state.in_repair, "the node is in repair"),
-        (state.excluded, f"the node is excluded ({keys.EXCLUDE_LABEL})"),
+        (state.excluded, EXCLUDED),
         (state.maintenance, "the GPU Operator maintains the node"),
         (state.overridden, "a human overrode gpu-health on the node"),
+        (not state.schedulable, "the node is unschedulable"),
     )
     return next((why for held, why in reasons if held), None)
 
@@ -66,11 +75,7 @@ def _choose(
     acting = [p for p in wanting if not p.dry_run and request.node in selected[p.name]]
     if not acting:
         dry = any(request.node in selected[p.name] for p in wanting)
-        return (
-            "only a dry-run policy with activeChecks selects the node"
-            if dry
-            else ("no policy with activeChecks selects the node")
-        )
+        return "only a dry-run policy with activeChecks selects the node" if dry else NO_POLICY
     for policy in acting:
         for check in policy.active_checks:
             if request.check is None or request.check in (check.name, check.template):
@@ -103,7 +108,12 @@ async def take(
         if isinstance(request, str):
             await _refuse(ctx, name, raw, "?", f"the request is {request}")
             continue
-        chosen = _choose(wanting, selected, request) if wanting else "no policy with activeChecks"
+        record = ctx.cache.node(name)
+        if record is not None and policies.excluded(record.view):
+            # An excluded node is in no policy's selection: say why, not that no policy selects it.
+            await _refuse(ctx, name, raw, request.token, EXCLUDED)
+            continue
+        chosen = _choose(wanting, selected, request) if wanting else NO_POLICY
         if isinstance(chosen, str):
             await _refuse(ctx, name, raw, request.token, chosen)
             continue

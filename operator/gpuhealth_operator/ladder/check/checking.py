@@ -16,6 +16,8 @@ Every timer pass (`sweep`):
 4. creates each Job (`check_jobs.build`: through the scheduler, every GPU, PriorityClass
    gpu-health-check) and sets the gauges (in flight, nodes overdue).
 
+With no policy wanting checks a pass only refuses the on-demand requests (GPUNode annotations, from the
+cache), and asks nothing else of the API server unless a check of this process is still to be ended.
 One pass's error is logged; the next pass retries (the Jobs and the status are the state).
 """
 
@@ -60,6 +62,10 @@ async def sweep(ctx: context.Context, now: datetime.datetime, write: Writer) -> 
         return  # a backtest's replay: no Jobs run there; it is handed the recorded runs instead
     wanting = _wanting(ctx)
     memory = ctx.steps.check
+    if not wanting:
+        # A request no policy can serve is refused (the GPUNode's annotation and an Event: no Job is
+        # listed for it), never left for the plugin to withdraw at its timeout.
+        await check_requests.take(ctx, wanting=(), states=(), busy=set(), flying=(), now=now)
     if not wanting and not memory.in_flight and not memory.recorded:
         # Nothing is wanted and this process started nothing: no request at all. The chart grants no
         # right to list Jobs until checks or repair are enabled; a sweep that listed them anyway would be

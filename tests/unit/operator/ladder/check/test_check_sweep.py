@@ -8,9 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
+import logging
 from typing import Any
 
+import aiohttp
+import pytest
+
 import operator_context
+from gpuhealth_api import keys
+from gpuhealth_operator.client import gpunodes
+from gpuhealth_operator.decisions import policies
 from gpuhealth_operator.ladder.check import checking
 from gpuhealth_operator.shared import context
 
@@ -40,3 +48,90 @@ def test_a_sweep_without_any_policy_with_checks_sends_no_request() -> None:
     ctx = operator_context.new_context(client)  # type: ignore[arg-type]
     asyncio.run(checking.sweep(ctx, NOW, _no_write))
     assert client.asked == []
+
+
+class Recording:
+    """A client that answers GPUNode patches and Event posts only, and records every call's path."""
+
+    def __init__(self, *, transient: int = 0) -> None:
+        self.asked: list[tuple[str, str]] = []
+        self.events: list[dict[str, Any]] = []
+        self.transient = transient
+
+    async def patch(self, path: str, body: dict[str, Any], **_: object) -> dict[str, Any]:
+        self.asked.append(("patch", path))
+        return {"metadata": {"name": path.rsplit("/", 1)[-1], "resourceVersion": "2", "annotations": {}}}
+
+    async def create(self, path: str, body: dict[str, Any], **_: object) -> dict[str, Any]:
+        self.asked.append(("create", path))
+        self.events.append(body)
+        return body
+
+    async def list_all(self, path: str, params: object = None, **_: object) -> list[dict[str, Any]]:
+        self.asked.append(("list_all", path))
+        if self.transient:
+            self.transient -= 1
+            raise aiohttp.ClientConnectionError("connection reset")
+        return []
+
+    def __getattr__(self, name: str) -> Any:
+        async def call(*args: object, **kwargs: object) -> object:
+            raise AssertionError(f"the sweep asked the API server: {name}{args}")
+
+        return call
+
+
+def _requested(ctx: context.Context, node: str, token: str) -> None:
+    ctx.cache.put_node({"metadata": {"name": node, "uid": f"uid-{node}", "labels": {"pool": "gpu"}}})
+    body = {
+        "metadata": {
+            "name": node,
+            "resourceVersion": "1",
+            "annotations": {keys.CHECK_NOW_ANNOTATION: json.dumps({"id": token})},
+        }
+    }
+    ctx.cache.put_gpunode(body, NOW)
+
+
+def test_a_request_where_no_policy_has_checks_is_refused_without_a_job_list() -> None:
+    client = Recording()
+    ctx = operator_context.new_context(client)  # type: ignore[arg-type]
+    _requested(ctx, "n1", "tok-7")
+    asyncio.run(checking.sweep(ctx, NOW, _no_write))
+    assert all(kind != "list_all" for kind, _ in client.asked), client.asked
+    assert ("patch", gpunodes.gpunode_path("n1")) in client.asked, "the request's annotation removed"
+    (event,) = client.events
+    assert event["reason"] == "CheckRefused"
+    assert "tok-7" in event["message"] and "no policy selecting the node has activeChecks" in event["message"]
+
+
+CHECKING = policies.parse_policy(
+    "p",
+    1,
+    {
+        "nodeSelector": {"matchLabels": {"pool": "gpu"}},
+        "rules": [{"name": "e", "condition": "EccUncorrectable", "action": "Event"}],
+        "activeChecks": [
+            {
+                "name": "quick",
+                "template": "DcgmDiagQuick",
+                "everySeconds": 3600,
+                "idleForSeconds": 60,
+                "timeoutSeconds": 600,
+                "maxConcurrent": 1,
+            }
+        ],
+    },
+)
+
+
+def test_a_transient_error_is_logged_and_the_next_pass_asks_again(caplog: pytest.LogCaptureFixture) -> None:
+    client = Recording(transient=1)
+    ctx = operator_context.new_context(client)  # type: ignore[arg-type]
+    ctx.cache.put_policy(CHECKING)
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(checking.on_timer(ctx, NOW, _no_write))  # never raises: the timer keeps going
+    assert "will retry" in caplog.text and "connection reset" in caplog.text
+    asked = len(client.asked)
+    asyncio.run(checking.on_timer(ctx, NOW + datetime.timedelta(seconds=1), _no_write))
+    assert ("list_all", "/apis/batch/v1/namespaces/gpu-health/jobs") in client.asked[asked:]
