@@ -519,8 +519,8 @@ STORE_TYPES = (
 )
 CONSTANT = {
     "gpuhealth_operator.state.breakers._RESTORED_STATES": "a table built at import",
-    "gpuhealth_operator.state.cache._DERIVATIONS": "a table built at import",
-    "gpuhealth_operator.state.cache._MOVING_SAMPLES": "a table built at import",
+    "gpuhealth_operator.state.records._DERIVATIONS": "a table built at import",
+    "gpuhealth_operator.state.records._MOVING_SAMPLES": "a table built at import",
     "gpuhealth_operator.state.compaction.GPU_FIELDS": "a table built at import",
     "gpuhealth_operator.state.compaction._EMPTY_LIST": "the shared empty list (never appended to)",
     "gpuhealth_operator.state.compaction._COMPACTIONS": "a table built at import",
