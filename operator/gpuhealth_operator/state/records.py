@@ -22,7 +22,7 @@ from gpuhealth_operator.decisions import (
     model,
     overrides,
     signals,
-    stragglers,
+    straggler_scores,
     times,
     trends,
 )
@@ -116,11 +116,11 @@ class GPUNodeRecord:
     memory: trends.Trends = dataclasses.field(init=False, repr=False, compare=False)
     """What the operator remembers of the node's reports up to this one (`decisions.trends`): advanced
     by `ClusterCache.put_gpunode` for each new report; a version stored otherwise starts afresh."""
-    straggler_facts: tuple[stragglers.Clocks | None, stragglers.Performance] = dataclasses.field(
+    straggler_facts: tuple[straggler_scores.Clocks | None, straggler_scores.Performance] = dataclasses.field(
         init=False, repr=False, compare=False
     )
-    """The report's clocks (`stragglers.clocks_of`) and its straggler cohort and score
-    (`stragglers.performance_of`), worked out together once per version: the score and the
+    """The report's clocks (`straggler_scores.clocks_of`) and its straggler cohort and score
+    (`straggler_scores.performance_of`), worked out together once per version: the score and the
     timer's window (`stragglers.smoothed`) read the same clocks. One entry, not two: it is kept per node."""
     at_rest: bool = dataclasses.field(init=False, repr=False, compare=False)
     """`clocks.facts_at_rest` of this version: asked by the timer every tick, answered once."""
@@ -156,11 +156,11 @@ class GPUNodeRecord:
             object.__delattr__(self, derived)
 
     @property
-    def clocks(self) -> stragglers.Clocks | None:
+    def clocks(self) -> straggler_scores.Clocks | None:
         return self.straggler_facts[0]
 
     @property
-    def performance(self) -> stragglers.Performance:
+    def performance(self) -> straggler_scores.Performance:
         return self.straggler_facts[1]
 
     def same_report(self, other: GPUNodeRecord) -> bool:
@@ -248,9 +248,11 @@ def _parsed_conditions(record: GPUNodeRecord) -> Mapping[vocabulary.ConditionKey
     return types.MappingProxyType({k: compaction.SHARED.share(v) for k, v in states.items()})
 
 
-def _straggler_facts(record: GPUNodeRecord) -> tuple[stragglers.Clocks | None, stragglers.Performance]:
-    report_clocks = stragglers.clocks_of(record.status)
-    return report_clocks, stragglers.performance_with(record.status, report_clocks)
+def _straggler_facts(
+    record: GPUNodeRecord,
+) -> tuple[straggler_scores.Clocks | None, straggler_scores.Performance]:
+    report_clocks = straggler_scores.clocks_of(record.status)
+    return report_clocks, straggler_scores.performance_with(record.status, report_clocks)
 
 
 _READINGS = itertools.count(1)
