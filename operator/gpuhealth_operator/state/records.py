@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from gpuhealth_api import keys, status, vocabulary
 from gpuhealth_operator.decisions import (
     clocks,
+    healthy_reports,
     hysteresis,
     model,
     overrides,
@@ -183,7 +184,7 @@ class GPUNodeRecord:
         if (
             judged
             and judged is not UNSET
-            and signals.still_healthy(
+            and healthy_reports.still_healthy(
                 judged, older.status, self.status, memory if memory is not UNSET else None
             )
         ):

@@ -530,7 +530,7 @@ CONSTANT = {
     "gpuhealth_operator.decisions.overlap.ACTION_STRENGTH": "a table built at import",
     "gpuhealth_operator.decisions.policies.DEFAULT_STEP_TIMEOUTS": "a table built at import",
     "gpuhealth_operator.decisions.severity._RANKS": "a table built at import",
-    "gpuhealth_operator.decisions.signals._MOVING": "a table built at import",
+    "gpuhealth_operator.decisions.healthy_reports._MOVING": "a table built at import",
     "gpuhealth_operator.decisions.signals._HEALTHY_MESSAGES": "a table built at import",
     "gpuhealth_operator.decisions.signals._HEALTHY": "a table built at import",
     "gpuhealth_operator.decisions.stragglers.STATUS_STEPS": "a table built at import",
