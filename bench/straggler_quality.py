@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Any
 
-from gpuhealth_operator.decisions import stragglers
+from gpuhealth_operator.decisions import straggler_stats
 from gpuhealth_sim.backtest import replayer, scoring, tracegen, traces
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -145,7 +145,7 @@ def _run_watching(trace: pathlib.Path, seen: dict[str, list[tuple[float, float, 
         seen.setdefault(key[1], []).append((sampled_at.timestamp(), score.z_score, score.peers))
 
     result = replayer.run(trace, replayer.load_policy(POLICY), 30.0, straggler_observer=observe)
-    if calls == 0 and result.nodes >= stragglers.MIN_PEERS + 1:
+    if calls == 0 and result.nodes >= straggler_stats.MIN_PEERS + 1:
         raise HookNotCalled(
             f"{trace.name}: the operator never called its straggler observer over {result.nodes} nodes "
             "(cohorts.Cohorts.observer, told each sample a straggler window takes): the hook is gone "

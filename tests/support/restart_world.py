@@ -29,10 +29,10 @@ import gpunode_facts
 import operator_context
 from gpuhealth_api import faults, keys, resources
 from gpuhealth_operator.client import kube
-from gpuhealth_operator.decisions import policies, stragglers, times, trends, verdicts
+from gpuhealth_operator.decisions import policies, straggler_scores, times, trends, verdicts
 from gpuhealth_operator.runtime import handlers, passes, priming, resync, ticker
 from gpuhealth_operator.shared import context
-from gpuhealth_operator.state import cache, compaction
+from gpuhealth_operator.state import compaction, records
 from gpuhealth_sim.backtest import memcluster
 from gpuhealth_sim.fleet import dra
 
@@ -47,10 +47,10 @@ RESET: dict[str, Callable[[], object]] = {
     "gpuhealth_operator.decisions.policies._RULE_XIDS": policies._RULE_XIDS.clear,
     "gpuhealth_operator.decisions.trends._FIRST": trends._FIRST.clear,
     "gpuhealth_operator.decisions.trends._TRACKS": trends._TRACKS.table.clear,
-    "gpuhealth_operator.decisions.stragglers._RATIOS": stragglers._RATIOS.table.clear,
+    "gpuhealth_operator.decisions.straggler_scores._RATIOS": straggler_scores._RATIOS.table.clear,
     "gpuhealth_operator.decisions.times._parse": times._parse.cache_clear,
     "gpuhealth_operator.decisions.times.render": times.render.cache_clear,
-    "gpuhealth_operator.state.cache._READINGS": lambda: setattr(cache, "_READINGS", itertools.count(1)),
+    "gpuhealth_operator.state.records._READINGS": lambda: setattr(records, "_READINGS", itertools.count(1)),
     "gpuhealth_operator.state.compaction.SHARED": compaction.SHARED.table.clear,
     "gpuhealth_api.faults._PATHS": faults._PATHS.clear,
     "gpuhealth_api.faults._MAPPING_TYPES": lambda: faults._MAPPING_TYPES.intersection_update({dict}),

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator.decisions import check_runs, model, policies, stragglers, times
+from gpuhealth_operator.decisions import check_runs, model, policies, straggler_stats, times
 
 Result = vocabulary.CheckResult
 # The history and its condition live in `check_runs` (`signals` judges the condition from it).
@@ -351,10 +351,10 @@ def _cut(text: str) -> str:
 def figure_z(node: str, values: Mapping[str, float]) -> float | None:
     """The node's robust z-score of one figure among `values` (its own and its same-GPU-model peers'
     latest, by node): the stragglers' median and floored MAD; None with fewer than MIN_PEERS peers."""
-    if node not in values or len(values) - 1 < stragglers.MIN_PEERS:
+    if node not in values or len(values) - 1 < straggler_stats.MIN_PEERS:
         return None
-    median, scale = stragglers.cohort_scale(list(values.values()))
-    return stragglers.MAD_TO_SIGMA * (values[node] - median) / scale
+    median, scale = straggler_stats.cohort_scale(list(values.values()))
+    return straggler_stats.MAD_TO_SIGMA * (values[node] - median) / scale
 
 
 def below_threshold(

@@ -52,8 +52,8 @@ flagged (1 - 3.5 * 0.015 / 0.6745), under the 9.1 % lower clock of a 10 %
 straggler (a 2 % floor asked for 10.4 %: a 10 % straggler could never be
 flagged, even without jitter).
 
-Flagged when z < -threshold and the cohort has at least MIN_PEERS other
-scored nodes. A small cohort (SMALL_COHORT_PEERS to MIN_PEERS - 1 other busy
+Flagged when z < -threshold and the cohort has at least straggler_stats.MIN_PEERS other
+scored nodes. A small cohort (SMALL_COHORT_PEERS to straggler_stats.MIN_PEERS - 1 other busy
 nodes: a small pool, or peers idle) falls back to the slowest of its peers:
 z is taken against that peer's score instead of the median (the cohort's
 scale as ever), so a node is flagged only when it is below every one of its
@@ -92,32 +92,13 @@ window holds only two or three.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import datetime
-import math
-import operator
 import statistics
-from collections import defaultdict
-from collections.abc import Hashable, Mapping, MutableSequence, Sequence
-from typing import Final, TypeVar
+from collections.abc import Mapping, MutableSequence
+from typing import Final
 
-from gpuhealth_api import faults, status
-from gpuhealth_operator.compact import interning
-from gpuhealth_operator.decisions import gpu_facts, model, signals
-
-MIN_PEERS: Final = 4
-"""Peers for the robust statistics: a node is judged against its cohort's median and MAD."""
-SMALL_COHORT_PEERS: Final = 2
-"""Fewer busy peers than MIN_PEERS but at least this many: a small cohort (module docstring)."""
-MAD_TO_SIGMA: Final = 0.6745
-"""Φ⁻¹(0.75): makes MAD comparable to a standard deviation for normal data."""
-MAD_FLOOR_FRACTION: Final = 0.015
-MAD_FLOOR_ABSOLUTE: Final = 1e-3
-"""Floor when the median itself is ~0 (a cohort of stalled nodes)."""
-_SLOWDOWN_REASONS: Final = status.THERMAL_REASONS | status.POWER_REASONS
-IDLE_REASON: Final = "GpuIdle"
-"""NVML's clock event reason for a GPU with nothing running (its clocks dropping to idle)."""
+from gpuhealth_operator.decisions import model, straggler_scores, straggler_stats
 
 WINDOW_QUANTILE: Final = 0.7
 """Share of the window's z-scores that must be below -threshold."""
@@ -133,134 +114,6 @@ SPAN_SLACK: Final = 0.1
 """A new flag's samples span forSeconds less this share of a heartbeat: the agent draws each quiet period
 up to 10 % short of its heartbeat (the agent's HEARTBEAT_JITTER)."""
 
-Cohort = tuple[str, str]
-"""(GPU model, driver version)."""
-
-
-def judge_nodes(performance: Mapping[str, Performance], threshold: float) -> dict[str, model.StragglerScore]:
-    """A StragglerScore for every node with a score, keyed by node name: each node's `performance`
-    (its facts' cohort and score, `performance_of`) judged against its cohort's. The caller leaves out
-    the nodes whose numbers are old (a stale agent, `signals.agent_is_stale`)."""
-    cohorts: dict[Cohort, dict[str, float]] = defaultdict(dict)
-    for name, (key, score) in performance.items():
-        if key is not None and score is not None:
-            cohorts[key][name] = score
-    result: dict[str, model.StragglerScore] = {}
-    for scores in cohorts.values():
-        result.update(_judge_cohort(scores, threshold))
-    return result
-
-
-Performance = tuple[Cohort | None, float | None]
-"""A node's cohort and score as its facts say, (None, None) when they leave it out of the statistics."""
-
-
-def performance_of(facts: status.GPUNodeStatus) -> Performance:
-    """`cohort_of` and `node_score`; (None, None) for a node with a lost or missing GPU (its numbers are
-    meaningless). Depends on the facts alone: a caller may keep it per version of them."""
-    return performance_with(facts, clocks_of(facts))
-
-
-def performance_with(facts: status.GPUNodeStatus, clocks: Clocks | None) -> Performance:
-    """`performance_of` for a caller that keeps the facts' `clocks_of` (the timer adds them to the node's
-    window too, `smoothed`): a report's GPUs are read once."""
-    if _gpus_missing(facts):
-        return None, None
-    return cohort_of(facts), score_of(clocks)
-
-
-def cohort_of(facts: status.GPUNodeStatus) -> Cohort | None:
-    """The node's (model, driver) cohort; None when the agent has not said which GPU it is."""
-    summary, agent = facts.get("summary"), facts.get("agent")
-    gpu_model = summary.get("model") if isinstance(summary, dict) else None
-    if not gpu_model:
-        gpus = facts.get("gpus")
-        first = (
-            gpus[0] if isinstance(gpus, list) and gpus and isinstance(gpus[0], gpu_facts.MAPPINGS) else None
-        )
-        gpu_model = first.get("model") if first is not None else None
-    if not isinstance(gpu_model, str) or not gpu_model:
-        return None
-    driver = agent.get("driverVersion") if isinstance(agent, dict) else None
-    return gpu_model, driver if isinstance(driver, str) else ""
-
-
-def node_score(facts: status.GPUNodeStatus) -> float | None:
-    """The node's performance score in [0, 1] on this one report (module docstring); None when no GPU is
-    busy. The timer judges the score of a node's recent reports (`smoothed`)."""
-    return score_of(clocks_of(facts))
-
-
-Clocks = tuple[tuple[float | None, ...], float, tuple[int, ...]]
-"""One report's clock ratio of each GPU by position (None: not busy, or no clocks), its throttle share
-(the share of busy GPUs with a thermal or power slowdown reason) and those GPUs' positions."""
-
-
-def clocks_of(facts: status.GPUNodeStatus) -> Clocks | None:
-    """The report's `Clocks`; None when no GPU is busy."""
-    gpus = facts.get("gpus")
-    if not isinstance(gpus, list):
-        return None
-    ratios: list[float | None] = []
-    busy = 0
-    throttled: list[int] = []
-    for position, gpu in enumerate(gpus):
-        if type(gpu) is gpu_facts.GPUFacts:
-            read: tuple[object, ...] = _CLOCK_FACTS(gpu)  # one C call (ABSENT: not reported)
-        elif isinstance(gpu, gpu_facts.MAPPINGS):
-            read = tuple(map(gpu.get, _CLOCK_FIELDS))
-        else:
-            ratios.append(None)
-            continue
-        ratio = _clock_ratio(*read)
-        ratios.append(ratio)
-        if ratio is None:
-            continue
-        busy += 1
-        reasons = read[4]
-        if isinstance(reasons, list) and _SLOWDOWN_REASONS.intersection(
-            r for r in reasons if isinstance(r, str)
-        ):
-            throttled.append(position)
-    if not busy:
-        return None
-    return _interned(tuple(ratios)), len(throttled) / busy, tuple(throttled)
-
-
-def score_of(clocks: Clocks | None) -> float | None:
-    """`node_score` of a report's `Clocks`: `_score` of a window of one, whose median of one value per
-    GPU is that value, so the slowest busy GPU's ratio times (1 - the throttle share), the same float."""
-    if clocks is None:
-        return None
-    ratios, share, _ = clocks
-    return min(r for r in ratios if r is not None) * (1 - share)
-
-
-def _score(window: Sequence[Clocks]) -> float | None:
-    """min over GPUs of the GPU's median clock ratio over `window` (its reports without a slowdown reason
-    for it, if any), times (1 - the median throttle share); a single report's score is its slowest busy
-    GPU's ratio times (1 - its throttle share)."""
-    medians = []
-    for position in range(max(len(ratios) for ratios, _, _ in window)):
-        clear: list[float] = []
-        hot: list[float] = []
-        for ratios, _, throttled in window:
-            if position < len(ratios) and (r := ratios[position]) is not None:
-                (hot if position in throttled else clear).append(r)
-        if clear or hot:
-            medians.append(_median(clear or hot))
-    if not medians:
-        return None
-    return min(medians) * (1 - _median([share for _, share, _ in window]))
-
-
-def _median(values: list[float]) -> float:
-    """`statistics.median` of a non-empty list, the same float, without its generality (per GPU per
-    window move)."""
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
 
 def settled(samples: Samples) -> bool:
     """Whether the node's smoothed score rests on SETTLED_SAMPLES reports or more. A node back from an
@@ -272,12 +125,12 @@ def settled(samples: Samples) -> bool:
 
 def smoothed(  # noqa: PLR0917 - one report's inputs
     samples: Samples,
-    performance: Performance,
-    clocks: Clocks | None,
+    performance: straggler_scores.Performance,
+    clocks: straggler_scores.Clocks | None,
     sampled_at: datetime.datetime | None,
     now: datetime.datetime,
     period_seconds: float,
-) -> Performance:
+) -> straggler_scores.Performance:
     """The node's `performance` with the score of its reports of the last CLOCK_WINDOW_SAMPLES heartbeats
     (module docstring, "Smoothed"), kept in `samples.clocks`: a report's clocks are added once, by its
     receipt time `sampled_at`, and the score is worked out again only when the window moves. `clocks`:
@@ -298,7 +151,7 @@ def smoothed(  # noqa: PLR0917 - one report's inputs
     if not window:
         return performance
     if samples.smoothed_score is None:
-        samples.smoothed_score = _score([clocks for _, clocks in window])
+        samples.smoothed_score = straggler_scores.window_score([clocks for _, clocks in window])
     return cohort, samples.smoothed_score if samples.smoothed_score is not None else score
 
 
@@ -314,224 +167,6 @@ def _episode_ended(samples: Samples) -> None:
     window[:] = [(at, clocks) for at, clocks in window if not clocks[1]]
     samples[:] = [(at, z) for at, z in samples if at > last_hot]
     samples.memo = None
-
-
-_CLOCK_FIELDS: Final = ("smClockMHz", "maxSmClockMHz", "lost", "utilizationPercent", "clockEventReasons")
-"""What `clocks_of` reads of a GPU (`_clock_ratio`'s arguments in order)."""
-_CLOCK_FACTS: Final = operator.attrgetter(*_CLOCK_FIELDS)
-
-
-def _clock_ratio(
-    sm_clock: object, max_sm_clock: object, lost: object, utilization: object, reasons: object
-) -> float | None:
-    """A GPU's SM clock over its maximum, from its `_CLOCK_FIELDS`; None when not busy or without clocks."""
-    clock, max_clock = _number(sm_clock), _number(max_sm_clock)
-    if lost is True or clock is None or max_clock is None or not _busy(utilization, reasons):
-        return None
-    if max_clock <= 0 or clock < 0:
-        return None
-    return _interned(min(1.0, clock / max_clock))
-
-
-_RATIOS: Final = interning.Table(16384)
-"""One copy of each clock ratio and tuple of ratios: clocks step in MHz bins, so a fleet's GPUs report a
-few thousand ratios between them, and each report's ratios are kept (its score, the clock window)."""
-_T = TypeVar("_T", bound=Hashable)
-
-
-def _interned(value: _T) -> _T:
-    return _RATIOS.one(value, value)
-
-
-def _busy(utilization_percent: object, reasons: object) -> bool:
-    """Utilization above signals.BUSY_UTILIZATION_PERCENT; where the board reports none (a GPU in MIG
-    mode: NVML has no utilization for it), a GPU whose clock event reasons do not say GpuIdle."""
-    utilization = _number(utilization_percent)
-    if utilization is not None:
-        return utilization > signals.BUSY_UTILIZATION_PERCENT
-    return isinstance(reasons, list) and IDLE_REASON not in reasons
-
-
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _gpus_missing(facts: status.GPUNodeStatus) -> bool:
-    gpus = facts.get("gpus")
-    if not isinstance(gpus, list):
-        return True
-    if any(isinstance(g, gpu_facts.MAPPINGS) and g.get("lost") is True for g in gpus):
-        return True
-    return faults.missing_gpus(len(gpus), faults.seen_by_agent(facts)) is not None
-
-
-def _judge_cohort(scores: Mapping[str, float], threshold: float) -> dict[str, model.StragglerScore]:
-    median, scale = cohort_scale(list(scores.values()))
-    peers = len(scores) - 1
-    slowest = slowest_peers(scores)
-    return {name: judge(s, median, scale, peers, threshold, slowest.get(name)) for name, s in scores.items()}
-
-
-def judged_peers(peers: int) -> bool:
-    """Whether a node with this many busy peers can be flagged at all (a small cohort's fallback included)."""
-    return peers >= SMALL_COHORT_PEERS
-
-
-def slowest_peers(scores: Mapping[str, float]) -> dict[str, float]:
-    """For a small cohort (module docstring), each member's slowest peer's score; empty for any other."""
-    if not SMALL_COHORT_PEERS <= len(scores) - 1 < MIN_PEERS:
-        return {}
-    ordered = sorted(scores.items(), key=lambda item: item[1])
-    lowest, second = ordered[0], ordered[1]
-    return {name: second[1] if name == lowest[0] else lowest[1] for name in scores}
-
-
-def cohort_scale(values: Sequence[float]) -> tuple[float, float]:
-    """The cohort's median score and its z-scores' scale: the MAD, floored (module docstring)."""
-    median = statistics.median(values)
-    return median, floored(median, statistics.median(abs(v - median) for v in values))
-
-
-def floored(median: float, mad: float) -> float:
-    """The z-scores' scale: the cohort's MAD, at least MAD_FLOOR_FRACTION of its median."""
-    return max(mad, MAD_FLOOR_FRACTION * abs(median), MAD_FLOOR_ABSOLUTE)
-
-
-class SortedScores:
-    """A cohort's scores kept sorted, for its median and MAD after one member's score changed.
-
-    `cohort_scale` sorts every score and every distance from the median again: at 5,000 members
-    on every tick a member reports, that is most of the scoring's time. Here a score moves in or out
-    by bisection, and `median_and_mad` picks the middle of the distances from the two runs either
-    side of the median (each sorted by distance), so both are the very numbers `statistics.median`
-    gives: the same elements, and for an even count the same `(a + b) / 2`. Only for finite,
-    non-zero scores (a zero's sign or a NaN would make "the same element" ambiguous): `exact` says
-    whether they all are, else the caller sorts (`cohort_scale`).
-    """
-
-    __slots__ = ("_odd", "values")
-
-    def __init__(self) -> None:
-        self.values: list[float] = []
-        """The finite, non-zero scores, sorted."""
-        self._odd = 0
-        """How many scores are zero, NaN or infinite (not in `values`)."""
-
-    @property
-    def exact(self) -> bool:
-        return not self._odd
-
-    def add(self, value: float) -> None:
-        if _plain(value):
-            bisect.insort(self.values, value)
-        else:
-            self._odd += 1
-
-    def remove(self, value: float) -> None:
-        if _plain(value):
-            del self.values[bisect.bisect_left(self.values, value)]
-        else:
-            self._odd -= 1
-
-    def median_and_mad(self) -> tuple[float, float]:
-        """`statistics.median` of the values, and of their distances from it (`exact` values only)."""
-        values = self.values
-        n = len(values)
-        median = values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
-        split = bisect.bisect_left(values, median)  # below: values[split - 1 - j]; from: values[split + j]
-
-        def below(j: int) -> float:
-            return abs(values[split - 1 - j] - median)
-
-        def above(j: int) -> float:
-            return abs(values[split + j] - median)
-
-        def smallest(k: int) -> float:
-            """The k-th smallest distance (from 0): i of them below the median, k + 1 - i from it up."""
-            lo, hi = max(0, k + 1 - (n - split)), min(k + 1, split)
-            while lo < hi:  # the fewest taken below such that the next one below is not smaller
-                i = (lo + hi) // 2
-                if below(i) < above(k - i):
-                    lo = i + 1
-                else:
-                    hi = i
-            i = lo
-            taken = [below(i - 1)] if i > 0 else []
-            taken += [above(k - i)] if k - i >= 0 else []
-            return max(taken)
-
-        if n % 2:
-            return median, smallest(n // 2)
-        return median, (smallest(n // 2 - 1) + smallest(n // 2)) / 2
-
-
-def _plain(value: float) -> bool:
-    return value != 0.0 and math.isfinite(value)
-
-
-def judge(  # noqa: PLR0917 - one member's inputs
-    score: float,
-    median: float,
-    scale: float,
-    peers: int,
-    threshold: float,
-    slowest_peer: float | None = None,
-) -> model.StragglerScore:
-    """One cohort member's StragglerScore, given its cohort's `cohort_scale` and its peers' count; in a
-    small cohort, `slowest_peer` (`slowest_peers`) is what it is judged against."""
-    z = _z(score, median, scale, peers, slowest_peer)
-    return model.StragglerScore(
-        # Rounded so that sensor noise does not rewrite every cohort member's status.
-        score=round(score, 3),
-        z_score=round(z, 1),
-        peers=peers,
-        flagged=_flags(z, peers, threshold, slowest_peer),
-    )
-
-
-def _z(score: float, median: float, scale: float, peers: int, slowest_peer: float | None) -> float:
-    against = median if peers >= MIN_PEERS or slowest_peer is None else slowest_peer
-    return MAD_TO_SIGMA * (score - against) / scale
-
-
-def _flags(z: float, peers: int, threshold: float, slowest_peer: float | None) -> bool:
-    if peers >= MIN_PEERS:
-        return z < -threshold
-    return judged_peers(peers) and slowest_peer is not None and z < -threshold
-
-
-def rejudged(  # noqa: PLR0917 - `judge`'s inputs for a whole cohort
-    scores: Mapping[str, float],
-    median: float,
-    scale: float,
-    peers: int,
-    threshold: float,
-    known: Mapping[str, model.StragglerScore],
-) -> dict[str, model.StragglerScore]:
-    """`judge` of each of `scores`' members whose StragglerScore is not the one `known` holds for it (to
-    the sign of a zero): after the cohort's statistics moved, most members' rounded numbers did not. A
-    small cohort's members are judged against each other (`slowest_peers`): `scores` is then the whole
-    cohort."""
-    changed = {}
-    slowest = slowest_peers(scores) if peers < MIN_PEERS else {}
-    for name, score in scores.items():
-        z = _z(score, median, scale, peers, slowest.get(name))  # `judge`'s
-        old = known.get(name)
-        if (
-            old is None
-            or old.peers != peers
-            or old.flagged != _flags(z, peers, threshold, slowest.get(name))
-            or not same(old.z_score, round(z, 1))
-            or not same(old.score, round(score, 3))
-            or old.since is not None
-        ):
-            changed[name] = judge(score, median, scale, peers, threshold, slowest.get(name))
-    return changed
-
-
-def same(a: float, b: float) -> bool:
-    """`a` and `b` are the same number, a zero's sign included (`-0.0 == 0.0`, but one is written "-0.0")."""
-    return a == b and (a != 0.0 or math.copysign(1.0, a) == math.copysign(1.0, b))
 
 
 Window = MutableSequence[tuple[datetime.datetime, float]]
@@ -554,10 +189,10 @@ class Samples(list[tuple[datetime.datetime, float]]):
     def __init__(self) -> None:
         super().__init__()
         self.memo: tuple[object, datetime.datetime, tuple[bool, datetime.datetime | None]] | None = None
-        self.clocks: list[tuple[datetime.datetime, Clocks]] = []
+        self.clocks: list[tuple[datetime.datetime, straggler_scores.Clocks]] = []
         """The node's recent reports' clocks (`smoothed`), oldest first."""
         self.smoothed_score: float | None = None
-        """`_score` of `clocks`; None: to work out again."""
+        """`straggler_scores.window_score` of `clocks`; None: to work out again."""
 
 
 def windowed(  # noqa: PLR0917 - one judgement's inputs
@@ -588,7 +223,7 @@ def windowed(  # noqa: PLR0917 - one judgement's inputs
     last = samples[-1] if samples else None
     inputs = (
         last,
-        judged_peers(score.peers),
+        straggler_stats.judged_peers(score.peers),
         window_seconds,
         period_seconds,
         threshold,
@@ -626,7 +261,7 @@ def _judge_window(  # noqa: PLR0917 - `windowed`'s inputs
         del samples[0]
     horizon = now - datetime.timedelta(seconds=window)
     recent = [(at, z) for at, z in samples if at >= horizon]
-    if not judged_peers(score.peers) or not recent:
+    if not straggler_stats.judged_peers(score.peers) or not recent:
         flagged = False
     elif was_flagged:
         held = [z for at, z in samples if flagged_since is None or at >= flagged_since]
@@ -675,7 +310,7 @@ STATUS_PEERS_STEP = 0.25
 def _peers_moved(written: object, desired: float) -> bool:
     if isinstance(written, bool) or not isinstance(written, int):
         return True
-    if (written < MIN_PEERS) != (desired < MIN_PEERS):
+    if (written < straggler_stats.MIN_PEERS) != (desired < straggler_stats.MIN_PEERS):
         return True
     return desired != written and abs(desired - written) >= STATUS_PEERS_STEP * written
 

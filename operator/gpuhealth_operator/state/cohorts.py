@@ -2,7 +2,7 @@
 
 The timer judges every straggler cohort on every tick (`reconciler.score_stragglers`): per member its
 staleness (`signals.agent_is_stale`), its smoothed score (`stragglers.smoothed`), its z against the
-cohort's median and scale (`stragglers.judge`) and its window (`stragglers.windowed`). Done for every
+cohort's median and scale (`straggler_stats.judge`) and its window (`stragglers.windowed`). Done for every
 member on every tick that cost grew with the fleet, not with the reports (about 100 ms a tick at 5,000
 nodes). Here each policy's cohorts are kept across ticks, and a tick calls those same functions, with the
 same arguments, only for the members whose calls could answer otherwise or change something:
@@ -35,7 +35,15 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuhealth_api import heartbeats, vocabulary
-from gpuhealth_operator.decisions import liveness, model, policies, signals, stragglers
+from gpuhealth_operator.decisions import (
+    liveness,
+    model,
+    policies,
+    signals,
+    straggler_scores,
+    straggler_stats,
+    stragglers,
+)
 
 if TYPE_CHECKING:
     from gpuhealth_operator.state import agent_pods, cache
@@ -100,7 +108,7 @@ def judged_part(score: model.StragglerScore | None) -> object:
 class _Member:
     record: cache.GPUNodeRecord | None = None
     """The record its score was worked out from (a scored member's)."""
-    group: stragglers.Cohort | None = None
+    group: straggler_scores.Cohort | None = None
     """The cohort it is scored in; None: no score (stale, idle, no cohort, a lost GPU)."""
     score: float = 0.0
     period: float = 0.0
@@ -116,7 +124,7 @@ class _Member:
 @dataclasses.dataclass(slots=True, eq=False)
 class _Group:
     scores: dict[str, float] = dataclasses.field(default_factory=dict)
-    ordered: stragglers.SortedScores = dataclasses.field(default_factory=stragglers.SortedScores)
+    ordered: straggler_stats.SortedScores = dataclasses.field(default_factory=straggler_stats.SortedScores)
     """`scores`' values, sorted."""
     judged: dict[str, model.StragglerScore] = dataclasses.field(default_factory=dict)
     """Each member's StragglerScore against the cohort, before its window."""
@@ -143,8 +151,8 @@ class _PolicyCohorts:
         self.outs: list[Any] = []  # what the last tick saw (`_UNSEEN`: nothing yet)
         self.count = 0
         """How many of `outs` are scores (entries of this policy in `Context.judging.stragglers`)."""
-        self.groups: dict[stragglers.Cohort, _Group] = {}
-        self.dirty: set[stragglers.Cohort] = set()
+        self.groups: dict[straggler_scores.Cohort, _Group] = {}
+        self.dirty: set[straggler_scores.Cohort] = set()
         self.pending: set[int] = set()
         self.heap: list[tuple[datetime.datetime, int, int]] = []
         self.seq = itertools.count()
@@ -259,19 +267,21 @@ class _PolicyCohorts:
                 continue
             if group.ordered.exact:
                 median, mad = group.ordered.median_and_mad()
-                scale = stragglers.floored(median, mad)
+                scale = straggler_stats.floored(median, mad)
             else:
-                median, scale = stragglers.cohort_scale(list(group.scores.values()))
+                median, scale = straggler_stats.cohort_scale(list(group.scores.values()))
             peers = len(group.scores) - 1
             judging = group.scores  # the statistics moved: every member's z may have
             if group.stats is not None:
                 was_median, was_scale, was_peers = group.stats
-                same = stragglers.same(median, was_median) and stragglers.same(scale, was_scale)
-                if same and peers == was_peers and peers >= stragglers.MIN_PEERS:  # small: each is each's
+                same = straggler_stats.same(median, was_median) and straggler_stats.same(scale, was_scale)
+                if (
+                    same and peers == was_peers and peers >= straggler_stats.MIN_PEERS
+                ):  # small: each is each's
                     judging = {name: group.scores[name] for name in group.changed}
             group.stats = (median, scale, peers)
             group.changed.clear()
-            rejudged = stragglers.rejudged(judging, median, scale, peers, self.threshold, group.judged)
+            rejudged = straggler_stats.rejudged(judging, median, scale, peers, self.threshold, group.judged)
             group.judged.update(rejudged)
             rewindow.update(self.index[name] for name in rejudged)
         self.dirty.clear()
@@ -291,7 +301,7 @@ class _PolicyCohorts:
         gpunode: cache.GPUNodeRecord | None = record
         agent_pod: liveness.AgentPod | None = pod
         member.look_due = None
-        performance: stragglers.Performance = (None, None)
+        performance: straggler_scores.Performance = (None, None)
         if gpunode is not None and not signals.agent_is_stale(
             gpunode.stale_limit, gpunode.report_age(now), now, agent_pod
         ):
@@ -338,7 +348,7 @@ class _PolicyCohorts:
             group.changed.add(name)
             self.dirty.add(cohort)
             member.group = cohort
-        elif not stragglers.same(member.score, score):
+        elif not straggler_stats.same(member.score, score):
             group = self.groups[cohort]
             group.ordered.remove(group.scores[name])
             group.ordered.add(score)
@@ -386,7 +396,7 @@ class _PolicyCohorts:
         last = samples[-1] if samples else None
         inputs = (
             last,
-            stragglers.judged_peers(out.peers),
+            straggler_stats.judged_peers(out.peers),
             self.for_seconds,
             member.period,
             self.threshold,

@@ -42,7 +42,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from gpuhealth_operator.decisions import stragglers
+from gpuhealth_operator.decisions import straggler_scores
 from gpuhealth_sim.backtest import replayer, traces
 
 STRAGGLER_SLOWDOWN: Final = 0.10
@@ -369,8 +369,8 @@ def baseline_flags(trace: pathlib.Path) -> list[Flag]:
 def _baseline_round(latest: Mapping[str, Mapping[str, Any]], t: float) -> list[Flag]:
     cohorts: dict[tuple[str, str], dict[str, float]] = {}
     for name, status in latest.items():
-        cohort = stragglers.cohort_of(status)  # type: ignore[arg-type]
-        score = stragglers.node_score(status)  # type: ignore[arg-type]
+        cohort = straggler_scores.cohort_of(status)  # type: ignore[arg-type]
+        score = straggler_scores.node_score(status)  # type: ignore[arg-type]
         if cohort is not None and score is not None and score > 0:
             cohorts.setdefault(cohort, {})[name] = 1 / score
     flags = []

@@ -519,8 +519,8 @@ STORE_TYPES = (
 )
 CONSTANT = {
     "gpuhealth_operator.state.breakers._RESTORED_STATES": "a table built at import",
-    "gpuhealth_operator.state.cache._DERIVATIONS": "a table built at import",
-    "gpuhealth_operator.state.cache._MOVING_SAMPLES": "a table built at import",
+    "gpuhealth_operator.state.records._DERIVATIONS": "a table built at import",
+    "gpuhealth_operator.state.records._MOVING_SAMPLES": "a table built at import",
     "gpuhealth_operator.state.compaction.GPU_FIELDS": "a table built at import",
     "gpuhealth_operator.state.compaction._EMPTY_LIST": "the shared empty list (never appended to)",
     "gpuhealth_operator.state.compaction._COMPACTIONS": "a table built at import",
@@ -530,7 +530,7 @@ CONSTANT = {
     "gpuhealth_operator.decisions.overlap.ACTION_STRENGTH": "a table built at import",
     "gpuhealth_operator.decisions.policies.DEFAULT_STEP_TIMEOUTS": "a table built at import",
     "gpuhealth_operator.decisions.severity._RANKS": "a table built at import",
-    "gpuhealth_operator.decisions.signals._MOVING": "a table built at import",
+    "gpuhealth_operator.decisions.healthy_reports._MOVING": "a table built at import",
     "gpuhealth_operator.decisions.signals._HEALTHY_MESSAGES": "a table built at import",
     "gpuhealth_operator.decisions.signals._HEALTHY": "a table built at import",
     "gpuhealth_operator.decisions.stragglers.STATUS_STEPS": "a table built at import",

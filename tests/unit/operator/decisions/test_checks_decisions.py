@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator.decisions import checks, model, policies, stragglers
+from gpuhealth_operator.decisions import checks, model, policies, straggler_stats
 
 Result = vocabulary.CheckResult
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
@@ -449,8 +449,10 @@ def test_a_node_without_the_figure_has_no_z() -> None:
 def test_the_z_score_is_the_stragglers_robust_one() -> None:
     """The same median and floored MAD as decisions/stragglers (no second copy of the statistics)."""
     values = {f"n{i}": v for i, v in enumerate([10.0, 10.1, 9.9, 10.2, 9.8, 7.0])}
-    median, scale = stragglers.cohort_scale(list(values.values()))
-    assert checks.figure_z("n5", values) == pytest.approx(stragglers.MAD_TO_SIGMA * (7.0 - median) / scale)
+    median, scale = straggler_stats.cohort_scale(list(values.values()))
+    assert checks.figure_z("n5", values) == pytest.approx(
+        straggler_stats.MAD_TO_SIGMA * (7.0 - median) / scale
+    )
     assert math.isfinite(checks.figure_z("n0", {f"n{i}": 5.0 for i in range(6)}) or 0.0)
 
 

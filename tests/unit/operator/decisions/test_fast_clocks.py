@@ -1,6 +1,6 @@
 """Issue 52: a report's clocks read in one call per GPU are the clocks read field by field.
 
-`stragglers.clocks_of` reads the five facts it needs of a cached GPU (`gpu_facts.GPUFacts`) at once.
+`straggler_scores.clocks_of` reads the five facts it needs of a cached GPU (`gpu_facts.GPUFacts`) at once.
 Held here equal to the code it replaced (copied below as the slow path), cached and decoded.
 """
 
@@ -12,19 +12,22 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuhealth_operator.decisions import gpu_facts, signals, stragglers
+from gpuhealth_operator.decisions import gpu_facts, signals, straggler_scores
 from gpuhealth_operator.state import compaction
 
 
 def slow_ratio(gpu: Mapping[str, Any]) -> float | None:
-    """`stragglers._clock_ratio` as it was before (each fact read with `get`)."""
-    clock, max_clock = stragglers._number(gpu.get("smClockMHz")), stragglers._number(gpu.get("maxSmClockMHz"))
-    utilization = stragglers._number(gpu.get("utilizationPercent"))
+    """`straggler_scores._clock_ratio` as it was before (each fact read with `get`)."""
+    clock, max_clock = (
+        straggler_scores._number(gpu.get("smClockMHz")),
+        straggler_scores._number(gpu.get("maxSmClockMHz")),
+    )
+    utilization = straggler_scores._number(gpu.get("utilizationPercent"))
     if utilization is not None:
         busy = utilization > signals.BUSY_UTILIZATION_PERCENT
     else:
         reasons = gpu.get("clockEventReasons")
-        busy = isinstance(reasons, list) and stragglers.IDLE_REASON not in reasons
+        busy = isinstance(reasons, list) and straggler_scores.IDLE_REASON not in reasons
     if gpu.get("lost") is True or clock is None or max_clock is None or not busy:
         return None
     if max_clock <= 0 or clock < 0:
@@ -32,7 +35,7 @@ def slow_ratio(gpu: Mapping[str, Any]) -> float | None:
     return min(1.0, clock / max_clock)
 
 
-def slow_clocks(facts: Mapping[str, Any]) -> stragglers.Clocks | None:
+def slow_clocks(facts: Mapping[str, Any]) -> straggler_scores.Clocks | None:
     gpus = facts.get("gpus")
     if not isinstance(gpus, list):
         return None
@@ -42,7 +45,7 @@ def slow_clocks(facts: Mapping[str, Any]) -> stragglers.Clocks | None:
         ratio = slow_ratio(gpu) if isinstance(gpu, gpu_facts.MAPPINGS) else None
         ratios.append(ratio)
         reasons = gpu.get("clockEventReasons") if ratio is not None else None
-        if isinstance(reasons, list) and stragglers._SLOWDOWN_REASONS.intersection(
+        if isinstance(reasons, list) and straggler_scores._SLOWDOWN_REASONS.intersection(
             r for r in reasons if isinstance(r, str)
         ):
             throttled.append(position)
@@ -74,4 +77,4 @@ _GPU = st.fixed_dictionaries(
 def test_clocks_read_at_once_are_the_clocks_read_field_by_field(gpus: list[Any], cached: bool) -> None:
     """Any GPUs (busy, idle, lost, without clocks, with odd values, not mappings at all)."""
     report = [compaction.compact_gpu(g) if cached and isinstance(g, dict) else g for g in gpus]
-    assert stragglers.clocks_of({"gpus": report}) == slow_clocks({"gpus": report})  # type: ignore[typeddict-item]
+    assert straggler_scores.clocks_of({"gpus": report}) == slow_clocks({"gpus": report})  # type: ignore[typeddict-item]

@@ -9,7 +9,7 @@ shows the episode over, its reports leave the window and their z-scores the node
 import datetime
 from typing import Any
 
-from gpuhealth_operator.decisions import model, stragglers
+from gpuhealth_operator.decisions import model, straggler_scores, stragglers
 
 T0 = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)
 PERIOD = 300.0
@@ -28,16 +28,16 @@ def report(throttled: bool) -> Any:
     return {"agent": {"driverVersion": "570"}, "summary": {"model": H100, "gpuCount": 8}, "gpus": gpus}
 
 
-def feed(samples: stragglers.Samples, reports: list[bool]) -> stragglers.Performance:
+def feed(samples: stragglers.Samples, reports: list[bool]) -> straggler_scores.Performance:
     """The node's reports one heartbeat apart (True: throttled); its smoothed performance after the last,
     with a z-score recorded for each (a throttled report's low, as the cohort judged it then)."""
-    performance: stragglers.Performance = (None, None)
+    performance: straggler_scores.Performance = (None, None)
     for i, throttled in enumerate(reports):
         at = T0 + datetime.timedelta(seconds=i * PERIOD)
         facts = report(throttled)
-        clocks = stragglers.clocks_of(facts)
+        clocks = straggler_scores.clocks_of(facts)
         performance = stragglers.smoothed(
-            samples, stragglers.performance_with(facts, clocks), clocks, at, at, PERIOD
+            samples, straggler_scores.performance_with(facts, clocks), clocks, at, at, PERIOD
         )
         samples.append((at, -6.0 if throttled else 0.0))
     return performance

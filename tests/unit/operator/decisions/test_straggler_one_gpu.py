@@ -20,7 +20,7 @@ import gpunode_facts
 import handling
 import operator_context
 from gpuhealth_api import resources
-from gpuhealth_operator.decisions import stragglers, times
+from gpuhealth_operator.decisions import straggler_scores, stragglers, times
 from gpuhealth_operator.runtime import handlers, reconciler
 from gpuhealth_sim.backtest import memcluster
 
@@ -150,13 +150,13 @@ def test_a_thermal_bursts_clocks_stay_out_of_the_gpus_median() -> None:
         (569622.5, 1980, False),
     ]
     samples = stragglers.Samples()
-    performance: stragglers.Performance = (None, None)
+    performance: straggler_scores.Performance = (None, None)
     for seconds, gpu3, throttled in reports:
         at = NOW + datetime.timedelta(seconds=seconds - 569622.5)
         overrides = {3: {"smClockMHz": gpu3, "clockEventReasons": ["SwThermalSlowdown"] if throttled else []}}
         facts: Any = gpunode_facts.agent_status(model=H200, overrides=overrides, heartbeat_seconds=HEARTBEAT)
-        performance = stragglers.performance_of(facts)
-        clocks = stragglers.clocks_of(facts)
+        performance = straggler_scores.performance_of(facts)
+        clocks = straggler_scores.clocks_of(facts)
         performance = stragglers.smoothed(samples, performance, clocks, at, at, HEARTBEAT)
     # Since issue 47 the burst's three reports leave the window once a report shows it over.
     assert len(samples.clocks) == len(reports) - 3
@@ -168,7 +168,7 @@ def test_a_gpu_throttled_in_every_report_keeps_its_throttled_clock_and_its_share
     throttle share counts: such a node is slow whenever it runs."""
     hot = {i: {"smClockMHz": 1680, "clockEventReasons": ["SwThermalSlowdown"]} for i in (0,)}
     facts = gpunode_facts.agent_status(model=H200, overrides=hot)
-    assert stragglers.node_score(facts) == pytest.approx(1680 / MAX_CLOCK * (1 - 1 / 8), abs=1e-3)
+    assert straggler_scores.node_score(facts) == pytest.approx(1680 / MAX_CLOCK * (1 - 1 / 8), abs=1e-3)
 
 
 def mig_facts(clock_mhz: int, reasons: list[str]) -> Any:
@@ -183,10 +183,12 @@ def mig_facts(clock_mhz: int, reasons: list[str]) -> Any:
 def test_a_busy_gpu_in_mig_mode_is_scored_by_its_clock_event_reasons() -> None:
     """Without utilization, a GPU that does not report GpuIdle is busy: a MIG node's straggler is judged
     (the missed 25 % all-GPU straggler of seed 101 was on a MIG node), an idle MIG node is not."""
-    assert stragglers.node_score(mig_facts(1485, [])) == pytest.approx(1485 / MAX_CLOCK, abs=1e-3)
-    assert stragglers.node_score(mig_facts(1485, ["SwPowerCap"])) == pytest.approx(1485 / MAX_CLOCK, abs=1e-3)
-    assert stragglers.node_score(mig_facts(345, ["GpuIdle"])) is None
+    assert straggler_scores.node_score(mig_facts(1485, [])) == pytest.approx(1485 / MAX_CLOCK, abs=1e-3)
+    assert straggler_scores.node_score(mig_facts(1485, ["SwPowerCap"])) == pytest.approx(
+        1485 / MAX_CLOCK, abs=1e-3
+    )
+    assert straggler_scores.node_score(mig_facts(345, ["GpuIdle"])) is None
     no_reasons = mig_facts(1485, [])
     for gpu in no_reasons["gpus"]:
         del gpu["clockEventReasons"]
-    assert stragglers.node_score(no_reasons) is None, "neither utilization nor reasons: not judged"
+    assert straggler_scores.node_score(no_reasons) is None, "neither utilization nor reasons: not judged"

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gpuhealth_operator.decisions import stragglers
+from gpuhealth_operator.decisions import straggler_scores, straggler_stats
 
 H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -47,7 +47,9 @@ def node(
 
 def score(members: dict[str, Any]) -> dict[str, Any]:
     """The timer's judgement of fresh nodes' facts (`reconciler.score_stragglers` leaves out stale ones)."""
-    return stragglers.judge_nodes({name: stragglers.performance_of(f) for name, f in members.items()}, 3.5)
+    return straggler_stats.judge_nodes(
+        {name: straggler_scores.performance_of(f) for name, f in members.items()}, 3.5
+    )
 
 
 def flagged(scores: dict[str, Any]) -> set[str]:
@@ -169,14 +171,14 @@ def test_garbage_gpu_fields_do_not_score() -> None:
     for gpu in facts["gpus"]:
         gpu["smClockMHz"] = "fast"
     facts["gpus"].append("junk")
-    assert stragglers.node_score(facts) is None
+    assert straggler_scores.node_score(facts) is None
 
 
 def test_node_score_uses_worst_busy_gpu() -> None:
     facts = node(slow_gpu_clock=990)
     facts["gpus"][1]["utilizationPercent"] = 0  # an idle GPU is not judged
     facts["gpus"][1]["smClockMHz"] = 100
-    assert stragglers.node_score(facts) == pytest.approx(0.5)
+    assert straggler_scores.node_score(facts) == pytest.approx(0.5)
 
 
 def test_a_reports_score_is_its_window_of_one_to_the_bit() -> None:
@@ -191,8 +193,8 @@ def test_a_reports_score_is_its_window_of_one_to_the_bit() -> None:
             continue
         throttled = tuple(i for i in busy if rng.random() < 0.3)
         clocks = (ratios, len(throttled) / len(busy), throttled)
-        assert stragglers.score_of(clocks) == stragglers._score((clocks,))
-    assert stragglers.score_of(None) is None
+        assert straggler_scores.score_of(clocks) == straggler_scores.window_score((clocks,))
+    assert straggler_scores.score_of(None) is None
 
 
 def _reference_score(window: Any) -> float | None:
@@ -227,4 +229,4 @@ def test_a_windows_score_is_the_median_definition_to_the_bit() -> None:
             busy = [i for i, r in enumerate(ratios) if r is not None] or [0]
             throttled = tuple(i for i in busy if rng.random() < 0.1)
             window.append((ratios, len(throttled) / len(busy), throttled))
-        assert stragglers._score(window) == _reference_score(window)
+        assert straggler_scores.window_score(window) == _reference_score(window)

@@ -21,7 +21,15 @@ from typing import Any
 import pytest
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator.decisions import liveness, model, policies, signals, stragglers, times
+from gpuhealth_operator.decisions import (
+    liveness,
+    model,
+    policies,
+    signals,
+    straggler_stats,
+    stragglers,
+    times,
+)
 from gpuhealth_operator.state import cache, cohorts
 
 T0 = datetime.datetime(2026, 11, 26, 12, 0, tzinfo=datetime.UTC)
@@ -58,7 +66,7 @@ def full_score_stragglers(ctx: Any, now: datetime.datetime) -> set[str]:
             else gpunode.performance
             for name, gpunode in fresh.items()
         }
-        for name, score in stragglers.judge_nodes(performance, threshold).items():
+        for name, score in straggler_stats.judge_nodes(performance, threshold).items():
             samples = ctx.judging.straggler_samples[(policy.name, name)]
             ctx.judging.stragglers[(policy.name, name)] = stragglers.windowed(
                 samples,
@@ -296,7 +304,7 @@ def test_sorted_scores_give_the_median_and_mad_of_statistics(seed: int) -> None:
     levels = [
         round(MAX_CLOCK * rng.uniform(0.8, 1.0) / 15) * 15 / MAX_CLOCK for _ in range(rng.randint(1, 12))
     ]
-    scores = stragglers.SortedScores()
+    scores = straggler_stats.SortedScores()
     values: list[float] = []
     for _ in range(400):
         if values and rng.random() < 0.45:

@@ -212,7 +212,7 @@ def without_resting() -> Iterator[None]:
 
 
 NODES = ["a", "b", "c", "d", "e", "f"]
-"""A straggler cohort (at least `stragglers.MIN_PEERS` peers), `a` the one whose clock wanders."""
+"""A straggler cohort (at least `straggler_stats.MIN_PEERS` peers), `a` the one whose clock wanders."""
 
 
 def _steps(seed: int) -> list[tuple[str, str, dict[str, Any]]]:
