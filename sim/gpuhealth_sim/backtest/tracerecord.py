@@ -71,9 +71,9 @@ from gpuhealth_sim.backtest import traces
 from gpuhealth_sim.backtest.defaults import DEFAULT_AGENT_POD_NAMESPACE
 
 AGENT_STATUS_FIELDS: Final = ("agent", "summary", "gpus", "nics")
+"""The agent's part of a GPUNode status; the rest (health, issues, conditions...) is the operator's."""
 CHECKS_FIELD: Final = check_runs.STATUS_FIELD
 """GPUNode `status.checks[]`, the active checks' runs the operator wrote: each new one a `check` record."""
-"""The agent's part of a GPUNode status; the rest (health, issues, conditions...) is the operator's."""
 
 
 def node_view(obj: Mapping[str, Any]) -> dict[str, Any]:

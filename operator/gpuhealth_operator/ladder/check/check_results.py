@@ -165,11 +165,12 @@ def replayed(ctx: context.Context, node: str, entry: Mapping[str, Any]) -> tuple
     """A run recorded elsewhere (a backtest's trace: its live operator judged it) added to the node's
     history as `end` adds one: (its result, the Event message `end` said); None for an entry that is
     no run (`check_runs.runs_of` would leave it out) or one the history holds already."""
-    if not check_runs.runs_of([entry]) or _plain(entry) in history(ctx, node):
+    runs = check_runs.runs_of([entry])
+    if not runs or _plain(entry) in history(ctx, node):
         return None
     add(ctx, node, entry)
     result = Result(entry["result"])
-    figures = check_runs.runs_of([entry])[0].figures
+    figures = runs[0].figures
     message = entry.get("message")
     words = _words(
         str(entry["name"]),
