@@ -112,6 +112,26 @@ def test_operator_is_pointed_at_the_templates_and_the_release_namespace(
     config = operator_cli.parse_args(args)
     assert config.repair_templates == "gpu-fleet/render-gpu-health-repair-templates"
     assert config.repair_namespace == "gpu-fleet"
+    # Only the GPU Operator's own DaemonSet pod there is the node's DCGM host engine for validation.
+    assert config.gpu_operator_namespace == "gpu-operator"
+
+
+def test_the_gpu_operators_namespace_reaches_the_operator_and_openshift_names_its_own(
+    control_plane: local.ControlPlane,
+) -> None:
+    openshift = CHART / "platforms" / "openshift.yaml"
+    for args, expected in [
+        ((), "gpu-operator"),
+        (("--set", "repair.gpuOperatorNamespace=nvidia-gpu"), "nvidia-gpu"),
+        (("-f", str(openshift)), "nvidia-gpu-operator"),  # OperatorHub installs it there
+    ]:
+        config = operator_cli.parse_args(operator_args(render(control_plane, *args)))
+        assert config.gpu_operator_namespace == expected, args
+    refused = control_plane.helm(
+        "template", RELEASE, str(CHART), "--set", "repair.enabled=true",
+        "--set", "repair.gpuOperatorNamespace=Not A Namespace", check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "gpuOperatorNamespace" in refused.stderr
 
 
 def test_repair_permissions_are_namespaced_and_minimal(control_plane: local.ControlPlane) -> None:

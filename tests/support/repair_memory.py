@@ -14,7 +14,7 @@ import operator_context
 from gpuhealth_api import keys, resources
 from gpuhealth_operator.client import kube
 from gpuhealth_operator.runtime import handlers, ticker
-from gpuhealth_operator.shared import context
+from gpuhealth_operator.shared import context, settings
 from gpuhealth_sim.backtest import memcluster
 
 T0 = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
@@ -74,8 +74,10 @@ class Fleet:
         labels: dict[str, str] | None = None,
         cluster: Cluster | None = None,
         can_release: bool = True,
+        gpu_operator_namespace: str = OPERATOR_NAMESPACE,
     ) -> None:
         self.cluster = cluster or Cluster()
+        self.gpu_operator_namespace = gpu_operator_namespace
         self.cluster.clock = self.epoch
         self.now = T0
         self.confirms = confirms
@@ -93,8 +95,8 @@ class Fleet:
         return self.now.timestamp()
 
     def operator(self) -> context.Context:
-        ctx = operator_context.new_context(self.cluster, clock=lambda: self.now)
-        return ctx
+        config = settings.Settings(gpu_operator_namespace=self.gpu_operator_namespace)
+        return operator_context.new_context(self.cluster, config=config, clock=lambda: self.now)
 
     def policy(self) -> dict[str, Any]:
         spec = {

@@ -21,17 +21,17 @@ DEFAULT_PORT: Final = 5555
 """nv-hostengine's default TCP port, the hostPort of the GPU Operator's `nvidia-dcgm` DaemonSet."""
 
 
-def address(pods: Iterable[Mapping[str, Any]]) -> str | None:
+def address(pods: Iterable[Mapping[str, Any]], namespace: str) -> str | None:
     """`<host IP>:<port>` of a running standalone DCGM host engine among the node's pods, else None.
 
-    A pod counts when it runs (phase Running, not being deleted) and selects the GPU Operator's DCGM
-    label: its `status.hostIP` (written by the kubelet; anything but an IP address is refused, since it
-    becomes a command argument) and the hostPort of its container port 5555 (or one named `dcgm`), else
-    5555."""
+    A pod counts when it is the GPU Operator's (`operands_pod`: in `namespace`, controlled by a
+    DaemonSet), runs (phase Running, not being deleted) and selects the GPU Operator's DCGM label: its
+    `status.hostIP` (written by the kubelet; anything but an IP address is refused, since it becomes a
+    command argument) and the hostPort of its container port 5555 (or one named `dcgm`), else 5555."""
     for pod in pods:
         spec = pod.get("spec") or {}
         status = pod.get("status") or {}
-        if (spec.get("nodeSelector") or {}).get(DCGM_LABEL) != "true":
+        if (spec.get("nodeSelector") or {}).get(DCGM_LABEL) != "true" or not operands_pod(pod, namespace):
             continue
         if status.get("phase") != "Running" or (pod.get("metadata") or {}).get("deletionTimestamp"):
             continue
@@ -42,6 +42,26 @@ def address(pods: Iterable[Mapping[str, Any]]) -> str | None:
         port = _host_port(spec)
         return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
     return None
+
+
+def operands_pod(pod: Mapping[str, Any], namespace: str) -> bool:
+    """Whether `pod` is one of the GPU Operator's operand pods: in its namespace, controlled by a DaemonSet.
+
+    A pod's labels, nodeSelector, name and ports are anyone's to copy, and a tenant's pod on the node can
+    listen on the host's port 5555 where no nvidia-dcgm does. A Validation Job that asked such a "host
+    engine" would take the tenant's word that the GPUs are healthy and return a faulty node to service.
+    Creating pods in the GPU Operator's namespace takes rights a tenant does not have."""
+    meta = pod.get("metadata") or {}
+    if meta.get("namespace") != namespace:
+        return False
+    owners = meta.get("ownerReferences")
+    return isinstance(owners, list) and any(
+        isinstance(owner, Mapping)
+        and owner.get("controller") is True
+        and owner.get("kind") == "DaemonSet"
+        and str(owner.get("apiVersion", "")).startswith("apps/")
+        for owner in owners
+    )
 
 
 def _host_port(spec: Mapping[str, Any]) -> int:

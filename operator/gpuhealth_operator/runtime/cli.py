@@ -148,6 +148,12 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         help="namespace the repair Jobs run in (default: the templates ConfigMap's, else gpu-health)",
     )
     parser.add_argument(
+        "--gpu-operator-namespace",
+        default=default.gpu_operator_namespace,
+        help="namespace of the NVIDIA GPU Operator's operands: validation uses the node's DCGM host engine "
+        f"only where a DaemonSet pod there runs it (default: {default.gpu_operator_namespace})",
+    )
+    parser.add_argument(
         "--log-level", default=default.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
     logformat.add_argument(parser, default.log_format)
@@ -192,6 +198,7 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         api_connections=args.api_connections,
         repair_templates=args.repair_templates,
         repair_namespace=args.repair_namespace,
+        gpu_operator_namespace=args.gpu_operator_namespace,
         log_level=args.log_level,
         log_format=args.log_format,
     )

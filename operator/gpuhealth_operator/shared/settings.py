@@ -97,6 +97,11 @@ class Settings:
     repair_namespace: str | None = None
     """Namespace the repair Jobs run in; None: the templates' ConfigMap's namespace, else `gpu-health`."""
 
+    gpu_operator_namespace: str = "gpu-operator"
+    """Namespace of the NVIDIA GPU Operator's operands. A Validation Job talks to the node's standalone DCGM
+    host engine only where a pod in it, controlled by a DaemonSet, runs one (`decisions.hostengine`): a
+    tenant's look-alike elsewhere must never be the judge of the GPUs it runs beside."""
+
     release_gpus: bool = True
     """Ask a node's agent to let go of NVML before a ResetGPU Job and wait for its answer (`gpu_release`);
     off in the backtest's replay, whose recorded agents cannot answer the replay's own asks."""

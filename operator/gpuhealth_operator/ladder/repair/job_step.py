@@ -126,8 +126,9 @@ class JobStep:
 
 async def validation_env(ctx: context.Context, node: str) -> dict[str, str]:
     """A Validation Job's own variables: the node's running DCGM host engine, or "" where it runs none
-    (`decisions.hostengine`), so the template never starts a second one beside it."""
-    found = hostengine.address(await drain.list_pods(ctx.client, node))
+    (`decisions.hostengine`: the GPU Operator's own DaemonSet pod, in `--gpu-operator-namespace`), so the
+    template never starts a second one beside it."""
+    found = hostengine.address(await drain.list_pods(ctx.client, node), ctx.config.gpu_operator_namespace)
     return {keys.REPAIR_HOSTENGINE_ENV: found or ""}
 
 

@@ -67,6 +67,12 @@ def pod(**changes: Any) -> dict[str, Any]:
     return body
 
 
+def tenants_pod(**changes: Any) -> dict[str, Any]:
+    """A tenant's pod that looks like nvidia-dcgm: the same nodeSelector, name, hostPort 5555 and owner
+    kind (the tenant's own DaemonSet `nvidia-dcgm`: a drain leaves it on the node, as it does the operand)."""
+    return pod(namespace="team-a", **changes)
+
+
 @pytest.mark.parametrize(
     ("pods", "expected"),
     [
@@ -80,4 +86,46 @@ def pod(**changes: Any) -> dict[str, Any]:
     ids=["running", "ipv6", "pending", "deleting", "not-an-ip", "other-operand"],
 )
 def test_which_pod_counts_as_a_running_host_engine(pods: list[dict[str, Any]], expected: str | None) -> None:
-    assert hostengine.address(pods) == expected
+    assert hostengine.address(pods, repair_memory.OPERATOR_NAMESPACE) == expected
+
+
+@pytest.mark.parametrize(
+    "pods",
+    [
+        [tenants_pod()],  # the operand's look, in a tenant's namespace
+        [pod(ownerReferences=[])],  # in the GPU Operator's namespace, but a bare pod
+        [pod(ownerReferences=[{"apiVersion": "v1", "kind": "ReplicationController", "controller": True}])],
+        [pod(ownerReferences=[{"apiVersion": "apps/v1", "kind": "DaemonSet"}])],  # owner, not controller
+    ],
+    ids=["tenant-namespace", "bare-pod", "other-controller", "owner-not-controller"],
+)
+def test_a_pod_that_only_looks_like_the_gpu_operators_host_engine_is_not_trusted(
+    pods: list[dict[str, Any]],
+) -> None:
+    """A validation that talked to a tenant's "host engine" would take that tenant's word that the GPUs
+    are healthy and return a faulty node to service: only the GPU Operator's own DaemonSet pod counts."""
+    assert hostengine.address(pods, repair_memory.OPERATOR_NAMESPACE) is None
+    # The real operand beside the look-alike is still found, whichever comes first.
+    assert hostengine.address([*pods, pod()], repair_memory.OPERATOR_NAMESPACE) == "10.0.0.7:5555"
+
+
+def test_a_tenants_look_alike_on_the_node_leaves_the_validation_job_to_start_its_own_engine() -> None:
+    """What a user sees: with only a tenant's look-alike on the node the Validation Job is told of no host
+    engine (it starts its own); with the GPU Operator in the namespace the operator was told, its own."""
+
+    async def story(operator_namespace: str, expected: str) -> None:
+        labels = {DP: "true", DCGM: "true"}
+        fleet = repair_memory.Fleet(labels=labels, gpu_operator_namespace=operator_namespace)
+        await fleet.start()
+        await fleet.tick(times=10)
+        (reset,) = fleet.jobs("ResetGPU")
+        # The tenant's DaemonSet pod selects the DCGM label too, so it is there again once the operands are.
+        fleet.cluster.pods["team-a/fake-dcgm"] = tenants_pod(name="fake-dcgm", hostIP=repair_memory.HOST_IP)
+        fleet.cluster.end_job(reset["metadata"]["name"], True, fleet.epoch())
+        fleet.faulty = False
+        await fleet.tick(times=3)
+        (validation,) = fleet.jobs("Validation")
+        assert env_of(validation).get(keys.REPAIR_HOSTENGINE_ENV) == expected
+
+    asyncio.run(story("elsewhere", ""))  # the real operand is not where the operator was told it runs
+    asyncio.run(story(repair_memory.OPERATOR_NAMESPACE, f"{repair_memory.HOST_IP}:5555"))
