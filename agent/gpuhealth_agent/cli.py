@@ -85,9 +85,11 @@ def _common(parser: argparse.ArgumentParser, log_level: str) -> None:
     )
     parser.add_argument(
         "--dcgm-exporter-namespace",
-        default="",
+        default=dcgm_discovery.DEFAULT_NAMESPACE,
         metavar="NAMESPACE",
-        help="namespace of the exporter pods (default: all namespaces)",
+        help="namespace of the exporter pods; '' = all namespaces, where a tenant's pod on the node with "
+        "the exporter's labels would be scraped "
+        f"(default: {dcgm_discovery.DEFAULT_NAMESPACE}, the GPU Operator's)",
     )
     parser.add_argument(
         "--dcgm-exporter-port",

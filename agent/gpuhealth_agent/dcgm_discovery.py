@@ -19,6 +19,10 @@ from typing import Any, Final, Protocol
 
 DEFAULT_SELECTOR: Final = "app=nvidia-dcgm-exporter"
 """The GPU Operator's exporter pods (assets/state-dcgm-exporter/0800_daemonset.yaml)."""
+DEFAULT_NAMESPACE: Final = "gpu-operator"
+"""The GPU Operator's namespace in NVIDIA's install docs. Labels are anyone's to copy: in any namespace, a
+tenant's pod on the node labelled as the exporter would be scraped, and its counters could cordon the node
+or hide a fault. Creating pods in the GPU Operator's namespace takes rights a tenant does not have."""
 DEFAULT_PORT: Final = 9400
 REDISCOVER_SECONDS: Final = 300.0
 

@@ -126,8 +126,32 @@ def test_the_agent_scrapes_the_exporter_pod_on_its_own_node(
     set_status(core, namespace, "not-an-exporter", "127.0.0.3", ready=True)
     set_status(core, namespace, "exporter", "127.0.0.1", ready=True)
 
-    # All namespaces (the default): the agent's ClusterRole may list pods cluster-wide.
-    locator = dcgm_discovery.Locator(dcgm_discovery.ApiPodLister(k8s), ours, port=exporter)
+    # A tenant's look-alike on our node, in the tenant's own namespace, sorting first by name.
+    tenant = f"{namespace}-tenant"
+    core.create_namespace({"metadata": {"name": tenant}})
+    try:
+        exporter_pod(core, tenant, "a-lookalike", ours, LABELS)
+        set_status(core, tenant, "a-lookalike", "127.0.0.9", ready=True)
+        scrapes_the_exporter_not_the_lookalike(k8s, core, namespace, ours, exporter)
+    finally:
+        core.delete_namespace(tenant)
+
+
+def scrapes_the_exporter_not_the_lookalike(
+    k8s: client.ApiClient, core: client.CoreV1Api, namespace: str, ours: str, exporter: int
+) -> None:
+    # In all namespaces, the look-alike would be the node's exporter: why the agent's default is the
+    # GPU Operator's namespace (`dcgm_discovery.DEFAULT_NAMESPACE`).
+    anywhere = dcgm_discovery.Locator(dcgm_discovery.ApiPodLister(k8s), ours, port=exporter)
+    waiting.wait_until(
+        lambda: "127.0.0.9" in (anywhere.forget() or anywhere.url()),
+        timeout_seconds=30,
+        message="the look-alike listed in all namespaces",
+    )
+
+    # The exporter's namespace, as the agent's default names the GPU Operator's: the look-alike is not asked.
+    lister = dcgm_discovery.ApiPodLister(k8s)
+    locator = dcgm_discovery.Locator(lister, ours, namespace=namespace, port=exporter)
     source = dcgm.DcgmSource(locator=locator)
     facts: list[dict[str, dcgm.GpuFacts] | None] = []
 

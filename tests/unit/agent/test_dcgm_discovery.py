@@ -368,6 +368,22 @@ def agent_objects(objects: list[dict[str, Any]]) -> tuple[list[str], list[dict[s
     return container["args"], role["rules"]
 
 
+def test_by_default_only_the_gpu_operators_namespace_is_searched() -> None:
+    """A tenant's pod on the node labelled app=nvidia-dcgm-exporter must not become the node's exporter."""
+    parsed = cli.parser().parse_args(["run", "--dcgm-exporter", "auto"])
+    assert parsed.dcgm_exporter_namespace == "gpu-operator"
+    args, _ = agent_objects(helm_template("--set", "agent.dcgmExporterDiscovery.enabled=true"))
+    assert cli.parser().parse_args(["run", *args]).dcgm_exporter_namespace == "gpu-operator"
+    # All namespaces stays possible, said explicitly: the chart passes the empty value through.
+    args, _ = agent_objects(
+        helm_template(
+            "--set", "agent.dcgmExporterDiscovery.enabled=true",
+            "--set", "agent.dcgmExporterDiscovery.namespace=",
+        )
+    )  # fmt: skip
+    assert cli.parser().parse_args(["run", *args]).dcgm_exporter_namespace == ""
+
+
 def test_the_chart_gives_discovery_its_flags_and_list_pods_only_when_enabled() -> None:
     args, rules = agent_objects(helm_template())
     assert not any("pods" in r["resources"] for r in rules)
