@@ -64,11 +64,14 @@ def _not_found(path: str) -> kube.ApiError:
 
 
 def merge_patch(target: JsonObject, patch: Mapping[str, Any]) -> JsonObject:
-    """RFC 7386 in place."""
+    """RFC 7386 in place. An object patched onto a key the target lacks (or holds a non-object in) is merged
+    into an empty object, so its nulls remove rather than land as values (test_merge_patch.py)."""
     for key, value in patch.items():
         if value is None:
             target.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(target.get(key), dict):
+        elif isinstance(value, Mapping):
+            if not isinstance(target.get(key), dict):
+                target[key] = {}
             merge_patch(target[key], value)
         else:
             target[key] = copy.deepcopy(value)

@@ -126,8 +126,9 @@ def merge_patch(base: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, 
     for key, value in patch.items():
         if value is None:
             result.pop(key, None)
-        elif isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
-            result[key] = merge_patch(result[key], value)
+        elif isinstance(value, Mapping):
+            held = result.get(key)
+            result[key] = merge_patch(held if isinstance(held, Mapping) else {}, value)
         else:
             result[key] = value
     return result
