@@ -49,6 +49,7 @@ async def on_node(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None
         if memo.config.node_selector:
             memo.cache.remove_gpunode(name)
         memo.agent_pods.forget_node(name)
+        memo.steps.check.pods.forget_node(name)
         memo.forget_node(name)
         memo.steps.repair.gone_nodes.add(name)  # its step Jobs go on the next tick (`orphan_jobs`)
         if gone is not None and gone.view.unschedulable:

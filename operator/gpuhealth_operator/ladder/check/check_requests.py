@@ -19,6 +19,7 @@ import datetime
 import json
 import logging
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from typing import Final
 
 from gpuhealth_api import keys, vocabulary
@@ -88,7 +89,7 @@ async def take(
     *,
     wanting: Sequence[model.Policy],
     states: Sequence[checks.NodeState],
-    busy: set[str],
+    busy: AbstractSet[str],
     flying: Sequence[checks.InFlight],
     now: datetime.datetime,
 ) -> list[tuple[checks.Start, str]]:
