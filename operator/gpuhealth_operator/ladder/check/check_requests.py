@@ -99,12 +99,13 @@ async def take(
     acting_nodes = len(set().union(*(selected[p.name] for p in wanting if not p.dry_run)))
     running = {f.node for f in flying}
     starts: list[tuple[checks.Start, str]] = []
-    # Every timer pass of every install asks this, checks or none: pick the few requests out before
-    # sorting, rather than sort the whole fleet's GPUNodes each second.
+    # Every timer pass of every install asks this, checks or none: the cache keeps the GPUNodes with a
+    # request (`check_requested`), so a pass costs the requests, not a walk over the fleet's GPUNodes.
     requested = [
         (name, raw)
-        for name, gpunode in ctx.cache.gpunodes.items()
-        if (raw := gpunode.annotations.get(keys.CHECK_NOW_ANNOTATION)) is not None
+        for name in ctx.cache.check_requested
+        if (gpunode := ctx.cache.gpunode(name)) is not None
+        and (raw := gpunode.annotations.get(keys.CHECK_NOW_ANNOTATION)) is not None
     ]
     for name, raw in sorted(requested):
         if ctx.steps.check.refused.get(name) == raw:
