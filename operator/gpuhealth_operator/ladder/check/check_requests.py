@@ -56,13 +56,13 @@ NO_POLICY: Final = "no policy selecting the node has activeChecks"
 
 
 def _guard(state: checks.NodeState | None) -> str | None:
-    """Why no check may start on the node, the most telling reason first: a node in repair or excluded
-    is usually unschedulable too, and "unschedulable" would hide what holds it."""
+    """Why no check may start on the node, the most telling reason first: a node in repair is usually
+    unschedulable too, and "unschedulable" would hide what holds it. (An excluded node never gets here:
+    `take` refuses it first, as it is in no policy's selection.)"""
     if state is None:
         return "the node has no GPUNode or Node"
     reasons = (
         (state.in_repair, "the node is in repair"),
-        (state.excluded, EXCLUDED),
         (state.maintenance, "the GPU Operator maintains the node"),
         (state.overridden, "a human overrode gpu-health on the node"),
         (not state.schedulable, "the node is unschedulable"),
