@@ -7,7 +7,8 @@ the run history is GPUNode `status.checks[]`, and idleness is seen again (a new 
 
 `pods` is a view of the cluster, not a memory of this step: the GPU pods by node as the term's watch of
 pods shows them (`state/gpu_pods.py`). The forgetting of a node's verdicts or GPUNode leaves it alone
-(its pods still run); the Node's deletion forgets the node there (`handlers.on_node`).
+(its pods still run); the Node's deletion forgets the node there (`handlers.on_node`; not a Node that
+only left the `--node-selector` pool, whose pods still run).
 """
 
 from __future__ import annotations
