@@ -8,9 +8,10 @@ cluster-wide) is the one the drain and the agents' liveness have anyway.
 It is our own LIST + WATCH (`watching.Watch`: resume from the last version, a new LIST after 410 Gone,
 quiet-stream detection), filtered by the API server to the pods not ended (a pod that ends arrives as
 DELETED), and its LISTs replace the index (`watching.Snapshot`). No `resourceVersion=0` for the LIST:
-an API server of 1.31 or later serves a consistent paged LIST from its watch cache anyway, and one
-before it would answer resourceVersion=0 with every pod of the cluster in one response, ignoring the
-page size. The index is the term's (`ctx.steps.check.pods`): a new term starts a new watch, and its
+a recent API server (1.34 and later: consistent reads and pages from its watch cache) serves this paged
+LIST from the cache anyway, and an older one answers resourceVersion=0 from the cache ignoring the page
+size, every pod of the cluster in one response. A LIST happens once per term and after 410 Gone, not
+per pass. The index is the term's (`ctx.steps.check.pods`): a new term starts a new watch, and its
 checks wait for that watch's LIST like the first term's.
 """
 
