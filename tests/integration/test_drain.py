@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import re
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+import apiserver_requests
 import gpunode_facts
 import operator_fixtures
 import operator_harness
@@ -395,17 +395,6 @@ def run_cases(fleet: operator_harness.Fleet, k8s: client.ApiClient, namespace: s
     assert not failures, "\n".join(failures)
 
 
-def pod_lists(k8s: client.ApiClient) -> float:
-    """LIST requests for pods across all namespaces the API server has answered (the drain's look)."""
-    method, url, headers, *_ = k8s.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
-    response = k8s.call_api(method, url, header_params=headers)
-    response.read()
-    metrics = response.data.decode()
-    series = re.findall(r"^apiserver_request_total\{([^}]*)\} (\S+)$", metrics, re.M)
-    wanted = ('resource="pods"', 'verb="LIST"', 'scope="cluster"', 'subresource=""')
-    return sum(float(value) for labels, value in series if all(w in labels for w in wanted))
-
-
 def test_waiting_for_a_terminating_pod_backs_off(
     fleet: operator_harness.Fleet, k8s: client.ApiClient, namespace: str
 ) -> None:
@@ -425,9 +414,9 @@ def test_waiting_for_a_terminating_pod_backs_off(
             message="the pod evicted, terminating",
         )
         time.sleep(3)  # not synchronisation: the drain's first, quick looks are allowed
-        before, started = pod_lists(k8s), time.monotonic()
+        before, started = apiserver_requests.pod_lists(k8s), time.monotonic()
         time.sleep(12)  # the window measured
-        lists = pod_lists(k8s) - before
+        lists = apiserver_requests.pod_lists(k8s) - before
         elapsed = time.monotonic() - started
         # Polling every 0.5 s would be ~24 lists here; backing off to 5 s, at most a handful.
         assert lists <= 6, f"{lists:g} pod lists in {elapsed:.0f}s while one pod terminates"

@@ -3,7 +3,8 @@
 Order of things: serve /healthz and /metrics at once (a standby replica is
 alive too), take the leader Lease, fill the cache with paged LISTs of each
 kind (`priming`: the first decisions, the budget above all, see the whole
-fleet), then run the watches (`watching` for Nodes and GPUNodes, kopf for
+fleet), then run the watches (`watching` for Nodes and GPUNodes, and for the
+pods using GPUs while a policy wants active checks: `gpu_pod_watch`; kopf for
 policies and agent pods) and our timer until the Lease is lost or a
 signal asks us to stop (exit 0, Lease released). A lost Lease ends the term:
 every write stops at once (the term fences our client), the watches, the
@@ -30,7 +31,17 @@ import kopf
 
 from gpuhealth_api import __version__, logformat
 from gpuhealth_operator.client import kube, kubeconfigs
-from gpuhealth_operator.runtime import handlers, health, heap, leader, passes, priming, resync, ticker
+from gpuhealth_operator.runtime import (
+    gpu_pod_watch,
+    handlers,
+    health,
+    heap,
+    leader,
+    passes,
+    priming,
+    resync,
+    ticker,
+)
 from gpuhealth_operator.shared import context, metrics, settings
 from gpuhealth_operator.state import cache
 
@@ -369,6 +380,7 @@ async def _lead(
         for watch in handlers.watches(ctx, relists.relisted, since=primed.result().versions):
             tasks.add(asyncio.create_task(watch.run(), name=f"watch {watch.kind}"))
         tasks.add(asyncio.create_task(ticker.run(ctx), name="timer"))
+        tasks.add(asyncio.create_task(gpu_pod_watch.run(ctx), name="gpu pods"))
         tasks.add(asyncio.create_task(resync.run(ctx, relists), name="resync"))
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     else:

@@ -49,6 +49,10 @@ async def on_node(event: kopf.RawEvent, memo: context.Context, **_: Any) -> None
         if memo.config.node_selector:
             memo.cache.remove_gpunode(name)
         memo.agent_pods.forget_node(name)
+        if not memo.config.node_selector:
+            # Its pods go (their deletions follow). A Node that only left the pool keeps its GPU pods
+            # known: back in the pool, it must not look idle while they still run.
+            memo.steps.check.pods.forget_node(name)
         memo.forget_node(name)
         memo.steps.repair.gone_nodes.add(name)  # its step Jobs go on the next tick (`orphan_jobs`)
         if gone is not None and gone.view.unschedulable:

@@ -23,6 +23,10 @@ cache that has not caught up with the version yet (504, "Too large resource
 version": a saturated API server, right after a LIST read from etcd) is
 waited for instead: a LIST would add to the load that keeps it behind. Any
 watch that ends or fails resumes from the last version it delivered.
+
+A watch whose handler keeps a whole-kind index (the GPU pods, `gpu_pod_watch`) is given a `Snapshot`:
+told as each LIST begins, and once every object of it has been handled, so that the LIST replaces
+what the index held (what was deleted meanwhile goes) and the index is not read half-filled.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import asyncio
 import collections
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import aiohttp
 
@@ -119,6 +124,16 @@ BEHIND_CODE = 504
 """An ERROR event's code for `Behind` (the API server's `Timeout: Too large resource version`)."""
 
 
+class Snapshot(Protocol):
+    """What a watch tells an index its LISTs replace (`Watch(snapshot=...)`)."""
+
+    def listing(self) -> None:
+        """A LIST begins: the objects it brings (events of type None) replace everything known."""
+
+    def listed(self) -> None:
+        """The LIST is complete and every object of it has been handled."""
+
+
 class Watch:
     """One kind, listed then watched, for as long as `run` runs (the leader's term)."""
 
@@ -129,7 +144,9 @@ class Watch:
         handler: Handler,
         *,
         label_selector: str = "",
+        field_selector: str = "",
         relisted: Callable[[], None] | None = None,
+        snapshot: Snapshot | None = None,
         server_timeout_seconds: int = SERVER_TIMEOUT_SECONDS,
         quiet_seconds: float = QUIET_SECONDS,
         since: str | None = None,
@@ -138,7 +155,10 @@ class Watch:
         self._path = path
         self.label_selector = label_selector
         self._selector = {"labelSelector": label_selector} if label_selector else {}
+        if field_selector:
+            self._selector["fieldSelector"] = field_selector
         self._relisted = relisted
+        self._snapshot = snapshot
         self._server_timeout = server_timeout_seconds
         self._quiet = quiet_seconds
         self.kind = path.rsplit("/", 1)[-1]
@@ -177,10 +197,16 @@ class Watch:
 
     async def _list(self) -> str:
         version = ""
+        if self._snapshot is not None:
+            await self.dispatcher.idle()  # the last stream's events land before the LIST that replaces them
+            self._snapshot.listing()
         async for items, listed in self._client.pages(self._path, self._selector):
             version = listed
             for item in items:
                 self.dispatcher.put(_name(item), {"type": None, "object": item})
+        if self._snapshot is not None:
+            await self.dispatcher.idle()
+            self._snapshot.listed()
         self.lists += 1
         if (self.lists > 1 or self._since is not None) and self._relisted is not None:
             self._relisted()

@@ -192,9 +192,13 @@ class ClusterCache:
         """Nodes whose Node carries the unvalidated taint (`new_nodes.sweep` visits these)."""
         self._listing_isolated: set[str] = set()
         self.listing_isolated: AbstractSet[str] = self._listing_isolated
+        """GPUNodes whose status lists isolated GPUs (`isolation_sweep.sweep` asks each pass if any does)."""
+        self._check_requested: set[str] = set()
+        self.check_requested: AbstractSet[str] = self._check_requested
+        """GPUNodes carrying an on-demand check request (`keys.CHECK_NOW_ANNOTATION`): what
+        `check_requests.take` visits each pass, not every GPUNode of the fleet."""
         self.links = link_cohorts.LinkCohorts()
         """The NVLinks up per GPU cohort over every stored GPUNode: what a GPU's links should be."""
-        """GPUNodes whose status lists isolated GPUs (`isolation_sweep.sweep` asks each pass if any does)."""
         self.marks = 0
         """Counts changes to what a policy's status and GPU gauges count from a Node (cordon, labels,
         annotations, taints, GPU capacity) or a GPUNode (its `status.action`, its GPUs' count and model):
@@ -313,10 +317,14 @@ class ClusterCache:
             self.due.expect(record.name, stale_deadline(record))
             if old is None or _gpunode_marks(old.status) != _gpunode_marks(record.status):
                 self.marks += 1
-            if record.status.get("isolatedGPUs"):
-                self._listing_isolated.add(record.name)
-            else:
-                self._listing_isolated.discard(record.name)
+            for held, present in (
+                (self._listing_isolated, bool(record.status.get("isolatedGPUs"))),
+                (self._check_requested, keys.CHECK_NOW_ANNOTATION in record.annotations),
+            ):
+                if present:
+                    held.add(record.name)
+                else:
+                    held.discard(record.name)
             return record
         return old
 
@@ -336,6 +344,7 @@ class ClusterCache:
             self.links.replace(gone.status.get("gpus"), None)
         if self._gpunodes.pop(name, None) is not None:
             self._listing_isolated.discard(name)
+            self._check_requested.discard(name)
             self._select(name)
             self._order.pop(name, None)
             self.due.touch(name)

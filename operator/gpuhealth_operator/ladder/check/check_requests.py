@@ -19,6 +19,7 @@ import datetime
 import json
 import logging
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from typing import Final
 
 from gpuhealth_api import keys, vocabulary
@@ -55,13 +56,13 @@ NO_POLICY: Final = "no policy selecting the node has activeChecks"
 
 
 def _guard(state: checks.NodeState | None) -> str | None:
-    """Why no check may start on the node, the most telling reason first: a node in repair or excluded
-    is usually unschedulable too, and "unschedulable" would hide what holds it."""
+    """Why no check may start on the node, the most telling reason first: a node in repair is usually
+    unschedulable too, and "unschedulable" would hide what holds it. (An excluded node never gets here:
+    `take` refuses it first, as it is in no policy's selection.)"""
     if state is None:
         return "the node has no GPUNode or Node"
     reasons = (
         (state.in_repair, "the node is in repair"),
-        (state.excluded, EXCLUDED),
         (state.maintenance, "the GPU Operator maintains the node"),
         (state.overridden, "a human overrode gpu-health on the node"),
         (not state.schedulable, "the node is unschedulable"),
@@ -88,7 +89,7 @@ async def take(
     *,
     wanting: Sequence[model.Policy],
     states: Sequence[checks.NodeState],
-    busy: set[str],
+    busy: AbstractSet[str],
     flying: Sequence[checks.InFlight],
     now: datetime.datetime,
 ) -> list[tuple[checks.Start, str]]:
@@ -98,12 +99,13 @@ async def take(
     acting_nodes = len(set().union(*(selected[p.name] for p in wanting if not p.dry_run)))
     running = {f.node for f in flying}
     starts: list[tuple[checks.Start, str]] = []
-    # Every timer pass of every install asks this, checks or none: pick the few requests out before
-    # sorting, rather than sort the whole fleet's GPUNodes each second.
+    # Every timer pass of every install asks this, checks or none: the cache keeps the GPUNodes with a
+    # request (`check_requested`), so a pass costs the requests, not a walk over the fleet's GPUNodes.
     requested = [
         (name, raw)
-        for name, gpunode in ctx.cache.gpunodes.items()
-        if (raw := gpunode.annotations.get(keys.CHECK_NOW_ANNOTATION)) is not None
+        for name in ctx.cache.check_requested
+        if (gpunode := ctx.cache.gpunode(name)) is not None
+        and (raw := gpunode.annotations.get(keys.CHECK_NOW_ANNOTATION)) is not None
     ]
     for name, raw in sorted(requested):
         if ctx.steps.check.refused.get(name) == raw:

@@ -7,7 +7,9 @@ Every timer pass (`sweep`):
    and grace) is judged, appended to GPUNode `status.checks[]` (`check_results`), said in an Event, and
    deleted once the status holds it;
 2. sees which selected GPU nodes run a pod using GPUs (any pod requesting `nvidia.com/gpu` or a DRA
-   claim, but a check's): a node is idle since this process first saw it without one (a new process
+   claim, but a check's) in the index a watch of pods keeps (`state/gpu_pods.py`: no request per
+   pass; until its LIST is in, every node is as if busy and nothing starts): a node is idle since this
+   process first saw it without one, or since its last GPU pod left if that is later (a new process
    waits `idleForSeconds` again: it never checks a node whose workload it did not see end);
 3. honours on-demand requests (`check_requests`), then asks `checks.plan` which checks start: guards
    (unschedulable, in repair or a new node's validation, excluded, GPU Operator maintenance, overridden
@@ -26,7 +28,8 @@ from __future__ import annotations
 import datetime
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Set as AbstractSet
+from typing import Any
 
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator.client import events, kube
@@ -40,8 +43,6 @@ logger = logging.getLogger(__name__)
 
 Writer = Callable[[context.Context, str], Awaitable[None]]
 """Writes a node's operator status with its check history (`reconciler.write_history`)."""
-PODS_PATH: Final = "/api/v1/pods"
-RUNNING: Final = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 def _wanting(ctx: context.Context) -> list[model.Policy]:
@@ -80,22 +81,20 @@ async def sweep(ctx: context.Context, now: datetime.datetime, write: Writer) -> 
     if not wanting:
         ctx.meters.set_checks_overdue({})
         return
-    busy = await _busy_nodes(ctx)
+    busy = _busy_nodes(ctx)
     entries = [
         checks.PolicyChecks(p.name, p.dry_run, p.active_checks, frozenset(ctx.cache.selection(p).selected))
         for p in wanting
     ]
     names = sorted(set().union(*(e.nodes for e in entries)))
-    for name in names:
-        if name in busy:
-            ctx.steps.check.idle_since.pop(name, None)
-        else:
-            ctx.steps.check.idle_since.setdefault(name, now)
+    _idle_clocks(ctx, names, busy, now)
     states = [s for s in (_state(ctx, name) for name in names) if s is not None]
     counts: dict[tuple[str, str], int] = {(e.policy, c.name): 0 for e in entries for c in e.checks}
     for late in checks.overdue(entries, states, now):
         counts[(late.policy, late.check)] = counts.get((late.policy, late.check), 0) + 1
     ctx.meters.set_checks_overdue(counts)
+    if busy is None:
+        return  # the pods are not known yet: no check starts, a request waits (the annotation stays)
     requested = await check_requests.take(
         ctx, wanting=wanting, states=states, busy=busy, flying=flying, now=now
     )
@@ -110,6 +109,22 @@ async def sweep(ctx: context.Context, now: datetime.datetime, write: Writer) -> 
             logger.warning("check %s on node %s not started (will retry): %s", start.check, start.node, error)
     ctx.meters.checks_in_flight.set(ctx.steps.check.in_flight)
     await _dry_run(ctx, plan.would_start)
+
+
+def _idle_clocks(
+    ctx: context.Context, names: Sequence[str], busy: AbstractSet[str] | None, now: datetime.datetime
+) -> None:
+    """A node is idle from the later of this process's first sighting of it without a GPU pod and the
+    moment its last GPU pod left (a pod that came and went between two passes counts)."""
+    idle_since, freed_at = ctx.steps.check.idle_since, ctx.steps.check.pods.freed_at
+    for name in names:
+        if busy is None or name in busy:
+            idle_since.pop(name, None)
+            continue
+        since = idle_since.setdefault(name, now)
+        freed = freed_at.get(name)
+        if freed is not None and freed > since:
+            idle_since[name] = freed
 
 
 def _flying(start: checks.Start) -> checks.InFlight:
@@ -171,38 +186,11 @@ async def _end(
     return flying
 
 
-def uses_gpus(pod: Mapping[str, Any]) -> bool:
-    """The pod requests GPUs (the device plugin's resource, or any DRA claim) and is not a check's."""
-    meta = pod.get("metadata") or {}
-    if keys.CHECK_LABEL in (meta.get("labels") or {}):
-        return False
-    spec = pod.get("spec") or {}
-    if spec.get("resourceClaims"):
-        return True
-    for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
-        resources = container.get("resources") or {}
-        for part in ("limits", "requests"):
-            value = (resources.get(part) or {}).get(keys.GPU_RESOURCE)
-            if value is not None and str(value) not in ("0", ""):
-                return True
-    return False
-
-
-async def _busy_nodes(ctx: context.Context) -> set[str]:
-    """The nodes a pod using GPUs is bound to (pods not yet ended)."""
-    found = await ctx.client.list_all(PODS_PATH, {"fieldSelector": RUNNING})
-    busy: set[str] = set()
-    for pod in found:
-        if not uses_gpus(pod):
-            continue
-        # Bound, or nominated: the scheduler preempts for it there and binds it once the victims are gone.
-        for where in (
-            (pod.get("spec") or {}).get("nodeName"),
-            (pod.get("status") or {}).get("nominatedNodeName"),
-        ):
-            if isinstance(where, str) and where:
-                busy.add(where)
-    return busy
+def _busy_nodes(ctx: context.Context) -> AbstractSet[str] | None:
+    """The nodes a pod using GPUs holds (`state/gpu_pods.py`, fed by a watch: no request); None until
+    that watch's LIST has been applied (every node is then as if busy: nothing starts on unseen data)."""
+    pods = ctx.steps.check.pods
+    return pods.busy if pods.synced else None
 
 
 def _state(ctx: context.Context, name: str) -> checks.NodeState | None:

@@ -4,6 +4,11 @@ a node or a policy by `forget_verdicts` / `forget_node` / `forget_policy` only.
 Nothing here is needed after a restart: the check Jobs in flight are listed from the cluster (adopted),
 the run history is GPUNode `status.checks[]`, and idleness is seen again (a new process waits
 `idleForSeconds` from its first sighting: it never checks a node whose workload it did not see end).
+
+`pods` is a view of the cluster, not a memory of this step: the GPU pods by node as the term's watch of
+pods shows them (`state/gpu_pods.py`). The forgetting of a node's verdicts or GPUNode leaves it alone
+(its pods still run); the Node's deletion forgets the node there (`handlers.on_node`; not a Node that
+only left the `--node-selector` pool, whose pods still run).
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from typing import Any
+
+from gpuhealth_operator.state import gpu_pods
 
 
 @dataclasses.dataclass(eq=False)
@@ -31,6 +38,9 @@ class CheckMemory:
 
     refused: dict[str, str] = dataclasses.field(default_factory=dict)
     """node → the token of the on-demand request refused last (its annotation's removal may lag)."""
+
+    pods: gpu_pods.GpuPods = dataclasses.field(default_factory=gpu_pods.GpuPods)
+    """The pods using GPUs by node (module docstring): fed by `runtime/gpu_pod_watch.py`, read by a pass."""
 
     in_flight: int = 0
     """Check Jobs running as the last pass counted them (none, with no policy wanting checks: no list)."""

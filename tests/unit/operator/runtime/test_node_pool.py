@@ -7,6 +7,7 @@ when its Node joins the pool.
 """
 
 import asyncio
+import datetime
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +21,7 @@ from gpuhealth_operator.runtime import cli, handlers, priming, resync
 from gpuhealth_operator.shared import context, settings
 
 POOL = "pool=a"
+NOW = datetime.datetime(2026, 12, 2, 12, 0, tzinfo=datetime.UTC)
 
 
 def node(name: str, pool: str) -> dict[str, Any]:
@@ -137,3 +139,24 @@ def test_a_selector_the_api_server_cannot_parse_stops_the_operator_with_its_answ
             await asyncio.wait_for(priming.prime_until_done(ctx, retry_seconds=0.01), 5)
 
     asyncio.run(scenario())
+
+
+def test_a_deleted_node_forgets_its_gpu_pods_but_one_that_left_the_pool_keeps_them() -> None:
+    """The active checks' index of GPU pods (`state/gpu_pods.py`): a Node relabelled out of the pool and
+    back must not look idle while its GPU pod still runs (no event of that pod came meanwhile)."""
+    container = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+
+    async def scenario(selector: str) -> set[str]:
+        ctx = pooled(Cluster({"a1": "a"}), selector=selector)
+        await priming.prime(ctx)
+        pods = ctx.steps.check.pods
+        pods.listing()
+        pods.observe(
+            None, {"metadata": {"uid": "u"}, "spec": {"nodeName": "a1", "containers": [container]}}, NOW
+        )
+        pods.listed(NOW)
+        await handling.handle(handlers.on_node, event("DELETED", node("a1", "b")), ctx)
+        return set(pods.busy)
+
+    assert asyncio.run(scenario(POOL)) == {"a1"}, "left the pool: its pod still runs there"
+    assert asyncio.run(scenario("")) == set(), "deleted: its pods go with it"

@@ -38,6 +38,7 @@ NOT_STATE |= {"steps.repair.templates"}  # the repair Job templates, cluster-wid
 NOT_STATE |= {"status.marks", "status.gpus_marks"}  # what the policy status counted, snapshots
 NOT_STATE |= {"judging.straggler_cohorts"}  # `cohorts`: follows the selections and policies at the next tick
 NOT_STATE |= {"steps.check.in_flight"}  # a count of the last pass, no names
+NOT_STATE |= {"steps.check.pods"}  # the GPU pods as watched: a view of the cluster (test_gpu_pods.py)
 NOT_STATE |= {"passes"}  # asked passes: each runs once and finds a forgotten node gone (no memory kept)
 """Context fields that hold no per-node or per-policy memory (the cache and the agent pods, views of
 the cluster, are tested on their own)."""

@@ -133,3 +133,22 @@ def test_the_gpunodes_listing_isolated_gpus_follow_every_write_and_deletion() ->
     clustered.put_gpunode(gpunode("b", "4", []), NOW)  # restored
     clustered.remove_gpunode("a")
     assert not clustered.listing_isolated
+
+
+def test_the_gpunodes_with_a_check_request_follow_every_write_and_deletion() -> None:
+    """`check_requests.take` visits these each timer pass, not every GPUNode of the fleet."""
+
+    def gpunode(name: str, version: str, requested: bool) -> dict:
+        annotations = {keys.CHECK_NOW_ANNOTATION: '{"id": "t"}'} if requested else {}
+        return {"metadata": {"name": name, "resourceVersion": version, "annotations": annotations}}
+
+    clustered = cache.ClusterCache()
+    for name in ("a", "b", "c"):
+        clustered.put_gpunode(gpunode(name, "2", name == "b"), NOW)
+    assert set(clustered.check_requested) == {"b"}
+    clustered.put_gpunode(gpunode("a", "3", True), NOW)
+    clustered.put_gpunode(gpunode("b", "1", False), NOW)  # an older event changes nothing
+    assert set(clustered.check_requested) == {"a", "b"}
+    clustered.refresh_gpunode(gpunode("b", "4", False), NOW)  # our removal of the request, answered
+    clustered.remove_gpunode("a")
+    assert not clustered.check_requested

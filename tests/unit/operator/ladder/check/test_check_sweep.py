@@ -136,3 +136,45 @@ def test_a_transient_error_is_logged_and_the_next_pass_asks_again(caplog: pytest
     asked = len(client.asked)
     asyncio.run(checking.on_timer(ctx, NOW + datetime.timedelta(seconds=1), _no_write))
     assert ("list_all", "/apis/batch/v1/namespaces/gpu-health/jobs") in client.asked[asked:]
+
+
+def _gpu_pod(node: str) -> dict[str, Any]:
+    container = {"name": "c", "resources": {"limits": {keys.GPU_RESOURCE: "1"}}}
+    return {"metadata": {"name": "train", "uid": "u1"}, "spec": {"nodeName": node, "containers": [container]}}
+
+
+def test_until_the_pods_are_listed_no_node_is_idle_and_a_request_waits() -> None:
+    """The pods come from the watch's index (`state/gpu_pods.py`), never from a LIST per pass; before
+    its LIST is in, every node is as if busy: no idle clock runs, an on-demand request is left waiting."""
+    client = Recording()
+    ctx = operator_context.new_context(client)  # type: ignore[arg-type]
+    ctx.cache.put_policy(CHECKING)
+    _requested(ctx, "n1", "tok-8")
+    asyncio.run(checking.sweep(ctx, NOW, _no_write))
+    assert "n1" not in ctx.steps.check.idle_since
+    assert client.asked == [("list_all", "/apis/batch/v1/namespaces/gpu-health/jobs")], "no pod LIST"
+    assert not client.events, "the request is neither refused nor taken: it waits for the pods"
+
+
+def test_a_node_is_idle_from_when_its_last_gpu_pod_left() -> None:
+    client = Recording()
+    ctx = operator_context.new_context(client)  # type: ignore[arg-type]
+    ctx.cache.put_policy(CHECKING)
+    ctx.cache.put_node({"metadata": {"name": "n1", "uid": "uid-n1", "labels": {"pool": "gpu"}}})
+    ctx.cache.put_gpunode({"metadata": {"name": "n1", "resourceVersion": "1"}}, NOW)
+    pods = ctx.steps.check.pods
+    pods.listing()
+    pods.observe(None, _gpu_pod("n1"), NOW)
+    pods.listed(NOW)
+    second = datetime.timedelta(seconds=1)
+    asyncio.run(checking.sweep(ctx, NOW, _no_write))
+    assert "n1" not in ctx.steps.check.idle_since, "busy"
+    pods.observe("DELETED", _gpu_pod("n1"), NOW + second)
+    asyncio.run(checking.sweep(ctx, NOW + 2 * second, _no_write))
+    assert ctx.steps.check.idle_since["n1"] == NOW + 2 * second, "first seen idle at this pass"
+    # A pod that came and went between two passes: idle only from when it left.
+    pods.observe("ADDED", _gpu_pod("n1"), NOW + 3 * second)
+    pods.observe("DELETED", _gpu_pod("n1"), NOW + 4 * second)
+    asyncio.run(checking.sweep(ctx, NOW + 5 * second, _no_write))
+    assert ctx.steps.check.idle_since["n1"] == NOW + 4 * second
+    assert all(path != "/api/v1/pods" for _, path in client.asked)
