@@ -147,6 +147,9 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         default=None,
         help="namespace the repair Jobs run in (default: the templates ConfigMap's, else gpu-health)",
     )
+    # Active checks on nodes whose GPUs a DRA driver publishes (no nvidia.com/gpu capacity): docs/checks.md.
+    parser.add_argument("--check-dra-device-class", default=default.check_dra_device_class)
+    parser.add_argument("--check-dra-driver", default=default.check_dra_driver)
     parser.add_argument(
         "--log-level", default=default.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
@@ -192,6 +195,8 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         api_connections=args.api_connections,
         repair_templates=args.repair_templates,
         repair_namespace=args.repair_namespace,
+        check_dra_device_class=args.check_dra_device_class,
+        check_dra_driver=args.check_dra_driver,
         log_level=args.log_level,
         log_format=args.log_format,
     )

@@ -25,13 +25,20 @@ from __future__ import annotations
 
 import datetime
 import logging
+import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator.client import events, kube
-from gpuhealth_operator.decisions import checks, model, policies, signals, times
-from gpuhealth_operator.ladder.check import check_jobs, check_requests, check_results
+from gpuhealth_operator.decisions import check_gpus, checks, model, policies, signals, times
+from gpuhealth_operator.ladder.check import (
+    check_claims,
+    check_jobs,
+    check_requests,
+    check_results,
+    check_yield,
+)
 from gpuhealth_operator.ladder.repair import jobs, reading
 from gpuhealth_operator.shared import context
 from gpuhealth_operator.state import pass_queue
@@ -80,12 +87,16 @@ async def sweep(ctx: context.Context, now: datetime.datetime, write: Writer) -> 
     if not wanting:
         ctx.meters.set_checks_overdue({})
         return
+    # kube-scheduler preempts nothing for DRA devices: a DRA check makes way itself (`check_yield`).
+    waits = await check_yield.waits(ctx, uses_gpus)
+    await check_yield.make_way(ctx, listed, pods, waits)
     busy = await _busy_nodes(ctx)
     entries = [
         checks.PolicyChecks(p.name, p.dry_run, p.active_checks, frozenset(ctx.cache.selection(p).selected))
         for p in wanting
     ]
     names = sorted(set().union(*(e.nodes for e in entries)))
+    busy |= check_yield.waited_for(ctx, names, waits)  # a pending pod wants the node: no check starts
     for name in names:
         if name in busy:
             ctx.steps.check.idle_since.pop(name, None)
@@ -138,6 +149,8 @@ async def _end(
         result = checks.result_of(
             job, pod, started=started, timeout_seconds=check_jobs.timeout_of(job), now=now
         )
+        if result is None and ctx.steps.check.yielded.pop(uid, None) is not None:
+            result = vocabulary.CheckResult.PREEMPTED  # made way for a pending pod (`check_yield`)
         if result is None:
             if meta.get("deletionTimestamp") is None or pod is not None:  # its pod may hold the GPUs
                 policy, check = labels.get(keys.POLICY_LABEL), labels.get(keys.CHECK_LABEL)
@@ -229,27 +242,73 @@ def _state(ctx: context.Context, name: str) -> checks.NodeState | None:
 async def _start(
     ctx: context.Context, start: checks.Start, request: str | None, ns: str, now: datetime.datetime
 ) -> bool:
-    """Create the check's Job; False when one of the node's exists (it runs: adopted next pass)."""
+    """Create the check's Job (and on a DRA node its claim's template); False when one of the node's
+    exists (it runs: adopted next pass), or when nothing of the node's can hold its GPUs."""
     record = ctx.cache.node(start.node)
     if record is None:
         return False
     template = (await reading.templates(ctx, now)).get(start.template)
     if template is None:
         raise jobs.TemplateError(f"no Job template {start.template!r} in the repair templates")
-    gpus = record.view.gpu_capacity or len(reading.all_gpus(ctx, start.node)) or 1
-    body = check_jobs.build(template, start, namespace=ns, node_uid=record.uid, gpus=gpus, request_id=request)
+    how = await check_claims.access(
+        ctx.client, start.node, record.view.gpu_capacity or 0, driver=ctx.config.check_dra_driver
+    )
+    if how.kind is None:
+        if start.node not in ctx.steps.check.no_gpus_said:  # said once, not every pass
+            ctx.steps.check.no_gpus_said.add(start.node)
+            logger.warning("check %s on node %s not started: %s", start.check, start.node, how.why)
+        return False
+    ctx.steps.check.no_gpus_said.discard(start.node)
+    claim_version = await check_claims.served_version(ctx.client) if how.kind == check_gpus.DRA else None
+    if how.kind == check_gpus.DRA and claim_version is None:
+        raise jobs.TemplateError(
+            f"node {start.node} uses DRA, but no resource.k8s.io version serves ResourceClaimTemplates"
+        )
+    name = check_jobs.job_name(start.node)
+    claim = check_gpus.template_name(name, secrets.token_hex(3)) if claim_version else None
+    body = check_jobs.build(
+        template,
+        start,
+        namespace=ns,
+        node_uid=record.uid,
+        gpus=how.gpus,
+        request_id=request,
+        claim_template=claim,
+    )
     created = await check_jobs.create(ctx.client, body)
+    if created is not None and claim_version is not None:
+        await _claim(ctx, claim_version, created)
     logger.info(
-        "check %s (%s, policy %s) on node %s: Job %s/%s %s",
+        "check %s (%s, policy %s) on node %s: Job %s/%s %s (%d GPUs, %s)",
         start.check,
         start.template,
         start.policy,
         start.node,
         ns,
-        body["metadata"]["name"],
-        "created" if created else "exists",
+        name,
+        "created" if created is not None else "exists",
+        how.gpus,
+        f"DRA claim {claim} of DeviceClass {ctx.config.check_dra_device_class}"
+        if claim
+        else keys.GPU_RESOURCE,
     )
-    return created
+    return created is not None
+
+
+async def _claim(ctx: context.Context, api_version: str, job: Mapping[str, Any]) -> None:
+    """The just created DRA check Job's claim template; not made, the Job goes too (its pod could never
+    be scheduled) and the error is raised: the check is started again next pass."""
+    try:
+        await check_claims.create(
+            ctx.client, api_version, job, device_class=ctx.config.check_dra_device_class
+        )
+    except kube.ApiError:
+        meta = job.get("metadata") or {}
+        try:
+            await check_jobs.delete(ctx.client, str(meta.get("namespace")), str(meta.get("name")))
+        except kube.ApiError:
+            logger.warning("deleting check Job %s failed (it times out)", meta.get("name"), exc_info=True)
+        raise
 
 
 async def _dry_run(ctx: context.Context, would: Sequence[checks.Start]) -> None:

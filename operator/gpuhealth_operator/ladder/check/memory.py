@@ -32,6 +32,13 @@ class CheckMemory:
     refused: dict[str, str] = dataclasses.field(default_factory=dict)
     """node → the token of the on-demand request refused last (its annotation's removal may lag)."""
 
+    yielded: dict[str, str] = dataclasses.field(default_factory=dict)
+    """check Job UID → node: DRA checks whose pod this process evicted for a pending pod (`check_yield`):
+    ended Preempted at the next pass, without waiting for the pod's end (the Job's deletion ends it)."""
+
+    no_gpus_said: set[str] = dataclasses.field(default_factory=set)
+    """Nodes whose check could not start for want of GPUs the scheduler could give it: logged once."""
+
     in_flight: int = 0
     """Check Jobs running as the last pass counted them (none, with no policy wanting checks: no list)."""
 
@@ -45,6 +52,9 @@ class CheckMemory:
         self.history.pop(name, None)
         self.idle_since.pop(name, None)
         self.refused.pop(name, None)
+        self.no_gpus_said.discard(name)
+        for uid in [u for u, node in self.yielded.items() if node == name]:
+            del self.yielded[uid]
         for uid in [u for u, node in self.recorded.items() if node == name]:
             del self.recorded[uid]
         for key in [k for k in self.dry_run_said if k[1] == name]:
