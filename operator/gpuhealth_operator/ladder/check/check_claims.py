@@ -1,7 +1,8 @@
 """A check on a DRA node: how its node publishes GPUs, and the ResourceClaimTemplate its pod claims them by.
 
 `access` reads the Node's capacity and, only where it advertises no `nvidia.com/gpu`, the node's
-ResourceSlices (`decisions.check_gpus.access` decides). `create` makes the Job's template in the
+ResourceSlices (`decisions.check_gpus.access` decides); a node with neither is looked at again only
+after NO_GPUS_RETRY_SECONDS (`recently_without_gpus`). `create` makes the Job's template in the
 `resource.k8s.io` version discovery says is served, owned by the Job: the garbage collector deletes it
 with the Job (whoever deletes that: the operator once the run is recorded, the Job controller's TTL, the
 Node's deletion), so nothing is left behind. Its name is the Job's plus a token drawn when the Job was
@@ -16,14 +17,23 @@ the run ends TimedOut, which is never judged a fault of the GPUs.
 
 from __future__ import annotations
 
-import logging
+import datetime
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from gpuhealth_operator.client import dra, kube
 from gpuhealth_operator.decisions import check_gpus
 
-logger = logging.getLogger(__name__)
+NO_GPUS_RETRY_SECONDS: Final = 300.0
+"""How long a node found without GPUs a check could hold is left out of the plan before it is looked at
+again (a DRA driver or the device plugin may come up later); meanwhile it takes no node's place."""
+
+
+def recently_without_gpus(
+    no_gpus: Mapping[str, datetime.datetime], node: str, now: datetime.datetime
+) -> bool:
+    found = no_gpus.get(node)
+    return found is not None and (now - found).total_seconds() < NO_GPUS_RETRY_SECONDS
 
 
 async def access(client: kube.Client, node: str, gpu_capacity: int, *, driver: str) -> check_gpus.Access:

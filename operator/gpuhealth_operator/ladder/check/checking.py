@@ -14,7 +14,10 @@ Every timer pass (`sweep`):
    by a human), idle for `idleForSeconds`, due by `everySeconds`, never two on one node, within
    maxConcurrent over all policies; a dry-run policy's check is a `DryRun` Event "would check";
 4. creates each Job (`check_jobs.build`: through the scheduler, every GPU, PriorityClass
-   gpu-health-check) and sets the gauges (in flight, nodes overdue).
+   gpu-health-check; on a DRA node a claim of every device, `check_claims`) and sets the gauges (in
+   flight, nodes overdue). A node with no GPUs the scheduler could give a check is said once and left
+   out of the plan for a while. kube-scheduler preempts nothing for DRA devices, so a DRA check whose
+   node a pending GPU pod waits for makes way itself (`check_yield`), and no check starts there.
 
 With no policy wanting checks a pass only refuses the on-demand requests (GPUNode annotations, from the
 cache), and asks nothing else of the API server unless a check of this process is still to be ended.
@@ -111,7 +114,10 @@ async def sweep(ctx: context.Context, now: datetime.datetime, write: Writer) -> 
         ctx, wanting=wanting, states=states, busy=busy, flying=flying, now=now
     )
     taken = {f.node for f in flying} | {s.node for s, _ in requested}
-    plan = checks.plan(entries, states, [*flying, *(_flying(s) for s, _ in requested)], now)
+    plannable = [
+        s for s in states if not check_claims.recently_without_gpus(ctx.steps.check.no_gpus, s.name, now)
+    ]
+    plan = checks.plan(entries, plannable, [*flying, *(_flying(s) for s, _ in requested)], now)
     starting = [*requested, *((s, None) for s in plan.start if s.node not in taken)]
     for start, request in starting:
         try:
@@ -254,11 +260,13 @@ async def _start(
         ctx.client, start.node, record.view.gpu_capacity or 0, driver=ctx.config.check_dra_driver
     )
     if how.kind is None:
-        if start.node not in ctx.steps.check.no_gpus_said:  # said once, not every pass
-            ctx.steps.check.no_gpus_said.add(start.node)
+        if request is not None:  # taken already (its annotation removed): said, or its caller waits
+            await check_requests.say_refused(ctx, start.node, request, how.why)
+        if start.node not in ctx.steps.check.no_gpus:  # said once, not every pass
             logger.warning("check %s on node %s not started: %s", start.check, start.node, how.why)
+        ctx.steps.check.no_gpus[start.node] = now
         return False
-    ctx.steps.check.no_gpus_said.discard(start.node)
+    ctx.steps.check.no_gpus.pop(start.node, None)
     claim_version = await check_claims.served_version(ctx.client) if how.kind == check_gpus.DRA else None
     if how.kind == check_gpus.DRA and claim_version is None:
         raise jobs.TemplateError(
