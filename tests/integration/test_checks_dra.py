@@ -5,7 +5,6 @@ a claim that the real kube-scheduler allocates; a workload that claims the GPUs 
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +14,7 @@ import yaml
 from kubernetes import client
 
 import check_jobs
+import dra_checks
 import operator_fixtures
 import operator_harness
 import repair_jobs
@@ -24,7 +24,7 @@ from gpuhealth_sim.fleet import dra
 
 pytestmark = pytest.mark.integration
 
-GPUS = 8
+GPUS = dra_checks.GPUS
 TIMEOUT = 30.0
 jobs_namespace = check_jobs.jobs_namespace_fixture("checks-dra")
 operator = operator_fixtures.operator_fixture(
@@ -33,67 +33,11 @@ operator = operator_fixtures.operator_fixture(
 fleet = operator_fixtures.fleet_fixture("cdra")
 
 
-def _objects(k8s: client.ApiClient) -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(k8s)
-
-
-def add_dra_node(fleet: operator_harness.Fleet, k8s: client.ApiClient, name: str) -> None:
-    """A GPU node whose GPUs only the (fake) NVIDIA DRA driver publishes: no `nvidia.com/gpu` capacity."""
-    fleet.add_node(name, gpus=GPUS)
-    gone = {keys.GPU_RESOURCE: None}
-    client.CoreV1Api(k8s).patch_node_status(name, {"status": {"capacity": gone, "allocatable": gone}})
-    objects = _objects(k8s)
-    with contextlib.suppress(client.ApiException):  # one per cluster, shared by the modules
-        objects.create_cluster_custom_object(dra.GROUP, dra.VERSION, "deviceclasses", dra.device_class())
-    uid = client.CoreV1Api(k8s).read_node(name).metadata.uid
-    devices = [
-        {"name": dra.device_name(i), "attributes": {"type": {"string": "gpu"}, "index": {"int": i}}}
-        for i in range(GPUS)
-    ]
-    body = {
-        "apiVersion": f"{dra.GROUP}/{dra.VERSION}",
-        "kind": "ResourceSlice",
-        "metadata": {
-            "name": dra.slice_name(name),
-            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid}],
-        },
-        "spec": {
-            "driver": dra.DRIVER,
-            "nodeName": name,
-            "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
-            "devices": devices,
-        },
-    }
-    objects.create_cluster_custom_object(dra.GROUP, dra.VERSION, "resourceslices", body)
-
-
-def claims(k8s: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
-    listed = _objects(k8s).list_namespaced_custom_object(dra.GROUP, dra.VERSION, namespace, "resourceclaims")
-    return [c for c in listed["items"] if not c["metadata"].get("deletionTimestamp")]
-
-
-def templates(k8s: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
-    listed = _objects(k8s).list_namespaced_custom_object(
-        dra.GROUP, dra.VERSION, namespace, "resourceclaimtemplates"
-    )
-    return [t for t in listed["items"] if not t["metadata"].get("deletionTimestamp")]
-
-
-def allocated(k8s: client.ApiClient, namespace: str, pod: str) -> list[dict[str, Any]] | None:
-    """The devices allocated to the claim the pod's template made (None: none allocated yet)."""
-    for claim in claims(k8s, namespace):
-        owners = [r["name"] for r in claim["metadata"].get("ownerReferences") or [] if r["kind"] == "Pod"]
-        results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results")
-        if owners == [pod] and results:
-            return list(results)
-    return None
-
-
 def test_a_dra_only_node_is_checked_with_a_claim_of_every_gpu_and_nothing_is_left_behind(
     fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str
 ) -> None:
     name = f"{fleet.label}-a"
-    add_dra_node(fleet, k8s, name)
+    dra_checks.add_node(fleet, k8s, name)
     check_jobs.check_policy(fleet)
     job = check_jobs.wait_job(k8s, jobs_namespace, name)
     pod_spec = job["spec"]["template"]["spec"]
@@ -102,7 +46,9 @@ def test_a_dra_only_node_is_checked_with_a_claim_of_every_gpu_and_nothing_is_lef
     assert first["claims"] == [{"name": "gpus"}]
     (claim_ref,) = pod_spec["resourceClaims"]
     (template,) = waiting.wait_until(
-        lambda: templates(k8s, jobs_namespace), timeout_seconds=TIMEOUT, message="the claim's template"
+        lambda: dra_checks.templates(k8s, jobs_namespace),
+        timeout_seconds=TIMEOUT,
+        message="the claim's template",
     )
     assert template["metadata"]["name"] == claim_ref["resourceClaimTemplateName"]
     (owner,) = template["metadata"]["ownerReferences"]
@@ -117,7 +63,7 @@ def test_a_dra_only_node_is_checked_with_a_claim_of_every_gpu_and_nothing_is_lef
     pod = check_jobs.bound_pod(k8s, jobs_namespace, job)  # placed by the real kube-scheduler
     assert pod["spec"]["nodeName"] == name
     results = waiting.wait_until(
-        lambda: allocated(k8s, jobs_namespace, pod["metadata"]["name"]),
+        lambda: dra_checks.allocated(k8s, jobs_namespace, pod["metadata"]["name"]),
         timeout_seconds=TIMEOUT,
         message="the check's claim allocated",
     )
@@ -132,8 +78,8 @@ def test_a_dra_only_node_is_checked_with_a_claim_of_every_gpu_and_nothing_is_lef
     waiting.wait_until(
         lambda: (
             not check_jobs.jobs(k8s, jobs_namespace, name)
-            and not templates(k8s, jobs_namespace)
-            and not claims(k8s, jobs_namespace)
+            and not dra_checks.templates(k8s, jobs_namespace)
+            and not dra_checks.claims(k8s, jobs_namespace)
         ),
         timeout_seconds=TIMEOUT,
         message="the Job, its claim template and its claim deleted",
@@ -157,7 +103,7 @@ def workload_claim(k8s: client.ApiClient, namespace: str) -> Iterator[str]:
             }
         },
     }
-    _objects(k8s).create_namespaced_custom_object(
+    dra_checks.objects(k8s).create_namespaced_custom_object(
         dra.GROUP, dra.VERSION, namespace, "resourceclaimtemplates", body
     )
     yield namespace
@@ -187,14 +133,14 @@ def test_a_workload_claiming_the_gpus_ends_the_check_within_10_s_and_the_run_is_
     fleet: operator_harness.Fleet, k8s: client.ApiClient, jobs_namespace: str, workload_claim: str
 ) -> None:
     name = f"{fleet.label}-b"
-    add_dra_node(fleet, k8s, name)
+    dra_checks.add_node(fleet, k8s, name)
     check_jobs.check_policy(
         fleet, rules=[{"name": "diag", "condition": "ActiveCheckFailed", "action": "Drain"}]
     )
     job = check_jobs.wait_job(k8s, jobs_namespace, name)
     pod = check_jobs.bound_pod(k8s, jobs_namespace, job)
     waiting.wait_until(
-        lambda: allocated(k8s, jobs_namespace, pod["metadata"]["name"]),
+        lambda: dra_checks.allocated(k8s, jobs_namespace, pod["metadata"]["name"]),
         timeout_seconds=TIMEOUT,
         message="the check holding all 8 GPUs",
     )
