@@ -155,13 +155,14 @@ async def _end(
         result = checks.result_of(
             job, pod, started=started, timeout_seconds=check_jobs.timeout_of(job), now=now
         )
-        if result is None and ctx.steps.check.yielded.pop(uid, None) is not None:
+        if result is None and uid in ctx.steps.check.yielded:
             result = vocabulary.CheckResult.PREEMPTED  # made way for a pending pod (`check_yield`)
         if result is None:
             if meta.get("deletionTimestamp") is None or pod is not None:  # its pod may hold the GPUs
                 policy, check = labels.get(keys.POLICY_LABEL), labels.get(keys.CHECK_LABEL)
                 flying.append(checks.InFlight(node, str(policy or ""), str(check or "")))
             continue
+        ctx.steps.check.yielded.pop(uid, None)
         node, message, _ = check_results.end(ctx, job, pod, result, now)
         ctx.steps.check.recorded[uid] = node
         if result is vocabulary.CheckResult.PREEMPTED:
