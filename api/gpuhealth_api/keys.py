@@ -141,6 +141,9 @@ GPUNode `status.checks[].requestId`). A request it cannot run is removed with a 
 message names the token and the reason."""
 CHECK_REQUEST_ANNOTATION: Final = f"{PREFIX}/check-request"
 """On a check Job started on request: the request's token (CHECK_NOW_ANNOTATION's `id`)."""
+CHECK_GPUS_ANNOTATION: Final = f"{PREFIX}/check-gpus"
+"""On the pod of a check that holds its node's GPUs through a DRA claim (no `nvidia.com/gpu` request to
+count them by): how many GPU devices the claim holds, for the GPU-hours spent on checks."""
 REPAIR_NODE_ENV: Final = "GPUHEALTH_NODE"
 """Environment variable in every container of a repair Job: the node's name."""
 REPAIR_GPUS_ENV: Final = "GPUHEALTH_GPU_UUIDS"

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuhealth_operator.runtime import cli as operator_cli
 from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.e2e
@@ -194,3 +195,30 @@ def test_a_second_release_leaves_the_first_releases_priority_class_alone(
         assert set(config_map_templates(objects)) >= set(CHECK_TEMPLATES)
     finally:
         crds.kubectl("delete", "priorityclass", own, "--wait=false")
+
+
+def test_dra_checks_are_configured_and_granted_with_the_jobs_only(control_plane: local.ControlPlane) -> None:
+    objects = render(control_plane, "--set", "checks.dra.deviceClassName=gpu.example.com")
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment" and "operator" in o["metadata"]["name"]]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--check-dra-device-class=gpu.example.com" in args
+    assert "--check-dra-driver=gpu.nvidia.com" in args
+    config = operator_cli.parse_args(args)
+    assert (config.check_dra_device_class, config.check_dra_driver) == ("gpu.example.com", "gpu.nvidia.com")
+    (role,) = [
+        o for o in objects if o["kind"] == "Role" and o["metadata"]["name"].endswith("-operator-repair")
+    ]
+    assert {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceclaimtemplates"],
+        "verbs": ["create"],
+    } in (role["rules"])
+    without = render(control_plane, "--set", "repair.enabled=false")
+    granted = {
+        res
+        for o in without
+        if o["kind"] in ("Role", "ClusterRole")
+        for r in o["rules"]
+        for res in r["resources"]
+    }
+    assert "resourceclaimtemplates" not in granted, "no right to claim GPUs until Jobs may run"

@@ -142,6 +142,7 @@ def test_repair_permissions_are_namespaced_and_minimal(control_plane: local.Cont
     assert rules == [
         (["batch"], ["jobs"], ["create", "get", "list", "watch", "delete"], None),
         ([""], ["pods"], ["get", "list", "watch"], None),
+        (["resource.k8s.io"], ["resourceclaimtemplates"], ["create"], None),
         ([""], ["configmaps"], ["get"], ["render-gpu-health-repair-templates"]),
     ]
     binding = named(objects, "RoleBinding", "-operator-repair")
@@ -158,7 +159,7 @@ def test_repair_jobs_may_run_in_a_namespace_of_their_own(control_plane: local.Co
     objects = render(control_plane, "--set", "repair.namespace=gpu-repair")
     role = named(objects, "Role", "-operator-repair")
     assert role["metadata"]["namespace"] == "gpu-repair"
-    assert [r["resources"] for r in role["rules"]] == [["jobs"], ["pods"]]
+    assert [r["resources"] for r in role["rules"]] == [["jobs"], ["pods"], ["resourceclaimtemplates"]]
     templates = named(objects, "Role", "-operator-repair-templates")
     assert templates["metadata"]["namespace"] == "gpu-health"
     assert templates["rules"] == [
@@ -358,6 +359,12 @@ def test_operator_may_run_jobs_in_the_release_namespace_only(
     assert not may(namespace, "get", "/configmaps", name=f"{fullname}-agent-scenario")
     assert not may(namespace, "list", "/configmaps")
     assert not may(namespace, "create", "/pods")
+    # A DRA check's claim template: created in the Jobs' namespace only; the Job owns it, the garbage
+    # collector deletes it.
+    assert may(namespace, "create", "resource.k8s.io/resourceclaimtemplates")
+    assert not may(other, "create", "resource.k8s.io/resourceclaimtemplates")
+    for verb in ("get", "list", "update", "patch", "delete"):
+        assert not may(namespace, verb, "resource.k8s.io/resourceclaimtemplates"), verb
 
     # The same through the service account's own token: a Job create, server-side dry run.
     token = control_plane.kubectl(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,33 +19,16 @@ from gpuhealth_sim.controlplane import local
 
 pytestmark = pytest.mark.integration
 
-ARGS = [
-    "--lease-duration-seconds=2",
-    "--lease-renew-seconds=0.5",
-    "--lease-retry-seconds=0.5",
-    "--tick-seconds=0.5",
-]
 jobs_namespace = check_jobs.jobs_namespace_fixture("checks-restart")
 
 
-@pytest.fixture
-def fleet(k8s: client.ApiClient) -> Iterator[operator_harness.Fleet]:
-    with operator_harness.Fleet(k8s, label=f"chkrestart-{secrets.token_hex(3)}") as nodes:
-        yield nodes
+fleet = check_jobs.restart_fleet_fixture("chkrestart")
 
 
 def start(
     crds: local.ControlPlane, log: Path, lease: str, jobs_namespace: str
 ) -> operator_harness.OperatorProcess:
-    process = operator_harness.OperatorProcess(
-        kubeconfig=Path(crds.kubeconfig),
-        log_path=log,
-        lease_name=lease,
-        identity=log.stem,
-        extra_args=[*ARGS, f"--repair-templates={jobs_namespace}/{check_jobs.TEMPLATES}"],
-    ).start()
-    waiting.wait_until(process.is_leading, timeout_seconds=30, message=f"{log.stem} leads")
-    return process
+    return check_jobs.start_leader(Path(crds.kubeconfig), log, lease, jobs_namespace)
 
 
 def test_a_check_in_flight_is_adopted_after_a_kill_and_its_result_recorded_once(

@@ -12,6 +12,7 @@ import contextlib
 import secrets
 import time
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any, Final
 
 import pytest
@@ -190,3 +191,39 @@ def wait_run(fleet: operator_harness.Fleet, node: str, result: str, count: int =
         timeout_seconds=TIMEOUT,
         message=f"{node}: {count} run(s) {result} in status.checks[]",
     )
+
+
+RESTART_ARGS: Final = (
+    "--lease-duration-seconds=2",
+    "--lease-renew-seconds=0.5",
+    "--lease-retry-seconds=0.5",
+    "--tick-seconds=0.5",
+)
+"""A short Lease, so that the next operator leads soon after one is killed."""
+
+
+def start_leader(
+    kubeconfig: Path, log: Path, lease: str, jobs_namespace: str
+) -> operator_harness.OperatorProcess:
+    """An operator on `lease` (RESTART_ARGS, the tests' templates), once it leads: the restart tests
+    start one, kill it and start the next on the same Lease."""
+    process = operator_harness.OperatorProcess(
+        kubeconfig=kubeconfig,
+        log_path=log,
+        lease_name=lease,
+        identity=log.stem,
+        extra_args=[*RESTART_ARGS, f"--repair-templates={jobs_namespace}/{TEMPLATES}"],
+    ).start()
+    waiting.wait_until(process.is_leading, timeout_seconds=30, message=f"{log.stem} leads")
+    return process
+
+
+def restart_fleet_fixture(prefix: str) -> Any:
+    """A `fleet` fixture without the `operator` fixture: the restart tests start their own operators."""
+
+    @pytest.fixture(name="fleet")
+    def fleet(k8s: client.ApiClient) -> Iterator[operator_harness.Fleet]:
+        with operator_harness.Fleet(k8s, label=f"{prefix}-{secrets.token_hex(3)}") as nodes:
+            yield nodes
+
+    return fleet

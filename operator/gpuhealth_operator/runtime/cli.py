@@ -158,6 +158,9 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         default=None,
         help="namespace the repair Jobs run in (default: the templates ConfigMap's, else gpu-health)",
     )
+    # Active checks on nodes whose GPUs a DRA driver publishes (no nvidia.com/gpu capacity): docs/checks.md.
+    parser.add_argument("--check-dra-device-class", default=default.check_dra_device_class)
+    parser.add_argument("--check-dra-driver", default=default.check_dra_driver)
     parser.add_argument(
         "--gpu-operator-namespace",
         default=default.gpu_operator_namespace,
@@ -210,6 +213,8 @@ def parse_args(argv: Sequence[str] | None = None) -> settings.Settings:
         repair_templates=args.repair_templates,
         repair_namespace=args.repair_namespace,
         gpu_operator_namespace=args.gpu_operator_namespace,
+        check_dra_device_class=args.check_dra_device_class,
+        check_dra_driver=args.check_dra_driver,
         log_level=args.log_level,
         log_format=args.log_format,
     )

@@ -111,6 +111,14 @@ class Settings:
     backtest's replay, which cannot run Jobs: it hands the operator the runs its trace recorded
     (`replay.Operator.check_run`), whose condition the same judging derives."""
 
+    check_dra_device_class: str = "gpu.nvidia.com"
+    """DeviceClass of the GPUs a check claims on a node that publishes them through DRA (no
+    `nvidia.com/gpu` capacity): its pod claims every device of the class on the node."""
+
+    check_dra_driver: str = "gpu.nvidia.com"
+    """DRA driver whose ResourceSlices publish a node's GPUs (NVIDIA's k8s-dra-driver-gpu): a node
+    without `nvidia.com/gpu` capacity is checked through DRA where they list GPU devices for it."""
+
     log_level: str = "INFO"
     """Python logging level name."""
 

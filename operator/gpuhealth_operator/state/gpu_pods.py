@@ -11,6 +11,11 @@ UID), with the nodes it holds (bound there, `spec.nodeName`, or nominated there,
 preempts for it: `status.nominatedNodeName`), and per node since when no GPU pod has been there
 (`freed_at`, so a pod that came and went between two passes still restarts the node's idle clock).
 
+It also keeps, for each pending pod that uses GPUs and is not bound yet, the nodes it waits for
+(`decisions.waiting_pods`: kube-scheduler preempts nothing for DRA devices, so a DRA check makes way for
+such a pod itself, `ladder/check/check_yield.py`): the watch of pods not ended brings those pods too, so
+that needs no LIST of the pending pods per pass either.
+
 Until the watch's LIST has been applied (`synced`) nothing here may be read as "idle": the operator
 never acts on data it has not seen. A LIST (the first, and each one after the API server lost the
 history to resume from) replaces everything: the pods deleted meanwhile go with it.
@@ -25,6 +30,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from gpuhealth_api import keys
+from gpuhealth_operator.decisions import waiting_pods
 
 Pod = Mapping[str, Any]
 DELETED = "DELETED"
@@ -74,8 +80,11 @@ class GpuPods:
         self._by_node: dict[str, set[str]] = {}
         self.freed_at: dict[str, datetime.datetime] = {}
         """node → when a GPU pod last left it (absent: none left it since the index was filled)."""
+        self._waiting: dict[str, waiting_pods.Waits] = {}
+        """pod key → the nodes it waits for (only unbound pending pods that use GPUs and name one)."""
         self._listing: dict[str, tuple[str, ...]] | None = None
         """The pods a LIST in progress brought so far: they replace `_pods` once it is complete."""
+        self._listing_waits: dict[str, waiting_pods.Waits] = {}
         self.synced = False
         """The watch's LIST has been applied, and no LIST that replaces it is under way."""
 
@@ -84,23 +93,42 @@ class GpuPods:
         """The nodes where a pod uses GPUs, as of the last event (meaningful only while `synced`)."""
         return self._by_node.keys()
 
+    @property
+    def waits(self) -> waiting_pods.Waits:
+        """The nodes the pending GPU pods wait for, as of the last event (meaningful only while `synced`)."""
+        if not self._waiting:
+            return waiting_pods.Waits()
+        found = self._waiting.values()
+        return waiting_pods.Waits(
+            frozenset().union(*(w.names for w in found)), frozenset().union(*(w.hostnames for w in found))
+        )
+
     def __len__(self) -> int:
         return len(self._pods)
 
     def observe(self, kind: str | None, pod: Pod, now: datetime.datetime) -> None:
         """A watch event (`kind` ADDED, MODIFIED, DELETED) or, with `kind` None, an object of a LIST."""
         key = pod_key(pod)
-        held = held_nodes(pod) if kind != DELETED and uses_gpus(pod) else ()
+        gpus = kind != DELETED and uses_gpus(pod)
+        held = held_nodes(pod) if gpus else ()
+        wait = waiting_pods.waits([pod], uses_gpus) if gpus else waiting_pods.Waits()
         if kind is None and self._listing is not None:
             if held:
                 self._listing[key] = held
+            if wait:
+                self._listing_waits[key] = wait
             return
         self._put(key, held, now)
+        if wait:
+            self._waiting[key] = wait
+        else:
+            self._waiting.pop(key, None)
 
     def listing(self) -> None:
         """A LIST begins: until it is complete (`listed`) nothing here is current."""
         self.synced = False
         self._listing = {}
+        self._listing_waits = {}
 
     def listed(self, now: datetime.datetime) -> None:
         """The LIST is complete and every object of it observed: it replaces what was known."""
@@ -109,6 +137,7 @@ class GpuPods:
             self._put(key, (), now)
         for key, held in fresh.items():
             self._put(key, held, now)
+        self._waiting, self._listing_waits = self._listing_waits, {}
         self.synced = True
 
     def forget_node(self, node: str) -> None:
@@ -126,7 +155,9 @@ class GpuPods:
         self._pods.clear()
         self._by_node.clear()
         self.freed_at.clear()
+        self._waiting.clear()
         self._listing = None
+        self._listing_waits = {}
         self.synced = False
 
     def _put(self, key: str, held: tuple[str, ...], now: datetime.datetime) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from gpuhealth_api import keys
 from gpuhealth_operator.client import kube
-from gpuhealth_operator.decisions import checks
+from gpuhealth_operator.decisions import check_gpus, checks
 from gpuhealth_operator.ladder.repair import jobs
 
 PRIORITY_CLASS: Final = "gpu-health-check"
@@ -45,8 +45,12 @@ def build(
     node_uid: str,
     gpus: int,
     request_id: str | None = None,
+    claim_template: str | None = None,
 ) -> dict[str, Any]:
-    """The check Job of `start` from its template; TemplateError when it names a ServiceAccount."""
+    """The check Job of `start` from its template; TemplateError when it names a ServiceAccount.
+
+    With `claim_template` (a DRA node) the pod holds the node's GPUs through a claim made from that
+    ResourceClaimTemplate (`check_claims`), and requests no `nvidia.com/gpu`."""
     if not node_uid:
         raise jobs.TemplateError(
             f"the UID of Node {start.node} is not known: a Job must be owned by its Node"
@@ -99,7 +103,18 @@ def build(
             }
         },
     }
-    pod_spec["containers"] = _all_gpus(list(pod_spec.get("containers") or []), gpus)
+    pod_spec["containers"] = _all_gpus(list(pod_spec.get("containers") or []), gpus, claim_template)
+    if claim_template is not None:
+        # The check's claim only: a claim of the template's own could leave GPUs for a workload to share.
+        pod_spec["resourceClaims"] = [
+            {"name": check_gpus.CLAIM_NAME, "resourceClaimTemplateName": claim_template}
+        ]
+        pod_meta["annotations"] = {
+            **(pod_meta.get("annotations") or {}),
+            keys.CHECK_GPUS_ANNOTATION: str(gpus),
+        }
+    else:
+        pod_spec.pop("resourceClaims", None)
     pod["spec"] = pod_spec
     spec["template"] = pod
     job["spec"] = spec
@@ -107,17 +122,22 @@ def build(
     return job
 
 
-def _all_gpus(containers: list[Mapping[str, Any]], gpus: int) -> list[dict[str, Any]]:
-    """The first container holds every GPU of the node (request = limit, as for any extended resource);
-    the others none: a GPU left over would let a workload share the node with the check."""
+def _all_gpus(
+    containers: list[Mapping[str, Any]], gpus: int, claim_template: str | None
+) -> list[dict[str, Any]]:
+    """The first container holds every GPU of the node (request = limit, as for any extended resource;
+    or the claim of them all); the others none: a GPU left over would let a workload share the node."""
     filled = []
     for index, container in enumerate(containers):
         item = dict(container)
         resources = dict(item.get("resources") or {})
         limits = {k: v for k, v in dict(resources.get("limits") or {}).items() if k != GPU_RESOURCE}
         requests = {k: v for k, v in dict(resources.get("requests") or {}).items() if k != GPU_RESOURCE}
-        if index == 0:
+        resources.pop("claims", None)
+        if index == 0 and claim_template is None:
             limits[GPU_RESOURCE] = requests[GPU_RESOURCE] = str(gpus)
+        elif index == 0:
+            resources["claims"] = [{"name": check_gpus.CLAIM_NAME}]
         resources["limits"], resources["requests"] = limits, requests
         item["resources"] = resources
         filled.append(item)
@@ -151,15 +171,14 @@ async def list_pods(client: kube.Client, namespace: str) -> dict[str, kube.JsonO
     return found
 
 
-async def create(client: kube.Client, job: Mapping[str, Any]) -> bool:
-    """Create the Job; False when one of its name exists already (the node's check runs: adopted)."""
+async def create(client: kube.Client, job: Mapping[str, Any]) -> kube.JsonObject | None:
+    """Create the Job: the stored Job (with its UID), or None when one of its name exists already."""
     try:
-        await client.create(jobs.jobs_path(job["metadata"]["namespace"]), job)
+        return await client.create(jobs.jobs_path(job["metadata"]["namespace"]), job)
     except kube.ApiError as error:
         if error.status == 409:
-            return False
+            return None
         raise
-    return True
 
 
 delete = jobs.delete

@@ -162,15 +162,21 @@ async def _remove(ctx: context.Context, name: str) -> None:
 
 
 async def _refuse(ctx: context.Context, name: str, raw: str, token: str, why: str) -> None:
-    logger.info("check request %s on node %s refused: %s", token, name, why)
     ctx.steps.check.refused[name] = raw
+    await say_refused(ctx, name, token, why)
+    try:
+        await _remove(ctx, name)
+    except kube.ApiError:
+        logger.warning("removing the check request of node %s failed (will retry)", name, exc_info=True)
+
+
+async def say_refused(ctx: context.Context, name: str, token: str, why: str) -> None:
+    """The `CheckRefused` Event of a request (also of one taken that could not start after all: its
+    annotation is gone already)."""
+    logger.info("check request %s on node %s refused: %s", token, name, why)
     await ctx.recorder.emit(
         events.subject(ctx.cache, name),
         vocabulary.EventReason.CHECK_REFUSED,
         f"Check request {token} on node {name} refused: {why}.",
         events.WARNING,
     )
-    try:
-        await _remove(ctx, name)
-    except kube.ApiError:
-        logger.warning("removing the check request of node %s failed (will retry)", name, exc_info=True)

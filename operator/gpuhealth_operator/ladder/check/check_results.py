@@ -99,6 +99,9 @@ def _gpu_seconds(pod: Mapping[str, Any] | None, now: datetime.datetime) -> tuple
     ]
     ended = max((e for e in ends if e is not None), default=now)
     gpus = 0
+    claimed = ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.CHECK_GPUS_ANNOTATION)
+    if isinstance(claimed, str) and claimed.isdigit():
+        return int(claimed), max(0.0, times.seconds_between(started, ended))  # a DRA claim's GPUs
     for container in (pod.get("spec") or {}).get("containers") or []:
         limit = ((container.get("resources") or {}).get("limits") or {}).get(keys.GPU_RESOURCE)
         try:

@@ -16,7 +16,10 @@ Every timer pass (`sweep`):
    by a human), idle for `idleForSeconds`, due by `everySeconds`, never two on one node, within
    maxConcurrent over all policies; a dry-run policy's check is a `DryRun` Event "would check";
 4. creates each Job (`check_jobs.build`: through the scheduler, every GPU, PriorityClass
-   gpu-health-check) and sets the gauges (in flight, nodes overdue).
+   gpu-health-check; on a DRA node a claim of every device, `check_claims`) and sets the gauges (in
+   flight, nodes overdue). A node with no GPUs the scheduler could give a check is said once and left
+   out of the plan for a while. kube-scheduler preempts nothing for DRA devices, so a DRA check whose
+   node a pending GPU pod waits for makes way itself (`check_yield`), and no check starts there.
 
 With no policy wanting checks a pass only refuses the on-demand requests (GPUNode annotations, from the
 cache), and asks nothing else of the API server unless a check of this process is still to be ended.
@@ -27,14 +30,21 @@ from __future__ import annotations
 
 import datetime
 import logging
+import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator.client import events, kube
-from gpuhealth_operator.decisions import checks, model, policies, signals, times
-from gpuhealth_operator.ladder.check import check_jobs, check_requests, check_results
+from gpuhealth_operator.decisions import check_gpus, checks, model, policies, signals, times
+from gpuhealth_operator.ladder.check import (
+    check_claims,
+    check_jobs,
+    check_requests,
+    check_results,
+    check_yield,
+)
 from gpuhealth_operator.ladder.repair import jobs, reading
 from gpuhealth_operator.shared import context
 from gpuhealth_operator.state import pass_queue
@@ -81,12 +91,17 @@ async def sweep(ctx: context.Context, now: datetime.datetime, write: Writer) -> 
     if not wanting:
         ctx.meters.set_checks_overdue({})
         return
+    # kube-scheduler preempts nothing for DRA devices: a DRA check makes way itself (`check_yield`).
+    waits = check_yield.waits(ctx)
+    await check_yield.make_way(ctx, listed, pods, waits)
     busy = _busy_nodes(ctx)
     entries = [
         checks.PolicyChecks(p.name, p.dry_run, p.active_checks, frozenset(ctx.cache.selection(p).selected))
         for p in wanting
     ]
     names = sorted(set().union(*(e.nodes for e in entries)))
+    if busy is not None:
+        busy = {*busy, *check_yield.waited_for(ctx, names, waits)}  # a pending pod wants it: no check
     _idle_clocks(ctx, names, busy, now)
     states = [s for s in (_state(ctx, name) for name in names) if s is not None]
     counts: dict[tuple[str, str], int] = {(e.policy, c.name): 0 for e in entries for c in e.checks}
@@ -99,7 +114,10 @@ async def sweep(ctx: context.Context, now: datetime.datetime, write: Writer) -> 
         ctx, wanting=wanting, states=states, busy=busy, flying=flying, now=now
     )
     taken = {f.node for f in flying} | {s.node for s, _ in requested}
-    plan = checks.plan(entries, states, [*flying, *(_flying(s) for s, _ in requested)], now)
+    plannable = [
+        s for s in states if not check_claims.recently_without_gpus(ctx.steps.check.no_gpus, s.name, now)
+    ]
+    plan = checks.plan(entries, plannable, [*flying, *(_flying(s) for s, _ in requested)], now)
     starting = [*requested, *((s, None) for s in plan.start if s.node not in taken)]
     for start, request in starting:
         try:
@@ -153,11 +171,14 @@ async def _end(
         result = checks.result_of(
             job, pod, started=started, timeout_seconds=check_jobs.timeout_of(job), now=now
         )
+        if result is None and uid in ctx.steps.check.yielded:
+            result = vocabulary.CheckResult.PREEMPTED  # made way for a pending pod (`check_yield`)
         if result is None:
             if meta.get("deletionTimestamp") is None or pod is not None:  # its pod may hold the GPUs
                 policy, check = labels.get(keys.POLICY_LABEL), labels.get(keys.CHECK_LABEL)
                 flying.append(checks.InFlight(node, str(policy or ""), str(check or "")))
             continue
+        ctx.steps.check.yielded.pop(uid, None)
         node, message, _ = check_results.end(ctx, job, pod, result, now)
         ctx.steps.check.recorded[uid] = node
         if result is vocabulary.CheckResult.PREEMPTED:
@@ -217,27 +238,75 @@ def _state(ctx: context.Context, name: str) -> checks.NodeState | None:
 async def _start(
     ctx: context.Context, start: checks.Start, request: str | None, ns: str, now: datetime.datetime
 ) -> bool:
-    """Create the check's Job; False when one of the node's exists (it runs: adopted next pass)."""
+    """Create the check's Job (and on a DRA node its claim's template); False when one of the node's
+    exists (it runs: adopted next pass), or when nothing of the node's can hold its GPUs."""
     record = ctx.cache.node(start.node)
     if record is None:
         return False
     template = (await reading.templates(ctx, now)).get(start.template)
     if template is None:
         raise jobs.TemplateError(f"no Job template {start.template!r} in the repair templates")
-    gpus = record.view.gpu_capacity or len(reading.all_gpus(ctx, start.node)) or 1
-    body = check_jobs.build(template, start, namespace=ns, node_uid=record.uid, gpus=gpus, request_id=request)
+    how = await check_claims.access(
+        ctx.client, start.node, record.view.gpu_capacity or 0, driver=ctx.config.check_dra_driver
+    )
+    if how.kind is None:
+        if request is not None:  # taken already (its annotation removed): said, or its caller waits
+            await check_requests.say_refused(ctx, start.node, request, how.why)
+        if start.node not in ctx.steps.check.no_gpus:  # said once, not every pass
+            logger.warning("check %s on node %s not started: %s", start.check, start.node, how.why)
+        ctx.steps.check.no_gpus[start.node] = now
+        return False
+    ctx.steps.check.no_gpus.pop(start.node, None)
+    claim_version = await check_claims.served_version(ctx.client) if how.kind == check_gpus.DRA else None
+    if how.kind == check_gpus.DRA and claim_version is None:
+        raise jobs.TemplateError(
+            f"node {start.node} uses DRA, but no resource.k8s.io version serves ResourceClaimTemplates"
+        )
+    name = check_jobs.job_name(start.node)
+    claim = check_gpus.template_name(name, secrets.token_hex(3)) if claim_version else None
+    body = check_jobs.build(
+        template,
+        start,
+        namespace=ns,
+        node_uid=record.uid,
+        gpus=how.gpus,
+        request_id=request,
+        claim_template=claim,
+    )
     created = await check_jobs.create(ctx.client, body)
+    if created is not None and claim_version is not None:
+        await _claim(ctx, claim_version, created)
     logger.info(
-        "check %s (%s, policy %s) on node %s: Job %s/%s %s",
+        "check %s (%s, policy %s) on node %s: Job %s/%s %s (%d GPUs, %s)",
         start.check,
         start.template,
         start.policy,
         start.node,
         ns,
-        body["metadata"]["name"],
-        "created" if created else "exists",
+        name,
+        "created" if created is not None else "exists",
+        how.gpus,
+        f"DRA claim {claim} of DeviceClass {ctx.config.check_dra_device_class}"
+        if claim
+        else keys.GPU_RESOURCE,
     )
-    return created
+    return created is not None
+
+
+async def _claim(ctx: context.Context, api_version: str, job: Mapping[str, Any]) -> None:
+    """The just created DRA check Job's claim template; not made, the Job goes too (its pod could never
+    be scheduled) and the error is raised: the check is started again next pass."""
+    try:
+        await check_claims.create(
+            ctx.client, api_version, job, device_class=ctx.config.check_dra_device_class
+        )
+    except kube.ApiError:
+        meta = job.get("metadata") or {}
+        try:
+            await check_jobs.delete(ctx.client, str(meta.get("namespace")), str(meta.get("name")))
+        except kube.ApiError:
+            logger.warning("deleting check Job %s failed (it times out)", meta.get("name"), exc_info=True)
+        raise
 
 
 async def _dry_run(ctx: context.Context, would: Sequence[checks.Start]) -> None:

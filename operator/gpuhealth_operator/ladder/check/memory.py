@@ -42,6 +42,15 @@ class CheckMemory:
     pods: gpu_pods.GpuPods = dataclasses.field(default_factory=gpu_pods.GpuPods)
     """The pods using GPUs by node (module docstring): fed by `runtime/gpu_pod_watch.py`, read by a pass."""
 
+    yielded: dict[str, str] = dataclasses.field(default_factory=dict)
+    """check Job UID → node: DRA checks whose pod this process evicted for a pending pod (`check_yield`):
+    ended Preempted at the next pass, without waiting for the pod's end (the Job's deletion ends it)."""
+
+    no_gpus: dict[str, datetime.datetime] = dataclasses.field(default_factory=dict)
+    """node → when a check last found no GPUs there that the scheduler could give it (no `nvidia.com/gpu`
+    capacity, no DRA GPU device): logged once, and left out of the plan for a while (`checking`), so
+    that it never takes the place of a node that can be checked."""
+
     in_flight: int = 0
     """Check Jobs running as the last pass counted them (none, with no policy wanting checks: no list)."""
 
@@ -55,6 +64,9 @@ class CheckMemory:
         self.history.pop(name, None)
         self.idle_since.pop(name, None)
         self.refused.pop(name, None)
+        self.no_gpus.pop(name, None)
+        for uid in [u for u, node in self.yielded.items() if node == name]:
+            del self.yielded[uid]
         for uid in [u for u, node in self.recorded.items() if node == name]:
             del self.recorded[uid]
         for key in [k for k in self.dry_run_said if k[1] == name]:

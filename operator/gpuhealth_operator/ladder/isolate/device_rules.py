@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from gpuhealth_api import keys
-from gpuhealth_operator.client import kube
+from gpuhealth_operator.client import dra, kube
 from gpuhealth_operator.decisions import device_taints, isolation
 
 logger = logging.getLogger(__name__)
@@ -27,8 +27,6 @@ PROBE_RETRY_SECONDS: Final = 1.0
 """Wait before the second attempt of a probe that met a transient error (twice that before the third)."""
 TRANSIENT: Final = kube.TRANSIENT_ERRORS
 """What a request may raise; an ApiError is transient only as `transient` says."""
-SLICE_VERSIONS: Final = ("v1", "v1beta2", "v1beta1")
-"""resource.k8s.io versions to list ResourceSlices in, preferred first."""
 
 
 def rules_path(api_version: str, name: str | None = None) -> str:
@@ -38,16 +36,7 @@ def rules_path(api_version: str, name: str | None = None) -> str:
 
 async def served_version(client: kube.Client) -> str | None:
     """Discovery alone (no write): the resource.k8s.io version serving devicetaintrules, if any."""
-    serving = []
-    for known in device_taints.KNOWN_VERSIONS:
-        try:
-            found = await client.get(f"/apis/{device_taints.GROUP}/{known}")
-        except kube.ApiError as error:
-            if error.status in (403, 404):
-                continue
-            raise
-        if any(r.get("name") == device_taints.PLURAL for r in found.get("resources") or []):
-            serving.append(known)
+    serving = await dra.serving(client, device_taints.PLURAL, device_taints.KNOWN_VERSIONS)
     return device_taints.served_version(serving)
 
 
@@ -210,15 +199,4 @@ async def adopt(client: kube.Client, api_version: str, name: str, *, deleted: st
 
 async def devices(client: kube.Client, node: str) -> dict[str, device_taints.Device]:
     """GPU UUID → DRA device, from the node's ResourceSlices (empty: no DRA driver publishes the node)."""
-    for version in SLICE_VERSIONS:
-        try:
-            slices = await client.list_all(
-                f"/apis/{device_taints.GROUP}/{version}/resourceslices",
-                {"fieldSelector": f"spec.nodeName={node}"},
-            )
-        except kube.ApiError as error:
-            if error.status == 404:
-                continue
-            raise
-        return device_taints.devices_by_uuid(slices)
-    return {}
+    return device_taints.devices_by_uuid(await dra.resource_slices(client, node))

@@ -102,6 +102,8 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.steps.check.recorded[f"uid-{node}"] = node
     ctx.steps.check.dry_run_said[(policy, node)] = "quick"
     ctx.steps.check.refused[node] = "token"
+    ctx.steps.check.yielded[f"uid-{node}"] = node
+    ctx.steps.check.no_gpus[node] = now
     RECORDS[node] = cache.node_record({"metadata": {"name": node}})  # held: the rest refers to it weakly
     ctx.judging.resting[node] = context.Rest(RECORDS[node].reading, 1, (), None)
 
@@ -146,6 +148,8 @@ FILLED = {
     "steps.check.recorded",
     "steps.check.dry_run_said",
     "steps.check.refused",
+    "steps.check.yielded",
+    "steps.check.no_gpus",
 }
 """The Context fields `fill` puts a node and a policy into."""
 
@@ -303,6 +307,8 @@ def test_forget_verdicts_keeps_the_nodes_own_memory() -> None:
             "steps.check.idle_since",
             "steps.check.recorded",
             "steps.check.refused",
+            "steps.check.yielded",  # a check it made way with still ends Preempted
+            "steps.check.no_gpus",
             "steps.repair.validations",
             "steps.repair.gone_nodes",
         }

@@ -125,3 +125,31 @@ def test_a_deleted_node_is_forgotten_and_clear_forgets_everything() -> None:
     assert not index.busy and len(index) == 0
     index.clear()
     assert not index.synced and not index.freed_at
+
+
+def pending_for(name: str, hostname: str) -> dict[str, Any]:
+    """A pending DRA workload pinned to a node by its hostname label (not bound yet)."""
+    body = pod(name, None, gpus=None, claims=True)
+    body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": hostname}
+    body["status"] = {"phase": "Pending"}
+    return body
+
+
+def test_the_nodes_pending_gpu_pods_wait_for_come_from_the_same_watch() -> None:
+    """A DRA check makes way for a pending pod (kube-scheduler preempts nothing for DRA devices): the
+    pending pods arrive on the watch of pods not ended, so no LIST of them is made per pass either."""
+    index = synced(pending_for("w1", "gpu-a"), pod("cpu-only", None, gpus=None))
+    assert index.waits.hostnames == {"gpu-a"} and not index.waits.names
+    index.observe("MODIFIED", {**pending_for("w1", "gpu-a"), "status": {"nominatedNodeName": "n9"}}, LATER)
+    assert index.waits.names == {"n9"}
+    bound = pending_for("w1", "gpu-a")
+    bound["spec"]["nodeName"] = "gpu-a"  # scheduled: it holds the node now, it waits for nothing
+    index.observe("MODIFIED", bound, LATER)
+    assert not index.waits and "gpu-a" in index.busy
+    index.observe(None, pending_for("w2", "gpu-b"), LATER)  # not a LIST under way: an event like any
+    index.listing()
+    index.observe(None, pending_for("w3", "gpu-c"), LATER)
+    index.listed(LATER)  # the LIST replaces: w2 was deleted meanwhile
+    assert index.waits.hostnames == {"gpu-c"}
+    index.clear()
+    assert not index.waits

@@ -178,3 +178,39 @@ def test_a_node_is_idle_from_when_its_last_gpu_pod_left() -> None:
     asyncio.run(checking.sweep(ctx, NOW + 5 * second, _no_write))
     assert ctx.steps.check.idle_since["n1"] == NOW + 4 * second
     assert all(path != "/api/v1/pods" for _, path in client.asked)
+
+
+def _gpu_node(ctx: context.Context, node: str, *, gpus: int, created: str) -> None:
+    capacity = {keys.GPU_RESOURCE: str(gpus)} if gpus else {}
+    ctx.cache.put_node(
+        {
+            "metadata": {"name": node, "uid": f"uid-{node}", "labels": {"pool": "gpu"}},
+            "status": {"capacity": capacity, "allocatable": capacity},
+        }
+    )
+    ctx.cache.put_gpunode(
+        {"metadata": {"name": node, "resourceVersion": "1", "creationTimestamp": created}}, NOW
+    )
+
+
+def test_a_node_without_gpus_to_hold_is_said_once_and_takes_no_other_nodes_place(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = Recording()
+    ctx = operator_context.new_context(client)  # type: ignore[arg-type]
+    ctx.cache.put_policy(CHECKING)  # maxConcurrent 1
+    _gpu_node(ctx, "bare", gpus=0, created="2026-01-01T00:00:00Z")  # the most overdue: planned first
+    _gpu_node(ctx, "plugin", gpus=8, created="2026-06-01T00:00:00Z")
+    ctx.steps.check.pods.listing()  # the watch's LIST: no pod anywhere
+    ctx.steps.check.pods.listed(NOW)
+    with caplog.at_level(logging.WARNING, logger="gpuhealth_operator"):
+        for seconds in (0, 61, 62, 63):
+            asyncio.run(checking.sweep(ctx, NOW + datetime.timedelta(seconds=seconds), _no_write))
+    said = [r.getMessage() for r in caplog.records if "not started" in r.getMessage()]
+    assert len(said) == 1 and "node bare advertises no nvidia.com/gpu capacity" in said[0], said
+    slices = [path for kind, path in client.asked if kind == "list_all" and path.endswith("/resourceslices")]
+    assert len(slices) == 1, "looked at again only after a while"
+    jobs = [body for body in client.events if body.get("kind") == "Job"]
+    assert jobs and {j["metadata"]["labels"][keys.NODE_LABEL] for j in jobs} == {"plugin"}
+    limits = jobs[0]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits[keys.GPU_RESOURCE] == "8"
