@@ -27,6 +27,10 @@ PRIORITY_CLASS: Final = "gpu-health-check"
 """The chart's PriorityClass of check pods (value below every workload, preemptionPolicy Never)."""
 GPU_RESOURCE: Final = keys.GPU_RESOURCE
 NAME_PREFIX: Final = "gpuhealth-check-"
+STOP_GRACE_SECONDS: Final = 5
+"""Most seconds a check pod is given to stop once preempted (a template may ask for less): kube-scheduler
+binds the workload only once its victim is gone, and the Kubernetes default (30 s) would keep the
+workload waiting past issue 51's 10 s. A diagnostic stopped early is just a Preempted run."""
 TTL_AFTER_FINISHED_SECONDS: Final = 600
 """The Job controller deletes a finished check Job after this long if the operator did not (it is down)."""
 
@@ -91,6 +95,9 @@ def build(
     pod_spec = jobs.without_token(dict(pod.get("spec") or {}), start.template)
     pod_spec.pop("nodeName", None)  # the scheduler places it, so that it can preempt it
     pod_spec["restartPolicy"] = "Never"
+    asked = pod_spec.get("terminationGracePeriodSeconds")
+    fits = isinstance(asked, int) and not isinstance(asked, bool) and 0 <= asked < STOP_GRACE_SECONDS
+    pod_spec["terminationGracePeriodSeconds"] = asked if fits else STOP_GRACE_SECONDS
     pod_spec["priorityClassName"] = PRIORITY_CLASS
     pod_spec.pop("priority", None)
     pod_spec["affinity"] = {

@@ -20,11 +20,12 @@ from typing import Any, Final
 from gpuhealth_api import keys
 from gpuhealth_operator.client import drain
 from gpuhealth_operator.decisions import check_gpus, waiting_pods
+from gpuhealth_operator.ladder.check import check_jobs
 from gpuhealth_operator.shared import context
 
 logger = logging.getLogger(__name__)
 
-YIELD_GRACE_SECONDS: Final = 5
+YIELD_GRACE_SECONDS: Final = check_jobs.STOP_GRACE_SECONDS
 """Most seconds an evicted check pod is given to stop (less where its template says less): the workload
 waits for its claim until the pod is gone."""
 _EVICT: Final = drain.Options(
