@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from gpuhealth_sim import waiting
+import namespaces
 from gpuhealth_sim.controlplane import binaries, local
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,16 +65,5 @@ def k8s(control_plane: local.ControlPlane) -> Iterator[client.ApiClient]:
 def namespace(request: pytest.FixtureRequest, k8s: client.ApiClient) -> Iterator[str]:
     """A fresh namespace for one test, ready for pods (its default service account exists); deleted after."""
     base = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
-    name = f"{base}-{secrets.token_hex(3)}"
-    core = client.CoreV1Api(k8s)
-    core.create_namespace(body={"metadata": {"name": name}})
-    # Pods are rejected until the service-account controller has created "default".
-    waiting.wait_until(
-        lambda: core.read_namespaced_service_account("default", name),
-        timeout_seconds=30,
-        message=f"service account default in namespace {name}",
-    )
-    try:
+    with namespaces.created(k8s, f"{base}-{secrets.token_hex(3)}") as name:
         yield name
-    finally:
-        core.delete_namespace(name)

@@ -19,6 +19,7 @@ from kubernetes import client
 
 import agent_daemonset
 import gpunode_facts
+import namespaces
 import operator_fixtures
 import operator_harness
 from gpuhealth_api import keys
@@ -130,18 +131,8 @@ def test_a_not_ready_or_gone_agent_pod_turns_its_node_unknown_a_ready_one_keeps_
 @pytest.fixture
 def tenant(k8s: client.ApiClient) -> Iterator[str]:
     """Another namespace, a tenant's, where the operator's agents do not run."""
-    core = client.CoreV1Api(k8s)
-    name = f"tenant-{secrets.token_hex(3)}"
-    core.create_namespace(body={"metadata": {"name": name}})
-    waiting.wait_until(
-        lambda: core.read_namespaced_service_account("default", name),
-        timeout_seconds=30,
-        message=f"service account default in namespace {name}",
-    )
-    try:
+    with namespaces.created(k8s, f"tenant-{secrets.token_hex(3)}") as name:
         yield name
-    finally:
-        core.delete_namespace(name)
 
 
 def test_a_tenants_pods_with_the_agents_labels_are_not_the_agent(

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+import sim_fleets
 from gpuhealth_api import keys, resources, vocabulary
 from gpuhealth_operator.decisions import device_taints
 from gpuhealth_sim import waiting
@@ -43,14 +44,8 @@ FLEET = {
 
 @pytest.fixture
 def dra_node(crds: local.ControlPlane, k8s: client.ApiClient) -> Iterator[agentpool.Fleet]:
-    sim = agentpool.Fleet(fleetfile.parse(FLEET, source="test fleet"), k8s, workers=1)
-    sim.create_nodes()
-    sim.start()
-    try:
+    with sim_fleets.running(k8s, fleetfile.parse(FLEET, source="test fleet"), workers=1) as sim:
         yield sim
-    finally:
-        sim.stop()
-        sim.delete_nodes()
 
 
 def _pod(name: str) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from kubernetes import client
 
 import apiserver_requests
 import gpunode_facts
+import namespaces
 import operator_fixtures
 import operator_harness
 from gpuhealth_sim import waiting
@@ -292,19 +293,11 @@ def on_node(k8s: client.ApiClient, node: str, prefix: str, namespace: str | None
 
 @contextlib.contextmanager
 def other_namespace(k8s: client.ApiClient) -> Iterator[str]:
-    core = client.CoreV1Api(k8s)
-    name = f"drain-other-{secrets.token_hex(3)}"
-    core.create_namespace({"metadata": {"name": name}})
-    waiting.wait_until(
-        lambda: core.read_namespaced_service_account("default", name),
-        timeout_seconds=30,
-        message=f"service account default in namespace {name}",
-    )
-    try:
-        yield name
-    finally:
-        release_held_pods(k8s, name)
-        core.delete_namespace(name)
+    with namespaces.created(k8s, f"drain-other-{secrets.token_hex(3)}") as name:
+        try:
+            yield name
+        finally:
+            release_held_pods(k8s, name)
 
 
 def release_held_pods(k8s: client.ApiClient, namespace: str) -> None:

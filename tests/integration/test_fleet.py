@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+import sim_fleets
 from gpuhealth_api import keys, resources
 from gpuhealth_sim import waiting
 from gpuhealth_sim.controlplane import local
@@ -53,15 +54,8 @@ FLEET = {
 
 @pytest.fixture
 def running_fleet(crds: local.ControlPlane, k8s: client.ApiClient) -> Iterator[agentpool.Fleet]:
-    spec = fleetfile.parse(FLEET, source="test fleet")
-    sim = agentpool.Fleet(spec, k8s, workers=2)
-    sim.create_nodes()
-    sim.start()
-    try:
+    with sim_fleets.running(k8s, fleetfile.parse(FLEET, source="test fleet"), workers=2) as sim:
         yield sim
-    finally:
-        sim.stop()
-        sim.delete_nodes()
 
 
 def gpunode(k8s: client.ApiClient, name: str) -> dict[str, Any]:

@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+import check_jobs
+import sim_fleets
 from gpuhealth_api import keys
 from gpuhealth_sim import waiting
 from gpuhealth_sim.controlplane import local
@@ -37,38 +39,20 @@ FLEET = {
         {"nodes": FIGURES, "scenario": {"checks": {"Nccl": {"busBandwidthGBps": 310.5, "seconds": 20}}}},
     ],
 }
-PRIORITY_CLASS = "gpu-health-check"
 TIMEOUT = 60
 
 
 @pytest.fixture(scope="module")
 def running_fleet(crds: local.ControlPlane, k8s: client.ApiClient) -> Iterator[agentpool.Fleet]:
-    sim = agentpool.Fleet(fleetfile.parse(FLEET, source="test fleet"), k8s, workers=2)
-    sim.create_nodes()
-    sim.start()
-    try:
+    with sim_fleets.running(k8s, fleetfile.parse(FLEET, source="test fleet"), workers=2) as sim:
         yield sim
-    finally:
-        sim.stop()
-        sim.delete_nodes()
 
 
 @pytest.fixture(scope="module")
 def priority_class(k8s: client.ApiClient) -> str:
     """The chart's PriorityClass of check pods (charts/gpu-health/templates/checks.yaml), as it ships."""
-    body = {
-        "apiVersion": "scheduling.k8s.io/v1",
-        "kind": "PriorityClass",
-        "metadata": {"name": PRIORITY_CLASS},
-        "value": -100,
-        "preemptionPolicy": "Never",
-    }
-    try:
-        client.SchedulingV1Api(k8s).create_priority_class(body)
-    except client.ApiException as error:
-        if error.status != 409:  # another test module made it: one per cluster
-            raise
-    return PRIORITY_CLASS
+    check_jobs.ensure_priority_class(k8s)
+    return check_jobs.PRIORITY_CLASS
 
 
 @pytest.fixture
@@ -124,16 +108,7 @@ def run_check(k8s: client.ApiClient, namespace: str, node: str, template: str, p
 
 
 def job_ended(k8s: client.ApiClient, namespace: str, name: str) -> str:
-    """ "Succeeded" or "Failed" once the Job controller has said so, as the operator reads it."""
-
-    def ended() -> str | None:
-        job = client.BatchV1Api(k8s).read_namespaced_job(name, namespace)
-        for condition in job.status.conditions or []:
-            if condition.status == "True" and condition.type in ("Complete", "Failed"):
-                return "Succeeded" if condition.type == "Complete" else "Failed"
-        return None
-
-    return waiting.wait_until(ended, timeout_seconds=TIMEOUT, message=f"Job {name} complete or failed")
+    return sim_fleets.job_ended(k8s, namespace, name, timeout_seconds=TIMEOUT)
 
 
 def terminated(k8s: client.ApiClient, namespace: str, job: str) -> client.V1ContainerStateTerminated:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+import sim_fleets
 from gpuhealth_agent import simulated
 from gpuhealth_api import keys, resources
 from gpuhealth_sim import waiting
@@ -49,14 +50,8 @@ TIMEOUT = 60
 
 @pytest.fixture(scope="module")
 def running_fleet(crds: local.ControlPlane, k8s: client.ApiClient) -> Iterator[agentpool.Fleet]:
-    sim = agentpool.Fleet(fleetfile.parse(FLEET, source="test fleet"), k8s, workers=2)
-    sim.create_nodes()
-    sim.start()
-    try:
+    with sim_fleets.running(k8s, fleetfile.parse(FLEET, source="test fleet"), workers=2) as sim:
         yield sim
-    finally:
-        sim.stop()
-        sim.delete_nodes()
 
 
 @pytest.fixture
@@ -111,16 +106,7 @@ def run_job(k8s: client.ApiClient, namespace: str, name: str, node: str, action:
 
 
 def job_ended(k8s: client.ApiClient, namespace: str, name: str) -> str:
-    """ "Succeeded" or "Failed" once the Job controller has said so, as the operator reads it."""
-
-    def ended() -> str | None:
-        job = client.BatchV1Api(k8s).read_namespaced_job(name, namespace)
-        for condition in job.status.conditions or []:
-            if condition.status == "True" and condition.type in ("Complete", "Failed"):
-                return "Succeeded" if condition.type == "Complete" else "Failed"
-        return None
-
-    return waiting.wait_until(ended, timeout_seconds=TIMEOUT, message=f"Job {name} complete or failed")
+    return sim_fleets.job_ended(k8s, namespace, name, timeout_seconds=TIMEOUT)
 
 
 def pod_of(k8s: client.ApiClient, namespace: str, job: str) -> client.V1Pod:

@@ -28,6 +28,7 @@ from kubernetes import client
 import gpunode_facts
 import operator_fixtures
 import operator_harness
+import sim_fleets
 from gpuhealth_api import heartbeats, resources
 from gpuhealth_sim import waiting
 from gpuhealth_sim.controlplane import local
@@ -66,14 +67,8 @@ def quiet_fleet(crds: local.ControlPlane, k8s: client.ApiClient, prefix: str) ->
         source="quiet fleet",
     )
     assert spec.heartbeat_seconds == heartbeats.DEFAULT_HEARTBEAT_SECONDS == 300
-    sim = agentpool.Fleet(spec, k8s, workers=1)
-    sim.create_nodes()
-    sim.start()
-    try:
+    with sim_fleets.running(k8s, spec, workers=1) as sim:
         yield sim
-    finally:
-        sim.stop()
-        sim.delete_nodes()
 
 
 def writes(plane: local.ControlPlane, since: datetime.datetime) -> list[dict[str, Any]]:

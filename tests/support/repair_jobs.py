@@ -8,15 +8,17 @@ pod's terminal status (pods/status, as a kubelet does) and waits for the Job con
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client
 
+import namespaces
 from gpuhealth_api import keys
 from gpuhealth_sim import waiting
 from gpuhealth_sim.fleet import repairs
@@ -49,26 +51,28 @@ def job_template(action: str, *, image: str | None = "registry.k8s.io/pause:3.10
     )
 
 
+def repair_templates() -> dict[str, str]:
+    """The TEMPLATES ConfigMap's data: a template for ResetGPU, RebootNode and Validation."""
+    return {key: job_template(key) for key in ("ResetGPU", "RebootNode", "Validation")}
+
+
+@contextlib.contextmanager
+def templates_namespace(k8s: client.ApiClient, prefix: str, templates: Mapping[str, str]) -> Iterator[str]:
+    """A namespace of its own (`prefix`-…) holding the TEMPLATES ConfigMap of `templates`, deleted on exit."""
+    with namespaces.created(k8s, f"{prefix}-{secrets.token_hex(3)}") as name:
+        body = {"metadata": {"name": TEMPLATES}, "data": dict(templates)}
+        client.CoreV1Api(k8s).create_namespaced_config_map(name, body)
+        yield name
+
+
 def jobs_namespace_fixture(prefix: str) -> Any:
     """A module fixture `jobs_namespace`: a namespace of its own holding the TEMPLATES ConfigMap
     (ResetGPU, RebootNode, Validation), deleted after the module."""
 
     @pytest.fixture(scope="module", name="jobs_namespace")
     def jobs_namespace(k8s: client.ApiClient) -> Iterator[str]:
-        name = f"{prefix}-{secrets.token_hex(3)}"
-        core = client.CoreV1Api(k8s)
-        core.create_namespace(body={"metadata": {"name": name}})
-        waiting.wait_until(
-            lambda: core.read_namespaced_service_account("default", name),
-            timeout_seconds=30,
-            message="service account default",
-        )
-        data = {key: job_template(key) for key in ("ResetGPU", "RebootNode", "Validation")}
-        core.create_namespaced_config_map(name, {"metadata": {"name": TEMPLATES}, "data": data})
-        try:
+        with templates_namespace(k8s, prefix, repair_templates()) as name:
             yield name
-        finally:
-            core.delete_namespace(name)
 
     return jobs_namespace
 

@@ -75,18 +75,8 @@ class Cluster(memcluster.MemoryKube):
     def __init__(self, clock: Callable[[], float]) -> None:
         super().__init__(clock=clock)
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, str] | None = None,
-        body: object = None,
-        content_type: str = "application/json",
-        urgent: bool = False,
-        exempt: bool = False,
-        accept: str = "application/json",
-    ) -> dict[str, Any]:
+    async def request(self, method: str, path: str, **options: Any) -> dict[str, Any]:
+        body = options.get("body")
         lists = {
             resync.NODES_PATH: self.nodes,
             resync.GPUNODES_PATH: self.gpunodes,
@@ -101,9 +91,7 @@ class Cluster(memcluster.MemoryKube):
             if body["metadata"]["name"] in self.events:
                 self.requests_total += 1
                 raise kube.ApiError(409, "AlreadyExists", f"events {body['metadata']['name']} already exists")
-        return await super().request(
-            method, path, query=query, body=body, content_type=content_type, urgent=urgent, exempt=exempt
-        )
+        return await super().request(method, path, **options)
 
 
 # --- the world: cluster, clock, the operator process -------------------------------------------------------

@@ -40,7 +40,9 @@ class NeedsClientLoader(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
-class Found:
+class Credentials:
+    """Where the API server is and how to authenticate to it."""
+
     server: str
     ca_path: str | None
     insecure: bool
@@ -48,9 +50,12 @@ class Found:
     private_key_path: str | None
     token: str | None
     token_path: str | None = None
+    """In-cluster: the projected ServiceAccount token file, which the kubelet rotates; re-read often."""
 
 
-def in_cluster(directory: pathlib.Path = IN_CLUSTER_DIR, env: Mapping[str, str] = os.environ) -> Found | None:
+def in_cluster(
+    directory: pathlib.Path = IN_CLUSTER_DIR, env: Mapping[str, str] = os.environ
+) -> Credentials | None:
     """The pod's ServiceAccount, or None outside a pod (no service host in the environment)."""
     host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
     token_path = directory / "token"
@@ -58,7 +63,7 @@ def in_cluster(directory: pathlib.Path = IN_CLUSTER_DIR, env: Mapping[str, str] 
         return None
     host = f"[{host}]" if ":" in host else host
     ca = directory / "ca.crt"
-    return Found(
+    return Credentials(
         server=f"https://{host}:{port}",
         ca_path=str(ca) if ca.is_file() else None,
         insecure=False,
@@ -75,7 +80,7 @@ def default_path(env: Mapping[str, str] = os.environ) -> pathlib.Path:
     return pathlib.Path(listed[0]) if listed else pathlib.Path.home() / ".kube" / "config"
 
 
-def from_file(path: pathlib.Path) -> Found:
+def from_file(path: pathlib.Path) -> Credentials:
     """The current context of the kubeconfig at `path`."""
     problem = kubeconfig_check.problem(path)  # the same one-line words as the agent's and the simulator's
     if problem is not None:
@@ -99,7 +104,7 @@ def from_file(path: pathlib.Path) -> Found:
     token = user.get("token")
     if token is None and user.get("tokenFile"):
         token = (base / str(user["tokenFile"])).read_text().strip()
-    return Found(
+    return Credentials(
         server=server.rstrip("/"),
         ca_path=_file(cluster, "certificate-authority", base),
         insecure=bool(cluster.get("insecure-skip-tls-verify")),

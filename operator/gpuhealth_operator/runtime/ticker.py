@@ -31,7 +31,7 @@ from gpuhealth_operator.ladder.drain import draining
 from gpuhealth_operator.ladder.isolate import isolating, isolation_support
 from gpuhealth_operator.ladder.repair import repair_permission
 from gpuhealth_operator.runtime import heap, reconciler
-from gpuhealth_operator.shared import context, metrics
+from gpuhealth_operator.shared import context, gpu_meters, metric_labels
 from gpuhealth_operator.state import cache
 from gpuhealth_operator.verdict import judging, resting
 
@@ -233,7 +233,7 @@ def policy_status(
     counts = {"selectedNodes": 0, "unhealthyNodes": 0, "cordonedNodes": 0, "pendingNodes": 0}
     health_counts: collections.Counter[str] = collections.Counter()
     unknown_counts: collections.Counter[str] = collections.Counter()
-    tally = metrics.GPUTally()
+    tally = gpu_meters.GPUTally()
     count_gpus = policy is not None and (count_gpus or ctx.meters.gpus_due(name, now))
     generation = 0
     drain_failed = 0
@@ -266,7 +266,7 @@ def policy_status(
                 retired += 1
         for health in vocabulary.Health:
             ctx.meters.nodes.labels(name, health.value).set(health_counts[health.value])
-        for reason in metrics.UNKNOWN_REASONS:
+        for reason in metric_labels.UNKNOWN_REASONS:
             ctx.meters.unknown_nodes.labels(name, reason).set(unknown_counts[reason])
         ctx.meters.budget_pending.labels(name).set(counts["pendingNodes"])
         ctx.meters.drain_failed_nodes.labels(name).set(drain_failed)
@@ -322,7 +322,7 @@ def policy_status(
 
 def _tally_gpus(
     ctx: context.Context,
-    tally: metrics.GPUTally,
+    tally: gpu_meters.GPUTally,
     policy: str,
     record: cache.NodeRecord,
     verdict: model.NodeVerdict,
@@ -340,7 +340,7 @@ def _tally_gpus(
     elif verdict.health is vocabulary.Health.UNKNOWN:
         reason = "unknown"
     healthy = verdict.health is vocabulary.Health.HEALTHY
-    model_name = str(name or metrics.UNKNOWN_MODEL)
+    model_name = str(name or metric_labels.UNKNOWN_MODEL)
     isolated = ctx.steps.isolated.get((policy, view.name))
     if reason is None and isolated is not None and isolated.in_place:
         # IsolateGPU: the GPUs under a DeviceTaintRule are out, the node's others stay in service.

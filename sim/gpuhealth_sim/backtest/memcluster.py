@@ -36,7 +36,7 @@ from __future__ import annotations
 import copy
 import datetime
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from typing import Any, Unpack
 
 from gpuhealth_api import resources
 from gpuhealth_operator import replay
@@ -123,8 +123,8 @@ def _labelled(obj: JsonObject, pairs: list[tuple[str, str]]) -> bool:
     return all(labels.get(key) == value for key, value in pairs)
 
 
-class MemoryKube:
-    """The operator's client, answered from dicts (module docstring)."""
+class MemoryKube(kube.Verbs):
+    """The operator's client, answered from dicts (module docstring); its verbs are the operator's."""
 
     def __init__(self, clock: Callable[[], float] | None = None) -> None:
         self.clock = clock
@@ -283,18 +283,10 @@ class MemoryKube:
         raise kube.ApiError(405, "Method Not Allowed", f"the backtest cluster does not serve {method} {path}")
 
     # The operator's side: kube.Client.
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, str] | None = None,
-        body: object = None,
-        content_type: str = "application/json",
-        urgent: bool = False,
-        exempt: bool = False,
-        accept: str = "application/json",
-    ) -> JsonObject:
+    async def request(self, method: str, path: str, **options: Unpack[kube.RequestOptions]) -> JsonObject:
+        """One request; urgency, the fence and the answer's type do not matter in memory."""
+        query, body = options.get("query"), options.get("body")
+        content_type = options.get("content_type", "application/json")
         self.requests_total += 1
         if path.startswith(DRA):
             return self._dra(method, path, query, body)
@@ -425,23 +417,6 @@ class MemoryKube:
         store[name] = self.bump(updated)
         return updated
 
-    async def get(self, path: str, query: Mapping[str, str] | None = None) -> JsonObject:
-        return await self.request("GET", path, query=query)
-
-    async def create(self, path: str, body: object) -> JsonObject:
-        return await self.request("POST", path, body=body)
-
-    async def patch(
-        self, path: str, body: object, content_type: str = kube.MERGE_PATCH, *, urgent: bool = False
-    ) -> JsonObject:
-        return await self.request("PATCH", path, body=body, content_type=content_type, urgent=urgent)
-
-    async def apply(self, path: str, body: object, field_manager: str) -> JsonObject:
-        return await self.request("PATCH", path, body=body, content_type=kube.APPLY_PATCH)
-
-    async def delete(self, path: str) -> JsonObject:
-        return await self.request("DELETE", path)
-
     async def list_names(self, path: str, query: Mapping[str, str] | None = None) -> JsonObject:
         """The whole objects: a caller of a list of names reads only their names."""
         return await self.get(path, query)
@@ -452,9 +427,6 @@ class MemoryKube:
         """One page: the whole collection, at the cluster's resourceVersion."""
         found = await self.get(path, query)
         yield list(found.get("items") or []), str((found.get("metadata") or {}).get("resourceVersion", ""))
-
-    async def list_all(self, path: str, query: Mapping[str, str] | None = None) -> list[JsonObject]:
-        return list((await self.get(path, query)).get("items") or [])
 
     async def close(self) -> None:
         return None

@@ -23,8 +23,6 @@ from gpuhealth_operator.shared import context
 
 logger = logging.getLogger(__name__)
 
-NodeAction = vocabulary.NodeAction
-Result = vocabulary.RepairResult
 Phase = repair.Phase
 
 

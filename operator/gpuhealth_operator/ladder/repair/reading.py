@@ -28,10 +28,6 @@ from gpuhealth_operator.shared import context
 
 logger = logging.getLogger(__name__)
 
-NodeAction = vocabulary.NodeAction
-Result = vocabulary.RepairResult
-Phase = repair.Phase
-
 
 STATUS_FIELD: Final = "repairs"
 PACKAGED_KEY: Final = ""

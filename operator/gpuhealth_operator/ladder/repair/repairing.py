@@ -202,7 +202,9 @@ async def begin(
         ).action
     if not written or state is None:
         return NodeAction.DRAINED  # maxConcurrent repairs in progress (or the Node changed): it waits
-    handled = await stepping.launch(ctx, policy, spec, name, state, verdict, now, indexed=indexed)
+    handled = await stepping.launch(
+        stepping.Visit(ctx, policy, spec, name, state, verdict, now), indexed=indexed
+    )
     return handled.action if handled is not None else NodeAction.DRAINED
 
 
@@ -219,12 +221,13 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
         return await outcomes.retire(
             ctx, policy, name, state, "the policy's repair steps changed under the cycle", now
         )
+    visit = stepping.Visit(ctx, policy, spec, name, state, verdict, now)
     step = spec.steps[state.step]
     action = job_step.step_of(ctx, policy, spec, name, state)
     job = await action.observe()
     records.fill_gaps(ctx, name, step.name, action, job)
     if job.phase is repair.JobPhase.MISSING and not records.started(ctx, name, state):
-        return await stepping.launch(ctx, policy, spec, name, state, verdict, now)  # written, never created
+        return await stepping.launch(visit)  # written, never created
     seen = reading.report(ctx, policy, name, now, state)
     if state.phase is Phase.STEP:
         transition = repair.observe_step(
@@ -305,7 +308,7 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
         )
         if not await records.write_state(ctx, name, validating):
             return outcomes.Handled(NodeAction.REPAIRING)
-        launched = await stepping.launch(ctx, policy, spec, name, validating, verdict, now)
+        launched = await stepping.launch(visit.at(validating))
         return launched if launched is not None else outcomes.Handled(NodeAction.VALIDATING)
     if transition.outcome is repair.Outcome.PASSED:
         if not _validated(ctx, name, state):  # else recorded and said by the pass that cleared a check
@@ -331,7 +334,7 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
             await records.write_state(ctx, name, None)
             return outcomes.Handled(NodeAction.DRAINED)
         return outcomes.Handled(NodeAction.VALIDATING, returned=True)
-    return await stepping.failed(ctx, policy, spec, name, state, verdict, transition, now)
+    return await stepping.failed(visit, transition)
 
 
 def _check_failed(verdict: model.NodeVerdict) -> bool:

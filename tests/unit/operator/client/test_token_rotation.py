@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhealth_operator.client import kube
+from gpuhealth_operator.client import auth, kube
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def test_a_rotated_service_account_token_is_sent(
     url, seen = server
     token_file = tmp_path / "token"
     token_file.write_text("first\n")
-    monkeypatch.setattr(kube, "TOKEN_REREAD_SECONDS", 0.0)
+    monkeypatch.setattr(auth, "TOKEN_REREAD_SECONDS", 0.0)
     credentials = kube.Credentials(url, None, True, None, None, "first", token_path=str(token_file))
 
     async def two_requests() -> None:

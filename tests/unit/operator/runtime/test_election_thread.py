@@ -4,7 +4,6 @@
 import asyncio
 import copy
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from gpuhealth_operator.client import kube
@@ -22,17 +21,8 @@ class LeaseServer(kube.Kube):
         self.lease: dict[str, Any] = {"metadata": {"name": "l"}, "spec": {}}
         self.renewals = 0
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, str] | None = None,
-        body: object = None,
-        content_type: str = "application/json",
-        urgent: bool = False,
-        exempt: bool = False,
-    ) -> dict[str, Any]:
+    async def request(self, method: str, path: str, **options: Any) -> dict[str, Any]:
+        body = options.get("body")
         if method == "PUT":
             assert isinstance(body, dict)
             self.lease = copy.deepcopy(body)

@@ -9,7 +9,7 @@ from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import policies
 from gpuhealth_operator.runtime import ticker
-from gpuhealth_operator.shared import context, metrics
+from gpuhealth_operator.shared import context, gpu_meters
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -118,5 +118,5 @@ def test_gpus_are_recounted_every_few_seconds_not_on_every_tick() -> None:
     ctx.cache.put_node(node("healthy", unschedulable=True, cordoned_by="p"))
     ticker.policy_status(ctx, "p", NOW + datetime.timedelta(seconds=1))
     assert values(ctx, "gpuhealth_operator_gpus_out_of_service")[(gpunode_facts.MODEL, "cordoned")] == 8
-    ticker.policy_status(ctx, "p", NOW + datetime.timedelta(seconds=metrics.GPU_SLI_SECONDS))
+    ticker.policy_status(ctx, "p", NOW + datetime.timedelta(seconds=gpu_meters.GPU_SLI_SECONDS))
     assert values(ctx, "gpuhealth_operator_gpus_out_of_service")[(gpunode_facts.MODEL, "cordoned")] == 16

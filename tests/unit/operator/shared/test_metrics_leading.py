@@ -12,7 +12,7 @@ import datetime
 
 import prometheus_client
 
-from gpuhealth_operator.shared import metrics
+from gpuhealth_operator.shared import gpu_meters, metrics
 
 NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 FLEET_GAUGES = {
@@ -51,7 +51,7 @@ def a_term(meters: metrics.Metrics) -> None:
     meters.drill_nodes.labels("p", "Unhealthy").set(1)
     meters.breaker_open.labels("p").set(1)
     meters.drain_failed_nodes.labels("p").set(1)
-    tally = metrics.GPUTally()
+    tally = gpu_meters.GPUTally()
     tally.add("H100", 8, healthy=False, out_reason="cordoned")
     meters.record_gpus("p", tally, NOW)
     meters.actions.labels("Cordon", "EccUncorrectable").inc()
