@@ -8,6 +8,7 @@ kwok runs check pods (label `gpuhealth.io/check`) and leaves them Running (its s
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
