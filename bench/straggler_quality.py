@@ -148,7 +148,7 @@ def _run_watching(trace: pathlib.Path, seen: dict[str, list[tuple[float, float, 
     if calls == 0 and result.nodes >= straggler_stats.MIN_PEERS + 1:
         raise HookNotCalled(
             f"{trace.name}: the operator never called its straggler observer over {result.nodes} nodes "
-            "(cohort_members.Cohorts.observer, told each sample a straggler window takes): the hook is gone "
+            "(cohorts.Cohorts.observer, told each sample a straggler window takes): the hook is gone "
             "or moved, and the missed episodes' z-scores would read 'no score'. Wire it again."
         )
     return result

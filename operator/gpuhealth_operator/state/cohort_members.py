@@ -1,8 +1,9 @@
 """What the straggler cohorts keep between timer ticks (`cohorts`): each member's last look, each cohort's
-scores and statistics, and the store of every policy's cohorts.
+scores and statistics.
 
 Split from `cohorts` (one concern a module): there the tick that works only on what changed, here the
-records it keeps and the small judgements about them (`judged_part`, `stale_due`).
+records it keeps and the small judgements about them (`judged_part`, `stale_due`); the store of every
+policy's cohorts (`cohorts.Cohorts`) stays with the tick.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from gpuhealth_operator.decisions import liveness, model, straggler_scores, stra
 
 if TYPE_CHECKING:
     from gpuhealth_operator.state import cache
-    from gpuhealth_operator.state.cohorts import _PolicyCohorts
 
 Key = tuple[str, str]
 """(policy, node)."""
@@ -84,20 +84,3 @@ def stale_due(gpunode: cache.GPUNodeRecord, pod: liveness.AgentPod | None) -> da
     if pod is not None and not pod.ready:
         ends.append(max(seen, pod.since) + datetime.timedelta(seconds=liveness.NOT_READY_GRACE_SECONDS))
     return min(ends) - _MARGIN
-
-
-class Cohorts:
-    """Every straggler policy's cohorts, as the last tick left them (`score`)."""
-
-    def __init__(self) -> None:
-        self.policies: dict[str, _PolicyCohorts] = {}
-        self.now: datetime.datetime | None = None
-        self.sizes = (-1, -1)
-        """`Context.judging.stragglers`' and `straggler_samples`' sizes as the last tick left them:
-        others only delete from them (`Context.forget_verdicts`, `forget_policy`), so the same sizes
-        say untouched."""
-        self.observer: Observer | None = None
-        """Told each sample a window takes (a benchmark's view of the z-scores); None in service."""
-        self.window = True
-        """Judge on the window (`stragglers.windowed`); False: on each sample alone, the rule before the
-        window, which a benchmark replays to compare with (never False in service)."""

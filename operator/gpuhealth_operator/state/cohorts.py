@@ -73,7 +73,7 @@ class Judged(Protocol):
     @property
     def straggler_samples(self) -> collections.defaultdict[cohort_members.Key, _Samples]: ...
     @property
-    def straggler_cohorts(self) -> cohort_members.Cohorts: ...
+    def straggler_cohorts(self) -> Cohorts: ...
 
 
 _UNSEEN = object()
@@ -372,11 +372,28 @@ class _PolicyCohorts:
             heapq.heappush(self.heap, (due, member.seq, i))
 
 
+class Cohorts:
+    """Every straggler policy's cohorts, as the last tick left them (`score`)."""
+
+    def __init__(self) -> None:
+        self.policies: dict[str, _PolicyCohorts] = {}
+        self.now: datetime.datetime | None = None
+        self.sizes = (-1, -1)
+        """`Context.judging.stragglers`' and `straggler_samples`' sizes as the last tick left them:
+        others only delete from them (`Context.forget_verdicts`, `forget_policy`), so the same sizes
+        say untouched."""
+        self.observer: cohort_members.Observer | None = None
+        """Told each sample a window takes (a benchmark's view of the z-scores); None in service."""
+        self.window = True
+        """Judge on the window (`stragglers.windowed`); False: on each sample alone, the rule before the
+        window, which a benchmark replays to compare with (never False in service)."""
+
+
 def score(ctx: Fleet, now: datetime.datetime) -> set[str]:
     """`reconciler.score_stragglers`: the straggler scores per policy cohort in
     `ctx.judging.stragglers`, worked out again where something changed (module docstring); the
     nodes whose `judged_part` changed."""
-    store: cohort_members.Cohorts = ctx.judging.straggler_cohorts
+    store: Cohorts = ctx.judging.straggler_cohorts
     moved: set[str] = set()
     if store.now is not None and now < store.now:
         store.policies.clear()  # time went back: a deadline passed may be ahead again

@@ -13,7 +13,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from gpuhealth_operator.decisions import model, stragglers
-from gpuhealth_operator.state import cohort_members
+from gpuhealth_operator.state import cohorts
 
 Key = tuple[str, str]
 """(policy, node)."""
@@ -57,7 +57,7 @@ class JudgingMemory:
     )
     """(policy, node) → its recent z-scores, the window a sustained Straggler is judged on."""
 
-    straggler_cohorts: cohort_members.Cohorts = dataclasses.field(default_factory=cohort_members.Cohorts)
+    straggler_cohorts: cohorts.Cohorts = dataclasses.field(default_factory=cohorts.Cohorts)
     """The straggler cohorts as the last tick left them: a tick works on the members that changed."""
 
     resting: dict[str, Rest] = dataclasses.field(default_factory=dict)

@@ -111,7 +111,7 @@ def fake_context(shared: FakeCache, pods: dict[str, liveness.AgentPod]) -> Any:
         judging=types.SimpleNamespace(
             stragglers={},
             straggler_samples=collections.defaultdict(stragglers.Samples),
-            straggler_cohorts=cohort_members.Cohorts(),
+            straggler_cohorts=cohorts.Cohorts(),
         ),
     )
 
