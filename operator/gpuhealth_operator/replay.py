@@ -35,7 +35,7 @@ from gpuhealth_operator.ladder.isolate import isolating
 from gpuhealth_operator.ladder.repair import reading
 from gpuhealth_operator.runtime import handlers, passes, reconciler, ticker
 from gpuhealth_operator.shared import context, metrics, settings
-from gpuhealth_operator.state import agent_pods, cohorts, compaction, pass_queue
+from gpuhealth_operator.state import agent_pods, cohort_members, compaction, pass_queue
 
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 """A watch event's type, as kopf hands it to a handler."""
@@ -60,7 +60,7 @@ OPERATOR_STATUS_FIELDS: Final = frozenset(
 """The GPUNode status fields the operator writes (`reconciler.desired_status`), the agent's being the rest:
 a cluster keeps them across an agent's report, as server-side apply keeps another manager's fields."""
 
-StragglerObserver = cohorts.Observer
+StragglerObserver = cohort_members.Observer
 """Told (policy, node), a sample's time and the StragglerScore judged on it, for each sample a straggler
 window takes: what the operator saw of a node's slowdown."""
 is_agent_pod = agent_pods.is_agent

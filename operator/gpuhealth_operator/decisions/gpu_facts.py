@@ -58,6 +58,25 @@ def setter(field: str) -> Callable[[GPUFacts, Any], None]:
     return slotted.setter(GPUFacts, field)
 
 
+def _copier() -> Callable[[GPUFacts], GPUFacts]:
+    """`copy_of`, written out slot by slot: a loop over 21 setters was most of re-compacting a GPU whose
+    report moved two fields (a replay does it for every GPU of every report). Generated as dataclasses
+    generates `__init__`: the slots are FIELDS, known only here."""
+    names = [f"v{i}" for i in range(len(GPUFacts.KEYS))]
+    lines = ["def copy_of(facts):", f"    {', '.join(names)}, = _all(facts)", "    new = _new(_kind)"]
+    lines += [f"    _s{i}(new, {name})" for i, name in enumerate(names)]
+    lines.append("    return new")
+    scope: dict[str, Any] = {"_all": _ALL, "_new": object.__new__, "_kind": GPUFacts}
+    scope.update({f"_s{i}": setter(key) for i, key in enumerate(GPUFacts.KEYS)})
+    exec("\n".join(lines), scope)  # our own source, from the slots' names alone
+    copy: Callable[[GPUFacts], GPUFacts] = scope["copy_of"]
+    return copy
+
+
+copy_of: Final = _copier()
+"""A new GPUFacts holding every slot of the one given, for a caller to set the slots that changed."""
+
+
 MAPPINGS: Final = (dict, GPUFacts)
 """What a GPU's facts may be: as reported (dict) or as cached. An isinstance check on a tuple of
 concrete types, not on the Mapping ABC: it runs per GPU per judgement."""

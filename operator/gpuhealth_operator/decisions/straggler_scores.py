@@ -113,7 +113,19 @@ def window_score(window: Sequence[Clocks]) -> float | None:
     for it, if any), times (1 - the median throttle share); a single report's score is its slowest busy
     GPU's ratio times (1 - its throttle share)."""
     medians = []
-    for position in range(max(len(ratios) for ratios, _, _ in window)):
+    rows = [ratios for ratios, _, _ in window]
+    width = len(rows[0]) if rows else -1
+    if width >= 0 and not any(t for _, _, t in window) and all(len(ratios) == width for ratios in rows):
+        # The common window: no GPU throttled, every report of as many GPUs. Each GPU's values are then
+        # its column, in the window's order: the lists the loop below would build, by one C transpose.
+        for column in zip(*rows, strict=True):
+            busy = [r for r in column if r is not None]
+            if busy:
+                medians.append(_median(busy))
+        if not medians:
+            return None
+        return min(medians) * (1 - _median([share for _, share, _ in window]))
+    for position in range(max(len(ratios) for ratios in rows)):
         clear: list[float] = []
         hot: list[float] = []
         for ratios, _, throttled in window:
@@ -143,7 +155,9 @@ def _clock_ratio(
     sm_clock: object, max_sm_clock: object, lost: object, utilization: object, reasons: object
 ) -> float | None:
     """A GPU's SM clock over its maximum, from its `_CLOCK_FIELDS`; None when not busy or without clocks."""
-    clock, max_clock = _number(sm_clock), _number(max_sm_clock)
+    kind, max_kind = type(sm_clock), type(max_sm_clock)  # `_number`'s answer for a plain number, inline
+    clock = float(sm_clock) if kind is float or kind is int else _number(sm_clock)  # type: ignore[arg-type]
+    max_clock = float(max_sm_clock) if max_kind is float or max_kind is int else _number(max_sm_clock)  # type: ignore[arg-type]
     if lost is True or clock is None or max_clock is None or not _busy(utilization, reasons):
         return None
     if max_clock <= 0 or clock < 0:
@@ -171,6 +185,9 @@ def _busy(utilization_percent: object, reasons: object) -> bool:
 
 
 def _number(value: object) -> float | None:
+    kind = type(value)
+    if kind is float or kind is int:  # most: no isinstance of a union (a bool is neither)
+        return float(value)  # type: ignore[arg-type]
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 

@@ -414,7 +414,7 @@ async def _node_condition(
 def score_stragglers(ctx: context.Context, now: datetime.datetime) -> set[str]:
     """Straggler scores per policy cohort (policies with a Straggler rule); the nodes to judge again.
 
-    Those are the nodes whose score changed in a way a verdict reads (`cohorts.judged_part`). An
+    Those are the nodes whose score changed in a way a verdict reads (`cohort_members.judged_part`). An
     unflagged node's numbers move whenever a peer reports (the cohort's median moves); they reach its
     `status.straggler` the next time the node is reconciled anyway (its own report, the timer's full
     pass), not as one status write per node per peer's report. The cohorts are kept from tick to tick

@@ -287,16 +287,19 @@ class ClusterCache:
         alive. `now` is the decision clock (`Context.clock`): a backtest's is the trace's, and the
         machine's would leave a replayed silent agent fresh for ever.
         """
-        old = self._gpunodes.get(str((body.get("metadata") or {}).get("name", "")))
-        record = gpunode_record(body, older=old)
-        if old is None or _newer(old.resource_version, record.resource_version):
+        meta = body.get("metadata") or {}
+        old = self._gpunodes.get(str(meta.get("name", "")))
+        if old is None or _newer(old.resource_version, str(meta.get("resourceVersion", ""))):
+            # The report's time is read off the body as sent (the record holds the same values): the
+            # record is built once, with it, not built and then copied (a put per report).
+            facts: status.GPUNodeStatus = body.get("status") or {}  # type: ignore[assignment]
             if old is None or old.report_seen_at is None:
-                seen = first_sighting(record.status, now)
-            elif last_heartbeat(old.status) != last_heartbeat(record.status):
+                seen = first_sighting(facts, now)
+            elif last_heartbeat(old.status) != last_heartbeat(facts):
                 seen = now
             else:
                 seen = old.report_seen_at
-            record = dataclasses.replace(record, report_seen_at=seen)
+            record = gpunode_record(body, seen, older=old)
             if old is not None:
                 if record.same_report(old):
                     record.inherit(old)  # the answer to our own status write: nothing to judge again

@@ -26,15 +26,13 @@ or forSeconds changing start the policy's cohorts afresh.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import datetime
 import heapq
 import itertools
 import operator
-from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gpuhealth_api import heartbeats, vocabulary
+from gpuhealth_api import vocabulary
 from gpuhealth_operator.decisions import (
     liveness,
     model,
@@ -44,13 +42,10 @@ from gpuhealth_operator.decisions import (
     straggler_stats,
     stragglers,
 )
+from gpuhealth_operator.state import cohort_members
 
 if TYPE_CHECKING:
     from gpuhealth_operator.state import agent_pods, cache
-
-Key = tuple[str, str]
-"""(policy, node)."""
-Observer = Callable[[Key, datetime.datetime, model.StragglerScore], None]
 
 _Samples = stragglers.Samples
 """The module's name, which `Fleet.stragglers` hides inside the class."""
@@ -74,64 +69,15 @@ class Judged(Protocol):
     """What the cohorts keep of judging's memory (`verdict.memory.JudgingMemory` is one)."""
 
     @property
-    def stragglers(self) -> dict[Key, model.StragglerScore]: ...
+    def stragglers(self) -> dict[cohort_members.Key, model.StragglerScore]: ...
     @property
-    def straggler_samples(self) -> collections.defaultdict[Key, _Samples]: ...
+    def straggler_samples(self) -> collections.defaultdict[cohort_members.Key, _Samples]: ...
     @property
     def straggler_cohorts(self) -> Cohorts: ...
 
 
-"""Told (policy, node), the sample's time and the score judged on it, once per sample a window takes
-(`Cohorts.observer`): how bench/straggler_quality.py sees what the operator saw, without
-patching the functions it calls."""
-
-_MARGIN = datetime.timedelta(seconds=1)
-"""Staleness is judged on float seconds: its deadline is looked at this much early, then every tick."""
 _UNSEEN = object()
 """What a new member's last-seen record, pod, samples and entry are: none of them is it."""
-
-
-def heartbeat_seconds(gpunode: cache.GPUNodeRecord) -> float:
-    agent: Mapping[str, Any] = gpunode.status.get("agent") or {}  # a scored node's facts have one
-    return float(agent.get("heartbeatSeconds") or heartbeats.DEFAULT_HEARTBEAT_SECONDS)
-
-
-def judged_part(score: model.StragglerScore | None) -> object:
-    """What of a straggler score the verdict reads (`verdicts.straggler_signal`): whether there is
-    one, whether it is flagged, and a flagged one's numbers (they are in the condition's message)."""
-    if score is None:
-        return None
-    return score if score.flagged else False
-
-
-@dataclasses.dataclass(slots=True, eq=False)
-class _Member:
-    record: cache.GPUNodeRecord | None = None
-    """The record its score was worked out from (a scored member's)."""
-    group: straggler_scores.Cohort | None = None
-    """The cohort it is scored in; None: no score (stale, idle, no cohort, a lost GPU)."""
-    score: float = 0.0
-    period: float = 0.0
-    look_due: datetime.datetime | None = None
-    """Staleness or the clock window may change at this instant (None: not by time alone)."""
-    memo_due: datetime.datetime | None = None
-    """The window's judgement may change after this instant."""
-    due: datetime.datetime | None = None
-    seq: int = -1
-    """Its current entry in the deadline heap."""
-
-
-@dataclasses.dataclass(slots=True, eq=False)
-class _Group:
-    scores: dict[str, float] = dataclasses.field(default_factory=dict)
-    ordered: straggler_stats.SortedScores = dataclasses.field(default_factory=straggler_stats.SortedScores)
-    """`scores`' values, sorted."""
-    judged: dict[str, model.StragglerScore] = dataclasses.field(default_factory=dict)
-    """Each member's StragglerScore against the cohort, before its window."""
-    stats: tuple[float, float, int] | None = None
-    """(median, scale, peers) of `judged`."""
-    changed: set[str] = dataclasses.field(default_factory=set)
-    """Members that joined or whose score changed since `judged`."""
 
 
 class _PolicyCohorts:
@@ -142,16 +88,16 @@ class _PolicyCohorts:
         self.threshold, self.for_seconds = params
         self.selected: frozenset[str] = frozenset()
         self.names: list[str] = []
-        self.keys: list[Key] = []
+        self.keys: list[cohort_members.Key] = []
         self.index: dict[str, int] = {}
-        self.members: list[_Member] = []
+        self.members: list[cohort_members.Member] = []
         self.records: list[Any] = []  # what the last tick saw (`_UNSEEN`: nothing yet)
         self.pods: list[Any] = []  # what the last tick saw (`_UNSEEN`: nothing yet)
         self.samples: list[Any] = []  # what the last tick saw (`_UNSEEN`: nothing yet)
         self.outs: list[Any] = []  # what the last tick saw (`_UNSEEN`: nothing yet)
         self.count = 0
         """How many of `outs` are scores (entries of this policy in `Context.judging.stragglers`)."""
-        self.groups: dict[straggler_scores.Cohort, _Group] = {}
+        self.groups: dict[straggler_scores.Cohort, cohort_members.Group] = {}
         self.dirty: set[straggler_scores.Cohort] = set()
         self.pending: set[int] = set()
         self.heap: list[tuple[datetime.datetime, int, int]] = []
@@ -189,7 +135,7 @@ class _PolicyCohorts:
             if kept is None:
                 key = self.keys[i]
                 kept = (
-                    _Member(),
+                    cohort_members.Member(),
                     _UNSEEN,
                     _UNSEEN,
                     ctx.judging.straggler_samples.get(key),
@@ -209,7 +155,7 @@ class _PolicyCohorts:
         heapq.heapify(self.heap)
         self.recount()
 
-    def _leave_group(self, name: str, member: _Member) -> None:
+    def _leave_group(self, name: str, member: cohort_members.Member) -> None:
         assert member.group is not None
         group = self.groups[member.group]
         group.ordered.remove(group.scores.pop(name))
@@ -305,12 +251,12 @@ class _PolicyCohorts:
         if gpunode is not None and not signals.agent_is_stale(
             gpunode.stale_limit, gpunode.report_age(now), now, agent_pod
         ):
-            member.look_due = _stale_due(gpunode, agent_pod)
+            member.look_due = cohort_members.stale_due(gpunode, agent_pod)
             performance = gpunode.performance
             if performance[1] is not None:
                 samples = ctx.judging.straggler_samples[key]
                 self.samples[i] = samples
-                period = heartbeat_seconds(gpunode)
+                period = cohort_members.heartbeat_seconds(gpunode)
                 sampled_at = gpunode.report_seen_at
                 clocks = gpunode.clocks
                 performance = stragglers.smoothed(samples, performance, clocks, sampled_at, now, period)
@@ -342,7 +288,7 @@ class _PolicyCohorts:
                 self._leave_group(name, member)
             group = self.groups.get(cohort)
             if group is None:
-                group = self.groups[cohort] = _Group()
+                group = self.groups[cohort] = cohort_members.Group()
             group.scores[name] = score
             group.ordered.add(score)
             group.changed.add(name)
@@ -390,7 +336,7 @@ class _PolicyCohorts:
             ctx.judging.stragglers[key] = out
             self.outs[i] = out
             self.count += was is None
-            if judged_part(was) != judged_part(out):
+            if cohort_members.judged_part(was) != cohort_members.judged_part(out):
                 moved.add(name)
         # Would the next call on the same inputs be a remembered judgement that changes nothing?
         last = samples[-1] if samples else None
@@ -426,18 +372,6 @@ class _PolicyCohorts:
             heapq.heappush(self.heap, (due, member.seq, i))
 
 
-def _stale_due(gpunode: cache.GPUNodeRecord, pod: liveness.AgentPod | None) -> datetime.datetime | None:
-    """A moment before a fresh agent may turn stale by time alone (`signals.agent_is_stale`); None: never
-    (no report time: its age stays 0)."""
-    seen, limit = gpunode.report_seen_at, gpunode.stale_limit
-    if seen is None or limit is None:
-        return None if limit is None or limit >= 0 else datetime.datetime.min.replace(tzinfo=datetime.UTC)
-    ends = [seen + datetime.timedelta(seconds=limit)]
-    if pod is not None and not pod.ready:
-        ends.append(max(seen, pod.since) + datetime.timedelta(seconds=liveness.NOT_READY_GRACE_SECONDS))
-    return min(ends) - _MARGIN
-
-
 class Cohorts:
     """Every straggler policy's cohorts, as the last tick left them (`score`)."""
 
@@ -448,7 +382,7 @@ class Cohorts:
         """`Context.judging.stragglers`' and `straggler_samples`' sizes as the last tick left them:
         others only delete from them (`Context.forget_verdicts`, `forget_policy`), so the same sizes
         say untouched."""
-        self.observer: Observer | None = None
+        self.observer: cohort_members.Observer | None = None
         """Told each sample a window takes (a benchmark's view of the z-scores); None in service."""
         self.window = True
         """Judge on the window (`stragglers.windowed`); False: on each sample alone, the rule before the
@@ -487,7 +421,7 @@ def score(ctx: Fleet, now: datetime.datetime) -> set[str]:
             i = state.index.get(key[1]) if state is not None else None
             if state is None or i is None or state.outs[i] is not value:
                 del ctx.judging.stragglers[key]
-                if judged_part(value) is not None:
+                if cohort_members.judged_part(value) is not None:
                     moved.add(key[1])
     store.sizes = (len(ctx.judging.stragglers), len(ctx.judging.straggler_samples))
     return moved

@@ -159,7 +159,6 @@ _COMPACTIONS: dict[str, tuple[Any, Any]] = {
     **{key: (put, wanted) for key, put, wanted in _PARTS},
 }
 """Per kept field, its slot's setter and how `compact_gpu` keeps it (shared whole, as is, or a part)."""
-_SETTERS = tuple(gpu_facts.setter(key) for key in GPU_FIELDS)
 
 
 def recompact_gpu(
@@ -172,9 +171,7 @@ def recompact_gpu(
     kept = [key for key in changed if key in _COMPACTIONS]
     if not kept:
         return previous
-    facts = gpu_facts.empty()
-    for put, value in zip(_SETTERS, gpu_facts.values(previous), strict=True):
-        put(facts, value)
+    facts = gpu_facts.copy_of(previous)
     for key in kept:
         put, how = _COMPACTIONS[key]
         raw = changed[key]

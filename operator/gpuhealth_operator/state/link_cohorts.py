@@ -15,6 +15,7 @@ cohort costs a small Counter, the fleet a few of them.
 from __future__ import annotations
 
 import collections
+import operator
 from collections.abc import Mapping
 from typing import Final
 
@@ -48,7 +49,23 @@ def _same_members(old: object, new: object) -> bool:
     one's, kept by the cache (`compaction`); False when unsure (then `_members` are compared)."""
     if type(old) is not list or type(new) is not list or len(old) != len(new):
         return False
-    return all(_member(was) == _member(gpu) for was, gpu in zip(old, new, strict=True) if was is not gpu)
+    return all(_same_member(was, gpu) for was, gpu in zip(old, new, strict=True) if was is not gpu)
+
+
+def _same_member(was: object, gpu: object) -> bool:
+    """`_member(was) == _member(gpu)`. Two cached GPUs holding the very same `nvlink` and `model` objects
+    have the same member without asking (`trends.link_member` reads only those): a report moves a GPU's
+    clocks and temperature, and the cache keeps an unchanged nvlink part as the last report's object."""
+    if type(was) is gpu_facts.GPUFacts and type(gpu) is gpu_facts.GPUFacts:
+        nvlink, model = _LINK_FACTS(was)
+        now_nvlink, now_model = _LINK_FACTS(gpu)
+        if nvlink is now_nvlink and model is now_model:
+            return True
+    return _member(was) == _member(gpu)
+
+
+_LINK_FACTS: Final = operator.attrgetter("nvlink", "model")
+"""What `trends.link_member` reads of a GPU, in one C call."""
 
 
 class LinkCohorts:

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from gpuhealth_api import vocabulary
 from gpuhealth_operator.decisions import model, stragglers
 from gpuhealth_operator.shared import context
-from gpuhealth_operator.state import cache, cohorts
+from gpuhealth_operator.state import cache, cohort_members
 
 
 def fresh(ctx: context.Context, gpunode: cache.GPUNodeRecord, now: datetime.datetime) -> bool:
@@ -90,12 +90,12 @@ def _link_cohorts(ctx: context.Context, gpunode: cache.GPUNodeRecord) -> tuple[i
 
 def _same_straggler(was: object, now: object, written: object) -> bool:
     """Whether a straggler score `now` in place of `was` changes nothing a pass does: the part the verdict
-    reads is the same (`cohorts.judged_part`) and the status as `written` is not worth writing over."""
+    reads is the same (`cohort_members.judged_part`) and the status as `written` is not worth writing over."""
     if not (was is None or isinstance(was, model.StragglerScore)):
         return False
     if not (now is None or isinstance(now, model.StragglerScore)):
         return False
-    if cohorts.judged_part(was) != cohorts.judged_part(now):
+    if cohort_members.judged_part(was) != cohort_members.judged_part(now):
         return False
     return not stragglers.status_moved(written, stragglers.status_of(now))
 

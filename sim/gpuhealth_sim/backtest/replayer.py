@@ -479,18 +479,23 @@ class Replay:
             before is None
             or not isinstance(changes, Mapping)
             or len(before) != len(gpus)
-            or not all(isinstance(c, Mapping) and 0 <= int(k) < len(gpus) for k, c in changes.items())
+            or not all(
+                (type(c) is dict or isinstance(c, Mapping)) and 0 <= int(k) < len(gpus)
+                for k, c in changes.items()
+            )
         ):
             compacted = [_compact_gpu(g) for g in gpus]
         else:
             compacted = list(before)
+            absent = gpu_facts.ABSENT
             for key, change in changes.items():
-                gpu, was = gpus[int(key)], before[int(key)]
-                if type(was) is gpu_facts.GPUFacts and isinstance(gpu, Mapping):
-                    changed = {field: gpu.get(field, gpu_facts.ABSENT) for field in change}
-                    compacted[int(key)] = replay.recompact_gpu(was, changed)
+                position = int(key)
+                gpu, was = gpus[position], before[position]
+                if type(was) is gpu_facts.GPUFacts and (type(gpu) is dict or isinstance(gpu, Mapping)):
+                    changed = {field: gpu.get(field, absent) for field in change}
+                    compacted[position] = replay.recompact_gpu(was, changed)
                 else:
-                    compacted[int(key)] = _compact_gpu(gpu)
+                    compacted[position] = _compact_gpu(gpu)
         self.compacted[name] = compacted
         return compacted
 

@@ -1,11 +1,14 @@
 """Issue 52: a report's clocks read in one call per GPU are the clocks read field by field.
 
-`straggler_scores.clocks_of` reads the five facts it needs of a cached GPU (`gpu_facts.GPUFacts`) at once.
-Held here equal to the code it replaced (copied below as the slow path), cached and decoded.
+`straggler_scores.clocks_of` reads the five facts it needs of a cached GPU (`gpu_facts.GPUFacts`) at once;
+`window_score` takes an unthrottled window's medians by column. Held here equal to the code each replaced
+(copied below as the slow path), cached and decoded, to the last bit of the float.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,13 +19,15 @@ from gpuhealth_operator.decisions import gpu_facts, signals, straggler_scores
 from gpuhealth_operator.state import compaction
 
 
+def slow_number(value: object) -> float | None:
+    """`straggler_scores._number` as it was before its plain-number fast path."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def slow_ratio(gpu: Mapping[str, Any]) -> float | None:
     """`straggler_scores._clock_ratio` as it was before (each fact read with `get`)."""
-    clock, max_clock = (
-        straggler_scores._number(gpu.get("smClockMHz")),
-        straggler_scores._number(gpu.get("maxSmClockMHz")),
-    )
-    utilization = straggler_scores._number(gpu.get("utilizationPercent"))
+    clock, max_clock = slow_number(gpu.get("smClockMHz")), slow_number(gpu.get("maxSmClockMHz"))
+    utilization = slow_number(gpu.get("utilizationPercent"))
     if utilization is not None:
         busy = utilization > signals.BUSY_UTILIZATION_PERCENT
     else:
@@ -78,3 +83,51 @@ def test_clocks_read_at_once_are_the_clocks_read_field_by_field(gpus: list[Any],
     """Any GPUs (busy, idle, lost, without clocks, with odd values, not mappings at all)."""
     report = [compaction.compact_gpu(g) if cached and isinstance(g, dict) else g for g in gpus]
     assert straggler_scores.clocks_of({"gpus": report}) == slow_clocks({"gpus": report})  # type: ignore[typeddict-item]
+
+
+def slow_window_score(window: list[straggler_scores.Clocks]) -> float | None:
+    """`straggler_scores.window_score` as it was before its by-column path (every window this way)."""
+    medians = []
+    for position in range(max(len(ratios) for ratios, _, _ in window)):
+        clear: list[float] = []
+        hot: list[float] = []
+        for ratios, _, throttled in window:
+            if position < len(ratios) and (r := ratios[position]) is not None:
+                (hot if position in throttled else clear).append(r)
+        if clear or hot:
+            medians.append(statistics.median(clear or hot))
+    if not medians:
+        return None
+    return min(medians) * (1 - statistics.median([share for _, share, _ in window]))
+
+
+_RATIO = st.one_of(st.none(), st.floats(0.01, 1.0))
+
+
+@st.composite
+def _clocks(draw: st.DrawFn, width: int | None) -> straggler_scores.Clocks:
+    ratios = tuple(
+        draw(
+            st.lists(_RATIO, min_size=1, max_size=8)
+            if width is None
+            else st.lists(_RATIO, min_size=width, max_size=width)
+        )
+    )
+    throttled = tuple(
+        draw(st.lists(st.integers(0, len(ratios) - 1), max_size=2, unique=True))
+        if draw(st.booleans())
+        else ()
+    )
+    return ratios, draw(st.sampled_from([0.0, 0.0, 0.125, 0.5])) if throttled else 0.0, throttled
+
+
+@settings(max_examples=500, deadline=None)
+@given(data=st.data(), same_width=st.booleans(), length=st.integers(1, 6))
+def test_window_scores_by_column_are_the_scores_by_position(
+    data: st.DataObject, same_width: bool, length: int
+) -> None:
+    """Windows of 1 to 6 reports, of one width or ragged, throttled or not, with idle GPUs."""
+    width = data.draw(st.integers(1, 8)) if same_width else None
+    window = [data.draw(_clocks(width)) for _ in range(length)]
+    got, want = straggler_scores.window_score(window), slow_window_score(window)
+    assert got == want and (got is None or math.copysign(1.0, got) == math.copysign(1.0, want or 0.0))

@@ -30,7 +30,7 @@ from gpuhealth_operator.decisions import (
     stragglers,
     times,
 )
-from gpuhealth_operator.state import cache, cohorts
+from gpuhealth_operator.state import cache, cohort_members, cohorts
 
 T0 = datetime.datetime(2026, 11, 26, 12, 0, tzinfo=datetime.UTC)
 MAX_CLOCK = 1980
@@ -60,7 +60,7 @@ def full_score_stragglers(ctx: Any, now: datetime.datetime) -> set[str]:
                 gpunode.clocks,
                 gpunode.report_seen_at,
                 now,
-                cohorts.heartbeat_seconds(gpunode),
+                cohort_members.heartbeat_seconds(gpunode),
             )
             if gpunode.performance[1] is not None
             else gpunode.performance
@@ -74,7 +74,7 @@ def full_score_stragglers(ctx: Any, now: datetime.datetime) -> set[str]:
                 fresh[name].report_seen_at if stragglers.settled(samples) else None,
                 now,
                 rules[0].for_seconds,
-                cohorts.heartbeat_seconds(fresh[name]),
+                cohort_members.heartbeat_seconds(fresh[name]),
                 threshold,
                 was_flagged=(was := before.get((policy.name, name))) is not None and was.flagged,
                 flagged_since=was.since if was is not None else None,
@@ -83,7 +83,8 @@ def full_score_stragglers(ctx: Any, now: datetime.datetime) -> set[str]:
     return {
         key[1]
         for key in keys
-        if cohorts.judged_part(before.get(key)) != cohorts.judged_part(ctx.judging.stragglers.get(key))
+        if cohort_members.judged_part(before.get(key))
+        != cohort_members.judged_part(ctx.judging.stragglers.get(key))
     }
 
 
