@@ -128,7 +128,7 @@ def merge_patch(base: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, 
             result.pop(key, None)
         elif _mapping(value):
             held = result.get(key)
-            result[key] = merge_patch(held if _mapping(held) else {}, value)
+            result[key] = merge_patch(held if isinstance(held, Mapping) else {}, value)
         else:
             result[key] = value
     return result
