@@ -15,6 +15,8 @@ import ipaddress
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
+from gpuhealth_operator.decisions import workload_pods
+
 DCGM_LABEL: Final = "nvidia.com/gpu.deploy.dcgm"
 """The GPU Operator's operand label of its standalone DCGM host engine (`nvidia-dcgm`)."""
 DEFAULT_PORT: Final = 5555
@@ -51,17 +53,7 @@ def operands_pod(pod: Mapping[str, Any], namespace: str) -> bool:
     listen on the host's port 5555 where no nvidia-dcgm does. A Validation Job that asked such a "host
     engine" would take the tenant's word that the GPUs are healthy and return a faulty node to service.
     Creating pods in the GPU Operator's namespace takes rights a tenant does not have."""
-    meta = pod.get("metadata") or {}
-    if meta.get("namespace") != namespace:
-        return False
-    owners = meta.get("ownerReferences")
-    return isinstance(owners, list) and any(
-        isinstance(owner, Mapping)
-        and owner.get("controller") is True
-        and owner.get("kind") == "DaemonSet"
-        and str(owner.get("apiVersion", "")).startswith("apps/")
-        for owner in owners
-    )
+    return workload_pods.daemonset_pod_in(pod, namespace)
 
 
 def _host_port(spec: Mapping[str, Any]) -> int:

@@ -48,6 +48,25 @@ def _controller_kind(pod: Pod) -> str | None:
     return None
 
 
+def daemonset_pod_in(pod: Pod, namespace: str | None) -> bool:
+    """Whether `pod` is controlled by a DaemonSet (apps) and in `namespace` (None: any). Labels, names,
+    nodeSelectors and ports are anyone's to copy; creating pods in an installer's namespace (ours, the
+    GPU Operator's) takes rights a tenant does not have, and a tenant's own DaemonSet lives in the
+    tenant's namespace: what makes a pod the agent (`state.agent_pods`) or the GPU Operator's operand
+    (`decisions.hostengine`)."""
+    meta = _meta(pod)
+    if namespace is not None and meta.get("namespace") != namespace:
+        return False
+    owners = meta.get("ownerReferences")
+    return isinstance(owners, list) and any(
+        isinstance(owner, Mapping)
+        and owner.get("controller") is True
+        and owner.get("kind") == "DaemonSet"
+        and str(owner.get("apiVersion", "")).startswith("apps/")
+        for owner in owners
+    )
+
+
 def is_repair_pod(pod: Pod, repair_namespace: str) -> bool:
     """A pod of one of repair's own Jobs: in the repair namespace, controlled by a Job, with our
     repair-action label. All three: a label alone is anyone's to set, and a pod elsewhere is not ours."""

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from gpuhealth_operator.decisions import liveness, times
+from gpuhealth_operator.decisions import liveness, times, workload_pods
 
 
 def is_agent(body: Mapping[str, Any], namespace: str | None) -> bool:
@@ -29,17 +29,7 @@ def is_agent(body: Mapping[str, Any], namespace: str | None) -> bool:
     Creating pods in that namespace needs rights a tenant does not have; a tenant's own DaemonSet
     lives in the tenant's namespace.
     """
-    meta = body.get("metadata") or {}
-    if namespace is not None and meta.get("namespace") != namespace:
-        return False
-    owners = meta.get("ownerReferences")
-    return isinstance(owners, list) and any(
-        isinstance(owner, Mapping)
-        and owner.get("controller") is True
-        and owner.get("kind") == "DaemonSet"
-        and str(owner.get("apiVersion", "")).startswith("apps/")
-        for owner in owners
-    )
+    return workload_pods.daemonset_pod_in(body, namespace)
 
 
 def pod_readiness(body: Mapping[str, Any]) -> tuple[str, str, bool, datetime.datetime | None] | None:
