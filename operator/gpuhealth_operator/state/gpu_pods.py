@@ -53,6 +53,10 @@ def uses_gpus(pod: Pod) -> bool:
     return False
 
 
+def _answered(pod: Pod) -> bool:
+    return True
+
+
 def held_nodes(pod: Pod) -> tuple[str, ...]:
     """The nodes a pod holds: bound to, or nominated on (the scheduler binds it once the victims are gone)."""
     found: list[str] = []
@@ -111,7 +115,9 @@ class GpuPods:
         key = pod_key(pod)
         gpus = kind != DELETED and uses_gpus(pod)
         held = held_nodes(pod) if gpus else ()
-        wait = waiting_pods.waits([pod], uses_gpus) if gpus else waiting_pods.Waits()
+        # `uses_gpus` is answered already: every pod event of the cluster comes here, most of them bound.
+        unbound = gpus and not (pod.get("spec") or {}).get("nodeName")
+        wait = waiting_pods.waits([pod], _answered) if unbound else waiting_pods.Waits()
         if kind is None and self._listing is not None:
             if held:
                 self._listing[key] = held
