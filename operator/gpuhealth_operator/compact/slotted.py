@@ -36,6 +36,7 @@ class ReadOnlyMapping(Mapping[str, Any]):
         def __getitem__(self, key: str) -> Any: ...
         def __iter__(self) -> Iterator[str]: ...
         def __len__(self) -> int: ...
+        def as_dict(self) -> dict[str, Any]: ...
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -98,6 +99,11 @@ def _reading(
     def __len__(self: ReadOnlyMapping) -> int:
         return sum(value is not absent for value in every(self))
 
+    def as_dict(self: ReadOnlyMapping) -> dict[str, Any]:
+        """The dict it reads like, in one call: for a reader that asks many keys in turn (`signals` of
+        each GPU, per judgement), whose `get`s are then the dict's, in C, not one call here each."""
+        return {key: value for key, value in zip(keys, every(self), strict=True) if value is not absent}
+
     def __eq__(self: ReadOnlyMapping, other: object) -> bool:
         """Slot by slot, in C (each report is compared with the last one judged)."""
         if type(other) is kind:
@@ -114,6 +120,7 @@ def _reading(
         "__contains__": __contains__,
         "__iter__": __iter__,
         "__len__": __len__,
+        "as_dict": as_dict,
         "__eq__": __eq__,
     }
 
