@@ -158,7 +158,7 @@ def fact_signals(
             signals[condition] = model.Signal(condition, None, "unknown: the agent has not reported GPUs yet")
         return signals
     # Read as dicts, one call per GPU: each check asks a GPU's facts key by key (issue 46).
-    gpus = [g.as_dict() if type(g) is gpu_facts.GPUFacts else g for g in gpus]
+    gpus = [g.as_dict() if type(g) is gpu_facts.GPUFacts else g for g in gpus]  # type: ignore[misc]
     limits = dict(thresholds)
     history = _once_per_gpu(memory.gpu) if memory is not None else faults.no_history
     # Most reports list no fact their agent cannot read: then no condition has an unread GPU to name.

@@ -28,7 +28,7 @@ async def cordoned(ctx: context.Context, policy: str, name: str, issues: str, dr
     Cheap on every reconcile: a cordon this process saw announced is not asked about again;
     one that could not be announced is tried again by the next reconcile.
     """
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     if record is None or not record.view.unschedulable or record.view.cordoned_by != policy:
         return
     cordoned_at = record.view.annotations.get(keys.CORDONED_AT_ANNOTATION)
@@ -48,7 +48,7 @@ async def cordoned(ctx: context.Context, policy: str, name: str, issues: str, dr
 
 async def drained(ctx: context.Context, name: str, message: str) -> bool:
     """Say NodeDrained once per cordon; False when it could not be said (then the drain must not count)."""
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     subject = events.subject(ctx.cache, name)
     cordon = cordon_id(record) if record is not None else None
     if cordon is None:  # gone meanwhile: nothing to tie it to, say it plainly

@@ -61,7 +61,7 @@ async def patch_with_retries(
 ) -> Patched:
     """Patch the Node computed from its cached record (with its resourceVersion); on 409 re-read and retry."""
     for _attempt in range(attempts):
-        record = ctx.cache.node(name)
+        record = ctx.cache.nodes.get(name)
         if record is None:
             return Patched.GONE
         if settled(record):

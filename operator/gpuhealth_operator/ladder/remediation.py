@@ -83,7 +83,7 @@ async def _capacity(
         if handled.returned and await cordoning.uncordon(ctx, policy, name, verdict, validated=True):
             return LESSER_ACTIONS.get(verdict.wanted_action, NodeAction.NONE)
         return handled.action
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     if record is None:
         return NodeAction.NONE  # gone: nothing left to do
     wanted = verdict.wanted_action
@@ -92,7 +92,7 @@ async def _capacity(
             await cordoning.budget_exceeded(ctx, policy, name, verdict)
             return NodeAction.PENDING
         ctx.admission.stop_waiting(policy.name, name)
-        record = ctx.cache.node(name)
+        record = ctx.cache.nodes.get(name)
         if record is None:
             return NodeAction.NONE
         await announcements.cordoned(
@@ -123,7 +123,7 @@ async def _dry_run(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict
 ) -> NodeAction:
     key = (policy.name, name)
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     if record is None:
         return NodeAction.NONE  # gone: nothing to say
     planned = await isolating.plan(ctx, policy, record, verdict)

@@ -33,7 +33,7 @@ PAUSED = vocabulary.EventReason.REMEDIATION_PAUSED
 
 def why_stop(ctx: context.Context, policy: str, node: str) -> str | None:
     """Why policy `policy`'s drain of `node` must stop now, in words; None while it may go on."""
-    record = ctx.cache.node(node)
+    record = ctx.cache.nodes.get(node)
     if record is None:
         return "the node is gone"
     if record.view.labels.get(keys.EXCLUDE_LABEL) == "true":
@@ -56,7 +56,7 @@ def why_stop(ctx: context.Context, policy: str, node: str) -> str | None:
 def _overdue(ctx: context.Context, node: str) -> bool:
     """The GPU Operator's maintenance outlasted its limit (`verdicts.maintenance_overdue`): its label
     stops no drain of ours any more."""
-    gpunode = ctx.cache.gpunode(node)
+    gpunode = ctx.cache.gpunodes.get(node)
     state = gpunode.conditions.get(vocabulary.Condition.GPU_OPERATOR_MAINTENANCE) if gpunode else None
     return verdicts.maintenance_overdue(state, ctx.clock())
 
@@ -107,7 +107,7 @@ async def stop_drains(ctx: context.Context, *, quiet: frozenset[str] = frozenset
         stopped[node] = reason
     for node, reason in stopped.items():
         policy = ctx.steps.drain.policies.get(node, "")
-        if node not in quiet and ctx.cache.node(node) is not None:
+        if node not in quiet and ctx.cache.nodes.get(node) is not None:
             await say_stopped(ctx, policy, node, reason)
     return stopped
 
@@ -121,7 +121,7 @@ async def policy_deleted(ctx: context.Context, name: str) -> None:
     )
     stopped = await stop_drains(ctx, quiet=frozenset(orphans))
     for node in orphans:
-        gpunode = ctx.cache.gpunode(node)
+        gpunode = ctx.cache.gpunodes.get(node)
         issues = str(gpunode.status.get("issues") or "") if gpunode is not None else ""
         drained = " Its drain stopped: no further eviction is requested." if node in stopped else ""
         await ctx.recorder.emit(
@@ -137,7 +137,7 @@ async def policy_deleted(ctx: context.Context, name: str) -> None:
 
 async def adopt(ctx: context.Context, policy: str, name: str) -> None:
     """Take over the node's cordon if the policy that made it is gone (the cache, then the API, says so)."""
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     if record is None or not record.view.unschedulable:
         return
     owner = record.view.cordoned_by

@@ -104,10 +104,10 @@ async def reconcile_node(
     A pass that uncordoned the node freed a budget place: the waiting nodes ask again at once
     (`wake_waiting`), after the node's lock is let go.
     """
-    before = ctx.cache.node(name)
+    before = ctx.cache.nodes.get(name)
     await _passes(ctx, name, handler, now)
     if before is not None and before.view.unschedulable and ctx.admission.notified:
-        after = ctx.cache.node(name)
+        after = ctx.cache.nodes.get(name)
         if after is None or not after.view.unschedulable:
             await wake_waiting(ctx, name)
 
@@ -123,7 +123,7 @@ async def wake_waiting(ctx: context.Context, freed: str) -> None:
     names = sorted({node for _, node in ctx.admission.notified} - {freed})
     if not names:
         return
-    record = ctx.cache.node(freed)
+    record = ctx.cache.nodes.get(freed)
     if record is not None:
         now = ctx.clock()
         for policy in judging.selecting_policies(ctx, record):
@@ -145,11 +145,11 @@ async def _passes(ctx: context.Context, name: str, handler: str, now: datetime.d
             # It moved since the timer judged it (a report, a write's answer): judged by the clock.
             now = None
         for _ in range(MAX_PASSES):
-            judged = ctx.cache.gpunode(name)
+            judged = ctx.cache.gpunodes.get(name)
             try:
                 await _reconcile(ctx, name, now or ctx.clock())
             except TRANSIENT_ERRORS as error:
-                if ctx.cache.node(name) is None or ctx.cache.gpunode(name) is None:
+                if ctx.cache.nodes.get(name) is None or ctx.cache.gpunodes.get(name) is None:
                     logger.debug("node %s was deleted during its reconcile: %s", name, error)
                     return  # gone (a write met 404): nothing left to do, nothing to retry
                 ctx.meters.reconcile_errors.labels(handler).inc()
@@ -158,7 +158,7 @@ async def _passes(ctx: context.Context, name: str, handler: str, now: datetime.d
                     "reconcile of node %s failed (will retry): %s", name, str(error) or repr(error)
                 )
                 return
-            current = ctx.cache.gpunode(name)
+            current = ctx.cache.gpunodes.get(name)
             if judged is None or current is None or not new_report(judged, current):
                 return
             now = None  # judge the new report by the clock, not at the timer's instant
@@ -178,8 +178,8 @@ def new_report(judged: cache.GPUNodeRecord, current: cache.GPUNodeRecord) -> boo
 
 
 async def _reconcile(ctx: context.Context, name: str, now: datetime.datetime) -> None:
-    record = ctx.cache.node(name)
-    gpunode = ctx.cache.gpunode(name)
+    record = ctx.cache.nodes.get(name)
+    gpunode = ctx.cache.gpunodes.get(name)
     if record is None or gpunode is None:
         return
     selecting = judging.selecting_policies(ctx, record)
@@ -199,7 +199,7 @@ async def _reconcile(ctx: context.Context, name: str, now: datetime.datetime) ->
     results: list[PolicyVerdict] = []
     for policy, verdict in judged:
         action = await remediation.remediate(ctx, policy, name, verdict, now)
-        if ctx.cache.node(name) is None or ctx.cache.gpunode(name) is None:
+        if ctx.cache.nodes.get(name) is None or ctx.cache.gpunodes.get(name) is None:
             return  # deleted meanwhile: nothing left to do
         results.append((policy, verdict, action))
     chosen = overlap.reported([(p.dry_run, v.health, a) for p, v, a in results])
@@ -223,7 +223,7 @@ async def _condition_events(
 ) -> None:
     """One Event per condition that turned True in this pass (Warning; GPUOperatorMaintenance Normal), and
     one (Normal) per condition that cleared."""
-    gpunode = ctx.cache.gpunode(name)
+    gpunode = ctx.cache.gpunodes.get(name)
     if gpunode is None:
         return
     reported = bool(gpunode.status.get("agent"))
@@ -330,7 +330,7 @@ async def write_history(ctx: context.Context, name: str) -> None:
     """Write the node's repair history where no pass writes its status (a cancel of an excluded or no
     longer selected node): the operator's fields as stored, with the history this process made. Errors
     are logged; the next pass that writes the status carries the history too."""
-    gpunode = ctx.cache.gpunode(name)
+    gpunode = ctx.cache.gpunodes.get(name)
     made = {
         field: listed
         for field, listed in (
@@ -369,7 +369,7 @@ async def _write_status(
     *,
     results: Sequence[PolicyVerdict] = (),
 ) -> None:
-    gpunode = ctx.cache.gpunode(name)
+    gpunode = ctx.cache.gpunodes.get(name)
     desired = desired_status(ctx, policy, name, verdict, action, results=results)
     if gpunode is None or not _differs(dict(gpunode.status), desired):
         return
@@ -379,7 +379,7 @@ async def _write_status(
 async def _node_condition(
     ctx: context.Context, name: str, verdict: model.NodeVerdict, now: datetime.datetime
 ) -> None:
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     if record is None:
         return
     state = NODE_CONDITION[verdict.health]

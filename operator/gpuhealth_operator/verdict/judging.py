@@ -32,8 +32,8 @@ def judge(
     ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime
 ) -> model.NodeVerdict | None:
     """The node's verdict under `policy` now (None: its Node or GPUNode is gone)."""
-    record = ctx.cache.node(name)
-    gpunode = ctx.cache.gpunode(name)
+    record = ctx.cache.nodes.get(name)
+    gpunode = ctx.cache.gpunodes.get(name)
     if record is None or gpunode is None:
         return None
     key = (policy.name, name)
@@ -67,7 +67,7 @@ def node_verdicts(
     Acting policies patch one Node, so theirs carry one wish for its labels and taint
     (`overlap.combine`), or overlapping policies would undo each other's.
     """
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     if record is None:
         return None
     judged: list[tuple[model.Policy, model.NodeVerdict]] = []
@@ -102,8 +102,8 @@ def judged_at(ctx: context.Context, name: str, now: datetime.datetime) -> bool:
     meanwhile is judged again, and at an earlier instant than what moved it, which would stamp a cordon
     before its fault was seen (`cordoned-at`) and time every clock from before its start.
     """
-    record = ctx.cache.node(name)
-    gpunode = ctx.cache.gpunode(name)
+    record = ctx.cache.nodes.get(name)
+    gpunode = ctx.cache.gpunodes.get(name)
     if record is None or gpunode is None:
         return True  # gone: the pass finds nothing to judge either way
     return all(

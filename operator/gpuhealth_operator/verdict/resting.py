@@ -61,7 +61,7 @@ def unchanged(
 ) -> bool:
     """Whether the last pass, which ended at rest, judged the node from what the cache holds now."""
     rest = ctx.judging.resting.get(name)
-    record, gpunode = ctx.cache.node(name), ctx.cache.gpunode(name)
+    record, gpunode = ctx.cache.nodes.get(name), ctx.cache.gpunodes.get(name)
     if rest is None or record is None or gpunode is None:
         return False
     if rest.node != record.reading or rest.reading != gpunode.reading:
@@ -108,7 +108,7 @@ def remember(
     results: Sequence[tuple[model.Policy, model.NodeVerdict, vocabulary.NodeAction]],
 ) -> None:
     """After a pass judged `record` and `gpunode`: keep what it was judged from if it ended at rest."""
-    if ctx.cache.node(name) is not record or ctx.cache.gpunode(name) is not gpunode:
+    if ctx.cache.nodes.get(name) is not record or ctx.cache.gpunodes.get(name) is not gpunode:
         return  # it wrote (or a newer version came meanwhile)
     if not (record.at_rest and gpunode.at_rest) or gpunode.annotations or gpunode.status.get("isolatedGPUs"):
         return

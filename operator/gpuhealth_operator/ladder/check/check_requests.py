@@ -104,7 +104,7 @@ async def take(
     requested = [
         (name, raw)
         for name in ctx.cache.check_requested
-        if (gpunode := ctx.cache.gpunode(name)) is not None
+        if (gpunode := ctx.cache.gpunodes.get(name)) is not None
         and (raw := gpunode.annotations.get(keys.CHECK_NOW_ANNOTATION)) is not None
     ]
     for name, raw in sorted(requested):
@@ -114,7 +114,7 @@ async def take(
         if isinstance(request, str):
             await _refuse(ctx, name, raw, "?", f"the request is {request}")
             continue
-        record = ctx.cache.node(name)
+        record = ctx.cache.nodes.get(name)
         if record is not None and policies.excluded(record.view):
             # An excluded node is in no policy's selection: say why, not that no policy selects it.
             await _refuse(ctx, name, raw, request.token, EXCLUDED)

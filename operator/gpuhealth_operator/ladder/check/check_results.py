@@ -37,7 +37,7 @@ def history(ctx: context.Context, name: str) -> list[dict[str, Any]]:
     made = ctx.steps.check.history.get(name)
     if made is not None:
         return made
-    gpunode = ctx.cache.gpunode(name)
+    gpunode = ctx.cache.gpunodes.get(name)
     stored = gpunode.status.get(STATUS_FIELD) if gpunode is not None else None
     return [_plain(e) for e in stored if isinstance(e, Mapping)] if isinstance(stored, Sequence) else []
 
@@ -61,7 +61,7 @@ def runs(ctx: context.Context, name: str) -> tuple[check_runs.Run, ...]:
 
 
 def _model(ctx: context.Context, name: str) -> str | None:
-    gpunode = ctx.cache.gpunode(name)
+    gpunode = ctx.cache.gpunodes.get(name)
     gpus = gpunode.status.get("gpus") if gpunode is not None else None
     if not isinstance(gpus, Sequence) or not gpus or not isinstance(gpus[0], Mapping):
         return None

@@ -45,7 +45,7 @@ def waited_for(ctx: context.Context, nodes: Sequence[str], found: waiting_pods.W
     return {
         name
         for name in nodes
-        if found.for_node(name, (record.view.labels if (record := ctx.cache.node(name)) else {}))
+        if found.for_node(name, (record.view.labels if (record := ctx.cache.nodes.get(name)) else {}))
     }
 
 

@@ -189,12 +189,12 @@ async def _end(
     for job, node in ended:
         meta = job.get("metadata") or {}
         made = ctx.steps.check.history.get(node)
-        if made is not None and ctx.cache.gpunode(node) is not None:
+        if made is not None and ctx.cache.gpunodes.get(node) is not None:
             await write(ctx, node)
             # The answer to our own write is in the cache, so its watch event judges nothing: ask for a
             # pass, in which ActiveCheckFailed is judged from the new history (and rules act on it).
             ctx.passes.request(node, pass_queue.Ask("timer"))
-            gpunode = ctx.cache.gpunode(node)
+            gpunode = ctx.cache.gpunodes.get(node)
             stored = gpunode.status.get(check_results.STATUS_FIELD) if gpunode is not None else None
             if stored is None or check_results.history(ctx, node) != [dict(e) for e in stored]:
                 continue  # not written (logged): written and deleted at the next pass
@@ -215,8 +215,8 @@ def _busy_nodes(ctx: context.Context) -> AbstractSet[str] | None:
 
 
 def _state(ctx: context.Context, name: str) -> checks.NodeState | None:
-    record = ctx.cache.node(name)
-    gpunode = ctx.cache.gpunode(name)
+    record = ctx.cache.nodes.get(name)
+    gpunode = ctx.cache.gpunodes.get(name)
     if record is None or gpunode is None:
         return None
     view = record.view
@@ -240,7 +240,7 @@ async def _start(
 ) -> bool:
     """Create the check's Job (and on a DRA node its claim's template); False when one of the node's
     exists (it runs: adopted next pass), or when nothing of the node's can hold its GPUs."""
-    record = ctx.cache.node(start.node)
+    record = ctx.cache.nodes.get(start.node)
     if record is None:
         return False
     template = (await reading.templates(ctx, now)).get(start.template)

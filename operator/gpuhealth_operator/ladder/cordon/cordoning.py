@@ -54,7 +54,7 @@ def _pending_as_stored(ctx: context.Context, policy: str, name: str) -> bool:
     is said before the status that records it is written, so a wait this process first meets with its
     status already Pending was said (by this policy's entry in `status.policies` where several policies
     select the node, else by `status.action`). Not where GPUs wait to be isolated (also Pending)."""
-    gpunode = ctx.cache.gpunode(name)
+    gpunode = ctx.cache.gpunodes.get(name)
     isolation = ctx.steps.isolate.isolations.get((policy, name))
     if gpunode is None or (isolation is not None and isolation.decision is not None):
         return False  # GPUs of the node wait for isolation, or were judged for it: Pending may be theirs
@@ -141,7 +141,7 @@ def settle_unknown(ctx: context.Context, policy: model.Policy, name: str) -> Non
     sent_from = ctx.steps.cordon.unknown.get(name)
     if sent_from is None:
         return
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     if record is None or record.resource_version != sent_from:
         _settled(ctx, policy, name)
 
@@ -169,12 +169,12 @@ async def uncordon(
             and not record.cordon_taken_over  # a human cordoned it again: theirs (`overrides.react` says so)
         )
 
-    if not liftable(ctx.cache.node(name)):
+    if not liftable(ctx.cache.nodes.get(name)):
         return False
     await draining.say_done(ctx, policy, name)  # the drain's Event goes before its cordon
     body: kube.JsonObject | None = None
     for _attempt in range(3):
-        record = ctx.cache.node(name)
+        record = ctx.cache.nodes.get(name)
         if not liftable(record):
             return False
         try:

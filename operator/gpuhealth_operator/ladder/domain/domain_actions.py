@@ -63,7 +63,7 @@ async def node_changed(ctx: context.Context, name: str) -> None:
     domain_policies = _with_domains(ctx)
     if not domain_policies:
         return
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     due = False
     for policy in domain_policies:
         selected = record is not None and name in ctx.cache.selection(policy).selected
@@ -106,7 +106,7 @@ async def _judge(ctx: context.Context, policy: model.Policy, now: datetime.datet
         return
     members = []
     for node in ctx.cache.selection(policy).selected:
-        record = ctx.cache.node(node)
+        record = ctx.cache.nodes.get(node)
         if record is None:
             continue
         verdict = ctx.verdicts.get((policy.name, node))
@@ -140,7 +140,7 @@ def _marked_before(ctx: context.Context, policy: model.Policy, state: domains.Do
     )
     want = domains.marks_for(state.action)
     for name in state.members:
-        record = ctx.cache.node(name)
+        record = ctx.cache.nodes.get(name)
         if record is None or name in others or not all(settled(record, want)):
             return False
     return True

@@ -76,7 +76,7 @@ class NodeDrain:
         result = drains.results.get(name)
         if result is not None and not result.completed:
             return Progress.FAILED
-        record = self.ctx.cache.node(name)
+        record = self.ctx.cache.nodes.get(name)
         if record is None:
             return Progress.GONE
         if result is not None:
@@ -110,7 +110,7 @@ class NodeDrain:
         progress = self.progress()
         if progress in (Progress.RUNNING, Progress.GONE):
             return False
-        record = self.ctx.cache.node(self.node)
+        record = self.ctx.cache.nodes.get(self.node)
         drained = fresh or progress is Progress.DRAINED  # a pod came to it: a drain of its own, from now
         started = _started(record) if record is not None and not drained else None
         if started is None:
@@ -147,7 +147,7 @@ class NodeDrain:
             raise
         if result.stopped:  # an emergency stop: the cordon stays, a later reconcile may resume the drain
             reason = stopping.why_stop(ctx, policy.name, name)
-            if reason is not None and ctx.cache.node(name) is not None:
+            if reason is not None and ctx.cache.nodes.get(name) is not None:
                 await stopping.say_stopped(ctx, policy.name, name, reason)
             return result
         elapsed = (datetime.datetime.now(datetime.UTC) - started).total_seconds()
@@ -248,7 +248,7 @@ async def say_done(ctx: context.Context, policy: model.Policy, name: str) -> Non
     Event after the cordon, so a drain a dead term did say is not said twice. A drain that did not
     empty the node is not said."""
     result, unsaid = ctx.steps.drain.results.get(name), ctx.steps.drain.unsaid.get(name)
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     if unsaid is None:
         if (
             result is not None  # this term's drain ended: said, or failed or stopped
@@ -268,7 +268,7 @@ async def say_done(ctx: context.Context, policy: model.Policy, name: str) -> Non
 
 async def forget(ctx: context.Context, name: str) -> None:
     """A schedulable node has no drain: whoever uncordoned it, the drain belonged to that cordon."""
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     if record is None or record.view.unschedulable:
         return
     ctx.steps.drain.stop(name)
@@ -295,7 +295,7 @@ def _failed_before_a_restart(
 ) -> bool:
     """A drain begun before a restart (nothing of it in memory), the status saying Cordoned, and its
     deadline passed. Not before the deadline: the status write of Draining may be what was lost."""
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     started = _started(record) if record is not None else None
     if started is None or _status_action(ctx, name) != NodeAction.CORDONED:
         return False
@@ -311,5 +311,5 @@ def _started(record: cache.NodeRecord) -> datetime.datetime | None:
 
 
 def _status_action(ctx: context.Context, name: str) -> str | None:
-    gpunode = ctx.cache.gpunode(name)
+    gpunode = ctx.cache.gpunodes.get(name)
     return gpunode.status.get("action") if gpunode else None

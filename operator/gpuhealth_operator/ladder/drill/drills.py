@@ -49,7 +49,7 @@ async def run(
     now: datetime.datetime,
 ) -> NodeAction:
     """Run the node's drill, if it has one, after its real pass; the `status.action` to show."""
-    gpunode = ctx.cache.gpunode(name)
+    gpunode = ctx.cache.gpunodes.get(name)
     if gpunode is None:
         return action
     try:
@@ -95,8 +95,8 @@ async def _judge(
     action: NodeAction,
     now: datetime.datetime,
 ) -> NodeAction:
-    record = ctx.cache.node(name)
-    gpunode = ctx.cache.gpunode(name)
+    record = ctx.cache.nodes.get(name)
+    gpunode = ctx.cache.gpunodes.get(name)
     if record is None or gpunode is None:
         return action
     await _say(

@@ -82,7 +82,7 @@ class GPURule:
         gpu, policy, verdict = self.gpu, self.policy, self.verdict
         assert isinstance(gpu, isolation.GPUDecision)
         assert gpu.uuid is not None and gpu.device is not None and gpu.index is not None
-        record = self.ctx.cache.node(self.node)
+        record = self.ctx.cache.nodes.get(self.node)
         body = device_taints.device_taint_rule(
             api_version=self.api_version,
             policy=policy.name,
@@ -138,7 +138,7 @@ async def node_pass(  # noqa: PLR0917 - one pass's inputs
     found: isolation.Support,
     rules: Sequence[kube.JsonObject],
 ) -> isolation.NodeState:
-    gpunode, record = ctx.cache.gpunode(name), ctx.cache.node(name)
+    gpunode, record = ctx.cache.gpunodes.get(name), ctx.cache.nodes.get(name)
     if gpunode is None or record is None:
         return state  # deleted while the probe or the rule list was awaited: nothing left to isolate
     attribution = isolation.attribute(

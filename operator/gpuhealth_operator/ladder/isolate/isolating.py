@@ -138,7 +138,7 @@ async def isolate(
     (`Context.steps.isolate.isolations`: the node ladder only if needed)."""
     key = (policy.name, name)
     wanted = {r.condition for r in verdict.fired_rules if r.action is Action.ISOLATE_GPU}
-    gpunode, record = ctx.cache.gpunode(name), ctx.cache.node(name)
+    gpunode, record = ctx.cache.gpunodes.get(name), ctx.cache.nodes.get(name)
     if gpunode is None or record is None:
         return
     # After a restart the status says what is isolated; it lists every policy's GPUs of the node, so
@@ -163,7 +163,7 @@ async def isolate(
     async with ctx.steps.isolate.locks[ALL]:
         rules = await isolation_support.rules(ctx, found.api_version, now)
         state = await gpu_rules.node_pass(ctx, policy, name, verdict, now, state, wanted, found, rules)
-    if ctx.cache.gpunode(name) is None or ctx.cache.node(name) is None:
+    if ctx.cache.gpunodes.get(name) is None or ctx.cache.nodes.get(name) is None:
         return  # deleted meanwhile and forgotten: keep no isolation of it (the policy counts them)
     ctx.steps.isolate.isolations[key] = state
 
@@ -183,7 +183,7 @@ async def preview(
     whose fault it is, if not the facts' (a drill's stand-in GPU).
     """
     wanted = {r.condition for r in verdict.fired_rules if r.action is Action.ISOLATE_GPU}
-    gpunode, record = ctx.cache.gpunode(name), ctx.cache.node(name)
+    gpunode, record = ctx.cache.gpunodes.get(name), ctx.cache.nodes.get(name)
     if not wanted or gpunode is None or record is None or verdict.health is vocabulary.Health.UNKNOWN:
         return None
     now = ctx.clock()

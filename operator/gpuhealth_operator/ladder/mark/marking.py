@@ -31,7 +31,7 @@ async def apply(ctx: context.Context, name: str, verdict: model.NodeVerdict, now
 async def _labels(
     ctx: context.Context, name: str, verdict: model.NodeVerdict, now: datetime.datetime
 ) -> None:
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     changes = node_changes.label_changes(record, verdict) if record is not None else {}
     if not changes:
         return
@@ -57,7 +57,7 @@ async def _taint(ctx: context.Context, name: str, verdict: model.NodeVerdict, no
             resource_version=record.resource_version,
         )
 
-    before = ctx.cache.node(name)
+    before = ctx.cache.nodes.get(name)
     had = node_changes.our_taint(before) if before is not None else None
     patched = await node_patches.patch_with_retries(
         ctx, name, lambda record: node_changes.our_taint(record) == verdict.wanted_taint, patch

@@ -79,7 +79,7 @@ def _facts(
 
 async def sweep(ctx: context.Context, now: datetime.datetime) -> None:
     """One timer pass over the fleet; one node's error is logged and retried next pass."""
-    for gone in [n for n in ctx.steps.repair.validations if ctx.cache.node(n) is None]:
+    for gone in [n for n in ctx.steps.repair.validations if ctx.cache.nodes.get(n) is None]:
         ctx.steps.repair.validations.discard(gone)
         try:
             await jobs.delete(ctx.client, reading.namespace(ctx), new_nodes.job_name(gone))
@@ -94,7 +94,7 @@ async def sweep(ctx: context.Context, now: datetime.datetime) -> None:
     # the fleet (issue 29). With one, every node may be new to it.
     names = list(ctx.cache.nodes) if wanting else ctx.cache.in_node_order(ctx.cache.unvalidated)
     for name in names:
-        record = ctx.cache.node(name)
+        record = ctx.cache.nodes.get(name)
         if record is None:
             continue
         tainted = keys.UNVALIDATED_TAINT in record.view.taint_keys
@@ -123,7 +123,7 @@ async def _visit(
 ) -> bool:
     """Act on one node; True: it waits for its validation Job to be created (`_start`)."""
     async with ctx.node_locks[name]:
-        record = ctx.cache.node(name)
+        record = ctx.cache.nodes.get(name)
         if record is None:
             return False
         job_name = new_nodes.job_name(name)
@@ -219,7 +219,7 @@ def _belongs(job: Mapping[str, Any], record: cache.NodeRecord) -> bool:
 async def _start(ctx: context.Context, name: str, policy: model.Policy, now: datetime.datetime) -> None:
     """Create the node's validation Job when it is safe and a slot of maxConcurrent is free."""
     spec = policy.repair
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     if spec is None or record is None or keys.REPAIR_ANNOTATION in record.view.annotations:
         return
     paused = ctx.breakers.paused(policy.name)

@@ -33,7 +33,7 @@ def _gathered(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict
 ) -> evidence.Evidence:
     """The evidence standing on the node for this policy and every other that has judged it."""
-    gpunode = ctx.cache.gpunode(name)
+    gpunode = ctx.cache.gpunodes.get(name)
     judged = [(policy, verdict)]
     for other in sorted(set(ctx.cache.policies) - {policy.name}):
         known = ctx.verdicts.get((other, name))
@@ -90,7 +90,7 @@ async def react(
 
 async def expire(ctx: context.Context, name: str, verdict: model.NodeVerdict) -> None:
     """Remove an override's baseline once none of its conditions is true (a return is new evidence anyway)."""
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     if record is None or verdict.health is vocabulary.Health.UNKNOWN:
         return
     text = record.view.annotations.get(keys.OVERRIDDEN_EVIDENCE_ANNOTATION)

@@ -33,20 +33,20 @@ def supported(ctx: context.Context, name: str) -> bool:
     """Whether the node's agent says it releases NVML on request (`status.agent.canRelease`). An agent
     older than issue 48 (a rollout in progress, a hand-written GPUNode) is not asked: its reset runs as
     before, and does not wait for an answer that can never come."""
-    gpunode = ctx.cache.gpunode(name)
+    gpunode = ctx.cache.gpunodes.get(name)
     agent: Mapping[str, Any] = (gpunode.status.get("agent") or {}) if gpunode is not None else {}
     return isinstance(agent, Mapping) and agent.get("canRelease") is True
 
 
 def asked(ctx: context.Context, name: str) -> str | None:
     """The ask on the GPUNode as cached (None: none)."""
-    gpunode = ctx.cache.gpunode(name)
+    gpunode = ctx.cache.gpunodes.get(name)
     return gpunode.annotations.get(keys.RELEASE_GPUS_ANNOTATION) if gpunode is not None else None
 
 
 def released(ctx: context.Context, name: str) -> str | None:
     """The agent's answer (`status.agent.released`) as cached (None: it holds NVML)."""
-    gpunode = ctx.cache.gpunode(name)
+    gpunode = ctx.cache.gpunodes.get(name)
     agent: Mapping[str, Any] = (gpunode.status.get("agent") or {}) if gpunode is not None else {}
     value = agent.get("released") if isinstance(agent, Mapping) else None
     return value if isinstance(value, str) and value else None

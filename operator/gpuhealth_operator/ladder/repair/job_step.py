@@ -79,13 +79,13 @@ class JobStep:
         kind = step_kinds.BY_TEMPLATE.get(self.key)
         faulty = kind is not None and kind.targets is step_kinds.Targets.FAULTY_GPUS
         gpus = self.state.gpus if faulty else reading.all_gpus(self.ctx, self.node)
-        record = self.ctx.cache.node(self.node)
+        record = self.ctx.cache.nodes.get(self.node)
         if record is not None and record.view.labels.get(keys.REPAIR_NODE_UID_LABEL) != record.uid:
             # The state was written without the label its pod selects (by an older operator, or a human
             # removed it): write it first, or the kubelet would refuse the pod.
             if not await records.write_state(self.ctx, self.node, self.state):
                 raise jobs.StaleJob(f"the Node {self.node} changed while its repair label was written")
-            record = self.ctx.cache.node(self.node)
+            record = self.ctx.cache.nodes.get(self.node)
         body = jobs.fill(
             template,
             name=self.state.job,

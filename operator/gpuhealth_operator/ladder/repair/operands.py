@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 def paused(ctx: context.Context, name: str) -> tuple[str, ...] | None:
     """The labels recorded as paused on the Node (None: no record)."""
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     if record is None or keys.OPERANDS_PAUSED_ANNOTATION not in record.view.annotations:
         return None
     return operands.parse(record.view.annotations[keys.OPERANDS_PAUSED_ANNOTATION])
@@ -44,7 +44,7 @@ async def pause(ctx: context.Context, name: str) -> tuple[str, ...] | None:
     known = paused(ctx, name)
     if known is not None:
         return known
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     if record is None:
         return None
     wanted = operands.to_pause(record.view.labels)
@@ -79,7 +79,7 @@ async def holders(ctx: context.Context, name: str, labels: tuple[str, ...]) -> l
 async def restore(ctx: context.Context, name: str) -> None:
     """Set back what we paused and still own, and remove the record (nothing where none is recorded)."""
     recorded = paused(ctx, name)
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     if recorded is None or record is None:
         return
     back = operands.to_restore(record.view.labels, recorded)

@@ -88,7 +88,7 @@ def in_use(ctx: context.Context) -> bool:
 async def _identity(ctx: context.Context, name: str) -> NodeIdentity | None:
     """The Node of the name: from the cache, else from the API server (the cache may not hold a Node
     outside the operator's pool, or not yet after a restart); None when there is no such Node."""
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     if record is not None and record.uid:
         return NodeIdentity(record.uid, record.created)
     try:

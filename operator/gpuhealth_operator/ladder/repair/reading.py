@@ -38,13 +38,13 @@ PACKAGED_KEY: Final = ""
 
 
 def state_of(ctx: context.Context, name: str) -> repair.State | None:
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     return repair.parse(record.view.annotations.get(keys.REPAIR_ANNOTATION)) if record is not None else None
 
 
 def cycles(ctx: context.Context, name: str) -> repair.Cycles:
     """The node's recent cycle starts (`keys.REPAIR_CYCLES_ANNOTATION`): what maxAttempts counts."""
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     return repair.parse_cycles(record.view.annotations.get(keys.REPAIR_CYCLES_ANNOTATION) if record else None)
 
 
@@ -53,7 +53,7 @@ def history(ctx: context.Context, name: str) -> list[dict[str, Any]]:
     made = ctx.steps.repair.history.get(name)
     if made is not None:
         return made
-    gpunode = ctx.cache.gpunode(name)
+    gpunode = ctx.cache.gpunodes.get(name)
     stored = gpunode.status.get(STATUS_FIELD) if gpunode is not None else None
     return [dict(e) for e in stored if isinstance(e, Mapping)] if isinstance(stored, list) else []
 
@@ -99,7 +99,7 @@ def holders(ctx: context.Context) -> list[str]:
 async def stop_waiting(ctx: context.Context, name: str) -> None:
     """The wait for maxConcurrent ended: forget it, and its mark on the Node (written when it was said)."""
     ctx.steps.repair.waiting.discard(name)
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     if record is not None and keys.REPAIR_WAITING_ANNOTATION in record.view.annotations:
         body = await nodes.patch_metadata(
             ctx.client, name, annotations={keys.REPAIR_WAITING_ANNOTATION: None}
@@ -120,7 +120,7 @@ async def say_waiting(
     if name in ctx.steps.repair.waiting:
         return
     ctx.steps.repair.waiting.add(name)
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     if record is None or record.view.annotations.get(keys.REPAIR_WAITING_ANNOTATION) == policy.name:
         return  # said by an earlier process (a restart, a leader change)
     issues = ", ".join(verdict.issues) or "a fault"
@@ -163,8 +163,8 @@ def faulty_gpus(
     ctx: context.Context, policy: model.Policy, name: str, verdict: model.NodeVerdict
 ) -> list[tuple[int | None, str]]:
     """(index, UUID) of the GPUs showing the conditions of the fired Cordon/Drain rules."""
-    record = ctx.cache.node(name)
-    gpunode = ctx.cache.gpunode(name)
+    record = ctx.cache.nodes.get(name)
+    gpunode = ctx.cache.gpunodes.get(name)
     if record is None or gpunode is None:
         return []
     wanted = {r.condition for r in verdict.fired_rules if r.action in vocabulary.DISRUPTIVE_ACTIONS} or set(
@@ -187,21 +187,21 @@ def reset_gpus(
 ) -> list[tuple[int | None, str]]:
     """The GPUs a ResetGPU step of the cycle resets: the faulty ones, or on an NVSwitch board every GPU of
     the board (`decisions.repair.reset_together`)."""
-    gpunode = ctx.cache.gpunode(name)
+    gpunode = ctx.cache.gpunodes.get(name)
     listed = isolation.listed_gpus(gpunode.status) if gpunode is not None else []
     return repair.reset_together(faulty, listed)
 
 
 def recovery_actions(ctx: context.Context, name: str) -> list[str]:
     """The recovery actions the driver asks for on the node's GPUs (`gpus[].recoveryAction`)."""
-    gpunode = ctx.cache.gpunode(name)
+    gpunode = ctx.cache.gpunodes.get(name)
     listed = isolation.listed_gpus(gpunode.status) if gpunode is not None else []
     return [a for g in listed if isinstance(a := g.get("recoveryAction"), str) and a]
 
 
 def all_gpus(ctx: context.Context, name: str) -> tuple[str, ...]:
     """UUIDs of every GPU the agent lists on the node."""
-    gpunode = ctx.cache.gpunode(name)
+    gpunode = ctx.cache.gpunodes.get(name)
     listed = isolation.listed_gpus(gpunode.status) if gpunode is not None else []
     return tuple(u for g in listed if isinstance(u := g.get("uuid"), str) and u)
 
@@ -226,8 +226,8 @@ def report(
     Another tool's Node condition counts only in a version written after the node's boot (issue 45,
     item 5): the kubelet keeps the one written before a reboot until that tool writes again, and a
     reboot that fixed the fault is not NoEffect on the old one. `state`: the cycle in progress."""
-    gpunode = ctx.cache.gpunode(name)
-    record = ctx.cache.node(name)
+    gpunode = ctx.cache.gpunodes.get(name)
+    record = ctx.cache.nodes.get(name)
     if gpunode is None or record is None:
         return repair.Report(seen_at=None, boot_id=None, fault_gone=False)
     agent: Mapping[str, Any] = gpunode.status.get("agent") or {}
@@ -298,7 +298,7 @@ def _written_before(written: str | None, booted: datetime.datetime | None, now: 
 
 
 def boot_id(ctx: context.Context, name: str) -> str | None:
-    gpunode = ctx.cache.gpunode(name)
+    gpunode = ctx.cache.gpunodes.get(name)
     agent = (gpunode.status.get("agent") or {}) if gpunode is not None else {}
     boot = agent.get("bootId") if isinstance(agent, Mapping) else None
     return boot if isinstance(boot, str) and boot else None
@@ -306,7 +306,7 @@ def boot_id(ctx: context.Context, name: str) -> str | None:
 
 def cancel_reason(ctx: context.Context, state: repair.State, name: str) -> str | None:
     """Why the cycle in progress must stop now (None: it goes on)."""
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     if record is None:
         return "the node is gone"
     view = record.view

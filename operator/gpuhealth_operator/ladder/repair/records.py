@@ -43,7 +43,7 @@ async def write_state(
     also: Mapping[str, str | None] | None = None,
 ) -> bool:
     """Write the node's repair state (None: remove it) on the cached version; False on a conflict."""
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     if record is None:
         return False
     try:

@@ -73,7 +73,7 @@ async def take(
 
     None: repair does not own the node this pass (the ladder decides as without repair).
     """
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     if record is None:
         return None
     view = record.view
@@ -113,7 +113,7 @@ async def begin(
     """The policy drained the node for a fault that still wants the drain: start a repair cycle, wait for
     maxConcurrent (Drained), or retire the node (maxAttempts cycles in the window, or no step applies)."""
     spec = policy.repair
-    record = ctx.cache.node(name)
+    record = ctx.cache.nodes.get(name)
     if spec is None or record is None or verdict.wanted_action is not vocabulary.Action.DRAIN:
         return NodeAction.DRAINED
     if keys.REPAIR_ANNOTATION in record.view.annotations or record.view.cordoned_by != policy.name:
