@@ -51,7 +51,7 @@ from gpuhealth_operator.ladder.drill import drills
 from gpuhealth_operator.ladder.isolate import isolating
 from gpuhealth_operator.ladder.repair import reading
 from gpuhealth_operator.shared import context
-from gpuhealth_operator.state import cache, cohorts
+from gpuhealth_operator.state import cache, cohorts, kept_conditions
 from gpuhealth_operator.verdict import judging, resting
 
 logger = logging.getLogger(__name__)
@@ -317,7 +317,10 @@ def _differs(current: dict[str, Any], desired: dict[str, Any]) -> bool:
     owned = (*isolating.STATUS_FIELDS, POLICIES_FIELD, reading.STATUS_FIELD, check_results.STATUS_FIELD)
     if any(k not in desired and current.get(k) for k in owned):
         return True
-    have = {c.get("type"): c for c in current.get("conditions") or []}
+    held = current.get("conditions") or []
+    if isinstance(held, list | tuple) and kept_conditions.same(held, desired["conditions"]):
+        return False  # equal as lists, so as maps by type too: one call, not one per condition (issue 46)
+    have = {c.get("type"): c for c in held}
     want = {c.get("type"): c for c in desired["conditions"]}
     return have != want
 
