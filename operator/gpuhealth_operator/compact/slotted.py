@@ -125,6 +125,12 @@ def _reading(
     }
 
 
+def as_dicts(items: list[Any]) -> list[Any]:
+    """`items` with each ReadOnlyMapping among them as its dict (`as_dict`), the rest as they are: one call
+    for a list that is read key by key (`signals`, each GPU of a report per judgement)."""
+    return [item.as_dict() if isinstance(item, ReadOnlyMapping) else item for item in items]
+
+
 def setter(kind: type[ReadOnlyMapping], key: str) -> Callable[[Any, Any], None]:
     """The slot's own setter for `key`: one C call, past the read-only guard."""
     put: Callable[[Any, Any], None] = getattr(kind, key).__set__

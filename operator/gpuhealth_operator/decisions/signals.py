@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from gpuhealth_api import conditions, faults, heartbeats, keys, status, vocabulary
+from gpuhealth_operator.compact import slotted
 from gpuhealth_operator.decisions import check_runs, gpu_facts, liveness, model, times, trends
 
 Condition = vocabulary.Condition
@@ -158,7 +159,7 @@ def fact_signals(
             signals[condition] = model.Signal(condition, None, "unknown: the agent has not reported GPUs yet")
         return signals
     # Read as dicts, one call per GPU: each check asks a GPU's facts key by key (issue 46).
-    gpus = [g.as_dict() if type(g) is gpu_facts.GPUFacts else g for g in gpus]  # type: ignore[misc]
+    gpus = slotted.as_dicts(gpus)
     limits = dict(thresholds)
     history = _once_per_gpu(memory.gpu) if memory is not None else faults.no_history
     # Most reports list no fact their agent cannot read: then no condition has an unread GPU to name.
