@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import gpunode_facts
 from gpuhealth_api import conditions, faults, vocabulary
+from gpuhealth_operator.compact import slotted
 from gpuhealth_operator.decisions import model, policies, signals, trends
 from gpuhealth_operator.state import cache, compaction
 
@@ -60,6 +61,16 @@ def test_a_fact_read_fast_is_the_fact_read_slowly(record: dict[str, Any], path: 
     held: Mapping[str, Any] = compaction.compact_gpu(record) if cached else record
     fast, slow = faults.fact(held, path), slow_fact(held, path)
     assert fast == slow and type(fast) is type(slow)
+
+
+@settings(max_examples=200, deadline=None)
+@given(record=st.dictionaries(_FIELDS, _NESTED, max_size=5))
+def test_a_cached_gpu_as_a_dict_is_the_dict_it_reads_like(record: dict[str, Any]) -> None:
+    """What `fact_signals` reads (issue 46): the same keys, in the same order, with the same values."""
+    held = compaction.compact_gpu(record)
+    plain = held.as_dict()
+    assert type(plain) is dict and plain == dict(held) and list(plain) == list(held)
+    assert slotted.as_dicts([held, record, None]) == [plain, record, None]
 
 
 def slow_fact_signals(
