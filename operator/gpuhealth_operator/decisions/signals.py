@@ -158,7 +158,7 @@ def fact_signals(
         for condition in FACT_CONDITIONS:
             signals[condition] = model.Signal(condition, None, "unknown: the agent has not reported GPUs yet")
         return signals
-    # Read as dicts, one call per GPU: each check asks a GPU's facts key by key (issue 46).
+    # Read as dicts, in one call: each check asks each GPU's facts key by key (issue 46).
     gpus = slotted.as_dicts(gpus)
     limits = dict(thresholds)
     history = _once_per_gpu(memory.gpu) if memory is not None else faults.no_history

@@ -257,7 +257,7 @@ async def devices(ctx: context.Context, name: str, now: datetime.datetime) -> di
 
 def gpu_count(ctx: context.Context, node: str) -> int:
     """The node's GPUs as its agent counts them (0: no report yet)."""
-    gpunode = ctx.cache.gpunodes.get(node)
+    gpunode = ctx.cache.gpunode(node)
     summary = gpunode.status.get("summary") if gpunode is not None else None
     count = summary.get("gpuCount") if isinstance(summary, Mapping) else None
     return count if isinstance(count, int) else 0
