@@ -22,7 +22,7 @@ agent pod, how it keeps a reported GPU) are re-exported here.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal, cast
 
 import kopf
@@ -159,6 +159,12 @@ class Operator:
         if known is None:
             return None
         return policies.resolve_max_unavailable(known, len(self._ctx.cache.selection(known).selected))
+
+    def kept_gpunode(self, node: str) -> tuple[str, Mapping[str, Any]] | None:
+        """(resourceVersion, status) of `node`'s GPUNode as the operator's cache keeps it (its own
+        read-only objects: its conditions kept, its GPUs compacted); None when none is cached."""
+        record = self._ctx.cache.gpunode(node)
+        return None if record is None else (record.resource_version, record.status)
 
     def agent_ready(self, node: str) -> bool | None:
         """Whether `node`'s agent pod is Ready, as the operator knows it; None: no agent pod known."""
