@@ -71,6 +71,9 @@ compact_gpu = compaction.compact_gpu
 """One reported GPU as the operator keeps it (`gpu_facts.GPUFacts`)."""
 recompact_gpu = compaction.recompact_gpu
 """`compact_gpu` of a GPU whose reported facts changed only in the fields given (a trace's patch)."""
+share_value = compaction.SHARED.value
+"""A reported value as the operator keeps it: one copy of what many GPUs hold alike (`recompact_gpu`'s
+`kept` parts are made of these)."""
 
 
 class Operator:

@@ -631,6 +631,7 @@ def _patch_compacted(gpu: Any, change: Mapping[str, Any]) -> Any:
         return _compact_gpu(traces.merge_patch(gpu, change))
     absent = gpu_facts.ABSENT
     changed: dict[str, Any] = {}
+    nested: dict[str, Any] = {}
     for field, value in change.items():
         if field not in _KEPT:
             continue
@@ -638,10 +639,31 @@ def _patch_compacted(gpu: Any, change: Mapping[str, Any]) -> Any:
             changed[field] = absent
         elif type(value) is dict or isinstance(value, Mapping):
             held = gpu.get(field)
-            changed[field] = traces.merge_patch(held if isinstance(held, Mapping) else {}, value)
+            if type(held) is dict and _nested(held) and _only_changes(held, value):
+                nested[field] = {k: _merged(v, value[k]) if k in value else v for k, v in held.items()}
+            else:
+                changed[field] = traces.merge_patch(held if isinstance(held, Mapping) else {}, value)
         else:
             changed[field] = value
-    return replay.recompact_gpu(gpu, changed)
+    return replay.recompact_gpu(gpu, changed, nested)
+
+
+def _nested(part: dict[str, Any]) -> bool:
+    """Whether a kept part holds a nested object (PCIe's `aer`): compaction cannot share it whole."""
+    return any(type(v) is dict for v in part.values())
+
+
+def _only_changes(held: Mapping[str, Any], change: Mapping[str, Any]) -> bool:
+    """Whether a merge patch only sets keys `held` has (no removal, no new key): the merge keeps the
+    keys and their order, so the kept keys of its merge are those of `held`, in `held`'s order."""
+    return all(key in held and value is not None for key, value in change.items())
+
+
+def _merged(held: Any, change: Any) -> Any:
+    """One key's value after a merge patch (`traces.merge_patch`), shared as compaction shares it."""
+    if type(change) is dict or isinstance(change, Mapping):
+        change = traces.merge_patch(held if isinstance(held, Mapping) else {}, change)
+    return replay.share_value(change)
 
 
 def _render(epoch: float) -> str:
