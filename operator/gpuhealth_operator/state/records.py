@@ -12,7 +12,7 @@ import functools
 import itertools
 import sys
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuhealth_api import keys, status, vocabulary
@@ -425,14 +425,11 @@ def _conditions(raw: object, older: GPUNodeRecord | None) -> object:
     return [_condition(c) for c in raw]
 
 
-def _compacted(gpus: list[object]) -> bool:
+def _compacted(gpus: Sequence[object]) -> bool:
     """Whether every GPU of a list is compacted already (a replay's cluster keeps them so, and they are
     read-only): the list is then its own compaction, as each of them is (`compaction.compact_gpu`)."""
     kind = gpu_facts.GPUFacts
-    for gpu in gpus:
-        if type(gpu) is not kind:
-            return False
-    return True
+    return all(type(gpu) is kind for gpu in gpus)
 
 
 def gpunode_record(
