@@ -22,7 +22,7 @@ agent pod, how it keeps a reported GPU) are re-exported here.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal, cast
 
 import kopf
@@ -71,6 +71,9 @@ compact_gpu = compaction.compact_gpu
 """One reported GPU as the operator keeps it (`gpu_facts.GPUFacts`)."""
 recompact_gpu = compaction.recompact_gpu
 """`compact_gpu` of a GPU whose reported facts changed only in the fields given (a trace's patch)."""
+share_value = compaction.SHARED.value
+"""A reported value as the operator keeps it: one copy of what many GPUs hold alike (`recompact_gpu`'s
+`kept` parts are made of these)."""
 
 
 class Operator:
@@ -159,6 +162,12 @@ class Operator:
         if known is None:
             return None
         return policies.resolve_max_unavailable(known, len(self._ctx.cache.selection(known).selected))
+
+    def kept_gpunode(self, node: str) -> tuple[str, Mapping[str, Any]] | None:
+        """(resourceVersion, status) of `node`'s GPUNode as the operator's cache keeps it (its own
+        read-only objects: its conditions kept, its GPUs compacted); None when none is cached."""
+        record = self._ctx.cache.gpunode(node)
+        return None if record is None else (record.resource_version, record.status)
 
     def agent_ready(self, node: str) -> bool | None:
         """Whether `node`'s agent pod is Ready, as the operator knows it; None: no agent pod known."""

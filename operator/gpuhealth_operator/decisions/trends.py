@@ -266,8 +266,10 @@ def _track(  # noqa: PLR0917 - one GPU's or port's paths
     new_counters = dict(previous.counters) if previous else {}
     new_last = dict(previous.last) if previous else {}
     for path, restarted in RESTART_WITH.items():
+        if path not in peaks:  # first: a GPU whose links did not move reads no fact here
+            continue
         value = faults.fact(record, path)
-        if value is None or path not in peaks:
+        if value is None:
             continue
         if new_last.get(path, value) != value:
             for counter in restarted:

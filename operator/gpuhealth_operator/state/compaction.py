@@ -78,8 +78,10 @@ class SharedValues(interning.Table):
             shared = self.mapping(kept)
             self.table[(wanted, values, tuple(map(type, values)))] = shared
             return shared
-        except TypeError:  # a nested value
-            return self.mapping(raw, wanted)
+        except TypeError:  # a nested value (PCIe's `aer`): `mapping(raw, wanted)` would fail to hash it
+            # too and share each value (`each`); done at once, without its second TypeError.
+            share = self.value
+            return {sys.intern(k): share(v) for k, v in zip(wanted, values, strict=True) if v is not _MISSING}
 
     def sequence(self, raw: list[Any]) -> list[Any]:
         """One shared copy of a list of scalars; a list of records with shared parts otherwise."""
@@ -162,23 +164,33 @@ _COMPACTIONS: dict[str, tuple[Any, Any]] = {
 
 
 def recompact_gpu(
-    previous: gpu_facts.GPUFacts, changed: Mapping[str, Any], shared: SharedValues = SHARED
+    previous: gpu_facts.GPUFacts,
+    changed: Mapping[str, Any],
+    kept: Mapping[str, Any] | None = None,
+    shared: SharedValues = SHARED,
 ) -> gpu_facts.GPUFacts:
     """`compact_gpu` of a GPU whose reported facts are `previous`'s but for `changed` (each changed
     field's new value, `gpu_facts.ABSENT` if removed): the kept slots copied, the changed ones kept
     as `compact_gpu` keeps them. For a caller that knows what changed (a replay applying a trace's
-    patches, where a healthy GPU's report moves two or three of its seventeen kept fields)."""
-    kept = [key for key in changed if key in _COMPACTIONS]
-    if not kept:
+    patches, where a healthy GPU's report moves two or three of its seventeen kept fields).
+    `kept`: changed fields whose new values are given as compaction keeps them already (a nested
+    part whose changed values the caller shared), set as they are."""
+    fields = [key for key in changed if key in _COMPACTIONS]
+    if not fields and not kept:
         return previous
     facts = gpu_facts.copy_of(previous)
-    for key in kept:
+    for key in fields:
         put, how = _COMPACTIONS[key]
         raw = changed[key]
         if how is False:
             put(facts, raw)
         elif how is not None and isinstance(raw, Mapping):
             put(facts, shared.part(raw, how))
+        elif type(raw) is int and -5 <= raw <= 256:  # compact_gpu's inline case: CPython's own copy
+            put(facts, raw)
         else:
             put(facts, shared.value(raw))  # what compact_gpu's inline cases do for the common types
+    if kept:
+        for key, value in kept.items():
+            _COMPACTIONS[key][0](facts, value)
     return facts

@@ -12,12 +12,13 @@ import functools
 import itertools
 import sys
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpuhealth_api import keys, status, vocabulary
 from gpuhealth_operator.decisions import (
     clocks,
+    gpu_facts,
     healthy_reports,
     hysteresis,
     model,
@@ -209,12 +210,10 @@ class GPUNodeRecord:
         ):
             return False
         new, old = self.status, older.status
-        if any(new.get(k) != old.get(k) for k in new.keys() | old.keys() if k not in _MOVING_SAMPLES):
-            return False
-        if self.stale_limit is None or older.stale_limit is None:
+        if not _same_but_samples(new, old) or self.stale_limit is None or older.stale_limit is None:
             return False
         return all(
-            _without(new.get(field), moving) == _without(old.get(field), moving)
+            _same_without(new.get(field), old.get(field), moving)
             for field, moving in _MOVING_SAMPLES.items()
             if moving is not None
         )
@@ -286,6 +285,39 @@ verdict reads (None: the field is compared by `signals.still_healthy`, which jud
 
 def _without(value: object, key: str) -> object:
     return {k: v for k, v in value.items() if k != key} if isinstance(value, dict) else value
+
+
+def _same_but_samples(new: Mapping[str, object], old: Mapping[str, object]) -> bool:
+    """Whether two statuses hold equal values under every key but `_MOVING_SAMPLES`' (a key one lacks
+    reads None, as `get` does). Identity first: most values are the older version's very objects (the
+    operator's fields, kept by the cluster across an agent's report; a replay's conditions)."""
+    for key, value in new.items():
+        if key not in _MOVING_SAMPLES:
+            held = old.get(key)
+            if value is not held and value != held:
+                return False
+    return all(
+        new.get(key) == value for key, value in old.items() if key not in new and key not in _MOVING_SAMPLES
+    )
+
+
+def _same_without(new: object, old: object, key: str) -> bool:
+    """`_without(new, key) == _without(old, key)`, without building either: the agent block and the
+    summary of every report, which differ in their moving sample alone."""
+    if type(new) is not dict or type(old) is not dict:
+        return _without(new, key) == _without(old, key)
+    if len(new) - (key in new) != len(old) - (key in old):
+        return False
+    missing = _ABSENT_KEY
+    for k, value in new.items():
+        if k != key:
+            held = old.get(k, missing)
+            if value is not held and (held is missing or value != held):
+                return False
+    return True
+
+
+_ABSENT_KEY: Any = object()
 
 
 _AT_REST_READS = ("health", "action")
@@ -393,6 +425,13 @@ def _conditions(raw: object, older: GPUNodeRecord | None) -> object:
     return [_condition(c) for c in raw]
 
 
+def _compacted(gpus: Sequence[object]) -> bool:
+    """Whether every GPU of a list is compacted already (a replay's cluster keeps them so, and they are
+    read-only): the list is then its own compaction, as each of them is (`compaction.compact_gpu`)."""
+    kind = gpu_facts.GPUFacts
+    return all(type(gpu) is kind for gpu in gpus)
+
+
 def gpunode_record(
     body: Mapping[str, Any],
     report_seen_at: datetime.datetime | None = None,
@@ -404,7 +443,7 @@ def gpunode_record(
     raw_status: status.GPUNodeStatus = dict(body.get("status") or {})  # type: ignore[assignment]
     gpus = raw_status.get("gpus")
     compaction.SHARED.check()
-    if isinstance(gpus, list):
+    if isinstance(gpus, list) and not _compacted(gpus):
         raw_status["gpus"] = [compaction.compact_gpu(g) if isinstance(g, Mapping) else g for g in gpus]  # type: ignore[misc]
     if "conditions" in raw_status:
         raw_status["conditions"] = _conditions(raw_status["conditions"], older)  # type: ignore[typeddict-item]

@@ -183,6 +183,19 @@ class MemoryKube(kube.Verbs):
         self.gpunodes[name] = self.bump(body)
         return body
 
+    def adopt_status(self, name: str, version: str, field: str, value: object) -> None:
+        """Hold `value` as the GPUNode's `status[field]` in place of an equal one: the operator's cache
+        holds it so (`replay.Operator.kept_gpunode`) for the version `version`, which this cluster
+        still stores. Not a write (no new version): the object is the same, but then the agent's next
+        report carries the cache's own object, which it knows unchanged by identity, not by comparing
+        (a GPUNode's fifteen conditions on every report, issue 52)."""
+        current = self.gpunodes.get(name)
+        if current is None or current["metadata"].get("resourceVersion") != version:
+            return  # the cluster moved on (or the cache lags): the cache's value may not be equal
+        held = current["status"]
+        if field in held and held[field] is not value:
+            self.gpunodes[name] = {**current, "status": {**held, field: value}}
+
     def put_pod(self, body: JsonObject) -> JsonObject:
         """A pod bound to a node (`spec.nodeName`), as a scheduler or a `nodeName` would put it."""
         meta = body["metadata"]

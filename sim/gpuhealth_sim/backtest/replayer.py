@@ -290,8 +290,7 @@ class Replay:
         self.policy = policy
         self.name = str(policy["metadata"]["name"])
         self.agent: dict[str, dict[str, Any]] = {}
-        self.compacted: dict[str, list[Any]] = {}
-        """Each GPUNode's last report's GPUs as compacted (`_compact`)."""
+        """Each GPUNode's last agent report, its GPUs compacted (`_compacted`): the next patch's base."""
         self.trace_unschedulable: dict[str, bool] = {}
         self.trace_claim: dict[str, str | None] = {}
         self.states: dict[str, NodeState] = {}
@@ -427,31 +426,28 @@ class Replay:
 
     async def _gpunode_deleted(self, name: str) -> None:
         self.agent.pop(name, None)
-        self.compacted.pop(name, None)
         body = self.client.delete_gpunode(name)
         if body is not None:
             await self.operator.gpunode_event("DELETED", body)
 
     async def _gpunode(self, record: dict[str, Any]) -> None:
         name = record["name"]
-        patch: dict[str, Any] | None = None
         if "status" in record:
-            status = record["status"]
+            status = _compacted(record["status"])
         else:
             before = self.agent.get(name)
             if before is None:
                 raise traces.TraceError(f"GPUNode {name}: a patch before any full status (t={record['t']})")
-            patch = record["patch"]
-            status = traces.apply_status_patch(before, patch)
+            status = _compacted(
+                traces.apply_status_patch(
+                    before, record["patch"], patch_gpu=_patch_compacted, new_gpu=_new_compacted
+                )
+            )
+        # The agent's report with its GPUs compacted by the operator's own `replay.compact_gpu`, and each
+        # patch applied to them as compacted (`_patch_compacted`): what the cluster keeps is then what
+        # the operator caches, the answers to its status writes are not compacted again, and no raw
+        # copy of a GPU's thirty fields is made per report. It is also the base of the next patch.
         self.agent[name] = status
-        gpus = status.get("gpus")
-        if isinstance(gpus, list):
-            # Compacted once, here, by the operator's own `replay.compact_gpu`: what the cluster keeps
-            # is then what the operator caches, and the answers to its status writes are not compacted
-            # again. The raw report stays in `self.agent`, for the next patch.
-            status = {**status, "gpus": self._compact(name, gpus, patch)}
-        else:
-            self.compacted.pop(name, None)
         new = name not in self.client.gpunodes
         if new:
             created = self.client.put_gpunode(name, {})
@@ -460,44 +456,28 @@ class Replay:
             # GPUs it isolated): the replay goes on from there, as a restarted operator does.
             resumed = record.get("operator") or {}
             created["status"].update({k: resumed[k] for k in traces.RESUMED_STATUS_FIELDS if k in resumed})
+        else:
+            self._adopt_conditions(name)
         body = self.client.put_gpunode(name, status)
         await self.operator.gpunode_event("MODIFIED", dict(body))
         if new:
             self._note_selected(name)  # a node is selected once it has a GPUNode
 
+    def _adopt_conditions(self, name: str) -> None:
+        """Let the cluster hold the operator's conditions as its cache keeps them (equal to the cluster's
+        when both are of one version): the report about to be stored carries them, and the cache then
+        knows them unchanged by identity instead of comparing fifteen conditions (issue 52). A recorded
+        cluster's answers are decoded afresh each time; a replay's are its own objects."""
+        kept = self.operator.kept_gpunode(name)
+        if kept is not None:
+            version, status = kept
+            if "conditions" in status:
+                self.client.adopt_status(name, version, "conditions", status["conditions"])
+
     def _note_selected(self, name: str) -> None:
         """Keep `name` among the policy's nodes if it selects it now (its labels, its GPUNode)."""
         if self.operator.selects(self.name, name):
             self.result.selected.add(name)
-
-    def _compact(self, name: str, gpus: list[Any], patch: Mapping[str, Any] | None) -> list[Any]:
-        """The report's GPUs as the operator keeps them. A patch that changed GPUs in place (or none)
-        says which fields: only those are compacted again (`replay.recompact_gpu`), the rest copied."""
-        before = self.compacted.get(name)
-        changes = patch.get("gpus", {}) if patch is not None else None
-        if (
-            before is None
-            or not isinstance(changes, Mapping)
-            or len(before) != len(gpus)
-            or not all(
-                (type(c) is dict or isinstance(c, Mapping)) and 0 <= int(k) < len(gpus)
-                for k, c in changes.items()
-            )
-        ):
-            compacted = [_compact_gpu(g) for g in gpus]
-        else:
-            compacted = list(before)
-            absent = gpu_facts.ABSENT
-            for key, change in changes.items():
-                position = int(key)
-                gpu, was = gpus[position], before[position]
-                if type(was) is gpu_facts.GPUFacts and (type(gpu) is dict or isinstance(gpu, Mapping)):
-                    changed = {field: gpu.get(field, absent) for field in change}
-                    compacted[position] = replay.recompact_gpu(was, changed)
-                else:
-                    compacted[position] = _compact_gpu(gpu)
-        self.compacted[name] = compacted
-        return compacted
 
     def _dra(self, record: dict[str, Any]) -> None:
         """What IsolateGPU reads: ResourceSlices, and whether DeviceTaintRules are served and acted on.
@@ -622,6 +602,68 @@ def rule_action(what: str, rule: dict[str, Any]) -> tuple[str, str] | None:
 def _compact_gpu(gpu: Any) -> Any:
     """One reported GPU as the operator caches it (`replay.compact_gpu`); a malformed entry as it is."""
     return replay.compact_gpu(gpu) if isinstance(gpu, Mapping) else gpu
+
+
+def _compacted(status: dict[str, Any]) -> dict[str, Any]:
+    """An agent status whose GPUs are all compacted (those already so are their own compaction)."""
+    gpus = status.get("gpus")
+    if not isinstance(gpus, list) or all(type(g) is gpu_facts.GPUFacts for g in gpus):
+        return status
+    return {**status, "gpus": [_compact_gpu(g) for g in gpus]}
+
+
+def _new_compacted(change: Mapping[str, Any]) -> Any:
+    """A GPU a patch appends, as `traces.apply_status_patch` appends it (the change as it is), compacted."""
+    return _compact_gpu(dict(change))
+
+
+_KEPT: Final = frozenset(gpu_facts.FIELDS)
+
+
+def _patch_compacted(gpu: Any, change: Mapping[str, Any]) -> Any:
+    """`_compact_gpu(traces.merge_patch(raw, change))` for the compacted `gpu` of a raw GPU `raw`, from
+    `gpu` alone: compaction keeps only the fields the decisions read (`gpu_facts.FIELDS`), and of a
+    nested one its kept keys, so the merge patch of a kept field onto the kept value holds what its
+    merge onto the raw one holds there, and a field not kept changes nothing kept. Only the fields
+    changed are compacted again (`replay.recompact_gpu`), the rest are the very objects of `gpu`:
+    what a healthy report moves is two or three fields of a GPU's seventeen."""
+    if type(gpu) is not gpu_facts.GPUFacts or type(change) is not dict:
+        return _compact_gpu(traces.merge_patch(gpu, change))
+    absent = gpu_facts.ABSENT
+    changed: dict[str, Any] = {}
+    nested: dict[str, Any] = {}
+    for field, value in change.items():
+        if field not in _KEPT:
+            continue
+        if value is None:
+            changed[field] = absent
+        elif type(value) is dict or isinstance(value, Mapping):
+            held = gpu.get(field)
+            if type(held) is dict and _nested(held) and _only_changes(held, value):
+                nested[field] = {k: _merged(v, value[k]) if k in value else v for k, v in held.items()}
+            else:
+                changed[field] = traces.merge_patch(held if isinstance(held, Mapping) else {}, value)
+        else:
+            changed[field] = value
+    return replay.recompact_gpu(gpu, changed, nested)
+
+
+def _nested(part: dict[str, Any]) -> bool:
+    """Whether a kept part holds a nested object (PCIe's `aer`): compaction cannot share it whole."""
+    return any(type(v) is dict for v in part.values())
+
+
+def _only_changes(held: Mapping[str, Any], change: Mapping[str, Any]) -> bool:
+    """Whether a merge patch only sets keys `held` has (no removal, no new key): the merge keeps the
+    keys and their order, so the kept keys of its merge are those of `held`, in `held`'s order."""
+    return all(key in held and value is not None for key, value in change.items())
+
+
+def _merged(held: Any, change: Any) -> Any:
+    """One key's value after a merge patch (`traces.merge_patch`), shared as compaction shares it."""
+    if type(change) is dict or isinstance(change, Mapping):
+        change = traces.merge_patch(held if isinstance(held, Mapping) else {}, change)
+    return replay.share_value(change)
 
 
 def _render(epoch: float) -> str:

@@ -68,7 +68,7 @@ import gzip
 import json
 import pathlib
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any, Final, cast
 
 FORMAT: Final = "gpu-health-trace"
@@ -140,8 +140,18 @@ def _mapping(value: object) -> bool:
     return type(value) is dict or isinstance(value, Mapping)
 
 
-def apply_status_patch(status: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
-    """A GPUNode agent status after a trace `patch` (module docstring); `status` is not changed."""
+def apply_status_patch(
+    status: Mapping[str, Any],
+    patch: Mapping[str, Any],
+    *,
+    patch_gpu: Callable[[Any, Mapping[str, Any]], Any] = merge_patch,
+    new_gpu: Callable[[Mapping[str, Any]], Any] = dict,
+) -> dict[str, Any]:
+    """A GPUNode agent status after a trace `patch` (module docstring); `status` is not changed.
+
+    `patch_gpu(gpu, change)` and `new_gpu(change)`: a GPU patched in place and one appended; by default
+    the merge patch and the change as it is. A replay keeps its GPUs compacted and patches them so
+    (`replayer`), without a raw copy of each GPU's thirty fields per report."""
     gpus_patch = patch.get("gpus")
     rest = {k: v for k, v in patch.items() if k != "gpus"}
     result = merge_patch(status, rest)
@@ -152,9 +162,9 @@ def apply_status_patch(status: Mapping[str, Any], patch: Mapping[str, Any]) -> d
             if change is None:
                 gpus[position] = None
             elif position >= len(gpus):
-                gpus.append(dict(change))
+                gpus.append(new_gpu(change))
             else:
-                gpus[position] = merge_patch(gpus[position], change)
+                gpus[position] = patch_gpu(gpus[position], change)
         result["gpus"] = [g for g in gpus if g is not None]
     elif "gpus" in patch:
         result["gpus"] = gpus_patch

@@ -541,6 +541,9 @@ def test_a_recording_begun_midway_goes_on_as_the_whole_run(tmp_path: pathlib.Pat
         body,
     ) in cluster.gpunodes.items():  # as the API serves it: the agent's report, the operator's part
         served = {**body, "status": {**body["status"], **first_half.agent[name]}}
+        # As JSON: the replay's cluster holds the GPUs compacted and the conditions as the operator's
+        # cache keeps them (read-only mappings; a GPU's kept fields only).
+        served = json.loads(json.dumps(served, default=dict))
         begun.append(found.gpunode(served, at))
     midway = tmp_path / "midway.jsonl"
     with traces.Writer(midway, {"start": at}) as writer:
