@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Hashable, Sequence
-from typing import Final, TypeVar
+from typing import Final, TypeVar, cast
 
 from gpuhealth_api import faults, status
 from gpuhealth_operator.compact import interning
@@ -140,7 +140,7 @@ def window_score(window: Sequence[Clocks]) -> float | None:
     """min over GPUs of the GPU's median clock ratio over `window` (its reports without a slowdown reason
     for it, if any), times (1 - the median throttle share); a single report's score is its slowest busy
     GPU's ratio times (1 - its throttle share)."""
-    medians = []
+    medians: list[float] = []
     rows = [ratios for ratios, _, _ in window]
     width = len(rows[0]) if rows else -1
     if width >= 0 and not any(t for _, _, t in window) and all(len(ratios) == width for ratios in rows):
@@ -148,7 +148,9 @@ def window_score(window: Sequence[Clocks]) -> float | None:
         # its column, in the window's order: the lists the loop below would build, by one C transpose;
         # `_median` inline (a call per GPU per window move was half of this).
         for column in zip(*rows, strict=True):
-            busy = [r for r in column if r is not None] if None in column else column
+            busy = (
+                [r for r in column if r is not None] if None in column else cast("tuple[float, ...]", column)
+            )
             if busy:
                 ordered = sorted(busy)
                 middle = len(ordered) // 2
@@ -182,6 +184,8 @@ def _median(values: list[float]) -> float:
 _CLOCK_FIELDS: Final = ("smClockMHz", "maxSmClockMHz", "lost", "utilizationPercent", "clockEventReasons")
 """What `clocks_of` reads of a GPU (`_clock_ratio`'s arguments in order)."""
 _CLOCK_FACTS: Final = operator.attrgetter(*_CLOCK_FIELDS)
+_LOST_FACT: Final = operator.attrgetter("lost")
+"""A cached GPU's `lost` slot (ABSENT: not reported)."""
 
 
 def _clock_ratio(
@@ -229,7 +233,7 @@ def _gpus_missing(facts: status.GPUNodeStatus) -> bool:
     if not isinstance(gpus, list):
         return True
     for gpu in gpus:  # a lost GPU: a cached one's slot read directly (`get` is a Python call per GPU)
-        if (gpu.lost if type(gpu) is gpu_facts.GPUFacts else _lost(gpu)) is True:
+        if (_LOST_FACT(gpu) if type(gpu) is gpu_facts.GPUFacts else _lost(gpu)) is True:
             return True
     return faults.missing_gpus(len(gpus), faults.seen_by_agent(facts)) is not None
 
