@@ -32,7 +32,7 @@ from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import policies, straggler_scores, times, trends, verdicts
 from gpuhealth_operator.runtime import handlers, passes, priming, resync, ticker
 from gpuhealth_operator.shared import context
-from gpuhealth_operator.state import compaction, records
+from gpuhealth_operator.state import breakers, compaction, records
 from gpuhealth_sim.backtest import memcluster
 from gpuhealth_sim.fleet import dra
 
@@ -50,6 +50,7 @@ RESET: dict[str, Callable[[], object]] = {
     "gpuhealth_operator.decisions.straggler_scores._RATIOS": straggler_scores._RATIOS.table.clear,
     "gpuhealth_operator.decisions.times._parse": times._parse.cache_clear,
     "gpuhealth_operator.decisions.times.render": times.render.cache_clear,
+    "gpuhealth_operator.state.breakers._limit": breakers._limit.cache_clear,
     "gpuhealth_operator.state.records._READINGS": lambda: setattr(records, "_READINGS", itertools.count(1)),
     "gpuhealth_operator.state.compaction.SHARED": compaction.SHARED.table.clear,
     "gpuhealth_api.faults._PATHS": faults._PATHS.clear,

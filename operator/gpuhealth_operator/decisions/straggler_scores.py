@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Hashable, Sequence
-from typing import Final, TypeVar
+from typing import Final, TypeVar, cast
 
 from gpuhealth_api import faults, status
 from gpuhealth_operator.compact import interning
@@ -76,6 +76,7 @@ def clocks_of(facts: status.GPUNodeStatus) -> Clocks | None:
     ratios: list[float | None] = []
     busy = 0
     throttled: list[int] = []
+    table = _RATIOS.table
     for position, gpu in enumerate(gpus):
         if type(gpu) is gpu_facts.GPUFacts:
             read: tuple[object, ...] = _CLOCK_FACTS(gpu)  # one C call (ABSENT: not reported)
@@ -84,19 +85,46 @@ def clocks_of(facts: status.GPUNodeStatus) -> Clocks | None:
         else:
             ratios.append(None)
             continue
-        ratio = _clock_ratio(*read)
+        sm_clock, max_sm_clock, lost, utilization, reasons = read
+        kind, max_kind, busy_kind = type(sm_clock), type(max_sm_clock), type(utilization)
+        if (
+            (kind is int or kind is float)
+            and (max_kind is int or max_kind is float)
+            and (busy_kind is int or busy_kind is float)
+        ):
+            # Plain numbers, as every agent reports them: `_clock_ratio` inline, the same float.
+            clock, max_clock = float(sm_clock), float(max_sm_clock)  # type: ignore[arg-type]
+            if (
+                lost is True
+                or not float(utilization) > signals.BUSY_UTILIZATION_PERCENT  # type: ignore[arg-type]
+                or max_clock <= 0
+                or clock < 0
+            ):
+                ratios.append(None)
+                continue
+            ratio: float | None = min(1.0, clock / max_clock)
+            if len(table) >= _RATIOS.limit:
+                table.clear()
+            ratio = table.setdefault(ratio, ratio)  # `_interned`
+        else:
+            ratio = _clock_ratio(*read)
         ratios.append(ratio)
         if ratio is None:
             continue
         busy += 1
-        reasons = read[4]
-        if isinstance(reasons, list) and _SLOWDOWN_REASONS.intersection(
-            r for r in reasons if isinstance(r, str)
-        ):
+        if isinstance(reasons, list) and reasons and _slowed(reasons):
             throttled.append(position)
     if not busy:
         return None
     return _interned(tuple(ratios)), len(throttled) / busy, tuple(throttled)
+
+
+def _slowed(reasons: list[object]) -> bool:
+    """Whether a GPU's clock event reasons name a thermal or power slowdown (its strings, that is)."""
+    try:
+        return not _SLOWDOWN_REASONS.isdisjoint(reasons)  # a non-string never equals a reason
+    except TypeError:  # an unhashable entry (a malformed report): look at the strings alone
+        return bool(_SLOWDOWN_REASONS.intersection(r for r in reasons if isinstance(r, str)))
 
 
 def score_of(clocks: Clocks | None) -> float | None:
@@ -112,16 +140,23 @@ def window_score(window: Sequence[Clocks]) -> float | None:
     """min over GPUs of the GPU's median clock ratio over `window` (its reports without a slowdown reason
     for it, if any), times (1 - the median throttle share); a single report's score is its slowest busy
     GPU's ratio times (1 - its throttle share)."""
-    medians = []
+    medians: list[float] = []
     rows = [ratios for ratios, _, _ in window]
     width = len(rows[0]) if rows else -1
     if width >= 0 and not any(t for _, _, t in window) and all(len(ratios) == width for ratios in rows):
         # The common window: no GPU throttled, every report of as many GPUs. Each GPU's values are then
-        # its column, in the window's order: the lists the loop below would build, by one C transpose.
+        # its column, in the window's order: the lists the loop below would build, by one C transpose;
+        # `_median` inline (a call per GPU per window move was half of this).
         for column in zip(*rows, strict=True):
-            busy = [r for r in column if r is not None]
+            busy = (
+                [r for r in column if r is not None] if None in column else cast("tuple[float, ...]", column)
+            )
             if busy:
-                medians.append(_median(busy))
+                ordered = sorted(busy)
+                middle = len(ordered) // 2
+                medians.append(
+                    ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+                )
         if not medians:
             return None
         return min(medians) * (1 - _median([share for _, share, _ in window]))
@@ -149,6 +184,8 @@ def _median(values: list[float]) -> float:
 _CLOCK_FIELDS: Final = ("smClockMHz", "maxSmClockMHz", "lost", "utilizationPercent", "clockEventReasons")
 """What `clocks_of` reads of a GPU (`_clock_ratio`'s arguments in order)."""
 _CLOCK_FACTS: Final = operator.attrgetter(*_CLOCK_FIELDS)
+_LOST_FACT: Final = operator.attrgetter("lost")
+"""A cached GPU's `lost` slot (ABSENT: not reported)."""
 
 
 def _clock_ratio(
@@ -195,6 +232,12 @@ def _gpus_missing(facts: status.GPUNodeStatus) -> bool:
     gpus = facts.get("gpus")
     if not isinstance(gpus, list):
         return True
-    if any(isinstance(g, gpu_facts.MAPPINGS) and g.get("lost") is True for g in gpus):
-        return True
+    for gpu in gpus:  # a lost GPU: a cached one's slot read directly (`get` is a Python call per GPU)
+        if (_LOST_FACT(gpu) if type(gpu) is gpu_facts.GPUFacts else _lost(gpu)) is True:
+            return True
     return faults.missing_gpus(len(gpus), faults.seen_by_agent(facts)) is not None
+
+
+def _lost(gpu: object) -> object:
+    """A GPU entry's `lost` as `_gpus_missing` reads it: a mapping's value, else None."""
+    return gpu.get("lost") if isinstance(gpu, gpu_facts.MAPPINGS) else None

@@ -21,11 +21,19 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 from collections.abc import Collection, Mapping, MutableMapping
 from typing import Any, Final
 
 from gpuhealth_api import keys, vocabulary
 from gpuhealth_operator.decisions import breaker, model, times
+
+_CLOSED: Final = breaker.Breaker()
+"""A policy's breaker before any step: closed (frozen, so one shared value serves every policy)."""
+
+_limit = functools.lru_cache(maxsize=256)(breaker.resolve_limit)
+"""`breaker.resolve_limit`, pure, kept per (maxNewUnhealthy, selected): asked every timer pass per policy,
+and a percentage is a regular expression's match each time."""
 
 PAUSED: Final = vocabulary.PolicyConditionType.PAUSED.value
 """The policy status condition: True while the breaker holds new disruptions back."""
@@ -63,15 +71,18 @@ class Breakers:
         `held`: when each node the policy holds back turned Unhealthy (`breaker.step`); None (an
         admission, which cannot tell) never moves an open breaker on.
         """
-        state = self.states.get(policy.name, breaker.Breaker())
-        limit = breaker.resolve_limit(policy.breaker_max_new_unhealthy, selected)
-        if state.state is breaker.State.CLOSED and limit >= selected:
+        state = self.states.get(policy.name, _CLOSED)
+        limit = _limit(policy.breaker_max_new_unhealthy, selected)
+        closed = state.state is breaker.State.CLOSED
+        if closed and limit >= selected:
             return state  # no more nodes than it selects can turn Unhealthy ("100%"): it never trips
-        before = now - datetime.timedelta(seconds=policy.breaker_window_seconds)
-        for node in [n for n, t in turned.items() if t <= before]:
-            del turned[node]  # out of every window; a node still Unhealthy is put back, still out of it
+        if turned:
+            before = now - datetime.timedelta(seconds=policy.breaker_window_seconds)
+            for node in [n for n, t in turned.items() if t <= before]:
+                del turned[node]  # out of every window; a node still Unhealthy is put back, still out of it
         count = breaker.new_unhealthy(turned.values(), now, policy.breaker_window_seconds, state.reset_at)
-        state = breaker.step(state, count, limit, policy.breaker_window_seconds, now, held=held)
+        if not closed or count > limit:  # a closed breaker within its limit stays the very same (`step`)
+            state = breaker.step(state, count, limit, policy.breaker_window_seconds, now, held=held)
         self.states[policy.name] = state
         return state
 

@@ -41,8 +41,12 @@ async def announce(ctx: context.Context, now: datetime.datetime) -> None:
             breakers.reset(name, request, now)
             logger.warning("policy %s: fleet circuit breaker reset by annotation (%s)", name, request[:63])
         selection = ctx.cache.selection(policy)
+        # Only an open breaker's step reads the nodes held back (`breaker.step`): a closed or half-open
+        # one steps alike without them, so they are not gathered over the fleet's verdicts every pass.
+        was = breakers.states.get(name)
+        holding = held(ctx, selection) if was is not None and was.state is breaker.State.OPEN else []
         state = breakers.current(
-            policy, len(selection.selected), ctx.verdicts.turned_unhealthy[name], now, held(ctx, selection)
+            policy, len(selection.selected), ctx.verdicts.turned_unhealthy[name], now, holding
         )
         ctx.meters.breaker_open.labels(name).set(1 if state.paused else 0)
         said = breakers.announced.get(name)

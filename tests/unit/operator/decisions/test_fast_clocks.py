@@ -15,6 +15,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuhealth_api import faults
 from gpuhealth_operator.decisions import gpu_facts, signals, straggler_scores
 from gpuhealth_operator.state import compaction
 
@@ -131,3 +132,77 @@ def test_window_scores_by_column_are_the_scores_by_position(
     window = [data.draw(_clocks(width)) for _ in range(length)]
     got, want = straggler_scores.window_score(window), slow_window_score(window)
     assert got == want and (got is None or math.copysign(1.0, got) == math.copysign(1.0, want or 0.0))
+
+
+_ODD_NUMBER = st.one_of(_NUMBER, st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**60), 2**60))
+_ODD_GPU = st.fixed_dictionaries(
+    {},
+    optional={
+        "smClockMHz": _ODD_NUMBER,
+        "maxSmClockMHz": _ODD_NUMBER,
+        "utilizationPercent": _ODD_NUMBER,
+        "lost": st.one_of(st.booleans(), st.none(), st.integers(0, 1)),
+        "clockEventReasons": st.one_of(
+            st.none(),
+            st.lists(
+                st.one_of(
+                    st.sampled_from(["GpuIdle", "SwThermalSlowdown", "HwSlowdown", "SwPowerCap", "x"]),
+                    st.integers(0, 3),
+                    st.just({"not": "hashable"}),
+                    st.just(["nor", "this"]),
+                ),
+                max_size=4,
+            ),
+        ),
+    },
+)
+
+
+def slow_performance(facts: Mapping[str, Any]) -> straggler_scores.Performance:
+    """`straggler_scores.performance_of` as it was before `_gpus_missing` read a cached GPU's slot."""
+    gpus = facts.get("gpus")
+    if not isinstance(gpus, list) or any(
+        isinstance(g, gpu_facts.MAPPINGS) and g.get("lost") is True for g in gpus
+    ):
+        return None, None
+    if faults.missing_gpus(len(gpus), faults.seen_by_agent(facts)) is not None:  # type: ignore[arg-type]
+        return None, None
+    clocks = slow_clocks(facts)
+    score = None if clocks is None else min(r for r in clocks[0] if r is not None) * (1 - clocks[1])
+    return straggler_scores.cohort_of(facts), score  # type: ignore[arg-type]
+
+
+def same_float(a: object, b: object) -> bool:
+    """Equal to the bit (NaN is NaN, a zero's sign counts)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return (math.isnan(a) and math.isnan(b)) or (
+            a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+        )
+    return a == b
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    gpus=st.lists(st.one_of(_ODD_GPU, st.integers(0, 3)), max_size=8),
+    cached=st.booleans(),
+    seen=st.one_of(st.none(), st.integers(0, 9)),
+)
+def test_plain_number_clocks_inline_are_the_clocks_read_field_by_field(
+    gpus: list[Any], cached: bool, seen: int | None
+) -> None:
+    """The inline path for plain numbers, and its fallbacks: NaN, infinities, huge integers, a `lost`
+    of 1, reasons that are not strings or not hashable; the node's performance with them."""
+    report = [compaction.compact_gpu(g) if cached and isinstance(g, dict) else g for g in gpus]
+    facts: dict[str, Any] = {"gpus": report, "summary": {"model": "H100"}, "agent": {"driverVersion": "550"}}
+    if seen is not None:
+        facts["agent"]["maxGpuCountSeen"] = seen
+    got, want = straggler_scores.clocks_of(facts), slow_clocks(facts)  # type: ignore[arg-type]
+    assert (got is None) == (want is None)
+    if got is not None and want is not None:
+        assert len(got[0]) == len(want[0]) and all(map(same_float, got[0], want[0]))
+        assert got[1:] == want[1:]
+    (cohort, score), (want_cohort, want_score) = (
+        straggler_scores.performance_of(facts),
+        slow_performance(facts),
+    )  # type: ignore[arg-type]
+    assert cohort == want_cohort and same_float(score, want_score)
