@@ -1,16 +1,14 @@
 """The docs say what the code does: generated tables are current, links resolve."""
 
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
 
+import hack_scripts
 from gpuhealth_agent import xids
 from gpuhealth_api import vocabulary
 from gpuhealth_operator.decisions import policies
@@ -29,17 +27,8 @@ OWN_PAGES = [
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
-def _generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_xid_table", ROOT / "hack" / "gen-xid-table.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_xid_table_in_conditions_md_matches_the_catalogue() -> None:
-    generator = _generator()
+    generator = hack_scripts.load("gen-xid-table.py", "gen_xid_table")
     table = generator.render(generator.entries())
     document = (DOCS / "conditions.md").read_text()
     assert generator.splice(document, table) == document, (
@@ -49,7 +38,7 @@ def test_xid_table_in_conditions_md_matches_the_catalogue() -> None:
 
 
 def test_xid_table_has_a_row_per_catalogue_entry() -> None:
-    generator = _generator()
+    generator = hack_scripts.load("gen-xid-table.py", "gen_xid_table")
     rows = generator.render(generator.entries()).splitlines()[2:]
     assert len(rows) == len(xids.Catalogue.packaged())
     assert any(row.startswith("| 79 |") and row.endswith("| yes |") for row in rows)

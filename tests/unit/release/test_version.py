@@ -4,28 +4,18 @@ import importlib.metadata
 import importlib.util
 import shutil
 import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
 
+import hack_scripts
 from gpuhealth_api import __version__
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _version_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("hack_version", ROOT / "hack" / "version.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-version = _version_module()
+version = hack_scripts.load("version.py", "hack_version")
 
 
 def _copy(tmp_path: Path) -> Path:

@@ -1,26 +1,16 @@
 """hack/pass_stays.py, issue 46's measure of one node's pass: it reports its three cases' counts."""
 
-import importlib.util
 import itertools
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+import hack_scripts
 
 ROOT = Path(__file__).resolve().parents[4]
 
 
-def _pass_stays() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("hack_pass_stays", ROOT / "hack" / "pass_stays.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-pass_stays = _pass_stays()
+pass_stays = hack_scripts.load("pass_stays.py", "hack_pass_stays")
 
 
 @pytest.mark.parametrize("case", pass_stays.CASES)
