@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
@@ -367,6 +368,21 @@ def gpu_checks(
         condition: bind(critical_xids, limits.get(condition, default), history)
         for condition, bind, default in _BINDS
     }
+
+
+_BIND_OF: Final = types.MappingProxyType({condition: (bind, default) for condition, bind, default in _BINDS})
+
+
+def gpu_check(
+    condition: Condition,
+    critical_xids: frozenset[int],
+    thresholds: Mapping[Condition, float],
+    history: faults.History = faults.no_history,
+) -> faults.GPUFault:
+    """`gpu_checks(critical_xids, thresholds, history)[condition]` alone: a caller that asks a few of
+    the predicates binds only those."""
+    bind, default = _BIND_OF[condition]
+    return bind(critical_xids, thresholds.get(condition, default), history)
 
 
 def gpu_faults(gpu: status.GPUStatus, critical_xids: frozenset[int]) -> dict[Condition, str]:

@@ -71,7 +71,7 @@ def still_healthy(
         return False  # the GPUs the node should have (GPULost)
     if newer.get("nics") != older.get("nics"):
         return False  # NicDegraded
-    checks: list[dict[Condition, GPUFault]] | None = None  # per key judged, built once a GPU needs them
+    checks: _Checks | None = None  # per key judged, each predicate bound once a GPU asks it
     for gpu, was in zip(gpus, before, strict=True):
         if gpu is was:
             continue
@@ -82,10 +82,7 @@ def still_healthy(
             if memory is None:
                 return False
             if checks is None:
-                checks = [
-                    conditions.gpu_checks(rule_xids, dict(thresholds), memory.gpu)
-                    for rule_xids, _, thresholds, _ in judged
-                ]
+                checks = _Checks(judged, memory)
             if not _healthy_under(checks, gpu, was, _asked(gpu, was, steady, steady_was)):
                 return False
             continue
@@ -116,8 +113,27 @@ def _asked(
 _EVERY_CHECK: Final = frozenset(conditions.gpu_checks(frozenset()))
 
 
+class _Checks:
+    """The per-GPU predicates under each key judged (its XIDs and trend thresholds, with the memory),
+    each bound when first asked: a GPU whose counter crept is asked two or three of a dozen."""
+
+    def __init__(self, judged: FactSignals, memory: trends.Trends) -> None:
+        self.keys = [(rule_xids, dict(thresholds)) for rule_xids, _, thresholds, _ in judged]
+        self.history = memory.gpu
+        self.bound: dict[Condition, list[GPUFault]] = {}
+
+    def under_every_key(self, condition: Condition) -> list[GPUFault]:
+        bound = self.bound.get(condition)
+        if bound is None:
+            bound = self.bound[condition] = [
+                conditions.gpu_check(condition, rule_xids, thresholds, self.history)
+                for rule_xids, thresholds in self.keys
+            ]
+        return bound
+
+
 def _healthy_under(
-    checks: list[dict[Condition, GPUFault]],
+    checks: _Checks,
     gpu: status.GPUStatus,
     was: Mapping[str, object],
     asked: AbstractSet[Condition],
@@ -139,9 +155,9 @@ def _healthy_under(
     """
     if gpu.get("unreadable") != was.get("unreadable") or _links(gpu) != _links(was):
         return False
-    for by_condition in checks:
-        for condition in asked:
-            if by_condition[condition](gpu) is not None:
+    for condition in asked:
+        for check in checks.under_every_key(condition):
+            if check(gpu) is not None:
                 return False
     return True
 

@@ -16,6 +16,7 @@ import prometheus_client
 from prometheus_client import metrics_core
 
 Labels = TypeVar("Labels", bound=tuple[str, ...])
+_STR_ONLY = frozenset({str})
 
 
 class FleetGauge(prometheus_client.Gauge):
@@ -25,6 +26,19 @@ class FleetGauge(prometheus_client.Gauge):
     """
 
     shown: Callable[[], bool] = staticmethod(lambda: True)
+
+    def labels(self, *labelvalues: object, **labelkwargs: object) -> FleetGauge:
+        """The child of those label values. A child already made is looked up in one dict read: every
+        timer pass sets the breaker's gauge of every acting policy, and the library's `labels` (its
+        checks, the values' `str`, its lock) was most of that. A value that is not exactly a str (an
+        enum equal to a str may print otherwise), a keyword, or a child not made yet goes the library's
+        way, which checks and makes it."""
+        if not labelkwargs and _STR_ONLY.issuperset(map(type, labelvalues)):
+            made = getattr(self, "_metrics", None)  # a parent's children, keyed by their values as str
+            child = made.get(labelvalues) if made is not None else None
+            if child is not None:
+                return child  # type: ignore[no-any-return]
+        return super().labels(*labelvalues, **labelkwargs)
 
     def collect(self) -> Iterable[metrics_core.Metric]:
         return super().collect() if self.shown() else []
