@@ -402,29 +402,6 @@ _SHARED_STATUS = ("summary", "health", "issues", "action")
 every node has its own times and scores there, so sharing them would only cost a table entry."""
 
 
-def _condition(raw: object) -> object:
-    """A status condition as kept (`kept_conditions`): its strings shared, and the whole condition where
-    another node holds the same one (nodes first judged in the same second)."""
-    if type(raw) is not dict:
-        return raw
-    shared = compaction.SHARED.each(raw)
-    condition = kept_conditions.kept(shared, compaction.SHARED.share)
-    return compaction.SHARED.mapping(shared) if condition is shared else compaction.SHARED.share(condition)
-
-
-def _conditions(raw: object, older: GPUNodeRecord | None) -> object:
-    """`status.conditions` as kept: the older version's list when equal (an agent's report leaves the
-    operator's conditions as they were), otherwise each condition shared (`_condition`). Fifteen
-    conditions decoded afresh from every watch event were a third of the memory a node cost."""
-    if not isinstance(raw, list):
-        return raw
-    if older is not None:
-        kept = older.status.get("conditions")
-        if kept is raw or (isinstance(kept, list) and kept_conditions.same(kept, raw)):
-            return kept
-    return [_condition(c) for c in raw]
-
-
 def _compacted(gpus: Sequence[object]) -> bool:
     """Whether every GPU of a list is compacted already (a replay's cluster keeps them so, and they are
     read-only): the list is then its own compaction, as each of them is (`compaction.compact_gpu`)."""
@@ -446,7 +423,10 @@ def gpunode_record(
     if isinstance(gpus, list) and not _compacted(gpus):
         raw_status["gpus"] = [compaction.compact_gpu(g) if isinstance(g, Mapping) else g for g in gpus]  # type: ignore[misc]
     if "conditions" in raw_status:
-        raw_status["conditions"] = _conditions(raw_status["conditions"], older)  # type: ignore[typeddict-item]
+        held = older.status.get("conditions") if older is not None else None
+        raw_status["conditions"] = kept_conditions.kept_list(
+            raw_status["conditions"], held, compaction.SHARED
+        )  # type: ignore[typeddict-item]
     agent = raw_status.get("agent")
     if type(agent) is dict:  # its own heartbeat time in every report: only its values are shared
         raw_status["agent"] = compaction.SHARED.each(agent)  # type: ignore[typeddict-item]
