@@ -244,8 +244,13 @@ class GPUNodeRecord:
 
 
 def _parsed_conditions(record: GPUNodeRecord) -> Mapping[vocabulary.ConditionKey, model.ConditionState]:
-    states = hysteresis.from_status(record.status.get("conditions") or [])
-    return types.MappingProxyType({k: compaction.SHARED.share(v) for k, v in states.items()})
+    # Read and shared in one call each, not per condition and key (issue 46).
+    states = hysteresis.from_rows(
+        kept_conditions.rows(record.status.get("conditions") or [], hysteresis.FIELDS)
+    )
+    return types.MappingProxyType(
+        dict(zip(states, compaction.SHARED.share_each(states.values()), strict=True))
+    )
 
 
 def _straggler_facts(
