@@ -61,15 +61,48 @@ def advance(
     now: datetime.datetime,
 ) -> model.ConditionState:
     """The condition's state after seeing `signal` at `now`; its message escaped and cut to size."""
+    return _bounded([_next(previous, signal, (for_seconds, clear_seconds), now)])[0]
+
+
+def advance_all(
+    previous: Mapping[vocabulary.ConditionKey, model.ConditionState],
+    signals: Mapping[vocabulary.ConditionKey, model.Signal],
+    clocks: Iterable[tuple[vocabulary.ConditionKey, float, float]],
+    now: datetime.datetime,
+) -> dict[vocabulary.ConditionKey, model.ConditionState]:
+    """`advance` of each condition of `clocks` (with its forSeconds and clear seconds), in their order,
+    from its state in `previous` on its signal in `signals`: a verdict's every condition in one call, and
+    their messages bounded in one, where a call per condition and one more per message crossed modules
+    sixty times a judgement (issue 46)."""
+    states = {
+        condition: _next(previous.get(condition), signals[condition], (for_seconds, clear_seconds), now)
+        for condition, for_seconds, clear_seconds in clocks
+    }
+    return dict(zip(states, _bounded(list(states.values())), strict=True))
+
+
+def _next(
+    previous: model.ConditionState | None,
+    signal: model.Signal,
+    seconds: tuple[float, float],
+    now: datetime.datetime,
+) -> model.ConditionState:
+    """`advance` but for bounding the message; `seconds`: forSeconds and clear seconds."""
     if signal.present is None:
-        state = _unknown(previous, signal, now)
-    elif signal.present:
-        state = _present(previous, signal, for_seconds, now)
-    else:
-        state = _absent(previous, signal, clear_seconds, now)
-    # The message quotes agent-supplied strings: bounded here, every writer of it is safe.
-    message = text.bounded(state.message, text.CONDITION_MESSAGE_MAX)
-    return state if message == state.message else dataclasses.replace(state, message=message)
+        return _unknown(previous, signal, now)
+    if signal.present:
+        return _present(previous, signal, seconds[0], now)
+    return _absent(previous, signal, seconds[1], now)
+
+
+def _bounded(states: list[model.ConditionState]) -> list[model.ConditionState]:
+    """Each state with its message escaped and cut to size: the message quotes agent-supplied strings,
+    bounded here, every writer of it is safe."""
+    messages = text.bounded_each([state.message for state in states], text.CONDITION_MESSAGE_MAX)
+    return [
+        state if message == state.message else dataclasses.replace(state, message=message)
+        for state, message in zip(states, messages, strict=True)
+    ]
 
 
 def _unknown(

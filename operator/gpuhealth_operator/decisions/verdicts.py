@@ -101,12 +101,7 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
             raw[rule.condition] = signals.node_condition_signal(node, rule.condition)
     if drill is not None:
         raw[drill.condition] = drill
-    states = {
-        condition: hysteresis.advance(
-            previous.get(condition), raw[condition], for_seconds, clear_seconds, now
-        )
-        for condition, for_seconds, clear_seconds in _clocks(policy, drill.condition if drill else None)
-    }
+    states = hysteresis.advance_all(previous, raw, _clocks(policy, drill.condition if drill else None), now)
     issues = severity.most_severe_first(c for c, s in states.items() if s.status == hysteresis.TRUE)
     health = _health(issues, blinding)
     fired = [r for r in policy.rules if _fires(r, states[r.condition], now)]
