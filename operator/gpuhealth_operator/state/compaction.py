@@ -60,6 +60,10 @@ class SharedValues(interning.Table):
             return self.mapping(value)
         return value
 
+    def values(self, raw: Iterable[Any]) -> list[Any]:
+        """`value` of each, in one call (a Node's label values, its conditions' strings)."""
+        return [self.value(v) for v in raw]
+
     def mapping(self, raw: Mapping[str, Any], keys: Iterable[str] | None = None) -> dict[str, Any]:
         """A dict of `raw`'s `keys` (default all); one shared copy when its values are all scalars."""
         kept = {k: raw[k] for k in (raw if keys is None else keys) if k in raw}

@@ -354,41 +354,45 @@ _NO_KEYS: frozenset[str] = frozenset()
 
 
 def node_record(body: Mapping[str, Any]) -> NodeRecord:
-    """The Node as the decisions read it; label and condition strings shared across the fleet (`SHARED`)."""
+    """The Node as the decisions read it; label and condition strings shared across the fleet (`SHARED`),
+    a few lists of them in a call each rather than one call per string (issue 46)."""
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
-    share = compaction.SHARED.value
-    compaction.SHARED.check()
-    taints = tuple(share(t) for t in spec.get("taints") or [] if isinstance(t, Mapping))
+    shared = compaction.SHARED
+    shared.check()
+    raw_taints = [t for t in spec.get("taints") or [] if isinstance(t, Mapping)]
+    taints = tuple(shared.values(raw_taints)) if raw_taints else ()
     capacity = (body.get("status") or {}).get("capacity") or {}
-    condition = None
-    others: dict[str, str] = {}
+    ours: list[str] = []
+    other_types: list[str] = []
+    other_statuses: list[str] = []
     written: dict[str, str] = {}
     for c in (body.get("status") or {}).get("conditions") or []:
         if not isinstance(c, Mapping):
             continue
         if c.get("type") != keys.NODE_CONDITION_TYPE and isinstance(c.get("type"), str):
-            others[sys.intern(c["type"])] = share(str(c.get("status", "")))
+            other_types.append(sys.intern(c["type"]))
+            other_statuses.append(str(c.get("status", "")))
             stamps = [str(c[k]) for k in ("lastHeartbeatTime", "lastTransitionTime") if c.get(k)]
             if stamps:
                 written[sys.intern(c["type"])] = max(stamps)  # RFC 3339 UTC: in order as strings
-        if c.get("type") == keys.NODE_CONDITION_TYPE:
-            condition = NodeCondition(
-                status=share(str(c.get("status", ""))),
-                reason=share(str(c.get("reason", ""))),
-                message=share(str(c.get("message", ""))),
-                last_transition_time=share(str(c.get("lastTransitionTime", ""))),
-            )
+        if c.get("type") == keys.NODE_CONDITION_TYPE:  # the last one counts, as its record did
+            ours = [str(c.get(k, "")) for k in ("status", "reason", "message", "lastTransitionTime")]
+    # Ours (four strings, if any) and the other tools' statuses, shared in one call.
+    strings = shared.values([*ours, *other_statuses])
+    condition = NodeCondition(*strings[:4]) if ours else None
+    labels = meta.get("labels") or {}
     view = model.NodeView(
         name=str(meta.get("name", "")),
-        labels={sys.intern(str(k)): share(v) for k, v in (meta.get("labels") or {}).items()},
+        labels=dict(
+            zip([sys.intern(str(k)) for k in labels], shared.values(list(labels.values())), strict=True)
+        ),
         annotations={k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(keys.PREFIX)},
         unschedulable=bool(spec.get("unschedulable", False)),
         taint_keys=frozenset(str(t.get("key", "")) for t in taints) if taints else _NO_KEYS,
         gpu_capacity=_int_or_none(capacity.get(keys.GPU_RESOURCE)),
-        conditions=compaction.SHARED.mapping(
-            others
-        ),  # most nodes hold the same few conditions alike: one copy
+        # Most nodes hold the same few conditions alike: one copy.
+        conditions=shared.mapping(dict(zip(other_types, strings[len(ours) :], strict=True))),
     )
     return NodeRecord(
         view=view,
