@@ -10,11 +10,13 @@ was 272. A condition holding a key we do not write stays a dict.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import types
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, Protocol
 
+from gpuhealth_api import vocabulary
 from gpuhealth_operator.compact import slotted
-from gpuhealth_operator.decisions import model
+from gpuhealth_operator.decisions import hysteresis, model
 
 SINCE: Final = "lastTransitionTime"
 _ABSENT: Final = slotted.ABSENT
@@ -116,6 +118,13 @@ def rows(items: object, fields: Sequence[str]) -> list[tuple[Any, ...]]:
     return found
 
 
+def parsed(items: object, table: Table) -> Mapping[vocabulary.ConditionKey, model.ConditionState]:
+    """`hysteresis.from_status` of a node's kept conditions, read-only, each state shared in `table`: read
+    (`rows`), parsed and shared in a call each, not per condition and key (issue 46)."""
+    states = hysteresis.from_rows(rows(items, hysteresis.FIELDS))
+    return types.MappingProxyType(dict(zip(states, table.share_each(states.values()), strict=True)))
+
+
 def _in_order(raw: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(map(raw.get, _IN_ORDER, itertools.repeat(_ABSENT)))
 
@@ -151,6 +160,7 @@ class Table(Protocol):
     def each(self, raw: Mapping[str, Any]) -> dict[str, Any]: ...
     def share(self, value: Any) -> Any: ...
     def mapping(self, raw: Mapping[str, Any]) -> dict[str, Any]: ...
+    def share_each(self, values: Iterable[Hashable]) -> list[Any]: ...
 
 
 def kept_list(raw: object, held: object, table: Table) -> object:

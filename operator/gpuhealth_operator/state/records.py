@@ -20,7 +20,6 @@ from gpuhealth_operator.decisions import (
     clocks,
     gpu_facts,
     healthy_reports,
-    hysteresis,
     model,
     overrides,
     signals,
@@ -243,16 +242,6 @@ class GPUNodeRecord:
         return max(0.0, times.seconds_between(self.report_seen_at, now))
 
 
-def _parsed_conditions(record: GPUNodeRecord) -> Mapping[vocabulary.ConditionKey, model.ConditionState]:
-    # Read and shared in one call each, not per condition and key (issue 46).
-    states = hysteresis.from_rows(
-        kept_conditions.rows(record.status.get("conditions") or [], hysteresis.FIELDS)
-    )
-    return types.MappingProxyType(
-        dict(zip(states, compaction.SHARED.share_each(states.values()), strict=True))
-    )
-
-
 def _straggler_facts(
     record: GPUNodeRecord,
 ) -> tuple[straggler_scores.Clocks | None, straggler_scores.Performance]:
@@ -263,7 +252,7 @@ def _straggler_facts(
 _READINGS = itertools.count(1)
 """Readings of Node and GPUNode versions (`reading`): a new number is a version read anew."""
 _DERIVATIONS: Mapping[str, Callable[[GPUNodeRecord], Any]] = {
-    "conditions": _parsed_conditions,
+    "conditions": lambda r: kept_conditions.parsed(r.status.get("conditions") or [], compaction.SHARED),
     "fact_signals": lambda _: {},
     "memory": lambda r: trends.advance(
         None, r.status, r.report_seen_at or datetime.datetime.now(datetime.UTC)
@@ -439,9 +428,10 @@ def gpunode_record(
     agent = raw_status.get("agent")
     if type(agent) is dict:  # its own heartbeat time in every report: only its values are shared
         raw_status["agent"] = compaction.SHARED.each(agent)  # type: ignore[typeddict-item]
-    for key in _SHARED_STATUS:
-        if key in raw_status:
-            raw_status[key] = compaction.SHARED.value(raw_status[key])  # type: ignore[literal-required]
+    present = [key for key in _SHARED_STATUS if key in raw_status]  # shared in one call (issue 46)
+    shared = compaction.SHARED.values([raw_status[key] for key in present])  # type: ignore[literal-required]
+    for key, value in zip(present, shared, strict=True):
+        raw_status[key] = value  # type: ignore[literal-required]
     return GPUNodeRecord(
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),

@@ -4,6 +4,7 @@ string. Held here equal to the record it replaced (`_old_node_record`, copied be
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -130,3 +131,29 @@ def test_values_shares_each() -> None:
     first = compaction.SHARED.values([long, 1000, "s"])
     again = compaction.SHARED.values(["y" * 40, 1000, "s"])
     assert first == again and all(a is b for a, b in zip(first, again, strict=True))
+
+
+_STATUS = st.fixed_dictionaries(
+    {},
+    optional={
+        "summary": st.fixed_dictionaries({"gpuCount": st.integers(0, 8), "model": st.just("H100")}),
+        "health": st.sampled_from(["Healthy", "Unhealthy", "x" * 30]),
+        "issues": st.sampled_from(["", "EccUncorrectable"]),
+        "action": st.sampled_from(["None", "Cordoned"]),
+        "straggler": st.just({"score": 1.0}),
+    },
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(status=_STATUS)
+def test_a_gpunode_records_repeated_fields_are_shared_as_before(status: dict[str, Any]) -> None:
+    """`gpunode_record` shares summary, health, issues and action a list at a time: each as
+    `SharedValues.value` shares it (one copy across nodes), the status otherwise as it was, in its order."""
+    body = {"metadata": {"name": "n0"}, "status": status}
+    first, second = (records.gpunode_record(json.loads(json.dumps(body))) for _ in range(2))
+    assert first.status == status and list(first.status) == list(status)
+    for key in ("summary", "health", "issues", "action"):
+        if key in status:
+            assert first.status[key] is compaction.SHARED.value(json.loads(json.dumps(status[key])))  # type: ignore[literal-required]
+            assert first.status[key] is second.status[key]  # type: ignore[literal-required]

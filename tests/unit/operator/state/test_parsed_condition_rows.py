@@ -144,3 +144,14 @@ def test_shared_each_is_shared_one_by_one() -> None:
         a is b
         for a, b in zip(first, compaction.SHARED.share_each([("a", 1), ("a", 1), "b" * 40]), strict=True)
     )
+
+
+@settings(max_examples=200, deadline=None)
+@given(items=st.lists(_ITEM, max_size=6), how=st.lists(st.integers(0, 2), max_size=6))
+def test_a_records_parsed_conditions_are_those_parsed_key_by_key(items: list[object], how: list[int]) -> None:
+    """What `GPUNodeRecord.conditions` holds (`kept_conditions.parsed`): read-only, each state shared."""
+    held = _as_kept(items, how)
+    states = kept_conditions.parsed(held, compaction.SHARED)
+    assert dict(states) == _old_from_status(held)
+    assert all(state is compaction.SHARED.share(state) for state in states.values())
+    assert not hasattr(states, "__setitem__")
