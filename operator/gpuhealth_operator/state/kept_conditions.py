@@ -97,7 +97,8 @@ class KeptCondition(Mapping[str, Any]):
         return _rebuilt, (dict(self),)
 
 
-_POSITIONS: Final = {key: index for index, key in enumerate(_IN_ORDER)}
+_POSITIONS: Final = types.MappingProxyType({key: index for index, key in enumerate(_IN_ORDER)})
+"""Each kept key's place in `values_in_order` (read-only: a module holds no state of its own)."""
 
 
 def rows(items: object, fields: Sequence[str]) -> list[tuple[Any, ...]]:
