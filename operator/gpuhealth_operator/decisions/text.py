@@ -13,6 +13,7 @@ same message and an unchanged condition is never rewritten.
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Iterable
 from typing import Final
 
 CONDITION_MESSAGE_MAX: Final = 4096
@@ -49,6 +50,11 @@ def bounded(value: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     return text[: limit - len(TRUNCATED)] + TRUNCATED
+
+
+def bounded_each(values: Iterable[str], limit: int) -> list[str]:
+    """`bounded` of each value, in one call (a verdict's every condition message)."""
+    return [bounded(value, limit) for value in values]
 
 
 def _escape_char(char: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+from collections.abc import Iterable
 from typing import Final
 
 from gpuhealth_api import timestamps
@@ -28,6 +29,11 @@ def parse(value: object) -> datetime.datetime | None:
     if not isinstance(value, str) or not value:
         return None
     return _parse(value)
+
+
+def parse_each(values: Iterable[object]) -> list[datetime.datetime | None]:
+    """`parse` of each value, in one call: the times of all a node's conditions (`hysteresis.from_rows`)."""
+    return [parse(value) for value in values]
 
 
 @functools.lru_cache(maxsize=CACHED)

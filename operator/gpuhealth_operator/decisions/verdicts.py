@@ -101,13 +101,9 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
             raw[rule.condition] = signals.node_condition_signal(node, rule.condition)
     if drill is not None:
         raw[drill.condition] = drill
-    states = {
-        condition: hysteresis.advance(
-            previous.get(condition), raw[condition], for_seconds, clear_seconds, now
-        )
-        for condition, for_seconds, clear_seconds in _clocks(policy, drill.condition if drill else None)
-    }
-    issues = severity.most_severe_first(c for c, s in states.items() if s.status == hysteresis.TRUE)
+    states = hysteresis.advance_all(previous, raw, _clocks(policy, drill.condition if drill else None), now)
+    # Lists, not generators, into other modules: a generator resumed from there is a hop per item (issue 46).
+    issues = severity.most_severe_first([c for c, s in states.items() if s.status == hysteresis.TRUE])
     health = _health(issues, blinding)
     fired = [r for r in policy.rules if _fires(r, states[r.condition], now)]
     if health is Health.UNKNOWN:
@@ -273,9 +269,11 @@ def unknown_reason(verdict: model.NodeVerdict) -> Condition:
 def budget_rank(verdict: model.NodeVerdict) -> int:
     """Severity rank of the worst condition behind a wanted Cordon/Drain (budget ordering)."""
     return severity.worst_rank(
-        r.condition
-        for r in verdict.fired_rules
-        if isolation.node_action(r.action) in vocabulary.DISRUPTIVE_ACTIONS
+        [
+            r.condition
+            for r in verdict.fired_rules
+            if isolation.node_action(r.action) in vocabulary.DISRUPTIVE_ACTIONS
+        ]
     )
 
 
@@ -339,7 +337,7 @@ def _labels(health: Health, fired: list[model.Rule]) -> dict[str, str | None]:
 
 def _taint(fired: list[model.Rule]) -> str | None:
     """The most severe condition of a fired Taint rule (Cordon and Drain do not taint)."""
-    tainting = severity.most_severe_first(r.condition for r in fired if r.action is Action.TAINT)
+    tainting = severity.most_severe_first([r.condition for r in fired if r.action is Action.TAINT])
     if not tainting:
         return None
     worst = tainting[0]

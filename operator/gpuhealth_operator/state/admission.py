@@ -207,10 +207,13 @@ class Admission:
     @staticmethod
     def _ranks(nodes: cache.ClusterCache, wanting: Mapping[str, Mapping[str, budget.Rank]]) -> budget.Ranks:
         """One rank per node across the acting policies, each counted for the nodes it selects now."""
+        # A list: a generator resumed from `budget` is a hop there and back per policy (issue 46).
         return budget.Ranks(
-            (ranks, nodes.selection(policy).selected)
-            for name, ranks in wanting.items()
-            if (policy := nodes.policies.get(name)) is not None and not policy.dry_run
+            [
+                (ranks, nodes.selection(policy).selected)
+                for name, ranks in wanting.items()
+                if (policy := nodes.policies.get(name)) is not None and not policy.dry_run
+            ]
         )
 
     def forget_node(self, name: str) -> None:

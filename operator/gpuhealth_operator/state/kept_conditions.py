@@ -10,11 +10,13 @@ was 272. A condition holding a key we do not write stays a dict.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Final
+import types
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Final, Protocol
 
+from gpuhealth_api import vocabulary
 from gpuhealth_operator.compact import slotted
-from gpuhealth_operator.decisions import model
+from gpuhealth_operator.decisions import hysteresis, model
 
 SINCE: Final = "lastTransitionTime"
 _ABSENT: Final = slotted.ABSENT
@@ -95,6 +97,35 @@ class KeptCondition(Mapping[str, Any]):
         return _rebuilt, (dict(self),)
 
 
+_POSITIONS: Final = types.MappingProxyType({key: index for index, key in enumerate(_IN_ORDER)})
+"""Each kept key's place in `values_in_order` (read-only: a module holds no state of its own)."""
+
+
+def rows(items: object, fields: Sequence[str]) -> list[tuple[Any, ...]]:
+    """Each Mapping item's values under `fields` (None where it holds none, as `get` reads), in one call:
+    a KeptCondition's from its slots at once, where a reader asking key by key made a call here per key,
+    seven per condition of fifteen (issue 46). No list or tuple of items: no rows."""
+    if not isinstance(items, list | tuple):
+        return []
+    at = [_POSITIONS.get(field) for field in fields]
+    found: list[tuple[Any, ...]] = []
+    for item in items:
+        if type(item) is KeptCondition:
+            values = (*item.values_in_order(), _ABSENT)  # a field we do not keep reads the last: absent
+            row = tuple(values[-1 if index is None else index] for index in at)
+            found.append(tuple(None if value is _ABSENT else value for value in row))
+        elif isinstance(item, Mapping):
+            found.append(tuple(map(item.get, fields)))
+    return found
+
+
+def parsed(items: object, table: Table) -> Mapping[vocabulary.ConditionKey, model.ConditionState]:
+    """`hysteresis.from_status` of a node's kept conditions, read-only, each state shared in `table`: read
+    (`rows`), parsed and shared in a call each, not per condition and key (issue 46)."""
+    states = hysteresis.from_rows(rows(items, hysteresis.FIELDS))
+    return types.MappingProxyType(dict(zip(states, table.share_each(states.values()), strict=True)))
+
+
 def _in_order(raw: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(map(raw.get, _IN_ORDER, itertools.repeat(_ABSENT)))
 
@@ -124,6 +155,40 @@ def kept(raw: Mapping[str, Any], share: Callable[[Shape], Shape]) -> Mapping[str
     return KeptCondition(share(shape), raw.get(SINCE, _ABSENT))
 
 
+class Table(Protocol):
+    """What `kept_list` asks of the cache's shared values (`compaction.SharedValues`, a layer above)."""
+
+    def each(self, raw: Mapping[str, Any]) -> dict[str, Any]: ...
+    def share(self, value: Any) -> Any: ...
+    def mapping(self, raw: Mapping[str, Any]) -> dict[str, Any]: ...
+    def share_each(self, values: Iterable[Hashable]) -> list[Any]: ...
+
+
+def kept_list(raw: object, held: object, table: Table) -> object:
+    """`status.conditions` as the cache keeps it (`raw` as decoded; `held`: the older version's, if any):
+    the older list when equal (an agent's report leaves the operator's conditions as they were),
+    otherwise the older version's equal conditions (`reuse`) and each other one shared in `table`.
+    Fifteen conditions decoded afresh from every watch event were a third of the memory a node cost."""
+    if not isinstance(raw, list):
+        return raw
+    if isinstance(held, list):
+        if held is raw or same(held, raw):
+            return held
+        found = reuse(held, raw)  # our own write: most conditions as they were
+        return [_shared(c, table) if k is None else k for c, k in zip(raw, found, strict=True)]
+    return [_shared(c, table) for c in raw]
+
+
+def _shared(raw: object, table: Table) -> object:
+    """A status condition as kept: its strings shared, and the whole condition where another node holds
+    the same one (nodes first judged in the same second)."""
+    if type(raw) is not dict:
+        return raw
+    values = table.each(raw)
+    condition = kept(values, table.share)
+    return table.mapping(values) if condition is values else table.share(condition)
+
+
 def same(held: Sequence[object], raw: Sequence[object]) -> bool:
     """Whether the conditions `raw` (as decoded) equal those `held` (KeptConditions): what every agent
     report asks of the conditions it carries unchanged, so without an `__eq__` dispatch per item.
@@ -143,6 +208,30 @@ def same(held: Sequence[object], raw: Sequence[object]) -> bool:
         ):
             return False
     return True
+
+
+def reuse(held: Sequence[object], raw: Sequence[object]) -> list[KeptCondition | None]:
+    """For each condition of `raw` (as decoded), the KeptCondition of `held` equal to it, of the same
+    value types (a kept 1 never stands for a written True), or None: what the answer to our own status
+    write takes over from the version before it. That write changes a condition or two of fifteen; each
+    compacted and shared again was some thirty calls across modules (issue 46), a dict look-up here."""
+    known: dict[tuple[tuple[Any, ...], tuple[type, ...]], KeptCondition] = {}
+    for kept_one in held:
+        if type(kept_one) is KeptCondition:
+            mine = kept_one.values_in_order()
+            known.setdefault((mine, tuple(map(type, mine))), kept_one)
+    found: list[KeptCondition | None] = []
+    for decoded in raw:
+        match = None
+        if type(decoded) is dict:
+            values = tuple(map(decoded.get, _IN_ORDER, _ABSENTS))
+            if len(decoded) == len(values) - values.count(_ABSENT):  # no key but ours
+                try:
+                    match = known.get((values, tuple(map(type, values))))
+                except TypeError:  # an unhashable value: no held condition (all hashable) equals it
+                    match = None
+        found.append(match)
+    return found
 
 
 _ABSENTS: Final = itertools.repeat(_ABSENT)

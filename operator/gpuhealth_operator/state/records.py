@@ -20,7 +20,6 @@ from gpuhealth_operator.decisions import (
     clocks,
     gpu_facts,
     healthy_reports,
-    hysteresis,
     model,
     overrides,
     signals,
@@ -243,11 +242,6 @@ class GPUNodeRecord:
         return max(0.0, times.seconds_between(self.report_seen_at, now))
 
 
-def _parsed_conditions(record: GPUNodeRecord) -> Mapping[vocabulary.ConditionKey, model.ConditionState]:
-    states = hysteresis.from_status(record.status.get("conditions") or [])
-    return types.MappingProxyType({k: compaction.SHARED.share(v) for k, v in states.items()})
-
-
 def _straggler_facts(
     record: GPUNodeRecord,
 ) -> tuple[straggler_scores.Clocks | None, straggler_scores.Performance]:
@@ -258,7 +252,7 @@ def _straggler_facts(
 _READINGS = itertools.count(1)
 """Readings of Node and GPUNode versions (`reading`): a new number is a version read anew."""
 _DERIVATIONS: Mapping[str, Callable[[GPUNodeRecord], Any]] = {
-    "conditions": _parsed_conditions,
+    "conditions": lambda r: kept_conditions.parsed(r.status.get("conditions") or [], compaction.SHARED),
     "fact_signals": lambda _: {},
     "memory": lambda r: trends.advance(
         None, r.status, r.report_seen_at or datetime.datetime.now(datetime.UTC)
@@ -349,41 +343,45 @@ _NO_KEYS: frozenset[str] = frozenset()
 
 
 def node_record(body: Mapping[str, Any]) -> NodeRecord:
-    """The Node as the decisions read it; label and condition strings shared across the fleet (`SHARED`)."""
+    """The Node as the decisions read it; label and condition strings shared across the fleet (`SHARED`),
+    a few lists of them in a call each rather than one call per string (issue 46)."""
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
-    share = compaction.SHARED.value
-    compaction.SHARED.check()
-    taints = tuple(share(t) for t in spec.get("taints") or [] if isinstance(t, Mapping))
+    shared = compaction.SHARED
+    shared.check()
+    raw_taints = [t for t in spec.get("taints") or [] if isinstance(t, Mapping)]
+    taints = tuple(shared.values(raw_taints)) if raw_taints else ()
     capacity = (body.get("status") or {}).get("capacity") or {}
-    condition = None
-    others: dict[str, str] = {}
+    ours: list[str] = []
+    other_types: list[str] = []
+    other_statuses: list[str] = []
     written: dict[str, str] = {}
     for c in (body.get("status") or {}).get("conditions") or []:
         if not isinstance(c, Mapping):
             continue
         if c.get("type") != keys.NODE_CONDITION_TYPE and isinstance(c.get("type"), str):
-            others[sys.intern(c["type"])] = share(str(c.get("status", "")))
+            other_types.append(sys.intern(c["type"]))
+            other_statuses.append(str(c.get("status", "")))
             stamps = [str(c[k]) for k in ("lastHeartbeatTime", "lastTransitionTime") if c.get(k)]
             if stamps:
                 written[sys.intern(c["type"])] = max(stamps)  # RFC 3339 UTC: in order as strings
-        if c.get("type") == keys.NODE_CONDITION_TYPE:
-            condition = NodeCondition(
-                status=share(str(c.get("status", ""))),
-                reason=share(str(c.get("reason", ""))),
-                message=share(str(c.get("message", ""))),
-                last_transition_time=share(str(c.get("lastTransitionTime", ""))),
-            )
+        if c.get("type") == keys.NODE_CONDITION_TYPE:  # the last one counts, as its record did
+            ours = [str(c.get(k, "")) for k in ("status", "reason", "message", "lastTransitionTime")]
+    # Ours (four strings, if any) and the other tools' statuses, shared in one call.
+    strings = shared.values([*ours, *other_statuses])
+    condition = NodeCondition(*strings[:4]) if ours else None
+    labels = meta.get("labels") or {}
     view = model.NodeView(
         name=str(meta.get("name", "")),
-        labels={sys.intern(str(k)): share(v) for k, v in (meta.get("labels") or {}).items()},
+        labels=dict(
+            zip([sys.intern(str(k)) for k in labels], shared.values(list(labels.values())), strict=True)
+        ),
         annotations={k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(keys.PREFIX)},
         unschedulable=bool(spec.get("unschedulable", False)),
         taint_keys=frozenset(str(t.get("key", "")) for t in taints) if taints else _NO_KEYS,
         gpu_capacity=_int_or_none(capacity.get(keys.GPU_RESOURCE)),
-        conditions=compaction.SHARED.mapping(
-            others
-        ),  # most nodes hold the same few conditions alike: one copy
+        # Most nodes hold the same few conditions alike: one copy.
+        conditions=shared.mapping(dict(zip(other_types, strings[len(ours) :], strict=True))),
     )
     return NodeRecord(
         view=view,
@@ -400,29 +398,6 @@ def node_record(body: Mapping[str, Any]) -> NodeRecord:
 _SHARED_STATUS = ("summary", "health", "issues", "action")
 """Status fields besides `gpus` whose values repeat across nodes. Not `conditions`, `agent`, `straggler`:
 every node has its own times and scores there, so sharing them would only cost a table entry."""
-
-
-def _condition(raw: object) -> object:
-    """A status condition as kept (`kept_conditions`): its strings shared, and the whole condition where
-    another node holds the same one (nodes first judged in the same second)."""
-    if type(raw) is not dict:
-        return raw
-    shared = compaction.SHARED.each(raw)
-    condition = kept_conditions.kept(shared, compaction.SHARED.share)
-    return compaction.SHARED.mapping(shared) if condition is shared else compaction.SHARED.share(condition)
-
-
-def _conditions(raw: object, older: GPUNodeRecord | None) -> object:
-    """`status.conditions` as kept: the older version's list when equal (an agent's report leaves the
-    operator's conditions as they were), otherwise each condition shared (`_condition`). Fifteen
-    conditions decoded afresh from every watch event were a third of the memory a node cost."""
-    if not isinstance(raw, list):
-        return raw
-    if older is not None:
-        kept = older.status.get("conditions")
-        if kept is raw or (isinstance(kept, list) and kept_conditions.same(kept, raw)):
-            return kept
-    return [_condition(c) for c in raw]
 
 
 def _compacted(gpus: Sequence[object]) -> bool:
@@ -446,13 +421,17 @@ def gpunode_record(
     if isinstance(gpus, list) and not _compacted(gpus):
         raw_status["gpus"] = [compaction.compact_gpu(g) if isinstance(g, Mapping) else g for g in gpus]  # type: ignore[misc]
     if "conditions" in raw_status:
-        raw_status["conditions"] = _conditions(raw_status["conditions"], older)  # type: ignore[typeddict-item]
+        held = older.status.get("conditions") if older is not None else None
+        raw_status["conditions"] = kept_conditions.kept_list(
+            raw_status["conditions"], held, compaction.SHARED
+        )  # type: ignore[typeddict-item]
     agent = raw_status.get("agent")
     if type(agent) is dict:  # its own heartbeat time in every report: only its values are shared
         raw_status["agent"] = compaction.SHARED.each(agent)  # type: ignore[typeddict-item]
-    for key in _SHARED_STATUS:
-        if key in raw_status:
-            raw_status[key] = compaction.SHARED.value(raw_status[key])  # type: ignore[literal-required]
+    present = [key for key in _SHARED_STATUS if key in raw_status]  # shared in one call (issue 46)
+    shared = compaction.SHARED.values([raw_status[key] for key in present])  # type: ignore[literal-required]
+    for key, value in zip(present, shared, strict=True):
+        raw_status[key] = value  # type: ignore[literal-required]
     return GPUNodeRecord(
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),
