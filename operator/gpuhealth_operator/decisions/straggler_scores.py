@@ -102,7 +102,7 @@ def clocks_of(facts: status.GPUNodeStatus) -> Clocks | None:
             ):
                 ratios.append(None)
                 continue
-            ratio: float | None = min(1.0, clock / max_clock)
+            ratio: float | None = min(1.0, clock / max_clock) + 0.0  # a zero is +0.0 (`_clock_ratio`)
             if len(table) >= _RATIOS.limit:
                 table.clear()
             ratio = table.setdefault(ratio, ratio)  # `_interned`
@@ -199,7 +199,9 @@ def _clock_ratio(
         return None
     if max_clock <= 0 or clock < 0:
         return None
-    return _interned(min(1.0, clock / max_clock))
+    # + 0.0: a zero ratio is +0.0. Ratios are interned by value and -0.0 == 0.0, so a kept sign would
+    # depend on which zero the fleet reported first (an agent sending -0.0 MHz).
+    return _interned(min(1.0, clock / max_clock) + 0.0)
 
 
 _RATIOS: Final = interning.Table(16384)

@@ -38,7 +38,7 @@ def slow_ratio(gpu: Mapping[str, Any]) -> float | None:
         return None
     if max_clock <= 0 or clock < 0:
         return None
-    return min(1.0, clock / max_clock)
+    return min(1.0, clock / max_clock) + 0.0  # since then, a zero ratio is +0.0 (the test at the end)
 
 
 def slow_clocks(facts: Mapping[str, Any]) -> straggler_scores.Clocks | None:
@@ -206,3 +206,16 @@ def test_plain_number_clocks_inline_are_the_clocks_read_field_by_field(
         slow_performance(facts),
     )  # type: ignore[arg-type]
     assert cohort == want_cohort and same_float(score, want_score)
+
+
+def test_a_zero_clock_ratio_is_positive_zero_whatever_came_before() -> None:
+    """Ratios are interned by value, and -0.0 == 0.0: were a zero's sign kept, a report's ratio would
+    depend on which zero the fleet showed first (hypothesis found it). Every zero ratio is +0.0."""
+    for clock in (-0.0, 0.0, -0.0):
+        gpu = {"smClockMHz": clock, "maxSmClockMHz": 1, "utilizationPercent": 90, "clockEventReasons": []}
+        # Plain numbers (the inline path), cached, and no utilization (MIG: `_clock_ratio`'s path).
+        mig = {**gpu, "utilizationPercent": None}
+        for facts in ({"gpus": [gpu]}, {"gpus": [compaction.compact_gpu(gpu)]}, {"gpus": [mig]}):
+            clocks = straggler_scores.clocks_of(facts)  # type: ignore[arg-type]
+            assert clocks is not None
+            assert math.copysign(1.0, clocks[0][0]) == 1.0, (clock, facts)
