@@ -18,6 +18,13 @@ a library into B begins B's. A coroutine that suspends and is resumed
 a module already visited* how many stays are in a module seen before in the
 same pass (stays = modules + returns).
 
+No pass can stay fewer than 2 x modules - 1 times (printed as *least for its
+modules*): every module but run_one's is first entered by a call from another
+module, and when that call returns a new stay of the caller begins, so each
+module visited adds at least two stays to the first. A pass that visits each
+module once is a call tree at exactly that bound; what the pass takes above
+it is control coming back to a module it has already left.
+
 The fleet: 20 nodes of 8 healthy GPUs under examples/default-policy.yaml,
 replayed as the backtest replays a trace (`gpuhealth_sim.backtest.replayer`:
 the operator's replay entry point over the in-memory cluster, its timer
@@ -81,10 +88,15 @@ class Stays:
         """Stays in a module already visited in this pass."""
         return self.stays - self.modules
 
+    @property
+    def least(self) -> int:
+        """The fewest stays any pass over this many modules can take (the module docstring says why)."""
+        return 2 * self.modules - 1
+
     def line(self) -> str:
         return (
             f"{self.case}: stays {self.stays}, modules {self.modules}, "
-            f"returns to a module already visited {self.returns}"
+            f"returns to a module already visited {self.returns}, least for its modules {self.least}"
         )
 
 

@@ -22,9 +22,11 @@ def test_each_case_reports_its_stays_modules_and_returns(case, capsys):
         "stays",
         "modules",
         "returns to a module already visited",
+        "least for its modules",
     ]
-    stays, modules, returns = (int(c.rsplit(" ", 1)[1]) for c in counts)
+    stays, modules, returns, least = (int(c.rsplit(" ", 1)[1]) for c in counts)
     assert stays == modules + returns and modules > 1
+    assert least == 2 * modules - 1 and stays >= least  # no pass stays fewer times than its modules allow
     sequence = [line.split()[1] for line in lines[1:]]
     assert len(sequence) == stays and sequence[0] == "runtime.passes"  # the pass begins and ends in run_one
     assert sequence[-1] == "runtime.passes"
