@@ -24,7 +24,7 @@ import types
 
 MOVES = types.MappingProxyType(
     {
-        # judging (verdict/memory.py)
+        # judging (state/judged.py)
         "stragglers": "judging.stragglers",
         "straggler_samples": "judging.straggler_samples",
         "straggler_cohorts": "judging.straggler_cohorts",

@@ -27,7 +27,7 @@ from gpuhealth_operator.ladder.drill.memory import DrillMemory
 from gpuhealth_operator.ladder.isolate.memory import IsolateMemory
 from gpuhealth_operator.ladder.new_nodes.memory import NewNodesMemory
 from gpuhealth_operator.ladder.repair.memory import RepairMemory
-from gpuhealth_operator.verdict.memory import NODE, POLICY, drop
+from gpuhealth_operator.state.judged import NODE, POLICY, drop
 
 
 class Memory(Protocol):

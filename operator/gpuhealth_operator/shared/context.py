@@ -3,7 +3,7 @@
 It holds the clients, settings, the cluster cache and the bookkeeping that
 must be shared between concurrent handlers: per-node locks, the budget's
 admissions (`admission`), the breakers and the latest verdicts; judging's
-memory (`judging`, `verdict/memory.py`) and each ladder step's (`steps`,
+memory (`judging`, `state/judged.py`) and each ladder step's (`steps`,
 `ladder/memories.py`: one class per step, in the step's package). Nothing
 here survives a restart, and nothing needs to: the cluster holds the state
 that matters (DESIGN.md, safety rule 6).
@@ -31,22 +31,11 @@ from gpuhealth_operator.client import drain, events, kube
 from gpuhealth_operator.decisions import breaker, budget, model, verdicts
 from gpuhealth_operator.ladder import memories
 from gpuhealth_operator.shared import metrics, settings
-from gpuhealth_operator.state import admission, agent_pods, breakers, cache, pass_queue
-from gpuhealth_operator.verdict import memory
-
-POLICY, NODE = memory.POLICY, memory.NODE
-"""Positions in a (policy, node) key."""
-
-StragglerSamples = memory.Samples
-Rest = memory.Rest
-"""What a pass that ended at rest judged a node from: judging's (`verdict.memory`)."""
+from gpuhealth_operator.state import admission, agent_pods, breakers, cache, judged, pass_queue
 
 
 def wall_clock() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
-
-
-_drop = memory.drop
 
 
 def _weakly(value: object) -> object:
@@ -138,10 +127,10 @@ class Verdicts(MutableMapping[tuple[str, str], model.NodeVerdict]):
         return self._all.get(key)
 
     def forget_node(self, name: str) -> None:
-        _drop(self, name, NODE)
+        judged.drop(self, name, judged.NODE)
 
     def forget_policy(self, name: str) -> None:
-        _drop(self, name, POLICY)
+        judged.drop(self, name, judged.POLICY)
         self.wanting.pop(name, None)
         self.turned_unhealthy.pop(name, None)
 
@@ -208,7 +197,7 @@ class Context:
     verdicts: Verdicts = dataclasses.field(default_factory=Verdicts)
     """(policy, node) → the latest verdict; the budget ranks every waiting node from these."""
 
-    judging: memory.JudgingMemory = dataclasses.field(default_factory=memory.JudgingMemory)
+    judging: judged.JudgingMemory = dataclasses.field(default_factory=judged.JudgingMemory)
     """Judging's memory: straggler scores, their windows and cohorts, what passes at rest judged."""
 
     steps: memories.Memories = dataclasses.field(default_factory=memories.Memories)

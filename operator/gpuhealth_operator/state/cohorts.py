@@ -66,7 +66,7 @@ class Fleet(Protocol):
 
 
 class Judged(Protocol):
-    """What the cohorts keep of judging's memory (`verdict.memory.JudgingMemory` is one)."""
+    """What the cohorts keep of judging's memory (`judged.JudgingMemory` is one)."""
 
     @property
     def stragglers(self) -> dict[cohort_members.Key, model.StragglerScore]: ...

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from gpuhealth_api import vocabulary
 from gpuhealth_operator.decisions import model, stragglers
 from gpuhealth_operator.shared import context
-from gpuhealth_operator.state import cache, cohort_members
+from gpuhealth_operator.state import cache, cohort_members, judged
 
 
 def fresh(ctx: context.Context, gpunode: cache.GPUNodeRecord, now: datetime.datetime) -> bool:
@@ -116,7 +116,7 @@ def remember(
         return  # the records at rest say so too, as the pass wrote them; the verdicts are the source
     selecting = [policy for policy, _, _ in results]
     if _quiet(ctx, name, selecting):
-        ctx.judging.resting[name] = context.Rest(
+        ctx.judging.resting[name] = judged.Rest(
             record.reading,
             gpunode.reading,
             _judged(ctx, name, selecting),

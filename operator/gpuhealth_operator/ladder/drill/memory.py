@@ -9,7 +9,7 @@ import collections
 import dataclasses
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator.verdict.memory import NODE, POLICY, drop
+from gpuhealth_operator.state.judged import NODE, POLICY, drop
 
 
 @dataclasses.dataclass(eq=False)

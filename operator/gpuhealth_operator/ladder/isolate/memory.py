@@ -12,7 +12,7 @@ import dataclasses
 from gpuhealth_operator.client import kube
 from gpuhealth_operator.decisions import device_taints, isolation
 from gpuhealth_operator.state import recent
-from gpuhealth_operator.verdict.memory import NODE, POLICY, drop
+from gpuhealth_operator.state.judged import NODE, POLICY, drop
 
 
 @dataclasses.dataclass(eq=False)

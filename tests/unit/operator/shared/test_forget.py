@@ -19,8 +19,7 @@ from gpuhealth_operator.client import drain, drains, kube
 from gpuhealth_operator.decisions import breaker, isolation, model, repair
 from gpuhealth_operator.ladder import memories
 from gpuhealth_operator.shared import context
-from gpuhealth_operator.state import admission, breakers, cache, domain_states, recent
-from gpuhealth_operator.verdict import memory
+from gpuhealth_operator.state import admission, breakers, cache, domain_states, judged, recent
 from gpunode_facts import verdict
 
 NOT_STATE = {
@@ -105,7 +104,7 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.steps.check.yielded[f"uid-{node}"] = node
     ctx.steps.check.no_gpus[node] = now
     RECORDS[node] = cache.node_record({"metadata": {"name": node}})  # held: the rest refers to it weakly
-    ctx.judging.resting[node] = context.Rest(RECORDS[node].reading, 1, (), None)
+    ctx.judging.resting[node] = judged.Rest(RECORDS[node].reading, 1, (), None)
 
 
 RECORDS: dict[str, cache.NodeRecord] = {}
@@ -194,7 +193,7 @@ def stores(holder: object, prefix: str = "") -> dict[str, Any]:
     return found
 
 
-MEMORIES = (memory.JudgingMemory, memories.Memories, context.StatusMemory)
+MEMORIES = (judged.JudgingMemory, memories.Memories, context.StatusMemory)
 MEMORIES += tuple(
     type(value)
     for _, value in memories.Memories().each()

@@ -3,6 +3,9 @@
 Held by the term's `Context` as `ctx.judging`; emptied of a node or a policy by its `forget_*`,
 which `Context.forget_verdicts` / `forget_node` / `forget_policy` call. Nothing here survives a
 restart, and nothing needs to: a new term scores the cohorts and judges every node afresh.
+
+Plain data of the state package, not of `verdict/`: the context that carries it sits below judging,
+and a memory it holds from a layer above would be an import pointing up (issue 46).
 """
 
 from __future__ import annotations
