@@ -100,5 +100,5 @@ class Memories:
         """node → its repair history in memory (`RepairMemory.history`)."""
         self.cordons_unknown: Container[str] = self.cordon.unknown
         """The nodes whose cordon's answer was lost (`CordonMemory.unknown`)."""
-        self.draining: Container[str] = self.drain
-        """The nodes with a drain kept in this process (`DrainMemory`)."""
+        self.draining: Container[str] = self.drain.tasks
+        """The nodes with a drain kept in this process (`name in DrainMemory`, its tasks' keys)."""
