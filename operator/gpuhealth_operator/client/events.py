@@ -54,8 +54,7 @@ def policy_subject(name: str) -> Subject:
 
 def subject(nodes: cache.ClusterCache, name: str) -> Subject:
     """The Node `name` as an Event's subject, with the uids the cache knows (none once it is gone)."""
-    record = nodes.node(name)
-    gpunode = nodes.gpunode(name)
+    record, gpunode = nodes.nodes.get(name), nodes.gpunodes.get(name)
     return Subject(
         node=name, node_uid=record.uid if record else None, gpunode_uid=gpunode.uid if gpunode else None
     )

@@ -176,6 +176,35 @@ def domain_budgets(
     return result
 
 
+def budgets_of(
+    acting: Sequence[tuple[model.Policy, Set[str], Set[str]]],
+    labels: Callable[[str], Mapping[str, str] | None],
+    *,
+    domains: bool = True,
+) -> list[Budget]:
+    """The budgets of the acting policies, from each one's (policy, selected, unavailable): its
+    `maxUnavailable`, then (unless `domains` is False) its topology budgets' domains (`domain_budgets`)."""
+    result: list[Budget] = []
+    for policy, selected, unavailable in acting:
+        own = Budget(policy, selected, unavailable)
+        result.append(own)
+        if domains:
+            result.extend(domain_budgets(policy, own.selected, own.unavailable, labels))
+    return result
+
+
+def admission(
+    name: str,
+    acting: Sequence[tuple[model.Policy, Set[str], Set[str]]],
+    labels: Callable[[str], Mapping[str, str] | None],
+    wanting: Iterable[tuple[Mapping[str, Rank], Set[str]]],
+) -> tuple[list[Budget], bool]:
+    """The budget's whole answer to one admission, in one call: the acting policies' budgets
+    (`budgets_of`) and whether they all admit `name` (`admits_all`, `wanting` being `Ranks`' parts)."""
+    budgets = budgets_of(acting, labels)
+    return budgets, admits_all(name, budgets, Ranks(wanting))
+
+
 def at_budget(budgets: Iterable[Budget]) -> list[Budget]:
     """The domain budgets among `budgets` with no free place (unschedulable nodes reach the limit), in order:
     what a policy's status lists as at its budget (only those, so it stays short)."""

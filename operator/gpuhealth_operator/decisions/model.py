@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 from collections.abc import Mapping
 
 from gpuhealth_api import keys, status, vocabulary
@@ -156,8 +157,10 @@ class NodeView:
     """The Node's `status.conditions` by type → status (other tools' too: node-problem-detector's,
     a cloud's maintenance conditions), but our own GPUHealthy; what `nodeCondition` rules match."""
 
-    @property
+    @functools.cached_property
     def cordoned_by(self) -> str | None:
+        """The policy our cordon annotation names. Answered once per view: every step of a pass over the
+        node (adopt, override, repair, announce, drain) asks it of the same version."""
         return self.annotations.get(keys.CORDONED_BY_ANNOTATION)
 
 

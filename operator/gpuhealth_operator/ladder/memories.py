@@ -90,24 +90,15 @@ class Memories:
         for _, memory in self.each():
             memory.forget_policy(name)
 
-    # The read-only views other steps and judging read (typed so that a reader cannot change them).
-
-    @property
-    def isolated(self) -> Mapping[tuple[str, str], isolation.NodeState]:
+    def __post_init__(self) -> None:
+        # The read-only views other steps and judging read (typed so that a reader cannot change them).
+        # Bound once, not looked up per read (a pass reads them several times): every memory's
+        # collections are changed in place, never replaced, so a view always shows the memory.
+        self.isolated: Mapping[tuple[str, str], isolation.NodeState] = self.isolate.isolations
         """(policy, node) → its GPUs' isolation (`IsolateMemory.isolations`)."""
-        return self.isolate.isolations
-
-    @property
-    def repairs(self) -> Mapping[str, list[dict[str, Any]]]:
+        self.repairs: Mapping[str, list[dict[str, Any]]] = self.repair.history
         """node → its repair history in memory (`RepairMemory.history`)."""
-        return self.repair.history
-
-    @property
-    def cordons_unknown(self) -> Container[str]:
+        self.cordons_unknown: Container[str] = self.cordon.unknown
         """The nodes whose cordon's answer was lost (`CordonMemory.unknown`)."""
-        return self.cordon.unknown
-
-    @property
-    def draining(self) -> Container[str]:
-        """The nodes with a drain kept in this process (`DrainMemory`)."""
-        return self.drain
+        self.draining: Container[str] = self.drain.tasks
+        """The nodes with a drain kept in this process (`name in DrainMemory`, its tasks' keys)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence, Set
 
 from gpuhealth_operator.decisions import breaker, budget, isolation, model
 from gpuhealth_operator.state import breakers, cache
@@ -59,8 +59,13 @@ class Admission:
         until `release`. `wanting` is policy → node → rank for the nodes each policy wants to cordon or drain.
         """
         async with self.lock:
-            budgets = self._budgets(policy, name, nodes)
-            if not budgets or not budget.admits_all(name, budgets, self._ranks(nodes, wanting)):
+            acting = self._acting(policy, name, nodes)
+            if not acting:
+                return False
+            budgets, admitted = budget.admission(
+                name, self._parts(acting), _labels(nodes), self._ranks(nodes, wanting, acting)
+            )
+            if not admitted:
                 return False
             if not self._breakers_admit(name, budgets, now):
                 return False
@@ -106,7 +111,9 @@ class Admission:
             granted = min(wanted, left)
             if granted <= 0:
                 return 0, short
-            budgets = self._budgets(policy, name, nodes, domains=False)
+            budgets = budget.budgets_of(
+                self._parts(self._acting(policy, name, nodes)), _labels(nodes), domains=False
+            )
             if not budgets or not self._breakers_admit(name, budgets, now):
                 for b in budgets:
                     paused = self.breakers.paused(b.policy.name)
@@ -145,8 +152,9 @@ class Admission:
         wanting: Mapping[str, Mapping[str, budget.Rank]],
     ) -> str:
         """Why the node waits, naming the policy whose budget is short and the nodes that hold it."""
-        budgets = self._budgets(policy, name, nodes)
-        refusing = budget.refusing(name, budgets, self._ranks(nodes, wanting))
+        acting = self._acting(policy, name, nodes)
+        budgets = budget.budgets_of(self._parts(acting), _labels(nodes))
+        refusing = budget.refusing(name, budgets, budget.Ranks(self._ranks(nodes, wanting, acting)))
         if not refusing:
             for b in budgets:
                 paused = self.breakers.paused(b.policy.name)
@@ -174,14 +182,11 @@ class Admission:
             f"{whose}the {free} free place(s) under maxUnavailable={limit} go to worse or older faults first"
         )
 
-    def _budgets(
-        self, policy: model.Policy, name: str, nodes: cache.ClusterCache, *, domains: bool = True
-    ) -> list[budget.Budget]:
-        """Every acting policy's budget, the asking policy's first; none if it does not select the node.
-
-        Each policy's `maxUnavailable`, then (unless `domains` is False) one budget per domain of each
-        of its topology budgets.
-        """
+    def _acting(
+        self, policy: model.Policy, name: str, nodes: cache.ClusterCache
+    ) -> list[tuple[model.Policy, cache.Selection]]:
+        """Every acting policy with its selection, the asking policy first; none if it does not select the
+        node. Each selection is asked of the cache once per admission (the budgets and the ranks share it)."""
         asking = nodes.selection(policy)
         if policy.dry_run or name not in asking.selected:
             return []
@@ -189,32 +194,40 @@ class Admission:
             (p for p in nodes.policies.values() if p.name != policy.name and not p.dry_run),
             key=lambda p: p.name,
         )
-        return self.budgets([policy, *others], nodes, domains=domains)
+        return [(policy, asking), *((p, nodes.selection(p)) for p in others)]
 
     def budgets(
         self, acting: Sequence[model.Policy], nodes: cache.ClusterCache, *, domains: bool = True
     ) -> list[budget.Budget]:
         """The budgets of these policies: each one's `maxUnavailable`, then its topology budgets' domains."""
-        result: list[budget.Budget] = []
-        for each in acting:
-            selection = nodes.selection(each)
-            own = budget.Budget(each, selection.selected, self.holders(each, selection))
-            result.append(own)
-            if domains:
-                result.extend(budget.domain_budgets(each, own.selected, own.unavailable, _labels(nodes)))
-        return result
+        parts = self._parts([(each, nodes.selection(each)) for each in acting])
+        return budget.budgets_of(parts, _labels(nodes), domains=domains)
+
+    def _parts(
+        self, acting: Sequence[tuple[model.Policy, cache.Selection]]
+    ) -> list[tuple[model.Policy, Set[str], Set[str]]]:
+        """(policy, selected, unavailable) of each acting policy, its in-flight nodes counted."""
+        return [(each, selection.selected, self.holders(each, selection)) for each, selection in acting]
 
     @staticmethod
-    def _ranks(nodes: cache.ClusterCache, wanting: Mapping[str, Mapping[str, budget.Rank]]) -> budget.Ranks:
-        """One rank per node across the acting policies, each counted for the nodes it selects now."""
-        # A list: a generator resumed from `budget` is a hop there and back per policy (issue 46).
-        return budget.Ranks(
-            [
-                (ranks, nodes.selection(policy).selected)
-                for name, ranks in wanting.items()
-                if (policy := nodes.policies.get(name)) is not None and not policy.dry_run
-            ]
-        )
+    def _ranks(
+        nodes: cache.ClusterCache,
+        wanting: Mapping[str, Mapping[str, budget.Rank]],
+        acting: Sequence[tuple[model.Policy, cache.Selection]],
+    ) -> list[tuple[Mapping[str, budget.Rank], Set[str]]]:
+        """`budget.Ranks`' parts: each acting policy's ranks, counted for the nodes it selects now (the
+        selection `acting` holds for the very policy, else the cache's)."""
+        known = {each.name: (each, selection) for each, selection in acting}
+        parts: list[tuple[Mapping[str, budget.Rank], Set[str]]] = []
+        for name, ranks in wanting.items():
+            policy = nodes.policies.get(name)
+            if policy is None or policy.dry_run:
+                continue
+            each, selection = known.get(name, (None, None))
+            if selection is None or each != policy:  # not acting here, or another version of it
+                selection = nodes.selection(policy)
+            parts.append((ranks, selection.selected))
+        return parts
 
     def forget_node(self, name: str) -> None:
         """The node is gone: it holds no place and waits for none."""

@@ -26,6 +26,11 @@ def our_taint(record: cache.NodeRecord) -> str | None:
     return None
 
 
+def marks(record: cache.NodeRecord, verdict: model.NodeVerdict) -> tuple[dict[str, str | None], str | None]:
+    """`label_changes` and `our_taint` of the record, in one call: what a writer of the marks reads first."""
+    return label_changes(record, verdict), our_taint(record)
+
+
 def dry_run_changes(record: cache.NodeRecord, policy: model.Policy, verdict: model.NodeVerdict) -> list[str]:
     """What a non-dry-run policy would change on the Node now, in words."""
     changes = []

@@ -83,8 +83,9 @@ async def cordon(
     def patch(record: cache.NodeRecord) -> Awaitable[kube.JsonObject]:
         nonlocal tainted, sent_from
         sent_from = record.resource_version
+        labels, taint = node_changes.marks(record, verdict)
         # The verdict's taint rides along when a rule asks for one (a second request saved per cordon).
-        tainted = node_changes.our_taint(record) != verdict.wanted_taint
+        tainted = taint != verdict.wanted_taint
         return nodes.cordon(
             ctx.client,
             name,
@@ -92,7 +93,7 @@ async def cordon(
             resource_version=record.resource_version,
             cordoned_at=times.render(now),
             drain_started=times.render(now) if verdict.wanted_action is Action.DRAIN else None,
-            labels=node_changes.label_changes(record, verdict),
+            labels=labels,
             taints=nodes.with_taint(record.taints, verdict.wanted_taint) if tainted else None,
         )
 

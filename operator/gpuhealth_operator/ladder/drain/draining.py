@@ -17,6 +17,7 @@ keeps meaning empty: a pod bound since is drained too (`_still_empty`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import enum
 import logging
@@ -53,6 +54,16 @@ class Progress(enum.Enum):
     """The Node is gone: nothing left to drain."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Standing:
+    """Where a node's drain stands, read once from memory and the cache (`NodeDrain.standing`)."""
+
+    progress: Progress
+    started: datetime.datetime | None = None
+    """The Node's `drain-started` annotation, where a start resumes from it (not started, begun before a
+    restart, failed); None there when absent, and elsewhere (running, gone, ended in this process)."""
+
+
 class NodeDrain:
     """`policy`'s drain of one node (`client.protocol.Action[Progress]`)."""
 
@@ -70,25 +81,35 @@ class NodeDrain:
 
     def progress(self) -> Progress:
         """`observe`, from memory and the cache alone."""
+        return self.standing().progress
+
+    def standing(self) -> Standing:
+        """Where the drain stands, read once: `advance` decides and starts from this one reading."""
         drains, name = self.ctx.steps.drain, self.node
         if drains.running(name):
-            return Progress.RUNNING
+            return Standing(Progress.RUNNING)
         result = drains.results.get(name)
-        if result is not None and not result.completed:
-            return Progress.FAILED
         record = self.ctx.cache.nodes.get(name)
+        if result is not None and not result.completed:
+            return Standing(Progress.FAILED, _started(record) if record is not None else None)
         if record is None:
-            return Progress.GONE
+            return Standing(Progress.GONE)
         if result is not None:
-            return Progress.DRAINED
-        if _started(record) is None:
-            return Progress.NOT_STARTED
-        return Progress.DRAINED if _status_action(self.ctx, name) == NodeAction.DRAINED else Progress.STARTED
+            return Standing(Progress.DRAINED)
+        started = _started(record)
+        if started is None:
+            return Standing(Progress.NOT_STARTED)
+        drained = _status_action(self.ctx, name) == NodeAction.DRAINED
+        return Standing(Progress.DRAINED if drained else Progress.STARTED, started)
 
     async def decide(self, now: datetime.datetime) -> str | None:
         """Why no drain may start now. A Drained node's pods are looked at (now and then): one bound
         since is drained too."""
-        progress = self.progress()
+        return await self._why_not(self.standing(), now)
+
+    async def _why_not(self, standing: Standing, now: datetime.datetime) -> str | None:
+        """`decide`, from where the drain stands."""
+        progress = standing.progress
         if progress is Progress.RUNNING:
             return "it is draining"
         if progress is Progress.FAILED:
@@ -96,10 +117,14 @@ class NodeDrain:
         if progress is Progress.GONE:
             return "the Node is gone"
         if progress is Progress.DRAINED:
-            if await _still_empty(self.ctx, self.node, self.ctx.drain_options(self.policy)):
+            if await _still_empty(self.ctx, self.node, self.policy):
                 return "it is drained and holds no evictable pod"
             return None
-        if progress is Progress.STARTED and _failed_before_a_restart(self.ctx, self.policy, self.node, now):
+        if (
+            progress is Progress.STARTED
+            and standing.started is not None
+            and _failed_before_a_restart(self.ctx, self.policy, self.node, standing.started, now)
+        ):
             return "its drain timed out before a restart; a human takes over"
         return None
 
@@ -107,12 +132,15 @@ class NodeDrain:
         """Begin the drain: with a fresh deadline on a Drained node a pod came to (or `fresh`: one under
         repair, whatever the status says), with the one it began with after a restart, else stamped
         `drain-started` now. False: it runs, or the Node is gone."""
-        progress = self.progress()
+        return await self._begin(self.standing(), now, fresh=fresh)
+
+    async def _begin(self, standing: Standing, now: datetime.datetime, *, fresh: bool = False) -> bool:
+        """`start`, from where the drain stands."""
+        progress = standing.progress
         if progress in (Progress.RUNNING, Progress.GONE):
             return False
-        record = self.ctx.cache.nodes.get(self.node)
         drained = fresh or progress is Progress.DRAINED  # a pod came to it: a drain of its own, from now
-        started = _started(record) if record is not None and not drained else None
+        started = standing.started if not drained else None
         if started is None:
             started = now
             if not drained:
@@ -174,7 +202,8 @@ async def advance(
 ) -> NodeAction:
     """The next step of `policy`'s drain of a node it cordoned to drain; the node's `status.action`."""
     action = NodeDrain(ctx, policy, name)
-    progress = action.progress()
+    standing = action.standing()
+    progress = standing.progress
     if progress is Progress.RUNNING:
         return NodeAction.DRAINING
     if progress is Progress.FAILED:
@@ -182,9 +211,12 @@ async def advance(
     if progress is Progress.GONE:
         return NodeAction.NONE
     looked = ctx.steps.drain.checked.get(name)
-    why_not = await action.decide(now)
+    why_not = await action._why_not(standing, now)
     if why_not is None:
-        return NodeAction.DRAINING if await action.start(now) else NodeAction.NONE
+        # A Drained node's pods were just listed (an await): where its drain stands is read again.
+        if progress is Progress.DRAINED:
+            standing = action.standing()
+        return NodeAction.DRAINING if await action._begin(standing, now) else NodeAction.NONE
     if progress is not Progress.DRAINED:
         return NodeAction.CORDONED  # timed out before a restart
     unsaid = ctx.steps.drain.unsaid.get(name)
@@ -237,7 +269,8 @@ def timed_out(
         return not result.completed
     if name in ctx.steps.drain:
         return False
-    return _failed_before_a_restart(ctx, policy, name, now)
+    started = _started(record)
+    return started is not None and _failed_before_a_restart(ctx, policy, name, started, now)
 
 
 async def say_done(ctx: context.Context, policy: model.Policy, name: str) -> None:
@@ -276,8 +309,9 @@ async def forget(ctx: context.Context, name: str) -> None:
         ctx.cache.refresh_node(await nodes.set_drain_started(ctx.client, name, None))
 
 
-async def _still_empty(ctx: context.Context, name: str, options: drain.Options) -> bool:
-    """Whether a Drained node still holds no evictable pod; looked at once per DRAINED_RECHECK_SECONDS.
+async def _still_empty(ctx: context.Context, name: str, policy: model.Policy) -> bool:
+    """Whether a Drained node still holds no evictable pod (by `policy`'s drain options); looked at once
+    per DRAINED_RECHECK_SECONDS.
 
     A pod can land on a cordoned node (bound by `nodeName`, or tolerating the
     cordon); `kubectl drain` would evict it, and so do we.
@@ -287,17 +321,16 @@ async def _still_empty(ctx: context.Context, name: str, options: drain.Options) 
     if checked is not None and clock - checked < DRAINED_RECHECK_SECONDS:
         return True
     ctx.steps.drain.looked(name, clock)
-    return not drain.classify(await drain.list_pods(ctx.client, name), options).wanted
+    return not drain.classify(await drain.list_pods(ctx.client, name), ctx.drain_options(policy)).wanted
 
 
 def _failed_before_a_restart(
-    ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime
+    ctx: context.Context, policy: model.Policy, name: str, started: datetime.datetime, now: datetime.datetime
 ) -> bool:
-    """A drain begun before a restart (nothing of it in memory), the status saying Cordoned, and its
-    deadline passed. Not before the deadline: the status write of Draining may be what was lost."""
-    record = ctx.cache.nodes.get(name)
-    started = _started(record) if record is not None else None
-    if started is None or _status_action(ctx, name) != NodeAction.CORDONED:
+    """A drain begun (`started`, its annotation) before a restart (nothing of it in memory), the status
+    saying Cordoned, and its deadline passed. Not before the deadline: the status write of Draining may be
+    what was lost."""
+    if _status_action(ctx, name) != NodeAction.CORDONED:
         return False
     return _deadline(policy, started) <= now
 

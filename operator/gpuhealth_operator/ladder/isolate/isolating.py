@@ -99,9 +99,10 @@ def status_fields(ctx: context.Context, name: str) -> dict[str, Any]:
     """The GPUNode status fields of isolation (empty when nothing to say): every policy's GPUs of the
     node, not only the reported policy's, so a GPU stays listed while another policy's verdict (a
     drain) is shown, and a restarted operator reads it back (`from_status`)."""
-    state = isolation.of_node(
-        [s for (_, node), s in sorted(ctx.steps.isolate.isolations.items()) if node == name]
-    )
+    states = [s for (_, node), s in sorted(ctx.steps.isolate.isolations.items()) if node == name]
+    if not states:
+        return {}  # no policy's isolation of the node is kept: no GPU to list
+    state = isolation.of_node(states)
     listed = to_status(state)
     if not listed:
         return {}

@@ -240,11 +240,13 @@ def holds(ctx: context.Context, policy: model.Policy, name: str, now: datetime.d
     restart nor is probed); its pass must restore it. Any version known will do (the sweep's)."""
     version = known_version(ctx, now)
     listed = ctx.steps.isolate.rules_read.get((ALL, version), now) if version is not None else None
+    if not listed:
+        return False  # no rule listed (or none known lately): none of the policy's
     node_label, policy_label = device_taints.label_value(name), device_taints.label_value(policy.name)
     return any(
         owner(rule) == policy_label
         and ((rule.get("metadata") or {}).get("labels") or {}).get(keys.NODE_LABEL) == node_label
-        for rule in listed or ()
+        for rule in listed
     )
 
 

@@ -24,17 +24,22 @@ Action = vocabulary.Action
 
 async def apply(ctx: context.Context, name: str, verdict: model.NodeVerdict, now: datetime.datetime) -> None:
     """Make the Node's labels and taint what `verdict` wants; a fault's new mark is counted as an action."""
-    await _labels(ctx, name, verdict, now)
-    await _taint(ctx, name, verdict, now)
+    record = ctx.cache.nodes.get(name)
+    if record is None:
+        return  # gone: nothing to mark
+    changes, taint = node_changes.marks(record, verdict)
+    if changes:
+        await _labels(ctx, name, verdict, changes, now)
+    await _taint(ctx, name, verdict, now, read=(record, taint))
 
 
 async def _labels(
-    ctx: context.Context, name: str, verdict: model.NodeVerdict, now: datetime.datetime
+    ctx: context.Context,
+    name: str,
+    verdict: model.NodeVerdict,
+    changes: dict[str, str | None],
+    now: datetime.datetime,
 ) -> None:
-    record = ctx.cache.nodes.get(name)
-    changes = node_changes.label_changes(record, verdict) if record is not None else {}
-    if not changes:
-        return
     ctx.cache.refresh_node(await nodes.patch_metadata(ctx.client, name, labels=changes))
     if any(v == "true" for k, v in changes.items() if k != keys.HEALTH_LABEL):
         node_patches.observe_latency(ctx, verdict, Action.LABEL.value, now)
@@ -47,7 +52,16 @@ async def _labels(
         )
 
 
-async def _taint(ctx: context.Context, name: str, verdict: model.NodeVerdict, now: datetime.datetime) -> None:
+async def _taint(
+    ctx: context.Context,
+    name: str,
+    verdict: model.NodeVerdict,
+    now: datetime.datetime,
+    read: tuple[cache.NodeRecord, str | None],
+) -> None:
+    """`read`: a version of the Node and its taint as `apply` read them (the labels patch may have
+    replaced it since)."""
+
     def patch(record: cache.NodeRecord) -> Awaitable[kube.JsonObject]:
         return nodes.set_taint(
             ctx.client,
@@ -57,10 +71,15 @@ async def _taint(ctx: context.Context, name: str, verdict: model.NodeVerdict, no
             resource_version=record.resource_version,
         )
 
+    def taint_of(record: cache.NodeRecord) -> str | None:
+        return read[1] if record is read[0] else node_changes.our_taint(record)
+
     before = ctx.cache.nodes.get(name)
-    had = node_changes.our_taint(before) if before is not None else None
+    had = taint_of(before) if before is not None else None
+    if before is not None and had == verdict.wanted_taint:
+        return  # the cached Node carries the taint wanted: nothing to patch
     patched = await node_patches.patch_with_retries(
-        ctx, name, lambda record: node_changes.our_taint(record) == verdict.wanted_taint, patch
+        ctx, name, lambda record: taint_of(record) == verdict.wanted_taint, patch
     )
     if patched is node_patches.Patched.WRITTEN and verdict.wanted_taint is not None:
         node_patches.observe_latency(ctx, verdict, Action.TAINT.value, now)

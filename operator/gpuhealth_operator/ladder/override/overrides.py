@@ -63,6 +63,9 @@ async def react(
         baseline = evidence.render(found, now, claimant) if found.episodes and claimant is not None else None
         return nodes.drop_claim(ctx.client, name, resource_version=record.resource_version, baseline=baseline)
 
+    record = ctx.cache.nodes.get(name)
+    if record is None or settled(record):
+        return  # gone, or no claim of ours to drop (nearly every pass): nothing to patch
     patched = await node_patches.patch_with_retries(ctx, name, settled, drop)
     if patched is not node_patches.Patched.WRITTEN or dropped_from is None:
         return

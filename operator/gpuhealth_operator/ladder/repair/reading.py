@@ -96,8 +96,9 @@ def holders(ctx: context.Context) -> list[str]:
     return sorted(repairing | ctx.steps.repair.validations)
 
 
-async def stop_waiting(ctx: context.Context, name: str) -> None:
-    """The wait for maxConcurrent ended: forget it, and its mark on the Node (written when it was said)."""
+async def stop_waiting(ctx: context.Context, name: str, *, busy: bool = False) -> None:
+    """The wait for maxConcurrent ended: forget it, and its mark on the Node (written when it was said).
+    `busy`: the wait for workload pods ended too (`stop_busy_wait`)."""
     ctx.steps.repair.waiting.discard(name)
     record = ctx.cache.nodes.get(name)
     if record is not None and keys.REPAIR_WAITING_ANNOTATION in record.view.annotations:
@@ -105,6 +106,8 @@ async def stop_waiting(ctx: context.Context, name: str) -> None:
             ctx.client, name, annotations={keys.REPAIR_WAITING_ANNOTATION: None}
         )
         ctx.cache.refresh_node(body)
+    if busy:
+        stop_busy_wait(ctx, name)
 
 
 def stop_busy_wait(ctx: context.Context, name: str) -> None:

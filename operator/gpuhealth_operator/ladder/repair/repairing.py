@@ -91,9 +91,9 @@ async def take(
     if not view.unschedulable or (
         view.cordoned_by == policy.name and verdict.wanted_action is not vocabulary.Action.DRAIN
     ):
-        await reading.stop_waiting(ctx, name)  # a wait for maxConcurrent ends with the cordon, or the fault
-    if not view.unschedulable:
-        reading.stop_busy_wait(ctx, name)  # a wait for workload pods too (`stepping.launch`)
+        # A wait for maxConcurrent ends with the cordon, or the fault; with the cordon a wait for
+        # workload pods too (`stepping.launch`).
+        await reading.stop_waiting(ctx, name, busy=not view.unschedulable)
     state = repair.parse(view.annotations.get(keys.REPAIR_ANNOTATION))
     if state is None and keys.OPERANDS_PAUSED_ANNOTATION in view.annotations:
         await operands.restore(ctx, name)  # a cycle that ended without it (a kill -9 between)

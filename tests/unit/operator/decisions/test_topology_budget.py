@@ -196,6 +196,33 @@ def test_admitting_one_by_one_never_exceeds_any_domain_or_max_unavailable(data: 
         assert len(b.unavailable) <= max(b.limit, start.get(b.domain, 0)), b.describe()
 
 
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_one_admission_call_is_each_policys_budgets_and_admits_all(data: st.DataObject) -> None:
+    """`budget.admission` (one call per admission) answers what building each acting policy's budget and
+    domains one by one, then asking `admits_all` over them, answers: the same budgets, the same verdict."""
+    names = [f"n{i}" for i in range(data.draw(st.integers(1, 8)))]
+    table = {n: {RACK: data.draw(st.sampled_from(["r1", "r2"]))} for n in names if data.draw(st.booleans())}
+    acting = []
+    for i in range(data.draw(st.integers(0, 3))):
+        p = policy(
+            f"p{i}",
+            max_unavailable=data.draw(st.sampled_from([1, 2, "50%"])),
+            budgets=data.draw(st.sampled_from([{}, {RACK: 1}])),
+        )
+        selected = frozenset(data.draw(st.sets(st.sampled_from(names))))
+        acting.append((p, selected, frozenset(data.draw(st.sets(st.sampled_from(names))))))
+    wanting = [({n: (i, T0) for i, n in enumerate(data.draw(st.permutations(names)))}, frozenset(names))]
+    name = data.draw(st.sampled_from(names))
+    one_by_one: list[budget.Budget] = []
+    for p, selected, unavailable in acting:
+        own = budget.Budget(p, selected, unavailable)
+        one_by_one += [own, *budget.domain_budgets(p, selected, unavailable, labels_of(table))]
+    found, admitted = budget.admission(name, acting, labels_of(table), wanting)
+    assert found == one_by_one
+    assert admitted == budget.admits_all(name, one_by_one, budget.Ranks(wanting))
+
+
 # --- the admission over the cache ------------------------------------------------------------------------
 
 
