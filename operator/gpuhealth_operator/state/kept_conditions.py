@@ -82,7 +82,9 @@ class KeptCondition(Mapping[str, Any]):
         return Mapping.__eq__(self, other)
 
     def __hash__(self) -> int:
-        return hash((self._since, self._shape))
+        """Of every value in a C call (not the shape's `__hash__`, a call into `slotted` per condition
+        shared): equal conditions hold equal values, so hash alike."""
+        return hash(self.values_in_order())
 
     def __repr__(self) -> str:
         return f"KeptCondition({dict(self)!r})"
@@ -146,13 +148,12 @@ def kept(raw: Mapping[str, Any], share: Callable[[Shape], Shape]) -> Mapping[str
     when it holds another key or a value that is not a scalar."""
     if not raw.keys() <= _KEYS:
         return raw
-    shape = Shape(raw)
     try:
-        hash(shape)
+        hash(tuple(map(raw.get, Shape.KEYS, _ABSENTS)))  # the shape's values, as its own hash reads them
         hash(raw.get(SINCE))
     except TypeError:
         return raw
-    return KeptCondition(share(shape), raw.get(SINCE, _ABSENT))
+    return KeptCondition(share(Shape(raw)), raw.get(SINCE, _ABSENT))
 
 
 class Table(Protocol):
