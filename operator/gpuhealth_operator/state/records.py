@@ -169,7 +169,8 @@ class GPUNodeRecord:
 
     def inherit(self, older: GPUNodeRecord) -> None:
         """Take over what was judged of `older`'s agent report, which this version holds too
-        (`same_report`): fact signals and straggler performance depend on nothing else."""
+        (`same_report`): fact signals, straggler performance and the stale limit (`clocks.stale_limit`,
+        the agent block's) depend on nothing else."""
         for derived in _FROM_REPORT:
             value = older.held(derived)
             if value is not UNSET:
@@ -328,7 +329,7 @@ _ABSENT_KEY: Any = object()
 
 _AT_REST_READS = ("health", "action")
 """What `clocks.facts_at_rest` reads besides the conditions."""
-_FROM_REPORT = ("fact_signals", "straggler_facts", "memory")
+_FROM_REPORT = ("fact_signals", "straggler_facts", "memory", "stale_limit")
 """GPUNodeRecord's derived values that read the agent's report alone (AGENT_FIELDS)."""
 
 

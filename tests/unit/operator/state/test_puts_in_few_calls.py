@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gpunode_facts
-from gpuhealth_operator.decisions import due, gpu_facts, model
+from gpuhealth_operator.decisions import clocks, due, gpu_facts, model
 from gpuhealth_operator.state import cache, compaction, kept_conditions
 
 _NOW = datetime.datetime(2026, 1, 5, tzinfo=datetime.UTC)
@@ -170,3 +170,16 @@ def test_a_changed_gpunode_is_touched_and_expected_at_once() -> None:
     assert index.take(11.0, 0.0) == one_by_one.take(11.0, 0.0) == {"n0"}
     index.changed("n0", None)
     assert index.take(20.0, 0.0) == {"n0"} and len(index) == 0
+
+
+def test_the_answer_to_our_status_write_keeps_the_stale_limit_of_the_report_it_holds() -> None:
+    """The stale limit reads the agent block alone: a version holding the same report takes it over, and
+    it is the one `clocks.stale_limit` works out of that version."""
+    store = cache.ClusterCache()
+    report = gpunode_facts.agent_status(gpus=2, heartbeat="2026-01-05T00:00:00Z", heartbeat_seconds=30)
+    first = store.put_gpunode({"metadata": {"name": "n0", "resourceVersion": "1"}, "status": report}, _NOW)
+    limit = first.stale_limit
+    ours = {**report, "health": "Unhealthy", "action": "Cordon"}
+    answer = store.refresh_gpunode({"metadata": {"name": "n0", "resourceVersion": "2"}, "status": ours}, _NOW)
+    assert answer is not None and answer is not first
+    assert answer.held("stale_limit") == limit == clocks.stale_limit(answer.status) == 90.0
