@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gpunode_facts
+from gpuhealth_operator.compact.slotted import ABSENT
 from gpuhealth_operator.decisions import clocks, due, gpu_facts, model
 from gpuhealth_operator.state import cache, compaction, kept_conditions
 
@@ -113,8 +114,8 @@ _CONDITION = st.fixed_dictionaries(
 @settings(max_examples=300, deadline=None)
 @given(first=_CONDITION, second=_CONDITION)
 def test_equal_kept_conditions_hash_alike(first: dict[str, Any], second: dict[str, Any]) -> None:
-    a = kept_conditions.kept(first, lambda shape: shape)
-    b = kept_conditions.kept(dict(reversed(list(second.items()))), lambda shape: shape)
+    a = kept_conditions.kept(first, lambda key, value: value)
+    b = kept_conditions.kept(dict(reversed(list(second.items()))), lambda key, value: value)
     assert type(a) is kept_conditions.KeptCondition and a == first
     if a == b:
         assert hash(a) == hash(b)
@@ -183,3 +184,64 @@ def test_the_answer_to_our_status_write_keeps_the_stale_limit_of_the_report_it_h
     answer = store.refresh_gpunode({"metadata": {"name": "n0", "resourceVersion": "2"}, "status": ours}, _NOW)
     assert answer is not None and answer is not first
     assert answer.held("stale_limit") == limit == clocks.stale_limit(answer.status) == 90.0
+
+
+def _old_kept(raw: dict[str, Any]) -> object:
+    """`kept_conditions._shared` of a condition whose strings are shared, before it keyed by values: the
+    shape shared by itself (its own `__hash__` and `__eq__`), then the condition made of it."""
+    shared = compaction.SHARED
+    if not raw.keys() <= kept_conditions._KEYS:
+        return raw
+    shape = kept_conditions.Shape(raw)
+    try:
+        hash(shape)
+        hash(raw.get(kept_conditions.SINCE))
+    except TypeError:
+        return raw
+    return shared.share(
+        kept_conditions.KeptCondition(shared.share(shape), raw.get(kept_conditions.SINCE, ABSENT))
+    )
+
+
+def _typed(value: object) -> object:
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    if hasattr(value, "items"):
+        return sorted((k, _typed(v)) for k, v in value.items())
+    return (type(value).__name__, value)
+
+
+_SHARED_CONDITION = st.fixed_dictionaries(
+    {
+        "type": st.sampled_from(["EccUncorrectable", "XidCritical"]),
+        "status": st.sampled_from(["True", "False"]),
+    },
+    optional={
+        "lastTransitionTime": st.sampled_from(["2026-01-05T00:00:00Z", "2026-01-05T00:10:01Z"]),
+        "observedGeneration": st.sampled_from([1, 2, 1.0, True]),
+        "recoveringSince": st.one_of(st.just("2026-01-05T00:00:00Z"), st.just(["not", "a", "time"])),
+        "note": st.just("a key we do not write"),
+    },
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(conditions=st.lists(_SHARED_CONDITION, min_size=1, max_size=6))
+def test_a_condition_kept_by_its_values_is_the_one_kept_by_itself_of_its_own_types(
+    conditions: list[dict[str, Any]],
+) -> None:
+    """Keyed by values and types, each condition is kept as before (equal, a KeptCondition where it was
+    one), of the types written, and equal ones (and equal shapes) are one object."""
+    shared = compaction.SHARED
+    new = [kept_conditions.kept(shared.each(c), shared.one) for c in conditions]
+    old = [_old_kept(shared.each(c)) for c in conditions]
+    assert new == old == conditions
+    assert [type(c) for c in new] == [type(c) for c in old]
+    assert [_typed(c) for c in new] == [_typed(c) for c in conditions]
+    again = [kept_conditions.kept(shared.each(dict(c)), shared.one) for c in conditions]
+    kept = [(a, b) for a, b in zip(new, again, strict=True) if type(a) is kept_conditions.KeptCondition]
+    assert all(a is b for a, b in kept)
+    shapes = {}
+    for condition, _ in kept:
+        values = tuple(_typed(condition[k]) if k in condition else None for k in kept_conditions.Shape.KEYS)
+        assert shapes.setdefault(values, condition._shape) is condition._shape
