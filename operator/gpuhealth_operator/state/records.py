@@ -23,7 +23,6 @@ from gpuhealth_operator.decisions import (
     overrides,
     signals,
     straggler_scores,
-    times,
     trends,
 )
 from gpuhealth_operator.state import compaction, kept_conditions
@@ -252,7 +251,8 @@ class GPUNodeRecord:
         """Seconds since this operator saw the agent's last new report (0 if not yet timed)."""
         if self.report_seen_at is None:
             return 0.0
-        return max(0.0, times.seconds_between(self.report_seen_at, now))
+        # Subtracted here, not through `times.seconds_between`: every judgement and resting check asks it.
+        return max(0.0, (now - self.report_seen_at).total_seconds())
 
 
 def _straggler_facts(
