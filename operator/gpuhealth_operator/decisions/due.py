@@ -57,6 +57,12 @@ class DueIndex:
         if known is None or deadline < known:
             heapq.heappush(self._heap, (deadline, name))
 
+    def changed(self, name: str, deadline: float | None) -> None:
+        """`touch`, then `expect` the deadline, in one call: what each stored version of a node's
+        GPUNode tells the index."""
+        self.touch(name)
+        self.expect(name, deadline)
+
     def keep(self, due: Iterable[str]) -> None:
         """The nodes found due on this pass: candidates again on the next, until one is found at rest."""
         self._kept = set(due)

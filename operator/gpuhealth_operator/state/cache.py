@@ -216,22 +216,25 @@ class ClusterCache:
 
     def put_node(self, body: Mapping[str, Any]) -> NodeRecord:
         """Store a Node as a watch event shows it (an older resourceVersion is ignored)."""
-        record = node_record(body)
-        old = self._nodes.get(record.view.name)
-        if old is None or _newer(old.resource_version, record.resource_version):
-            if record.view.name not in self._nodes:
-                self._placed += 1
-                self._node_order[record.view.name] = self._placed
-            if old is not None and record.reads_like(old):
-                record.__dict__["reading"] = old.reading
-            self._nodes[record.view.name] = record
-            self._select(record.view.name)
-            self._mark(record.view)
-            self.due.touch(record.view.name)
-            if old is None or _marks(old.view) != _marks(record.view):
-                self.marks += 1
-            return record
-        return old
+        meta = body.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        old = self._nodes.get(name)
+        if old is not None and not _newer(old.resource_version, str(meta.get("resourceVersion", ""))):
+            return old
+        record = node_record(body, older=old)  # built only when stored; its `reading` taken over
+        if name not in self._nodes:
+            self._placed += 1
+            self._node_order[name] = self._placed
+        self._nodes[name] = record
+        if old is None or old.view != record.view:
+            # What a selection reads of a node is its view and whether it has a GPUNode, which
+            # `put_gpunode` and `remove_gpunode` select on: an equal view leaves every selection as is.
+            self._select(name)
+        self._mark(record.view)
+        self.due.touch(name)
+        if old is None or _marks(old.view) != _marks(record.view):
+            self.marks += 1
+        return record
 
     def refresh_node(self, body: Mapping[str, Any]) -> NodeRecord | None:
         """Store the API server's answer to our write; None (and nothing stored) if the Node is gone."""
@@ -299,16 +302,7 @@ class ClusterCache:
                 seen = now
             else:
                 seen = old.report_seen_at
-            record = gpunode_record(body, seen, older=old)
-            if old is not None:
-                if record.same_report(old):
-                    record.inherit(old)  # the answer to our own status write: nothing to judge again
-                else:
-                    record.hold("memory", trends.advance(old.memory, record.status, now))
-                    record.inherit_healthy_signals(old)  # judged with the memory up to this report
-                record.inherit_conditions(old)
-                if record.reads_like(old):
-                    record.hold("reading", old.reading)
+            record = gpunode_record(body, seen, older=old, now=now)  # what still holds of `old` kept
             if record.name not in self._gpunodes:
                 self._placed += 1
                 self._order[record.name] = self._placed
@@ -316,8 +310,7 @@ class ClusterCache:
             self.links.replace(old.status.get("gpus") if old else None, record.status.get("gpus"))
             if old is None:  # an agent appeared: its node now counts in the budgets that select it
                 self._select(record.name)
-            self.due.touch(record.name)
-            self.due.expect(record.name, stale_deadline(record))
+            self.due.changed(record.name, stale_deadline(record))
             if old is None or _gpunode_marks(old.status) != _gpunode_marks(record.status):
                 self.marks += 1
             for held, present in (
@@ -350,8 +343,7 @@ class ClusterCache:
             self._check_requested.discard(name)
             self._select(name)
             self._order.pop(name, None)
-            self.due.touch(name)
-            self.due.expect(name, None)
+            self.due.changed(name, None)
             self.marks += 1
 
     def in_order(self, names: Iterable[str]) -> list[str]:

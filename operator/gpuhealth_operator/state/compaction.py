@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuhealth_operator.compact import interning
@@ -63,6 +63,15 @@ class SharedValues(interning.Table):
     def values(self, raw: Iterable[Any]) -> list[Any]:
         """`value` of each, in one call (a Node's label values, its conditions' strings)."""
         return [self.value(v) for v in raw]
+
+    def batch(
+        self, lists: Sequence[Sequence[Any]], keyed: Mapping[str, Any]
+    ) -> tuple[list[list[Any]], dict[str, Any]]:
+        """`check`, then `values` of each of `lists`, and `mapping` of `keyed` with its values shared
+        (`values`): a record's few lists of strings in one call, not a call per list (issue 46)."""
+        self.check()
+        shared = [self.values(raw) for raw in lists]
+        return shared, self.mapping(dict(zip(keyed, self.values(keyed.values()), strict=True)))
 
     def mapping(self, raw: Mapping[str, Any], keys: Iterable[str] | None = None) -> dict[str, Any]:
         """A dict of `raw`'s `keys` (default all); one shared copy when its values are all scalars."""
@@ -161,6 +170,31 @@ def compact_gpu(gpu: Mapping[str, Any], shared: SharedValues = SHARED) -> gpu_fa
         raw = get(key, absent)
         put(facts, part(raw, wanted) if isinstance(raw, Mapping) else value(raw))
     return facts
+
+
+_SHARED_STATUS = ("summary", "health", "issues", "action")
+"""Status fields besides `gpus` whose values repeat across nodes. Not `conditions`, `agent`, `straggler`:
+every node has its own times and scores there, so sharing them would only cost a table entry."""
+
+
+def compact_status(raw: Mapping[str, Any], shared: SharedValues = SHARED) -> dict[str, Any]:
+    """A GPUNode's `status` as the cache keeps it, but for its conditions (`kept_conditions`: they take
+    over the version before's): its GPUs compacted (`compact_gpu`), the agent block's values shared (its
+    heartbeat time is its own in every report), and the fields whose values repeat across nodes
+    (`_SHARED_STATUS`) shared whole. One call per status, the table checked once (issue 46)."""
+    status = dict(raw)
+    shared.check()
+    gpus = status.get("gpus")
+    # A list of compacted GPUs (a replay's cluster keeps them so, read-only) is its own compaction.
+    if isinstance(gpus, list) and not all(type(gpu) is gpu_facts.GPUFacts for gpu in gpus):
+        status["gpus"] = [compact_gpu(gpu, shared) if isinstance(gpu, Mapping) else gpu for gpu in gpus]
+    agent = status.get("agent")
+    if type(agent) is dict:
+        status["agent"] = shared.each(agent)
+    for key in _SHARED_STATUS:
+        if key in status:
+            status[key] = shared.value(status[key])
+    return status
 
 
 _COMPACTIONS: dict[str, tuple[Any, Any]] = {

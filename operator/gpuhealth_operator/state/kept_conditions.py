@@ -12,13 +12,14 @@ from __future__ import annotations
 import itertools
 import types
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 from gpuhealth_api import vocabulary
 from gpuhealth_operator.compact import slotted
 from gpuhealth_operator.decisions import hysteresis, model
 
 SINCE: Final = "lastTransitionTime"
+_V = TypeVar("_V")
 _ABSENT: Final = slotted.ABSENT
 
 
@@ -82,7 +83,9 @@ class KeptCondition(Mapping[str, Any]):
         return Mapping.__eq__(self, other)
 
     def __hash__(self) -> int:
-        return hash((self._since, self._shape))
+        """Of every value in a C call (not the shape's `__hash__`, a call into `slotted` per condition
+        shared): equal conditions hold equal values, so hash alike."""
+        return hash(self.values_in_order())
 
     def __repr__(self) -> str:
         return f"KeptCondition({dict(self)!r})"
@@ -138,28 +141,35 @@ def _matches(kept: KeptCondition, raw: dict[str, Any]) -> bool:
 
 
 def _rebuilt(raw: Mapping[str, Any]) -> Mapping[str, Any]:
-    return kept(raw, lambda shape: shape)
+    return kept(raw, lambda key, value: value)
 
 
-def kept(raw: Mapping[str, Any], share: Callable[[Shape], Shape]) -> Mapping[str, Any]:
-    """`raw` as a KeptCondition whose shape is `share`d (one copy across the fleet), or `raw` as it is
-    when it holds another key or a value that is not a scalar."""
+def kept(raw: Mapping[str, Any], share: Callable[[Hashable, Any], Any]) -> Mapping[str, Any]:
+    """`raw` as a KeptCondition, it and its shape `share`d by key (`share(key, value)`: the value held for
+    `key`, else `value`, now held; one copy across the fleet), or `raw` as it is when it holds another
+    key or a value that is not a scalar.
+
+    The keys are the values and their types, a tuple hashed and compared in C: keyed by themselves, a
+    shape and a condition were hashed by their own `__hash__`, a call into `slotted` and back per look-up
+    (issue 46). With the types, a kept 1 never stands for a written True (as in `reuse`)."""
     if not raw.keys() <= _KEYS:
         return raw
-    shape = Shape(raw)
+    values = tuple(map(raw.get, _IN_ORDER, _ABSENTS))  # its `lastTransitionTime`, then its shape's
+    types = tuple(map(type, values))
     try:
-        hash(shape)
-        hash(raw.get(SINCE))
+        hash(values)
     except TypeError:
         return raw
-    return KeptCondition(share(shape), raw.get(SINCE, _ABSENT))
+    shape: Shape = share((Shape, values[1:], types[1:]), Shape(raw))
+    condition: KeptCondition = share((KeptCondition, values, types), KeptCondition(shape, values[0]))
+    return condition
 
 
 class Table(Protocol):
     """What `kept_list` asks of the cache's shared values (`compaction.SharedValues`, a layer above)."""
 
     def each(self, raw: Mapping[str, Any]) -> dict[str, Any]: ...
-    def share(self, value: Any) -> Any: ...
+    def one(self, key: Hashable, value: _V) -> _V: ...
     def mapping(self, raw: Mapping[str, Any]) -> dict[str, Any]: ...
     def share_each(self, values: Iterable[Hashable]) -> list[Any]: ...
 
@@ -185,8 +195,8 @@ def _shared(raw: object, table: Table) -> object:
     if type(raw) is not dict:
         return raw
     values = table.each(raw)
-    condition = kept(values, table.share)
-    return table.mapping(values) if condition is values else table.share(condition)
+    condition = kept(values, table.one)
+    return table.mapping(values) if condition is values else condition
 
 
 def same(held: Sequence[object], raw: Sequence[object]) -> bool:

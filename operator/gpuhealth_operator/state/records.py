@@ -12,19 +12,17 @@ import functools
 import itertools
 import sys
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpuhealth_api import keys, status, vocabulary
 from gpuhealth_operator.decisions import (
     clocks,
-    gpu_facts,
     healthy_reports,
     model,
     overrides,
     signals,
     straggler_scores,
-    times,
     trends,
 )
 from gpuhealth_operator.state import compaction, kept_conditions
@@ -170,7 +168,8 @@ class GPUNodeRecord:
 
     def inherit(self, older: GPUNodeRecord) -> None:
         """Take over what was judged of `older`'s agent report, which this version holds too
-        (`same_report`): fact signals and straggler performance depend on nothing else."""
+        (`same_report`): fact signals, straggler performance and the stale limit (`clocks.stale_limit`,
+        the agent block's) depend on nothing else."""
         for derived in _FROM_REPORT:
             value = older.held(derived)
             if value is not UNSET:
@@ -189,6 +188,19 @@ class GPUNodeRecord:
             )
         ):
             self.hold("fact_signals", dict(judged))  # its own: a key judged later is this version's
+
+    def follow(self, older: GPUNodeRecord, now: datetime.datetime) -> None:
+        """Take over what was worked out of `older`, the version stored before this one, and still holds:
+        all it judged of the same report (`inherit`), else its memory advanced by this report (at
+        `now`) and its healthy signals where they stay so; its parsed conditions; its `reading`."""
+        if self.same_report(older):
+            self.inherit(older)  # the answer to our own status write: nothing to judge again
+        else:
+            self.hold("memory", trends.advance(older.memory, self.status, now))
+            self.inherit_healthy_signals(older)  # judged with the memory up to this report
+        self.inherit_conditions(older)
+        if self.reads_like(older):
+            self.hold("reading", older.reading)
 
     def reads_like(self, older: GPUNodeRecord) -> bool:
         """Whether every verdict judges this version exactly as `older` (at the same instant).
@@ -239,7 +251,8 @@ class GPUNodeRecord:
         """Seconds since this operator saw the agent's last new report (0 if not yet timed)."""
         if self.report_seen_at is None:
             return 0.0
-        return max(0.0, times.seconds_between(self.report_seen_at, now))
+        # Subtracted here, not through `times.seconds_between`: every judgement and resting check asks it.
+        return max(0.0, (now - self.report_seen_at).total_seconds())
 
 
 def _straggler_facts(
@@ -316,7 +329,7 @@ _ABSENT_KEY: Any = object()
 
 _AT_REST_READS = ("health", "action")
 """What `clocks.facts_at_rest` reads besides the conditions."""
-_FROM_REPORT = ("fact_signals", "straggler_facts", "memory")
+_FROM_REPORT = ("fact_signals", "straggler_facts", "memory", "stale_limit")
 """GPUNodeRecord's derived values that read the agent's report alone (AGENT_FIELDS)."""
 
 
@@ -342,97 +355,74 @@ _NO_ANNOTATIONS: Mapping[str, str] = types.MappingProxyType({})
 _NO_KEYS: frozenset[str] = frozenset()
 
 
-def node_record(body: Mapping[str, Any]) -> NodeRecord:
+def node_record(body: Mapping[str, Any], older: NodeRecord | None = None) -> NodeRecord:
     """The Node as the decisions read it; label and condition strings shared across the fleet (`SHARED`),
-    a few lists of them in a call each rather than one call per string (issue 46)."""
+    all its lists of them in one call rather than one call per string or list (issue 46). `older`: the
+    version stored before, whose `reading` this one takes over if it `reads_like` it."""
     meta = body.get("metadata") or {}
     spec = body.get("spec") or {}
-    shared = compaction.SHARED
-    shared.check()
     raw_taints = [t for t in spec.get("taints") or [] if isinstance(t, Mapping)]
-    taints = tuple(shared.values(raw_taints)) if raw_taints else ()
     capacity = (body.get("status") or {}).get("capacity") or {}
     ours: list[str] = []
-    other_types: list[str] = []
-    other_statuses: list[str] = []
+    others: dict[str, str] = {}
     written: dict[str, str] = {}
     for c in (body.get("status") or {}).get("conditions") or []:
         if not isinstance(c, Mapping):
             continue
         if c.get("type") != keys.NODE_CONDITION_TYPE and isinstance(c.get("type"), str):
-            other_types.append(sys.intern(c["type"]))
-            other_statuses.append(str(c.get("status", "")))
+            others[sys.intern(c["type"])] = str(c.get("status", ""))  # a repeated type: the last counts
             stamps = [str(c[k]) for k in ("lastHeartbeatTime", "lastTransitionTime") if c.get(k)]
             if stamps:
                 written[sys.intern(c["type"])] = max(stamps)  # RFC 3339 UTC: in order as strings
         if c.get("type") == keys.NODE_CONDITION_TYPE:  # the last one counts, as its record did
             ours = [str(c.get(k, "")) for k in ("status", "reason", "message", "lastTransitionTime")]
-    # Ours (four strings, if any) and the other tools' statuses, shared in one call.
-    strings = shared.values([*ours, *other_statuses])
-    condition = NodeCondition(*strings[:4]) if ours else None
     labels = meta.get("labels") or {}
+    # Taints, ours (four strings, if any), label values and the other tools' conditions: one call.
+    (taints_list, strings, label_values), conditions = compaction.SHARED.batch(
+        (raw_taints, ours, list(labels.values())), others
+    )
+    taints = tuple(taints_list)
     view = model.NodeView(
         name=str(meta.get("name", "")),
-        labels=dict(
-            zip([sys.intern(str(k)) for k in labels], shared.values(list(labels.values())), strict=True)
-        ),
+        labels=dict(zip([sys.intern(str(k)) for k in labels], label_values, strict=True)),
         annotations={k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith(keys.PREFIX)},
         unschedulable=bool(spec.get("unschedulable", False)),
         taint_keys=frozenset(str(t.get("key", "")) for t in taints) if taints else _NO_KEYS,
         gpu_capacity=_int_or_none(capacity.get(keys.GPU_RESOURCE)),
-        # Most nodes hold the same few conditions alike: one copy.
-        conditions=shared.mapping(dict(zip(other_types, strings[len(ours) :], strict=True))),
+        conditions=conditions,  # most nodes hold the same few conditions alike: one copy
     )
-    return NodeRecord(
+    record = NodeRecord(
         view=view,
         uid=str(meta.get("uid", "")),
         resource_version=str(meta.get("resourceVersion", "")),
         taints=taints,
-        condition=condition,
+        condition=NodeCondition(*strings) if ours else None,
         cordon_taken_over=view.unschedulable and overrides.cordon_taken_over(meta),
         created=str(meta.get("creationTimestamp") or ""),
         condition_written=written,
     )
-
-
-_SHARED_STATUS = ("summary", "health", "issues", "action")
-"""Status fields besides `gpus` whose values repeat across nodes. Not `conditions`, `agent`, `straggler`:
-every node has its own times and scores there, so sharing them would only cost a table entry."""
-
-
-def _compacted(gpus: Sequence[object]) -> bool:
-    """Whether every GPU of a list is compacted already (a replay's cluster keeps them so, and they are
-    read-only): the list is then its own compaction, as each of them is (`compaction.compact_gpu`)."""
-    kind = gpu_facts.GPUFacts
-    return all(type(gpu) is kind for gpu in gpus)
+    if older is not None and record.reads_like(older):
+        record.__dict__["reading"] = older.reading  # a version read as the one before: its number
+    return record
 
 
 def gpunode_record(
     body: Mapping[str, Any],
     report_seen_at: datetime.datetime | None = None,
     older: GPUNodeRecord | None = None,
+    now: datetime.datetime | None = None,
 ) -> GPUNodeRecord:
     """The GPUNode as the decisions read it. `older`: the version stored before, whose equal parts the
-    new one holds instead of its own copies."""
+    new one holds instead of its own copies; with `now` (the decision clock), what it worked out that
+    still holds too (`follow`)."""
     meta = body.get("metadata") or {}
-    raw_status: status.GPUNodeStatus = dict(body.get("status") or {})  # type: ignore[assignment]
-    gpus = raw_status.get("gpus")
-    compaction.SHARED.check()
-    if isinstance(gpus, list) and not _compacted(gpus):
-        raw_status["gpus"] = [compaction.compact_gpu(g) if isinstance(g, Mapping) else g for g in gpus]  # type: ignore[misc]
+    raw_status: status.GPUNodeStatus = compaction.compact_status(body.get("status") or {})  # type: ignore[assignment]
     if "conditions" in raw_status:
         held = older.status.get("conditions") if older is not None else None
         raw_status["conditions"] = kept_conditions.kept_list(
             raw_status["conditions"], held, compaction.SHARED
         )  # type: ignore[typeddict-item]
-    agent = raw_status.get("agent")
-    if type(agent) is dict:  # its own heartbeat time in every report: only its values are shared
-        raw_status["agent"] = compaction.SHARED.each(agent)  # type: ignore[typeddict-item]
-    present = [key for key in _SHARED_STATUS if key in raw_status]  # shared in one call (issue 46)
-    shared = compaction.SHARED.values([raw_status[key] for key in present])  # type: ignore[literal-required]
-    for key, value in zip(present, shared, strict=True):
-        raw_status[key] = value  # type: ignore[literal-required]
-    return GPUNodeRecord(
+    record = GPUNodeRecord(
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),
         resource_version=str(meta.get("resourceVersion", "")),
@@ -441,3 +431,6 @@ def gpunode_record(
         report_seen_at=report_seen_at,
         annotations=_ours(meta.get("annotations")),
     )
+    if older is not None and now is not None:
+        record.follow(older, now)
+    return record

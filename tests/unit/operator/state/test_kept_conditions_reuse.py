@@ -31,12 +31,12 @@ _CONDITION = st.fixed_dictionaries(
 
 
 def _old_condition(raw: object) -> object:
-    """`records._condition` as it was."""
+    """`records._condition` as it was: the condition's strings shared, then the condition (`kept`)."""
     if type(raw) is not dict:
         return raw
     shared = compaction.SHARED.each(raw)
-    condition = kept_conditions.kept(shared, compaction.SHARED.share)
-    return compaction.SHARED.mapping(shared) if condition is shared else compaction.SHARED.share(condition)
+    condition = kept_conditions.kept(shared, compaction.SHARED.one)
+    return compaction.SHARED.mapping(shared) if condition is shared else condition
 
 
 def _old_conditions(raw: object, older: records.GPUNodeRecord | None) -> object:
@@ -126,7 +126,7 @@ def test_one_condition_changed_takes_over_the_other_fourteen() -> None:
 
 def test_reuse_names_for_each_decoded_condition_its_held_equal_or_none() -> None:
     held = [
-        kept_conditions.kept({"type": "A", "status": "True"}, lambda shape: shape),
+        kept_conditions.kept({"type": "A", "status": "True"}, lambda key, value: value),
         {"type": "B", "status": "True", "note": "a dict, never taken over"},
     ]
     found = kept_conditions.reuse(

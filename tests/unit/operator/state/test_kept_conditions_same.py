@@ -24,7 +24,7 @@ _CONDITION = st.fixed_dictionaries(
 
 
 def _kept(raw: dict[str, Any]) -> object:
-    return kept_conditions.kept(raw, lambda shape: shape)
+    return kept_conditions.kept(raw, lambda key, value: value)
 
 
 @settings(max_examples=400, deadline=None)

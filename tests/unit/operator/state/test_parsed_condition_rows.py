@@ -100,7 +100,7 @@ def _as_kept(items: list[object], how: list[int]) -> list[object]:
     kept: list[object] = []
     for item, way in zip(items, how + [0] * len(items), strict=False):
         if isinstance(item, dict) and way == 1:
-            kept.append(kept_conditions.kept(item, lambda shape: shape))
+            kept.append(kept_conditions.kept(item, lambda key, value: value))
         elif isinstance(item, dict) and way == 2:
             kept.append(compaction.SHARED.mapping(item))
         else:
@@ -131,7 +131,7 @@ def test_no_list_no_rows(items: object) -> None:
 
 def test_a_kept_condition_reads_as_its_dict_in_any_order_of_fields() -> None:
     raw = {"type": "EccUncorrectable", "status": "True", "lastTransitionTime": "2026-11-24T00:00:00Z"}
-    kept = kept_conditions.kept(raw, lambda shape: shape)
+    kept = kept_conditions.kept(raw, lambda key, value: value)
     fields = ("recoveringSince", "lastTransitionTime", "type", "nothing", "status")
     assert kept_conditions.rows([kept], fields) == [tuple(map(raw.get, fields))]
 
