@@ -19,7 +19,7 @@ policy's XIDs and the GPUs the node should have, so a caller that keeps a
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 from gpuhealth_api import conditions, faults, heartbeats, keys, status, vocabulary
@@ -110,17 +110,13 @@ def raw_signals(
         for condition in FACT_CONDITIONS:
             signals[condition] = model.Signal(condition, None, f"unknown: {blind.message}")
         return signals
+    gpus, read = _read(facts, memory)  # for the key and for the checks
     if known is None:
-        return signals | fact_signals(facts, node, rule_xids, thresholds, memory)
-    key = (
-        rule_xids,
-        expected_gpus(facts, node),
-        thresholds,
-        memory.expectations(facts.get("gpus")) if memory is not None else (),
-    )
+        return signals | _fact_signals(facts, node, rule_xids, thresholds, gpus, read)
+    key = (rule_xids, expected_gpus(facts, node), thresholds, read.expectations if read is not None else ())
     judged = known.get(key)
     if judged is None:
-        judged = known[key] = fact_signals(facts, node, rule_xids, thresholds, memory)
+        judged = known[key] = _fact_signals(facts, node, rule_xids, thresholds, gpus, read)
     return signals | judged
 
 
@@ -152,41 +148,58 @@ def fact_signals(
     memory: trends.Trends | None = None,
 ) -> dict[Condition, model.Signal]:
     """The signals of FACT_CONDITIONS of a node whose agent is not stale."""
-    signals: dict[Condition, model.Signal] = {}
+    return _fact_signals(facts, node, rule_xids, thresholds, *_read(facts, memory))
+
+
+def _read(facts: status.GPUNodeStatus, memory: trends.Trends | None) -> tuple[object, trends.Read | None]:
+    """The report's GPUs as dicts, in one call, since the memory and each check read each GPU's facts
+    key by key; and what `memory` says of them and of the NIC ports (`trends.Trends.read`), in one call
+    too (issue 46). Read before the key of the signals judged, which it gives, and unused when they are."""
     gpus = facts.get("gpus")
+    if isinstance(gpus, list):
+        gpus = slotted.as_dicts(gpus)
+    return gpus, memory.read(gpus, facts.get("nics")) if memory is not None else None
+
+
+def _fact_signals(  # noqa: PLR0917 - `fact_signals` with its facts read
+    facts: status.GPUNodeStatus,
+    node: model.NodeView,
+    rule_xids: frozenset[int],
+    thresholds: trends.Thresholds,
+    gpus: object,
+    read: trends.Read | None,
+) -> dict[Condition, model.Signal]:
+    """`fact_signals` of `gpus` and `read`, what `_read` made of `facts` and the memory."""
+    signals: dict[Condition, model.Signal] = {}
     if not isinstance(gpus, list):
         for condition in FACT_CONDITIONS:
             signals[condition] = model.Signal(condition, None, "unknown: the agent has not reported GPUs yet")
         return signals
-    # Read as dicts, in one call: each check asks each GPU's facts key by key (issue 46).
-    gpus = slotted.as_dicts(gpus)
     limits = dict(thresholds)
-    history = _once_per_gpu(memory.gpu) if memory is not None else faults.no_history
+    history = _by_position(gpus, read.gpus) if read is not None else faults.no_history
     # Most reports list no fact their agent cannot read: then no condition has an unread GPU to name.
     unread = any(isinstance(g, gpu_facts.MAPPINGS) and isinstance(g.get("unreadable"), list) for g in gpus)
     for condition, check in conditions.gpu_checks(rule_xids, limits, history).items():
         if condition is not Condition.GPU_LOST:  # per GPU and per node: _lost
             signals[condition] = _per_gpu(condition, gpus, check, unread=unread)
     signals[Condition.GPU_LOST] = _lost(facts, node, gpus)
-    signals[Condition.NIC_DEGRADED] = _nics(facts, limits, memory)
+    nics = facts.get("nics")
+    ports = _by_position(nics, read.nics) if read is not None and isinstance(nics, list) else None
+    signals[Condition.NIC_DEGRADED] = _nics(nics, limits, ports)
     return signals
 
 
-def _once_per_gpu(history: faults.History) -> faults.History:
-    """`history` asked once per GPU of one report: each trend condition asks it of every GPU, and what it
-    answers (`trends.Trends.gpu`) reads the GPU's key and link cohort anew each time (issue 52). By
-    identity, each entry holding its GPU so that no id is reused while the answers live."""
-    answers: dict[int, tuple[status.GPUStatus, faults.Trend]] = {}
+def _by_position(
+    items: Iterable[object], answers: tuple[faults.Trend, ...]
+) -> Callable[[object], faults.Trend]:
+    """The history of `items` whose trends are `answers` (`trends.Read`, by position), looked up by the
+    item: the checks ask it with the very objects listed, alive as long as the list."""
+    by_id = {id(item): answer for item, answer in zip(items, answers, strict=True)}
 
-    def once(gpu: status.GPUStatus) -> faults.Trend:
-        found = answers.get(id(gpu))
-        if found is not None and found[0] is gpu:
-            return found[1]
-        trend = history(gpu)
-        answers[id(gpu)] = (gpu, trend)
-        return trend
+    def history(item: object) -> faults.Trend:
+        return by_id[id(item)]
 
-    return once
+    return history
 
 
 def node_condition_signal(node: model.NodeView, condition: vocabulary.NodeCondition) -> model.Signal:
@@ -200,12 +213,12 @@ def node_condition_signal(node: model.NodeView, condition: vocabulary.NodeCondit
 
 
 def _nics(
-    facts: status.GPUNodeStatus, limits: Mapping[Condition, float], memory: trends.Trends | None
+    nics: object, limits: Mapping[Condition, float], history: Callable[[status.Nic], faults.Trend] | None
 ) -> model.Signal:
     """NicDegraded: the node's InfiniBand/RoCE ports (`status.nics`); a node without any has none degraded."""
     condition = Condition.NIC_DEGRADED
     threshold = conditions.threshold(limits, condition)
-    found = faults.nic_faults(facts.get("nics"), threshold, memory.nic if memory is not None else None)
+    found = faults.nic_faults(nics, threshold, history)
     if not found:
         return _HEALTHY[condition]
     return model.Signal(condition, True, "; ".join(found))
