@@ -125,14 +125,12 @@ REPAIRS_FIELD: Final = "repairs"
 
 
 def active_check_signal(facts: status.GPUNodeStatus) -> model.Signal:
-    """ActiveCheckFailed from the node's check history (`check_runs.check_failed`): the operator's own
+    """ActiveCheckFailed from the node's check history (`check_runs.active_check`): the operator's own
     evidence, stored in the cluster, so judged whatever the agent's state and after a restart."""
     condition = Condition.ACTIVE_CHECK_FAILED
-    runs = check_runs.runs_of(facts.get(check_runs.STATUS_FIELD))
-    validated = check_runs.validations_of(facts.get(REPAIRS_FIELD))
-    failing = check_runs.check_failed(runs, validated)
+    failing, cleared = check_runs.active_check(facts.get(check_runs.STATUS_FIELD), facts.get(REPAIRS_FIELD))
     if failing is None:
-        if check_runs.check_failed(runs) is not None:
+        if cleared:
             return model.Signal(condition, False, "cleared by a repair validation that passed after it")
         return model.Signal(condition, False, "no active check failed since its last pass")
     return model.Signal(
@@ -266,16 +264,33 @@ def agent_stale(
 
 
 def agent_error(facts: status.GPUNodeStatus, *, stale: bool = False) -> model.Signal:
-    """True while the agent reports an error of its own (`liveness.agent_error`): it cannot judge the
+    """True while the agent reports an error of its own (`_reported_error`): it cannot judge the
     node's GPUs (it sees none), so health is Unknown and no fact condition is judged; unknown while
     the agent is stale (its last report is old news)."""
     condition = Condition.AGENT_ERROR
     if stale:
         return model.Signal(condition, None, "unknown: the agent is stale")
-    error = liveness.agent_error(facts)
+    error = _reported_error(facts)
     if error is None:
         return model.Signal(condition, False, "the agent reports no error of its own")
     return model.Signal(condition, True, error)
+
+
+def _reported_error(facts: status.GPUNodeStatus) -> str | None:
+    """The error the agent reports about itself (`status.agent.error`), as `Reason: message`; None if none.
+
+    An agent that runs and reports, but cannot see the node's GPUs (a container runtime that
+    hides them), is alive by its heartbeat and its pod: only it can say it is blind. Any
+    well-formed error counts, even a reason this operator does not know (an agent newer than it).
+    """
+    agent = facts.get("agent")
+    error = agent.get("error") if isinstance(agent, dict) else None
+    if not isinstance(error, dict):
+        return None
+    reason, message = error.get("reason"), error.get("message")
+    if not isinstance(reason, str) or not reason:
+        return None
+    return f"{reason}: {message}" if isinstance(message, str) and message else reason
 
 
 def gpu_operator_maintenance(labels: Mapping[str, str]) -> str | None:
