@@ -96,6 +96,9 @@ class View:
         return (points[-1][1] - base) * 3600.0 / WINDOW
 
 
+_LINK_SOURCE: Final = operator.attrgetter("nvlink", "model")
+"""What `link_member` reads of cached GPU facts, in one C call (`expectations` asks it of every GPU)."""
+
 LinkCohort = tuple[str, int]
 """GPUs that should have as many NVLinks up: the same model, the same number of links (up + down)."""
 LINKS_UP: Final = "nvlink.linksUp"
@@ -105,8 +108,10 @@ MIN_COHORT_GPUS: Final = 2
 
 def link_member(gpu: Mapping[str, object]) -> tuple[LinkCohort, int] | None:
     """The GPU's cohort and its links up; None without NVLink facts (no NVLink, NOT_SUPPORTED)."""
-    nvlink = gpu.get("nvlink")
-    model_name = gpu.get("model")
+    if type(gpu) is gpu_facts.GPUFacts:
+        nvlink, model_name = _LINK_SOURCE(gpu)  # `gpu_facts.ABSENT` for a field not reported
+    else:
+        nvlink, model_name = gpu.get("nvlink"), gpu.get("model")
     if not faults.is_mapping(nvlink) or not isinstance(model_name, str):
         return None
     links = cast("Mapping[str, object]", nvlink)  # is_mapping said so

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuhealth_api import faults
-from gpuhealth_operator.decisions import trends
+from gpuhealth_operator.decisions import gpu_facts, trends
 from gpuhealth_operator.state import compaction
 
 NOW = datetime.datetime(2026, 11, 24, tzinfo=datetime.UTC)
@@ -104,3 +104,33 @@ def test_a_report_read_at_once_answers_as_each_gpu_and_port_asked_alone(
 def test_a_report_that_lists_no_gpus_or_ports_reads_nothing() -> None:
     memory = trends.with_cohorts(trends.advance(None, {}, NOW), {(MODEL, 18): 18})
     assert memory.read(None, "nics") == trends.Read((), (), ())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    gpu=st.fixed_dictionaries(
+        {},
+        optional={
+            "model": st.one_of(st.sampled_from([MODEL, ""]), st.integers(0, 1)),
+            "nvlink": st.one_of(
+                st.none(),
+                st.just("NOT_SUPPORTED"),
+                st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "linksUp": st.one_of(st.integers(-1, 18), st.booleans(), st.just(17.0)),
+                        "linksDown": st.one_of(st.integers(-1, 2), st.none()),
+                    },
+                ),
+            ),
+            "index": st.integers(0, 7),
+        },
+    )
+)
+def test_a_cached_gpus_link_cohort_is_the_reported_gpus(gpu: dict[str, Any]) -> None:
+    """`link_member` reads cached facts in one C call (the key of every judgement asks it of each GPU):
+    the cohort and links up of the GPU as reported, whatever is absent or malformed."""
+    decoded = json.loads(json.dumps(gpu))
+    cached = compaction.compact_gpu(decoded)
+    assert type(cached) is gpu_facts.GPUFacts
+    assert trends.link_member(cached) == trends.link_member(decoded)
