@@ -110,13 +110,17 @@ def raw_signals(
         for condition in FACT_CONDITIONS:
             signals[condition] = model.Signal(condition, None, f"unknown: {blind.message}")
         return signals
-    gpus, read = _read(facts, memory)  # for the key and for the checks
     if known is None:
-        return signals | _fact_signals(facts, node, rule_xids, thresholds, gpus, read)
-    key = (rule_xids, expected_gpus(facts, node), thresholds, read.expectations if read is not None else ())
+        return signals | fact_signals(facts, node, rule_xids, thresholds, memory)
+    key = (
+        rule_xids,
+        expected_gpus(facts, node),
+        thresholds,
+        memory.expectations(facts.get("gpus")) if memory is not None else (),
+    )
     judged = known.get(key)
     if judged is None:
-        judged = known[key] = _fact_signals(facts, node, rule_xids, thresholds, gpus, read)
+        judged = known[key] = fact_signals(facts, node, rule_xids, thresholds, memory)
     return signals | judged
 
 
@@ -146,33 +150,16 @@ def fact_signals(
     memory: trends.Trends | None = None,
 ) -> dict[Condition, model.Signal]:
     """The signals of FACT_CONDITIONS of a node whose agent is not stale."""
-    return _fact_signals(facts, node, rule_xids, thresholds, *_read(facts, memory))
-
-
-def _read(facts: status.GPUNodeStatus, memory: trends.Trends | None) -> tuple[object, trends.Read | None]:
-    """The report's GPUs as dicts, in one call, since the memory and each check read each GPU's facts
-    key by key; and what `memory` says of them and of the NIC ports (`trends.Trends.read`), in one call
-    too (issue 46). Read before the key of the signals judged, which it gives, and unused when they are."""
     gpus = facts.get("gpus")
-    if isinstance(gpus, list):
-        gpus = slotted.as_dicts(gpus)
-    return gpus, memory.read(gpus, facts.get("nics")) if memory is not None else None
-
-
-def _fact_signals(  # noqa: PLR0917 - `fact_signals` with its facts read
-    facts: status.GPUNodeStatus,
-    node: model.NodeView,
-    rule_xids: frozenset[int],
-    thresholds: trends.Thresholds,
-    gpus: object,
-    read: trends.Read | None,
-) -> dict[Condition, model.Signal]:
-    """`fact_signals` of `gpus` and `read`, what `_read` made of `facts` and the memory."""
     signals: dict[Condition, model.Signal] = {}
     if not isinstance(gpus, list):
         for condition in FACT_CONDITIONS:
             signals[condition] = model.Signal(condition, None, "unknown: the agent has not reported GPUs yet")
         return signals
+    # Read as dicts, in one call: the memory and each check ask each GPU's facts key by key (issue 46).
+    gpus = slotted.as_dicts(gpus)
+    # And the memory of every GPU and NIC port, in one call: each check asks it of each GPU (issue 46).
+    read = memory.read(gpus, facts.get("nics")) if memory is not None else None
     limits = dict(thresholds)
     history = _by_position(gpus, read.gpus) if read is not None else faults.no_history
     # Most reports list no fact their agent cannot read: then no condition has an unread GPU to name.

@@ -175,17 +175,15 @@ class Trends:
         return tuple(self._expected(gpu) if isinstance(gpu, gpu_facts.MAPPINGS) else None for gpu in gpus)
 
     def read(self, gpus: object, nics: object) -> Read:
-        """`expectations` of a report's `gpus`, and `gpu` of each GPU and `nic` of each NIC port, answered
-        as values (`faults.TrendValues`): one call per judgement, where every check asked every GPU's
-        memory a counter at a time (issue 46). GPUs with one Track (a healthy node's are one, `_shared`)
-        and one expectation share their answers."""
+        """`gpu` of each GPU of a report and `nic` of each NIC port, answered as values
+        (`faults.TrendValues`): one call per judgement, where every check asked every GPU's memory a
+        counter at a time (issue 46). GPUs with one Track (a healthy node's are one, `_shared`) and one
+        expectation share their answers."""
         answers: dict[tuple[int, int | None], faults.Trend] = {}
         found: list[faults.Trend] = []
-        expected: list[int | None] = []
         for gpu in gpus if isinstance(gpus, list) else ():
             if not isinstance(gpu, gpu_facts.MAPPINGS):
                 found.append(faults.NO_TREND)
-                expected.append(None)
                 continue
             key = gpu_key(cast("status.GPUStatus", gpu))  # read from the cluster: each field checked as read
             track, links_up = self.gpus.get(key), self._expected(gpu)
@@ -194,14 +192,13 @@ class Trends:
                 trend = self._gpu_trend(track, links_up)
                 answer = answers[id(track), links_up] = _values(trend, faults.GPU_PEAKS, _GPU_COUNTERS)
             found.append(answer)
-            expected.append(links_up)
         ports = [
             _values(self.nic(cast("status.Nic", nic)), faults.NIC_PEAKS, faults.NIC_COUNTERS)
             if isinstance(nic, dict)
             else faults.NO_TREND
             for nic in (nics if isinstance(nics, list) else ())
         ]
-        return Read(tuple(expected) if self.links else (), tuple(found), tuple(ports))
+        return Read(tuple(found), tuple(ports))
 
     def _expected(self, gpu: Mapping[str, object]) -> int | None:
         """The links up `links` says the GPU's cohort has; None: no cohort known."""
@@ -219,8 +216,6 @@ class Trends:
 class Read:
     """What a node's memory says of one report, read in one call (`Trends.read`)."""
 
-    expectations: tuple[int | None, ...]
-    """`Trends.expectations` of the report's GPUs."""
     gpus: tuple[faults.Trend, ...]
     """`Trends.gpu` of each entry of `status.gpus`, as values, by position (NO_TREND: not a GPU)."""
     nics: tuple[faults.Trend, ...]
