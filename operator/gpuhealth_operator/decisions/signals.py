@@ -150,8 +150,8 @@ def fact_signals(
     memory: trends.Trends | None = None,
 ) -> dict[Condition, model.Signal]:
     """The signals of FACT_CONDITIONS of a node whose agent is not stale."""
-    gpus = facts.get("gpus")
     signals: dict[Condition, model.Signal] = {}
+    gpus = facts.get("gpus")
     if not isinstance(gpus, list):
         for condition in FACT_CONDITIONS:
             signals[condition] = model.Signal(condition, None, "unknown: the agent has not reported GPUs yet")
@@ -161,7 +161,7 @@ def fact_signals(
     # And the memory of every GPU and NIC port, in one call: each check asks it of each GPU (issue 46).
     read = memory.read(gpus, facts.get("nics")) if memory is not None else None
     limits = dict(thresholds)
-    history = _by_position(gpus, read.gpus) if read is not None else faults.no_history
+    history = _history(gpus, read.gpus) if read is not None else faults.no_history
     # Most reports list no fact their agent cannot read: then no condition has an unread GPU to name.
     unread = any(isinstance(g, gpu_facts.MAPPINGS) and isinstance(g.get("unreadable"), list) for g in gpus)
     for condition, check in conditions.gpu_checks(rule_xids, limits, history).items():
@@ -169,16 +169,14 @@ def fact_signals(
             signals[condition] = _per_gpu(condition, gpus, check, unread=unread)
     signals[Condition.GPU_LOST] = _lost(facts, node, gpus)
     nics = facts.get("nics")
-    ports = _by_position(nics, read.nics) if read is not None and isinstance(nics, list) else None
+    ports = _history(nics, read.nics) if read is not None and isinstance(nics, list) else None
     signals[Condition.NIC_DEGRADED] = _nics(nics, limits, ports)
     return signals
 
 
-def _by_position(
-    items: Iterable[object], answers: tuple[faults.Trend, ...]
-) -> Callable[[object], faults.Trend]:
-    """The history of `items` whose trends are `answers` (`trends.Read`, by position), looked up by the
-    item: the checks ask it with the very objects listed, alive as long as the list."""
+def _history(items: Iterable[object], answers: tuple[faults.Trend, ...]) -> Callable[[object], faults.Trend]:
+    """The history of `items` whose trends are `answers` (`trends.Read`: by position), asked with an item:
+    by identity, since the checks ask it with the very objects listed, alive while they judge."""
     by_id = {id(item): answer for item, answer in zip(items, answers, strict=True)}
 
     def history(item: object) -> faults.Trend:
