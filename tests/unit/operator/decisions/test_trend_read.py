@@ -71,6 +71,8 @@ def test_a_report_read_at_once_answers_as_each_gpu_and_port_asked_alone(
     links: dict[trends.LinkCohort, int],
     cached: bool,
 ) -> None:
+    """After each report, each GPU's and each port's answers, read with the others, are its own: peaks
+    (with its cohort's links up) and rates per hour, None where nothing is tracked."""
     memory: trends.Trends | None = None
     at = NOW
     for number, (gpus, nics, gap) in enumerate(reports):
