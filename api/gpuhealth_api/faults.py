@@ -18,6 +18,7 @@ The node-level fact is the GPU count the node physically has
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final, Protocol, cast
 
@@ -273,6 +274,23 @@ class _NoTrend:
 
 NO_TREND: Final[Trend] = _NoTrend()
 """Nothing remembered: a single report (`check`, the first report the operator sees)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TrendValues:
+    """A Trend's answers, worked out beforehand (`decisions.trends.Trends.read`): each predicate of each
+    GPU reads them as data, not one call into the memory per counter (issue 46). A path absent from
+    `peaks` (`rates`) answers None, as `Trend.most` (`Trend.per_hour`) of a fact never seen."""
+
+    peaks: Mapping[str, float]
+    rates: Mapping[str, float]
+
+    def most(self, path: str) -> float | None:
+        return self.peaks.get(path)
+
+    def per_hour(self, path: str) -> float | None:
+        return self.rates.get(path)
+
 
 History = Callable[[status.GPUStatus], Trend]
 """A GPU's trend, looked up by the GPU's facts (its UUID or index)."""

@@ -111,6 +111,15 @@ def check_failed(runs: Sequence[Run], validated: Sequence[datetime.datetime] = (
     return min(failing, key=lambda f: (f.since, f.check)) if failing else None
 
 
+def active_check(checks: object, repairs: object) -> tuple[Failing | None, bool]:
+    """ActiveCheckFailed from a node's stored `status.checks[]` and `status.repairs[]`, in one call (it is
+    judged from every report, issue 46): `check_failed` of their runs and validations; and, when that
+    is None, whether a validation is what cleared it (a check failed and did not pass since)."""
+    runs = runs_of(checks)
+    failing = check_failed(runs, validations_of(repairs))
+    return failing, failing is None and check_failed(runs) is not None
+
+
 def with_run(history: Sequence[Run], item: Run) -> tuple[Run, ...]:
     """The history with one more run, oldest dropped past HISTORY_LIMIT, in time order."""
     return tuple(sorted((*history, item), key=lambda r: r.time)[-HISTORY_LIMIT:])

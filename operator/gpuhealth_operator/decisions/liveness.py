@@ -28,7 +28,6 @@ import dataclasses
 import datetime
 from typing import Final
 
-from gpuhealth_api import status
 from gpuhealth_operator.decisions import times
 
 NOT_READY_GRACE_SECONDS: Final = 60.0
@@ -68,23 +67,6 @@ def pod_stale(
         f"{NOT_READY_GRACE_SECONDS:g}s) and sent no new report since"
     )
     return message, pod.since + datetime.timedelta(seconds=NOT_READY_GRACE_SECONDS)
-
-
-def agent_error(facts: status.GPUNodeStatus) -> str | None:
-    """The error the agent reports about itself (`status.agent.error`), as `Reason: message`; None if none.
-
-    An agent that runs and reports, but cannot see the node's GPUs (a container runtime that
-    hides them), is alive by its heartbeat and its pod: only it can say it is blind. Any
-    well-formed error counts, even a reason this operator does not know (an agent newer than it).
-    """
-    agent = facts.get("agent")
-    error = agent.get("error") if isinstance(agent, dict) else None
-    if not isinstance(error, dict):
-        return None
-    reason, message = error.get("reason"), error.get("message")
-    if not isinstance(reason, str) or not reason:
-        return None
-    return f"{reason}: {message}" if isinstance(message, str) and message else reason
 
 
 def observe(

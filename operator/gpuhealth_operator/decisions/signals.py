@@ -19,7 +19,7 @@ policy's XIDs and the GPUs the node should have, so a caller that keeps a
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 from gpuhealth_api import conditions, faults, heartbeats, keys, status, vocabulary
@@ -129,14 +129,12 @@ REPAIRS_FIELD: Final = "repairs"
 
 
 def active_check_signal(facts: status.GPUNodeStatus) -> model.Signal:
-    """ActiveCheckFailed from the node's check history (`check_runs.check_failed`): the operator's own
+    """ActiveCheckFailed from the node's check history (`check_runs.active_check`): the operator's own
     evidence, stored in the cluster, so judged whatever the agent's state and after a restart."""
     condition = Condition.ACTIVE_CHECK_FAILED
-    runs = check_runs.runs_of(facts.get(check_runs.STATUS_FIELD))
-    validated = check_runs.validations_of(facts.get(REPAIRS_FIELD))
-    failing = check_runs.check_failed(runs, validated)
+    failing, cleared = check_runs.active_check(facts.get(check_runs.STATUS_FIELD), facts.get(REPAIRS_FIELD))
     if failing is None:
-        if check_runs.check_failed(runs) is not None:
+        if cleared:
             return model.Signal(condition, False, "cleared by a repair validation that passed after it")
         return model.Signal(condition, False, "no active check failed since its last pass")
     return model.Signal(
@@ -158,35 +156,33 @@ def fact_signals(
         for condition in FACT_CONDITIONS:
             signals[condition] = model.Signal(condition, None, "unknown: the agent has not reported GPUs yet")
         return signals
-    # Read as dicts, in one call: each check asks each GPU's facts key by key (issue 46).
+    # Read as dicts, in one call: the memory and each check ask each GPU's facts key by key (issue 46).
     gpus = slotted.as_dicts(gpus)
+    # And the memory of every GPU and NIC port, in one call: each check asks it of each GPU (issue 46).
+    read = memory.read(gpus, facts.get("nics")) if memory is not None else None
     limits = dict(thresholds)
-    history = _once_per_gpu(memory.gpu) if memory is not None else faults.no_history
+    history = _history(gpus, read.gpus) if read is not None else faults.no_history
     # Most reports list no fact their agent cannot read: then no condition has an unread GPU to name.
     unread = any(isinstance(g, gpu_facts.MAPPINGS) and isinstance(g.get("unreadable"), list) for g in gpus)
     for condition, check in conditions.gpu_checks(rule_xids, limits, history).items():
         if condition is not Condition.GPU_LOST:  # per GPU and per node: _lost
             signals[condition] = _per_gpu(condition, gpus, check, unread=unread)
     signals[Condition.GPU_LOST] = _lost(facts, node, gpus)
-    signals[Condition.NIC_DEGRADED] = _nics(facts, limits, memory)
+    nics = facts.get("nics")
+    ports = _history(nics, read.nics) if read is not None and isinstance(nics, list) else None
+    signals[Condition.NIC_DEGRADED] = _nics(nics, limits, ports)
     return signals
 
 
-def _once_per_gpu(history: faults.History) -> faults.History:
-    """`history` asked once per GPU of one report: each trend condition asks it of every GPU, and what it
-    answers (`trends.Trends.gpu`) reads the GPU's key and link cohort anew each time (issue 52). By
-    identity, each entry holding its GPU so that no id is reused while the answers live."""
-    answers: dict[int, tuple[status.GPUStatus, faults.Trend]] = {}
+def _history(items: Iterable[object], answers: tuple[faults.Trend, ...]) -> Callable[[object], faults.Trend]:
+    """The history of `items` whose trends are `answers` (`trends.Read`: by position), asked with an item:
+    by identity, since the checks ask it with the very objects listed, alive while they judge."""
+    by_id = {id(item): answer for item, answer in zip(items, answers, strict=True)}
 
-    def once(gpu: status.GPUStatus) -> faults.Trend:
-        found = answers.get(id(gpu))
-        if found is not None and found[0] is gpu:
-            return found[1]
-        trend = history(gpu)
-        answers[id(gpu)] = (gpu, trend)
-        return trend
+    def history(item: object) -> faults.Trend:
+        return by_id[id(item)]
 
-    return once
+    return history
 
 
 def node_condition_signal(node: model.NodeView, condition: vocabulary.NodeCondition) -> model.Signal:
@@ -200,12 +196,12 @@ def node_condition_signal(node: model.NodeView, condition: vocabulary.NodeCondit
 
 
 def _nics(
-    facts: status.GPUNodeStatus, limits: Mapping[Condition, float], memory: trends.Trends | None
+    nics: object, limits: Mapping[Condition, float], history: Callable[[status.Nic], faults.Trend] | None
 ) -> model.Signal:
     """NicDegraded: the node's InfiniBand/RoCE ports (`status.nics`); a node without any has none degraded."""
     condition = Condition.NIC_DEGRADED
     threshold = conditions.threshold(limits, condition)
-    found = faults.nic_faults(facts.get("nics"), threshold, memory.nic if memory is not None else None)
+    found = faults.nic_faults(nics, threshold, history)
     if not found:
         return _HEALTHY[condition]
     return model.Signal(condition, True, "; ".join(found))
@@ -253,16 +249,33 @@ def agent_stale(
 
 
 def agent_error(facts: status.GPUNodeStatus, *, stale: bool = False) -> model.Signal:
-    """True while the agent reports an error of its own (`liveness.agent_error`): it cannot judge the
+    """True while the agent reports an error of its own (`_reported_error`): it cannot judge the
     node's GPUs (it sees none), so health is Unknown and no fact condition is judged; unknown while
     the agent is stale (its last report is old news)."""
     condition = Condition.AGENT_ERROR
     if stale:
         return model.Signal(condition, None, "unknown: the agent is stale")
-    error = liveness.agent_error(facts)
+    error = _reported_error(facts)
     if error is None:
         return model.Signal(condition, False, "the agent reports no error of its own")
     return model.Signal(condition, True, error)
+
+
+def _reported_error(facts: status.GPUNodeStatus) -> str | None:
+    """The error the agent reports about itself (`status.agent.error`), as `Reason: message`; None if none.
+
+    An agent that runs and reports, but cannot see the node's GPUs (a container runtime that
+    hides them), is alive by its heartbeat and its pod: only it can say it is blind. Any
+    well-formed error counts, even a reason this operator does not know (an agent newer than it).
+    """
+    agent = facts.get("agent")
+    error = agent.get("error") if isinstance(agent, dict) else None
+    if not isinstance(error, dict):
+        return None
+    reason, message = error.get("reason"), error.get("message")
+    if not isinstance(reason, str) or not reason:
+        return None
+    return f"{reason}: {message}" if isinstance(message, str) and message else reason
 
 
 def gpu_operator_maintenance(labels: Mapping[str, str]) -> str | None:

@@ -96,6 +96,9 @@ class View:
         return (points[-1][1] - base) * 3600.0 / WINDOW
 
 
+_LINK_SOURCE: Final = operator.attrgetter("nvlink", "model")
+"""What `link_member` reads of cached GPU facts, in one C call (`expectations` asks it of every GPU)."""
+
 LinkCohort = tuple[str, int]
 """GPUs that should have as many NVLinks up: the same model, the same number of links (up + down)."""
 LINKS_UP: Final = "nvlink.linksUp"
@@ -105,8 +108,10 @@ MIN_COHORT_GPUS: Final = 2
 
 def link_member(gpu: Mapping[str, object]) -> tuple[LinkCohort, int] | None:
     """The GPU's cohort and its links up; None without NVLink facts (no NVLink, NOT_SUPPORTED)."""
-    nvlink = gpu.get("nvlink")
-    model_name = gpu.get("model")
+    if type(gpu) is gpu_facts.GPUFacts:
+        nvlink, model_name = _LINK_SOURCE(gpu)  # `gpu_facts.ABSENT` for a field not reported
+    else:
+        nvlink, model_name = gpu.get("nvlink"), gpu.get("model")
     if not faults.is_mapping(nvlink) or not isinstance(model_name, str):
         return None
     links = cast("Mapping[str, object]", nvlink)  # is_mapping said so
@@ -157,14 +162,7 @@ class Trends:
     links: Mapping[LinkCohort, int] = dataclasses.field(default_factory=lambda: _NO_COHORTS)
 
     def gpu(self, gpu: status.GPUStatus) -> faults.Trend:
-        track = self.gpus.get(gpu_key(gpu))
-        trend = faults.NO_TREND if track is None else View(track, self.at)
-        if self.links:
-            member = link_member(gpu)
-            expected = self.links.get(member[0]) if member is not None else None
-            if expected is not None:
-                return Expected(trend, float(expected))
-        return trend
+        return self._gpu_trend(self.gpus.get(gpu_key(gpu)), self._expected(gpu))
 
     def nic(self, nic: status.Nic) -> faults.Trend:
         track = self.nics.get(nic_key(nic))
@@ -174,11 +172,64 @@ class Trends:
         """What `links` says of each GPU of `gpus`: part of the key of the signals judged from them."""
         if not self.links or not isinstance(gpus, list):
             return ()
-        found = []
-        for gpu in gpus:
-            member = link_member(gpu) if isinstance(gpu, gpu_facts.MAPPINGS) else None
-            found.append(self.links.get(member[0]) if member is not None else None)
-        return tuple(found)
+        return tuple(self._expected(gpu) if isinstance(gpu, gpu_facts.MAPPINGS) else None for gpu in gpus)
+
+    def read(self, gpus: object, nics: object) -> Read:
+        """`gpu` of each GPU of a report and `nic` of each NIC port, answered as values
+        (`faults.TrendValues`): one call per judgement, where every check asked every GPU's memory a
+        counter at a time (issue 46). GPUs with one Track (a healthy node's are one, `_shared`) and one
+        expectation share their answers."""
+        answers: dict[tuple[int, int | None], faults.Trend] = {}
+        found: list[faults.Trend] = []
+        for gpu in gpus if isinstance(gpus, list) else ():
+            if not isinstance(gpu, gpu_facts.MAPPINGS):
+                found.append(faults.NO_TREND)
+                continue
+            key = gpu_key(cast("status.GPUStatus", gpu))  # read from the cluster: each field checked as read
+            track, links_up = self.gpus.get(key), self._expected(gpu)
+            answer = answers.get((id(track), links_up))
+            if answer is None:
+                trend = self._gpu_trend(track, links_up)
+                answer = answers[id(track), links_up] = _values(trend, faults.GPU_PEAKS, _GPU_COUNTERS)
+            found.append(answer)
+        ports = [
+            _values(self.nic(cast("status.Nic", nic)), faults.NIC_PEAKS, faults.NIC_COUNTERS)
+            if isinstance(nic, dict)
+            else faults.NO_TREND
+            for nic in (nics if isinstance(nics, list) else ())
+        ]
+        return Read(tuple(found), tuple(ports))
+
+    def _expected(self, gpu: Mapping[str, object]) -> int | None:
+        """The links up `links` says the GPU's cohort has; None: no cohort known."""
+        if not self.links:
+            return None
+        member = link_member(gpu)
+        return self.links.get(member[0]) if member is not None else None
+
+    def _gpu_trend(self, track: Track | None, links_up: int | None) -> faults.Trend:
+        trend = faults.NO_TREND if track is None else View(track, self.at)
+        return trend if links_up is None else Expected(trend, float(links_up))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Read:
+    """What a node's memory says of one report, read in one call (`Trends.read`)."""
+
+    gpus: tuple[faults.Trend, ...]
+    """`Trends.gpu` of each entry of `status.gpus`, as values, by position (NO_TREND: not a GPU)."""
+    nics: tuple[faults.Trend, ...]
+    """`Trends.nic` of each entry of `status.nics`, likewise."""
+
+
+def _values(trend: faults.Trend, peaks: tuple[str, ...], counters: tuple[str, ...]) -> faults.Trend:
+    """`trend`'s answers for the paths it tracks (a Track keeps no other: for the rest it answers None)."""
+    if trend is faults.NO_TREND:
+        return trend
+    return faults.TrendValues(
+        {path: most for path in peaks if (most := trend.most(path)) is not None},
+        {path: rate for path in counters if (rate := trend.per_hour(path)) is not None},
+    )
 
 
 def with_cohorts(memory: Trends, links: Mapping[LinkCohort, int]) -> Trends:

@@ -90,7 +90,13 @@ def slow_fact_signals(
         if condition is not Condition.GPU_LOST:
             found[condition] = slow_per_gpu(condition, gpus, check)
     found[Condition.GPU_LOST] = signals._lost(facts, node, gpus)  # type: ignore[arg-type]
-    found[Condition.NIC_DEGRADED] = signals._nics(facts, limits, memory)  # type: ignore[arg-type]
+    threshold = conditions.threshold(limits, Condition.NIC_DEGRADED)
+    nics = faults.nic_faults(facts.get("nics"), threshold, memory.nic if memory is not None else None)
+    found[Condition.NIC_DEGRADED] = (
+        model.Signal(Condition.NIC_DEGRADED, True, "; ".join(nics))
+        if nics
+        else signals._HEALTHY[Condition.NIC_DEGRADED]
+    )
     return found
 
 
@@ -132,27 +138,42 @@ _GPU_CHANGES = st.fixed_dictionaries(
     },
 )
 _REPORT = st.dictionaries(st.integers(0, 7), _GPU_CHANGES, max_size=8)
+_NICS = st.lists(
+    st.fixed_dictionaries(
+        {
+            "name": st.sampled_from(["mlx5_0", "mlx5_1"]),
+            "port": st.just(1),
+            "state": st.sampled_from(["ACTIVE", "INIT"]),
+            "rateGbps": st.sampled_from([200, 400]),
+            "symbolErrors": st.integers(0, 5000),
+        }
+    ),
+    max_size=2,
+)
+"""A node's NIC ports (`status.nics`), their memory judged with the GPUs' (`trends.Trends.read`)."""
 
 
 @settings(max_examples=200, deadline=None)
 @given(
-    reports=st.lists(_REPORT, min_size=1, max_size=4),
+    reports=st.lists(st.tuples(_REPORT, _NICS), min_size=1, max_size=4),
     threshold=st.sampled_from([(), ((Condition.PCIE_ERRORS, 10.0), (Condition.NVLINK_DEGRADED, 50.0))]),
     links=st.sampled_from([{}, {(gpunode_facts.MODEL, 18): 18}, {(gpunode_facts.MODEL, 18): 17}]),
     cached=st.booleans(),
 )
 def test_fact_signals_judged_fast_are_the_signals_judged_slowly(
-    reports: list[dict[int, dict[str, Any]]],
+    reports: list[tuple[dict[int, dict[str, Any]], list[dict[str, Any]]]],
     threshold: trends.Thresholds,
     links: dict[trends.LinkCohort, int],
     cached: bool,
 ) -> None:
-    """Reports in a row (counters that creep or jump, links down, facts the agent cannot read), with the
-    memory the cache advances and a fleet's link cohorts: the same signals, messages included."""
+    """Reports in a row (counters that creep or jump, links down, facts the agent cannot read, NIC ports
+    that slow down or leave ACTIVE), with the memory the cache advances and a fleet's link cohorts: the
+    same signals, messages included."""
     store = cache.ClusterCache()
     node = model.NodeView(name="n", labels={})
-    for minute, overrides in enumerate(reports):
+    for minute, (overrides, nics) in enumerate(reports):
         status = gpunode_facts.agent_status(heartbeat=f"2026-11-24T00:{minute:02d}:00Z", overrides=overrides)
+        status["nics"] = nics
         raw = json.loads(
             json.dumps(
                 {"metadata": {"name": "n", "uid": "u", "resourceVersion": str(minute + 1)}, "status": status}
