@@ -11,7 +11,7 @@ by dropping our claim, GPUs isolated or taken to the node ladder, a cordon
 adopted from a deleted policy). It then asks again here, and what moved is
 judged again with every part folded in: the human override
 (`decisions.overrides`, inside `verdicts.judge`) and the GPUs' isolation
-(`verdicts.with_isolation`). Nothing else amends a verdict.
+(`verdicts.with_isolation`, inside `verdicts.judge` too). Nothing else amends a verdict.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def judge(
         agent_pod=agent_pod,
         known_signals=gpunode.fact_signals,
         memory=ctx.cache.memory(gpunode),
+        isolated=isolated,
     )
-    verdict = verdicts.with_isolation(verdict, isolated)
     ctx.verdicts.remember(key, verdict, inputs)
     return verdict
 
