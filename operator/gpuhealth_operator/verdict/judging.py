@@ -21,11 +21,28 @@ import datetime
 from gpuhealth_operator.decisions import isolation, liveness, model, overlap, policies, verdicts
 from gpuhealth_operator.shared import context
 from gpuhealth_operator.state import cache
+from gpuhealth_operator.verdict import memory
 
 
 def selecting_policies(ctx: context.Context, record: cache.NodeRecord) -> list[model.Policy]:
-    """The policies that select the node, in name order."""
-    return [p for _, p in sorted(ctx.cache.policies.items()) if policies.selects(p, record.view)]
+    """The policies that select the node, in name order.
+
+    A pass asks this again after each step that may have changed the Node (`verdict_now`): while the
+    Node's version and the policies are the same objects, the answer is the one worked out last
+    (`memory.Selection`), not every policy's selector matched again.
+    """
+    every = tuple(p for _, p in sorted(ctx.cache.policies.items()))
+    known = ctx.judging.selection
+    if (
+        known is not None
+        and known.view is record.view
+        and len(known.every) == len(every)
+        and all(a is b for a, b in zip(known.every, every, strict=True))
+    ):
+        return list(known.selecting)
+    selecting = policies.selecting(every, record.view)
+    ctx.judging.selection = memory.Selection(record.view, every, tuple(selecting))
+    return selecting
 
 
 def judge(
