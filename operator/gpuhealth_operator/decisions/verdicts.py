@@ -105,8 +105,9 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
     if drill is not None:
         raw[drill.condition] = drill
     states = hysteresis.advance_all(previous, raw, plan.clocks, now)
-    # Lists, not generators, into other modules: a generator resumed from there is a hop per item (issue 46).
-    issues = severity.most_severe_first([c for c, s in states.items() if s.status == hysteresis.TRUE])
+    # The states come in the order of `plan.clocks`, most severe first (`advance_all` keeps it): the true
+    # ones, so taken, are `severity.most_severe_first` of them without sorting them again.
+    issues = tuple(c for c, s in states.items() if s.status == hysteresis.TRUE)
     health = _health(issues, blinding)
     # The policy's rules come ranked (`_Plan.ranked`): the fired ones, filtered, keep that order.
     fired = [ranked for ranked in plan.ranked if _fires(ranked[0], states[ranked[0].condition], now)]

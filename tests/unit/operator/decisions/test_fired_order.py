@@ -17,8 +17,12 @@ from gpuhealth_operator.decisions import hysteresis, isolation, model, policies,
 
 Action = vocabulary.Action
 T0 = datetime.datetime(2026, 11, 22, 1, 0, 0, tzinfo=datetime.UTC)
-NODE = model.NodeView(name="n", labels={})
+NODE = model.NodeView(
+    name="n", labels={}, conditions={"KernelDeadlock": "True", "FrequentDockerRestart": "True"}
+)
 CONDITIONS = ("EccUncorrectable", "RowRemapFailure", "ThermalThrottled", "PowerThrottled", "GPULost")
+NODE_CONDITIONS = ("KernelDeadlock", "FrequentDockerRestart", "ReadonlyFilesystem")
+"""Other tools' Node conditions a rule may name: the first two the Node holds."""
 FAULTS: dict[str, dict[str, Any]] = {
     "ecc": {"ecc": {"uncorrectedVolatile": 1}},
     "rows": {"remappedRows": {"failure": True}},
@@ -27,9 +31,9 @@ FAULTS: dict[str, dict[str, Any]] = {
 ONE_GPU = ("EccUncorrectable", "RowRemapFailure", "GPULost")
 """The conditions of these an IsolateGPU rule may name (a fault of one GPU)."""
 RULES = st.lists(
-    st.tuples(st.sampled_from(CONDITIONS), st.sampled_from([a.value for a in Action])).filter(
-        lambda rule: rule[1] != Action.ISOLATE_GPU.value or rule[0] in ONE_GPU
-    ),
+    st.tuples(
+        st.sampled_from(CONDITIONS + NODE_CONDITIONS), st.sampled_from([a.value for a in Action])
+    ).filter(lambda rule: rule[1] != Action.ISOLATE_GPU.value or rule[0] in ONE_GPU),
     min_size=1,
     max_size=6,
 )
@@ -57,7 +61,11 @@ def ranked_one_by_one(fired: list[model.Rule]) -> list[model.Rule]:
 @settings(max_examples=300, deadline=None)
 @given(RULES, st.sets(st.sampled_from(sorted(FAULTS))), st.booleans())
 def test_fired_rules_rank_as_one_by_one(rules: list[tuple[str, str]], faults: set[str], stale: bool) -> None:
-    spec = [{"name": f"r{i}", "condition": c, "action": a} for i, (c, a) in enumerate(rules)]
+    spec = [
+        {"name": f"r{i}", "action": a}
+        | ({"nodeCondition": {"type": c}} if c in NODE_CONDITIONS else {"condition": c})
+        for i, (c, a) in enumerate(rules)
+    ]
     policy = policies.parse_policy("p", 1, {"rules": spec})
     gpu: dict[str, Any] = {}
     for fault in sorted(faults):
@@ -66,6 +74,7 @@ def test_fired_rules_rank_as_one_by_one(rules: list[tuple[str, str]], faults: se
         policy, NODE, facts(gpu), {}, None, T0, report_age_seconds=3600.0 if stale else 0.0
     )
     states = verdict.conditions
+    assert verdict.issues == severity.most_severe_first([c for c, s in states.items() if s.status == "True"])
     fired = [r for r in policy.rules if states[r.condition].status == hysteresis.TRUE]
     if verdict.health is vocabulary.Health.UNKNOWN:
         fired = [r for r in fired if isolation.node_action(r.action) not in vocabulary.DISRUPTIVE_ACTIONS]
@@ -74,7 +83,9 @@ def test_fired_rules_rank_as_one_by_one(rules: list[tuple[str, str]], faults: se
     wanted = isolation.node_action(fired[0].action) if fired else None
     assert verdict.wanted_action is wanted
     tainting = severity.most_severe_first([r.condition for r in fired if r.action is Action.TAINT])
-    assert verdict.wanted_taint == (str(tainting[0]) if tainting else None)
+    worst = tainting[0] if tainting else None
+    label = worst.label_value if isinstance(worst, vocabulary.NodeCondition) else worst
+    assert verdict.wanted_taint == (str(label) if label is not None else None)
     held = [
         states[r.condition].observed_since or states[r.condition].last_transition_time
         for r in fired
