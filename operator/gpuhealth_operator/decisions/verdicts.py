@@ -380,7 +380,7 @@ def _recovered(
     """
     if health is not Health.HEALTHY or any(s.status == hysteresis.TRUE for s in states.values()):
         return False
-    since = [hysteresis.healthy_since(s) for s in states.values()]
+    since = hysteresis.healthy_since_each(states.values())
     if any(s is None for s in since):
         return False
     latest = max((s for s in since if s is not None), default=None)
