@@ -17,6 +17,8 @@ judged again with every part folded in: the human override
 from __future__ import annotations
 
 import datetime
+import typing
+from collections.abc import Mapping
 
 from gpuhealth_operator.decisions import isolation, liveness, model, overlap, policies, verdicts
 from gpuhealth_operator.shared import context
@@ -49,15 +51,37 @@ def judge(
     ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime
 ) -> model.NodeVerdict | None:
     """The node's verdict under `policy` now (None: its Node or GPUNode is gone)."""
+    node = _node(ctx, name)
+    return _judge(ctx, policy, node, now) if node is not None else None
+
+
+class _Node(typing.NamedTuple):
+    """What a node's verdicts under every policy are judged from but the policy and the instant, read once
+    for them all (`node_verdicts`, `judged_at`): no `await` comes between, so all of it stays as read."""
+
+    record: cache.NodeRecord
+    gpunode: cache.GPUNodeRecord
+    isolated: Mapping[tuple[str, str], isolation.NodeState]
+    agent_pod: liveness.AgentPod | None
+
+
+def _node(ctx: context.Context, name: str) -> _Node | None:
     record = ctx.cache.nodes.get(name)
     gpunode = ctx.cache.gpunodes.get(name)
     if record is None or gpunode is None:
         return None
-    key = (policy.name, name)
-    inputs = _inputs(ctx, policy, record, gpunode, now)
+    return _Node(record, gpunode, ctx.steps.isolated, ctx.agent_pods.get(name))
+
+
+def _judge(
+    ctx: context.Context, policy: model.Policy, node: _Node, now: datetime.datetime
+) -> model.NodeVerdict:
+    key = (policy.name, node.record.view.name)
+    inputs = _inputs(ctx, policy, node, now)
     known = ctx.verdicts.judged_from(key, inputs)
     if known is not None:
         return known
+    record, gpunode = node.record, node.gpunode
     _, _, _, straggler, _, agent_pod, isolated = inputs
     verdict = verdicts.judge(
         policy,
@@ -84,15 +108,10 @@ def node_verdicts(
     Acting policies patch one Node, so theirs carry one wish for its labels and taint
     (`overlap.combine`), or overlapping policies would undo each other's.
     """
-    record = ctx.cache.nodes.get(name)
-    if record is None:
+    node = _node(ctx, name)
+    if node is None:
         return None
-    judged: list[tuple[model.Policy, model.NodeVerdict]] = []
-    for policy in selecting_policies(ctx, record):
-        verdict = judge(ctx, policy, name, now)
-        if verdict is None:
-            return None
-        judged.append((policy, verdict))
+    judged = [(policy, _judge(ctx, policy, node, now)) for policy in selecting_policies(ctx, node.record)]
     acting = [(p, v) for p, v in judged if not p.dry_run]
     if len(acting) > 1:
         merged = overlap.combine([v for _, v in acting])
@@ -119,13 +138,12 @@ def judged_at(ctx: context.Context, name: str, now: datetime.datetime) -> bool:
     meanwhile is judged again, and at an earlier instant than what moved it, which would stamp a cordon
     before its fault was seen (`cordoned-at`) and time every clock from before its start.
     """
-    record = ctx.cache.nodes.get(name)
-    gpunode = ctx.cache.gpunodes.get(name)
-    if record is None or gpunode is None:
+    node = _node(ctx, name)
+    if node is None:
         return True  # gone: the pass finds nothing to judge either way
     return all(
-        ctx.verdicts.judged_from((policy.name, name), _inputs(ctx, policy, record, gpunode, now)) is not None
-        for policy in selecting_policies(ctx, record)
+        ctx.verdicts.judged_from((policy.name, name), _inputs(ctx, policy, node, now)) is not None
+        for policy in selecting_policies(ctx, node.record)
     )
 
 
@@ -140,22 +158,16 @@ _Inputs = tuple[
 ]
 
 
-def _inputs(
-    ctx: context.Context,
-    policy: model.Policy,
-    record: cache.NodeRecord,
-    gpunode: cache.GPUNodeRecord,
-    now: datetime.datetime,
-) -> _Inputs:
+def _inputs(ctx: context.Context, policy: model.Policy, node: _Node, now: datetime.datetime) -> _Inputs:
     """What a verdict is judged from (`judge`): the same objects, the same verdict."""
-    name = record.view.name
-    isolated = ctx.steps.isolated.get((policy.name, name))
+    key = (policy.name, node.record.view.name)
+    isolated = node.isolated.get(key)
     return (
         policy,
-        record,
-        gpunode,
-        ctx.judging.stragglers.get((policy.name, name)),
+        node.record,
+        node.gpunode,
+        ctx.judging.stragglers.get(key),
         now,
-        ctx.agent_pods.get(name),
+        node.agent_pod,
         isolated.decision if isolated is not None else None,
     )
