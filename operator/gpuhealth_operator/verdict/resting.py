@@ -53,7 +53,8 @@ def _quiet(
     the node's, as `agent_pods` holds it; read once for this and `_judged`)."""
     if name in ctx.steps.drain or name in ctx.steps.cordons_unknown or (pod is not None and not pod.ready):
         return False
-    if any((policy, name) in ctx.steps.isolated for policy in ctx.cache.policies):
+    isolated = ctx.steps.isolated  # the view once, not once per policy
+    if any((policy, name) in isolated for policy in ctx.cache.policies):
         return False
     return not any(ctx.admission.waiting(p.name, name) for p in selecting)
 
