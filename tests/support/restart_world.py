@@ -43,7 +43,7 @@ DRA_VERSION = "v1beta2"
 # --- a new process ---------------------------------------------------------------------------------------
 
 RESET: dict[str, Callable[[], object]] = {
-    "gpuhealth_operator.decisions.verdicts._CLOCKS": verdicts._CLOCKS.clear,
+    "gpuhealth_operator.decisions.verdicts._PLANS": verdicts._PLANS.clear,
     "gpuhealth_operator.decisions.policies._RULE_XIDS": policies._RULE_XIDS.clear,
     "gpuhealth_operator.decisions.trends._FIRST": trends._FIRST.clear,
     "gpuhealth_operator.decisions.trends._TRACKS": trends._TRACKS.table.clear,

@@ -211,6 +211,11 @@ def healthy_since(state: model.ConditionState) -> datetime.datetime | None:
     return state.recovering_since or state.last_transition_time
 
 
+def healthy_since_each(states: Iterable[model.ConditionState]) -> list[datetime.datetime | None]:
+    """`healthy_since` of each state, in one call (a verdict's recovery reads every condition's)."""
+    return [healthy_since(s) for s in states]
+
+
 def to_status(states: Iterable[model.ConditionState], generation: int) -> list[model.ConditionRecord]:
     """`status.conditions[]` items, sorted by type so an unchanged state renders byte-identical."""
     records = []

@@ -62,6 +62,10 @@ def node_action(action: Action) -> Action:
     return FALLBACK_ACTION if action is Action.ISOLATE_GPU else action
 
 
+DISRUPTING: Final = frozenset(a for a in Action if node_action(a) in vocabulary.DISRUPTIVE_ACTIONS)
+"""The rule actions whose `node_action` is Cordon or Drain: a set to test rules against, not a call each."""
+
+
 class Outcome(enum.StrEnum):
     ISOLATE = "Isolate"
     WAIT = "Wait"

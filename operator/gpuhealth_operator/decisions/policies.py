@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from gpuhealth_api import conditions, keys, vocabulary
@@ -98,6 +98,13 @@ def selects(policy: model.Policy, node: model.NodeView) -> bool:
     Labels alone: a Node without a GPUNode is still never selected (`selects_gpu_node`).
     """
     return not excluded(node) and matches(policy, node)
+
+
+def selecting(candidates: Iterable[model.Policy], node: model.NodeView) -> list[model.Policy]:
+    """Those of `candidates` that select the node (`selects`), in their order: one call for them all."""
+    if excluded(node):
+        return []
+    return [p for p in candidates if matches(p, node)]
 
 
 def excluded(node: model.NodeView) -> bool:

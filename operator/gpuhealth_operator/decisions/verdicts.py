@@ -70,24 +70,27 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
     agent_pod: liveness.AgentPod | None = None,
     known_signals: signals.FactSignals | None = None,
     memory: trends.Trends | None = None,
+    isolated: isolation.NodeIsolation | None = None,
 ) -> model.NodeVerdict:
     """`report_age_seconds`: how long ago, by the operator's clock, the agent's last new report was seen;
     `agent_pod`: the node's agent pod as last seen (None: not known; see `liveness`); `known_signals`:
     the fact signals kept with this version of `facts` (see `signals.raw_signals`); `memory`: what the
-    operator remembers of the node's earlier reports (`trends`; None: nothing, as `check`).
+    operator remembers of the node's earlier reports (`trends`; None: nothing, as `check`); `isolated`:
+    the isolation decided for the node's GPUs, folded in (`with_isolation`; None: none decided).
 
     `drill`: a fire drill's synthetic signal, which replaces the real one for its condition.
     """
     overdue = maintenance_overdue(previous.get(Condition.GPU_OPERATOR_MAINTENANCE), now)
+    plan = _plan(policy, drill.condition if drill else None)
     raw = signals.raw_signals(
         facts,
         node,
-        policies.rule_xids(policy),
+        plan.xids,
         now,
         report_age_seconds,
         agent_pod=agent_pod,
         known=known_signals,
-        thresholds=trends.thresholds(policy),
+        thresholds=plan.thresholds,
         memory=memory,
         overdue=overdue,
     )
@@ -101,60 +104,87 @@ def judge(  # noqa: PLR0917 - the pipeline's inputs, in the order the handler ha
             raw[rule.condition] = signals.node_condition_signal(node, rule.condition)
     if drill is not None:
         raw[drill.condition] = drill
-    states = hysteresis.advance_all(previous, raw, _clocks(policy, drill.condition if drill else None), now)
-    # Lists, not generators, into other modules: a generator resumed from there is a hop per item (issue 46).
-    issues = severity.most_severe_first([c for c, s in states.items() if s.status == hysteresis.TRUE])
+    states = hysteresis.advance_all(previous, raw, plan.clocks, now)
+    # The states come in the order of `plan.clocks`, most severe first (`advance_all` keeps it): the true
+    # ones, so taken, are `severity.most_severe_first` of them without sorting them again.
+    issues = tuple(c for c, s in states.items() if s.status == hysteresis.TRUE)
     health = _health(issues, blinding)
-    fired = [r for r in policy.rules if _fires(r, states[r.condition], now)]
+    # The policy's rules come ranked (`_Plan.ranked`): the fired ones, filtered, keep that order.
+    fired = [ranked for ranked in plan.ranked if _fires(ranked[0], states[ranked[0].condition], now)]
     if health is Health.UNKNOWN:
-        fired = [r for r in fired if isolation.node_action(r.action) not in vocabulary.DISRUPTIVE_ACTIONS]
-    fired.sort(
-        key=lambda r: (
-            -vocabulary.ACTION_ORDER[isolation.node_action(r.action)],
-            severity.rank(r.condition),
-            r.name,
-        )
-    )
-    wanted_action = isolation.node_action(fired[0].action) if fired else None
+        fired = [ranked for ranked in fired if ranked[1] not in vocabulary.DISRUPTIVE_ACTIONS]
+    wanted_action = fired[0][1] if fired else None
+    rules = [rule for rule, _, _ in fired]
     verdict = model.NodeVerdict(
         node=node.name,
         conditions=states,
         health=health,
         issues=issues,
-        fired_rules=tuple(fired),
+        fired_rules=tuple(rules),
         wanted_action=wanted_action,
-        wanted_labels=_labels(health, fired),
+        wanted_labels=_labels(health, rules),
         wanted_taint=_taint(fired),
         recovered=_recovered(health, states, policy.recovery_healthy_for_seconds, now),
         detected_at=min(
-            (
-                _held_since(states[r.condition])
-                for r in fired
-                if isolation.node_action(r.action) is wanted_action
-            ),
+            (_held_since(states[rule.condition]) for rule, action, _ in fired if action is wanted_action),
             default=None,
         ),
     )
-    return overrides.apply(policy, node, facts, verdict)
+    return with_isolation(overrides.apply(policy, node, facts, verdict), isolated)
 
 
 _Clocks = tuple[tuple[vocabulary.ConditionKey, float, float], ...]
-_CLOCKS: dict[tuple[int, vocabulary.ConditionKey | None], tuple[model.Policy, _Clocks]] = {}
-"""`_clocks` per policy object (and drilled condition): a policy changes far less often than it judges."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Plan:
+    """What `judge` reads of one policy object, worked out once: a policy changes far less often than it
+    judges, and each of these asked another module again per judgement (issue 46)."""
+
+    clocks: _Clocks
+    """The conditions it judges, with their clocks (`_clocks`)."""
+    ranked: tuple[tuple[model.Rule, Action, int], ...]
+    """Its rules in the order fired rules are acted on (the strongest node action, the most severe
+    condition, the name), each with its node action (`isolation.node_action`) and its condition's
+    severity rank: fired rules filtered from these are so ordered, as a stable sort of them would be."""
+    xids: frozenset[int]
+    """`policies.rule_xids`."""
+    thresholds: trends.Thresholds
+    """`trends.thresholds`."""
+
+
+_PLANS: dict[tuple[int, vocabulary.ConditionKey | None], tuple[model.Policy, _Plan]] = {}
+"""`_plan` per policy object (and drilled condition)."""
+
+
+def _plan(policy: model.Policy, drilled: vocabulary.ConditionKey | None) -> _Plan:
+    key = (id(policy), drilled)
+    known = _PLANS.get(key)
+    if known is not None and known[0] is policy:
+        return known[1]
+    acts = [isolation.node_action(r.action) for r in policy.rules]
+    ranks = [severity.rank(r.condition) for r in policy.rules]
+    ranked = sorted(
+        zip(policy.rules, acts, ranks, strict=True),
+        key=lambda entry: (-vocabulary.ACTION_ORDER[entry[1]], entry[2], entry[0].name),
+    )
+    plan = _Plan(
+        _clocks(policy, drilled), tuple(ranked), policies.rule_xids(policy), trends.thresholds(policy)
+    )
+    if len(_PLANS) >= 256:
+        _PLANS.clear()  # policies come and go: never more than a few at once
+    _PLANS[key] = (policy, plan)
+    return plan
 
 
 def _clocks(policy: model.Policy, drilled: vocabulary.ConditionKey | None) -> _Clocks:
     """The conditions a policy judges, most severe first, each with its forSeconds and clear seconds:
     every fatal one, AgentStale, those its rules name, and a fire drill's. Another tool's Node condition
     clears as soon as the Node says so: that tool has its own hysteresis."""
-    key = (id(policy), drilled)
-    known = _CLOCKS.get(key)
-    if known is not None and known[0] is policy:
-        return known[1]
     judged: set[vocabulary.ConditionKey] = {*severity.FATAL, *BLIND, *(r.condition for r in policy.rules)}
     if drilled is not None:
         judged |= {drilled}
-    clocks = tuple(
+    return tuple(
         (
             condition,
             min((r.for_seconds for r in policy.rules if r.condition == condition), default=0.0),
@@ -166,10 +196,6 @@ def _clocks(policy: model.Policy, drilled: vocabulary.ConditionKey | None) -> _C
         )
         for condition in severity.most_severe_first(judged)
     )
-    if len(_CLOCKS) >= 256:
-        _CLOCKS.clear()  # policies come and go: never more than a few at once
-    _CLOCKS[key] = (policy, clocks)
-    return clocks
 
 
 def maintenance_overdue(state: model.ConditionState | None, now: datetime.datetime) -> bool:
@@ -268,13 +294,7 @@ def unknown_reason(verdict: model.NodeVerdict) -> Condition:
 
 def budget_rank(verdict: model.NodeVerdict) -> int:
     """Severity rank of the worst condition behind a wanted Cordon/Drain (budget ordering)."""
-    return severity.worst_rank(
-        [
-            r.condition
-            for r in verdict.fired_rules
-            if isolation.node_action(r.action) in vocabulary.DISRUPTIVE_ACTIONS
-        ]
-    )
+    return severity.worst_rank([r.condition for r in verdict.fired_rules if r.action in isolation.DISRUPTING])
 
 
 def straggler_signal(score: model.StragglerScore | None, *, stale: bool = False) -> model.Signal:
@@ -335,12 +355,15 @@ def _labels(health: Health, fired: list[model.Rule]) -> dict[str, str | None]:
     return labels
 
 
-def _taint(fired: list[model.Rule]) -> str | None:
-    """The most severe condition of a fired Taint rule (Cordon and Drain do not taint)."""
-    tainting = severity.most_severe_first([r.condition for r in fired if r.action is Action.TAINT])
+def _taint(fired: list[tuple[model.Rule, Action, int]]) -> str | None:
+    """The most severe condition of a fired Taint rule (Cordon and Drain do not taint): the first by
+    severity rank, then name, as `severity.most_severe_first` orders them."""
+    tainting = [
+        (rank, str(rule.condition), rule.condition) for rule, _, rank in fired if rule.action is Action.TAINT
+    ]
     if not tainting:
         return None
-    worst = tainting[0]
+    worst = min(tainting, key=lambda entry: entry[:2])[2]
     return worst.label_value if isinstance(worst, vocabulary.NodeCondition) else worst.value
 
 
@@ -357,7 +380,7 @@ def _recovered(
     """
     if health is not Health.HEALTHY or any(s.status == hysteresis.TRUE for s in states.values()):
         return False
-    since = [hysteresis.healthy_since(s) for s in states.values()]
+    since = hysteresis.healthy_since_each(states.values())
     if any(s is None for s in since):
         return False
     latest = max((s for s in since if s is not None), default=None)

@@ -202,9 +202,10 @@ async def _reconcile(ctx: context.Context, name: str, now: datetime.datetime) ->
         if ctx.cache.nodes.get(name) is None or ctx.cache.gpunodes.get(name) is None:
             return  # deleted meanwhile: nothing left to do
         results.append((policy, verdict, action))
-    chosen = overlap.reported([(p.dry_run, v.health, a) for p, v, a in results])
-    policy, verdict, action = results[chosen]
+    policy, verdict, action = results[0]  # one selecting policy (the common case): its verdict is reported
     if len(results) > 1:  # the others' conditions too: each policy's clocks are kept in the status
+        chosen = overlap.reported([(p.dry_run, v.health, a) for p, v, a in results])
+        policy, verdict, action = results[chosen]
         others = [v for i, (_, v, _) in enumerate(results) if i != chosen]
         verdict = dataclasses.replace(verdict, conditions=overlap.shown_conditions(verdict, others))
     action = await drills.run(ctx, name, selecting, action, now)  # a fire drill, if the GPUNode asks for one

@@ -40,6 +40,18 @@ class Rest:
     """The links up its GPUs' cohorts expected (`trends.Trends.expectations`): other nodes move them."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Selection:
+    """The policies that selected a Node version, as `judging.selecting_policies` last worked them out."""
+
+    view: model.NodeView
+    """The Node version's view, matched against the policies (the same object: the same labels)."""
+    every: tuple[model.Policy, ...]
+    """Every policy of the cache then, in name order (the same objects: the same selectors)."""
+    selecting: tuple[model.Policy, ...]
+    """Those of them that select it."""
+
+
 def drop(mapping: MutableMapping[Key, Any], name: str, position: int) -> None:
     """Delete, in place, every (policy, node) key whose part at `position` is `name`."""
     for key in [k for k in mapping if k[position] == name]:
@@ -66,7 +78,13 @@ class JudgingMemory:
     resting: dict[str, Rest] = dataclasses.field(default_factory=dict)
     """node → what the last pass over it judged it from, if that pass left it at rest (`resting`)."""
 
+    selection: Selection | None = None
+    """The last node's selection (`Selection`): one node's, so a pass asks its policies' selectors once
+    however often it judges again, and memory holds no more than one node's."""
+
     def forget_verdicts(self, name: str) -> None:
+        if self.selection is not None and self.selection.view.name == name:
+            self.selection = None
         self.resting.pop(name, None)
         drop(self.stragglers, name, NODE)
         drop(self.straggler_samples, name, NODE)
@@ -75,6 +93,7 @@ class JudgingMemory:
         self.forget_verdicts(name)
 
     def forget_policy(self, name: str) -> None:
+        self.selection = None
         self.resting.clear()  # what passes judged under it: every node it selected is judged again
         drop(self.stragglers, name, POLICY)
         drop(self.straggler_samples, name, POLICY)

@@ -11,36 +11,77 @@ by dropping our claim, GPUs isolated or taken to the node ladder, a cordon
 adopted from a deleted policy). It then asks again here, and what moved is
 judged again with every part folded in: the human override
 (`decisions.overrides`, inside `verdicts.judge`) and the GPUs' isolation
-(`verdicts.with_isolation`). Nothing else amends a verdict.
+(`verdicts.with_isolation`, inside `verdicts.judge` too). Nothing else amends a verdict.
 """
 
 from __future__ import annotations
 
 import datetime
+import typing
+from collections.abc import Mapping
 
 from gpuhealth_operator.decisions import isolation, liveness, model, overlap, policies, verdicts
 from gpuhealth_operator.shared import context
 from gpuhealth_operator.state import cache
+from gpuhealth_operator.state.judged import Selection
 
 
 def selecting_policies(ctx: context.Context, record: cache.NodeRecord) -> list[model.Policy]:
-    """The policies that select the node, in name order."""
-    return [p for _, p in sorted(ctx.cache.policies.items()) if policies.selects(p, record.view)]
+    """The policies that select the node, in name order.
+
+    A pass asks this again after each step that may have changed the Node (`verdict_now`): while the
+    Node's version and the policies are the same objects, the answer is the one worked out last
+    (`state.judged.Selection`), not every policy's selector matched again.
+    """
+    every = tuple(p for _, p in sorted(ctx.cache.policies.items()))
+    known = ctx.judging.selection
+    if (
+        known is not None
+        and known.view is record.view
+        and len(known.every) == len(every)
+        and all(a is b for a, b in zip(known.every, every, strict=True))
+    ):
+        return list(known.selecting)
+    selecting = policies.selecting(every, record.view)
+    ctx.judging.selection = Selection(record.view, every, tuple(selecting))
+    return selecting
 
 
 def judge(
     ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime
 ) -> model.NodeVerdict | None:
     """The node's verdict under `policy` now (None: its Node or GPUNode is gone)."""
+    node = _node(ctx, name)
+    return _judge(ctx, policy, node, now) if node is not None else None
+
+
+class _Node(typing.NamedTuple):
+    """What a node's verdicts under every policy are judged from but the policy and the instant, read once
+    for them all (`node_verdicts`, `judged_at`): no `await` comes between, so all of it stays as read."""
+
+    record: cache.NodeRecord
+    gpunode: cache.GPUNodeRecord
+    isolated: Mapping[tuple[str, str], isolation.NodeState]
+    agent_pod: liveness.AgentPod | None
+
+
+def _node(ctx: context.Context, name: str) -> _Node | None:
     record = ctx.cache.nodes.get(name)
     gpunode = ctx.cache.gpunodes.get(name)
     if record is None or gpunode is None:
         return None
-    key = (policy.name, name)
-    inputs = _inputs(ctx, policy, record, gpunode, now)
+    return _Node(record, gpunode, ctx.steps.isolated, ctx.agent_pods.get(name))
+
+
+def _judge(
+    ctx: context.Context, policy: model.Policy, node: _Node, now: datetime.datetime
+) -> model.NodeVerdict:
+    key = (policy.name, node.record.view.name)
+    inputs = _inputs(ctx, policy, node, now)
     known = ctx.verdicts.judged_from(key, inputs)
     if known is not None:
         return known
+    record, gpunode = node.record, node.gpunode
     _, _, _, straggler, _, agent_pod, isolated = inputs
     verdict = verdicts.judge(
         policy,
@@ -53,8 +94,8 @@ def judge(
         agent_pod=agent_pod,
         known_signals=gpunode.fact_signals,
         memory=ctx.cache.memory(gpunode),
+        isolated=isolated,
     )
-    verdict = verdicts.with_isolation(verdict, isolated)
     ctx.verdicts.remember(key, verdict, inputs)
     return verdict
 
@@ -67,15 +108,10 @@ def node_verdicts(
     Acting policies patch one Node, so theirs carry one wish for its labels and taint
     (`overlap.combine`), or overlapping policies would undo each other's.
     """
-    record = ctx.cache.nodes.get(name)
-    if record is None:
+    node = _node(ctx, name)
+    if node is None:
         return None
-    judged: list[tuple[model.Policy, model.NodeVerdict]] = []
-    for policy in selecting_policies(ctx, record):
-        verdict = judge(ctx, policy, name, now)
-        if verdict is None:
-            return None
-        judged.append((policy, verdict))
+    judged = [(policy, _judge(ctx, policy, node, now)) for policy in selecting_policies(ctx, node.record)]
     acting = [(p, v) for p, v in judged if not p.dry_run]
     if len(acting) > 1:
         merged = overlap.combine([v for _, v in acting])
@@ -102,13 +138,12 @@ def judged_at(ctx: context.Context, name: str, now: datetime.datetime) -> bool:
     meanwhile is judged again, and at an earlier instant than what moved it, which would stamp a cordon
     before its fault was seen (`cordoned-at`) and time every clock from before its start.
     """
-    record = ctx.cache.nodes.get(name)
-    gpunode = ctx.cache.gpunodes.get(name)
-    if record is None or gpunode is None:
+    node = _node(ctx, name)
+    if node is None:
         return True  # gone: the pass finds nothing to judge either way
     return all(
-        ctx.verdicts.judged_from((policy.name, name), _inputs(ctx, policy, record, gpunode, now)) is not None
-        for policy in selecting_policies(ctx, record)
+        ctx.verdicts.judged_from((policy.name, name), _inputs(ctx, policy, node, now)) is not None
+        for policy in selecting_policies(ctx, node.record)
     )
 
 
@@ -123,22 +158,16 @@ _Inputs = tuple[
 ]
 
 
-def _inputs(
-    ctx: context.Context,
-    policy: model.Policy,
-    record: cache.NodeRecord,
-    gpunode: cache.GPUNodeRecord,
-    now: datetime.datetime,
-) -> _Inputs:
+def _inputs(ctx: context.Context, policy: model.Policy, node: _Node, now: datetime.datetime) -> _Inputs:
     """What a verdict is judged from (`judge`): the same objects, the same verdict."""
-    name = record.view.name
-    isolated = ctx.steps.isolated.get((policy.name, name))
+    key = (policy.name, node.record.view.name)
+    isolated = node.isolated.get(key)
     return (
         policy,
-        record,
-        gpunode,
-        ctx.judging.stragglers.get((policy.name, name)),
+        node.record,
+        node.gpunode,
+        ctx.judging.stragglers.get(key),
         now,
-        ctx.agent_pods.get(name),
+        node.agent_pod,
         isolated.decision if isolated is not None else None,
     )

@@ -27,7 +27,7 @@ import datetime
 from collections.abc import Sequence
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator.decisions import model, stragglers
+from gpuhealth_operator.decisions import liveness, model, stragglers
 from gpuhealth_operator.shared import context
 from gpuhealth_operator.state import cache, cohort_members, judged
 
@@ -40,18 +40,21 @@ def fresh(ctx: context.Context, gpunode: cache.GPUNodeRecord, now: datetime.date
 
 
 def _judged(
-    ctx: context.Context, name: str, selecting: Sequence[model.Policy]
+    ctx: context.Context, name: str, selecting: Sequence[model.Policy], pod: liveness.AgentPod | None
 ) -> tuple[tuple[model.Policy, object, object], ...]:
-    pod = ctx.agent_pods.get(name)
     return tuple((p, ctx.judging.stragglers.get((p.name, name)), pod) for p in selecting)
 
 
-def _quiet(ctx: context.Context, name: str, selecting: Sequence[model.Policy]) -> bool:
+def _quiet(
+    ctx: context.Context, name: str, selecting: Sequence[model.Policy], pod: liveness.AgentPod | None
+) -> bool:
     """Nothing of the node's runs or waits: no drain, no cordon in flight, no budget wait, no isolation
-    (under any policy: the status lists every policy's), an agent pod not known to be NotReady."""
-    if name in ctx.steps.drain or name in ctx.steps.cordons_unknown or ctx.agent_pods.not_ready(name):
+    (under any policy: the status lists every policy's), an agent pod not known to be NotReady (`pod`:
+    the node's, as `agent_pods` holds it; read once for this and `_judged`)."""
+    if name in ctx.steps.drain or name in ctx.steps.cordons_unknown or (pod is not None and not pod.ready):
         return False
-    if any((policy, name) in ctx.steps.isolated for policy in ctx.cache.policies):
+    isolated = ctx.steps.isolated  # the view once, not once per policy
+    if any((policy, name) in isolated for policy in ctx.cache.policies):
         return False
     return not any(ctx.admission.waiting(p.name, name) for p in selecting)
 
@@ -70,13 +73,18 @@ def unchanged(
         return False  # its status field changes
     if rest.links != _link_cohorts(ctx, gpunode):
         return False  # what its GPUs' links should be moved with the fleet (`link_cohorts`)
-    if len(rest.judged) != len(selecting) or not fresh(ctx, gpunode, now) or not _quiet(ctx, name, selecting):
+    pod = ctx.agent_pods.get(name)
+    if (
+        len(rest.judged) != len(selecting)
+        or not fresh(ctx, gpunode, now)
+        or not _quiet(ctx, name, selecting, pod)
+    ):
         return False
     written = gpunode.status.get("straggler")
-    for (policy, score, pod), (policy_now, score_now, pod_now) in zip(
-        rest.judged, _judged(ctx, name, selecting), strict=True
+    for (policy, score, pod_then), (policy_now, score_now, pod_now) in zip(
+        rest.judged, _judged(ctx, name, selecting, pod), strict=True
     ):
-        if policy is not policy_now or pod is not pod_now:
+        if policy is not policy_now or pod_then is not pod_now:
             return False
         if score is not score_now and not _same_straggler(score, score_now, written):
             return False
@@ -115,11 +123,12 @@ def remember(
     if not all(_wants_nothing(verdict, action) for _, verdict, action in results):
         return  # the records at rest say so too, as the pass wrote them; the verdicts are the source
     selecting = [policy for policy, _, _ in results]
-    if _quiet(ctx, name, selecting):
+    pod = ctx.agent_pods.get(name)
+    if _quiet(ctx, name, selecting, pod):
         ctx.judging.resting[name] = judged.Rest(
             record.reading,
             gpunode.reading,
-            _judged(ctx, name, selecting),
+            _judged(ctx, name, selecting, pod),
             ctx.steps.repairs.get(name),
             _link_cohorts(ctx, gpunode),
         )
