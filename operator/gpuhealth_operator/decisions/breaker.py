@@ -247,3 +247,35 @@ def _words(seconds: float) -> str:
     if seconds >= 60 and seconds % 60 == 0:
         return f"{int(seconds // 60)} min"
     return f"{seconds:g} s"
+
+
+def advance(
+    breaker: Breaker,
+    turned: Iterable[datetime.datetime],
+    limit: int,
+    window_seconds: float,
+    now: datetime.datetime,
+    *,
+    held: Iterable[datetime.datetime] | None = None,
+) -> Breaker:
+    """`step` with its count (`new_unhealthy` of `turned`), in one call: how `state.breakers` steps a
+    policy's breaker. A closed breaker within its limit is the very same (`step` would return it)."""
+    count = new_unhealthy(turned, now, window_seconds, breaker.reset_at)
+    if breaker.state is State.CLOSED and count <= limit:
+        return breaker
+    return step(breaker, count, limit, window_seconds, now, held=held)
+
+
+def advance_and_admit(  # noqa: PLR0917 - `advance`'s inputs, then `admit`'s node
+    breaker: Breaker,
+    turned: Iterable[datetime.datetime],
+    limit: int,
+    window_seconds: float,
+    now: datetime.datetime,
+    node: str,
+) -> tuple[Breaker, Breaker, bool]:
+    """An admission's two questions of one breaker in one call: (the breaker stepped to `now` by
+    `advance`, which cannot tell who is held back, then the breaker after `admit` of `node`, admitted)."""
+    stepped = advance(breaker, turned, limit, window_seconds, now)
+    after, admitted = admit(stepped, node, now)
+    return stepped, after, admitted

@@ -20,7 +20,7 @@ import dataclasses
 import datetime
 from collections.abc import Callable, Mapping, MutableMapping, Sequence, Set
 
-from gpuhealth_operator.decisions import breaker, budget, isolation, model
+from gpuhealth_operator.decisions import budget, isolation, model
 from gpuhealth_operator.state import breakers, cache
 
 
@@ -73,23 +73,11 @@ class Admission:
             return True
 
     def _breakers_admit(self, name: str, budgets: list[budget.Budget], now: datetime.datetime) -> bool:
-        """Every selecting policy's breaker, stepped to now, lets the disruption start.
-
-        All are decided before any is changed, so a half-open breaker's one trial
-        is not spent on a node another policy's breaker refuses.
-        """
+        """Every selecting policy's breaker, stepped to now, lets the disruption start (`Breakers.admit`,
+        one call for all of them: each is decided before any is changed)."""
         selecting = [b for b in budgets if b.domain is None and name in b.selected]  # one per policy
-        decided = [
-            breaker.admit(
-                self.breakers.current(b.policy, len(b.selected), self._turned(b.policy.name), now), name, now
-            )
-            for b in selecting
-        ]
-        if not all(admitted for _, admitted in decided):
-            return False
-        for b, (state, _) in zip(selecting, decided, strict=True):
-            self.breakers.states[b.policy.name] = state
-        return True
+        asked = [(b.policy, len(b.selected), self._turned(b.policy.name)) for b in selecting]
+        return self.breakers.admit(name, asked, now)
 
     async def admit_gpus(  # noqa: PLR0917 - the budgets come from the rules the caller listed
         self,

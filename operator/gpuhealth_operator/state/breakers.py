@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
-from collections.abc import Collection, Mapping, MutableMapping
+from collections.abc import Collection, Mapping, MutableMapping, Sequence
 from typing import Any, Final
 
 from gpuhealth_api import keys, vocabulary
@@ -71,20 +71,61 @@ class Breakers:
         `held`: when each node the policy holds back turned Unhealthy (`breaker.step`); None (an
         admission, which cannot tell) never moves an open breaker on.
         """
+        state, limit = self._due(policy, selected, turned, now)
+        if limit is None:
+            return state
+        state = breaker.advance(state, turned.values(), limit, policy.breaker_window_seconds, now, held=held)
+        self.states[policy.name] = state
+        return state
+
+    def admit(
+        self,
+        node: str,
+        asked: Sequence[tuple[model.Policy, int, MutableMapping[str, datetime.datetime]]],
+        now: datetime.datetime,
+    ) -> bool:
+        """Whether every asked policy's breaker, stepped to now, lets a new disruption of `node` start.
+
+        `asked`: each policy that selects the node, how many nodes it selects, and its node → when it
+        turned Unhealthy (pruned here). Each breaker is stepped as `current` steps it (held None: an
+        admission cannot tell) and kept so; all are decided before any admission is kept, so a
+        half-open breaker's one trial is not spent on a node another policy's breaker refuses.
+        """
+        decided: list[tuple[str, breaker.Breaker, bool]] = []
+        for policy, selected, turned in asked:
+            state, limit = self._due(policy, selected, turned, now)
+            if limit is None:
+                after, admitted = breaker.admit(state, node, now)
+            else:
+                state, after, admitted = breaker.advance_and_admit(
+                    state, turned.values(), limit, policy.breaker_window_seconds, now, node
+                )
+                self.states[policy.name] = state
+            decided.append((policy.name, after, admitted))
+        if not all(admitted for _, _, admitted in decided):
+            return False
+        for name, after, _ in decided:
+            self.states[name] = after
+        return True
+
+    def _due(
+        self,
+        policy: model.Policy,
+        selected: int,
+        turned: MutableMapping[str, datetime.datetime],
+        now: datetime.datetime,
+    ) -> tuple[breaker.Breaker, int | None]:
+        """The policy's breaker as kept and its limit, `turned` pruned to the window. Limit None: it never
+        trips (no more nodes than it selects can turn Unhealthy, "100%"), so there is nothing to step."""
         state = self.states.get(policy.name, _CLOSED)
         limit = _limit(policy.breaker_max_new_unhealthy, selected)
-        closed = state.state is breaker.State.CLOSED
-        if closed and limit >= selected:
-            return state  # no more nodes than it selects can turn Unhealthy ("100%"): it never trips
+        if state.state is breaker.State.CLOSED and limit >= selected:
+            return state, None
         if turned:
             before = now - datetime.timedelta(seconds=policy.breaker_window_seconds)
             for node in [n for n, t in turned.items() if t <= before]:
                 del turned[node]  # out of every window; a node still Unhealthy is put back, still out of it
-        count = breaker.new_unhealthy(turned.values(), now, policy.breaker_window_seconds, state.reset_at)
-        if not closed or count > limit:  # a closed breaker within its limit stays the very same (`step`)
-            state = breaker.step(state, count, limit, policy.breaker_window_seconds, now, held=held)
-        self.states[policy.name] = state
-        return state
+        return state, limit
 
     def paused(self, policy: str) -> breaker.Breaker | None:
         """The policy's breaker if it holds new disruptions back, else None."""
