@@ -13,7 +13,7 @@ import enum
 from collections.abc import Awaitable, Callable
 
 from gpuhealth_operator.client import kube, nodes
-from gpuhealth_operator.decisions import model, times
+from gpuhealth_operator.decisions import model
 from gpuhealth_operator.shared import context
 from gpuhealth_operator.state import cache
 
@@ -33,7 +33,7 @@ def observe_latency(
 ) -> None:
     """Count an action on the Node, and the time from the fault's detection to it."""
     if verdict.detected_at is not None:
-        latency = max(0.0, times.seconds_between(verdict.detected_at, datetime.datetime.now(datetime.UTC)))
+        latency = max(0.0, (datetime.datetime.now(datetime.UTC) - verdict.detected_at).total_seconds())
         ctx.meters.detection_to_action.labels(action, first_reason(verdict)).observe(latency)
     ctx.meters.actions.labels(action, first_reason(verdict)).inc()
 
