@@ -141,6 +141,24 @@ class Recorder:
             return False
         return True
 
+    async def emit_on(
+        self, nodes: cache.ClusterCache, name: str, reason: str, message: str, type_: str = NORMAL
+    ) -> None:
+        """`emit` about the Node `name` as the cache knows it (`subject`), in one call."""
+        await self.emit(subject(nodes, name), reason, message, type_)
+
+    async def announce_on(  # noqa: PLR0917 - `announce`'s arguments, the subject as the cache knows it
+        self,
+        nodes: cache.ClusterCache,
+        name: str,
+        reason: str,
+        message: str,
+        identity: str,
+        type_: str = NORMAL,
+    ) -> bool:
+        """`announce` about the Node `name` as the cache knows it (`subject`), in one call."""
+        return await self.announce(subject(nodes, name), reason, message, identity, type_)
+
     async def _bump(self, name: str, count: int) -> None:
         try:
             await self.client.patch(

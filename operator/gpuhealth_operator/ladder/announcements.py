@@ -36,8 +36,9 @@ async def cordoned(ctx: context.Context, policy: str, name: str, issues: str, dr
         return  # announced by this process, or a cordon from before cordons had an identity
     draining = draining or keys.DRAIN_STARTED_ANNOTATION in record.view.annotations
     what = "cordoned and will be drained" if draining else "cordoned"
-    if await ctx.recorder.announce(
-        events.subject(ctx.cache, name),
+    if await ctx.recorder.announce_on(
+        ctx.cache,
+        name,
         vocabulary.EventReason.NODE_CORDONED,
         f"Node {what} by policy {policy}: {issues} (cordoned at {cordoned_at}).",
         cordoned_at,
@@ -49,11 +50,10 @@ async def cordoned(ctx: context.Context, policy: str, name: str, issues: str, dr
 async def drained(ctx: context.Context, name: str, message: str) -> bool:
     """Say NodeDrained once per cordon; False when it could not be said (then the drain must not count)."""
     record = ctx.cache.nodes.get(name)
-    subject = events.subject(ctx.cache, name)
     cordon = cordon_id(record) if record is not None else None
     if cordon is None:  # gone meanwhile: nothing to tie it to, say it plainly
-        await ctx.recorder.emit(subject, vocabulary.EventReason.NODE_DRAINED, message)
+        await ctx.recorder.emit_on(ctx.cache, name, vocabulary.EventReason.NODE_DRAINED, message)
         return True
-    return await ctx.recorder.announce(
-        subject, vocabulary.EventReason.NODE_DRAINED, f"{message} (cordoned at {cordon})", cordon
+    return await ctx.recorder.announce_on(
+        ctx.cache, name, vocabulary.EventReason.NODE_DRAINED, f"{message} (cordoned at {cordon})", cordon
     )
