@@ -142,13 +142,17 @@ async def isolate(
     gpunode, record = ctx.cache.gpunodes.get(name), ctx.cache.nodes.get(name)
     if gpunode is None or record is None:
         return
-    # After a restart the status says what is isolated; it lists every policy's GPUs of the node, so
-    # only a policy with IsolateGPU reads it (`_pass` keeps its own rules), one without probes nothing.
-    state = ctx.steps.isolate.isolations.get(key) or (
-        from_status(gpunode.status.get(STATUS_FIELD))
-        if isolation_support.isolates(policy)
-        else isolation.NodeState()
-    )
+    state = ctx.steps.isolate.isolations.get(key)
+    if state is None:
+        if not wanted and isolation_support.untouched(ctx, policy, name, now):
+            return  # nearly every pass of a policy without IsolateGPU: nothing kept, nothing to keep
+        # After a restart the status says what is isolated; it lists every policy's GPUs of the node, so
+        # only a policy with IsolateGPU reads it (`_pass` keeps its own rules), one without probes nothing.
+        state = (
+            from_status(gpunode.status.get(STATUS_FIELD))
+            if isolation_support.isolates(policy)
+            else isolation.NodeState()
+        )
     if (
         not wanted
         and not state.in_place

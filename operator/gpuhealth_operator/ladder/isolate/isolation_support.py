@@ -250,6 +250,13 @@ def holds(ctx: context.Context, policy: model.Policy, name: str, now: datetime.d
     )
 
 
+def untouched(ctx: context.Context, policy: model.Policy, name: str, now: datetime.datetime) -> bool:
+    """Whether the policy has nothing to isolate or restore on a node it keeps no isolation of, when no
+    rule of its fires: it has no IsolateGPU rule (so reads no status back) and `holds` none there. The
+    first look of `isolating.isolate`, in one call."""
+    return not isolates(policy) and not holds(ctx, policy, name, now)
+
+
 async def devices(ctx: context.Context, name: str, now: datetime.datetime) -> dict[str, device_taints.Device]:
     """The node's DRA devices by GPU UUID, from its ResourceSlices listed once per `recent.SECONDS`."""
     return await ctx.steps.isolate.devices_read.read(
