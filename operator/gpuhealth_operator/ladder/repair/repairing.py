@@ -94,7 +94,8 @@ async def take(
         # A wait for maxConcurrent ends with the cordon, or the fault; with the cordon a wait for
         # workload pods too (`stepping.launch`).
         await reading.stop_waiting(ctx, name, busy=not view.unschedulable)
-    state = repair.parse(view.annotations.get(keys.REPAIR_ANNOTATION))
+    written = view.annotations.get(keys.REPAIR_ANNOTATION)
+    state = repair.parse(written) if written else None  # none written (nearly every pass): no cycle
     if state is None and keys.OPERANDS_PAUSED_ANNOTATION in view.annotations:
         await operands.restore(ctx, name)  # a cycle that ended without it (a kill -9 between)
     if state is None or state.policy != policy.name:
