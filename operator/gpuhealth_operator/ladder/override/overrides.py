@@ -97,6 +97,8 @@ async def expire(ctx: context.Context, name: str, verdict: model.NodeVerdict) ->
     if record is None or verdict.health is vocabulary.Health.UNKNOWN:
         return
     text = record.view.annotations.get(keys.OVERRIDDEN_EVIDENCE_ANNOTATION)
+    if not text:
+        return  # no override's baseline (nearly every node): nothing to expire, `parse` would say None
     baseline = evidence.parse(text)
     if baseline is None or evidence.still_stands(baseline, verdict):
         return
