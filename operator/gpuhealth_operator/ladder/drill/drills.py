@@ -52,8 +52,9 @@ async def run(
     gpunode = ctx.cache.gpunodes.get(name)
     if gpunode is None:
         return action
+    asked = keys.DRILL_ANNOTATION in gpunode.annotations  # not on nearly every node: `requested` says None
     try:
-        wanted = drill.requested(gpunode.annotations)
+        wanted = drill.requested(gpunode.annotations) if asked else None
     except drill.DrillError as error:
         await _end(ctx, name)
         await _say(ctx, name, NODE_KEY, f"Drill refused, no drill runs: {error}.", events.WARNING)
