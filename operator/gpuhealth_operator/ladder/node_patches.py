@@ -52,6 +52,11 @@ class Patched(enum.Enum):
     """Every attempt met a newer Node."""
 
 
+def unschedulable(record: cache.NodeRecord) -> bool:
+    """The cordon's `settled` (`patch_with_retries`): the Node is cordoned already, by whoever."""
+    return record.view.unschedulable
+
+
 async def patch_with_retries(
     ctx: context.Context,
     name: str,

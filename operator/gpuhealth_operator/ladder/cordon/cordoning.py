@@ -99,9 +99,7 @@ async def cordon(
 
     try:
         # Someone else cordoned it meanwhile (settled): not ours to claim.
-        patched = await node_patches.patch_with_retries(
-            ctx, name, lambda record: record.view.unschedulable, patch
-        )
+        patched = await node_patches.patch_with_retries(ctx, name, node_patches.unschedulable, patch)
     except BaseException as error:
         if sent_from is not None and outcome_unknown(error):
             # It may have landed: the node keeps its place (in flight) until the cluster says.
