@@ -70,7 +70,8 @@ def _node(ctx: context.Context, name: str) -> _Node | None:
     gpunode = ctx.cache.gpunodes.get(name)
     if record is None or gpunode is None:
         return None
-    return _Node(record, gpunode, ctx.steps.isolated, ctx.agent_pods.get(name))
+    # The pods' read-only view, not `AgentPods.get`: a dict look-up, no call into their module (issue 46).
+    return _Node(record, gpunode, ctx.steps.isolated, ctx.agent_pods.nodes.get(name))
 
 
 def _judge(
