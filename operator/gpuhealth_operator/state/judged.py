@@ -78,6 +78,11 @@ class JudgingMemory:
     resting: dict[str, Rest] = dataclasses.field(default_factory=dict)
     """node → what the last pass over it judged it from, if that pass left it at rest (`resting`)."""
 
+    judged: dict[Key, tuple[model.NodeVerdict, tuple[object, ...]]] = dataclasses.field(default_factory=dict)
+    """(policy, node) → its latest verdict (`ctx.verdicts`) with what it was judged from, weakly held where
+    it can be (`judging`): the same inputs again, the same verdict, not judged twice. Judging's own memo,
+    read and written by judging alone, so its check is no call into the context (issue 46)."""
+
     selection: Selection | None = None
     """The last node's selection (`Selection`): one node's, so a pass asks its policies' selectors once
     however often it judges again, and memory holds no more than one node's."""
@@ -86,6 +91,7 @@ class JudgingMemory:
         if self.selection is not None and self.selection.view.name == name:
             self.selection = None
         self.resting.pop(name, None)
+        drop(self.judged, name, NODE)
         drop(self.stragglers, name, NODE)
         drop(self.straggler_samples, name, NODE)
 
@@ -95,5 +101,6 @@ class JudgingMemory:
     def forget_policy(self, name: str) -> None:
         self.selection = None
         self.resting.clear()  # what passes judged under it: every node it selected is judged again
+        drop(self.judged, name, POLICY)
         drop(self.stragglers, name, POLICY)
         drop(self.straggler_samples, name, POLICY)

@@ -2,7 +2,8 @@
 
 A verdict is judged from the cached Node and GPUNode, the node's straggler
 score, its agent pod, the isolation decided for its GPUs and the instant, and
-stored with those inputs (`context.Verdicts`): asked again from the same
+stored (`context.Verdicts`), and with those inputs in judging's memory
+(`ctx.judging.judged`, checked by `_known`): asked again from the same
 objects, the stored verdict is the answer, so the timer judges its due nodes
 for the budget's ranking and the reconcile that follows reuses those verdicts.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import typing
+import weakref
 from collections.abc import Mapping
 
 from gpuhealth_operator.decisions import isolation, liveness, model, overlap, policies, verdicts
@@ -79,7 +81,7 @@ def _judge(
 ) -> model.NodeVerdict:
     key = (policy.name, node.record.view.name)
     inputs = _inputs(ctx, policy, node, now)
-    known = ctx.verdicts.judged_from(key, inputs)
+    known = _known(ctx, key, inputs)
     if known is not None:
         return known
     record, gpunode = node.record, node.gpunode
@@ -97,8 +99,35 @@ def _judge(
         memory=ctx.cache.memory(gpunode),
         isolated=isolated,
     )
-    ctx.verdicts.remember(key, verdict, inputs)
+    ctx.verdicts[key] = verdict
+    # Held weakly where they can be: a GPUNode version the cache has already replaced can only fail the
+    # identity test, and holding it would keep a second copy of every node's facts in memory (issue 14).
+    ctx.judging.judged[key] = (verdict, tuple(_weakly(i) for i in inputs))
     return verdict
+
+
+def _known(ctx: context.Context, key: tuple[str, str], inputs: _Inputs) -> model.NodeVerdict | None:
+    """The stored verdict if it was judged from exactly these inputs (the same objects), else None."""
+    held = ctx.judging.judged.get(key)
+    if held is None:
+        return None
+    verdict, kept = held
+    if len(kept) != len(inputs) or any(_strongly(a) is not b for a, b in zip(kept, inputs, strict=True)):
+        return None
+    return verdict
+
+
+def _weakly(value: object) -> object:
+    """A weak reference to `value` where it takes one (records, policies); else `value` itself."""
+    try:
+        return weakref.ref(value)
+    except TypeError:  # str, datetime, None, tuples: small, or not worth a reference
+        return value
+
+
+def _strongly(value: object) -> object:
+    """The object `_weakly` kept (None once a referenced object is gone: never an input's identity)."""
+    return value() if isinstance(value, weakref.ref) else value
 
 
 def node_verdicts(
@@ -143,7 +172,7 @@ def judged_at(ctx: context.Context, name: str, now: datetime.datetime) -> bool:
     if node is None:
         return True  # gone: the pass finds nothing to judge either way
     return all(
-        ctx.verdicts.judged_from((policy.name, name), _inputs(ctx, policy, node, now)) is not None
+        _known(ctx, (policy.name, name), _inputs(ctx, policy, node, now)) is not None
         for policy in selecting_policies(ctx, node.record)
     )
 

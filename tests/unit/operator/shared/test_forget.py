@@ -49,11 +49,9 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.admission.in_flight.add(node)
     ctx.steps.cordon.unknown[node] = "41"
     ctx.admission.notified.add((policy, node))
-    ctx.verdicts.remember(
-        (policy, node),
-        dataclasses.replace(verdict(node=node), wanted_action=vocabulary.Action.DRAIN),
-        (object(),),
-    )
+    draining = dataclasses.replace(verdict(node=node), wanted_action=vocabulary.Action.DRAIN)
+    ctx.verdicts[(policy, node)] = draining
+    ctx.judging.judged[(policy, node)] = (draining, (object(),))
     ctx.judging.stragglers[(policy, node)] = model.StragglerScore(
         score=1.0, z_score=-4.0, peers=8, flagged=True
     )
@@ -127,6 +125,7 @@ FILLED = {
     "admission",
     "steps.cordon.unknown",
     "verdicts",
+    "judging.judged",
     "judging.stragglers",
     "judging.straggler_samples",
     "steps.drain",
@@ -260,6 +259,7 @@ def test_forget_policy_empties_every_map_of_that_policy_only() -> None:
         per_policy = {
             "admission",
             "verdicts",
+            "judging.judged",
             "judging.stragglers",
             "judging.straggler_samples",
             "steps.dry_run.said",
