@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, MutableMapping
 
 from gpuhealth_api import vocabulary
 from gpuhealth_operator.client import drain, events, kube
-from gpuhealth_operator.decisions import breaker, budget, model, verdicts
+from gpuhealth_operator.decisions import breaker, budget, model, severity, verdicts
 from gpuhealth_operator.ladder import memories
 from gpuhealth_operator.shared import metrics, settings
 from gpuhealth_operator.state import admission, agent_pods, breakers, cache, judged, pass_queue
@@ -74,7 +74,7 @@ class Verdicts(MutableMapping[tuple[str, str], model.NodeVerdict]):
         self._all[key] = verdict
         policy, node = key
         if verdict.wanted_action in vocabulary.DISRUPTIVE_ACTIONS:
-            self.wanting[policy][node] = (verdicts.budget_rank(verdict), verdict.detected_at)
+            self.wanting[policy][node] = (severity.budget_rank(verdict), verdict.detected_at)
         else:
             self.wanting[policy].pop(node, None)
         turned = breaker.turned_unhealthy(verdict)
