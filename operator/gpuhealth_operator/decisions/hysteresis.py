@@ -148,7 +148,8 @@ def _present(
         # From when the operator received the evidence (`now`, the report's receipt), or since when it
         # holds by the operator's clock (`observed_at`): never the agent's clock (issue 24).
         since = min(signal.observed_at or now, now)
-    if times.seconds_between(since, now) >= for_seconds:
+    # Subtracted here, not through `times.seconds_between`: every present signal of every judgement asks.
+    if (now - since).total_seconds() >= for_seconds:
         return model.ConditionState(
             signal.condition, TRUE, DETECTED, signal.message, now, observed_since=since
         )
@@ -169,7 +170,7 @@ def _absent(
         return model.ConditionState(signal.condition, FALSE, NOT_DETECTED, signal.message, now)
     if previous.status == TRUE:
         gone_since = previous.recovering_since or now
-        if times.seconds_between(gone_since, now) >= clear_seconds:
+        if (now - gone_since).total_seconds() >= clear_seconds:  # a subtraction, as in `_present`
             return model.ConditionState(
                 signal.condition, FALSE, NOT_DETECTED, signal.message, now, recovering_since=gone_since
             )

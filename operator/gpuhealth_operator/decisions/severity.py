@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Final
 
 from gpuhealth_api import conditions, vocabulary
+from gpuhealth_operator.decisions import isolation, model
 
 Condition = vocabulary.Condition
 
@@ -49,3 +50,11 @@ def most_severe_first(conditions: Iterable[vocabulary.ConditionKey]) -> tuple[vo
 def worst_rank(conditions: Iterable[vocabulary.ConditionKey]) -> int:
     """Rank of the most severe of `conditions`; LOWEST when there are none."""
     return min((rank(c) for c in conditions), default=LOWEST)
+
+
+def budget_rank(verdict: model.NodeVerdict) -> int:
+    """Severity rank of the worst condition behind a wanted Cordon/Drain (budget ordering).
+
+    Here, beside `worst_rank`, so the budget's index (`context.Verdicts.wanting`) asks one module once
+    per stored verdict (issue 46)."""
+    return worst_rank([r.condition for r in verdict.fired_rules if r.action in isolation.DISRUPTING])

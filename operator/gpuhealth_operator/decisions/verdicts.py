@@ -292,11 +292,6 @@ def unknown_reason(verdict: model.NodeVerdict) -> Condition:
     return Condition.AGENT_STALE
 
 
-def budget_rank(verdict: model.NodeVerdict) -> int:
-    """Severity rank of the worst condition behind a wanted Cordon/Drain (budget ordering)."""
-    return severity.worst_rank([r.condition for r in verdict.fired_rules if r.action in isolation.DISRUPTING])
-
-
 def straggler_signal(score: model.StragglerScore | None, *, stale: bool = False) -> model.Signal:
     condition = Condition.STRAGGLER
     if stale:

@@ -23,12 +23,11 @@ import asyncio
 import collections
 import dataclasses
 import datetime
-import weakref
 from collections.abc import Callable, Iterator, MutableMapping
 
 from gpuhealth_api import vocabulary
 from gpuhealth_operator.client import drain, events, kube
-from gpuhealth_operator.decisions import breaker, budget, model, verdicts
+from gpuhealth_operator.decisions import breaker, budget, model, severity, verdicts
 from gpuhealth_operator.ladder import memories
 from gpuhealth_operator.shared import metrics, settings
 from gpuhealth_operator.state import admission, agent_pods, breakers, cache, judged, pass_queue
@@ -36,19 +35,6 @@ from gpuhealth_operator.state import admission, agent_pods, breakers, cache, jud
 
 def wall_clock() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
-
-
-def _weakly(value: object) -> object:
-    """A weak reference to `value` where it takes one (records, policies); else `value` itself."""
-    try:
-        return weakref.ref(value)
-    except TypeError:  # str, datetime, None, tuples: small, or not worth a reference
-        return value
-
-
-def _strongly(value: object) -> object:
-    """The object `_weakly` kept (None once a referenced object is gone: never an input's identity)."""
-    return value() if isinstance(value, weakref.ref) else value
 
 
 def _counted(verdict: model.NodeVerdict) -> tuple[object, ...]:
@@ -66,7 +52,6 @@ class Verdicts(MutableMapping[tuple[str, str], model.NodeVerdict]):
 
     def __init__(self) -> None:
         self._all: dict[tuple[str, str], model.NodeVerdict] = {}
-        self._inputs: dict[tuple[str, str], tuple[object, ...]] = {}
         self.wanting: collections.defaultdict[str, dict[str, budget.Rank]] = collections.defaultdict(dict)
         """policy → node → rank, for verdicts whose wanted action is Cordon or Drain."""
         self.turned_unhealthy: collections.defaultdict[str, dict[str, datetime.datetime]] = (
@@ -87,10 +72,9 @@ class Verdicts(MutableMapping[tuple[str, str], model.NodeVerdict]):
         if old is None or _counted(old) != _counted(verdict):
             self.changes += 1
         self._all[key] = verdict
-        self._inputs.pop(key, None)
         policy, node = key
         if verdict.wanted_action in vocabulary.DISRUPTIVE_ACTIONS:
-            self.wanting[policy][node] = (verdicts.budget_rank(verdict), verdict.detected_at)
+            self.wanting[policy][node] = (severity.budget_rank(verdict), verdict.detected_at)
         else:
             self.wanting[policy].pop(node, None)
         turned = breaker.turned_unhealthy(verdict)
@@ -101,30 +85,8 @@ class Verdicts(MutableMapping[tuple[str, str], model.NodeVerdict]):
         del self._all[key]
         self.changes += 1
         self.forgotten(key[1])
-        self._inputs.pop(key, None)
         self.wanting[key[0]].pop(key[1], None)
         self.turned_unhealthy[key[0]].pop(key[1], None)
-
-    def remember(self, key: tuple[str, str], verdict: model.NodeVerdict, inputs: tuple[object, ...]) -> None:
-        """Store a verdict with what it was judged from, so the same inputs are not judged twice.
-
-        The inputs are held by weak reference where they can be: a GPUNode version the cache has
-        already replaced can only fail the identity test, and holding it would keep a second copy
-        of every node's facts in memory (issue 14).
-        """
-        self[key] = verdict
-        self._inputs[key] = tuple(_weakly(i) for i in inputs)
-
-    def judged_from(self, key: tuple[str, str], inputs: tuple[object, ...]) -> model.NodeVerdict | None:
-        """The stored verdict if it was judged from exactly these inputs (the same objects), else None."""
-        known = self._inputs.get(key)
-        if (
-            known is None
-            or len(known) != len(inputs)
-            or any(_strongly(a) is not b for a, b in zip(known, inputs, strict=True))
-        ):
-            return None
-        return self._all.get(key)
 
     def forget_node(self, name: str) -> None:
         judged.drop(self, name, judged.NODE)

@@ -2,7 +2,8 @@
 
 A verdict is judged from the cached Node and GPUNode, the node's straggler
 score, its agent pod, the isolation decided for its GPUs and the instant, and
-stored with those inputs (`context.Verdicts`): asked again from the same
+stored (`context.Verdicts`), and with those inputs in judging's memory
+(`ctx.judging.judged`, checked by `_known`): asked again from the same
 objects, the stored verdict is the answer, so the timer judges its due nodes
 for the budget's ranking and the reconcile that follows reuses those verdicts.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import typing
+import weakref
 from collections.abc import Mapping
 
 from gpuhealth_operator.decisions import isolation, liveness, model, overlap, policies, verdicts
@@ -29,21 +31,25 @@ from gpuhealth_operator.state.judged import Selection
 def selecting_policies(ctx: context.Context, record: cache.NodeRecord) -> list[model.Policy]:
     """The policies that select the node, in name order.
 
-    A pass asks this again after each step that may have changed the Node (`verdict_now`): while the
-    Node's version and the policies are the same objects, the answer is the one worked out last
-    (`state.judged.Selection`), not every policy's selector matched again.
+    A pass asks this again after each step that may have changed the Node (`verdict_now`), and the next
+    pass over the node asks it too: while the Node's version and the policies are the same objects, the
+    answer is the one worked out last (`state.judged.Selection`), not every policy's selector matched again.
     """
     every = tuple(p for _, p in sorted(ctx.cache.policies.items()))
-    known = ctx.judging.selection
-    if (
-        known is not None
-        and known.view is record.view
-        and len(known.every) == len(every)
-        and all(a is b for a, b in zip(known.every, every, strict=True))
+    memory = ctx.judging
+    if len(memory.selected_from) != len(every) or any(
+        a is not b for a, b in zip(memory.selected_from, every, strict=True)
     ):
-        return list(known.selecting)
+        memory.selected_from = every
+        memory.selections.clear()  # worked out from other policies: none of them holds
+    else:
+        known = memory.selections.get(record.view.name)
+        if known is not None and known.view is record.view:
+            return list(known.selecting)
     selecting = policies.selecting(every, record.view)
-    ctx.judging.selection = Selection(record.view, every, tuple(selecting))
+    # Every policy selects the node (the common case): the one tuple of them all, not a copy per node.
+    chosen = every if len(selecting) == len(every) else tuple(selecting)
+    memory.selections[record.view.name] = Selection(record.view, chosen)
     return selecting
 
 
@@ -70,7 +76,8 @@ def _node(ctx: context.Context, name: str) -> _Node | None:
     gpunode = ctx.cache.gpunodes.get(name)
     if record is None or gpunode is None:
         return None
-    return _Node(record, gpunode, ctx.steps.isolated, ctx.agent_pods.get(name))
+    # The pods' read-only view, not `AgentPods.get`: a dict look-up, no call into their module (issue 46).
+    return _Node(record, gpunode, ctx.steps.isolated, ctx.agent_pods.nodes.get(name))
 
 
 def _judge(
@@ -78,7 +85,7 @@ def _judge(
 ) -> model.NodeVerdict:
     key = (policy.name, node.record.view.name)
     inputs = _inputs(ctx, policy, node, now)
-    known = ctx.verdicts.judged_from(key, inputs)
+    known = _known(ctx, key, inputs)
     if known is not None:
         return known
     record, gpunode = node.record, node.gpunode
@@ -96,8 +103,35 @@ def _judge(
         memory=ctx.cache.memory(gpunode),
         isolated=isolated,
     )
-    ctx.verdicts.remember(key, verdict, inputs)
+    ctx.verdicts[key] = verdict
+    # Held weakly where they can be: a GPUNode version the cache has already replaced can only fail the
+    # identity test, and holding it would keep a second copy of every node's facts in memory (issue 14).
+    ctx.judging.judged[key] = (verdict, tuple(_weakly(i) for i in inputs))
     return verdict
+
+
+def _known(ctx: context.Context, key: tuple[str, str], inputs: _Inputs) -> model.NodeVerdict | None:
+    """The stored verdict if it was judged from exactly these inputs (the same objects), else None."""
+    held = ctx.judging.judged.get(key)
+    if held is None:
+        return None
+    verdict, kept = held
+    if len(kept) != len(inputs) or any(_strongly(a) is not b for a, b in zip(kept, inputs, strict=True)):
+        return None
+    return verdict
+
+
+def _weakly(value: object) -> object:
+    """A weak reference to `value` where it takes one (records, policies); else `value` itself."""
+    try:
+        return weakref.ref(value)
+    except TypeError:  # str, datetime, None, tuples: small, or not worth a reference
+        return value
+
+
+def _strongly(value: object) -> object:
+    """The object `_weakly` kept (None once a referenced object is gone: never an input's identity)."""
+    return value() if isinstance(value, weakref.ref) else value
 
 
 def node_verdicts(
@@ -142,7 +176,7 @@ def judged_at(ctx: context.Context, name: str, now: datetime.datetime) -> bool:
     if node is None:
         return True  # gone: the pass finds nothing to judge either way
     return all(
-        ctx.verdicts.judged_from((policy.name, name), _inputs(ctx, policy, node, now)) is not None
+        _known(ctx, (policy.name, name), _inputs(ctx, policy, node, now)) is not None
         for policy in selecting_policies(ctx, node.record)
     )
 

@@ -73,7 +73,7 @@ def unchanged(
         return False  # its status field changes
     if rest.links != _link_cohorts(ctx, gpunode):
         return False  # what its GPUs' links should be moved with the fleet (`link_cohorts`)
-    pod = ctx.agent_pods.get(name)
+    pod = ctx.agent_pods.nodes.get(name)  # the read-only view: no call (issue 46)
     if (
         len(rest.judged) != len(selecting)
         or not fresh(ctx, gpunode, now)
@@ -123,7 +123,7 @@ def remember(
     if not all(_wants_nothing(verdict, action) for _, verdict, action in results):
         return  # the records at rest say so too, as the pass wrote them; the verdicts are the source
     selecting = [policy for policy, _, _ in results]
-    pod = ctx.agent_pods.get(name)
+    pod = ctx.agent_pods.nodes.get(name)  # the read-only view: no call (issue 46)
     if _quiet(ctx, name, selecting, pod):
         ctx.judging.resting[name] = judged.Rest(
             record.reading,

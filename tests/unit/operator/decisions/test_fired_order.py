@@ -92,7 +92,7 @@ def test_fired_rules_rank_as_one_by_one(rules: list[tuple[str, str]], faults: se
         if isolation.node_action(r.action) is wanted
     ]
     assert verdict.detected_at == min(held, default=None)
-    assert verdicts.budget_rank(verdict) == severity.worst_rank(
+    assert severity.budget_rank(verdict) == severity.worst_rank(
         [r.condition for r in fired if isolation.node_action(r.action) in vocabulary.DISRUPTIVE_ACTIONS]
     )
 

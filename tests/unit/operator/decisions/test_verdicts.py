@@ -105,7 +105,7 @@ def test_ecc_wants_drain_and_is_unhealthy() -> None:
     assert verdict.wanted_taint is None
     assert verdict.detected_at == at(0)
     assert not verdict.recovered
-    assert verdicts.budget_rank(verdict) == severity.rank(Condition.ECC_UNCORRECTABLE)
+    assert severity.budget_rank(verdict) == severity.rank(Condition.ECC_UNCORRECTABLE)
 
 
 def test_healthy_node() -> None:
@@ -115,7 +115,7 @@ def test_healthy_node() -> None:
     assert verdict.wanted_action is None
     assert verdict.detected_at is None
     assert verdict.wanted_labels[keys.HEALTH_LABEL] == "healthy"
-    assert verdicts.budget_rank(verdict) == severity.LOWEST
+    assert severity.budget_rank(verdict) == severity.LOWEST
 
 
 def test_fatal_conditions_are_judged_without_rules() -> None:
@@ -423,7 +423,7 @@ def test_a_fired_isolate_gpu_rule_is_wanted_as_a_drain() -> None:
     assert [r.action for r in verdict.fired_rules] == [Action.ISOLATE_GPU]
     assert verdict.wanted_action is Action.DRAIN
     assert verdict.detected_at == at(0)
-    assert verdicts.budget_rank(verdict) == severity.rank(Condition.ECC_UNCORRECTABLE)
+    assert severity.budget_rank(verdict) == severity.rank(Condition.ECC_UNCORRECTABLE)
 
 
 def test_isolate_gpu_outranks_cordon_as_the_drain_it_falls_back_to() -> None:

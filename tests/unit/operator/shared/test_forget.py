@@ -38,7 +38,7 @@ NOT_STATE |= {"status.marks", "status.gpus_marks"}  # what the policy status cou
 NOT_STATE |= {"judging.straggler_cohorts"}  # `cohorts`: follows the selections and policies at the next tick
 NOT_STATE |= {"steps.check.in_flight"}  # a count of the last pass, no names
 NOT_STATE |= {"steps.check.pods"}  # the GPU pods as watched: a view of the cluster (test_gpu_pods.py)
-NOT_STATE |= {"judging.selection"}  # the last node's selection, one node's: its own test (test_selection.py)
+NOT_STATE |= {"judging.selected_from"}  # every policy when the selections were made: a snapshot, no names
 NOT_STATE |= {"passes"}  # asked passes: each runs once and finds a forgotten node gone (no memory kept)
 """Context fields that hold no per-node or per-policy memory (the cache and the agent pods, views of
 the cluster, are tested on their own)."""
@@ -49,11 +49,9 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.admission.in_flight.add(node)
     ctx.steps.cordon.unknown[node] = "41"
     ctx.admission.notified.add((policy, node))
-    ctx.verdicts.remember(
-        (policy, node),
-        dataclasses.replace(verdict(node=node), wanted_action=vocabulary.Action.DRAIN),
-        (object(),),
-    )
+    draining = dataclasses.replace(verdict(node=node), wanted_action=vocabulary.Action.DRAIN)
+    ctx.verdicts[(policy, node)] = draining
+    ctx.judging.judged[(policy, node)] = (draining, (object(),))
     ctx.judging.stragglers[(policy, node)] = model.StragglerScore(
         score=1.0, z_score=-4.0, peers=8, flagged=True
     )
@@ -105,6 +103,7 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.steps.check.yielded[f"uid-{node}"] = node
     ctx.steps.check.no_gpus[node] = now
     RECORDS[node] = cache.node_record({"metadata": {"name": node}})  # held: the rest refers to it weakly
+    ctx.judging.selections[node] = judged.Selection(model.NodeView(name=node), ())
     ctx.judging.resting[node] = judged.Rest(RECORDS[node].reading, 1, (), None)
 
 
@@ -127,6 +126,7 @@ FILLED = {
     "admission",
     "steps.cordon.unknown",
     "verdicts",
+    "judging.judged",
     "judging.stragglers",
     "judging.straggler_samples",
     "steps.drain",
@@ -143,6 +143,7 @@ FILLED = {
     "steps.isolate.locks",
     "steps.domain",
     "judging.resting",
+    "judging.selections",
     "steps.check.history",
     "steps.check.idle_since",
     "steps.check.recorded",
@@ -260,6 +261,7 @@ def test_forget_policy_empties_every_map_of_that_policy_only() -> None:
         per_policy = {
             "admission",
             "verdicts",
+            "judging.judged",
             "judging.stragglers",
             "judging.straggler_samples",
             "steps.dry_run.said",

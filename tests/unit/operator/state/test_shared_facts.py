@@ -2,10 +2,8 @@
 
 import copy
 import datetime
-import gc
 import json
 import pickle
-import weakref
 from typing import Any
 
 import pytest
@@ -15,7 +13,6 @@ from hypothesis import strategies as st
 import gpunode_facts
 from gpuhealth_api import faults
 from gpuhealth_operator.decisions import gpu_facts, model, policies, signals
-from gpuhealth_operator.shared import context
 from gpuhealth_operator.state import cache, compaction
 from gpuhealth_sim.backtest import traces
 
@@ -123,22 +120,6 @@ def test_an_answer_carrying_cached_facts_stores_the_same_facts() -> None:
     assert second is not None and second.resource_version == "2"
     assert second.status["gpus"] == first.status["gpus"]
     assert all(a is b for a, b in zip(second.status["gpus"], first.status["gpus"], strict=True))
-
-
-def test_a_verdict_does_not_keep_a_replaced_gpunode_version_alive() -> None:
-    """Each node's facts once in memory: the verdict's memo of its inputs lets an old version go."""
-    store = cache.ClusterCache()
-    verdicts = context.Verdicts()
-    old = store.put_gpunode(body("a", gpunode_facts.agent_status(), version=1), NOW)
-    inputs = ("policy", old, NOW)
-    verdicts.remember(("policy", "a"), gpunode_facts.verdict(node="a"), inputs)
-    assert verdicts.judged_from(("policy", "a"), inputs) is not None
-    gone = weakref.ref(old)
-    new = store.put_gpunode(body("a", gpunode_facts.agent_status(), version=2), NOW)
-    del old, inputs
-    gc.collect()
-    assert gone() is None
-    assert verdicts.judged_from(("policy", "a"), ("policy", new, NOW)) is None  # new facts: judged again
 
 
 def test_our_own_status_write_keeps_what_was_judged_of_the_report_and_a_new_report_is_judged_anew() -> None:
