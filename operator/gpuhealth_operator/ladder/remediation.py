@@ -20,7 +20,6 @@ import datetime
 import logging
 
 from gpuhealth_api import vocabulary
-from gpuhealth_operator.client import events
 from gpuhealth_operator.decisions import model, verdicts
 from gpuhealth_operator.ladder import announcements, node_patches, stopping
 from gpuhealth_operator.ladder.cordon import cordoning
@@ -141,7 +140,7 @@ async def _dry_run(
             ctx.meters.actions.labels(
                 vocabulary.NodeAction.DRY_RUN.value, node_patches.first_reason(verdict)
             ).inc()
-            await ctx.recorder.emit(events.subject(ctx.cache, name), vocabulary.EventReason.DRY_RUN, message)
+            await ctx.recorder.emit_on(ctx.cache, name, vocabulary.EventReason.DRY_RUN, message)
     elif not changes:
         ctx.steps.dry_run.said.pop(key, None)
     return NodeAction.DRY_RUN if verdict.wanted_action is not None else NodeAction.NONE

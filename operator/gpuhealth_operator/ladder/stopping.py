@@ -84,8 +84,9 @@ def _release_hint(reason: str, node: str) -> str:
 
 async def say_stopped(ctx: context.Context, policy: str, node: str, reason: str) -> None:
     logger.info("drain of node %s by policy %s stopped: %s", node, policy, reason)
-    await ctx.recorder.emit(
-        events.subject(ctx.cache, node),
+    await ctx.recorder.emit_on(
+        ctx.cache,
+        node,
         PAUSED,
         f"Drain by policy {policy} stopped: {reason}. No further eviction is requested; the node stays "
         f"cordoned and keeps its place in the disruption budget. To go on: {_release_hint(reason, node)}.",
@@ -124,8 +125,9 @@ async def policy_deleted(ctx: context.Context, name: str) -> None:
         gpunode = ctx.cache.gpunodes.get(node)
         issues = str(gpunode.status.get("issues") or "") if gpunode is not None else ""
         drained = " Its drain stopped: no further eviction is requested." if node in stopped else ""
-        await ctx.recorder.emit(
-            events.subject(ctx.cache, node),
+        await ctx.recorder.emit_on(
+            ctx.cache,
+            node,
             PAUSED,
             f"Policy {name}, which cordoned this node ({issues or 'issues no longer known'}), was deleted; "
             f"the node stays cordoned.{drained} To release it: kubectl uncordon {node} && kubectl annotate "
@@ -160,8 +162,9 @@ async def adopt(ctx: context.Context, policy: str, name: str) -> None:
     if ctx.cache.refresh_node(body) is None:
         return
     ctx.steps.drain.handed_over(name)  # the deleted policy's drain ended; the adopting policy drains anew
-    await ctx.recorder.emit(
-        events.subject(ctx.cache, name),
+    await ctx.recorder.emit_on(
+        ctx.cache,
+        name,
         vocabulary.EventReason.NODE_CORDONED,
         f"Policy {policy} adopts the cordon of deleted policy {owner}: it now drains and uncordons the node "
         "by its own rules.",

@@ -233,25 +233,25 @@ async def _condition_events(
         if condition is Condition.AGENT_STALE and not reported:
             continue  # a GPUNode whose agent has not reported yet is new, not stale: no Event
         if state.status == "True" and (before is None or before.status != "True"):
-            await ctx.recorder.emit(
-                events.subject(ctx.cache, name),
+            await ctx.recorder.emit_on(
+                ctx.cache,
+                name,
                 condition.value,
                 state.message or condition.value,
                 events.NORMAL if condition is Condition.GPU_OPERATOR_MAINTENANCE else events.WARNING,
             )
         elif state.status != "True" and before is not None and before.status == "True":
             # Said both ways (issue 45): the decision that undoes what its Warning started.
-            await ctx.recorder.emit(
-                events.subject(ctx.cache, name),
+            await ctx.recorder.emit_on(
+                ctx.cache,
+                name,
                 condition.value,
                 f"{condition.value} cleared: {state.message or 'no evidence any more'}",
                 events.NORMAL,
             )
         elif condition is Condition.GPU_OPERATOR_MAINTENANCE and _newly_overdue(state, before):
             # The maintenance outlasted its limit: its label hides no fault any more (issue 45, item 4).
-            await ctx.recorder.emit(
-                events.subject(ctx.cache, name), condition.value, state.message, events.WARNING
-            )
+            await ctx.recorder.emit_on(ctx.cache, name, condition.value, state.message, events.WARNING)
 
 
 def _newly_overdue(state: model.ConditionState, before: model.ConditionState | None) -> bool:

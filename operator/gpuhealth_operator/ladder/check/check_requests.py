@@ -174,8 +174,9 @@ async def say_refused(ctx: context.Context, name: str, token: str, why: str) -> 
     """The `CheckRefused` Event of a request (also of one taken that could not start after all: its
     annotation is gone already)."""
     logger.info("check request %s on node %s refused: %s", token, name, why)
-    await ctx.recorder.emit(
-        events.subject(ctx.cache, name),
+    await ctx.recorder.emit_on(
+        ctx.cache,
+        name,
         vocabulary.EventReason.CHECK_REFUSED,
         f"Check request {token} on node {name} refused: {why}.",
         events.WARNING,

@@ -214,4 +214,4 @@ def _words(  # noqa: PLR0917 - the run's parts, in the order an Event says them
 
 async def say(ctx: context.Context, node: str, result: vocabulary.CheckResult, message: str) -> None:
     kind = events.NORMAL if result in (Result.PASSED, Result.PREEMPTED) else events.WARNING
-    await ctx.recorder.emit(events.subject(ctx.cache, node), REASONS[result], message, kind)  # never raises
+    await ctx.recorder.emit_on(ctx.cache, node, REASONS[result], message, kind)  # never raises

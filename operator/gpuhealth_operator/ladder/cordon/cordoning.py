@@ -40,8 +40,9 @@ async def budget_exceeded(
         return  # said by an earlier process (a restart, a leader change), which recorded the wait
     why = ctx.admission.wait_reason(policy, name, ctx.cache, ctx.verdicts.wanting)
     wanted = verdict.wanted_action.value.lower() if verdict.wanted_action else "act on"
-    await ctx.recorder.emit(
-        events.subject(ctx.cache, name),
+    await ctx.recorder.emit_on(
+        ctx.cache,
+        name,
         vocabulary.EventReason.BUDGET_EXCEEDED,
         f"Policy {policy.name} wants to {wanted} the node ({node_patches.issues_text(verdict)}) but {why}; "
         "waiting for the budget.",
@@ -212,8 +213,9 @@ async def uncordon(
         if validated
         else f"healthy for {policy.recovery_healthy_for_seconds:g}s"
     )
-    await ctx.recorder.emit(
-        events.subject(ctx.cache, name),
+    await ctx.recorder.emit_on(
+        ctx.cache,
+        name,
         vocabulary.EventReason.NODE_UNCORDONED,
         f"Node uncordoned by policy {policy.name}: {why}.",
     )

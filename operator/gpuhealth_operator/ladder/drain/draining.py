@@ -187,8 +187,9 @@ class NodeDrain:
                 unsaid = message  # Drained all the same (an Event is a report); said when next looked at
         else:
             ctx.meters.drain_duration.labels("failed").observe(elapsed)
-            await ctx.recorder.emit(
-                events.subject(ctx.cache, name),
+            await ctx.recorder.emit_on(
+                ctx.cache,
+                name,
                 vocabulary.EventReason.DRAIN_FAILED,
                 drain.failed_message(policy.name, policy.drain_timeout_seconds, result),
                 events.WARNING,

@@ -168,7 +168,7 @@ async def _say(
     if ctx.steps.drill.said.get((policy, name)) == message:
         return False
     ctx.steps.drill.said[(policy, name)] = message
-    await ctx.recorder.emit(events.subject(ctx.cache, name), vocabulary.EventReason.DRILL, message, type_)
+    await ctx.recorder.emit_on(ctx.cache, name, vocabulary.EventReason.DRILL, message, type_)
     return True
 
 

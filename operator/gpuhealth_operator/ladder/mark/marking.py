@@ -12,7 +12,7 @@ import datetime
 from collections.abc import Awaitable
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator.client import events, kube, nodes
+from gpuhealth_operator.client import kube, nodes
 from gpuhealth_operator.decisions import model
 from gpuhealth_operator.ladder import node_patches
 from gpuhealth_operator.shared import context
@@ -45,8 +45,9 @@ async def _labels(
         node_patches.observe_latency(ctx, verdict, Action.LABEL.value, now)
     for key in sorted(k for k, v in changes.items() if v is None and k != keys.HEALTH_LABEL):
         # Said both ways (issue 45): setting it was the condition's Event; its removal is a decision too.
-        await ctx.recorder.emit(
-            events.subject(ctx.cache, name),
+        await ctx.recorder.emit_on(
+            ctx.cache,
+            name,
             vocabulary.EventReason.NODE_UNLABELED,
             f"Label {key} removed: no rule of the verdict wants it now (health {verdict.health.value}).",
         )
@@ -84,8 +85,9 @@ async def _taint(
     if patched is node_patches.Patched.WRITTEN and verdict.wanted_taint is not None:
         node_patches.observe_latency(ctx, verdict, Action.TAINT.value, now)
     if patched is node_patches.Patched.WRITTEN and verdict.wanted_taint is None:
-        await ctx.recorder.emit(
-            events.subject(ctx.cache, name),
+        await ctx.recorder.emit_on(
+            ctx.cache,
+            name,
             vocabulary.EventReason.NODE_UNTAINTED,
             f"Taint {keys.UNHEALTHY_TAINT}"
             + (f"={had}" if had else "")

@@ -153,8 +153,9 @@ async def _visit(
             if ctx.steps.new_nodes.said.get(name) != record.uid:
                 ctx.steps.new_nodes.said[name] = record.uid
                 assert policy is not None
-                await ctx.recorder.emit(
-                    events.subject(ctx.cache, name),
+                await ctx.recorder.emit_on(
+                    ctx.cache,
+                    name,
                     vocabulary.EventReason.DRY_RUN,
                     f"Policy {policy.name} is in dry run: would validate new node {name} before it takes "
                     f"work (taint {keys.UNVALIDATED_TAINT}, Job {ns}/{job_name}).",
@@ -342,8 +343,9 @@ async def _passed(
     }
     await ctx.client.patch(nodes.node_path(name), body)
     _note(ctx, name, now, Result.VALIDATION_PASSED, message)
-    await ctx.recorder.emit(
-        events.subject(ctx.cache, name),
+    await ctx.recorder.emit_on(
+        ctx.cache,
+        name,
         vocabulary.EventReason.VALIDATION_PASSED,
         f"New node validated by policy {policy.name}: {message}; taint {keys.UNVALIDATED_TAINT} removed, "
         "the node takes work.",

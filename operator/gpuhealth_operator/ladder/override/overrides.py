@@ -79,8 +79,9 @@ async def react(
         if dropped_from.view.unschedulable
         else "made schedulable by someone other than gpu-health"
     )
-    await ctx.recorder.emit(
-        events.subject(ctx.cache, name),
+    await ctx.recorder.emit_on(
+        ctx.cache,
+        name,
         vocabulary.EventReason.OVERRIDDEN_BY_USER,
         f"Node {what} while cordoned by policy {claimant}: "
         "gpu-health drops its claim (and its place in the disruption budget) and will not cordon the "

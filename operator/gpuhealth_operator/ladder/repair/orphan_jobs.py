@@ -143,8 +143,9 @@ async def _delete_stale(ctx: context.Context, listed: Iterable[kube.JsonObject])
         where = f"{meta.get('namespace')}/{meta.get('name')}"
         if await jobs.delete(ctx.client, str(meta.get("namespace")), str(meta.get("name"))):
             logger.warning("step Job %s deleted: %s", where, why)
-            await ctx.recorder.emit(
-                events.subject(ctx.cache, node),
+            await ctx.recorder.emit_on(
+                ctx.cache,
+                node,
                 vocabulary.EventReason.REMEDIATION_PAUSED,
                 f"Repair Job {where} deleted: {why}. It ran pinned to the node's name; no step runs on a "
                 "Node of this name before a new fault, cordon and drain of its own.",

@@ -97,8 +97,9 @@ async def say_busy(
         until = f"; the phase fails at {times.render(deadline)} if they stay"
     else:
         until = "; it starts once they are gone"
-    await ctx.recorder.emit(
-        events.subject(ctx.cache, name),
+    await ctx.recorder.emit_on(
+        ctx.cache,
+        name,
         vocabulary.EventReason.REMEDIATION_PAUSED,
         f"{what} waits: {workload_pods.words(found.pods)} — no repair or validation Job runs beside a "
         f"workload; {then}{until}.",
@@ -158,8 +159,9 @@ async def retire(  # noqa: PLR0917 - one retire's inputs
     )
     if state is not None:
         records.observe_duration(ctx, state, "retired", now)
-    await ctx.recorder.emit(
-        events.subject(ctx.cache, name),
+    await ctx.recorder.emit_on(
+        ctx.cache,
+        name,
         vocabulary.EventReason.NODE_RETIRED,
         f"Repair by policy {policy.name} gave up on the node: {why}. It stays cordoned with label "
         f"{keys.NEEDS_REPAIR_LABEL}={keys.NEEDS_REPAIR_MANUAL} until a human returns it "

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from gpuhealth_api import keys, vocabulary
-from gpuhealth_operator.client import drain, events, kube, nodes
+from gpuhealth_operator.client import drain, kube, nodes
 from gpuhealth_operator.decisions import (
     isolation,
     model,
@@ -127,8 +127,9 @@ async def say_waiting(
     if record is None or record.view.annotations.get(keys.REPAIR_WAITING_ANNOTATION) == policy.name:
         return  # said by an earlier process (a restart, a leader change)
     issues = ", ".join(verdict.issues) or "a fault"
-    await ctx.recorder.emit(
-        events.subject(ctx.cache, name),
+    await ctx.recorder.emit_on(
+        ctx.cache,
+        name,
         vocabulary.EventReason.BUDGET_EXCEEDED,
         f"Policy {policy.name} would repair the drained node ({issues}) but "
         f"{repair.wait_words(limit, holders(ctx))}; it waits, drained, for a place.",

@@ -258,8 +258,9 @@ async def _advance(  # noqa: PLR0917 - one pass's inputs
                 # and return the node on a later pass, once the verdict is judged from a status that holds
                 # the record (this pass writes it). Uncordoned first, the old failure would cordon again.
                 _note_passed(ctx, name, now, state, step, action.key, transition.message)
-                await ctx.recorder.emit(
-                    events.subject(ctx.cache, name),
+                await ctx.recorder.emit_on(
+                    ctx.cache,
+                    name,
                     vocabulary.EventReason.VALIDATION_PASSED,
                     f"Validation after step {step.name} ({step.action.value}) passed: {transition.message}.",
                 )
@@ -389,8 +390,9 @@ async def cancel(
     )
     records.observe_duration(ctx, state, "cancelled", now)
     gone = "deleted" if deleted else "already gone"
-    await ctx.recorder.emit(
-        events.subject(ctx.cache, name),
+    await ctx.recorder.emit_on(
+        ctx.cache,
+        name,
         vocabulary.EventReason.REMEDIATION_PAUSED,
         f"Repair cycle {state.cycle} by policy {state.policy} cancelled: {why}. Its Job {ns}/{state.job} "
         f"is {gone}; no further repair step runs.",

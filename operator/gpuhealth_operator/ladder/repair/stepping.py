@@ -92,8 +92,9 @@ async def failed(visit: Visit, transition: repair.Transition) -> outcomes.Handle
         if following is not None
         else "no step left: the node is retired"
     )
-    await ctx.recorder.emit(
-        events.subject(ctx.cache, name),
+    await ctx.recorder.emit_on(
+        ctx.cache,
+        name,
         vocabulary.EventReason.VALIDATION_FAILED if validating else vocabulary.EventReason.REPAIR_FAILED,
         f"{what} failed ({result.value}): {transition.message}; {then}.",
         events.WARNING,
@@ -196,8 +197,9 @@ async def launch(visit: Visit, *, indexed: Sequence[tuple[int | None, str]] = ()
         fault=state.fault if state.phase is Phase.STEP else "",
     )
     if state.phase is Phase.STEP:
-        await ctx.recorder.emit(
-            events.subject(ctx.cache, name),
+        await ctx.recorder.emit_on(
+            ctx.cache,
+            name,
             vocabulary.EventReason.REPAIR_STARTED,
             f"Repair cycle {state.cycle} by policy {policy.name}: {action.name} started (Job "
             f"{action.namespace}/{state.job}, timeout {action.timeout_seconds:g}s)"
@@ -288,8 +290,9 @@ async def _refused(visit: Visit, action: job_step.JobStep, error: kube.ApiError)
         api_message=outcomes.api_message(error),
     )
     if repair_permission.note_refused(ctx, policy.name, message, now):
-        await ctx.recorder.emit(
-            events.subject(ctx.cache, name),
+        await ctx.recorder.emit_on(
+            ctx.cache,
+            name,
             vocabulary.EventReason.REMEDIATION_PAUSED,
             message,
             events.WARNING,
