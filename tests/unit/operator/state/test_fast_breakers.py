@@ -15,10 +15,10 @@ from collections.abc import Collection, MutableMapping
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import breaker_strategies
+from breaker_strategies import seconds
 from gpuhealth_operator.decisions import breaker, model
 from gpuhealth_operator.state import breakers
-
-T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 
 
 def reference_current(
@@ -43,20 +43,8 @@ def reference_current(
     return state
 
 
-def seconds(value: float) -> datetime.datetime:
-    return T0 + datetime.timedelta(seconds=value)
-
-
-_TIME = st.floats(-1500, 1500).map(seconds)
-_STATE = st.builds(
-    breaker.Breaker,
-    state=st.sampled_from(list(breaker.State)),
-    since=st.one_of(st.none(), _TIME),
-    reason=st.sampled_from(["", "a storm"]),
-    trial=st.one_of(st.none(), st.just("n1")),
-    trial_at=st.one_of(st.none(), _TIME),
-    reset_at=st.one_of(st.none(), _TIME),
-)
+_TIME = breaker_strategies.TIMES
+_STATE = breaker_strategies.breakers(["n1"])
 _LIMIT = st.one_of(st.integers(0, 6), st.sampled_from(["5%", "50%", "100%", "3", "x"]))
 
 

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuhealth_operator.state import compaction, kept_conditions, records
+from typed_values import typed
 
 _TIMES = st.sampled_from(["2026-11-24T00:00:00Z", "2026-11-24T00:05:00.000000Z"])
 _CONDITION = st.fixed_dictionaries(
@@ -59,15 +60,6 @@ def _record(conditions: list[dict[str, Any]]) -> records.GPUNodeRecord:
     return records.gpunode_record(body)
 
 
-def _typed(value: object) -> object:
-    """A value with the types of everything in it, so that 1 and True differ."""
-    if isinstance(value, list):
-        return [_typed(v) for v in value]
-    if hasattr(value, "items"):
-        return sorted((k, _typed(v)) for k, v in value.items())
-    return (type(value).__name__, value)
-
-
 @settings(max_examples=500, deadline=None)
 @given(
     held=st.lists(_CONDITION, max_size=5),
@@ -90,10 +82,10 @@ def test_the_conditions_kept_are_those_kept_before(
     assert [type(c) for c in new] == [type(c) for c in old]
     # Item by item what the old way kept, or (where the shared table handed that way an equal condition
     # of other types, 1 for True) the written values themselves: never another type than both.
-    assert all(_typed(n) in (_typed(o), _typed(r)) for n, o, r in zip(new, old, raw, strict=True))
+    assert all(typed(n) in (typed(o), typed(r)) for n, o, r in zip(new, old, raw, strict=True))
     kept = [c for c in older.status["conditions"] if type(c) is kept_conditions.KeptCondition]
     for item in new:  # what is taken over is the older version's own object
-        if any(_typed(item) == _typed(c) for c in kept):
+        if any(typed(item) == typed(c) for c in kept):
             assert any(item is c for c in kept)
 
 

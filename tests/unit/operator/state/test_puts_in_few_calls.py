@@ -14,6 +14,7 @@ import gpunode_facts
 from gpuhealth_operator.compact.slotted import ABSENT
 from gpuhealth_operator.decisions import clocks, due, gpu_facts, model
 from gpuhealth_operator.state import cache, compaction, kept_conditions
+from typed_values import typed
 
 _NOW = datetime.datetime(2026, 1, 5, tzinfo=datetime.UTC)
 _SCALAR = st.one_of(
@@ -203,14 +204,6 @@ def _old_kept(raw: dict[str, Any]) -> object:
     )
 
 
-def _typed(value: object) -> object:
-    if isinstance(value, list):
-        return [_typed(v) for v in value]
-    if hasattr(value, "items"):
-        return sorted((k, _typed(v)) for k, v in value.items())
-    return (type(value).__name__, value)
-
-
 _SHARED_CONDITION = st.fixed_dictionaries(
     {
         "type": st.sampled_from(["EccUncorrectable", "XidCritical"]),
@@ -237,11 +230,11 @@ def test_a_condition_kept_by_its_values_is_the_one_kept_by_itself_of_its_own_typ
     old = [_old_kept(shared.each(c)) for c in conditions]
     assert new == old == conditions
     assert [type(c) for c in new] == [type(c) for c in old]
-    assert [_typed(c) for c in new] == [_typed(c) for c in conditions]
+    assert [typed(c) for c in new] == [typed(c) for c in conditions]
     again = [kept_conditions.kept(shared.each(dict(c)), shared.one) for c in conditions]
     kept = [(a, b) for a, b in zip(new, again, strict=True) if type(a) is kept_conditions.KeptCondition]
     assert all(a is b for a, b in kept)
     shapes = {}
     for condition, _ in kept:
-        values = tuple(_typed(condition[k]) if k in condition else None for k in kept_conditions.Shape.KEYS)
+        values = tuple(typed(condition[k]) if k in condition else None for k in kept_conditions.Shape.KEYS)
         assert shapes.setdefault(values, condition._shape) is condition._shape
