@@ -46,8 +46,10 @@ class Selection:
 
     view: model.NodeView
     """The Node version's view, matched against the policies (the same object: the same labels)."""
+    every: tuple[model.Policy, ...]
+    """Every policy of the cache then, in name order (the same objects: the same selectors)."""
     selecting: tuple[model.Policy, ...]
-    """Those of `JudgingMemory.selected_from` that select it."""
+    """Those of them that select it."""
 
 
 def drop(mapping: MutableMapping[Key, Any], name: str, position: int) -> None:
@@ -81,17 +83,13 @@ class JudgingMemory:
     it can be (`judging`): the same inputs again, the same verdict, not judged twice. Judging's own memo,
     read and written by judging alone, so its check is no call into the context (issue 46)."""
 
-    selected_from: tuple[model.Policy, ...] = ()
-    """Every policy of the cache, in name order, when `selections` were worked out (the same objects: the
-    same selectors); other policies empty `selections`, so each node holds no copy of them."""
-
-    selections: dict[str, Selection] = dataclasses.field(default_factory=dict)
-    """node → its selection (`Selection`): a pass, and the next pass over the same Node version, asks the
-    policies' selectors of none of them again. A view and a tuple per node; the view is the cached
-    Node's until its next version, whose pass replaces it."""
+    selection: Selection | None = None
+    """The last node's selection (`Selection`): one node's, so a pass asks its policies' selectors once
+    however often it judges again, and memory holds no more than one node's."""
 
     def forget_verdicts(self, name: str) -> None:
-        self.selections.pop(name, None)
+        if self.selection is not None and self.selection.view.name == name:
+            self.selection = None
         self.resting.pop(name, None)
         drop(self.judged, name, NODE)
         drop(self.stragglers, name, NODE)
@@ -101,8 +99,7 @@ class JudgingMemory:
         self.forget_verdicts(name)
 
     def forget_policy(self, name: str) -> None:
-        self.selected_from = ()
-        self.selections.clear()
+        self.selection = None
         self.resting.clear()  # what passes judged under it: every node it selected is judged again
         drop(self.judged, name, POLICY)
         drop(self.stragglers, name, POLICY)

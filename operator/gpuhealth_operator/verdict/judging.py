@@ -31,25 +31,21 @@ from gpuhealth_operator.state.judged import Selection
 def selecting_policies(ctx: context.Context, record: cache.NodeRecord) -> list[model.Policy]:
     """The policies that select the node, in name order.
 
-    A pass asks this again after each step that may have changed the Node (`verdict_now`), and the next
-    pass over the node asks it too: while the Node's version and the policies are the same objects, the
-    answer is the one worked out last (`state.judged.Selection`), not every policy's selector matched again.
+    A pass asks this again after each step that may have changed the Node (`verdict_now`): while the
+    Node's version and the policies are the same objects, the answer is the one worked out last
+    (`state.judged.Selection`), not every policy's selector matched again.
     """
     every = tuple(p for _, p in sorted(ctx.cache.policies.items()))
-    memory = ctx.judging
-    if len(memory.selected_from) != len(every) or any(
-        a is not b for a, b in zip(memory.selected_from, every, strict=True)
+    known = ctx.judging.selection
+    if (
+        known is not None
+        and known.view is record.view
+        and len(known.every) == len(every)
+        and all(a is b for a, b in zip(known.every, every, strict=True))
     ):
-        memory.selected_from = every
-        memory.selections.clear()  # worked out from other policies: none of them holds
-    else:
-        known = memory.selections.get(record.view.name)
-        if known is not None and known.view is record.view:
-            return list(known.selecting)
+        return list(known.selecting)
     selecting = policies.selecting(every, record.view)
-    # Every policy selects the node (the common case): the one tuple of them all, not a copy per node.
-    chosen = every if len(selecting) == len(every) else tuple(selecting)
-    memory.selections[record.view.name] = Selection(record.view, chosen)
+    ctx.judging.selection = Selection(record.view, every, tuple(selecting))
     return selecting
 
 

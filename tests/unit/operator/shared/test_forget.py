@@ -38,7 +38,7 @@ NOT_STATE |= {"status.marks", "status.gpus_marks"}  # what the policy status cou
 NOT_STATE |= {"judging.straggler_cohorts"}  # `cohorts`: follows the selections and policies at the next tick
 NOT_STATE |= {"steps.check.in_flight"}  # a count of the last pass, no names
 NOT_STATE |= {"steps.check.pods"}  # the GPU pods as watched: a view of the cluster (test_gpu_pods.py)
-NOT_STATE |= {"judging.selected_from"}  # every policy when the selections were made: a snapshot, no names
+NOT_STATE |= {"judging.selection"}  # the last node's selection, one node's: its own test (test_selection.py)
 NOT_STATE |= {"passes"}  # asked passes: each runs once and finds a forgotten node gone (no memory kept)
 """Context fields that hold no per-node or per-policy memory (the cache and the agent pods, views of
 the cluster, are tested on their own)."""
@@ -103,7 +103,6 @@ def fill(ctx: context.Context, policy: str, node: str) -> None:
     ctx.steps.check.yielded[f"uid-{node}"] = node
     ctx.steps.check.no_gpus[node] = now
     RECORDS[node] = cache.node_record({"metadata": {"name": node}})  # held: the rest refers to it weakly
-    ctx.judging.selections[node] = judged.Selection(model.NodeView(name=node), ())
     ctx.judging.resting[node] = judged.Rest(RECORDS[node].reading, 1, (), None)
 
 
@@ -143,7 +142,6 @@ FILLED = {
     "steps.isolate.locks",
     "steps.domain",
     "judging.resting",
-    "judging.selections",
     "steps.check.history",
     "steps.check.idle_since",
     "steps.check.recorded",
