@@ -37,6 +37,13 @@ class SharedValues(interning.Table):
     def __init__(self, limit: int = 8192) -> None:
         super().__init__(limit)  # `check` once per record, not per value
 
+    def check(self) -> None:
+        """Forget every entry once the table is full: once per record (its batch of values), before it is
+        shared. Here, not in `interning.Table`: this table's puts are its only callers, and each
+        asked it there, a call out and back per record (issue 46)."""
+        if len(self.table) >= self.limit:
+            self.table.clear()
+
     def share(self, value: Hashable) -> Any:
         """`value` or an equal one of the same type already held."""
         return self.table.setdefault((type(value), value), value)
