@@ -92,6 +92,10 @@ class SharedValues(interning.Table):
         """A dict of `raw`'s items, each key interned and each value shared (`value`); the dict its own."""
         return {sys.intern(k): self.value(v) for k, v in raw.items()}
 
+    def each_of(self, raws: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """`each` of every mapping, in one call (a GPUNode's conditions kept anew, `kept_conditions`)."""
+        return [self.each(raw) for raw in raws]
+
     def part(self, raw: Mapping[str, Any], wanted: tuple[str, ...]) -> dict[str, Any]:
         """`mapping(raw, wanted)` for a GPU's nested facts (`ecc`, `pcie`, ...), looked up in C calls."""
         values = tuple(map(raw.get, wanted, itertools.repeat(_MISSING, len(wanted))))
