@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuhealth_operator.compact import interning
@@ -43,14 +43,6 @@ class SharedValues(interning.Table):
         asked it there, a call out and back per record (issue 46)."""
         if len(self.table) >= self.limit:
             self.table.clear()
-
-    def share(self, value: Hashable) -> Any:
-        """`value` or an equal one of the same type already held."""
-        return self.table.setdefault((type(value), value), value)
-
-    def share_each(self, values: Iterable[Hashable]) -> list[Any]:
-        """`share` of each value, in one call (a node's fifteen parsed conditions)."""
-        return [self.share(value) for value in values]
 
     def value(self, value: Any) -> Any:
         """A shared equal of a JSON value: strings, numbers, flat lists and flat dicts; others as they are."""

@@ -122,10 +122,14 @@ def rows(items: object, fields: Sequence[str]) -> list[tuple[Any, ...]]:
 
 
 def parsed(items: object, table: Table) -> Mapping[vocabulary.ConditionKey, model.ConditionState]:
-    """`hysteresis.from_status` of a node's kept conditions, read-only, each state shared in `table`: read
-    (`rows`), parsed and shared in a call each, not per condition and key (issue 46)."""
+    """`hysteresis.from_status` of a node's kept conditions, read-only, each state shared in `table`'s
+    entries (keyed by its type and itself: one copy across the fleet): read (`rows`) and parsed in a call
+    each, not per condition and key, and shared here by `dict.setdefault`, not by a call into the table's
+    module (issue 46). No bound checked: a judgement adds a node's fifteen states at most, and the next
+    record stored checks it (`compaction.compact_status`)."""
     states = hysteresis.from_rows(rows(items, hysteresis.FIELDS))
-    return types.MappingProxyType(dict(zip(states, table.share_each(states.values()), strict=True)))
+    share = table.table.setdefault
+    return types.MappingProxyType({key: share((type(state), state), state) for key, state in states.items()})
 
 
 def _in_order(raw: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -179,14 +183,14 @@ def _shape(values: tuple[Any, ...]) -> Shape:
 
 
 class Table(Protocol):
-    """What `kept_list` asks of the cache's shared values (`compaction.SharedValues`, a layer above)."""
+    """What `kept_list` and `parsed` ask of the cache's shared values (`compaction.SharedValues`, a layer
+    above)."""
 
     table: dict[Hashable, Any]
-    """Its entries, by key: what `kept_list` shares its conditions and shapes in."""
+    """Its entries, by key: what `kept_list` shares its conditions and shapes in, `parsed` its states."""
 
     def each_of(self, raws: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]: ...
     def mapping(self, raw: Mapping[str, Any]) -> dict[str, Any]: ...
-    def share_each(self, values: Iterable[Hashable]) -> list[Any]: ...
 
 
 def kept_list(raw: object, held: object, table: Table) -> object:
