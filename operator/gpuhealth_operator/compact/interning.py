@@ -15,16 +15,12 @@ _V = TypeVar("_V")
 
 
 class Table:
-    """A bounded table of shared values, by key."""
+    """A bounded table of shared values, by key. A table shared in batches checks its bound once per
+    batch instead (`compaction.SharedValues.check`)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.table: dict[Hashable, Any] = {}
-
-    def check(self) -> None:
-        """Forget every entry once the table is full (callers in a hot loop check once per batch)."""
-        if len(self.table) >= self.limit:
-            self.table.clear()
 
     def one(self, key: Hashable, value: _V) -> _V:
         """The value held for `key`, else `value`, now held: a check and one C call."""

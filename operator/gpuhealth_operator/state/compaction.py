@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuhealth_operator.compact import interning
@@ -37,13 +37,12 @@ class SharedValues(interning.Table):
     def __init__(self, limit: int = 8192) -> None:
         super().__init__(limit)  # `check` once per record, not per value
 
-    def share(self, value: Hashable) -> Any:
-        """`value` or an equal one of the same type already held."""
-        return self.table.setdefault((type(value), value), value)
-
-    def share_each(self, values: Iterable[Hashable]) -> list[Any]:
-        """`share` of each value, in one call (a node's fifteen parsed conditions)."""
-        return [self.share(value) for value in values]
+    def check(self) -> None:
+        """Forget every entry once the table is full: once per record (its batch of values), before it is
+        shared. Here, not in `interning.Table`: this table's puts are its only callers, and each
+        asked it there, a call out and back per record (issue 46)."""
+        if len(self.table) >= self.limit:
+            self.table.clear()
 
     def value(self, value: Any) -> Any:
         """A shared equal of a JSON value: strings, numbers, flat lists and flat dicts; others as they are."""
@@ -84,6 +83,10 @@ class SharedValues(interning.Table):
     def each(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         """A dict of `raw`'s items, each key interned and each value shared (`value`); the dict its own."""
         return {sys.intern(k): self.value(v) for k, v in raw.items()}
+
+    def each_of(self, raws: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """`each` of every mapping, in one call (a GPUNode's conditions kept anew, `kept_conditions`)."""
+        return [self.each(raw) for raw in raws]
 
     def part(self, raw: Mapping[str, Any], wanted: tuple[str, ...]) -> dict[str, Any]:
         """`mapping(raw, wanted)` for a GPU's nested facts (`ecc`, `pcie`, ...), looked up in C calls."""

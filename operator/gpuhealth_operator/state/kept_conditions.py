@@ -12,14 +12,13 @@ from __future__ import annotations
 import itertools
 import types
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol
 
 from gpuhealth_api import vocabulary
 from gpuhealth_operator.compact import slotted
 from gpuhealth_operator.decisions import hysteresis, model
 
 SINCE: Final = "lastTransitionTime"
-_V = TypeVar("_V")
 _ABSENT: Final = slotted.ABSENT
 
 
@@ -123,10 +122,14 @@ def rows(items: object, fields: Sequence[str]) -> list[tuple[Any, ...]]:
 
 
 def parsed(items: object, table: Table) -> Mapping[vocabulary.ConditionKey, model.ConditionState]:
-    """`hysteresis.from_status` of a node's kept conditions, read-only, each state shared in `table`: read
-    (`rows`), parsed and shared in a call each, not per condition and key (issue 46)."""
+    """`hysteresis.from_status` of a node's kept conditions, read-only, each state shared in `table`'s
+    entries (keyed by its type and itself: one copy across the fleet): read (`rows`) and parsed in a call
+    each, not per condition and key, and shared here by `dict.setdefault`, not by a call into the table's
+    module (issue 46). No bound checked: a judgement adds a node's fifteen states at most, and the next
+    record stored checks it (`compaction.compact_status`)."""
     states = hysteresis.from_rows(rows(items, hysteresis.FIELDS))
-    return types.MappingProxyType(dict(zip(states, table.share_each(states.values()), strict=True)))
+    share = table.table.setdefault
+    return types.MappingProxyType({key: share((type(state), state), state) for key, state in states.items()})
 
 
 def _in_order(raw: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -160,24 +163,41 @@ def kept(raw: Mapping[str, Any], share: Callable[[Hashable, Any], Any]) -> Mappi
         hash(values)
     except TypeError:
         return raw
-    shape: Shape = share((Shape, values[1:], types[1:]), Shape(raw))
+    shape: Shape = share((Shape, values[1:], types[1:]), _shape(values[1:]))
     condition: KeptCondition = share((KeptCondition, values, types), KeptCondition(shape, values[0]))
     return condition
 
 
-class Table(Protocol):
-    """What `kept_list` asks of the cache's shared values (`compaction.SharedValues`, a layer above)."""
+_SHAPE_SLOTS: Final = tuple(slotted.setter(Shape, key) for key in Shape.KEYS)
+"""Each of a Shape's slots' own setter, in KEYS order (`_shape`)."""
 
-    def each(self, raw: Mapping[str, Any]) -> dict[str, Any]: ...
-    def one(self, key: Hashable, value: _V) -> _V: ...
+
+def _shape(values: tuple[Any, ...]) -> Shape:
+    """`Shape(raw)` of the values `kept` read off `raw` already (KEYS order, ABSENT where unset), set slot by
+    slot in C calls: not read off `raw` again by `ReadOnlyMapping.__init__`, a call into `slotted` per
+    condition kept."""
+    shape: Shape = object.__new__(Shape)
+    for put, value in zip(_SHAPE_SLOTS, values, strict=True):
+        put(shape, value)
+    return shape
+
+
+class Table(Protocol):
+    """What `kept_list` and `parsed` ask of the cache's shared values (`compaction.SharedValues`, a layer
+    above)."""
+
+    table: dict[Hashable, Any]
+    """Its entries, by key: what `kept_list` shares its conditions and shapes in, `parsed` its states."""
+
+    def each_of(self, raws: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]: ...
     def mapping(self, raw: Mapping[str, Any]) -> dict[str, Any]: ...
-    def share_each(self, values: Iterable[Hashable]) -> list[Any]: ...
 
 
 def kept_list(raw: object, held: object, table: Table) -> object:
     """`status.conditions` as the cache keeps it (`raw` as decoded; `held`: the older version's, if any):
     the older list when equal (an agent's report leaves the operator's conditions as they were),
-    otherwise the older version's equal conditions (`reuse`) and each other one shared in `table`.
+    otherwise the older version's equal conditions (`reuse`) and the others shared in `table`, whose
+    bound the record's compaction checked (`compaction.compact_status`, once per record).
     Fifteen conditions decoded afresh from every watch event were a third of the memory a node cost."""
     if not isinstance(raw, list):
         return raw
@@ -185,18 +205,30 @@ def kept_list(raw: object, held: object, table: Table) -> object:
         if held is raw or same(held, raw):
             return held
         found = reuse(held, raw)  # our own write: most conditions as they were
-        return [_shared(c, table) if k is None else k for c, k in zip(raw, found, strict=True)]
-    return [_shared(c, table) for c in raw]
+        fresh = iter(_shared([c for c, k in zip(raw, found, strict=True) if k is None], table))
+        return [next(fresh) if k is None else k for k in found]
+    return _shared(raw, table)
 
 
-def _shared(raw: object, table: Table) -> object:
-    """A status condition as kept: its strings shared, and the whole condition where another node holds
-    the same one (nodes first judged in the same second)."""
-    if type(raw) is not dict:
-        return raw
-    values = table.each(raw)
-    condition = kept(values, table.one)
-    return table.mapping(values) if condition is values else condition
+def _shared(raws: list[object], table: Table) -> list[object]:
+    """Each status condition as kept: its strings shared (all the list's in one call to `table`, not one
+    call per condition: a GPUNode seen first holds fifteen, issue 46), and the whole condition where
+    another node holds the same one (nodes first judged in the same second), `kept` in the table's
+    entries directly (`dict.setdefault`, a C call: the record checked the bound)."""
+    dicts = [c for c in raws if type(c) is dict]
+    if not dicts:
+        return list(raws)  # the record's own list, as ever: not the decoded body's
+    strings = iter(table.each_of(dicts))
+    share = table.table.setdefault
+    found: list[object] = []
+    for raw in raws:
+        if type(raw) is not dict:
+            found.append(raw)
+            continue
+        values = next(strings)
+        condition = kept(values, share)
+        found.append(table.mapping(values) if condition is values else condition)
+    return found
 
 
 def same(held: Sequence[object], raw: Sequence[object]) -> bool:

@@ -136,14 +136,16 @@ def test_a_kept_condition_reads_as_its_dict_in_any_order_of_fields() -> None:
     assert kept_conditions.rows([kept], fields) == [tuple(map(raw.get, fields))]
 
 
-def test_shared_each_is_shared_one_by_one() -> None:
-    values = [("a", 1), ("a", 1), "b" * 40]
-    first = compaction.SHARED.share_each(values)
-    assert first == values
-    assert all(
-        a is b
-        for a, b in zip(first, compaction.SHARED.share_each([("a", 1), ("a", 1), "b" * 40]), strict=True)
-    )
+def test_equal_conditions_of_two_nodes_parse_to_the_same_states() -> None:
+    """Each parsed state is shared across the fleet: two nodes first judged alike hold one copy."""
+    raw = [
+        {"type": "EccUncorrectable", "status": "True", "lastTransitionTime": "2026-11-24T00:00:00Z"},
+        {"type": "XidCritical", "status": "False", "lastTransitionTime": "2026-11-24T00:00:00Z"},
+    ]
+    first = kept_conditions.parsed([dict(c) for c in raw], compaction.SHARED)
+    second = kept_conditions.parsed([dict(c) for c in raw], compaction.SHARED)
+    assert dict(first) == dict(second) == _old_from_status(raw)
+    assert all(first[key] is second[key] for key in first)
 
 
 @settings(max_examples=200, deadline=None)
@@ -153,5 +155,5 @@ def test_a_records_parsed_conditions_are_those_parsed_key_by_key(items: list[obj
     held = _as_kept(items, how)
     states = kept_conditions.parsed(held, compaction.SHARED)
     assert dict(states) == _old_from_status(held)
-    assert all(state is compaction.SHARED.share(state) for state in states.values())
+    assert all(state is compaction.SHARED.table[(type(state), state)] for state in states.values())
     assert not hasattr(states, "__setitem__")

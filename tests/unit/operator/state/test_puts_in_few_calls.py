@@ -190,7 +190,6 @@ def test_the_answer_to_our_status_write_keeps_the_stale_limit_of_the_report_it_h
 def _old_kept(raw: dict[str, Any]) -> object:
     """`kept_conditions._shared` of a condition whose strings are shared, before it keyed by values: the
     shape shared by itself (its own `__hash__` and `__eq__`), then the condition made of it."""
-    shared = compaction.SHARED
     if not raw.keys() <= kept_conditions._KEYS:
         return raw
     shape = kept_conditions.Shape(raw)
@@ -199,9 +198,12 @@ def _old_kept(raw: dict[str, Any]) -> object:
         hash(raw.get(kept_conditions.SINCE))
     except TypeError:
         return raw
-    return shared.share(
-        kept_conditions.KeptCondition(shared.share(shape), raw.get(kept_conditions.SINCE, ABSENT))
-    )
+    return _share(kept_conditions.KeptCondition(_share(shape), raw.get(kept_conditions.SINCE, ABSENT)))
+
+
+def _share(value: Any) -> Any:
+    """What `SharedValues.share` did: `value`, or an equal one of the same type the table holds."""
+    return compaction.SHARED.table.setdefault((type(value), value), value)
 
 
 _SHARED_CONDITION = st.fixed_dictionaries(
