@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from gpuhealth_operator.compact.slotted import ABSENT
 from gpuhealth_operator.state import compaction, kept_conditions
+from typed_values import typed
 
 _TIMES = st.sampled_from(["2026-01-05T00:00:00Z", "2026-01-05T00:10:01.000000Z"])
 _CONDITION = st.fixed_dictionaries(
@@ -27,14 +28,6 @@ _CONDITION = st.fixed_dictionaries(
     },
 )
 _ITEM = st.one_of(_CONDITION, st.just("not a condition"))
-
-
-def _typed(value: object) -> object:
-    if isinstance(value, list):
-        return [_typed(v) for v in value]
-    if hasattr(value, "items"):
-        return sorted((k, _typed(v)) for k, v in value.items())
-    return (type(value).__name__, value)
 
 
 def _one_by_one(raw: object) -> object:
@@ -66,7 +59,7 @@ def test_a_list_kept_anew_is_each_condition_kept_one_by_one(raw: list[Any]) -> N
     assert isinstance(new, list) and new is not raw
     assert new == old == raw
     assert [type(c) for c in new] == [type(c) for c in old]
-    assert _typed(new) == _typed(raw)
+    assert typed(new) == typed(raw)
     assert all(a is b for a, b in zip(new, old, strict=True) if type(a) is kept_conditions.KeptCondition)
 
 
@@ -79,9 +72,7 @@ def test_a_shape_built_from_its_values_holds_the_slots_of_one_built_from_the_con
     assert type(condition) is kept_conditions.KeptCondition
     built, expected = condition._shape, kept_conditions.Shape(raw)
     assert type(built) is kept_conditions.Shape
-    assert _typed(list(kept_conditions.Shape._all(built))) == _typed(
-        list(kept_conditions.Shape._all(expected))
-    )
+    assert typed(list(kept_conditions.Shape._all(built))) == typed(list(kept_conditions.Shape._all(expected)))
 
 
 @settings(max_examples=200, deadline=None)
@@ -90,7 +81,7 @@ def test_each_of_is_each_of_every_mapping(raws: list[dict[str, Any]]) -> None:
     shared = compaction.SHARED
     got = shared.each_of(raws)
     expected = [shared.each(raw) for raw in raws]
-    assert _typed(got) == _typed(expected)
+    assert typed(got) == typed(expected)
     assert all(
         a is b
         for mine, theirs in zip(got, expected, strict=True)
